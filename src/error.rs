@@ -1,0 +1,36 @@
+//! The crate's error type.
+//!
+//! Each domain owns a `thiserror` enum that names the offending element
+//! (a file and line, a device, a node); [`OptimError`] wraps them so the
+//! facade types (`TPUOptimizer`, `Pod`) return one error type.
+
+use thiserror::Error;
+
+/// Result alias used across the crate.
+pub type Result<T, E = OptimError> = std::result::Result<T, E>;
+
+/// Every error the engine returns.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum OptimError {
+    /// A configuration value is out of range or inconsistent.
+    #[error("invalid configuration: {0}")]
+    InvalidConfig(String),
+    /// The operation needs a vendor TPU runtime, which this engine never links.
+    #[error("{operation} is not supported: {reason}")]
+    Unsupported {
+        /// What was asked for.
+        operation: String,
+        /// Why it cannot be done here.
+        reason: String,
+    },
+    /// Reading or writing a file failed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file or directory involved.
+        path: std::path::PathBuf,
+        /// The underlying I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+}

@@ -1,0 +1,6 @@
+//! optirs-tpu: TPU pod coordination and an XLA-shaped optimizer compiler as a
+//! `bevy_ecs` world, on a CPU reference executor.
+
+pub mod error;
+
+pub use error::{OptimError, Result};
