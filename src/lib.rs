@@ -2,5 +2,6 @@
 //! `bevy_ecs` world, on a CPU reference executor.
 
 pub mod error;
+pub mod schedule;
 
 pub use error::{OptimError, Result};

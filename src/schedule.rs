@@ -1,0 +1,133 @@
+//! The engine's schedules and the ordered system sets every domain plugs into.
+//!
+//! Two schedules run on one `World`:
+//!
+//! * [`Step`]: one pod tick. Its sets run in the order of [`StepSystems`].
+//! * [`Compile`]: the compiler pipeline, run on demand. Its sets run in the
+//!   order of [`CompileSystems`].
+//!
+//! Both use bevy's `SingleThreadedExecutor` (deterministic, and faster than the
+//! multi-threaded one on small machines; heavy kernels parallelize with rayon
+//! inside a system) and treat an ambiguous system order as a build error, so
+//! every order the engine relies on is written down here or in a plugin.
+//!
+//! A domain installs itself with a plain function, `install(world)`, that
+//! inserts its resources and adds its systems to these sets.
+
+use bevy_ecs::prelude::*;
+use bevy_ecs::schedule::{
+    LogLevel, ScheduleBuildSettings, ScheduleLabel, Schedules, SingleThreadedExecutor,
+};
+
+/// One pod tick: clock, heartbeats, transport, faults, barriers,
+/// collectives, execution, memory, monitoring, checkpoints.
+#[derive(ScheduleLabel, Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Step;
+
+/// The compiler pipeline over the graph entities in the world.
+#[derive(ScheduleLabel, Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Compile;
+
+/// The phases of one [`Step`], in the order they run.
+#[derive(SystemSet, Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum StepSystems {
+    /// Advance the simulated clock by one tick.
+    AdvanceClock,
+    /// Devices emit heartbeats that are due.
+    Heartbeats,
+    /// Messages move over channels according to latency and bandwidth.
+    Transport,
+    /// Missed heartbeats mark devices suspect, then failed.
+    FaultDetection,
+    /// React to failures (exclude, roll back, rebalance).
+    Recovery,
+    /// Barriers collect arrivals, complete or fail.
+    Barriers,
+    /// Collective operations make progress over the links.
+    Collectives,
+    /// Compiled programs execute on device buffers.
+    Execute,
+    /// Device heaps coalesce freed blocks.
+    Coalesce,
+    /// Health and performance monitoring.
+    Monitor,
+    /// Periodic checkpoints (last, so a checkpoint sees the whole tick).
+    Checkpoint,
+    /// Bookkeeping at the very end of a tick (message buffers).
+    Finish,
+}
+
+/// The compiler passes, in pipeline order.
+#[derive(SystemSet, Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CompileSystems {
+    /// Structural checks: cycles, dangling operands, arity.
+    Verify,
+    /// Infer and check every node's shape and dtype.
+    ShapeInference,
+    /// Folding, algebraic simplification, CSE and DCE, to a fixed point.
+    Simplify,
+    /// Group elementwise producers with their consumers into kernels.
+    Fuse,
+    /// Give every kernel a position in a topological order.
+    Order,
+    /// Assign buffer offsets by liveness.
+    PlanMemory,
+    /// Build the executable.
+    Lower,
+}
+
+/// Build settings shared by every engine schedule: ambiguous orders are errors.
+pub fn build_settings() -> ScheduleBuildSettings {
+    ScheduleBuildSettings {
+        ambiguity_detection: LogLevel::Error,
+        hierarchy_detection: LogLevel::Error,
+        ..Default::default()
+    }
+}
+
+/// A schedule with the engine's executor and build settings.
+pub fn deterministic_schedule(label: impl ScheduleLabel) -> Schedule {
+    let mut schedule = Schedule::new(label);
+    schedule.set_executor(SingleThreadedExecutor::new());
+    schedule.set_build_settings(build_settings());
+    schedule
+}
+
+/// Adds the [`Step`] and [`Compile`] schedules to `world` with their sets
+/// chained in order. Domains then add systems to the sets.
+pub fn init_schedules(world: &mut World) {
+    let mut step = deterministic_schedule(Step);
+    step.configure_sets(
+        (
+            StepSystems::AdvanceClock,
+            StepSystems::Heartbeats,
+            StepSystems::Transport,
+            StepSystems::FaultDetection,
+            StepSystems::Recovery,
+            StepSystems::Barriers,
+            StepSystems::Collectives,
+            StepSystems::Execute,
+            StepSystems::Coalesce,
+            StepSystems::Monitor,
+            StepSystems::Checkpoint,
+            StepSystems::Finish,
+        )
+            .chain(),
+    );
+    let mut compile = deterministic_schedule(Compile);
+    compile.configure_sets(
+        (
+            CompileSystems::Verify,
+            CompileSystems::ShapeInference,
+            CompileSystems::Simplify,
+            CompileSystems::Fuse,
+            CompileSystems::Order,
+            CompileSystems::PlanMemory,
+            CompileSystems::Lower,
+        )
+            .chain(),
+    );
+    let mut schedules = world.get_resource_or_init::<Schedules>();
+    schedules.insert(step);
+    schedules.insert(compile);
+}
