@@ -1,1 +1,41 @@
-fn main() {}
+//! Pod construction and the `Step` schedule.
+//!
+//! `cargo bench --bench pod`
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use optirs_tpu::Pod;
+use optirs_tpu::topology::{load_preset, parse_topology, preset_text};
+use std::hint::black_box;
+
+fn load(c: &mut Criterion) {
+    let mut group = c.benchmark_group("pod::load");
+    let text = preset_text("v4-4096").unwrap();
+    group.bench_function("parse_validate/v4-4096", |b| {
+        b.iter(|| parse_topology(black_box(text), "v4-4096").unwrap())
+    });
+    let topology = load_preset("v4-4096").unwrap();
+    group.bench_function("spawn/v4-4096", |b| {
+        b.iter(|| Pod::from_topology(black_box(topology.clone())).unwrap())
+    });
+    group.bench_function("parse_validate_spawn/v4-4096", |b| {
+        b.iter(|| Pod::from_preset(black_box("v4-4096")).unwrap())
+    });
+    group.sample_size(10);
+    group.bench_function("figures/v4-4096", |b| {
+        let mut pod = Pod::from_preset("v4-4096").unwrap();
+        b.iter(|| pod.figures())
+    });
+    group.finish();
+}
+
+fn step(c: &mut Criterion) {
+    let mut group = c.benchmark_group("pod::step");
+    for preset in ["v4-8", "v5e-256", "v4-4096"] {
+        let mut pod = Pod::from_preset(preset).unwrap();
+        group.bench_function(preset, |b| b.iter(|| pod.step()));
+    }
+    group.finish();
+}
+
+criterion_group!(benches, load, step);
+criterion_main!(benches);

@@ -24,6 +24,12 @@ pub enum OptimError {
         /// Why it cannot be done here.
         reason: String,
     },
+    /// A pod file could not be read, parsed or accepted.
+    #[error(transparent)]
+    Topology(Box<crate::topology::TopologyError>),
+    /// A schedule could not be built (for instance, an ambiguous system order).
+    #[error("schedule build failed: {0}")]
+    Schedule(String),
     /// Reading or writing a file failed.
     #[error("{path}: {source}")]
     Io {
@@ -33,4 +39,10 @@ pub enum OptimError {
         #[source]
         source: std::io::Error,
     },
+}
+
+impl From<crate::topology::TopologyError> for OptimError {
+    fn from(error: crate::topology::TopologyError) -> Self {
+        OptimError::Topology(Box::new(error))
+    }
 }

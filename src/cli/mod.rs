@@ -1,0 +1,45 @@
+//! Argument parsing and dispatch.
+
+mod output;
+mod run;
+mod topology;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+/// TPU pod coordination and an XLA-shaped optimizer compiler on a CPU
+/// reference executor.
+#[derive(Parser, Debug)]
+#[command(name = "optirs-tpu", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Step a pod in simulated time and report what happened.
+    Run(run::RunArgs),
+    /// Print a pod's topology figures (diameter, bisection, all-reduce bandwidth).
+    Topology(topology::TopologyArgs),
+    /// List the bundled pod presets.
+    Presets(topology::PresetsArgs),
+}
+
+/// Parses the command line, runs the command, maps errors to exit codes.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Run(args) => run::run(args),
+        Command::Topology(args) => topology::topology(args),
+        Command::Presets(args) => topology::presets(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) if output::is_broken_pipe(&error) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            ExitCode::from(1)
+        }
+    }
+}

@@ -1,0 +1,63 @@
+//! Writing results: JSON or human text to stdout, files where asked.
+
+use anyhow::{Context, Result};
+use serde::Serialize;
+use std::io::Write;
+use std::path::Path;
+
+/// Prints `value` as one JSON object on stdout.
+pub fn print_json(value: &impl Serialize) -> Result<()> {
+    let mut stdout = std::io::stdout().lock();
+    serde_json::to_writer_pretty(&mut stdout, value)?;
+    writeln!(stdout)?;
+    Ok(())
+}
+
+/// Prints text on stdout.
+pub fn print_text(text: &str) -> Result<()> {
+    let mut stdout = std::io::stdout().lock();
+    stdout.write_all(text.as_bytes())?;
+    Ok(())
+}
+
+/// Writes `contents` to `path`, naming the path on failure.
+pub fn write_file(path: &Path, contents: &str) -> Result<()> {
+    std::fs::write(path, contents).with_context(|| format!("cannot write {}", path.display()))
+}
+
+/// Whether the error chain ends in a closed pipe (`optirs-tpu ... | head`).
+pub fn is_broken_pipe(error: &anyhow::Error) -> bool {
+    error.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+            || cause
+                .downcast_ref::<serde_json::Error>()
+                .and_then(|json| json.io_error_kind())
+                == Some(std::io::ErrorKind::BrokenPipe)
+    })
+}
+
+/// Formats a byte rate with a decimal unit: `1.60 TB/s`.
+pub fn bytes_per_s(value: f64) -> String {
+    let units = [(1e15, "PB/s"), (1e12, "TB/s"), (1e9, "GB/s"), (1e6, "MB/s")];
+    for (scale, unit) in units {
+        if value >= scale {
+            return format!("{:.2} {unit}", value / scale);
+        }
+    }
+    format!("{value:.0} B/s")
+}
+
+/// Formats seconds with a unit suited to their size.
+pub fn seconds(value: f64) -> String {
+    if value >= 1.0 {
+        format!("{value:.3} s")
+    } else if value >= 1e-3 {
+        format!("{:.3} ms", value * 1e3)
+    } else if value >= 1e-6 {
+        format!("{:.3} µs", value * 1e6)
+    } else {
+        format!("{:.0} ns", value * 1e9)
+    }
+}

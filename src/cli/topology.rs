@@ -1,0 +1,115 @@
+//! `optirs-tpu topology` and `optirs-tpu presets`.
+
+use super::output;
+use anyhow::Result;
+use clap::Args;
+use optirs_tpu::Pod;
+use optirs_tpu::topology::{DEFAULT_PRESET, PRESETS, load_preset, to_dot};
+use serde::Serialize;
+use std::path::PathBuf;
+
+#[derive(Args, Debug)]
+pub struct TopologyArgs {
+    /// A preset name (see `optirs-tpu presets`) or a pod file path.
+    #[arg(default_value = DEFAULT_PRESET)]
+    pod: String,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+    /// Also write the pod as a Graphviz graph (hosts as clusters).
+    #[arg(long, value_name = "FILE")]
+    dot: Option<PathBuf>,
+}
+
+pub fn topology(args: TopologyArgs) -> Result<()> {
+    let mut pod = Pod::load(&args.pod)?;
+    let figures = pod.figures();
+    if let Some(path) = &args.dot {
+        output::write_file(path, &to_dot(pod.world_mut()))?;
+    }
+    if args.json {
+        return output::print_json(&figures);
+    }
+    let diameter = figures
+        .diameter_hops
+        .map_or_else(|| "disconnected".to_string(), |d| d.to_string());
+    let topology = pod.topology();
+    let wrap: Vec<&str> = topology.wraparound[..topology.ndims]
+        .iter()
+        .map(|&w| if w { "torus" } else { "mesh" })
+        .collect();
+    output::print_text(&format!(
+        "{name}: {generation} {shape} ({wrap}){slices}\n\
+         \x20 devices        {devices} chips, {cores} TensorCores, {hbm:.0} GiB HBM\n\
+         \x20 hosts          {hosts}\n\
+         \x20 links          {links} ({ici} ICI, {dcn} DCN)\n\
+         \x20 diameter       {diameter} hops\n\
+         \x20 bisection      {bisection} (cut across {cut})\n\
+         \x20 all-reduce     {allreduce}\n",
+        name = figures.name,
+        generation = figures.generation,
+        shape = figures.shape,
+        wrap = wrap.join(" x "),
+        slices = if figures.slices > 1 {
+            format!(" x {} slices", figures.slices)
+        } else {
+            String::new()
+        },
+        devices = figures.devices,
+        cores = figures.cores,
+        hbm = figures.hbm_bytes as f64 / (1u64 << 30) as f64,
+        hosts = figures.hosts,
+        links = figures.links,
+        ici = figures.ici_links,
+        dcn = figures.dcn_links,
+        bisection = output::bytes_per_s(figures.bisection_bytes_per_s),
+        cut = figures.bisection_cut.as_deref().unwrap_or("nothing"),
+        allreduce = output::bytes_per_s(figures.allreduce_bytes_per_s),
+    ))
+}
+
+#[derive(Args, Debug)]
+pub struct PresetsArgs {
+    /// Print a JSON list instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Serialize)]
+struct PresetRow {
+    name: &'static str,
+    generation: String,
+    shape: String,
+    devices: u32,
+    hosts: u32,
+    description: String,
+}
+
+pub fn presets(args: PresetsArgs) -> Result<()> {
+    let mut rows = Vec::new();
+    for (name, _) in PRESETS {
+        let topology = load_preset(name)?;
+        rows.push(PresetRow {
+            name,
+            generation: topology.generation.to_string(),
+            shape: topology.shape_string(),
+            devices: topology.num_devices(),
+            hosts: topology.num_hosts(),
+            description: topology.description.clone(),
+        });
+    }
+    if args.json {
+        return output::print_json(&rows);
+    }
+    let mut text = format!(
+        "{:<9} {:<4} {:<10} {:>7} {:>6}  description\n",
+        "preset", "gen", "shape", "chips", "hosts"
+    );
+    for row in rows {
+        text += &format!(
+            "{:<9} {:<4} {:<10} {:>7} {:>6}  {}\n",
+            row.name, row.generation, row.shape, row.devices, row.hosts, row.description
+        );
+    }
+    output::print_text(&text)
+}

@@ -1,0 +1,302 @@
+//! Per-generation TPU hardware figures: the one source of truth.
+//!
+//! Every figure the engine uses for a chip (HBM, cores, ICI ports and link
+//! bandwidth, host packaging) comes from [`TpuGeneration::spec`]. Pod files
+//! may override link figures per pod; nothing else in the crate hard-codes
+//! them. Each figure names its public source.
+//!
+//! Units: bytes, bytes per second **per direction** for links, nanoseconds.
+//!
+//! Sources:
+//! - \[v2v3\]: N. P. Jouppi et al., "A Domain-Specific Supercomputer for
+//!   Training Deep Neural Networks", CACM 63(7), 2020, Table 3 (4 ICI links per
+//!   chip at 496 Gbit/s on v2 and 656 Gbit/s on v3; HBM 16/32 GiB;
+//!   700/900 GB/s; 2 TensorCores).
+//! - \[v4\]: Cloud TPU v4 documentation, "System architecture" (32 GiB HBM2 at
+//!   1200 GB/s, 2 TensorCores, 3D torus, 4096 chips, bisection 24 TB/s) and
+//!   N. P. Jouppi et al., "TPU v4: An Optically Reconfigurable Supercomputer",
+//!   ISCA 2023 (6 ICI links per chip, 50 GB/s each way).
+//! - \[v5e\]: Cloud TPU v5e documentation (16 GB HBM2 at 819 GB/s, 1 TensorCore,
+//!   400 GB/s bidirectional ICI per chip over 4 ports, 8 chips per host, 2D
+//!   torus of 256 chips, all-reduce 51.2 TB/s, bisection 1.6 TB/s).
+//! - \[v5p\]: Cloud TPU v5p documentation (95 GiB HBM2e at 2765 GB/s,
+//!   2 TensorCores, 1200 GB/s bidirectional ICI per chip, 3D torus, 4 chips per
+//!   host VM, 8960 chips).
+//! - \[v6e\]: Cloud TPU v6e documentation (32 GB HBM at 1638 GB/s, 1 TensorCore,
+//!   800 GB/s bidirectional ICI per chip over 4 ports, 8 chips per host, 2D
+//!   torus of 256 chips, all-reduce 102.4 TB/s, bisection 3.2 TB/s).
+//! - Latencies are not published per link. The defaults (1 µs per ICI hop,
+//!   10 µs per DCN hop) are orders of magnitude for a SerDes hop plus router
+//!   and for a datacenter NIC round; override them in the pod file.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::str::FromStr;
+
+const GIB: u64 = 1 << 30;
+const GB: f64 = 1e9;
+
+/// A TPU generation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum TpuGeneration {
+    /// TPU v2 (2017).
+    V2,
+    /// TPU v3 (2018).
+    V3,
+    /// TPU v4 (2021).
+    V4,
+    /// TPU v5e (2023).
+    V5e,
+    /// TPU v5p (2023).
+    V5p,
+    /// TPU v6e, Trillium (2024).
+    V6e,
+}
+
+/// How the generation's interconnect may close its rings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WraparoundRule {
+    /// Any dimension of 3 or more chips may wrap around (a torus).
+    AnyDimension,
+    /// A dimension may wrap around only when its size is a multiple of this
+    /// (the optical circuit switches close rings per 4-chip cube face).
+    MultipleOf(u32),
+}
+
+/// Figures of one chip generation. See the module docs for sources.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HardwareSpec {
+    /// Short name, as in pod files (`"v5e"`).
+    pub name: &'static str,
+    /// HBM capacity per chip, bytes.
+    pub hbm_bytes: u64,
+    /// HBM bandwidth per chip, bytes per second.
+    pub hbm_bytes_per_s: f64,
+    /// TensorCores per chip.
+    pub cores_per_chip: u32,
+    /// Peak bf16 throughput per chip, FLOP/s.
+    pub peak_bf16_flops: f64,
+    /// Dimensions of the ICI torus (2 or 3).
+    pub torus_dims: usize,
+    /// ICI ports per chip (2 per torus dimension).
+    pub ici_ports: u32,
+    /// ICI bandwidth per link, bytes per second in each direction.
+    pub ici_bytes_per_s: f64,
+    /// ICI latency per hop, nanoseconds.
+    pub ici_latency_ns: u64,
+    /// DCN bandwidth per link, bytes per second in each direction.
+    pub dcn_bytes_per_s: f64,
+    /// DCN latency per hop, nanoseconds.
+    pub dcn_latency_ns: u64,
+    /// Chips attached to one host, as a block of the slice (`x, y, z`).
+    pub chips_per_host_bounds: [u32; 3],
+    /// When a dimension may wrap around.
+    pub wraparound: WraparoundRule,
+    /// Chips in the largest pod of this generation.
+    pub max_pod_chips: u32,
+}
+
+impl HardwareSpec {
+    /// Chips attached to one host.
+    pub fn chips_per_host(&self) -> u32 {
+        self.chips_per_host_bounds.iter().product()
+    }
+
+    /// Whether a dimension of `size` chips may wrap around into a ring.
+    pub fn can_wrap(&self, size: u32) -> bool {
+        match self.wraparound {
+            WraparoundRule::AnyDimension => size >= 3,
+            WraparoundRule::MultipleOf(k) => size >= k && size.is_multiple_of(k),
+        }
+    }
+}
+
+static V2: HardwareSpec = HardwareSpec {
+    name: "v2",
+    hbm_bytes: 16 * GIB,
+    hbm_bytes_per_s: 700.0 * GB,
+    cores_per_chip: 2,
+    peak_bf16_flops: 45e12,
+    torus_dims: 2,
+    ici_ports: 4,
+    ici_bytes_per_s: 496e9 / 8.0,
+    ici_latency_ns: 1_000,
+    dcn_bytes_per_s: 12.5 * GB,
+    dcn_latency_ns: 10_000,
+    chips_per_host_bounds: [2, 2, 1],
+    wraparound: WraparoundRule::AnyDimension,
+    max_pod_chips: 256,
+};
+
+static V3: HardwareSpec = HardwareSpec {
+    name: "v3",
+    hbm_bytes: 32 * GIB,
+    hbm_bytes_per_s: 900.0 * GB,
+    cores_per_chip: 2,
+    peak_bf16_flops: 123e12,
+    torus_dims: 2,
+    ici_ports: 4,
+    ici_bytes_per_s: 656e9 / 8.0,
+    ici_latency_ns: 1_000,
+    dcn_bytes_per_s: 12.5 * GB,
+    dcn_latency_ns: 10_000,
+    chips_per_host_bounds: [2, 2, 1],
+    wraparound: WraparoundRule::AnyDimension,
+    max_pod_chips: 1024,
+};
+
+static V4: HardwareSpec = HardwareSpec {
+    name: "v4",
+    hbm_bytes: 32 * GIB,
+    hbm_bytes_per_s: 1200.0 * GB,
+    cores_per_chip: 2,
+    peak_bf16_flops: 275e12,
+    torus_dims: 3,
+    ici_ports: 6,
+    ici_bytes_per_s: 50.0 * GB,
+    ici_latency_ns: 1_000,
+    dcn_bytes_per_s: 12.5 * GB,
+    dcn_latency_ns: 10_000,
+    chips_per_host_bounds: [2, 2, 1],
+    wraparound: WraparoundRule::MultipleOf(4),
+    max_pod_chips: 4096,
+};
+
+static V5E: HardwareSpec = HardwareSpec {
+    name: "v5e",
+    hbm_bytes: 16 * GIB,
+    hbm_bytes_per_s: 819.0 * GB,
+    cores_per_chip: 1,
+    peak_bf16_flops: 197e12,
+    torus_dims: 2,
+    ici_ports: 4,
+    // 400 GB/s bidirectional per chip over 4 ports.
+    ici_bytes_per_s: 400.0 * GB / 4.0 / 2.0,
+    ici_latency_ns: 1_000,
+    // 2 x 100 Gbit/s NICs per 8-chip host.
+    dcn_bytes_per_s: 25.0 * GB,
+    dcn_latency_ns: 10_000,
+    chips_per_host_bounds: [2, 4, 1],
+    wraparound: WraparoundRule::AnyDimension,
+    max_pod_chips: 256,
+};
+
+static V5P: HardwareSpec = HardwareSpec {
+    name: "v5p",
+    hbm_bytes: 95 * GIB,
+    hbm_bytes_per_s: 2765.0 * GB,
+    cores_per_chip: 2,
+    peak_bf16_flops: 459e12,
+    torus_dims: 3,
+    ici_ports: 6,
+    // 1200 GB/s bidirectional per chip over 6 ports.
+    ici_bytes_per_s: 1200.0 * GB / 6.0 / 2.0,
+    ici_latency_ns: 1_000,
+    // 50 Gbit/s DCN per chip.
+    dcn_bytes_per_s: 50e9 / 8.0,
+    dcn_latency_ns: 10_000,
+    chips_per_host_bounds: [2, 2, 1],
+    wraparound: WraparoundRule::MultipleOf(4),
+    max_pod_chips: 8960,
+};
+
+static V6E: HardwareSpec = HardwareSpec {
+    name: "v6e",
+    hbm_bytes: 32 * GIB,
+    hbm_bytes_per_s: 1638.0 * GB,
+    cores_per_chip: 1,
+    peak_bf16_flops: 918e12,
+    torus_dims: 2,
+    ici_ports: 4,
+    // 800 GB/s bidirectional per chip over 4 ports.
+    ici_bytes_per_s: 800.0 * GB / 4.0 / 2.0,
+    ici_latency_ns: 1_000,
+    dcn_bytes_per_s: 25.0 * GB,
+    dcn_latency_ns: 10_000,
+    chips_per_host_bounds: [2, 4, 1],
+    wraparound: WraparoundRule::AnyDimension,
+    max_pod_chips: 256,
+};
+
+impl TpuGeneration {
+    /// Every generation, oldest first.
+    pub const ALL: [TpuGeneration; 6] = [
+        TpuGeneration::V2,
+        TpuGeneration::V3,
+        TpuGeneration::V4,
+        TpuGeneration::V5e,
+        TpuGeneration::V5p,
+        TpuGeneration::V6e,
+    ];
+
+    /// The generation's hardware figures.
+    pub fn spec(self) -> &'static HardwareSpec {
+        match self {
+            TpuGeneration::V2 => &V2,
+            TpuGeneration::V3 => &V3,
+            TpuGeneration::V4 => &V4,
+            TpuGeneration::V5e => &V5E,
+            TpuGeneration::V5p => &V5P,
+            TpuGeneration::V6e => &V6E,
+        }
+    }
+
+    /// Short name as written in pod files (`"v4"`).
+    pub fn name(self) -> &'static str {
+        self.spec().name
+    }
+}
+
+impl fmt::Display for TpuGeneration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The error for a generation name that is not one of [`TpuGeneration::ALL`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown TPU generation `{0}` (known: v2, v3, v4, v5e, v5p, v6e)")]
+pub struct UnknownGeneration(pub String);
+
+impl FromStr for TpuGeneration {
+    type Err = UnknownGeneration;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let lower = s.trim().to_ascii_lowercase();
+        TpuGeneration::ALL
+            .into_iter()
+            .find(|g| g.name() == lower)
+            .ok_or_else(|| UnknownGeneration(s.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip() {
+        for generation in TpuGeneration::ALL {
+            assert_eq!(generation.name().parse::<TpuGeneration>(), Ok(generation));
+        }
+        assert_eq!("V5E".parse::<TpuGeneration>(), Ok(TpuGeneration::V5e));
+        assert!("v7".parse::<TpuGeneration>().is_err());
+    }
+
+    #[test]
+    fn port_counts_match_torus_dimensions() {
+        for generation in TpuGeneration::ALL {
+            let spec = generation.spec();
+            assert_eq!(spec.ici_ports as usize, 2 * spec.torus_dims, "{generation}");
+        }
+    }
+
+    #[test]
+    fn v4_wraps_only_multiples_of_four() {
+        let v4 = TpuGeneration::V4.spec();
+        assert!(v4.can_wrap(4) && v4.can_wrap(16));
+        assert!(!v4.can_wrap(2) && !v4.can_wrap(6));
+        let v5e = TpuGeneration::V5e.spec();
+        assert!(v5e.can_wrap(3) && !v5e.can_wrap(2));
+    }
+}

@@ -1,0 +1,142 @@
+//! The host-facing [`Pod`]: one `World` with the pod's entities and the
+//! engine's schedules.
+//!
+//! ```
+//! use optirs_tpu::pod::Pod;
+//!
+//! let mut pod = Pod::from_preset("v5e-16")?;
+//! pod.run(100);
+//! assert_eq!(pod.clock().tick, 100);
+//! assert_eq!(pod.clock().now_ns, 100 * pod.topology().tick_ns);
+//! # Ok::<(), optirs_tpu::OptimError>(())
+//! ```
+
+pub mod clock;
+
+pub use clock::SimClock;
+
+use crate::error::{OptimError, Result};
+use crate::schedule::{Compile, Step, init_schedules};
+use crate::topology::{
+    PodTopology, Topology, TopologyFigures, compute_figures, load_preset, load_topology,
+    load_topology_file, parse_topology, spawn_topology,
+};
+use bevy_ecs::prelude::*;
+use bevy_ecs::schedule::ScheduleLabel;
+use std::path::Path;
+
+/// A TPU pod simulated in one `bevy_ecs::World`.
+///
+/// Build it from a preset, a pod file or RON text; drive it with
+/// [`Pod::step`] and [`Pod::run`]; read it through [`Pod::world`].
+pub struct Pod {
+    world: World,
+}
+
+impl std::fmt::Debug for Pod {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let topology = self.topology();
+        f.debug_struct("Pod")
+            .field("name", &topology.name)
+            .field("devices", &topology.num_devices())
+            .field("clock", self.clock())
+            .finish()
+    }
+}
+
+impl Pod {
+    /// Builds a pod from a bundled preset (`"v5e-256"`).
+    pub fn from_preset(name: &str) -> Result<Pod> {
+        Pod::from_topology(load_preset(name)?)
+    }
+
+    /// Builds a pod from a RON pod file.
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Pod> {
+        Pod::from_topology(load_topology_file(path.as_ref())?)
+    }
+
+    /// Builds a pod from RON text; `origin` names it in errors.
+    pub fn from_ron_str(text: &str, origin: &str) -> Result<Pod> {
+        Pod::from_topology(parse_topology(text, origin)?)
+    }
+
+    /// Builds a pod from a preset name or, failing that, a file path.
+    pub fn load(spec: &str) -> Result<Pod> {
+        Pod::from_topology(load_topology(spec)?)
+    }
+
+    /// Builds a pod from a validated topology: spawns its entities, installs
+    /// every domain's systems and checks that the schedules build (an
+    /// ambiguous system order is an error here, not a surprise later).
+    pub fn from_topology(topology: Topology) -> Result<Pod> {
+        let mut world = World::new();
+        init_schedules(&mut world);
+        clock::install(&mut world, topology.tick_ns);
+        spawn_topology(&mut world, &topology);
+        for label in [Step.intern(), Compile.intern()] {
+            world.schedule_scope(label, |world, schedule| match schedule.initialize(world) {
+                Ok(_) => Ok(()),
+                Err(error) => Err(OptimError::Schedule(format!(
+                    "{label:?}: {}",
+                    error.to_string(schedule.graph(), world)
+                ))),
+            })?;
+        }
+        Ok(Pod { world })
+    }
+
+    /// Runs one tick of the [`Step`] schedule.
+    pub fn step(&mut self) {
+        self.world.run_schedule(Step);
+    }
+
+    /// Runs `ticks` ticks.
+    pub fn run(&mut self, ticks: u64) {
+        for _ in 0..ticks {
+            self.step();
+        }
+    }
+
+    /// Steps until `done` holds (checked before each tick) or `max_ticks`
+    /// ticks have run. Returns the ticks run when `done` held, or `None`.
+    pub fn run_until(
+        &mut self,
+        max_ticks: u64,
+        mut done: impl FnMut(&World) -> bool,
+    ) -> Option<u64> {
+        for ticks in 0..=max_ticks {
+            if done(&self.world) {
+                return Some(ticks);
+            }
+            if ticks < max_ticks {
+                self.step();
+            }
+        }
+        None
+    }
+
+    /// The simulated clock.
+    pub fn clock(&self) -> &SimClock {
+        self.world.resource::<SimClock>()
+    }
+
+    /// The topology the pod was built from.
+    pub fn topology(&self) -> &Topology {
+        &self.world.resource::<PodTopology>().0
+    }
+
+    /// Figures computed from the pod's entities.
+    pub fn figures(&mut self) -> TopologyFigures {
+        compute_figures(&mut self.world)
+    }
+
+    /// The world, read-only.
+    pub fn world(&self) -> &World {
+        &self.world
+    }
+
+    /// The world, for hosts that add their own systems or entities.
+    pub fn world_mut(&mut self) -> &mut World {
+        &mut self.world
+    }
+}

@@ -1,0 +1,190 @@
+//! Errors from loading and validating pod files.
+
+use std::path::PathBuf;
+use thiserror::Error;
+
+/// A pod file that could not be read, parsed or accepted.
+///
+/// Every variant names where the problem is: the file (or `<string>`), the
+/// line and column for syntax errors, and the field or element for semantic
+/// ones.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum TopologyError {
+    /// The file could not be read.
+    #[error("cannot read pod file {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The text is not a well-formed pod file.
+    #[error("{origin}:{line}:{column}: in `{field}`: {message}")]
+    Syntax {
+        /// The file name, or `<string>`.
+        origin: String,
+        /// 1-based line.
+        line: usize,
+        /// 1-based column.
+        column: usize,
+        /// The field being read (`extra_links[1].a`), or `Pod` at top level.
+        field: String,
+        /// What the parser expected.
+        message: String,
+    },
+    /// The file parses but describes a pod that cannot exist.
+    #[error("{origin}{}: `{field}`: {problem}", line.map(|l| format!(":{l}")).unwrap_or_default())]
+    Invalid {
+        /// The file name, or `<string>`.
+        origin: String,
+        /// The line the field is on, when it could be found.
+        line: Option<usize>,
+        /// The offending field or element (`shape`, `extra_links[2]`).
+        field: String,
+        /// What is wrong.
+        problem: Box<Problem>,
+    },
+    /// No preset has this name and no such file exists.
+    #[error("no pod preset or file named `{name}` (presets: {known})")]
+    UnknownPod {
+        /// What was asked for.
+        name: String,
+        /// The preset names, comma-separated.
+        known: String,
+    },
+}
+
+/// What is semantically wrong with a pod file.
+#[derive(Debug, Clone, PartialEq, Error)]
+#[non_exhaustive]
+pub enum Problem {
+    /// The generation is not one the engine knows.
+    #[error("unknown TPU generation `{0}` (known: v2, v3, v4, v5e, v5p, v6e)")]
+    UnknownGeneration(String),
+    /// A shape string that is not `AxB` or `AxBxC` of positive integers.
+    #[error("`{text}` is not a shape like `4x4` or `4x4x4`: {reason}")]
+    MalformedShape {
+        /// The text as written.
+        text: String,
+        /// Why it does not parse.
+        reason: String,
+    },
+    /// A dimension of size zero.
+    #[error("dimension {axis} of `{text}` is zero; every dimension needs at least one chip")]
+    ZeroDimension {
+        /// The shape as written.
+        text: String,
+        /// 0-based axis.
+        axis: usize,
+    },
+    /// Wrong number of dimensions for the generation's torus.
+    #[error("{generation} chips form a {expected}D torus, but `{text}` has {got} dimensions")]
+    WrongDimensionCount {
+        /// The generation.
+        generation: String,
+        /// Its torus dimensions.
+        expected: usize,
+        /// The shape's dimensions.
+        got: usize,
+        /// The shape as written.
+        text: String,
+    },
+    /// A list with one entry per dimension has the wrong length.
+    #[error("has {got} entries but the shape has {expected} dimensions")]
+    WrongLength {
+        /// Dimensions in the shape.
+        expected: usize,
+        /// Entries given.
+        got: usize,
+    },
+    /// The host block does not tile the slice.
+    #[error(
+        "a host drives {bound} chips along dimension {axis}, which does not divide the slice's {size}; \
+         chips per host must divide the slice"
+    )]
+    HostBlockDoesNotDivide {
+        /// 0-based axis.
+        axis: usize,
+        /// Chips per host along the axis.
+        bound: u32,
+        /// Chips in the slice along the axis.
+        size: u32,
+    },
+    /// Wraparound requested where the generation cannot close a ring.
+    #[error("{generation} cannot wrap dimension {axis} of {size} chips around: {rule}")]
+    WraparoundNotAllowed {
+        /// The generation.
+        generation: String,
+        /// 0-based axis.
+        axis: usize,
+        /// Chips along it.
+        size: u32,
+        /// The rule it breaks.
+        rule: String,
+    },
+    /// More chips than the engine models.
+    #[error("{chips} chips is more than the {max} a pod may have")]
+    TooManyChips {
+        /// Requested.
+        chips: u64,
+        /// The cap.
+        max: u64,
+    },
+    /// A number that must be positive and finite is not.
+    #[error("{value} is not valid here: must be {requirement}")]
+    BadNumber {
+        /// The value as given.
+        value: String,
+        /// What it must be.
+        requirement: &'static str,
+    },
+    /// An explicit link names a device the pod does not have.
+    #[error("device {device} does not exist (the pod has devices 0..{devices})")]
+    UnknownDevice {
+        /// The id given.
+        device: u32,
+        /// Number of devices.
+        devices: u32,
+    },
+    /// An explicit link from a device to itself.
+    #[error("links device {device} to itself")]
+    SelfLink {
+        /// The device.
+        device: u32,
+    },
+    /// An explicit link that already exists (explicitly or in the torus).
+    #[error("duplicates the {kind} link between devices {a} and {b} ({previous})")]
+    DuplicateLink {
+        /// One end.
+        a: u32,
+        /// Other end.
+        b: u32,
+        /// `ICI` or `DCN`.
+        kind: &'static str,
+        /// Where the first one came from.
+        previous: String,
+    },
+    /// Some devices cannot reach others.
+    #[error(
+        "the pod is disconnected: device {unreachable} cannot be reached from device 0 \
+         ({count} devices unreachable); join slices with `extra_links` of kind Dcn"
+    )]
+    Disconnected {
+        /// The first unreachable device.
+        unreachable: u32,
+        /// How many devices are unreachable.
+        count: u32,
+    },
+    /// The heartbeat timeout does not exceed the interval.
+    #[error(
+        "heartbeat timeout ({timeout_ms} ms) must be longer than the interval ({interval_ms} ms)"
+    )]
+    TimeoutNotAfterInterval {
+        /// Interval.
+        interval_ms: f64,
+        /// Timeout.
+        timeout_ms: f64,
+    },
+}

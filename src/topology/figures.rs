@@ -1,0 +1,226 @@
+//! Figures derived from the entity graph: counts, diameter, bisection and
+//! all-reduce bandwidth.
+//!
+//! Nothing here reads a table of published numbers: every figure is computed
+//! from the `Device`, `Host` and `Link` entities in the world, so a pod file
+//! with different links (or a link cut at run time) gives different figures.
+//!
+//! - **Diameter**: the longest shortest path, in hops (breadth-first search).
+//!   A torus whose every axis wraps (or has at most 2 chips) looks the same
+//!   from every chip, so one search suffices; otherwise every chip is a
+//!   source (in parallel).
+//! - **Bisection bandwidth**: the minimum, over axis-aligned cuts that halve
+//!   an axis (x, y, z, or the slice index of a multislice pod), of the
+//!   bandwidth crossing the cut in one direction.
+//! - **All-reduce bandwidth**: the sum of every link's bandwidth in both
+//!   directions — what a bandwidth-optimal all-reduce keeps busy when rings
+//!   run both ways along every axis. Google's "all-reduce bandwidth per pod"
+//!   is this figure (v5e-256: 512 links × 2 × 50 GB/s = 51.2 TB/s).
+
+use super::components::{Device, Host, Link, PodTopology, TorusCoords};
+use super::schema::LinkKind;
+use bevy_ecs::prelude::*;
+use rayon::prelude::*;
+use serde::Serialize;
+use std::collections::HashMap;
+
+/// Figures of a pod, computed from its entities.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TopologyFigures {
+    /// Pod name.
+    pub name: String,
+    /// Chip generation.
+    pub generation: String,
+    /// Shape of one slice, as written.
+    pub shape: String,
+    /// Slices.
+    pub slices: u32,
+    /// Device (chip) entities.
+    pub devices: u32,
+    /// TensorCores over all chips.
+    pub cores: u64,
+    /// Host entities.
+    pub hosts: u32,
+    /// Link entities.
+    pub links: u32,
+    /// ICI links.
+    pub ici_links: u32,
+    /// DCN links.
+    pub dcn_links: u32,
+    /// Longest shortest path between two devices, in hops; `None` when some
+    /// device cannot reach another.
+    pub diameter_hops: Option<u32>,
+    /// Bandwidth across the weakest axis-aligned halving cut, bytes/s, one way.
+    pub bisection_bytes_per_s: f64,
+    /// The cut that achieves it (`"x"`, `"y"`, `"z"` or `"slice"`).
+    pub bisection_cut: Option<String>,
+    /// Sum of all link bandwidth in both directions, bytes/s.
+    pub allreduce_bytes_per_s: f64,
+    /// HBM over all chips, bytes.
+    pub hbm_bytes: u64,
+}
+
+/// Computes [`TopologyFigures`] from the devices, hosts and links in `world`.
+pub fn compute_figures(world: &mut World) -> TopologyFigures {
+    let topology = world.resource::<PodTopology>().0.clone();
+    let mut device_query = world.query::<(Entity, &Device, &TorusCoords)>();
+    let mut index: HashMap<Entity, u32> = HashMap::new();
+    let mut coords: Vec<[u32; 4]> = Vec::new();
+    let mut cores = 0u64;
+    for (entity, device, place) in device_query.iter(world) {
+        index.insert(entity, coords.len() as u32);
+        let [x, y, z] = place.xyz;
+        coords.push([x, y, z, place.slice]);
+        cores += u64::from(device.cores);
+    }
+    let hosts = world.query::<&Host>().iter(world).count() as u32;
+    let mut link_query = world.query::<&Link>();
+    let mut edges: Vec<(u32, u32, f64)> = Vec::new();
+    let (mut ici_links, mut dcn_links) = (0u32, 0u32);
+    let mut allreduce = 0.0f64;
+    for link in link_query.iter(world) {
+        match link.kind {
+            LinkKind::Ici => ici_links += 1,
+            LinkKind::Dcn => dcn_links += 1,
+        }
+        allreduce += 2.0 * link.bytes_per_s;
+        if let (Some(&a), Some(&b)) = (index.get(&link.a), index.get(&link.b)) {
+            edges.push((a, b, link.bytes_per_s));
+        }
+    }
+    let n = coords.len();
+    let graph = Csr::new(n, &edges);
+    let symmetric = topology.slices == 1
+        && edges.len() == topology.links().len()
+        && topology.extra_links.is_empty()
+        && (0..3).all(|axis| topology.dims[axis] <= 2 || topology.wraparound[axis]);
+    let diameter_hops = diameter(&graph, symmetric);
+    let sizes = [
+        topology.dims[0],
+        topology.dims[1],
+        topology.dims[2],
+        topology.slices,
+    ];
+    let (bisection_bytes_per_s, bisection_cut) = bisection(&coords, &edges, sizes);
+    TopologyFigures {
+        name: topology.name.clone(),
+        generation: topology.generation.to_string(),
+        shape: topology.shape_string(),
+        slices: topology.slices,
+        devices: n as u32,
+        cores,
+        hosts,
+        links: ici_links + dcn_links,
+        ici_links,
+        dcn_links,
+        diameter_hops,
+        bisection_bytes_per_s,
+        bisection_cut,
+        allreduce_bytes_per_s: allreduce,
+        hbm_bytes: topology.hbm_bytes * n as u64,
+    }
+}
+
+/// Undirected adjacency in compressed sparse rows.
+struct Csr {
+    offsets: Vec<u32>,
+    targets: Vec<u32>,
+}
+
+impl Csr {
+    fn new(n: usize, edges: &[(u32, u32, f64)]) -> Csr {
+        let mut degree = vec![0u32; n + 1];
+        for &(a, b, _) in edges {
+            degree[a as usize] += 1;
+            degree[b as usize] += 1;
+        }
+        let mut offsets = vec![0u32; n + 1];
+        for i in 0..n {
+            offsets[i + 1] = offsets[i] + degree[i];
+        }
+        let mut fill = offsets.clone();
+        let mut targets = vec![0u32; offsets[n] as usize];
+        for &(a, b, _) in edges {
+            targets[fill[a as usize] as usize] = b;
+            fill[a as usize] += 1;
+            targets[fill[b as usize] as usize] = a;
+            fill[b as usize] += 1;
+        }
+        Csr { offsets, targets }
+    }
+
+    fn len(&self) -> usize {
+        self.offsets.len() - 1
+    }
+
+    fn neighbours(&self, v: u32) -> &[u32] {
+        &self.targets[self.offsets[v as usize] as usize..self.offsets[v as usize + 1] as usize]
+    }
+
+    /// Eccentricity of `source`, or `None` if some vertex is unreachable.
+    fn eccentricity(&self, source: u32) -> Option<u32> {
+        let mut distance = vec![u32::MAX; self.len()];
+        let mut frontier = vec![source];
+        distance[source as usize] = 0;
+        let (mut depth, mut reached) = (0u32, 1usize);
+        while !frontier.is_empty() {
+            let mut next = Vec::new();
+            for &v in &frontier {
+                for &w in self.neighbours(v) {
+                    if distance[w as usize] == u32::MAX {
+                        distance[w as usize] = depth + 1;
+                        next.push(w);
+                    }
+                }
+            }
+            reached += next.len();
+            if !next.is_empty() {
+                depth += 1;
+            }
+            frontier = next;
+        }
+        (reached == self.len()).then_some(depth)
+    }
+}
+
+fn diameter(graph: &Csr, symmetric: bool) -> Option<u32> {
+    if graph.len() == 0 {
+        return Some(0);
+    }
+    if symmetric {
+        return graph.eccentricity(0);
+    }
+    (0..graph.len() as u32)
+        .into_par_iter()
+        .map(|source| graph.eccentricity(source))
+        .try_reduce(|| 0, |a, b| Some(a.max(b)))
+}
+
+fn bisection(
+    coords: &[[u32; 4]],
+    edges: &[(u32, u32, f64)],
+    sizes: [u32; 4],
+) -> (f64, Option<String>) {
+    const AXES: [&str; 4] = ["x", "y", "z", "slice"];
+    let mut best: Option<(f64, usize)> = None;
+    for axis in 0..4 {
+        if sizes[axis] < 2 {
+            continue;
+        }
+        let cut = sizes[axis] / 2;
+        let crossing: f64 = edges
+            .iter()
+            .filter(|&&(a, b, _)| {
+                (coords[a as usize][axis] < cut) != (coords[b as usize][axis] < cut)
+            })
+            .map(|&(_, _, bandwidth)| bandwidth)
+            .sum();
+        if best.is_none_or(|(value, _)| crossing < value) {
+            best = Some((crossing, axis));
+        }
+    }
+    match best {
+        Some((value, axis)) => (value, Some(AXES[axis].to_string())),
+        None => (0.0, None),
+    }
+}

@@ -1,0 +1,60 @@
+//! The pod's topology: RON pod files, presets, validation, the device, host
+//! and link entities, and figures derived from them.
+//!
+//! The schema is documented in [`schema`] and in `docs/topology.md`.
+//! Loading goes text → [`PodFile`] (syntax errors carry file, line, column and
+//! field) → [`Topology`] (semantic errors name the field) → entities
+//! ([`spawn_topology`]).
+
+pub mod components;
+pub mod dot;
+pub mod error;
+pub mod figures;
+pub mod presets;
+pub mod resolve;
+pub mod schema;
+pub mod spawn;
+
+pub use components::*;
+pub use dot::to_dot;
+pub use error::{Problem, TopologyError};
+pub use figures::{TopologyFigures, compute_figures};
+pub use presets::{DEFAULT_PRESET, PRESETS, preset_names, preset_text};
+pub use resolve::{LinkParams, LinkSpec, Topology, parse_pod_file, parse_topology, resolve};
+pub use schema::{LinkKind, PodFile};
+pub use spawn::spawn_topology;
+
+use std::path::Path;
+
+/// Reads and validates a pod file.
+pub fn load_topology_file(path: &Path) -> Result<Topology, TopologyError> {
+    let text = std::fs::read_to_string(path).map_err(|source| TopologyError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    parse_topology(&text, &path.display().to_string())
+}
+
+/// Validates a bundled preset by name.
+pub fn load_preset(name: &str) -> Result<Topology, TopologyError> {
+    let text = preset_text(name).ok_or_else(|| TopologyError::UnknownPod {
+        name: name.to_string(),
+        known: preset_names(),
+    })?;
+    parse_topology(text, &format!("preset {name}"))
+}
+
+/// Loads `spec` as a preset name, or else as a path to a pod file.
+pub fn load_topology(spec: &str) -> Result<Topology, TopologyError> {
+    if preset_text(spec).is_some() {
+        return load_preset(spec);
+    }
+    let path = Path::new(spec);
+    if path.exists() {
+        return load_topology_file(path);
+    }
+    Err(TopologyError::UnknownPod {
+        name: spec.to_string(),
+        known: preset_names(),
+    })
+}

@@ -1,0 +1,633 @@
+//! From pod file text to a validated [`Topology`].
+//!
+//! Parsing reports the file, line, column and field (through
+//! `serde_path_to_error` over ron's deserializer). Validation checks, in this
+//! order: generation, shape, slices, wraparound, host block, cores, link
+//! figures, heartbeat and tick, explicit links, connectivity. The first
+//! violation is returned with the field it belongs to; no input panics.
+
+use super::error::{Problem, TopologyError};
+use super::schema::{ExtraLink, LinkFigures, LinkKind, PodFile};
+use crate::hardware::{HardwareSpec, TpuGeneration, WraparoundRule};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+
+/// The most chips a pod may have (16× the largest v5p slice).
+pub const MAX_POD_CHIPS: u64 = 1 << 16;
+
+/// Default heartbeat interval, ns (the coordination service's order).
+pub const DEFAULT_HEARTBEAT_INTERVAL_NS: u64 = 1_000_000_000;
+/// Default heartbeat timeout, ns (the TF/JAX coordination service uses 10 s).
+pub const DEFAULT_HEARTBEAT_TIMEOUT_NS: u64 = 10_000_000_000;
+/// Default simulated time per tick, ns.
+pub const DEFAULT_TICK_NS: u64 = 10_000_000;
+
+/// Bandwidth (per direction) and latency of a link.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct LinkParams {
+    /// Bytes per second in each direction.
+    pub bytes_per_s: f64,
+    /// One-way latency, nanoseconds.
+    pub latency_ns: u64,
+}
+
+/// A link between two devices, by device id.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct LinkSpec {
+    /// One end.
+    pub a: u32,
+    /// Other end.
+    pub b: u32,
+    /// The network.
+    pub kind: LinkKind,
+    /// The torus axis an ICI link runs along; `None` for explicit links.
+    pub axis: Option<u8>,
+    /// Whether this link closes a ring (the wraparound hop).
+    pub wraps: bool,
+    /// Bandwidth and latency.
+    pub params: LinkParams,
+}
+
+/// A validated pod description: everything needed to spawn the world.
+///
+/// Device ids are dense: `slice * chips_per_slice + x + X * (y + Y * z)`,
+/// x fastest, the order libtpu enumerates chips.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Topology {
+    /// Pod name.
+    pub name: String,
+    /// One-line description.
+    pub description: String,
+    /// Chip generation.
+    pub generation: TpuGeneration,
+    /// Chips along x, y, z of one slice (unused axes are 1).
+    pub dims: [u32; 3],
+    /// Dimensions as written (2 or 3).
+    pub ndims: usize,
+    /// Number of identical slices.
+    pub slices: u32,
+    /// Whether each axis closes into a ring.
+    pub wraparound: [bool; 3],
+    /// Chips one host drives along each axis.
+    pub host_bounds: [u32; 3],
+    /// TensorCores per chip.
+    pub cores_per_chip: u32,
+    /// HBM per chip, bytes.
+    pub hbm_bytes: u64,
+    /// Torus link figures.
+    pub ici: LinkParams,
+    /// Default DCN link figures.
+    pub dcn: LinkParams,
+    /// Links beyond the torus.
+    pub extra_links: Vec<LinkSpec>,
+    /// Heartbeat interval, ns.
+    pub heartbeat_interval_ns: u64,
+    /// Silence before a device is failed, ns.
+    pub heartbeat_timeout_ns: u64,
+    /// Simulated time per tick, ns.
+    pub tick_ns: u64,
+}
+
+impl Topology {
+    /// Chips in one slice.
+    pub fn chips_per_slice(&self) -> u32 {
+        self.dims.iter().product()
+    }
+
+    /// Chips (devices) in the pod.
+    pub fn num_devices(&self) -> u32 {
+        self.chips_per_slice() * self.slices
+    }
+
+    /// Hosts along each axis of one slice.
+    pub fn hosts_per_axis(&self) -> [u32; 3] {
+        [0, 1, 2].map(|axis| self.dims[axis] / self.host_bounds[axis])
+    }
+
+    /// Hosts in the pod.
+    pub fn num_hosts(&self) -> u32 {
+        self.hosts_per_axis().iter().product::<u32>() * self.slices
+    }
+
+    /// `(slice, [x, y, z])` of a device id.
+    pub fn coords(&self, device: u32) -> (u32, [u32; 3]) {
+        let per_slice = self.chips_per_slice();
+        let slice = device / per_slice;
+        let local = device % per_slice;
+        let [dx, dy, _] = self.dims;
+        (slice, [local % dx, (local / dx) % dy, local / (dx * dy)])
+    }
+
+    /// The device id at `(slice, [x, y, z])`.
+    pub fn device_at(&self, slice: u32, [x, y, z]: [u32; 3]) -> u32 {
+        let [dx, dy, _] = self.dims;
+        slice * self.chips_per_slice() + x + dx * (y + dy * z)
+    }
+
+    /// The host index that drives a device.
+    pub fn host_of(&self, device: u32) -> u32 {
+        let (slice, c) = self.coords(device);
+        let [hx, hy, hz] = self.hosts_per_axis();
+        let [bx, by, bz] = self.host_bounds;
+        slice * hx * hy * hz + c[0] / bx + hx * (c[1] / by + hy * (c[2] / bz))
+    }
+
+    /// The torus links of every slice, then the explicit links.
+    ///
+    /// Along an axis of size `n` there are `n - 1` links per row, plus the
+    /// wraparound link when the axis wraps (`n >= 3`).
+    pub fn links(&self) -> Vec<LinkSpec> {
+        let mut links = Vec::with_capacity(self.torus_link_count() + self.extra_links.len());
+        for device in 0..self.num_devices() {
+            let (slice, c) = self.coords(device);
+            for axis in 0..3 {
+                let size = self.dims[axis];
+                if size < 2 {
+                    continue;
+                }
+                let mut next = c;
+                let wraps = c[axis] + 1 == size;
+                if wraps {
+                    if !(self.wraparound[axis] && size >= 3) {
+                        continue;
+                    }
+                    next[axis] = 0;
+                } else {
+                    next[axis] += 1;
+                }
+                links.push(LinkSpec {
+                    a: device,
+                    b: self.device_at(slice, next),
+                    kind: LinkKind::Ici,
+                    axis: Some(axis as u8),
+                    wraps,
+                    params: self.ici,
+                });
+            }
+        }
+        links.extend_from_slice(&self.extra_links);
+        links
+    }
+
+    fn torus_link_count(&self) -> usize {
+        let per_slice: u64 = (0..3)
+            .map(|axis| {
+                let size = u64::from(self.dims[axis]);
+                let rows = u64::from(self.chips_per_slice()) / size;
+                let per_row = match size {
+                    0 | 1 => 0,
+                    n if self.wraparound[axis] && n >= 3 => n,
+                    n => n - 1,
+                };
+                rows * per_row
+            })
+            .sum();
+        (per_slice * u64::from(self.slices)) as usize
+    }
+
+    /// Shape as written: `16x16` or `4x4x4`.
+    pub fn shape_string(&self) -> String {
+        self.dims[..self.ndims]
+            .iter()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join("x")
+    }
+}
+
+/// Parses and validates pod file text. `origin` names the source in errors.
+pub fn parse_topology(text: &str, origin: &str) -> Result<Topology, TopologyError> {
+    let file = parse_pod_file(text, origin)?;
+    resolve(&file, text, origin)
+}
+
+/// Parses pod file text without validating it.
+pub fn parse_pod_file(text: &str, origin: &str) -> Result<PodFile, TopologyError> {
+    let options =
+        ron::Options::default().with_default_extension(ron::extensions::Extensions::IMPLICIT_SOME);
+    let syntax = |field: String, error: ron::error::SpannedError| TopologyError::Syntax {
+        origin: origin.to_string(),
+        line: error.position.line,
+        column: error.position.col,
+        field,
+        message: error.code.to_string(),
+    };
+    let mut de = ron::Deserializer::from_str_with_options(text, &options)
+        .map_err(|e| syntax("Pod".to_string(), e))?;
+    let parsed: Result<PodFile, _> = serde_path_to_error::deserialize(&mut de);
+    match parsed {
+        Ok(file) => {
+            de.end()
+                .map_err(|code| syntax("Pod".into(), de.span_error(code)))?;
+            Ok(file)
+        }
+        Err(error) => {
+            let path = error.path().to_string();
+            let field = if path == "." || path.is_empty() {
+                "Pod".to_string()
+            } else {
+                path
+            };
+            Err(syntax(field, de.span_error(error.into_inner())))
+        }
+    }
+}
+
+/// A validation step's result: the problem and the field it belongs to.
+type Check<T> = Result<T, (String, Problem)>;
+
+fn invalid(field: impl Into<String>, problem: Problem) -> (String, Problem) {
+    (field.into(), problem)
+}
+
+/// Validates a parsed pod file. `text` is used only to find line numbers.
+pub fn resolve(file: &PodFile, text: &str, origin: &str) -> Result<Topology, TopologyError> {
+    resolve_fields(file).map_err(|(field, problem)| TopologyError::Invalid {
+        origin: origin.to_string(),
+        line: line_of_field(text, &field),
+        field,
+        problem: Box::new(problem),
+    })
+}
+
+fn resolve_fields(file: &PodFile) -> Check<Topology> {
+    let generation: TpuGeneration = file.generation.parse().map_err(|_| {
+        invalid(
+            "generation",
+            Problem::UnknownGeneration(file.generation.clone()),
+        )
+    })?;
+    let spec = generation.spec();
+    let (dims, ndims) = parse_shape(&file.shape).map_err(|p| invalid("shape", p))?;
+    if ndims != spec.torus_dims {
+        return Err(invalid(
+            "shape",
+            Problem::WrongDimensionCount {
+                generation: spec.name.to_string(),
+                expected: spec.torus_dims,
+                got: ndims,
+                text: file.shape.clone(),
+            },
+        ));
+    }
+    let slices = file.slices.unwrap_or(1);
+    if slices == 0 {
+        return Err(invalid("slices", bad_number(0, "at least 1")));
+    }
+    let chips = dims.iter().map(|&d| u64::from(d)).product::<u64>() * u64::from(slices);
+    if chips > MAX_POD_CHIPS {
+        return Err(invalid(
+            "shape",
+            Problem::TooManyChips {
+                chips,
+                max: MAX_POD_CHIPS,
+            },
+        ));
+    }
+    let wraparound = resolve_wraparound(file.wraparound.as_deref(), dims, ndims, spec)?;
+    let host_bounds = resolve_host_bounds(file.chips_per_host.as_deref(), dims, ndims, spec)?;
+    let cores_per_chip = file.cores_per_chip.unwrap_or(spec.cores_per_chip);
+    if !(1..=8).contains(&cores_per_chip) {
+        return Err(invalid(
+            "cores_per_chip",
+            bad_number(cores_per_chip, "between 1 and 8"),
+        ));
+    }
+    let ici_default = LinkParams {
+        bytes_per_s: spec.ici_bytes_per_s,
+        latency_ns: spec.ici_latency_ns,
+    };
+    let dcn_default = LinkParams {
+        bytes_per_s: spec.dcn_bytes_per_s,
+        latency_ns: spec.dcn_latency_ns,
+    };
+    let ici = link_params(file.ici.as_ref(), ici_default, "ici")?;
+    let dcn = link_params(file.dcn.as_ref(), dcn_default, "dcn")?;
+    let heartbeat = file.heartbeat.clone().unwrap_or_default();
+    let heartbeat_interval_ns = millis_to_ns(
+        heartbeat.interval_ms,
+        DEFAULT_HEARTBEAT_INTERVAL_NS,
+        "heartbeat.interval_ms",
+    )?;
+    let heartbeat_timeout_ns = millis_to_ns(
+        heartbeat.timeout_ms,
+        DEFAULT_HEARTBEAT_TIMEOUT_NS,
+        "heartbeat.timeout_ms",
+    )?;
+    if heartbeat_timeout_ns <= heartbeat_interval_ns {
+        return Err(invalid(
+            "heartbeat.timeout_ms",
+            Problem::TimeoutNotAfterInterval {
+                interval_ms: heartbeat_interval_ns as f64 / 1e6,
+                timeout_ms: heartbeat_timeout_ns as f64 / 1e6,
+            },
+        ));
+    }
+    let tick_ns = millis_to_ns(file.tick_ms, DEFAULT_TICK_NS, "tick_ms")?;
+    let mut topology = Topology {
+        name: file.name.clone(),
+        description: file.description.clone().unwrap_or_default(),
+        generation,
+        dims,
+        ndims,
+        slices,
+        wraparound,
+        host_bounds,
+        cores_per_chip,
+        hbm_bytes: spec.hbm_bytes,
+        ici,
+        dcn,
+        extra_links: Vec::new(),
+        heartbeat_interval_ns,
+        heartbeat_timeout_ns,
+        tick_ns,
+    };
+    topology.extra_links = resolve_extra_links(&topology, &file.extra_links)?;
+    check_connected(&topology)?;
+    Ok(topology)
+}
+
+fn bad_number(value: impl ToString, requirement: &'static str) -> Problem {
+    Problem::BadNumber {
+        value: value.to_string(),
+        requirement,
+    }
+}
+
+/// Parses `AxB` or `AxBxC`; unused trailing axes become 1.
+pub fn parse_shape(text: &str) -> Result<([u32; 3], usize), Problem> {
+    let malformed = |reason: String| Problem::MalformedShape {
+        text: text.to_string(),
+        reason,
+    };
+    let parts: Vec<&str> = text.trim().split(['x', 'X']).collect();
+    if parts.len() > 3 {
+        return Err(malformed(format!("{} dimensions; at most 3", parts.len())));
+    }
+    let mut dims = [1u32; 3];
+    for (axis, part) in parts.iter().enumerate() {
+        let part = part.trim();
+        dims[axis] = part
+            .parse::<u32>()
+            .map_err(|_| malformed(format!("`{part}` is not a whole number")))?;
+        if dims[axis] == 0 {
+            return Err(Problem::ZeroDimension {
+                text: text.to_string(),
+                axis,
+            });
+        }
+    }
+    Ok((dims, parts.len()))
+}
+
+fn resolve_wraparound(
+    given: Option<&[bool]>,
+    dims: [u32; 3],
+    ndims: usize,
+    spec: &HardwareSpec,
+) -> Check<[bool; 3]> {
+    let Some(given) = given else {
+        return Ok([0, 1, 2].map(|axis| axis < ndims && spec.can_wrap(dims[axis])));
+    };
+    if given.len() != ndims {
+        return Err(invalid(
+            "wraparound",
+            Problem::WrongLength {
+                expected: ndims,
+                got: given.len(),
+            },
+        ));
+    }
+    let mut wraparound = [false; 3];
+    for (axis, &wrap) in given.iter().enumerate() {
+        if wrap && !spec.can_wrap(dims[axis]) {
+            let rule = match spec.wraparound {
+                WraparoundRule::MultipleOf(k) => {
+                    format!("only dimensions that are a multiple of {k} can wrap")
+                }
+                WraparoundRule::AnyDimension => {
+                    "a ring needs at least 3 chips (2 chips already share their one link)".into()
+                }
+            };
+            return Err(invalid(
+                format!("wraparound[{axis}]"),
+                Problem::WraparoundNotAllowed {
+                    generation: spec.name.to_string(),
+                    axis,
+                    size: dims[axis],
+                    rule,
+                },
+            ));
+        }
+        wraparound[axis] = wrap;
+    }
+    Ok(wraparound)
+}
+
+fn resolve_host_bounds(
+    given: Option<&str>,
+    dims: [u32; 3],
+    ndims: usize,
+    spec: &HardwareSpec,
+) -> Check<[u32; 3]> {
+    let bounds = match given {
+        None => spec.chips_per_host_bounds,
+        Some(text) => {
+            let (bounds, n) = parse_shape(text).map_err(|p| invalid("chips_per_host", p))?;
+            if n != ndims {
+                return Err(invalid(
+                    "chips_per_host",
+                    Problem::WrongLength {
+                        expected: ndims,
+                        got: n,
+                    },
+                ));
+            }
+            bounds
+        }
+    };
+    let mut effective = [1u32; 3];
+    for axis in 0..3 {
+        // A slice smaller than the host block is driven by one host.
+        effective[axis] = bounds[axis].min(dims[axis]);
+        if !dims[axis].is_multiple_of(effective[axis]) {
+            return Err(invalid(
+                "chips_per_host",
+                Problem::HostBlockDoesNotDivide {
+                    axis,
+                    bound: bounds[axis],
+                    size: dims[axis],
+                },
+            ));
+        }
+    }
+    Ok(effective)
+}
+
+fn positive_finite(value: f64, field: &str) -> Check<f64> {
+    if value.is_finite() && value > 0.0 {
+        Ok(value)
+    } else {
+        Err(invalid(field, bad_number(value, "positive and finite")))
+    }
+}
+
+/// Converts a millisecond figure to whole nanoseconds (at least 1 ns).
+fn millis_to_ns(value: Option<f64>, default_ns: u64, field: &str) -> Check<u64> {
+    let Some(ms) = value else {
+        return Ok(default_ns);
+    };
+    let ms = positive_finite(ms, field)?;
+    let ns = (ms * 1e6).round();
+    // Ten years of simulated time is far beyond any run; larger is a typo.
+    if !(1.0..=3.2e17).contains(&ns) {
+        return Err(invalid(field, bad_number(ms, "between 1e-6 and 3.2e11 ms")));
+    }
+    Ok(ns as u64)
+}
+
+fn link_params(given: Option<&LinkFigures>, default: LinkParams, field: &str) -> Check<LinkParams> {
+    let Some(given) = given else {
+        return Ok(default);
+    };
+    override_params(
+        default,
+        given.bandwidth_gb_per_s,
+        given.latency_us,
+        &format!("{field}."),
+    )
+}
+
+fn override_params(
+    default: LinkParams,
+    bandwidth_gb_per_s: Option<f64>,
+    latency_us: Option<f64>,
+    prefix: &str,
+) -> Check<LinkParams> {
+    let mut params = default;
+    if let Some(gb) = bandwidth_gb_per_s {
+        let field = format!("{prefix}bandwidth_gb_per_s");
+        params.bytes_per_s = positive_finite(gb, &field)? * 1e9;
+        if !params.bytes_per_s.is_finite() {
+            return Err(invalid(field, bad_number(gb, "below 1e300")));
+        }
+    }
+    if let Some(us) = latency_us {
+        let field = format!("{prefix}latency_us");
+        if !(us.is_finite() && (0.0..=1e9).contains(&us)) {
+            return Err(invalid(field, bad_number(us, "between 0 and 1e9 µs")));
+        }
+        params.latency_ns = (us * 1e3).round() as u64;
+    }
+    Ok(params)
+}
+
+fn kind_name(kind: LinkKind) -> &'static str {
+    match kind {
+        LinkKind::Ici => "ICI",
+        LinkKind::Dcn => "DCN",
+    }
+}
+
+fn resolve_extra_links(topology: &Topology, given: &[ExtraLink]) -> Check<Vec<LinkSpec>> {
+    let devices = topology.num_devices();
+    let mut seen: HashMap<(u32, u32, LinkKind), String> = HashMap::new();
+    for link in topology.links() {
+        let key = (link.a.min(link.b), link.a.max(link.b), link.kind);
+        seen.insert(key, "a torus link".to_string());
+    }
+    let mut resolved = Vec::with_capacity(given.len());
+    for (i, link) in given.iter().enumerate() {
+        let field = format!("extra_links[{i}]");
+        for device in [link.a, link.b] {
+            if device >= devices {
+                return Err(invalid(field, Problem::UnknownDevice { device, devices }));
+            }
+        }
+        if link.a == link.b {
+            return Err(invalid(field, Problem::SelfLink { device: link.a }));
+        }
+        let key = (link.a.min(link.b), link.a.max(link.b), link.kind);
+        if let Some(previous) = seen.get(&key) {
+            return Err(invalid(
+                field,
+                Problem::DuplicateLink {
+                    a: key.0,
+                    b: key.1,
+                    kind: kind_name(link.kind),
+                    previous: previous.clone(),
+                },
+            ));
+        }
+        seen.insert(key, format!("extra_links[{i}]"));
+        let default = match link.kind {
+            LinkKind::Ici => topology.ici,
+            LinkKind::Dcn => topology.dcn,
+        };
+        let params = override_params(
+            default,
+            link.bandwidth_gb_per_s,
+            link.latency_us,
+            &format!("{field}."),
+        )?;
+        resolved.push(LinkSpec {
+            a: link.a,
+            b: link.b,
+            kind: link.kind,
+            axis: None,
+            wraps: false,
+            params,
+        });
+    }
+    Ok(resolved)
+}
+
+/// Union-find over every link; reports the first device not joined to 0.
+fn check_connected(topology: &Topology) -> Check<()> {
+    let n = topology.num_devices() as usize;
+    let mut parent: Vec<u32> = (0..n as u32).collect();
+    fn find(parent: &mut [u32], mut x: u32) -> u32 {
+        while parent[x as usize] != x {
+            let grand = parent[parent[x as usize] as usize];
+            parent[x as usize] = grand;
+            x = grand;
+        }
+        x
+    }
+    for link in topology.links() {
+        let (ra, rb) = (find(&mut parent, link.a), find(&mut parent, link.b));
+        if ra != rb {
+            parent[ra.max(rb) as usize] = ra.min(rb);
+        }
+    }
+    let root = find(&mut parent, 0);
+    let unreachable: Vec<u32> = (0..n as u32)
+        .filter(|&d| find(&mut parent, d) != root)
+        .collect();
+    match unreachable.first() {
+        None => Ok(()),
+        Some(&first) => Err(invalid(
+            "extra_links",
+            Problem::Disconnected {
+                unreachable: first,
+                count: unreachable.len() as u32,
+            },
+        )),
+    }
+}
+
+/// The 1-based line of a field's first appearance in `text`, best effort.
+///
+/// `extra_links[2].a` is found by its top-level key `extra_links`.
+fn line_of_field(text: &str, field: &str) -> Option<usize> {
+    let key = field.split(['.', '[']).next().filter(|k| !k.is_empty())?;
+    text.lines()
+        .position(|line| {
+            let line = line.trim_start();
+            !line.starts_with("//")
+                && line
+                    .strip_prefix(key)
+                    .is_some_and(|rest| rest.trim_start().starts_with(':'))
+        })
+        .map(|i| i + 1)
+}

@@ -1,0 +1,120 @@
+//! The pod file format (RON), as written by people.
+//!
+//! This is the raw, unvalidated form; [`super::resolve`] turns it into a
+//! [`super::Topology`] or a [`super::TopologyError`] that names the field.
+//! Every field except `name`, `generation` and `shape` is optional and
+//! defaults to the generation's figures in [`crate::hardware`].
+//!
+//! ```ron
+//! Pod(
+//!     name: "v5e-16",
+//!     generation: "v5e",
+//!     shape: "4x4",
+//!     // Optional, with their defaults for v5e:
+//!     wraparound: [true, true],
+//!     chips_per_host: "2x4",
+//!     cores_per_chip: 1,
+//!     slices: 1,
+//!     ici: (bandwidth_gb_per_s: 50.0, latency_us: 1.0),
+//!     dcn: (bandwidth_gb_per_s: 25.0, latency_us: 10.0),
+//!     extra_links: [(a: 0, b: 15, kind: Dcn)],
+//!     heartbeat: (interval_ms: 1000.0, timeout_ms: 10000.0),
+//!     tick_ms: 10.0,
+//! )
+//! ```
+
+use serde::{Deserialize, Serialize};
+
+/// A pod file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename = "Pod", deny_unknown_fields)]
+pub struct PodFile {
+    /// The pod's name (`"v5e-256"`).
+    pub name: String,
+    /// One-line description for listings.
+    #[serde(default)]
+    pub description: Option<String>,
+    /// TPU generation: `"v2"`, `"v3"`, `"v4"`, `"v5e"`, `"v5p"` or `"v6e"`.
+    pub generation: String,
+    /// Chips along each torus dimension of one slice: `"16x16"`, `"4x4x4"`.
+    pub shape: String,
+    /// Identical slices in the pod, joined only by `extra_links` (multislice).
+    #[serde(default)]
+    pub slices: Option<u32>,
+    /// Whether each dimension closes into a ring. Default: every dimension the
+    /// generation can wrap (v4 and v5p: multiples of 4; others: 3 chips or more).
+    #[serde(default)]
+    pub wraparound: Option<Vec<bool>>,
+    /// The block of chips one host drives: `"2x2x1"`. Must divide the shape.
+    #[serde(default)]
+    pub chips_per_host: Option<String>,
+    /// TensorCores per chip.
+    #[serde(default)]
+    pub cores_per_chip: Option<u32>,
+    /// ICI link figures (per direction).
+    #[serde(default)]
+    pub ici: Option<LinkFigures>,
+    /// DCN link figures (per direction), the default for `Dcn` extra links.
+    #[serde(default)]
+    pub dcn: Option<LinkFigures>,
+    /// Links beyond the torus: DCN between hosts or slices, or extra ICI.
+    #[serde(default)]
+    pub extra_links: Vec<ExtraLink>,
+    /// Heartbeat timing.
+    #[serde(default)]
+    pub heartbeat: Option<HeartbeatFigures>,
+    /// Simulated time per `Step`, milliseconds.
+    #[serde(default)]
+    pub tick_ms: Option<f64>,
+}
+
+/// Bandwidth and latency of a link; either may be left to its default.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LinkFigures {
+    /// Gigabytes (1e9 bytes) per second in each direction.
+    #[serde(default)]
+    pub bandwidth_gb_per_s: Option<f64>,
+    /// One-way latency, microseconds.
+    #[serde(default)]
+    pub latency_us: Option<f64>,
+}
+
+/// Which network a link belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum LinkKind {
+    /// Inter-chip interconnect (the torus).
+    Ici,
+    /// Data-center network (between hosts and slices).
+    Dcn,
+}
+
+/// One explicit link between two devices, by device id.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExtraLink {
+    /// One end (device id).
+    pub a: u32,
+    /// The other end (device id).
+    pub b: u32,
+    /// The network.
+    pub kind: LinkKind,
+    /// Overrides the kind's bandwidth, GB/s per direction.
+    #[serde(default)]
+    pub bandwidth_gb_per_s: Option<f64>,
+    /// Overrides the kind's latency, microseconds.
+    #[serde(default)]
+    pub latency_us: Option<f64>,
+}
+
+/// Heartbeat interval and failure timeout.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HeartbeatFigures {
+    /// Time between heartbeats of one device, milliseconds.
+    #[serde(default)]
+    pub interval_ms: Option<f64>,
+    /// Silence after which a device is declared failed, milliseconds.
+    #[serde(default)]
+    pub timeout_ms: Option<f64>,
+}

@@ -1,0 +1,136 @@
+//! The command-line host, run as a user would.
+
+use std::process::{Command, Output};
+
+fn optirs(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_optirs-tpu"))
+        .args(args)
+        .output()
+        .expect("the binary runs")
+}
+
+fn json(output: &Output) -> serde_json::Value {
+    assert!(
+        output.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).expect("stdout is one JSON value")
+}
+
+#[test]
+fn topology_json_reports_the_published_v5e_figures() {
+    let report = json(&optirs(&["topology", "v5e-256", "--json"]));
+    for key in [
+        "name",
+        "generation",
+        "devices",
+        "hosts",
+        "links",
+        "diameter_hops",
+        "bisection_bytes_per_s",
+        "allreduce_bytes_per_s",
+    ] {
+        assert!(report.get(key).is_some(), "missing `{key}` in {report}");
+    }
+    assert_eq!(report["name"], "v5e-256");
+    assert_eq!(report["generation"], "v5e");
+    assert_eq!(report["devices"], 256);
+    let bisection = report["bisection_bytes_per_s"].as_f64().unwrap();
+    let allreduce = report["allreduce_bytes_per_s"].as_f64().unwrap();
+    assert!((bisection / 1.6e12 - 1.0).abs() <= 0.10, "{bisection}");
+    assert!((allreduce / 5.12e13 - 1.0).abs() <= 0.10, "{allreduce}");
+}
+
+#[test]
+fn run_defaults_to_a_bundled_pod() {
+    let report = json(&optirs(&["run", "--steps", "25", "--json"]));
+    assert_eq!(report["pod"], "v5e-16");
+    assert_eq!(report["ticks"], 25);
+    let simulated = report["simulated_seconds"].as_f64().unwrap();
+    assert!((simulated - 0.25).abs() < 1e-12, "{simulated}");
+
+    let text = optirs(&["run", "v4-8", "--steps", "3"]);
+    assert!(text.status.success());
+    let stdout = String::from_utf8(text.stdout).unwrap();
+    assert!(
+        stdout.contains("v4-8") && stdout.contains("3 ticks"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn a_pod_file_path_works_like_a_preset() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tiny.ron");
+    std::fs::write(
+        &path,
+        "Pod(name: \"tiny\", generation: \"v6e\", shape: \"2x2\")",
+    )
+    .unwrap();
+    let report = json(&optirs(&["topology", path.to_str().unwrap(), "--json"]));
+    assert_eq!(
+        (report["name"].as_str(), report["devices"].as_u64()),
+        (Some("tiny"), Some(4))
+    );
+}
+
+#[test]
+fn a_malformed_pod_file_is_an_error_not_a_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.ron");
+    std::fs::write(
+        &path,
+        "Pod(\n  name: \"bad\",\n  generation: \"v4\",\n  shape: 4,\n)\n",
+    )
+    .unwrap();
+    let output = optirs(&["run", path.to_str().unwrap()]);
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("bad.ron:4:"),
+        "names file and line: {stderr}"
+    );
+    assert!(stderr.contains("`shape`"), "names the field: {stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+#[test]
+fn unknown_pods_and_bad_usage_have_distinct_exit_codes() {
+    let output = optirs(&["topology", "v9-9"]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("v5e-256"));
+    let usage = optirs(&["run", "--steps", "many"]);
+    assert_eq!(usage.status.code(), Some(2));
+}
+
+#[test]
+fn dot_export_draws_hosts_and_links() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("pod.dot");
+    let output = optirs(&["topology", "v4-8", "--dot", path.to_str().unwrap()]);
+    assert!(output.status.success());
+    let dot = std::fs::read_to_string(&path).unwrap();
+    assert!(dot.starts_with("graph \"v4-8\""));
+    assert_eq!(dot.matches("subgraph cluster_host").count(), 2);
+    assert_eq!(dot.matches(" -- ").count(), 12);
+}
+
+#[test]
+fn presets_lists_every_bundled_pod() {
+    let rows = json(&optirs(&["presets", "--json"]));
+    let names: Vec<&str> = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|row| row["name"].as_str().unwrap())
+        .collect();
+    for expected in [
+        "v2-8", "v3-32", "v4-8", "v4-64", "v4-4096", "v5e-16", "v5e-256", "v5p-128", "v6e-256",
+    ] {
+        assert!(
+            names.contains(&expected),
+            "{expected} missing from {names:?}"
+        );
+    }
+}

@@ -1,0 +1,486 @@
+//! Pod files, presets and the figures derived from their entities.
+
+use optirs_tpu::Pod;
+use optirs_tpu::topology::{
+    Device, Host, Link, LinkKind, PRESETS, Problem, TopologyError, load_preset, parse_topology,
+};
+
+fn within(value: f64, expected: f64, tolerance: f64) -> bool {
+    ((value - expected) / expected).abs() <= tolerance
+}
+
+#[test]
+fn every_preset_loads_and_spawns_its_entities() {
+    for (name, _) in PRESETS {
+        let topology = load_preset(name).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let mut pod = Pod::from_topology(topology.clone()).unwrap();
+        let world = pod.world_mut();
+        let devices = world.query::<&Device>().iter(world).count() as u32;
+        let hosts = world.query::<&Host>().iter(world).count() as u32;
+        let links = world.query::<&Link>().iter(world).count();
+        assert_eq!(devices, topology.num_devices(), "{name}: devices");
+        assert_eq!(hosts, topology.num_hosts(), "{name}: hosts");
+        assert_eq!(links, topology.links().len(), "{name}: links");
+        // Every chip has one link per port, except on mesh (unwrapped) axes.
+        let expected_ports = 2 * topology.ndims;
+        let wrapped_everywhere = (0..topology.ndims).all(|a| topology.wraparound[a]);
+        if wrapped_everywhere {
+            assert_eq!(links, devices as usize * expected_ports / 2, "{name}");
+        }
+        assert!(pod.figures().diameter_hops.is_some(), "{name}: connected");
+    }
+}
+
+#[test]
+fn v5e_256_matches_published_bisection_and_allreduce() {
+    let figures = Pod::from_preset("v5e-256").unwrap().figures();
+    assert_eq!(
+        (figures.devices, figures.hosts, figures.links),
+        (256, 32, 512)
+    );
+    assert_eq!(figures.diameter_hops, Some(16));
+    assert!(
+        within(figures.bisection_bytes_per_s, 1.6e12, 0.10),
+        "{figures:?}"
+    );
+    assert!(
+        within(figures.allreduce_bytes_per_s, 51.2e12, 0.10),
+        "{figures:?}"
+    );
+}
+
+#[test]
+fn v6e_256_matches_published_bisection_and_allreduce() {
+    let figures = Pod::from_preset("v6e-256").unwrap().figures();
+    assert!(
+        within(figures.bisection_bytes_per_s, 3.2e12, 0.10),
+        "{figures:?}"
+    );
+    assert!(
+        within(figures.allreduce_bytes_per_s, 102.4e12, 0.10),
+        "{figures:?}"
+    );
+}
+
+#[test]
+fn v4_4096_matches_published_bisection() {
+    let figures = Pod::from_preset("v4-4096").unwrap().figures();
+    assert_eq!(
+        (figures.devices, figures.hosts, figures.links),
+        (4096, 1024, 12288)
+    );
+    assert_eq!(figures.diameter_hops, Some(24));
+    assert!(
+        within(figures.bisection_bytes_per_s, 24e12, 0.10),
+        "{figures:?}"
+    );
+}
+
+#[test]
+fn figures_follow_the_entities_not_a_table() {
+    // The same shape as a mesh has half the bisection and a longer diameter.
+    let torus = pod("generation: \"v5e\", shape: \"8x8\"").figures();
+    let mesh = pod("generation: \"v5e\", shape: \"8x8\", wraparound: [false, false]").figures();
+    assert_eq!(torus.diameter_hops, Some(8));
+    assert_eq!(mesh.diameter_hops, Some(14));
+    assert_eq!(
+        mesh.bisection_bytes_per_s * 2.0,
+        torus.bisection_bytes_per_s
+    );
+    assert_eq!(mesh.links, 2 * 8 * 7);
+    // A DCN link across the cut adds its bandwidth to the bisection.
+    let bridged = pod(
+        "generation: \"v5e\", shape: \"8x8\", wraparound: [false, false], \
+         extra_links: [(a: 0, b: 7, kind: Dcn, bandwidth_gb_per_s: 10.0), \
+         (a: 0, b: 56, kind: Dcn, bandwidth_gb_per_s: 10.0)]",
+    )
+    .figures();
+    assert_eq!(bridged.dcn_links, 2);
+    assert_eq!(
+        bridged.bisection_bytes_per_s,
+        mesh.bisection_bytes_per_s + 10e9
+    );
+    assert!(
+        bridged.diameter_hops < mesh.diameter_hops,
+        "a shortcut shortens paths"
+    );
+}
+
+#[test]
+fn multislice_needs_dcn_and_counts_the_slice_cut() {
+    let figures = Pod::from_file(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/assets/pods/examples/v5e-16x2-multislice.ron"
+    ))
+    .unwrap()
+    .figures();
+    assert_eq!(figures.devices, 32);
+    assert_eq!(figures.dcn_links, 2);
+    assert_eq!(figures.bisection_cut.as_deref(), Some("slice"));
+    assert!(within(figures.bisection_bytes_per_s, 2.0 * 25e9, 1e-9));
+}
+
+#[test]
+fn hosts_drive_blocks_of_chips() {
+    let mut pod = Pod::from_preset("v4-64").unwrap();
+    let topology = pod.topology().clone();
+    assert_eq!(topology.host_bounds, [2, 2, 1]);
+    // Chips (0,0,0), (1,0,0), (0,1,0), (1,1,0) share host 0.
+    for xyz in [[0, 0, 0], [1, 0, 0], [0, 1, 0], [1, 1, 0]] {
+        assert_eq!(topology.host_of(topology.device_at(0, xyz)), 0);
+    }
+    assert_ne!(topology.host_of(topology.device_at(0, [2, 0, 0])), 0);
+    let world = pod.world_mut();
+    for devices in world
+        .query::<&optirs_tpu::topology::HostDevices>()
+        .iter(world)
+    {
+        assert_eq!(devices.devices().len(), 4);
+    }
+}
+
+fn text(fields: &str) -> String {
+    format!("Pod(name: \"test\", {fields})")
+}
+
+fn pod(fields: &str) -> Pod {
+    Pod::from_ron_str(&text(fields), "test.ron").unwrap()
+}
+
+fn problem(fields: &str) -> (String, Problem) {
+    match parse_topology(&text(fields), "test.ron") {
+        Err(TopologyError::Invalid { field, problem, .. }) => (field, *problem),
+        other => panic!("expected a semantic error for `{fields}`, got {other:?}"),
+    }
+}
+
+#[test]
+fn unknown_generation_is_named() {
+    let (field, problem) = problem("generation: \"v7\", shape: \"4x4\"");
+    assert_eq!(field, "generation");
+    assert_eq!(problem, Problem::UnknownGeneration("v7".into()));
+    assert!(problem.to_string().contains("v5e"), "lists the known ones");
+}
+
+#[test]
+fn zero_sized_dimension_is_named() {
+    let (field, problem) = problem("generation: \"v4\", shape: \"4x0x4\"");
+    assert_eq!(field, "shape");
+    assert!(
+        matches!(problem, Problem::ZeroDimension { axis: 1, .. }),
+        "{problem:?}"
+    );
+}
+
+#[test]
+fn malformed_and_mis_dimensioned_shapes_are_rejected() {
+    let (_, p) = problem("generation: \"v4\", shape: \"4xfour\"");
+    assert!(matches!(p, Problem::MalformedShape { .. }), "{p:?}");
+    let (_, p) = problem("generation: \"v4\", shape: \"4x4\"");
+    assert!(
+        matches!(
+            p,
+            Problem::WrongDimensionCount {
+                expected: 3,
+                got: 2,
+                ..
+            }
+        ),
+        "{p:?}"
+    );
+    let (_, p) = problem("generation: \"v5e\", shape: \"4x4x4x4\"");
+    assert!(matches!(p, Problem::MalformedShape { .. }), "{p:?}");
+}
+
+#[test]
+fn chips_per_host_must_divide_the_slice() {
+    let (field, p) = problem("generation: \"v4\", shape: \"3x4x4\"");
+    assert_eq!(field, "chips_per_host");
+    assert!(
+        matches!(
+            p,
+            Problem::HostBlockDoesNotDivide {
+                axis: 0,
+                bound: 2,
+                size: 3
+            }
+        ),
+        "{p:?}"
+    );
+    let (field, p) = problem("generation: \"v5e\", shape: \"8x8\", chips_per_host: \"3x1\"");
+    assert_eq!(field, "chips_per_host");
+    assert!(
+        matches!(p, Problem::HostBlockDoesNotDivide { axis: 0, .. }),
+        "{p:?}"
+    );
+}
+
+#[test]
+fn v4_wraparound_needs_a_multiple_of_four() {
+    let (field, p) =
+        problem("generation: \"v4\", shape: \"4x4x6\", wraparound: [true, true, true]");
+    assert_eq!(field, "wraparound[2]");
+    assert!(
+        matches!(
+            p,
+            Problem::WraparoundNotAllowed {
+                axis: 2,
+                size: 6,
+                ..
+            }
+        ),
+        "{p:?}"
+    );
+    assert!(p.to_string().contains("multiple of 4"), "{p}");
+    // Without asking for it, the 6-chip axis is simply a mesh.
+    let topology = parse_topology(&text("generation: \"v4\", shape: \"4x4x6\""), "t").unwrap();
+    assert_eq!(topology.wraparound, [true, true, false]);
+}
+
+#[test]
+fn explicit_links_are_checked() {
+    let base = "generation: \"v5e\", shape: \"4x4\", extra_links: ";
+    let (field, p) = problem(&format!("{base}[(a: 0, b: 16, kind: Dcn)]"));
+    assert_eq!(field, "extra_links[0]");
+    assert_eq!(
+        p,
+        Problem::UnknownDevice {
+            device: 16,
+            devices: 16
+        }
+    );
+
+    let (_, p) = problem(&format!(
+        "{base}[(a: 0, b: 5, kind: Dcn), (a: 3, b: 3, kind: Dcn)]"
+    ));
+    assert_eq!(p, Problem::SelfLink { device: 3 });
+
+    let (field, p) = problem(&format!(
+        "{base}[(a: 0, b: 5, kind: Dcn), (a: 5, b: 0, kind: Dcn)]"
+    ));
+    assert_eq!(field, "extra_links[1]");
+    assert!(
+        matches!(
+            p,
+            Problem::DuplicateLink {
+                a: 0,
+                b: 5,
+                kind: "DCN",
+                ..
+            }
+        ),
+        "{p:?}"
+    );
+
+    // An ICI link the torus already has.
+    let (_, p) = problem(&format!("{base}[(a: 0, b: 1, kind: Ici)]"));
+    assert!(
+        matches!(
+            p,
+            Problem::DuplicateLink {
+                a: 0,
+                b: 1,
+                kind: "ICI",
+                ..
+            }
+        ),
+        "{p:?}"
+    );
+    assert!(p.to_string().contains("torus"), "{p}");
+}
+
+#[test]
+fn a_disconnected_pod_is_rejected() {
+    let (field, p) = problem("generation: \"v5e\", shape: \"4x4\", slices: 2");
+    assert_eq!(field, "extra_links");
+    assert_eq!(
+        p,
+        Problem::Disconnected {
+            unreachable: 16,
+            count: 16
+        }
+    );
+    assert!(p.to_string().contains("Dcn"), "tells how to fix it: {p}");
+}
+
+#[test]
+fn bad_numbers_are_rejected() {
+    let cases = [
+        (
+            "generation: \"v5e\", shape: \"4x4\", tick_ms: 0.0",
+            "tick_ms",
+        ),
+        (
+            "generation: \"v5e\", shape: \"4x4\", tick_ms: -1.0",
+            "tick_ms",
+        ),
+        (
+            "generation: \"v5e\", shape: \"4x4\", ici: (bandwidth_gb_per_s: 0.0)",
+            "ici.bandwidth_gb_per_s",
+        ),
+        (
+            "generation: \"v5e\", shape: \"4x4\", ici: (latency_us: -3.0)",
+            "ici.latency_us",
+        ),
+        (
+            "generation: \"v5e\", shape: \"4x4\", cores_per_chip: 0",
+            "cores_per_chip",
+        ),
+        ("generation: \"v5e\", shape: \"4x4\", slices: 0", "slices"),
+    ];
+    for (fields, expected) in cases {
+        let (field, p) = problem(fields);
+        assert_eq!(field, expected, "{fields}");
+        assert!(matches!(p, Problem::BadNumber { .. }), "{fields}: {p:?}");
+    }
+    let (field, p) = problem(
+        "generation: \"v5e\", shape: \"4x4\", heartbeat: (interval_ms: 500.0, timeout_ms: 400.0)",
+    );
+    assert_eq!(field, "heartbeat.timeout_ms");
+    assert!(
+        matches!(p, Problem::TimeoutNotAfterInterval { .. }),
+        "{p:?}"
+    );
+    let (_, p) = problem("generation: \"v4\", shape: \"256x256x256\"");
+    assert!(matches!(p, Problem::TooManyChips { .. }), "{p:?}");
+}
+
+#[test]
+fn semantic_errors_carry_file_and_line() {
+    let text = "Pod(\n    name: \"x\",\n    generation: \"v9\",\n    shape: \"4x4\",\n)\n";
+    let error = parse_topology(text, "pods/x.ron").unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "pods/x.ron:3: `generation`: unknown TPU generation `v9` (known: v2, v3, v4, v5e, v5p, v6e)"
+    );
+}
+
+fn syntax(text: &str) -> (usize, usize, String, String) {
+    match parse_topology(text, "pods/bad.ron") {
+        Err(TopologyError::Syntax {
+            origin,
+            line,
+            column,
+            field,
+            message,
+        }) => {
+            assert_eq!(origin, "pods/bad.ron");
+            (line, column, field, message)
+        }
+        other => panic!("expected a syntax error, got {other:?}"),
+    }
+}
+
+#[test]
+fn syntax_errors_name_file_line_column_and_field() {
+    let (line, column, field, _) =
+        syntax("Pod(\n    name: \"x\",\n    generation: \"v4\",\n    shape: 444,\n)\n");
+    assert_eq!((line, field.as_str()), (4, "shape"));
+    assert!(column > 1);
+
+    let (line, _, field, _) = syntax(
+        "Pod(\n  name: \"x\",\n  generation: \"v5e\",\n  shape: \"4x4\",\n  extra_links: [\n    (a: 0, b: 1, kind: Dcn),\n    (a: \"two\", b: 1, kind: Dcn),\n  ],\n)\n",
+    );
+    assert_eq!((line, field.as_str()), (7, "extra_links[1].a"));
+
+    let (_, _, field, message) =
+        syntax("Pod(name: \"x\", generation: \"v4\", shape: \"4x4x4\", shap: \"4\")");
+    assert!(message.contains("shap"), "{message}");
+    assert_eq!(field, "shap");
+
+    let (_, _, _, message) = syntax("Pod(name: \"x\", generation: \"v4\")");
+    assert!(
+        message.contains("shape"),
+        "names the missing field: {message}"
+    );
+
+    let (_, _, _, message) = syntax(
+        "Pod(name: \"x\", generation: \"v5e\", shape: \"4x4\", extra_links: [(a: 0, b: 5, kind: Pcie)])",
+    );
+    assert!(message.contains("Pcie"), "{message}");
+
+    let (line, _, _, _) =
+        syntax("Pod(name: \"x\", generation: \"v4\", shape: \"4x4x4\")\ntrailing");
+    assert_eq!(line, 2);
+}
+
+#[test]
+fn missing_files_and_unknown_presets_say_what_exists() {
+    let error = Pod::load("v9-1").unwrap_err().to_string();
+    assert!(
+        error.contains("v9-1") && error.contains("v5e-256"),
+        "{error}"
+    );
+    let error = Pod::from_file("/nonexistent/pod.ron")
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("/nonexistent/pod.ron"), "{error}");
+}
+
+#[test]
+fn link_figures_default_per_generation_and_can_be_overridden() {
+    let default = pod("generation: \"v6e\", shape: \"4x4\"");
+    assert_eq!(default.topology().ici.bytes_per_s, 100e9);
+    let custom = pod(
+        "generation: \"v6e\", shape: \"4x4\", ici: (bandwidth_gb_per_s: 10.0, latency_us: 2.5)",
+    );
+    assert_eq!(custom.topology().ici.bytes_per_s, 10e9);
+    assert_eq!(custom.topology().ici.latency_ns, 2500);
+    let mut custom = custom;
+    let world = custom.world_mut();
+    for link in world.query::<&Link>().iter(world) {
+        assert_eq!(link.kind, LinkKind::Ici);
+        assert_eq!((link.bytes_per_s, link.latency_ns), (10e9, 2500));
+    }
+}
+
+/// All-pairs shortest paths by Floyd–Warshall: the oracle for the diameter.
+fn floyd_warshall_diameter(topology: &optirs_tpu::topology::Topology) -> Option<u32> {
+    let n = topology.num_devices() as usize;
+    let mut d = vec![vec![u32::MAX / 2; n]; n];
+    for (i, row) in d.iter_mut().enumerate() {
+        row[i] = 0;
+    }
+    for link in topology.links() {
+        let (a, b) = (link.a as usize, link.b as usize);
+        d[a][b] = 1;
+        d[b][a] = 1;
+    }
+    for k in 0..n {
+        for i in 0..n {
+            for j in 0..n {
+                d[i][j] = d[i][j].min(d[i][k] + d[k][j]);
+            }
+        }
+    }
+    let longest = d.iter().flatten().copied().max().unwrap_or(0);
+    (longest < u32::MAX / 2).then_some(longest)
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+
+    #[test]
+    fn diameter_matches_floyd_warshall(
+        x in 1u32..6, y in 1u32..6, wrap_x: bool, wrap_y: bool,
+        extra in proptest::collection::vec((0u32..36, 0u32..36), 0..4),
+    ) {
+        let n = x * y;
+        let mut links = String::new();
+        let mut seen = std::collections::HashSet::new();
+        for (a, b) in extra {
+            let (a, b) = (a % n, b % n);
+            if a != b && seen.insert((a.min(b), a.max(b))) {
+                links += &format!("(a: {a}, b: {b}, kind: Dcn),");
+            }
+        }
+        let fields = format!(
+            "generation: \"v5e\", shape: \"{x}x{y}\", chips_per_host: \"1x1\", \
+             wraparound: [{}, {}], extra_links: [{links}]",
+            wrap_x && x >= 3, wrap_y && y >= 3,
+        );
+        let mut pod = pod(&fields);
+        let expected = floyd_warshall_diameter(pod.topology());
+        proptest::prop_assert_eq!(pod.figures().diameter_hops, expected, "{}", fields);
+    }
+}
