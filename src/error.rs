@@ -27,6 +27,15 @@ pub enum OptimError {
     /// A pod file could not be read, parsed or accepted.
     #[error(transparent)]
     Topology(Box<crate::topology::TopologyError>),
+    /// A fault could not be injected.
+    #[error(transparent)]
+    Fault(#[from] crate::health::FaultError),
+    /// A barrier request was refused.
+    #[error(transparent)]
+    Barrier(#[from] crate::barrier::BarrierError),
+    /// A message could not be sent.
+    #[error(transparent)]
+    Transport(#[from] crate::transport::TransportError),
     /// A schedule could not be built (for instance, an ambiguous system order).
     #[error("schedule build failed: {0}")]
     Schedule(String),

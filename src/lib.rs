@@ -1,11 +1,16 @@
 #![doc = include_str!("../README.md")]
 #![warn(missing_docs)]
 
+pub mod barrier;
+pub mod coordination;
 pub mod error;
 pub mod hardware;
+pub mod health;
 pub mod pod;
+pub mod rng;
 pub mod schedule;
 pub mod topology;
+pub mod transport;
 
 pub use error::{OptimError, Result};
 pub use hardware::TpuGeneration;

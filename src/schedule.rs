@@ -33,6 +33,8 @@ pub struct Compile;
 pub enum StepSystems {
     /// Advance the simulated clock by one tick.
     AdvanceClock,
+    /// Apply faults scheduled for this time (kills, pauses, cut links).
+    InjectFaults,
     /// Devices emit heartbeats that are due.
     Heartbeats,
     /// Messages move over channels according to latency and bandwidth.
@@ -100,6 +102,7 @@ pub fn init_schedules(world: &mut World) {
     step.configure_sets(
         (
             StepSystems::AdvanceClock,
+            StepSystems::InjectFaults,
             StepSystems::Heartbeats,
             StepSystems::Transport,
             StepSystems::FaultDetection,

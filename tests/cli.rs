@@ -134,3 +134,22 @@ fn presets_lists_every_bundled_pod() {
         );
     }
 }
+
+#[test]
+fn run_reports_when_each_killed_device_was_detected() {
+    let report = json(&optirs(&[
+        "run", "v5e-16", "--steps", "2000", "--kill", "5@3", "--kill", "9@4.5", "--json",
+    ]));
+    let failures = report["failures"].as_array().unwrap();
+    assert_eq!(failures.len(), 2, "{report}");
+    for (row, (device, injected)) in failures.iter().zip([(5, 3.0), (9, 4.5)]) {
+        assert_eq!(row["device"], device);
+        assert_eq!(row["injected_at_s"].as_f64(), Some(injected));
+        let detected = row["detected_at_s"].as_f64().unwrap();
+        // Default heartbeat: 1 s interval, 10 s timeout.
+        assert!(detected > injected && detected <= injected + 11.0, "{row}");
+    }
+    let output = optirs(&["run", "--kill", "99@1"]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("device 99 does not exist"));
+}

@@ -343,6 +343,20 @@ fn bad_numbers_are_rejected() {
     );
     let (_, p) = problem("generation: \"v4\", shape: \"256x256x256\"");
     assert!(matches!(p, Problem::TooManyChips { .. }), "{p:?}");
+    // Would overflow 64 bits if multiplied naively.
+    let (_, p) = problem(
+        "generation: \"v4\", shape: \"4000000000x4000000000x4000000000\", slices: 4000000000",
+    );
+    assert!(
+        matches!(
+            p,
+            Problem::TooManyChips {
+                chips: u64::MAX,
+                ..
+            }
+        ),
+        "{p:?}"
+    );
 }
 
 #[test]

@@ -1,10 +1,12 @@
 //! `optirs-tpu run`: step a pod.
 
 use super::output;
-use anyhow::Result;
+use anyhow::{Result, bail};
 use clap::Args;
 use optirs_tpu::Pod;
+use optirs_tpu::health::Fault;
 use optirs_tpu::topology::DEFAULT_PRESET;
+use optirs_tpu::topology::DeviceId;
 use serde::Serialize;
 use std::time::Instant;
 
@@ -16,9 +18,41 @@ pub struct RunArgs {
     /// Ticks to run.
     #[arg(long, default_value_t = 1000)]
     steps: u64,
+    /// Kill a device at a simulated time: `DEVICE@SECONDS` (repeatable).
+    #[arg(long, value_name = "DEVICE@SECONDS", value_parser = parse_timed_device)]
+    kill: Vec<(u32, f64)>,
+    /// Pause a device (it stops responding) at a simulated time (repeatable).
+    #[arg(long, value_name = "DEVICE@SECONDS", value_parser = parse_timed_device)]
+    pause: Vec<(u32, f64)>,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
+}
+
+/// Parses `5@3.5` into device 5 at 3.5 s.
+fn parse_timed_device(text: &str) -> Result<(u32, f64), String> {
+    let (device, seconds) = text
+        .split_once('@')
+        .ok_or_else(|| format!("`{text}` is not DEVICE@SECONDS (e.g. 5@3.5)"))?;
+    let device = device
+        .trim()
+        .parse::<u32>()
+        .map_err(|_| format!("`{device}` is not a device id"))?;
+    let seconds = seconds
+        .trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|s| s.is_finite() && *s >= 0.0 && *s < 1e9)
+        .ok_or_else(|| format!("`{seconds}` is not a time in seconds"))?;
+    Ok((device, seconds))
+}
+
+/// One detected failure, in seconds.
+#[derive(Serialize, Debug)]
+struct FailureRow {
+    device: u32,
+    injected_at_s: Option<f64>,
+    detected_at_s: f64,
 }
 
 /// What `run` reports.
@@ -35,12 +69,32 @@ struct RunReport {
     build_seconds: f64,
     wall_seconds: f64,
     wall_ns_per_tick: f64,
+    failures: Vec<FailureRow>,
 }
 
 pub fn run(args: RunArgs) -> Result<()> {
     let build_start = Instant::now();
     let mut pod = Pod::load(&args.pod)?;
     let build_seconds = build_start.elapsed().as_secs_f64();
+    let devices = pod.topology().num_devices();
+    let faults = args
+        .kill
+        .iter()
+        .map(|&(d, s)| (d, s, Fault::KillDevice(DeviceId(d))))
+        .chain(
+            args.pause
+                .iter()
+                .map(|&(d, s)| (d, s, Fault::PauseDevice(DeviceId(d)))),
+        );
+    for (device, seconds, fault) in faults {
+        if device >= devices {
+            bail!(
+                "device {device} does not exist: {} has devices 0..{devices}",
+                args.pod
+            );
+        }
+        pod.schedule_fault((seconds * 1e9).round() as u64, fault);
+    }
     let start = Instant::now();
     pod.run(args.steps);
     let wall_seconds = start.elapsed().as_secs_f64();
@@ -57,13 +111,37 @@ pub fn run(args: RunArgs) -> Result<()> {
         build_seconds,
         wall_seconds,
         wall_ns_per_tick: wall_seconds * 1e9 / args.steps.max(1) as f64,
+        failures: pod
+            .failures()
+            .iter()
+            .map(|record| FailureRow {
+                device: record.device.0,
+                injected_at_s: record.injected_at_ns.map(|ns| ns as f64 * 1e-9),
+                detected_at_s: record.detected_at_ns as f64 * 1e-9,
+            })
+            .collect(),
     };
     if args.json {
         return output::print_json(&report);
     }
+    let mut failures = String::new();
+    for row in &report.failures {
+        let injected = row
+            .injected_at_s
+            .map_or("no injected fault".to_string(), |s| {
+                format!("fault at {s:.3} s")
+            });
+        failures += &format!(
+            "  device {:>5} failed: {injected}, detected at {:.3} s\n",
+            row.device, row.detected_at_s
+        );
+    }
+    if report.failures.is_empty() {
+        failures = "  no failures detected\n".to_string();
+    }
     output::print_text(&format!(
         "pod {} ({}, {} chips on {} hosts, {} links), built in {}\n\
-         ran {} ticks: {} simulated in {} wall ({} per tick)\n",
+         ran {} ticks: {} simulated in {} wall ({} per tick)\n{failures}",
         report.pod,
         report.generation,
         report.devices,

@@ -15,15 +15,23 @@ pub mod clock;
 
 pub use clock::SimClock;
 
+use crate::barrier::{self, BarrierOutcome, BarrierRegistry};
 use crate::error::{OptimError, Result};
+use crate::health::{self, FailureLog, FailureRecord, Fault, Health};
+use crate::rng::SimRng;
 use crate::schedule::{Compile, Step, init_schedules};
+use crate::topology::{DeviceId, DeviceIndex};
 use crate::topology::{
     PodTopology, Topology, TopologyFigures, compute_figures, load_preset, load_topology,
     load_topology_file, parse_topology, spawn_topology,
 };
+use crate::transport;
 use bevy_ecs::prelude::*;
 use bevy_ecs::schedule::ScheduleLabel;
 use std::path::Path;
+
+/// Seed of the world's random stream (jitter) unless the host picks one.
+pub const DEFAULT_SEED: u64 = 0x005e_ed0f_7b0d;
 
 /// A TPU pod simulated in one `bevy_ecs::World`.
 ///
@@ -72,7 +80,11 @@ impl Pod {
         let mut world = World::new();
         init_schedules(&mut world);
         clock::install(&mut world, topology.tick_ns);
+        world.insert_resource(SimRng::new(DEFAULT_SEED));
         spawn_topology(&mut world, &topology);
+        transport::install(&mut world);
+        health::install(&mut world);
+        barrier::install(&mut world);
         for label in [Step.intern(), Compile.intern()] {
             world.schedule_scope(label, |world, schedule| match schedule.initialize(world) {
                 Ok(_) => Ok(()),
@@ -138,5 +150,103 @@ impl Pod {
     /// The world, for hosts that add their own systems or entities.
     pub fn world_mut(&mut self) -> &mut World {
         &mut self.world
+    }
+
+    /// Reseeds the world's random stream (jitter draws).
+    pub fn set_seed(&mut self, seed: u64) {
+        self.world.insert_resource(SimRng::new(seed));
+    }
+
+    /// Injects a fault now.
+    pub fn inject(&mut self, fault: Fault) -> Result<()> {
+        Ok(health::apply_fault(&mut self.world, fault)?)
+    }
+
+    /// Kills a device now.
+    pub fn kill_device(&mut self, device: u32) -> Result<()> {
+        self.inject(Fault::KillDevice(DeviceId(device)))
+    }
+
+    /// Schedules a fault at simulated time `at_ns`.
+    pub fn schedule_fault(&mut self, at_ns: u64, fault: Fault) {
+        health::schedule_fault(&mut self.world, at_ns, fault);
+    }
+
+    /// What the coordination service believes about a device.
+    pub fn health(&self, device: u32) -> Option<Health> {
+        let entity = self.world.resource::<DeviceIndex>().get(DeviceId(device))?;
+        self.world.get::<Health>(entity).copied()
+    }
+
+    /// Every failure detected so far, in order.
+    pub fn failures(&self) -> &[FailureRecord] {
+        &self.world.resource::<FailureLog>().records
+    }
+
+    /// Creates a barrier (or its next generation). `participants: None` is
+    /// every device; with `auto_arrive`, running participants arrive by
+    /// themselves. Returns the barrier id.
+    pub fn create_barrier(
+        &mut self,
+        name: &str,
+        participants: Option<Vec<DeviceId>>,
+        timeout_ns: Option<u64>,
+        auto_arrive: bool,
+    ) -> Result<u64> {
+        Ok(barrier::create_barrier(
+            &mut self.world,
+            name,
+            participants,
+            timeout_ns,
+            auto_arrive,
+        )?)
+    }
+
+    /// A participant arrives at a barrier.
+    pub fn arrive(&mut self, barrier_id: u64, device: u32) -> Result<()> {
+        Ok(barrier::arrive(
+            &mut self.world,
+            barrier_id,
+            DeviceId(device),
+        )?)
+    }
+
+    /// Where a barrier stands.
+    pub fn barrier_outcome(&self, barrier_id: u64) -> Option<&BarrierOutcome> {
+        let entity = *self
+            .world
+            .resource::<BarrierRegistry>()
+            .by_id
+            .get(barrier_id as usize)?;
+        self.world.get::<BarrierOutcome>(entity)
+    }
+
+    /// Steps until the barrier completes or fails (it always does: a missing
+    /// participant is detected as failed within the heartbeat timeout).
+    pub fn wait_for_barrier(&mut self, barrier_id: u64) -> Result<BarrierOutcome> {
+        let entity = *self
+            .world
+            .resource::<BarrierRegistry>()
+            .by_id
+            .get(barrier_id as usize)
+            .ok_or(barrier::BarrierError::UnknownBarrier(barrier_id))?;
+        loop {
+            match self.world.get::<BarrierOutcome>(entity) {
+                Some(BarrierOutcome::Pending) => self.step(),
+                Some(outcome) => return Ok(outcome.clone()),
+                None => return Err(barrier::BarrierError::UnknownBarrier(barrier_id).into()),
+            }
+        }
+    }
+
+    /// Sends `bytes` of data from one device to another over the links.
+    /// Returns the simulated delivery time, ns.
+    pub fn send_data(&mut self, from: u32, to: u32, bytes: u64) -> Result<u64> {
+        Ok(transport::send_data(
+            &mut self.world,
+            DeviceId(from),
+            DeviceId(to),
+            bytes,
+        )?)
     }
 }

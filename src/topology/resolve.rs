@@ -274,7 +274,9 @@ fn resolve_fields(file: &PodFile) -> Check<Topology> {
     if slices == 0 {
         return Err(invalid("slices", bad_number(0, "at least 1")));
     }
-    let chips = dims.iter().map(|&d| u64::from(d)).product::<u64>() * u64::from(slices);
+    let chips = dims.iter().fold(u64::from(slices), |acc, &d| {
+        acc.saturating_mul(u64::from(d))
+    });
     if chips > MAX_POD_CHIPS {
         return Err(invalid(
             "shape",

@@ -1,0 +1,16 @@
+//! The coordination facade: [`PodCoordinator`] over a simulated [`Pod`].
+//!
+//! ```
+//! use optirs_tpu::coordination::{PodConfig, PodCoordinator};
+//!
+//! let mut pod = PodCoordinator::new(PodConfig { num_devices: 8, ..Default::default() })?;
+//! pod.synchronize_devices("step-0".to_string())?;       // a real barrier over 8 devices
+//! pod.kill_device(3)?;
+//! let error = pod.synchronize_devices("step-1".to_string()).unwrap_err();
+//! assert!(error.to_string().contains("7/8 arrived"));
+//! # Ok::<(), optirs_tpu::coordination::CoordinationError>(())
+//! ```
+
+pub mod pod_coordinator;
+
+pub use pod_coordinator::{CoordinationError, PodConfig, PodCoordinator};

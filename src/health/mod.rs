@@ -1,0 +1,292 @@
+//! Heartbeats, fault detection and fault injection, in simulated time.
+//!
+//! Two views of every device, as in a real coordination service:
+//!
+//! - [`DeviceState`] is the ground truth of the simulated chip: running,
+//!   paused or killed. Only fault injection changes it.
+//! - [`Health`] is what the coordination service believes: healthy, suspect
+//!   or failed. Only heartbeats (or their absence) change it.
+//!
+//! Every running device sends a heartbeat each `heartbeat_interval`,
+//! stamped with its send time; device `i`'s first one is offset by
+//! `i / n` of an interval so they do not all arrive in one tick. The
+//! detector tracks, per device, the newest send time it has received. A device
+//! silent for longer than `suspect_after` is [`Health::Suspect`] (and healthy
+//! again when a heartbeat arrives); silent for longer than
+//! `heartbeat_timeout`, it is [`Health::Failed`] for good. Measuring silence
+//! from send times (not arrival times) bounds detection: a device killed at
+//! `k` sends nothing after `k`, so it is failed by the first tick after
+//! `k + timeout`; and a running device is never failed while the control
+//! latency plus its jitter plus one interval stays within the timeout (the
+//! newest heartbeat it sent that long ago has arrived).
+//!
+//! When the detector fails a device, it bumps the pod's [`FailureEpoch`] and,
+//! in the same tick, every device's [`KnownFailures`] — the coordination
+//! service's error propagation to all tasks.
+
+mod faults;
+
+pub use faults::{Fault, FaultError, FaultPlan, ScheduledFault, apply_fault, schedule_fault};
+
+use crate::pod::SimClock;
+use crate::rng::SimRng;
+use crate::schedule::{Step, StepSystems};
+use crate::topology::{Device, DeviceId, PodTopology};
+use crate::transport::{Inbox, Payload, Transport};
+use bevy_ecs::prelude::*;
+use bevy_ecs::schedule::Schedules;
+use serde::{Deserialize, Serialize};
+
+/// The ground truth of a simulated device.
+#[derive(Component, Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DeviceState {
+    /// Computing and sending heartbeats.
+    Running,
+    /// Alive but silent (a hung host, a long GC pause) until resumed.
+    Paused,
+    /// Gone for good.
+    Killed {
+        /// Simulated time of death, ns.
+        at_ns: u64,
+    },
+}
+
+impl DeviceState {
+    /// Whether the device is running.
+    pub fn is_running(&self) -> bool {
+        matches!(self, DeviceState::Running)
+    }
+}
+
+/// What the coordination service believes about a device.
+#[derive(Component, Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Health {
+    /// Heard from recently.
+    Healthy,
+    /// Silent for longer than `suspect_after`.
+    Suspect {
+        /// When it became suspect, ns.
+        since_ns: u64,
+    },
+    /// Silent for longer than the heartbeat timeout.
+    Failed {
+        /// When the detector declared it failed, ns.
+        detected_at_ns: u64,
+    },
+}
+
+impl Health {
+    /// Whether the device has been declared failed.
+    pub fn is_failed(&self) -> bool {
+        matches!(self, Health::Failed { .. })
+    }
+}
+
+/// A device's heartbeat schedule and what the detector last heard.
+#[derive(Component, Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Heartbeat {
+    /// Next send time, ns.
+    pub next_due_ns: u64,
+    /// Newest send time the detector has received, ns.
+    pub last_heard_sent_ns: u64,
+    /// Heartbeats sent.
+    pub sent: u64,
+}
+
+/// Extra delay on a device's control messages, uniform in `0..=jitter_ns`.
+#[derive(Component, Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ControlJitter {
+    /// Maximum extra delay, ns.
+    pub jitter_ns: u64,
+}
+
+/// The failure epoch a device has been told about.
+#[derive(Component, Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KnownFailures {
+    /// Equal to [`FailureEpoch`] once the device knows every failure.
+    pub epoch: u64,
+}
+
+/// Heartbeat timing of the pod.
+#[derive(Resource, Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeartbeatConfig {
+    /// Time between heartbeats, ns.
+    pub interval_ns: u64,
+    /// Silence before a device is suspect, ns.
+    pub suspect_after_ns: u64,
+    /// Silence before a device is failed, ns.
+    pub timeout_ns: u64,
+    /// Latency of the control network (heartbeats, barrier arrivals), ns.
+    pub control_latency_ns: u64,
+}
+
+/// Failures declared so far; bumped once per failed device.
+#[derive(Resource, Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FailureEpoch(pub u64);
+
+/// One detected failure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FailureRecord {
+    /// The device.
+    pub device: DeviceId,
+    /// When a fault was injected into it (kill or pause), if one was.
+    pub injected_at_ns: Option<u64>,
+    /// When the detector declared it failed.
+    pub detected_at_ns: u64,
+    /// The failure epoch this failure started.
+    pub epoch: u64,
+}
+
+/// Every failure the detector has declared, in order.
+#[derive(Resource, Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FailureLog {
+    /// Records, oldest first.
+    pub records: Vec<FailureRecord>,
+}
+
+/// When a fault was last injected into a device (kept for failure reports).
+#[derive(Component, Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InjectedFault {
+    /// Simulated time of the last kill or pause, ns.
+    pub at_ns: Option<u64>,
+}
+
+/// Every running device sends the heartbeats that are due.
+pub fn emit_heartbeats(
+    clock: Res<SimClock>,
+    config: Res<HeartbeatConfig>,
+    mut transport: ResMut<Transport>,
+    mut rng: ResMut<SimRng>,
+    mut devices: Query<(&Device, &DeviceState, &ControlJitter, &mut Heartbeat)>,
+) {
+    let now = clock.now_ns;
+    for (device, state, jitter, mut heartbeat) in &mut devices {
+        if heartbeat.next_due_ns > now {
+            continue;
+        }
+        if !state.is_running() {
+            // A silent device sends nothing; it resumes on the next interval.
+            while heartbeat.next_due_ns <= now {
+                heartbeat.next_due_ns += config.interval_ns;
+            }
+            continue;
+        }
+        while heartbeat.next_due_ns <= now {
+            let sent_ns = heartbeat.next_due_ns;
+            let latency = config.control_latency_ns + rng.up_to(jitter.jitter_ns);
+            transport.send_control(device.id, Payload::Heartbeat { sent_ns }, sent_ns, latency);
+            heartbeat.next_due_ns += config.interval_ns;
+            heartbeat.sent += 1;
+        }
+    }
+}
+
+/// The detector records the heartbeats delivered this tick.
+pub fn record_heartbeats(
+    inbox: Res<Inbox>,
+    index: Res<crate::topology::DeviceIndex>,
+    mut heartbeats: Query<&mut Heartbeat>,
+) {
+    for message in &inbox.messages {
+        if let Payload::Heartbeat { sent_ns } = message.payload
+            && let Some(entity) = index.get(message.from)
+            && let Ok(mut heartbeat) = heartbeats.get_mut(entity)
+        {
+            heartbeat.last_heard_sent_ns = heartbeat.last_heard_sent_ns.max(sent_ns);
+        }
+    }
+}
+
+/// Marks silent devices suspect or failed; tells every device of new failures
+/// in the same tick.
+pub fn detect_failures(
+    clock: Res<SimClock>,
+    config: Res<HeartbeatConfig>,
+    mut epoch: ResMut<FailureEpoch>,
+    mut log: ResMut<FailureLog>,
+    mut devices: Query<(&Device, &Heartbeat, &InjectedFault, &mut Health)>,
+    mut known: Query<&mut KnownFailures>,
+) {
+    let now = clock.now_ns;
+    let before = epoch.0;
+    for (device, heartbeat, injected, mut health) in &mut devices {
+        if health.is_failed() {
+            continue;
+        }
+        let silence = now.saturating_sub(heartbeat.last_heard_sent_ns);
+        let next = if silence > config.timeout_ns {
+            epoch.0 += 1;
+            log.records.push(FailureRecord {
+                device: device.id,
+                injected_at_ns: injected.at_ns,
+                detected_at_ns: now,
+                epoch: epoch.0,
+            });
+            Health::Failed {
+                detected_at_ns: now,
+            }
+        } else if silence > config.suspect_after_ns {
+            match *health {
+                Health::Suspect { since_ns } => Health::Suspect { since_ns },
+                _ => Health::Suspect { since_ns: now },
+            }
+        } else {
+            Health::Healthy
+        };
+        if *health != next {
+            *health = next;
+        }
+    }
+    if epoch.0 != before {
+        for mut known in &mut known {
+            known.epoch = epoch.0;
+        }
+    }
+}
+
+/// Installs heartbeats and detection for the pod's devices.
+pub fn install(world: &mut World) {
+    let topology = world.resource::<PodTopology>().0.clone();
+    let interval = topology.heartbeat_interval_ns;
+    world.insert_resource(HeartbeatConfig {
+        interval_ns: interval,
+        suspect_after_ns: topology.heartbeat_timeout_ns / 2,
+        timeout_ns: topology.heartbeat_timeout_ns,
+        control_latency_ns: topology.dcn.latency_ns,
+    });
+    world.init_resource::<FailureEpoch>();
+    world.init_resource::<FailureLog>();
+    world.init_resource::<FaultPlan>();
+    let n = u64::from(topology.num_devices().max(1));
+    let devices: Vec<(Entity, DeviceId)> = world
+        .query::<(Entity, &Device)>()
+        .iter(world)
+        .map(|(entity, device)| (entity, device.id))
+        .collect();
+    for (entity, id) in devices {
+        world.entity_mut(entity).insert((
+            DeviceState::Running,
+            Health::Healthy,
+            Heartbeat {
+                next_due_ns: u64::from(id.0) * interval / n,
+                last_heard_sent_ns: 0,
+                sent: 0,
+            },
+            ControlJitter::default(),
+            KnownFailures::default(),
+            InjectedFault::default(),
+        ));
+    }
+    let mut schedules = world.resource_mut::<Schedules>();
+    schedules.add_systems(
+        Step,
+        faults::apply_scheduled_faults.in_set(StepSystems::InjectFaults),
+    );
+    schedules.add_systems(Step, emit_heartbeats.in_set(StepSystems::Heartbeats));
+    schedules.add_systems(
+        Step,
+        (record_heartbeats, detect_failures)
+            .chain()
+            .in_set(StepSystems::FaultDetection),
+    );
+}

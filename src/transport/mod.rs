@@ -1,0 +1,388 @@
+//! Messages over the pod's networks, in simulated time.
+//!
+//! Two planes, as on a real pod:
+//!
+//! - **Control** (heartbeats, barrier arrivals) goes from a device's host to
+//!   the coordination service over the host network: it takes the pod's DCN
+//!   latency plus the device's jitter, and does not use the ICI links (a chip
+//!   whose links are all cut still reports in; a killed one does not).
+//! - **Data** ([`send_data`]) travels over [`Link`] entities, routed by a
+//!   shortest path over links that are up. Each hop is store-and-forward: the
+//!   message waits for the link direction to be free, takes `bytes /
+//!   bandwidth` to serialize, then the link's latency plus its jitter. Bytes
+//!   and messages are charged to every link used, in the direction used.
+//!
+//! Delivery happens in [`StepSystems::Transport`]: every message due by the
+//! current simulated time moves to the [`Inbox`], which later sets of the same
+//! tick read (fault detection, barriers). The inbox is cleared at the start of
+//! the next delivery, so nothing outlives its tick and a checkpoint taken at
+//! the end of a tick holds no half-read messages. (bevy's `Messages` would
+//! keep per-reader cursors in system state, outside the world.)
+
+use crate::pod::SimClock;
+use crate::rng::SimRng;
+use crate::schedule::{Step, StepSystems};
+use crate::topology::{Device, DeviceId, DeviceIndex, Link, LinkTraffic};
+use bevy_ecs::prelude::*;
+use bevy_ecs::schedule::Schedules;
+use serde::{Deserialize, Serialize};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+use thiserror::Error;
+
+/// Whether a link carries traffic, and how much latency jitter it adds.
+#[derive(Component, Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LinkState {
+    /// `false` once cut.
+    pub up: bool,
+    /// Extra latency per hop, uniform in `0..=jitter_ns`.
+    pub jitter_ns: u64,
+}
+
+impl Default for LinkState {
+    fn default() -> Self {
+        LinkState {
+            up: true,
+            jitter_ns: 0,
+        }
+    }
+}
+
+/// When each direction of a link is next free (store-and-forward queueing).
+#[derive(Component, Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LinkQueue {
+    /// `a → b` busy until, ns.
+    pub busy_until_ab: u64,
+    /// `b → a` busy until, ns.
+    pub busy_until_ba: u64,
+}
+
+/// What a message carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Payload {
+    /// A heartbeat, stamped with the device's send time.
+    Heartbeat {
+        /// Simulated send time, ns.
+        sent_ns: u64,
+    },
+    /// A device reached a barrier.
+    BarrierArrival {
+        /// The barrier's dense id (its index in the barrier registry).
+        barrier: u64,
+        /// The barrier generation the device arrived at.
+        generation: u64,
+    },
+    /// Opaque data between two devices.
+    Data {
+        /// Bytes carried.
+        bytes: u64,
+    },
+}
+
+/// A message in flight or delivered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Envelope {
+    /// Delivery time, ns.
+    pub deliver_at_ns: u64,
+    /// Send order; breaks ties so delivery order is deterministic.
+    pub seq: u64,
+    /// Sender.
+    pub from: DeviceId,
+    /// Receiver; `None` is the coordination service.
+    pub to: Option<DeviceId>,
+    /// Contents.
+    pub payload: Payload,
+    /// Send time, ns.
+    pub sent_at_ns: u64,
+    /// Link entities crossed, in order (data plane only).
+    pub route: Vec<Entity>,
+}
+
+impl Ord for Envelope {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.deliver_at_ns, self.seq).cmp(&(other.deliver_at_ns, other.seq))
+    }
+}
+
+impl PartialOrd for Envelope {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+/// Messages in flight, ordered by delivery time.
+#[derive(Resource, Debug, Default)]
+pub struct Transport {
+    in_flight: BinaryHeap<Reverse<Envelope>>,
+    next_seq: u64,
+    /// Messages delivered since the pod started.
+    pub delivered: u64,
+    /// Data messages dropped because a link on their route was cut or the
+    /// receiver was killed before delivery.
+    pub dropped: u64,
+    routes: Option<Adjacency>,
+}
+
+impl Transport {
+    /// Messages not yet delivered.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.len()
+    }
+
+    /// The in-flight messages in delivery order (for snapshots and reports).
+    pub fn in_flight_sorted(&self) -> Vec<Envelope> {
+        let mut all: Vec<Envelope> = self.in_flight.iter().map(|r| r.0.clone()).collect();
+        all.sort();
+        all
+    }
+
+    /// Forgets the cached routes; call after a link changes state.
+    pub fn invalidate_routes(&mut self) {
+        self.routes = None;
+    }
+
+    fn push(&mut self, mut envelope: Envelope) {
+        envelope.seq = self.next_seq;
+        self.next_seq += 1;
+        self.in_flight.push(Reverse(envelope));
+    }
+
+    /// Sends a control message to the coordination service.
+    pub fn send_control(
+        &mut self,
+        from: DeviceId,
+        payload: Payload,
+        sent_at_ns: u64,
+        latency_ns: u64,
+    ) {
+        self.push(Envelope {
+            deliver_at_ns: sent_at_ns + latency_ns,
+            seq: 0,
+            from,
+            to: None,
+            payload,
+            sent_at_ns,
+            route: Vec::new(),
+        });
+    }
+}
+
+/// Messages delivered in the current tick.
+#[derive(Resource, Debug, Default)]
+pub struct Inbox {
+    /// Delivered envelopes, in delivery order.
+    pub messages: Vec<Envelope>,
+}
+
+/// The last data deliveries, for hosts to read (bounded).
+#[derive(Resource, Debug, Default)]
+pub struct DeliveryLog {
+    /// Most recent data deliveries, oldest first.
+    pub recent: VecDeque<Envelope>,
+}
+
+/// How many data deliveries [`DeliveryLog`] keeps.
+pub const DELIVERY_LOG_CAPACITY: usize = 4096;
+
+/// A data message that cannot be sent.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum TransportError {
+    /// The device id is not in the pod.
+    #[error("{0} is not in the pod")]
+    UnknownDevice(DeviceId),
+    /// No path of links that are up joins the two devices.
+    #[error("no route from {from} to {to}: the links between them are cut")]
+    NoRoute {
+        /// Sender.
+        from: DeviceId,
+        /// Receiver.
+        to: DeviceId,
+    },
+}
+
+#[derive(Debug, Clone)]
+struct Adjacency {
+    neighbours: Vec<Vec<(u32, Entity)>>,
+}
+
+fn build_adjacency(world: &mut World) -> Adjacency {
+    let n = world.resource::<DeviceIndex>().0.len();
+    let mut neighbours = vec![Vec::new(); n];
+    let mut ids = world.query::<&Device>();
+    let mut links = world.query::<(Entity, &Link, &LinkState)>();
+    let mut edges: Vec<(u32, u32, Entity)> = Vec::new();
+    for (entity, link, state) in links.iter(world) {
+        if !state.up {
+            continue;
+        }
+        if let (Ok(a), Ok(b)) = (ids.get(world, link.a), ids.get(world, link.b)) {
+            edges.push((a.id.0, b.id.0, entity));
+        }
+    }
+    edges.sort_by_key(|&(a, b, _)| (a, b));
+    for (a, b, entity) in edges {
+        neighbours[a as usize].push((b, entity));
+        neighbours[b as usize].push((a, entity));
+    }
+    Adjacency { neighbours }
+}
+
+/// The shortest route (fewest hops) from `from` to `to`, as link entities.
+fn route(adjacency: &Adjacency, from: u32, to: u32) -> Option<Vec<(u32, u32, Entity)>> {
+    let n = adjacency.neighbours.len();
+    let mut previous: Vec<Option<(u32, Entity)>> = vec![None; n];
+    let mut seen = vec![false; n];
+    let mut queue = VecDeque::from([from]);
+    seen[from as usize] = true;
+    while let Some(v) = queue.pop_front() {
+        if v == to {
+            break;
+        }
+        for &(w, link) in &adjacency.neighbours[v as usize] {
+            if !seen[w as usize] {
+                seen[w as usize] = true;
+                previous[w as usize] = Some((v, link));
+                queue.push_back(w);
+            }
+        }
+    }
+    if !seen[to as usize] {
+        return None;
+    }
+    let mut hops = Vec::new();
+    let mut at = to;
+    while at != from {
+        let (prev, link) = previous[at as usize]?;
+        hops.push((prev, at, link));
+        at = prev;
+    }
+    hops.reverse();
+    Some(hops)
+}
+
+/// Sends `bytes` from one device to another over the links, starting now.
+/// Returns the simulated delivery time.
+pub fn send_data(
+    world: &mut World,
+    from: DeviceId,
+    to: DeviceId,
+    bytes: u64,
+) -> Result<u64, TransportError> {
+    let devices = world.resource::<DeviceIndex>().0.len() as u32;
+    for device in [from, to] {
+        if device.0 >= devices {
+            return Err(TransportError::UnknownDevice(device));
+        }
+    }
+    if world.resource::<Transport>().routes.is_none() {
+        let adjacency = build_adjacency(world);
+        world.resource_mut::<Transport>().routes = Some(adjacency);
+    }
+    let hops = {
+        let transport = world.resource::<Transport>();
+        let adjacency = transport.routes.as_ref().expect("built above");
+        route(adjacency, from.0, to.0).ok_or(TransportError::NoRoute { from, to })?
+    };
+    let now = world.resource::<SimClock>().now_ns;
+    let index = world.resource::<DeviceIndex>().clone();
+    let mut t = now;
+    let mut used = Vec::with_capacity(hops.len());
+    for (a, _, link_entity) in hops {
+        let jitter_max = world
+            .get::<LinkState>(link_entity)
+            .map_or(0, |s| s.jitter_ns);
+        let jitter = world.resource_mut::<SimRng>().up_to(jitter_max);
+        let link = *world
+            .get::<Link>(link_entity)
+            .expect("routes hold live links");
+        let forward = index.get(DeviceId(a)) == Some(link.a);
+        let serialize_ns = (bytes as f64 / link.bytes_per_s * 1e9).ceil() as u64;
+        let mut queue = world
+            .get_mut::<LinkQueue>(link_entity)
+            .expect("links have queues");
+        let busy = if forward {
+            &mut queue.busy_until_ab
+        } else {
+            &mut queue.busy_until_ba
+        };
+        let start = t.max(*busy);
+        *busy = start + serialize_ns;
+        t = start + serialize_ns + link.latency_ns + jitter;
+        let mut traffic = world
+            .get_mut::<LinkTraffic>(link_entity)
+            .expect("links have traffic counters");
+        if forward {
+            traffic.bytes_ab += bytes;
+        } else {
+            traffic.bytes_ba += bytes;
+        }
+        traffic.messages += 1;
+        used.push(link_entity);
+    }
+    world.resource_mut::<Transport>().push(Envelope {
+        deliver_at_ns: t,
+        seq: 0,
+        from,
+        to: Some(to),
+        payload: Payload::Data { bytes },
+        sent_at_ns: now,
+        route: used,
+    });
+    Ok(t)
+}
+
+/// Moves every message due by now into the [`Inbox`].
+pub fn deliver_messages(
+    clock: Res<SimClock>,
+    mut transport: ResMut<Transport>,
+    mut inbox: ResMut<Inbox>,
+    mut log: ResMut<DeliveryLog>,
+    links: Query<&LinkState>,
+) {
+    inbox.messages.clear();
+    let now = clock.now_ns;
+    while transport
+        .in_flight
+        .peek()
+        .is_some_and(|next| next.0.deliver_at_ns <= now)
+    {
+        let Reverse(envelope) = transport.in_flight.pop().expect("peeked");
+        if !envelope.route.is_empty() {
+            let intact = envelope
+                .route
+                .iter()
+                .all(|&link| links.get(link).is_ok_and(|state| state.up));
+            if !intact {
+                transport.dropped += 1;
+                continue;
+            }
+            if log.recent.len() == DELIVERY_LOG_CAPACITY {
+                log.recent.pop_front();
+            }
+            log.recent.push_back(envelope.clone());
+        }
+        transport.delivered += 1;
+        inbox.messages.push(envelope);
+    }
+}
+
+/// Installs the transport: resources, link state on every link, and
+/// [`deliver_messages`] in [`StepSystems::Transport`].
+pub fn install(world: &mut World) {
+    world.init_resource::<Transport>();
+    world.init_resource::<Inbox>();
+    world.init_resource::<DeliveryLog>();
+    let links: Vec<Entity> = world
+        .query_filtered::<Entity, With<Link>>()
+        .iter(world)
+        .collect();
+    for link in links {
+        world
+            .entity_mut(link)
+            .insert((LinkState::default(), LinkQueue::default()));
+    }
+    world
+        .resource_mut::<Schedules>()
+        .add_systems(Step, deliver_messages.in_set(StepSystems::Transport));
+}
