@@ -301,3 +301,22 @@ fn the_same_faults_give_the_same_history() {
     assert_eq!(a.len(), 2);
     assert_eq!(a, b);
 }
+
+#[test]
+fn link_jitter_delays_each_hop_within_its_bound() {
+    let text = "Pod(name: \"line\", generation: \"v5e\", shape: \"4x1\", chips_per_host: \"1x1\", \
+                ici: (bandwidth_gb_per_s: 1.0, latency_us: 2.0))";
+    let mut pod = Pod::from_ron_str(text, "line").unwrap();
+    pod.inject(Fault::LinkJitter(DeviceId(0), DeviceId(1), 50_000))
+        .unwrap();
+    let mut delays = std::collections::BTreeSet::new();
+    for _ in 0..64 {
+        let now = pod.clock().now_ns;
+        let at = pod.send_data(0, 1, 1_000).unwrap();
+        let delay = at - now;
+        assert!((3_000..=53_000).contains(&delay), "{delay}");
+        delays.insert(delay);
+        pod.run(1);
+    }
+    assert!(delays.len() > 32, "jitter varies: {delays:?}");
+}

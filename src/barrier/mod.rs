@@ -14,7 +14,7 @@
 
 use crate::health::{DeviceState, FailureEpoch, Health, HeartbeatConfig};
 use crate::pod::SimClock;
-use crate::rng::SimRng;
+use crate::rng::{SimRng, stream};
 use crate::schedule::{Step, StepSystems};
 use crate::topology::{DeviceId, DeviceIndex};
 use crate::transport::{Inbox, Payload, Transport};
@@ -312,20 +312,23 @@ pub fn arrive(world: &mut World, barrier_id: u64, device: DeviceId) -> Result<()
     Ok(())
 }
 
-/// Running participants of automatic barriers send their arrivals.
+/// Running participants of automatic barriers send their arrivals, barrier
+/// by barrier in id order and participant by participant in id order.
 pub fn send_automatic_arrivals(
     clock: Res<SimClock>,
     config: Res<HeartbeatConfig>,
     index: Res<DeviceIndex>,
+    rng: Res<SimRng>,
     mut transport: ResMut<Transport>,
-    mut rng: ResMut<SimRng>,
-    mut barriers: Query<(&Barrier, &mut BarrierArrivals, &BarrierOutcome), With<PendingBarrier>>,
+    mut barriers: Query<(&Barrier, &mut BarrierArrivals), With<PendingBarrier>>,
     devices: Query<(&DeviceState, &crate::health::ControlJitter)>,
 ) {
-    for (barrier, mut arrivals, outcome) in &mut barriers {
-        if !barrier.auto_arrive || arrivals.unsent == 0 || *outcome != BarrierOutcome::Pending {
-            continue;
-        }
+    let mut live: Vec<(&Barrier, Mut<BarrierArrivals>)> = barriers
+        .iter_mut()
+        .filter(|(barrier, arrivals)| barrier.auto_arrive && arrivals.unsent > 0)
+        .collect();
+    live.sort_unstable_by_key(|(barrier, _)| barrier.id);
+    for (barrier, mut arrivals) in live {
         let arrivals = &mut *arrivals;
         for (i, &device) in barrier.participants.iter().enumerate() {
             if arrivals.sent[i] {
@@ -342,7 +345,8 @@ pub fn send_automatic_arrivals(
             }
             arrivals.sent[i] = true;
             arrivals.unsent -= 1;
-            let latency = config.control_latency_ns + rng.up_to(jitter.jitter_ns);
+            let key = [barrier.id << 32 | u64::from(device.0), barrier.generation];
+            let jitter = rng.up_to(jitter.jitter_ns, stream::BARRIER_ARRIVAL, key);
             transport.send_control(
                 device,
                 Payload::BarrierArrival {
@@ -350,7 +354,7 @@ pub fn send_automatic_arrivals(
                     generation: barrier.generation,
                 },
                 clock.now_ns,
-                latency,
+                config.control_latency_ns + jitter,
             );
         }
     }

@@ -29,7 +29,7 @@ mod faults;
 pub use faults::{Fault, FaultError, FaultPlan, ScheduledFault, apply_fault, schedule_fault};
 
 use crate::pod::SimClock;
-use crate::rng::SimRng;
+use crate::rng::{SimRng, stream};
 use crate::schedule::{Step, StepSystems};
 use crate::topology::{Device, DeviceId, PodTopology};
 use crate::transport::{Inbox, Payload, Transport};
@@ -151,33 +151,32 @@ pub struct InjectedFault {
     pub at_ns: Option<u64>,
 }
 
-/// Every running device sends the heartbeats that are due.
+/// Every running device sends the heartbeats that are due, in device-id
+/// order (so message sequence numbers do not depend on query order).
 pub fn emit_heartbeats(
     clock: Res<SimClock>,
     config: Res<HeartbeatConfig>,
+    rng: Res<SimRng>,
     mut transport: ResMut<Transport>,
-    mut rng: ResMut<SimRng>,
     mut devices: Query<(&Device, &DeviceState, &ControlJitter, &mut Heartbeat)>,
 ) {
     let now = clock.now_ns;
+    let mut due: Vec<(DeviceId, u64, u64)> = Vec::new();
     for (device, state, jitter, mut heartbeat) in &mut devices {
-        if heartbeat.next_due_ns > now {
-            continue;
-        }
-        if !state.is_running() {
-            // A silent device sends nothing; it resumes on the next interval.
-            while heartbeat.next_due_ns <= now {
-                heartbeat.next_due_ns += config.interval_ns;
-            }
-            continue;
-        }
         while heartbeat.next_due_ns <= now {
-            let sent_ns = heartbeat.next_due_ns;
-            let latency = config.control_latency_ns + rng.up_to(jitter.jitter_ns);
-            transport.send_control(device.id, Payload::Heartbeat { sent_ns }, sent_ns, latency);
+            // A silent device sends nothing; it resumes on the next interval.
+            if state.is_running() {
+                due.push((device.id, heartbeat.next_due_ns, jitter.jitter_ns));
+                heartbeat.sent += 1;
+            }
             heartbeat.next_due_ns += config.interval_ns;
-            heartbeat.sent += 1;
         }
+    }
+    due.sort_unstable();
+    for (device, sent_ns, jitter_ns) in due {
+        let jitter = rng.up_to(jitter_ns, stream::HEARTBEAT, [u64::from(device.0), sent_ns]);
+        let latency = config.control_latency_ns + jitter;
+        transport.send_control(device, Payload::Heartbeat { sent_ns }, sent_ns, latency);
     }
 }
 
@@ -208,20 +207,14 @@ pub fn detect_failures(
     mut known: Query<&mut KnownFailures>,
 ) {
     let now = clock.now_ns;
-    let before = epoch.0;
+    let mut failed: Vec<(DeviceId, Option<u64>)> = Vec::new();
     for (device, heartbeat, injected, mut health) in &mut devices {
         if health.is_failed() {
             continue;
         }
         let silence = now.saturating_sub(heartbeat.last_heard_sent_ns);
         let next = if silence > config.timeout_ns {
-            epoch.0 += 1;
-            log.records.push(FailureRecord {
-                device: device.id,
-                injected_at_ns: injected.at_ns,
-                detected_at_ns: now,
-                epoch: epoch.0,
-            });
+            failed.push((device.id, injected.at_ns));
             Health::Failed {
                 detected_at_ns: now,
             }
@@ -237,10 +230,22 @@ pub fn detect_failures(
             *health = next;
         }
     }
-    if epoch.0 != before {
-        for mut known in &mut known {
-            known.epoch = epoch.0;
-        }
+    if failed.is_empty() {
+        return;
+    }
+    // Records in device-id order, whatever order the query visited them in.
+    failed.sort_unstable();
+    for (device, injected_at_ns) in failed {
+        epoch.0 += 1;
+        log.records.push(FailureRecord {
+            device,
+            injected_at_ns,
+            detected_at_ns: now,
+            epoch: epoch.0,
+        });
+    }
+    for mut known in &mut known {
+        known.epoch = epoch.0;
     }
 }
 

@@ -20,7 +20,7 @@
 //! keep per-reader cursors in system state, outside the world.)
 
 use crate::pod::SimClock;
-use crate::rng::SimRng;
+use crate::rng::{SimRng, stream};
 use crate::schedule::{Step, StepSystems};
 use crate::topology::{Device, DeviceId, DeviceIndex, Link, LinkTraffic};
 use bevy_ecs::prelude::*;
@@ -286,13 +286,15 @@ pub fn send_data(
     };
     let now = world.resource::<SimClock>().now_ns;
     let index = world.resource::<DeviceIndex>().clone();
+    let rng = *world.resource::<SimRng>();
+    let seq = world.resource::<Transport>().next_seq;
     let mut t = now;
     let mut used = Vec::with_capacity(hops.len());
-    for (a, _, link_entity) in hops {
+    for (hop, (a, _, link_entity)) in hops.into_iter().enumerate() {
         let jitter_max = world
             .get::<LinkState>(link_entity)
             .map_or(0, |s| s.jitter_ns);
-        let jitter = world.resource_mut::<SimRng>().up_to(jitter_max);
+        let jitter = rng.up_to(jitter_max, stream::LINK_HOP, [seq, hop as u64]);
         let link = *world
             .get::<Link>(link_entity)
             .expect("routes hold live links");
