@@ -36,6 +36,12 @@ pub enum OptimError {
     /// A message could not be sent.
     #[error(transparent)]
     Transport(#[from] crate::transport::TransportError),
+    /// A world snapshot could not be taken or restored.
+    #[error(transparent)]
+    Snapshot(#[from] crate::checkpoint::SnapshotError),
+    /// A checkpoint on disk could not be written, verified or restored.
+    #[error(transparent)]
+    Checkpoint(#[from] crate::checkpoint::CheckpointError),
     /// A schedule could not be built (for instance, an ambiguous system order).
     #[error("schedule build failed: {0}")]
     Schedule(String),

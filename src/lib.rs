@@ -2,6 +2,7 @@
 #![warn(missing_docs)]
 
 pub mod barrier;
+pub mod checkpoint;
 pub mod coordination;
 pub mod error;
 pub mod hardware;

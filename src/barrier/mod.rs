@@ -21,7 +21,7 @@ use crate::transport::{Inbox, Payload, Transport};
 use bevy_ecs::prelude::*;
 use bevy_ecs::schedule::Schedules;
 use serde::{Deserialize, Serialize};
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::fmt;
 use thiserror::Error;
 
@@ -152,7 +152,7 @@ pub struct BarrierRegistry {
     /// Entity of each barrier id.
     pub by_id: Vec<Entity>,
     /// Id of each name.
-    pub by_name: HashMap<String, u64>,
+    pub by_name: BTreeMap<String, u64>,
 }
 
 /// A barrier request that cannot be honoured.

@@ -16,6 +16,7 @@ pub mod clock;
 pub use clock::SimClock;
 
 use crate::barrier::{self, BarrierOutcome, BarrierRegistry};
+use crate::checkpoint::{SnapshotRegistry, WorldSnapshot, engine_registry};
 use crate::error::{OptimError, Result};
 use crate::health::{self, FailureLog, FailureRecord, Fault, Health};
 use crate::rng::SimRng;
@@ -85,6 +86,7 @@ impl Pod {
         transport::install(&mut world);
         health::install(&mut world);
         barrier::install(&mut world);
+        world.insert_resource(engine_registry());
         for label in [Step.intern(), Compile.intern()] {
             world.schedule_scope(label, |world, schedule| match schedule.initialize(world) {
                 Ok(_) => Ok(()),
@@ -248,5 +250,32 @@ impl Pod {
             DeviceId(to),
             bytes,
         )?)
+    }
+
+    /// Captures the whole engine world: every registered component of every
+    /// engine entity, and every registered resource.
+    pub fn snapshot(&mut self) -> Result<WorldSnapshot> {
+        let tick = self.clock().tick;
+        Ok(self
+            .world
+            .resource_scope(|world, registry: Mut<SnapshotRegistry>| {
+                registry.capture(world, tick)
+            })?)
+    }
+
+    /// SHA-256 of the canonical snapshot bytes: equal for equal worlds.
+    pub fn world_sha256(&mut self) -> Result<String> {
+        Ok(self.snapshot()?.sha256_hex())
+    }
+
+    /// Replaces the world's engine entities and resources with the
+    /// snapshot's, in place: the schedules keep running on the same world.
+    /// The snapshot is decoded and checked first; on `Err` nothing changed.
+    pub fn restore_snapshot(&mut self, snapshot: &WorldSnapshot) -> Result<()> {
+        Ok(self
+            .world
+            .resource_scope(|world, registry: Mut<SnapshotRegistry>| {
+                registry.restore(world, snapshot)
+            })?)
     }
 }

@@ -108,7 +108,7 @@ pub struct LinkTraffic {
 }
 
 /// The pod's validated description, as loaded.
-#[derive(Resource, Debug, Clone, PartialEq)]
+#[derive(Resource, Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PodTopology(pub Topology);
 
 /// Device entities by [`DeviceId`], for O(1) lookup.

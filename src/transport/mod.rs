@@ -19,6 +19,7 @@
 //! the end of a tick holds no half-read messages. (bevy's `Messages` would
 //! keep per-reader cursors in system state, outside the world.)
 
+use crate::checkpoint::{LoadContext, Persist, SnapshotError, StoreContext};
 use crate::pod::SimClock;
 use crate::rng::{SimRng, stream};
 use crate::schedule::{Step, StepSystems};
@@ -387,4 +388,130 @@ pub fn install(world: &mut World) {
     world
         .resource_mut::<Schedules>()
         .add_systems(Step, deliver_messages.in_set(StepSystems::Transport));
+}
+
+/// An [`Envelope`] with its route as dense entity ids, for snapshots.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredEnvelope {
+    deliver_at_ns: u64,
+    seq: u64,
+    from: DeviceId,
+    to: Option<DeviceId>,
+    payload: Payload,
+    sent_at_ns: u64,
+    route: Vec<u32>,
+}
+
+impl Persist for Envelope {
+    type Stored = StoredEnvelope;
+
+    fn store(&self, ctx: &StoreContext) -> Result<StoredEnvelope, SnapshotError> {
+        Ok(StoredEnvelope {
+            deliver_at_ns: self.deliver_at_ns,
+            seq: self.seq,
+            from: self.from,
+            to: self.to,
+            payload: self.payload,
+            sent_at_ns: self.sent_at_ns,
+            route: self
+                .route
+                .iter()
+                .map(|&link| ctx.dense(link, "Envelope.route"))
+                .collect::<Result<_, _>>()?,
+        })
+    }
+
+    fn load(stored: StoredEnvelope, ctx: &LoadContext) -> Result<Envelope, SnapshotError> {
+        Ok(Envelope {
+            deliver_at_ns: stored.deliver_at_ns,
+            seq: stored.seq,
+            from: stored.from,
+            to: stored.to,
+            payload: stored.payload,
+            sent_at_ns: stored.sent_at_ns,
+            route: stored
+                .route
+                .into_iter()
+                .map(|dense| ctx.entity(dense, "Envelope.route"))
+                .collect::<Result<_, _>>()?,
+        })
+    }
+}
+
+fn store_all(
+    envelopes: &[Envelope],
+    ctx: &StoreContext,
+) -> Result<Vec<StoredEnvelope>, SnapshotError> {
+    envelopes.iter().map(|e| e.store(ctx)).collect()
+}
+
+fn load_all(
+    stored: Vec<StoredEnvelope>,
+    ctx: &LoadContext,
+) -> Result<Vec<Envelope>, SnapshotError> {
+    stored.into_iter().map(|s| Envelope::load(s, ctx)).collect()
+}
+
+/// [`Transport`]'s persistent state: in-flight messages in delivery order
+/// and the counters. Cached routes are rebuilt on demand.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredTransport {
+    in_flight: Vec<StoredEnvelope>,
+    next_seq: u64,
+    delivered: u64,
+    dropped: u64,
+}
+
+impl Persist for Transport {
+    type Stored = StoredTransport;
+
+    fn store(&self, ctx: &StoreContext) -> Result<StoredTransport, SnapshotError> {
+        Ok(StoredTransport {
+            in_flight: store_all(&self.in_flight_sorted(), ctx)?,
+            next_seq: self.next_seq,
+            delivered: self.delivered,
+            dropped: self.dropped,
+        })
+    }
+
+    fn load(stored: StoredTransport, ctx: &LoadContext) -> Result<Transport, SnapshotError> {
+        Ok(Transport {
+            in_flight: load_all(stored.in_flight, ctx)?
+                .into_iter()
+                .map(Reverse)
+                .collect(),
+            next_seq: stored.next_seq,
+            delivered: stored.delivered,
+            dropped: stored.dropped,
+            routes: None,
+        })
+    }
+}
+
+impl Persist for Inbox {
+    type Stored = Vec<StoredEnvelope>;
+
+    fn store(&self, ctx: &StoreContext) -> Result<Self::Stored, SnapshotError> {
+        store_all(&self.messages, ctx)
+    }
+
+    fn load(stored: Self::Stored, ctx: &LoadContext) -> Result<Inbox, SnapshotError> {
+        Ok(Inbox {
+            messages: load_all(stored, ctx)?,
+        })
+    }
+}
+
+impl Persist for DeliveryLog {
+    type Stored = Vec<StoredEnvelope>;
+
+    fn store(&self, ctx: &StoreContext) -> Result<Self::Stored, SnapshotError> {
+        self.recent.iter().map(|e| e.store(ctx)).collect()
+    }
+
+    fn load(stored: Self::Stored, ctx: &LoadContext) -> Result<DeliveryLog, SnapshotError> {
+        Ok(DeliveryLog {
+            recent: load_all(stored, ctx)?.into(),
+        })
+    }
 }

@@ -1,0 +1,121 @@
+//! Checkpoint errors: each names the file, the column or the entity.
+
+use std::path::PathBuf;
+use thiserror::Error;
+
+/// A snapshot that cannot be taken, verified or restored.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum SnapshotError {
+    /// A component refers to an entity the snapshot does not hold.
+    #[error("{what} refers to entity {entity}, which is not part of the engine's world")]
+    DanglingEntity {
+        /// The referring field.
+        what: &'static str,
+        /// The entity.
+        entity: String,
+    },
+    /// A stored reference points past the snapshot's entities.
+    #[error("{what} refers to dense entity {dense}, but the snapshot has {count} entities")]
+    DanglingDenseId {
+        /// The referring field.
+        what: &'static str,
+        /// The id.
+        dense: u32,
+        /// Entities in the snapshot.
+        count: u32,
+    },
+    /// A column's bytes do not decode.
+    #[error("column `{column}` does not decode: {reason}")]
+    Corrupt {
+        /// Component or resource name.
+        column: String,
+        /// The decoder's message.
+        reason: String,
+    },
+    /// The snapshot lacks a column the engine needs, or has one it does not know.
+    #[error("snapshot {problem} column `{column}`")]
+    ColumnMismatch {
+        /// `lacks the` / `has an unknown`.
+        problem: &'static str,
+        /// The column.
+        column: String,
+    },
+    /// The snapshot was written by another format version.
+    #[error(
+        "snapshot format version {found} is not supported (this build reads version {supported})"
+    )]
+    UnsupportedVersion {
+        /// In the snapshot.
+        found: u32,
+        /// This build's.
+        supported: u32,
+    },
+    /// A resource the snapshot must capture is missing from the world.
+    #[error("the world has no `{0}` resource to capture")]
+    MissingResource(&'static str),
+}
+
+/// A checkpoint on disk that cannot be written, verified or restored.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum CheckpointError {
+    /// Reading or writing a file failed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The manifest is missing, unparsable or inconsistent.
+    #[error("{path}: bad manifest: {reason}")]
+    Manifest {
+        /// The manifest file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A file's length differs from the manifest's.
+    #[error("{path}: length {actual} bytes, manifest says {expected} (truncated or extended)")]
+    Length {
+        /// The file.
+        path: PathBuf,
+        /// Per the manifest.
+        expected: u64,
+        /// On disk.
+        actual: u64,
+    },
+    /// A file's SHA-256 differs from the manifest's.
+    #[error("{path}: SHA-256 {actual} does not match the manifest's {expected} (corrupted)")]
+    Digest {
+        /// The file.
+        path: PathBuf,
+        /// Per the manifest.
+        expected: String,
+        /// Computed.
+        actual: String,
+    },
+    /// A file the manifest lists is missing.
+    #[error("{path}: missing (listed in the manifest)")]
+    Missing {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The checkpoint name would leave the storage root.
+    #[error("checkpoint name `{0}` is not a plain name (no `/`, `\\`, `..` or leading `.`)")]
+    BadName(String),
+    /// No checkpoint in any root verifies.
+    #[error("no checkpoint verifies: {0}")]
+    NoValidCheckpoint(String),
+    /// The snapshot inside is invalid.
+    #[error("{path}: {source}")]
+    Snapshot {
+        /// The world file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: SnapshotError,
+    },
+}

@@ -1,0 +1,16 @@
+//! Whole-world checkpoints.
+//!
+//! [`SnapshotRegistry`] captures every registered component type of every
+//! engine entity and every registered resource into a [`WorldSnapshot`],
+//! with entity references remapped through dense ids, and restores it in
+//! place after checking all of it.
+
+mod engine;
+mod error;
+mod persist;
+mod snapshot;
+
+pub use engine::{NOT_PERSISTED, engine_registry};
+pub use error::{CheckpointError, SnapshotError};
+pub use persist::{LoadContext, Persist, StoreContext};
+pub use snapshot::{Column, FORMAT_VERSION, SnapshotRegistry, WorldSnapshot, hex};

@@ -1,0 +1,380 @@
+//! The whole world as one value: capture, verify, restore in place.
+//!
+//! A [`WorldSnapshot`] holds one column per registered component type
+//! (`Vec<(dense id, stored value)>`, sorted by dense id) and one entry per
+//! registered resource, each encoded with postcard. Engine entities — those
+//! with at least one registered component — get dense ids in entity-index
+//! order; restore spawns the same number of entities and hands out dense ids
+//! in *their* index order, so capture → restore → capture is byte-identical.
+//!
+//! Restore is two-phase: every column is decoded and every entity reference
+//! checked against the snapshot's entity count **before** the world is
+//! touched; only then are the engine's entities despawned, respawned and
+//! filled. A corrupt snapshot is an `Err` and the live world is unchanged.
+
+use super::error::SnapshotError;
+use super::persist::{LoadContext, Persist, StoreContext};
+use bevy_ecs::prelude::*;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::any::TypeId;
+use std::marker::PhantomData;
+
+/// Version of the snapshot layout this build writes and reads.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// One component type's or resource's bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Column {
+    /// Registered name (`topology.Device`).
+    pub name: String,
+    /// postcard bytes.
+    pub bytes: Vec<u8>,
+}
+
+/// The whole engine world.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorldSnapshot {
+    /// [`FORMAT_VERSION`] at capture.
+    pub format_version: u32,
+    /// The pod's tick at capture.
+    pub tick: u64,
+    /// Engine entities.
+    pub entity_count: u32,
+    /// Component columns, in registry (name) order.
+    pub components: Vec<Column>,
+    /// Resources, in registry (name) order.
+    pub resources: Vec<Column>,
+}
+
+impl WorldSnapshot {
+    /// The canonical bytes (postcard).
+    pub fn to_bytes(&self) -> Vec<u8> {
+        postcard::to_stdvec(self).expect("a snapshot always encodes")
+    }
+
+    /// Decodes canonical bytes.
+    pub fn from_bytes(bytes: &[u8]) -> Result<WorldSnapshot, SnapshotError> {
+        let snapshot: WorldSnapshot =
+            postcard::from_bytes(bytes).map_err(|e| SnapshotError::Corrupt {
+                column: "<world>".into(),
+                reason: e.to_string(),
+            })?;
+        if snapshot.format_version != FORMAT_VERSION {
+            return Err(SnapshotError::UnsupportedVersion {
+                found: snapshot.format_version,
+                supported: FORMAT_VERSION,
+            });
+        }
+        Ok(snapshot)
+    }
+
+    /// SHA-256 of the canonical bytes, lowercase hex.
+    pub fn sha256_hex(&self) -> String {
+        hex(&Sha256::digest(self.to_bytes()))
+    }
+}
+
+/// Lowercase hex of bytes.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+trait ComponentColumn: Send + Sync {
+    fn name(&self) -> &'static str;
+    fn type_id(&self) -> TypeId;
+    fn entities(&self, world: &mut World) -> Vec<Entity>;
+    fn capture(&self, world: &mut World, ctx: &StoreContext) -> Result<Vec<u8>, SnapshotError>;
+    fn stage(&self, bytes: &[u8], count: u32) -> Result<Box<dyn Staged>, SnapshotError>;
+}
+
+trait Staged {
+    fn apply(self: Box<Self>, world: &mut World, ctx: &LoadContext) -> Result<(), SnapshotError>;
+}
+
+trait ResourceSlot: Send + Sync {
+    fn name(&self) -> &'static str;
+    fn type_id(&self) -> TypeId;
+    fn capture(&self, world: &World, ctx: &StoreContext) -> Result<Vec<u8>, SnapshotError>;
+    fn stage(&self, bytes: &[u8], count: u32) -> Result<Box<dyn Staged>, SnapshotError>;
+}
+
+fn decode<S: serde::de::DeserializeOwned>(name: &str, bytes: &[u8]) -> Result<S, SnapshotError> {
+    postcard::from_bytes(bytes).map_err(|e| SnapshotError::Corrupt {
+        column: name.to_string(),
+        reason: e.to_string(),
+    })
+}
+
+struct TypedComponent<T>(&'static str, PhantomData<fn() -> T>);
+
+impl<T: Component + Persist> ComponentColumn for TypedComponent<T> {
+    fn name(&self) -> &'static str {
+        self.0
+    }
+
+    fn type_id(&self) -> TypeId {
+        TypeId::of::<T>()
+    }
+
+    fn entities(&self, world: &mut World) -> Vec<Entity> {
+        world
+            .query_filtered::<Entity, With<T>>()
+            .iter(world)
+            .collect()
+    }
+
+    fn capture(&self, world: &mut World, ctx: &StoreContext) -> Result<Vec<u8>, SnapshotError> {
+        let mut rows: Vec<(u32, T::Stored)> = Vec::new();
+        for (entity, value) in world.query::<(Entity, &T)>().iter(world) {
+            rows.push((ctx.dense(entity, self.0)?, value.store(ctx)?));
+        }
+        rows.sort_unstable_by_key(|(dense, _)| *dense);
+        Ok(postcard::to_stdvec(&rows).expect("stored values encode"))
+    }
+
+    fn stage(&self, bytes: &[u8], count: u32) -> Result<Box<dyn Staged>, SnapshotError> {
+        let rows: Vec<(u32, T::Stored)> = decode(self.0, bytes)?;
+        let checking = LoadContext::checking(count);
+        let mut previous = None;
+        for (dense, stored) in &rows {
+            checking.entity(*dense, self.0)?;
+            if previous.is_some_and(|p| p >= *dense) {
+                return Err(SnapshotError::Corrupt {
+                    column: self.0.to_string(),
+                    reason: format!("dense id {dense} out of order"),
+                });
+            }
+            previous = Some(*dense);
+            T::load(stored.clone(), &checking)?;
+        }
+        Ok(Box::new(StagedComponent::<T> { name: self.0, rows }))
+    }
+}
+
+struct StagedComponent<T: Persist> {
+    name: &'static str,
+    rows: Vec<(u32, T::Stored)>,
+}
+
+impl<T: Component + Persist> Staged for StagedComponent<T> {
+    fn apply(self: Box<Self>, world: &mut World, ctx: &LoadContext) -> Result<(), SnapshotError> {
+        let mut batch = Vec::with_capacity(self.rows.len());
+        for (dense, stored) in self.rows {
+            batch.push((ctx.entity(dense, self.name)?, T::load(stored, ctx)?));
+        }
+        world.insert_batch(batch);
+        Ok(())
+    }
+}
+
+struct TypedResource<R>(&'static str, PhantomData<fn() -> R>);
+
+impl<R: Resource + Persist> ResourceSlot for TypedResource<R> {
+    fn name(&self) -> &'static str {
+        self.0
+    }
+
+    fn type_id(&self) -> TypeId {
+        TypeId::of::<R>()
+    }
+
+    fn capture(&self, world: &World, ctx: &StoreContext) -> Result<Vec<u8>, SnapshotError> {
+        let value = world
+            .get_resource::<R>()
+            .ok_or(SnapshotError::MissingResource(self.0))?;
+        Ok(postcard::to_stdvec(&value.store(ctx)?).expect("stored values encode"))
+    }
+
+    fn stage(&self, bytes: &[u8], count: u32) -> Result<Box<dyn Staged>, SnapshotError> {
+        let stored: R::Stored = decode(self.0, bytes)?;
+        R::load(stored.clone(), &LoadContext::checking(count))?;
+        Ok(Box::new(StagedResource::<R> { stored }))
+    }
+}
+
+struct StagedResource<R: Persist> {
+    stored: R::Stored,
+}
+
+impl<R: Resource + Persist> Staged for StagedResource<R> {
+    fn apply(self: Box<Self>, world: &mut World, ctx: &LoadContext) -> Result<(), SnapshotError> {
+        world.insert_resource(R::load(self.stored, ctx)?);
+        Ok(())
+    }
+}
+
+/// The component types and resources a snapshot holds, by name.
+///
+/// The engine's registry is [`super::engine_registry`]; hosts may register
+/// their own types before capturing.
+#[derive(Resource, Default)]
+pub struct SnapshotRegistry {
+    components: Vec<Box<dyn ComponentColumn>>,
+    resources: Vec<Box<dyn ResourceSlot>>,
+}
+
+impl std::fmt::Debug for SnapshotRegistry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SnapshotRegistry")
+            .field("components", &self.component_names())
+            .field("resources", &self.resource_names())
+            .finish()
+    }
+}
+
+impl SnapshotRegistry {
+    /// Registers a component type under a stable name.
+    pub fn component<T: Component + Persist>(&mut self, name: &'static str) -> &mut Self {
+        assert!(
+            !self.component_names().contains(&name),
+            "component column `{name}` registered twice"
+        );
+        self.components
+            .push(Box::new(TypedComponent::<T>(name, PhantomData)));
+        self.components.sort_by_key(|c| c.name());
+        self
+    }
+
+    /// Registers a resource under a stable name.
+    pub fn resource<R: Resource + Persist>(&mut self, name: &'static str) -> &mut Self {
+        assert!(
+            !self.resource_names().contains(&name),
+            "resource `{name}` registered twice"
+        );
+        self.resources
+            .push(Box::new(TypedResource::<R>(name, PhantomData)));
+        self.resources.sort_by_key(|r| r.name());
+        self
+    }
+
+    /// Registered component names, sorted.
+    pub fn component_names(&self) -> Vec<&'static str> {
+        self.components.iter().map(|c| c.name()).collect()
+    }
+
+    /// Registered resource names, sorted.
+    pub fn resource_names(&self) -> Vec<&'static str> {
+        self.resources.iter().map(|r| r.name()).collect()
+    }
+
+    /// Whether a Rust type is registered (as a component or a resource).
+    pub fn contains_type(&self, type_id: TypeId) -> bool {
+        self.components.iter().any(|c| c.type_id() == type_id)
+            || self.resources.iter().any(|r| r.type_id() == type_id)
+    }
+
+    /// The engine entities of `world`, in index order.
+    fn engine_entities(&self, world: &mut World) -> Vec<Entity> {
+        let mut entities: Vec<Entity> = self
+            .components
+            .iter()
+            .flat_map(|column| column.entities(world))
+            .collect();
+        entities.sort_unstable_by_key(|e| e.index());
+        entities.dedup();
+        entities
+    }
+
+    /// Captures every registered component and resource of `world`.
+    pub fn capture(&self, world: &mut World, tick: u64) -> Result<WorldSnapshot, SnapshotError> {
+        let entities = self.engine_entities(world);
+        let ctx = StoreContext::new(&entities);
+        let mut components = Vec::with_capacity(self.components.len());
+        for column in &self.components {
+            components.push(Column {
+                name: column.name().to_string(),
+                bytes: column.capture(world, &ctx)?,
+            });
+        }
+        let mut resources = Vec::with_capacity(self.resources.len());
+        for slot in &self.resources {
+            resources.push(Column {
+                name: slot.name().to_string(),
+                bytes: slot.capture(world, &ctx)?,
+            });
+        }
+        Ok(WorldSnapshot {
+            format_version: FORMAT_VERSION,
+            tick,
+            entity_count: entities.len() as u32,
+            components,
+            resources,
+        })
+    }
+
+    /// Decodes and checks every column of `snapshot` without touching a world.
+    pub fn verify(&self, snapshot: &WorldSnapshot) -> Result<(), SnapshotError> {
+        self.stage(snapshot).map(|_| ())
+    }
+
+    fn stage(&self, snapshot: &WorldSnapshot) -> Result<Vec<Box<dyn Staged>>, SnapshotError> {
+        if snapshot.format_version != FORMAT_VERSION {
+            return Err(SnapshotError::UnsupportedVersion {
+                found: snapshot.format_version,
+                supported: FORMAT_VERSION,
+            });
+        }
+        let count = snapshot.entity_count;
+        let mut staged = Vec::new();
+        let names = |columns: &[Column]| columns.iter().map(|c| c.name.clone()).collect::<Vec<_>>();
+        check_columns(&self.component_names(), &names(&snapshot.components))?;
+        check_columns(&self.resource_names(), &names(&snapshot.resources))?;
+        for (codec, column) in self.components.iter().zip(&snapshot.components) {
+            staged.push(codec.stage(&column.bytes, count)?);
+        }
+        for (slot, column) in self.resources.iter().zip(&snapshot.resources) {
+            staged.push(slot.stage(&column.bytes, count)?);
+        }
+        Ok(staged)
+    }
+
+    /// Replaces the engine's entities and resources in `world` with the
+    /// snapshot's. Everything is decoded and checked first: on `Err` the
+    /// world is untouched.
+    pub fn restore(
+        &self,
+        world: &mut World,
+        snapshot: &WorldSnapshot,
+    ) -> Result<(), SnapshotError> {
+        let staged = self.stage(snapshot)?;
+        for entity in self.engine_entities(world) {
+            world.despawn(entity);
+        }
+        let mut entities: Vec<Entity> = (0..snapshot.entity_count)
+            .map(|_| world.spawn_empty().id())
+            .collect();
+        entities.sort_unstable_by_key(|e| e.index());
+        let ctx = LoadContext::new(&entities);
+        for column in staged {
+            column.apply(world, &ctx)?;
+        }
+        Ok(())
+    }
+}
+
+fn check_columns(expected: &[&'static str], found: &[String]) -> Result<(), SnapshotError> {
+    for name in expected {
+        if !found.iter().any(|f| f == name) {
+            return Err(SnapshotError::ColumnMismatch {
+                problem: "lacks the",
+                column: name.to_string(),
+            });
+        }
+    }
+    for name in found {
+        if !expected.contains(&name.as_str()) {
+            return Err(SnapshotError::ColumnMismatch {
+                problem: "has an unknown",
+                column: name.clone(),
+            });
+        }
+    }
+    if expected.len() != found.len() || expected.iter().zip(found).any(|(e, f)| e != f) {
+        return Err(SnapshotError::ColumnMismatch {
+            problem: "has out-of-order or repeated",
+            column: found.join(","),
+        });
+    }
+    Ok(())
+}
