@@ -5,6 +5,7 @@ pub mod barrier;
 pub mod checkpoint;
 pub mod coordination;
 pub mod error;
+pub mod fault_tolerance;
 pub mod hardware;
 pub mod health;
 pub mod pod;

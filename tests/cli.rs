@@ -54,7 +54,7 @@ fn run_defaults_to_a_bundled_pod() {
     assert!(text.status.success());
     let stdout = String::from_utf8(text.stdout).unwrap();
     assert!(
-        stdout.contains("v4-8") && stdout.contains("3 ticks"),
+        stdout.contains("v4-8") && stdout.contains("at tick 3"),
         "{stdout}"
     );
 }
@@ -152,4 +152,56 @@ fn run_reports_when_each_killed_device_was_detected() {
     let output = optirs(&["run", "--kill", "99@1"]);
     assert_eq!(output.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&output.stderr).contains("device 99 does not exist"));
+}
+
+#[test]
+fn checkpoint_save_restore_continues_the_same_world() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("ckpt");
+    let out = out.to_str().unwrap();
+    let saved = optirs(&["checkpoint", "save", "v4-8", "--steps", "100", "--out", out]);
+    assert!(
+        saved.status.success(),
+        "{}",
+        String::from_utf8_lossy(&saved.stderr)
+    );
+    let verified = optirs(&["checkpoint", "verify", out]);
+    assert!(verified.status.success());
+    let restored = json(&optirs(&[
+        "checkpoint",
+        "restore",
+        out,
+        "--steps",
+        "50",
+        "--json",
+    ]));
+    let straight = json(&optirs(&["run", "v4-8", "--steps", "150", "--json"]));
+    assert_eq!(restored["ticks"], 150);
+    assert_eq!(restored["world_sha256"], straight["world_sha256"]);
+    assert_eq!(restored["world_sha256"].as_str().unwrap().len(), 64);
+
+    let listed = json(&optirs(&[
+        "checkpoint",
+        "list",
+        dir.path().to_str().unwrap(),
+        "--json",
+    ]));
+    assert_eq!(listed[0]["name"], "ckpt");
+    let inspect = optirs(&["checkpoint", "inspect", out]);
+    let text = String::from_utf8(inspect.stdout).unwrap();
+    assert!(text.contains("component topology.Device") && text.contains("generation: V4"));
+
+    let world = dir.path().join("ckpt").join("world.bin");
+    let mut bytes = std::fs::read(&world).unwrap();
+    bytes[10] ^= 1;
+    std::fs::write(&world, bytes).unwrap();
+    let broken = optirs(&["checkpoint", "verify", out]);
+    assert_eq!(broken.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&broken.stderr);
+    assert!(
+        stderr.contains("world.bin") && stderr.contains("SHA-256"),
+        "{stderr}"
+    );
+    let escaped = optirs(&["checkpoint", "save", "--out", "../x/.."]);
+    assert_eq!(escaped.status.code(), Some(1));
 }

@@ -12,6 +12,7 @@
 //! Reusing a finished barrier's name starts its next generation; arrivals
 //! stamped with an older generation are ignored.
 
+use crate::fault_tolerance::Excluded;
 use crate::health::{DeviceState, FailureEpoch, Health, HeartbeatConfig};
 use crate::pod::SimClock;
 use crate::rng::{SimRng, stream};
@@ -188,7 +189,7 @@ pub enum BarrierError {
 }
 
 /// Creates (or starts the next generation of) a barrier. `participants`
-/// `None` means every device. Returns its id.
+/// `None` means every device not [`Excluded`] after a failure. Returns its id.
 pub fn create_barrier(
     world: &mut World,
     name: &str,
@@ -197,7 +198,14 @@ pub fn create_barrier(
     auto_arrive: bool,
 ) -> Result<u64, BarrierError> {
     let devices = world.resource::<DeviceIndex>().0.len() as u32;
-    let mut participants = participants.unwrap_or_else(|| (0..devices).map(DeviceId).collect());
+    let mut participants = match participants {
+        Some(participants) => participants,
+        None => world
+            .query_filtered::<&crate::topology::Device, Without<Excluded>>()
+            .iter(world)
+            .map(|device| device.id)
+            .collect(),
+    };
     participants.sort();
     participants.dedup();
     if participants.is_empty() {

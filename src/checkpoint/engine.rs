@@ -8,6 +8,7 @@ use super::error::SnapshotError;
 use super::persist::{LoadContext, Persist, StoreContext};
 use super::snapshot::SnapshotRegistry;
 use crate::barrier::{Barrier, BarrierArrivals, BarrierOutcome, BarrierRegistry, PendingBarrier};
+use crate::fault_tolerance::Excluded;
 use crate::health::{
     ControlJitter, DeviceState, FailureEpoch, FailureLog, FaultPlan, Health, Heartbeat,
     HeartbeatConfig, InjectedFault, KnownFailures,
@@ -30,6 +31,10 @@ pub const NOT_PERSISTED: &[(&str, &str)] = &[
         "bevy rebuilds it from `OnHost` when the devices are restored",
     ),
     ("SnapshotRegistry", "code, not state: the codecs themselves"),
+    (
+        "PeriodicCheckpoints",
+        "host configuration: a restored pod keeps the host's current checkpoint settings",
+    ),
 ];
 
 persist_as_self!(
@@ -50,6 +55,7 @@ persist_as_self!(
     BarrierArrivals,
     BarrierOutcome,
     PendingBarrier,
+    Excluded,
     SimClock,
     SimRng,
     PodTopology,
@@ -176,7 +182,8 @@ pub fn engine_registry() -> SnapshotRegistry {
         .component::<Barrier>("barrier.Barrier")
         .component::<BarrierArrivals>("barrier.BarrierArrivals")
         .component::<BarrierOutcome>("barrier.BarrierOutcome")
-        .component::<PendingBarrier>("barrier.PendingBarrier");
+        .component::<PendingBarrier>("barrier.PendingBarrier")
+        .component::<Excluded>("fault_tolerance.Excluded");
     registry
         .resource::<SimClock>("pod.SimClock")
         .resource::<SimRng>("pod.SimRng")

@@ -10,35 +10,45 @@ use super::error::SnapshotError;
 use bevy_ecs::entity::Entity;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use std::collections::HashMap;
 
-/// Entity → dense id, for capture.
+/// Entity → dense id, for capture: a table indexed by entity index (live
+/// entities have distinct indices), checked against the full entity so a
+/// stale reference is reported rather than mapped.
 #[derive(Debug, Default)]
 pub struct StoreContext {
-    dense: HashMap<Entity, u32>,
+    by_index: Vec<u32>,
+    entities: Vec<Entity>,
 }
 
 impl StoreContext {
     /// A context over `entities`, in dense order.
     pub fn new(entities: &[Entity]) -> StoreContext {
+        let len = entities
+            .iter()
+            .map(|e| e.index_u32() as usize + 1)
+            .max()
+            .unwrap_or(0);
+        let mut by_index = vec![u32::MAX; len];
+        for (dense, entity) in entities.iter().enumerate() {
+            by_index[entity.index_u32() as usize] = dense as u32;
+        }
         StoreContext {
-            dense: entities
-                .iter()
-                .enumerate()
-                .map(|(i, &e)| (e, i as u32))
-                .collect(),
+            by_index,
+            entities: entities.to_vec(),
         }
     }
 
     /// The dense id of an entity the snapshot holds.
     pub fn dense(&self, entity: Entity, what: &'static str) -> Result<u32, SnapshotError> {
-        self.dense
-            .get(&entity)
-            .copied()
-            .ok_or(SnapshotError::DanglingEntity {
+        match self.by_index.get(entity.index_u32() as usize) {
+            Some(&dense) if dense != u32::MAX && self.entities[dense as usize] == entity => {
+                Ok(dense)
+            }
+            _ => Err(SnapshotError::DanglingEntity {
                 what,
                 entity: format!("{entity}"),
-            })
+            }),
+        }
     }
 }
 

@@ -15,6 +15,7 @@
 use super::error::SnapshotError;
 use super::persist::{LoadContext, Persist, StoreContext};
 use bevy_ecs::prelude::*;
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::any::TypeId;
@@ -50,7 +51,13 @@ pub struct WorldSnapshot {
 impl WorldSnapshot {
     /// The canonical bytes (postcard).
     pub fn to_bytes(&self) -> Vec<u8> {
-        postcard::to_stdvec(self).expect("a snapshot always encodes")
+        let size: usize = self
+            .components
+            .iter()
+            .chain(&self.resources)
+            .map(|c| c.name.len() + c.bytes.len() + 20)
+            .sum();
+        postcard::to_extend(self, Vec::with_capacity(size + 64)).expect("a snapshot always encodes")
     }
 
     /// Decodes canonical bytes.
@@ -84,8 +91,9 @@ trait ComponentColumn: Send + Sync {
     fn name(&self) -> &'static str;
     fn type_id(&self) -> TypeId;
     fn entities(&self, world: &mut World) -> Vec<Entity>;
-    fn capture(&self, world: &mut World, ctx: &StoreContext) -> Result<Vec<u8>, SnapshotError>;
+    fn capture(&self, world: &World, ctx: &StoreContext) -> Result<Vec<u8>, SnapshotError>;
     fn stage(&self, bytes: &[u8], count: u32) -> Result<Box<dyn Staged>, SnapshotError>;
+    fn inspect(&self, bytes: &[u8]) -> Result<String, SnapshotError>;
 }
 
 trait Staged {
@@ -97,6 +105,14 @@ trait ResourceSlot: Send + Sync {
     fn type_id(&self) -> TypeId;
     fn capture(&self, world: &World, ctx: &StoreContext) -> Result<Vec<u8>, SnapshotError>;
     fn stage(&self, bytes: &[u8], count: u32) -> Result<Box<dyn Staged>, SnapshotError>;
+    fn inspect(&self, bytes: &[u8]) -> Result<String, SnapshotError>;
+}
+
+/// RON for people: one value per line at the top level.
+fn to_ron<S: Serialize>(value: &S) -> String {
+    let config = ron::ser::PrettyConfig::default().depth_limit(2);
+    ron::ser::to_string_pretty(value, config)
+        .unwrap_or_else(|e| format!("<not representable: {e}>"))
 }
 
 fn decode<S: serde::de::DeserializeOwned>(name: &str, bytes: &[u8]) -> Result<S, SnapshotError> {
@@ -124,13 +140,16 @@ impl<T: Component + Persist> ComponentColumn for TypedComponent<T> {
             .collect()
     }
 
-    fn capture(&self, world: &mut World, ctx: &StoreContext) -> Result<Vec<u8>, SnapshotError> {
+    fn capture(&self, world: &World, ctx: &StoreContext) -> Result<Vec<u8>, SnapshotError> {
         let mut rows: Vec<(u32, T::Stored)> = Vec::new();
-        for (entity, value) in world.query::<(Entity, &T)>().iter(world) {
-            rows.push((ctx.dense(entity, self.0)?, value.store(ctx)?));
+        if let Some(mut query) = world.try_query::<(Entity, &T)>() {
+            for (entity, value) in query.iter(world) {
+                rows.push((ctx.dense(entity, self.0)?, value.store(ctx)?));
+            }
         }
         rows.sort_unstable_by_key(|(dense, _)| *dense);
-        Ok(postcard::to_stdvec(&rows).expect("stored values encode"))
+        let estimate = rows.len() * (4 + std::mem::size_of::<T::Stored>()) + 16;
+        Ok(postcard::to_extend(&rows, Vec::with_capacity(estimate)).expect("stored values encode"))
     }
 
     fn stage(&self, bytes: &[u8], count: u32) -> Result<Box<dyn Staged>, SnapshotError> {
@@ -149,6 +168,11 @@ impl<T: Component + Persist> ComponentColumn for TypedComponent<T> {
             T::load(stored.clone(), &checking)?;
         }
         Ok(Box::new(StagedComponent::<T> { name: self.0, rows }))
+    }
+
+    fn inspect(&self, bytes: &[u8]) -> Result<String, SnapshotError> {
+        let rows: Vec<(u32, T::Stored)> = decode(self.0, bytes)?;
+        Ok(to_ron(&rows))
     }
 }
 
@@ -190,6 +214,11 @@ impl<R: Resource + Persist> ResourceSlot for TypedResource<R> {
         let stored: R::Stored = decode(self.0, bytes)?;
         R::load(stored.clone(), &LoadContext::checking(count))?;
         Ok(Box::new(StagedResource::<R> { stored }))
+    }
+
+    fn inspect(&self, bytes: &[u8]) -> Result<String, SnapshotError> {
+        let stored: R::Stored = decode(self.0, bytes)?;
+        Ok(to_ron(&stored))
     }
 }
 
@@ -266,27 +295,37 @@ impl SnapshotRegistry {
 
     /// The engine entities of `world`, in index order.
     fn engine_entities(&self, world: &mut World) -> Vec<Entity> {
-        let mut entities: Vec<Entity> = self
-            .components
-            .iter()
-            .flat_map(|column| column.entities(world))
-            .collect();
-        entities.sort_unstable_by_key(|e| e.index());
-        entities.dedup();
-        entities
+        // A table by entity index (live entities have distinct indices):
+        // linear, where sorting every column's entities was not.
+        let mut by_index: Vec<Option<Entity>> = Vec::new();
+        for column in &self.components {
+            for entity in column.entities(world) {
+                let i = entity.index_u32() as usize;
+                if i >= by_index.len() {
+                    by_index.resize(i + 1, None);
+                }
+                by_index[i] = Some(entity);
+            }
+        }
+        by_index.into_iter().flatten().collect()
     }
 
     /// Captures every registered component and resource of `world`.
     pub fn capture(&self, world: &mut World, tick: u64) -> Result<WorldSnapshot, SnapshotError> {
         let entities = self.engine_entities(world);
         let ctx = StoreContext::new(&entities);
-        let mut components = Vec::with_capacity(self.components.len());
-        for column in &self.components {
-            components.push(Column {
-                name: column.name().to_string(),
-                bytes: column.capture(world, &ctx)?,
-            });
-        }
+        let world: &World = world;
+        // Columns are independent: capture them on every core.
+        let components = self
+            .components
+            .par_iter()
+            .map(|column| {
+                Ok(Column {
+                    name: column.name().to_string(),
+                    bytes: column.capture(world, &ctx)?,
+                })
+            })
+            .collect::<Result<Vec<_>, SnapshotError>>()?;
         let mut resources = Vec::with_capacity(self.resources.len());
         for slot in &self.resources {
             resources.push(Column {
@@ -329,6 +368,49 @@ impl SnapshotRegistry {
         Ok(staged)
     }
 
+    /// The snapshot as RON, column by column, for people to read. Entity
+    /// references appear as dense ids (the row numbers of other columns).
+    pub fn inspect(&self, snapshot: &WorldSnapshot) -> Result<String, SnapshotError> {
+        self.stage(snapshot)?;
+        let mut text = format!(
+            "// world snapshot: format {}, tick {}, {} entities (rows are (dense id, value))\n",
+            snapshot.format_version, snapshot.tick, snapshot.entity_count
+        );
+        for (codec, column) in self.components.iter().zip(&snapshot.components) {
+            text += &format!(
+                "\n// component {}\n{}\n",
+                column.name,
+                codec.inspect(&column.bytes)?
+            );
+        }
+        for (slot, column) in self.resources.iter().zip(&snapshot.resources) {
+            text += &format!(
+                "\n// resource {}\n{}\n",
+                column.name,
+                slot.inspect(&column.bytes)?
+            );
+        }
+        Ok(text)
+    }
+
+    /// Decodes one resource of a snapshot without restoring anything.
+    pub fn decode_resource<R: Resource + Persist>(
+        &self,
+        snapshot: &WorldSnapshot,
+        name: &str,
+    ) -> Result<R, SnapshotError> {
+        let column = snapshot
+            .resources
+            .iter()
+            .find(|c| c.name == name)
+            .ok_or_else(|| SnapshotError::ColumnMismatch {
+                problem: "lacks the",
+                column: name.to_string(),
+            })?;
+        let stored: R::Stored = decode(&column.name, &column.bytes)?;
+        R::load(stored, &LoadContext::checking(snapshot.entity_count))
+    }
+
     /// Replaces the engine's entities and resources in `world` with the
     /// snapshot's. Everything is decoded and checked first: on `Err` the
     /// world is untouched.
@@ -344,7 +426,7 @@ impl SnapshotRegistry {
         let mut entities: Vec<Entity> = (0..snapshot.entity_count)
             .map(|_| world.spawn_empty().id())
             .collect();
-        entities.sort_unstable_by_key(|e| e.index());
+        entities.sort_unstable_by_key(|e| e.index_u32());
         let ctx = LoadContext::new(&entities);
         for column in staged {
             column.apply(world, &ctx)?;

@@ -1,5 +1,6 @@
 //! Argument parsing and dispatch.
 
+mod checkpoint;
 mod output;
 mod run;
 mod topology;
@@ -24,6 +25,8 @@ enum Command {
     Topology(topology::TopologyArgs),
     /// List the bundled pod presets.
     Presets(topology::PresetsArgs),
+    /// Save, verify, restore, list and inspect whole-world checkpoints.
+    Checkpoint(checkpoint::CheckpointArgs),
 }
 
 /// Parses the command line, runs the command, maps errors to exit codes.
@@ -33,6 +36,7 @@ pub fn main() -> ExitCode {
         Command::Run(args) => run::run(args),
         Command::Topology(args) => topology::topology(args),
         Command::Presets(args) => topology::presets(args),
+        Command::Checkpoint(args) => checkpoint::checkpoint(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -55,9 +55,9 @@ struct FailureRow {
     detected_at_s: f64,
 }
 
-/// What `run` reports.
+/// What `run` (and `checkpoint restore`) report.
 #[derive(Serialize, Debug)]
-struct RunReport {
+pub struct RunReport {
     pod: String,
     generation: String,
     devices: u32,
@@ -70,6 +70,7 @@ struct RunReport {
     wall_seconds: f64,
     wall_ns_per_tick: f64,
     failures: Vec<FailureRow>,
+    world_sha256: String,
 }
 
 pub fn run(args: RunArgs) -> Result<()> {
@@ -95,11 +96,18 @@ pub fn run(args: RunArgs) -> Result<()> {
         }
         pod.schedule_fault((seconds * 1e9).round() as u64, fault);
     }
+    let report = step_and_report(&mut pod, args.steps, build_seconds)?;
+    print_report(&report, args.json)
+}
+
+/// Runs `steps` ticks and reports the pod's state after them.
+pub fn step_and_report(pod: &mut Pod, steps: u64, build_seconds: f64) -> Result<RunReport> {
     let start = Instant::now();
-    pod.run(args.steps);
+    pod.run(steps);
     let wall_seconds = start.elapsed().as_secs_f64();
+    let world_sha256 = pod.world_sha256()?;
     let topology = pod.topology();
-    let report = RunReport {
+    Ok(RunReport {
         pod: topology.name.clone(),
         generation: topology.generation.to_string(),
         devices: topology.num_devices(),
@@ -110,7 +118,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         simulated_seconds: pod.clock().now_seconds(),
         build_seconds,
         wall_seconds,
-        wall_ns_per_tick: wall_seconds * 1e9 / args.steps.max(1) as f64,
+        wall_ns_per_tick: wall_seconds * 1e9 / steps.max(1) as f64,
         failures: pod
             .failures()
             .iter()
@@ -120,9 +128,14 @@ pub fn run(args: RunArgs) -> Result<()> {
                 detected_at_s: record.detected_at_ns as f64 * 1e-9,
             })
             .collect(),
-    };
-    if args.json {
-        return output::print_json(&report);
+        world_sha256,
+    })
+}
+
+/// Prints a report as JSON or text.
+pub fn print_report(report: &RunReport, json: bool) -> Result<()> {
+    if json {
+        return output::print_json(report);
     }
     let mut failures = String::new();
     for row in &report.failures {
@@ -141,7 +154,8 @@ pub fn run(args: RunArgs) -> Result<()> {
     }
     output::print_text(&format!(
         "pod {} ({}, {} chips on {} hosts, {} links), built in {}\n\
-         ran {} ticks: {} simulated in {} wall ({} per tick)\n{failures}",
+         at tick {}: {} simulated; ran in {} wall ({} per tick)\n{failures}\
+         world sha256 {}\n",
         report.pod,
         report.generation,
         report.devices,
@@ -152,5 +166,6 @@ pub fn run(args: RunArgs) -> Result<()> {
         output::seconds(report.simulated_seconds),
         output::seconds(report.wall_seconds),
         output::seconds(report.wall_ns_per_tick * 1e-9),
+        report.world_sha256,
     ))
 }

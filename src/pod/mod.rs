@@ -18,8 +18,10 @@ pub use clock::SimClock;
 use crate::barrier::{self, BarrierOutcome, BarrierRegistry};
 use crate::checkpoint::{SnapshotRegistry, WorldSnapshot, engine_registry};
 use crate::error::{OptimError, Result};
+use crate::fault_tolerance::{PeriodicCheckpoints, write_periodic_checkpoint};
 use crate::health::{self, FailureLog, FailureRecord, Fault, Health};
 use crate::rng::SimRng;
+use crate::schedule::StepSystems;
 use crate::schedule::{Compile, Step, init_schedules};
 use crate::topology::{DeviceId, DeviceIndex};
 use crate::topology::{
@@ -29,6 +31,7 @@ use crate::topology::{
 use crate::transport;
 use bevy_ecs::prelude::*;
 use bevy_ecs::schedule::ScheduleLabel;
+use bevy_ecs::schedule::Schedules;
 use std::path::Path;
 
 /// Seed of the world's random stream (jitter) unless the host picks one.
@@ -87,6 +90,10 @@ impl Pod {
         health::install(&mut world);
         barrier::install(&mut world);
         world.insert_resource(engine_registry());
+        world.resource_mut::<Schedules>().add_systems(
+            Step,
+            write_periodic_checkpoint.in_set(StepSystems::Checkpoint),
+        );
         for label in [Step.intern(), Compile.intern()] {
             world.schedule_scope(label, |world, schedule| match schedule.initialize(world) {
                 Ok(_) => Ok(()),
@@ -97,6 +104,17 @@ impl Pod {
             })?;
         }
         Ok(Pod { world })
+    }
+
+    /// Builds a pod holding exactly the world of `snapshot` (its topology is
+    /// read from the snapshot itself).
+    pub fn from_snapshot(snapshot: &WorldSnapshot) -> Result<Pod> {
+        let registry = engine_registry();
+        registry.verify(snapshot)?;
+        let topology: PodTopology = registry.decode_resource(snapshot, "topology.PodTopology")?;
+        let mut pod = Pod::from_topology(topology.0)?;
+        pod.restore_snapshot(snapshot)?;
+        Ok(pod)
     }
 
     /// Runs one tick of the [`Step`] schedule.
@@ -277,5 +295,31 @@ impl Pod {
             .resource_scope(|world, registry: Mut<SnapshotRegistry>| {
                 registry.restore(world, snapshot)
             })?)
+    }
+
+    /// Writes a checkpoint every `every_ticks` ticks to each root, from a
+    /// system in the `Step` schedule's last set, keeping the newest
+    /// `max_checkpoints` per root. Write errors do not stop the pod; they are
+    /// kept in the [`PeriodicCheckpoints`] resource.
+    pub fn enable_periodic_checkpoints(
+        &mut self,
+        every_ticks: u64,
+        roots: Vec<std::path::PathBuf>,
+        max_checkpoints: usize,
+    ) -> Result<()> {
+        if every_ticks == 0 || roots.is_empty() || max_checkpoints == 0 {
+            return Err(OptimError::InvalidConfig(
+                "periodic checkpoints need every_ticks >= 1, a root and max_checkpoints >= 1"
+                    .into(),
+            ));
+        }
+        self.world.insert_resource(PeriodicCheckpoints {
+            every_ticks,
+            roots,
+            max_checkpoints,
+            written: 0,
+            last_error: None,
+        });
+        Ok(())
     }
 }

@@ -1,0 +1,148 @@
+//! `optirs-tpu checkpoint ...`: save, verify, restore, list and inspect.
+
+use super::output;
+use super::run::{print_report, step_and_report};
+use anyhow::{Context, Result, bail};
+use clap::{Args, Subcommand};
+use optirs_tpu::Pod;
+use optirs_tpu::checkpoint::{
+    engine_registry, list_checkpoints, verify_checkpoint, write_checkpoint,
+};
+use optirs_tpu::topology::DEFAULT_PRESET;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+#[derive(Args, Debug)]
+pub struct CheckpointArgs {
+    #[command(subcommand)]
+    command: CheckpointCommand,
+}
+
+#[derive(Subcommand, Debug)]
+enum CheckpointCommand {
+    /// Run a pod N ticks, then write a checkpoint to DIR (atomically).
+    Save {
+        /// A preset name or a pod file path.
+        #[arg(default_value = DEFAULT_PRESET)]
+        pod: String,
+        /// Ticks to run before saving.
+        #[arg(long, default_value_t = 0)]
+        steps: u64,
+        /// The checkpoint directory to create (its parent is the storage root).
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+    },
+    /// Check every byte of a checkpoint; exit 0 only if it is intact.
+    Verify {
+        /// The checkpoint directory.
+        dir: PathBuf,
+    },
+    /// Restore a checkpoint into a fresh pod, run M more ticks, report.
+    Restore {
+        /// The checkpoint directory.
+        dir: PathBuf,
+        /// Ticks to run after restoring.
+        #[arg(long, default_value_t = 0)]
+        steps: u64,
+        /// Print one JSON object (the keys of `run --json`).
+        #[arg(long)]
+        json: bool,
+    },
+    /// List the checkpoints under a storage root, newest first, verified.
+    List {
+        /// The storage root.
+        root: PathBuf,
+        /// Print a JSON list.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print a checkpoint's world as RON, for people.
+    Inspect {
+        /// The checkpoint directory.
+        dir: PathBuf,
+    },
+}
+
+fn split_dir(dir: &Path) -> Result<(PathBuf, String)> {
+    let name = dir
+        .file_name()
+        .and_then(|n| n.to_str())
+        .with_context(|| format!("{} does not end in a checkpoint name", dir.display()))?
+        .to_string();
+    let root = dir
+        .parent()
+        .map_or_else(|| PathBuf::from("."), Path::to_path_buf);
+    let root = if root.as_os_str().is_empty() {
+        PathBuf::from(".")
+    } else {
+        root
+    };
+    Ok((root, name))
+}
+
+pub fn checkpoint(args: CheckpointArgs) -> Result<()> {
+    let registry = engine_registry();
+    match args.command {
+        CheckpointCommand::Save { pod, steps, out } => {
+            let mut pod = Pod::load(&pod)?;
+            pod.run(steps);
+            let snapshot = pod.snapshot()?;
+            let (root, name) = split_dir(&out)?;
+            let manifest =
+                write_checkpoint(&root, &name, &pod.topology().name, &snapshot, &mut |_| {
+                    Ok(())
+                })?;
+            let bytes: u64 = manifest.files.iter().map(|f| f.bytes).sum();
+            output::print_text(&format!(
+                "saved {} at tick {} ({} entities, {bytes} bytes) to {}\n",
+                manifest.pod,
+                manifest.tick,
+                manifest.entities,
+                out.display()
+            ))
+        }
+        CheckpointCommand::Verify { dir } => {
+            let (manifest, snapshot) = verify_checkpoint(&dir, &registry)?;
+            output::print_text(&format!(
+                "ok: {} at tick {}, {} entities, {} files, world sha256 {}\n",
+                manifest.pod,
+                manifest.tick,
+                manifest.entities,
+                manifest.files.len(),
+                snapshot.sha256_hex()
+            ))
+        }
+        CheckpointCommand::Restore { dir, steps, json } => {
+            let start = Instant::now();
+            let (_, snapshot) = verify_checkpoint(&dir, &registry)?;
+            let mut pod = Pod::from_snapshot(&snapshot)?;
+            let report = step_and_report(&mut pod, steps, start.elapsed().as_secs_f64())?;
+            print_report(&report, json)
+        }
+        CheckpointCommand::List { root, json } => {
+            let listings = list_checkpoints(&root, &registry)?;
+            if json {
+                return output::print_json(&listings);
+            }
+            if listings.is_empty() {
+                bail!("no checkpoints under {}", root.display());
+            }
+            let mut text = String::new();
+            for listing in listings {
+                let tick = listing.tick.map_or("?".to_string(), |t| t.to_string());
+                let status = listing.problem.unwrap_or_else(|| "ok".to_string());
+                text += &format!("{:<24} tick {:>12}  {status}\n", listing.name, tick);
+            }
+            output::print_text(&text)
+        }
+        CheckpointCommand::Inspect { dir } => {
+            let (manifest, snapshot) = verify_checkpoint(&dir, &registry)?;
+            let header = std::fs::read_to_string(dir.join(optirs_tpu::checkpoint::MANIFEST))?;
+            output::print_text(&format!(
+                "// {}\n{header}\n{}",
+                manifest.name,
+                registry.inspect(&snapshot)?
+            ))
+        }
+    }
+}

@@ -1,0 +1,60 @@
+//! Periodic checkpoints as a system in the `Step` schedule's last set.
+
+use super::{checkpoint_name, enforce_retention};
+use crate::checkpoint::{SnapshotRegistry, write_checkpoint};
+use crate::pod::SimClock;
+use crate::topology::PodTopology;
+use bevy_ecs::prelude::*;
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+/// Turns on periodic checkpoints: every `every_ticks` ticks the world is
+/// written to each root, keeping the newest `max_checkpoints`.
+#[derive(Resource, Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeriodicCheckpoints {
+    /// Interval in ticks (at least 1).
+    pub every_ticks: u64,
+    /// Where to write.
+    pub roots: Vec<PathBuf>,
+    /// Kept per root.
+    pub max_checkpoints: usize,
+    /// Checkpoints written by the system.
+    pub written: u64,
+    /// The last write error, if the last attempt failed.
+    pub last_error: Option<String>,
+}
+
+/// Writes a checkpoint when one is due. Errors are recorded in
+/// [`PeriodicCheckpoints::last_error`]; the pod keeps running.
+pub fn write_periodic_checkpoint(world: &mut World) {
+    let Some(config) = world.get_resource::<PeriodicCheckpoints>() else {
+        return;
+    };
+    let tick = world.resource::<SimClock>().tick;
+    if config.every_ticks == 0 || !tick.is_multiple_of(config.every_ticks) {
+        return;
+    }
+    let (roots, keep) = (config.roots.clone(), config.max_checkpoints.max(1));
+    let pod = world.resource::<PodTopology>().0.name.clone();
+    let result = world
+        .resource_scope(|world, registry: Mut<SnapshotRegistry>| registry.capture(world, tick))
+        .map_err(|e| e.to_string())
+        .and_then(|snapshot| {
+            for root in &roots {
+                write_checkpoint(root, &checkpoint_name(tick), &pod, &snapshot, &mut |_| {
+                    Ok(())
+                })
+                .map_err(|e| e.to_string())?;
+                enforce_retention(root, keep).map_err(|e| e.to_string())?;
+            }
+            Ok(())
+        });
+    let mut config = world.resource_mut::<PeriodicCheckpoints>();
+    match result {
+        Ok(()) => {
+            config.written += 1;
+            config.last_error = None;
+        }
+        Err(error) => config.last_error = Some(error),
+    }
+}

@@ -1,0 +1,312 @@
+//! Checkpoints on disk: atomic commit, verification before restore, bit
+//! flips, truncation, crashes at every write point, retention, replication,
+//! rollback and recovery.
+
+use optirs_tpu::checkpoint::{
+    MANIFEST, SnapshotRegistry, WORLD_FILE, WritePoint, list_checkpoints, verify_checkpoint,
+    write_checkpoint,
+};
+use optirs_tpu::fault_tolerance::{
+    FaultToleranceConfig, FaultToleranceManager, RecoveryPolicy, checkpoint_name,
+};
+use optirs_tpu::health::Fault;
+use optirs_tpu::topology::DeviceId;
+use optirs_tpu::{OptimError, Pod};
+use std::path::{Path, PathBuf};
+
+fn pod_with_history() -> Pod {
+    let mut pod = Pod::from_preset("v4-8").unwrap();
+    pod.schedule_fault(1_000_000_000, Fault::KillDevice(DeviceId(2)));
+    let id = pod.create_barrier("b", None, None, true).unwrap();
+    pod.wait_for_barrier(id).unwrap();
+    pod.run(50);
+    pod
+}
+
+fn manager(roots: Vec<PathBuf>, keep: usize, recovery: RecoveryPolicy) -> FaultToleranceManager {
+    FaultToleranceManager::new(FaultToleranceConfig {
+        storage_roots: roots,
+        max_checkpoints: keep,
+        recovery,
+    })
+    .unwrap()
+}
+
+fn verify(pod: &Pod, dir: &Path) -> Result<(), String> {
+    let registry = pod.world().resource::<SnapshotRegistry>();
+    verify_checkpoint(dir, registry)
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}
+
+#[test]
+fn save_verify_restore_round_trip_through_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let ft = manager(vec![dir.path().into()], 5, RecoveryPolicy::RollBack);
+    let mut pod = pod_with_history();
+    let saved_sha = pod.world_sha256().unwrap();
+    let info = ft.create_checkpoint(&mut pod).unwrap();
+    assert_eq!(info.name, checkpoint_name(pod.clock().tick));
+    let manifest = std::fs::read_to_string(info.paths[0].join(MANIFEST)).unwrap();
+    assert!(
+        manifest.contains("world.bin") && manifest.contains("sha256"),
+        "{manifest}"
+    );
+    pod.run(500);
+    assert_ne!(pod.world_sha256().unwrap(), saved_sha);
+    ft.restore_checkpoint(&mut pod, &info.name).unwrap();
+    assert_eq!(pod.world_sha256().unwrap(), saved_sha);
+    pod.run(5); // the schedules keep running after an in-place restore
+}
+
+#[test]
+fn every_bit_of_the_manifest_matters() {
+    let dir = tempfile::tempdir().unwrap();
+    let ft = manager(vec![dir.path().into()], 5, RecoveryPolicy::RollBack);
+    let mut pod = pod_with_history();
+    let info = ft.create_checkpoint(&mut pod).unwrap();
+    let path = info.paths[0].join(MANIFEST);
+    let original = std::fs::read(&path).unwrap();
+    for byte in 0..original.len() {
+        for bit in 0..8 {
+            let mut flipped = original.clone();
+            flipped[byte] ^= 1 << bit;
+            std::fs::write(&path, &flipped).unwrap();
+            assert!(
+                verify(&pod, &info.paths[0]).is_err(),
+                "flipping bit {bit} of manifest byte {byte} went unnoticed"
+            );
+        }
+    }
+    std::fs::write(&path, &original).unwrap();
+    verify(&pod, &info.paths[0]).unwrap();
+}
+
+#[test]
+fn flipped_bits_and_truncations_of_the_world_are_rejected_before_restore() {
+    let dir = tempfile::tempdir().unwrap();
+    let ft = manager(vec![dir.path().into()], 5, RecoveryPolicy::RollBack);
+    let mut pod = pod_with_history();
+    let info = ft.create_checkpoint(&mut pod).unwrap();
+    pod.run(7);
+    let live = pod.world_sha256().unwrap();
+    let path = info.paths[0].join(WORLD_FILE);
+    let original = std::fs::read(&path).unwrap();
+    let step = (original.len() * 8 / 257).max(1);
+    for bit in (0..original.len() * 8).step_by(step) {
+        let mut flipped = original.clone();
+        flipped[bit / 8] ^= 1 << (bit % 8);
+        std::fs::write(&path, &flipped).unwrap();
+        let error = ft
+            .restore_checkpoint(&mut pod, &info.name)
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("SHA-256"), "bit {bit}: {error}");
+        assert_eq!(pod.world_sha256().unwrap(), live, "the live world changed");
+    }
+    for cut in [0, 1, original.len() / 3, original.len() - 1] {
+        std::fs::write(&path, &original[..cut]).unwrap();
+        let error = ft
+            .restore_checkpoint(&mut pod, &info.name)
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("length"), "cut at {cut}: {error}");
+    }
+    let manifest_path = info.paths[0].join(MANIFEST);
+    let manifest = std::fs::read(&manifest_path).unwrap();
+    std::fs::write(&path, &original).unwrap();
+    for cut in [0, 10, manifest.len() / 2, manifest.len() - 1] {
+        std::fs::write(&manifest_path, &manifest[..cut]).unwrap();
+        assert!(
+            verify(&pod, &info.paths[0]).is_err(),
+            "manifest cut at {cut}"
+        );
+    }
+    std::fs::remove_file(&manifest_path).unwrap();
+    let error = verify(&pod, &info.paths[0]).unwrap_err();
+    assert!(error.contains("manifest.ron: missing"), "{error}");
+    std::fs::write(&manifest_path, &manifest).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    let error = verify(&pod, &info.paths[0]).unwrap_err();
+    assert!(error.contains("world.bin: missing"), "{error}");
+    assert_eq!(pod.world_sha256().unwrap(), live);
+}
+
+#[test]
+fn a_crash_at_any_write_point_leaves_the_previous_checkpoint_and_nothing_half_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let mut pod = pod_with_history();
+    let first = pod.snapshot().unwrap();
+    write_checkpoint(root, "first", "v4-8", &first, &mut |_| Ok(())).unwrap();
+    pod.run(10);
+    let second = pod.snapshot().unwrap();
+    // Count the write points of one save.
+    let mut points = Vec::new();
+    let probe = tempfile::tempdir().unwrap();
+    write_checkpoint(probe.path(), "probe", "v4-8", &second, &mut |p| {
+        points.push(p.clone());
+        Ok(())
+    })
+    .unwrap();
+    assert!(
+        points.contains(&WritePoint::Rename) && points.len() >= 7,
+        "{points:?}"
+    );
+    for crash_at in 0..points.len() {
+        let name = format!("second-{crash_at}");
+        let mut seen = 0;
+        let result = write_checkpoint(root, &name, "v4-8", &second, &mut |_| {
+            seen += 1;
+            if seen > crash_at {
+                Err(std::io::Error::other("injected crash"))
+            } else {
+                Ok(())
+            }
+        });
+        assert!(result.is_err(), "crash point {crash_at} must surface");
+        verify(&pod, &root.join("first")).unwrap();
+        let target = root.join(&name);
+        let committed = target.exists();
+        // Only the last point (syncing the root) is after the rename: then
+        // the checkpoint is complete and verifies; before it, there is none.
+        if committed {
+            assert_eq!(points[crash_at], WritePoint::SyncRoot);
+            verify(&pod, &target).unwrap();
+        }
+        let registry = pod.world().resource::<SnapshotRegistry>();
+        for listing in list_checkpoints(root, registry).unwrap() {
+            assert!(listing.problem.is_none(), "{listing:?}");
+        }
+    }
+}
+
+#[test]
+fn names_cannot_escape_the_root() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut pod = pod_with_history();
+    let snapshot = pod.snapshot().unwrap();
+    for name in ["../x", "..", "a/b", "/abs", ".hidden", "", "a\\b"] {
+        let error = write_checkpoint(dir.path(), name, "p", &snapshot, &mut |_| Ok(()))
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("not a plain name"), "{name}: {error}");
+    }
+    let ft = manager(vec![dir.path().into()], 5, RecoveryPolicy::RollBack);
+    assert!(ft.restore_checkpoint(&mut pod, "../x").is_err());
+}
+
+#[test]
+fn retention_keeps_the_newest() {
+    let dir = tempfile::tempdir().unwrap();
+    let ft = manager(vec![dir.path().into()], 3, RecoveryPolicy::RollBack);
+    let mut pod = Pod::from_preset("v4-8").unwrap();
+    let mut ticks = Vec::new();
+    for _ in 0..5 {
+        pod.run(10);
+        ticks.push(ft.create_checkpoint(&mut pod).unwrap().tick);
+    }
+    let listed: Vec<u64> = ft
+        .list(&pod)
+        .unwrap()
+        .iter()
+        .filter_map(|l| l.tick)
+        .collect();
+    assert_eq!(listed, vec![ticks[4], ticks[3], ticks[2]]);
+}
+
+#[test]
+fn replication_and_rollback_skip_corrupt_copies() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    let ft = manager(vec![a.clone(), b.clone()], 5, RecoveryPolicy::RollBack);
+    let mut pod = Pod::from_preset("v4-8").unwrap();
+    pod.run(10);
+    let old = ft.create_checkpoint(&mut pod).unwrap();
+    pod.run(10);
+    let new = ft.create_checkpoint(&mut pod).unwrap();
+    assert_eq!(new.paths, vec![a.join(&new.name), b.join(&new.name)]);
+    // Corrupt the new checkpoint in root a: restore takes root b's copy.
+    std::fs::write(a.join(&new.name).join(WORLD_FILE), b"garbage").unwrap();
+    pod.run(3);
+    let restored = ft.restore_checkpoint(&mut pod, &new.name).unwrap();
+    assert_eq!(restored.paths, vec![b.join(&new.name)]);
+    // Corrupt it in b too: rollback falls back to the older one.
+    std::fs::write(b.join(&new.name).join(WORLD_FILE), b"garbage").unwrap();
+    pod.run(3);
+    let back = ft.rollback(&mut pod).unwrap();
+    assert_eq!((back.name, pod.clock().tick), (old.name.clone(), old.tick));
+    // Replicate the good one into a third root.
+    let c = dir.path().join("c");
+    let copy = ft.replicate(&pod, &old.name, &c).unwrap();
+    verify(&pod, &copy).unwrap();
+}
+
+#[test]
+fn periodic_checkpoints_run_inside_the_step_schedule() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut pod = Pod::from_preset("v4-8").unwrap();
+    pod.enable_periodic_checkpoints(100, vec![dir.path().into()], 2)
+        .unwrap();
+    pod.run(350);
+    let registry = pod.world().resource::<SnapshotRegistry>();
+    let ticks: Vec<Option<u64>> = list_checkpoints(dir.path(), registry)
+        .unwrap()
+        .into_iter()
+        .map(|l| l.tick)
+        .collect();
+    assert_eq!(ticks, vec![Some(300), Some(200)]);
+    assert!(pod.enable_periodic_checkpoints(0, vec![], 1).is_err());
+}
+
+#[test]
+fn migration_is_refused_but_recovery_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let ft = manager(vec![dir.path().into()], 5, RecoveryPolicy::RollBack);
+    let error = ft.migrate_workload(DeviceId(1), DeviceId(2)).unwrap_err();
+    assert!(matches!(error, OptimError::Unsupported { .. }), "{error}");
+    assert!(error.to_string().contains("TPU runtime"), "{error}");
+
+    let mut pod = Pod::from_preset("v4-8").unwrap();
+    pod.run(100);
+    let saved = ft.create_checkpoint(&mut pod).unwrap();
+    pod.kill_device(5).unwrap();
+    pod.run(1_200);
+    let report = ft.recover(&mut pod);
+    assert_eq!(report.failed, vec![DeviceId(5)]);
+    assert_eq!(
+        report.rolled_back_to.as_ref().map(|i| i.tick),
+        Some(saved.tick)
+    );
+    assert_eq!(
+        report.errors.len(),
+        1,
+        "migration refused: {:?}",
+        report.errors
+    );
+    // Rolled back, but device 5 is still dead and known failed.
+    assert_eq!(pod.clock().tick, saved.tick);
+    assert!(pod.health(5).unwrap().is_failed());
+    pod.run(1_200);
+    assert!(
+        pod.failures().iter().all(|r| r.device != DeviceId(5)),
+        "not re-detected"
+    );
+
+    // Exclude and rebalance: barriers over every device now skip it.
+    let ft = manager(
+        vec![dir.path().into()],
+        5,
+        RecoveryPolicy::ExcludeAndRebalance,
+    );
+    let mut pod = Pod::from_preset("v4-8").unwrap();
+    pod.kill_device(6).unwrap();
+    pod.run(1_200);
+    let report = ft.recover(&mut pod);
+    assert_eq!(report.excluded, vec![DeviceId(6)]);
+    let id = pod.create_barrier("after", None, None, true).unwrap();
+    assert!(matches!(
+        pod.wait_for_barrier(id).unwrap(),
+        optirs_tpu::barrier::BarrierOutcome::Completed { .. }
+    ));
+}
