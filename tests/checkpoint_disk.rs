@@ -153,7 +153,7 @@ fn a_crash_at_any_write_point_leaves_the_previous_checkpoint_and_nothing_half_wr
         points.contains(&WritePoint::Rename) && points.len() >= 7,
         "{points:?}"
     );
-    for crash_at in 0..points.len() {
+    for (crash_at, point) in points.iter().enumerate() {
         let name = format!("second-{crash_at}");
         let mut seen = 0;
         let result = write_checkpoint(root, &name, "v4-8", &second, &mut |_| {
@@ -171,7 +171,7 @@ fn a_crash_at_any_write_point_leaves_the_previous_checkpoint_and_nothing_half_wr
         // Only the last point (syncing the root) is after the rename: then
         // the checkpoint is complete and verifies; before it, there is none.
         if committed {
-            assert_eq!(points[crash_at], WritePoint::SyncRoot);
+            assert_eq!(*point, WritePoint::SyncRoot);
             verify(&pod, &target).unwrap();
         }
         let registry = pod.world().resource::<SnapshotRegistry>();
