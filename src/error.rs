@@ -33,4 +33,7 @@ pub enum OptimError {
         #[source]
         source: std::io::Error,
     },
+    /// A program could not be compiled or executed.
+    #[error(transparent)]
+    Compile(#[from] crate::xla::CompileError),
 }

@@ -1,0 +1,115 @@
+//! An XLA-shaped compiler whose graph lives in a `bevy_ecs` world and whose
+//! passes are systems of the [`Compile`](crate::schedule::Compile) schedule.
+//!
+//! * [`graph`]: the IR as components (program, node, operands, types, literals, outputs).
+//! * [`builder::GraphBuilder`] builds graphs from Rust; [`program`] loads the
+//!   RON format of `docs/programs.md`.
+//! * [`passes`]: verify → shape inference → {constant folding, algebraic
+//!   simplification, CSE, DCE} to a fixed point → fusion → ordering → memory
+//!   planning → lowering, each in its `CompileSystems` set.
+//! * [`interpreter::interpret`]: the unoptimized reference (the oracle).
+//! * [`executable::Executable`]: the lowered program and its evaluator.
+//! * [`report::CompileReport`]: the pass table, kernels, fusion refusals and
+//!   memory plan, as JSON, text and Graphviz.
+//!
+//! # Entry points for a host
+//!
+//! ```no_run
+//! use optirs_tpu::xla;
+//! let report = xla::compile_program_file("assets/programs/adam.ron".as_ref())?;
+//! println!("{report}");                 // human tables
+//! println!("{}", report.to_json());     // {passes, kernels, fusion_refusals, memory}
+//! std::fs::write("adam.dot", report.to_dot())?;
+//! let outputs = report.executable.run(&[/* one Tensor per parameter */])?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! In a world shared with other domains: call
+//! [`crate::schedule::init_schedules`], then [`install`]; spawn programs with
+//! [`GraphBuilder`] or [`program::spawn_program`] (they carry
+//! [`graph::PendingCompile`]); run the `Compile` schedule; read
+//! [`CompileReport`] with [`report_for`].
+
+pub mod builder;
+pub mod error;
+pub mod executable;
+pub mod graph;
+pub mod interpreter;
+pub mod op;
+pub mod passes;
+pub mod program;
+pub mod report;
+pub mod types;
+
+use std::path::Path;
+
+use bevy_ecs::prelude::*;
+
+pub use builder::GraphBuilder;
+pub use error::CompileError;
+pub use executable::Executable;
+pub use op::{BinaryOp, CompareDir, ConvAttrs, DotDims, Op, Padding, ReduceKind, UnaryOp};
+pub use passes::install;
+pub use report::CompileReport;
+pub use types::{DType, TensorType};
+
+use crate::schedule::{Compile, init_schedules};
+use passes::lower::CompiledExecutable;
+use passes::{CompileFailure, PassLog};
+
+/// A world with the schedules and the compiler installed.
+pub fn compiler_world() -> World {
+    let mut world = World::new();
+    init_schedules(&mut world);
+    install(&mut world);
+    world
+}
+
+/// The report of a program after a `Compile` run, or the error that stopped it.
+pub fn report_for(world: &mut World, program: Entity) -> Result<CompileReport, CompileError> {
+    if let Some(failure) = world.entity_mut(program).take::<CompileFailure>() {
+        return Err(failure.0);
+    }
+    let exe = world
+        .get::<CompiledExecutable>(program)
+        .map(|e| e.0.clone())
+        .ok_or_else(|| {
+            CompileError::NotCompiled(format!(
+                "{} has not been compiled",
+                graph::program_name(world, program)
+            ))
+        })?;
+    let passes = world
+        .get::<PassLog>(program)
+        .map(|l| l.0.clone())
+        .unwrap_or_default();
+    Ok(CompileReport::collect(world, program, passes, exe))
+}
+
+/// Runs the `Compile` schedule (every pending program) and reports on `program`.
+pub fn compile(world: &mut World, program: Entity) -> Result<CompileReport, CompileError> {
+    world.run_schedule(Compile);
+    report_for(world, program)
+}
+
+/// Parses RON program text and spawns it into `world`; `name` is used in error positions.
+pub fn load_program_str(world: &mut World, name: &str, text: &str) -> Result<Entity, CompileError> {
+    let def = program::parse_program(name, text)?;
+    program::spawn_program(world, &def)
+}
+
+/// Compiles RON program text in a fresh world.
+pub fn compile_program_str(name: &str, text: &str) -> Result<CompileReport, CompileError> {
+    let mut world = compiler_world();
+    let p = load_program_str(&mut world, name, text)?;
+    compile(&mut world, p)
+}
+
+/// Compiles a RON program file in a fresh world.
+pub fn compile_program_file(path: &Path) -> Result<CompileReport, CompileError> {
+    let text = std::fs::read_to_string(path).map_err(|source| CompileError::Io {
+        path: path.to_owned(),
+        source,
+    })?;
+    compile_program_str(&path.display().to_string(), &text)
+}
