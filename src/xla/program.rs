@@ -63,10 +63,10 @@ pub struct NodeDef {
     pub rhs_contracting: Option<Vec<usize>>,
     pub lhs_batch: Option<Vec<usize>>,
     pub rhs_batch: Option<Vec<usize>>,
-    pub window_strides: Option<[usize; 2]>,
+    pub window_strides: Option<Vec<usize>>,
     pub padding: Option<String>,
     pub pads: Option<Vec<(usize, usize)>>,
-    pub dilation: Option<[usize; 2]>,
+    pub dilation: Option<Vec<usize>>,
     pub feature_groups: Option<usize>,
     pub target: Option<String>,
 }
@@ -159,6 +159,18 @@ fn invalid(node: &str, message: impl Into<String>) -> CompileError {
 fn need<T: Clone>(node: &NodeDef, field: &'static str, v: &Option<T>) -> Result<T, CompileError> {
     v.clone()
         .ok_or_else(|| invalid(&node.name, format!("{} needs `{field}`", node.op)))
+}
+
+/// A two-element spatial attribute, `[1, 1]` when absent.
+fn pair(node: &NodeDef, field: &str, v: &Option<Vec<usize>>) -> Result<[usize; 2], CompileError> {
+    match v.as_deref() {
+        None => Ok([1, 1]),
+        Some(&[a, b]) => Ok([a, b]),
+        Some(other) => Err(invalid(
+            &node.name,
+            format!("`{field}` needs two values (height, width), got {other:?}"),
+        )),
+    }
 }
 
 fn parse_type(node: &NodeDef, text: &str) -> Result<TensorType, CompileError> {
@@ -339,9 +351,9 @@ fn node_op(
             };
             Ok((
                 Op::Convolution(ConvAttrs {
-                    stride: n.window_strides.unwrap_or([1, 1]),
+                    stride: pair(n, "window_strides", &n.window_strides)?,
                     padding,
-                    dilation: n.dilation.unwrap_or([1, 1]),
+                    dilation: pair(n, "dilation", &n.dilation)?,
                     feature_groups: n.feature_groups.unwrap_or(1),
                 }),
                 None,
