@@ -71,6 +71,9 @@ pub struct NodeDef {
     pub target: Option<String>,
 }
 
+/// The most elements a `constant` may spell out or splat (16 Mi).
+pub const MAX_LITERAL_ELEMENTS: usize = 1 << 24;
+
 /// Every op name a program may use.
 pub const OP_NAMES: &[&str] = &[
     "parameter",
@@ -215,6 +218,12 @@ fn node_op(
         }
         "constant" => {
             let t = need_ty()?;
+            if t.element_count() > MAX_LITERAL_ELEMENTS {
+                return Err(invalid(
+                    &n.name,
+                    format!("constant {t} is larger than {MAX_LITERAL_ELEMENTS} elements"),
+                ));
+            }
             let values = need(n, "value", &n.value)?;
             let lit = Tensor::from_f64s(&t, &values).map_err(|e| invalid(&n.name, e.0))?;
             Ok((Op::Constant, None, Some(lit)))

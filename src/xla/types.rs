@@ -84,14 +84,14 @@ impl TensorType {
         TensorType::new(dtype, Vec::new())
     }
 
-    /// Number of elements (1 for a scalar).
+    /// Number of elements (1 for a scalar), saturating at `usize::MAX`.
     pub fn element_count(&self) -> usize {
-        self.dims.iter().product()
+        self.dims.iter().fold(1usize, |n, &d| n.saturating_mul(d))
     }
 
-    /// Bytes a dense buffer of this type needs.
+    /// Bytes a dense buffer of this type needs, saturating at `usize::MAX`.
     pub fn byte_size(&self) -> usize {
-        self.element_count() * self.dtype.byte_size()
+        self.element_count().saturating_mul(self.dtype.byte_size())
     }
 
     /// The rank (number of dimensions).

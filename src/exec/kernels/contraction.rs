@@ -214,19 +214,23 @@ fn conv_geometry(
             attrs.stride[i],
             attrs.dilation[i],
         );
-        let eff = k.saturating_sub(1) * d + 1;
+        let eff = k.saturating_sub(1).saturating_mul(d).saturating_add(1);
         let (lo, hi) = match &attrs.padding {
             Padding::Valid => (0, 0),
             Padding::Same => {
                 let o = size.div_ceil(s);
-                let total = ((o.saturating_sub(1)) * s + eff).saturating_sub(size);
+                let total = o
+                    .saturating_sub(1)
+                    .saturating_mul(s)
+                    .saturating_add(eff)
+                    .saturating_sub(size);
                 (total / 2, total - total / 2)
             }
             Padding::Explicit(p) => *p
                 .get(i)
                 .ok_or("explicit padding needs (low, high) for both spatial dimensions")?,
         };
-        let padded = size + lo + hi;
+        let padded = size.saturating_add(lo).saturating_add(hi);
         if k == 0 || padded < eff {
             return Err(format!(
                 "convolution window {eff} is larger than the padded input {padded} in spatial dimension {i}"

@@ -21,9 +21,30 @@ use crate::xla::types::{DType, TensorType};
 /// The pass name.
 pub const NAME: &str = "shape-inference";
 
+/// The largest tensor a program may describe (2^36 elements).
+pub const MAX_ELEMENTS: usize = 1 << 36;
+
 /// The result type of `op` applied to operands of `args` types. `declared`
 /// and `literal` supply the type of leaf nodes.
 pub fn infer_type(
+    op: &Op,
+    args: &[&TensorType],
+    declared: Option<&TensorType>,
+    literal: Option<TensorType>,
+) -> Result<TensorType, String> {
+    let t = infer_unchecked(op, args, declared, literal)?;
+    let too_big = t
+        .dims
+        .iter()
+        .try_fold(1usize, |n, &d| n.checked_mul(d))
+        .is_none_or(|n| n > MAX_ELEMENTS);
+    if too_big {
+        return Err(format!("{t} has more than {MAX_ELEMENTS} elements"));
+    }
+    Ok(t)
+}
+
+fn infer_unchecked(
     op: &Op,
     args: &[&TensorType],
     declared: Option<&TensorType>,
@@ -181,7 +202,7 @@ pub fn infer_type(
                 if !compatible {
                     return Err(format!("cannot concatenate {first} and {a} along {dim}"));
                 }
-                dims[*dim] += a.dims[*dim];
+                dims[*dim] = dims[*dim].saturating_add(a.dims[*dim]);
             }
             Ok(TensorType::new(first.dtype, dims))
         }
