@@ -2,26 +2,37 @@
 //!
 //! Every computation ends up in exactly one kernel; parameters and constants
 //! are kernel inputs, not kernels. Elementwise ops, broadcasts and iota are
-//! *fusible*: visiting nodes consumers-first, a fusible producer joins the
-//! kernel of its consumers. When its consumers sit in several kernels it
-//! joins one of them and becomes an extra output of that kernel
-//! (**multi-output fusion**) — an Adam update (new params, m and v) becomes
-//! one kernel that reads each input once. A value that is a program output
-//! is likewise an extra output of the kernel it lives in.
+//! *fusible*. Kernels are **contiguous segments of one topological order**,
+//! so the kernel graph can never have a cycle (every edge between kernels
+//! points forward in the order) and no reachability search is needed.
 //!
-//! Legality, each refusal recorded as a [`FusionRefusal`] with its reason:
-//! - the consumer kernel is not a loop fusion (a dot, reduce, convolution,
-//!   data movement or custom call does not absorb elementwise producers);
-//! - the kernel reached [`MAX_FUSION_NODES`];
-//! - joining would create a cycle between kernels (another consumer kernel
-//!   reaches the chosen one);
-//! - the reachability check ran out of its [`MAX_REACHABILITY_VISITS`] budget.
+//! The order is chosen to make fused segments long: among ready nodes,
+//! fusible nodes with an operand in the open fused segment go first (the
+//! consumer follows its producer into the kernel), then ops that are not
+//! fusible (each closes the open segment and becomes a kernel of its own),
+//! then fusible nodes that start a new segment (e.g. a broadcast of a
+//! parameter, which thereby lands in the kernel of its consumer). A value
+//! used outside its kernel, or declared as a program output, becomes an
+//! extra kernel output (**multi-output fusion**): an Adam update (new
+//! params, m and v) becomes one kernel that reads each input once.
+//!
+//! Each producer→consumer edge that crosses kernels from a fusible producer
+//! is recorded as a [`FusionRefusal`] with its reason:
+//! - the consumer is not a loop fusion (a dot, reduce, convolution, data
+//!   movement or custom call does not absorb elementwise producers);
+//! - the producer's kernel reached [`MAX_FUSION_NODES`];
+//! - the consumer depends on a kernel that depends on the producer (fusing
+//!   them would create a cycle), or waits on a non-fusible kernel that runs
+//!   in between (checked with at most [`MAX_REACHABILITY_VISITS`] visits).
 //!
 //! Reads the graph and types; writes [`Kernel`] entities, [`InKernel`] on
 //! nodes, [`ProgramKernels`] and [`FusionRefusals`] on the program.
-//! "Changed" means some kernel has more than one node.
+//! "Changed" means some kernel has more than one node. Linear in the graph
+//! size apart from a heap over ready nodes (`O(n log n)`).
 
 use std::borrow::Cow;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 
 use bevy_ecs::prelude::*;
 use serde::Serialize;
@@ -103,6 +114,7 @@ const NONE: u32 = u32::MAX;
 struct Group {
     members: Vec<u32>,
     fused: bool,
+    closed_at_cap: bool,
 }
 
 struct Planner<'a> {
@@ -112,132 +124,202 @@ struct Planner<'a> {
     groups: Vec<Group>,
 }
 
+/// Whether a fusible node may join the open segment `group`.
+fn can_join(group: &Group) -> FusionDecision {
+    if !group.fused {
+        return FusionDecision::Refuse("the consumer is not a loop fusion".into());
+    }
+    if group.members.len() >= MAX_FUSION_NODES {
+        return FusionDecision::Refuse(
+            format!("the producer's kernel is at the size cap of {MAX_FUSION_NODES} nodes").into(),
+        );
+    }
+    FusionDecision::Fuse
+}
+
+/// Ready-node queues, by priority.
+#[derive(Default)]
+struct Ready {
+    continuing: BinaryHeap<Reverse<u32>>,
+    other: BinaryHeap<Reverse<u32>>,
+    fresh: BinaryHeap<Reverse<u32>>,
+}
+
+impl Ready {
+    fn pop(&mut self) -> Option<u32> {
+        self.continuing
+            .pop()
+            .or_else(|| self.other.pop())
+            .or_else(|| self.fresh.pop())
+            .map(|Reverse(i)| i)
+    }
+}
+
 impl Planner<'_> {
-    fn new_group(&mut self, node: u32, fused: bool) {
-        self.group_of[node as usize] = self.groups.len() as u32;
+    /// Emits nodes in priority order and cuts the order into kernels.
+    fn segment(&mut self, ops: &[Op]) {
+        let mut pending: Vec<u32> = self.g.operands.iter().map(|o| o.len() as u32).collect();
+        let mut ready = Ready::default();
+        let mut open: u32 = NONE;
+        let is_leaf = |i: usize| matches!(ops[i], Op::Parameter { .. } | Op::Constant);
+        for (i, &p) in pending.iter().enumerate() {
+            if p == 0 {
+                ready.fresh.push(Reverse(i as u32));
+            }
+        }
+        while let Some(i) = ready.pop() {
+            let iu = i as usize;
+            if !is_leaf(iu) {
+                if ops[iu].is_fusible() {
+                    let join = open != NONE
+                        && can_join(&self.groups[open as usize]) == FusionDecision::Fuse;
+                    if join {
+                        self.group_of[iu] = open;
+                        self.groups[open as usize].members.push(i);
+                    } else {
+                        if open != NONE && self.groups[open as usize].fused {
+                            self.groups[open as usize].closed_at_cap = true;
+                        }
+                        open = self.new_group(i, true);
+                    }
+                } else {
+                    self.new_group(i, false);
+                    open = NONE;
+                }
+            }
+            for &u in &self.users[iu] {
+                pending[u as usize] -= 1;
+                if pending[u as usize] != 0 {
+                    continue;
+                }
+                let uu = u as usize;
+                let queue = if is_leaf(uu) {
+                    &mut ready.continuing
+                } else if !ops[uu].is_fusible() {
+                    &mut ready.other
+                } else if open != NONE
+                    && self.g.operands[uu]
+                        .iter()
+                        .any(|&o| self.group_of[o as usize] == open)
+                {
+                    &mut ready.continuing
+                } else {
+                    &mut ready.fresh
+                };
+                queue.push(Reverse(u));
+            }
+        }
+    }
+
+    fn new_group(&mut self, node: u32, fused: bool) -> u32 {
+        let id = self.groups.len() as u32;
+        self.group_of[node as usize] = id;
         self.groups.push(Group {
             members: vec![node],
             fused,
+            closed_at_cap: false,
         });
+        id
     }
 
-    /// Whether kernel `from` reaches kernel `to` through assigned nodes.
-    fn reaches(&self, from: u32, to: u32) -> Option<bool> {
-        let mut visited_groups = vec![from];
-        let mut stack = vec![from];
+    /// Whether `from` reaches `to` through a node outside loop fusions,
+    /// looking only at nodes before `to` in the order; `None` when the
+    /// search exceeds its budget.
+    fn reaches_through_other_kernel(&self, from: u32, to: u32, position: &[u32]) -> Option<bool> {
+        let limit = position[to as usize];
+        let mut stack: Vec<(u32, bool)> = vec![(from, false)];
+        let mut seen: bevy_ecs::entity::EntityHashSet = Default::default();
         let mut visits = 0;
-        while let Some(gid) = stack.pop() {
-            for &m in &self.groups[gid as usize].members {
-                for &u in &self.users[m as usize] {
-                    visits += 1;
-                    if visits > MAX_REACHABILITY_VISITS {
-                        return None;
-                    }
-                    let ug = self.group_of[u as usize];
-                    if ug == to {
+        while let Some((x, through)) = stack.pop() {
+            for &u in &self.users[x as usize] {
+                visits += 1;
+                if visits > MAX_REACHABILITY_VISITS {
+                    return None;
+                }
+                if u == to {
+                    if through {
                         return Some(true);
                     }
-                    if ug != NONE && !visited_groups.contains(&ug) {
-                        visited_groups.push(ug);
-                        stack.push(ug);
-                    }
+                    continue;
                 }
+                if position[u as usize] > limit || !seen.insert(self.g.nodes[u as usize]) {
+                    continue;
+                }
+                let g = self.group_of[u as usize];
+                let other = g == NONE || !self.groups[g as usize].fused;
+                stack.push((u, through || other));
             }
         }
         Some(false)
     }
 
-    fn decide(&self, target: u32, user_groups: &[u32]) -> FusionDecision {
-        let group = &self.groups[target as usize];
-        if !group.fused {
-            return FusionDecision::Refuse(
-                "the consumer is not a loop fusion, so it does not absorb elementwise producers"
-                    .into(),
-            );
+    /// The reason the edge `producer → consumer` crosses kernels.
+    fn refusal_reason(&self, producer: u32, consumer: u32, position: &[u32]) -> Cow<'static, str> {
+        let pg = &self.groups[self.group_of[producer as usize] as usize];
+        let cg = &self.groups[self.group_of[consumer as usize] as usize];
+        if !cg.fused {
+            return "the consumer is not a loop fusion, so it does not absorb elementwise producers".into();
         }
-        if group.members.len() >= MAX_FUSION_NODES {
-            return FusionDecision::Refuse(
-                format!("the consumer kernel is at the size cap of {MAX_FUSION_NODES} nodes")
-                    .into(),
-            );
+        if pg.closed_at_cap && pg.members.len() >= MAX_FUSION_NODES {
+            return format!("the producer's kernel is at the size cap of {MAX_FUSION_NODES} nodes")
+                .into();
         }
-        for &h in user_groups.iter().filter(|&&h| h != target) {
-            match self.reaches(h, target) {
-                Some(true) => {
-                    return FusionDecision::Refuse("joining this kernel would create a cycle: another consumer kernel feeds it".into());
-                }
-                None => {
-                    return FusionDecision::Refuse(format!("the cycle check exceeded its budget of {MAX_REACHABILITY_VISITS} visits").into());
-                }
-                Some(false) => {}
-            }
+        match self.reaches_through_other_kernel(producer, consumer, position) {
+            Some(true) => "fusing would create a cycle: the consumer depends on a kernel that depends on the producer".into(),
+            Some(false) => "the consumer waits on a kernel that is not a loop fusion and runs after the producer's kernel".into(),
+            None => format!("the cycle check exceeded its budget of {MAX_REACHABILITY_VISITS} visits").into(),
         }
-        FusionDecision::Fuse
     }
 }
 
 /// Groups nodes into kernels and spawns the kernel entities.
 pub fn run(world: &mut World, program: Entity) -> Result<PassOutcome, CompileError> {
     let g = GraphIndex::build(world, program);
-    let order = g.topo_order().map_err(|c| CompileError::Shape {
-        node: node_label(world, g.nodes[c[0] as usize]),
-        message: "is on a cycle".into(),
-    })?;
+    let ops: Vec<Op> = g
+        .nodes
+        .iter()
+        .map(|&e| world.get::<Node>(e).expect("node").op.clone())
+        .collect();
     let mut planner = Planner {
         g: &g,
         users: g.users(),
         group_of: vec![NONE; g.nodes.len()],
         groups: Vec::new(),
     };
-    let ops: Vec<Op> = g
-        .nodes
-        .iter()
-        .map(|&e| world.get::<Node>(e).expect("node").op.clone())
-        .collect();
+    planner.segment(&ops);
+    let mut order = Vec::with_capacity(g.nodes.len());
+    for group in &planner.groups {
+        order.extend_from_slice(&group.members);
+    }
+    let mut position = vec![u32::MAX; g.nodes.len()];
+    for (p, &i) in order.iter().enumerate() {
+        position[i as usize] = p as u32;
+    }
+    if let Some(stuck) = (0..g.nodes.len()).find(|&i| {
+        planner.group_of[i] == NONE && !matches!(ops[i], Op::Parameter { .. } | Op::Constant)
+    }) {
+        return Err(CompileError::Shape {
+            node: node_label(world, g.nodes[stuck]),
+            message: "is on a cycle".into(),
+        });
+    }
     let mut refusals = Vec::new();
-    for &i in order.iter().rev() {
-        let op = &ops[i as usize];
-        if matches!(op, Op::Parameter { .. } | Op::Constant) {
-            continue;
-        }
+    for (p, op) in ops.iter().enumerate() {
         if !op.is_fusible() {
-            planner.new_group(i, false);
             continue;
         }
-        let mut user_groups: SmallVec<[u32; 4]> = SmallVec::new();
-        for &u in &planner.users[i as usize] {
-            let ug = planner.group_of[u as usize];
-            if !user_groups.contains(&ug) {
-                user_groups.push(ug);
+        let mut reported: SmallVec<[u32; 4]> = SmallVec::new();
+        for &q in &planner.users[p] {
+            let qg = planner.group_of[q as usize];
+            if qg == planner.group_of[p] || reported.contains(&qg) {
+                continue;
             }
-        }
-        let mut refused: SmallVec<[(u32, Cow<'static, str>); 2]> = SmallVec::new();
-        let mut joined = false;
-        for &target in &user_groups {
-            match planner.decide(target, &user_groups) {
-                FusionDecision::Fuse => {
-                    planner.group_of[i as usize] = target;
-                    planner.groups[target as usize].members.push(i);
-                    joined = true;
-                    break;
-                }
-                FusionDecision::Refuse(reason) => refused.push((target, reason)),
-            }
-        }
-        if !joined {
-            planner.new_group(i, true);
-            for (target, reason) in refused {
-                let consumer = planner.users[i as usize]
-                    .iter()
-                    .find(|&&u| planner.group_of[u as usize] == target)
-                    .copied()
-                    .unwrap_or(i);
-                refusals.push(FusionRefusal {
-                    reason: reason.into_owned(),
-                    producer: node_label(world, g.nodes[i as usize]),
-                    consumer: node_label(world, g.nodes[consumer as usize]),
-                });
-            }
+            reported.push(qg);
+            refusals.push(FusionRefusal {
+                reason: planner.refusal_reason(p as u32, q, &position).into_owned(),
+                producer: node_label(world, g.nodes[p]),
+                consumer: node_label(world, g.nodes[q as usize]),
+            });
         }
     }
     let changed = planner.groups.iter().any(|gr| gr.members.len() > 1);
