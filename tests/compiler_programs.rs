@@ -240,3 +240,44 @@ fn reports_render_for_every_bundled_program() {
         }
     }
 }
+
+#[test]
+fn recompiling_a_program_replaces_its_artifacts() {
+    use optirs_tpu::xla::graph::PendingCompile;
+    use optirs_tpu::xla::passes::fusion::Kernel;
+    use optirs_tpu::xla::passes::memory_plan::Buffer;
+    let mut world = xla::compiler_world();
+    let p = xla::load_program_str(&mut world, "mlp", &asset("mlp")).unwrap();
+    let first = xla::compile(&mut world, p).unwrap();
+    world.entity_mut(p).insert(PendingCompile);
+    let second = xla::compile(&mut world, p).unwrap();
+    assert_eq!(first.kernels, second.kernels);
+    assert_eq!(
+        second.passes.len(),
+        first.passes.len(),
+        "the pass log starts over"
+    );
+    assert_eq!(
+        world.query::<&Kernel>().iter(&world).count(),
+        second.kernels
+    );
+    assert_eq!(
+        world.query::<&Buffer>().iter(&world).count(),
+        second.buffers.len()
+    );
+}
+
+#[test]
+fn many_programs_share_one_world() {
+    let mut world = xla::compiler_world();
+    let programs: Vec<_> = PROGRAMS
+        .iter()
+        .map(|n| xla::load_program_str(&mut world, n, &asset(n)).unwrap())
+        .collect();
+    world.run_schedule(optirs_tpu::schedule::Compile);
+    let kernels: Vec<usize> = programs
+        .iter()
+        .map(|&p| xla::report_for(&mut world, p).unwrap().kernels)
+        .collect();
+    assert_eq!(kernels, [1, 4, 5, 1]);
+}

@@ -28,7 +28,36 @@
 //! [`crate::schedule::init_schedules`], then [`install`]; spawn programs with
 //! [`GraphBuilder`] or [`program::spawn_program`] (they carry
 //! [`graph::PendingCompile`]); run the `Compile` schedule; read
-//! [`CompileReport`] with [`report_for`].
+//! [`CompileReport`] with [`report_for`]. To compile a program again after
+//! editing its graph, insert [`graph::PendingCompile`] on it and run the
+//! schedule again; its kernels, buffers and pass log are replaced.
+//!
+//! ```
+//! use bevy_ecs::world::World;
+//! use optirs_tpu::exec::kernels::Tensor;
+//! use optirs_tpu::schedule::{Compile, init_schedules};
+//! use optirs_tpu::xla::{self, DType, GraphBuilder, TensorType, UnaryOp};
+//!
+//! let mut world = World::new();
+//! init_schedules(&mut world);
+//! xla::install(&mut world);
+//! let mut b = GraphBuilder::new(&mut world, "softplus-ish");
+//! let x = b.parameter(TensorType::new(DType::F32, [3]));
+//! let e = b.unary(UnaryOp::Exp, x);
+//! let one = b.scalar(DType::F32, 1.0);
+//! let s = b.add(e, one);
+//! let y = b.unary(UnaryOp::Log, s);
+//! b.output(y);
+//! let program = b.finish();
+//!
+//! world.run_schedule(Compile);
+//! let report = xla::report_for(&mut world, program)?;
+//! assert_eq!(report.kernels, 1, "exp, add and log fuse into one loop");
+//! let x = Tensor::from_f64s(&TensorType::new(DType::F32, [3]), &[0.0, 1.0, 2.0])?;
+//! let out = report.executable.run(&[x])?;
+//! assert!((out[0].to_f64_vec()[0] - 2f64.ln()).abs() < 1e-6);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 pub mod builder;
 pub mod error;

@@ -274,6 +274,7 @@ impl Planner<'_> {
 
 /// Groups nodes into kernels and spawns the kernel entities.
 pub fn run(world: &mut World, program: Entity) -> Result<PassOutcome, CompileError> {
+    despawn_previous_kernels(world, program);
     let g = GraphIndex::build(world, program);
     let ops: Vec<Op> = g
         .nodes
@@ -326,6 +327,15 @@ pub fn run(world: &mut World, program: Entity) -> Result<PassOutcome, CompileErr
     spawn_kernels(world, program, &planner, &order);
     world.entity_mut(program).insert(FusionRefusals(refusals));
     Ok(PassOutcome::changed(changed))
+}
+
+/// Despawns the kernels of an earlier compilation of `program`.
+fn despawn_previous_kernels(world: &mut World, program: Entity) {
+    if let Some(old) = world.entity_mut(program).take::<ProgramKernels>() {
+        for k in old.0 {
+            world.despawn(k);
+        }
+    }
 }
 
 fn spawn_kernels(world: &mut World, program: Entity, planner: &Planner, order: &[u32]) {

@@ -154,6 +154,11 @@ pub fn lower_bound(sizes_and_ranges: &[(usize, u32, u32)]) -> usize {
 
 /// Plans the buffers of `program`.
 pub fn run(world: &mut World, program: Entity) -> Result<PassOutcome, CompileError> {
+    if let Some(old) = world.entity_mut(program).take::<MemoryPlan>() {
+        for b in old.buffers {
+            world.despawn(b);
+        }
+    }
     let kernels = world
         .get::<ProgramKernels>(program)
         .map(|k| k.0.clone())

@@ -176,8 +176,12 @@ fn run_on_pending(world: &mut World, name: &'static str, pass: PassFn) {
     }
 }
 
-/// `Verify` set: structural checks.
+/// `Verify` set: structural checks. Starts a fresh pass log for every
+/// pending program (a program may be compiled again after edits).
 pub fn verify_programs(world: &mut World) {
+    for p in pending_programs(world) {
+        world.entity_mut(p).insert(PassLog::default());
+    }
     run_on_pending(world, verify::NAME, verify::run);
 }
 
