@@ -281,3 +281,25 @@ fn many_programs_share_one_world() {
         .collect();
     assert_eq!(kernels, [1, 4, 5, 1]);
 }
+
+#[test]
+fn optional_passes_can_be_disabled_by_name() {
+    let options = xla::CompileOptions {
+        disabled_passes: vec!["cse".into(), "constant-folding".into()],
+        verify_each_pass: None,
+    };
+    let r = xla::compile_program_str_with("cse_fold", &asset("cse_fold"), &options).unwrap();
+    let cse = r.passes.iter().find(|p| p.name == "cse").unwrap();
+    assert!(!cse.changed && cse.note.as_deref() == Some("disabled"));
+    let bad = xla::CompileOptions {
+        disabled_passes: vec!["fusion".into()],
+        verify_each_pass: None,
+    };
+    let err = xla::compile_program_str_with("cse_fold", &asset("cse_fold"), &bad)
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        err,
+        "pass `fusion` cannot be disabled; optional passes: constant-folding, algebraic-simplifier, cse, dce"
+    );
+}

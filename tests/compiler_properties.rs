@@ -334,6 +334,27 @@ proptest! {
     }
 
     #[test]
+    fn every_subset_of_optional_passes_gives_the_same_results(r in recipe(), seed in any::<u64>(), mask in 0u8..16) {
+        let mut oracle = World::new();
+        let (p0, params) = build(&mut oracle, &r);
+        let args = args_for(&params, seed);
+        let expected = interpret(&oracle, p0, &args).unwrap();
+        let disabled: Vec<String> = optirs_tpu::xla::passes::OPTIONAL_PASSES
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| mask & (1 << i) != 0)
+            .map(|(_, n)| n.to_string())
+            .collect();
+        let mut world = xla::compiler_world();
+        xla::CompileOptions { disabled_passes: disabled, verify_each_pass: Some(true) }.apply(&mut world).unwrap();
+        let (p, _) = build(&mut world, &r);
+        let report = xla::compile(&mut world, p).unwrap();
+        check_kernels_acyclic(&world, p)?;
+        check_plan(&world, p)?;
+        prop_assert!(same_outputs(&expected, &report.executable.run(&args).unwrap()));
+    }
+
+    #[test]
     fn cse_and_dce_never_change_outputs(r in recipe(), seed in any::<u64>()) {
         let mut world = World::new();
         let (p, params) = build(&mut world, &r);

@@ -82,6 +82,14 @@ pub enum CompileError {
         /// The verifier's findings.
         violations: Vec<String>,
     },
+    /// A pass name given to disable is unknown or required.
+    #[error("pass `{name}` cannot be disabled; optional passes: {optional}")]
+    UnknownPass {
+        /// The name given.
+        name: String,
+        /// The passes that may be disabled.
+        optional: String,
+    },
     /// Executable arguments do not match the program's parameters.
     #[error("{0}")]
     Arguments(String),

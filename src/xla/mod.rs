@@ -24,6 +24,10 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
+//! [`compile_program_file_with`] / [`compile_program_str_with`] take
+//! [`CompileOptions`]: pass names to disable (`--disable-pass cse`) and
+//! whether to verify after every pass.
+//!
 //! In a world shared with other domains: call
 //! [`crate::schedule::init_schedules`], then [`install`]; spawn programs with
 //! [`GraphBuilder`] or [`program::spawn_program`] (they carry
@@ -96,7 +100,12 @@ pub fn compiler_world() -> World {
 
 /// The report of a program after a `Compile` run, or the error that stopped it.
 pub fn report_for(world: &mut World, program: Entity) -> Result<CompileReport, CompileError> {
-    if let Some(failure) = world.entity_mut(program).take::<CompileFailure>() {
+    let Ok(mut entity) = world.get_entity_mut(program) else {
+        return Err(CompileError::NotCompiled(format!(
+            "{program} is not an entity of this world"
+        )));
+    };
+    if let Some(failure) = entity.take::<CompileFailure>() {
         return Err(failure.0);
     }
     let exe = world
@@ -127,18 +136,67 @@ pub fn load_program_str(world: &mut World, name: &str, text: &str) -> Result<Ent
     program::spawn_program(world, &def)
 }
 
+/// Options of one compilation.
+#[derive(Debug, Clone, Default)]
+pub struct CompileOptions {
+    /// Pass names to skip (see [`passes::OPTIONAL_PASSES`]), like XLA's
+    /// `--xla_disable_hlo_passes`.
+    pub disabled_passes: Vec<String>,
+    /// Run the verifier after every pass; `None` keeps the default (on in
+    /// debug builds).
+    pub verify_each_pass: Option<bool>,
+}
+
+impl CompileOptions {
+    /// Installs the options as resources of `world`, rejecting unknown or
+    /// required pass names.
+    pub fn apply(&self, world: &mut World) -> Result<(), CompileError> {
+        for name in &self.disabled_passes {
+            if !passes::OPTIONAL_PASSES.contains(&name.as_str()) {
+                return Err(CompileError::UnknownPass {
+                    name: name.clone(),
+                    optional: passes::OPTIONAL_PASSES.join(", "),
+                });
+            }
+        }
+        world.insert_resource(passes::DisabledPasses(self.disabled_passes.clone()));
+        if let Some(v) = self.verify_each_pass {
+            world.insert_resource(passes::VerifyGraph(v));
+        }
+        Ok(())
+    }
+}
+
 /// Compiles RON program text in a fresh world.
 pub fn compile_program_str(name: &str, text: &str) -> Result<CompileReport, CompileError> {
+    compile_program_str_with(name, text, &CompileOptions::default())
+}
+
+/// Compiles RON program text in a fresh world with `options`.
+pub fn compile_program_str_with(
+    name: &str,
+    text: &str,
+    options: &CompileOptions,
+) -> Result<CompileReport, CompileError> {
     let mut world = compiler_world();
+    options.apply(&mut world)?;
     let p = load_program_str(&mut world, name, text)?;
     compile(&mut world, p)
 }
 
 /// Compiles a RON program file in a fresh world.
 pub fn compile_program_file(path: &Path) -> Result<CompileReport, CompileError> {
+    compile_program_file_with(path, &CompileOptions::default())
+}
+
+/// Compiles a RON program file in a fresh world with `options`.
+pub fn compile_program_file_with(
+    path: &Path,
+    options: &CompileOptions,
+) -> Result<CompileReport, CompileError> {
     let text = std::fs::read_to_string(path).map_err(|source| CompileError::Io {
         path: path.to_owned(),
         source,
     })?;
-    compile_program_str(&path.display().to_string(), &text)
+    compile_program_str_with(&path.display().to_string(), &text, options)
 }

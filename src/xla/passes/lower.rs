@@ -194,3 +194,57 @@ fn lower_kernel(
         outputs,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::exec::kernels::Tensor;
+    use crate::xla::executable::ValueRef;
+    use crate::xla::{self, DType, GraphBuilder, TensorType, UnaryOp};
+
+    #[test]
+    fn outputs_may_be_parameters_or_constants() {
+        let mut world = xla::compiler_world();
+        let mut b = GraphBuilder::new(&mut world, "l");
+        let x = b.parameter(TensorType::new(DType::I32, [3]));
+        let one = b.scalar(DType::I32, 1.0);
+        let same = b.mul(x, one);
+        let two = b.scalar(DType::I32, 2.0);
+        let four = b.mul(two, two);
+        b.output(same);
+        b.output(four);
+        let p = b.finish();
+        let r = xla::compile(&mut world, p).unwrap();
+        let exe = &r.executable;
+        assert_eq!(r.kernels, 0, "x * 1 is x and 2 * 2 folds");
+        assert!(matches!(
+            exe.outputs[..],
+            [ValueRef::Buffer(_), ValueRef::Constant(_)]
+        ));
+        let arg = Tensor::from_f64s(&TensorType::new(DType::I32, [3]), &[1.0, -2.0, 3.0]).unwrap();
+        let out = exe.run(std::slice::from_ref(&arg)).unwrap();
+        assert_eq!(out[0], arg);
+        assert_eq!(out[1].to_f64_vec(), vec![4.0]);
+    }
+
+    #[test]
+    fn kernels_read_buffers_and_pooled_constants() {
+        let mut world = xla::compiler_world();
+        let mut b = GraphBuilder::new(&mut world, "l");
+        let x = b.parameter(TensorType::new(DType::F32, [2]));
+        let c = b.scalar(DType::F32, 3.0);
+        let y = b.mul(x, c);
+        let z = b.unary(UnaryOp::Neg, y);
+        b.output(z);
+        let p = b.finish();
+        let r = xla::compile(&mut world, p).unwrap();
+        let k = &r.executable.kernels[0];
+        assert_eq!(k.instrs.len(), 2);
+        assert!(k.inputs.contains(&ValueRef::Constant(0)));
+        assert_eq!(r.executable.constants.len(), 1);
+        let bad = r.executable.run(&[]).unwrap_err().to_string();
+        assert_eq!(bad, "program `l` takes 1 arguments, got 0");
+        let wrong = Tensor::from_f64s(&TensorType::new(DType::F32, [3]), &[0.0]).unwrap();
+        let msg = r.executable.run(&[wrong]).unwrap_err().to_string();
+        assert_eq!(msg, "argument 0 of `l` must be f32[2], got f32[3]");
+    }
+}

@@ -106,6 +106,15 @@ impl Default for VerifyGraph {
     }
 }
 
+/// Names of passes to skip; only the [`OPTIONAL_PASSES`] can be disabled
+/// (the others produce what later passes need).
+#[derive(Resource, Debug, Clone, Default)]
+pub struct DisabledPasses(pub Vec<String>);
+
+/// The passes that may be disabled: the `Simplify` fixed point.
+pub const OPTIONAL_PASSES: [&str; 4] =
+    [constant_folding::NAME, simplify::NAME, cse::NAME, dce::NAME];
+
 /// A pass entry point.
 pub type PassFn = fn(&mut World, Entity) -> Result<PassOutcome, CompileError>;
 
@@ -217,10 +226,28 @@ pub fn simplify_to_fixed_point(world: &mut World) {
 }
 
 fn fixed_point(world: &mut World, p: Entity) -> Result<Vec<PassRecord>, CompileError> {
+    let disabled = world
+        .get_resource::<DisabledPasses>()
+        .cloned()
+        .unwrap_or_default();
+    let is_disabled = |name: &str| disabled.0.iter().any(|d| d == name);
     let mut rows: Vec<Option<PassRecord>> = vec![None; SIMPLIFY_PASSES.len()];
     for round in 0..MAX_FIXED_POINT_ITERATIONS {
         let mut any = false;
         for (slot, (name, pass)) in rows.iter_mut().zip(SIMPLIFY_PASSES) {
+            if is_disabled(name) {
+                let n = node_count(world, p);
+                *slot = Some(PassRecord {
+                    name,
+                    changed: false,
+                    nodes_before: n,
+                    nodes_after: n,
+                    micros: 0,
+                    runs: 0,
+                    note: Some("disabled".into()),
+                });
+                continue;
+            }
             let r = run_pass(world, p, name, pass)?;
             any |= r.changed;
             match slot {
@@ -278,6 +305,7 @@ pub fn lower_programs(world: &mut World) {
 /// [`crate::schedule::init_schedules`] must have created) and its resources.
 pub fn install(world: &mut World) {
     world.init_resource::<VerifyGraph>();
+    world.init_resource::<DisabledPasses>();
     let mut schedules = world.resource_mut::<bevy_ecs::schedule::Schedules>();
     schedules.add_systems(Compile, verify_programs.in_set(CompileSystems::Verify));
     schedules.add_systems(Compile, infer_shapes.in_set(CompileSystems::ShapeInference));
