@@ -69,15 +69,30 @@ fn adam_is_one_kernel_reading_each_input_once() {
     let r = compile_and_compare("adam");
     assert_eq!(r.kernels, 1, "{r}");
     let k = &r.executable.kernels[0];
-    let mut inputs = k.inputs.clone();
-    inputs.dedup();
-    assert_eq!(inputs.len(), k.inputs.len());
+    let mut reads = k.inputs.clone();
+    reads.sort_by_key(|r| format!("{r:?}"));
+    reads.dedup();
+    assert_eq!(reads.len(), k.inputs.len(), "each input is read once");
     assert_eq!(
         k.outputs.len(),
         3,
         "p', m' and v' come out of the same kernel"
     );
     assert_eq!(r.memory.in_place, 3, "p', m' and v' overwrite p, m and v");
+    assert_eq!(
+        k.loop_shape.as_deref(),
+        Some(&[4096][..]),
+        "one fused loop over the parameter"
+    );
+    let args = inputs(&r.executable.parameters, 3);
+    let whole = r.executable.run(&args).unwrap();
+    let mut chunked = (*r.executable).clone();
+    chunked.loop_chunk = 1000;
+    assert_eq!(
+        chunked.run(&args).unwrap(),
+        whole,
+        "chunking never changes a bit"
+    );
     assert!(r.fusion_refusals.is_empty());
 }
 

@@ -331,6 +331,10 @@ proptest! {
         check_plan(&world, p)?;
         let got = report.executable.run(&args).unwrap();
         prop_assert!(same_outputs(&expected, &got), "expected {expected:?}\ngot {got:?}");
+        // Fused loops in chunks of 3 elements, with uneven tails.
+        let mut small_chunks = (*report.executable).clone();
+        small_chunks.loop_chunk = 3;
+        prop_assert!(same_outputs(&expected, &small_chunks.run(&args).unwrap()));
     }
 
     #[test]

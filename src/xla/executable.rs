@@ -1,11 +1,15 @@
 //! [`Executable`]: the lowered program, free of entities, and its evaluator.
 //!
 //! Every kernel is a list of instructions over the shared kernels
-//! ([`crate::exec::kernels::evaluate`]); a loop-fusion kernel's instructions
-//! are elementwise, so an executor may run them chunk by chunk (a fused loop)
-//! with intermediates in registers. This evaluator runs each instruction over
-//! the whole tensor, keeps intermediates local to the kernel and writes only
-//! the kernel outputs to their planned buffers.
+//! ([`crate::exec::kernels::evaluate`]). A loop-fusion kernel is a **fused
+//! loop**: lowering picks its loop shape (its largest output) and splits its
+//! instructions into a [`Stage::Prelude`] (scalars, broadcasts and anything
+//! not of the loop shape, computed once over whole tensors) and a
+//! [`Stage::Loop`] body (elementwise ops of the loop shape). The body runs
+//! chunk by chunk over [`LOOP_CHUNK`] elements, so its intermediates live in
+//! chunk-sized scratch, each input chunk is read once, and only the kernel's
+//! outputs are written to their planned buffers. Other kernels run their one
+//! op over whole tensors.
 
 use serde::Serialize;
 use smallvec::SmallVec;
@@ -33,6 +37,18 @@ pub enum Arg {
     Local(u32),
 }
 
+/// Elements per chunk of a fused loop.
+pub const LOOP_CHUNK: usize = 4096;
+
+/// When an instruction of a fused kernel runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// Once, over whole tensors, before the loop.
+    Prelude,
+    /// Per chunk, inside the loop.
+    Loop,
+}
+
 /// One op of a kernel.
 #[derive(Debug, Clone)]
 pub struct Instr {
@@ -42,6 +58,8 @@ pub struct Instr {
     pub args: SmallVec<[Arg; 4]>,
     /// Its result type.
     pub ty: TensorType,
+    /// Prelude or loop body.
+    pub stage: Stage,
 }
 
 /// A kernel of the executable.
@@ -57,6 +75,55 @@ pub struct LoweredKernel {
     pub instrs: Vec<Instr>,
     /// `(instruction, buffer)` pairs written.
     pub outputs: Vec<(u32, u32)>,
+    /// The loop shape of a fused loop (`None`: every instruction is prelude).
+    pub loop_shape: Option<Vec<usize>>,
+}
+
+/// Stages the instructions of a loop-fusion kernel: the loop shape is the
+/// largest output's; an instruction joins the loop body when it is
+/// elementwise, has the loop shape, and each operand is a body value, a
+/// value of the loop shape (read chunk by chunk) or a scalar. When a prelude
+/// instruction would need a body value the kernel falls back to running
+/// every instruction whole. Returns the loop shape, if any.
+pub fn stage_fused_loop(
+    instrs: &mut [Instr],
+    input_dims: &[Vec<usize>],
+    outputs: &[(u32, u32)],
+) -> Option<Vec<usize>> {
+    let shape = outputs
+        .iter()
+        .map(|&(i, _)| &instrs[i as usize].ty.dims)
+        .max_by_key(|d| d.iter().product::<usize>())?
+        .clone();
+    let mut stages: Vec<Stage> = Vec::with_capacity(instrs.len());
+    for instr in instrs.iter() {
+        let arg_ok = |a: &Arg| match *a {
+            Arg::Input(i) => input_dims[i as usize] == shape || input_dims[i as usize].is_empty(),
+            Arg::Local(l) => {
+                stages[l as usize] == Stage::Loop
+                    || instrs[l as usize].ty.dims == shape
+                    || instrs[l as usize].ty.dims.is_empty()
+            }
+        };
+        let in_loop =
+            instr.op.is_elementwise() && instr.ty.dims == shape && instr.args.iter().all(arg_ok);
+        if !in_loop
+            && instr
+                .args
+                .iter()
+                .any(|a| matches!(*a, Arg::Local(l) if stages[l as usize] == Stage::Loop))
+        {
+            return None;
+        }
+        stages.push(if in_loop { Stage::Loop } else { Stage::Prelude });
+    }
+    if !stages.contains(&Stage::Loop) {
+        return None;
+    }
+    for (instr, stage) in instrs.iter_mut().zip(stages) {
+        instr.stage = stage;
+    }
+    Some(shape)
 }
 
 /// A planned buffer slot.
@@ -89,6 +156,8 @@ pub struct Executable {
     pub outputs: Vec<ValueRef>,
     /// Heap bytes the plan needs.
     pub heap_bytes: usize,
+    /// Elements per chunk of fused loops ([`LOOP_CHUNK`] by default).
+    pub loop_chunk: usize,
 }
 
 impl Executable {

@@ -182,6 +182,44 @@ impl Tensor {
         }
     }
 
+    /// Elements `[lo, hi)` in row-major order, as a rank-1 tensor.
+    pub fn flat_range(&self, lo: usize, hi: usize) -> Tensor {
+        fn take<T: Clone>(a: &ArrayD<T>, lo: usize, hi: usize) -> ArrayD<T> {
+            let data: Vec<T> = match a.as_slice() {
+                Some(s) => s[lo..hi].to_vec(),
+                None => a.iter().skip(lo).take(hi - lo).cloned().collect(),
+            };
+            ArrayD::from_shape_vec(IxDyn(&[hi - lo]), data).expect("length matches")
+        }
+        map_tensor!(self, a => take(a, lo, hi))
+    }
+
+    /// Writes `chunk` (same dtype) to elements `[lo, lo + chunk.len())` in
+    /// row-major order. Returns `false` on a dtype mismatch.
+    pub fn write_flat(&mut self, lo: usize, chunk: &Tensor) -> bool {
+        fn put<T: Clone>(a: &mut ArrayD<T>, lo: usize, c: &ArrayD<T>) {
+            match a.as_slice_mut() {
+                Some(s) => s[lo..lo + c.len()]
+                    .iter_mut()
+                    .zip(c.iter())
+                    .for_each(|(d, v)| *d = v.clone()),
+                None => a
+                    .iter_mut()
+                    .skip(lo)
+                    .zip(c.iter())
+                    .for_each(|(d, v)| *d = v.clone()),
+            }
+        }
+        match (self, chunk) {
+            (Tensor::Pred(a), Tensor::Pred(c)) => put(a, lo, c),
+            (Tensor::I32(a), Tensor::I32(c)) => put(a, lo, c),
+            (Tensor::F32(a), Tensor::F32(c)) => put(a, lo, c),
+            (Tensor::F64(a), Tensor::F64(c)) => put(a, lo, c),
+            _ => return false,
+        }
+        true
+    }
+
     /// Whether two tensors agree: exactly for pred and i32, within
     /// `rel_tol * max(1, |a|, |b|)` for floats (NaN matches NaN, infinities
     /// must be equal).

@@ -15,7 +15,9 @@ use super::PassOutcome;
 use super::fusion::{Kernel, ProgramKernels};
 use super::memory_plan::{Buffer, MemoryPlan};
 use crate::xla::CompileError;
-use crate::xla::executable::{Arg, BufferSlot, Executable, Instr, LoweredKernel, ValueRef};
+use crate::xla::executable::{
+    Arg, BufferSlot, Executable, Instr, LoweredKernel, Stage, ValueRef, stage_fused_loop,
+};
 use crate::xla::graph::{
     Literal, Node, Operands, ProgramOutputs, ValueType, node_label, program_name, program_nodes,
 };
@@ -135,6 +137,7 @@ fn build(world: &World, program: Entity) -> Result<Executable, CompileError> {
         kernels,
         outputs,
         heap_bytes: plan.peak_bytes,
+        loop_chunk: crate::xla::executable::LOOP_CHUNK,
     })
 }
 
@@ -170,14 +173,30 @@ fn lower_kernel(
                 .get::<ValueType>(m)
                 .map(|t| t.0.clone())
                 .expect("typed node"),
+            stage: Stage::Prelude,
         });
         local_index.insert(m, i as u32);
     }
-    let outputs = kernel
+    let outputs: Vec<(u32, u32)> = kernel
         .outputs
         .iter()
         .map(|o| (local_index[o], lw.buffer_of[o]))
         .collect();
+    let input_dims: Vec<Vec<usize>> = kernel
+        .inputs
+        .iter()
+        .map(|x| {
+            world
+                .get::<ValueType>(*x)
+                .map(|t| t.0.dims.clone())
+                .unwrap_or_default()
+        })
+        .collect();
+    let loop_shape = if kernel.fused {
+        stage_fused_loop(&mut instrs, &input_dims, &outputs)
+    } else {
+        None
+    };
     let root = world
         .get::<Node>(*kernel.members.last().expect("non-empty kernel"))
         .expect("node");
@@ -192,6 +211,7 @@ fn lower_kernel(
         inputs,
         instrs,
         outputs,
+        loop_shape,
     })
 }
 
