@@ -5,6 +5,7 @@
 
 use bevy_ecs::prelude::*;
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
+use optirs_tpu::exec::kernels::Tensor;
 use optirs_tpu::xla::{self, BinaryOp, DType, GraphBuilder, TensorType};
 
 const ADAM: &str = include_str!("../assets/programs/adam.ron");
@@ -60,6 +61,16 @@ fn benches(c: &mut Criterion) {
                 .expect("compiles")
                 .kernels
         })
+    });
+    let adam = xla::compile_program_str("adam", ADAM).expect("compiles");
+    let args: Vec<Tensor> = adam
+        .executable
+        .parameters
+        .iter()
+        .map(|t| Tensor::from_f64s(t, &[0.5]).expect("splat"))
+        .collect();
+    g.bench_function("adam_execute_4096", |b| {
+        b.iter(|| adam.executable.run(&args).expect("runs"))
     });
     for n in [10_000, 100_000] {
         g.bench_function(format!("chain_{n}"), |b| {

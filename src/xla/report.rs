@@ -28,6 +28,8 @@ pub struct KernelRow {
     pub outputs: usize,
     /// The ops, in order (abbreviated).
     pub summary: String,
+    /// The loop shape of a fused loop.
+    pub loop_shape: Option<Vec<usize>>,
 }
 
 /// A row of the buffer table.
@@ -110,6 +112,7 @@ impl CompileReport {
                     } else {
                         names.join(", ")
                     },
+                    loop_shape: lowered.loop_shape.clone(),
                 }
             })
             .collect();
@@ -263,9 +266,13 @@ impl fmt::Display for CompileReport {
         }
         writeln!(f, "\nkernels: {}", self.kernels)?;
         for k in &self.kernel_rows {
+            let lp = k
+                .loop_shape
+                .as_ref()
+                .map_or_else(String::new, |s| format!("  (loop over {s:?})"));
             writeln!(
                 f,
-                "  {:<16} {:>5} ops {:>3} in {:>3} out  {}",
+                "  {:<16} {:>5} ops {:>3} in {:>3} out  {}{lp}",
                 k.name, k.ops, k.inputs, k.outputs, k.summary
             )?;
         }
