@@ -4,16 +4,20 @@
 use std::fmt::{self, Write as _};
 use std::sync::Arc;
 
+use bevy_ecs::entity::EntityHashMap;
 use bevy_ecs::prelude::*;
 use serde::Serialize;
+use smallvec::SmallVec;
 
 use super::executable::Executable;
 use super::graph::{
-    Node, Operands, Output, ProgramOutputs, node_label, program_name, program_nodes,
+    Node, NodeName, Operands, Output, ProgramOutputs, ValueType, node_label, program_name,
+    program_nodes,
 };
 use super::passes::PassRecord;
 use super::passes::fusion::{FusionRefusal, FusionRefusals, InKernel, Kernel, ProgramKernels};
 use super::passes::memory_plan::{Buffer, MemoryPlan};
+use super::types::TensorType;
 
 /// A row of the kernel table.
 #[derive(Debug, Clone)]
@@ -74,7 +78,7 @@ pub struct CompileReport {
     #[serde(skip)]
     pub executable: Arc<Executable>,
     #[serde(skip)]
-    dot: String,
+    graph: GraphSnapshot,
 }
 
 impl CompileReport {
@@ -144,13 +148,14 @@ impl CompileReport {
             kernel_rows,
             buffers,
             executable,
-            dot: render_dot(world, program),
+            graph: GraphSnapshot::capture(world, program),
         }
     }
 
-    /// The optimized graph in Graphviz `dot` syntax, one cluster per fused kernel.
-    pub fn to_dot(&self) -> &str {
-        &self.dot
+    /// The optimized graph in Graphviz `dot` syntax, one cluster per fused
+    /// kernel, declared outputs in bold.
+    pub fn to_dot(&self) -> String {
+        self.graph.render()
     }
 
     /// The report as one JSON object.
@@ -163,78 +168,124 @@ fn dot_escape(s: &str) -> String {
     s.replace('\\', "\\\\").replace('"', "\\\"")
 }
 
-fn render_dot(world: &World, program: Entity) -> String {
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "digraph \"{}\" {{\n  rankdir=TB;\n  node [shape=box, fontname=monospace];",
-        dot_escape(&program_name(world, program))
-    );
-    let nodes = program_nodes(world, program);
-    let id = |e: Entity| format!("n{}", e.index());
-    let mut by_kernel: std::collections::BTreeMap<u32, Vec<Entity>> = Default::default();
-    for &e in &nodes {
-        match world.get::<InKernel>(e) {
-            Some(k)
-                if world
-                    .get::<Kernel>(k.0)
-                    .is_some_and(|k| k.members.len() > 1) =>
-            {
-                by_kernel.entry(k.0.index_u32()).or_default().push(e)
-            }
-            _ => {
-                let style = if world.get::<Output>(e).is_some() {
-                    ", style=bold"
-                } else {
-                    ""
-                };
-                let _ = writeln!(
-                    out,
-                    "  {} [label=\"{}\"{style}];",
-                    id(e),
-                    dot_escape(&node_label(world, e))
-                );
-            }
+/// One node of the graph snapshot kept for [`CompileReport::to_dot`].
+#[derive(Debug, Clone)]
+struct SnapshotNode {
+    name: String,
+    ty: Option<TensorType>,
+    operands: SmallVec<[u32; 4]>,
+    /// Index of its fused kernel (kernels of one node are not clusters).
+    cluster: Option<u32>,
+    output: bool,
+}
+
+/// The optimized graph, detached from the world, rendered on demand.
+#[derive(Debug, Clone, Default)]
+struct GraphSnapshot {
+    name: String,
+    nodes: Vec<SnapshotNode>,
+    outputs: Vec<u32>,
+}
+
+impl GraphSnapshot {
+    fn capture(world: &World, program: Entity) -> Self {
+        let nodes = program_nodes(world, program);
+        let index: EntityHashMap<u32> = nodes
+            .iter()
+            .enumerate()
+            .map(|(i, &e)| (e, i as u32))
+            .collect();
+        let mut clusters: EntityHashMap<u32> = EntityHashMap::default();
+        let snapshot_nodes = nodes
+            .iter()
+            .map(|&e| {
+                let cluster = world
+                    .get::<InKernel>(e)
+                    .filter(|k| {
+                        world
+                            .get::<Kernel>(k.0)
+                            .is_some_and(|k| k.members.len() > 1)
+                    })
+                    .map(|k| {
+                        let next = clusters.len() as u32;
+                        *clusters.entry(k.0).or_insert(next)
+                    });
+                SnapshotNode {
+                    name: world
+                        .get::<NodeName>(e)
+                        .map_or_else(|| format!("{e}"), |n| n.0.clone()),
+                    ty: world.get::<ValueType>(e).map(|t| t.0.clone()),
+                    operands: world
+                        .get::<Operands>(e)
+                        .map(|o| o.0.iter().filter_map(|x| index.get(x).copied()).collect())
+                        .unwrap_or_default(),
+                    cluster,
+                    output: world.get::<Output>(e).is_some(),
+                }
+            })
+            .collect();
+        let outputs = world
+            .get::<ProgramOutputs>(program)
+            .map(|o| o.0.iter().filter_map(|x| index.get(x).copied()).collect())
+            .unwrap_or_default();
+        GraphSnapshot {
+            name: program_name(world, program),
+            nodes: snapshot_nodes,
+            outputs,
         }
     }
-    for (i, (_, members)) in by_kernel.iter().enumerate() {
+
+    fn render(&self) -> String {
+        let mut out = String::new();
         let _ = writeln!(
             out,
-            "  subgraph cluster_{i} {{\n    label=\"fusion\"; style=filled; color=lightgrey;"
+            "digraph \"{}\" {{\n  rankdir=TB;\n  node [shape=box, fontname=monospace];",
+            dot_escape(&self.name)
         );
-        for &e in members {
-            let style = if world.get::<Output>(e).is_some() {
-                ", style=bold"
-            } else {
-                ""
+        let node_line = |out: &mut String, i: usize, indent: &str| {
+            let n = &self.nodes[i];
+            let label = match &n.ty {
+                Some(t) => format!("%{} ({t})", n.name),
+                None => format!("%{}", n.name),
             };
+            let style = if n.output { ", style=bold" } else { "" };
             let _ = writeln!(
                 out,
-                "    {} [label=\"{}\"{style}];",
-                id(e),
-                dot_escape(&node_label(world, e))
+                "{indent}n{i} [label=\"{}\"{style}];",
+                dot_escape(&label)
             );
-        }
-        out.push_str("  }\n");
-    }
-    for &e in &nodes {
-        if let Some(ops) = world.get::<Operands>(e) {
-            for (i, &o) in ops.0.iter().enumerate() {
-                let _ = writeln!(out, "  {} -> {} [label=\"{i}\"];", id(o), id(e));
+        };
+        let mut by_cluster: std::collections::BTreeMap<u32, Vec<usize>> = Default::default();
+        for (i, n) in self.nodes.iter().enumerate() {
+            match n.cluster {
+                Some(c) => by_cluster.entry(c).or_default().push(i),
+                None => node_line(&mut out, i, "  "),
             }
         }
-    }
-    if let Some(outs) = world.get::<ProgramOutputs>(program) {
-        for (i, &o) in outs.0.iter().enumerate() {
+        for (c, members) in &by_cluster {
             let _ = writeln!(
                 out,
-                "  out{i} [shape=plaintext, label=\"output {i}\"];\n  {} -> out{i};",
-                id(o)
+                "  subgraph cluster_{c} {{\n    label=\"fusion\"; style=filled; color=lightgrey;"
+            );
+            for &i in members {
+                node_line(&mut out, i, "    ");
+            }
+            out.push_str("  }\n");
+        }
+        for (i, n) in self.nodes.iter().enumerate() {
+            for (k, &o) in n.operands.iter().enumerate() {
+                let _ = writeln!(out, "  n{o} -> n{i} [label=\"{k}\"];");
+            }
+        }
+        for (k, &o) in self.outputs.iter().enumerate() {
+            let _ = writeln!(
+                out,
+                "  out{k} [shape=plaintext, label=\"output {k}\"];\n  n{o} -> out{k};"
             );
         }
+        out.push_str("}\n");
+        out
     }
-    out.push_str("}\n");
-    out
 }
 
 impl fmt::Display for CompileReport {

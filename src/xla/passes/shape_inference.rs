@@ -6,6 +6,7 @@
 //! out-of-range dimensions and malformed attributes.
 
 use bevy_ecs::prelude::*;
+use smallvec::SmallVec;
 
 use super::PassOutcome;
 use crate::exec::kernels::contraction::{conv_result_shape, dot_result_shape};
@@ -13,7 +14,7 @@ use crate::exec::kernels::elementwise::broadcast_shapes;
 use crate::exec::kernels::resolve_reshape;
 use crate::xla::CompileError;
 use crate::xla::graph::{
-    DeclaredType, Literal, Node, Operands, ValueType, node_label, topo_entities,
+    DeclaredType, GraphIndex, Literal, Node, ValueType, node_label, program_name,
 };
 use crate::xla::op::{BinaryOp, Op, UnaryOp};
 use crate::xla::types::{DType, TensorType};
@@ -249,30 +250,34 @@ fn infer_unchecked(
     }
 }
 
-/// Infers types in topological order.
+/// Infers types in topological order over a dense snapshot of the graph,
+/// then writes the new or changed types in one batch.
 pub fn run(world: &mut World, program: Entity) -> Result<PassOutcome, CompileError> {
-    let order = topo_entities(world, program).map_err(|cycle| CompileError::Shape {
-        node: node_label(world, cycle[0]),
+    let g = GraphIndex::build(world, program);
+    let order = g.topo_order().map_err(|cycle| CompileError::Shape {
+        node: node_label(world, g.nodes[cycle[0] as usize]),
         message: "is on a cycle".into(),
     })?;
-    let mut changed = false;
-    for e in order {
+    if g.dangling > 0 {
+        return Err(CompileError::Shape {
+            node: program_name(world, program),
+            message: format!(
+                "{} operands are dangling references; run the verifier",
+                g.dangling
+            ),
+        });
+    }
+    let mut types: Vec<Option<TensorType>> = vec![None; g.nodes.len()];
+    let mut updates: Vec<(Entity, ValueType)> = Vec::new();
+    for i in order {
+        let i = i as usize;
+        let e = g.nodes[i];
         let ty = {
             let node = world.get::<Node>(e).expect("verified node");
-            let operands = world
-                .get::<Operands>(e)
-                .map(|o| o.0.clone())
-                .unwrap_or_default();
-            let mut args = Vec::with_capacity(operands.len());
-            for o in &operands {
-                let t = world
-                    .get::<ValueType>(*o)
-                    .ok_or_else(|| CompileError::Shape {
-                        node: node_label(world, e),
-                        message: format!("operand {} has no type", node_label(world, *o)),
-                    })?;
-                args.push(&t.0);
-            }
+            let args: SmallVec<[&TensorType; 4]> = g.operands[i]
+                .iter()
+                .map(|&o| types[o as usize].as_ref().expect("operands come first"))
+                .collect();
             let declared = world.get::<DeclaredType>(e).map(|d| &d.0);
             let literal = world.get::<Literal>(e).map(|l| l.0.tensor_type());
             infer_type(&node.op, &args, declared, literal).map_err(|message| {
@@ -283,10 +288,12 @@ pub fn run(world: &mut World, program: Entity) -> Result<PassOutcome, CompileErr
             })?
         };
         if world.get::<ValueType>(e).map(|t| &t.0) != Some(&ty) {
-            changed = true;
-            world.entity_mut(e).insert(ValueType(ty));
+            updates.push((e, ValueType(ty.clone())));
         }
+        types[i] = Some(ty);
     }
+    let changed = !updates.is_empty();
+    world.insert_batch(updates);
     Ok(PassOutcome::changed(changed))
 }
 
@@ -318,7 +325,19 @@ mod tests {
             err,
             "node %add.3 = add(f32[8,128], f32[4]): operand shapes [8, 128] and [4] do not broadcast"
         );
-        assert_eq!(world.get::<ValueType>(ok).unwrap().0.to_string(), "f32[8]");
+        assert!(
+            world.get::<ValueType>(ok).is_none(),
+            "a failed run writes no types"
+        );
+        let t = TensorType::new(DType::F32, [8, 128]);
+        let sum = Op::Reduce {
+            kind: crate::xla::ReduceKind::Sum,
+            dims: vec![1],
+        };
+        assert_eq!(
+            infer_type(&sum, &[&t], None, None).unwrap().to_string(),
+            "f32[8]"
+        );
     }
 
     #[test]
