@@ -21,54 +21,61 @@ use super::simplify::forward_operands;
 use crate::xla::CompileError;
 use crate::xla::graph::{Literal, Node, Operands, ValueType, forward_outputs, topo_entities};
 use crate::xla::op::Op;
-use crate::xla::types::TensorType;
 
 /// The pass name.
 pub const NAME: &str = "cse";
-
-#[derive(Hash, PartialEq, Eq)]
-struct ValueKey {
-    op: Op,
-    ty: TensorType,
-    operands: SmallVec<[Entity; 4]>,
-    literal_hash: u64,
-}
 
 /// Whether CSE may merge nodes with this op.
 pub fn can_merge(op: &Op) -> bool {
     !op.is_opaque() && !matches!(op, Op::Parameter { .. })
 }
 
-fn key_of(world: &World, e: Entity) -> Option<ValueKey> {
+/// Operands in canonical order (sorted for commutative ops).
+fn canonical_operands(op: &Op, operands: &[Entity]) -> SmallVec<[Entity; 4]> {
+    let mut v = SmallVec::from_slice(operands);
+    if matches!(op, Op::Binary(b) if b.is_commutative()) {
+        v.sort_unstable();
+    }
+    v
+}
+
+/// A hash of everything that makes a node's value: op and attributes,
+/// type, canonical operands and literal bits.
+fn value_hash(world: &World, e: Entity) -> Option<u64> {
     let op = &world.get::<Node>(e)?.op;
     if !can_merge(op) {
         return None;
     }
-    let mut operands = world.get::<Operands>(e)?.0.clone();
-    if let Op::Binary(b) = op
-        && b.is_commutative()
-    {
-        operands.sort();
-    }
-    let literal_hash = world.get::<Literal>(e).map_or(0, |l| {
-        let mut h = DefaultHasher::new();
+    let mut h = DefaultHasher::new();
+    op.hash(&mut h);
+    world.get::<ValueType>(e)?.0.hash(&mut h);
+    canonical_operands(op, &world.get::<Operands>(e)?.0).hash(&mut h);
+    if let Some(l) = world.get::<Literal>(e) {
         l.0.hash_bits(&mut h);
-        h.finish()
-    });
-    Some(ValueKey {
-        op: op.clone(),
-        ty: world.get::<ValueType>(e)?.0.clone(),
-        operands,
-        literal_hash,
-    })
+    }
+    Some(h.finish())
 }
 
-fn same_literal(world: &World, a: Entity, b: Entity) -> bool {
-    match (world.get::<Literal>(a), world.get::<Literal>(b)) {
+/// Whether two nodes compute the same value (the full comparison behind a hash match).
+fn same_value(world: &World, a: Entity, b: Entity) -> bool {
+    let (Some(na), Some(nb)) = (world.get::<Node>(a), world.get::<Node>(b)) else {
+        return false;
+    };
+    let operands = |e: Entity, op: &Op| {
+        world
+            .get::<Operands>(e)
+            .map(|o| canonical_operands(op, &o.0))
+            .unwrap_or_default()
+    };
+    let literal_eq = match (world.get::<Literal>(a), world.get::<Literal>(b)) {
         (Some(x), Some(y)) => x.0.bitwise_eq(&y.0),
         (None, None) => true,
         _ => false,
-    }
+    };
+    na.op == nb.op
+        && world.get::<ValueType>(a) == world.get::<ValueType>(b)
+        && operands(a, &na.op) == operands(b, &nb.op)
+        && literal_eq
 }
 
 /// Merges equal values in topological order (operands are canonical before
@@ -77,16 +84,16 @@ pub fn run(world: &mut World, program: Entity) -> Result<PassOutcome, CompileErr
     let Ok(order) = topo_entities(world, program) else {
         return Ok(PassOutcome::unchanged());
     };
-    let mut seen: HashMap<ValueKey, SmallVec<[Entity; 1]>> = HashMap::with_capacity(order.len());
+    let mut seen: HashMap<u64, SmallVec<[Entity; 1]>> = HashMap::with_capacity(order.len());
     let mut forward = EntityHashMap::default();
     let mut changed = false;
     for e in order {
         changed |= forward_operands(world, e, &forward);
-        let Some(key) = key_of(world, e) else {
+        let Some(hash) = value_hash(world, e) else {
             continue;
         };
-        let candidates = seen.entry(key).or_default();
-        match candidates.iter().find(|&&c| same_literal(world, c, e)) {
+        let candidates = seen.entry(hash).or_default();
+        match candidates.iter().find(|&&c| same_value(world, c, e)) {
             Some(&c) => {
                 forward.insert(e, c);
             }
