@@ -21,9 +21,10 @@
 //! do better) and `fragmentation_bytes = peak - lower bound`.
 //!
 //! Reads kernels and their order; writes [`Buffer`] entities and
-//! [`MemoryPlan`]. "Changed" means some buffer was planned. Cost: sorting
-//! plus one scan of the placed allocations per allocation (quadratic in the
-//! number of kernel outputs, which fusion keeps small).
+//! [`MemoryPlan`]. "Changed" means some buffer was planned. Cost: placed
+//! allocations that overlap a newcomer in time are found with a segment tree
+//! over time steps, so placement is `O(n log n)` plus the overlaps it must
+//! inspect (as in any best-fit heap).
 
 use bevy_ecs::entity::EntityHashMap;
 use bevy_ecs::prelude::*;
@@ -99,7 +100,73 @@ struct Allocation {
     offset: usize,
 }
 
-/// Best fit over liveness. Returns the offset of each allocation.
+/// Placed live ranges, queried by overlap: a segment tree over time steps
+/// storing each range at its canonical nodes, with per-subtree counts so a
+/// query only descends where something is stored. A query costs
+/// `O(log T + hits * log T)` instead of a scan of everything placed.
+struct LiveRangeIndex {
+    leaves: usize,
+    lists: Vec<Vec<u32>>,
+    counts: Vec<u32>,
+    stamp: Vec<u32>,
+    query_id: u32,
+}
+
+impl LiveRangeIndex {
+    fn new(steps: usize, ids: usize) -> Self {
+        let leaves = steps.max(1).next_power_of_two();
+        LiveRangeIndex {
+            leaves,
+            lists: vec![Vec::new(); 2 * leaves],
+            counts: vec![0; 2 * leaves],
+            stamp: vec![0; ids],
+            query_id: 0,
+        }
+    }
+
+    fn insert(&mut self, id: u32, start: usize, end: usize) {
+        let mut stack = vec![(1usize, 0usize, self.leaves - 1)];
+        while let Some((node, lo, hi)) = stack.pop() {
+            if end < lo || hi < start {
+                continue;
+            }
+            self.counts[node] += 1;
+            if start <= lo && hi <= end {
+                self.lists[node].push(id);
+                continue;
+            }
+            let mid = (lo + hi) / 2;
+            stack.push((2 * node, lo, mid));
+            stack.push((2 * node + 1, mid + 1, hi));
+        }
+    }
+
+    /// Every stored range overlapping `[start, end]`, each once.
+    fn overlapping(&mut self, start: usize, end: usize, out: &mut Vec<u32>) {
+        self.query_id += 1;
+        let mut stack = vec![(1usize, 0usize, self.leaves - 1)];
+        while let Some((node, lo, hi)) = stack.pop() {
+            if end < lo || hi < start || self.counts[node] == 0 {
+                continue;
+            }
+            for &id in &self.lists[node] {
+                if self.stamp[id as usize] != self.query_id {
+                    self.stamp[id as usize] = self.query_id;
+                    out.push(id);
+                }
+            }
+            if lo < hi {
+                let mid = (lo + hi) / 2;
+                stack.push((2 * node, lo, mid));
+                stack.push((2 * node + 1, mid + 1, hi));
+            }
+        }
+    }
+}
+
+/// Best fit over liveness: allocations, largest first, take the smallest gap
+/// between the placed allocations whose live ranges overlap theirs (or go on
+/// top). Returns the offset of each `(size, start, end)`.
 pub fn best_fit(sizes_and_ranges: &[(usize, u32, u32)]) -> Vec<usize> {
     let mut order: Vec<usize> = (0..sizes_and_ranges.len()).collect();
     order.sort_by_key(|&i| {
@@ -109,19 +176,30 @@ pub fn best_fit(sizes_and_ranges: &[(usize, u32, u32)]) -> Vec<usize> {
             i,
         )
     });
+    let steps = sizes_and_ranges
+        .iter()
+        .map(|r| r.2 as usize + 1)
+        .max()
+        .unwrap_or(1);
+    let mut index = LiveRangeIndex::new(steps, sizes_and_ranges.len());
     let mut offsets = vec![0; sizes_and_ranges.len()];
-    let mut placed: Vec<usize> = Vec::with_capacity(order.len());
+    let mut hits = Vec::new();
+    let mut busy: Vec<(usize, usize)> = Vec::new();
     for i in order {
         let (size, start, end) = sizes_and_ranges[i];
-        let mut busy: Vec<(usize, usize)> = placed
-            .iter()
-            .filter(|&&j| sizes_and_ranges[j].1 <= end && start <= sizes_and_ranges[j].2)
-            .map(|&j| (offsets[j], offsets[j] + sizes_and_ranges[j].0))
-            .collect();
+        hits.clear();
+        index.overlapping(start as usize, end as usize, &mut hits);
+        busy.clear();
+        busy.extend(hits.iter().map(|&j| {
+            (
+                offsets[j as usize],
+                offsets[j as usize] + sizes_and_ranges[j as usize].0,
+            )
+        }));
         busy.sort_unstable();
         let mut best: Option<(usize, usize)> = None;
         let mut cursor = 0;
-        for (lo, hi) in busy {
+        for &(lo, hi) in &busy {
             if lo >= cursor + size {
                 let gap = lo - cursor;
                 if best.is_none_or(|(g, _)| gap < g) {
@@ -131,7 +209,7 @@ pub fn best_fit(sizes_and_ranges: &[(usize, u32, u32)]) -> Vec<usize> {
             cursor = cursor.max(hi);
         }
         offsets[i] = best.map_or(cursor, |(_, at)| at);
-        placed.push(i);
+        index.insert(i as u32, start as usize, end as usize);
     }
     offsets
 }
@@ -314,6 +392,34 @@ fn reuse_in_place(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn best_fit_matches_a_plain_scan_and_never_overlaps() {
+        // Pseudo-random ranges; compare against the definition.
+        let mut state = 7u64;
+        let mut next = |m: u64| {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (state >> 33) % m
+        };
+        let r: Vec<(usize, u32, u32)> = (0..300)
+            .map(|_| {
+                let s = next(50) as u32;
+                (64 * (1 + next(8) as usize), s, s + next(10) as u32)
+            })
+            .collect();
+        let off = best_fit(&r);
+        for i in 0..r.len() {
+            for j in i + 1..r.len() {
+                let time = r[i].1 <= r[j].2 && r[j].1 <= r[i].2;
+                let mem = off[i] < off[j] + r[j].0 && off[j] < off[i] + r[i].0;
+                assert!(!(time && mem), "{i} and {j} overlap");
+            }
+        }
+        let peak = (0..r.len()).map(|i| off[i] + r[i].0).max().unwrap();
+        assert!(peak >= lower_bound(&r));
+    }
 
     #[test]
     fn best_fit_reuses_dead_space_and_never_overlaps_live_ranges() {
