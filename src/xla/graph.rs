@@ -197,19 +197,6 @@ pub fn topo_entities(world: &World, program: Entity) -> Result<Vec<Entity>, Vec<
     }
 }
 
-/// Replaces the program's node list with the nodes that still exist, and
-/// re-marks outputs. Used after passes that despawn nodes.
-pub fn retain_live_nodes(world: &mut World, program: Entity) {
-    let nodes = program_nodes(world, program);
-    let live: Vec<Entity> = nodes
-        .into_iter()
-        .filter(|&e| world.get_entity(e).is_ok())
-        .collect();
-    if let Some(mut n) = world.get_mut::<ProgramNodes>(program) {
-        n.0 = live;
-    }
-}
-
 /// Rewrites `ProgramOutputs` through `forward` and keeps [`Output`] markers in
 /// sync. Returns whether any output changed.
 pub fn forward_outputs(

@@ -1,5 +1,5 @@
 //! An XLA-shaped compiler whose graph lives in a `bevy_ecs` world and whose
-//! passes are systems of the [`Compile`](crate::schedule::Compile) schedule.
+//! passes are systems of the `Compile` schedule ([`crate::schedule::Compile`]).
 //!
 //! * [`graph`]: the IR as components (program, node, operands, types, literals, outputs).
 //! * [`builder::GraphBuilder`] builds graphs from Rust; [`program`] loads the
