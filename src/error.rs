@@ -54,6 +54,9 @@ pub enum OptimError {
         #[source]
         source: std::io::Error,
     },
+    /// A program could not be compiled or executed.
+    #[error(transparent)]
+    Compile(#[from] crate::xla::CompileError),
 }
 
 impl From<crate::topology::TopologyError> for OptimError {

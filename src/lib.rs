@@ -5,14 +5,17 @@ pub mod barrier;
 pub mod checkpoint;
 pub mod coordination;
 pub mod error;
+pub mod exec;
 pub mod fault_tolerance;
 pub mod hardware;
 pub mod health;
+pub mod memory;
 pub mod pod;
 pub mod rng;
 pub mod schedule;
 pub mod topology;
 pub mod transport;
+pub mod xla;
 
 pub use error::{OptimError, Result};
 pub use hardware::TpuGeneration;

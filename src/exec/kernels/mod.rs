@@ -1,0 +1,114 @@
+//! The kernels every evaluator shares: constant folding, the reference
+//! interpreter and lowered executables call the same functions, so a folded
+//! constant is bit-identical to what the executable would have computed.
+//!
+//! [`evaluate`] dispatches one [`Op`] over whole tensors; the per-family
+//! functions (elementwise, structural, reductions, contractions) are public so
+//! an executor can call them on chunks.
+
+pub mod contraction;
+pub mod elementwise;
+pub mod reduce;
+pub mod structural;
+pub mod tensor;
+
+pub use tensor::Tensor;
+
+use crate::xla::{Op, TensorType};
+
+/// A kernel could not run on these operands (wrong dtype, bad shape or attributes).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct KernelError(pub String);
+
+impl KernelError {
+    /// An error with a message.
+    pub fn new(message: impl Into<String>) -> Self {
+        KernelError(message.into())
+    }
+}
+
+/// Result of a kernel.
+pub type KernelResult<T> = std::result::Result<T, KernelError>;
+
+/// Custom-call targets the built-in evaluators know: `identity` returns its
+/// first operand.
+pub const BUILTIN_CUSTOM_CALLS: &[&str] = &["identity"];
+
+/// Resolves a reshape target with at most one `-1` against `count` elements.
+pub fn resolve_reshape(count: usize, shape: &[i64]) -> Result<Vec<usize>, String> {
+    let mut unknown = None;
+    let mut known: usize = 1;
+    for (i, &d) in shape.iter().enumerate() {
+        match d {
+            -1 if unknown.is_none() => unknown = Some(i),
+            -1 => return Err(format!("reshape {shape:?} has more than one -1")),
+            d if d < 0 => return Err(format!("reshape dimension {d} is negative")),
+            d => known = known.saturating_mul(d as usize),
+        }
+    }
+    let mut dims: Vec<usize> = shape.iter().map(|&d| d.max(0) as usize).collect();
+    if let Some(i) = unknown {
+        if known == 0 || !count.is_multiple_of(known) {
+            return Err(format!(
+                "cannot infer -1 in reshape {shape:?} of {count} elements"
+            ));
+        }
+        dims[i] = count / known;
+    } else if known != count {
+        return Err(format!(
+            "reshape {shape:?} has {known} elements, the operand has {count}"
+        ));
+    }
+    Ok(dims)
+}
+
+/// Evaluates `op` on `operands`. `declared` is the node's declared type,
+/// needed by iota and custom calls. Parameters and constants are not
+/// computations and are rejected.
+pub fn evaluate(
+    op: &Op,
+    operands: &[&Tensor],
+    declared: Option<&TensorType>,
+) -> KernelResult<Tensor> {
+    let arg = |i: usize| {
+        operands
+            .get(i)
+            .copied()
+            .ok_or_else(|| KernelError::new(format!("{op} is missing operand {i}")))
+    };
+    match op {
+        Op::Unary(u) => elementwise::unary(*u, arg(0)?),
+        Op::Binary(b) => elementwise::binary(*b, arg(0)?, arg(1)?),
+        Op::Compare(c) => elementwise::compare(*c, arg(0)?, arg(1)?),
+        Op::Select => elementwise::select(arg(0)?, arg(1)?, arg(2)?),
+        Op::Convert(to) => Ok(elementwise::convert(arg(0)?, *to)),
+        Op::Broadcast { shape, dims } => structural::broadcast(arg(0)?, shape, dims.as_deref()),
+        Op::Reshape { shape } => {
+            let x = arg(0)?;
+            let dims = resolve_reshape(x.len(), shape).map_err(KernelError::new)?;
+            structural::reshape(x, &dims)
+        }
+        Op::Transpose { perm } => structural::transpose(arg(0)?, perm),
+        Op::Slice {
+            start,
+            limit,
+            stride,
+        } => structural::slice(arg(0)?, start, limit, stride),
+        Op::Concatenate { dim } => structural::concatenate(operands, *dim),
+        Op::Reduce { kind, dims } => reduce::reduce(arg(0)?, *kind, dims),
+        Op::Dot(dims) => contraction::dot_general(arg(0)?, arg(1)?, dims),
+        Op::Convolution(attrs) => contraction::convolution(arg(0)?, arg(1)?, attrs),
+        Op::Iota { dim } => {
+            let ty = declared.ok_or_else(|| KernelError::new("iota needs its declared type"))?;
+            structural::iota(ty, *dim)
+        }
+        Op::CustomCall { target } if target == "identity" => Ok(arg(0)?.clone()),
+        Op::CustomCall { target } => Err(KernelError::new(format!(
+            "custom call target `{target}` has no CPU implementation (known: {BUILTIN_CUSTOM_CALLS:?})"
+        ))),
+        Op::Parameter { .. } | Op::Constant => Err(KernelError::new(format!(
+            "{op} is a value, not a computation"
+        ))),
+    }
+}

@@ -1,0 +1,99 @@
+//! [`CompileError`]: every way a program can be rejected. Messages name the
+//! node as `node %add.3 (f32[8,128]): ...` and, for files, the line, column
+//! and field.
+
+use std::path::PathBuf;
+
+/// A program could not be loaded, verified, compiled or executed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CompileError {
+    /// The program file could not be read.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The RON text is malformed or has a field of the wrong type.
+    #[error("{file}:{line}:{column}: {message}{}", if field.is_empty() || field == "." { String::new() } else { format!(" (in `{field}`)") })]
+    Parse {
+        /// The file name (or program name for in-memory text).
+        file: String,
+        /// 1-based line.
+        line: usize,
+        /// 1-based column.
+        column: usize,
+        /// The field path, e.g. `nodes[3].operands`.
+        field: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// A node names an op this compiler does not know.
+    #[error("node %{node}: unknown op `{op}`; known ops: {known}")]
+    UnknownOp {
+        /// The node's name.
+        node: String,
+        /// The op as written.
+        op: String,
+        /// The known op names.
+        known: String,
+    },
+    /// A node's attributes are missing or malformed, or it names an operand
+    /// that does not exist.
+    #[error("node {node}: {message}")]
+    InvalidNode {
+        /// The node label (`%name` or `%name (type)`).
+        node: String,
+        /// What is wrong and what to write instead.
+        message: String,
+    },
+    /// The verifier found structural violations (all of them are listed).
+    #[error("program `{program}` is invalid ({} violation{}):\n  {}", violations.len(), if violations.len() == 1 { "" } else { "s" }, violations.join("\n  "))]
+    Invalid {
+        /// The program name.
+        program: String,
+        /// One line per violation, each naming its node.
+        violations: Vec<String>,
+    },
+    /// Shape or dtype inference failed.
+    #[error("node {node}: {message}")]
+    Shape {
+        /// The node label.
+        node: String,
+        /// The mismatch.
+        message: String,
+    },
+    /// A kernel failed while folding or executing a node.
+    #[error("node {node}: {message}")]
+    Evaluate {
+        /// The node label.
+        node: String,
+        /// The kernel's message.
+        message: String,
+    },
+    /// A pass left the graph in a state the verifier rejects (an internal bug).
+    #[error("pass `{pass}` broke the graph:\n  {}", violations.join("\n  "))]
+    PassBrokeGraph {
+        /// The pass name.
+        pass: &'static str,
+        /// The verifier's findings.
+        violations: Vec<String>,
+    },
+    /// A pass name given to disable is unknown or required.
+    #[error("pass `{name}` cannot be disabled; optional passes: {optional}")]
+    UnknownPass {
+        /// The name given.
+        name: String,
+        /// The passes that may be disabled.
+        optional: String,
+    },
+    /// Executable arguments do not match the program's parameters.
+    #[error("{0}")]
+    Arguments(String),
+    /// The entity is not a program, or its compilation has not produced the requested artifact.
+    #[error("{0}")]
+    NotCompiled(String),
+}
