@@ -205,3 +205,40 @@ fn checkpoint_save_restore_continues_the_same_world() {
     let escaped = optirs(&["checkpoint", "save", "--out", "../x/.."]);
     assert_eq!(escaped.status.code(), Some(1));
 }
+
+#[test]
+fn compile_reports_passes_kernels_refusals_and_memory() {
+    let adam = concat!(env!("CARGO_MANIFEST_DIR"), "/assets/programs/adam.ron");
+    let report = json(&optirs(&["compile", adam, "--json"]));
+    let passes = report["passes"].as_array().unwrap();
+    for pass in passes {
+        for key in ["name", "changed", "nodes_before", "nodes_after", "micros"] {
+            assert!(pass.get(key).is_some(), "{key} missing in {pass}");
+        }
+    }
+    assert_eq!(passes[0]["name"], "verify");
+    assert_eq!(report["kernels"], 1, "Adam is one fused kernel");
+    assert!(report["fusion_refusals"].is_array());
+    let memory = &report["memory"];
+    assert_eq!(memory["peak_bytes"], memory["lower_bound_bytes"]);
+    assert!(memory.get("fragmentation_bytes").is_some());
+
+    let dir = tempfile::tempdir().unwrap();
+    let dot = dir.path().join("adam.dot");
+    let text = optirs(&["compile", adam, "--dot", dot.to_str().unwrap()]);
+    assert!(text.status.success());
+    assert!(String::from_utf8_lossy(&text.stdout).contains("fusion.0"));
+    assert!(std::fs::read_to_string(&dot).unwrap().contains("digraph"));
+
+    let bad = dir.path().join("bad.ron");
+    std::fs::write(
+        &bad,
+        "(name: \"bad\", nodes: [(name: \"x\", op: \"parameter\", ty: \"f32[4]\"), \
+         (name: \"y\", op: \"add\", operands: [\"x\", \"nope\"])], outputs: [\"y\"])",
+    )
+    .unwrap();
+    let output = optirs(&["compile", bad.to_str().unwrap()]);
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("%y") && stderr.contains("nope"), "{stderr}");
+}

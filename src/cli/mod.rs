@@ -1,6 +1,7 @@
 //! Argument parsing and dispatch.
 
 mod checkpoint;
+mod compile;
 mod output;
 mod run;
 mod topology;
@@ -25,6 +26,8 @@ enum Command {
     Topology(topology::TopologyArgs),
     /// List the bundled pod presets.
     Presets(topology::PresetsArgs),
+    /// Compile a program: pass table, kernels, fusion refusals, memory plan.
+    Compile(compile::CompileArgs),
     /// Save, verify, restore, list and inspect whole-world checkpoints.
     Checkpoint(checkpoint::CheckpointArgs),
 }
@@ -37,6 +40,7 @@ pub fn main() -> ExitCode {
         Command::Topology(args) => topology::topology(args),
         Command::Presets(args) => topology::presets(args),
         Command::Checkpoint(args) => checkpoint::checkpoint(args),
+        Command::Compile(args) => compile::compile(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -29,7 +29,7 @@ use crate::exec::kernels::Tensor;
 
 /// A whole program file.
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(rename = "Program", deny_unknown_fields)]
 pub struct ProgramDef {
     /// The program name.
     pub name: String,

@@ -1,0 +1,41 @@
+//! `optirs-tpu compile PROGRAM.ron`: run the compiler pipeline and report.
+
+use super::output;
+use anyhow::Result;
+use clap::Args;
+use optirs_tpu::xla::{CompileOptions, compile_program_file_with};
+use std::path::PathBuf;
+
+#[derive(Args, Debug)]
+pub struct CompileArgs {
+    /// A program file (see docs/programs.md; examples in assets/programs/).
+    program: PathBuf,
+    /// Print one JSON object: passes, kernels, fusion_refusals, memory.
+    #[arg(long)]
+    json: bool,
+    /// Also write the optimized graph with its fusion groups as Graphviz.
+    #[arg(long, value_name = "FILE")]
+    dot: Option<PathBuf>,
+    /// Skip an optional pass by name (repeatable): constant-folding,
+    /// algebraic-simplifier, cse, dce, fusion.
+    #[arg(long = "disable-pass", value_name = "NAME")]
+    disable_pass: Vec<String>,
+    /// Run the verifier after every pass.
+    #[arg(long)]
+    verify_each_pass: bool,
+}
+
+pub fn compile(args: CompileArgs) -> Result<()> {
+    let options = CompileOptions {
+        disabled_passes: args.disable_pass,
+        verify_each_pass: args.verify_each_pass.then_some(true),
+    };
+    let report = compile_program_file_with(&args.program, &options)?;
+    if let Some(path) = &args.dot {
+        output::write_file(path, &report.to_dot())?;
+    }
+    if args.json {
+        return output::print_json(&report);
+    }
+    output::print_text(&format!("{report}"))
+}
