@@ -2,7 +2,7 @@
 
 use crate::error::Result;
 use crate::optimizer::{FloatElement, HyperParameter, OptimizerState, UpdateKind};
-use crate::optimizers::kernel::{Target, impl_optimizer, wrong_slot_count};
+use crate::optimizers::kernel::{Target, Written, impl_optimizer, wrong_slot_count};
 
 /// Adagrad (Duchi et al.), optax's form:
 ///
@@ -39,7 +39,7 @@ impl<A: FloatElement> AdagradConstants<A> {
         target: Target<'_, A>,
         g: &[A],
         slots: &mut [&mut [A]],
-    ) -> Result<()> {
+    ) -> Result<Written> {
         let [sum_of_squares] = slots else {
             return Err(wrong_slot_count(
                 UpdateKind::Adagrad.as_str(),
@@ -48,7 +48,7 @@ impl<A: FloatElement> AdagradConstants<A> {
             ));
         };
         let AdagradConstants { neg_lr, eps } = self;
-        target.map1(g, sum_of_squares, move |p, g, s| {
+        Ok(target.map1(g, sum_of_squares, move |p, g, s| {
             *s = g * g + *s;
             let scale = if *s > A::zero() {
                 (*s + eps).rsqrt()
@@ -56,8 +56,7 @@ impl<A: FloatElement> AdagradConstants<A> {
                 A::zero()
             };
             p + neg_lr * (scale * g)
-        });
-        Ok(())
+        }))
     }
 }
 

@@ -2,7 +2,7 @@
 
 use crate::error::Result;
 use crate::optimizer::{FloatElement, HyperParameter, OptimizerState, UpdateKind};
-use crate::optimizers::kernel::{Target, impl_optimizer, wrong_slot_count};
+use crate::optimizers::kernel::{Target, Written, impl_optimizer, wrong_slot_count};
 
 /// Adam (Kingma & Ba) in optax's op order:
 ///
@@ -86,15 +86,14 @@ impl<A: FloatElement> AdamConstants<A> {
         target: Target<'_, A>,
         g: &[A],
         slots: &mut [&mut [A]],
-    ) -> Result<()> {
+    ) -> Result<Written> {
         let [mu, nu] = slots else {
             return Err(wrong_slot_count(UpdateKind::Adam.as_str(), 2, slots.len()));
         };
-        target.map2(g, mu, nu, move |p, g, mu, nu| {
+        Ok(target.map2(g, mu, nu, move |p, g, mu, nu| {
             let d = self.direction(g, mu, nu);
             p + self.neg_lr * d
-        });
-        Ok(())
+        }))
     }
 }
 

@@ -3,7 +3,7 @@
 use crate::error::Result;
 use crate::optimizer::{FloatElement, HyperParameter, OptimizerState, UpdateKind};
 use crate::optimizers::adam::AdamConstants;
-use crate::optimizers::kernel::{Target, impl_optimizer, wrong_slot_count};
+use crate::optimizers::kernel::{Target, Written, impl_optimizer, wrong_slot_count};
 
 /// Adam with decoupled weight decay (Loshchilov & Hutter), optax's order:
 /// the Adam direction `d` as in [`Adam`](crate::optimizers::Adam), then
@@ -41,16 +41,15 @@ impl<A: FloatElement> AdamWConstants<A> {
         target: Target<'_, A>,
         g: &[A],
         slots: &mut [&mut [A]],
-    ) -> Result<()> {
+    ) -> Result<Written> {
         let [mu, nu] = slots else {
             return Err(wrong_slot_count(UpdateKind::AdamW.as_str(), 2, slots.len()));
         };
         let AdamWConstants { adam, weight_decay } = self;
-        target.map2(g, mu, nu, move |p, g, mu, nu| {
+        Ok(target.map2(g, mu, nu, move |p, g, mu, nu| {
             let d = adam.direction(g, mu, nu) + weight_decay * p;
             p + adam.neg_lr * d
-        });
-        Ok(())
+        }))
     }
 }
 

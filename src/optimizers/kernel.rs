@@ -7,6 +7,14 @@
 //! [`CHUNK`] elements are split into chunks that rayon spreads over the
 //! cores; smaller ones run on the calling thread, where rayon's fork-join
 //! would cost more than the loop.
+//!
+//! The returned params are written straight into uninitialised memory (no
+//! zero-fill pass), and on Linux a large output is marked for transparent
+//! huge pages before it is first touched: page faults on a fresh 40 MB
+//! buffer otherwise cost more than the update itself (measured in
+//! `docs/benchmarks-optimizers.md`; PyTorch's CPU allocator does the same).
+
+use std::mem::MaybeUninit;
 
 use ndarray::{Array, ArrayD, Dimension, IxDyn};
 use rayon::prelude::*;
@@ -20,20 +28,27 @@ pub const CHUNK: usize = 1 << 16;
 
 /// Where a step writes the new params.
 pub(crate) enum Target<'a, A> {
-    /// Read `params`, write `out` (the returned array).
-    Fresh { out: &'a mut [A], params: &'a [A] },
+    /// Read `params`, write every element of `out` (the returned array).
+    Fresh {
+        out: &'a mut [MaybeUninit<A>],
+        params: &'a [A],
+    },
     /// Overwrite the params (a donated buffer).
     InPlace(&'a mut [A]),
 }
 
+/// Proof that a `Target::map*` ran, which writes every output element; only
+/// this module can make one.
+pub(crate) struct Written(());
+
 impl<A: FloatElement> Target<'_, A> {
     /// Runs `f(p, g) -> p'` over every element.
-    pub(crate) fn map0(self, g: &[A], f: impl Fn(A, A) -> A + Sync) {
+    pub(crate) fn map0(self, g: &[A], f: impl Fn(A, A) -> A + Sync) -> Written {
         match self {
             Target::Fresh { out, params } => {
-                let run = |out: &mut [A], p: &[A], g: &[A]| {
+                let run = |out: &mut [MaybeUninit<A>], p: &[A], g: &[A]| {
                     for ((o, &p), &g) in out.iter_mut().zip(p).zip(g) {
-                        *o = f(p, g);
+                        o.write(f(p, g));
                     }
                 };
                 if out.len() <= CHUNK {
@@ -63,15 +78,21 @@ impl<A: FloatElement> Target<'_, A> {
                 }
             }
         }
+        Written(())
     }
 
     /// Runs `f(p, g, &mut s0) -> p'` over every element.
-    pub(crate) fn map1(self, g: &[A], s0: &mut [A], f: impl Fn(A, A, &mut A) -> A + Sync) {
+    pub(crate) fn map1(
+        self,
+        g: &[A],
+        s0: &mut [A],
+        f: impl Fn(A, A, &mut A) -> A + Sync,
+    ) -> Written {
         match self {
             Target::Fresh { out, params } => {
-                let run = |out: &mut [A], p: &[A], g: &[A], s0: &mut [A]| {
+                let run = |out: &mut [MaybeUninit<A>], p: &[A], g: &[A], s0: &mut [A]| {
                     for (((o, &p), &g), s0) in out.iter_mut().zip(p).zip(g).zip(s0) {
-                        *o = f(p, g, s0);
+                        o.write(f(p, g, s0));
                     }
                 };
                 if out.len() <= CHUNK {
@@ -106,6 +127,7 @@ impl<A: FloatElement> Target<'_, A> {
                 }
             }
         }
+        Written(())
     }
 
     /// Runs `f(p, g, &mut s0, &mut s1) -> p'` over every element.
@@ -115,14 +137,17 @@ impl<A: FloatElement> Target<'_, A> {
         s0: &mut [A],
         s1: &mut [A],
         f: impl Fn(A, A, &mut A, &mut A) -> A + Sync,
-    ) {
+    ) -> Written {
         match self {
             Target::Fresh { out, params } => {
-                let run = |out: &mut [A], p: &[A], g: &[A], s0: &mut [A], s1: &mut [A]| {
-                    for ((((o, &p), &g), s0), s1) in out.iter_mut().zip(p).zip(g).zip(s0).zip(s1) {
-                        *o = f(p, g, s0, s1);
-                    }
-                };
+                let run =
+                    |out: &mut [MaybeUninit<A>], p: &[A], g: &[A], s0: &mut [A], s1: &mut [A]| {
+                        for ((((o, &p), &g), s0), s1) in
+                            out.iter_mut().zip(p).zip(g).zip(s0).zip(s1)
+                        {
+                            o.write(f(p, g, s0, s1));
+                        }
+                    };
                 if out.len() <= CHUNK {
                     run(out, params, g, s0, s1);
                 } else {
@@ -157,6 +182,7 @@ impl<A: FloatElement> Target<'_, A> {
                 }
             }
         }
+        Written(())
     }
 }
 
@@ -233,7 +259,7 @@ pub(crate) fn run_step<A, D, K>(
 where
     A: FloatElement,
     D: Dimension,
-    K: FnOnce(Target<'_, A>, &[A], &mut [&mut [A]]) -> Result<()>,
+    K: FnOnce(Target<'_, A>, &[A], &mut [&mut [A]]) -> Result<Written>,
 {
     check_same_shape(params, grads)?;
     let count = next_count(state);
@@ -246,18 +272,56 @@ where
             "params or grads could not be made contiguous",
         ));
     };
-    let mut out = vec![A::zero(); p.len()];
+    let n = p.len();
     let mut slots = slot_slices(name, &mut st.slots)?;
-    kernel(
-        Target::Fresh {
-            out: &mut out,
-            params: p,
-        },
-        g,
-        &mut slots,
-    )?;
+    if g.len() != n || slots.iter().any(|s| s.len() != n) {
+        return Err(invalid_state(
+            name,
+            "params, grads and state differ in length",
+        ));
+    }
+    let mut out = output_buffer::<A>(n);
+    let target = Target::Fresh {
+        out: &mut out.spare_capacity_mut()[..n],
+        params: p,
+    };
+    let Written(()) = kernel(target, g, &mut slots)?;
+    // SAFETY: `Written` comes only from a `Target::map*`, which zips the
+    // output with params, grads and slots, all of length `n` (checked
+    // above), and writes every element; so `out[..n]` is initialised.
+    unsafe { out.set_len(n) };
     st.count = count;
     Array::from_shape_vec(params.raw_dim(), out).map_err(|e| invalid_state(name, e.to_string()))
+}
+
+/// Room for `n` elements, uninitialised. On Linux, a buffer spanning whole
+/// 2 MiB pages is advised to use transparent huge pages before anything
+/// touches it, which turns ~10k page faults per 40 MB into ~20.
+fn output_buffer<A>(n: usize) -> Vec<A> {
+    let buffer = Vec::<A>::with_capacity(n);
+    #[cfg(target_os = "linux")]
+    advise_huge_pages(buffer.as_ptr().cast::<u8>(), n * std::mem::size_of::<A>());
+    buffer
+}
+
+#[cfg(target_os = "linux")]
+fn advise_huge_pages(ptr: *const u8, len: usize) {
+    const HUGE_PAGE: usize = 2 << 20;
+    if len < 2 * HUGE_PAGE {
+        return;
+    }
+    let start = (ptr as usize).next_multiple_of(HUGE_PAGE);
+    let end = (ptr as usize + len) / HUGE_PAGE * HUGE_PAGE;
+    if end > start {
+        // SAFETY: [start, end) lies inside the allocation this function was
+        // handed, which the caller owns; MADV_HUGEPAGE changes only how the
+        // kernel backs those pages, never their contents. The advice may be
+        // refused (THP disabled); that changes nothing, so the result is
+        // ignored.
+        unsafe {
+            libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE);
+        }
+    }
 }
 
 /// One in-place step; same contract as [`run_step`]. Params that are not in
@@ -274,7 +338,7 @@ pub(crate) fn run_step_in_place<A, D, K>(
 where
     A: FloatElement,
     D: Dimension,
-    K: FnOnce(Target<'_, A>, &[A], &mut [&mut [A]]) -> Result<()>,
+    K: FnOnce(Target<'_, A>, &[A], &mut [&mut [A]]) -> Result<Written>,
 {
     check_same_shape(params, grads)?;
     let count = next_count(state);
@@ -285,13 +349,13 @@ where
     };
     let mut slots = slot_slices(name, &mut st.slots)?;
     if let Some(p) = params.as_slice_mut() {
-        kernel(Target::InPlace(p), g, &mut slots)?;
+        let Written(()) = kernel(Target::InPlace(p), g, &mut slots)?;
     } else {
         let mut p = params.as_standard_layout().into_owned();
         let Some(ps) = p.as_slice_mut() else {
             return Err(invalid_state(name, "params could not be made contiguous"));
         };
-        kernel(Target::InPlace(ps), g, &mut slots)?;
+        let Written(()) = kernel(Target::InPlace(ps), g, &mut slots)?;
         params.assign(&p);
     }
     st.count = count;

@@ -2,7 +2,7 @@
 
 use crate::error::Result;
 use crate::optimizer::{FloatElement, HyperParameter, OptimizerState, UpdateKind};
-use crate::optimizers::kernel::{Target, impl_optimizer, wrong_slot_count};
+use crate::optimizers::kernel::{Target, Written, impl_optimizer, wrong_slot_count};
 
 /// Momentum (optax `trace`, no dampening):
 /// `m = g + mu * m; p = p + (-lr) * m`.
@@ -73,7 +73,7 @@ impl<A: FloatElement> MomentumConstants<A> {
         target: Target<'_, A>,
         g: &[A],
         slots: &mut [&mut [A]],
-    ) -> Result<()> {
+    ) -> Result<Written> {
         let [trace] = slots else {
             return Err(wrong_slot_count(
                 UpdateKind::Momentum.as_str(),
@@ -82,11 +82,10 @@ impl<A: FloatElement> MomentumConstants<A> {
             ));
         };
         let MomentumConstants { neg_lr, mu } = self;
-        target.map1(g, trace, move |p, g, m| {
+        Ok(target.map1(g, trace, move |p, g, m| {
             *m = g + mu * *m;
             p + neg_lr * *m
-        });
-        Ok(())
+        }))
     }
 }
 

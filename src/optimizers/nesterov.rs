@@ -2,7 +2,7 @@
 
 use crate::error::Result;
 use crate::optimizer::{FloatElement, HyperParameter, OptimizerState, UpdateKind};
-use crate::optimizers::kernel::{Target, impl_optimizer, wrong_slot_count};
+use crate::optimizers::kernel::{Target, Written, impl_optimizer, wrong_slot_count};
 
 /// Nesterov momentum (optax `trace(nesterov=True)`, the Sutskever/PyTorch
 /// form): `m = g + mu * m; d = g + mu * m` (with the new `m`);
@@ -74,7 +74,7 @@ impl<A: FloatElement> NesterovConstants<A> {
         target: Target<'_, A>,
         g: &[A],
         slots: &mut [&mut [A]],
-    ) -> Result<()> {
+    ) -> Result<Written> {
         let [trace] = slots else {
             return Err(wrong_slot_count(
                 UpdateKind::Nesterov.as_str(),
@@ -83,12 +83,11 @@ impl<A: FloatElement> NesterovConstants<A> {
             ));
         };
         let NesterovConstants { neg_lr, mu } = self;
-        target.map1(g, trace, move |p, g, m| {
+        Ok(target.map1(g, trace, move |p, g, m| {
             *m = g + mu * *m;
             let d = g + mu * *m;
             p + neg_lr * d
-        });
-        Ok(())
+        }))
     }
 }
 

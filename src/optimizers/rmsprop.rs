@@ -2,7 +2,7 @@
 
 use crate::error::Result;
 use crate::optimizer::{FloatElement, HyperParameter, OptimizerState, UpdateKind};
-use crate::optimizers::kernel::{Target, impl_optimizer, wrong_slot_count};
+use crate::optimizers::kernel::{Target, Written, impl_optimizer, wrong_slot_count};
 
 /// RMSProp (Tieleman & Hinton), optax's default form: eps inside the
 /// square root, no bias correction, not centred, no momentum.
@@ -44,7 +44,7 @@ impl<A: FloatElement> RMSPropConstants<A> {
         target: Target<'_, A>,
         g: &[A],
         slots: &mut [&mut [A]],
-    ) -> Result<()> {
+    ) -> Result<Written> {
         let [nu] = slots else {
             return Err(wrong_slot_count(
                 UpdateKind::RmsProp.as_str(),
@@ -58,12 +58,11 @@ impl<A: FloatElement> RMSPropConstants<A> {
             one_minus_decay,
             eps,
         } = self;
-        target.map1(g, nu, move |p, g, nu| {
+        Ok(target.map1(g, nu, move |p, g, nu| {
             *nu = one_minus_decay * (g * g) + decay * *nu;
             let d = g * (*nu + eps).rsqrt();
             p + neg_lr * d
-        });
-        Ok(())
+        }))
     }
 }
 

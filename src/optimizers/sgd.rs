@@ -2,7 +2,7 @@
 
 use crate::error::Result;
 use crate::optimizer::{FloatElement, HyperParameter, OptimizerState, UpdateKind};
-use crate::optimizers::kernel::{Target, impl_optimizer, wrong_slot_count};
+use crate::optimizers::kernel::{Target, Written, impl_optimizer, wrong_slot_count};
 
 /// Plain gradient descent: `u = (-lr) * g; p = p + u`.
 ///
@@ -61,13 +61,12 @@ impl<A: FloatElement> SgdConstants<A> {
         target: Target<'_, A>,
         g: &[A],
         slots: &mut [&mut [A]],
-    ) -> Result<()> {
+    ) -> Result<Written> {
         if !slots.is_empty() {
             return Err(wrong_slot_count(UpdateKind::Sgd.as_str(), 0, slots.len()));
         }
         let SgdConstants { neg_lr } = self;
-        target.map0(g, move |p, g| p + neg_lr * g);
-        Ok(())
+        Ok(target.map0(g, move |p, g| p + neg_lr * g))
     }
 }
 

@@ -178,13 +178,19 @@ fn step_in_place_equals_step_including_non_standard_layouts() {
 
 #[test]
 fn parallel_chunks_equal_a_single_pass() {
-    // Larger than CHUNK, so the rayon path runs; compare element by element
-    // with the same optimizer stepped on slices smaller than CHUNK.
-    let n = 2 * CHUNK + 123;
+    // Larger than CHUNK, so the rayon path runs, and than two 2 MiB pages, so
+    // the output gets the huge-page advice; compare element by element with
+    // the same optimizer stepped on slices smaller than CHUNK, and with the
+    // in-place step.
+    let n = (1 << 20) + 123;
     let params = Array1::from_shape_fn(n, |i| ((i % 997) as f32 - 498.0) * 1e-3);
     let grads = Array1::from_shape_fn(n, |i| ((i % 89) as f32 - 44.0) * 1e-2);
     for (mut whole, mut piecewise) in all_f32().into_iter().zip(all_f32()) {
         let big = Optimizer::step(whole.as_mut(), &params, &grads).unwrap();
+        let mut donated = params.clone();
+        Optimizer::reset(whole.as_mut() as &mut dyn Optimizer<f32, ndarray::Ix1>);
+        Optimizer::step_in_place(whole.as_mut(), &mut donated, &grads).unwrap();
+        assert_eq!(big, donated, "{}", whole.update_kind());
         let mut pieces = Vec::with_capacity(n);
         for start in (0..n).step_by(CHUNK / 2) {
             let end = (start + CHUNK / 2).min(n);
