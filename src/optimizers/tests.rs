@@ -482,3 +482,91 @@ fn rsqrt_f32_is_correctly_rounded() {
         );
     }
 }
+
+/// `b^1, b^2, ...` rounded exactly: b = m * 2^e with a 24-bit m, so
+/// b^t = m^t * 2^(e t) is kept as a big integer and rounded to 24 bits,
+/// nearest-even. Yields `None` once a power is no longer a normal f32.
+struct ExactPowers {
+    m: u32,
+    e: i64,
+    t: i64,
+    big: Vec<u32>,
+}
+
+impl ExactPowers {
+    fn new(b: f32) -> Self {
+        let bits = b.to_bits();
+        let (m, e) = ((bits & 0x7f_ffff) | 0x80_0000, ((bits >> 23) as i64) - 150);
+        Self {
+            m,
+            e,
+            t: 0,
+            big: vec![1],
+        }
+    }
+
+    fn next_power(&mut self) -> Option<f32> {
+        self.t += 1;
+        let mut carry = 0u64;
+        for limb in &mut self.big {
+            let x = u64::from(*limb) * u64::from(self.m) + carry;
+            *limb = x as u32;
+            carry = x >> 32;
+        }
+        if carry > 0 {
+            self.big.push(carry as u32);
+        }
+        let big = &self.big;
+        let top = big.len() - 1;
+        let len = top as i64 * 32 + (32 - i64::from(big[top].leading_zeros()));
+        let bit = |i: i64| i >= 0 && (big[(i / 32) as usize] >> (i % 32)) & 1 == 1;
+        let mut mantissa: u64 = (0..24).fold(0, |acc, k| (acc << 1) | u64::from(bit(len - 1 - k)));
+        let round = bit(len - 25);
+        let sticky = (0..len - 25).any(bit);
+        if round && (sticky || mantissa & 1 == 1) {
+            mantissa += 1;
+        }
+        let exponent = len - 24 + self.e * self.t;
+        let value = mantissa as f64 * 2f64.powi(exponent as i32);
+        (value >= f64::from(f32::MIN_POSITIVE)).then_some(value as f32)
+    }
+}
+
+/// `FloatElement::pow_rounded` is the correctly rounded f32 `b^t` for the
+/// default decay rates, over every count whose power is a normal f32 and
+/// whose `1 - b^t` still differs from 1 (beyond that `b^t` cannot change the
+/// bias correction).
+#[test]
+#[ignore = "big-integer powers up to t = 20000; run with --ignored in release"]
+fn pow_f32_is_correctly_rounded_for_default_betas() {
+    for (b, at_least) in [(0.9f32, 150), (0.99, 1_500), (0.999, 15_000)] {
+        let mut exact_powers = ExactPowers::new(b);
+        let mut checked = 0;
+        for t in 1..=20_000 {
+            let Some(exact) = exact_powers.next_power() else {
+                break;
+            };
+            let got = b.pow_rounded(t);
+            assert_eq!(
+                got.to_bits(),
+                exact.to_bits(),
+                "{b}^{t}: got {got:e}, exact {exact:e}"
+            );
+            checked = t;
+            if 1.0f32 - exact == 1.0 {
+                break;
+            }
+        }
+        assert!(checked >= at_least, "{b}: only {checked} powers checked");
+    }
+}
+
+#[test]
+fn exact_pow_reference_is_sane() {
+    let mut half = ExactPowers::new(0.5);
+    let powers: Vec<_> = (0..3).map(|_| half.next_power()).collect();
+    assert_eq!(powers, [Some(0.5), Some(0.25), Some(0.125)]);
+    let mut b = ExactPowers::new(0.9);
+    assert_eq!(b.next_power(), Some(0.9));
+    assert_eq!(b.next_power(), Some(0.9f32 * 0.9f32));
+}
