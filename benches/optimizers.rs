@@ -11,7 +11,8 @@
 //!   `vec![0.0; n]`, to show what the page faults of a fresh 40 MB buffer
 //!   cost without the advice.
 //! * `bandwidth/*`: plain copy (`a = b`) and triad (`a = b + s*c`) with the
-//!   same chunking, for the machine's sustainable bandwidth.
+//!   same chunking, for the machine's bandwidth; `triad_1e8` runs on 1e8
+//!   elements, too large for any cache.
 //!
 //! Throughput is the bytes each must move (reads plus writes, no
 //! write-allocate traffic): SGD 12 B/element, Adam 28 B/element.
@@ -27,6 +28,7 @@ use std::time::Instant;
 
 const N: usize = 10_000_000;
 const SMALL: usize = 1_000;
+const N_DRAM: usize = 100_000_000;
 const CHUNK: usize = 1 << 16;
 const LR: f32 = 1e-3;
 
@@ -196,6 +198,29 @@ fn bandwidth(c: &mut Criterion) {
             black_box(&a);
         })
     });
+    // 1e8 elements (1.2 GB per triad) cannot be cache-resident anywhere.
+    let big_b = vec![1.0f32; N_DRAM];
+    let big_c = vec![2.0f32; N_DRAM];
+    let mut big_a = vec![0.0f32; N_DRAM];
+    group.throughput(Throughput::Bytes((12 * N_DRAM) as u64));
+    group.sample_size(10);
+    group.bench_function("triad_1e8", |bench| {
+        bench.iter(|| {
+            let s = black_box(0.5f32);
+            (
+                big_a.par_chunks_mut(CHUNK),
+                big_b.par_chunks(CHUNK),
+                big_c.par_chunks(CHUNK),
+            )
+                .into_par_iter()
+                .for_each(|(a, b, c)| {
+                    for ((a, &b), &c) in a.iter_mut().zip(b).zip(c) {
+                        *a = b + s * c;
+                    }
+                });
+            black_box(&big_a);
+        })
+    });
     group.finish();
 }
 
@@ -298,7 +323,7 @@ fn paired(rounds: usize, mut a: impl FnMut(), mut b: impl FnMut()) -> (f64, f64,
 
 /// Prints the step-to-limit ratios as a Markdown table.
 fn paired_report() {
-    const ROUNDS: usize = 31;
+    const ROUNDS: usize = 101;
     let (params, grads) = inputs(N);
     let (p, g) = (params.to_vec(), grads.to_vec());
     let gb = |bytes: usize, secs: f64| bytes as f64 * N as f64 / secs / 1e9;
