@@ -148,6 +148,34 @@ pub trait Optimizer<A, D: Dimension> {
     fn reset(&mut self);
 }
 
+/// Boxed optimizers (`Box<dyn Optimizer<A, D>>`) are optimizers too, so a
+/// wrapper can hold any of them.
+impl<A, D: Dimension, O: Optimizer<A, D> + ?Sized> Optimizer<A, D> for Box<O> {
+    fn step(&mut self, params: &Array<A, D>, grads: &Array<A, D>) -> Result<Array<A, D>> {
+        (**self).step(params, grads)
+    }
+
+    fn step_in_place(&mut self, params: &mut Array<A, D>, grads: &Array<A, D>) -> Result<()> {
+        (**self).step_in_place(params, grads)
+    }
+
+    fn learning_rate(&self) -> A {
+        (**self).learning_rate()
+    }
+
+    fn set_learning_rate(&mut self, lr: A) {
+        (**self).set_learning_rate(lr);
+    }
+
+    fn name(&self) -> &str {
+        (**self).name()
+    }
+
+    fn reset(&mut self) {
+        (**self).reset();
+    }
+}
+
 /// Which update rule an optimizer applies. The string form is stable and is
 /// what [`Optimizer::name`] returns for the built-in optimizers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]

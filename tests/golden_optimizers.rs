@@ -15,7 +15,7 @@
 
 use ndarray::{Array1, Ix1};
 use optirs_tpu::Optimizer;
-use optirs_tpu::optimizer::UpdateRule;
+use optirs_tpu::optimizer::{FloatElement, UpdateRule};
 use optirs_tpu::optimizers::{Adagrad, Adam, AdamW, Momentum, Nesterov, RMSProp, SGD};
 use serde_json::Value;
 
@@ -26,8 +26,8 @@ const SHARED_GOLDEN: &str = concat!(
 );
 
 /// An optimizer the golden cases can drive and inspect.
-trait Golden: Optimizer<f32, Ix1> + UpdateRule<f32> {}
-impl<T: Optimizer<f32, Ix1> + UpdateRule<f32>> Golden for T {}
+trait Golden<A>: Optimizer<A, Ix1> + UpdateRule<A> {}
+impl<A, T: Optimizer<A, Ix1> + UpdateRule<A>> Golden<A> for T {}
 
 fn load() -> Value {
     let text = std::fs::read_to_string(GOLDEN).expect("tests/data/optimizers.json is readable");
@@ -48,8 +48,8 @@ fn hp(case: &Value, name: &str) -> f64 {
         .unwrap_or_else(|| panic!("hyperparameter {name}"))
 }
 
-fn build(case: &Value) -> Box<dyn Golden> {
-    let lr = hp(case, "learning_rate") as f32;
+fn build<A: FloatElement>(case: &Value) -> Box<dyn Golden<A>> {
+    let lr = A::from_f64_rounded(hp(case, "learning_rate"));
     match case["optimizer"].as_str().expect("optimizer name") {
         "sgd" => Box::new(SGD::new(lr)),
         "momentum" => Box::new(Momentum::new(lr, hp(case, "momentum"))),
@@ -150,8 +150,8 @@ fn run_case(case: &Value) -> Vec<String> {
     } else {
         0
     };
-    let mut opt = build(case);
-    let mut in_place = build(case);
+    let mut opt = build::<f32>(case);
+    let mut in_place = build::<f32>(case);
     assert_eq!(
         opt.name(),
         case["optimizer"].as_str().expect("name"),
@@ -278,4 +278,29 @@ fn copy_matches_shared_golden_file() {
         shared == copy,
         "tests/data/optimizers.json differs from {SHARED_GOLDEN}; copy the shared file over it"
     );
+}
+
+/// The same trajectories in f64 stay within 1e-6 of optax's float32 ones
+/// (the golden file reports float32-vs-float64 differences below 2e-7).
+#[test]
+fn f64_trajectories_agree_with_optax_within_1e_6() {
+    let golden = load();
+    for case in golden["cases"].as_array().expect("cases") {
+        let id = case["id"].as_str().expect("case id");
+        let mut opt = build::<f64>(case);
+        let to_f64 =
+            |v: &Value| Array1::from(f32s(v).into_iter().map(f64::from).collect::<Vec<_>>());
+        let mut params = to_f64(&case["params0"]);
+        for (step, grads) in case["grads"].as_array().expect("grads").iter().enumerate() {
+            params = opt.step(&params, &to_f64(grads)).expect("f64 step");
+            let expected = to_f64(&case["params"][step]);
+            let worst = (&params - &expected)
+                .iter()
+                .fold(0.0f64, |m, d| m.max(d.abs()));
+            assert!(
+                worst < 1e-6,
+                "{id} step {step}: f64 params differ from optax f32 by {worst:e}"
+            );
+        }
+    }
 }

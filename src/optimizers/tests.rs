@@ -92,6 +92,38 @@ fn state_is_keyed_by_the_first_shape_until_reset() {
 }
 
 #[test]
+fn error_messages_name_the_shapes_and_what_to_do() {
+    let mut adam = Adam::new(0.1f32);
+    let err = adam
+        .step(&Array1::<f32>::ones(3), &Array1::<f32>::ones(4))
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "params have shape [3] but grads have shape [4]; they must match element for element"
+    );
+    adam.step(&Array1::<f32>::ones(3), &Array1::<f32>::ones(3))
+        .unwrap();
+    let err = adam
+        .step(&Array2::<f32>::ones((2, 2)), &Array2::<f32>::ones((2, 2)))
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "adam: its state has shape [3] but the params have shape [2, 2]; call reset() to \
+         start over with the new shape, or use one optimizer per tensor"
+    );
+}
+
+#[test]
+fn boxed_optimizers_are_optimizers() {
+    let mut boxed: Box<dyn Optimizer<f32, ndarray::Ix1>> = Box::new(SGD::new(0.5f32));
+    let p = boxed.step(&array![1.0f32], &array![1.0f32]).unwrap();
+    assert_eq!(p[0], 0.5);
+    boxed.set_learning_rate(0.25);
+    assert_eq!(boxed.learning_rate(), 0.25);
+    assert_eq!(boxed.name(), "sgd");
+}
+
+#[test]
 fn learning_rate_get_and_set() {
     let mut sgd = SGD::new(0.5f32);
     assert_eq!(sgd.learning_rate(), 0.5);
