@@ -24,11 +24,27 @@ use ndarray::Array1;
 use optirs_tpu::optimizers::{Adam, SGD};
 use rayon::prelude::*;
 use std::mem::MaybeUninit;
+use std::sync::OnceLock;
 use std::time::Instant;
 
-const N: usize = 10_000_000;
+/// Without `--bench` (which `cargo bench` passes), criterion runs each
+/// benchmark once as a smoke test, as under `cargo test --benches`; the
+/// sizes then shrink and the paired report is skipped, to keep that quick.
+fn smoke_test() -> bool {
+    static SMOKE: OnceLock<bool> = OnceLock::new();
+    *SMOKE.get_or_init(|| !std::env::args().any(|a| a == "--bench"))
+}
+
+/// Parameters per step: 1e7.
+fn n() -> usize {
+    if smoke_test() { 1 << 12 } else { 10_000_000 }
+}
+
+/// Elements of the DRAM-sized triad: 1e8.
+fn n_dram() -> usize {
+    if smoke_test() { 1 << 12 } else { 100_000_000 }
+}
 const SMALL: usize = 1_000;
-const N_DRAM: usize = 100_000_000;
 const CHUNK: usize = 1 << 16;
 const LR: f32 = 1e-3;
 
@@ -170,11 +186,11 @@ fn sgd_limit_fresh(p: &[f32], g: &[f32], neg_lr: f32, huge_pages: bool) -> Vec<f
 }
 
 fn bandwidth(c: &mut Criterion) {
-    let (b, cc) = inputs(N);
+    let (b, cc) = inputs(n());
     let (b, cc) = (b.to_vec(), cc.to_vec());
-    let mut a = vec![0.0f32; N];
+    let mut a = vec![0.0f32; n()];
     let mut group = c.benchmark_group("bandwidth");
-    group.throughput(Throughput::Bytes((8 * N) as u64));
+    group.throughput(Throughput::Bytes((8 * n()) as u64));
     group.bench_function("copy", |bench| {
         bench.iter(|| {
             a.par_chunks_mut(CHUNK)
@@ -183,7 +199,7 @@ fn bandwidth(c: &mut Criterion) {
             black_box(&a);
         })
     });
-    group.throughput(Throughput::Bytes((12 * N) as u64));
+    group.throughput(Throughput::Bytes((12 * n()) as u64));
     group.bench_function("triad", |bench| {
         bench.iter(|| {
             let s = black_box(0.5f32);
@@ -199,10 +215,10 @@ fn bandwidth(c: &mut Criterion) {
         })
     });
     // 1e8 elements (1.2 GB per triad) cannot be cache-resident anywhere.
-    let big_b = vec![1.0f32; N_DRAM];
-    let big_c = vec![2.0f32; N_DRAM];
-    let mut big_a = vec![0.0f32; N_DRAM];
-    group.throughput(Throughput::Bytes((12 * N_DRAM) as u64));
+    let big_b = vec![1.0f32; n_dram()];
+    let big_c = vec![2.0f32; n_dram()];
+    let mut big_a = vec![0.0f32; n_dram()];
+    group.throughput(Throughput::Bytes((12 * n_dram()) as u64));
     group.sample_size(10);
     group.bench_function("triad_1e8", |bench| {
         bench.iter(|| {
@@ -225,10 +241,10 @@ fn bandwidth(c: &mut Criterion) {
 }
 
 fn sgd(c: &mut Criterion) {
-    let (params, grads) = inputs(N);
+    let (params, grads) = inputs(n());
     let (p, g) = (params.to_vec(), grads.to_vec());
     let mut group = c.benchmark_group("sgd");
-    group.throughput(Throughput::Bytes((12 * N) as u64));
+    group.throughput(Throughput::Bytes((12 * n()) as u64));
     let mut opt = SGD::new(LR);
     group.bench_function("step", |b| {
         b.iter(|| black_box(opt.step(&params, &grads).unwrap()))
@@ -251,17 +267,17 @@ fn sgd(c: &mut Criterion) {
 }
 
 fn adam(c: &mut Criterion) {
-    let (params, grads) = inputs(N);
+    let (params, grads) = inputs(n());
     let (p, g) = (params.to_vec(), grads.to_vec());
     let mut group = c.benchmark_group("adam");
-    group.throughput(Throughput::Bytes((28 * N) as u64));
+    group.throughput(Throughput::Bytes((28 * n()) as u64));
     let mut opt = Adam::new(LR);
     // The first step allocates the moments; measure the steady state.
     opt.step(&params, &grads).unwrap();
     group.bench_function("step", |b| {
         b.iter(|| black_box(opt.step(&params, &grads).unwrap()))
     });
-    let (mut m, mut v) = (vec![0.0f32; N], vec![0.0f32; N]);
+    let (mut m, mut v) = (vec![0.0f32; n()], vec![0.0f32; n()]);
     let scalars = AdamScalars::new(10);
     group.bench_function("limit_fresh", |b| {
         b.iter(|| black_box(adam_limit_fresh(&p, &g, &mut m, &mut v, &scalars, true)))
@@ -324,9 +340,9 @@ fn paired(rounds: usize, mut a: impl FnMut(), mut b: impl FnMut()) -> (f64, f64,
 /// Prints the step-to-limit ratios as a Markdown table.
 fn paired_report() {
     const ROUNDS: usize = 101;
-    let (params, grads) = inputs(N);
+    let (params, grads) = inputs(n());
     let (p, g) = (params.to_vec(), grads.to_vec());
-    let gb = |bytes: usize, secs: f64| bytes as f64 * N as f64 / secs / 1e9;
+    let gb = |bytes: usize, secs: f64| bytes as f64 * n() as f64 / secs / 1e9;
     println!(
         "\n| pair (1e7 f32, {ROUNDS} alternating rounds) | step min ms | limit min ms | step GB/s | limit GB/s | ratio of mins | median paired ratio |"
     );
@@ -365,7 +381,7 @@ fn paired_report() {
 
     let mut adam = Adam::new(LR);
     adam.step(&params, &grads).unwrap();
-    let (mut m, mut v) = (vec![0.0f32; N], vec![0.0f32; N]);
+    let (mut m, mut v) = (vec![0.0f32; n()], vec![0.0f32; n()]);
     let scalars = AdamScalars::new(10);
     row(
         "Adam `step` vs fresh-output loop",
@@ -414,9 +430,7 @@ fn paired_report() {
 criterion_group!(benches, bandwidth, sgd, adam, small);
 
 fn main() {
-    // `cargo test --benches` runs this binary with `--test`; keep that quick.
-    let listing = std::env::args().any(|a| a == "--test" || a == "--list");
-    if !listing {
+    if !smoke_test() {
         paired_report();
     }
     benches();
