@@ -30,13 +30,17 @@
 //!
 //! Every built-in optimizer also implements [`UpdateRule`]: a stable
 //! [`UpdateKind`], its hyper-parameters, and its state as named slots, which
-//! is what a graph compiler needs to rebuild the same update from outside.
+//! is what a graph compiler needs to rebuild the same update from outside,
+//! and an [`UpdateProgram`]: the step's float operations in order.
+
+pub mod program;
 
 use std::fmt;
 
 use ndarray::{Array, ArrayD, Dimension};
 
 use crate::error::{OptimError, Result};
+pub use program::{ElementOp, Operand, UpdateProgram};
 
 /// A floating-point element type the optimizers run on (`f32`, `f64`).
 ///
@@ -296,6 +300,10 @@ pub trait UpdateRule<A> {
 
     /// The hyper-parameters, learning rate first, as given (in `f64`).
     fn hyper_parameters(&self) -> Vec<HyperParameter>;
+
+    /// The exact element-wise operations of the step with `count` (the
+    /// incremented count: 1 for the first step), with its scalars.
+    fn update_program(&self, count: i32) -> UpdateProgram<A>;
 
     /// Names of the per-element state slots, in order (empty for SGD).
     fn slot_names(&self) -> &'static [&'static str];

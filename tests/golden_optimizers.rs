@@ -7,7 +7,9 @@
 //!
 //! For every case and step this checks, bit for bit, against optax's eager
 //! results: the new params, the per-step delta `p[k] - p[k-1]`, and every
-//! state field (`count`, `mu`, `nu`, `trace`, `sum_of_squares`). The golden
+//! state field (`count`, `mu`, `nu`, `trace`, `sum_of_squares`); the params
+//! are checked for `step`, `step_in_place` and the interpreted
+//! `update_program` alike. The golden
 //! file's rounding notes allow rsqrt to differ by one ulp from XLA-CPU's in
 //! rare elements; a case whose `checks.eager_vs_f32_recipe_mismatches` is
 //! non-zero is therefore allowed 1 ulp, every other case 0. The params are
@@ -138,6 +140,19 @@ impl Tally {
     }
 }
 
+/// The state before the first step, from the case's `init_state`.
+fn initial_slots(case: &Value, names: &[&str], n: usize) -> Vec<Vec<f32>> {
+    let init = case["init_state"].as_object().expect("init_state object");
+    names
+        .iter()
+        .map(|name| {
+            init.iter()
+                .find(|(key, _)| key.rsplit('.').next() == Some(*name))
+                .map_or_else(|| vec![f32::NAN; n], |(_, v)| f32s(v))
+        })
+        .collect()
+}
+
 /// Runs one case; returns the failure lines.
 fn run_case(case: &Value) -> Vec<String> {
     let id = case["id"].as_str().expect("case id").to_string();
@@ -168,6 +183,23 @@ fn run_case(case: &Value) -> Vec<String> {
 
     for (step, grads) in case["grads"].as_array().expect("grads").iter().enumerate() {
         let grads = Array1::from(f32s(grads));
+        // The update program, interpreted element by element, must land on
+        // the same numbers as the fused step.
+        let program = opt.update_program(opt.state().map_or(0, |s| s.count) + 1);
+        let old_slots: Vec<Vec<f32>> = match opt.state() {
+            Some(state) => state
+                .slots
+                .iter()
+                .map(|s| s.value.iter().copied().collect())
+                .collect(),
+            None => initial_slots(case, opt.slot_names(), params.len()),
+        };
+        let interpreted: Vec<f32> = (0..params.len())
+            .map(|i| {
+                let slots: Vec<f32> = old_slots.iter().map(|s| s[i]).collect();
+                program.eval(params[i], grads[i], &slots).0
+            })
+            .collect();
         let next = match opt.step(&params, &grads) {
             Ok(p) => p,
             Err(e) => return vec![format!("{id} step {step}: step failed: {e}")],
@@ -183,6 +215,13 @@ fn run_case(case: &Value) -> Vec<String> {
             step,
             &expected,
             &donated.to_vec(),
+            allowed,
+        );
+        p_tally.compare(
+            "params (update program)",
+            step,
+            &expected,
+            &interpreted,
             allowed,
         );
 

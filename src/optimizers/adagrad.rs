@@ -1,6 +1,7 @@
 //! Adagrad, optax's `adagrad(learning_rate)`.
 
 use crate::error::Result;
+use crate::optimizer::program::{Operand, ProgramBuilder, UpdateProgram};
 use crate::optimizer::{FloatElement, HyperParameter, OptimizerState, UpdateKind};
 use crate::optimizers::kernel::{Target, Written, impl_optimizer, wrong_slot_count};
 
@@ -34,6 +35,21 @@ pub struct AdagradConstants<A> {
 }
 
 impl<A: FloatElement> AdagradConstants<A> {
+    /// The step as element-wise operations.
+    pub fn program(self) -> UpdateProgram<A> {
+        let mut b = ProgramBuilder::new();
+        let eps = b.constant("eps", self.eps);
+        let zero = b.constant("zero", A::zero());
+        let g2 = b.mul(Operand::Grad, Operand::Grad);
+        let sum = b.add(g2, Operand::Slot(0));
+        let shifted = b.add(sum, eps);
+        let root = b.rsqrt(shifted);
+        let scale = b.select_positive(sum, root, zero);
+        let d = b.mul(scale, Operand::Grad);
+        let p = b.apply_step(self.neg_lr, d);
+        b.finish(p, vec![sum])
+    }
+
     pub(crate) fn apply(
         self,
         target: Target<'_, A>,

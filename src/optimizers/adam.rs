@@ -1,6 +1,7 @@
 //! Adam, optax's `adam(learning_rate)`.
 
 use crate::error::Result;
+use crate::optimizer::program::{Operand, ProgramBuilder, UpdateProgram};
 use crate::optimizer::{FloatElement, HyperParameter, OptimizerState, UpdateKind};
 use crate::optimizers::kernel::{Target, Written, impl_optimizer, wrong_slot_count};
 
@@ -69,6 +70,47 @@ impl<A: FloatElement> AdamConstants<A> {
             eps: A::from_f64_rounded(eps),
             eps_root: A::from_f64_rounded(eps_root),
         }
+    }
+
+    /// Appends the moment updates and the Adam direction to `b`; returns
+    /// (new mu, new nu, direction).
+    pub(crate) fn build_direction(&self, b: &mut ProgramBuilder<A>) -> (Operand, Operand, Operand) {
+        let (one_minus_b1, b1) = (
+            b.constant("one_minus_b1", self.one_minus_b1),
+            b.constant("b1", self.b1),
+        );
+        let (one_minus_b2, b2) = (
+            b.constant("one_minus_b2", self.one_minus_b2),
+            b.constant("b2", self.b2),
+        );
+        let inv_bc1 = b.constant("inv_bias_correction1", self.inv_bias_correction1);
+        let inv_bc2 = b.constant("inv_bias_correction2", self.inv_bias_correction2);
+        let (eps, eps_root) = (
+            b.constant("eps", self.eps),
+            b.constant("eps_root", self.eps_root),
+        );
+        let new_g = b.mul(one_minus_b1, Operand::Grad);
+        let old_mu = b.mul(b1, Operand::Slot(0));
+        let mu = b.add(new_g, old_mu);
+        let g2 = b.mul(Operand::Grad, Operand::Grad);
+        let new_g2 = b.mul(one_minus_b2, g2);
+        let old_nu = b.mul(b2, Operand::Slot(1));
+        let nu = b.add(new_g2, old_nu);
+        let mu_hat = b.mul(mu, inv_bc1);
+        let nu_hat = b.mul(nu, inv_bc2);
+        let shifted = b.add(nu_hat, eps_root);
+        let root = b.sqrt(shifted);
+        let denominator = b.add(root, eps);
+        let d = b.div(mu_hat, denominator);
+        (mu, nu, d)
+    }
+
+    /// The step as element-wise operations.
+    pub fn program(self) -> UpdateProgram<A> {
+        let mut b = ProgramBuilder::new();
+        let (mu, nu, d) = self.build_direction(&mut b);
+        let p = b.apply_step(self.neg_lr, d);
+        b.finish(p, vec![mu, nu])
     }
 
     /// The moment updates and the Adam direction `d` for one element.

@@ -1,6 +1,7 @@
 //! AdamW, optax's `adamw(learning_rate, weight_decay=wd)`.
 
 use crate::error::Result;
+use crate::optimizer::program::{Operand, ProgramBuilder, UpdateProgram};
 use crate::optimizer::{FloatElement, HyperParameter, OptimizerState, UpdateKind};
 use crate::optimizers::adam::AdamConstants;
 use crate::optimizers::kernel::{Target, Written, impl_optimizer, wrong_slot_count};
@@ -36,6 +37,17 @@ pub struct AdamWConstants<A> {
 }
 
 impl<A: FloatElement> AdamWConstants<A> {
+    /// The step as element-wise operations.
+    pub fn program(self) -> UpdateProgram<A> {
+        let mut b = ProgramBuilder::new();
+        let (mu, nu, d) = self.adam.build_direction(&mut b);
+        let wd = b.constant("weight_decay", self.weight_decay);
+        let decay = b.mul(wd, Operand::Param);
+        let d = b.add(d, decay);
+        let p = b.apply_step(self.adam.neg_lr, d);
+        b.finish(p, vec![mu, nu])
+    }
+
     pub(crate) fn apply(
         self,
         target: Target<'_, A>,

@@ -490,6 +490,10 @@ macro_rules! impl_optimizer {
                 $ty::hyper_parameters(self)
             }
 
+            fn update_program(&self, count: i32) -> $crate::optimizer::UpdateProgram<A> {
+                self.constants(count).program()
+            }
+
             fn slot_names(&self) -> &'static [&'static str] {
                 Self::SLOTS
             }

@@ -1,6 +1,7 @@
 //! Heavy-ball momentum, optax's `sgd(learning_rate, momentum=mu)`.
 
 use crate::error::Result;
+use crate::optimizer::program::{Operand, ProgramBuilder, UpdateProgram};
 use crate::optimizer::{FloatElement, HyperParameter, OptimizerState, UpdateKind};
 use crate::optimizers::kernel::{Target, Written, impl_optimizer, wrong_slot_count};
 
@@ -68,6 +69,16 @@ impl<A: FloatElement> Momentum<A> {
 }
 
 impl<A: FloatElement> MomentumConstants<A> {
+    /// The step as element-wise operations.
+    pub fn program(self) -> UpdateProgram<A> {
+        let mut b = ProgramBuilder::new();
+        let mu = b.constant("mu", self.mu);
+        let decayed = b.mul(mu, Operand::Slot(0));
+        let trace = b.add(Operand::Grad, decayed);
+        let p = b.apply_step(self.neg_lr, trace);
+        b.finish(p, vec![trace])
+    }
+
     pub(crate) fn apply(
         self,
         target: Target<'_, A>,

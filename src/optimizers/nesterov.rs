@@ -1,6 +1,7 @@
 //! Nesterov momentum, optax's `sgd(learning_rate, momentum=mu, nesterov=True)`.
 
 use crate::error::Result;
+use crate::optimizer::program::{Operand, ProgramBuilder, UpdateProgram};
 use crate::optimizer::{FloatElement, HyperParameter, OptimizerState, UpdateKind};
 use crate::optimizers::kernel::{Target, Written, impl_optimizer, wrong_slot_count};
 
@@ -69,6 +70,18 @@ impl<A: FloatElement> Nesterov<A> {
 }
 
 impl<A: FloatElement> NesterovConstants<A> {
+    /// The step as element-wise operations.
+    pub fn program(self) -> UpdateProgram<A> {
+        let mut b = ProgramBuilder::new();
+        let mu = b.constant("mu", self.mu);
+        let decayed = b.mul(mu, Operand::Slot(0));
+        let trace = b.add(Operand::Grad, decayed);
+        let ahead = b.mul(mu, trace);
+        let d = b.add(Operand::Grad, ahead);
+        let p = b.apply_step(self.neg_lr, d);
+        b.finish(p, vec![trace])
+    }
+
     pub(crate) fn apply(
         self,
         target: Target<'_, A>,

@@ -1,6 +1,7 @@
 //! RMSProp, optax's `rmsprop(learning_rate)`.
 
 use crate::error::Result;
+use crate::optimizer::program::{Operand, ProgramBuilder, UpdateProgram};
 use crate::optimizer::{FloatElement, HyperParameter, OptimizerState, UpdateKind};
 use crate::optimizers::kernel::{Target, Written, impl_optimizer, wrong_slot_count};
 
@@ -39,6 +40,23 @@ pub struct RMSPropConstants<A> {
 }
 
 impl<A: FloatElement> RMSPropConstants<A> {
+    /// The step as element-wise operations.
+    pub fn program(self) -> UpdateProgram<A> {
+        let mut b = ProgramBuilder::new();
+        let one_minus_decay = b.constant("one_minus_decay", self.one_minus_decay);
+        let decay = b.constant("decay", self.decay);
+        let eps = b.constant("eps", self.eps);
+        let g2 = b.mul(Operand::Grad, Operand::Grad);
+        let new_g2 = b.mul(one_minus_decay, g2);
+        let old_nu = b.mul(decay, Operand::Slot(0));
+        let nu = b.add(new_g2, old_nu);
+        let shifted = b.add(nu, eps);
+        let scale = b.rsqrt(shifted);
+        let d = b.mul(Operand::Grad, scale);
+        let p = b.apply_step(self.neg_lr, d);
+        b.finish(p, vec![nu])
+    }
+
     pub(crate) fn apply(
         self,
         target: Target<'_, A>,

@@ -1,6 +1,7 @@
 //! Stochastic gradient descent, optax's `sgd(learning_rate)`.
 
 use crate::error::Result;
+use crate::optimizer::program::{Operand, ProgramBuilder, UpdateProgram};
 use crate::optimizer::{FloatElement, HyperParameter, OptimizerState, UpdateKind};
 use crate::optimizers::kernel::{Target, Written, impl_optimizer, wrong_slot_count};
 
@@ -56,6 +57,13 @@ impl<A: FloatElement> SGD<A> {
 }
 
 impl<A: FloatElement> SgdConstants<A> {
+    /// The step as element-wise operations.
+    pub fn program(self) -> UpdateProgram<A> {
+        let mut b = ProgramBuilder::new();
+        let p = b.apply_step(self.neg_lr, Operand::Grad);
+        b.finish(p, Vec::new())
+    }
+
     pub(crate) fn apply(
         self,
         target: Target<'_, A>,

@@ -602,3 +602,76 @@ fn exact_pow_reference_is_sane() {
     assert_eq!(b.next_power(), Some(0.9));
     assert_eq!(b.next_power(), Some(0.9f32 * 0.9f32));
 }
+
+/// Random state values a slot can hold: any sign for `trace`, non-negative
+/// for accumulators of squares.
+fn slot_value(name: &'static str) -> BoxedStrategy<f32> {
+    if name == "trace" || name == "mu" {
+        (-10.0f32..10.0).boxed()
+    } else {
+        (0.0f32..10.0).boxed()
+    }
+}
+
+/// (param, grad, old slot values) of one element.
+type Element = (f32, f32, Vec<f32>);
+
+fn program_case() -> impl Strategy<Value = (UpdateKind, Vec<f64>, i32, Vec<Element>)> {
+    (0..UpdateKind::ALL.len(), 0usize..24, 0i32..5000).prop_flat_map(|(k, n, count)| {
+        let kind = UpdateKind::ALL[k];
+        let names = build(kind, &[0.1, 0.5, 0.9, 1e-8, 0.0, 0.01]).slot_names();
+        let slots: Vec<_> = names.iter().map(|&name| slot_value(name)).collect();
+        (
+            Just(kind),
+            hyper_parameters(kind),
+            Just(count),
+            prop::collection::vec((-10.0f32..10.0, -10.0f32..10.0, slots), n),
+        )
+    })
+}
+
+proptest! {
+    /// `update_program(count)`, interpreted one element at a time, is the
+    /// step with that count, bit for bit, for the new params and the state.
+    #[test]
+    fn update_program_equals_step((kind, hp, count, elements) in program_case()) {
+        let mut opt = build(kind, &hp);
+        let names = opt.slot_names();
+        let n = elements.len();
+        let slots = names
+            .iter()
+            .enumerate()
+            .map(|(k, &name)| StateSlot {
+                name,
+                value: ArrayD::from_shape_vec(IxDyn(&[n]), elements.iter().map(|e| e.2[k]).collect())
+                    .unwrap(),
+            })
+            .collect();
+        opt.set_state(OptimizerState { count, slots }).unwrap();
+        let params = Array1::from_iter(elements.iter().map(|e| e.0));
+        let grads = Array1::from_iter(elements.iter().map(|e| e.1));
+        let program = opt.update_program(count + 1);
+        let stepped = Optimizer::step(opt.as_mut(), &params, &grads).unwrap();
+        let state = opt.state().unwrap();
+        for (i, (p, g, old)) in elements.iter().enumerate() {
+            let (want_p, want_slots) = program.eval(*p, *g, old);
+            prop_assert_eq!(stepped[i].to_bits(), want_p.to_bits(), "{} param {}", kind, i);
+            for (slot, want) in state.slots.iter().zip(&want_slots) {
+                prop_assert_eq!(slot.value[[i]].to_bits(), want.to_bits(), "{} {} {}", kind, slot.name, i);
+            }
+        }
+    }
+}
+
+#[test]
+fn update_programs_name_their_scalars() {
+    let program = Adam::new(1e-3f32).update_program(1);
+    let names: Vec<_> = program.constants.iter().map(|c| c.0).collect();
+    assert!(
+        names.contains(&"inv_bias_correction1") && names.contains(&"neg_lr"),
+        "{names:?}"
+    );
+    assert_eq!(program.new_slots.len(), 2);
+    let sgd = SGD::new(0.5f32).update_program(1);
+    assert_eq!(sgd.eval(1.0, 1.0, &[]), (0.5, vec![]));
+}
