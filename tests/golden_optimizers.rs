@@ -9,10 +9,10 @@
 //! results: the new params, the per-step delta `p[k] - p[k-1]`, and every
 //! state field (`count`, `mu`, `nu`, `trace`, `sum_of_squares`); the params
 //! are checked for `step`, `step_in_place` and the interpreted
-//! `update_program` alike. The golden
-//! file's rounding notes allow rsqrt to differ by one ulp from XLA-CPU's in
-//! rare elements; a case whose `checks.eager_vs_f32_recipe_mismatches` is
-//! non-zero is therefore allowed 1 ulp, every other case 0. The params are
+//! `update_program` alike. The golden file's rounding notes allow rsqrt to
+//! differ by one ulp from XLA-CPU's in rare elements; a case whose
+//! `checks.eager_vs_f32_recipe_mismatches` is non-zero is therefore allowed
+//! 1 ulp, every other case 0 (every current case has 0). The params are
 //! also checked within 1e-6 absolute of the jitted (FMA-contracted) run.
 
 use ndarray::{Array1, Ix1};

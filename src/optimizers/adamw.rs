@@ -4,7 +4,8 @@ use crate::error::Result;
 use crate::optimizer::program::{Operand, ProgramBuilder, UpdateProgram};
 use crate::optimizer::{FloatElement, HyperParameter, OptimizerState, UpdateKind};
 use crate::optimizers::adam::AdamConstants;
-use crate::optimizers::kernel::{Target, Written, impl_optimizer, wrong_slot_count};
+use crate::optimizers::kernel::{Target, Written, wrong_slot_count};
+use crate::optimizers::macros::impl_optimizer;
 
 /// Adam with decoupled weight decay (Loshchilov & Hutter), optax's order:
 /// the Adam direction `d` as in [`Adam`](crate::optimizers::Adam), then

@@ -41,6 +41,7 @@
 //! [`UpdateRule`]: crate::optimizer::UpdateRule
 
 pub(crate) mod kernel;
+mod macros;
 
 mod adagrad;
 mod adam;

@@ -3,7 +3,8 @@
 use crate::error::Result;
 use crate::optimizer::program::{Operand, ProgramBuilder, UpdateProgram};
 use crate::optimizer::{FloatElement, HyperParameter, OptimizerState, UpdateKind};
-use crate::optimizers::kernel::{Target, Written, impl_optimizer, wrong_slot_count};
+use crate::optimizers::kernel::{Target, Written, wrong_slot_count};
+use crate::optimizers::macros::impl_optimizer;
 
 /// Nesterov momentum (optax `trace(nesterov=True)`, the Sutskever/PyTorch
 /// form): `m = g + mu * m; d = g + mu * m` (with the new `m`);

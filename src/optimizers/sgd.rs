@@ -3,7 +3,8 @@
 use crate::error::Result;
 use crate::optimizer::program::{Operand, ProgramBuilder, UpdateProgram};
 use crate::optimizer::{FloatElement, HyperParameter, OptimizerState, UpdateKind};
-use crate::optimizers::kernel::{Target, Written, impl_optimizer, wrong_slot_count};
+use crate::optimizers::kernel::{Target, Written, wrong_slot_count};
+use crate::optimizers::macros::impl_optimizer;
 
 /// Plain gradient descent: `u = (-lr) * g; p = p + u`.
 ///
