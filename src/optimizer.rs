@@ -3,7 +3,7 @@
 //! An optimizer turns `(params, grads)` into new params and keeps its own
 //! state (moments, accumulators, a step count). The numerics follow optax's
 //! float32 semantics bit for bit (see `tests/golden_optimizers.rs`), which
-//! fixes three things that are easy to get subtly wrong:
+//! fixes four things that are easy to get subtly wrong:
 //!
 //! * **Hyper-parameters are `f64`**, like Python floats in optax. Constants
 //!   derived from them (`1 - b1`, `-lr`, `eps`) are computed in `f64` and
@@ -13,6 +13,10 @@
 //! * **`b^t` is correctly rounded** ([`FloatElement::pow_rounded`]) and the
 //!   bias correction is `x * (1 / (1 - b^t))`, as XLA simplifies it.
 //! * **`rsqrt` is correctly rounded** ([`FloatElement::rsqrt`]).
+//! * **Every operation rounds separately, in optax's order**: `(1-b1)*g +
+//!   b1*mu` is two products and a sum, never a fused multiply-add (Rust does
+//!   not contract them; XLA's jit does, which is why jitted optax differs in
+//!   the last bit and the golden tests compare with eager optax).
 //!
 //! As in optax, hyper-parameters are not range-checked: a negative learning
 //! rate or a `b1` of 1 gives the numbers the formulas give.
