@@ -315,6 +315,10 @@ pub trait UpdateRule<A> {
     /// The state, or `None` before the first step and after a reset.
     fn state(&self) -> Option<&OptimizerState<A>>;
 
+    /// Moves the state out (no copy of the tensors), leaving the optimizer
+    /// as if reset; hand it back with [`UpdateRule::set_state`].
+    fn take_state(&mut self) -> Option<OptimizerState<A>>;
+
     /// Replaces the state (e.g. from a checkpoint). The slots must have the
     /// names of [`UpdateRule::slot_names`], in order, and one common shape.
     fn set_state(&mut self, state: OptimizerState<A>) -> Result<()>;

@@ -92,6 +92,10 @@ macro_rules! impl_optimizer {
                 self.state.as_ref()
             }
 
+            fn take_state(&mut self) -> Option<$crate::optimizer::OptimizerState<A>> {
+                self.state.take()
+            }
+
             fn set_state(
                 &mut self,
                 state: $crate::optimizer::OptimizerState<A>,

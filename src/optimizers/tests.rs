@@ -282,6 +282,13 @@ fn set_state_validates_names_shapes_and_count() {
     b.set_state(a.state().unwrap().clone()).unwrap();
     assert_eq!(a.step(&p1, &g).unwrap(), b.step(&p1, &g).unwrap());
     assert_eq!(a.state().unwrap().count, 2);
+
+    // take_state moves it out and leaves the optimizer reset.
+    let taken = a.take_state().unwrap();
+    assert!(a.state().is_none());
+    assert_eq!(taken.count, 2);
+    a.set_state(taken).unwrap();
+    assert_eq!(a.state().unwrap().count, 2);
 }
 
 #[test]
