@@ -45,6 +45,37 @@ pub enum OptimError {
     /// A schedule could not be built (for instance, an ambiguous system order).
     #[error("schedule build failed: {0}")]
     Schedule(String),
+    /// An optimizer step was given params and grads of different shapes.
+    #[error(
+        "params have shape {params:?} but grads have shape {grads:?}; they must match element for element"
+    )]
+    ShapeMismatch {
+        /// Shape of the parameters.
+        params: Vec<usize>,
+        /// Shape of the gradients.
+        grads: Vec<usize>,
+    },
+    /// An optimizer's state (moments, accumulators) was built for another shape.
+    #[error(
+        "{optimizer}: its state has shape {state:?} but the params have shape {params:?}; \
+         call reset() to start over with the new shape, or use one optimizer per tensor"
+    )]
+    StateShapeMismatch {
+        /// The optimizer's stable name (`adam`, `sgd`, ...).
+        optimizer: String,
+        /// Shape the state was built for.
+        state: Vec<usize>,
+        /// Shape of the params passed to this step.
+        params: Vec<usize>,
+    },
+    /// Optimizer state handed to `set_state` does not fit the optimizer.
+    #[error("{optimizer}: invalid state: {reason}")]
+    InvalidState {
+        /// The optimizer's stable name.
+        optimizer: String,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// Reading or writing a file failed.
     #[error("{path}: {source}")]
     Io {

@@ -10,6 +10,8 @@ pub mod fault_tolerance;
 pub mod hardware;
 pub mod health;
 pub mod memory;
+pub mod optimizer;
+pub mod optimizers;
 pub mod pod;
 pub mod rng;
 pub mod schedule;
@@ -19,4 +21,5 @@ pub mod xla;
 
 pub use error::{OptimError, Result};
 pub use hardware::TpuGeneration;
+pub use optimizer::Optimizer;
 pub use pod::Pod;
