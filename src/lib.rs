@@ -1,6 +1,7 @@
 //! optirs-tpu: TPU pod coordination and an XLA-shaped optimizer compiler as a
 //! `bevy_ecs` world, on a CPU reference executor.
 
+pub mod collectives;
 pub mod error;
 pub mod schedule;
 

@@ -1,0 +1,207 @@
+//! Torus shapes and the multi-dimensional all-reduce.
+//!
+//! A torus of shape `[X, Y, Z]` numbers its devices `x + X·(y + Y·z)`. A
+//! dimension either wraps around (a true ring of links) or not (a mesh line).
+//!
+//! The all-reduce is the standard torus algorithm: reduce-scatter along the
+//! rings of dimension 0, then along dimension 1 on the shard each device now
+//! owns, and so on; then all-gather in reverse order. After dimension `d` a
+//! device with coordinate `k` along `d` owns chunk `k` of its previous shard,
+//! so all devices of a dimension-`d+1` ring own the same range. Every ring
+//! hop joins physically adjacent devices; on a dimension without wraparound
+//! the ring's closing hop is routed back along the line (see
+//! [`Traffic`](super::Traffic): one record per link, `hops` = line length − 1).
+//! That route uses the reverse direction of links the forward hops use, so
+//! it shares no directed link with them.
+
+use std::ops::Range;
+
+use serde::{Deserialize, Serialize};
+
+use super::CollectiveError;
+use super::element::{Element, ReduceOp};
+use super::ring::{Epilogue, RingRoute, all_gather_rings, chunk_range, reduce_scatter_rings};
+use super::traffic::{PhaseKind, Traffic};
+
+/// The shape of a torus (or mesh) of devices.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TorusShape {
+    dims: Vec<usize>,
+    wraparound: Vec<bool>,
+}
+
+impl TorusShape {
+    /// A torus with extents `dims` (each ≥ 1, at least one dimension) and a
+    /// wraparound flag per dimension.
+    pub fn new(dims: &[usize], wraparound: &[bool]) -> Result<Self, CollectiveError> {
+        let device_count = dims
+            .iter()
+            .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+            .unwrap_or(0);
+        if dims.is_empty() || dims.len() != wraparound.len() || device_count == 0 {
+            return Err(CollectiveError::InvalidTorusShape {
+                dims: dims.to_vec(),
+                wraparound: wraparound.to_vec(),
+            });
+        }
+        Ok(Self {
+            dims: dims.to_vec(),
+            wraparound: wraparound.to_vec(),
+        })
+    }
+
+    /// Extents per dimension.
+    pub fn dims(&self) -> &[usize] {
+        &self.dims
+    }
+
+    /// Wraparound per dimension.
+    pub fn wraparound(&self) -> &[bool] {
+        &self.wraparound
+    }
+
+    /// Number of devices, the product of the extents.
+    pub fn device_count(&self) -> usize {
+        self.dims.iter().product()
+    }
+
+    /// Coordinates of device `index`.
+    pub fn coords(&self, index: usize) -> Vec<usize> {
+        let mut rest = index;
+        self.dims
+            .iter()
+            .map(|&d| {
+                let c = rest % d;
+                rest /= d;
+                c
+            })
+            .collect()
+    }
+
+    /// Distance between consecutive devices along dimension `dim`.
+    fn stride(&self, dim: usize) -> usize {
+        self.dims[..dim].iter().product()
+    }
+
+    /// The lines (device lists in coordinate order) along dimension `dim`.
+    fn lines(&self, dim: usize) -> Vec<Vec<usize>> {
+        let n = self.dims[dim];
+        let stride = self.stride(dim);
+        (0..self.device_count())
+            .filter(|&i| (i / stride).is_multiple_of(n))
+            .map(|base| (0..n).map(|k| base + k * stride).collect())
+            .collect()
+    }
+
+    fn route(&self, dim: usize, devices: &[usize]) -> RingRoute {
+        if self.wraparound[dim] || devices.len() <= 2 {
+            RingRoute::neighbours(devices)
+        } else {
+            RingRoute::line(devices)
+        }
+    }
+}
+
+/// Takes the sub-slices `ranges[dev]` of each device's buffer and groups
+/// them by line, in ring order.
+fn line_slices<'a, T>(
+    slots: &mut [Option<&'a mut [T]>],
+    lines: &[Vec<usize>],
+    ranges: &[Range<usize>],
+) -> Vec<Vec<&'a mut [T]>> {
+    // Each device's whole buffer is split off its current range, used, and
+    // the remainder returned to its slot.
+    lines
+        .iter()
+        .map(|line| {
+            line.iter()
+                .filter_map(|&dev| {
+                    let buffer = slots[dev].take()?;
+                    let range = ranges[dev].clone();
+                    let (_, tail) = buffer.split_at_mut(range.start);
+                    let (mid, _) = tail.split_at_mut(range.len());
+                    Some(mid)
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Multi-dimensional all-reduce over `slices` (one per device, indexed by
+/// device, all of equal length). Validation is the caller's.
+pub(crate) fn torus_all_reduce_slices<T: Element>(
+    mut slices: Vec<&mut [T]>,
+    shape: &TorusShape,
+    op: ReduceOp,
+) -> Traffic {
+    let len = slices.first().map_or(0, |s| s.len());
+    let device_count = shape.device_count();
+    let ndims = shape.dims.len();
+    let mut traffic = Traffic::default();
+    // ranges_before[d][dev]: the segment device `dev` reduces along dim d.
+    let mut ranges: Vec<Range<usize>> = vec![0..len; device_count];
+    let mut ranges_before: Vec<Vec<Range<usize>>> = Vec::with_capacity(ndims);
+    let mut order = 0u32;
+    for dim in 0..ndims {
+        let n = shape.dims[dim];
+        let lines = shape.lines(dim);
+        let last = dim + 1 == ndims;
+        let epilogue = Epilogue {
+            divisor: (last && op == ReduceOp::Mean).then_some(device_count),
+            gather: last,
+        };
+        let mut slots: Vec<Option<&mut [T]>> = slices.iter_mut().map(|s| Some(&mut **s)).collect();
+        reduce_scatter_rings(line_slices(&mut slots, &lines, &ranges), op, epilogue);
+        for line in &lines {
+            let seg_len = ranges[line[0]].len();
+            let route = shape.route(dim, line);
+            route.record_pass(
+                &mut traffic,
+                PhaseKind::ReduceScatter,
+                order,
+                dim as u32,
+                seg_len,
+                T::BYTES,
+            );
+            if last {
+                route.record_pass(
+                    &mut traffic,
+                    PhaseKind::AllGather,
+                    order + 1,
+                    dim as u32,
+                    seg_len,
+                    T::BYTES,
+                );
+            }
+        }
+        order += 1;
+        ranges_before.push(ranges.clone());
+        if !last {
+            let coords: Vec<usize> = (0..device_count).map(|i| shape.coords(i)[dim]).collect();
+            for (dev, range) in ranges.iter_mut().enumerate() {
+                let sub = chunk_range(range.len(), n, coords[dev]);
+                *range = range.start + sub.start..range.start + sub.end;
+            }
+        }
+    }
+    order += 1;
+    for dim in (0..ndims.saturating_sub(1)).rev() {
+        let lines = shape.lines(dim);
+        let ranges = &ranges_before[dim];
+        let mut slots: Vec<Option<&mut [T]>> = slices.iter_mut().map(|s| Some(&mut **s)).collect();
+        all_gather_rings(line_slices(&mut slots, &lines, ranges));
+        for line in &lines {
+            let seg_len = ranges[line[0]].len();
+            shape.route(dim, line).record_pass(
+                &mut traffic,
+                PhaseKind::AllGather,
+                order,
+                dim as u32,
+                seg_len,
+                T::BYTES,
+            );
+        }
+        order += 1;
+    }
+    traffic
+}

@@ -1,0 +1,192 @@
+//! Traffic records and the alpha-beta time model.
+//!
+//! Every collective returns a [`Traffic`]: one [`Transfer`] per link
+//! traversal, tagged with the [`Phase`] (kind, torus dimension, ring step) it
+//! belongs to. The pod charges each record to the channel between `src` and
+//! `dst`; those two devices are always physically adjacent. A transfer whose
+//! logical route spans several links (the closing hop of a ring laid on a
+//! mesh dimension without wraparound) appears once per link, each record
+//! carrying the route length in `hops`.
+//!
+//! Transfers of zero bytes (empty chunks when a buffer has fewer elements
+//! than ranks) are not recorded.
+//!
+//! The time model is the classic alpha-beta (Hockney) model: a message of
+//! `b` bytes over a route of `h` links takes `h·α + b/β` (cut-through
+//! routing, so the bandwidth term is paid once). Within one ring step all
+//! transfers run concurrently on distinct links (each direction of a link is
+//! its own channel), so a step lasts as long as its slowest transfer; steps
+//! run one after another.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::CollectiveError;
+
+/// What a transfer is part of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum PhaseKind {
+    /// Reduce-scatter: partial sums travel around the ring.
+    ReduceScatter,
+    /// All-gather: reduced chunks travel around the ring.
+    AllGather,
+    /// Broadcast: chunks flow down the chain from the root.
+    Broadcast,
+}
+
+/// The step of a collective a transfer belongs to.
+///
+/// Phases order as the collective executes them: by `order` (the position of
+/// the ring pass in the whole collective), then by `step`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Phase {
+    /// Position of this ring pass within the collective (0 for a single ring;
+    /// a 3D torus all-reduce has passes 0..6).
+    pub order: u32,
+    /// What the pass does.
+    pub kind: PhaseKind,
+    /// The torus dimension the ring is laid along (0 for a plain ring).
+    pub dim: u32,
+    /// The step within the pass, `0..n-1` for a ring of `n` ranks.
+    pub step: u32,
+}
+
+/// Bytes moved from one device to an adjacent one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Transfer {
+    /// Sending device (rank).
+    pub src: usize,
+    /// Receiving device (rank), adjacent to `src`.
+    pub dst: usize,
+    /// Payload bytes.
+    pub bytes: u64,
+    /// Number of links on the logical route this traversal belongs to
+    /// (1 for a ring neighbour).
+    pub hops: u32,
+    /// When it happens.
+    pub phase: Phase,
+}
+
+/// The traffic of one collective, in execution order.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Traffic {
+    /// One record per link traversal.
+    pub transfers: Vec<Transfer>,
+}
+
+impl Traffic {
+    /// Total bytes over all links.
+    pub fn total_bytes(&self) -> u64 {
+        self.transfers.iter().map(|t| t.bytes).sum()
+    }
+
+    /// Bytes per directed link `(src, dst)`.
+    pub fn per_link(&self) -> BTreeMap<(usize, usize), u64> {
+        let mut map = BTreeMap::new();
+        for t in &self.transfers {
+            *map.entry((t.src, t.dst)).or_insert(0) += t.bytes;
+        }
+        map
+    }
+
+    /// Bytes sent by each device (first hop of every route and every relay).
+    pub fn sent_by(&self) -> BTreeMap<usize, u64> {
+        let mut map = BTreeMap::new();
+        for t in &self.transfers {
+            *map.entry(t.src).or_insert(0) += t.bytes;
+        }
+        map
+    }
+
+    /// Modeled duration: the sum over steps of the slowest transfer in the
+    /// step, `hops·α + bytes/β`.
+    pub fn modeled_seconds(&self, model: &LinkModel) -> f64 {
+        let mut slowest: BTreeMap<Phase, f64> = BTreeMap::new();
+        for t in &self.transfers {
+            let time = model.message_seconds(t.bytes, t.hops);
+            let entry = slowest.entry(t.phase).or_insert(0.0);
+            if time > *entry {
+                *entry = time;
+            }
+        }
+        slowest.values().sum()
+    }
+}
+
+/// Latency and bandwidth of one direction of a link.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct LinkModel {
+    latency_seconds: f64,
+    bandwidth_bytes_per_second: f64,
+}
+
+impl LinkModel {
+    /// A link with latency α (seconds, ≥ 0) and bandwidth β per direction
+    /// (bytes per second, > 0). Both must be finite.
+    pub fn new(
+        latency_seconds: f64,
+        bandwidth_bytes_per_second: f64,
+    ) -> Result<Self, CollectiveError> {
+        let latency_ok = latency_seconds.is_finite() && latency_seconds >= 0.0;
+        let bandwidth_ok =
+            bandwidth_bytes_per_second.is_finite() && bandwidth_bytes_per_second > 0.0;
+        if !(latency_ok && bandwidth_ok) {
+            return Err(CollectiveError::InvalidLinkModel {
+                latency_seconds,
+                bandwidth_bytes_per_second,
+            });
+        }
+        Ok(Self {
+            latency_seconds,
+            bandwidth_bytes_per_second,
+        })
+    }
+
+    /// α, seconds.
+    pub fn latency_seconds(&self) -> f64 {
+        self.latency_seconds
+    }
+
+    /// β, bytes per second per direction.
+    pub fn bandwidth_bytes_per_second(&self) -> f64 {
+        self.bandwidth_bytes_per_second
+    }
+
+    /// `hops·α + bytes/β`.
+    pub fn message_seconds(&self, bytes: u64, hops: u32) -> f64 {
+        f64::from(hops) * self.latency_seconds + bytes as f64 / self.bandwidth_bytes_per_second
+    }
+
+    /// Closed form of a ring all-reduce of `len` elements of `elem_bytes`
+    /// bytes over `n` ranks whose ring hops are all single links:
+    /// `2(n−1)·(α + ⌈len/n⌉·elem_bytes/β)`; zero when nothing moves.
+    pub fn ring_all_reduce_seconds(&self, n: usize, len: usize, elem_bytes: usize) -> f64 {
+        self.ring_pass_seconds(n, len, elem_bytes) * 2.0
+    }
+
+    /// One ring pass (a reduce-scatter or an all-gather, or a broadcast
+    /// pipelined in `n` chunks down a chain of `n` ranks has the same
+    /// `2(n−1)` steps: see [`LinkModel::broadcast_seconds`]):
+    /// `(n−1)·(α + ⌈len/n⌉·elem_bytes/β)`.
+    pub fn ring_pass_seconds(&self, n: usize, len: usize, elem_bytes: usize) -> f64 {
+        if n <= 1 || len == 0 {
+            return 0.0;
+        }
+        let chunk_bytes = len.div_ceil(n) * elem_bytes;
+        (n - 1) as f64 * self.message_seconds(chunk_bytes as u64, 1)
+    }
+
+    /// A chain broadcast pipelined in `n` chunks: the last chunk leaves the
+    /// root at step `n−1` and needs `n−1` more steps, `2(n−1)` steps of
+    /// `α + ⌈len/n⌉·elem_bytes/β` (fewer when `len < n` leaves chunks empty).
+    pub fn broadcast_seconds(&self, n: usize, len: usize, elem_bytes: usize) -> f64 {
+        if n <= 1 || len == 0 {
+            return 0.0;
+        }
+        let chunks = n.min(len);
+        let chunk_bytes = len.div_ceil(n) * elem_bytes;
+        (n - 1 + chunks - 1) as f64 * self.message_seconds(chunk_bytes as u64, 1)
+    }
+}
