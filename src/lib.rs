@@ -3,6 +3,7 @@
 
 pub mod collectives;
 pub mod error;
+pub mod pod_coordination;
 pub mod schedule;
 
 pub use error::{OptimError, Result};
