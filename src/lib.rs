@@ -2,6 +2,7 @@
 //! `bevy_ecs` world, on a CPU reference executor.
 
 pub mod collectives;
+pub mod coordination;
 pub mod error;
 pub mod pod_coordination;
 pub mod schedule;

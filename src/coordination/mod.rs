@@ -1,0 +1,3 @@
+//! Pod coordination: placement of work over devices.
+
+pub mod load_balance;
