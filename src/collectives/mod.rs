@@ -40,7 +40,9 @@ mod tests;
 use thiserror::Error;
 
 pub use element::{DType, Element, ReduceOp, naive_reduce};
-pub use ring::{PARALLEL_MIN_BYTES, SLICE_ELEMS, chunk_range};
+pub use ring::{
+    BROADCAST_CHUNK_BYTES, PARALLEL_MIN_BYTES, SLICE_ELEMS, broadcast_chunks, chunk_range,
+};
 pub use torus::TorusShape;
 pub use traffic::{LinkModel, Phase, PhaseKind, Traffic, Transfer};
 
@@ -244,7 +246,8 @@ pub fn all_gather<T: Element, B: AsMut<[T]>>(
 
 /// Broadcast of rank `root`'s buffer to every ring member, down the chain
 /// `root, next, …` (the closing hop back to the root is unused), pipelined
-/// in `n` chunks: `2(n−1)` steps when `len ≥ n`.
+/// in [`broadcast_chunks`] chunks of at most [`BROADCAST_CHUNK_BYTES`]:
+/// `(n−1)+(k−1)` steps for `k` chunks.
 pub fn broadcast<T: Element, B: AsMut<[T]>>(
     buffers: &mut [B],
     ring: &[usize],

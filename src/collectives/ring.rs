@@ -271,8 +271,8 @@ impl RingRoute {
     }
 
     /// The traffic of a chain broadcast from position `root`, pipelined in
-    /// `n` chunks: at step `s` the `k`-th rank after the root forwards chunk
-    /// `s − k`.
+    /// [`broadcast_chunks`] chunks: at step `s` the `j`-th rank after the
+    /// root forwards chunk `s − j`.
     pub fn record_broadcast(
         &self,
         traffic: &mut Traffic,
@@ -281,23 +281,36 @@ impl RingRoute {
         elem_bytes: usize,
     ) {
         let n = self.len();
-        if n <= 1 {
+        let chunks = broadcast_chunks(n, len, elem_bytes);
+        if n <= 1 || chunks == 0 {
             return;
         }
-        for s in 0..2 * (n - 1) {
+        for s in 0..(n - 1) + (chunks - 1) {
             let phase = Phase {
                 order: 0,
                 kind: PhaseKind::Broadcast,
                 dim: 0,
                 step: s as u32,
             };
-            for k in 0..n - 1 {
-                let Some(chunk) = s.checked_sub(k).filter(|&c| c < n) else {
+            for j in 0..n - 1 {
+                let Some(chunk) = s.checked_sub(j).filter(|&c| c < chunks) else {
                     continue;
                 };
-                let bytes = (chunk_range(len, n, chunk).len() * elem_bytes) as u64;
-                self.push_message(traffic, (root + k) % n, bytes, phase);
+                let bytes = (chunk_range(len, chunks, chunk).len() * elem_bytes) as u64;
+                self.push_message(traffic, (root + j) % n, bytes, phase);
             }
         }
     }
+}
+
+/// Largest pipelined chunk of a broadcast: NCCL's default ring buffer
+/// (4 MiB) divided by its 8 pipeline steps.
+pub const BROADCAST_CHUNK_BYTES: usize = 512 * 1024;
+
+/// Chunks a broadcast of `len` elements down a chain of `n` ranks is
+/// pipelined in: at least `n`, enough that none exceeds
+/// [`BROADCAST_CHUNK_BYTES`], never more than `len` (0 for an empty buffer).
+pub fn broadcast_chunks(n: usize, len: usize, elem_bytes: usize) -> usize {
+    let by_size = (len * elem_bytes).div_ceil(BROADCAST_CHUNK_BYTES);
+    n.max(by_size).min(len)
 }

@@ -318,6 +318,31 @@ fn broadcast_model_matches_closed_form_on_even_split() {
 }
 
 #[test]
+fn large_broadcasts_pipeline_in_bounded_chunks() {
+    let n = 4;
+    let len = 6 * BROADCAST_CHUNK_BYTES / 4;
+    assert_eq!(broadcast_chunks(n, len, 4), 6);
+    assert_eq!(broadcast_chunks(n, 2, 4), 2);
+    assert_eq!(broadcast_chunks(n, 0, 4), 0);
+    let mut buffers: Vec<Vec<f32>> = (0..n).map(|r| vec![r as f32; len]).collect();
+    let traffic = broadcast(&mut buffers, &[0, 1, 2, 3], 2).unwrap();
+    assert!(buffers.iter().all(|b| b.iter().all(|&x| x == 2.0)));
+    assert!(
+        traffic
+            .transfers
+            .iter()
+            .all(|t| t.bytes == BROADCAST_CHUNK_BYTES as u64)
+    );
+    let steps: std::collections::BTreeSet<u32> =
+        traffic.transfers.iter().map(|t| t.phase.step).collect();
+    assert_eq!(steps.len(), (n - 1) + (6 - 1));
+    let model = LinkModel::new(1e-6, 45e9).unwrap();
+    let closed = model.broadcast_seconds(n, len, 4);
+    assert!((traffic.modeled_seconds(&model) - closed).abs() <= 1e-12 * closed);
+    assert_eq!(traffic.total_bytes(), ((n - 1) * len * 4) as u64);
+}
+
+#[test]
 fn torus_traffic_on_a_wrapped_torus_matches_the_per_dimension_model() {
     let shape = TorusShape::new(&[4, 2, 3], &[true, true, true]).unwrap();
     let len = 4 * 2 * 3 * 10;

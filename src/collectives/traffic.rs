@@ -23,6 +23,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::CollectiveError;
+use super::ring::broadcast_chunks;
 
 /// What a transfer is part of.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -166,9 +167,7 @@ impl LinkModel {
         self.ring_pass_seconds(n, len, elem_bytes) * 2.0
     }
 
-    /// One ring pass (a reduce-scatter or an all-gather, or a broadcast
-    /// pipelined in `n` chunks down a chain of `n` ranks has the same
-    /// `2(n−1)` steps: see [`LinkModel::broadcast_seconds`]):
+    /// One ring pass (a reduce-scatter or an all-gather):
     /// `(n−1)·(α + ⌈len/n⌉·elem_bytes/β)`.
     pub fn ring_pass_seconds(&self, n: usize, len: usize, elem_bytes: usize) -> f64 {
         if n <= 1 || len == 0 {
@@ -178,15 +177,17 @@ impl LinkModel {
         (n - 1) as f64 * self.message_seconds(chunk_bytes as u64, 1)
     }
 
-    /// A chain broadcast pipelined in `n` chunks: the last chunk leaves the
-    /// root at step `n−1` and needs `n−1` more steps, `2(n−1)` steps of
-    /// `α + ⌈len/n⌉·elem_bytes/β` (fewer when `len < n` leaves chunks empty).
+    /// A chain broadcast over `n` ranks pipelined in `k` =
+    /// [`broadcast_chunks`] chunks: the last chunk leaves the root at step
+    /// `k−1` and needs `n−2` more, `(n−1)+(k−1)` steps of
+    /// `α + ⌈len/k⌉·elem_bytes/β`. As `k` grows this approaches
+    /// `bytes/β`, the bound nccl-tests' broadcast busbw is measured against.
     pub fn broadcast_seconds(&self, n: usize, len: usize, elem_bytes: usize) -> f64 {
-        if n <= 1 || len == 0 {
+        let chunks = broadcast_chunks(n, len, elem_bytes);
+        if n <= 1 || chunks == 0 {
             return 0.0;
         }
-        let chunks = n.min(len);
-        let chunk_bytes = len.div_ceil(n) * elem_bytes;
+        let chunk_bytes = len.div_ceil(chunks) * elem_bytes;
         (n - 1 + chunks - 1) as f64 * self.message_seconds(chunk_bytes as u64, 1)
     }
 }
