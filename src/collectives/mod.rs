@@ -41,7 +41,8 @@ use thiserror::Error;
 
 pub use element::{DType, Element, ReduceOp, naive_reduce};
 pub use ring::{
-    BROADCAST_CHUNK_BYTES, PARALLEL_MIN_BYTES, SLICE_ELEMS, broadcast_chunks, chunk_range,
+    BROADCAST_CHUNK_BYTES, PARALLEL_MIN_BYTES, PIECE_ELEMS, SLICE_ELEMS, broadcast_chunks,
+    chunk_range,
 };
 pub use torus::TorusShape;
 pub use traffic::{LinkModel, Phase, PhaseKind, Traffic, Transfer};

@@ -20,7 +20,8 @@
 //! message in flight lives in a stack scratch slice (NCCL's
 //! `recvReduceSend`): a rank's buffer is read once and written once, the
 //! arithmetic and its order are exactly those of the step-by-step ring, and
-//! nothing is allocated per step. The traffic record is produced from the
+//! nothing is allocated per step. Chunks are further cut into pieces of
+//! [`PIECE_ELEMS`] so rayon can balance the tasks. The traffic record is produced from the
 //! step-by-step schedule.
 
 use std::ops::Range;
@@ -33,6 +34,11 @@ use super::traffic::{Phase, PhaseKind, Traffic, Transfer};
 /// Elements per pipelined slice: 8 KiB of `f32`, 16 KiB of `f64`, so the
 /// message in flight and the slice being combined stay in L1.
 pub const SLICE_ELEMS: usize = 2048;
+
+/// Elements per parallel task within a chunk (128 KiB of `f32` per rank):
+/// chunks are cut into pieces of this size so that rayon can balance the
+/// work when a core is busy with something else.
+pub const PIECE_ELEMS: usize = 16 * SLICE_ELEMS;
 
 /// Buffers smaller than this (per rank, in bytes) are processed on the
 /// calling thread: below it rayon's fork-join costs more than it saves.
@@ -76,6 +82,35 @@ fn chunks_by_index<'a, T>(slices: Vec<&'a mut [T]>) -> Vec<Vec<&'a mut [T]>> {
         }
     }
     by_chunk
+}
+
+/// Cuts chunk `c` (one slice per position, all of one length) into tasks of
+/// at most [`PIECE_ELEMS`] elements.
+fn pieces<'a, T>(c: usize, positions: Vec<&'a mut [T]>) -> Vec<(usize, Vec<&'a mut [T]>)> {
+    let len = positions.first().map_or(0, |s| s.len());
+    let count = len.div_ceil(PIECE_ELEMS).max(1);
+    let mut tasks: Vec<(usize, Vec<&'a mut [T]>)> = (0..count)
+        .map(|_| (c, Vec::with_capacity(positions.len())))
+        .collect();
+    for slice in positions {
+        let mut rest = slice;
+        for (_, task) in tasks.iter_mut() {
+            let take = rest.len().min(PIECE_ELEMS);
+            let (head, tail) = std::mem::take(&mut rest).split_at_mut(take);
+            task.push(head);
+            rest = tail;
+        }
+    }
+    tasks
+}
+
+/// Every ring's chunks, cut into pieces: `(chunk index, slices by position)`.
+fn chunk_tasks<T>(rings: Vec<Vec<&mut [T]>>) -> Vec<(usize, Vec<&mut [T]>)> {
+    rings
+        .into_iter()
+        .flat_map(|ring| chunks_by_index(ring).into_iter().enumerate())
+        .flat_map(|(c, positions)| pieces(c, positions))
+        .collect()
 }
 
 /// Copies position `owner`'s slice into every other position.
@@ -152,10 +187,7 @@ pub(crate) fn reduce_scatter_rings<T: Element>(
         .first()
         .and_then(|r| r.first())
         .map_or(0, |s| s.len() * T::BYTES);
-    let tasks: Vec<(usize, Vec<&mut [T]>)> = rings
-        .into_iter()
-        .flat_map(|ring| chunks_by_index(ring).into_iter().enumerate())
-        .collect();
+    let tasks = chunk_tasks(rings);
     for_each_maybe_parallel(tasks, bytes_per_rank, |(c, mut positions)| {
         reduce_one_chunk(&mut positions, c, op, epilogue);
     });
@@ -167,10 +199,7 @@ pub(crate) fn all_gather_rings<T: Element>(rings: Vec<Vec<&mut [T]>>) {
         .first()
         .and_then(|r| r.first())
         .map_or(0, |s| s.len() * T::BYTES);
-    let tasks: Vec<(usize, Vec<&mut [T]>)> = rings
-        .into_iter()
-        .flat_map(|ring| chunks_by_index(ring).into_iter().enumerate())
-        .collect();
+    let tasks = chunk_tasks(rings);
     for_each_maybe_parallel(tasks, bytes_per_rank, |(c, mut positions)| {
         copy_from_owner(&mut positions, c);
     });

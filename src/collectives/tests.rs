@@ -365,6 +365,20 @@ fn torus_traffic_on_a_wrapped_torus_matches_the_per_dimension_model() {
 }
 
 #[test]
+fn a_slow_link_slows_every_step_it_carries() {
+    let mut buffers = vec![vec![1.0f64; 64]; 4];
+    let traffic = all_reduce(&mut buffers, &[0, 1, 2, 3], ReduceOp::Sum).unwrap();
+    let fast = LinkModel::new(1e-6, 100e9).unwrap();
+    let slow = LinkModel::new(10e-6, 1e9).unwrap();
+    let uniform = traffic.modeled_seconds(&slow);
+    // The 3 → 0 link carries one chunk in each of the 6 steps.
+    let mixed =
+        traffic.modeled_seconds_by_link(|src, dst| if (src, dst) == (3, 0) { slow } else { fast });
+    assert!((mixed - uniform).abs() <= 1e-15, "{mixed} vs {uniform}");
+    assert_eq!(traffic.per_link()[&(3, 0)], 6 * 16 * 8);
+}
+
+#[test]
 fn mesh_dimension_routes_the_closing_hop_back_along_the_line() {
     let shape = TorusShape::new(&[4, 2], &[false, false]).unwrap();
     let mut buffers = vec![vec![1i32; 64]; 8];
@@ -433,7 +447,8 @@ fn invalid_inputs_are_descriptive_errors_and_change_nothing() {
 #[test]
 fn large_buffers_take_the_parallel_path_and_stay_exact() {
     let n = 5usize;
-    let len = PARALLEL_MIN_BYTES / 4 * 3 + 17;
+    // Several pieces per chunk, with a ragged last piece.
+    let len = (PARALLEL_MIN_BYTES / 4).max(PIECE_ELEMS * 2 * n) + 17;
     let inputs: Vec<Vec<i32>> = (0..n)
         .map(|r| {
             (0..len)

@@ -101,12 +101,21 @@ impl Traffic {
         map
     }
 
-    /// Modeled duration: the sum over steps of the slowest transfer in the
-    /// step, `hops·α + bytes/β`.
+    /// Modeled duration with one model for every link: the sum over steps
+    /// of the slowest transfer in the step, `hops·α + bytes/β`.
     pub fn modeled_seconds(&self, model: &LinkModel) -> f64 {
+        self.modeled_seconds_by_link(|_, _| *model)
+    }
+
+    /// Modeled duration with a model per directed link `(src, dst)` (ICI and
+    /// DCN links differ, say). Each record costs `hops·α + bytes/β` of its
+    /// own link, which is exact for single-link hops and for routes whose
+    /// links share one model (a multi-link route only occurs along one
+    /// torus dimension).
+    pub fn modeled_seconds_by_link(&self, link: impl Fn(usize, usize) -> LinkModel) -> f64 {
         let mut slowest: BTreeMap<Phase, f64> = BTreeMap::new();
         for t in &self.transfers {
-            let time = model.message_seconds(t.bytes, t.hops);
+            let time = link(t.src, t.dst).message_seconds(t.bytes, t.hops);
             let entry = slowest.entry(t.phase).or_insert(0.0);
             if time > *entry {
                 *entry = time;
