@@ -198,6 +198,36 @@ pub(crate) fn accumulate<T: Element>(op: ReduceOp, acc: &mut [T], x: &[T]) {
     }
 }
 
+/// `acc[i] = op(…op(op(acc[i], xs[0][i]), xs[1][i])…, xs[K−1][i])`: `K`
+/// sequential [`accumulate`] calls fused into one pass over `acc`, with the
+/// same association order (so the same float results).
+#[inline]
+pub(crate) fn accumulate_fused<T: Element, const K: usize>(
+    op: ReduceOp,
+    acc: &mut [T],
+    xs: [&[T]; K],
+) {
+    let len = acc.len();
+    let xs = xs.map(|x| &x[..len]);
+    macro_rules! fused {
+        ($f:expr) => {
+            for (i, a) in acc.iter_mut().enumerate() {
+                let mut v = *a;
+                for x in &xs {
+                    v = $f(v, x[i]);
+                }
+                *a = v;
+            }
+        };
+    }
+    match op {
+        ReduceOp::Sum | ReduceOp::Mean => fused!(T::add),
+        ReduceOp::Product => fused!(T::mul),
+        ReduceOp::Max => fused!(T::max),
+        ReduceOp::Min => fused!(T::min),
+    }
+}
+
 /// Divides every element by `n` (the `Mean` epilogue).
 #[inline]
 pub(crate) fn divide_all<T: Element>(xs: &mut [T], n: usize) {

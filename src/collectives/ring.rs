@@ -28,7 +28,7 @@ use std::ops::Range;
 
 use rayon::prelude::*;
 
-use super::element::{Element, ReduceOp, accumulate, divide_all};
+use super::element::{Element, ReduceOp, accumulate, accumulate_fused, divide_all};
 use super::traffic::{Phase, PhaseKind, Traffic, Transfer};
 
 /// Elements per pipelined slice: 8 KiB of `f32`, 16 KiB of `f64`, so the
@@ -146,8 +146,15 @@ fn reduce_one_chunk<T: Element>(
         // and is finished at c, which owns the chunk (for n = 1 the copy is
         // the rank's own data and only the epilogue remains).
         acc.copy_from_slice(&positions[(c + 1) % n][start..end]);
-        for j in 2..=n {
-            accumulate(op, acc, &positions[(c + j) % n][start..end]);
+        let at = |j: usize| &positions[(c + j) % n][start..end];
+        let mut j = 2;
+        while j + 3 <= n {
+            accumulate_fused(op, acc, [at(j), at(j + 1), at(j + 2), at(j + 3)]);
+            j += 4;
+        }
+        while j <= n {
+            accumulate(op, acc, at(j));
+            j += 1;
         }
         if let Some(divisor) = epilogue.divisor {
             divide_all(acc, divisor);

@@ -524,3 +524,22 @@ fn nccl_style_rows_have_the_documented_keys_and_no_wrong_elements() {
     assert_eq!(BenchOp::AllGather.bus_factor(8), 0.875);
     assert_eq!(BenchOp::Broadcast.bus_factor(8), 1.0);
 }
+
+#[test]
+fn fused_accumulation_is_bitwise_the_sequential_one() {
+    use super::element::{accumulate, accumulate_fused};
+    let mut mix = Mix(7);
+    let xs: Vec<Vec<f32>> = (0..5)
+        .map(|_| (0..1000).map(|_| f32::random(&mut mix) * 1e3).collect())
+        .collect();
+    for op in ReduceOp::ALL {
+        let mut sequential = xs[0].clone();
+        for x in &xs[1..] {
+            accumulate(op, &mut sequential, x);
+        }
+        let mut fused = xs[0].clone();
+        accumulate_fused(op, &mut fused, [&xs[1], &xs[2], &xs[3], &xs[4]]);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&sequential), bits(&fused), "{op:?}");
+    }
+}
