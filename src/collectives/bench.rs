@@ -133,6 +133,11 @@ pub struct BenchRow {
 
 /// Runs `op` over a ring of `n_ranks` for every size in `sizes_bytes` (per
 /// rank, rounded down to whole `f32` elements) and reports one row per size.
+///
+/// Each size allocates its inputs and working buffers, `2 × n_ranks × size`
+/// bytes, plus one reference buffer; the ring's traffic, modeled on
+/// `model`, gives the modeled columns. Collectives run in place (nccl-tests'
+/// in-place columns).
 pub fn run_nccl_style(
     op: BenchOp,
     n_ranks: usize,
