@@ -40,11 +40,11 @@ pub const SLICE_ELEMS: usize = 2048;
 /// work when a core is busy with something else.
 pub const PIECE_ELEMS: usize = 16 * SLICE_ELEMS;
 
-/// Buffers smaller than this (per rank, in bytes) are processed on the
-/// calling thread. On the 2-core reference machine an 8-rank `f32`
-/// all-reduce of 64 KiB per rank took 14 µs on one thread and 26–41 µs
-/// with rayon; at 256 KiB the two were even.
-pub const PARALLEL_MIN_BYTES: usize = 512 * 1024;
+/// Collectives over fewer bytes than this (summed over every participating
+/// buffer) run on the calling thread. On the 2-core reference machine an
+/// 8-rank `f32` all-reduce of 64 KiB per rank (512 KiB in all) took 14 µs on
+/// one thread and 26–41 µs with rayon; at 256 KiB per rank the two were even.
+pub const PARALLEL_MIN_BYTES: usize = 4 * 1024 * 1024;
 
 /// The elements of chunk `c` when `len` elements are split over `n` ranks.
 ///
@@ -173,12 +173,12 @@ fn reduce_one_chunk<T: Element>(
 }
 
 /// Runs `task` on every item, in parallel when the buffers are large.
-fn for_each_maybe_parallel<I, F>(items: Vec<I>, bytes_per_rank: usize, task: F)
+fn for_each_maybe_parallel<I, F>(items: Vec<I>, total_bytes: usize, task: F)
 where
     I: Send,
     F: Fn(I) + Send + Sync,
 {
-    if bytes_per_rank >= PARALLEL_MIN_BYTES && items.len() > 1 {
+    if total_bytes >= PARALLEL_MIN_BYTES && items.len() > 1 {
         items.into_par_iter().for_each(task);
     } else {
         items.into_iter().for_each(task);
@@ -192,36 +192,30 @@ pub(crate) fn reduce_scatter_rings<T: Element>(
     op: ReduceOp,
     epilogue: Epilogue,
 ) {
-    let bytes_per_rank = rings
-        .first()
-        .and_then(|r| r.first())
-        .map_or(0, |s| s.len() * T::BYTES);
+    let total_bytes = rings.iter().flatten().map(|s| s.len() * T::BYTES).sum();
     let tasks = chunk_tasks(rings);
-    for_each_maybe_parallel(tasks, bytes_per_rank, |(c, mut positions)| {
+    for_each_maybe_parallel(tasks, total_bytes, |(c, mut positions)| {
         reduce_one_chunk(&mut positions, c, op, epilogue);
     });
 }
 
 /// All-gather over every ring in `rings`: position `p` contributes chunk `p`.
 pub(crate) fn all_gather_rings<T: Element>(rings: Vec<Vec<&mut [T]>>) {
-    let bytes_per_rank = rings
-        .first()
-        .and_then(|r| r.first())
-        .map_or(0, |s| s.len() * T::BYTES);
+    let total_bytes = rings.iter().flatten().map(|s| s.len() * T::BYTES).sum();
     let tasks = chunk_tasks(rings);
-    for_each_maybe_parallel(tasks, bytes_per_rank, |(c, mut positions)| {
+    for_each_maybe_parallel(tasks, total_bytes, |(c, mut positions)| {
         copy_from_owner(&mut positions, c);
     });
 }
 
 /// Copies the slice at position `root` into every other position.
 pub(crate) fn broadcast_ring<T: Element>(mut positions: Vec<&mut [T]>, root: usize) {
-    let bytes_per_rank = positions.first().map_or(0, |s| s.len() * T::BYTES);
+    let total_bytes = positions.iter().map(|s| s.len() * T::BYTES).sum();
     if root >= positions.len() {
         return;
     }
     let src: &[T] = positions.remove(root);
-    for_each_maybe_parallel(positions, bytes_per_rank, |dst| dst.copy_from_slice(src));
+    for_each_maybe_parallel(positions, total_bytes, |dst| dst.copy_from_slice(src));
 }
 
 /// A ring's devices in ring order and the links each hop uses.
@@ -289,23 +283,14 @@ impl RingRoute {
         len: usize,
         elem_bytes: usize,
     ) {
-        let n = self.len();
-        for s in 0..n.saturating_sub(1) {
-            let phase = Phase {
-                order,
-                kind,
-                dim,
-                step: s as u32,
-            };
-            for i in 0..n {
-                let chunk = match kind {
-                    PhaseKind::ReduceScatter => (i + 2 * n - 1 - s) % n,
-                    _ => (i + n - s) % n,
-                };
-                let bytes = (chunk_range(len, n, chunk).len() * elem_bytes) as u64;
-                self.push_message(traffic, i, bytes, phase);
-            }
-        }
+        record_passes(
+            traffic,
+            &[(self.clone(), len)],
+            kind,
+            order,
+            dim,
+            elem_bytes,
+        );
     }
 
     /// The traffic of a chain broadcast from position `root`, pipelined in
@@ -336,6 +321,47 @@ impl RingRoute {
                 };
                 let bytes = (chunk_range(len, chunks, chunk).len() * elem_bytes) as u64;
                 self.push_message(traffic, (root + j) % n, bytes, phase);
+            }
+        }
+    }
+}
+
+/// The traffic of concurrent reduce-scatter or all-gather passes, one per
+/// `(ring, segment length)`, recorded step by step so the records come out
+/// in [`Phase`] order.
+pub(crate) fn record_passes(
+    traffic: &mut Traffic,
+    rings: &[(RingRoute, usize)],
+    kind: PhaseKind,
+    order: u32,
+    dim: u32,
+    elem_bytes: usize,
+) {
+    let steps = rings
+        .iter()
+        .map(|(r, _)| r.len())
+        .max()
+        .unwrap_or(0)
+        .saturating_sub(1);
+    for s in 0..steps {
+        let phase = Phase {
+            order,
+            kind,
+            dim,
+            step: s as u32,
+        };
+        for (route, len) in rings {
+            let n = route.len();
+            if s + 1 >= n {
+                continue;
+            }
+            for i in 0..n {
+                let chunk = match kind {
+                    PhaseKind::ReduceScatter => (i + 2 * n - 1 - s) % n,
+                    _ => (i + n - s) % n,
+                };
+                let bytes = (chunk_range(*len, n, chunk).len() * elem_bytes) as u64;
+                route.push_message(traffic, i, bytes, phase);
             }
         }
     }

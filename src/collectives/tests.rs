@@ -448,7 +448,7 @@ fn invalid_inputs_are_descriptive_errors_and_change_nothing() {
 fn large_buffers_take_the_parallel_path_and_stay_exact() {
     let n = 5usize;
     // Several pieces per chunk, with a ragged last piece.
-    let len = (PARALLEL_MIN_BYTES / 4).max(PIECE_ELEMS * 2 * n) + 17;
+    let len = (PARALLEL_MIN_BYTES / 4 / n).max(PIECE_ELEMS * 2 * n) + 17;
     let inputs: Vec<Vec<i32>> = (0..n)
         .map(|r| {
             (0..len)
@@ -542,4 +542,26 @@ fn fused_accumulation_is_bitwise_the_sequential_one() {
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&sequential), bits(&fused), "{op:?}");
     }
+}
+
+#[test]
+fn records_come_in_phase_order_and_order_does_not_change_the_model() {
+    let shape = TorusShape::new(&[3, 4, 2], &[true, false, true]).unwrap();
+    let mut buffers = vec![vec![1i32; 50]; shape.device_count()];
+    let traffic = torus_all_reduce(&mut buffers, &shape, ReduceOp::Sum).unwrap();
+    assert!(traffic.transfers.is_sorted_by_key(|t| t.phase));
+    let model = LinkModel::new(3e-6, 20e9).unwrap();
+    let mut shuffled = traffic.clone();
+    shuffled.transfers.reverse();
+    let mut mix = Mix(3);
+    for i in (1..shuffled.transfers.len()).rev() {
+        shuffled.transfers.swap(i, mix.below(i + 1));
+    }
+    assert_eq!(
+        shuffled.modeled_seconds(&model),
+        traffic.modeled_seconds(&model)
+    );
+    assert_eq!(shuffled.per_link(), traffic.per_link());
+    let per_link_total: u64 = traffic.per_link().values().sum();
+    assert_eq!(per_link_total, traffic.total_bytes());
 }

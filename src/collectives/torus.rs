@@ -20,7 +20,9 @@ use serde::{Deserialize, Serialize};
 
 use super::CollectiveError;
 use super::element::{Element, ReduceOp};
-use super::ring::{Epilogue, RingRoute, all_gather_rings, chunk_range, reduce_scatter_rings};
+use super::ring::{
+    Epilogue, RingRoute, all_gather_rings, chunk_range, record_passes, reduce_scatter_rings,
+};
 use super::traffic::{PhaseKind, Traffic};
 
 /// The shape of a torus (or mesh) of devices.
@@ -141,9 +143,12 @@ pub(crate) fn torus_all_reduce_slices<T: Element>(
     // ranges_before[d][dev]: the segment device `dev` reduces along dim d.
     let mut ranges: Vec<Range<usize>> = vec![0..len; device_count];
     let mut ranges_before: Vec<Vec<Range<usize>>> = Vec::with_capacity(ndims);
+    // passes[d]: every dimension-d ring with the segment length it reduces.
+    let mut passes: Vec<Vec<(RingRoute, usize)>> = Vec::with_capacity(ndims);
     let mut order = 0u32;
     for dim in 0..ndims {
         let n = shape.dims[dim];
+        let stride = shape.stride(dim);
         let lines = shape.lines(dim);
         let last = dim + 1 == ndims;
         let epilogue = Epilogue {
@@ -152,34 +157,35 @@ pub(crate) fn torus_all_reduce_slices<T: Element>(
         };
         let mut slots: Vec<Option<&mut [T]>> = slices.iter_mut().map(|s| Some(&mut **s)).collect();
         reduce_scatter_rings(line_slices(&mut slots, &lines, &ranges), op, epilogue);
-        for line in &lines {
-            let seg_len = ranges[line[0]].len();
-            let route = shape.route(dim, line);
-            route.record_pass(
+        let rings: Vec<(RingRoute, usize)> = lines
+            .iter()
+            .map(|line| (shape.route(dim, line), ranges[line[0]].len()))
+            .collect();
+        let dim_tag = dim as u32;
+        record_passes(
+            &mut traffic,
+            &rings,
+            PhaseKind::ReduceScatter,
+            order,
+            dim_tag,
+            T::BYTES,
+        );
+        if last {
+            record_passes(
                 &mut traffic,
-                PhaseKind::ReduceScatter,
-                order,
-                dim as u32,
-                seg_len,
+                &rings,
+                PhaseKind::AllGather,
+                order + 1,
+                dim_tag,
                 T::BYTES,
             );
-            if last {
-                route.record_pass(
-                    &mut traffic,
-                    PhaseKind::AllGather,
-                    order + 1,
-                    dim as u32,
-                    seg_len,
-                    T::BYTES,
-                );
-            }
         }
+        passes.push(rings);
         order += 1;
         ranges_before.push(ranges.clone());
         if !last {
-            let coords: Vec<usize> = (0..device_count).map(|i| shape.coords(i)[dim]).collect();
             for (dev, range) in ranges.iter_mut().enumerate() {
-                let sub = chunk_range(range.len(), n, coords[dev]);
+                let sub = chunk_range(range.len(), n, (dev / stride) % n);
                 *range = range.start + sub.start..range.start + sub.end;
             }
         }
@@ -187,20 +193,16 @@ pub(crate) fn torus_all_reduce_slices<T: Element>(
     order += 1;
     for dim in (0..ndims.saturating_sub(1)).rev() {
         let lines = shape.lines(dim);
-        let ranges = &ranges_before[dim];
         let mut slots: Vec<Option<&mut [T]>> = slices.iter_mut().map(|s| Some(&mut **s)).collect();
-        all_gather_rings(line_slices(&mut slots, &lines, ranges));
-        for line in &lines {
-            let seg_len = ranges[line[0]].len();
-            shape.route(dim, line).record_pass(
-                &mut traffic,
-                PhaseKind::AllGather,
-                order,
-                dim as u32,
-                seg_len,
-                T::BYTES,
-            );
-        }
+        all_gather_rings(line_slices(&mut slots, &lines, &ranges_before[dim]));
+        record_passes(
+            &mut traffic,
+            &passes[dim],
+            PhaseKind::AllGather,
+            order,
+            dim as u32,
+            T::BYTES,
+        );
         order += 1;
     }
     traffic

@@ -85,11 +85,20 @@ impl Traffic {
 
     /// Bytes per directed link `(src, dst)`.
     pub fn per_link(&self) -> BTreeMap<(usize, usize), u64> {
-        let mut map = BTreeMap::new();
-        for t in &self.transfers {
-            *map.entry((t.src, t.dst)).or_insert(0) += t.bytes;
+        let mut pairs: Vec<((usize, usize), u64)> = self
+            .transfers
+            .iter()
+            .map(|t| ((t.src, t.dst), t.bytes))
+            .collect();
+        pairs.sort_unstable_by_key(|&(link, _)| link);
+        let mut merged: Vec<((usize, usize), u64)> = Vec::new();
+        for (link, bytes) in pairs {
+            match merged.last_mut() {
+                Some((last, total)) if *last == link => *total += bytes,
+                _ => merged.push((link, bytes)),
+            }
         }
-        map
+        merged.into_iter().collect()
     }
 
     /// Bytes sent by each device (first hop of every route and every relay).
@@ -113,16 +122,34 @@ impl Traffic {
     /// links share one model (a multi-link route only occurs along one
     /// torus dimension).
     pub fn modeled_seconds_by_link(&self, link: impl Fn(usize, usize) -> LinkModel) -> f64 {
-        let mut slowest: BTreeMap<Phase, f64> = BTreeMap::new();
-        for t in &self.transfers {
-            let time = link(t.src, t.dst).message_seconds(t.bytes, t.hops);
-            let entry = slowest.entry(t.phase).or_insert(0.0);
-            if time > *entry {
-                *entry = time;
+        let time = |t: &Transfer| link(t.src, t.dst).message_seconds(t.bytes, t.hops);
+        // The collectives record in phase order; a record built by hand may
+        // not be, and is sorted first.
+        if self.transfers.is_sorted_by_key(|t| t.phase) {
+            slowest_per_phase(self.transfers.iter().map(|t| (t.phase, time(t))))
+        } else {
+            let mut timed: Vec<(Phase, f64)> =
+                self.transfers.iter().map(|t| (t.phase, time(t))).collect();
+            timed.sort_by_key(|&(phase, _)| phase);
+            slowest_per_phase(timed.into_iter())
+        }
+    }
+}
+
+/// Sums, over runs of equal phases, the largest time in each run.
+fn slowest_per_phase(timed: impl Iterator<Item = (Phase, f64)>) -> f64 {
+    let mut total = 0.0;
+    let mut current: Option<(Phase, f64)> = None;
+    for (phase, time) in timed {
+        match &mut current {
+            Some((p, slowest)) if *p == phase => *slowest = slowest.max(time),
+            _ => {
+                total += current.map_or(0.0, |(_, slowest)| slowest);
+                current = Some((phase, time));
             }
         }
-        slowest.values().sum()
     }
+    total + current.map_or(0.0, |(_, slowest)| slowest)
 }
 
 /// Latency and bandwidth of one direction of a link.
