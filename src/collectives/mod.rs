@@ -12,8 +12,12 @@
 //! | [`torus_all_reduce`] | [`all_reduce`] over every device of a 2D/3D torus, ring by dimension |
 //!
 //! Buffers are indexed by rank (device index); a ring is an ordered list of
-//! distinct ranks, consecutive members (and the last and the first) being
-//! adjacent devices. Ranks outside the ring are not touched. Every ring
+//! distinct ranks. The returned traffic treats consecutive members (and the
+//! last and the first) as neighbours; for a ring whose members are not all
+//! adjacent on the pod's torus, [`Traffic::routed_on`] splits each hop into
+//! the links of its dimension-order route ([`TorusShape::snake_ring`] gives
+//! a ring over a whole torus whose only long hop is the closing one).
+//! Ranks outside the ring are not touched. Every ring
 //! member's buffer must have the same length; any length works, including 0
 //! and lengths below the ring size (some chunks are then empty).
 //!

@@ -565,3 +565,58 @@ fn records_come_in_phase_order_and_order_does_not_change_the_model() {
     let per_link_total: u64 = traffic.per_link().values().sum();
     assert_eq!(per_link_total, traffic.total_bytes());
 }
+
+#[test]
+fn snake_rings_visit_every_device_through_links() {
+    for (dims, wrap) in [
+        (vec![4], vec![false]),
+        (vec![3, 4], vec![false, false]),
+        (vec![4, 4, 4], vec![true, true, true]),
+        (vec![2, 3, 5], vec![false, true, false]),
+    ] {
+        let shape = TorusShape::new(&dims, &wrap).unwrap();
+        let ring = shape.snake_ring();
+        let mut sorted = ring.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, (0..shape.device_count()).collect::<Vec<_>>());
+        for pair in ring.windows(2) {
+            assert_eq!(shape.path(pair[0], pair[1]).len(), 1, "{dims:?}: {pair:?}");
+        }
+        let mut buffers = vec![vec![1.0f64; 3 * ring.len()]; ring.len()];
+        let traffic = all_reduce(&mut buffers, &ring, ReduceOp::Sum)
+            .unwrap()
+            .routed_on(&shape);
+        assert_links_adjacent(&shape, &traffic);
+        assert!(
+            buffers
+                .iter()
+                .all(|b| b.iter().all(|&x| x == ring.len() as f64))
+        );
+    }
+}
+
+#[test]
+fn dimension_order_routes_take_the_short_way_round() {
+    let torus = TorusShape::new(&[8, 4], &[true, false]).unwrap();
+    // (7, 0) → (1, 3): two hops up across the wrap, then three along y.
+    let from = torus.index(&[7, 0]).unwrap();
+    let to = torus.index(&[1, 3]).unwrap();
+    let path = torus.path(from, to);
+    let visited: Vec<Vec<usize>> = path.iter().map(|&(_, b)| torus.coords(b)).collect();
+    assert_eq!(
+        visited,
+        [vec![0, 0], vec![1, 0], vec![1, 1], vec![1, 2], vec![1, 3]]
+    );
+    assert!(torus.path(3, 3).is_empty());
+    assert!(torus.path(0, 99).is_empty());
+    assert_eq!(torus.index(&[8, 0]), None);
+    // A ring in arbitrary order: every record lands on a link.
+    let ring = [0, 27, 5, 14, 31, 8];
+    let mut buffers = vec![vec![2i32; 12]; 32];
+    let logical = all_reduce(&mut buffers, &ring, ReduceOp::Product).unwrap();
+    let routed = logical.routed_on(&torus);
+    assert_links_adjacent(&torus, &routed);
+    assert!(routed.total_bytes() > logical.total_bytes());
+    assert!(routed.transfers.is_sorted_by_key(|t| t.phase));
+    assert_eq!(buffers[27], vec![64; 12]);
+}

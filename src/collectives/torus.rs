@@ -80,6 +80,87 @@ impl TorusShape {
             .collect()
     }
 
+    /// Index of the device at `coords` (`x + X·(y + Y·z)`), `None` if the
+    /// coordinates do not fit the shape.
+    pub fn index(&self, coords: &[usize]) -> Option<usize> {
+        if coords.len() != self.dims.len() || coords.iter().zip(&self.dims).any(|(c, d)| c >= d) {
+            return None;
+        }
+        Some(
+            coords
+                .iter()
+                .zip(&self.dims)
+                .rev()
+                .fold(0, |acc, (&c, &d)| acc * d + c),
+        )
+    }
+
+    /// The links a message from device `from` to device `to` crosses under
+    /// dimension-order routing: dimension 0 first, then 1, …; along a
+    /// wraparound dimension the shorter way round (ties go up). Empty when
+    /// `from == to` or either index is out of range.
+    pub fn path(&self, from: usize, to: usize) -> Vec<(usize, usize)> {
+        let count = self.device_count();
+        if from >= count || to >= count {
+            return Vec::new();
+        }
+        let target = self.coords(to);
+        let mut at = self.coords(from);
+        let mut current = from;
+        let mut links = Vec::new();
+        for dim in 0..self.dims.len() {
+            let n = self.dims[dim];
+            let up = (target[dim] + n - at[dim]) % n;
+            let down = (at[dim] + n - target[dim]) % n;
+            let step_up = if self.wraparound[dim] {
+                up <= down
+            } else {
+                target[dim] > at[dim]
+            };
+            let moves = if self.wraparound[dim] {
+                up.min(down)
+            } else {
+                at[dim].abs_diff(target[dim])
+            };
+            for _ in 0..moves {
+                at[dim] = if step_up {
+                    (at[dim] + 1) % n
+                } else {
+                    (at[dim] + n - 1) % n
+                };
+                let next = self.index(&at).unwrap_or(current);
+                links.push((current, next));
+                current = next;
+            }
+        }
+        links
+    }
+
+    /// A ring over every device in which consecutive devices are adjacent
+    /// (a boustrophedon: dimension 0 back and forth, each layer of the next
+    /// dimension reversed). Only the closing hop, from the last device back
+    /// to device 0, may span several links; [`Traffic::routed_on`] routes it.
+    pub fn snake_ring(&self) -> Vec<usize> {
+        let mut order: Vec<Vec<usize>> = vec![Vec::new()];
+        for &n in &self.dims {
+            let mut next = Vec::with_capacity(order.len() * n);
+            for k in 0..n {
+                let layer: Box<dyn Iterator<Item = &Vec<usize>>> = if k % 2 == 0 {
+                    Box::new(order.iter())
+                } else {
+                    Box::new(order.iter().rev())
+                };
+                next.extend(layer.map(|c| {
+                    let mut c = c.clone();
+                    c.push(k);
+                    c
+                }));
+            }
+            order = next;
+        }
+        order.iter().filter_map(|c| self.index(c)).collect()
+    }
+
     /// Distance between consecutive devices along dimension `dim`.
     fn stride(&self, dim: usize) -> usize {
         self.dims[..dim].iter().product()

@@ -23,6 +23,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::CollectiveError;
+use super::TorusShape;
 use super::ring::broadcast_chunks;
 
 /// What a transfer is part of.
@@ -108,6 +109,35 @@ impl Traffic {
             *map.entry(t.src).or_insert(0) += t.bytes;
         }
         map
+    }
+
+    /// The same traffic with every transfer between non-adjacent devices of
+    /// `shape` replaced by one record per link of its dimension-order route
+    /// ([`TorusShape::path`]), each carrying the route length in `hops`.
+    /// Use it for rings whose members are not all neighbours (an arbitrary
+    /// rank order, or the closing hop of [`TorusShape::snake_ring`] on a
+    /// mesh). Records already split into routes are kept.
+    pub fn routed_on(&self, shape: &TorusShape) -> Traffic {
+        let mut transfers = Vec::with_capacity(self.transfers.len());
+        for t in &self.transfers {
+            let path = if t.hops == 1 {
+                shape.path(t.src, t.dst)
+            } else {
+                Vec::new()
+            };
+            if path.len() <= 1 {
+                transfers.push(*t);
+                continue;
+            }
+            let hops = u32::try_from(path.len()).unwrap_or(u32::MAX);
+            transfers.extend(path.into_iter().map(|(src, dst)| Transfer {
+                src,
+                dst,
+                hops,
+                ..*t
+            }));
+        }
+        Traffic { transfers }
     }
 
     /// Modeled duration with one model for every link: the sum over steps
