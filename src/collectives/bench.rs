@@ -26,8 +26,8 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use super::{
-    CollectiveError, LinkModel, ReduceOp, Traffic, all_gather, all_reduce, broadcast, chunk_range,
-    naive_reduce, reduce_scatter,
+    CollectiveError, LinkModel, ReduceOp, TorusShape, Traffic, all_gather, all_reduce, broadcast,
+    chunk_range, naive_reduce, reduce_scatter, torus_all_reduce,
 };
 
 /// Timed iterations per size at most (nccl-tests' default `-n 20`).
@@ -149,7 +149,7 @@ pub fn run_nccl_style(
     }
     sizes_bytes
         .iter()
-        .map(|&size| run_one(op, n_ranks, size / 4, &model))
+        .map(|&size| run_one(op, Layout::Ring(n_ranks), size / 4, &model))
         .collect()
 }
 
@@ -179,54 +179,118 @@ pub fn run_op(
     }
 }
 
-/// Elements of `outputs` that differ from what `op` must produce on `inputs`.
-pub fn count_wrong(op: BenchOp, inputs: &[Vec<f32>], outputs: &[Vec<f32>]) -> u64 {
-    let n = inputs.len();
+/// Elements of the ring members' `outputs` that differ from what `op` must
+/// produce on `inputs` over `ring` (position `i` owns chunk `i`; the
+/// broadcast root is `ring[0]`).
+pub fn count_wrong(op: BenchOp, inputs: &[Vec<f32>], outputs: &[Vec<f32>], ring: &[usize]) -> u64 {
+    let n = ring.len();
     let len = inputs.first().map_or(0, Vec::len);
     let differing = |expected: &[f32], got: &[f32]| -> u64 {
         expected.iter().zip(got).filter(|(a, b)| a != b).count() as u64
     };
+    let members: Vec<&[f32]> = ring.iter().map(|&r| inputs[r].as_slice()).collect();
     match op {
         BenchOp::AllReduce => {
-            let refs: Vec<&[f32]> = inputs.iter().map(Vec::as_slice).collect();
-            let expected = naive_reduce(&refs, ReduceOp::Sum);
-            outputs.iter().map(|o| differing(&expected, o)).sum()
+            let expected = naive_reduce(&members, ReduceOp::Sum);
+            ring.iter()
+                .map(|&r| differing(&expected, &outputs[r]))
+                .sum()
         }
         BenchOp::ReduceScatter => {
-            let refs: Vec<&[f32]> = inputs.iter().map(Vec::as_slice).collect();
-            let expected = naive_reduce(&refs, ReduceOp::Sum);
-            outputs
-                .iter()
+            let expected = naive_reduce(&members, ReduceOp::Sum);
+            ring.iter()
                 .enumerate()
-                .map(|(i, o)| {
-                    let range = chunk_range(len, n, i);
-                    differing(&expected[range.clone()], &o[range])
+                .map(|(pos, &r)| {
+                    let range = chunk_range(len, n, pos);
+                    differing(&expected[range.clone()], &outputs[r][range])
                 })
                 .sum()
         }
         BenchOp::AllGather => {
             let expected: Vec<f32> = (0..n)
-                .flat_map(|i| inputs[i][chunk_range(len, n, i)].iter().copied())
+                .flat_map(|pos| members[pos][chunk_range(len, n, pos)].iter().copied())
                 .collect();
-            outputs.iter().map(|o| differing(&expected, o)).sum()
+            ring.iter()
+                .map(|&r| differing(&expected, &outputs[r]))
+                .sum()
         }
-        BenchOp::Broadcast => outputs.iter().map(|o| differing(&inputs[0], o)).sum(),
+        BenchOp::Broadcast => match members.first() {
+            Some(root) => ring.iter().map(|&r| differing(root, &outputs[r])).sum(),
+            None => 0,
+        },
     }
+}
+
+/// Where a benchmark runs: a flat ring of ranks `0..n`, or every device of
+/// a torus.
+#[derive(Debug, Clone, Copy)]
+enum Layout<'a> {
+    Ring(usize),
+    Torus(&'a TorusShape),
+}
+
+impl Layout<'_> {
+    fn ranks(&self) -> usize {
+        match self {
+            Layout::Ring(n) => *n,
+            Layout::Torus(shape) => shape.device_count(),
+        }
+    }
+
+    /// The ring order used for everything except a torus all-reduce.
+    fn ring(&self) -> Vec<usize> {
+        match self {
+            Layout::Ring(n) => (0..*n).collect(),
+            Layout::Torus(shape) => shape.snake_ring(),
+        }
+    }
+
+    fn run(
+        &self,
+        op: BenchOp,
+        buffers: &mut [Vec<f32>],
+        ring: &[usize],
+    ) -> Result<Traffic, CollectiveError> {
+        match (self, op) {
+            (Layout::Torus(shape), BenchOp::AllReduce) => {
+                torus_all_reduce(buffers, shape, ReduceOp::Sum)
+            }
+            (Layout::Torus(shape), _) => run_op(op, buffers, ring).map(|t| t.routed_on(shape)),
+            (Layout::Ring(_), _) => run_op(op, buffers, ring),
+        }
+    }
+}
+
+/// [`run_nccl_style`] over every device of a torus: all-reduce runs the
+/// torus algorithm ([`torus_all_reduce`]); reduce-scatter, all-gather and
+/// broadcast run on [`TorusShape::snake_ring`], their traffic routed on the
+/// torus ([`Traffic::routed_on`]). The bus factors use the device count.
+pub fn run_nccl_style_torus(
+    op: BenchOp,
+    shape: &TorusShape,
+    sizes_bytes: &[usize],
+    model: LinkModel,
+) -> Result<Vec<BenchRow>, CollectiveError> {
+    sizes_bytes
+        .iter()
+        .map(|&size| run_one(op, Layout::Torus(shape), size / 4, &model))
+        .collect()
 }
 
 fn run_one(
     op: BenchOp,
-    n: usize,
+    layout: Layout<'_>,
     len: usize,
     model: &LinkModel,
 ) -> Result<BenchRow, CollectiveError> {
-    let ring: Vec<usize> = (0..n).collect();
+    let n = layout.ranks();
+    let ring = layout.ring();
     let inputs = bench_inputs(n, len);
     let mut buffers = inputs.clone();
     let warm_start = Instant::now();
-    let traffic = run_op(op, &mut buffers, &ring)?;
+    let traffic = layout.run(op, &mut buffers, &ring)?;
     let warm = warm_start.elapsed().as_secs_f64();
-    let wrong = count_wrong(op, &inputs, &buffers);
+    let wrong = count_wrong(op, &inputs, &buffers, &ring);
 
     let iterations = if warm > 0.0 {
         ((TIME_BUDGET_SECONDS / warm).ceil() as usize).clamp(1, MAX_ITERATIONS)
@@ -239,7 +303,7 @@ fn run_one(
             buffer.copy_from_slice(input);
         }
         let start = Instant::now();
-        run_op(op, &mut buffers, &ring)?;
+        layout.run(op, &mut buffers, &ring)?;
         total += start.elapsed().as_secs_f64();
     }
     let measured_seconds = total / iterations as f64;

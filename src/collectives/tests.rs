@@ -2,7 +2,7 @@
 
 use proptest::prelude::*;
 
-use super::bench::{BenchOp, BenchTable, run_nccl_style};
+use super::bench::{BenchOp, BenchTable, run_nccl_style, run_nccl_style_torus};
 use super::*;
 
 /// SplitMix64: a tiny deterministic generator for test data.
@@ -619,4 +619,32 @@ fn dimension_order_routes_take_the_short_way_round() {
     assert!(routed.total_bytes() > logical.total_bytes());
     assert!(routed.transfers.is_sorted_by_key(|t| t.phase));
     assert_eq!(buffers[27], vec![64; 12]);
+}
+
+#[test]
+fn nccl_style_on_a_torus_checks_every_op() {
+    let shape = TorusShape::new(&[2, 3, 2], &[false, true, false]).unwrap();
+    let model = LinkModel::new(1e-6, 45e9).unwrap();
+    for op in BenchOp::ALL {
+        let rows = run_nccl_style_torus(op, &shape, &[0, 44, 4800], model).unwrap();
+        for row in &rows {
+            assert_eq!(row.wrong, 0, "{row:?}");
+        }
+        assert!(rows[2].modeled_seconds > 0.0);
+    }
+}
+
+#[test]
+fn count_wrong_sees_a_corrupted_element() {
+    use super::bench::{bench_inputs, count_wrong, run_op};
+    let ring = [2, 0, 1];
+    for op in BenchOp::ALL {
+        let inputs = bench_inputs(3, 10);
+        let mut outputs = inputs.clone();
+        run_op(op, &mut outputs, &ring).unwrap();
+        assert_eq!(count_wrong(op, &inputs, &outputs, &ring), 0, "{op}");
+        // Position 0 (rank 2) owns chunk 0 in every op, element 0 included.
+        outputs[2][0] += 1.0;
+        assert_eq!(count_wrong(op, &inputs, &outputs, &ring), 1, "{op}");
+    }
 }
