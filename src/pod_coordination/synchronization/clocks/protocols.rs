@@ -533,6 +533,24 @@ mod tests {
         }
 
         #[test]
+        fn without_drift_the_error_is_exactly_half_the_asymmetry(
+            client_offset in -1_000_000_000_000i64..1_000_000_000_000,
+            server_offset in -1_000_000_000_000i64..1_000_000_000_000,
+            request in 0i64..10_000_000,
+            reply in 0i64..10_000_000,
+            turnaround in 0i64..1_000_000,
+            start in -1_000_000_000_000i64..1_000_000_000_000,
+        ) {
+            let client = SimulatedClock { offset_ns: client_offset, drift_ppm: 0.0 };
+            let server = SimulatedClock { offset_ns: server_offset, drift_ppm: 0.0 };
+            let delays = ExchangeDelays { request_ns: request, reply_ns: reply, turnaround_ns: turnaround };
+            let sample = exchange(&client, &server, delays, start).unwrap();
+            let truth = (server_offset - client_offset) as f64;
+            prop_assert_eq!(sample.offset_ns() - truth, (request - reply) as f64 / 2.0);
+            prop_assert_eq!(sample.delay_ns(), request + reply);
+        }
+
+        #[test]
         fn filter_output_is_the_least_delay_sample(delays in prop::collection::vec((0i64..1_000, -500i64..500), 1..20)) {
             let mut sync = NtpSynchronizer::new();
             for &(delay, offset) in &delays {
