@@ -17,6 +17,17 @@
 use serde::{Deserialize, Serialize};
 
 /// A reduction operator, as in `ncclRedOp_t`.
+///
+/// * Integers wrap (two's complement), as NCCL's integer reductions do: a
+///   sum or product is exact modulo 2³² and independent of the order the
+///   ring combines ranks in.
+/// * Floats follow IEEE 754. The ring combines ranks in another order than
+///   a left-to-right loop, so float sums and products match
+///   [`naive_reduce`] within rounding. `Max`/`Min` use `f32::max`/`f32::min`
+///   (IEEE `maxNum`): a NaN operand is ignored unless all are NaN.
+/// * `Mean` is a sum, then one division by the number of ranks by the rank
+///   that completes each chunk; for `i32` the division truncates toward
+///   zero and applies to the wrapped sum.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[non_exhaustive]
 pub enum ReduceOp {

@@ -22,15 +22,30 @@
 //! and lengths below the ring size (some chunks are then empty).
 //!
 //! Reduction semantics (wrapping integers, IEEE floats, `Mean` as sum then
-//! one division) are described in [`ReduceOp`]'s module; float results
+//! one division) are described on [`ReduceOp`]; float results
 //! agree with [`naive_reduce`] within rounding, integer results exactly, and
 //! every rank of an all-reduce ends with bit-identical data.
 //!
 //! Each function returns the [`Traffic`] the ring schedule puts on the links
 //! and [`Traffic::modeled_seconds`] turns it into a duration for a
-//! [`LinkModel`]. How the data movement is executed on the CPU (chunk by
-//! chunk, pipelined in slices, parallel over chunks) is described in the
-//! `ring` module; it does not change the arithmetic or the traffic.
+//! [`LinkModel`].
+//!
+//! ## Ring conventions and execution
+//!
+//! A segment of `len` elements splits into `n` chunks ([`chunk_range`]; the
+//! first `len % n` are one element longer). In a reduce-scatter, at step `s`
+//! position `i` sends its partial of chunk `(i−1−s) mod n` to position
+//! `i+1`, so chunk `c` starts at position `c+1` and completes at position
+//! `c`; in an all-gather, position `i` forwards chunk `(i−s) mod n`.
+//!
+//! On the CPU, each chunk's journey around the ring depends on no other
+//! chunk, so chunks (cut into [`PIECE_ELEMS`] pieces) run in parallel with
+//! rayon once a collective moves at least [`PARALLEL_MIN_BYTES`]; within a
+//! piece the ring's steps run back to back on a [`SLICE_ELEMS`] slice held
+//! in a stack buffer, the message in flight (NCCL's `recvReduceSend`). Each
+//! rank's buffer is read once and written once, nothing is allocated per
+//! step, and the arithmetic and its order are those of the step-by-step
+//! ring, whose schedule the traffic record follows.
 
 pub mod bench;
 mod element;
@@ -271,9 +286,17 @@ pub fn broadcast<T: Element, B: AsMut<[T]>>(
 }
 
 /// All-reduce over every device of a torus: reduce-scatter along dimension
-/// 0's rings, then 1, …, then all-gather in reverse. `buffers[i]` belongs to
-/// the device with index `i = x + X·(y + Y·z)`. See [`TorusShape`] for the
-/// routing of mesh dimensions without wraparound.
+/// 0's rings, then along dimension 1 on the shard each device now owns, …,
+/// then all-gather in reverse order (the standard torus algorithm).
+/// `buffers[i]` belongs to the device with index `i = x + X·(y + Y·z)`.
+///
+/// After dimension `d` the device with coordinate `k` along `d` owns chunk
+/// `k` of its previous shard, so every ring of dimension `d+1` reduces one
+/// range. All ring hops join adjacent devices, except on a dimension
+/// without wraparound: there the ring's closing hop is routed back along
+/// the line, one [`Transfer`] per link with `hops` = extent − 1, over the
+/// reverse direction of the links the forward hops use (so it shares no
+/// directed link with them).
 pub fn torus_all_reduce<T: Element, B: AsMut<[T]>>(
     buffers: &mut [B],
     shape: &TorusShape,
