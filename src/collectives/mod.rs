@@ -64,7 +64,7 @@ pub use ring::{
     chunk_range,
 };
 pub use torus::TorusShape;
-pub use traffic::{LinkModel, Phase, PhaseKind, Traffic, Transfer};
+pub use traffic::{LinkModel, Phase, PhaseKind, TimedTransfer, Traffic, Transfer};
 
 use ring::{Epilogue, RingRoute};
 

@@ -648,3 +648,34 @@ fn count_wrong_sees_a_corrupted_element() {
         assert_eq!(count_wrong(op, &inputs, &outputs, &ring), 1, "{op}");
     }
 }
+
+#[test]
+fn timeline_runs_steps_back_to_back_and_ends_at_the_modeled_time() {
+    let shape = TorusShape::new(&[4, 3], &[false, true]).unwrap();
+    let mut buffers = vec![vec![1.0f32; 100]; 12];
+    let traffic = torus_all_reduce(&mut buffers, &shape, ReduceOp::Mean).unwrap();
+    let model = LinkModel::new(2e-6, 10e9).unwrap();
+    let timeline = traffic.timeline(|_, _| model);
+    assert_eq!(timeline.len(), traffic.transfers.len());
+    let last = timeline.iter().map(|t| t.end_seconds).fold(0.0, f64::max);
+    let modeled = traffic.modeled_seconds(&model);
+    assert!(
+        (last - modeled).abs() <= 1e-12 * modeled,
+        "{last} vs {modeled}"
+    );
+    for pair in timeline.windows(2) {
+        let (a, b) = (&pair[0], &pair[1]);
+        if a.transfer.phase == b.transfer.phase {
+            assert_eq!(a.start_seconds, b.start_seconds);
+        } else {
+            // The next step starts once every transfer of this one arrived.
+            let step_end = timeline
+                .iter()
+                .filter(|t| t.transfer.phase == a.transfer.phase)
+                .map(|t| t.end_seconds)
+                .fold(0.0, f64::max);
+            assert_eq!(b.start_seconds, step_end);
+        }
+    }
+    assert!(buffers.iter().all(|b| b.iter().all(|&x| x == 1.0)));
+}

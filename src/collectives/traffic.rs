@@ -166,6 +166,49 @@ impl Traffic {
     }
 }
 
+/// A transfer placed in time by the alpha-beta model.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct TimedTransfer {
+    /// The transfer.
+    pub transfer: Transfer,
+    /// When its step starts, seconds from the start of the collective.
+    pub start_seconds: f64,
+    /// When it has fully arrived: `start + hops·α + bytes/β`.
+    pub end_seconds: f64,
+}
+
+impl Traffic {
+    /// Every transfer with its start and end under `link`'s model: a step
+    /// starts when the previous step's slowest transfer has arrived (the
+    /// ring's data dependency), and all transfers of a step start together.
+    /// The last end is [`Traffic::modeled_seconds_by_link`]. A pod can use
+    /// it to let a collective progress over simulated ticks, or to draw it
+    /// on a trace.
+    pub fn timeline(&self, link: impl Fn(usize, usize) -> LinkModel) -> Vec<TimedTransfer> {
+        let mut ordered: Vec<&Transfer> = self.transfers.iter().collect();
+        // Stable: records of one phase keep their order.
+        ordered.sort_by_key(|t| t.phase);
+        let mut timeline = Vec::with_capacity(ordered.len());
+        let mut step_start = 0.0;
+        let mut step_end = 0.0f64;
+        let mut current: Option<Phase> = None;
+        for t in ordered {
+            if current != Some(t.phase) {
+                step_start = step_end.max(step_start);
+                current = Some(t.phase);
+            }
+            let end = step_start + link(t.src, t.dst).message_seconds(t.bytes, t.hops);
+            step_end = step_end.max(end);
+            timeline.push(TimedTransfer {
+                transfer: *t,
+                start_seconds: step_start,
+                end_seconds: end,
+            });
+        }
+        timeline
+    }
+}
+
 /// Sums, over runs of equal phases, the largest time in each run.
 fn slowest_per_phase(timed: impl Iterator<Item = (Phase, f64)>) -> f64 {
     let mut total = 0.0;
