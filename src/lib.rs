@@ -3,6 +3,7 @@
 
 pub mod barrier;
 pub mod checkpoint;
+pub mod collectives;
 pub mod coordination;
 pub mod error;
 pub mod exec;
@@ -13,6 +14,7 @@ pub mod memory;
 pub mod optimizer;
 pub mod optimizers;
 pub mod pod;
+pub mod pod_coordination;
 pub mod rng;
 pub mod schedule;
 pub mod topology;

@@ -1,4 +1,5 @@
-//! The coordination facade: [`PodCoordinator`] over a simulated [`Pod`].
+//! Coordination: the [`PodCoordinator`] facade over a simulated
+//! [`crate::Pod`], and placement of work over devices ([`load_balance`]).
 //!
 //! ```
 //! use optirs_tpu::coordination::{PodConfig, PodCoordinator};
@@ -11,6 +12,7 @@
 //! # Ok::<(), optirs_tpu::coordination::CoordinationError>(())
 //! ```
 
+pub mod load_balance;
 pub mod pod_coordinator;
 
 pub use pod_coordinator::{CoordinationError, PodConfig, PodCoordinator};

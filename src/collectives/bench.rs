@@ -1,0 +1,383 @@
+//! nccl-tests-style measurement of the collectives on this CPU, next to
+//! their modeled time on a pod's links.
+//!
+//! Conventions follow nccl-tests (`doc/PERFORMANCE.md` there): for a buffer
+//! of `S` bytes per rank and a time `t`,
+//!
+//! * `algbw = S / t`;
+//! * `busbw = algbw · 2(n−1)/n` for all-reduce, `· (n−1)/n` for
+//!   reduce-scatter and all-gather, `· 1` for broadcast: the per-link
+//!   bandwidth the ring needs to reach that `algbw`, comparable across rank
+//!   counts;
+//! * `wrong` counts elements that differ from a naive reduction.
+//!
+//! Bandwidths are in GB/s = 10⁹ bytes per second. The data are `f32` with
+//! small integer values, so every reduction order gives the exact same sum
+//! and `wrong` is an exact comparison. The measured time is wall-clock (this
+//! is a benchmark, not a pod system): each size runs once untimed (checked
+//! for correctness), then up to [`MAX_ITERATIONS`] timed iterations within
+//! about [`TIME_BUDGET_SECONDS`]; inputs are restored between iterations,
+//! outside the timed region. `measured_seconds` is the mean.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use super::{
+    CollectiveError, LinkModel, ReduceOp, TorusShape, Traffic, all_gather, all_reduce, broadcast,
+    chunk_range, naive_reduce, reduce_scatter, torus_all_reduce,
+};
+
+/// Timed iterations per size at most (nccl-tests' default `-n 20`).
+pub const MAX_ITERATIONS: usize = 20;
+
+/// Wall-clock budget per size for the timed iterations.
+pub const TIME_BUDGET_SECONDS: f64 = 1.0;
+
+/// A collective to benchmark.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum BenchOp {
+    /// [`all_reduce`] with `sum`.
+    AllReduce,
+    /// [`reduce_scatter`] with `sum`.
+    ReduceScatter,
+    /// [`all_gather`].
+    AllGather,
+    /// [`broadcast`] from rank 0.
+    Broadcast,
+}
+
+impl BenchOp {
+    /// Every operation.
+    pub const ALL: [BenchOp; 4] = [
+        BenchOp::AllReduce,
+        BenchOp::ReduceScatter,
+        BenchOp::AllGather,
+        BenchOp::Broadcast,
+    ];
+
+    /// The name used in rows and on command lines (`all_reduce`, …), as in
+    /// nccl-tests' `all_reduce_perf`.
+    pub fn name(self) -> &'static str {
+        match self {
+            BenchOp::AllReduce => "all_reduce",
+            BenchOp::ReduceScatter => "reduce_scatter",
+            BenchOp::AllGather => "all_gather",
+            BenchOp::Broadcast => "broadcast",
+        }
+    }
+
+    /// busbw / algbw for `n` ranks.
+    pub fn bus_factor(self, n: usize) -> f64 {
+        if n == 0 {
+            return 0.0;
+        }
+        let n = n as f64;
+        match self {
+            BenchOp::AllReduce => 2.0 * (n - 1.0) / n,
+            BenchOp::ReduceScatter | BenchOp::AllGather => (n - 1.0) / n,
+            BenchOp::Broadcast => 1.0,
+        }
+    }
+}
+
+impl fmt::Display for BenchOp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// An operation name that is not one of [`BenchOp::ALL`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown collective {0:?}: expected all_reduce, reduce_scatter, all_gather or broadcast")]
+pub struct UnknownBenchOp(pub String);
+
+impl FromStr for BenchOp {
+    type Err = UnknownBenchOp;
+
+    /// Accepts the row names and their dashed forms (`all-reduce`).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let key = s.trim().to_ascii_lowercase().replace('-', "_");
+        BenchOp::ALL
+            .into_iter()
+            .find(|op| op.name() == key)
+            .ok_or_else(|| UnknownBenchOp(s.to_owned()))
+    }
+}
+
+/// One size of a benchmark run, serialized with exactly the keys `op`,
+/// `bytes`, `measured_seconds`, `algbw_gbps`, `busbw_gbps`, `wrong`,
+/// `modeled_seconds`, `modeled_busbw_gbps`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BenchRow {
+    /// [`BenchOp::name`].
+    pub op: String,
+    /// Buffer size per rank, bytes (a whole number of `f32`).
+    pub bytes: u64,
+    /// Mean wall-clock time of one call on this CPU.
+    pub measured_seconds: f64,
+    /// `bytes / measured_seconds`, GB/s (0 when nothing was timed).
+    pub algbw_gbps: f64,
+    /// `algbw · bus factor`, GB/s.
+    pub busbw_gbps: f64,
+    /// Elements that differ from the naive reference.
+    pub wrong: u64,
+    /// [`Traffic::modeled_seconds`] on the given link model.
+    pub modeled_seconds: f64,
+    /// Bus bandwidth implied by the modeled time, GB/s (0 when it is 0).
+    pub modeled_busbw_gbps: f64,
+}
+
+/// Runs `op` over a ring of `n_ranks` for every size in `sizes_bytes` (per
+/// rank, rounded down to whole `f32` elements) and reports one row per size.
+///
+/// Each size allocates its inputs and working buffers, `2 × n_ranks × size`
+/// bytes, plus one reference buffer; the ring's traffic, modeled on
+/// `model`, gives the modeled columns. Collectives run in place (nccl-tests'
+/// in-place columns).
+pub fn run_nccl_style(
+    op: BenchOp,
+    n_ranks: usize,
+    sizes_bytes: &[usize],
+    model: LinkModel,
+) -> Result<Vec<BenchRow>, CollectiveError> {
+    if n_ranks == 0 {
+        return Err(CollectiveError::NoRanks);
+    }
+    sizes_bytes
+        .iter()
+        .map(|&size| run_one(op, Layout::Ring(n_ranks), size / 4, &model))
+        .collect()
+}
+
+/// Deterministic inputs with small integer values: sums of up to 2²⁴/16
+/// ranks are exact in `f32` whatever the order.
+pub fn bench_inputs(n_ranks: usize, len: usize) -> Vec<Vec<f32>> {
+    (0..n_ranks)
+        .map(|r| {
+            (0..len)
+                .map(|i| ((r * 7 + i * 13) % 31) as f32 - 15.0)
+                .collect()
+        })
+        .collect()
+}
+
+/// Runs the collective once on `buffers`.
+pub fn run_op(
+    op: BenchOp,
+    buffers: &mut [Vec<f32>],
+    ring: &[usize],
+) -> Result<Traffic, CollectiveError> {
+    match op {
+        BenchOp::AllReduce => all_reduce(buffers, ring, ReduceOp::Sum),
+        BenchOp::ReduceScatter => reduce_scatter(buffers, ring, ReduceOp::Sum),
+        BenchOp::AllGather => all_gather(buffers, ring),
+        BenchOp::Broadcast => broadcast(buffers, ring, ring[0]),
+    }
+}
+
+/// Elements of the ring members' `outputs` that differ from what `op` must
+/// produce on `inputs` over `ring` (position `i` owns chunk `i`; the
+/// broadcast root is `ring[0]`).
+pub fn count_wrong(op: BenchOp, inputs: &[Vec<f32>], outputs: &[Vec<f32>], ring: &[usize]) -> u64 {
+    let n = ring.len();
+    let len = inputs.first().map_or(0, Vec::len);
+    let differing = |expected: &[f32], got: &[f32]| -> u64 {
+        expected.iter().zip(got).filter(|(a, b)| a != b).count() as u64
+    };
+    let members: Vec<&[f32]> = ring.iter().map(|&r| inputs[r].as_slice()).collect();
+    match op {
+        BenchOp::AllReduce => {
+            let expected = naive_reduce(&members, ReduceOp::Sum);
+            ring.iter()
+                .map(|&r| differing(&expected, &outputs[r]))
+                .sum()
+        }
+        BenchOp::ReduceScatter => {
+            let expected = naive_reduce(&members, ReduceOp::Sum);
+            ring.iter()
+                .enumerate()
+                .map(|(pos, &r)| {
+                    let range = chunk_range(len, n, pos);
+                    differing(&expected[range.clone()], &outputs[r][range])
+                })
+                .sum()
+        }
+        BenchOp::AllGather => {
+            let expected: Vec<f32> = (0..n)
+                .flat_map(|pos| members[pos][chunk_range(len, n, pos)].iter().copied())
+                .collect();
+            ring.iter()
+                .map(|&r| differing(&expected, &outputs[r]))
+                .sum()
+        }
+        BenchOp::Broadcast => match members.first() {
+            Some(root) => ring.iter().map(|&r| differing(root, &outputs[r])).sum(),
+            None => 0,
+        },
+    }
+}
+
+/// Where a benchmark runs: a flat ring of ranks `0..n`, or every device of
+/// a torus.
+#[derive(Debug, Clone, Copy)]
+enum Layout<'a> {
+    Ring(usize),
+    Torus(&'a TorusShape),
+}
+
+impl Layout<'_> {
+    fn ranks(&self) -> usize {
+        match self {
+            Layout::Ring(n) => *n,
+            Layout::Torus(shape) => shape.device_count(),
+        }
+    }
+
+    /// The ring order used for everything except a torus all-reduce.
+    fn ring(&self) -> Vec<usize> {
+        match self {
+            Layout::Ring(n) => (0..*n).collect(),
+            Layout::Torus(shape) => shape.snake_ring(),
+        }
+    }
+
+    fn run(
+        &self,
+        op: BenchOp,
+        buffers: &mut [Vec<f32>],
+        ring: &[usize],
+    ) -> Result<Traffic, CollectiveError> {
+        match (self, op) {
+            (Layout::Torus(shape), BenchOp::AllReduce) => {
+                torus_all_reduce(buffers, shape, ReduceOp::Sum)
+            }
+            (Layout::Torus(shape), _) => run_op(op, buffers, ring).map(|t| t.routed_on(shape)),
+            (Layout::Ring(_), _) => run_op(op, buffers, ring),
+        }
+    }
+}
+
+/// [`run_nccl_style`] over every device of a torus: all-reduce runs the
+/// torus algorithm ([`torus_all_reduce`]); reduce-scatter, all-gather and
+/// broadcast run on [`TorusShape::snake_ring`], their traffic routed on the
+/// torus ([`Traffic::routed_on`]). The bus factors use the device count.
+pub fn run_nccl_style_torus(
+    op: BenchOp,
+    shape: &TorusShape,
+    sizes_bytes: &[usize],
+    model: LinkModel,
+) -> Result<Vec<BenchRow>, CollectiveError> {
+    sizes_bytes
+        .iter()
+        .map(|&size| run_one(op, Layout::Torus(shape), size / 4, &model))
+        .collect()
+}
+
+fn run_one(
+    op: BenchOp,
+    layout: Layout<'_>,
+    len: usize,
+    model: &LinkModel,
+) -> Result<BenchRow, CollectiveError> {
+    let n = layout.ranks();
+    let ring = layout.ring();
+    let inputs = bench_inputs(n, len);
+    let mut buffers = inputs.clone();
+    let warm_start = Instant::now();
+    let traffic = layout.run(op, &mut buffers, &ring)?;
+    let warm = warm_start.elapsed().as_secs_f64();
+    let wrong = count_wrong(op, &inputs, &buffers, &ring);
+
+    let iterations = if warm > 0.0 {
+        ((TIME_BUDGET_SECONDS / warm).ceil() as usize).clamp(1, MAX_ITERATIONS)
+    } else {
+        MAX_ITERATIONS
+    };
+    let mut total = 0.0;
+    for _ in 0..iterations {
+        for (buffer, input) in buffers.iter_mut().zip(&inputs) {
+            buffer.copy_from_slice(input);
+        }
+        let start = Instant::now();
+        layout.run(op, &mut buffers, &ring)?;
+        total += start.elapsed().as_secs_f64();
+    }
+    let measured_seconds = total / iterations as f64;
+    let bytes = (len * 4) as u64;
+    let gbps = |seconds: f64| {
+        if seconds > 0.0 {
+            bytes as f64 / seconds / 1e9
+        } else {
+            0.0
+        }
+    };
+    let factor = op.bus_factor(n);
+    let algbw_gbps = gbps(measured_seconds);
+    let modeled_seconds = traffic.modeled_seconds(model);
+    Ok(BenchRow {
+        op: op.name().to_owned(),
+        bytes,
+        measured_seconds,
+        algbw_gbps,
+        busbw_gbps: algbw_gbps * factor,
+        wrong,
+        modeled_seconds,
+        modeled_busbw_gbps: gbps(modeled_seconds) * factor,
+    })
+}
+
+/// Rows rendered as an nccl-tests table: sizes in bytes and elements, times
+/// in microseconds, bandwidths in GB/s.
+pub struct BenchTable<'a>(pub &'a [BenchRow]);
+
+impl fmt::Display for BenchTable<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "#{:>13}{:>14}{:>8}{:>16}{:>11}{:>8}{:>8}{:>8}{:>13}{:>13}",
+            "size",
+            "count",
+            "type",
+            "op",
+            "time",
+            "algbw",
+            "busbw",
+            "#wrong",
+            "model_time",
+            "model_busbw"
+        )?;
+        writeln!(
+            f,
+            "#{:>13}{:>14}{:>8}{:>16}{:>11}{:>8}{:>8}{:>8}{:>13}{:>13}",
+            "(B)", "(elements)", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)"
+        )?;
+        for row in self.0 {
+            writeln!(
+                f,
+                " {:>13}{:>14}{:>8}{:>16}{:>11.1}{:>8.2}{:>8.2}{:>8}{:>13.1}{:>13.2}",
+                row.bytes,
+                row.bytes / 4,
+                "float",
+                row.op,
+                row.measured_seconds * 1e6,
+                row.algbw_gbps,
+                row.busbw_gbps,
+                row.wrong,
+                row.modeled_seconds * 1e6,
+                row.modeled_busbw_gbps,
+            )?;
+        }
+        let (sum, count) = self
+            .0
+            .iter()
+            .fold((0.0, 0usize), |(s, c), r| (s + r.busbw_gbps, c + 1));
+        if count > 0 {
+            writeln!(f, "# Avg bus bandwidth    : {:.3} GB/s", sum / count as f64)?;
+        }
+        Ok(())
+    }
+}

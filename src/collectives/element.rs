@@ -1,0 +1,268 @@
+//! Element types and reduction operators.
+//!
+//! Integer reductions use wrapping (two's-complement) arithmetic, as NCCL's
+//! integer reductions do: the result of a sum or product is exact modulo 2³²
+//! and therefore independent of the order in which the ring combines ranks.
+//! Float reductions follow IEEE 754; a ring combines ranks in a different
+//! order than a left-to-right loop, so float sums and products agree with a
+//! naive reduction only within rounding.
+//!
+//! `Max` and `Min` on floats use [`f32::max`]/[`f32::min`] (IEEE `maxNum`):
+//! a NaN operand is ignored unless every operand is NaN.
+//!
+//! `Mean` is a sum followed by one division by the number of ranks, done by
+//! the rank that finishes the reduction of a chunk. For `i32` the division
+//! truncates toward zero (Rust's `/`), applied to the wrapped sum.
+
+use serde::{Deserialize, Serialize};
+
+/// A reduction operator, as in `ncclRedOp_t`.
+///
+/// * Integers wrap (two's complement), as NCCL's integer reductions do: a
+///   sum or product is exact modulo 2³² and independent of the order the
+///   ring combines ranks in.
+/// * Floats follow IEEE 754. The ring combines ranks in another order than
+///   a left-to-right loop, so float sums and products match
+///   [`naive_reduce`] within rounding. `Max`/`Min` use `f32::max`/`f32::min`
+///   (IEEE `maxNum`): a NaN operand is ignored unless all are NaN.
+/// * `Mean` is a sum, then one division by the number of ranks by the rank
+///   that completes each chunk; for `i32` the division truncates toward
+///   zero and applies to the wrapped sum.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum ReduceOp {
+    /// Element-wise sum (wrapping for integers).
+    Sum,
+    /// Sum divided by the number of participating ranks (truncating for integers).
+    Mean,
+    /// Element-wise maximum.
+    Max,
+    /// Element-wise minimum.
+    Min,
+    /// Element-wise product (wrapping for integers).
+    Product,
+}
+
+impl ReduceOp {
+    /// Every operator, for tests and command-line parsing.
+    pub const ALL: [ReduceOp; 5] = [
+        ReduceOp::Sum,
+        ReduceOp::Mean,
+        ReduceOp::Max,
+        ReduceOp::Min,
+        ReduceOp::Product,
+    ];
+
+    /// The nccl-tests name of the operator (`sum`, `avg`, `max`, `min`, `prod`).
+    pub fn name(self) -> &'static str {
+        match self {
+            ReduceOp::Sum => "sum",
+            ReduceOp::Mean => "avg",
+            ReduceOp::Max => "max",
+            ReduceOp::Min => "min",
+            ReduceOp::Product => "prod",
+        }
+    }
+}
+
+/// The element type of a buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum DType {
+    /// 32-bit IEEE float.
+    F32,
+    /// 64-bit IEEE float.
+    F64,
+    /// 32-bit two's-complement integer.
+    I32,
+}
+
+impl DType {
+    /// The nccl-tests name of the type.
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "float",
+            DType::F64 => "double",
+            DType::I32 => "int32",
+        }
+    }
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for f32 {}
+    impl Sealed for f64 {}
+    impl Sealed for i32 {}
+}
+
+/// An element type the collectives can move and reduce: `f32`, `f64`, `i32`.
+pub trait Element:
+    sealed::Sealed + Copy + Send + Sync + PartialEq + std::fmt::Debug + 'static
+{
+    /// The runtime tag of this type.
+    const DTYPE: DType;
+    /// Size of one element in bytes.
+    const BYTES: usize;
+    /// The additive identity, used to initialize scratch space.
+    const ZERO: Self;
+    /// `a + b` (wrapping for integers).
+    fn add(a: Self, b: Self) -> Self;
+    /// `a * b` (wrapping for integers).
+    fn mul(a: Self, b: Self) -> Self;
+    /// The larger of `a` and `b`.
+    fn max(a: Self, b: Self) -> Self;
+    /// The smaller of `a` and `b`.
+    fn min(a: Self, b: Self) -> Self;
+    /// `self / n` (truncating for integers); `n` is at least 1.
+    fn div_count(self, n: usize) -> Self;
+}
+
+macro_rules! float_element {
+    ($t:ty, $tag:expr) => {
+        impl Element for $t {
+            const DTYPE: DType = $tag;
+            const BYTES: usize = std::mem::size_of::<$t>();
+            const ZERO: Self = 0.0;
+            #[inline(always)]
+            fn add(a: Self, b: Self) -> Self {
+                a + b
+            }
+            #[inline(always)]
+            fn mul(a: Self, b: Self) -> Self {
+                a * b
+            }
+            #[inline(always)]
+            fn max(a: Self, b: Self) -> Self {
+                a.max(b)
+            }
+            #[inline(always)]
+            fn min(a: Self, b: Self) -> Self {
+                a.min(b)
+            }
+            #[inline(always)]
+            fn div_count(self, n: usize) -> Self {
+                self / n as $t
+            }
+        }
+    };
+}
+
+float_element!(f32, DType::F32);
+float_element!(f64, DType::F64);
+
+impl Element for i32 {
+    const DTYPE: DType = DType::I32;
+    const BYTES: usize = 4;
+    const ZERO: Self = 0;
+    #[inline(always)]
+    fn add(a: Self, b: Self) -> Self {
+        a.wrapping_add(b)
+    }
+    #[inline(always)]
+    fn mul(a: Self, b: Self) -> Self {
+        a.wrapping_mul(b)
+    }
+    #[inline(always)]
+    fn max(a: Self, b: Self) -> Self {
+        Ord::max(a, b)
+    }
+    #[inline(always)]
+    fn min(a: Self, b: Self) -> Self {
+        Ord::min(a, b)
+    }
+    #[inline(always)]
+    fn div_count(self, n: usize) -> Self {
+        // `n` is a rank count; counts beyond `i32::MAX` saturate.
+        let n = i32::try_from(n).unwrap_or(i32::MAX);
+        self.wrapping_div(n)
+    }
+}
+
+/// `acc[i] = op(acc[i], x[i])` for the combining part of `op` (`Mean` sums).
+///
+/// The `match` sits outside the loops so each loop is a plain element-wise
+/// kernel the compiler vectorizes.
+#[inline]
+pub(crate) fn accumulate<T: Element>(op: ReduceOp, acc: &mut [T], x: &[T]) {
+    debug_assert_eq!(acc.len(), x.len());
+    match op {
+        ReduceOp::Sum | ReduceOp::Mean => {
+            for (a, &b) in acc.iter_mut().zip(x) {
+                *a = T::add(*a, b);
+            }
+        }
+        ReduceOp::Product => {
+            for (a, &b) in acc.iter_mut().zip(x) {
+                *a = T::mul(*a, b);
+            }
+        }
+        ReduceOp::Max => {
+            for (a, &b) in acc.iter_mut().zip(x) {
+                *a = T::max(*a, b);
+            }
+        }
+        ReduceOp::Min => {
+            for (a, &b) in acc.iter_mut().zip(x) {
+                *a = T::min(*a, b);
+            }
+        }
+    }
+}
+
+/// `acc[i] = op(…op(op(acc[i], xs[0][i]), xs[1][i])…, xs[K−1][i])`: `K`
+/// sequential [`accumulate`] calls fused into one pass over `acc`, with the
+/// same association order (so the same float results).
+#[inline]
+pub(crate) fn accumulate_fused<T: Element, const K: usize>(
+    op: ReduceOp,
+    acc: &mut [T],
+    xs: [&[T]; K],
+) {
+    let len = acc.len();
+    let xs = xs.map(|x| &x[..len]);
+    macro_rules! fused {
+        ($f:expr) => {
+            for (i, a) in acc.iter_mut().enumerate() {
+                let mut v = *a;
+                for x in &xs {
+                    v = $f(v, x[i]);
+                }
+                *a = v;
+            }
+        };
+    }
+    match op {
+        ReduceOp::Sum | ReduceOp::Mean => fused!(T::add),
+        ReduceOp::Product => fused!(T::mul),
+        ReduceOp::Max => fused!(T::max),
+        ReduceOp::Min => fused!(T::min),
+    }
+}
+
+/// Divides every element by `n` (the `Mean` epilogue).
+#[inline]
+pub(crate) fn divide_all<T: Element>(xs: &mut [T], n: usize) {
+    for x in xs {
+        *x = x.div_count(n);
+    }
+}
+
+/// The reference every collective is tested against: rank 0, then rank 1, …
+/// combined left to right, then divided by the rank count for `Mean`.
+///
+/// Returns an empty vector for no inputs. Inputs shorter than the first are
+/// an error of the caller; this helper reduces the common prefix.
+pub fn naive_reduce<T: Element>(inputs: &[&[T]], op: ReduceOp) -> Vec<T> {
+    let Some((first, rest)) = inputs.split_first() else {
+        return Vec::new();
+    };
+    let len = inputs.iter().map(|x| x.len()).min().unwrap_or(0);
+    let mut acc = first[..len].to_vec();
+    for x in rest {
+        accumulate(op, &mut acc, &x[..len]);
+    }
+    if op == ReduceOp::Mean {
+        divide_all(&mut acc, inputs.len());
+    }
+    acc
+}

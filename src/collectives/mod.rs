@@ -1,0 +1,315 @@
+//! Collectives over per-device buffers that move real data, with the traffic
+//! they put on each link and an alpha-beta model of their duration.
+//!
+//! Operations (the NCCL set, in place):
+//!
+//! | function | result |
+//! |---|---|
+//! | [`all_reduce`] | every ring member holds the reduction of all members' buffers |
+//! | [`reduce_scatter`] | ring position `i` holds the reduction of chunk `i` ([`chunk_range`]); other elements are unchanged |
+//! | [`all_gather`] | every member holds chunk `i` of position `i`'s buffer, for every `i` |
+//! | [`broadcast`] | every member holds the root's buffer |
+//! | [`torus_all_reduce`] | [`all_reduce`] over every device of a 2D/3D torus, ring by dimension |
+//!
+//! Buffers are indexed by rank (device index); a ring is an ordered list of
+//! distinct ranks. The returned traffic treats consecutive members (and the
+//! last and the first) as neighbours; for a ring whose members are not all
+//! adjacent on the pod's torus, [`Traffic::routed_on`] splits each hop into
+//! the links of its dimension-order route ([`TorusShape::snake_ring`] gives
+//! a ring over a whole torus whose only long hop is the closing one).
+//! Ranks outside the ring are not touched. Every ring
+//! member's buffer must have the same length; any length works, including 0
+//! and lengths below the ring size (some chunks are then empty).
+//!
+//! Reduction semantics (wrapping integers, IEEE floats, `Mean` as sum then
+//! one division) are described on [`ReduceOp`]; float results
+//! agree with [`naive_reduce`] within rounding, integer results exactly, and
+//! every rank of an all-reduce ends with bit-identical data.
+//!
+//! Each function returns the [`Traffic`] the ring schedule puts on the links
+//! and [`Traffic::modeled_seconds`] turns it into a duration for a
+//! [`LinkModel`].
+//!
+//! ## Ring conventions and execution
+//!
+//! A segment of `len` elements splits into `n` chunks ([`chunk_range`]; the
+//! first `len % n` are one element longer). In a reduce-scatter, at step `s`
+//! position `i` sends its partial of chunk `(i−1−s) mod n` to position
+//! `i+1`, so chunk `c` starts at position `c+1` and completes at position
+//! `c`; in an all-gather, position `i` forwards chunk `(i−s) mod n`.
+//!
+//! On the CPU, each chunk's journey around the ring depends on no other
+//! chunk, so chunks (cut into [`PIECE_ELEMS`] pieces) run in parallel with
+//! rayon once a collective moves at least [`PARALLEL_MIN_BYTES`]; within a
+//! piece the ring's steps run back to back on a [`SLICE_ELEMS`] slice held
+//! in a stack buffer, the message in flight (NCCL's `recvReduceSend`). Each
+//! rank's buffer is read once and written once, nothing is allocated per
+//! step, and the arithmetic and its order are those of the step-by-step
+//! ring, whose schedule the traffic record follows.
+
+pub mod bench;
+mod element;
+mod ring;
+mod torus;
+mod traffic;
+
+#[cfg(test)]
+mod tests;
+
+use thiserror::Error;
+
+pub use element::{DType, Element, ReduceOp, naive_reduce};
+pub use ring::{
+    BROADCAST_CHUNK_BYTES, PARALLEL_MIN_BYTES, PIECE_ELEMS, SLICE_ELEMS, broadcast_chunks,
+    chunk_range,
+};
+pub use torus::TorusShape;
+pub use traffic::{LinkModel, Phase, PhaseKind, TimedTransfer, Traffic, Transfer};
+
+use ring::{Epilogue, RingRoute};
+
+/// Why a collective could not run. Nothing is modified when one is returned.
+#[derive(Debug, Clone, PartialEq, Error)]
+#[non_exhaustive]
+pub enum CollectiveError {
+    /// The ring has no members.
+    #[error("the ring is empty: a collective needs at least one rank")]
+    EmptyRing,
+    /// A ring member is not a valid buffer index.
+    #[error("ring member {rank} is out of range: there are {buffers} buffers (ranks 0..{buffers})")]
+    RankOutOfRange {
+        /// The offending rank.
+        rank: usize,
+        /// Number of buffers passed.
+        buffers: usize,
+    },
+    /// A rank appears twice in the ring.
+    #[error("rank {rank} appears more than once in the ring")]
+    DuplicateRank {
+        /// The repeated rank.
+        rank: usize,
+    },
+    /// Ring members' buffers differ in length.
+    #[error(
+        "rank {rank} has {len} elements but rank {first_rank} has {expected}: every member's buffer must have the same length"
+    )]
+    LengthMismatch {
+        /// The rank whose buffer differs.
+        rank: usize,
+        /// Its length.
+        len: usize,
+        /// The first member.
+        first_rank: usize,
+        /// The first member's length.
+        expected: usize,
+    },
+    /// The broadcast root is not a ring member.
+    #[error("broadcast root {root} is not a member of the ring")]
+    RootNotInRing {
+        /// The requested root.
+        root: usize,
+    },
+    /// A torus shape with no dimension, a zero extent, an overflowing device
+    /// count, or a wraparound list of another length.
+    #[error(
+        "invalid torus shape {dims:?} with wraparound {wraparound:?}: give one extent ≥ 1 and one wraparound flag per dimension"
+    )]
+    InvalidTorusShape {
+        /// Extents given.
+        dims: Vec<usize>,
+        /// Wraparound flags given.
+        wraparound: Vec<bool>,
+    },
+    /// The number of buffers does not match the torus.
+    #[error("the torus has {expected} devices but {got} buffers were passed")]
+    BufferCount {
+        /// Devices in the torus.
+        expected: usize,
+        /// Buffers passed.
+        got: usize,
+    },
+    /// A link model with a negative or non-finite latency, or a bandwidth
+    /// that is not positive and finite.
+    #[error(
+        "invalid link model: latency {latency_seconds} s must be finite and ≥ 0, bandwidth {bandwidth_bytes_per_second} B/s finite and > 0"
+    )]
+    InvalidLinkModel {
+        /// Latency given.
+        latency_seconds: f64,
+        /// Bandwidth given.
+        bandwidth_bytes_per_second: f64,
+    },
+    /// A benchmark was asked for zero ranks.
+    #[error("a benchmark needs at least one rank")]
+    NoRanks,
+}
+
+/// Validates `ring` against `buffers` and returns the members' slices in
+/// ring order.
+fn ring_slices<'a, T, B>(
+    buffers: &'a mut [B],
+    ring: &[usize],
+) -> Result<Vec<&'a mut [T]>, CollectiveError>
+where
+    B: AsMut<[T]>,
+{
+    if ring.is_empty() {
+        return Err(CollectiveError::EmptyRing);
+    }
+    let count = buffers.len();
+    let mut slots: Vec<Option<&'a mut [T]>> =
+        buffers.iter_mut().map(|b| Some(b.as_mut())).collect();
+    let mut slices = Vec::with_capacity(ring.len());
+    for &rank in ring {
+        let slot = slots.get_mut(rank).ok_or(CollectiveError::RankOutOfRange {
+            rank,
+            buffers: count,
+        })?;
+        let slice = slot.take().ok_or(CollectiveError::DuplicateRank { rank })?;
+        slices.push(slice);
+    }
+    let expected = slices[0].len();
+    if let Some((pos, s)) = slices.iter().enumerate().find(|(_, s)| s.len() != expected) {
+        return Err(CollectiveError::LengthMismatch {
+            rank: ring[pos],
+            len: s.len(),
+            first_rank: ring[0],
+            expected,
+        });
+    }
+    Ok(slices)
+}
+
+/// Ring all-reduce (reduce-scatter, then all-gather) of the ring members'
+/// buffers with `op`. `2(n−1)` steps; each rank sends `2(n−1)/n` of its
+/// buffer (rounded to whole chunks).
+///
+/// ```
+/// use optirs_tpu::collectives::{all_reduce, ReduceOp};
+/// let mut buffers = vec![vec![1.0f32, 2.0, 3.0], vec![10.0, 20.0, 30.0]];
+/// let traffic = all_reduce(&mut buffers, &[0, 1], ReduceOp::Sum)?;
+/// assert_eq!(buffers[0], [11.0, 22.0, 33.0]);
+/// assert_eq!(buffers[0], buffers[1]);
+/// assert_eq!(traffic.total_bytes(), 2 * 3 * 4); // 2(n−1)·len·4 bytes over all ranks
+/// # Ok::<(), optirs_tpu::collectives::CollectiveError>(())
+/// ```
+pub fn all_reduce<T: Element, B: AsMut<[T]>>(
+    buffers: &mut [B],
+    ring: &[usize],
+    op: ReduceOp,
+) -> Result<Traffic, CollectiveError> {
+    let slices = ring_slices(buffers, ring)?;
+    let n = slices.len();
+    let len = slices[0].len();
+    let epilogue = Epilogue {
+        divisor: (op == ReduceOp::Mean).then_some(n),
+        gather: true,
+    };
+    ring::reduce_scatter_rings(vec![slices], op, epilogue);
+    let route = RingRoute::neighbours(ring);
+    let mut traffic = Traffic::default();
+    route.record_pass(&mut traffic, PhaseKind::ReduceScatter, 0, 0, len, T::BYTES);
+    route.record_pass(&mut traffic, PhaseKind::AllGather, 1, 0, len, T::BYTES);
+    Ok(traffic)
+}
+
+/// Ring reduce-scatter: afterwards `buffers[ring[i]][chunk_range(len, n, i)]`
+/// holds the reduction of that chunk over all members (divided by `n` for
+/// `Mean`); every other element keeps its input value.
+pub fn reduce_scatter<T: Element, B: AsMut<[T]>>(
+    buffers: &mut [B],
+    ring: &[usize],
+    op: ReduceOp,
+) -> Result<Traffic, CollectiveError> {
+    let slices = ring_slices(buffers, ring)?;
+    let n = slices.len();
+    let len = slices[0].len();
+    let epilogue = Epilogue {
+        divisor: (op == ReduceOp::Mean).then_some(n),
+        gather: false,
+    };
+    ring::reduce_scatter_rings(vec![slices], op, epilogue);
+    let mut traffic = Traffic::default();
+    RingRoute::neighbours(ring).record_pass(
+        &mut traffic,
+        PhaseKind::ReduceScatter,
+        0,
+        0,
+        len,
+        T::BYTES,
+    );
+    Ok(traffic)
+}
+
+/// Ring all-gather: position `i` contributes `chunk_range(len, n, i)` of its
+/// buffer; afterwards every member holds all chunks. Elements outside a
+/// member's own chunk are overwritten (the in-place form of
+/// `ncclAllGather`).
+pub fn all_gather<T: Element, B: AsMut<[T]>>(
+    buffers: &mut [B],
+    ring: &[usize],
+) -> Result<Traffic, CollectiveError> {
+    let slices = ring_slices(buffers, ring)?;
+    let len = slices[0].len();
+    ring::all_gather_rings(vec![slices]);
+    let mut traffic = Traffic::default();
+    RingRoute::neighbours(ring).record_pass(
+        &mut traffic,
+        PhaseKind::AllGather,
+        0,
+        0,
+        len,
+        T::BYTES,
+    );
+    Ok(traffic)
+}
+
+/// Broadcast of rank `root`'s buffer to every ring member, down the chain
+/// `root, next, …` (the closing hop back to the root is unused), pipelined
+/// in [`broadcast_chunks`] chunks of at most [`BROADCAST_CHUNK_BYTES`]:
+/// `(n−1)+(k−1)` steps for `k` chunks.
+pub fn broadcast<T: Element, B: AsMut<[T]>>(
+    buffers: &mut [B],
+    ring: &[usize],
+    root: usize,
+) -> Result<Traffic, CollectiveError> {
+    let slices = ring_slices(buffers, ring)?;
+    let len = slices[0].len();
+    let root_pos = ring
+        .iter()
+        .position(|&r| r == root)
+        .ok_or(CollectiveError::RootNotInRing { root })?;
+    ring::broadcast_ring(slices, root_pos);
+    let mut traffic = Traffic::default();
+    RingRoute::neighbours(ring).record_broadcast(&mut traffic, root_pos, len, T::BYTES);
+    Ok(traffic)
+}
+
+/// All-reduce over every device of a torus: reduce-scatter along dimension
+/// 0's rings, then along dimension 1 on the shard each device now owns, …,
+/// then all-gather in reverse order (the standard torus algorithm).
+/// `buffers[i]` belongs to the device with index `i = x + X·(y + Y·z)`.
+///
+/// After dimension `d` the device with coordinate `k` along `d` owns chunk
+/// `k` of its previous shard, so every ring of dimension `d+1` reduces one
+/// range. All ring hops join adjacent devices, except on a dimension
+/// without wraparound: there the ring's closing hop is routed back along
+/// the line, one [`Transfer`] per link with `hops` = extent − 1, over the
+/// reverse direction of the links the forward hops use (so it shares no
+/// directed link with them).
+pub fn torus_all_reduce<T: Element, B: AsMut<[T]>>(
+    buffers: &mut [B],
+    shape: &TorusShape,
+    op: ReduceOp,
+) -> Result<Traffic, CollectiveError> {
+    let expected = shape.device_count();
+    if buffers.len() != expected {
+        return Err(CollectiveError::BufferCount {
+            expected,
+            got: buffers.len(),
+        });
+    }
+    let all: Vec<usize> = (0..expected).collect();
+    let slices = ring_slices(buffers, &all)?;
+    Ok(torus::torus_all_reduce_slices(slices, shape, op))
+}

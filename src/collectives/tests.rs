@@ -1,0 +1,681 @@
+//! Collectives against a naive reduction, traffic accounting, the model.
+
+use proptest::prelude::*;
+
+use super::bench::{BenchOp, BenchTable, run_nccl_style, run_nccl_style_torus};
+use super::*;
+
+/// SplitMix64: a tiny deterministic generator for test data.
+struct Mix(u64);
+
+impl Mix {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+trait TestElement: Element {
+    fn random(mix: &mut Mix) -> Self;
+    fn to_f64(self) -> f64;
+    /// Unit roundoff; 0 for exact types.
+    const EPS: f64;
+}
+
+impl TestElement for f32 {
+    fn random(mix: &mut Mix) -> Self {
+        (mix.below(2001) as f32) / 250.0 - 4.0
+    }
+    fn to_f64(self) -> f64 {
+        f64::from(self)
+    }
+    const EPS: f64 = f32::EPSILON as f64;
+}
+
+impl TestElement for f64 {
+    fn random(mix: &mut Mix) -> Self {
+        (mix.below(2001) as f64) / 250.0 - 4.0
+    }
+    fn to_f64(self) -> f64 {
+        self
+    }
+    const EPS: f64 = f64::EPSILON;
+}
+
+impl TestElement for i32 {
+    fn random(mix: &mut Mix) -> Self {
+        mix.next() as i32
+    }
+    fn to_f64(self) -> f64 {
+        f64::from(self)
+    }
+    const EPS: f64 = 0.0;
+}
+
+fn random_buffers<T: TestElement>(mix: &mut Mix, count: usize, len: usize) -> Vec<Vec<T>> {
+    (0..count)
+        .map(|_| (0..len).map(|_| T::random(mix)).collect())
+        .collect()
+}
+
+/// Asserts `got[i]` is `expected[i]` within the rounding a reordered
+/// reduction of `n` operands can introduce (exactly, for integers and for
+/// max/min).
+fn assert_close<T: TestElement>(op: ReduceOp, inputs: &[&[T]], expected: &[T], got: &[T]) {
+    assert_eq!(expected.len(), got.len());
+    let n = inputs.len() as f64;
+    for (i, (&e, &g)) in expected.iter().zip(got).enumerate() {
+        let exact = T::EPS == 0.0 || matches!(op, ReduceOp::Max | ReduceOp::Min);
+        if exact {
+            assert_eq!(e, g, "{op:?} element {i}");
+            continue;
+        }
+        let magnitude = match op {
+            ReduceOp::Product => e.to_f64().abs(),
+            _ => inputs.iter().map(|x| x[i].to_f64().abs()).sum::<f64>(),
+        };
+        let tolerance = 2.0 * n * T::EPS * magnitude + f64::MIN_POSITIVE;
+        assert!(
+            (e.to_f64() - g.to_f64()).abs() <= tolerance,
+            "{op:?} element {i}: expected {e:?}, got {g:?} (tolerance {tolerance:e})"
+        );
+    }
+}
+
+/// A ring over a random subset of `count` buffers, in random order.
+fn random_ring(mix: &mut Mix, count: usize, n: usize) -> Vec<usize> {
+    let mut ranks: Vec<usize> = (0..count).collect();
+    for i in (1..count).rev() {
+        ranks.swap(i, mix.below(i + 1));
+    }
+    ranks.truncate(n);
+    ranks
+}
+
+fn check_ring_collectives<T: TestElement>(n: usize, len: usize, seed: u64) {
+    let mut mix = Mix(seed);
+    let count = n + mix.below(3);
+    let ring = random_ring(&mut mix, count, n);
+    let inputs: Vec<Vec<T>> = random_buffers(&mut mix, count, len);
+    let members: Vec<&[T]> = ring.iter().map(|&r| inputs[r].as_slice()).collect();
+    let outsiders: Vec<usize> = (0..count).filter(|r| !ring.contains(r)).collect();
+
+    for op in ReduceOp::ALL {
+        let expected = naive_reduce(&members, op);
+
+        let mut buffers = inputs.clone();
+        all_reduce(&mut buffers, &ring, op).expect("valid ring");
+        for &r in &ring {
+            assert_close(op, &members, &expected, &buffers[r]);
+            assert_eq!(buffers[r], buffers[ring[0]], "ranks disagree bitwise");
+        }
+        for &r in &outsiders {
+            assert_eq!(
+                buffers[r], inputs[r],
+                "rank {r} outside the ring was modified"
+            );
+        }
+
+        let mut buffers = inputs.clone();
+        reduce_scatter(&mut buffers, &ring, op).expect("valid ring");
+        for (pos, &r) in ring.iter().enumerate() {
+            let own = chunk_range(len, n, pos);
+            let members_chunk: Vec<&[T]> = members.iter().map(|m| &m[own.clone()]).collect();
+            assert_close(
+                op,
+                &members_chunk,
+                &expected[own.clone()],
+                &buffers[r][own.clone()],
+            );
+            for i in (0..len).filter(|i| !own.contains(i)) {
+                assert_eq!(
+                    buffers[r][i], inputs[r][i],
+                    "reduce-scatter touched a foreign chunk"
+                );
+            }
+        }
+    }
+
+    let gathered: Vec<T> = (0..n)
+        .flat_map(|pos| inputs[ring[pos]][chunk_range(len, n, pos)].to_vec())
+        .collect();
+    let mut buffers = inputs.clone();
+    all_gather(&mut buffers, &ring).expect("valid ring");
+    for &r in &ring {
+        assert_eq!(buffers[r], gathered);
+    }
+
+    let root = ring[mix.below(n)];
+    let mut buffers = inputs.clone();
+    broadcast(&mut buffers, &ring, root).expect("valid ring");
+    for &r in &ring {
+        assert_eq!(buffers[r], inputs[root]);
+    }
+    for &r in &outsiders {
+        assert_eq!(buffers[r], inputs[r]);
+    }
+}
+
+fn check_torus<T: TestElement>(shape: &TorusShape, len: usize, seed: u64) {
+    let mut mix = Mix(seed);
+    let count = shape.device_count();
+    let inputs: Vec<Vec<T>> = random_buffers(&mut mix, count, len);
+    let refs: Vec<&[T]> = inputs.iter().map(Vec::as_slice).collect();
+    for op in ReduceOp::ALL {
+        let expected = naive_reduce(&refs, op);
+        let mut buffers = inputs.clone();
+        let traffic = torus_all_reduce(&mut buffers, shape, op).expect("valid torus");
+        for b in &buffers {
+            assert_close(op, &refs, &expected, b);
+            assert_eq!(b, &buffers[0], "devices disagree bitwise");
+        }
+        assert_links_adjacent(shape, &traffic);
+    }
+}
+
+fn assert_links_adjacent(shape: &TorusShape, traffic: &Traffic) {
+    for t in &traffic.transfers {
+        let (a, b) = (shape.coords(t.src), shape.coords(t.dst));
+        let differing: Vec<usize> = (0..a.len()).filter(|&d| a[d] != b[d]).collect();
+        assert_eq!(differing.len(), 1, "{t:?} joins non-adjacent devices");
+        let d = differing[0];
+        let extent = shape.dims()[d];
+        let step = (b[d] + extent - a[d]) % extent;
+        let adjacent = step == 1 || step == extent - 1;
+        let wraps = a[d].abs_diff(b[d]) != 1;
+        assert!(
+            adjacent && (!wraps || shape.wraparound()[d]),
+            "{t:?} is not a link"
+        );
+    }
+}
+
+fn ring_case() -> impl Strategy<Value = (usize, usize, u64)> {
+    (1usize..=9).prop_flat_map(|n| (Just(n), 0..=3 * n, any::<u64>()))
+}
+
+fn torus_case() -> impl Strategy<Value = (TorusShape, usize, u64)> {
+    (
+        prop::collection::vec((1usize..=4, any::<bool>()), 2..=3),
+        any::<u64>(),
+    )
+        .prop_flat_map(|(dims, seed)| {
+            let extents: Vec<usize> = dims.iter().map(|d| d.0).collect();
+            let wrap: Vec<bool> = dims.iter().map(|d| d.1).collect();
+            let shape = TorusShape::new(&extents, &wrap).expect("extents ≥ 1");
+            let count = shape.device_count();
+            (Just(shape), 0..=3 * count, Just(seed))
+        })
+}
+
+proptest! {
+    #[test]
+    fn ring_collectives_match_naive_f32((n, len, seed) in ring_case()) {
+        check_ring_collectives::<f32>(n, len, seed);
+    }
+
+    #[test]
+    fn ring_collectives_match_naive_f64((n, len, seed) in ring_case()) {
+        check_ring_collectives::<f64>(n, len, seed);
+    }
+
+    #[test]
+    fn ring_collectives_match_naive_i32((n, len, seed) in ring_case()) {
+        check_ring_collectives::<i32>(n, len, seed);
+    }
+
+    #[test]
+    fn torus_all_reduce_matches_naive((shape, len, seed) in torus_case()) {
+        check_torus::<f32>(&shape, len, seed);
+        check_torus::<f64>(&shape, len, seed);
+        check_torus::<i32>(&shape, len, seed);
+    }
+
+    #[test]
+    fn all_reduce_traffic_is_2_n_minus_1_over_n((n, len, _seed) in ring_case()) {
+        let ring: Vec<usize> = (0..n).collect();
+        let mut buffers = vec![vec![1.0f32; len]; n];
+        let traffic = all_reduce(&mut buffers, &ring, ReduceOp::Sum).unwrap();
+        let bytes = (len * 4) as u64;
+        // Over all ranks: exactly 2(n−1) buffers' worth.
+        prop_assert_eq!(traffic.total_bytes(), 2 * (n as u64 - 1) * bytes);
+        let sent = traffic.sent_by();
+        let ceil_chunk = (len.div_ceil(n) * 4) as u64;
+        for (pos, &rank) in ring.iter().enumerate() {
+            let own = chunk_range(len, n, pos).len() + chunk_range(len, n, (pos + 1) % n).len();
+            let expected = 2 * bytes - (own * 4) as u64;
+            prop_assert_eq!(sent.get(&rank).copied().unwrap_or(0), expected);
+            prop_assert!(expected <= 2 * (n as u64 - 1) * ceil_chunk);
+        }
+        for t in &traffic.transfers {
+            prop_assert_eq!(t.dst, (t.src + 1) % n, "not a ring neighbour");
+            prop_assert_eq!(t.hops, 1);
+        }
+        let model = LinkModel::new(1e-6, 45e9).unwrap();
+        let closed = model.ring_all_reduce_seconds(n, len, 4);
+        let from_traffic = traffic.modeled_seconds(&model);
+        prop_assert!((closed - from_traffic).abs() <= 1e-12 * closed.max(1e-30), "{closed} vs {from_traffic}");
+    }
+}
+
+#[test]
+fn even_split_sends_exactly_2_n_minus_1_over_n_per_rank() {
+    let n = 8;
+    let len = 1024;
+    let mut buffers = vec![vec![0i32; len]; n];
+    let traffic = all_reduce(&mut buffers, &(0..n).collect::<Vec<_>>(), ReduceOp::Sum).unwrap();
+    for (_, sent) in traffic.sent_by() {
+        assert_eq!(sent, (2 * (n - 1) * len * 4 / n) as u64);
+    }
+    assert_eq!(traffic.transfers.len(), 2 * (n - 1) * n);
+}
+
+#[test]
+fn single_rank_and_empty_buffers_move_nothing() {
+    let mut one = vec![vec![3.0f32, 4.0]];
+    let traffic = all_reduce(&mut one, &[0], ReduceOp::Mean).unwrap();
+    assert_eq!(one[0], [3.0, 4.0]);
+    assert!(traffic.transfers.is_empty());
+    let mut empty: Vec<Vec<f64>> = vec![Vec::new(); 4];
+    let traffic = all_reduce(&mut empty, &[0, 1, 2, 3], ReduceOp::Sum).unwrap();
+    assert!(traffic.transfers.is_empty());
+    assert_eq!(
+        traffic.modeled_seconds(&LinkModel::new(1e-6, 1e9).unwrap()),
+        0.0
+    );
+}
+
+#[test]
+fn integer_sum_wraps_and_mean_truncates() {
+    let mut buffers = vec![vec![i32::MAX, 7], vec![1, 0], vec![0, 0]];
+    all_reduce(&mut buffers, &[0, 1, 2], ReduceOp::Sum).unwrap();
+    assert_eq!(buffers[2], [i32::MIN, 7]);
+    let mut buffers = vec![vec![7, -7], vec![0, 0]];
+    all_reduce(&mut buffers, &[1, 0], ReduceOp::Mean).unwrap();
+    assert_eq!(buffers[0], [3, -3]);
+}
+
+#[test]
+fn broadcast_model_matches_closed_form_on_even_split() {
+    let model = LinkModel::new(2e-6, 10e9).unwrap();
+    for n in 1..=9 {
+        let len = 5 * n;
+        let ring: Vec<usize> = (0..n).rev().collect();
+        let mut buffers = vec![vec![1i32; len]; n];
+        let traffic = broadcast(&mut buffers, &ring, ring[n / 2]).unwrap();
+        let closed = model.broadcast_seconds(n, len, 4);
+        assert!((traffic.modeled_seconds(&model) - closed).abs() <= 1e-15);
+        // Every non-root rank receives the whole buffer exactly once.
+        assert_eq!(traffic.total_bytes(), ((n - 1) * len * 4) as u64);
+    }
+}
+
+#[test]
+fn large_broadcasts_pipeline_in_bounded_chunks() {
+    let n = 4;
+    let len = 6 * BROADCAST_CHUNK_BYTES / 4;
+    assert_eq!(broadcast_chunks(n, len, 4), 6);
+    assert_eq!(broadcast_chunks(n, 2, 4), 2);
+    assert_eq!(broadcast_chunks(n, 0, 4), 0);
+    let mut buffers: Vec<Vec<f32>> = (0..n).map(|r| vec![r as f32; len]).collect();
+    let traffic = broadcast(&mut buffers, &[0, 1, 2, 3], 2).unwrap();
+    assert!(buffers.iter().all(|b| b.iter().all(|&x| x == 2.0)));
+    assert!(
+        traffic
+            .transfers
+            .iter()
+            .all(|t| t.bytes == BROADCAST_CHUNK_BYTES as u64)
+    );
+    let steps: std::collections::BTreeSet<u32> =
+        traffic.transfers.iter().map(|t| t.phase.step).collect();
+    assert_eq!(steps.len(), (n - 1) + (6 - 1));
+    let model = LinkModel::new(1e-6, 45e9).unwrap();
+    let closed = model.broadcast_seconds(n, len, 4);
+    assert!((traffic.modeled_seconds(&model) - closed).abs() <= 1e-12 * closed);
+    assert_eq!(traffic.total_bytes(), ((n - 1) * len * 4) as u64);
+}
+
+#[test]
+fn torus_traffic_on_a_wrapped_torus_matches_the_per_dimension_model() {
+    let shape = TorusShape::new(&[4, 2, 3], &[true, true, true]).unwrap();
+    let len = 4 * 2 * 3 * 10;
+    let mut buffers = vec![vec![1.0f32; len]; shape.device_count()];
+    let traffic = torus_all_reduce(&mut buffers, &shape, ReduceOp::Sum).unwrap();
+    assert!(buffers.iter().all(|b| b.iter().all(|&x| x == 24.0)));
+    let model = LinkModel::new(1e-6, 45e9).unwrap();
+    // Dimension d reduces a segment of len / (n_0···n_{d−1}) elements.
+    let mut seg = len;
+    let mut expected = 0.0;
+    for &n in shape.dims() {
+        expected += model.ring_all_reduce_seconds(n, seg, 4);
+        seg /= n;
+    }
+    let modeled = traffic.modeled_seconds(&model);
+    assert!(
+        (modeled - expected).abs() <= 1e-12 * expected,
+        "{modeled} vs {expected}"
+    );
+}
+
+#[test]
+fn a_slow_link_slows_every_step_it_carries() {
+    let mut buffers = vec![vec![1.0f64; 64]; 4];
+    let traffic = all_reduce(&mut buffers, &[0, 1, 2, 3], ReduceOp::Sum).unwrap();
+    let fast = LinkModel::new(1e-6, 100e9).unwrap();
+    let slow = LinkModel::new(10e-6, 1e9).unwrap();
+    let uniform = traffic.modeled_seconds(&slow);
+    // The 3 → 0 link carries one chunk in each of the 6 steps.
+    let mixed =
+        traffic.modeled_seconds_by_link(|src, dst| if (src, dst) == (3, 0) { slow } else { fast });
+    assert!((mixed - uniform).abs() <= 1e-15, "{mixed} vs {uniform}");
+    assert_eq!(traffic.per_link()[&(3, 0)], 6 * 16 * 8);
+}
+
+#[test]
+fn mesh_dimension_routes_the_closing_hop_back_along_the_line() {
+    let shape = TorusShape::new(&[4, 2], &[false, false]).unwrap();
+    let mut buffers = vec![vec![1i32; 64]; 8];
+    let traffic = torus_all_reduce(&mut buffers, &shape, ReduceOp::Sum).unwrap();
+    assert!(buffers.iter().all(|b| b.iter().all(|&x| x == 8)));
+    assert_links_adjacent(&shape, &traffic);
+    // Along x (extent 4) the hop 3 → 0 crosses 3 links: 3→2, 2→1, 1→0.
+    let closing: Vec<&Transfer> = traffic.transfers.iter().filter(|t| t.hops == 3).collect();
+    assert!(!closing.is_empty());
+    assert!(closing.iter().any(|t| (t.src, t.dst) == (3, 2)));
+    assert!(closing.iter().any(|t| (t.src, t.dst) == (1, 0)));
+    let wrapped = TorusShape::new(&[4, 2], &[true, false]).unwrap();
+    let mut buffers = vec![vec![1i32; 64]; 8];
+    let wrapped_traffic = torus_all_reduce(&mut buffers, &wrapped, ReduceOp::Sum).unwrap();
+    let model = LinkModel::new(1e-6, 45e9).unwrap();
+    assert!(traffic.modeled_seconds(&model) > wrapped_traffic.modeled_seconds(&model));
+}
+
+#[test]
+fn invalid_inputs_are_descriptive_errors_and_change_nothing() {
+    let mut buffers = vec![vec![1.0f32; 3], vec![2.0; 3], vec![3.0; 2]];
+    let before = buffers.clone();
+    assert_eq!(
+        all_reduce(&mut buffers, &[], ReduceOp::Sum),
+        Err(CollectiveError::EmptyRing)
+    );
+    assert_eq!(
+        all_reduce(&mut buffers, &[0, 5], ReduceOp::Sum),
+        Err(CollectiveError::RankOutOfRange {
+            rank: 5,
+            buffers: 3
+        })
+    );
+    assert_eq!(
+        all_gather(&mut buffers, &[1, 0, 1]),
+        Err(CollectiveError::DuplicateRank { rank: 1 })
+    );
+    let err = reduce_scatter(&mut buffers, &[0, 1, 2], ReduceOp::Max).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "rank 2 has 2 elements but rank 0 has 3: every member's buffer must have the same length"
+    );
+    assert_eq!(
+        broadcast(&mut buffers, &[0, 1], 2),
+        Err(CollectiveError::RootNotInRing { root: 2 })
+    );
+    assert!(matches!(
+        TorusShape::new(&[2, 0], &[true, true]),
+        Err(CollectiveError::InvalidTorusShape { .. })
+    ));
+    assert!(TorusShape::new(&[2, 2], &[true]).is_err());
+    let shape = TorusShape::new(&[2, 2], &[true, true]).unwrap();
+    assert_eq!(
+        torus_all_reduce(&mut buffers, &shape, ReduceOp::Sum),
+        Err(CollectiveError::BufferCount {
+            expected: 4,
+            got: 3
+        })
+    );
+    assert!(LinkModel::new(-1.0, 1e9).is_err());
+    assert!(LinkModel::new(0.0, 0.0).is_err());
+    assert!(LinkModel::new(0.0, f64::NAN).is_err());
+    assert_eq!(buffers, before);
+}
+
+#[test]
+fn large_buffers_take_the_parallel_path_and_stay_exact() {
+    let n = 5usize;
+    // Several pieces per chunk, with a ragged last piece.
+    let len = (PARALLEL_MIN_BYTES / 4 / n).max(PIECE_ELEMS * 2 * n) + 17;
+    let inputs: Vec<Vec<i32>> = (0..n)
+        .map(|r| {
+            (0..len)
+                .map(|i| (i as i32).wrapping_mul(31).wrapping_add(r as i32))
+                .collect()
+        })
+        .collect();
+    let refs: Vec<&[i32]> = inputs.iter().map(Vec::as_slice).collect();
+    let expected = naive_reduce(&refs, ReduceOp::Sum);
+    let mut buffers = inputs.clone();
+    all_reduce(&mut buffers, &[4, 2, 0, 1, 3], ReduceOp::Sum).unwrap();
+    assert!(buffers.iter().all(|b| *b == expected));
+    let shape = TorusShape::new(&[5], &[false]).unwrap();
+    let mut buffers = inputs.clone();
+    torus_all_reduce(&mut buffers, &shape, ReduceOp::Sum).unwrap();
+    assert!(buffers.iter().all(|b| *b == expected));
+}
+
+#[test]
+fn slices_are_accepted_as_buffers() {
+    let mut a = [1i32, 2];
+    let mut b = [10i32, 20];
+    let mut buffers: Vec<&mut [i32]> = vec![&mut a, &mut b];
+    all_reduce(&mut buffers, &[0, 1], ReduceOp::Product).unwrap();
+    assert_eq!(a, [10, 40]);
+    assert_eq!(b, [10, 40]);
+}
+
+#[test]
+fn nccl_style_rows_have_the_documented_keys_and_no_wrong_elements() {
+    let model = LinkModel::new(1e-6, 45e9).unwrap();
+    for op in BenchOp::ALL {
+        let rows = run_nccl_style(op, 4, &[0, 12, 4096], model).unwrap();
+        assert_eq!(rows.len(), 3);
+        for row in &rows {
+            assert_eq!(row.wrong, 0, "{row:?}");
+            assert_eq!(row.op, op.name());
+        }
+        assert_eq!(rows[0].modeled_seconds, 0.0);
+        assert!(rows[2].modeled_seconds > 0.0);
+        let json = serde_json::to_value(&rows[2]).unwrap();
+        let mut keys: Vec<&str> = json
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        keys.sort_unstable();
+        assert_eq!(
+            keys,
+            [
+                "algbw_gbps",
+                "busbw_gbps",
+                "bytes",
+                "measured_seconds",
+                "modeled_busbw_gbps",
+                "modeled_seconds",
+                "op",
+                "wrong"
+            ]
+        );
+        let table = BenchTable(&rows).to_string();
+        assert!(table.contains(op.name()));
+        assert!(table.lines().count() >= 5);
+    }
+    assert_eq!(
+        run_nccl_style(BenchOp::AllReduce, 0, &[4], model),
+        Err(CollectiveError::NoRanks)
+    );
+    assert_eq!("all-reduce".parse::<BenchOp>(), Ok(BenchOp::AllReduce));
+    assert!("allreduce2".parse::<BenchOp>().is_err());
+    assert_eq!(BenchOp::AllReduce.bus_factor(8), 1.75);
+    assert_eq!(BenchOp::AllGather.bus_factor(8), 0.875);
+    assert_eq!(BenchOp::Broadcast.bus_factor(8), 1.0);
+}
+
+#[test]
+fn fused_accumulation_is_bitwise_the_sequential_one() {
+    use super::element::{accumulate, accumulate_fused};
+    let mut mix = Mix(7);
+    let xs: Vec<Vec<f32>> = (0..5)
+        .map(|_| (0..1000).map(|_| f32::random(&mut mix) * 1e3).collect())
+        .collect();
+    for op in ReduceOp::ALL {
+        let mut sequential = xs[0].clone();
+        for x in &xs[1..] {
+            accumulate(op, &mut sequential, x);
+        }
+        let mut fused = xs[0].clone();
+        accumulate_fused(op, &mut fused, [&xs[1], &xs[2], &xs[3], &xs[4]]);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&sequential), bits(&fused), "{op:?}");
+    }
+}
+
+#[test]
+fn records_come_in_phase_order_and_order_does_not_change_the_model() {
+    let shape = TorusShape::new(&[3, 4, 2], &[true, false, true]).unwrap();
+    let mut buffers = vec![vec![1i32; 50]; shape.device_count()];
+    let traffic = torus_all_reduce(&mut buffers, &shape, ReduceOp::Sum).unwrap();
+    assert!(traffic.transfers.is_sorted_by_key(|t| t.phase));
+    let model = LinkModel::new(3e-6, 20e9).unwrap();
+    let mut shuffled = traffic.clone();
+    shuffled.transfers.reverse();
+    let mut mix = Mix(3);
+    for i in (1..shuffled.transfers.len()).rev() {
+        shuffled.transfers.swap(i, mix.below(i + 1));
+    }
+    assert_eq!(
+        shuffled.modeled_seconds(&model),
+        traffic.modeled_seconds(&model)
+    );
+    assert_eq!(shuffled.per_link(), traffic.per_link());
+    let per_link_total: u64 = traffic.per_link().values().sum();
+    assert_eq!(per_link_total, traffic.total_bytes());
+}
+
+#[test]
+fn snake_rings_visit_every_device_through_links() {
+    for (dims, wrap) in [
+        (vec![4], vec![false]),
+        (vec![3, 4], vec![false, false]),
+        (vec![4, 4, 4], vec![true, true, true]),
+        (vec![2, 3, 5], vec![false, true, false]),
+    ] {
+        let shape = TorusShape::new(&dims, &wrap).unwrap();
+        let ring = shape.snake_ring();
+        let mut sorted = ring.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, (0..shape.device_count()).collect::<Vec<_>>());
+        for pair in ring.windows(2) {
+            assert_eq!(shape.path(pair[0], pair[1]).len(), 1, "{dims:?}: {pair:?}");
+        }
+        let mut buffers = vec![vec![1.0f64; 3 * ring.len()]; ring.len()];
+        let traffic = all_reduce(&mut buffers, &ring, ReduceOp::Sum)
+            .unwrap()
+            .routed_on(&shape);
+        assert_links_adjacent(&shape, &traffic);
+        assert!(
+            buffers
+                .iter()
+                .all(|b| b.iter().all(|&x| x == ring.len() as f64))
+        );
+    }
+}
+
+#[test]
+fn dimension_order_routes_take_the_short_way_round() {
+    let torus = TorusShape::new(&[8, 4], &[true, false]).unwrap();
+    // (7, 0) → (1, 3): two hops up across the wrap, then three along y.
+    let from = torus.index(&[7, 0]).unwrap();
+    let to = torus.index(&[1, 3]).unwrap();
+    let path = torus.path(from, to);
+    let visited: Vec<Vec<usize>> = path.iter().map(|&(_, b)| torus.coords(b)).collect();
+    assert_eq!(
+        visited,
+        [vec![0, 0], vec![1, 0], vec![1, 1], vec![1, 2], vec![1, 3]]
+    );
+    assert!(torus.path(3, 3).is_empty());
+    assert!(torus.path(0, 99).is_empty());
+    assert_eq!(torus.index(&[8, 0]), None);
+    // A ring in arbitrary order: every record lands on a link.
+    let ring = [0, 27, 5, 14, 31, 8];
+    let mut buffers = vec![vec![2i32; 12]; 32];
+    let logical = all_reduce(&mut buffers, &ring, ReduceOp::Product).unwrap();
+    let routed = logical.routed_on(&torus);
+    assert_links_adjacent(&torus, &routed);
+    assert!(routed.total_bytes() > logical.total_bytes());
+    assert!(routed.transfers.is_sorted_by_key(|t| t.phase));
+    assert_eq!(buffers[27], vec![64; 12]);
+}
+
+#[test]
+fn nccl_style_on_a_torus_checks_every_op() {
+    let shape = TorusShape::new(&[2, 3, 2], &[false, true, false]).unwrap();
+    let model = LinkModel::new(1e-6, 45e9).unwrap();
+    for op in BenchOp::ALL {
+        let rows = run_nccl_style_torus(op, &shape, &[0, 44, 4800], model).unwrap();
+        for row in &rows {
+            assert_eq!(row.wrong, 0, "{row:?}");
+        }
+        assert!(rows[2].modeled_seconds > 0.0);
+    }
+}
+
+#[test]
+fn count_wrong_sees_a_corrupted_element() {
+    use super::bench::{bench_inputs, count_wrong, run_op};
+    let ring = [2, 0, 1];
+    for op in BenchOp::ALL {
+        let inputs = bench_inputs(3, 10);
+        let mut outputs = inputs.clone();
+        run_op(op, &mut outputs, &ring).unwrap();
+        assert_eq!(count_wrong(op, &inputs, &outputs, &ring), 0, "{op}");
+        // Position 0 (rank 2) owns chunk 0 in every op, element 0 included.
+        outputs[2][0] += 1.0;
+        assert_eq!(count_wrong(op, &inputs, &outputs, &ring), 1, "{op}");
+    }
+}
+
+#[test]
+fn timeline_runs_steps_back_to_back_and_ends_at_the_modeled_time() {
+    let shape = TorusShape::new(&[4, 3], &[false, true]).unwrap();
+    let mut buffers = vec![vec![1.0f32; 100]; 12];
+    let traffic = torus_all_reduce(&mut buffers, &shape, ReduceOp::Mean).unwrap();
+    let model = LinkModel::new(2e-6, 10e9).unwrap();
+    let timeline = traffic.timeline(|_, _| model);
+    assert_eq!(timeline.len(), traffic.transfers.len());
+    let last = timeline.iter().map(|t| t.end_seconds).fold(0.0, f64::max);
+    let modeled = traffic.modeled_seconds(&model);
+    assert!(
+        (last - modeled).abs() <= 1e-12 * modeled,
+        "{last} vs {modeled}"
+    );
+    for pair in timeline.windows(2) {
+        let (a, b) = (&pair[0], &pair[1]);
+        if a.transfer.phase == b.transfer.phase {
+            assert_eq!(a.start_seconds, b.start_seconds);
+        } else {
+            // The next step starts once every transfer of this one arrived.
+            let step_end = timeline
+                .iter()
+                .filter(|t| t.transfer.phase == a.transfer.phase)
+                .map(|t| t.end_seconds)
+                .fold(0.0, f64::max);
+            assert_eq!(b.start_seconds, step_end);
+        }
+    }
+    assert!(buffers.iter().all(|b| b.iter().all(|&x| x == 1.0)));
+}

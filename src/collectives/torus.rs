@@ -1,0 +1,290 @@
+//! Torus shapes and the multi-dimensional all-reduce.
+//!
+//! A torus of shape `[X, Y, Z]` numbers its devices `x + X·(y + Y·z)`. A
+//! dimension either wraps around (a true ring of links) or not (a mesh line).
+//!
+//! The all-reduce is the standard torus algorithm: reduce-scatter along the
+//! rings of dimension 0, then along dimension 1 on the shard each device now
+//! owns, and so on; then all-gather in reverse order. After dimension `d` a
+//! device with coordinate `k` along `d` owns chunk `k` of its previous shard,
+//! so all devices of a dimension-`d+1` ring own the same range. Every ring
+//! hop joins physically adjacent devices; on a dimension without wraparound
+//! the ring's closing hop is routed back along the line (see
+//! [`Traffic`](super::Traffic): one record per link, `hops` = line length − 1).
+//! That route uses the reverse direction of links the forward hops use, so
+//! it shares no directed link with them.
+
+use std::ops::Range;
+
+use serde::{Deserialize, Serialize};
+
+use super::CollectiveError;
+use super::element::{Element, ReduceOp};
+use super::ring::{
+    Epilogue, RingRoute, all_gather_rings, chunk_range, record_passes, reduce_scatter_rings,
+};
+use super::traffic::{PhaseKind, Traffic};
+
+/// The shape of a torus (or mesh) of devices.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TorusShape {
+    dims: Vec<usize>,
+    wraparound: Vec<bool>,
+}
+
+impl TorusShape {
+    /// A torus with extents `dims` (each ≥ 1, at least one dimension) and a
+    /// wraparound flag per dimension.
+    pub fn new(dims: &[usize], wraparound: &[bool]) -> Result<Self, CollectiveError> {
+        let device_count = dims
+            .iter()
+            .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+            .unwrap_or(0);
+        if dims.is_empty() || dims.len() != wraparound.len() || device_count == 0 {
+            return Err(CollectiveError::InvalidTorusShape {
+                dims: dims.to_vec(),
+                wraparound: wraparound.to_vec(),
+            });
+        }
+        Ok(Self {
+            dims: dims.to_vec(),
+            wraparound: wraparound.to_vec(),
+        })
+    }
+
+    /// Extents per dimension.
+    pub fn dims(&self) -> &[usize] {
+        &self.dims
+    }
+
+    /// Wraparound per dimension.
+    pub fn wraparound(&self) -> &[bool] {
+        &self.wraparound
+    }
+
+    /// Number of devices, the product of the extents.
+    pub fn device_count(&self) -> usize {
+        self.dims.iter().product()
+    }
+
+    /// Coordinates of device `index`.
+    pub fn coords(&self, index: usize) -> Vec<usize> {
+        let mut rest = index;
+        self.dims
+            .iter()
+            .map(|&d| {
+                let c = rest % d;
+                rest /= d;
+                c
+            })
+            .collect()
+    }
+
+    /// Index of the device at `coords` (`x + X·(y + Y·z)`), `None` if the
+    /// coordinates do not fit the shape.
+    pub fn index(&self, coords: &[usize]) -> Option<usize> {
+        if coords.len() != self.dims.len() || coords.iter().zip(&self.dims).any(|(c, d)| c >= d) {
+            return None;
+        }
+        Some(
+            coords
+                .iter()
+                .zip(&self.dims)
+                .rev()
+                .fold(0, |acc, (&c, &d)| acc * d + c),
+        )
+    }
+
+    /// The links a message from device `from` to device `to` crosses under
+    /// dimension-order routing: dimension 0 first, then 1, …; along a
+    /// wraparound dimension the shorter way round (ties go up). Empty when
+    /// `from == to` or either index is out of range.
+    pub fn path(&self, from: usize, to: usize) -> Vec<(usize, usize)> {
+        let count = self.device_count();
+        if from >= count || to >= count {
+            return Vec::new();
+        }
+        let target = self.coords(to);
+        let mut at = self.coords(from);
+        let mut current = from;
+        let mut links = Vec::new();
+        for dim in 0..self.dims.len() {
+            let n = self.dims[dim];
+            let up = (target[dim] + n - at[dim]) % n;
+            let down = (at[dim] + n - target[dim]) % n;
+            let step_up = if self.wraparound[dim] {
+                up <= down
+            } else {
+                target[dim] > at[dim]
+            };
+            let moves = if self.wraparound[dim] {
+                up.min(down)
+            } else {
+                at[dim].abs_diff(target[dim])
+            };
+            for _ in 0..moves {
+                at[dim] = if step_up {
+                    (at[dim] + 1) % n
+                } else {
+                    (at[dim] + n - 1) % n
+                };
+                let next = self.index(&at).unwrap_or(current);
+                links.push((current, next));
+                current = next;
+            }
+        }
+        links
+    }
+
+    /// A ring over every device in which consecutive devices are adjacent
+    /// (a boustrophedon: dimension 0 back and forth, each layer of the next
+    /// dimension reversed). Only the closing hop, from the last device back
+    /// to device 0, may span several links; [`Traffic::routed_on`] routes it.
+    pub fn snake_ring(&self) -> Vec<usize> {
+        let mut order: Vec<Vec<usize>> = vec![Vec::new()];
+        for &n in &self.dims {
+            let mut next = Vec::with_capacity(order.len() * n);
+            for k in 0..n {
+                let layer: Box<dyn Iterator<Item = &Vec<usize>>> = if k % 2 == 0 {
+                    Box::new(order.iter())
+                } else {
+                    Box::new(order.iter().rev())
+                };
+                next.extend(layer.map(|c| {
+                    let mut c = c.clone();
+                    c.push(k);
+                    c
+                }));
+            }
+            order = next;
+        }
+        order.iter().filter_map(|c| self.index(c)).collect()
+    }
+
+    /// Distance between consecutive devices along dimension `dim`.
+    fn stride(&self, dim: usize) -> usize {
+        self.dims[..dim].iter().product()
+    }
+
+    /// The lines (device lists in coordinate order) along dimension `dim`.
+    fn lines(&self, dim: usize) -> Vec<Vec<usize>> {
+        let n = self.dims[dim];
+        let stride = self.stride(dim);
+        (0..self.device_count())
+            .filter(|&i| (i / stride).is_multiple_of(n))
+            .map(|base| (0..n).map(|k| base + k * stride).collect())
+            .collect()
+    }
+
+    fn route(&self, dim: usize, devices: &[usize]) -> RingRoute {
+        if self.wraparound[dim] || devices.len() <= 2 {
+            RingRoute::neighbours(devices)
+        } else {
+            RingRoute::line(devices)
+        }
+    }
+}
+
+/// Takes the sub-slices `ranges[dev]` of each device's buffer and groups
+/// them by line, in ring order.
+fn line_slices<'a, T>(
+    slots: &mut [Option<&'a mut [T]>],
+    lines: &[Vec<usize>],
+    ranges: &[Range<usize>],
+) -> Vec<Vec<&'a mut [T]>> {
+    // Each device's whole buffer is split off its current range, used, and
+    // the remainder returned to its slot.
+    lines
+        .iter()
+        .map(|line| {
+            line.iter()
+                .filter_map(|&dev| {
+                    let buffer = slots[dev].take()?;
+                    let range = ranges[dev].clone();
+                    let (_, tail) = buffer.split_at_mut(range.start);
+                    let (mid, _) = tail.split_at_mut(range.len());
+                    Some(mid)
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Multi-dimensional all-reduce over `slices` (one per device, indexed by
+/// device, all of equal length). Validation is the caller's.
+pub(crate) fn torus_all_reduce_slices<T: Element>(
+    mut slices: Vec<&mut [T]>,
+    shape: &TorusShape,
+    op: ReduceOp,
+) -> Traffic {
+    let len = slices.first().map_or(0, |s| s.len());
+    let device_count = shape.device_count();
+    let ndims = shape.dims.len();
+    let mut traffic = Traffic::default();
+    // ranges_before[d][dev]: the segment device `dev` reduces along dim d.
+    let mut ranges: Vec<Range<usize>> = vec![0..len; device_count];
+    let mut ranges_before: Vec<Vec<Range<usize>>> = Vec::with_capacity(ndims);
+    // passes[d]: every dimension-d ring with the segment length it reduces.
+    let mut passes: Vec<Vec<(RingRoute, usize)>> = Vec::with_capacity(ndims);
+    let mut order = 0u32;
+    for dim in 0..ndims {
+        let n = shape.dims[dim];
+        let stride = shape.stride(dim);
+        let lines = shape.lines(dim);
+        let last = dim + 1 == ndims;
+        let epilogue = Epilogue {
+            divisor: (last && op == ReduceOp::Mean).then_some(device_count),
+            gather: last,
+        };
+        let mut slots: Vec<Option<&mut [T]>> = slices.iter_mut().map(|s| Some(&mut **s)).collect();
+        reduce_scatter_rings(line_slices(&mut slots, &lines, &ranges), op, epilogue);
+        let rings: Vec<(RingRoute, usize)> = lines
+            .iter()
+            .map(|line| (shape.route(dim, line), ranges[line[0]].len()))
+            .collect();
+        let dim_tag = dim as u32;
+        record_passes(
+            &mut traffic,
+            &rings,
+            PhaseKind::ReduceScatter,
+            order,
+            dim_tag,
+            T::BYTES,
+        );
+        if last {
+            record_passes(
+                &mut traffic,
+                &rings,
+                PhaseKind::AllGather,
+                order + 1,
+                dim_tag,
+                T::BYTES,
+            );
+        }
+        passes.push(rings);
+        order += 1;
+        ranges_before.push(ranges.clone());
+        if !last {
+            for (dev, range) in ranges.iter_mut().enumerate() {
+                let sub = chunk_range(range.len(), n, (dev / stride) % n);
+                *range = range.start + sub.start..range.start + sub.end;
+            }
+        }
+    }
+    order += 1;
+    for dim in (0..ndims.saturating_sub(1)).rev() {
+        let lines = shape.lines(dim);
+        let mut slots: Vec<Option<&mut [T]>> = slices.iter_mut().map(|s| Some(&mut **s)).collect();
+        all_gather_rings(line_slices(&mut slots, &lines, &ranges_before[dim]));
+        record_passes(
+            &mut traffic,
+            &passes[dim],
+            PhaseKind::AllGather,
+            order,
+            dim as u32,
+            T::BYTES,
+        );
+        order += 1;
+    }
+    traffic
+}

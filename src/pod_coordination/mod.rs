@@ -1,0 +1,3 @@
+//! Pod-level coordination services.
+
+pub mod synchronization;

@@ -1,0 +1,3 @@
+//! Clock offset estimation between devices.
+
+pub mod protocols;

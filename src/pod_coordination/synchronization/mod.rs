@@ -1,0 +1,3 @@
+//! Keeping the pod's devices in step: clocks.
+
+pub mod clocks;
