@@ -242,3 +242,56 @@ fn compile_reports_passes_kernels_refusals_and_memory() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("%y") && stderr.contains("nope"), "{stderr}");
 }
+
+#[test]
+fn collectives_prints_an_nccl_style_table_with_a_correctness_column() {
+    let rows = json(&optirs(&[
+        "collectives",
+        "v4-8",
+        "--sizes",
+        "4K,64K",
+        "--json",
+    ]));
+    let rows = rows.as_array().unwrap();
+    assert_eq!(rows.len(), 2);
+    for row in rows {
+        for key in [
+            "op",
+            "bytes",
+            "measured_seconds",
+            "algbw_gbps",
+            "busbw_gbps",
+            "wrong",
+            "modeled_seconds",
+            "modeled_busbw_gbps",
+        ] {
+            assert!(row.get(key).is_some(), "{key} missing in {row}");
+        }
+        assert_eq!(row["wrong"], 0);
+        assert_eq!(row["op"], "all_reduce");
+        // busbw = algbw * 2(n-1)/n with n = 8.
+        let (alg, bus) = (
+            row["algbw_gbps"].as_f64().unwrap(),
+            row["busbw_gbps"].as_f64().unwrap(),
+        );
+        assert!(
+            (bus - alg * 14.0 / 8.0).abs() <= 1e-9 * bus.max(1.0),
+            "{row}"
+        );
+    }
+    assert_eq!(rows[1]["bytes"], 65536);
+    let text = optirs(&[
+        "collectives",
+        "v5e-16",
+        "--op",
+        "broadcast",
+        "--sizes",
+        "4K",
+    ]);
+    assert!(String::from_utf8_lossy(&text.stdout).contains("#wrong"));
+    let too_big = optirs(&["collectives", "v4-4096", "--sizes", "1G"]);
+    assert_eq!(too_big.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&too_big.stderr).contains("host memory"));
+    let bad = optirs(&["collectives", "--op", "all_to_all"]);
+    assert_eq!(bad.status.code(), Some(2));
+}

@@ -8,6 +8,7 @@ use super::error::SnapshotError;
 use super::persist::{LoadContext, Persist, StoreContext};
 use super::snapshot::SnapshotRegistry;
 use crate::barrier::{Barrier, BarrierArrivals, BarrierOutcome, BarrierRegistry, PendingBarrier};
+use crate::collectives::pod::{Collective, CollectiveOutcome};
 use crate::fault_tolerance::Excluded;
 use crate::health::{
     ControlJitter, DeviceState, FailureEpoch, FailureLog, FaultPlan, Health, Heartbeat,
@@ -56,6 +57,8 @@ persist_as_self!(
     BarrierOutcome,
     PendingBarrier,
     Excluded,
+    Collective,
+    CollectiveOutcome,
     SimClock,
     SimRng,
     PodTopology,
@@ -183,7 +186,9 @@ pub fn engine_registry() -> SnapshotRegistry {
         .component::<BarrierArrivals>("barrier.BarrierArrivals")
         .component::<BarrierOutcome>("barrier.BarrierOutcome")
         .component::<PendingBarrier>("barrier.PendingBarrier")
-        .component::<Excluded>("fault_tolerance.Excluded");
+        .component::<Excluded>("fault_tolerance.Excluded")
+        .component::<Collective>("collectives.Collective")
+        .component::<CollectiveOutcome>("collectives.CollectiveOutcome");
     registry
         .resource::<SimClock>("pod.SimClock")
         .resource::<SimRng>("pod.SimRng")

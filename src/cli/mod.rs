@@ -1,6 +1,7 @@
 //! Argument parsing and dispatch.
 
 mod checkpoint;
+mod collectives;
 mod compile;
 mod output;
 mod run;
@@ -26,6 +27,9 @@ enum Command {
     Topology(topology::TopologyArgs),
     /// List the bundled pod presets.
     Presets(topology::PresetsArgs),
+    /// nccl-tests-style table of a collective on a pod's torus: measured on
+    /// this CPU moving the real data, and modeled on the pod's links.
+    Collectives(collectives::CollectivesArgs),
     /// Compile a program: pass table, kernels, fusion refusals, memory plan.
     Compile(compile::CompileArgs),
     /// Save, verify, restore, list and inspect whole-world checkpoints.
@@ -41,6 +45,7 @@ pub fn main() -> ExitCode {
         Command::Presets(args) => topology::presets(args),
         Command::Checkpoint(args) => checkpoint::checkpoint(args),
         Command::Compile(args) => compile::compile(args),
+        Command::Collectives(args) => collectives::collectives(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -89,6 +89,7 @@ impl Pod {
         transport::install(&mut world);
         health::install(&mut world);
         barrier::install(&mut world);
+        crate::collectives::pod::install(&mut world);
         world.insert_resource(engine_registry());
         world.resource_mut::<Schedules>().add_systems(
             Step,
