@@ -92,6 +92,17 @@ impl PodCoordinator {
         }
     }
 
+    /// All-reduces one buffer per device (indexed by device id) over the
+    /// pod's torus, stepping simulated time until the collective completes.
+    pub fn all_reduce<T: crate::collectives::Element>(
+        &mut self,
+        buffers: &mut [Vec<T>],
+        op: crate::collectives::ReduceOp,
+    ) -> Result<(), CoordinationError> {
+        self.pod.all_reduce(buffers, op)?;
+        Ok(())
+    }
+
     /// Devices in the pod.
     pub fn num_devices(&self) -> usize {
         self.pod.topology().num_devices() as usize
