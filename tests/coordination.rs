@@ -320,3 +320,36 @@ fn link_jitter_delays_each_hop_within_its_bound() {
     }
     assert!(delays.len() > 32, "jitter varies: {delays:?}");
 }
+
+#[test]
+fn devices_estimate_their_clock_offset_by_ntp_within_half_the_asymmetry() {
+    let mut pod = v5e16();
+    let offsets = [5_000_000i64, -3_000_000, 0, 123_456];
+    for (device, &offset) in offsets.iter().enumerate() {
+        pod.set_device_clock(device as u32, offset, 0.0).unwrap();
+    }
+    // Up to 200 µs of jitter on each leg: the asymmetry of one exchange is at
+    // most that, so the error is at most half of it.
+    pod.inject(Fault::DeviceJitter(DeviceId(1), 200_000))
+        .unwrap();
+    pod.run(1_000); // 10 s: about ten exchanges per device.
+    for (device, &offset) in offsets.iter().enumerate() {
+        let estimate = pod.clock_estimate(device as u32).expect("exchanges ran");
+        // The estimate is the service's clock minus the device's.
+        let error = (estimate.offset_ns + offset as f64).abs();
+        assert!(error <= 100_000.0, "device {device}: {estimate:?}");
+        assert_eq!(estimate.samples, 8, "the filter keeps eight samples");
+        if device != 1 {
+            assert_eq!(error, 0.0, "no jitter: symmetric path, exact estimate");
+        }
+    }
+    // A drifting clock is tracked too: 50 ppm over 10 s is 500 µs.
+    pod.set_device_clock(7, 0, 50.0).unwrap();
+    pod.run(1_000);
+    let estimate = pod.clock_estimate(7).unwrap();
+    let truth = -(pod.clock().now_ns as f64 * 50e-6);
+    assert!(
+        (estimate.offset_ns - truth).abs() < 60_000.0,
+        "{estimate:?} vs {truth}"
+    );
+}

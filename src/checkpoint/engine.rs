@@ -16,6 +16,7 @@ use crate::health::{
 };
 use crate::persist_as_self;
 use crate::pod::SimClock;
+use crate::pod_coordination::synchronization::clocks::pod::{ClockSync, DeviceClock};
 use crate::rng::SimRng;
 use crate::topology::{
     Device, DeviceIndex, HbmCapacity, Host, Link, LinkKind, LinkTraffic, OnHost, PodTopology,
@@ -59,6 +60,8 @@ persist_as_self!(
     Excluded,
     Collective,
     CollectiveOutcome,
+    DeviceClock,
+    ClockSync,
     SimClock,
     SimRng,
     PodTopology,
@@ -188,7 +191,9 @@ pub fn engine_registry() -> SnapshotRegistry {
         .component::<PendingBarrier>("barrier.PendingBarrier")
         .component::<Excluded>("fault_tolerance.Excluded")
         .component::<Collective>("collectives.Collective")
-        .component::<CollectiveOutcome>("collectives.CollectiveOutcome");
+        .component::<CollectiveOutcome>("collectives.CollectiveOutcome")
+        .component::<DeviceClock>("clocks.DeviceClock")
+        .component::<ClockSync>("clocks.ClockSync");
     registry
         .resource::<SimClock>("pod.SimClock")
         .resource::<SimRng>("pod.SimRng")

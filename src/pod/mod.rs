@@ -90,6 +90,7 @@ impl Pod {
         health::install(&mut world);
         barrier::install(&mut world);
         crate::collectives::pod::install(&mut world);
+        crate::pod_coordination::synchronization::clocks::pod::install(&mut world);
         world.insert_resource(engine_registry());
         world.resource_mut::<Schedules>().add_systems(
             Step,
@@ -191,6 +192,16 @@ impl Pod {
     /// Schedules a fault at simulated time `at_ns`.
     pub fn schedule_fault(&mut self, at_ns: u64, fault: Fault) {
         health::schedule_fault(&mut self.world, at_ns, fault);
+    }
+
+    /// The entity of a device id.
+    pub fn device_entity(&self, device: u32) -> Result<Entity> {
+        self.world
+            .resource::<DeviceIndex>()
+            .get(DeviceId(device))
+            .ok_or(OptimError::Fault(health::FaultError::UnknownDevice(
+                DeviceId(device),
+            )))
     }
 
     /// What the coordination service believes about a device.

@@ -91,7 +91,11 @@ impl<T: Element> TPUPodCoordinator<T> {
     }
 
     /// All-reduces one gradient buffer per device over the torus.
-    pub fn all_reduce_gradients(&mut self, grads: &mut [Vec<T>], op: ReduceOp) -> Result<(), CoordinationError> {
+    pub fn all_reduce_gradients(
+        &mut self,
+        grads: &mut [Vec<T>],
+        op: ReduceOp,
+    ) -> Result<(), CoordinationError> {
         self.inner.all_reduce(grads, op)
     }
 
@@ -144,14 +148,20 @@ mod tests {
         })
         .unwrap();
         assert_eq!(pod.num_devices(), 8);
-        assert_eq!(pod.coordinator().config().heartbeat_timeout, Duration::from_secs(3));
+        assert_eq!(
+            pod.coordinator().config().heartbeat_timeout,
+            Duration::from_secs(3)
+        );
         pod.synchronize("a").unwrap();
         let mut grads: Vec<Vec<i32>> = (0..8).map(|r| vec![r; 3]).collect();
         pod.all_reduce_gradients(&mut grads, ReduceOp::Sum).unwrap();
         assert!(grads.iter().all(|g| *g == vec![28, 28, 28]));
         pod.kill_device(2).unwrap();
         let error = pod.synchronize("b").unwrap_err().to_string();
-        assert!(error.contains("7/8 arrived") && error.contains("device 2"), "{error}");
+        assert!(
+            error.contains("7/8 arrived") && error.contains("device 2"),
+            "{error}"
+        );
         assert_eq!(pod.healthy_devices().len(), 7);
     }
 }

@@ -1,3 +1,4 @@
 //! Clock offset estimation between devices.
 
+pub mod pod;
 pub mod protocols;

@@ -189,14 +189,15 @@ impl ClockFilter {
         self.samples.iter()
     }
 
-    /// The least-delay sample (the oldest of equals) and the jitter, or
-    /// `None` before the first sample.
+    /// The least-delay sample (the newest of equals, as RFC 5905's filter
+    /// keeps its shift register newest first, so a drifting clock is tracked)
+    /// and the jitter, or `None` before the first sample.
     pub fn estimate(&self) -> Option<OffsetEstimate> {
         let best = self
             .samples
             .iter()
             .enumerate()
-            .min_by_key(|(i, s)| (s.delay_ns(), *i))
+            .min_by_key(|(i, s)| (s.delay_ns(), std::cmp::Reverse(*i)))
             .map(|(_, s)| s)?;
         let offset_ns = best.offset_ns();
         let others = self.samples.len() - 1;
