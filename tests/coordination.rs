@@ -353,3 +353,60 @@ fn devices_estimate_their_clock_offset_by_ntp_within_half_the_asymmetry() {
         "{estimate:?} vs {truth}"
     );
 }
+
+#[test]
+fn the_load_balancer_places_work_on_healthy_devices_only() {
+    use optirs_tpu::coordination::load_balance::{Policy, WorkId, Workload};
+    let mut pod = v5e16();
+    pod.kill_device(4).unwrap();
+    pod.run(1_200);
+    let mut balancer = pod.load_balancer(Policy::LeastLoaded);
+    let mut placed = std::collections::BTreeSet::new();
+    for id in 0..30 {
+        let device = balancer
+            .place(Workload {
+                id: WorkId(id),
+                cost: 1.0,
+            })
+            .unwrap();
+        assert_ne!(device, DeviceId(4), "a failed device gets no work");
+        placed.insert(device);
+    }
+    assert_eq!(
+        placed.len(),
+        15,
+        "least-loaded spreads over every healthy device"
+    );
+    let mut round_robin = pod.load_balancer(Policy::RoundRobin);
+    // NaN is refused as a cost, and a NaN reported load never wins.
+    assert!(
+        round_robin
+            .place(Workload {
+                id: WorkId(9),
+                cost: f64::NAN
+            })
+            .is_err()
+    );
+    balancer.report_load(DeviceId(0), f64::NAN).unwrap();
+    let next = balancer
+        .place(Workload {
+            id: WorkId(99),
+            cost: 1.0,
+        })
+        .unwrap();
+    assert_ne!(next, DeviceId(0));
+    let first = round_robin
+        .place(Workload {
+            id: WorkId(0),
+            cost: 1.0,
+        })
+        .unwrap();
+    let second = round_robin
+        .place(Workload {
+            id: WorkId(1),
+            cost: 1.0,
+        })
+        .unwrap();
+    assert_ne!(first, second);
+    assert_eq!(round_robin.finish(WorkId(0)).unwrap(), first);
+}

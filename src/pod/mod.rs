@@ -204,6 +204,23 @@ impl Pod {
             )))
     }
 
+    /// A load balancer over the devices that are running, not declared
+    /// failed and not excluded after a failure.
+    pub fn load_balancer(
+        &mut self,
+        policy: crate::coordination::load_balance::Policy,
+    ) -> crate::coordination::load_balance::LoadBalancer {
+        let world = &mut self.world;
+        let mut healthy: Vec<DeviceId> = world
+            .query_filtered::<(&crate::topology::Device, &health::DeviceState, &Health), Without<crate::fault_tolerance::Excluded>>()
+            .iter(world)
+            .filter(|(_, state, health)| state.is_running() && !health.is_failed())
+            .map(|(device, _, _)| device.id)
+            .collect();
+        healthy.sort();
+        crate::coordination::load_balance::LoadBalancer::new(policy, healthy)
+    }
+
     /// What the coordination service believes about a device.
     pub fn health(&self, device: u32) -> Option<Health> {
         let entity = self.world.resource::<DeviceIndex>().get(DeviceId(device))?;
