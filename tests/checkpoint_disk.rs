@@ -210,7 +210,10 @@ fn a_malformed_tensor_file_with_a_matching_digest_is_rejected() {
     forge(&bad);
     let error = verify(&pod, &cp).unwrap_err();
     assert!(error.contains("neither 0 nor 1"), "{error}");
-    assert!(header_len.is_multiple_of(8), "the header is padded to 8 bytes");
+    assert!(
+        header_len.is_multiple_of(8),
+        "the header is padded to 8 bytes"
+    );
     forge(&original);
     verify(&pod, &cp).unwrap();
 }

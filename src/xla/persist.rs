@@ -19,6 +19,7 @@ use std::sync::Arc;
 
 use bevy_ecs::entity::Entity;
 use ndarray::{ArrayD, IxDyn};
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use super::CompileError;
@@ -134,31 +135,58 @@ pub enum StoredTensorValue {
     External(TensorRef),
 }
 
-/// Appends each element's little-endian bytes, in row-major order.
-fn extend_le<T: Copy, const N: usize>(out: &mut Vec<u8>, a: &ArrayD<T>, le: impl Fn(T) -> [u8; N]) {
-    match a.as_slice() {
-        Some(s) => s.iter().for_each(|&v| out.extend_from_slice(&le(v))),
-        None => a.iter().for_each(|&v| out.extend_from_slice(&le(v))),
-    }
-}
+/// Elements per parallel chunk when converting bulk tensors.
+const CONVERT_CHUNK: usize = 1 << 20;
 
-/// The tensor's elements as little-endian row-major bytes (pred as 0/1).
-pub fn tensor_le_bytes(t: &Tensor) -> Vec<u8> {
-    let mut out = Vec::with_capacity(t.tensor_type().byte_size());
-    match t {
-        Tensor::Pred(a) => extend_le(&mut out, a, |v| [u8::from(v)]),
-        Tensor::I32(a) => extend_le(&mut out, a, i32::to_le_bytes),
-        Tensor::F32(a) => extend_le(&mut out, a, f32::to_le_bytes),
-        Tensor::F64(a) => extend_le(&mut out, a, f64::to_le_bytes),
+/// Each element's little-endian bytes, in row-major order. Written into a
+/// preallocated buffer chunk by chunk (in parallel for large tensors), so
+/// the compiler turns it into plain copies on little-endian targets.
+fn encode_le<T: Copy + Send + Sync, const N: usize>(
+    a: &ArrayD<T>,
+    le: impl Fn(T) -> [u8; N] + Sync,
+) -> Vec<u8> {
+    let mut out = vec![0u8; a.len() * N];
+    let fill = |dst: &mut [u8], src: &[T]| {
+        dst.chunks_exact_mut(N)
+            .zip(src)
+            .for_each(|(d, &v)| d.copy_from_slice(&le(v)));
+    };
+    match a.as_slice() {
+        Some(s) => out
+            .par_chunks_mut(CONVERT_CHUNK * N)
+            .zip(s.par_chunks(CONVERT_CHUNK))
+            .for_each(|(d, s)| fill(d, s)),
+        None => {
+            let logical: Vec<T> = a.iter().copied().collect();
+            fill(&mut out, &logical);
+        }
     }
     out
 }
 
-fn decode_le<T, const N: usize>(bytes: &[u8], from: impl Fn([u8; N]) -> T) -> Vec<T> {
-    bytes
-        .chunks_exact(N)
-        .map(|c| from(c.try_into().expect("chunks_exact yields N bytes")))
-        .collect()
+/// The tensor's elements as little-endian row-major bytes (pred as 0/1).
+pub fn tensor_le_bytes(t: &Tensor) -> Vec<u8> {
+    match t {
+        Tensor::Pred(a) => encode_le(a, |v| [u8::from(v)]),
+        Tensor::I32(a) => encode_le(a, i32::to_le_bytes),
+        Tensor::F32(a) => encode_le(a, f32::to_le_bytes),
+        Tensor::F64(a) => encode_le(a, f64::to_le_bytes),
+    }
+}
+
+fn decode_le<T: Copy + Default + Send, const N: usize>(
+    bytes: &[u8],
+    from: impl Fn([u8; N]) -> T + Sync,
+) -> Vec<T> {
+    let mut out = vec![T::default(); bytes.len() / N];
+    out.par_chunks_mut(CONVERT_CHUNK)
+        .zip(bytes.par_chunks(CONVERT_CHUNK * N))
+        .for_each(|(d, s)| {
+            d.iter_mut()
+                .zip(s.chunks_exact(N))
+                .for_each(|(d, c)| *d = from(c.try_into().expect("chunks_exact yields N bytes")));
+        });
+    out
 }
 
 /// A tensor from little-endian row-major bytes; `what` names it in errors.
