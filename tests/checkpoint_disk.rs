@@ -3,14 +3,17 @@
 //! rollback and recovery.
 
 use optirs_tpu::checkpoint::{
-    MANIFEST, SnapshotRegistry, WORLD_FILE, WritePoint, list_checkpoints, verify_checkpoint,
-    write_checkpoint,
+    MANIFEST, SnapshotRegistry, TENSOR_FILE, WORLD_FILE, WritePoint, list_checkpoints,
+    verify_checkpoint, write_checkpoint,
 };
+use optirs_tpu::exec::kernels::Tensor;
 use optirs_tpu::fault_tolerance::{
     FaultToleranceConfig, FaultToleranceManager, RecoveryPolicy, checkpoint_name,
 };
 use optirs_tpu::health::Fault;
+use optirs_tpu::schedule::Compile;
 use optirs_tpu::topology::DeviceId;
+use optirs_tpu::xla::{DType, GraphBuilder, TensorType};
 use optirs_tpu::{OptimError, Pod};
 use std::path::{Path, PathBuf};
 
@@ -20,6 +23,21 @@ fn pod_with_history() -> Pod {
     let id = pod.create_barrier("b", None, None, true).unwrap();
     pod.wait_for_barrier(id).unwrap();
     pod.run(50);
+    // A compiled program whose constants go to the tensor file: an f32
+    // weight (element i is i / 8) and a pred mask (every third element).
+    let ty = TensorType::new(DType::F32, [8, 16]);
+    let n = ty.element_count();
+    let ramp: Vec<f64> = (0..n).map(|i| i as f64 / 8.0).collect();
+    let mask: Vec<f64> = (0..n).map(|i| f64::from(i % 3 == 0)).collect();
+    let mut b = GraphBuilder::new(pod.world_mut(), "weights");
+    let x = b.parameter(ty.clone());
+    let w = b.constant(Tensor::from_f64s(&ty, &ramp).unwrap());
+    let m = b.constant(Tensor::from_f64s(&TensorType::new(DType::Pred, [8, 16]), &mask).unwrap());
+    let xw = b.mul(x, w);
+    let y = b.select(m, xw, x);
+    b.output(y);
+    b.finish();
+    pod.world_mut().run_schedule(Compile);
     pod
 }
 
@@ -90,28 +108,39 @@ fn flipped_bits_and_truncations_of_the_world_are_rejected_before_restore() {
     let info = ft.create_checkpoint(&mut pod).unwrap();
     pod.run(7);
     let live = pod.world_sha256().unwrap();
+    for file in [WORLD_FILE, TENSOR_FILE] {
+        let path = info.paths[0].join(file);
+        let original = std::fs::read(&path).unwrap();
+        assert!(original.len() > 1_000, "{file}: {} bytes", original.len());
+        let step = (original.len() * 8 / 257).max(1);
+        for bit in (0..original.len() * 8).step_by(step) {
+            let mut flipped = original.clone();
+            flipped[bit / 8] ^= 1 << (bit % 8);
+            std::fs::write(&path, &flipped).unwrap();
+            let error = ft
+                .restore_checkpoint(&mut pod, &info.name)
+                .unwrap_err()
+                .to_string();
+            assert!(error.contains("SHA-256"), "{file} bit {bit}: {error}");
+            assert_eq!(pod.world_sha256().unwrap(), live, "the live world changed");
+        }
+        for cut in [0, 1, 8, original.len() / 3, original.len() - 1] {
+            std::fs::write(&path, &original[..cut]).unwrap();
+            let error = ft
+                .restore_checkpoint(&mut pod, &info.name)
+                .unwrap_err()
+                .to_string();
+            assert!(error.contains("length"), "{file} cut at {cut}: {error}");
+        }
+        let mut longer = original.clone();
+        longer.push(0);
+        std::fs::write(&path, &longer).unwrap();
+        assert!(verify(&pod, &info.paths[0]).is_err(), "{file} extended");
+        std::fs::write(&path, &original).unwrap();
+        verify(&pod, &info.paths[0]).unwrap();
+    }
     let path = info.paths[0].join(WORLD_FILE);
     let original = std::fs::read(&path).unwrap();
-    let step = (original.len() * 8 / 257).max(1);
-    for bit in (0..original.len() * 8).step_by(step) {
-        let mut flipped = original.clone();
-        flipped[bit / 8] ^= 1 << (bit % 8);
-        std::fs::write(&path, &flipped).unwrap();
-        let error = ft
-            .restore_checkpoint(&mut pod, &info.name)
-            .unwrap_err()
-            .to_string();
-        assert!(error.contains("SHA-256"), "bit {bit}: {error}");
-        assert_eq!(pod.world_sha256().unwrap(), live, "the live world changed");
-    }
-    for cut in [0, 1, original.len() / 3, original.len() - 1] {
-        std::fs::write(&path, &original[..cut]).unwrap();
-        let error = ft
-            .restore_checkpoint(&mut pod, &info.name)
-            .unwrap_err()
-            .to_string();
-        assert!(error.contains("length"), "cut at {cut}: {error}");
-    }
     let manifest_path = info.paths[0].join(MANIFEST);
     let manifest = std::fs::read(&manifest_path).unwrap();
     std::fs::write(&path, &original).unwrap();
@@ -129,7 +158,64 @@ fn flipped_bits_and_truncations_of_the_world_are_rejected_before_restore() {
     std::fs::remove_file(&path).unwrap();
     let error = verify(&pod, &info.paths[0]).unwrap_err();
     assert!(error.contains("world.bin: missing"), "{error}");
+    std::fs::write(&path, &original).unwrap();
+    std::fs::remove_file(info.paths[0].join(TENSOR_FILE)).unwrap();
+    let error = verify(&pod, &info.paths[0]).unwrap_err();
+    assert!(error.contains("tensors.safetensors: missing"), "{error}");
     assert_eq!(pod.world_sha256().unwrap(), live);
+}
+
+/// A tensor file whose digest matches the manifest but whose contents are
+/// not a valid safetensors file (a consistent forgery) is still rejected
+/// by the header checks, naming the tensor file.
+#[test]
+fn a_malformed_tensor_file_with_a_matching_digest_is_rejected() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut pod = pod_with_history();
+    let snapshot = pod.snapshot().unwrap();
+    write_checkpoint(dir.path(), "c", "v4-8", &snapshot, &mut |_| Ok(())).unwrap();
+    let cp = dir.path().join("c");
+    let original = std::fs::read(cp.join(TENSOR_FILE)).unwrap();
+    let manifest = std::fs::read_to_string(cp.join(MANIFEST)).unwrap();
+    let forge = |bytes: &[u8]| {
+        use sha2::{Digest, Sha256};
+        let digest: String = Sha256::digest(bytes)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        let mut m = optirs_tpu::checkpoint::parse_manifest(&cp, manifest.as_bytes()).unwrap();
+        let entry = m.files.iter_mut().find(|f| f.name == TENSOR_FILE).unwrap();
+        entry.bytes = bytes.len() as u64;
+        entry.sha256 = digest;
+        std::fs::write(cp.join(TENSOR_FILE), bytes).unwrap();
+        std::fs::write(
+            cp.join(MANIFEST),
+            optirs_tpu::checkpoint::render_manifest(&m),
+        )
+        .unwrap();
+    };
+    // The header length points past the end of the file.
+    let mut bad = original.clone();
+    bad[..8].copy_from_slice(&(original.len() as u64).to_le_bytes());
+    forge(&bad);
+    let error = verify(&pod, &cp).unwrap_err();
+    assert!(
+        error.contains("tensors.safetensors") && error.contains("<header>"),
+        "{error}"
+    );
+    // A bool byte that is neither 0 nor 1.
+    let header_len = u64::from_le_bytes(original[..8].try_into().unwrap()) as usize;
+    let mut bad = original.clone();
+    *bad.last_mut().unwrap() = 7; // the last tensor is the pred mask (1-byte elements last)
+    forge(&bad);
+    let error = verify(&pod, &cp).unwrap_err();
+    assert!(error.contains("neither 0 nor 1"), "{error}");
+    assert!(
+        header_len.is_multiple_of(8),
+        "the header is padded to 8 bytes"
+    );
+    forge(&original);
+    verify(&pod, &cp).unwrap();
 }
 
 #[test]
@@ -150,7 +236,9 @@ fn a_crash_at_any_write_point_leaves_the_previous_checkpoint_and_nothing_half_wr
     })
     .unwrap();
     assert!(
-        points.contains(&WritePoint::Rename) && points.len() >= 7,
+        points.contains(&WritePoint::Rename)
+            && points.contains(&WritePoint::SyncFile(TENSOR_FILE.into()))
+            && points.len() >= 9,
         "{points:?}"
     );
     for (crash_at, point) in points.iter().enumerate() {
@@ -309,4 +397,126 @@ fn migration_is_refused_but_recovery_goes_on() {
         pod.wait_for_barrier(id).unwrap(),
         optirs_tpu::barrier::BarrierOutcome::Completed { .. }
     ));
+}
+
+/// The tensor file is a standard safetensors file: the header parsed by
+/// hand (length, JSON, dtype strings, contiguous offsets) matches the
+/// snapshot's tensors byte for byte, and — when Python's `safetensors` and
+/// `numpy` are installed — Python reads the same values.
+#[test]
+fn the_tensor_file_is_standard_safetensors() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut pod = pod_with_history();
+    let snapshot = pod.snapshot().unwrap();
+    write_checkpoint(dir.path(), "c", "v4-8", &snapshot, &mut |_| Ok(())).unwrap();
+    let path = dir.path().join("c").join(TENSOR_FILE);
+    let file = std::fs::read(&path).unwrap();
+    let n = u64::from_le_bytes(file[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(&file[8..8 + n]).unwrap();
+    let data = &file[8 + n..];
+    assert_eq!(header.len(), snapshot.tensors.len() + 1, "{header:?}");
+    assert!(header.contains_key("__metadata__"));
+    let mut spans = Vec::new();
+    for t in &snapshot.tensors {
+        let info = &header[&t.name];
+        let dtype = info["dtype"].as_str().unwrap();
+        let expected = match t.dtype {
+            DType::Pred => "BOOL",
+            DType::I32 => "I32",
+            DType::F32 => "F32",
+            DType::F64 => "F64",
+        };
+        assert_eq!(dtype, expected, "{}", t.name);
+        let shape: Vec<usize> = serde_json::from_value(info["shape"].clone()).unwrap();
+        assert_eq!(shape, t.shape);
+        let (start, end): (usize, usize) =
+            serde_json::from_value(info["data_offsets"].clone()).unwrap();
+        assert_eq!(&data[start..end], &*t.data, "{}", t.name);
+        assert_eq!(start % t.dtype.byte_size(), 0, "{} is aligned", t.name);
+        spans.push((start, end));
+    }
+    spans.sort();
+    assert_eq!(spans.first().unwrap().0, 0);
+    assert_eq!(spans.last().unwrap().1, data.len());
+    assert!(spans.windows(2).all(|w| w[0].1 == w[1].0), "contiguous");
+    // The weight literal: element [1, 2] is 18 / 8.
+    let weight = snapshot
+        .tensors
+        .iter()
+        .find(|t| t.name.starts_with("xla.Literal/") && t.dtype == DType::F32)
+        .unwrap();
+    let at = |i: usize| f32::from_le_bytes(weight.data[4 * i..4 * i + 4].try_into().unwrap());
+    assert_eq!(at(18), 2.25);
+
+    let script = r#"
+import sys
+from safetensors.numpy import load_file
+tensors = load_file(sys.argv[1])
+for name in sorted(tensors):
+    t = tensors[name]
+    print(name, t.dtype, ",".join(map(str, t.shape)), repr(float(t.astype("float64").sum())), repr(float(t.reshape(-1)[18])))
+"#;
+    let output = std::process::Command::new("python3")
+        .args(["-c", script])
+        .arg(&path)
+        .output();
+    let output = match output {
+        Ok(o) if o.status.success() => o,
+        Ok(o) => {
+            println!(
+                "note: skipped the Python check (python3 with safetensors and numpy unavailable: {})",
+                String::from_utf8_lossy(&o.stderr)
+                    .lines()
+                    .last()
+                    .unwrap_or("")
+            );
+            return;
+        }
+        Err(e) => {
+            println!("note: skipped the Python check (no python3: {e})");
+            return;
+        }
+    };
+    let lines: Vec<String> = String::from_utf8(output.stdout)
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect();
+    assert_eq!(lines.len(), snapshot.tensors.len(), "{lines:?}");
+    for (line, t) in lines.iter().zip(&snapshot.tensors) {
+        let values: Vec<f64> = match t.dtype {
+            DType::F32 => t
+                .data
+                .chunks_exact(4)
+                .map(|c| f64::from(f32::from_le_bytes(c.try_into().unwrap())))
+                .collect(),
+            DType::F64 => t
+                .data
+                .chunks_exact(8)
+                .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
+                .collect(),
+            DType::I32 => t
+                .data
+                .chunks_exact(4)
+                .map(|c| f64::from(i32::from_le_bytes(c.try_into().unwrap())))
+                .collect(),
+            DType::Pred => t.data.iter().map(|&b| f64::from(b)).collect(),
+        };
+        let numpy = match t.dtype {
+            DType::Pred => "bool",
+            DType::I32 => "int32",
+            DType::F32 => "float32",
+            DType::F64 => "float64",
+        };
+        let shape: Vec<String> = t.shape.iter().map(usize::to_string).collect();
+        let sum: f64 = values.iter().sum();
+        let expected = format!(
+            "{} {numpy} {} {sum:?} {:?}",
+            t.name,
+            shape.join(","),
+            values[18]
+        );
+        assert_eq!(*line, expected);
+    }
 }

@@ -23,6 +23,15 @@ use crate::topology::{
     TorusCoords,
 };
 use crate::transport::{DeliveryLog, Inbox, LinkQueue, LinkState, Transport};
+use crate::xla::graph::{
+    DeclaredType, InProgram, Literal, Node, NodeName, Operands, Output, PendingCompile, Program,
+    ProgramNodes, ProgramOutputs, ValueType,
+};
+use crate::xla::passes::fusion::{FusionRefusals, InKernel, Kernel, ProgramKernels};
+use crate::xla::passes::lower::CompiledExecutable;
+use crate::xla::passes::memory_plan::{Buffer, MemoryPlan};
+use crate::xla::passes::ordering::KernelPosition;
+use crate::xla::passes::{CompileFailure, DisabledPasses, PassLog};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -33,6 +42,11 @@ pub const NOT_PERSISTED: &[(&str, &str)] = &[
         "bevy rebuilds it from `OnHost` when the devices are restored",
     ),
     ("SnapshotRegistry", "code, not state: the codecs themselves"),
+    (
+        "VerifyGraph",
+        "a debugging switch of the build (on in debug builds): persisting it would make the \
+         world's bytes depend on the build profile; it never changes what a compile produces",
+    ),
     (
         "PeriodicCheckpoints",
         "host configuration: a restored pod keeps the host's current checkpoint settings",
@@ -193,7 +207,29 @@ pub fn engine_registry() -> SnapshotRegistry {
         .component::<Collective>("collectives.Collective")
         .component::<CollectiveOutcome>("collectives.CollectiveOutcome")
         .component::<DeviceClock>("clocks.DeviceClock")
-        .component::<ClockSync>("clocks.ClockSync");
+        .component::<ClockSync>("clocks.ClockSync")
+        .component::<Program>("xla.Program")
+        .component::<ProgramNodes>("xla.ProgramNodes")
+        .component::<ProgramOutputs>("xla.ProgramOutputs")
+        .component::<PendingCompile>("xla.PendingCompile")
+        .component::<InProgram>("xla.InProgram")
+        .component::<Node>("xla.Node")
+        .component::<Operands>("xla.Operands")
+        .component::<NodeName>("xla.NodeName")
+        .component::<DeclaredType>("xla.DeclaredType")
+        .component::<ValueType>("xla.ValueType")
+        .component::<Literal>("xla.Literal")
+        .component::<Output>("xla.Output")
+        .component::<Kernel>("xla.Kernel")
+        .component::<InKernel>("xla.InKernel")
+        .component::<ProgramKernels>("xla.ProgramKernels")
+        .component::<FusionRefusals>("xla.FusionRefusals")
+        .component::<KernelPosition>("xla.KernelPosition")
+        .component::<Buffer>("xla.Buffer")
+        .component::<MemoryPlan>("xla.MemoryPlan")
+        .component::<PassLog>("xla.PassLog")
+        .component::<CompileFailure>("xla.CompileFailure")
+        .component::<CompiledExecutable>("xla.CompiledExecutable");
     registry
         .resource::<SimClock>("pod.SimClock")
         .resource::<SimRng>("pod.SimRng")
@@ -206,6 +242,7 @@ pub fn engine_registry() -> SnapshotRegistry {
         .resource::<FailureEpoch>("health.FailureEpoch")
         .resource::<FailureLog>("health.FailureLog")
         .resource::<FaultPlan>("health.FaultPlan")
-        .resource::<BarrierRegistry>("barrier.BarrierRegistry");
+        .resource::<BarrierRegistry>("barrier.BarrierRegistry")
+        .resource::<DisabledPasses>("xla.DisabledPasses");
     registry
 }

@@ -54,6 +54,22 @@ pub enum SnapshotError {
     /// A resource the snapshot must capture is missing from the world.
     #[error("the world has no `{0}` resource to capture")]
     MissingResource(&'static str),
+    /// A column refers to a tensor the snapshot does not hold.
+    #[error("{what} refers to tensor `{name}`, which the snapshot does not hold")]
+    MissingTensor {
+        /// The referring field.
+        what: &'static str,
+        /// The tensor name.
+        name: String,
+    },
+    /// A tensor is malformed, misnamed or not referred to by any column.
+    #[error("tensor `{name}`: {reason}")]
+    Tensor {
+        /// The tensor name.
+        name: String,
+        /// What is wrong.
+        reason: String,
+    },
 }
 
 /// A checkpoint on disk that cannot be written, verified or restored.

@@ -10,13 +10,17 @@ mod error;
 mod persist;
 mod snapshot;
 mod store;
+mod tensor_file;
 
 pub use engine::{NOT_PERSISTED, engine_registry};
 pub use error::{CheckpointError, SnapshotError};
-pub use persist::{LoadContext, Persist, StoreContext};
+pub use persist::{
+    DenseIds, LoadContext, Persist, StoreContext, StoredTensor, TensorBytes, TensorRef,
+};
 pub use snapshot::{Column, FORMAT_VERSION, SnapshotRegistry, WorldSnapshot, hex};
 pub use store::{
     CheckpointListing, FileEntry, MANIFEST, Manifest, WORLD_FILE, WritePoint, check_name,
     list_checkpoints, parse_manifest, remove_stale_temporaries, render_manifest, verify_checkpoint,
     write_checkpoint,
 };
+pub use tensor_file::TENSOR_FILE;

@@ -5,24 +5,38 @@
 //! the snapshot's entity order), never as raw `Entity` bits, and read back
 //! through the restored world's entities; a reference to an entity the
 //! snapshot does not hold is an error, not a dangling id.
+//!
+//! Bulk tensor data does not belong in a column: it would be re-encoded
+//! element by element and could not be read by other tools. A `store`
+//! implementation hands it to the **tensor side channel** with
+//! [`StoreContext::put_tensor`] (dtype, shape, little-endian row-major
+//! bytes) and keeps only the returned [`TensorRef`]; `load` resolves the
+//! reference with [`LoadContext::tensor`]. On disk the tensors become
+//! `tensors.safetensors`. Any tensor-bearing component (graph literals,
+//! executable constants, device buffers) uses this one path.
 
 use super::error::SnapshotError;
+use crate::xla::DType;
 use bevy_ecs::entity::Entity;
-use serde::Serialize;
 use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use std::cell::{Cell, RefCell};
+use std::fmt;
+use std::ops::{Deref, Range};
+use std::sync::Arc;
 
-/// Entity → dense id, for capture: a table indexed by entity index (live
-/// entities have distinct indices), checked against the full entity so a
-/// stale reference is reported rather than mapped.
+/// Entity → dense id, for capture: a table by entity index (live entities
+/// have distinct indices), checked against the full entity so a stale
+/// reference is reported rather than mapped.
 #[derive(Debug, Default)]
-pub struct StoreContext {
+pub struct DenseIds {
     by_index: Vec<u32>,
     entities: Vec<Entity>,
 }
 
-impl StoreContext {
-    /// A context over `entities`, in dense order.
-    pub fn new(entities: &[Entity]) -> StoreContext {
+impl DenseIds {
+    /// Dense ids over `entities`, in order.
+    pub fn new(entities: &[Entity]) -> DenseIds {
         let len = entities
             .iter()
             .map(|e| e.index_u32() as usize + 1)
@@ -32,7 +46,7 @@ impl StoreContext {
         for (dense, entity) in entities.iter().enumerate() {
             by_index[entity.index_u32() as usize] = dense as u32;
         }
-        StoreContext {
+        DenseIds {
             by_index,
             entities: entities.to_vec(),
         }
@@ -52,28 +66,191 @@ impl StoreContext {
     }
 }
 
-/// Dense id → entity, for restore. Without entities (when validating before
-/// the world is touched) it checks bounds and yields placeholders.
+/// Immutable bytes of one tensor: owned, or a range of a buffer shared with
+/// other tensors (a whole tensor file read once), so reading a checkpoint
+/// does not copy each tensor out of the file buffer.
+#[derive(Clone)]
+pub struct TensorBytes {
+    buffer: Arc<Vec<u8>>,
+    range: Range<usize>,
+}
+
+impl TensorBytes {
+    /// `range` of a shared buffer. `None` when the range is out of bounds.
+    pub fn shared(buffer: Arc<Vec<u8>>, range: Range<usize>) -> Option<TensorBytes> {
+        (range.start <= range.end && range.end <= buffer.len())
+            .then_some(TensorBytes { buffer, range })
+    }
+}
+
+impl From<Vec<u8>> for TensorBytes {
+    fn from(bytes: Vec<u8>) -> TensorBytes {
+        let range = 0..bytes.len();
+        TensorBytes {
+            buffer: Arc::new(bytes),
+            range,
+        }
+    }
+}
+
+impl Deref for TensorBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.buffer[self.range.clone()]
+    }
+}
+
+impl PartialEq for TensorBytes {
+    fn eq(&self, other: &TensorBytes) -> bool {
+        **self == **other
+    }
+}
+
+impl Eq for TensorBytes {}
+
+impl fmt::Debug for TensorBytes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "TensorBytes({} bytes)", self.len())
+    }
+}
+
+/// A tensor in the side channel: little-endian, row-major (C order).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredTensor {
+    /// Unique within a snapshot: `column/dense.k` (the `k`-th tensor of the
+    /// row with dense id `dense`) or `resource.k`.
+    pub name: String,
+    /// Element type.
+    pub dtype: DType,
+    /// Dimensions, major to minor.
+    pub shape: Vec<usize>,
+    /// `shape.product() * dtype.byte_size()` bytes.
+    pub data: TensorBytes,
+}
+
+impl StoredTensor {
+    /// Checks that the data length matches the dtype and shape.
+    pub fn check(&self) -> Result<(), SnapshotError> {
+        let expected = self
+            .shape
+            .iter()
+            .try_fold(self.dtype.byte_size(), |n, &d| n.checked_mul(d));
+        if expected == Some(self.data.len()) {
+            Ok(())
+        } else {
+            Err(SnapshotError::Tensor {
+                name: self.name.clone(),
+                reason: format!(
+                    "{} bytes do not hold a {}{:?}",
+                    self.data.len(),
+                    self.dtype,
+                    self.shape
+                ),
+            })
+        }
+    }
+}
+
+/// A column's reference to a tensor of the side channel.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct TensorRef(pub String);
+
+/// Capture context of one column: dense ids for entity references and the
+/// tensor side channel. One per column, so columns capture in parallel and
+/// tensor names do not depend on which thread ran first.
+#[derive(Debug)]
+pub struct StoreContext<'a> {
+    ids: &'a DenseIds,
+    owner: &'static str,
+    row: Cell<Option<u32>>,
+    next: Cell<u32>,
+    tensors: RefCell<Vec<StoredTensor>>,
+}
+
+impl<'a> StoreContext<'a> {
+    /// A context for the column (or resource) `owner`.
+    pub fn new(ids: &'a DenseIds, owner: &'static str) -> StoreContext<'a> {
+        StoreContext {
+            ids,
+            owner,
+            row: Cell::new(None),
+            next: Cell::new(0),
+            tensors: RefCell::new(Vec::new()),
+        }
+    }
+
+    /// The dense id of an entity the snapshot holds.
+    pub fn dense(&self, entity: Entity, what: &'static str) -> Result<u32, SnapshotError> {
+        self.ids.dense(entity, what)
+    }
+
+    /// Starts the row of dense id `dense`: its tensors are named after it.
+    pub(crate) fn start_row(&self, dense: u32) {
+        self.row.set(Some(dense));
+        self.next.set(0);
+    }
+
+    /// Hands a tensor to the side channel and returns its reference.
+    /// `data` is little-endian and row-major.
+    pub fn put_tensor(
+        &self,
+        dtype: DType,
+        shape: &[usize],
+        data: Vec<u8>,
+    ) -> Result<TensorRef, SnapshotError> {
+        let k = self.next.get();
+        self.next.set(k + 1);
+        let name = match self.row.get() {
+            Some(dense) => format!("{}/{dense}.{k}", self.owner),
+            None => format!("{}.{k}", self.owner),
+        };
+        let tensor = StoredTensor {
+            name: name.clone(),
+            dtype,
+            shape: shape.to_vec(),
+            data: data.into(),
+        };
+        tensor.check()?;
+        self.tensors.borrow_mut().push(tensor);
+        Ok(TensorRef(name))
+    }
+
+    /// The tensors handed over so far.
+    pub(crate) fn take_tensors(&self) -> Vec<StoredTensor> {
+        self.tensors.take()
+    }
+}
+
+/// Dense id → entity, and tensor references → tensors, for restore. Without
+/// entities (when validating before the world is touched) it checks bounds
+/// and yields placeholders, and records which tensors were referenced.
 #[derive(Debug)]
 pub struct LoadContext<'a> {
     entities: Option<&'a [Entity]>,
     count: u32,
+    tensors: &'a [StoredTensor],
+    referenced: RefCell<Vec<bool>>,
 }
 
 impl<'a> LoadContext<'a> {
-    /// Maps dense ids to `entities`.
-    pub fn new(entities: &'a [Entity]) -> LoadContext<'a> {
+    /// Maps dense ids to `entities`; `tensors` sorted by name.
+    pub fn new(entities: &'a [Entity], tensors: &'a [StoredTensor]) -> LoadContext<'a> {
         LoadContext {
             entities: Some(entities),
             count: entities.len() as u32,
+            tensors,
+            referenced: RefCell::new(Vec::new()),
         }
     }
 
-    /// Checks dense ids against `count` without real entities.
-    pub fn checking(count: u32) -> LoadContext<'static> {
+    /// Checks dense ids against `count` without real entities; `tensors`
+    /// sorted by name.
+    pub fn checking(count: u32, tensors: &'a [StoredTensor]) -> LoadContext<'a> {
         LoadContext {
             entities: None,
             count,
+            tensors,
+            referenced: RefCell::new(vec![false; tensors.len()]),
         }
     }
 
@@ -90,6 +267,35 @@ impl<'a> LoadContext<'a> {
             .entities
             .map_or(Entity::PLACEHOLDER, |entities| entities[dense as usize]))
     }
+
+    /// The tensor a column refers to.
+    pub fn tensor(
+        &self,
+        r: &TensorRef,
+        what: &'static str,
+    ) -> Result<&'a StoredTensor, SnapshotError> {
+        let i = self
+            .tensors
+            .binary_search_by(|t| t.name.as_str().cmp(&r.0))
+            .map_err(|_| SnapshotError::MissingTensor {
+                what,
+                name: r.0.clone(),
+            })?;
+        if let Some(seen) = self.referenced.borrow_mut().get_mut(i) {
+            *seen = true;
+        }
+        Ok(&self.tensors[i])
+    }
+
+    /// The first tensor no column referred to, when checking.
+    pub(crate) fn unreferenced(&self) -> Option<&'a StoredTensor> {
+        let seen = self.referenced.borrow();
+        self.tensors
+            .iter()
+            .zip(seen.iter())
+            .find(|(_, seen)| !**seen)
+            .map(|(t, _)| t)
+    }
 }
 
 /// A type the snapshot can hold.
@@ -100,6 +306,12 @@ pub trait Persist: Sized + Send + Sync + 'static {
     fn store(&self, ctx: &StoreContext) -> Result<Self::Stored, SnapshotError>;
     /// Converts back; entity references go through `ctx`.
     fn load(stored: Self::Stored, ctx: &LoadContext) -> Result<Self, SnapshotError>;
+    /// Checks that `load` would succeed, before the world is touched. The
+    /// default loads a copy; types holding bulk data override it to check
+    /// without building the value.
+    fn check(stored: &Self::Stored, ctx: &LoadContext) -> Result<(), SnapshotError> {
+        Self::load(stored.clone(), ctx).map(drop)
+    }
 }
 
 /// Implements [`Persist`] as the type itself, for types without entity

@@ -7,13 +7,17 @@
 //! order; restore spawns the same number of entities and hands out dense ids
 //! in *their* index order, so capture → restore → capture is byte-identical.
 //!
+//! Tensors travel beside the columns ([`WorldSnapshot::tensors`], sorted by
+//! name; see [`super::persist`]): [`WorldSnapshot::to_bytes`] holds the
+//! columns only, and [`WorldSnapshot::sha256_hex`] covers both.
+//!
 //! Restore is two-phase: every column is decoded and every entity reference
 //! checked against the snapshot's entity count **before** the world is
 //! touched; only then are the engine's entities despawned, respawned and
 //! filled. A corrupt snapshot is an `Err` and the live world is unchanged.
 
 use super::error::SnapshotError;
-use super::persist::{LoadContext, Persist, StoreContext};
+use super::persist::{DenseIds, LoadContext, Persist, StoreContext, StoredTensor};
 use bevy_ecs::prelude::*;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
@@ -22,7 +26,8 @@ use std::any::TypeId;
 use std::marker::PhantomData;
 
 /// Version of the snapshot layout this build writes and reads.
-pub const FORMAT_VERSION: u32 = 1;
+/// (2: tensors moved to a side channel, `tensors.safetensors` on disk.)
+pub const FORMAT_VERSION: u32 = 2;
 
 /// One component type's or resource's bytes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -46,6 +51,10 @@ pub struct WorldSnapshot {
     pub components: Vec<Column>,
     /// Resources, in registry (name) order.
     pub resources: Vec<Column>,
+    /// The tensor side channel, sorted by name (not part of
+    /// [`WorldSnapshot::to_bytes`]; on disk it is the tensor file).
+    #[serde(skip)]
+    pub tensors: Vec<StoredTensor>,
 }
 
 impl WorldSnapshot {
@@ -60,8 +69,18 @@ impl WorldSnapshot {
         postcard::to_extend(self, Vec::with_capacity(size + 64)).expect("a snapshot always encodes")
     }
 
-    /// Decodes canonical bytes.
+    /// Decodes canonical bytes of a snapshot without tensors.
     pub fn from_bytes(bytes: &[u8]) -> Result<WorldSnapshot, SnapshotError> {
+        WorldSnapshot::from_parts(bytes, Vec::new())
+    }
+
+    /// Decodes canonical bytes and attaches the tensor side channel, which
+    /// must be sorted by name with unique names and consistent lengths.
+    pub fn from_parts(
+        bytes: &[u8],
+        tensors: Vec<StoredTensor>,
+    ) -> Result<WorldSnapshot, SnapshotError> {
+        check_tensors(&tensors)?;
         let snapshot: WorldSnapshot =
             postcard::from_bytes(bytes).map_err(|e| SnapshotError::Corrupt {
                 column: "<world>".into(),
@@ -73,13 +92,48 @@ impl WorldSnapshot {
                 supported: FORMAT_VERSION,
             });
         }
-        Ok(snapshot)
+        Ok(WorldSnapshot {
+            tensors,
+            ..snapshot
+        })
     }
 
-    /// SHA-256 of the canonical bytes, lowercase hex.
+    /// SHA-256 of the canonical bytes followed by every tensor (name,
+    /// dtype, shape, data), lowercase hex: equal for equal worlds.
     pub fn sha256_hex(&self) -> String {
-        hex(&Sha256::digest(self.to_bytes()))
+        let mut hasher = Sha256::new();
+        hasher.update(self.to_bytes());
+        for t in &self.tensors {
+            hasher.update((t.name.len() as u64).to_le_bytes());
+            hasher.update(t.name.as_bytes());
+            hasher.update(t.dtype.name().as_bytes());
+            hasher.update((t.shape.len() as u64).to_le_bytes());
+            for &d in &t.shape {
+                hasher.update((d as u64).to_le_bytes());
+            }
+            hasher.update((t.data.len() as u64).to_le_bytes());
+            hasher.update(&*t.data);
+        }
+        hex(&hasher.finalize())
     }
+
+    /// Bytes of tensor data in the side channel.
+    pub fn tensor_bytes(&self) -> u64 {
+        self.tensors.iter().map(|t| t.data.len() as u64).sum()
+    }
+}
+
+/// Names strictly increasing (sorted, unique) and every length consistent.
+fn check_tensors(tensors: &[StoredTensor]) -> Result<(), SnapshotError> {
+    for pair in tensors.windows(2) {
+        if pair[0].name >= pair[1].name {
+            return Err(SnapshotError::Tensor {
+                name: pair[1].name.clone(),
+                reason: "tensors are not sorted by name, or a name repeats".into(),
+            });
+        }
+    }
+    tensors.iter().try_for_each(StoredTensor::check)
 }
 
 /// Lowercase hex of bytes.
@@ -92,7 +146,7 @@ trait ComponentColumn: Send + Sync {
     fn type_id(&self) -> TypeId;
     fn entities(&self, world: &mut World) -> Vec<Entity>;
     fn capture(&self, world: &World, ctx: &StoreContext) -> Result<Vec<u8>, SnapshotError>;
-    fn stage(&self, bytes: &[u8], count: u32) -> Result<Box<dyn Staged>, SnapshotError>;
+    fn stage(&self, bytes: &[u8], ctx: &LoadContext) -> Result<Box<dyn Staged>, SnapshotError>;
     fn inspect(&self, bytes: &[u8]) -> Result<String, SnapshotError>;
 }
 
@@ -104,7 +158,7 @@ trait ResourceSlot: Send + Sync {
     fn name(&self) -> &'static str;
     fn type_id(&self) -> TypeId;
     fn capture(&self, world: &World, ctx: &StoreContext) -> Result<Vec<u8>, SnapshotError>;
-    fn stage(&self, bytes: &[u8], count: u32) -> Result<Box<dyn Staged>, SnapshotError>;
+    fn stage(&self, bytes: &[u8], ctx: &LoadContext) -> Result<Box<dyn Staged>, SnapshotError>;
     fn inspect(&self, bytes: &[u8]) -> Result<String, SnapshotError>;
 }
 
@@ -144,7 +198,9 @@ impl<T: Component + Persist> ComponentColumn for TypedComponent<T> {
         let mut rows: Vec<(u32, T::Stored)> = Vec::new();
         if let Some(mut query) = world.try_query::<(Entity, &T)>() {
             for (entity, value) in query.iter(world) {
-                rows.push((ctx.dense(entity, self.0)?, value.store(ctx)?));
+                let dense = ctx.dense(entity, self.0)?;
+                ctx.start_row(dense);
+                rows.push((dense, value.store(ctx)?));
             }
         }
         rows.sort_unstable_by_key(|(dense, _)| *dense);
@@ -152,9 +208,12 @@ impl<T: Component + Persist> ComponentColumn for TypedComponent<T> {
         Ok(postcard::to_extend(&rows, Vec::with_capacity(estimate)).expect("stored values encode"))
     }
 
-    fn stage(&self, bytes: &[u8], count: u32) -> Result<Box<dyn Staged>, SnapshotError> {
+    fn stage(
+        &self,
+        bytes: &[u8],
+        checking: &LoadContext,
+    ) -> Result<Box<dyn Staged>, SnapshotError> {
         let rows: Vec<(u32, T::Stored)> = decode(self.0, bytes)?;
-        let checking = LoadContext::checking(count);
         let mut previous = None;
         for (dense, stored) in &rows {
             checking.entity(*dense, self.0)?;
@@ -165,7 +224,7 @@ impl<T: Component + Persist> ComponentColumn for TypedComponent<T> {
                 });
             }
             previous = Some(*dense);
-            T::load(stored.clone(), &checking)?;
+            T::check(stored, checking)?;
         }
         Ok(Box::new(StagedComponent::<T> { name: self.0, rows }))
     }
@@ -210,9 +269,13 @@ impl<R: Resource + Persist> ResourceSlot for TypedResource<R> {
         Ok(postcard::to_stdvec(&value.store(ctx)?).expect("stored values encode"))
     }
 
-    fn stage(&self, bytes: &[u8], count: u32) -> Result<Box<dyn Staged>, SnapshotError> {
+    fn stage(
+        &self,
+        bytes: &[u8],
+        checking: &LoadContext,
+    ) -> Result<Box<dyn Staged>, SnapshotError> {
         let stored: R::Stored = decode(self.0, bytes)?;
-        R::load(stored.clone(), &LoadContext::checking(count))?;
+        R::check(&stored, checking)?;
         Ok(Box::new(StagedResource::<R> { stored }))
     }
 
@@ -313,32 +376,46 @@ impl SnapshotRegistry {
     /// Captures every registered component and resource of `world`.
     pub fn capture(&self, world: &mut World, tick: u64) -> Result<WorldSnapshot, SnapshotError> {
         let entities = self.engine_entities(world);
-        let ctx = StoreContext::new(&entities);
+        let ids = DenseIds::new(&entities);
         let world: &World = world;
-        // Columns are independent: capture them on every core.
-        let components = self
+        // Columns are independent: capture them on every core, each with
+        // its own context so tensor names do not depend on thread timing.
+        let captured = self
             .components
             .par_iter()
             .map(|column| {
-                Ok(Column {
+                let ctx = StoreContext::new(&ids, column.name());
+                let bytes = column.capture(world, &ctx)?;
+                let column = Column {
                     name: column.name().to_string(),
-                    bytes: column.capture(world, &ctx)?,
-                })
+                    bytes,
+                };
+                Ok((column, ctx.take_tensors()))
             })
             .collect::<Result<Vec<_>, SnapshotError>>()?;
+        let mut tensors = Vec::new();
+        let mut components = Vec::with_capacity(captured.len());
+        for (column, column_tensors) in captured {
+            components.push(column);
+            tensors.extend(column_tensors);
+        }
         let mut resources = Vec::with_capacity(self.resources.len());
         for slot in &self.resources {
+            let ctx = StoreContext::new(&ids, slot.name());
             resources.push(Column {
                 name: slot.name().to_string(),
                 bytes: slot.capture(world, &ctx)?,
             });
+            tensors.extend(ctx.take_tensors());
         }
+        tensors.sort_unstable_by(|a, b| a.name.cmp(&b.name));
         Ok(WorldSnapshot {
             format_version: FORMAT_VERSION,
             tick,
             entity_count: entities.len() as u32,
             components,
             resources,
+            tensors,
         })
     }
 
@@ -354,16 +431,23 @@ impl SnapshotRegistry {
                 supported: FORMAT_VERSION,
             });
         }
-        let count = snapshot.entity_count;
+        check_tensors(&snapshot.tensors)?;
+        let checking = LoadContext::checking(snapshot.entity_count, &snapshot.tensors);
         let mut staged = Vec::new();
         let names = |columns: &[Column]| columns.iter().map(|c| c.name.clone()).collect::<Vec<_>>();
         check_columns(&self.component_names(), &names(&snapshot.components))?;
         check_columns(&self.resource_names(), &names(&snapshot.resources))?;
         for (codec, column) in self.components.iter().zip(&snapshot.components) {
-            staged.push(codec.stage(&column.bytes, count)?);
+            staged.push(codec.stage(&column.bytes, &checking)?);
         }
         for (slot, column) in self.resources.iter().zip(&snapshot.resources) {
-            staged.push(slot.stage(&column.bytes, count)?);
+            staged.push(slot.stage(&column.bytes, &checking)?);
+        }
+        if let Some(tensor) = checking.unreferenced() {
+            return Err(SnapshotError::Tensor {
+                name: tensor.name.clone(),
+                reason: "no column refers to it".into(),
+            });
         }
         Ok(staged)
     }
@@ -408,7 +492,10 @@ impl SnapshotRegistry {
                 column: name.to_string(),
             })?;
         let stored: R::Stored = decode(&column.name, &column.bytes)?;
-        R::load(stored, &LoadContext::checking(snapshot.entity_count))
+        R::load(
+            stored,
+            &LoadContext::checking(snapshot.entity_count, &snapshot.tensors),
+        )
     }
 
     /// Replaces the engine's entities and resources in `world` with the
@@ -427,7 +514,7 @@ impl SnapshotRegistry {
             .map(|_| world.spawn_empty().id())
             .collect();
         entities.sort_unstable_by_key(|e| e.index_u32());
-        let ctx = LoadContext::new(&entities);
+        let ctx = LoadContext::new(&entities, &snapshot.tensors);
         for column in staged {
             column.apply(world, &ctx)?;
         }

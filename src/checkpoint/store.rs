@@ -6,6 +6,7 @@
 //!   tick-000000001200/
 //!     manifest.ron          human-readable: version, tick, pod, files
 //!     world.bin             the WorldSnapshot's canonical bytes (postcard)
+//!     tensors.safetensors   the tensor side channel (see `tensor_file`)
 //! ```
 //!
 //! The manifest lists every file with its length and SHA-256, and ends with
@@ -24,14 +25,30 @@
 //! every listed file's presence, length and SHA-256, then decodes the world
 //! and checks every column. Only a checkpoint that passes all of it is
 //! restored.
+//!
+//! **Bulk bytes are touched as few times as possible**: a large file is
+//! hashed on a second thread while it is written, and read in chunks that a
+//! second thread hashes while the next chunk is read; the tensor file is
+//! read once into one buffer that the restored tensors are decoded from.
 
 use super::error::CheckpointError;
 use super::snapshot::{FORMAT_VERSION, SnapshotRegistry, WorldSnapshot, hex};
+use super::tensor_file::{self, TENSOR_FILE};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::fs::{self, File};
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::mpsc;
+
+/// Files at least this large are hashed on a second thread while they are
+/// written or read; smaller ones are not worth the thread.
+const PARALLEL_HASH_BYTES: usize = 4 << 20;
+
+/// Chunk size of a pipelined read: large enough to amortize the hand-off,
+/// small enough that the reader and the hasher overlap.
+const READ_CHUNK_BYTES: usize = 8 << 20;
 
 /// The manifest's file name.
 pub const MANIFEST: &str = "manifest.ron";
@@ -150,28 +167,52 @@ pub fn parse_manifest(path: &Path, text: &[u8]) -> Result<Manifest, CheckpointEr
         check_name(&file.name)
             .map_err(|_| bad(format!("file name `{}` is not plain", file.name)))?;
     }
-    if !manifest.files.iter().any(|f| f.name == WORLD_FILE) {
-        return Err(bad(format!("it does not list `{WORLD_FILE}`")));
+    for required in [WORLD_FILE, TENSOR_FILE] {
+        if !manifest.files.iter().any(|f| f.name == required) {
+            return Err(bad(format!("it does not list `{required}`")));
+        }
     }
     Ok(manifest)
 }
 
+/// Writes `parts` back to back as file `name`, hashing them as they are
+/// written (on a second thread for large files), then syncs the file.
 fn write_synced(
     dir: &Path,
     name: &str,
-    bytes: &[u8],
+    parts: &[&[u8]],
     hook: &mut dyn FnMut(&WritePoint) -> io::Result<()>,
 ) -> Result<FileEntry, CheckpointError> {
     let path = dir.join(name);
     hook(&WritePoint::Write(name.to_string())).map_err(io_error(&path))?;
     let mut file = File::create(&path).map_err(io_error(&path))?;
-    file.write_all(bytes).map_err(io_error(&path))?;
+    let total: usize = parts.iter().map(|p| p.len()).sum();
+    let hash_all = || {
+        let mut hasher = Sha256::new();
+        parts.iter().for_each(|p| hasher.update(p));
+        hasher.finalize()
+    };
+    let digest = if total < PARALLEL_HASH_BYTES {
+        parts
+            .iter()
+            .try_for_each(|p| file.write_all(p))
+            .map_err(io_error(&path))?;
+        hash_all()
+    } else {
+        std::thread::scope(|scope| {
+            let hasher = scope.spawn(hash_all);
+            let written = parts.iter().try_for_each(|p| file.write_all(p));
+            let digest = hasher.join().expect("hashing does not panic");
+            written.map(|()| digest)
+        })
+        .map_err(io_error(&path))?
+    };
     hook(&WritePoint::SyncFile(name.to_string())).map_err(io_error(&path))?;
     file.sync_all().map_err(io_error(&path))?;
     Ok(FileEntry {
         name: name.to_string(),
-        bytes: bytes.len() as u64,
-        sha256: hex(&Sha256::digest(bytes)),
+        bytes: total as u64,
+        sha256: hex(&digest),
     })
 }
 
@@ -218,19 +259,29 @@ pub fn write_checkpoint(
         .prefix(".tmp-")
         .tempdir_in(root)
         .map_err(io_error(root))?;
-    let world = write_synced(temp.path(), WORLD_FILE, &snapshot.to_bytes(), hook)?;
+    let world = write_synced(temp.path(), WORLD_FILE, &[&snapshot.to_bytes()], hook)?;
+    let (header, order) = tensor_file::encode_header(&snapshot.tensors).map_err(|source| {
+        CheckpointError::Snapshot {
+            path: temp.path().join(TENSOR_FILE),
+            source,
+        }
+    })?;
+    let mut parts: Vec<&[u8]> = Vec::with_capacity(order.len() + 1);
+    parts.push(&header);
+    parts.extend(order.iter().map(|&i| &*snapshot.tensors[i].data));
+    let tensors = write_synced(temp.path(), TENSOR_FILE, &parts, hook)?;
     let manifest = Manifest {
         format_version: FORMAT_VERSION,
         name: name.to_string(),
         pod: pod.to_string(),
         tick: snapshot.tick,
         entities: snapshot.entity_count,
-        files: vec![world],
+        files: vec![world, tensors],
     };
     write_synced(
         temp.path(),
         MANIFEST,
-        render_manifest(&manifest).as_bytes(),
+        &[render_manifest(&manifest).as_bytes()],
         hook,
     )?;
     hook(&WritePoint::SyncTemp).map_err(io_error(temp.path()))?;
@@ -264,6 +315,71 @@ fn read(path: &Path) -> Result<Vec<u8>, CheckpointError> {
     })
 }
 
+/// Reads a file the manifest lists, checking its length before reading and
+/// its SHA-256 while reading (a second thread hashes each chunk of a large
+/// file while the next one is read).
+fn read_verified(path: &Path, entry: &FileEntry) -> Result<Vec<u8>, CheckpointError> {
+    let mut file = File::open(path).map_err(|source| {
+        if source.kind() == io::ErrorKind::NotFound {
+            CheckpointError::Missing {
+                path: path.to_path_buf(),
+            }
+        } else {
+            CheckpointError::Io {
+                path: path.to_path_buf(),
+                source,
+            }
+        }
+    })?;
+    let length_error = |actual| CheckpointError::Length {
+        path: path.to_path_buf(),
+        expected: entry.bytes,
+        actual,
+    };
+    let on_disk = file.metadata().map_err(io_error(path))?.len();
+    let len = usize::try_from(entry.bytes)
+        .ok()
+        .filter(|_| on_disk == entry.bytes)
+        .ok_or_else(|| length_error(on_disk))?;
+    let mut bytes = vec![0u8; len];
+    let digest = if len < PARALLEL_HASH_BYTES {
+        file.read_exact(&mut bytes).map_err(io_error(path))?;
+        Sha256::digest(&bytes)
+    } else {
+        std::thread::scope(|scope| {
+            let (send, receive) = mpsc::sync_channel::<&[u8]>(4);
+            let hasher = scope.spawn(move || {
+                let mut hasher = Sha256::new();
+                receive.iter().for_each(|chunk| hasher.update(chunk));
+                hasher.finalize()
+            });
+            let read = bytes.chunks_mut(READ_CHUNK_BYTES).try_for_each(|chunk| {
+                file.read_exact(chunk)?;
+                let chunk: &[u8] = chunk;
+                send.send(chunk)
+                    .map_err(|_| io::Error::other("hasher stopped"))
+            });
+            drop(send);
+            let digest = hasher.join().expect("hashing does not panic");
+            read.map(|()| digest)
+        })
+        .map_err(io_error(path))?
+    };
+    // The file must end where the manifest says, even if it grew meanwhile.
+    if file.read(&mut [0u8; 1]).map_err(io_error(path))? != 0 {
+        return Err(length_error(entry.bytes + 1));
+    }
+    let actual = hex(&digest);
+    if actual != entry.sha256 {
+        return Err(CheckpointError::Digest {
+            path: path.to_path_buf(),
+            expected: entry.sha256.clone(),
+            actual,
+        });
+    }
+    Ok(bytes)
+}
+
 /// Checks every byte of the checkpoint in `dir` and decodes its world.
 /// Nothing is restored; the caller decides what to do with the snapshot.
 pub fn verify_checkpoint(
@@ -273,35 +389,30 @@ pub fn verify_checkpoint(
     let manifest_path = dir.join(MANIFEST);
     let manifest = parse_manifest(&manifest_path, &read(&manifest_path)?)?;
     let mut world_bytes = None;
+    let mut tensor_bytes = None;
     for entry in &manifest.files {
-        let path = dir.join(&entry.name);
-        let bytes = read(&path)?;
-        if bytes.len() as u64 != entry.bytes {
-            return Err(CheckpointError::Length {
-                path,
-                expected: entry.bytes,
-                actual: bytes.len() as u64,
-            });
-        }
-        let actual = hex(&Sha256::digest(&bytes));
-        if actual != entry.sha256 {
-            return Err(CheckpointError::Digest {
-                path,
-                expected: entry.sha256.clone(),
-                actual,
-            });
-        }
-        if entry.name == WORLD_FILE {
-            world_bytes = Some(bytes);
+        let bytes = read_verified(&dir.join(&entry.name), entry)?;
+        match entry.name.as_str() {
+            WORLD_FILE => world_bytes = Some(bytes),
+            TENSOR_FILE => tensor_bytes = Some(bytes),
+            _ => {}
         }
     }
+    let tensor_path = dir.join(TENSOR_FILE);
+    let tensors = tensor_file::decode(Arc::new(
+        tensor_bytes.expect("parse_manifest requires the tensor file"),
+    ))
+    .map_err(|source| CheckpointError::Snapshot {
+        path: tensor_path,
+        source,
+    })?;
     let world_path = dir.join(WORLD_FILE);
     let snapshot_error = |source| CheckpointError::Snapshot {
         path: world_path.clone(),
         source,
     };
     let bytes = world_bytes.expect("parse_manifest requires the world file");
-    let snapshot = WorldSnapshot::from_bytes(&bytes).map_err(snapshot_error)?;
+    let snapshot = WorldSnapshot::from_parts(&bytes, tensors).map_err(snapshot_error)?;
     registry.verify(&snapshot).map_err(snapshot_error)?;
     if snapshot.tick != manifest.tick || snapshot.entity_count != manifest.entities {
         return Err(CheckpointError::Manifest {

@@ -29,6 +29,7 @@ use crate::topology::{
     load_topology_file, parse_topology, spawn_topology,
 };
 use crate::transport;
+use crate::xla::{self, CompileReport};
 use bevy_ecs::prelude::*;
 use bevy_ecs::schedule::ScheduleLabel;
 use bevy_ecs::schedule::Schedules;
@@ -91,6 +92,7 @@ impl Pod {
         barrier::install(&mut world);
         crate::collectives::pod::install(&mut world);
         crate::pod_coordination::synchronization::clocks::pod::install(&mut world);
+        xla::install(&mut world);
         world.insert_resource(engine_registry());
         world.resource_mut::<Schedules>().add_systems(
             Step,
@@ -297,6 +299,25 @@ impl Pod {
             DeviceId(to),
             bytes,
         )?)
+    }
+
+    /// Parses a RON program (`docs/programs.md`), spawns it into the pod's
+    /// world and runs the [`Compile`] schedule. The program's graph, kernels,
+    /// buffers and executable stay in the world (and in its checkpoints);
+    /// `name` is used in error positions.
+    pub fn compile_program_str(&mut self, name: &str, text: &str) -> Result<CompileReport> {
+        let program = xla::load_program_str(&mut self.world, name, text)?;
+        Ok(xla::compile(&mut self.world, program)?)
+    }
+
+    /// [`Pod::compile_program_str`] on a program file.
+    pub fn compile_program_file(&mut self, path: impl AsRef<Path>) -> Result<CompileReport> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).map_err(|source| xla::CompileError::Io {
+            path: path.to_owned(),
+            source,
+        })?;
+        self.compile_program_str(&path.display().to_string(), &text)
     }
 
     /// Captures the whole engine world: every registered component of every

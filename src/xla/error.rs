@@ -96,4 +96,8 @@ pub enum CompileError {
     /// The entity is not a program, or its compilation has not produced the requested artifact.
     #[error("{0}")]
     NotCompiled(String),
+    /// A compile error restored from a checkpoint: its message, as it was
+    /// rendered when the program failed.
+    #[error("{0}")]
+    Restored(String),
 }

@@ -11,7 +11,7 @@
 //! outputs are written to their planned buffers. Other kernels run their one
 //! op over whole tensors.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use smallvec::SmallVec;
 
 use super::CompileError;
@@ -20,7 +20,7 @@ use super::types::TensorType;
 use crate::exec::kernels::{Tensor, evaluate};
 
 /// Where a value lives.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ValueRef {
     /// A planned buffer (parameters and kernel outputs).
     Buffer(u32),
@@ -29,7 +29,7 @@ pub enum ValueRef {
 }
 
 /// An instruction operand inside a kernel.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Arg {
     /// The kernel's `i`-th input.
     Input(u32),
@@ -41,7 +41,7 @@ pub enum Arg {
 pub const LOOP_CHUNK: usize = 4096;
 
 /// When an instruction of a fused kernel runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Stage {
     /// Once, over whole tensors, before the loop.
     Prelude,
@@ -50,7 +50,7 @@ pub enum Stage {
 }
 
 /// One op of a kernel.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Instr {
     /// The op.
     pub op: Op,
@@ -63,7 +63,7 @@ pub struct Instr {
 }
 
 /// A kernel of the executable.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LoweredKernel {
     /// A readable name (`fusion.0: exp, add`).
     pub name: String,
@@ -127,7 +127,7 @@ pub fn stage_fused_loop(
 }
 
 /// A planned buffer slot.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct BufferSlot {
     /// Offset in the heap.
     pub offset: usize,
@@ -138,7 +138,7 @@ pub struct BufferSlot {
 }
 
 /// A compiled program.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Executable {
     /// Program name.
     pub name: String,

@@ -13,6 +13,7 @@
 
 use bevy_ecs::entity::EntityHashMap;
 use bevy_ecs::prelude::*;
+use serde::{Deserialize, Serialize};
 use smallvec::SmallVec;
 
 use super::op::Op;
@@ -20,7 +21,7 @@ use super::types::TensorType;
 use crate::exec::kernels::Tensor;
 
 /// A program: the root of one graph.
-#[derive(Component, Debug, Clone)]
+#[derive(Component, Debug, Clone, Serialize, Deserialize)]
 pub struct Program {
     /// The program's name (file stem or builder name).
     pub name: String,
@@ -36,7 +37,7 @@ pub struct ProgramNodes(pub Vec<Entity>);
 pub struct ProgramOutputs(pub Vec<Entity>);
 
 /// Marks a program whose `Compile` run has not finished.
-#[derive(Component, Debug, Clone, Copy, Default)]
+#[derive(Component, Debug, Clone, Copy, Default, Serialize, Deserialize)]
 pub struct PendingCompile;
 
 /// The node belongs to this program entity.
@@ -44,7 +45,7 @@ pub struct PendingCompile;
 pub struct InProgram(pub Entity);
 
 /// What the node computes.
-#[derive(Component, Debug, Clone)]
+#[derive(Component, Debug, Clone, Serialize, Deserialize)]
 pub struct Node {
     /// The op with its attributes.
     pub op: Op,
@@ -55,15 +56,15 @@ pub struct Node {
 pub struct Operands(pub SmallVec<[Entity; 4]>);
 
 /// The node's name, printed as `%name`.
-#[derive(Component, Debug, Clone)]
+#[derive(Component, Debug, Clone, Serialize, Deserialize)]
 pub struct NodeName(pub String);
 
 /// The type a parameter, iota or custom call declares.
-#[derive(Component, Debug, Clone)]
+#[derive(Component, Debug, Clone, Serialize, Deserialize)]
 pub struct DeclaredType(pub TensorType);
 
 /// The type shape inference computed.
-#[derive(Component, Debug, Clone, PartialEq)]
+#[derive(Component, Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ValueType(pub TensorType);
 
 /// The value of a constant.
@@ -71,7 +72,7 @@ pub struct ValueType(pub TensorType);
 pub struct Literal(pub Tensor);
 
 /// Marks a node listed in its program's outputs.
-#[derive(Component, Debug, Clone, Copy, Default)]
+#[derive(Component, Debug, Clone, Copy, Default, Serialize, Deserialize)]
 pub struct Output;
 
 /// `%name (f32[8,128])`, or `%name` before shape inference.

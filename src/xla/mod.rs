@@ -70,6 +70,7 @@ pub mod graph;
 pub mod interpreter;
 pub mod op;
 pub mod passes;
+pub mod persist;
 pub mod program;
 pub mod report;
 pub mod types;

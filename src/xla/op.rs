@@ -170,7 +170,7 @@ impl Default for ConvAttrs {
 }
 
 /// What a node computes.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[non_exhaustive]
 pub enum Op {
     /// The `index`-th program argument; its type is the node's declared type.

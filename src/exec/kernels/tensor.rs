@@ -7,8 +7,9 @@ use ndarray::{ArrayD, IxDyn};
 use super::{KernelError, KernelResult};
 use crate::xla::{DType, TensorType};
 
-/// A dense array value.
-#[derive(Clone, Debug, PartialEq)]
+/// A dense array value. Serializes as its dtype and ndarray's own form
+/// (shape and elements in row-major order).
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum Tensor {
     /// Booleans.
     Pred(ArrayD<bool>),

@@ -76,7 +76,7 @@ pub struct InKernel(pub Entity);
 pub struct ProgramKernels(pub Vec<Entity>);
 
 /// Why a producer was not fused into a consumer.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq, Eq)]
 pub struct FusionRefusal {
     /// The reason.
     pub reason: String,
@@ -87,7 +87,7 @@ pub struct FusionRefusal {
 }
 
 /// All refusals of a program, in the order they happened.
-#[derive(Component, Debug, Clone, Default)]
+#[derive(Component, Debug, Clone, Default, Serialize, serde::Deserialize)]
 pub struct FusionRefusals(pub Vec<FusionRefusal>);
 
 /// Whether a producer may fuse, with the reason when it may not (XLA's `FusionDecision`).

@@ -108,7 +108,7 @@ impl Default for VerifyGraph {
 
 /// Names of passes to skip; only the [`OPTIONAL_PASSES`] can be disabled
 /// (the others produce what later passes need).
-#[derive(Resource, Debug, Clone, Default)]
+#[derive(Resource, Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct DisabledPasses(pub Vec<String>);
 
 /// The passes that may be disabled: the `Simplify` fixed point.

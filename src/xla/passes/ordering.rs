@@ -23,7 +23,18 @@ use crate::xla::graph::{node_label, program_nodes};
 pub const NAME: &str = "ordering";
 
 /// A kernel's position in execution order.
-#[derive(Component, Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(
+    Component,
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    serde::Serialize,
+    serde::Deserialize,
+)]
 pub struct KernelPosition(pub u32);
 
 /// Orders the kernels of `program`.
