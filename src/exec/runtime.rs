@@ -1,0 +1,1311 @@
+//! The fast executor: runs an optimized, lowered [`Executable`] for real.
+//!
+//! [`Executable::run`] is the reference evaluator (whole tensors, clones);
+//! this module is what a step actually runs on:
+//!
+//! * **Fused loops** run chunk by chunk: each body instruction is evaluated
+//!   over [`CHUNK`] elements into a chunk-sized scratch register (registers
+//!   are reused once their value is dead, so a kernel's working set stays in
+//!   L1), each input chunk is read where it lies, and only kernel outputs are
+//!   written to their buffers. Dispatch happens once per instruction per
+//!   chunk; the inner loops are typed (`f32`, `f64`, `i32`, `pred`) and
+//!   monomorphized per op, so they auto-vectorize. Chunks are grouped into
+//!   [`TASK`]-element tasks that rayon spreads over the pool.
+//! * **In place**: when the memory plan gives a kernel output the offset of
+//!   an input whose last reader is that kernel, and the runtime may write
+//!   that input (an argument passed with [`Arg::donated`] or [`Arg::owned`],
+//!   or a buffer it allocated), the output is written over the input: the
+//!   loop reads every element of a chunk before it writes it.
+//! * **Other kernels** (dot, reduce, convolution, structural ops) run over
+//!   whole tensors with the shared kernels ([`crate::exec::kernels`]); a 2-D
+//!   floating-point dot uses ndarray's matrix multiply instead, so it rounds
+//!   differently from the reference (which accumulates in index order).
+//! * **Custom calls** go to a [`CustomCallHandler`] the caller passes in;
+//!   `identity` is built in.
+//!
+//! Arguments are borrowed ([`Arg::view`]), donated ([`Arg::donated`]) or
+//! owned ([`Arg::owned`]); a result is either a new tensor or "in argument
+//! `i`" ([`RunOutput::InArgument`]), so a donated buffer is never copied.
+
+use std::borrow::Cow;
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use ndarray::{Array, ArrayD, Dimension, Ix2, IxDyn};
+use rayon::prelude::*;
+use smallvec::SmallVec;
+
+use crate::exec::kernels::{Tensor, evaluate};
+use crate::xla::executable::{Arg as InstrArg, Executable, Instr, LoweredKernel, Stage, ValueRef};
+use crate::xla::{BinaryOp, CompareDir, DType, DotDims, Op, TensorType, UnaryOp};
+
+/// Elements per chunk of a fused loop: about 4 KiB of `f32` per register,
+/// so a dozen live registers fit in L1.
+pub const CHUNK: usize = 1024;
+
+/// Elements per rayon task (a run of chunks on one thread).
+pub const TASK: usize = 1 << 16;
+
+/// An execution failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ExecError {
+    /// The arguments do not match the program's parameters.
+    #[error("{0}")]
+    Arguments(String),
+    /// A kernel could not run.
+    #[error("kernel `{kernel}`: {message}")]
+    Kernel {
+        /// The kernel's name (`fusion.0`).
+        kernel: String,
+        /// What went wrong.
+        message: String,
+    },
+    /// A custom call failed or has no handler.
+    #[error("custom call `{target}`: {message}")]
+    CustomCall {
+        /// The call target.
+        target: String,
+        /// What went wrong.
+        message: String,
+    },
+}
+
+/// Element types a runtime buffer can hold.
+pub trait Element: Copy + Send + Sync + 'static {
+    /// The dtype.
+    const DTYPE: DType;
+    /// Wraps an array.
+    fn into_tensor(a: ArrayD<Self>) -> Tensor;
+    /// Unwraps an array of this type; gives the tensor back otherwise.
+    fn from_tensor(t: Tensor) -> Result<ArrayD<Self>, Tensor>;
+}
+
+macro_rules! element {
+    ($t:ty, $d:ident) => {
+        impl Element for $t {
+            const DTYPE: DType = DType::$d;
+            fn into_tensor(a: ArrayD<Self>) -> Tensor {
+                Tensor::$d(a)
+            }
+            fn from_tensor(t: Tensor) -> Result<ArrayD<Self>, Tensor> {
+                match t {
+                    Tensor::$d(a) => Ok(a),
+                    other => Err(other),
+                }
+            }
+        }
+    };
+}
+element!(f32, F32);
+element!(f64, F64);
+element!(i32, I32);
+element!(bool, Pred);
+
+/// The data address of a standard-layout tensor (making it standard first).
+fn tensor_ptr_mut(t: &mut Tensor) -> usize {
+    macro_rules! std_ptr {
+        ($a:expr) => {{
+            if !$a.is_standard_layout() {
+                *$a = $a.as_standard_layout().into_owned();
+            }
+            $a.as_mut_ptr() as usize
+        }};
+    }
+    match t {
+        Tensor::Pred(a) => std_ptr!(a),
+        Tensor::I32(a) => std_ptr!(a),
+        Tensor::F32(a) => std_ptr!(a),
+        Tensor::F64(a) => std_ptr!(a),
+    }
+}
+
+/// One argument of a run: where the value lives and whether the runtime may
+/// overwrite it.
+pub struct Arg<'a> {
+    ty: TensorType,
+    ptr: usize,
+    writable: bool,
+    owned: Option<Tensor>,
+    _borrow: PhantomData<&'a mut ()>,
+}
+
+impl std::fmt::Debug for Arg<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Arg")
+            .field("ty", &self.ty)
+            .field("writable", &self.writable)
+            .finish()
+    }
+}
+
+impl<'a> Arg<'a> {
+    /// A tensor handed over: the runtime may write it in place and returns
+    /// it (or its replacement) as an output.
+    pub fn owned(mut t: Tensor) -> Arg<'static> {
+        let ptr = tensor_ptr_mut(&mut t);
+        Arg {
+            ty: t.tensor_type(),
+            ptr,
+            writable: true,
+            owned: Some(t),
+            _borrow: PhantomData,
+        }
+    }
+
+    /// A read-only borrow (copied once if it is not in standard layout).
+    pub fn view<T: Element, D: Dimension>(a: &'a Array<T, D>) -> Arg<'a> {
+        match a.as_slice() {
+            Some(s) => Arg {
+                ty: TensorType::new(T::DTYPE, a.shape().to_vec()),
+                ptr: s.as_ptr() as usize,
+                writable: false,
+                owned: None,
+                _borrow: PhantomData,
+            },
+            None => Arg::owned(T::into_tensor(
+                a.as_standard_layout().into_owned().into_dyn(),
+            )),
+        }
+    }
+
+    /// A donated borrow: outputs the plan places over it are written into
+    /// it ([`RunOutput::InArgument`]). A non-standard-layout array is copied
+    /// instead, and the result comes back as a new tensor.
+    pub fn donated<T: Element, D: Dimension>(a: &'a mut Array<T, D>) -> Arg<'a> {
+        let ty = TensorType::new(T::DTYPE, a.shape().to_vec());
+        match a.as_slice_mut() {
+            Some(s) => Arg {
+                ty,
+                ptr: s.as_mut_ptr() as usize,
+                writable: true,
+                owned: None,
+                _borrow: PhantomData,
+            },
+            None => Arg::owned(T::into_tensor(
+                a.as_standard_layout().into_owned().into_dyn(),
+            )),
+        }
+    }
+
+    /// A read-only borrow of a tensor.
+    pub fn tensor(t: &'a Tensor) -> Arg<'a> {
+        match t {
+            Tensor::Pred(a) => Arg::view(a),
+            Tensor::I32(a) => Arg::view(a),
+            Tensor::F32(a) => Arg::view(a),
+            Tensor::F64(a) => Arg::view(a),
+        }
+    }
+}
+
+/// Where a program result is.
+#[derive(Debug)]
+pub enum RunOutput {
+    /// A new tensor.
+    Owned(Tensor),
+    /// In the buffer of argument `i` (written in place, or the argument itself).
+    InArgument(usize),
+}
+
+/// Runs custom calls other than the built-in `identity`.
+pub trait CustomCallHandler {
+    /// Computes `target(args)`, which must have type `ty`.
+    fn call(&mut self, target: &str, args: &[&Tensor], ty: &TensorType) -> Result<Tensor, String>;
+}
+
+/// A handler that knows no targets.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NoCustomCalls;
+
+impl CustomCallHandler for NoCustomCalls {
+    fn call(&mut self, target: &str, _: &[&Tensor], _: &TensorType) -> Result<Tensor, String> {
+        Err(format!("no handler for target `{target}`"))
+    }
+}
+
+/// A value of the runtime: a tensor in a buffer slot.
+struct Slot {
+    ty: TensorType,
+    ptr: usize,
+    writable: bool,
+    owned: Option<Tensor>,
+    arg: Option<usize>,
+}
+
+impl Slot {
+    fn from_tensor(mut t: Tensor) -> Slot {
+        let ptr = tensor_ptr_mut(&mut t);
+        Slot {
+            ty: t.tensor_type(),
+            ptr,
+            writable: true,
+            owned: Some(t),
+            arg: None,
+        }
+    }
+
+    /// The value as a tensor: borrowed when owned, copied from a borrow.
+    fn tensor(&self) -> Cow<'_, Tensor> {
+        match &self.owned {
+            Some(t) => Cow::Borrowed(t),
+            None => Cow::Owned(copy_raw(&self.ty, self.ptr)),
+        }
+    }
+}
+
+fn copy_raw(ty: &TensorType, ptr: usize) -> Tensor {
+    fn copy<T: Element>(ty: &TensorType, ptr: usize) -> Tensor {
+        let n = ty.element_count();
+        // SAFETY: `ptr` addresses `n` initialised elements of `T` that the
+        // run borrows for its whole duration (see `Arg`).
+        let s = unsafe { std::slice::from_raw_parts(ptr as *const T, n) };
+        T::into_tensor(ArrayD::from_shape_vec(IxDyn(&ty.dims), s.to_vec()).expect("sizes match"))
+    }
+    match ty.dtype {
+        DType::Pred => copy::<bool>(ty, ptr),
+        DType::I32 => copy::<i32>(ty, ptr),
+        DType::F32 => copy::<f32>(ty, ptr),
+        DType::F64 => copy::<f64>(ty, ptr),
+    }
+}
+
+/// A freshly allocated tensor of `ty` whose elements the caller writes
+/// before anyone reads them; `(tensor, data address)`.
+fn fresh(ty: &TensorType) -> (Tensor, usize) {
+    fn make<T: Element + Default>(ty: &TensorType) -> (Tensor, usize) {
+        let n = ty.element_count();
+        let mut v = crate::optimizers::kernel::output_buffer::<T>(n);
+        // Every element is written by the fused loop before it is read; the
+        // fill below only runs for small buffers, where it costs nothing and
+        // keeps the tensor initialised on every path.
+        v.resize(n, T::default());
+        let ptr = v.as_mut_ptr() as usize;
+        let t = T::into_tensor(ArrayD::from_shape_vec(IxDyn(&ty.dims), v).expect("sizes match"));
+        (t, ptr)
+    }
+    match ty.dtype {
+        DType::Pred => make::<bool>(ty),
+        DType::I32 => make::<i32>(ty),
+        DType::F32 => make::<f32>(ty),
+        DType::F64 => make::<f64>(ty),
+    }
+}
+
+/// Where a loop-body operand comes from.
+#[derive(Debug, Clone, Copy)]
+enum Src {
+    /// A kernel input of the loop shape, read chunk by chunk.
+    Input(u32),
+    /// A scalar kernel input.
+    InputScalar(u32),
+    /// A prelude value of the loop shape.
+    Prelude(u32),
+    /// A scalar prelude value.
+    PreludeScalar(u32),
+    /// A scratch register.
+    Reg(u16),
+}
+
+#[derive(Debug, Clone)]
+struct BodyInstr {
+    op: Op,
+    args: SmallVec<[Src; 4]>,
+    arg_types: SmallVec<[DType; 4]>,
+    reg: u16,
+}
+
+#[derive(Debug, Clone)]
+struct FusedOutput {
+    /// The instruction, when it is a prelude value.
+    prelude: Option<u32>,
+    /// The register holding the loop value.
+    reg: u16,
+    buffer: u32,
+    /// The kernel input whose buffer the output may take over.
+    donor: Option<u32>,
+}
+
+#[derive(Debug, Clone)]
+struct FusedPlan {
+    len: usize,
+    prelude: Vec<u32>,
+    body: Vec<BodyInstr>,
+    regs: Vec<DType>,
+    outputs: Vec<FusedOutput>,
+}
+
+/// An executable prepared for fast runs. Cheap to share (`Arc` inside).
+#[derive(Debug, Clone)]
+pub struct Runtime {
+    exe: Arc<Executable>,
+    plans: Vec<Option<FusedPlan>>,
+    chunk: usize,
+}
+
+impl Runtime {
+    /// Prepares `exe`: stages each fused loop into typed body instructions,
+    /// allocates scratch registers and finds in-place outputs.
+    pub fn new(exe: Arc<Executable>) -> Runtime {
+        // Last kernel reading each buffer (`usize::MAX`: a program output).
+        let mut last_use = vec![0usize; exe.buffers.len()];
+        for (k, kernel) in exe.kernels.iter().enumerate() {
+            for r in &kernel.inputs {
+                if let ValueRef::Buffer(b) = r {
+                    last_use[*b as usize] = k;
+                }
+            }
+        }
+        for r in &exe.outputs {
+            if let ValueRef::Buffer(b) = r {
+                last_use[*b as usize] = usize::MAX;
+            }
+        }
+        let plans = exe
+            .kernels
+            .iter()
+            .enumerate()
+            .map(|(k, kernel)| plan_fused(&exe, kernel, k, &last_use))
+            .collect();
+        let chunk = exe.loop_chunk.clamp(1, CHUNK);
+        Runtime { exe, plans, chunk }
+    }
+
+    /// The executable this runs.
+    pub fn executable(&self) -> &Arc<Executable> {
+        &self.exe
+    }
+
+    /// Runs fused loops in chunks of `chunk` elements (at least 1).
+    #[must_use]
+    pub fn with_chunk(mut self, chunk: usize) -> Runtime {
+        self.chunk = chunk.max(1);
+        self
+    }
+
+    /// Kernels that run as fused loops.
+    pub fn fused_loops(&self) -> usize {
+        self.plans.iter().flatten().count()
+    }
+
+    /// Runs on borrowed tensors and returns every result as a tensor.
+    pub fn run_tensors(
+        &self,
+        args: &[Tensor],
+        calls: &mut dyn CustomCallHandler,
+    ) -> Result<Vec<Tensor>, ExecError> {
+        let outs = self.run(args.iter().map(Arg::tensor).collect(), calls)?;
+        Ok(outs
+            .into_iter()
+            .map(|o| match o {
+                RunOutput::Owned(t) => t,
+                RunOutput::InArgument(i) => args[i].clone(),
+            })
+            .collect())
+    }
+
+    /// Runs the program. Results that live in a donated argument come back
+    /// as [`RunOutput::InArgument`]; borrowed arguments are never written.
+    pub fn run(
+        &self,
+        args: Vec<Arg<'_>>,
+        calls: &mut dyn CustomCallHandler,
+    ) -> Result<Vec<RunOutput>, ExecError> {
+        let exe = &*self.exe;
+        if args.len() != exe.parameters.len() {
+            return Err(ExecError::Arguments(format!(
+                "program `{}` takes {} arguments, got {}",
+                exe.name,
+                exe.parameters.len(),
+                args.len()
+            )));
+        }
+        let mut slots: Vec<Option<Slot>> = (0..exe.buffers.len()).map(|_| None).collect();
+        for (i, (arg, ty)) in args.into_iter().zip(&exe.parameters).enumerate() {
+            if &arg.ty != ty {
+                return Err(ExecError::Arguments(format!(
+                    "argument {i} of `{}` must be {ty}, got {}",
+                    exe.name, arg.ty
+                )));
+            }
+            slots[exe.parameter_buffers[i] as usize] = Some(Slot {
+                ty: arg.ty,
+                ptr: arg.ptr,
+                writable: arg.writable,
+                owned: arg.owned,
+                arg: Some(i),
+            });
+        }
+        for (k, kernel) in exe.kernels.iter().enumerate() {
+            match &self.plans[k] {
+                Some(plan) => self.run_fused(kernel, plan, &mut slots)?,
+                None => self.run_whole(kernel, &mut slots, calls)?,
+            }
+        }
+        let mut results = Vec::with_capacity(exe.outputs.len());
+        for (i, r) in exe.outputs.iter().enumerate() {
+            let out = match *r {
+                ValueRef::Constant(c) => RunOutput::Owned(exe.constants[c as usize].clone()),
+                ValueRef::Buffer(b) => {
+                    let again = exe.outputs[i + 1..].contains(r);
+                    let slot = slots[b as usize].as_mut().ok_or_else(|| unwritten(b))?;
+                    match (slot.arg, &mut slot.owned) {
+                        (Some(a), None) => RunOutput::InArgument(a),
+                        (_, Some(t)) if again => RunOutput::Owned(t.clone()),
+                        (_, owned @ Some(_)) => RunOutput::Owned(owned.take().expect("some")),
+                        (None, None) => RunOutput::Owned(copy_raw(&slot.ty, slot.ptr)),
+                    }
+                }
+            };
+            results.push(out);
+        }
+        Ok(results)
+    }
+
+    fn run_whole(
+        &self,
+        kernel: &LoweredKernel,
+        slots: &mut [Option<Slot>],
+        calls: &mut dyn CustomCallHandler,
+    ) -> Result<(), ExecError> {
+        let exe = &*self.exe;
+        let mut locals: Vec<Tensor> = Vec::with_capacity(kernel.instrs.len());
+        {
+            let inputs: Vec<Cow<'_, Tensor>> = kernel
+                .inputs
+                .iter()
+                .map(|&r| read(exe, slots, r))
+                .collect::<Result<_, _>>()?;
+            for instr in &kernel.instrs {
+                let value = {
+                    let args: SmallVec<[&Tensor; 4]> = instr
+                        .args
+                        .iter()
+                        .map(|a| match *a {
+                            InstrArg::Input(i) => &*inputs[i as usize],
+                            InstrArg::Local(l) => &locals[l as usize],
+                        })
+                        .collect();
+                    eval_whole(instr, &args, calls)
+                };
+                let value = value.map_err(|e| match e {
+                    WholeError::Kernel(message) => ExecError::Kernel {
+                        kernel: kernel.name.clone(),
+                        message,
+                    },
+                    WholeError::Call(target, message) => ExecError::CustomCall { target, message },
+                })?;
+                locals.push(value);
+            }
+        }
+        let mut locals: Vec<Option<Tensor>> = locals.into_iter().map(Some).collect();
+        for (pos, &(i, b)) in kernel.outputs.iter().enumerate() {
+            let again = kernel.outputs[pos + 1..].iter().any(|&(j, _)| j == i);
+            let t = if again {
+                locals[i as usize].clone()
+            } else {
+                locals[i as usize].take()
+            }
+            .ok_or_else(|| unwritten(b))?;
+            slots[b as usize] = Some(Slot::from_tensor(t));
+        }
+        Ok(())
+    }
+
+    fn run_fused(
+        &self,
+        kernel: &LoweredKernel,
+        plan: &FusedPlan,
+        slots: &mut [Option<Slot>],
+    ) -> Result<(), ExecError> {
+        let exe = &*self.exe;
+        let kernel_err = |message: String| ExecError::Kernel {
+            kernel: kernel.name.clone(),
+            message,
+        };
+        // Prelude: whole tensors, once.
+        let mut prelude: Vec<Option<Tensor>> = vec![None; kernel.instrs.len()];
+        if !plan.prelude.is_empty() {
+            let inputs: Vec<Cow<'_, Tensor>> = kernel
+                .inputs
+                .iter()
+                .map(|&r| read(exe, slots, r))
+                .collect::<Result<_, _>>()?;
+            for &p in &plan.prelude {
+                let instr = &kernel.instrs[p as usize];
+                let v = {
+                    let args: SmallVec<[&Tensor; 4]> = instr
+                        .args
+                        .iter()
+                        .map(|a| match *a {
+                            InstrArg::Input(i) => Some(&*inputs[i as usize]),
+                            InstrArg::Local(l) => prelude[l as usize].as_ref(),
+                        })
+                        .collect::<Option<_>>()
+                        .ok_or_else(|| kernel_err("a prelude value reads the loop".into()))?;
+                    evaluate(&instr.op, &args, Some(&instr.ty)).map_err(|e| kernel_err(e.0))?
+                };
+                prelude[p as usize] = Some(v);
+            }
+        }
+        // Destinations: donated inputs taken over, or fresh buffers.
+        let mut dest: Vec<(u32, Slot)> = Vec::with_capacity(plan.outputs.len());
+        let mut dest_ptr: Vec<usize> = Vec::with_capacity(plan.outputs.len());
+        let mut donated_inputs: SmallVec<[(u32, usize); 4]> = SmallVec::new();
+        for out in &plan.outputs {
+            if let Some(p) = out.prelude {
+                let t = prelude[p as usize]
+                    .clone()
+                    .ok_or_else(|| unwritten(out.buffer))?;
+                dest.push((out.buffer, Slot::from_tensor(t)));
+                dest_ptr.push(0);
+                continue;
+            }
+            let donor = out.donor.and_then(|i| match kernel.inputs[i as usize] {
+                ValueRef::Buffer(b) => match &slots[b as usize] {
+                    Some(s) if s.writable && !donated_inputs.iter().any(|&(j, _)| j == i) => {
+                        Some((i, b))
+                    }
+                    _ => None,
+                },
+                ValueRef::Constant(_) => None,
+            });
+            let slot = match donor {
+                Some((i, b)) => {
+                    let s = slots[b as usize].take().expect("checked above");
+                    donated_inputs.push((i, s.ptr));
+                    s
+                }
+                None => {
+                    let ty = &exe.buffers[out.buffer as usize];
+                    let ty = TensorType::parse(&ty.ty)
+                        .ok_or_else(|| kernel_err(format!("buffer type `{}`", ty.ty)))?;
+                    let (t, ptr) = fresh(&ty);
+                    Slot {
+                        ty,
+                        ptr,
+                        writable: true,
+                        owned: Some(t),
+                        arg: None,
+                    }
+                }
+            };
+            dest_ptr.push(slot.ptr);
+            dest.push((out.buffer, slot));
+        }
+        // Input addresses (donated inputs are read where they are written).
+        let mut in_ptr: SmallVec<[usize; 8]> = SmallVec::with_capacity(kernel.inputs.len());
+        let mut scalars: SmallVec<[Option<Tensor>; 8]> = SmallVec::new();
+        for (i, &r) in kernel.inputs.iter().enumerate() {
+            if let Some(&(_, p)) = donated_inputs.iter().find(|&&(j, _)| j as usize == i) {
+                in_ptr.push(p);
+                scalars.push(None);
+                continue;
+            }
+            match r {
+                ValueRef::Constant(c) => {
+                    in_ptr.push(0);
+                    scalars.push(Some(exe.constants[c as usize].clone()));
+                }
+                ValueRef::Buffer(b) => {
+                    let s = slots[b as usize].as_ref().ok_or_else(|| unwritten(b))?;
+                    in_ptr.push(s.ptr);
+                    scalars.push(None);
+                }
+            }
+        }
+        let mut constant_ptrs: Vec<usize> = Vec::new();
+        for (i, s) in scalars.iter_mut().enumerate() {
+            if let Some(t) = s {
+                in_ptr[i] = tensor_ptr_mut(t);
+            }
+            constant_ptrs.push(in_ptr[i]);
+        }
+        let mut prelude_ptr = vec![0usize; kernel.instrs.len()];
+        for (i, v) in prelude.iter_mut().enumerate() {
+            if let Some(t) = v {
+                prelude_ptr[i] = tensor_ptr_mut(t);
+            }
+        }
+        let ctx = LoopCtx {
+            plan,
+            inputs: &in_ptr,
+            prelude: &prelude_ptr,
+            outputs: &dest_ptr,
+            chunk: self.chunk,
+        };
+        let tasks = plan.len.div_ceil(TASK).max(1);
+        if tasks == 1 {
+            ctx.run_range(0, plan.len, &mut ctx.registers())
+                .map_err(kernel_err)?;
+        } else {
+            (0..tasks)
+                .into_par_iter()
+                .try_for_each_init(
+                    || ctx.registers(),
+                    |regs, t| {
+                        let lo = t * TASK;
+                        ctx.run_range(lo, (lo + TASK).min(plan.len), regs)
+                    },
+                )
+                .map_err(kernel_err)?;
+        }
+        drop(scalars);
+        for (b, slot) in dest {
+            slots[b as usize] = Some(slot);
+        }
+        Ok(())
+    }
+}
+
+fn unwritten(b: u32) -> ExecError {
+    ExecError::Arguments(format!("buffer {b} is read before it is written"))
+}
+
+fn read<'s>(
+    exe: &'s Executable,
+    slots: &'s [Option<Slot>],
+    r: ValueRef,
+) -> Result<Cow<'s, Tensor>, ExecError> {
+    match r {
+        ValueRef::Constant(c) => Ok(Cow::Borrowed(&exe.constants[c as usize])),
+        ValueRef::Buffer(b) => Ok(slots[b as usize]
+            .as_ref()
+            .ok_or_else(|| unwritten(b))?
+            .tensor()),
+    }
+}
+
+enum WholeError {
+    Kernel(String),
+    Call(String, String),
+}
+
+fn eval_whole(
+    instr: &Instr,
+    args: &[&Tensor],
+    calls: &mut dyn CustomCallHandler,
+) -> Result<Tensor, WholeError> {
+    match &instr.op {
+        Op::CustomCall { target } if target != "identity" => {
+            let t = calls
+                .call(target, args, &instr.ty)
+                .map_err(|m| WholeError::Call(target.clone(), m))?;
+            if t.tensor_type() != instr.ty {
+                return Err(WholeError::Call(
+                    target.clone(),
+                    format!("returned {}, expected {}", t.tensor_type(), instr.ty),
+                ));
+            }
+            Ok(t)
+        }
+        Op::Dot(dims) => match matmul(args, dims) {
+            Some(t) => Ok(t),
+            None => evaluate(&instr.op, args, Some(&instr.ty)).map_err(|e| WholeError::Kernel(e.0)),
+        },
+        op => evaluate(op, args, Some(&instr.ty)).map_err(|e| WholeError::Kernel(e.0)),
+    }
+}
+
+/// `[m, k] x [k, n]` in floating point through ndarray's matrix multiply.
+fn matmul(args: &[&Tensor], dims: &DotDims) -> Option<Tensor> {
+    let plain = dims.lhs_batch.is_empty()
+        && dims.rhs_batch.is_empty()
+        && dims.lhs_contracting == [1]
+        && dims.rhs_contracting == [0];
+    if !plain {
+        return None;
+    }
+    match (args.first()?, args.get(1)?) {
+        (Tensor::F32(a), Tensor::F32(b)) => {
+            let (a, b) = (
+                a.view().into_dimensionality::<Ix2>().ok()?,
+                b.view().into_dimensionality::<Ix2>().ok()?,
+            );
+            (a.ncols() == b.nrows()).then(|| Tensor::F32(a.dot(&b).into_dyn()))
+        }
+        (Tensor::F64(a), Tensor::F64(b)) => {
+            let (a, b) = (
+                a.view().into_dimensionality::<Ix2>().ok()?,
+                b.view().into_dimensionality::<Ix2>().ok()?,
+            );
+            (a.ncols() == b.nrows()).then(|| Tensor::F64(a.dot(&b).into_dyn()))
+        }
+        _ => None,
+    }
+}
+
+/// Builds the fused plan of kernel `k`, or `None` when it runs whole.
+fn plan_fused(
+    exe: &Executable,
+    kernel: &LoweredKernel,
+    k: usize,
+    last_use: &[usize],
+) -> Option<FusedPlan> {
+    let shape = kernel.loop_shape.as_ref()?;
+    let len: usize = shape.iter().product();
+    let input_ty = |i: u32| -> Option<TensorType> {
+        match kernel.inputs[i as usize] {
+            ValueRef::Constant(c) => Some(exe.constants[c as usize].tensor_type()),
+            ValueRef::Buffer(b) => TensorType::parse(&exe.buffers[b as usize].ty),
+        }
+    };
+    let input_types: Vec<TensorType> = (0..kernel.inputs.len() as u32)
+        .map(input_ty)
+        .collect::<Option<_>>()?;
+    // Register allocation over the body: a register is freed after the last
+    // body instruction that reads it (outputs keep theirs to the end).
+    let n = kernel.instrs.len();
+    let mut last_read = vec![0usize; n];
+    for (j, instr) in kernel.instrs.iter().enumerate() {
+        for a in &instr.args {
+            if let InstrArg::Local(l) = *a {
+                last_read[l as usize] = j;
+            }
+        }
+    }
+    for &(i, _) in &kernel.outputs {
+        last_read[i as usize] = usize::MAX;
+    }
+    let mut reg_of = vec![u16::MAX; n];
+    let mut regs: Vec<DType> = Vec::new();
+    let mut free: Vec<u16> = Vec::new();
+    let mut prelude = Vec::new();
+    let mut body = Vec::new();
+    for (j, instr) in kernel.instrs.iter().enumerate() {
+        if instr.stage == Stage::Prelude {
+            prelude.push(j as u32);
+            continue;
+        }
+        let mut args = SmallVec::new();
+        let mut arg_types = SmallVec::new();
+        for a in &instr.args {
+            arg_types.push(match *a {
+                InstrArg::Input(i) => input_types[i as usize].dtype,
+                InstrArg::Local(l) => kernel.instrs[l as usize].ty.dtype,
+            });
+            args.push(match *a {
+                InstrArg::Input(i) if input_types[i as usize].dims.is_empty() => {
+                    Src::InputScalar(i)
+                }
+                InstrArg::Input(i) if input_types[i as usize].element_count() == len => {
+                    Src::Input(i)
+                }
+                InstrArg::Local(l) if kernel.instrs[l as usize].stage == Stage::Loop => {
+                    Src::Reg(reg_of[l as usize])
+                }
+                InstrArg::Local(l) if kernel.instrs[l as usize].ty.dims.is_empty() => {
+                    Src::PreludeScalar(l)
+                }
+                InstrArg::Local(l) if kernel.instrs[l as usize].ty.element_count() == len => {
+                    Src::Prelude(l)
+                }
+                _ => return None,
+            });
+        }
+        let dtype = instr.ty.dtype;
+        let reg = match free.iter().position(|&r| regs[r as usize] == dtype) {
+            Some(p) => free.swap_remove(p),
+            None => {
+                regs.push(dtype);
+                (regs.len() - 1) as u16
+            }
+        };
+        reg_of[j] = reg;
+        for a in &instr.args {
+            if let InstrArg::Local(l) = *a
+                && kernel.instrs[l as usize].stage == Stage::Loop
+                && last_read[l as usize] == j
+                && !free.contains(&reg_of[l as usize])
+            {
+                free.push(reg_of[l as usize]);
+            }
+        }
+        body.push(BodyInstr {
+            op: instr.op.clone(),
+            args,
+            arg_types,
+            reg,
+        });
+    }
+    let mut outputs = Vec::new();
+    let mut taken: Vec<u32> = Vec::new();
+    for &(i, b) in &kernel.outputs {
+        let instr = &kernel.instrs[i as usize];
+        if instr.stage == Stage::Prelude {
+            outputs.push(FusedOutput {
+                prelude: Some(i),
+                reg: 0,
+                buffer: b,
+                donor: None,
+            });
+            continue;
+        }
+        let out_slot = &exe.buffers[b as usize];
+        let donor = kernel
+            .inputs
+            .iter()
+            .enumerate()
+            .find(|&(j, r)| match *r {
+                ValueRef::Buffer(ib) => {
+                    let s = &exe.buffers[ib as usize];
+                    s.offset == out_slot.offset
+                        && s.ty == out_slot.ty
+                        && last_use[ib as usize] == k
+                        && !taken.contains(&(j as u32))
+                }
+                ValueRef::Constant(_) => false,
+            })
+            .map(|(j, _)| j as u32);
+        if let Some(d) = donor {
+            taken.push(d);
+        }
+        outputs.push(FusedOutput {
+            prelude: None,
+            reg: reg_of[i as usize],
+            buffer: b,
+            donor,
+        });
+    }
+    Some(FusedPlan {
+        len,
+        prelude,
+        body,
+        regs,
+        outputs,
+    })
+}
+
+/// Scratch registers of one thread.
+enum Reg {
+    Pred(Vec<bool>),
+    I32(Vec<i32>),
+    F32(Vec<f32>),
+    F64(Vec<f64>),
+}
+
+impl Default for Reg {
+    fn default() -> Self {
+        Reg::Pred(Vec::new())
+    }
+}
+
+/// A chunk of an operand: a slice or a scalar broadcast over the chunk.
+#[derive(Clone, Copy)]
+enum S<'a, T> {
+    Slice(&'a [T]),
+    Scalar(T),
+}
+
+#[derive(Clone, Copy)]
+enum Chunk<'a> {
+    Pred(S<'a, bool>),
+    I32(S<'a, i32>),
+    F32(S<'a, f32>),
+    F64(S<'a, f64>),
+}
+
+enum ChunkMut<'a> {
+    Pred(&'a mut [bool]),
+    I32(&'a mut [i32]),
+    F32(&'a mut [f32]),
+    F64(&'a mut [f64]),
+}
+
+struct LoopCtx<'p> {
+    plan: &'p FusedPlan,
+    inputs: &'p [usize],
+    prelude: &'p [usize],
+    outputs: &'p [usize],
+    chunk: usize,
+}
+
+// SAFETY (for the raw addresses shared by the tasks): every task reads the
+// inputs and writes the outputs only inside its own element range, and the
+// buffers outlive the parallel loop (they are held by `run_fused`).
+unsafe impl Sync for LoopCtx<'_> {}
+
+/// A typed chunk view of `n` elements at element offset `lo` of address `ptr`.
+///
+/// # Safety
+/// `ptr` must address at least `lo + n` initialised elements of the dtype.
+unsafe fn chunk_at<'a>(dtype: DType, ptr: usize, lo: usize, n: usize) -> Chunk<'a> {
+    // SAFETY: the caller's contract.
+    unsafe {
+        match dtype {
+            DType::Pred => Chunk::Pred(S::Slice(std::slice::from_raw_parts(
+                (ptr as *const bool).add(lo),
+                n,
+            ))),
+            DType::I32 => Chunk::I32(S::Slice(std::slice::from_raw_parts(
+                (ptr as *const i32).add(lo),
+                n,
+            ))),
+            DType::F32 => Chunk::F32(S::Slice(std::slice::from_raw_parts(
+                (ptr as *const f32).add(lo),
+                n,
+            ))),
+            DType::F64 => Chunk::F64(S::Slice(std::slice::from_raw_parts(
+                (ptr as *const f64).add(lo),
+                n,
+            ))),
+        }
+    }
+}
+
+/// The element at `ptr` as a scalar chunk.
+///
+/// # Safety
+/// `ptr` must address one initialised element of the dtype.
+unsafe fn scalar_at<'a>(dtype: DType, ptr: usize) -> Chunk<'a> {
+    // SAFETY: the caller's contract.
+    unsafe {
+        match dtype {
+            DType::Pred => Chunk::Pred(S::Scalar(*(ptr as *const bool))),
+            DType::I32 => Chunk::I32(S::Scalar(*(ptr as *const i32))),
+            DType::F32 => Chunk::F32(S::Scalar(*(ptr as *const f32))),
+            DType::F64 => Chunk::F64(S::Scalar(*(ptr as *const f64))),
+        }
+    }
+}
+
+impl LoopCtx<'_> {
+    fn registers(&self) -> Vec<Reg> {
+        self.plan
+            .regs
+            .iter()
+            .map(|d| match d {
+                DType::Pred => Reg::Pred(vec![false; self.chunk]),
+                DType::I32 => Reg::I32(vec![0; self.chunk]),
+                DType::F32 => Reg::F32(vec![0.0; self.chunk]),
+                DType::F64 => Reg::F64(vec![0.0; self.chunk]),
+            })
+            .collect()
+    }
+
+    fn run_range(&self, lo: usize, hi: usize, regs: &mut [Reg]) -> Result<(), String> {
+        let mut at = lo;
+        while at < hi {
+            let n = self.chunk.min(hi - at);
+            self.run_chunk(at, n, regs)?;
+            at += n;
+        }
+        Ok(())
+    }
+
+    fn run_chunk(&self, lo: usize, n: usize, regs: &mut [Reg]) -> Result<(), String> {
+        let plan = self.plan;
+        for instr in &plan.body {
+            let mut dst = std::mem::take(&mut regs[instr.reg as usize]);
+            {
+                let mut args: SmallVec<[Chunk<'_>; 4]> = SmallVec::new();
+                for (pos, src) in instr.args.iter().enumerate() {
+                    let dtype = instr.arg_types[pos];
+                    // SAFETY: inputs and prelude values of the loop shape
+                    // hold `plan.len` elements; scalars hold one; the chunk
+                    // lies inside the loop shape.
+                    let c = unsafe {
+                        match *src {
+                            Src::Input(i) => chunk_at(dtype, self.inputs[i as usize], lo, n),
+                            Src::Prelude(l) => chunk_at(dtype, self.prelude[l as usize], lo, n),
+                            Src::InputScalar(i) => scalar_at(dtype, self.inputs[i as usize]),
+                            Src::PreludeScalar(l) => scalar_at(dtype, self.prelude[l as usize]),
+                            Src::Reg(r) => reg_chunk(&regs[r as usize], n),
+                        }
+                    };
+                    args.push(c);
+                }
+                let out = match &mut dst {
+                    Reg::Pred(v) => ChunkMut::Pred(&mut v[..n]),
+                    Reg::I32(v) => ChunkMut::I32(&mut v[..n]),
+                    Reg::F32(v) => ChunkMut::F32(&mut v[..n]),
+                    Reg::F64(v) => ChunkMut::F64(&mut v[..n]),
+                };
+                exec(&instr.op, &args, out)?;
+            }
+            regs[instr.reg as usize] = dst;
+        }
+        for (o, out) in plan.outputs.iter().enumerate() {
+            if out.prelude.is_some() {
+                continue;
+            }
+            let ptr = self.outputs[o];
+            // SAFETY: the destination holds `plan.len` elements of the
+            // register's dtype; this task alone writes `[lo, lo + n)`, and
+            // every read of that range in this chunk happened above.
+            unsafe {
+                match &regs[out.reg as usize] {
+                    Reg::Pred(v) => copy_out(v, ptr as *mut bool, lo, n),
+                    Reg::I32(v) => copy_out(v, ptr as *mut i32, lo, n),
+                    Reg::F32(v) => copy_out(v, ptr as *mut f32, lo, n),
+                    Reg::F64(v) => copy_out(v, ptr as *mut f64, lo, n),
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// # Safety
+/// `dst` must address at least `lo + n` elements this thread may write.
+unsafe fn copy_out<T: Copy>(src: &[T], dst: *mut T, lo: usize, n: usize) {
+    // SAFETY: the caller's contract; `src` is scratch, never the destination.
+    unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst.add(lo), n) };
+}
+
+fn reg_chunk(r: &Reg, n: usize) -> Chunk<'_> {
+    match r {
+        Reg::Pred(v) => Chunk::Pred(S::Slice(&v[..n])),
+        Reg::I32(v) => Chunk::I32(S::Slice(&v[..n])),
+        Reg::F32(v) => Chunk::F32(S::Slice(&v[..n])),
+        Reg::F64(v) => Chunk::F64(S::Slice(&v[..n])),
+    }
+}
+
+#[inline(always)]
+fn map1<A: Copy, R: Copy>(a: S<'_, A>, out: &mut [R], f: impl Fn(A) -> R) {
+    match a {
+        S::Slice(x) => {
+            for (o, &x) in out.iter_mut().zip(x) {
+                *o = f(x);
+            }
+        }
+        S::Scalar(x) => out.fill(f(x)),
+    }
+}
+
+#[inline(always)]
+fn map2<A: Copy, B: Copy, R: Copy>(a: S<'_, A>, b: S<'_, B>, out: &mut [R], f: impl Fn(A, B) -> R) {
+    match (a, b) {
+        (S::Slice(x), S::Slice(y)) => {
+            let n = out.len().min(x.len()).min(y.len());
+            let (x, y, out) = (&x[..n], &y[..n], &mut out[..n]);
+            for i in 0..n {
+                out[i] = f(x[i], y[i]);
+            }
+        }
+        (S::Slice(x), S::Scalar(y)) => {
+            for (o, &x) in out.iter_mut().zip(x) {
+                *o = f(x, y);
+            }
+        }
+        (S::Scalar(x), S::Slice(y)) => {
+            for (o, &y) in out.iter_mut().zip(y) {
+                *o = f(x, y);
+            }
+        }
+        (S::Scalar(x), S::Scalar(y)) => out.fill(f(x, y)),
+    }
+}
+
+#[inline(always)]
+fn get<T: Copy>(s: S<'_, T>, i: usize) -> T {
+    match s {
+        S::Slice(x) => x[i],
+        S::Scalar(x) => x,
+    }
+}
+
+fn select<T: Copy>(p: S<'_, bool>, t: S<'_, T>, f: S<'_, T>, out: &mut [T]) {
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = if get(p, i) { get(t, i) } else { get(f, i) };
+    }
+}
+
+fn nan_max<T: PartialOrd + Copy>(a: T, b: T) -> T {
+    #[allow(clippy::eq_op, reason = "x != x detects NaN for any float type")]
+    if a != a || a >= b { a } else { b }
+}
+
+fn nan_min<T: PartialOrd + Copy>(a: T, b: T) -> T {
+    #[allow(clippy::eq_op, reason = "x != x detects NaN for any float type")]
+    if a != a || a <= b { a } else { b }
+}
+
+macro_rules! float_unary {
+    ($u:expr, $a:expr, $out:expr) => {
+        match $u {
+            UnaryOp::Neg => map1($a, $out, |x| -x),
+            UnaryOp::Abs => map1($a, $out, |x| x.abs()),
+            UnaryOp::Exp => map1($a, $out, |x| x.exp()),
+            UnaryOp::Log => map1($a, $out, |x| x.ln()),
+            UnaryOp::Sqrt => map1($a, $out, |x| x.sqrt()),
+            UnaryOp::Rsqrt => map1($a, $out, |x| 1.0 / x.sqrt()),
+            UnaryOp::Tanh => map1($a, $out, |x| x.tanh()),
+            UnaryOp::Logistic => map1($a, $out, |x| 1.0 / (1.0 + (-x).exp())),
+            UnaryOp::Sin => map1($a, $out, |x| x.sin()),
+            UnaryOp::Cos => map1($a, $out, |x| x.cos()),
+            UnaryOp::Floor => map1($a, $out, |x| x.floor()),
+            UnaryOp::Ceil => map1($a, $out, |x| x.ceil()),
+            UnaryOp::Sign => map1($a, $out, |x| {
+                if x == 0.0 || x.is_nan() {
+                    x
+                } else {
+                    x.signum()
+                }
+            }),
+            UnaryOp::Not => return Err("not is defined for pred and i32".into()),
+        }
+    };
+}
+
+macro_rules! float_binary {
+    ($b:expr, $x:expr, $y:expr, $out:expr) => {
+        match $b {
+            BinaryOp::Add => map2($x, $y, $out, |a, b| a + b),
+            BinaryOp::Sub => map2($x, $y, $out, |a, b| a - b),
+            BinaryOp::Mul => map2($x, $y, $out, |a, b| a * b),
+            BinaryOp::Div => map2($x, $y, $out, |a, b| a / b),
+            BinaryOp::Rem => map2($x, $y, $out, |a, b| a % b),
+            BinaryOp::Max => map2(
+                $x,
+                $y,
+                $out,
+                |a, b| if b.is_nan() { b } else { nan_max(a, b) },
+            ),
+            BinaryOp::Min => map2(
+                $x,
+                $y,
+                $out,
+                |a, b| if b.is_nan() { b } else { nan_min(a, b) },
+            ),
+            BinaryOp::Pow => map2($x, $y, $out, |a, b| a.powf(b)),
+            BinaryOp::And | BinaryOp::Or => {
+                return Err("and/or are defined for pred and i32".into());
+            }
+        }
+    };
+}
+
+fn int_pow(base: i32, exp: i32) -> i32 {
+    if exp < 0 {
+        return match base {
+            1 => 1,
+            -1 if exp % 2 == 0 => 1,
+            -1 => -1,
+            _ => 0,
+        };
+    }
+    base.wrapping_pow(exp as u32)
+}
+
+macro_rules! compare {
+    ($c:expr, $x:expr, $y:expr, $out:expr) => {
+        match $c {
+            CompareDir::Eq => map2($x, $y, $out, |a, b| a == b),
+            CompareDir::Ne => map2($x, $y, $out, |a, b| a != b),
+            CompareDir::Lt => map2($x, $y, $out, |a, b| a < b),
+            CompareDir::Le => map2($x, $y, $out, |a, b| a <= b),
+            CompareDir::Gt => map2($x, $y, $out, |a, b| a > b),
+            CompareDir::Ge => map2($x, $y, $out, |a, b| a >= b),
+        }
+    };
+}
+
+/// One body instruction over one chunk.
+fn exec(op: &Op, args: &[Chunk<'_>], out: ChunkMut<'_>) -> Result<(), String> {
+    let bad = || format!("{op} cannot run on these operand types");
+    match (op, args, out) {
+        (Op::Unary(u), [Chunk::F32(a)], ChunkMut::F32(o)) => float_unary!(*u, *a, o),
+        (Op::Unary(u), [Chunk::F64(a)], ChunkMut::F64(o)) => float_unary!(*u, *a, o),
+        (Op::Unary(u), [Chunk::I32(a)], ChunkMut::I32(o)) => match u {
+            UnaryOp::Neg => map1(*a, o, |x: i32| x.wrapping_neg()),
+            UnaryOp::Abs => map1(*a, o, |x: i32| x.wrapping_abs()),
+            UnaryOp::Sign => map1(*a, o, |x: i32| x.signum()),
+            UnaryOp::Not => map1(*a, o, |x: i32| !x),
+            UnaryOp::Floor | UnaryOp::Ceil => map1(*a, o, |x: i32| x),
+            _ => return Err(format!("{u:?} is not defined for i32")),
+        },
+        (Op::Unary(UnaryOp::Not), [Chunk::Pred(a)], ChunkMut::Pred(o)) => map1(*a, o, |x| !x),
+        (Op::Binary(b), [Chunk::F32(x), Chunk::F32(y)], ChunkMut::F32(o)) => {
+            float_binary!(*b, *x, *y, o)
+        }
+        (Op::Binary(b), [Chunk::F64(x), Chunk::F64(y)], ChunkMut::F64(o)) => {
+            float_binary!(*b, *x, *y, o)
+        }
+        (Op::Binary(b), [Chunk::I32(x), Chunk::I32(y)], ChunkMut::I32(o)) => {
+            let (x, y) = (*x, *y);
+            match b {
+                BinaryOp::Add => map2(x, y, o, |a: i32, b: i32| a.wrapping_add(b)),
+                BinaryOp::Sub => map2(x, y, o, |a: i32, b: i32| a.wrapping_sub(b)),
+                BinaryOp::Mul => map2(x, y, o, |a: i32, b: i32| a.wrapping_mul(b)),
+                BinaryOp::Div => map2(
+                    x,
+                    y,
+                    o,
+                    |a: i32, b: i32| {
+                        if b == 0 { -1 } else { a.wrapping_div(b) }
+                    },
+                ),
+                BinaryOp::Rem => map2(
+                    x,
+                    y,
+                    o,
+                    |a: i32, b: i32| {
+                        if b == 0 { a } else { a.wrapping_rem(b) }
+                    },
+                ),
+                BinaryOp::Max => map2(x, y, o, |a: i32, b: i32| a.max(b)),
+                BinaryOp::Min => map2(x, y, o, |a: i32, b: i32| a.min(b)),
+                BinaryOp::Pow => map2(x, y, o, int_pow),
+                BinaryOp::And => map2(x, y, o, |a: i32, b: i32| a & b),
+                BinaryOp::Or => map2(x, y, o, |a: i32, b: i32| a | b),
+            }
+        }
+        (Op::Binary(b), [Chunk::Pred(x), Chunk::Pred(y)], ChunkMut::Pred(o)) => match b {
+            BinaryOp::And | BinaryOp::Min => map2(*x, *y, o, |a: bool, b: bool| a & b),
+            BinaryOp::Or | BinaryOp::Max => map2(*x, *y, o, |a: bool, b: bool| a | b),
+            _ => return Err(format!("{b:?} is not defined for pred")),
+        },
+        (Op::Compare(c), [Chunk::F32(x), Chunk::F32(y)], ChunkMut::Pred(o)) => {
+            compare!(*c, *x, *y, o)
+        }
+        (Op::Compare(c), [Chunk::F64(x), Chunk::F64(y)], ChunkMut::Pred(o)) => {
+            compare!(*c, *x, *y, o)
+        }
+        (Op::Compare(c), [Chunk::I32(x), Chunk::I32(y)], ChunkMut::Pred(o)) => {
+            compare!(*c, *x, *y, o)
+        }
+        (Op::Compare(c), [Chunk::Pred(x), Chunk::Pred(y)], ChunkMut::Pred(o)) => {
+            compare!(*c, *x, *y, o)
+        }
+        (Op::Select, [Chunk::Pred(p), Chunk::F32(t), Chunk::F32(f)], ChunkMut::F32(o)) => {
+            select(*p, *t, *f, o)
+        }
+        (Op::Select, [Chunk::Pred(p), Chunk::F64(t), Chunk::F64(f)], ChunkMut::F64(o)) => {
+            select(*p, *t, *f, o)
+        }
+        (Op::Select, [Chunk::Pred(p), Chunk::I32(t), Chunk::I32(f)], ChunkMut::I32(o)) => {
+            select(*p, *t, *f, o)
+        }
+        (Op::Select, [Chunk::Pred(p), Chunk::Pred(t), Chunk::Pred(f)], ChunkMut::Pred(o)) => {
+            select(*p, *t, *f, o)
+        }
+        (Op::Convert(_), [a], o) => convert(*a, o),
+        _ => return Err(bad()),
+    }
+    Ok(())
+}
+
+/// Elementwise conversion with the shared kernel's rules (float→int
+/// truncates and saturates, NaN→0; pred↔number is 0/1 and `!= 0`).
+fn convert(a: Chunk<'_>, out: ChunkMut<'_>) {
+    match (a, out) {
+        (Chunk::Pred(x), ChunkMut::Pred(o)) => map1(x, o, |v| v),
+        (Chunk::Pred(x), ChunkMut::I32(o)) => map1(x, o, i32::from),
+        (Chunk::Pred(x), ChunkMut::F32(o)) => map1(x, o, |v| f32::from(u8::from(v))),
+        (Chunk::Pred(x), ChunkMut::F64(o)) => map1(x, o, |v| f64::from(u8::from(v))),
+        (Chunk::I32(x), ChunkMut::Pred(o)) => map1(x, o, |v| v != 0),
+        (Chunk::I32(x), ChunkMut::I32(o)) => map1(x, o, |v| v),
+        (Chunk::I32(x), ChunkMut::F32(o)) => map1(x, o, |v| v as f32),
+        (Chunk::I32(x), ChunkMut::F64(o)) => map1(x, o, f64::from),
+        (Chunk::F32(x), ChunkMut::Pred(o)) => map1(x, o, |v| v != 0.0),
+        (Chunk::F32(x), ChunkMut::I32(o)) => map1(x, o, |v| v as i32),
+        (Chunk::F32(x), ChunkMut::F32(o)) => map1(x, o, |v| v),
+        (Chunk::F32(x), ChunkMut::F64(o)) => map1(x, o, f64::from),
+        (Chunk::F64(x), ChunkMut::Pred(o)) => map1(x, o, |v| v != 0.0),
+        (Chunk::F64(x), ChunkMut::I32(o)) => map1(x, o, |v| v as i32),
+        (Chunk::F64(x), ChunkMut::F32(o)) => map1(x, o, |v| v as f32),
+        (Chunk::F64(x), ChunkMut::F64(o)) => map1(x, o, |v| v),
+    }
+}
