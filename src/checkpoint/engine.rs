@@ -20,6 +20,7 @@ use crate::topology::{
     Device, DeviceIndex, HbmCapacity, Host, Link, LinkKind, LinkTraffic, OnHost, PodTopology,
     TorusCoords,
 };
+use crate::tpu::state::{OptimizerCount, OptimizerSlot};
 use crate::transport::{DeliveryLog, Inbox, LinkQueue, LinkState, Transport};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -31,6 +32,10 @@ pub const NOT_PERSISTED: &[(&str, &str)] = &[
         "bevy rebuilds it from `OnHost` when the devices are restored",
     ),
     ("SnapshotRegistry", "code, not state: the codecs themselves"),
+    (
+        "DeviceHeap",
+        "rebuilt from `HbmCapacity`: a reservation never outlives the step that made it",
+    ),
     (
         "PeriodicCheckpoints",
         "host configuration: a restored pod keeps the host's current checkpoint settings",
@@ -183,7 +188,9 @@ pub fn engine_registry() -> SnapshotRegistry {
         .component::<BarrierArrivals>("barrier.BarrierArrivals")
         .component::<BarrierOutcome>("barrier.BarrierOutcome")
         .component::<PendingBarrier>("barrier.PendingBarrier")
-        .component::<Excluded>("fault_tolerance.Excluded");
+        .component::<Excluded>("fault_tolerance.Excluded")
+        .component::<OptimizerSlot>("tpu.OptimizerSlot")
+        .component::<OptimizerCount>("tpu.OptimizerCount");
     registry
         .resource::<SimClock>("pod.SimClock")
         .resource::<SimRng>("pod.SimRng")

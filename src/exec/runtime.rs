@@ -79,6 +79,8 @@ pub trait Element: Copy + Send + Sync + 'static {
     fn into_tensor(a: ArrayD<Self>) -> Tensor;
     /// Unwraps an array of this type; gives the tensor back otherwise.
     fn from_tensor(t: Tensor) -> Result<ArrayD<Self>, Tensor>;
+    /// The array inside a tensor of this type.
+    fn array_mut(t: &mut Tensor) -> Option<&mut ArrayD<Self>>;
 }
 
 macro_rules! element {
@@ -92,6 +94,12 @@ macro_rules! element {
                 match t {
                     Tensor::$d(a) => Ok(a),
                     other => Err(other),
+                }
+            }
+            fn array_mut(t: &mut Tensor) -> Option<&mut ArrayD<Self>> {
+                match t {
+                    Tensor::$d(a) => Some(a),
+                    _ => None,
                 }
             }
         }
@@ -273,13 +281,14 @@ fn copy_raw(ty: &TensorType, ptr: usize) -> Tensor {
 /// A freshly allocated tensor of `ty` whose elements the caller writes
 /// before anyone reads them; `(tensor, data address)`.
 fn fresh(ty: &TensorType) -> (Tensor, usize) {
-    fn make<T: Element + Default>(ty: &TensorType) -> (Tensor, usize) {
+    fn make<T: Element>(ty: &TensorType) -> (Tensor, usize) {
         let n = ty.element_count();
         let mut v = crate::optimizers::kernel::output_buffer::<T>(n);
-        // Every element is written by the fused loop before it is read; the
-        // fill below only runs for small buffers, where it costs nothing and
-        // keeps the tensor initialised on every path.
-        v.resize(n, T::default());
+        // SAFETY: `fresh` is only called for the outputs of a fused loop,
+        // which writes every element `[0, n)` before anything reads the
+        // buffer; if the loop fails the tensor is dropped unread (dropping
+        // plain-old-data elements reads nothing).
+        unsafe { v.set_len(n) };
         let ptr = v.as_mut_ptr() as usize;
         let t = T::into_tensor(ArrayD::from_shape_vec(IxDyn(&ty.dims), v).expect("sizes match"));
         (t, ptr)
@@ -324,6 +333,8 @@ struct FusedOutput {
     buffer: u32,
     /// The kernel input whose buffer the output may take over.
     donor: Option<u32>,
+    /// Whether the donor is the parameter this output is aliased to.
+    aliased: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -340,6 +351,7 @@ struct FusedPlan {
 pub struct Runtime {
     exe: Arc<Executable>,
     plans: Vec<Option<FusedPlan>>,
+    aliases: Vec<(usize, usize)>,
     chunk: usize,
 }
 
@@ -347,6 +359,16 @@ impl Runtime {
     /// Prepares `exe`: stages each fused loop into typed body instructions,
     /// allocates scratch registers and finds in-place outputs.
     pub fn new(exe: Arc<Executable>) -> Runtime {
+        Runtime::with_aliases(exe, &[])
+    }
+
+    /// Prepares `exe` with input-output aliases `(output, parameter)`, like
+    /// XLA's `input_output_alias`: output `o` is written over parameter `p`
+    /// when that parameter is passed with [`Arg::donated`] and the plan lets
+    /// the kernel computing `o` take it over. The result then comes back as
+    /// [`RunOutput::InArgument`]`(p)`. Without an alias, a borrowed donated
+    /// argument is never overwritten with another value.
+    pub fn with_aliases(exe: Arc<Executable>, aliases: &[(usize, usize)]) -> Runtime {
         // Last kernel reading each buffer (`usize::MAX`: a program output).
         let mut last_use = vec![0usize; exe.buffers.len()];
         for (k, kernel) in exe.kernels.iter().enumerate() {
@@ -365,10 +387,15 @@ impl Runtime {
             .kernels
             .iter()
             .enumerate()
-            .map(|(k, kernel)| plan_fused(&exe, kernel, k, &last_use))
+            .map(|(k, kernel)| plan_fused(&exe, kernel, k, &last_use, aliases))
             .collect();
         let chunk = exe.loop_chunk.clamp(1, CHUNK);
-        Runtime { exe, plans, chunk }
+        Runtime {
+            exe,
+            plans,
+            aliases: aliases.to_vec(),
+            chunk,
+        }
     }
 
     /// The executable this runs.
@@ -381,6 +408,11 @@ impl Runtime {
     pub fn with_chunk(mut self, chunk: usize) -> Runtime {
         self.chunk = chunk.max(1);
         self
+    }
+
+    /// The input-output aliases `(output, parameter)`.
+    pub fn aliases(&self) -> &[(usize, usize)] {
+        &self.aliases
     }
 
     /// Kernels that run as fused loops.
@@ -561,9 +593,15 @@ impl Runtime {
                 dest_ptr.push(0);
                 continue;
             }
+            // A runtime-owned buffer may take any output the plan places
+            // over it; a caller's donated borrow only its aliased output.
             let donor = out.donor.and_then(|i| match kernel.inputs[i as usize] {
                 ValueRef::Buffer(b) => match &slots[b as usize] {
-                    Some(s) if s.writable && !donated_inputs.iter().any(|&(j, _)| j == i) => {
+                    Some(s)
+                        if s.writable
+                            && (s.owned.is_some() || out.aliased)
+                            && !donated_inputs.iter().any(|&(j, _)| j == i) =>
+                    {
                         Some((i, b))
                     }
                     _ => None,
@@ -572,8 +610,12 @@ impl Runtime {
             });
             let slot = match donor {
                 Some((i, b)) => {
-                    let s = slots[b as usize].take().expect("checked above");
+                    let mut s = slots[b as usize].take().expect("checked above");
                     donated_inputs.push((i, s.ptr));
+                    if s.owned.is_some() {
+                        // The tensor now holds this output, not the argument.
+                        s.arg = None;
+                    }
                     s
                 }
                 None => {
@@ -741,6 +783,7 @@ fn plan_fused(
     kernel: &LoweredKernel,
     k: usize,
     last_use: &[usize],
+    aliases: &[(usize, usize)],
 ) -> Option<FusedPlan> {
     let shape = kernel.loop_shape.as_ref()?;
     let len: usize = shape.iter().product();
@@ -838,6 +881,31 @@ fn plan_fused(
                 reg: 0,
                 buffer: b,
                 donor: None,
+                aliased: false,
+            });
+            continue;
+        }
+        // The aliased parameter, when it is an input read last here.
+        let aliased = aliases
+            .iter()
+            .filter(|&&(o, _)| exe.outputs.get(o) == Some(&ValueRef::Buffer(b)))
+            .filter_map(|&(_, p)| exe.parameter_buffers.get(p).copied())
+            .find_map(|pb| {
+                kernel
+                    .inputs
+                    .iter()
+                    .position(|r| *r == ValueRef::Buffer(pb))
+                    .filter(|&j| last_use[pb as usize] == k && !taken.contains(&(j as u32)))
+            })
+            .map(|j| j as u32);
+        if let Some(j) = aliased {
+            taken.push(j);
+            outputs.push(FusedOutput {
+                prelude: None,
+                reg: reg_of[i as usize],
+                buffer: b,
+                donor: Some(j),
+                aliased: true,
             });
             continue;
         }
@@ -865,6 +933,7 @@ fn plan_fused(
             reg: reg_of[i as usize],
             buffer: b,
             donor,
+            aliased: false,
         });
     }
     Some(FusedPlan {
