@@ -314,6 +314,8 @@ enum Src {
     PreludeScalar(u32),
     /// A scratch register.
     Reg(u16),
+    /// A loop output written directly to its destination (by index).
+    Output(u32),
 }
 
 #[derive(Debug, Clone)]
@@ -322,6 +324,8 @@ struct BodyInstr {
     args: SmallVec<[Src; 4]>,
     arg_types: SmallVec<[DType; 4]>,
     reg: u16,
+    /// Writes straight into this loop output instead of a register.
+    direct: Option<u32>,
 }
 
 #[derive(Debug, Clone)]
@@ -335,11 +339,16 @@ struct FusedOutput {
     donor: Option<u32>,
     /// Whether the donor is the parameter this output is aliased to.
     aliased: bool,
+    /// Whether its instruction writes it directly (no register copy).
+    direct: bool,
 }
 
 #[derive(Debug, Clone)]
 struct FusedPlan {
     len: usize,
+    /// Loop-shaped inputs and fresh outputs to prefetch, with their element
+    /// sizes: `(true, input)` or `(false, output)`.
+    streams: Vec<(bool, u32, usize)>,
     prelude: Vec<u32>,
     body: Vec<BodyInstr>,
     regs: Vec<DType>,
@@ -353,6 +362,7 @@ pub struct Runtime {
     plans: Vec<Option<FusedPlan>>,
     aliases: Vec<(usize, usize)>,
     chunk: usize,
+    exec: ExecFn,
 }
 
 impl Runtime {
@@ -395,6 +405,7 @@ impl Runtime {
             plans,
             aliases: aliases.to_vec(),
             chunk,
+            exec: select_exec(),
         }
     }
 
@@ -413,6 +424,15 @@ impl Runtime {
     /// The input-output aliases `(output, parameter)`.
     pub fn aliases(&self) -> &[(usize, usize)] {
         &self.aliases
+    }
+
+    /// Scratch registers of each fused loop (`None`: a kernel that runs
+    /// whole), a measure of its working set per chunk.
+    pub fn loop_registers(&self) -> Vec<Option<usize>> {
+        self.plans
+            .iter()
+            .map(|p| p.as_ref().map(|p| p.regs.len()))
+            .collect()
     }
 
     /// Kernels that run as fused loops.
@@ -558,11 +578,18 @@ impl Runtime {
         // Prelude: whole tensors, once.
         let mut prelude: Vec<Option<Tensor>> = vec![None; kernel.instrs.len()];
         if !plan.prelude.is_empty() {
-            let inputs: Vec<Cow<'_, Tensor>> = kernel
-                .inputs
-                .iter()
-                .map(|&r| read(exe, slots, r))
-                .collect::<Result<_, _>>()?;
+            // Only the inputs the prelude reads (a borrowed input would be
+            // copied to become a tensor).
+            let mut inputs: Vec<Option<Cow<'_, Tensor>>> = vec![None; kernel.inputs.len()];
+            for &p in &plan.prelude {
+                for a in &kernel.instrs[p as usize].args {
+                    if let InstrArg::Input(i) = *a
+                        && inputs[i as usize].is_none()
+                    {
+                        inputs[i as usize] = Some(read(exe, slots, kernel.inputs[i as usize])?);
+                    }
+                }
+            }
             for &p in &plan.prelude {
                 let instr = &kernel.instrs[p as usize];
                 let v = {
@@ -570,7 +597,7 @@ impl Runtime {
                         .args
                         .iter()
                         .map(|a| match *a {
-                            InstrArg::Input(i) => Some(&*inputs[i as usize]),
+                            InstrArg::Input(i) => inputs[i as usize].as_deref(),
                             InstrArg::Local(l) => prelude[l as usize].as_ref(),
                         })
                         .collect::<Option<_>>()
@@ -669,8 +696,21 @@ impl Runtime {
                 prelude_ptr[i] = tensor_ptr_mut(t);
             }
         }
+        let mut streams: SmallVec<[(usize, usize); 8]> = SmallVec::new();
+        for &(input, i, size) in &plan.streams {
+            let base = if input {
+                in_ptr[i as usize]
+            } else {
+                dest_ptr[i as usize]
+            };
+            if !streams.iter().any(|&(b, _)| b == base) {
+                streams.push((base, size));
+            }
+        }
         let ctx = LoopCtx {
             plan,
+            exec: self.exec,
+            streams,
             inputs: &in_ptr,
             prelude: &prelude_ptr,
             outputs: &dest_ptr,
@@ -869,6 +909,7 @@ fn plan_fused(
             args,
             arg_types,
             reg,
+            direct: None,
         });
     }
     let mut outputs = Vec::new();
@@ -882,6 +923,7 @@ fn plan_fused(
                 buffer: b,
                 donor: None,
                 aliased: false,
+                direct: false,
             });
             continue;
         }
@@ -906,6 +948,7 @@ fn plan_fused(
                 buffer: b,
                 donor: Some(j),
                 aliased: true,
+                direct: false,
             });
             continue;
         }
@@ -934,15 +977,108 @@ fn plan_fused(
             buffer: b,
             donor,
             aliased: false,
+            direct: false,
         });
+    }
+    mark_direct_outputs(kernel, &mut body, &mut outputs);
+    let mut streams: Vec<(bool, u32, usize)> = Vec::new();
+    for instr in &body {
+        for (src, ty) in instr.args.iter().zip(&instr.arg_types) {
+            if let Src::Input(i) = *src
+                && !streams.iter().any(|&(inp, j, _)| inp && j == i)
+            {
+                streams.push((true, i, ty.byte_size()));
+            }
+        }
+    }
+    for (o, out) in outputs.iter().enumerate() {
+        if out.prelude.is_none() {
+            streams.push((false, o as u32, regs[out.reg as usize].byte_size()));
+        }
     }
     Some(FusedPlan {
         len,
+        streams,
         prelude,
         body,
         regs,
         outputs,
     })
+}
+
+/// Lets the instruction computing a loop output write it in place of a
+/// register when nothing can observe the early write: the output is
+/// computed by exactly one body instruction that produces no other output,
+/// and the input whose memory it may take over (its donor) is not read by
+/// that instruction or any later one. Later readers of the value read the
+/// output memory.
+fn mark_direct_outputs(
+    kernel: &LoweredKernel,
+    body: &mut [BodyInstr],
+    outputs: &mut [FusedOutput],
+) {
+    let body_index: Vec<usize> = {
+        let mut at = Vec::with_capacity(kernel.instrs.len());
+        let mut k = 0;
+        for instr in &kernel.instrs {
+            at.push(k);
+            if instr.stage == Stage::Loop {
+                k += 1;
+            }
+        }
+        at
+    };
+    for (o, out) in outputs.iter_mut().enumerate() {
+        let (i, _) = kernel.outputs[o];
+        if out.prelude.is_some() || kernel.outputs.iter().filter(|&&(j, _)| j == i).count() != 1 {
+            continue;
+        }
+        let at = body_index[i as usize];
+        let donor_read_later = out.donor.is_some_and(|d| {
+            body[at..]
+                .iter()
+                .any(|b| b.args.iter().any(|a| matches!(*a, Src::Input(x) if x == d)))
+        });
+        if donor_read_later {
+            continue;
+        }
+        let reg = out.reg;
+        body[at].direct = Some(o as u32);
+        for b in &mut body[at + 1..] {
+            for a in &mut b.args {
+                if matches!(*a, Src::Reg(r) if r == reg) {
+                    *a = Src::Output(o as u32);
+                }
+            }
+        }
+        out.direct = true;
+    }
+}
+
+/// A typed mutable chunk view of `n` elements at element offset `lo`.
+///
+/// # Safety
+/// `ptr` must address at least `lo + n` elements of the dtype that nothing
+/// else reads or writes while the view lives.
+unsafe fn chunk_mut_at<'a>(dtype: DType, ptr: usize, lo: usize, n: usize) -> ChunkMut<'a> {
+    // SAFETY: the caller's contract.
+    unsafe {
+        match dtype {
+            DType::Pred => ChunkMut::Pred(std::slice::from_raw_parts_mut(
+                (ptr as *mut bool).add(lo),
+                n,
+            )),
+            DType::I32 => {
+                ChunkMut::I32(std::slice::from_raw_parts_mut((ptr as *mut i32).add(lo), n))
+            }
+            DType::F32 => {
+                ChunkMut::F32(std::slice::from_raw_parts_mut((ptr as *mut f32).add(lo), n))
+            }
+            DType::F64 => {
+                ChunkMut::F64(std::slice::from_raw_parts_mut((ptr as *mut f64).add(lo), n))
+            }
+        }
+    }
 }
 
 /// Scratch registers of one thread.
@@ -983,6 +1119,9 @@ enum ChunkMut<'a> {
 
 struct LoopCtx<'p> {
     plan: &'p FusedPlan,
+    exec: ExecFn,
+    /// Distinct `(address, element size)` of the loop's inputs and outputs.
+    streams: SmallVec<[(usize, usize); 8]>,
     inputs: &'p [usize],
     prelude: &'p [usize],
     outputs: &'p [usize],
@@ -1062,9 +1201,77 @@ impl LoopCtx<'_> {
         Ok(())
     }
 
+    /// Asks for part `part` of `parts` of the next chunk `[from, from + n)`
+    /// of every stream. Spread over the body's instructions, the loads of
+    /// all inputs overlap the arithmetic instead of stalling in one burst.
+    #[inline]
+    fn prefetch(&self, from: usize, n: usize, part: usize, parts: usize) {
+        #[cfg(target_arch = "x86_64")]
+        for &(base, size) in &self.streams {
+            let start = (base + from * size) & !63;
+            let lines = (base + (from + n) * size)
+                .saturating_sub(start)
+                .div_ceil(64);
+            let (a, b) = (lines * part / parts, lines * (part + 1) / parts);
+            for line in a..b {
+                // SAFETY: a prefetch never faults and has no visible effect.
+                unsafe {
+                    std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                        (start + line * 64) as *const i8,
+                    );
+                }
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (from, n, part, parts);
+    }
+
+    fn chunk_args<'r>(
+        &self,
+        instr: &BodyInstr,
+        lo: usize,
+        n: usize,
+        regs: &'r [Reg],
+    ) -> SmallVec<[Chunk<'r>; 4]> {
+        let mut args: SmallVec<[Chunk<'r>; 4]> = SmallVec::new();
+        for (pos, src) in instr.args.iter().enumerate() {
+            let dtype = instr.arg_types[pos];
+            // SAFETY: inputs, outputs and prelude values of the loop shape
+            // hold `plan.len` elements; scalars hold one; the chunk lies
+            // inside the loop shape.
+            let c = unsafe {
+                match *src {
+                    Src::Input(i) => chunk_at(dtype, self.inputs[i as usize], lo, n),
+                    Src::Prelude(l) => chunk_at(dtype, self.prelude[l as usize], lo, n),
+                    Src::InputScalar(i) => scalar_at(dtype, self.inputs[i as usize]),
+                    Src::PreludeScalar(l) => scalar_at(dtype, self.prelude[l as usize]),
+                    Src::Reg(r) => reg_chunk(&regs[r as usize], n),
+                    Src::Output(o) => chunk_at(dtype, self.outputs[o as usize], lo, n),
+                }
+            };
+            args.push(c);
+        }
+        args
+    }
+
     fn run_chunk(&self, lo: usize, n: usize, regs: &mut [Reg]) -> Result<(), String> {
         let plan = self.plan;
-        for instr in &plan.body {
+        let next = (lo + n).min(plan.len);
+        let ahead = n.min(plan.len - next);
+        let parts = plan.body.len().max(1);
+        for (k, instr) in plan.body.iter().enumerate() {
+            self.prefetch(next, ahead, k, parts);
+            if let Some(o) = instr.direct {
+                let args = self.chunk_args(instr, lo, n, regs);
+                let dtype = plan.regs[instr.reg as usize];
+                // SAFETY: the output holds `plan.len` elements of `dtype`,
+                // this task alone writes `[lo, lo + n)`, and no operand of
+                // this or a later instruction reads that memory as an input
+                // (`mark_direct_outputs`).
+                let out = unsafe { chunk_mut_at(dtype, self.outputs[o as usize], lo, n) };
+                (self.exec)(&instr.op, &args, out)?;
+                continue;
+            }
             let mut dst = std::mem::take(&mut regs[instr.reg as usize]);
             {
                 let mut args: SmallVec<[Chunk<'_>; 4]> = SmallVec::new();
@@ -1080,6 +1287,7 @@ impl LoopCtx<'_> {
                             Src::InputScalar(i) => scalar_at(dtype, self.inputs[i as usize]),
                             Src::PreludeScalar(l) => scalar_at(dtype, self.prelude[l as usize]),
                             Src::Reg(r) => reg_chunk(&regs[r as usize], n),
+                            Src::Output(o) => chunk_at(dtype, self.outputs[o as usize], lo, n),
                         }
                     };
                     args.push(c);
@@ -1090,12 +1298,12 @@ impl LoopCtx<'_> {
                     Reg::F32(v) => ChunkMut::F32(&mut v[..n]),
                     Reg::F64(v) => ChunkMut::F64(&mut v[..n]),
                 };
-                exec(&instr.op, &args, out)?;
+                (self.exec)(&instr.op, &args, out)?;
             }
             regs[instr.reg as usize] = dst;
         }
         for (o, out) in plan.outputs.iter().enumerate() {
-            if out.prelude.is_some() {
+            if out.prelude.is_some() || out.direct {
                 continue;
             }
             let ptr = self.outputs[o];
@@ -1271,7 +1479,48 @@ macro_rules! compare {
     };
 }
 
+/// One body instruction over one chunk, compiled for the best vector
+/// extension the CPU has (selected once per process).
+type ExecFn = fn(&Op, &[Chunk<'_>], ChunkMut<'_>) -> Result<(), String>;
+
+/// The widest instruction set the loops were compiled for that this CPU
+/// runs. Rust never contracts `a * b + c` into an FMA, so every variant
+/// rounds exactly like the shared kernels.
+fn select_exec() -> ExecFn {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            return exec_avx512;
+        }
+        if std::arch::is_x86_feature_detected!("avx2") {
+            return exec_avx2;
+        }
+    }
+    exec
+}
+
+#[cfg(target_arch = "x86_64")]
+fn exec_avx512(op: &Op, args: &[Chunk<'_>], out: ChunkMut<'_>) -> Result<(), String> {
+    #[target_feature(enable = "avx512f,avx2")]
+    unsafe fn inner(op: &Op, args: &[Chunk<'_>], out: ChunkMut<'_>) -> Result<(), String> {
+        exec(op, args, out)
+    }
+    // SAFETY: only selected by `select_exec` after detecting AVX-512F.
+    unsafe { inner(op, args, out) }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn exec_avx2(op: &Op, args: &[Chunk<'_>], out: ChunkMut<'_>) -> Result<(), String> {
+    #[target_feature(enable = "avx2")]
+    unsafe fn inner(op: &Op, args: &[Chunk<'_>], out: ChunkMut<'_>) -> Result<(), String> {
+        exec(op, args, out)
+    }
+    // SAFETY: only selected by `select_exec` after detecting AVX2.
+    unsafe { inner(op, args, out) }
+}
+
 /// One body instruction over one chunk.
+#[inline(always)]
 fn exec(op: &Op, args: &[Chunk<'_>], out: ChunkMut<'_>) -> Result<(), String> {
     let bad = || format!("{op} cannot run on these operand types");
     match (op, args, out) {
