@@ -128,6 +128,16 @@ fn tensor_ptr_mut(t: &mut Tensor) -> usize {
     }
 }
 
+/// The data address of a standard-layout tensor, if it is one.
+fn tensor_ptr(t: &Tensor) -> Option<usize> {
+    match t {
+        Tensor::Pred(a) => a.is_standard_layout().then(|| a.as_ptr() as usize),
+        Tensor::I32(a) => a.is_standard_layout().then(|| a.as_ptr() as usize),
+        Tensor::F32(a) => a.is_standard_layout().then(|| a.as_ptr() as usize),
+        Tensor::F64(a) => a.is_standard_layout().then(|| a.as_ptr() as usize),
+    }
+}
+
 /// One argument of a run: where the value lives and whether the runtime may
 /// overwrite it.
 pub struct Arg<'a> {
@@ -664,31 +674,28 @@ impl Runtime {
         }
         // Input addresses (donated inputs are read where they are written).
         let mut in_ptr: SmallVec<[usize; 8]> = SmallVec::with_capacity(kernel.inputs.len());
-        let mut scalars: SmallVec<[Option<Tensor>; 8]> = SmallVec::new();
+        // Constants are read where the executable keeps them (a copy only
+        // for one not in standard layout).
+        let mut copies: SmallVec<[Tensor; 2]> = SmallVec::new();
         for (i, &r) in kernel.inputs.iter().enumerate() {
             if let Some(&(_, p)) = donated_inputs.iter().find(|&&(j, _)| j as usize == i) {
                 in_ptr.push(p);
-                scalars.push(None);
                 continue;
             }
             match r {
-                ValueRef::Constant(c) => {
-                    in_ptr.push(0);
-                    scalars.push(Some(exe.constants[c as usize].clone()));
-                }
+                ValueRef::Constant(c) => match tensor_ptr(&exe.constants[c as usize]) {
+                    Some(p) => in_ptr.push(p),
+                    None => {
+                        let mut t = exe.constants[c as usize].clone();
+                        in_ptr.push(tensor_ptr_mut(&mut t));
+                        copies.push(t);
+                    }
+                },
                 ValueRef::Buffer(b) => {
                     let s = slots[b as usize].as_ref().ok_or_else(|| unwritten(b))?;
                     in_ptr.push(s.ptr);
-                    scalars.push(None);
                 }
             }
-        }
-        let mut constant_ptrs: Vec<usize> = Vec::new();
-        for (i, s) in scalars.iter_mut().enumerate() {
-            if let Some(t) = s {
-                in_ptr[i] = tensor_ptr_mut(t);
-            }
-            constant_ptrs.push(in_ptr[i]);
         }
         let mut prelude_ptr = vec![0usize; kernel.instrs.len()];
         for (i, v) in prelude.iter_mut().enumerate() {
@@ -732,7 +739,7 @@ impl Runtime {
                 )
                 .map_err(kernel_err)?;
         }
-        drop(scalars);
+        drop(copies);
         for (b, slot) in dest {
             slots[b as usize] = Some(slot);
         }
@@ -1179,14 +1186,15 @@ unsafe fn scalar_at<'a>(dtype: DType, ptr: usize) -> Chunk<'a> {
 
 impl LoopCtx<'_> {
     fn registers(&self) -> Vec<Reg> {
+        let n = self.chunk.min(self.plan.len);
         self.plan
             .regs
             .iter()
             .map(|d| match d {
-                DType::Pred => Reg::Pred(vec![false; self.chunk]),
-                DType::I32 => Reg::I32(vec![0; self.chunk]),
-                DType::F32 => Reg::F32(vec![0.0; self.chunk]),
-                DType::F64 => Reg::F64(vec![0.0; self.chunk]),
+                DType::Pred => Reg::Pred(vec![false; n]),
+                DType::I32 => Reg::I32(vec![0; n]),
+                DType::F32 => Reg::F32(vec![0.0; n]),
+                DType::F64 => Reg::F64(vec![0.0; n]),
             })
             .collect()
     }

@@ -248,6 +248,9 @@ pub struct TPUOptimizer<O, A = f32> {
     devices: Vec<Entity>,
     cache: ProgramCache,
     profile: TpuProfile,
+    /// Cached queries (building a query state costs more than a small step).
+    counts: QueryState<(Entity, &'static mut OptimizerCount)>,
+    slots: QueryState<&'static mut OptimizerSlot>,
     _element: PhantomData<fn() -> A>,
 }
 
@@ -326,9 +329,13 @@ where
             misses: 0,
             evictions: 0,
         };
+        let counts = world.query();
+        let slots = world.query();
         Ok(TPUOptimizer {
             base,
             config,
+            counts,
+            slots,
             world,
             devices,
             cache,
@@ -361,8 +368,8 @@ where
     }
 
     /// HBM reservations and releases, oldest first (empty until a step ran).
-    pub fn memory_export(&self) -> &[MemoryEvent] {
-        &self.profile.memory.timeline
+    pub fn memory_export(&self) -> Vec<MemoryEvent> {
+        self.profile.memory.timeline.iter().cloned().collect()
     }
 
     /// Steps taken (0 before the first step and after a reset).
@@ -453,8 +460,10 @@ where
     }
 
     fn count_state(&mut self) -> Option<(Entity, OptimizerCount)> {
-        let mut q = self.world.query::<(Entity, &OptimizerCount)>();
-        q.iter(&self.world).next().map(|(e, c)| (e, c.clone()))
+        self.counts
+            .iter(&self.world)
+            .next()
+            .map(|(e, c)| (e, c.clone()))
     }
 
     /// The compiled program for `shape` (from the cache or compiled now).
@@ -579,11 +588,8 @@ where
         let seconds = started.elapsed().as_secs_f64();
         self.release(reservation)?;
         let out = result?;
-        if compiled_rule {
-            let mut q = self.world.query::<&mut OptimizerCount>();
-            if let Some(mut c) = q.iter_mut(&mut self.world).next() {
-                c.count = next_count;
-            }
+        if compiled_rule && let Some((_, mut c)) = self.counts.iter_mut(&mut self.world).next() {
+            c.count = next_count;
         }
         self.profile.executions += 1;
         self.profile.execute_seconds += seconds;
@@ -600,7 +606,12 @@ where
         compiled_rule: bool,
         next_count: i32,
     ) -> Result<RunOutput> {
-        let TPUOptimizer { base, world, .. } = self;
+        let TPUOptimizer {
+            base,
+            world,
+            slots: slot_query,
+            ..
+        } = self;
         let mut handler = StepCall::<O, A> {
             base,
             _element: PhantomData,
@@ -609,8 +620,7 @@ where
             let mut outs = runtime.run(vec![params, grads], &mut handler)?;
             return Ok(outs.swap_remove(0));
         }
-        let mut q = world.query::<&mut OptimizerSlot>();
-        let mut slots: Vec<Mut<'_, OptimizerSlot>> = q.iter_mut(world).collect();
+        let mut slots: Vec<Mut<'_, OptimizerSlot>> = slot_query.iter_mut(world).collect();
         slots.sort_by_key(|s| s.index);
         let mut args = Vec::with_capacity(slots.len() + 3);
         args.push(params);

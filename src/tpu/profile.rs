@@ -4,6 +4,8 @@
 //! reads them). The memory timeline is empty until a step has run: it
 //! records reservations that happened, never planned ones.
 
+use std::collections::VecDeque;
+
 use serde::Serialize;
 
 /// Events kept in the memory timeline (the oldest are dropped first).
@@ -78,7 +80,7 @@ pub struct MemoryProfile {
     /// The heap at the highest use seen, taken while the reservation was held.
     pub peak: Option<HbmSnapshot>,
     /// The last [`MEMORY_TIMELINE_CAPACITY`] events, oldest first.
-    pub timeline: Vec<MemoryEvent>,
+    pub timeline: VecDeque<MemoryEvent>,
 }
 
 impl MemoryProfile {
@@ -88,9 +90,9 @@ impl MemoryProfile {
             MemoryEventKind::Release => self.releases += 1,
         }
         if self.timeline.len() == MEMORY_TIMELINE_CAPACITY {
-            self.timeline.remove(0);
+            self.timeline.pop_front();
         }
-        self.timeline.push(event);
+        self.timeline.push_back(event);
     }
 }
 
