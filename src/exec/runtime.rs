@@ -326,6 +326,10 @@ enum Src {
     Reg(u16),
     /// A loop output written directly to its destination (by index).
     Output(u32),
+    /// The instruction's own destination, which holds kernel input `.0`
+    /// when the output took that input over (read in place), else that
+    /// input is read as usual.
+    Dest(u32),
 }
 
 #[derive(Debug, Clone)]
@@ -336,6 +340,18 @@ struct BodyInstr {
     reg: u16,
     /// Writes straight into this loop output instead of a register.
     direct: Option<u32>,
+}
+
+impl BodyInstr {
+    /// `Some(true)` when operand 0 is the destination, `Some(false)` when
+    /// operand 1 is.
+    fn reads_dest(&self) -> Option<bool> {
+        match self.args[..] {
+            [Src::Dest(_), _] => Some(true),
+            [_, Src::Dest(_)] => Some(false),
+            _ => None,
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -373,6 +389,7 @@ pub struct Runtime {
     aliases: Vec<(usize, usize)>,
     chunk: usize,
     exec: ExecFn,
+    exec_in_place: ExecInPlaceFn,
 }
 
 impl Runtime {
@@ -416,6 +433,7 @@ impl Runtime {
             aliases: aliases.to_vec(),
             chunk,
             exec: select_exec(),
+            exec_in_place: select_exec_in_place(),
         }
     }
 
@@ -621,7 +639,9 @@ impl Runtime {
         let mut dest: Vec<(u32, Slot)> = Vec::with_capacity(plan.outputs.len());
         let mut dest_ptr: Vec<usize> = Vec::with_capacity(plan.outputs.len());
         let mut donated_inputs: SmallVec<[(u32, usize); 4]> = SmallVec::new();
+        let mut donated: SmallVec<[bool; 4]> = SmallVec::new();
         for out in &plan.outputs {
+            donated.push(false);
             if let Some(p) = out.prelude {
                 let t = prelude[p as usize]
                     .clone()
@@ -649,6 +669,9 @@ impl Runtime {
                 Some((i, b)) => {
                     let mut s = slots[b as usize].take().expect("checked above");
                     donated_inputs.push((i, s.ptr));
+                    if let Some(last) = donated.last_mut() {
+                        *last = true;
+                    }
                     if s.owned.is_some() {
                         // The tensor now holds this output, not the argument.
                         s.arg = None;
@@ -717,6 +740,8 @@ impl Runtime {
         let ctx = LoopCtx {
             plan,
             exec: self.exec,
+            exec_in_place: self.exec_in_place,
+            donated,
             streams,
             inputs: &in_ptr,
             prelude: &prelude_ptr,
@@ -1041,13 +1066,31 @@ fn mark_direct_outputs(
             continue;
         }
         let at = body_index[i as usize];
-        let donor_read_later = out.donor.is_some_and(|d| {
-            body[at..]
+        let reads = |b: &BodyInstr, d: u32| {
+            b.args
                 .iter()
-                .any(|b| b.args.iter().any(|a| matches!(*a, Src::Input(x) if x == d)))
-        });
-        if donor_read_later {
-            continue;
+                .filter(|a| matches!(**a, Src::Input(x) if x == d))
+                .count()
+        };
+        if let Some(d) = out.donor {
+            if body[at + 1..].iter().any(|b| reads(b, d) > 0) {
+                continue;
+            }
+            match reads(&body[at], d) {
+                0 => {}
+                // `p + u` over `p`: a binary float op reads the donor from
+                // its destination, element by element, before writing it.
+                1 if matches!(body[at].op, Op::Binary(_))
+                    && body[at].arg_types.iter().all(|t| t.is_float()) =>
+                {
+                    for a in &mut body[at].args {
+                        if matches!(*a, Src::Input(x) if x == d) {
+                            *a = Src::Dest(d);
+                        }
+                    }
+                }
+                _ => continue,
+            }
         }
         let reg = out.reg;
         body[at].direct = Some(o as u32);
@@ -1127,6 +1170,9 @@ enum ChunkMut<'a> {
 struct LoopCtx<'p> {
     plan: &'p FusedPlan,
     exec: ExecFn,
+    exec_in_place: ExecInPlaceFn,
+    /// Per output: whether it took its donor input over in this run.
+    donated: SmallVec<[bool; 4]>,
     /// Distinct `(address, element size)` of the loop's inputs and outputs.
     streams: SmallVec<[(usize, usize); 8]>,
     inputs: &'p [usize],
@@ -1241,25 +1287,36 @@ impl LoopCtx<'_> {
         n: usize,
         regs: &'r [Reg],
     ) -> SmallVec<[Chunk<'r>; 4]> {
-        let mut args: SmallVec<[Chunk<'r>; 4]> = SmallVec::new();
-        for (pos, src) in instr.args.iter().enumerate() {
-            let dtype = instr.arg_types[pos];
-            // SAFETY: inputs, outputs and prelude values of the loop shape
-            // hold `plan.len` elements; scalars hold one; the chunk lies
-            // inside the loop shape.
-            let c = unsafe {
-                match *src {
-                    Src::Input(i) => chunk_at(dtype, self.inputs[i as usize], lo, n),
-                    Src::Prelude(l) => chunk_at(dtype, self.prelude[l as usize], lo, n),
-                    Src::InputScalar(i) => scalar_at(dtype, self.inputs[i as usize]),
-                    Src::PreludeScalar(l) => scalar_at(dtype, self.prelude[l as usize]),
-                    Src::Reg(r) => reg_chunk(&regs[r as usize], n),
-                    Src::Output(o) => chunk_at(dtype, self.outputs[o as usize], lo, n),
-                }
-            };
-            args.push(c);
+        instr
+            .args
+            .iter()
+            .zip(&instr.arg_types)
+            .map(|(&src, &dtype)| self.chunk_src(src, dtype, lo, n, regs))
+            .collect()
+    }
+
+    fn chunk_src<'r>(
+        &self,
+        src: Src,
+        dtype: DType,
+        lo: usize,
+        n: usize,
+        regs: &'r [Reg],
+    ) -> Chunk<'r> {
+        // SAFETY: inputs, outputs and prelude values of the loop shape hold
+        // `plan.len` elements; scalars hold one; the chunk lies inside the
+        // loop shape. `Dest` reaches here only when its output did not take
+        // the input over, so it reads the input itself.
+        unsafe {
+            match src {
+                Src::Input(i) | Src::Dest(i) => chunk_at(dtype, self.inputs[i as usize], lo, n),
+                Src::Prelude(l) => chunk_at(dtype, self.prelude[l as usize], lo, n),
+                Src::InputScalar(i) => scalar_at(dtype, self.inputs[i as usize]),
+                Src::PreludeScalar(l) => scalar_at(dtype, self.prelude[l as usize]),
+                Src::Reg(r) => reg_chunk(&regs[r as usize], n),
+                Src::Output(o) => chunk_at(dtype, self.outputs[o as usize], lo, n),
+            }
         }
-        args
     }
 
     fn run_chunk(&self, lo: usize, n: usize, regs: &mut [Reg]) -> Result<(), String> {
@@ -1270,8 +1327,19 @@ impl LoopCtx<'_> {
         for (k, instr) in plan.body.iter().enumerate() {
             self.prefetch(next, ahead, k, parts);
             if let Some(o) = instr.direct {
-                let args = self.chunk_args(instr, lo, n, regs);
                 let dtype = plan.regs[instr.reg as usize];
+                if let Some(dest_first) = instr.reads_dest()
+                    && self.donated[o as usize]
+                {
+                    let other = instr.args[usize::from(dest_first)];
+                    let other = self.chunk_src(other, instr.arg_types[0], lo, n, regs);
+                    // SAFETY: as below; the destination holds the donor
+                    // input, which only this instruction reads.
+                    let out = unsafe { chunk_mut_at(dtype, self.outputs[o as usize], lo, n) };
+                    (self.exec_in_place)(&instr.op, other, dest_first, out)?;
+                    continue;
+                }
+                let args = self.chunk_args(instr, lo, n, regs);
                 // SAFETY: the output holds `plan.len` elements of `dtype`,
                 // this task alone writes `[lo, lo + n)`, and no operand of
                 // this or a later instruction reads that memory as an input
@@ -1282,24 +1350,7 @@ impl LoopCtx<'_> {
             }
             let mut dst = std::mem::take(&mut regs[instr.reg as usize]);
             {
-                let mut args: SmallVec<[Chunk<'_>; 4]> = SmallVec::new();
-                for (pos, src) in instr.args.iter().enumerate() {
-                    let dtype = instr.arg_types[pos];
-                    // SAFETY: inputs and prelude values of the loop shape
-                    // hold `plan.len` elements; scalars hold one; the chunk
-                    // lies inside the loop shape.
-                    let c = unsafe {
-                        match *src {
-                            Src::Input(i) => chunk_at(dtype, self.inputs[i as usize], lo, n),
-                            Src::Prelude(l) => chunk_at(dtype, self.prelude[l as usize], lo, n),
-                            Src::InputScalar(i) => scalar_at(dtype, self.inputs[i as usize]),
-                            Src::PreludeScalar(l) => scalar_at(dtype, self.prelude[l as usize]),
-                            Src::Reg(r) => reg_chunk(&regs[r as usize], n),
-                            Src::Output(o) => chunk_at(dtype, self.outputs[o as usize], lo, n),
-                        }
-                    };
-                    args.push(c);
-                }
+                let args = self.chunk_args(instr, lo, n, regs);
                 let out = match &mut dst {
                     Reg::Pred(v) => ChunkMut::Pred(&mut v[..n]),
                     Reg::I32(v) => ChunkMut::I32(&mut v[..n]),
@@ -1525,6 +1576,112 @@ fn exec_avx2(op: &Op, args: &[Chunk<'_>], out: ChunkMut<'_>) -> Result<(), Strin
     }
     // SAFETY: only selected by `select_exec` after detecting AVX2.
     unsafe { inner(op, args, out) }
+}
+
+/// A binary float op whose operand `dest_first ? 0 : 1` is its own
+/// destination: `out[i] = op(out[i], other[i])` (or mirrored).
+type ExecInPlaceFn = fn(&Op, Chunk<'_>, bool, ChunkMut<'_>) -> Result<(), String>;
+
+fn select_exec_in_place() -> ExecInPlaceFn {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            return exec_in_place_avx512;
+        }
+        if std::arch::is_x86_feature_detected!("avx2") {
+            return exec_in_place_avx2;
+        }
+    }
+    exec_in_place
+}
+
+#[cfg(target_arch = "x86_64")]
+fn exec_in_place_avx512(
+    op: &Op,
+    b: Chunk<'_>,
+    first: bool,
+    out: ChunkMut<'_>,
+) -> Result<(), String> {
+    #[target_feature(enable = "avx512f,avx2")]
+    unsafe fn inner(op: &Op, b: Chunk<'_>, first: bool, out: ChunkMut<'_>) -> Result<(), String> {
+        exec_in_place(op, b, first, out)
+    }
+    // SAFETY: only selected by `select_exec_in_place` after detecting AVX-512F.
+    unsafe { inner(op, b, first, out) }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn exec_in_place_avx2(op: &Op, b: Chunk<'_>, first: bool, out: ChunkMut<'_>) -> Result<(), String> {
+    #[target_feature(enable = "avx2")]
+    unsafe fn inner(op: &Op, b: Chunk<'_>, first: bool, out: ChunkMut<'_>) -> Result<(), String> {
+        exec_in_place(op, b, first, out)
+    }
+    // SAFETY: only selected by `select_exec_in_place` after detecting AVX2.
+    unsafe { inner(op, b, first, out) }
+}
+
+#[inline(always)]
+fn map_in_place<T: Copy>(out: &mut [T], other: S<'_, T>, first: bool, f: impl Fn(T, T) -> T) {
+    match (other, first) {
+        (S::Slice(y), true) => {
+            for (o, &y) in out.iter_mut().zip(y) {
+                *o = f(*o, y);
+            }
+        }
+        (S::Slice(y), false) => {
+            for (o, &y) in out.iter_mut().zip(y) {
+                *o = f(y, *o);
+            }
+        }
+        (S::Scalar(y), true) => out.iter_mut().for_each(|o| *o = f(*o, y)),
+        (S::Scalar(y), false) => out.iter_mut().for_each(|o| *o = f(y, *o)),
+    }
+}
+
+macro_rules! float_binary_in_place {
+    ($b:expr, $y:expr, $first:expr, $out:expr) => {
+        match $b {
+            BinaryOp::Add => map_in_place($out, $y, $first, |a, b| a + b),
+            BinaryOp::Sub => map_in_place($out, $y, $first, |a, b| a - b),
+            BinaryOp::Mul => map_in_place($out, $y, $first, |a, b| a * b),
+            BinaryOp::Div => map_in_place($out, $y, $first, |a, b| a / b),
+            BinaryOp::Rem => map_in_place($out, $y, $first, |a, b| a % b),
+            BinaryOp::Max => {
+                map_in_place(
+                    $out,
+                    $y,
+                    $first,
+                    |a, b| {
+                        if b.is_nan() { b } else { nan_max(a, b) }
+                    },
+                )
+            }
+            BinaryOp::Min => {
+                map_in_place(
+                    $out,
+                    $y,
+                    $first,
+                    |a, b| {
+                        if b.is_nan() { b } else { nan_min(a, b) }
+                    },
+                )
+            }
+            BinaryOp::Pow => map_in_place($out, $y, $first, |a, b| a.powf(b)),
+            BinaryOp::And | BinaryOp::Or => {
+                return Err("and/or are defined for pred and i32".into());
+            }
+        }
+    };
+}
+
+#[inline(always)]
+fn exec_in_place(op: &Op, other: Chunk<'_>, first: bool, out: ChunkMut<'_>) -> Result<(), String> {
+    match (op, other, out) {
+        (Op::Binary(b), Chunk::F32(y), ChunkMut::F32(o)) => float_binary_in_place!(*b, y, first, o),
+        (Op::Binary(b), Chunk::F64(y), ChunkMut::F64(o)) => float_binary_in_place!(*b, y, first, o),
+        _ => return Err(format!("{op} cannot run in place on these operand types")),
+    }
+    Ok(())
 }
 
 /// One body instruction over one chunk.
