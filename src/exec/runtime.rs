@@ -340,6 +340,10 @@ struct BodyInstr {
     reg: u16,
     /// Writes straight into this loop output instead of a register.
     direct: Option<u32>,
+    /// A multiply folded into this add or subtract: its two operands are
+    /// `args[0]` and `args[1]`, the other operand is `args[2]`, and the
+    /// flag says whether the product is the op's first operand.
+    product_first: Option<bool>,
 }
 
 impl BodyInstr {
@@ -390,6 +394,7 @@ pub struct Runtime {
     chunk: usize,
     exec: ExecFn,
     exec_in_place: ExecInPlaceFn,
+    exec_product: ExecProductFn,
 }
 
 impl Runtime {
@@ -434,6 +439,7 @@ impl Runtime {
             chunk,
             exec: select_exec(),
             exec_in_place: select_exec_in_place(),
+            exec_product: select_exec_product(),
         }
     }
 
@@ -741,6 +747,7 @@ impl Runtime {
             plan,
             exec: self.exec,
             exec_in_place: self.exec_in_place,
+            exec_product: self.exec_product,
             donated,
             streams,
             inputs: &in_ptr,
@@ -942,6 +949,7 @@ fn plan_fused(
             arg_types,
             reg,
             direct: None,
+            product_first: None,
         });
     }
     let mut outputs = Vec::new();
@@ -1013,6 +1021,12 @@ fn plan_fused(
         });
     }
     mark_direct_outputs(kernel, &mut body, &mut outputs);
+    let out_regs: Vec<u16> = outputs
+        .iter()
+        .filter(|o| !o.direct)
+        .map(|o| o.reg)
+        .collect();
+    fold_multiplies(&mut body, &out_regs);
     let mut streams: Vec<(bool, u32, usize)> = Vec::new();
     for instr in &body {
         for (src, ty) in instr.args.iter().zip(&instr.arg_types) {
@@ -1105,6 +1119,84 @@ fn mark_direct_outputs(
     }
 }
 
+/// Folds `m = x * y` into the next instruction when that is `m + z`,
+/// `z + m`, `m - z` or `z - m` in floating point and reads `m` nowhere else:
+/// one pass instead of two, with the same two roundings (Rust never
+/// contracts them into an FMA). Only adjacent pairs fold, so no write can
+/// come between the multiply's reads and their new place.
+fn fold_multiplies(body: &mut Vec<BodyInstr>, out_regs: &[u16]) {
+    let mut k = 0;
+    while k + 1 < body.len() {
+        let (mul, next) = (&body[k], &body[k + 1]);
+        let reg = mul.reg;
+        let uses = |b: &BodyInstr| {
+            b.args
+                .iter()
+                .filter(|a| matches!(**a, Src::Reg(r) if r == reg))
+                .count()
+        };
+        let foldable = matches!(mul.op, Op::Binary(BinaryOp::Mul))
+            && mul.direct.is_none()
+            && mul.product_first.is_none()
+            && mul.arg_types.iter().all(|t| t.is_float())
+            && !out_regs.contains(&reg)
+            && !mul
+                .args
+                .iter()
+                .all(|a| matches!(a, Src::InputScalar(_) | Src::PreludeScalar(_)))
+            && matches!(next.op, Op::Binary(BinaryOp::Add | BinaryOp::Sub))
+            && next.product_first.is_none()
+            && next.args.len() == 2
+            && uses(next) == 1
+            && body[k + 2..].iter().all(|b| uses(b) == 0);
+        let other = next
+            .args
+            .iter()
+            .position(|a| !matches!(*a, Src::Reg(r) if r == reg));
+        let Some(other) = other.filter(|_| foldable) else {
+            k += 1;
+            continue;
+        };
+        let c = next.args[other];
+        if matches!(c, Src::InputScalar(_) | Src::PreludeScalar(_)) {
+            k += 1;
+            continue;
+        }
+        let (x, y) = (mul.args[0], mul.args[1]);
+        // The add's register may be one the multiply's operands freed.
+        if [x, y]
+            .iter()
+            .any(|a| matches!(*a, Src::Reg(r) if r == next.reg))
+        {
+            k += 1;
+            continue;
+        }
+        let fused = BodyInstr {
+            op: next.op.clone(),
+            args: SmallVec::from_slice(&[x, y, c]),
+            arg_types: SmallVec::from_slice(&[
+                mul.arg_types[0],
+                mul.arg_types[1],
+                next.arg_types[other],
+            ]),
+            reg: next.reg,
+            direct: next.direct,
+            product_first: Some(other == 1),
+        };
+        body[k + 1] = fused;
+        body.remove(k);
+    }
+}
+
+fn reg_mut(r: &mut Reg, n: usize) -> ChunkMut<'_> {
+    match r {
+        Reg::Pred(v) => ChunkMut::Pred(&mut v[..n]),
+        Reg::I32(v) => ChunkMut::I32(&mut v[..n]),
+        Reg::F32(v) => ChunkMut::F32(&mut v[..n]),
+        Reg::F64(v) => ChunkMut::F64(&mut v[..n]),
+    }
+}
+
 /// A typed mutable chunk view of `n` elements at element offset `lo`.
 ///
 /// # Safety
@@ -1171,6 +1263,7 @@ struct LoopCtx<'p> {
     plan: &'p FusedPlan,
     exec: ExecFn,
     exec_in_place: ExecInPlaceFn,
+    exec_product: ExecProductFn,
     /// Per output: whether it took its donor input over in this run.
     donated: SmallVec<[bool; 4]>,
     /// Distinct `(address, element size)` of the loop's inputs and outputs.
@@ -1326,6 +1419,40 @@ impl LoopCtx<'_> {
         let parts = plan.body.len().max(1);
         for (k, instr) in plan.body.iter().enumerate() {
             self.prefetch(next, ahead, k, parts);
+            if let Some(first) = instr.product_first {
+                let dtype = plan.regs[instr.reg as usize];
+                let mut dst = match instr.direct {
+                    Some(_) => None,
+                    None => Some(std::mem::take(&mut regs[instr.reg as usize])),
+                };
+                let [a, b, c] = instr.args[..] else {
+                    return Err("a folded multiply needs three operands".into());
+                };
+                let (a, b) = (
+                    self.chunk_src(a, dtype, lo, n, regs),
+                    self.chunk_src(b, dtype, lo, n, regs),
+                );
+                let in_place = matches!(c, Src::Dest(_))
+                    && instr.direct.is_some_and(|o| self.donated[o as usize]);
+                let c = (!in_place).then(|| self.chunk_src(c, dtype, lo, n, regs));
+                let sub = matches!(instr.op, Op::Binary(BinaryOp::Sub));
+                let result = match (instr.direct, dst.as_mut()) {
+                    (Some(o), _) => {
+                        // SAFETY: as for any direct output (below); with
+                        // `in_place` the destination holds the donor, read
+                        // only here.
+                        let out = unsafe { chunk_mut_at(dtype, self.outputs[o as usize], lo, n) };
+                        (self.exec_product)(a, b, c, first, sub, out)
+                    }
+                    (None, Some(d)) => (self.exec_product)(a, b, c, first, sub, reg_mut(d, n)),
+                    (None, None) => Err("no destination".into()),
+                };
+                if let Some(d) = dst {
+                    regs[instr.reg as usize] = d;
+                }
+                result?;
+                continue;
+            }
             if let Some(o) = instr.direct {
                 let dtype = plan.regs[instr.reg as usize];
                 if let Some(dest_first) = instr.reads_dest()
@@ -1682,6 +1809,155 @@ fn exec_in_place(op: &Op, other: Chunk<'_>, first: bool, out: ChunkMut<'_>) -> R
         _ => return Err(format!("{op} cannot run in place on these operand types")),
     }
     Ok(())
+}
+
+/// `x * y` combined with `z` (`None`: the destination's own contents) by
+/// add or subtract, the product first or second.
+type ExecProductFn =
+    fn(Chunk<'_>, Chunk<'_>, Option<Chunk<'_>>, bool, bool, ChunkMut<'_>) -> Result<(), String>;
+
+fn select_exec_product() -> ExecProductFn {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            return exec_product_avx512;
+        }
+        if std::arch::is_x86_feature_detected!("avx2") {
+            return exec_product_avx2;
+        }
+    }
+    exec_product
+}
+
+#[cfg(target_arch = "x86_64")]
+fn exec_product_avx512(
+    x: Chunk<'_>,
+    y: Chunk<'_>,
+    z: Option<Chunk<'_>>,
+    first: bool,
+    sub: bool,
+    out: ChunkMut<'_>,
+) -> Result<(), String> {
+    #[target_feature(enable = "avx512f,avx2")]
+    unsafe fn inner(
+        x: Chunk<'_>,
+        y: Chunk<'_>,
+        z: Option<Chunk<'_>>,
+        first: bool,
+        sub: bool,
+        out: ChunkMut<'_>,
+    ) -> Result<(), String> {
+        exec_product(x, y, z, first, sub, out)
+    }
+    // SAFETY: only selected by `select_exec_product` after detecting AVX-512F.
+    unsafe { inner(x, y, z, first, sub, out) }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn exec_product_avx2(
+    x: Chunk<'_>,
+    y: Chunk<'_>,
+    z: Option<Chunk<'_>>,
+    first: bool,
+    sub: bool,
+    out: ChunkMut<'_>,
+) -> Result<(), String> {
+    #[target_feature(enable = "avx2")]
+    unsafe fn inner(
+        x: Chunk<'_>,
+        y: Chunk<'_>,
+        z: Option<Chunk<'_>>,
+        first: bool,
+        sub: bool,
+        out: ChunkMut<'_>,
+    ) -> Result<(), String> {
+        exec_product(x, y, z, first, sub, out)
+    }
+    // SAFETY: only selected by `select_exec_product` after detecting AVX2.
+    unsafe { inner(x, y, z, first, sub, out) }
+}
+
+/// The loops of a folded multiply, one per operand layout so each
+/// vectorizes; `f(product, z)` applies the add or subtract.
+#[inline(always)]
+fn product_loop<T: Copy + std::ops::Mul<Output = T>>(
+    x: S<'_, T>,
+    y: S<'_, T>,
+    z: Option<S<'_, T>>,
+    out: &mut [T],
+    f: impl Fn(T, T) -> T,
+) -> Result<(), String> {
+    match (x, y, z) {
+        (S::Scalar(x), S::Slice(y), Some(S::Slice(z))) => {
+            for ((o, &y), &z) in out.iter_mut().zip(y).zip(z) {
+                *o = f(x * y, z);
+            }
+        }
+        (S::Slice(x), S::Scalar(y), Some(S::Slice(z))) => {
+            for ((o, &x), &z) in out.iter_mut().zip(x).zip(z) {
+                *o = f(x * y, z);
+            }
+        }
+        (S::Slice(x), S::Slice(y), Some(S::Slice(z))) => {
+            for (((o, &x), &y), &z) in out.iter_mut().zip(x).zip(y).zip(z) {
+                *o = f(x * y, z);
+            }
+        }
+        (S::Scalar(x), S::Slice(y), None) => {
+            for (o, &y) in out.iter_mut().zip(y) {
+                *o = f(x * y, *o);
+            }
+        }
+        (S::Slice(x), S::Scalar(y), None) => {
+            for (o, &x) in out.iter_mut().zip(x) {
+                *o = f(x * y, *o);
+            }
+        }
+        (S::Slice(x), S::Slice(y), None) => {
+            for ((o, &x), &y) in out.iter_mut().zip(x).zip(y) {
+                *o = f(x * y, *o);
+            }
+        }
+        _ => return Err("a folded multiply needs a chunk operand".into()),
+    }
+    Ok(())
+}
+
+macro_rules! product_ops {
+    ($x:expr, $y:expr, $z:expr, $first:expr, $sub:expr, $o:expr) => {
+        match ($first, $sub) {
+            (true, false) => product_loop($x, $y, $z, $o, |m, z| m + z),
+            (false, false) => product_loop($x, $y, $z, $o, |m, z| z + m),
+            (true, true) => product_loop($x, $y, $z, $o, |m, z| m - z),
+            (false, true) => product_loop($x, $y, $z, $o, |m, z| z - m),
+        }
+    };
+}
+
+#[inline(always)]
+fn exec_product(
+    x: Chunk<'_>,
+    y: Chunk<'_>,
+    z: Option<Chunk<'_>>,
+    first: bool,
+    sub: bool,
+    out: ChunkMut<'_>,
+) -> Result<(), String> {
+    match (x, y, z, out) {
+        (Chunk::F32(x), Chunk::F32(y), Some(Chunk::F32(z)), ChunkMut::F32(o)) => {
+            product_ops!(x, y, Some(z), first, sub, o)
+        }
+        (Chunk::F32(x), Chunk::F32(y), None, ChunkMut::F32(o)) => {
+            product_ops!(x, y, None, first, sub, o)
+        }
+        (Chunk::F64(x), Chunk::F64(y), Some(Chunk::F64(z)), ChunkMut::F64(o)) => {
+            product_ops!(x, y, Some(z), first, sub, o)
+        }
+        (Chunk::F64(x), Chunk::F64(y), None, ChunkMut::F64(o)) => {
+            product_ops!(x, y, None, first, sub, o)
+        }
+        _ => Err("a folded multiply needs floats of one type".into()),
+    }
 }
 
 /// One body instruction over one chunk.
