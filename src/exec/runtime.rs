@@ -732,8 +732,12 @@ impl Runtime {
                 prelude_ptr[i] = tensor_ptr_mut(t);
             }
         }
+        // A one-pass body streams like a hand-written loop, which the
+        // hardware prefetcher serves best; longer bodies read each array in
+        // a different instruction and need the software prefetch.
         let mut streams: SmallVec<[(usize, usize); 8]> = SmallVec::new();
-        for &(input, i, size) in &plan.streams {
+        let prefetch = plan.body.len() > 1;
+        for &(input, i, size) in plan.streams.iter().filter(|_| prefetch) {
             let base = if input {
                 in_ptr[i as usize]
             } else {
