@@ -1162,10 +1162,6 @@ fn fold_multiplies(body: &mut Vec<BodyInstr>, out_regs: &[u16]) {
             continue;
         };
         let c = next.args[other];
-        if matches!(c, Src::InputScalar(_) | Src::PreludeScalar(_)) {
-            k += 1;
-            continue;
-        }
         let (x, y) = (mul.args[0], mul.args[1]);
         // The add's register may be one the multiply's operands freed.
         if [x, y]
@@ -1904,6 +1900,21 @@ fn product_loop<T: Copy + std::ops::Mul<Output = T>>(
         }
         (S::Slice(x), S::Slice(y), Some(S::Slice(z))) => {
             for (((o, &x), &y), &z) in out.iter_mut().zip(x).zip(y).zip(z) {
+                *o = f(x * y, z);
+            }
+        }
+        (S::Scalar(x), S::Slice(y), Some(S::Scalar(z))) => {
+            for (o, &y) in out.iter_mut().zip(y) {
+                *o = f(x * y, z);
+            }
+        }
+        (S::Slice(x), S::Scalar(y), Some(S::Scalar(z))) => {
+            for (o, &x) in out.iter_mut().zip(x) {
+                *o = f(x * y, z);
+            }
+        }
+        (S::Slice(x), S::Slice(y), Some(S::Scalar(z))) => {
+            for ((o, &x), &y) in out.iter_mut().zip(x).zip(y) {
                 *o = f(x * y, z);
             }
         }
