@@ -88,6 +88,25 @@ pub enum OptimError {
     /// A program could not be compiled or executed.
     #[error(transparent)]
     Compile(#[from] crate::xla::CompileError),
+    /// A compiled program failed while running.
+    #[error(transparent)]
+    Exec(#[from] crate::exec::runtime::ExecError),
+    /// A device's HBM cannot hold a program's planned buffers.
+    #[error(
+        "{device}: out of HBM: the program needs {requested} bytes, {free} bytes are free \
+         and the largest free block is {largest_free} bytes; free memory on the device or \
+         configure more HBM"
+    )]
+    OutOfDeviceMemory {
+        /// The device (`device 0 (v4)`).
+        device: String,
+        /// Bytes the program's memory plan needs.
+        requested: u64,
+        /// Free bytes on the device.
+        free: u64,
+        /// The largest contiguous free block.
+        largest_free: u64,
+    },
 }
 
 impl From<crate::topology::TopologyError> for OptimError {

@@ -18,6 +18,7 @@ pub mod pod_coordination;
 pub mod rng;
 pub mod schedule;
 pub mod topology;
+pub mod tpu;
 pub mod transport;
 pub mod xla;
 
@@ -25,3 +26,4 @@ pub use error::{OptimError, Result};
 pub use hardware::TpuGeneration;
 pub use optimizer::Optimizer;
 pub use pod::Pod;
+pub use tpu::{TPUConfig, TPUOptimizer, TPUVersion};

@@ -161,6 +161,14 @@ pub trait Optimizer<A, D: Dimension> {
     /// Drops the state: the next step starts from step count 0 with fresh
     /// moments, for whatever shape it is given.
     fn reset(&mut self);
+
+    /// The optimizer's update as a known element-wise rule, if it has one.
+    /// A graph compiler (`TPUOptimizer`) compiles and fuses such optimizers;
+    /// the default `None` makes it call [`Optimizer::step`] as an opaque
+    /// custom call instead.
+    fn update_rule(&self) -> Option<&dyn UpdateRule<A>> {
+        None
+    }
 }
 
 /// Boxed optimizers (`Box<dyn Optimizer<A, D>>`) are optimizers too, so a
@@ -188,6 +196,10 @@ impl<A, D: Dimension, O: Optimizer<A, D> + ?Sized> Optimizer<A, D> for Box<O> {
 
     fn reset(&mut self) {
         (**self).reset();
+    }
+
+    fn update_rule(&self) -> Option<&dyn UpdateRule<A>> {
+        (**self).update_rule()
     }
 }
 
@@ -311,6 +323,10 @@ pub trait UpdateRule<A> {
 
     /// Names of the per-element state slots, in order (empty for SGD).
     fn slot_names(&self) -> &'static [&'static str];
+
+    /// The value every element of each slot starts from, in slot order
+    /// (Adagrad's initial accumulator, RMSProp's initial scale, else 0).
+    fn initial_slot_values(&self) -> Vec<A>;
 
     /// The state, or `None` before the first step and after a reset.
     fn state(&self) -> Option<&OptimizerState<A>>;

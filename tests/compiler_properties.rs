@@ -4,6 +4,7 @@
 
 use bevy_ecs::prelude::*;
 use optirs_tpu::exec::kernels::Tensor;
+use optirs_tpu::exec::runtime::{Arg, NoCustomCalls, RunOutput, Runtime};
 use optirs_tpu::memory::{Block, Heap};
 use optirs_tpu::xla::graph::{ValueType, program_nodes};
 use optirs_tpu::xla::interpreter::interpret;
@@ -335,6 +336,38 @@ proptest! {
         let mut small_chunks = (*report.executable).clone();
         small_chunks.loop_chunk = 3;
         prop_assert!(same_outputs(&expected, &small_chunks.run(&args).unwrap()));
+    }
+
+    #[test]
+    fn runtime_matches_the_interpreter(r in recipe(), seed in any::<u64>(), chunk in 1usize..6) {
+        let mut oracle = World::new();
+        let (p0, params) = build(&mut oracle, &r);
+        let args = args_for(&params, seed);
+        let expected = interpret(&oracle, p0, &args).unwrap();
+
+        let mut world = xla::compiler_world();
+        let (p, _) = build(&mut world, &r);
+        let report = xla::compile(&mut world, p).unwrap();
+        // Small chunks and tasks so uneven tails and several chunks per
+        // task are exercised on these small shapes.
+        let runtime = Runtime::new(report.executable.clone()).with_chunk(chunk);
+        let got = runtime.run_tensors(&args, &mut NoCustomCalls).unwrap();
+        // The runtime's matrix multiply rounds in another order than the
+        // reference's index-order accumulation: floats agree to rounding.
+        prop_assert!(
+            expected.len() == got.len()
+                && expected.iter().zip(&got).all(|(x, y)| x.approx_eq(y, 1e-5)),
+            "expected {expected:?}\ngot {got:?}"
+        );
+        // Owned (donatable) arguments: results are identical.
+        let owned = args.iter().cloned().map(Arg::owned).collect();
+        let outs = runtime.run(owned, &mut NoCustomCalls).unwrap();
+        for (o, e) in outs.into_iter().zip(&got) {
+            match o {
+                RunOutput::Owned(t) => prop_assert!(t.bitwise_eq(e)),
+                RunOutput::InArgument(i) => prop_assert!(args[i].bitwise_eq(e)),
+            }
+        }
     }
 
     #[test]

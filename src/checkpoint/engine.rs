@@ -22,6 +22,7 @@ use crate::topology::{
     Device, DeviceIndex, HbmCapacity, Host, Link, LinkKind, LinkTraffic, OnHost, PodTopology,
     TorusCoords,
 };
+use crate::tpu::state::{OptimizerCount, OptimizerSlot};
 use crate::transport::{DeliveryLog, Inbox, LinkQueue, LinkState, Transport};
 use crate::xla::graph::{
     DeclaredType, InProgram, Literal, Node, NodeName, Operands, Output, PendingCompile, Program,
@@ -46,6 +47,10 @@ pub const NOT_PERSISTED: &[(&str, &str)] = &[
         "VerifyGraph",
         "a debugging switch of the build (on in debug builds): persisting it would make the \
          world's bytes depend on the build profile; it never changes what a compile produces",
+    ),
+    (
+        "DeviceHeap",
+        "rebuilt from `HbmCapacity`: a reservation never outlives the step that made it",
     ),
     (
         "PeriodicCheckpoints",
@@ -229,7 +234,9 @@ pub fn engine_registry() -> SnapshotRegistry {
         .component::<MemoryPlan>("xla.MemoryPlan")
         .component::<PassLog>("xla.PassLog")
         .component::<CompileFailure>("xla.CompileFailure")
-        .component::<CompiledExecutable>("xla.CompiledExecutable");
+        .component::<CompiledExecutable>("xla.CompiledExecutable")
+        .component::<OptimizerSlot>("tpu.OptimizerSlot")
+        .component::<OptimizerCount>("tpu.OptimizerCount");
     registry
         .resource::<SimClock>("pod.SimClock")
         .resource::<SimRng>("pod.SimRng")

@@ -2,3 +2,4 @@
 //! interpreter and lowered executables.
 
 pub mod kernels;
+pub mod runtime;

@@ -297,7 +297,7 @@ where
 /// Room for `n` elements, uninitialised. On Linux, a buffer spanning whole
 /// 2 MiB pages is advised to use transparent huge pages before anything
 /// touches it, which turns ~10k page faults per 40 MB into ~20.
-fn output_buffer<A>(n: usize) -> Vec<A> {
+pub(crate) fn output_buffer<A>(n: usize) -> Vec<A> {
     let buffer = Vec::<A>::with_capacity(n);
     #[cfg(target_os = "linux")]
     advise_huge_pages(buffer.as_ptr().cast::<u8>(), n * std::mem::size_of::<A>());

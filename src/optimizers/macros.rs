@@ -88,6 +88,10 @@ macro_rules! impl_optimizer {
                 Self::SLOTS
             }
 
+            fn initial_slot_values(&self) -> Vec<A> {
+                self.initial_values()
+            }
+
             fn state(&self) -> Option<&$crate::optimizer::OptimizerState<A>> {
                 self.state.as_ref()
             }
@@ -142,6 +146,10 @@ macro_rules! impl_optimizer {
 
             fn reset(&mut self) {
                 self.state = None;
+            }
+
+            fn update_rule(&self) -> Option<&dyn $crate::optimizer::UpdateRule<A>> {
+                Some(self)
             }
         }
     };

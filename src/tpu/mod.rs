@@ -1,0 +1,809 @@
+//! [`TPUOptimizer`]: any [`Optimizer`] compiled, fused and executed the way
+//! a TPU runtime would run it: compile once per program, reuse, reserve
+//! device memory, execute, profile.
+//!
+//! * **Compile once.** An optimizer with an [`UpdateRule`] becomes a graph
+//!   ([`graph::build_update_graph`]) that the compiler fuses into one loop
+//!   kernel (Adam: one kernel that reads params, grads, `mu` and `nu` once
+//!   and writes params, `mu` and `nu` once). The compiled program is keyed
+//!   by (shape, dtype, optimizer kind and hyper-parameters) in a bounded LRU
+//!   cache; the step count is a program input, so every step of a run hits
+//!   the cache. An optimizer without a rule runs as a custom call to its
+//!   own `step`.
+//! * **State in the world.** Moments and the step count are entities
+//!   ([`state::OptimizerSlot`], [`state::OptimizerCount`]) in the
+//!   optimizer's own `World`, updated in place by the compiled program, so
+//!   [`TPUOptimizer::snapshot`] carries them and [`TPUOptimizer::restore`]
+//!   brings them back.
+//! * **Device memory.** Each execution reserves its program's planned heap
+//!   bytes in device 0's HBM heap ([`state::DeviceHeap`], sized from the
+//!   generation's HBM or [`TPUConfig::hbm_bytes`]) and releases them after;
+//!   a program that does not fit is an error naming the device, the bytes
+//!   requested, the free bytes and the largest free block.
+//! * **Profile.** [`TPUOptimizer::profile`] has compile and execute times,
+//!   bytes moved, cache hits and misses, and HBM reservations with the peak
+//!   taken while a reservation was held.
+//!
+//! The numbers are `Optimizer::step`'s, bit for bit: the graph keeps optax's
+//! op order and the rounded scalars of the rule.
+//!
+//! ```
+//! use ndarray::Array1;
+//! use optirs_tpu::optimizers::SGD;
+//! use optirs_tpu::{Optimizer, TPUConfig, TPUOptimizer, TPUVersion};
+//! use optirs_tpu::coordination::{PodConfig, PodCoordinator};
+//!
+//! let params = Array1::from_vec(vec![1.0f32, 2.0, 3.0]);
+//! let gradients = Array1::from_vec(vec![0.5f32, -1.0, 0.25]);
+//!
+//! let mut tpu_opt = TPUOptimizer::new(SGD::new(0.01f32), TPUConfig {
+//!     tpu_version: TPUVersion::V4, num_cores: 8, ..Default::default() })?;
+//! let updated = tpu_opt.tpu_step(&params, &gradients)?;   // compile once, reuse, execute, profile
+//! assert_eq!(updated[0], 1.0 - 0.01 * 0.5);
+//! // TPUOptimizer also implements Optimizer, so generic code can call step.
+//! let again = tpu_opt.step(&updated, &gradients)?;
+//! assert_eq!(tpu_opt.profile().cache.misses, 1);
+//! assert_eq!(tpu_opt.profile().cache.hits, 1, "the second step reuses the program");
+//! assert!(again[1] > updated[1]);
+//!
+//! let mut pod = PodCoordinator::new(PodConfig { num_devices: 8, ..Default::default() })?;
+//! pod.synchronize_devices("step-0".to_string())?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+pub mod bench;
+pub mod graph;
+pub mod profile;
+pub mod state;
+
+use std::marker::PhantomData;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bevy_ecs::prelude::*;
+use ndarray::{Array, ArrayD, Dimension, IxDyn};
+
+use crate::checkpoint::{SnapshotRegistry, WorldSnapshot};
+use crate::error::{OptimError, Result};
+use crate::exec::kernels::Tensor;
+use crate::exec::runtime::{Arg, CustomCallHandler, Element, RunOutput, Runtime};
+use crate::hardware::TpuGeneration;
+use crate::memory::Heap;
+use crate::optimizer::{FloatElement, Optimizer, UpdateRule};
+use crate::topology::{Device, DeviceId, HbmCapacity};
+use crate::xla::passes::memory_plan::ALIGNMENT;
+use crate::xla::{self, DType, TensorType};
+
+pub use bench::{OptimizerBench, bench_optimizer};
+pub use profile::{CacheStats, HbmSnapshot, MemoryEvent, MemoryEventKind, TpuProfile};
+use state::{DeviceHeap, OptimizerCount, OptimizerSlot};
+
+/// The TPU generation of a [`TPUConfig`] (the crate's [`TpuGeneration`]).
+pub type TPUVersion = TpuGeneration;
+
+/// Programs kept compiled by default.
+pub const DEFAULT_CACHE_CAPACITY: usize = 16;
+
+/// What a [`TPUOptimizer`] runs on.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TPUConfig {
+    /// Chip generation.
+    pub tpu_version: TPUVersion,
+    /// TensorCores: a positive multiple of the generation's cores per chip,
+    /// at most its largest pod.
+    pub num_cores: usize,
+    /// HBM per chip in bytes; `None` takes the generation's figure.
+    pub hbm_bytes: Option<u64>,
+    /// Compiled programs kept (least recently used evicted first), ≥ 1.
+    pub cache_capacity: usize,
+}
+
+impl Default for TPUConfig {
+    fn default() -> Self {
+        TPUConfig {
+            tpu_version: TPUVersion::V4,
+            num_cores: 8,
+            hbm_bytes: None,
+            cache_capacity: DEFAULT_CACHE_CAPACITY,
+        }
+    }
+}
+
+impl TPUConfig {
+    /// Checks the configuration against the generation's figures; returns
+    /// the number of chips.
+    pub fn validate(&self) -> Result<usize> {
+        let spec = self.tpu_version.spec();
+        let per_chip = spec.cores_per_chip as usize;
+        let invalid = |m: String| Err(OptimError::InvalidConfig(m));
+        if self.num_cores == 0 {
+            return invalid("num_cores is 0; a TPU optimizer needs at least one core".into());
+        }
+        if !self.num_cores.is_multiple_of(per_chip) {
+            return invalid(format!(
+                "num_cores = {} is not a multiple of {per_chip}, the TensorCores per {} chip; \
+                 use {} or {}",
+                self.num_cores,
+                spec.name,
+                self.num_cores / per_chip * per_chip.max(1),
+                self.num_cores.next_multiple_of(per_chip)
+            ));
+        }
+        let chips = self.num_cores / per_chip;
+        if chips > spec.max_pod_chips as usize {
+            return invalid(format!(
+                "num_cores = {} needs {chips} {} chips, but the largest {} pod has {} chips ({} cores)",
+                self.num_cores,
+                spec.name,
+                spec.name,
+                spec.max_pod_chips,
+                spec.max_pod_chips as usize * per_chip
+            ));
+        }
+        if self.hbm_bytes == Some(0) {
+            return invalid("hbm_bytes is 0; leave it None for the generation's HBM".into());
+        }
+        if self.cache_capacity == 0 {
+            return invalid("cache_capacity is 0; at least one compiled program must fit".into());
+        }
+        Ok(chips)
+    }
+}
+
+/// The cache key: what a compiled program depends on.
+#[derive(Debug, Clone, PartialEq)]
+struct ProgramKey {
+    shape: Vec<usize>,
+    dtype: DType,
+    optimizer: String,
+    /// Hyper-parameter bits, in the rule's order (empty for opaque optimizers).
+    hyper: Vec<(&'static str, u64)>,
+}
+
+struct CacheEntry {
+    key: ProgramKey,
+    runtime: Arc<Runtime>,
+    /// Bytes one run reads and writes (parameters plus results).
+    bytes: u64,
+    /// Whether the program is the optimizer's rule (else its `step` as a custom call).
+    rule: bool,
+    last_used: u64,
+}
+
+/// A bounded LRU cache of compiled programs.
+struct ProgramCache {
+    capacity: usize,
+    entries: Vec<CacheEntry>,
+    clock: u64,
+    hits: u64,
+    misses: u64,
+    evictions: u64,
+}
+
+impl ProgramCache {
+    fn lookup(&mut self, key: &ProgramKey) -> Option<(Arc<Runtime>, u64, bool)> {
+        self.clock += 1;
+        let clock = self.clock;
+        match self.entries.iter_mut().find(|e| &e.key == key) {
+            Some(e) => {
+                e.last_used = clock;
+                self.hits += 1;
+                Some((e.runtime.clone(), e.bytes, e.rule))
+            }
+            None => {
+                self.misses += 1;
+                None
+            }
+        }
+    }
+
+    fn insert(&mut self, key: ProgramKey, runtime: Arc<Runtime>, bytes: u64, rule: bool) {
+        if self.entries.len() >= self.capacity
+            && let Some(lru) = self
+                .entries
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, e)| e.last_used)
+                .map(|(i, _)| i)
+        {
+            self.entries.swap_remove(lru);
+            self.evictions += 1;
+        }
+        self.entries.push(CacheEntry {
+            key,
+            runtime,
+            bytes,
+            rule,
+            last_used: self.clock,
+        });
+    }
+
+    fn stats(&self) -> CacheStats {
+        CacheStats {
+            hits: self.hits,
+            misses: self.misses,
+            evictions: self.evictions,
+            entries: self.entries.len(),
+            capacity: self.capacity,
+        }
+    }
+}
+
+/// The components of a TPU optimizer's world that a snapshot carries.
+pub fn tpu_registry() -> SnapshotRegistry {
+    let mut registry = SnapshotRegistry::default();
+    registry
+        .component::<Device>("topology.Device")
+        .component::<HbmCapacity>("topology.HbmCapacity")
+        .component::<OptimizerSlot>("tpu.OptimizerSlot")
+        .component::<OptimizerCount>("tpu.OptimizerCount");
+    registry
+}
+
+/// An optimizer compiled and run as a TPU program (see the module docs).
+pub struct TPUOptimizer<O, A = f32> {
+    base: O,
+    config: TPUConfig,
+    world: World,
+    devices: Vec<Entity>,
+    cache: ProgramCache,
+    profile: TpuProfile,
+    /// Cached queries (building a query state costs more than a small step).
+    counts: QueryState<(Entity, &'static mut OptimizerCount)>,
+    slots: QueryState<&'static mut OptimizerSlot>,
+    _element: PhantomData<fn() -> A>,
+}
+
+impl<O, A> std::fmt::Debug for TPUOptimizer<O, A> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TPUOptimizer")
+            .field("config", &self.config)
+            .field("cache", &self.cache.stats())
+            .finish()
+    }
+}
+
+/// Runs the opaque optimizer's `step` for the `optirs.step` custom call.
+struct StepCall<'o, O, A> {
+    base: &'o mut O,
+    _element: PhantomData<fn() -> A>,
+}
+
+impl<O: Optimizer<A, IxDyn>, A: FloatElement + Element> CustomCallHandler for StepCall<'_, O, A> {
+    fn call(&mut self, target: &str, args: &[&Tensor], _: &TensorType) -> Result<Tensor, String> {
+        if target != graph::STEP_TARGET {
+            return Err(format!("unknown target (known: {})", graph::STEP_TARGET));
+        }
+        let [p, g] = args else {
+            return Err(format!(
+                "takes params and grads, got {} operands",
+                args.len()
+            ));
+        };
+        let as_array = |t: &Tensor| {
+            A::from_tensor((*t).clone()).map_err(|t| format!("operand is {}", t.tensor_type()))
+        };
+        let (p, g): (ArrayD<A>, ArrayD<A>) = (as_array(p)?, as_array(g)?);
+        self.base
+            .step(&p, &g)
+            .map(A::into_tensor)
+            .map_err(|e| e.to_string())
+    }
+}
+
+impl<O, A> TPUOptimizer<O, A>
+where
+    O: Optimizer<A, IxDyn>,
+    A: FloatElement + Element,
+{
+    /// Wraps `base` after checking `config`; spawns one device entity per
+    /// chip, each with its HBM heap.
+    pub fn new(base: O, config: TPUConfig) -> Result<Self> {
+        let chips = config.validate()?;
+        let spec = config.tpu_version.spec();
+        let hbm = config.hbm_bytes.unwrap_or(spec.hbm_bytes);
+        let capacity = usize::try_from(hbm).map_err(|_| {
+            OptimError::InvalidConfig(format!("hbm_bytes = {hbm} does not fit this host"))
+        })?;
+        let mut world = World::new();
+        let devices = (0..chips as u32)
+            .map(|id| {
+                world
+                    .spawn((
+                        Device {
+                            id: DeviceId(id),
+                            generation: config.tpu_version,
+                            cores: spec.cores_per_chip,
+                        },
+                        HbmCapacity(hbm),
+                        DeviceHeap(Heap::new(capacity, ALIGNMENT)),
+                    ))
+                    .id()
+            })
+            .collect();
+        let cache = ProgramCache {
+            capacity: config.cache_capacity,
+            entries: Vec::new(),
+            clock: 0,
+            hits: 0,
+            misses: 0,
+            evictions: 0,
+        };
+        let counts = world.query();
+        let slots = world.query();
+        Ok(TPUOptimizer {
+            base,
+            config,
+            counts,
+            slots,
+            world,
+            devices,
+            cache,
+            profile: TpuProfile::default(),
+            _element: PhantomData,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &TPUConfig {
+        &self.config
+    }
+
+    /// The wrapped optimizer (its hyper-parameters; a compiled optimizer's
+    /// state lives in the world, not in it).
+    pub fn base(&self) -> &O {
+        &self.base
+    }
+
+    /// The world holding devices and optimizer state.
+    pub fn world(&self) -> &World {
+        &self.world
+    }
+
+    /// What has been compiled, run and reserved so far.
+    pub fn profile(&self) -> TpuProfile {
+        let mut p = self.profile.clone();
+        p.cache = self.cache.stats();
+        p
+    }
+
+    /// HBM reservations and releases, oldest first (empty until a step ran).
+    pub fn memory_export(&self) -> Vec<MemoryEvent> {
+        self.profile.memory.timeline.iter().cloned().collect()
+    }
+
+    /// Steps taken (0 before the first step and after a reset).
+    pub fn step_count(&mut self) -> i32 {
+        self.count_state().map_or(0, |(_, c)| c.count)
+    }
+
+    /// The state slot `name` (e.g. Adam's `mu`), if the state exists.
+    pub fn slot(&mut self, name: &str) -> Option<Tensor> {
+        let mut q = self.world.query::<&OptimizerSlot>();
+        q.iter(&self.world)
+            .find(|s| s.name == name)
+            .map(|s| s.tensor.clone())
+    }
+
+    /// One step: the new params. Compiles on the first step of a shape
+    /// (and after a hyper-parameter change), then reuses the program.
+    pub fn tpu_step<D: Dimension>(
+        &mut self,
+        params: &Array<A, D>,
+        grads: &Array<A, D>,
+    ) -> Result<Array<A, D>> {
+        check_shapes(params, grads)?;
+        let shape = params.shape().to_vec();
+        let out = self.execute(&shape, Arg::view(params), Arg::view(grads))?;
+        let t = match out {
+            RunOutput::Owned(t) => t,
+            RunOutput::InArgument(_) => A::into_tensor(params.to_owned().into_dyn()),
+        };
+        into_array(t, params.raw_dim())
+    }
+
+    /// One step that overwrites `params` (a donated buffer: the program
+    /// writes the new params over the old ones).
+    pub fn tpu_step_in_place<D: Dimension>(
+        &mut self,
+        params: &mut Array<A, D>,
+        grads: &Array<A, D>,
+    ) -> Result<()> {
+        check_shapes(params, grads)?;
+        let shape = params.shape().to_vec();
+        let dim = params.raw_dim();
+        let out = self.execute(&shape, Arg::donated(params), Arg::view(grads))?;
+        if let RunOutput::Owned(t) = out {
+            *params = into_array(t, dim)?;
+        }
+        Ok(())
+    }
+
+    /// Drops the optimizer state (the next step starts at count 0).
+    pub fn reset_state(&mut self) {
+        let entities: Vec<Entity> = self
+            .world
+            .query_filtered::<Entity, Or<(With<OptimizerSlot>, With<OptimizerCount>)>>()
+            .iter(&self.world)
+            .collect();
+        for e in entities {
+            self.world.despawn(e);
+        }
+        self.base.reset();
+    }
+
+    /// A snapshot of the world: devices and optimizer state.
+    pub fn snapshot(&mut self) -> Result<WorldSnapshot> {
+        let tick = u64::try_from(self.step_count()).unwrap_or(0);
+        Ok(tpu_registry().capture(&mut self.world, tick)?)
+    }
+
+    /// Restores a snapshot taken by [`TPUOptimizer::snapshot`]; verified
+    /// before the world is touched.
+    pub fn restore(&mut self, snapshot: &WorldSnapshot) -> Result<()> {
+        tpu_registry().restore(&mut self.world, snapshot)?;
+        let mut q = self.world.query_filtered::<Entity, With<Device>>();
+        let mut devices: Vec<(u32, Entity)> = q
+            .iter(&self.world)
+            .map(|e| (self.world.get::<Device>(e).map_or(0, |d| d.id.0), e))
+            .collect();
+        devices.sort();
+        let capacity = |w: &World, e: Entity| w.get::<HbmCapacity>(e).map_or(0, |c| c.0);
+        for &(_, e) in &devices {
+            let bytes = usize::try_from(capacity(&self.world, e)).unwrap_or(usize::MAX);
+            self.world
+                .entity_mut(e)
+                .insert(DeviceHeap(Heap::new(bytes, ALIGNMENT)));
+        }
+        self.devices = devices.into_iter().map(|(_, e)| e).collect();
+        Ok(())
+    }
+
+    fn count_state(&mut self) -> Option<(Entity, OptimizerCount)> {
+        self.counts
+            .iter(&self.world)
+            .next()
+            .map(|(e, c)| (e, c.clone()))
+    }
+
+    /// The compiled program for `shape` (from the cache or compiled now).
+    fn program(&mut self, shape: &[usize]) -> Result<(Arc<Runtime>, u64, bool)> {
+        let rule = self.base.update_rule();
+        let key = ProgramKey {
+            shape: shape.to_vec(),
+            dtype: <A as Element>::DTYPE,
+            optimizer: self.base.name().to_owned(),
+            hyper: rule.map_or_else(Vec::new, |r| {
+                r.hyper_parameters()
+                    .iter()
+                    .map(|h| (h.name, h.value.to_bits()))
+                    .collect()
+            }),
+        };
+        if let Some(found) = self.cache.lookup(&key) {
+            return Ok(found);
+        }
+        let started = Instant::now();
+        let ty = TensorType::new(<A as Element>::DTYPE, shape.to_vec());
+        let mut world = xla::compiler_world();
+        let (program, is_rule) = match rule.map(|r| graph::build_update_graph(&mut world, r, shape))
+        {
+            Some(Ok(p)) => (p, true),
+            // No rule, or one the graph cannot express: the optimizer's own step.
+            _ => {
+                let mut fresh = xla::compiler_world();
+                let p = graph::build_custom_call_graph(&mut fresh, self.base.name(), &ty);
+                world = fresh;
+                (p, false)
+            }
+        };
+        let report = xla::compile(&mut world, program)?;
+        // Output 0 (params) over parameter 0, output k (slot k - 1) over
+        // parameter k + 1; the count and the grads are never written.
+        let aliases: Vec<(usize, usize)> = if is_rule {
+            (0..report.executable.outputs.len())
+                .map(|o| (o, if o == 0 { 0 } else { o + 1 }))
+                .collect()
+        } else {
+            vec![(0, 0)]
+        };
+        let runtime = Arc::new(Runtime::with_aliases(report.executable.clone(), &aliases));
+        let exe = &report.executable;
+        let param_bytes: usize = exe.parameters.iter().map(TensorType::byte_size).sum();
+        let result_bytes: usize = exe
+            .outputs
+            .iter()
+            .filter_map(|r| match r {
+                xla::executable::ValueRef::Buffer(b) => {
+                    TensorType::parse(&exe.buffers[*b as usize].ty)
+                }
+                xla::executable::ValueRef::Constant(_) => None,
+            })
+            .map(|t| t.byte_size())
+            .sum();
+        let bytes = (param_bytes + result_bytes) as u64;
+        let seconds = started.elapsed().as_secs_f64();
+        self.profile.compiles += 1;
+        self.profile.compile_seconds += seconds;
+        self.profile.last_compile_seconds = seconds;
+        self.profile.last_program = exe.name.clone();
+        self.profile.last_kernels = exe.kernels.len();
+        self.cache.insert(key, runtime.clone(), bytes, is_rule);
+        Ok((runtime, bytes, is_rule))
+    }
+
+    /// Makes sure the state exists for `shape`; returns the next count.
+    fn prepare_state(
+        &mut self,
+        rule_slots: &[&'static str],
+        initial: &[A],
+        shape: &[usize],
+    ) -> Result<i32> {
+        if let Some((e, c)) = self.count_state() {
+            if rule_slots.is_empty() {
+                // No per-element state: any shape, like the base optimizer.
+                if c.shape != shape
+                    && let Some(mut stored) = self.world.get_mut::<OptimizerCount>(e)
+                {
+                    stored.shape = shape.to_vec();
+                }
+            } else if c.shape != shape {
+                return Err(OptimError::StateShapeMismatch {
+                    optimizer: self.base.name().to_owned(),
+                    state: c.shape,
+                    params: shape.to_vec(),
+                });
+            }
+            return Ok(c.count.saturating_add(1));
+        }
+        for (i, name) in rule_slots.iter().enumerate() {
+            let value = initial.get(i).copied().unwrap_or_else(A::zero);
+            self.world.spawn(OptimizerSlot {
+                name: (*name).to_owned(),
+                index: i as u32,
+                tensor: A::into_tensor(ArrayD::from_elem(IxDyn(shape), value)),
+            });
+        }
+        self.world.spawn(OptimizerCount {
+            count: 0,
+            shape: shape.to_vec(),
+        });
+        Ok(1)
+    }
+
+    fn execute(&mut self, shape: &[usize], params: Arg<'_>, grads: Arg<'_>) -> Result<RunOutput> {
+        let (runtime, bytes, compiled_rule) = self.program(shape)?;
+        let mut next_count = 0;
+        if compiled_rule {
+            let (slots, initial) = match self.base.update_rule() {
+                Some(r) => (r.slot_names(), r.initial_slot_values()),
+                None => (&[][..], Vec::new()),
+            };
+            next_count = self.prepare_state(slots, &initial, shape)?;
+        }
+        let heap_bytes = runtime.executable().heap_bytes;
+        let reservation = self.reserve(heap_bytes, &runtime.executable().name)?;
+        let started = Instant::now();
+        let result = self.run(&runtime, params, grads, compiled_rule, next_count);
+        let seconds = started.elapsed().as_secs_f64();
+        self.release(reservation)?;
+        let out = result?;
+        if compiled_rule && let Some((_, mut c)) = self.counts.iter_mut(&mut self.world).next() {
+            c.count = next_count;
+        }
+        self.profile.executions += 1;
+        self.profile.execute_seconds += seconds;
+        self.profile.last_execute_seconds = seconds;
+        self.profile.bytes_moved += bytes;
+        Ok(out)
+    }
+
+    fn run(
+        &mut self,
+        runtime: &Runtime,
+        params: Arg<'_>,
+        grads: Arg<'_>,
+        compiled_rule: bool,
+        next_count: i32,
+    ) -> Result<RunOutput> {
+        let TPUOptimizer {
+            base,
+            world,
+            slots: slot_query,
+            ..
+        } = self;
+        let mut handler = StepCall::<O, A> {
+            base,
+            _element: PhantomData,
+        };
+        if !compiled_rule {
+            let mut outs = runtime.run(vec![params, grads], &mut handler)?;
+            return Ok(outs.swap_remove(0));
+        }
+        let mut slots: Vec<Mut<'_, OptimizerSlot>> = slot_query.iter_mut(world).collect();
+        slots.sort_by_key(|s| s.index);
+        let mut args = Vec::with_capacity(slots.len() + 3);
+        args.push(params);
+        args.push(grads);
+        if let Some(s) = slots
+            .iter()
+            .find(|s| s.tensor.dtype() != <A as Element>::DTYPE)
+        {
+            return Err(OptimError::InvalidState {
+                optimizer: base_name(handler.base),
+                reason: format!("slot `{}` does not hold {}", s.name, <A as Element>::DTYPE),
+            });
+        }
+        for s in slots.iter_mut() {
+            if let Some(a) = A::array_mut(&mut s.tensor) {
+                args.push(Arg::donated(a));
+            }
+        }
+        args.push(Arg::owned(Tensor::scalar(
+            DType::I32,
+            f64::from(next_count),
+        )));
+        let outs = runtime.run(args, &mut handler)?;
+        let mut outs = outs.into_iter();
+        let first = outs.next().ok_or_else(|| OptimError::InvalidState {
+            optimizer: "tpu".into(),
+            reason: "the program returned no params".into(),
+        })?;
+        for (slot, out) in slots.iter_mut().zip(outs) {
+            if let RunOutput::Owned(t) = out {
+                slot.tensor = t;
+            }
+        }
+        Ok(first)
+    }
+
+    fn reserve(&mut self, bytes: usize, program: &str) -> Result<Option<(Entity, usize)>> {
+        if bytes == 0 {
+            return Ok(None);
+        }
+        let Some(&device) = self.devices.first() else {
+            return Err(OptimError::InvalidConfig(
+                "the optimizer has no device".into(),
+            ));
+        };
+        let name = self.device_name(device);
+        let mut heap = self
+            .world
+            .get_mut::<DeviceHeap>(device)
+            .ok_or_else(|| OptimError::InvalidConfig(format!("{name} has no HBM heap")))?;
+        let block = heap
+            .0
+            .alloc(bytes)
+            .map_err(|_| OptimError::OutOfDeviceMemory {
+                device: name.clone(),
+                requested: bytes as u64,
+                free: heap.0.free_bytes() as u64,
+                largest_free: heap.0.largest_free() as u64,
+            })?;
+        let snapshot = HbmSnapshot {
+            device: name,
+            program: program.to_owned(),
+            reserved_bytes: block.size as u64,
+            used_bytes: heap.0.used_bytes() as u64,
+            free_bytes: heap.0.free_bytes() as u64,
+            largest_free_bytes: heap.0.largest_free() as u64,
+            capacity_bytes: heap.0.capacity() as u64,
+        };
+        let used = snapshot.used_bytes;
+        self.profile.memory.record(MemoryEvent {
+            kind: MemoryEventKind::Reserve,
+            device: snapshot.device.clone(),
+            bytes: block.size as u64,
+            offset: block.offset as u64,
+            used_after: used,
+        });
+        if self
+            .profile
+            .memory
+            .peak
+            .as_ref()
+            .is_none_or(|p| used > p.used_bytes)
+        {
+            self.profile.memory.peak = Some(snapshot);
+        }
+        Ok(Some((device, block.offset)))
+    }
+
+    fn release(&mut self, reservation: Option<(Entity, usize)>) -> Result<()> {
+        let Some((device, offset)) = reservation else {
+            return Ok(());
+        };
+        let name = self.device_name(device);
+        let mut heap = self
+            .world
+            .get_mut::<DeviceHeap>(device)
+            .ok_or_else(|| OptimError::InvalidConfig(format!("{name} has no HBM heap")))?;
+        let before = heap.0.used_bytes();
+        heap.0
+            .free(offset)
+            .map_err(|e| OptimError::InvalidConfig(format!("{name}: {e}")))?;
+        let after = heap.0.used_bytes();
+        self.profile.memory.record(MemoryEvent {
+            kind: MemoryEventKind::Release,
+            device: name,
+            bytes: (before - after) as u64,
+            offset: offset as u64,
+            used_after: after as u64,
+        });
+        Ok(())
+    }
+
+    fn device_name(&self, device: Entity) -> String {
+        match self.world.get::<Device>(device) {
+            Some(d) => format!("{} ({})", d.id, d.generation),
+            None => format!("{device}"),
+        }
+    }
+}
+
+fn base_name<A, O: Optimizer<A, IxDyn>>(o: &O) -> String {
+    o.name().to_owned()
+}
+
+fn check_shapes<A, D: Dimension>(params: &Array<A, D>, grads: &Array<A, D>) -> Result<()> {
+    if params.shape() == grads.shape() {
+        Ok(())
+    } else {
+        Err(OptimError::ShapeMismatch {
+            params: params.shape().to_vec(),
+            grads: grads.shape().to_vec(),
+        })
+    }
+}
+
+fn into_array<A: Element, D: Dimension>(t: Tensor, dim: D) -> Result<Array<A, D>> {
+    let ty = t.tensor_type();
+    let a = A::from_tensor(t).map_err(|t| OptimError::InvalidState {
+        optimizer: "tpu".into(),
+        reason: format!(
+            "the program returned {}, expected {}",
+            t.tensor_type(),
+            <A as Element>::DTYPE
+        ),
+    })?;
+    a.into_shape_with_order(dim)
+        .map_err(|e| OptimError::InvalidState {
+            optimizer: "tpu".into(),
+            reason: format!("the program returned {ty}: {e}"),
+        })
+}
+
+impl<O, A, D> Optimizer<A, D> for TPUOptimizer<O, A>
+where
+    O: Optimizer<A, IxDyn>,
+    A: FloatElement + Element,
+    D: Dimension,
+{
+    fn step(&mut self, params: &Array<A, D>, grads: &Array<A, D>) -> Result<Array<A, D>> {
+        self.tpu_step(params, grads)
+    }
+
+    fn step_in_place(&mut self, params: &mut Array<A, D>, grads: &Array<A, D>) -> Result<()> {
+        self.tpu_step_in_place(params, grads)
+    }
+
+    fn learning_rate(&self) -> A {
+        self.base.learning_rate()
+    }
+
+    fn set_learning_rate(&mut self, lr: A) {
+        self.base.set_learning_rate(lr);
+    }
+
+    fn name(&self) -> &str {
+        self.base.name()
+    }
+
+    fn reset(&mut self) {
+        self.reset_state();
+    }
+
+    fn update_rule(&self) -> Option<&dyn UpdateRule<A>> {
+        self.base.update_rule()
+    }
+}

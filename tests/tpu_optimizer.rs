@@ -1,0 +1,507 @@
+//! `TPUOptimizer`: golden vectors through the compiled step, equivalence
+//! with the base optimizers, the program cache, errors, IEEE specials,
+//! opaque optimizers, HBM reservations, profile and checkpoints.
+
+use ndarray::{Array, Array1, Array2, ArrayD, IxDyn};
+use optirs_tpu::error::OptimError;
+use optirs_tpu::optimizers::{Adagrad, Adam, AdamW, Momentum, Nesterov, RMSProp, SGD};
+use optirs_tpu::tpu::{MemoryEventKind, bench_optimizer};
+use optirs_tpu::{Optimizer, TPUConfig, TPUOptimizer, TPUVersion};
+use serde_json::Value;
+
+const GOLDEN: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/optimizers.json");
+
+type Boxed = Box<dyn Optimizer<f32, IxDyn>>;
+
+fn f32s(v: &Value) -> Vec<f32> {
+    v.as_array()
+        .expect("array")
+        .iter()
+        .map(|x| x.as_f64().expect("number") as f32)
+        .collect()
+}
+
+fn hp(case: &Value, name: &str) -> f64 {
+    case["hyperparameters"][name].as_f64().expect(name)
+}
+
+fn build(case: &Value) -> Boxed {
+    let lr = hp(case, "learning_rate") as f32;
+    match case["optimizer"].as_str().expect("name") {
+        "sgd" => Box::new(SGD::new(lr)),
+        "momentum" => Box::new(Momentum::new(lr, hp(case, "momentum"))),
+        "nesterov" => Box::new(Nesterov::new(lr, hp(case, "momentum"))),
+        "adam" => Box::new(
+            Adam::new(lr)
+                .with_betas(hp(case, "b1"), hp(case, "b2"))
+                .with_eps(hp(case, "eps"))
+                .with_eps_root(hp(case, "eps_root")),
+        ),
+        "adamw" => Box::new(
+            AdamW::new(lr, hp(case, "weight_decay"))
+                .with_betas(hp(case, "b1"), hp(case, "b2"))
+                .with_eps(hp(case, "eps"))
+                .with_eps_root(hp(case, "eps_root")),
+        ),
+        "rmsprop" => Box::new(
+            RMSProp::new(lr)
+                .with_decay(hp(case, "decay"))
+                .with_eps(hp(case, "eps"))
+                .with_initial_scale(hp(case, "initial_scale")),
+        ),
+        "adagrad" => Box::new(
+            Adagrad::new(lr)
+                .with_initial_accumulator_value(hp(case, "initial_accumulator_value"))
+                .with_eps(hp(case, "eps")),
+        ),
+        other => panic!("unknown optimizer {other}"),
+    }
+}
+
+fn every_optimizer() -> Vec<Boxed> {
+    vec![
+        Box::new(SGD::new(0.05f32)),
+        Box::new(Momentum::new(0.05f32, 0.9)),
+        Box::new(Nesterov::new(0.05f32, 0.9)),
+        Box::new(Adam::new(0.01f32)),
+        Box::new(AdamW::new(0.01f32, 0.01)),
+        Box::new(RMSProp::new(0.01f32)),
+        Box::new(Adagrad::new(0.1f32)),
+    ]
+}
+
+fn tpu(base: Boxed) -> TPUOptimizer<Boxed, f32> {
+    TPUOptimizer::new(base, TPUConfig::default()).unwrap()
+}
+
+fn bits(a: &[f32]) -> Vec<u32> {
+    a.iter().map(|x| x.to_bits()).collect()
+}
+
+/// Values with a deterministic spread of signs and magnitudes.
+fn data(n: usize, seed: u32) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(2_654_435_761) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 17;
+            s ^= s << 5;
+            (s % 20_000) as f32 / 10_000.0 - 1.0
+        })
+        .collect()
+}
+
+#[test]
+fn golden_vectors_through_tpu_step_are_bit_exact() {
+    let golden: Value = serde_json::from_str(&std::fs::read_to_string(GOLDEN).unwrap()).unwrap();
+    for case in golden["cases"].as_array().unwrap() {
+        let id = case["id"].as_str().unwrap();
+        let mut opt = tpu(build(case));
+        let mut params = Array1::from(f32s(&case["params0"]));
+        for (step, grads) in case["grads"].as_array().unwrap().iter().enumerate() {
+            let grads = Array1::from(f32s(grads));
+            params = opt.tpu_step(&params, &grads).unwrap();
+            let expected = f32s(&case["params"][step]);
+            assert_eq!(
+                bits(params.as_slice().unwrap()),
+                bits(&expected),
+                "{id} step {step}: params differ from optax"
+            );
+            let jit = f32s(&case["params_jit"][step]);
+            for (a, b) in params.iter().zip(&jit) {
+                assert!((a - b).abs() <= 1e-6, "{id} step {step}: {a} vs jit {b}");
+            }
+        }
+        for (key, value) in case["final_state"].as_object().unwrap() {
+            let name = key.rsplit('.').next().unwrap();
+            if name == "count" {
+                assert_eq!(
+                    i64::from(opt.step_count()),
+                    value.as_i64().unwrap(),
+                    "{id}: count"
+                );
+                continue;
+            }
+            let slot = opt
+                .slot(name)
+                .unwrap_or_else(|| panic!("{id}: slot {name}"));
+            assert_eq!(
+                bits(
+                    &slot
+                        .to_f64_vec()
+                        .iter()
+                        .map(|&v| v as f32)
+                        .collect::<Vec<_>>()
+                ),
+                bits(&f32s(value)),
+                "{id}: state {name}"
+            );
+        }
+        assert_eq!(opt.profile().cache.misses, 1, "{id}: compiled once");
+    }
+}
+
+#[test]
+fn tpu_step_is_bit_identical_to_the_base_step_on_many_chunks() {
+    // 37 x 1500 elements: many runtime chunks with an uneven tail.
+    let shape = (37, 1500);
+    for (mut base, wrapped) in every_optimizer().into_iter().zip(every_optimizer()) {
+        let name = base.name().to_owned();
+        let mut opt = tpu(wrapped);
+        let mut p_base = Array2::from_shape_vec(shape, data(37 * 1500, 1))
+            .unwrap()
+            .into_dyn();
+        let mut p_tpu = Array2::from_shape_vec(shape, data(37 * 1500, 1)).unwrap();
+        let mut p_in_place = p_tpu.clone();
+        let mut in_place = tpu(every_optimizer()
+            .into_iter()
+            .find(|o| o.name() == name)
+            .unwrap());
+        for step in 0..4 {
+            let g = Array2::from_shape_vec(shape, data(37 * 1500, step + 7)).unwrap();
+            p_base = base.step(&p_base, &g.clone().into_dyn()).unwrap();
+            p_tpu = opt.tpu_step(&p_tpu, &g).unwrap();
+            in_place.tpu_step_in_place(&mut p_in_place, &g).unwrap();
+            assert_eq!(
+                bits(p_base.as_slice().unwrap()),
+                bits(p_tpu.as_slice().unwrap()),
+                "{name} step {step}"
+            );
+            assert_eq!(p_tpu, p_in_place, "{name} step {step}: in place");
+        }
+        let state = base.update_rule().unwrap().state().unwrap().clone();
+        assert_eq!(opt.step_count(), state.count, "{name}");
+        for slot in &state.slots {
+            let ours = opt.slot(slot.name).unwrap();
+            let theirs: Vec<f64> = slot.value.iter().map(|&v| f64::from(v)).collect();
+            assert_eq!(ours.to_f64_vec(), theirs, "{name}: slot {}", slot.name);
+        }
+        if name == "adam" {
+            assert_eq!(opt.profile().last_kernels, 1, "adam fuses into one kernel");
+        }
+    }
+}
+
+#[test]
+fn f64_params_compile_too() {
+    let mut base = Adam::new(0.01f64);
+    let mut opt = TPUOptimizer::new(Adam::new(0.01f64), TPUConfig::default()).unwrap();
+    let mut p = Array1::from_iter((0..5000).map(|i| f64::from(i) * 1e-3));
+    let mut q = p.clone();
+    for step in 0..3 {
+        let g = Array1::from_iter((0..5000).map(|i| f64::from((i * 7 + step) % 13) - 6.0));
+        p = base.step(&p, &g).unwrap();
+        q = opt.tpu_step(&q, &g).unwrap();
+        assert_eq!(p, q, "step {step}");
+    }
+}
+
+#[test]
+fn the_second_step_is_a_cache_hit_and_changes_recompile() {
+    let mut opt = TPUOptimizer::new(Adam::new(0.01f32), TPUConfig::default()).unwrap();
+    let p = Array1::from(data(100, 1));
+    let g = Array1::from(data(100, 2));
+    let p1 = opt.tpu_step(&p, &g).unwrap();
+    let cache = opt.profile().cache;
+    assert_eq!((cache.hits, cache.misses, cache.entries), (0, 1, 1));
+    opt.tpu_step(&p1, &g).unwrap();
+    let cache = opt.profile().cache;
+    assert_eq!(
+        (cache.hits, cache.misses),
+        (1, 1),
+        "same program for step 2"
+    );
+    Optimizer::<f32, ndarray::Ix1>::set_learning_rate(&mut opt, 0.02);
+    opt.tpu_step(&p1, &g).unwrap();
+    let cache = opt.profile().cache;
+    assert_eq!(
+        (cache.hits, cache.misses, cache.entries),
+        (1, 2, 2),
+        "new hyper-parameters"
+    );
+    assert_eq!(opt.profile().compiles, 2);
+}
+
+#[test]
+fn the_cache_is_bounded_and_evicts_the_least_recently_used() {
+    let config = TPUConfig {
+        cache_capacity: 2,
+        ..Default::default()
+    };
+    let mut opt = TPUOptimizer::new(SGD::new(0.1f32), config).unwrap();
+    for n in [3usize, 4, 3, 5, 3, 4] {
+        let p = Array1::from(data(n, 1));
+        opt.tpu_step(&p, &p).unwrap();
+    }
+    let cache = opt.profile().cache;
+    // 3 miss, 4 miss, 3 hit, 5 miss (evicts 4), 3 hit, 4 miss (evicts 5).
+    assert_eq!((cache.hits, cache.misses, cache.evictions), (2, 4, 2));
+    assert_eq!(cache.entries, 2);
+}
+
+#[test]
+fn shape_mismatches_are_errors() {
+    let mut opt = TPUOptimizer::new(Adam::new(0.01f32), TPUConfig::default()).unwrap();
+    let p = Array1::from(data(4, 1));
+    let g = Array1::from(data(5, 2));
+    let err = opt.tpu_step(&p, &g).unwrap_err();
+    assert!(matches!(err, OptimError::ShapeMismatch { .. }), "{err}");
+    assert_eq!(opt.profile().executions, 0);
+    opt.tpu_step(&p, &p).unwrap();
+    let other = Array1::from(data(6, 1));
+    let err = opt.tpu_step(&other, &other).unwrap_err();
+    assert!(
+        matches!(err, OptimError::StateShapeMismatch { .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("reset()"), "{err}");
+    Optimizer::<f32, ndarray::Ix1>::reset(&mut opt);
+    opt.tpu_step(&other, &other).unwrap();
+    assert_eq!(opt.step_count(), 1);
+}
+
+#[test]
+fn nan_and_inf_in_grads_propagate_like_the_base_step() {
+    let g = Array1::from(vec![
+        f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        0.0,
+        -0.0,
+        1.0,
+    ]);
+    let p = Array1::from(vec![1.0f32, 2.0, 3.0, -0.0, 0.0, f32::INFINITY]);
+    for (mut base, wrapped) in every_optimizer().into_iter().zip(every_optimizer()) {
+        let name = base.name().to_owned();
+        let mut opt = tpu(wrapped);
+        let expected = base
+            .step(&p.clone().into_dyn(), &g.clone().into_dyn())
+            .unwrap();
+        let got = opt.tpu_step(&p, &g).unwrap();
+        assert_eq!(
+            bits(expected.as_slice().unwrap()),
+            bits(got.as_slice().unwrap()),
+            "{name}"
+        );
+        assert!(got[0].is_nan(), "{name}: NaN grad gives NaN param");
+    }
+}
+
+/// An optimizer with no update rule: `p - lr * sign(g)`.
+struct SignSgd {
+    lr: f32,
+    steps: usize,
+}
+
+impl<D: ndarray::Dimension> Optimizer<f32, D> for SignSgd {
+    fn step(
+        &mut self,
+        params: &Array<f32, D>,
+        grads: &Array<f32, D>,
+    ) -> optirs_tpu::Result<Array<f32, D>> {
+        self.steps += 1;
+        Ok(params - &grads.mapv(|g| self.lr * g.signum()))
+    }
+    fn learning_rate(&self) -> f32 {
+        self.lr
+    }
+    fn set_learning_rate(&mut self, lr: f32) {
+        self.lr = lr;
+    }
+    fn name(&self) -> &str {
+        "sign-sgd"
+    }
+    fn reset(&mut self) {}
+}
+
+#[test]
+fn an_optimizer_without_a_rule_runs_as_a_custom_call() {
+    let mut opt = TPUOptimizer::new(SignSgd { lr: 0.5, steps: 0 }, TPUConfig::default()).unwrap();
+    let p = Array2::from_shape_vec((2, 3), vec![1.0f32, 2., 3., 4., 5., 6.]).unwrap();
+    let g = Array2::from_shape_vec((2, 3), vec![-1.0f32, 0.5, 0., 2., -3., 1.]).unwrap();
+    let out = opt.tpu_step(&p, &g).unwrap();
+    // Rust's signum(+0.0) is 1.
+    assert_eq!(out.as_slice().unwrap(), &[1.5, 1.5, 2.5, 3.5, 5.5, 5.5]);
+    let out = opt.tpu_step(&out, &g).unwrap();
+    assert_eq!(out[[0, 0]], 2.0);
+    assert_eq!(opt.base().steps, 2);
+    let profile = opt.profile();
+    assert_eq!((profile.cache.misses, profile.cache.hits), (1, 1));
+    assert!(
+        profile.last_program.contains("opaque"),
+        "{}",
+        profile.last_program
+    );
+}
+
+#[test]
+fn config_is_validated_with_descriptive_errors() {
+    let bad = |c: TPUConfig| {
+        TPUOptimizer::new(SGD::new(0.1f32), c)
+            .unwrap_err()
+            .to_string()
+    };
+    let e = bad(TPUConfig {
+        num_cores: 0,
+        ..Default::default()
+    });
+    assert!(e.contains("num_cores is 0"), "{e}");
+    let e = bad(TPUConfig {
+        tpu_version: TPUVersion::V4,
+        num_cores: 3,
+        ..Default::default()
+    });
+    assert!(
+        e.contains("not a multiple of 2") && e.contains("use 2 or 4"),
+        "{e}"
+    );
+    let e = bad(TPUConfig {
+        tpu_version: TPUVersion::V5e,
+        num_cores: 512,
+        ..Default::default()
+    });
+    assert!(e.contains("largest v5e pod has 256 chips"), "{e}");
+    let e = bad(TPUConfig {
+        cache_capacity: 0,
+        ..Default::default()
+    });
+    assert!(e.contains("cache_capacity"), "{e}");
+    assert!(
+        TPUOptimizer::new(
+            SGD::new(0.1f32),
+            TPUConfig {
+                tpu_version: TPUVersion::V5e,
+                num_cores: 1,
+                ..Default::default()
+            }
+        )
+        .is_ok()
+    );
+}
+
+#[test]
+fn executions_reserve_and_release_hbm_and_profile_the_peak() {
+    let mut opt = TPUOptimizer::new(Adam::new(0.01f32), TPUConfig::default()).unwrap();
+    assert!(opt.memory_export().is_empty(), "nothing ran yet");
+    assert!(opt.profile().memory.peak.is_none());
+    let p = Array1::from(data(10_000, 1));
+    opt.tpu_step(&p, &p).unwrap();
+    let profile = opt.profile();
+    assert_eq!(profile.memory.reservations, 1);
+    assert_eq!(profile.memory.releases, 1);
+    let events = opt.memory_export();
+    assert_eq!(events[0].kind, MemoryEventKind::Reserve);
+    assert_eq!(events[1].kind, MemoryEventKind::Release);
+    assert_eq!(events[1].used_after, 0, "released");
+    let peak = profile.memory.peak.clone().unwrap();
+    // Adam at 1e4 f32: params, grads, mu, nu of 40 kB each (in place).
+    assert!(peak.reserved_bytes >= 4 * 40_000, "{peak:?}");
+    assert_eq!(peak.used_bytes, peak.reserved_bytes, "taken while held");
+    assert_eq!(peak.device, "device 0 (v4)");
+    assert!(profile.bytes_moved >= 7 * 40_000);
+    assert!(profile.execute_seconds > 0.0 && profile.compile_seconds > 0.0);
+    let json: Value = serde_json::from_str(&profile.to_json()).unwrap();
+    for key in [
+        "compiles",
+        "execute_seconds",
+        "bytes_moved",
+        "cache",
+        "memory",
+    ] {
+        assert!(json.get(key).is_some(), "{key}");
+    }
+}
+
+#[test]
+fn out_of_hbm_names_the_device_and_the_bytes() {
+    let config = TPUConfig {
+        hbm_bytes: Some(64 * 1024),
+        ..Default::default()
+    };
+    let mut opt = TPUOptimizer::new(Adam::new(0.01f32), config).unwrap();
+    let p = Array1::from(data(100_000, 1));
+    let err = opt.tpu_step(&p, &p).unwrap_err();
+    let msg = err.to_string();
+    assert!(matches!(err, OptimError::OutOfDeviceMemory { .. }), "{msg}");
+    assert!(msg.starts_with("device 0 (v4): out of HBM"), "{msg}");
+    assert!(msg.contains("65536 bytes are free"), "{msg}");
+    assert!(msg.contains("largest free block is 65536 bytes"), "{msg}");
+    assert_eq!(opt.step_count(), 0, "a refused step changes nothing");
+    // A program that fits still runs.
+    let small = Array1::from(data(100, 1));
+    opt.tpu_step(&small, &small).unwrap_err(); // state is for 1e5 elements
+    Optimizer::<f32, ndarray::Ix1>::reset(&mut opt);
+    opt.tpu_step(&small, &small).unwrap();
+}
+
+#[test]
+fn a_snapshot_carries_the_optimizer_state() {
+    let mut opt = TPUOptimizer::new(Adam::new(0.01f32), TPUConfig::default()).unwrap();
+    let g = Array1::from(data(1000, 3));
+    let mut p = Array1::from(data(1000, 1));
+    for _ in 0..3 {
+        p = opt.tpu_step(&p, &g).unwrap();
+    }
+    let snapshot = opt.snapshot().unwrap();
+    let fourth = opt.tpu_step(&p, &g).unwrap();
+    opt.tpu_step(&fourth, &g).unwrap();
+    assert_eq!(opt.step_count(), 5);
+    opt.restore(&snapshot).unwrap();
+    assert_eq!(opt.step_count(), 3);
+    assert_eq!(opt.tpu_step(&p, &g).unwrap(), fourth, "same fourth step");
+    // Through bytes, into another optimizer.
+    let bytes = snapshot.to_bytes();
+    let decoded = optirs_tpu::checkpoint::WorldSnapshot::from_bytes(&bytes).unwrap();
+    let mut other = TPUOptimizer::new(Adam::new(0.01f32), TPUConfig::default()).unwrap();
+    other.restore(&decoded).unwrap();
+    assert_eq!(other.tpu_step(&p, &g).unwrap(), fourth);
+}
+
+#[test]
+fn bench_reports_the_documented_keys() {
+    let b = bench_optimizer("adam", 5000, 3).unwrap();
+    let json = serde_json::to_value(&b).unwrap();
+    for key in [
+        "optimizer",
+        "size",
+        "step_seconds",
+        "limit_seconds",
+        "ratio_to_limit",
+        "compile_seconds",
+    ] {
+        assert!(json.get(key).is_some(), "{key}");
+    }
+    assert_eq!(b.bytes_per_step, 28 * 5000);
+    assert!(b.step_seconds > 0.0 && b.limit_seconds > 0.0 && b.compile_seconds > 0.0);
+    assert!(b.to_string().contains("ratio to limit"));
+    let e = bench_optimizer("lamb", 10, 1).unwrap_err().to_string();
+    assert!(e.contains("unknown optimizer `lamb`"), "{e}");
+    let _: ArrayD<f32> = ArrayD::zeros(IxDyn(&[1]));
+}
+
+#[test]
+fn state_slots_are_updated_in_place() {
+    let mut opt = TPUOptimizer::new(Adam::new(0.01f32), TPUConfig::default()).unwrap();
+    let mut p = Array1::from(data(200_000, 1));
+    let g = Array1::from(data(200_000, 2));
+    let addresses = |opt: &mut TPUOptimizer<Adam<f32>, f32>| -> Vec<usize> {
+        let world = opt.world();
+        let mut v: Vec<(u32, usize)> = world
+            .try_query::<&optirs_tpu::tpu::state::OptimizerSlot>()
+            .unwrap()
+            .iter(world)
+            .map(|s| match &s.tensor {
+                optirs_tpu::exec::kernels::Tensor::F32(a) => (s.index, a.as_ptr() as usize),
+                _ => unreachable!(),
+            })
+            .collect();
+        v.sort();
+        v.into_iter().map(|(_, a)| a).collect()
+    };
+    opt.tpu_step_in_place(&mut p, &g).unwrap();
+    let before = addresses(&mut opt);
+    let p_address = p.as_ptr() as usize;
+    opt.tpu_step_in_place(&mut p, &g).unwrap();
+    assert_eq!(addresses(&mut opt), before, "mu and nu stay where they are");
+    assert_eq!(p.as_ptr() as usize, p_address, "params are donated");
+}
