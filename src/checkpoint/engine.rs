@@ -14,6 +14,10 @@ use crate::health::{
     ControlJitter, DeviceState, FailureEpoch, FailureLog, FaultPlan, Health, Heartbeat,
     HeartbeatConfig, InjectedFault, KnownFailures,
 };
+use crate::monitor::{
+    DeviceMetrics, HbmUsage, HealthChecks, HealthThresholds, HeartbeatTally, LinkMetrics,
+    MonitorConfig, MonitorState,
+};
 use crate::persist_as_self;
 use crate::pod::SimClock;
 use crate::pod_coordination::synchronization::clocks::pod::{ClockSync, DeviceClock};
@@ -83,6 +87,14 @@ persist_as_self!(
     FailureEpoch,
     FailureLog,
     FaultPlan,
+    HbmUsage,
+    HeartbeatTally,
+    DeviceMetrics,
+    LinkMetrics,
+    HealthChecks,
+    MonitorConfig,
+    MonitorState,
+    HealthThresholds,
 );
 
 /// [`Link`] with its ends as dense ids.
@@ -229,7 +241,12 @@ pub fn engine_registry() -> SnapshotRegistry {
         .component::<MemoryPlan>("xla.MemoryPlan")
         .component::<PassLog>("xla.PassLog")
         .component::<CompileFailure>("xla.CompileFailure")
-        .component::<CompiledExecutable>("xla.CompiledExecutable");
+        .component::<CompiledExecutable>("xla.CompiledExecutable")
+        .component::<HbmUsage>("monitor.HbmUsage")
+        .component::<HeartbeatTally>("monitor.HeartbeatTally")
+        .component::<DeviceMetrics>("monitor.DeviceMetrics")
+        .component::<LinkMetrics>("monitor.LinkMetrics")
+        .component::<HealthChecks>("monitor.HealthChecks");
     registry
         .resource::<SimClock>("pod.SimClock")
         .resource::<SimRng>("pod.SimRng")
@@ -243,6 +260,9 @@ pub fn engine_registry() -> SnapshotRegistry {
         .resource::<FailureLog>("health.FailureLog")
         .resource::<FaultPlan>("health.FaultPlan")
         .resource::<BarrierRegistry>("barrier.BarrierRegistry")
-        .resource::<DisabledPasses>("xla.DisabledPasses");
+        .resource::<DisabledPasses>("xla.DisabledPasses")
+        .resource::<MonitorConfig>("monitor.MonitorConfig")
+        .resource::<MonitorState>("monitor.MonitorState")
+        .resource::<HealthThresholds>("monitor.HealthThresholds");
     registry
 }

@@ -1,13 +1,15 @@
 //! `optirs-tpu run`: step a pod.
 
-use super::output;
+use super::{output, progress};
 use anyhow::{Result, bail};
 use clap::Args;
 use optirs_tpu::Pod;
 use optirs_tpu::health::Fault;
 use optirs_tpu::topology::DEFAULT_PRESET;
 use optirs_tpu::topology::DeviceId;
+use optirs_tpu::xla::backend::profiling_integration::ProfilingIntegration;
 use serde::Serialize;
+use std::path::PathBuf;
 use std::time::Instant;
 
 #[derive(Args, Debug)]
@@ -27,6 +29,10 @@ pub struct RunArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
+    /// Write a Chrome/Perfetto trace of the run (systems in wall time,
+    /// devices in simulated time). An existing file is never overwritten.
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
 }
 
 /// Parses `5@3.5` into device 5 at 3.5 s.
@@ -74,8 +80,20 @@ pub struct RunReport {
 }
 
 pub fn run(args: RunArgs) -> Result<()> {
+    if let Some(path) = &args.trace
+        && path.exists()
+    {
+        bail!(
+            "{} already exists; --trace never overwrites a file: choose a new path or remove it",
+            path.display()
+        );
+    }
+    let mut profiler = args.trace.as_ref().map(|_| ProfilingIntegration::new());
     let build_start = Instant::now();
-    let mut pod = Pod::load(&args.pod)?;
+    let mut pod = match &profiler {
+        Some(profiler) => profiler.build_pod(|| Pod::load(&args.pod))?,
+        None => Pod::load(&args.pod)?,
+    };
     let build_seconds = build_start.elapsed().as_secs_f64();
     let devices = pod.topology().num_devices();
     let faults = args
@@ -96,7 +114,29 @@ pub fn run(args: RunArgs) -> Result<()> {
         }
         pod.schedule_fault((seconds * 1e9).round() as u64, fault);
     }
-    let report = step_and_report(&mut pod, args.steps, build_seconds)?;
+    let bar = progress::bar(args.steps, args.json, "run");
+    let start = Instant::now();
+    match &mut profiler {
+        Some(profiler) => profiler.run(&mut pod, args.steps, &mut |done| {
+            if done % 64 == 0 {
+                bar.set_position(done)
+            }
+        }),
+        None => {
+            for done in 1..=args.steps {
+                pod.step();
+                if done % 64 == 0 {
+                    bar.set_position(done);
+                }
+            }
+        }
+    }
+    let wall_seconds = start.elapsed().as_secs_f64();
+    bar.finish_and_clear();
+    let report = report_after(&mut pod, args.steps, build_seconds, wall_seconds)?;
+    if let (Some(profiler), Some(path)) = (&profiler, &args.trace) {
+        profiler.write_trace(path)?;
+    }
     print_report(&report, args.json)
 }
 
@@ -105,6 +145,16 @@ pub fn step_and_report(pod: &mut Pod, steps: u64, build_seconds: f64) -> Result<
     let start = Instant::now();
     pod.run(steps);
     let wall_seconds = start.elapsed().as_secs_f64();
+    report_after(pod, steps, build_seconds, wall_seconds)
+}
+
+/// Reports the pod's state after `steps` ticks that took `wall_seconds`.
+fn report_after(
+    pod: &mut Pod,
+    steps: u64,
+    build_seconds: f64,
+    wall_seconds: f64,
+) -> Result<RunReport> {
     let world_sha256 = pod.world_sha256()?;
     let topology = pod.topology();
     Ok(RunReport {

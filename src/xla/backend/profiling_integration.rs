@@ -125,7 +125,7 @@ pub struct PeakSnapshot {
     pub program: String,
     /// Plan step of the peak.
     pub step: u32,
-    /// Bytes live at that step.
+    /// Bytes live at that step (overlapping in-place buffers counted once).
     pub live_bytes: usize,
     /// Heap size the plan needs (peak offset + size).
     pub heap_bytes: usize,
@@ -164,12 +164,13 @@ impl MemoryExport {
             .iter()
             .flat_map(|b| [b.live.0, b.live.1])
             .map(|step| {
-                let live: usize = report
-                    .buffers
-                    .iter()
-                    .filter(|b| b.live.0 <= step && step <= b.live.1)
-                    .map(|b| b.size)
-                    .sum();
+                let live = occupied_bytes(
+                    report
+                        .buffers
+                        .iter()
+                        .filter(|b| b.live.0 <= step && step <= b.live.1)
+                        .map(|b| (b.offset, b.size)),
+                );
                 (live, std::cmp::Reverse(step))
             })
             .max();
@@ -189,6 +190,23 @@ impl MemoryExport {
         }
         self.events.extend(events);
     }
+}
+
+/// Bytes covered by the union of `(offset, size)` ranges: a buffer that
+/// reuses its input in place shares the input's bytes in the step where one
+/// ends and the other begins, and is counted once.
+pub fn occupied_bytes(ranges: impl Iterator<Item = (usize, usize)>) -> usize {
+    let mut ranges: Vec<(usize, usize)> = ranges.map(|(o, s)| (o, o + s)).collect();
+    ranges.sort_unstable();
+    let (mut total, mut reach) = (0, 0);
+    for (start, end) in ranges {
+        let start = start.max(reach);
+        if end > start {
+            total += end - start;
+            reach = end;
+        }
+    }
+    total
 }
 
 /// The profiler of one pod: build the pod through it, then step and
@@ -576,4 +594,16 @@ fn write_new(path: &Path, value: &Value) -> std::result::Result<(), ProfilingErr
     serde_json::to_writer(&mut writer, value).map_err(|e| io(e.into()))?;
     writer.flush().map_err(io)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::occupied_bytes;
+
+    #[test]
+    fn overlapping_ranges_count_once() {
+        assert_eq!(occupied_bytes([(0, 10), (5, 10), (40, 4)].into_iter()), 19);
+        assert_eq!(occupied_bytes([(0, 10), (2, 3)].into_iter()), 10);
+        assert_eq!(occupied_bytes(std::iter::empty()), 0);
+    }
 }
