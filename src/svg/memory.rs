@@ -19,7 +19,7 @@ pub struct MemoryBuffer {
     pub live: (u32, u32),
 }
 
-const MARGIN: f64 = 60.0;
+const MARGIN: f64 = 84.0;
 const HEADER: f64 = 48.0;
 const PLOT_W: f64 = 720.0;
 const PLOT_H: f64 = 420.0;
@@ -78,17 +78,20 @@ pub fn memory_svg(
             b.live.1
         );
     }
+    // Labels left of the plot, the lower bound's below the peak's when close.
+    let mut label_y = f64::NEG_INFINITY;
     for (bytes, color, label) in [
         (peak_bytes, "#d62728", "peak"),
         (lower_bound_bytes, "#2ca02c", "lower bound"),
     ] {
         let yy = y(bytes as f64);
+        label_y = (yy + 4.0).max(label_y + 13.0);
         let _ = writeln!(
             out,
             "<line x1=\"{MARGIN}\" y1=\"{yy:.2}\" x2=\"{:.2}\" y2=\"{yy:.2}\" stroke=\"{color}\" stroke-dasharray=\"4,3\"/><text x=\"{:.2}\" y=\"{:.2}\" fill=\"{color}\">{label}</text>",
             MARGIN + PLOT_W,
             MARGIN + PLOT_W + 4.0,
-            yy + 4.0
+            label_y
         );
     }
     let ticks = (steps as u32).clamp(1, 10);

@@ -2,8 +2,9 @@
 //! coordinates, ICI links as lines (wraparound links as dashed stubs at the
 //! edge they leave), DCN links in blue; suspect devices orange, failed or
 //! killed devices red with a cross. A 3-D pod is drawn as its z-planes side
-//! by side (z-axis links join the same (x, y) in neighbouring planes and are
-//! not drawn); slices are stacked vertically.
+//! by side, left to right then top to bottom in a near-square grid, slice
+//! after slice (z-axis links join the same (x, y) in neighbouring planes and
+//! are not drawn).
 
 use super::{escape, open, pale};
 use crate::health::{DeviceState, Health};
@@ -14,7 +15,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 
 const MARGIN: f64 = 20.0;
-const HEADER: f64 = 56.0;
+const HEADER: f64 = 76.0;
 const PLANE_GAP: f64 = 36.0;
 
 struct Placed {
@@ -59,14 +60,17 @@ pub fn topology_svg(world: &mut World) -> String {
     let cell = if placed.len() > 1024 { 16.0 } else { 30.0 };
     let plane_w = dims[0].max(1) as f64 * cell;
     let plane_h = dims[1].max(1) as f64 * cell;
-    let planes = dims[2].max(1) as f64;
-    let slices = topology.slices.max(1) as f64;
-    let width = 2.0 * MARGIN + planes * plane_w + (planes - 1.0) * PLANE_GAP + 2.0 * cell;
-    let height = HEADER + MARGIN + slices * (plane_h + PLANE_GAP) + cell;
+    // Planes (one per slice and z) in a near-square grid, in (slice, z) order.
+    let planes = dims[2].max(1) * topology.slices.max(1);
+    let columns = (planes as f64).sqrt().ceil().max(1.0) as u32;
+    let rows = planes.div_ceil(columns);
+    let width = (2.0 * MARGIN + columns as f64 * (plane_w + PLANE_GAP) + cell).max(720.0);
+    let height = HEADER + MARGIN + rows as f64 * (plane_h + PLANE_GAP) + cell;
     let origin = |slice: u32, z: u32| {
+        let slot = slice * dims[2].max(1) + z;
         (
-            MARGIN + cell + z as f64 * (plane_w + PLANE_GAP),
-            HEADER + cell / 2.0 + slice as f64 * (plane_h + PLANE_GAP),
+            MARGIN + cell + (slot % columns) as f64 * (plane_w + PLANE_GAP),
+            HEADER + cell / 2.0 + (slot / columns) as f64 * (plane_h + PLANE_GAP),
         )
     };
     let center = |p: &Placed| {
@@ -82,7 +86,8 @@ pub fn topology_svg(world: &mut World) -> String {
     let _ = writeln!(
         out,
         "<text x=\"{MARGIN}\" y=\"20\" font-size=\"14\" font-weight=\"bold\">{} — {} {}x{}x{} ({} devices, {} slice(s), {} failed)</text>\n\
-         <text x=\"{MARGIN}\" y=\"38\">pale boxes: hosts · blue: healthy · orange: suspect · red ✕: failed · solid: ICI · dashed stub: wraparound · blue line: DCN{}</text>",
+         <text x=\"{MARGIN}\" y=\"38\">pale boxes: hosts · blue: healthy · orange: suspect · red ✕: failed</text>\n\
+         <text x=\"{MARGIN}\" y=\"54\">solid: ICI · dashed stub: wraparound · blue line: DCN{}</text>",
         escape(&topology.name),
         topology.generation,
         dims[0],
@@ -92,7 +97,7 @@ pub fn topology_svg(world: &mut World) -> String {
         topology.slices,
         failed,
         if dims[2] > 1 {
-            " · planes left to right are z = 0, 1, …; z links not drawn"
+            " · one box per (slice, z) plane, in z order; z links not drawn"
         } else {
             ""
         }
