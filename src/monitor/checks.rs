@@ -11,7 +11,7 @@
 //! and returns to `Ok` on the first sample where it no longer does; `since_ns`
 //! keeps when the current level began.
 
-use super::{DeviceMetrics, DeviceSample, MonitorConfig, MonitorState};
+use super::{DeviceMetrics, DeviceSample, MonitorState};
 use crate::health::HeartbeatConfig;
 use crate::pod::SimClock;
 use bevy_ecs::prelude::*;
@@ -160,7 +160,7 @@ impl HealthThresholds {
 }
 
 /// Heard, expected and latency over a device's newest `window` samples.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct Window {
     /// Heartbeats heard.
     pub heard: u64,
@@ -201,7 +201,6 @@ impl Window {
 /// Sets every device's checks from its newest samples (after a sample only).
 pub fn evaluate_health_checks(
     clock: Res<SimClock>,
-    config: Res<MonitorConfig>,
     thresholds: Res<HealthThresholds>,
     state: Res<MonitorState>,
     mut devices: Query<(&DeviceMetrics, &mut HealthChecks)>,
@@ -213,15 +212,14 @@ pub fn evaluate_health_checks(
     let t = *thresholds;
     let mut latencies: Vec<f64> = devices
         .iter()
-        .filter_map(|(m, _)| Window::of(&m.history, config.window_samples).mean_latency_ns())
+        .filter_map(|(m, _)| m.window.mean_latency_ns())
         .collect();
     latencies.sort_by(f64::total_cmp);
     let median = latencies.get(latencies.len() / 2).copied();
     for (metrics, mut checks) in &mut devices {
-        let Some(sample) = metrics.history.last() else {
+        let (Some(sample), window) = (metrics.latest, metrics.window) else {
             continue;
         };
-        let window = Window::of(&metrics.history, config.window_samples);
         let heartbeat = t.level(
             sample.heartbeat_age_ns as f64,
             t.heartbeat_age_warning_ns as f64,

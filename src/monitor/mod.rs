@@ -8,7 +8,9 @@
 //! 2. [`sample_metrics`]: every [`MonitorConfig::sample_every_ns`] of
 //!    simulated time, appends one [`DeviceSample`] per device (heartbeat
 //!    age, heartbeats heard vs expected, mean heartbeat latency, HBM in use)
-//!    and one [`LinkSample`] per link (bytes/s each way since the last sample).
+//!    and a [`LinkSample`] per link that carried traffic (bytes/s each way
+//!    since its previous sample; idle samples are implicit, so an idle pod
+//!    pays nothing per link).
 //! 3. [`evaluate_health_checks`]: after each sample, sets each device's
 //!    [`HealthChecks`] from its newest samples and [`HealthThresholds`]; a
 //!    check goes back to `Ok` as soon as its metric is back under the threshold.
@@ -97,12 +99,20 @@ pub struct DeviceSample {
 }
 
 /// The metric history of a device, with the tally at the last sample.
+///
+/// The newest sample and the window sums are kept inline as well, so the
+/// health checks of a 4,096-device pod read one table instead of chasing
+/// 4,096 heap-allocated rings.
 #[derive(Component, Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DeviceMetrics {
     /// Samples, oldest first.
     pub history: Ring<DeviceSample>,
     /// [`HeartbeatTally`] at the last sample.
     pub last_tally: HeartbeatTally,
+    /// The newest sample.
+    pub latest: Option<DeviceSample>,
+    /// Sums over the newest [`MonitorConfig::window_samples`] samples.
+    pub window: checks::Window,
 }
 
 /// One sample of a link: bytes per second each way since the previous one.
@@ -116,13 +126,18 @@ pub struct LinkSample {
     pub ba_bytes_per_s: f64,
 }
 
-/// The traffic history of a link.
+/// The traffic history of a link. Only samples that are busy, or the first
+/// idle one after a busy stretch, are stored; a sample time with no entry
+/// was idle (0 bytes/s).
 #[derive(Component, Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LinkMetrics {
     /// Samples, oldest first.
     pub history: Ring<LinkSample>,
     /// Counters and time at the last sample: (bytes a→b, bytes b→a, ns).
     pub last: (u64, u64, u64),
+    /// Whether the newest stored sample carried traffic (kept inline so an
+    /// idle link is skipped without touching its ring).
+    pub busy: bool,
 }
 
 /// Counts the heartbeats delivered this tick, per sender.
@@ -179,9 +194,17 @@ pub fn sample_metrics(
         };
         metrics.history.push(sample);
         metrics.last_tally = *tally;
+        metrics.latest = Some(sample);
+        metrics.window = checks::Window::of(&metrics.history, config.window_samples);
     }
     for (traffic, mut metrics) in &mut links {
         let (ab, ba, at) = metrics.last;
+        let idle = traffic.bytes_ab == ab && traffic.bytes_ba == ba;
+        if idle && !metrics.busy {
+            // Idle stays implicit: most links of a pod are idle most of the
+            // time, and the report counts the missing samples as zeros.
+            continue;
+        }
         let seconds = now.saturating_sub(at) as f64 * 1e-9;
         if seconds > 0.0 {
             metrics.history.push(LinkSample {
@@ -190,6 +213,7 @@ pub fn sample_metrics(
                 ba_bytes_per_s: (traffic.bytes_ba - ba) as f64 / seconds,
             });
         }
+        metrics.busy = !idle;
         metrics.last = (traffic.bytes_ab, traffic.bytes_ba, now);
     }
 }
@@ -222,6 +246,8 @@ pub fn install_with(world: &mut World, config: MonitorConfig, thresholds: Health
             DeviceMetrics {
                 history: Ring::new(config.history_len),
                 last_tally: HeartbeatTally::default(),
+                latest: None,
+                window: checks::Window::default(),
             },
         ));
     }
@@ -233,6 +259,7 @@ pub fn install_with(world: &mut World, config: MonitorConfig, thresholds: Health
         world.entity_mut(entity).insert(LinkMetrics {
             history: Ring::new(config.history_len),
             last: (0, 0, 0),
+            busy: false,
         });
     }
     world.resource_mut::<Schedules>().add_systems(

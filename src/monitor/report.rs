@@ -83,9 +83,12 @@ pub struct PerformanceReport {
     pub heartbeat_age_ns: Summary,
     /// Mean heartbeat latency per device over its history, ns.
     pub heartbeat_latency_ns: Summary,
-    /// Rate of every link sample (both ways), bytes/s.
+    /// Mean rate of each link over the history (both ways, idle samples
+    /// included), bytes/s: one value per link.
     pub link_bytes_per_s: Summary,
-    /// Link utilization of every link sample (rate / bandwidth).
+    /// Highest single-sample rate of any link, bytes/s.
+    pub link_peak_bytes_per_s: f64,
+    /// Mean utilization of each link (rate / bandwidth both ways).
     pub link_utilization: Summary,
     /// The busiest links by mean rate (at most 8).
     pub busiest_links: Vec<LinkRow>,
@@ -122,24 +125,34 @@ pub fn performance_report(world: &mut World, step_wall_ns: Option<&[u64]>) -> Pe
             Level::Critical => checks.critical += 1,
         }
     }
+    // Per link, its mean rate over the sample slots the history spans
+    // (slots without an entry were idle: 0 bytes/s).
+    let slots = state.samples.min(config.history_len as u64).max(1);
+    let window_start = world
+        .resource::<crate::pod::SimClock>()
+        .now_ns
+        .saturating_sub(slots * config.sample_every_ns);
     let mut rates = Vec::new();
     let mut utilization = Vec::new();
+    let mut peak: f64 = 0.0;
     let mut rows = Vec::new();
     let mut ids = world.query::<&Device>();
     let mut links = world.query::<(&Link, &LinkMetrics)>();
     for (link, metrics) in links.iter(world) {
         let both_ways = 2.0 * link.bytes_per_s;
-        let mut sum = 0.0;
-        for s in metrics.history.iter() {
-            let rate = s.ab_bytes_per_s + s.ba_bytes_per_s;
-            sum += rate;
-            rates.push(rate);
-            if both_ways > 0.0 {
-                utilization.push(rate / both_ways);
-            }
+        let busy = metrics
+            .history
+            .iter()
+            .filter(|s| s.at_ns > window_start)
+            .map(|s| s.ab_bytes_per_s + s.ba_bytes_per_s);
+        let (sum, max) = busy.fold((0.0, 0.0f64), |(sum, max), r| (sum + r, max.max(r)));
+        let mean = sum / slots as f64;
+        peak = peak.max(max);
+        rates.push(mean);
+        if both_ways > 0.0 {
+            utilization.push(mean / both_ways);
         }
-        if !metrics.history.is_empty() && sum > 0.0 {
-            let mean = sum / metrics.history.len() as f64;
+        if mean > 0.0 {
             let mut end = |e| ids.get(world, e).map_or(u32::MAX, |d| d.id.0);
             rows.push(LinkRow {
                 ends: (end(link.a), end(link.b)),
@@ -166,6 +179,7 @@ pub fn performance_report(world: &mut World, step_wall_ns: Option<&[u64]>) -> Pe
         heartbeat_age_ns: Summary::of(ages),
         heartbeat_latency_ns: Summary::of(latencies),
         link_bytes_per_s: Summary::of(rates),
+        link_peak_bytes_per_s: peak,
         link_utilization: Summary::of(utilization),
         busiest_links: rows,
         checks,

@@ -11,12 +11,14 @@ pub struct Ring<T> {
 }
 
 impl<T> Ring<T> {
-    /// An empty ring holding at most `capacity` (at least 1) samples.
+    /// An empty ring holding at most `capacity` (at least 1) samples; it
+    /// allocates as it fills (a 4,096-device pod does not reserve every
+    /// ring up front).
     pub fn new(capacity: usize) -> Self {
         let capacity = capacity.max(1);
         Ring {
             capacity,
-            items: VecDeque::with_capacity(capacity),
+            items: VecDeque::new(),
         }
     }
 

@@ -136,6 +136,8 @@ fn link_rates_follow_traffic() {
     run_for(&mut pod, 3 * every);
     let report = performance_report(pod.world_mut(), Some(&[1000, 2000, 3000]));
     assert!(report.link_bytes_per_s.max > 0.0, "{report:?}");
+    assert!(report.link_peak_bytes_per_s >= report.link_bytes_per_s.max);
+    assert_eq!(report.link_bytes_per_s.p50, 0.0, "most links stay idle");
     assert_eq!(report.busiest_links[0].ends, (0, 1));
     assert_eq!(report.step_wall_ns.unwrap().p50, 2000.0);
 }

@@ -222,6 +222,7 @@ pub struct ProfilingIntegration {
     seen_failures: usize,
     programs: u32,
     memory: MemoryExport,
+    step_wall_ns: Vec<u64>,
 }
 
 impl Default for ProfilingIntegration {
@@ -262,6 +263,7 @@ impl ProfilingIntegration {
             seen_failures: 0,
             programs: 0,
             memory: MemoryExport::default(),
+            step_wall_ns: Vec::new(),
         }
     }
 
@@ -274,6 +276,11 @@ impl ProfilingIntegration {
     /// The counters so far.
     pub fn counters(&self) -> &Counters {
         &self.counters
+    }
+
+    /// Wall time of every tick stepped through the profiler, ns.
+    pub fn step_wall_ns(&self) -> &[u64] {
+        &self.step_wall_ns
     }
 
     /// The memory export so far.
@@ -289,6 +296,7 @@ impl ProfilingIntegration {
         let end = self.timer.now_ns();
         self.counters.ticks += 1;
         self.counters.step_wall_ns += end - start;
+        self.step_wall_ns.push(end - start);
         let tick = pod.clock().tick;
         self.thread(pid::SYSTEMS, 0, "Step ticks");
         self.events.push(complete(
