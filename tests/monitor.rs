@@ -308,3 +308,23 @@ fn topology_and_compile_svg_flags_write_files() {
         parse_svg(&std::fs::read_to_string(&path).unwrap());
     }
 }
+
+#[test]
+fn no_progress_bar_when_output_is_not_a_terminal() {
+    let out = optirs(&["run", "v4-8", "--steps", "200"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("monitor: "),
+        "the report has the monitor's lines: {text}"
+    );
+}

@@ -14,7 +14,7 @@ pub fn bar(total: u64, json: bool, what: &str) -> ProgressBar {
     }
     let bar = ProgressBar::new(total);
     if let Ok(style) =
-        ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} ({per_sec}, eta {eta})")
+        ProgressStyle::with_template("{msg} [{bar:40}] {human_pos}/{human_len} (eta {eta})")
     {
         bar.set_style(style.progress_chars("=> "));
     }

@@ -40,8 +40,11 @@ use bevy_ecs::prelude::*;
 use bevy_ecs::schedule::Schedules;
 use serde::{Deserialize, Serialize};
 
-/// Samples kept per device and per link unless configured otherwise.
-pub const DEFAULT_HISTORY_LEN: usize = 256;
+/// Samples kept per device and per link unless configured otherwise: at
+/// the default one sample per heartbeat interval (1 s on the presets), two
+/// minutes of history; a full history of v4-4096 is 4,096 × 128 × 56 B =
+/// 29 MB (rings grow as they fill).
+pub const DEFAULT_HISTORY_LEN: usize = 128;
 
 /// How often and how much the monitor samples.
 #[derive(Resource, Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
