@@ -15,8 +15,8 @@ use crate::health::{
     HeartbeatConfig, InjectedFault, KnownFailures,
 };
 use crate::monitor::{
-    DeviceMetrics, HbmUsage, HealthChecks, HealthThresholds, HeartbeatTally, LinkMetrics,
-    MonitorConfig, MonitorState,
+    DeviceHistory, DeviceMetrics, HbmUsage, HealthChecks, HealthThresholds, HeartbeatTally,
+    LinkMetrics, MonitorConfig, MonitorState,
 };
 use crate::persist_as_self;
 use crate::pod::SimClock;
@@ -95,6 +95,7 @@ persist_as_self!(
     MonitorConfig,
     MonitorState,
     HealthThresholds,
+    DeviceHistory,
 );
 
 /// [`Link`] with its ends as dense ids.
@@ -263,6 +264,7 @@ pub fn engine_registry() -> SnapshotRegistry {
         .resource::<DisabledPasses>("xla.DisabledPasses")
         .resource::<MonitorConfig>("monitor.MonitorConfig")
         .resource::<MonitorState>("monitor.MonitorState")
-        .resource::<HealthThresholds>("monitor.HealthThresholds");
+        .resource::<HealthThresholds>("monitor.HealthThresholds")
+        .resource::<DeviceHistory>("monitor.DeviceHistory");
     registry
 }

@@ -171,17 +171,27 @@ pub struct Window {
 }
 
 impl Window {
-    /// Sums the newest `window` samples.
-    pub fn of(history: &super::Ring<DeviceSample>, window: usize) -> Window {
-        history
-            .iter()
-            .rev()
-            .take(window.max(1))
-            .fold(Window::default(), |w, s| Window {
-                heard: w.heard + s.heard,
-                expected: w.expected + s.expected,
-                latency_sum_ns: w.latency_sum_ns + s.latency_sum_ns,
-            })
+    /// Adds one sample.
+    pub fn add(&mut self, sample: &DeviceSample) {
+        self.heard += sample.heard;
+        self.expected += sample.expected;
+        self.latency_sum_ns += sample.latency_sum_ns;
+    }
+
+    /// Removes a sample added before.
+    pub fn remove(&mut self, sample: &DeviceSample) {
+        self.heard = self.heard.saturating_sub(sample.heard);
+        self.expected = (self.expected - sample.expected).max(0.0);
+        self.latency_sum_ns = self.latency_sum_ns.saturating_sub(sample.latency_sum_ns);
+    }
+
+    /// Sums samples.
+    pub fn of<'a>(samples: impl Iterator<Item = &'a DeviceSample>) -> Window {
+        let mut window = Window::default();
+        for sample in samples {
+            window.add(sample);
+        }
+        window
     }
 
     /// Fraction of expected heartbeats not heard (0 when none were expected).

@@ -6,7 +6,8 @@
 //! 1. [`tally_heartbeats`]: every tick, counts the heartbeats the
 //!    coordination service received from each device and their latency.
 //! 2. [`sample_metrics`]: every [`MonitorConfig::sample_every_ns`] of
-//!    simulated time, appends one [`DeviceSample`] per device (heartbeat
+//!    simulated time, appends a slot to [`DeviceHistory`] with one
+//!    [`DeviceSample`] per device (heartbeat
 //!    age, heartbeats heard vs expected, mean heartbeat latency, HBM in use)
 //!    and a [`LinkSample`] per link that carried traffic (bytes/s each way
 //!    since its previous sample; idle samples are implicit, so an idle pod
@@ -24,10 +25,12 @@
 //! buffers on a device keeps up to date; it is 0 until something does.
 
 pub mod checks;
+pub mod history;
 pub mod report;
 pub mod ring;
 
 pub use checks::{CheckState, HealthChecks, HealthThresholds, evaluate_health_checks};
+pub use history::DeviceHistory;
 pub use report::{PerformanceReport, performance_report};
 pub use ring::Ring;
 
@@ -43,7 +46,7 @@ use serde::{Deserialize, Serialize};
 /// Samples kept per device and per link unless configured otherwise: at
 /// the default one sample per heartbeat interval (1 s on the presets), two
 /// minutes of history; a full history of v4-4096 is 4,096 × 128 × 56 B =
-/// 29 MB (rings grow as they fill).
+/// 29 MB (it grows as it fills).
 pub const DEFAULT_HISTORY_LEN: usize = 128;
 
 /// How often and how much the monitor samples.
@@ -67,6 +70,8 @@ pub struct MonitorState {
     pub samples: u64,
     /// Whether the newest tick took a sample (checks run after it).
     pub sampled_this_tick: bool,
+    /// Simulated time of the newest sample, ns.
+    pub last_sample_ns: u64,
 }
 
 /// HBM bytes in use on a device, kept by whoever allocates on it.
@@ -83,7 +88,7 @@ pub struct HeartbeatTally {
 }
 
 /// One sample of a device.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct DeviceSample {
     /// Simulated time, ns.
     pub at_ns: u64,
@@ -101,15 +106,11 @@ pub struct DeviceSample {
     pub hbm_capacity: u64,
 }
 
-/// The metric history of a device, with the tally at the last sample.
-///
-/// The newest sample and the window sums are kept inline as well, so the
-/// health checks of a 4,096-device pod read one table instead of chasing
-/// 4,096 heap-allocated rings.
-#[derive(Component, Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// A device's monitor state: the tally at the last sample, the newest
+/// sample and the window sums, inline so the checks read one table (the
+/// samples themselves are in [`DeviceHistory`]).
+#[derive(Component, Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct DeviceMetrics {
-    /// Samples, oldest first.
-    pub history: Ring<DeviceSample>,
     /// [`HeartbeatTally`] at the last sample.
     pub last_tally: HeartbeatTally,
     /// The newest sample.
@@ -167,7 +168,9 @@ pub fn sample_metrics(
     config: Res<MonitorConfig>,
     heartbeat: Res<HeartbeatConfig>,
     mut state: ResMut<MonitorState>,
+    mut history: ResMut<DeviceHistory>,
     mut devices: Query<(
+        &Device,
         &Heartbeat,
         &HeartbeatTally,
         Option<&HbmUsage>,
@@ -183,22 +186,40 @@ pub fn sample_metrics(
     }
     let interval = config.sample_every_ns.max(1);
     state.next_sample_ns = (now / interval + 1) * interval;
+    let since = state.last_sample_ns;
+    state.last_sample_ns = now;
     state.samples += 1;
-    for (beat, tally, usage, capacity, mut metrics) in &mut devices {
-        let since = metrics.history.last().map_or(0, |s| s.at_ns);
+    let expected = (now - since) as f64 / heartbeat.interval_ns.max(1) as f64;
+    // The window slides by one slot: add the new sample, subtract the one
+    // that leaves (copied out first: 56 B per device).
+    let window = config.window_samples.max(1);
+    let leaving: Option<Vec<DeviceSample>> = history
+        .slots()
+        .rev()
+        .nth(window - 1)
+        .map(<[DeviceSample]>::to_vec);
+    let slot = history.push_slot();
+    for (device, beat, tally, usage, capacity, mut metrics) in &mut devices {
+        let id = device.id.0 as usize;
         let sample = DeviceSample {
             at_ns: now,
             heartbeat_age_ns: now.saturating_sub(beat.last_heard_sent_ns),
             heard: tally.heard - metrics.last_tally.heard,
-            expected: (now - since) as f64 / heartbeat.interval_ns.max(1) as f64,
+            expected,
             latency_sum_ns: tally.latency_sum_ns - metrics.last_tally.latency_sum_ns,
             hbm_used: usage.map_or(0, |u| u.0),
             hbm_capacity: capacity.map_or(0, |c| c.0),
         };
-        metrics.history.push(sample);
+        if let Some(cell) = slot.get_mut(id) {
+            *cell = sample;
+        }
+        let metrics = &mut *metrics;
         metrics.last_tally = *tally;
         metrics.latest = Some(sample);
-        metrics.window = checks::Window::of(&metrics.history, config.window_samples);
+        metrics.window.add(&sample);
+        if let Some(old) = leaving.as_ref().and_then(|l| l.get(id)) {
+            metrics.window.remove(old);
+        }
     }
     for (traffic, mut metrics) in &mut links {
         let (ab, ba, at) = metrics.last;
@@ -238,6 +259,8 @@ pub fn install_with(world: &mut World, config: MonitorConfig, thresholds: Health
     world.insert_resource(config);
     world.insert_resource(thresholds);
     world.init_resource::<MonitorState>();
+    let devices = world.resource::<crate::topology::DeviceIndex>().0.len();
+    world.insert_resource(DeviceHistory::new(devices, config.history_len));
     let devices: Vec<Entity> = world
         .query_filtered::<Entity, With<Device>>()
         .iter(world)
@@ -246,12 +269,7 @@ pub fn install_with(world: &mut World, config: MonitorConfig, thresholds: Health
         world.entity_mut(entity).insert((
             HeartbeatTally::default(),
             HealthChecks::default(),
-            DeviceMetrics {
-                history: Ring::new(config.history_len),
-                last_tally: HeartbeatTally::default(),
-                latest: None,
-                window: checks::Window::default(),
-            },
+            DeviceMetrics::default(),
         ));
     }
     let links: Vec<Entity> = world

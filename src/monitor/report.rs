@@ -5,7 +5,7 @@
 //! passes in (the profiler's, never the world's).
 
 use super::checks::{HealthChecks, Level, Window};
-use super::{DeviceMetrics, LinkMetrics, MonitorConfig, MonitorState};
+use super::{DeviceHistory, LinkMetrics, MonitorConfig, MonitorState};
 use crate::topology::{Device, Link};
 use bevy_ecs::prelude::*;
 use serde::Serialize;
@@ -103,22 +103,27 @@ pub struct PerformanceReport {
 pub fn performance_report(world: &mut World, step_wall_ns: Option<&[u64]>) -> PerformanceReport {
     let config = *world.resource::<MonitorConfig>();
     let state = *world.resource::<MonitorState>();
-    let mut availability = Vec::new();
-    let mut ages = Vec::new();
-    let mut latencies = Vec::new();
+    let history = world.resource::<DeviceHistory>();
+    let n = history.devices();
+    let mut windows = vec![Window::default(); n];
+    let mut ages = Vec::with_capacity(n * history.len());
+    for slot in history.slots() {
+        for (window, sample) in windows.iter_mut().zip(slot) {
+            window.add(sample);
+            ages.push(sample.heartbeat_age_ns as f64);
+        }
+    }
+    let availability: Vec<f64> = windows
+        .iter()
+        .filter(|w| w.expected >= 1.0)
+        .map(|w| 1.0 - w.error_rate())
+        .collect();
+    let latencies: Vec<f64> = windows.iter().filter_map(Window::mean_latency_ns).collect();
     let mut checks = CheckCounts::default();
-    let mut devices = world.query::<(&Device, &DeviceMetrics, &HealthChecks)>();
+    let mut devices = world.query::<(&Device, &HealthChecks)>();
     let mut count = 0;
-    for (_, metrics, health) in devices.iter(world) {
+    for (_, health) in devices.iter(world) {
         count += 1;
-        let all = Window::of(&metrics.history, metrics.history.len());
-        if all.expected >= 1.0 {
-            availability.push(1.0 - all.error_rate());
-        }
-        if let Some(latency) = all.mean_latency_ns() {
-            latencies.push(latency);
-        }
-        ages.extend(metrics.history.iter().map(|s| s.heartbeat_age_ns as f64));
         match health.worst() {
             Level::Ok => checks.ok += 1,
             Level::Warning => checks.warning += 1,

@@ -30,14 +30,14 @@ fn a_quiet_pod_is_healthy_and_its_history_is_bounded() {
             HealthChecks::default(),
             "device {device}"
         );
-        let entity = pod.device_entity(device).unwrap();
-        let metrics = pod.world().get::<DeviceMetrics>(entity).unwrap();
+        let history = pod.world().resource::<DeviceHistory>();
         assert_eq!(
-            metrics.history.len(),
+            history.device(device as usize).count(),
             len,
-            "ring holds exactly history_len samples"
+            "exactly history_len samples"
         );
     }
+    assert_eq!(pod.world().resource::<DeviceHistory>().len(), len);
     let report = performance_report(pod.world_mut(), None);
     assert_eq!(report.checks.ok, 8);
     assert!(report.availability.p50 > 0.85, "{report:?}");
@@ -140,4 +140,25 @@ fn link_rates_follow_traffic() {
     assert_eq!(report.link_bytes_per_s.p50, 0.0, "most links stay idle");
     assert_eq!(report.busiest_links[0].ends, (0, 1));
     assert_eq!(report.step_wall_ns.unwrap().p50, 2000.0);
+}
+
+#[test]
+fn the_sliding_window_equals_a_sum_over_the_newest_samples() {
+    let mut pod = Pod::from_preset("v4-8").unwrap();
+    let every = interval(&pod);
+    pod.inject(Fault::DeviceJitter(DeviceId(2), 50_000))
+        .unwrap();
+    run_for(&mut pod, 30 * every);
+    let window = pod.world().resource::<MonitorConfig>().window_samples;
+    let history = pod.world().resource::<DeviceHistory>();
+    for device in 0..8u32 {
+        let summed = checks::Window::of(history.device(device as usize).rev().take(window));
+        let entity = pod.device_entity(device).unwrap();
+        let kept = pod.world().get::<DeviceMetrics>(entity).unwrap().window;
+        assert_eq!(
+            (kept.heard, kept.latency_sum_ns),
+            (summed.heard, summed.latency_sum_ns)
+        );
+        assert!((kept.expected - summed.expected).abs() < 1e-9);
+    }
 }
