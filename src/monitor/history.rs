@@ -4,7 +4,7 @@
 //! (indexed by device id); when `capacity` slots are held the oldest slot is
 //! overwritten. One contiguous buffer instead of a ring per device: sampling
 //! a 4,096-device pod writes 229 KB sequentially instead of touching 4,096
-//! separate allocations (measured ~0.5 ms → see `docs/benchmarks-monitor.md`).
+//! separate allocations (`docs/benchmarks-monitor.md` has the figures).
 
 use super::DeviceSample;
 use bevy_ecs::prelude::*;
