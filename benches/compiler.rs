@@ -1,5 +1,6 @@
 //! Compiler benchmarks: the Adam update end to end (parse + all passes +
-//! lowering), long elementwise chains (linear growth) and a wide graph.
+//! lowering), long elementwise chains (linear growth), a wide graph, and the
+//! `Compile` schedule on every bundled program (`compiler::bundled/*`).
 //!
 //! `cargo bench --bench compiler -- --warm-up-time 1 --measurement-time 3`
 
@@ -80,6 +81,30 @@ fn benches(c: &mut Criterion) {
     g.bench_function("wide_40000", |b| {
         b.iter_batched(|| wide(40_000, 200), compile, BatchSize::PerIteration)
     });
+    g.finish();
+    bundled(c);
+}
+
+/// The `Compile` schedule alone on each bundled program: the program is
+/// parsed and spawned into a fresh world outside the timed routine.
+fn bundled(c: &mut Criterion) {
+    use optirs_tpu::xla::backend::schedule_timing::BUNDLED_PROGRAMS;
+    let mut g = c.benchmark_group("compiler::bundled");
+    g.sample_size(20);
+    for (file, text) in BUNDLED_PROGRAMS {
+        let name = file.trim_end_matches(".ron");
+        g.bench_function(name, |b| {
+            b.iter_batched(
+                || {
+                    let mut world = xla::compiler_world();
+                    let p = xla::load_program_str(&mut world, name, text).expect("parses");
+                    (world, p)
+                },
+                compile,
+                BatchSize::PerIteration,
+            )
+        });
+    }
     g.finish();
 }
 

@@ -37,5 +37,23 @@ fn step(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, load, step);
+/// The `Step` of v4-4096 with the profiler's system timer subscribed and
+/// recording: the cost of per-system timing (compare with `pod::step`,
+/// where bevy's system spans are disabled).
+fn step_timed(c: &mut Criterion) {
+    use optirs_tpu::xla::backend::system_timer::SystemTimer;
+    let mut group = c.benchmark_group("pod::step_timed");
+    let timer = SystemTimer::new();
+    let mut pod = timer.scope(|| Pod::from_preset("v4-4096")).unwrap();
+    timer.set_recording(true);
+    group.bench_function("v4-4096", |b| {
+        b.iter(|| {
+            pod.step();
+            timer.take().len()
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, load, step, step_timed);
 criterion_main!(benches);

@@ -295,3 +295,37 @@ fn collectives_prints_an_nccl_style_table_with_a_correctness_column() {
     let bad = optirs(&["collectives", "--op", "all_to_all"]);
     assert_eq!(bad.status.code(), Some(2));
 }
+
+#[test]
+fn bench_optimizer_reports_the_step_against_the_limit() {
+    let report = json(&optirs(&[
+        "bench",
+        "optimizer",
+        "--optimizer",
+        "sgd",
+        "--size",
+        "4096",
+        "--steps",
+        "3",
+        "--json",
+    ]));
+    for key in [
+        "optimizer",
+        "size",
+        "step_seconds",
+        "limit_seconds",
+        "ratio_to_limit",
+        "compile_seconds",
+    ] {
+        assert!(report.get(key).is_some(), "{key} missing in {report}");
+    }
+    assert_eq!(report["optimizer"], "sgd");
+    assert_eq!(report["size"], 4096);
+    let (step, limit) = (
+        report["step_seconds"].as_f64().unwrap(),
+        report["limit_seconds"].as_f64().unwrap(),
+    );
+    assert!(step > 0.0 && limit > 0.0);
+    let unknown = optirs(&["bench", "optimizer", "--optimizer", "lion"]);
+    assert_eq!(unknown.status.code(), Some(1));
+}

@@ -14,6 +14,10 @@ use crate::health::{
     ControlJitter, DeviceState, FailureEpoch, FailureLog, FaultPlan, Health, Heartbeat,
     HeartbeatConfig, InjectedFault, KnownFailures,
 };
+use crate::monitor::{
+    DeviceHistory, DeviceMetrics, HbmUsage, HealthChecks, HealthThresholds, HeartbeatTally,
+    LinkMetrics, MonitorConfig, MonitorState,
+};
 use crate::persist_as_self;
 use crate::pod::SimClock;
 use crate::pod_coordination::synchronization::clocks::pod::{ClockSync, DeviceClock};
@@ -88,6 +92,15 @@ persist_as_self!(
     FailureEpoch,
     FailureLog,
     FaultPlan,
+    HbmUsage,
+    HeartbeatTally,
+    DeviceMetrics,
+    LinkMetrics,
+    HealthChecks,
+    MonitorConfig,
+    MonitorState,
+    HealthThresholds,
+    DeviceHistory,
 );
 
 /// [`Link`] with its ends as dense ids.
@@ -236,7 +249,12 @@ pub fn engine_registry() -> SnapshotRegistry {
         .component::<CompileFailure>("xla.CompileFailure")
         .component::<CompiledExecutable>("xla.CompiledExecutable")
         .component::<OptimizerSlot>("tpu.OptimizerSlot")
-        .component::<OptimizerCount>("tpu.OptimizerCount");
+        .component::<OptimizerCount>("tpu.OptimizerCount")
+        .component::<HbmUsage>("monitor.HbmUsage")
+        .component::<HeartbeatTally>("monitor.HeartbeatTally")
+        .component::<DeviceMetrics>("monitor.DeviceMetrics")
+        .component::<LinkMetrics>("monitor.LinkMetrics")
+        .component::<HealthChecks>("monitor.HealthChecks");
     registry
         .resource::<SimClock>("pod.SimClock")
         .resource::<SimRng>("pod.SimRng")
@@ -250,6 +268,10 @@ pub fn engine_registry() -> SnapshotRegistry {
         .resource::<FailureLog>("health.FailureLog")
         .resource::<FaultPlan>("health.FaultPlan")
         .resource::<BarrierRegistry>("barrier.BarrierRegistry")
-        .resource::<DisabledPasses>("xla.DisabledPasses");
+        .resource::<DisabledPasses>("xla.DisabledPasses")
+        .resource::<MonitorConfig>("monitor.MonitorConfig")
+        .resource::<MonitorState>("monitor.MonitorState")
+        .resource::<HealthThresholds>("monitor.HealthThresholds")
+        .resource::<DeviceHistory>("monitor.DeviceHistory");
     registry
 }

@@ -16,6 +16,13 @@ pub struct CompileArgs {
     /// Also write the optimized graph with its fusion groups as Graphviz.
     #[arg(long, value_name = "FILE")]
     dot: Option<PathBuf>,
+    /// Also draw the optimized graph as SVG, fused kernels as coloured groups.
+    #[arg(long, value_name = "FILE")]
+    svg: Option<PathBuf>,
+    /// Also draw the memory plan as SVG: buffers as rectangles over
+    /// time (plan steps) x heap offset.
+    #[arg(long, value_name = "FILE")]
+    memory_svg: Option<PathBuf>,
     /// Skip an optional pass by name (repeatable): constant-folding,
     /// algebraic-simplifier, cse, dce, fusion.
     #[arg(long = "disable-pass", value_name = "NAME")]
@@ -33,6 +40,12 @@ pub fn compile(args: CompileArgs) -> Result<()> {
     let report = compile_program_file_with(&args.program, &options)?;
     if let Some(path) = &args.dot {
         output::write_file(path, &report.to_dot())?;
+    }
+    if let Some(path) = &args.svg {
+        output::write_file(path, &report.to_svg())?;
+    }
+    if let Some(path) = &args.memory_svg {
+        output::write_file(path, &report.to_memory_svg())?;
     }
     if args.json {
         return output::print_json(&report);

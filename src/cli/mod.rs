@@ -1,9 +1,11 @@
 //! Argument parsing and dispatch.
 
+mod bench;
 mod checkpoint;
 mod collectives;
 mod compile;
 mod output;
+mod progress;
 mod run;
 mod topology;
 
@@ -34,6 +36,8 @@ enum Command {
     Compile(compile::CompileArgs),
     /// Save, verify, restore, list and inspect whole-world checkpoints.
     Checkpoint(checkpoint::CheckpointArgs),
+    /// Wall-clock benchmarks: `bench schedule` times every system.
+    Bench(bench::BenchArgs),
 }
 
 /// Parses the command line, runs the command, maps errors to exit codes.
@@ -46,6 +50,7 @@ pub fn main() -> ExitCode {
         Command::Checkpoint(args) => checkpoint::checkpoint(args),
         Command::Compile(args) => compile::compile(args),
         Command::Collectives(args) => collectives::collectives(args),
+        Command::Bench(args) => bench::bench(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,13 +1,16 @@
 //! `optirs-tpu run`: step a pod.
 
-use super::output;
+use super::{output, progress};
 use anyhow::{Result, bail};
 use clap::Args;
 use optirs_tpu::Pod;
 use optirs_tpu::health::Fault;
+use optirs_tpu::monitor::{PerformanceReport, performance_report};
 use optirs_tpu::topology::DEFAULT_PRESET;
 use optirs_tpu::topology::DeviceId;
+use optirs_tpu::xla::backend::profiling_integration::ProfilingIntegration;
 use serde::Serialize;
+use std::path::PathBuf;
 use std::time::Instant;
 
 #[derive(Args, Debug)]
@@ -27,6 +30,10 @@ pub struct RunArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
+    /// Write a Chrome/Perfetto trace of the run (systems in wall time,
+    /// devices in simulated time). An existing file is never overwritten.
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
 }
 
 /// Parses `5@3.5` into device 5 at 3.5 s.
@@ -71,11 +78,25 @@ pub struct RunReport {
     wall_ns_per_tick: f64,
     failures: Vec<FailureRow>,
     world_sha256: String,
+    /// The monitor's report over its live history.
+    performance: PerformanceReport,
 }
 
 pub fn run(args: RunArgs) -> Result<()> {
+    if let Some(path) = &args.trace
+        && path.exists()
+    {
+        bail!(
+            "{} already exists; --trace never overwrites a file: choose a new path or remove it",
+            path.display()
+        );
+    }
+    let mut profiler = args.trace.as_ref().map(|_| ProfilingIntegration::new());
     let build_start = Instant::now();
-    let mut pod = Pod::load(&args.pod)?;
+    let mut pod = match &profiler {
+        Some(profiler) => profiler.build_pod(|| Pod::load(&args.pod))?,
+        None => Pod::load(&args.pod)?,
+    };
     let build_seconds = build_start.elapsed().as_secs_f64();
     let devices = pod.topology().num_devices();
     let faults = args
@@ -96,7 +117,43 @@ pub fn run(args: RunArgs) -> Result<()> {
         }
         pod.schedule_fault((seconds * 1e9).round() as u64, fault);
     }
-    let report = step_and_report(&mut pod, args.steps, build_seconds)?;
+    let bar = progress::bar(args.steps, args.json, "run");
+    let start = Instant::now();
+    let mut step_wall_ns = Vec::new();
+    match &mut profiler {
+        Some(profiler) => profiler.run(&mut pod, args.steps, &mut |done| {
+            if done % 64 == 0 {
+                bar.set_position(done)
+            }
+        }),
+        None => {
+            step_wall_ns.reserve(args.steps.min(1 << 24) as usize);
+            for done in 1..=args.steps {
+                let tick_start = Instant::now();
+                pod.step();
+                step_wall_ns.push(tick_start.elapsed().as_nanos() as u64);
+                if done % 64 == 0 {
+                    bar.set_position(done);
+                }
+            }
+        }
+    }
+    let wall_seconds = start.elapsed().as_secs_f64();
+    bar.finish_and_clear();
+    let step_wall = match &profiler {
+        Some(profiler) => profiler.step_wall_ns(),
+        None => &step_wall_ns,
+    };
+    let report = report_after(
+        &mut pod,
+        args.steps,
+        build_seconds,
+        wall_seconds,
+        Some(step_wall),
+    )?;
+    if let (Some(profiler), Some(path)) = (&profiler, &args.trace) {
+        profiler.write_trace(path)?;
+    }
     print_report(&report, args.json)
 }
 
@@ -105,6 +162,18 @@ pub fn step_and_report(pod: &mut Pod, steps: u64, build_seconds: f64) -> Result<
     let start = Instant::now();
     pod.run(steps);
     let wall_seconds = start.elapsed().as_secs_f64();
+    report_after(pod, steps, build_seconds, wall_seconds, None)
+}
+
+/// Reports the pod's state after `steps` ticks that took `wall_seconds`.
+fn report_after(
+    pod: &mut Pod,
+    steps: u64,
+    build_seconds: f64,
+    wall_seconds: f64,
+    step_wall_ns: Option<&[u64]>,
+) -> Result<RunReport> {
+    let performance = performance_report(pod.world_mut(), step_wall_ns);
     let world_sha256 = pod.world_sha256()?;
     let topology = pod.topology();
     Ok(RunReport {
@@ -129,6 +198,7 @@ pub fn step_and_report(pod: &mut Pod, steps: u64, build_seconds: f64) -> Result<
             })
             .collect(),
         world_sha256,
+        performance,
     })
 }
 
@@ -155,7 +225,7 @@ pub fn print_report(report: &RunReport, json: bool) -> Result<()> {
     output::print_text(&format!(
         "pod {} ({}, {} chips on {} hosts, {} links), built in {}\n\
          at tick {}: {} simulated; ran in {} wall ({} per tick)\n{failures}\
-         world sha256 {}\n",
+         {}world sha256 {}\n",
         report.pod,
         report.generation,
         report.devices,
@@ -166,6 +236,38 @@ pub fn print_report(report: &RunReport, json: bool) -> Result<()> {
         output::seconds(report.simulated_seconds),
         output::seconds(report.wall_seconds),
         output::seconds(report.wall_ns_per_tick * 1e-9),
+        performance_text(&report.performance),
         report.world_sha256,
     ))
+}
+
+/// The monitor's figures as a few lines of text.
+fn performance_text(p: &PerformanceReport) -> String {
+    let ns = |v: f64| output::seconds(v * 1e-9);
+    let mut text = format!(
+        "monitor: {} samples every {}; checks {} ok, {} warning, {} critical\n\
+         \x20 heartbeat latency p50 {} p99 {}; age p99 {}\n\
+         \x20 link traffic per link p50 {} p99 {} peak {} (utilization p99 {:.3} %)\n",
+        p.samples,
+        ns(p.sample_every_ns as f64),
+        p.checks.ok,
+        p.checks.warning,
+        p.checks.critical,
+        ns(p.heartbeat_latency_ns.p50),
+        ns(p.heartbeat_latency_ns.p99),
+        ns(p.heartbeat_age_ns.p99),
+        output::bytes_per_s(p.link_bytes_per_s.p50),
+        output::bytes_per_s(p.link_bytes_per_s.p99),
+        output::bytes_per_s(p.link_peak_bytes_per_s),
+        p.link_utilization.p99 * 100.0,
+    );
+    if let Some(step) = &p.step_wall_ns {
+        text += &format!(
+            "  step wall time mean {} p50 {} p99 {}\n",
+            ns(step.mean),
+            ns(step.p50),
+            ns(step.p99)
+        );
+    }
+    text
 }

@@ -19,6 +19,10 @@ pub struct TopologyArgs {
     /// Also write the pod as a Graphviz graph (hosts as clusters).
     #[arg(long, value_name = "FILE")]
     dot: Option<PathBuf>,
+    /// Also draw the pod as SVG: hosts, devices on their torus coordinates,
+    /// links, failed devices marked; z-planes side by side.
+    #[arg(long, value_name = "FILE")]
+    svg: Option<PathBuf>,
 }
 
 pub fn topology(args: TopologyArgs) -> Result<()> {
@@ -26,6 +30,9 @@ pub fn topology(args: TopologyArgs) -> Result<()> {
     let figures = pod.figures();
     if let Some(path) = &args.dot {
         output::write_file(path, &to_dot(pod.world_mut()))?;
+    }
+    if let Some(path) = &args.svg {
+        output::write_file(path, &optirs_tpu::svg::topology_svg(pod.world_mut()))?;
     }
     if args.json {
         return output::print_json(&figures);

@@ -89,6 +89,7 @@ impl Pod {
         spawn_topology(&mut world, &topology);
         transport::install(&mut world);
         health::install(&mut world);
+        crate::monitor::install(&mut world);
         barrier::install(&mut world);
         crate::collectives::pod::install(&mut world);
         crate::pod_coordination::synchronization::clocks::pod::install(&mut world);

@@ -13,6 +13,7 @@
 
 use serde::{Deserialize, Serialize};
 use smallvec::SmallVec;
+use std::time::Instant;
 
 use super::CompileError;
 use super::op::Op;
@@ -160,9 +161,48 @@ pub struct Executable {
     pub loop_chunk: usize,
 }
 
+/// Wall time of one kernel run (profiling only).
+#[derive(Debug, Clone)]
+pub struct KernelTiming {
+    /// The kernel's name.
+    pub name: String,
+    /// Whether it is a fused loop.
+    pub fused: bool,
+    /// When it started.
+    pub start: Instant,
+    /// When it ended.
+    pub end: Instant,
+}
+
 impl Executable {
     /// Runs the program on `args` (one tensor per parameter, in index order).
     pub fn run(&self, args: &[Tensor]) -> Result<Vec<Tensor>, CompileError> {
+        self.run_observed(args, &mut |_, _, _| {})
+    }
+
+    /// [`Executable::run`], also returning the wall time of each kernel (for
+    /// the profiler's trace).
+    pub fn run_timed(
+        &self,
+        args: &[Tensor],
+    ) -> Result<(Vec<Tensor>, Vec<KernelTiming>), CompileError> {
+        let mut timings = Vec::with_capacity(self.kernels.len());
+        let outputs = self.run_observed(args, &mut |kernel, start, end| {
+            timings.push(KernelTiming {
+                name: kernel.name.clone(),
+                fused: kernel.fused,
+                start,
+                end,
+            })
+        })?;
+        Ok((outputs, timings))
+    }
+
+    fn run_observed(
+        &self,
+        args: &[Tensor],
+        on_kernel: &mut dyn FnMut(&LoweredKernel, Instant, Instant),
+    ) -> Result<Vec<Tensor>, CompileError> {
         if args.len() != self.parameters.len() {
             return Err(CompileError::Arguments(format!(
                 "program `{}` takes {} arguments, got {}",
@@ -183,7 +223,9 @@ impl Executable {
             slots[self.parameter_buffers[i] as usize] = Some(arg.clone());
         }
         for kernel in &self.kernels {
+            let start = Instant::now();
             let outputs = self.run_kernel(kernel, &slots)?;
+            on_kernel(kernel, start, Instant::now());
             for ((_, buffer), value) in kernel.outputs.iter().zip(outputs) {
                 slots[*buffer as usize] = Some(value);
             }

@@ -158,6 +158,31 @@ impl CompileReport {
         self.graph.render()
     }
 
+    /// The optimized graph as SVG, fused kernels as coloured groups.
+    pub fn to_svg(&self) -> String {
+        crate::svg::graph_svg(&self.graph.view())
+    }
+
+    /// The memory plan as SVG: buffers over time × offset.
+    pub fn to_memory_svg(&self) -> String {
+        let buffers: Vec<crate::svg::MemoryBuffer> = self
+            .buffers
+            .iter()
+            .map(|b| crate::svg::MemoryBuffer {
+                label: b.value.clone(),
+                offset: b.offset,
+                size: b.size,
+                live: b.live,
+            })
+            .collect();
+        crate::svg::memory_svg(
+            &self.program,
+            &buffers,
+            self.memory.peak_bytes,
+            self.memory.lower_bound_bytes,
+        )
+    }
+
     /// The report as one JSON object.
     pub fn to_json(&self) -> String {
         serde_json::to_string_pretty(self).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
@@ -232,6 +257,25 @@ impl GraphSnapshot {
             name: program_name(world, program),
             nodes: snapshot_nodes,
             outputs,
+        }
+    }
+
+    fn view(&self) -> crate::svg::GraphView {
+        crate::svg::GraphView {
+            name: self.name.clone(),
+            nodes: self
+                .nodes
+                .iter()
+                .map(|n| crate::svg::GraphViewNode {
+                    label: match &n.ty {
+                        Some(t) => format!("%{} ({t})", n.name),
+                        None => format!("%{}", n.name),
+                    },
+                    operands: n.operands.to_vec(),
+                    cluster: n.cluster,
+                    output: n.output,
+                })
+                .collect(),
         }
     }
 

@@ -1,0 +1,132 @@
+//! `optirs-tpu bench`: wall-clock benchmarks of the engine's schedules.
+
+use super::{output, progress};
+use anyhow::Result;
+use clap::{Args, Subcommand};
+use optirs_tpu::topology::DEFAULT_PRESET;
+use optirs_tpu::xla::backend::schedule_timing::{BUNDLED_PROGRAMS, ScheduleBench, bench_schedules};
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    command: BenchCommand,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum BenchCommand {
+    /// Time every system of the `Step` and `Compile` schedules per run
+    /// (mean, p50, p99), grouped by the set it runs in.
+    Schedule(ScheduleArgs),
+    /// Time the compiled optimizer step against a hand-written single-pass
+    /// loop on the same threads (the practical limit), in one run.
+    Optimizer(OptimizerArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct OptimizerArgs {
+    /// sgd, momentum, nesterov, adam, adamw, rmsprop or adagrad.
+    #[arg(long, default_value = "adam")]
+    optimizer: String,
+    /// Parameters (f32).
+    #[arg(long, default_value_t = 10_000_000)]
+    size: usize,
+    /// Timed steps of each side (alternating).
+    #[arg(long, default_value_t = 21)]
+    steps: usize,
+    /// Print one JSON object: optimizer, size, step_seconds, limit_seconds,
+    /// ratio_to_limit, compile_seconds (and bytes_per_step, gbps, limit_gbps).
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct ScheduleArgs {
+    /// A preset name (see `optirs-tpu presets`) or a pod file path.
+    #[arg(default_value = DEFAULT_PRESET)]
+    pod: String,
+    /// `Step` ticks to time.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
+    steps: u64,
+    /// Times each bundled program is compiled for the `Compile` rows.
+    #[arg(long, default_value_t = 5)]
+    compile_runs: usize,
+    /// Print one JSON object: {pod, steps, systems: [{name, set, mean_ns, p50_ns, p99_ns, ..}]}.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn bench(args: BenchArgs) -> Result<()> {
+    match args.command {
+        BenchCommand::Schedule(args) => schedule(args),
+        BenchCommand::Optimizer(args) => optimizer(args),
+    }
+}
+
+fn optimizer(args: OptimizerArgs) -> Result<()> {
+    let bench = optirs_tpu::tpu::bench_optimizer(&args.optimizer, args.size, args.steps)?;
+    if args.json {
+        return output::print_json(&bench);
+    }
+    output::print_text(&format!("{bench}\n"))
+}
+
+fn schedule(args: ScheduleArgs) -> Result<()> {
+    let total = args.steps + (args.compile_runs * BUNDLED_PROGRAMS.len()) as u64;
+    let bar = progress::bar(total, args.json, "bench schedule");
+    let result = bench_schedules(&args.pod, args.steps, args.compile_runs, &mut |done, _| {
+        bar.set_position(done)
+    });
+    bar.finish_and_clear();
+    let bench = result?;
+    if args.json {
+        return output::print_json(&bench);
+    }
+    output::print_text(&render(&bench, args.compile_runs))
+}
+
+/// The table: one row per system, `Step` then `Compile`, in run order.
+fn render(bench: &ScheduleBench, compile_runs: usize) -> String {
+    let mut text = format!(
+        "pod {}: {} Step ticks; Compile over {} bundled programs x {compile_runs}\n",
+        bench.pod,
+        bench.steps,
+        BUNDLED_PROGRAMS.len()
+    );
+    let mut schedule = "";
+    for row in &bench.systems {
+        if row.schedule != schedule {
+            schedule = row.schedule;
+            let total: f64 = bench
+                .systems
+                .iter()
+                .filter(|s| s.schedule == schedule)
+                .map(|s| s.mean_ns)
+                .sum();
+            text += &format!(
+                "\n{schedule} (sum of means {})\n  {:<16} {:<60} {:>6} {:>10} {:>10} {:>10}\n",
+                output::seconds(total * 1e-9),
+                "set",
+                "system",
+                "runs",
+                "mean",
+                "p50",
+                "p99"
+            );
+        }
+        text += &format!(
+            "  {:<16} {:<60} {:>6} {:>10} {:>10} {:>10}\n",
+            row.set,
+            short_name(&row.name),
+            row.runs,
+            output::seconds(row.mean_ns * 1e-9),
+            output::seconds(row.p50_ns as f64 * 1e-9),
+            output::seconds(row.p99_ns as f64 * 1e-9),
+        );
+    }
+    text
+}
+
+/// `optirs_tpu::health::emit_heartbeats` → `health::emit_heartbeats`.
+fn short_name(name: &str) -> &str {
+    name.strip_prefix("optirs_tpu::").unwrap_or(name)
+}

@@ -1,0 +1,242 @@
+//! The pod as SVG: hosts as pale boxes, devices as squares on their torus
+//! coordinates, ICI links as lines (wraparound links as dashed stubs at the
+//! edge they leave), DCN links in blue; suspect devices orange, failed or
+//! killed devices red with a cross. A 3-D pod is drawn as its z-planes side
+//! by side, left to right then top to bottom in a near-square grid, slice
+//! after slice (z-axis links join the same (x, y) in neighbouring planes and
+//! are not drawn).
+
+use super::{escape, open, pale};
+use crate::health::{DeviceState, Health};
+use crate::topology::Host;
+use crate::topology::{Device, Link, LinkKind, OnHost, PodTopology, TorusCoords};
+use bevy_ecs::prelude::*;
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+const MARGIN: f64 = 20.0;
+const HEADER: f64 = 76.0;
+const PLANE_GAP: f64 = 36.0;
+
+struct Placed {
+    id: u32,
+    host: u32,
+    slice: u32,
+    xyz: [u32; 3],
+    status: &'static str,
+}
+
+/// The pod in `world` as an SVG document.
+pub fn topology_svg(world: &mut World) -> String {
+    let topology = world.resource::<PodTopology>().0.clone();
+    let dims = topology.dims;
+    let mut hosts = world.query::<&Host>();
+    let mut devices = world.query::<(
+        &Device,
+        &TorusCoords,
+        Option<&OnHost>,
+        Option<&Health>,
+        Option<&DeviceState>,
+    )>();
+    let mut placed: Vec<Placed> = devices
+        .iter(world)
+        .map(|(device, coords, host, health, state)| Placed {
+            id: device.id.0,
+            host: host
+                .and_then(|h| hosts.get(world, h.0).ok())
+                .map_or(0, |h| h.index),
+            slice: coords.slice,
+            xyz: coords.xyz,
+            status: match (health, state) {
+                (Some(Health::Failed { .. }), _) | (_, Some(DeviceState::Killed { .. })) => {
+                    "failed"
+                }
+                (Some(Health::Suspect { .. }), _) => "suspect",
+                _ => "healthy",
+            },
+        })
+        .collect();
+    placed.sort_by_key(|p| p.id);
+    let cell = if placed.len() > 1024 { 16.0 } else { 30.0 };
+    let plane_w = dims[0].max(1) as f64 * cell;
+    let plane_h = dims[1].max(1) as f64 * cell;
+    // Planes (one per slice and z) in a near-square grid, in (slice, z) order.
+    let planes = dims[2].max(1) * topology.slices.max(1);
+    let columns = (planes as f64).sqrt().ceil().max(1.0) as u32;
+    let rows = planes.div_ceil(columns);
+    let width = (2.0 * MARGIN + columns as f64 * (plane_w + PLANE_GAP) + cell).max(720.0);
+    let height = HEADER + MARGIN + rows as f64 * (plane_h + PLANE_GAP) + cell;
+    let origin = |slice: u32, z: u32| {
+        let slot = slice * dims[2].max(1) + z;
+        (
+            MARGIN + cell + (slot % columns) as f64 * (plane_w + PLANE_GAP),
+            HEADER + cell / 2.0 + (slot / columns) as f64 * (plane_h + PLANE_GAP),
+        )
+    };
+    let center = |p: &Placed| {
+        let (x0, y0) = origin(p.slice, p.xyz[2]);
+        (
+            x0 + (p.xyz[0] as f64 + 0.5) * cell,
+            y0 + (p.xyz[1] as f64 + 0.5) * cell,
+        )
+    };
+    let mut out = String::new();
+    open(&mut out, width, height, &format!("pod {}", topology.name));
+    let failed = placed.iter().filter(|p| p.status == "failed").count();
+    let _ = writeln!(
+        out,
+        "<text x=\"{MARGIN}\" y=\"20\" font-size=\"14\" font-weight=\"bold\">{} — {} {}x{}x{} ({} devices, {} slice(s), {} failed)</text>\n\
+         <text x=\"{MARGIN}\" y=\"38\">pale boxes: hosts · blue: healthy · orange: suspect · red ✕: failed</text>\n\
+         <text x=\"{MARGIN}\" y=\"54\">solid: ICI · dashed stub: wraparound · blue line: DCN{}</text>",
+        escape(&topology.name),
+        topology.generation,
+        dims[0],
+        dims[1],
+        dims[2],
+        placed.len(),
+        topology.slices,
+        failed,
+        if dims[2] > 1 {
+            " · one box per (slice, z) plane, in z order; z links not drawn"
+        } else {
+            ""
+        }
+    );
+    // Plane labels.
+    for s in 0..topology.slices.max(1) {
+        for z in 0..dims[2].max(1) {
+            let (x0, y0) = origin(s, z);
+            let _ = writeln!(
+                out,
+                "<text x=\"{x0:.1}\" y=\"{:.1}\" fill=\"#555\">slice {s} z={z}</text>",
+                y0 - 4.0
+            );
+        }
+    }
+    // Host boxes: the bounding box of each host's devices in each plane.
+    let mut boxes: BTreeMap<(u32, u32, u32), [u32; 4]> = BTreeMap::new();
+    for p in &placed {
+        let b = boxes
+            .entry((p.host, p.slice, p.xyz[2]))
+            .or_insert([p.xyz[0], p.xyz[1], p.xyz[0], p.xyz[1]]);
+        b[0] = b[0].min(p.xyz[0]);
+        b[1] = b[1].min(p.xyz[1]);
+        b[2] = b[2].max(p.xyz[0]);
+        b[3] = b[3].max(p.xyz[1]);
+    }
+    for ((host, slice, z), [x0, y0, x1, y1]) in &boxes {
+        let (ox, oy) = origin(*slice, *z);
+        let _ = writeln!(
+            out,
+            "<rect x=\"{:.1}\" y=\"{:.1}\" width=\"{:.1}\" height=\"{:.1}\" rx=\"4\" fill=\"{}\" stroke=\"#999\" stroke-width=\"0.5\"><title>host {host}</title></rect>",
+            ox + *x0 as f64 * cell + 1.0,
+            oy + *y0 as f64 * cell + 1.0,
+            (x1 - x0 + 1) as f64 * cell - 2.0,
+            (y1 - y0 + 1) as f64 * cell - 2.0,
+            pale(*host as usize)
+        );
+    }
+    // Links.
+    let by_entity: BTreeMap<Entity, usize> = {
+        let mut q = world.query::<(Entity, &Device)>();
+        let ids: BTreeMap<u32, usize> = placed.iter().enumerate().map(|(i, p)| (p.id, i)).collect();
+        q.iter(world)
+            .filter_map(|(e, d)| ids.get(&d.id.0).map(|&i| (e, i)))
+            .collect()
+    };
+    let mut links = world.query::<&Link>();
+    let mut lines: Vec<(usize, usize, LinkKind, bool)> = links
+        .iter(world)
+        .filter_map(|l| {
+            Some((
+                *by_entity.get(&l.a)?,
+                *by_entity.get(&l.b)?,
+                l.kind,
+                l.wraps,
+            ))
+        })
+        .collect();
+    lines.sort_by_key(|&(a, b, _, _)| (a, b));
+    out.push_str("<g stroke-linecap=\"round\">\n");
+    for (a, b, kind, wraps) in lines {
+        let (pa, pb) = (&placed[a], &placed[b]);
+        let ((ax, ay), (bx, by)) = (center(pa), center(pb));
+        let same_plane = pa.slice == pb.slice && pa.xyz[2] == pb.xyz[2];
+        match kind {
+            LinkKind::Dcn => {
+                let _ = writeln!(
+                    out,
+                    "<line x1=\"{ax:.1}\" y1=\"{ay:.1}\" x2=\"{bx:.1}\" y2=\"{by:.1}\" stroke=\"#1f5fbf\" stroke-width=\"1.5\" stroke-opacity=\"0.6\"/>"
+                );
+            }
+            LinkKind::Ici if !same_plane => {}
+            LinkKind::Ici if wraps => {
+                // A stub leaving each end towards the edge it wraps across.
+                for (from, to, (fx, fy)) in [(pa, pb, (ax, ay)), (pb, pa, (bx, by))] {
+                    let dx = (to.xyz[0] as f64 - from.xyz[0] as f64).signum();
+                    let dy = (to.xyz[1] as f64 - from.xyz[1] as f64).signum();
+                    let _ = writeln!(
+                        out,
+                        "<line x1=\"{fx:.1}\" y1=\"{fy:.1}\" x2=\"{:.1}\" y2=\"{:.1}\" stroke=\"#888\" stroke-dasharray=\"2,2\"/>",
+                        fx - dx * cell * 0.8,
+                        fy - dy * cell * 0.8
+                    );
+                }
+            }
+            LinkKind::Ici => {
+                let _ = writeln!(
+                    out,
+                    "<line x1=\"{ax:.1}\" y1=\"{ay:.1}\" x2=\"{bx:.1}\" y2=\"{by:.1}\" stroke=\"#555\" stroke-width=\"1\"/>"
+                );
+            }
+        }
+    }
+    out.push_str("</g>\n");
+    // Devices.
+    let side = cell * 0.6;
+    for p in &placed {
+        let (cx, cy) = center(p);
+        let fill = match p.status {
+            "failed" => "#d62728",
+            "suspect" => "#ff9f1c",
+            _ => "#4e79a7",
+        };
+        let [x, y, z] = p.xyz;
+        let _ = write!(
+            out,
+            "<rect x=\"{:.1}\" y=\"{:.1}\" width=\"{side:.1}\" height=\"{side:.1}\" fill=\"{fill}\" stroke=\"#222\" stroke-width=\"0.5\"><title>device {} ({x},{y},{z}) slice {} host {}: {}</title></rect>",
+            cx - side / 2.0,
+            cy - side / 2.0,
+            p.id,
+            p.slice,
+            p.host,
+            p.status
+        );
+        if p.status == "failed" {
+            let h = side / 2.0;
+            let _ = write!(
+                out,
+                "<path d=\"M{:.1},{:.1}L{:.1},{:.1}M{:.1},{:.1}L{:.1},{:.1}\" stroke=\"white\" stroke-width=\"1.5\"/>",
+                cx - h,
+                cy - h,
+                cx + h,
+                cy + h,
+                cx - h,
+                cy + h,
+                cx + h,
+                cy - h
+            );
+        }
+        if cell >= 30.0 {
+            let _ = write!(
+                out,
+                "<text x=\"{cx:.1}\" y=\"{:.1}\" text-anchor=\"middle\" font-size=\"8\" fill=\"white\">{}</text>",
+                cy + 3.0,
+                p.id
+            );
+        }
+        out.push('\n');
+    }
+    out.push_str("</svg>\n");
+    out
+}

@@ -1,0 +1,617 @@
+//! [`ProfilingIntegration`]: counters, a Chrome/Perfetto trace and a memory
+//! export of what a pod ran.
+//!
+//! The trace (`chrome://tracing`, <https://ui.perfetto.dev>) is one JSON
+//! object `{"traceEvents": [...], "displayTimeUnit": "ns"}`. Every event has
+//! `ph`, `ts`, `dur` (µs), `pid` and `tid`; spans are complete events
+//! (`"X"`), and `"M"` events name the processes and threads:
+//!
+//! | pid | process | tracks | clock |
+//! |---|---|---|---|
+//! | 1 | systems | one per system (and one for whole ticks / compiles) | wall |
+//! | 2 | devices | per device: heartbeats (sent → delivered), barrier arrivals, collectives, failures (fault → detection) | simulated |
+//! | 3 | compiler | per program: its passes (`PassLog`), then its kernels when executed | wall |
+//!
+//! Wall-clock and simulated times are separate processes: they are different
+//! clocks, and Perfetto shows them one above the other.
+//!
+//! The memory export lists the allocations and releases of every compiled
+//! program's buffers (from its `MemoryPlan`, in plan steps: a buffer is
+//! allocated at the step that defines it and released after its last use)
+//! and a snapshot of the live buffers at the peak. It is empty until a
+//! program has been compiled.
+//!
+//! Exports go to the path the caller gives and never replace a file: an
+//! existing path is refused with [`ProfilingError::Exists`].
+
+use super::system_timer::SystemTimer;
+use crate::collectives::pod::{Collective, CollectiveOutcome};
+use crate::error::Result;
+use crate::pod::Pod;
+use crate::topology::DeviceId;
+use crate::transport::{Inbox, Payload};
+use crate::xla::CompileReport;
+use crate::xla::executable::KernelTiming;
+use bevy_ecs::prelude::*;
+use serde::Serialize;
+use serde_json::{Value, json};
+use std::collections::{BTreeMap, HashSet};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// Why an export failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ProfilingError {
+    /// The path exists; exports never overwrite.
+    #[error(
+        "{path} already exists; profiling exports never overwrite a file: choose a new path or remove it"
+    )]
+    Exists {
+        /// The path given.
+        path: PathBuf,
+    },
+    /// Writing failed.
+    #[error("cannot write {path}: {source}")]
+    Io {
+        /// The path given.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+}
+
+/// Process ids of the trace.
+pub mod pid {
+    /// Wall-clock spans of systems.
+    pub const SYSTEMS: u32 = 1;
+    /// Simulated-time events of devices.
+    pub const DEVICES: u32 = 2;
+    /// Compiler passes and kernels.
+    pub const COMPILER: u32 = 3;
+}
+
+/// Tracks of one device (tid = device × 4 + track).
+const DEVICE_TRACKS: [&str; 4] = ["heartbeats", "barriers", "collectives", "failures"];
+
+/// Running totals of what the profiler saw.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Counters {
+    /// `Step` ticks run through the profiler.
+    pub ticks: u64,
+    /// Wall time of those ticks, ns.
+    pub step_wall_ns: u64,
+    /// System runs timed.
+    pub system_runs: u64,
+    /// Heartbeats delivered to the coordination service.
+    pub heartbeats: u64,
+    /// Barrier arrivals delivered.
+    pub barrier_arrivals: u64,
+    /// Data messages delivered.
+    pub data_messages: u64,
+    /// Collectives finished (completed or failed).
+    pub collectives: u64,
+    /// Failures detected.
+    pub failures: u64,
+    /// Programs compiled.
+    pub compiles: u64,
+    /// Compiler passes run.
+    pub passes: u64,
+    /// Kernels executed.
+    pub kernels_executed: u64,
+}
+
+/// A buffer event of the memory export.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MemoryEvent {
+    /// The program.
+    pub program: String,
+    /// The value the buffer holds.
+    pub value: String,
+    /// `"alloc"` or `"free"`.
+    pub kind: &'static str,
+    /// Plan step (kernel position) of the event.
+    pub step: u32,
+    /// Offset in the program's heap.
+    pub offset: usize,
+    /// Bytes.
+    pub size: usize,
+}
+
+/// The live buffers of one program at its peak.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PeakSnapshot {
+    /// The program.
+    pub program: String,
+    /// Plan step of the peak.
+    pub step: u32,
+    /// Bytes live at that step (overlapping in-place buffers counted once).
+    pub live_bytes: usize,
+    /// Heap size the plan needs (peak offset + size).
+    pub heap_bytes: usize,
+    /// The live buffers: (value, offset, size).
+    pub buffers: Vec<(String, usize, usize)>,
+}
+
+/// Allocations, releases and peaks of every compiled program.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct MemoryExport {
+    /// Events in program, then step order (a step's frees before its allocs).
+    pub events: Vec<MemoryEvent>,
+    /// One peak per program.
+    pub peaks: Vec<PeakSnapshot>,
+}
+
+impl MemoryExport {
+    /// Adds a compiled program's plan.
+    pub fn add_program(&mut self, report: &CompileReport) {
+        let mut events = Vec::new();
+        for b in &report.buffers {
+            for (kind, step) in [("alloc", b.live.0), ("free", b.live.1 + 1)] {
+                events.push(MemoryEvent {
+                    program: report.program.clone(),
+                    value: b.value.clone(),
+                    kind,
+                    step,
+                    offset: b.offset,
+                    size: b.size,
+                });
+            }
+        }
+        events.sort_by_key(|e| (e.step, e.kind == "alloc", e.offset));
+        let peak = report
+            .buffers
+            .iter()
+            .flat_map(|b| [b.live.0, b.live.1])
+            .map(|step| {
+                let live = occupied_bytes(
+                    report
+                        .buffers
+                        .iter()
+                        .filter(|b| b.live.0 <= step && step <= b.live.1)
+                        .map(|b| (b.offset, b.size)),
+                );
+                (live, std::cmp::Reverse(step))
+            })
+            .max();
+        if let Some((live_bytes, std::cmp::Reverse(step))) = peak {
+            self.peaks.push(PeakSnapshot {
+                program: report.program.clone(),
+                step,
+                live_bytes,
+                heap_bytes: report.memory.peak_bytes,
+                buffers: report
+                    .buffers
+                    .iter()
+                    .filter(|b| b.live.0 <= step && step <= b.live.1)
+                    .map(|b| (b.value.clone(), b.offset, b.size))
+                    .collect(),
+            });
+        }
+        self.events.extend(events);
+    }
+}
+
+/// Bytes covered by the union of `(offset, size)` ranges: a buffer that
+/// reuses its input in place shares the input's bytes in the step where one
+/// ends and the other begins, and is counted once.
+pub fn occupied_bytes(ranges: impl Iterator<Item = (usize, usize)>) -> usize {
+    let mut ranges: Vec<(usize, usize)> = ranges.map(|(o, s)| (o, o + s)).collect();
+    ranges.sort_unstable();
+    let (mut total, mut reach) = (0, 0);
+    for (start, end) in ranges {
+        let start = start.max(reach);
+        if end > start {
+            total += end - start;
+            reach = end;
+        }
+    }
+    total
+}
+
+/// The profiler of one pod: build the pod through it, then step and
+/// compile through it.
+#[derive(Debug)]
+pub struct ProfilingIntegration {
+    timer: SystemTimer,
+    counters: Counters,
+    events: Vec<Value>,
+    /// Thread names per (pid, tid).
+    threads: BTreeMap<(u32, u32), String>,
+    seen_collectives: HashSet<Entity>,
+    seen_failures: usize,
+    programs: u32,
+    memory: MemoryExport,
+    step_wall_ns: Vec<u64>,
+}
+
+impl Default for ProfilingIntegration {
+    fn default() -> Self {
+        ProfilingIntegration::new()
+    }
+}
+
+/// Microseconds (the trace's unit) from nanoseconds.
+fn us(ns: u64) -> f64 {
+    ns as f64 / 1e3
+}
+
+fn complete(
+    name: &str,
+    cat: &str,
+    pid: u32,
+    tid: u32,
+    ts_ns: u64,
+    dur_ns: u64,
+    args: Value,
+) -> Value {
+    json!({"name": name, "cat": cat, "ph": "X", "ts": us(ts_ns), "dur": us(dur_ns),
+           "pid": pid, "tid": tid, "args": args})
+}
+
+impl ProfilingIntegration {
+    /// A profiler with nothing recorded.
+    pub fn new() -> Self {
+        let timer = SystemTimer::new();
+        timer.set_recording(true);
+        ProfilingIntegration {
+            timer,
+            counters: Counters::default(),
+            events: Vec::new(),
+            threads: BTreeMap::new(),
+            seen_collectives: HashSet::new(),
+            seen_failures: 0,
+            programs: 0,
+            memory: MemoryExport::default(),
+            step_wall_ns: Vec::new(),
+        }
+    }
+
+    /// Builds a pod whose systems report their runs to this profiler
+    /// (`|| Pod::load("v4-8")`).
+    pub fn build_pod(&self, build: impl FnOnce() -> Result<Pod>) -> Result<Pod> {
+        self.timer.scope(build)
+    }
+
+    /// The counters so far.
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    /// Wall time of every tick stepped through the profiler, ns.
+    pub fn step_wall_ns(&self) -> &[u64] {
+        &self.step_wall_ns
+    }
+
+    /// The memory export so far.
+    pub fn memory(&self) -> &MemoryExport {
+        &self.memory
+    }
+
+    /// Runs one tick of `pod`, recording its system spans and what its
+    /// devices did.
+    pub fn step(&mut self, pod: &mut Pod) {
+        let start = self.timer.now_ns();
+        pod.step();
+        let end = self.timer.now_ns();
+        self.counters.ticks += 1;
+        self.counters.step_wall_ns += end - start;
+        self.step_wall_ns.push(end - start);
+        let tick = pod.clock().tick;
+        self.thread(pid::SYSTEMS, 0, "Step ticks");
+        self.events.push(complete(
+            &format!("tick {tick}"),
+            "step",
+            pid::SYSTEMS,
+            0,
+            start,
+            end - start,
+            json!({"tick": tick}),
+        ));
+        self.take_system_spans("Step");
+        self.observe(pod);
+    }
+
+    /// Runs `ticks` ticks, calling `progress(done)` after each.
+    pub fn run(&mut self, pod: &mut Pod, ticks: u64, progress: &mut dyn FnMut(u64)) {
+        for done in 1..=ticks {
+            self.step(pod);
+            progress(done);
+        }
+    }
+
+    /// Records the system spans finished since the last call.
+    fn take_system_spans(&mut self, schedule: &str) {
+        let spans = self.timer.take();
+        if spans.is_empty() {
+            return;
+        }
+        let names = self.timer.names();
+        for span in spans {
+            let tid = span.system + 1;
+            let name = names[span.system as usize]
+                .strip_prefix("optirs_tpu::")
+                .unwrap_or(&names[span.system as usize])
+                .to_string();
+            self.thread(pid::SYSTEMS, tid, &name);
+            self.counters.system_runs += 1;
+            self.events.push(complete(
+                &name,
+                schedule,
+                pid::SYSTEMS,
+                tid,
+                span.start_ns,
+                span.dur_ns,
+                json!({}),
+            ));
+        }
+    }
+
+    fn thread(&mut self, pid: u32, tid: u32, name: &str) {
+        self.threads
+            .entry((pid, tid))
+            .or_insert_with(|| name.to_string());
+    }
+
+    fn device_event(
+        &mut self,
+        device: DeviceId,
+        track: usize,
+        name: &str,
+        from_ns: u64,
+        to_ns: u64,
+        args: Value,
+    ) {
+        let tid = device.0 * DEVICE_TRACKS.len() as u32 + track as u32;
+        self.thread(
+            pid::DEVICES,
+            tid,
+            &format!("device {} {}", device.0, DEVICE_TRACKS[track]),
+        );
+        self.events.push(complete(
+            name,
+            DEVICE_TRACKS[track],
+            pid::DEVICES,
+            tid,
+            from_ns,
+            to_ns.saturating_sub(from_ns),
+            args,
+        ));
+    }
+
+    /// Records what the world shows since the last look: messages delivered
+    /// this tick, collectives that finished, failures detected. Call it after
+    /// driving the pod directly.
+    pub fn observe(&mut self, pod: &mut Pod) {
+        let messages = pod.world().resource::<Inbox>().messages.clone();
+        for m in messages {
+            match m.payload {
+                Payload::Heartbeat { sent_ns } => {
+                    self.counters.heartbeats += 1;
+                    self.device_event(
+                        m.from,
+                        0,
+                        "heartbeat",
+                        sent_ns,
+                        m.deliver_at_ns,
+                        json!({"seq": m.seq}),
+                    );
+                }
+                Payload::BarrierArrival {
+                    barrier,
+                    generation,
+                } => {
+                    self.counters.barrier_arrivals += 1;
+                    self.device_event(
+                        m.from,
+                        1,
+                        "barrier arrival",
+                        m.sent_at_ns,
+                        m.deliver_at_ns,
+                        json!({"barrier": barrier, "generation": generation}),
+                    );
+                }
+                Payload::Data { .. } => self.counters.data_messages += 1,
+            }
+        }
+        let world = pod.world_mut();
+        let mut finished: Vec<(Entity, Collective, CollectiveOutcome)> = world
+            .query::<(Entity, &Collective, &CollectiveOutcome)>()
+            .iter(world)
+            .filter(|(e, _, o)| {
+                !matches!(o, CollectiveOutcome::Pending) && !self.seen_collectives.contains(e)
+            })
+            .map(|(e, c, o)| (e, c.clone(), o.clone()))
+            .collect();
+        finished.sort_by_key(|(_, c, _)| (c.launched_at_ns, c.participants.first().copied()));
+        for (entity, collective, outcome) in finished {
+            self.seen_collectives.insert(entity);
+            self.counters.collectives += 1;
+            let (end, status) = match outcome {
+                CollectiveOutcome::Completed { at_ns } => (at_ns, "completed".to_string()),
+                CollectiveOutcome::Failed { at_ns, device } => {
+                    (at_ns, format!("failed: device {} failed", device.0))
+                }
+                CollectiveOutcome::Pending => continue,
+            };
+            let name = format!("{:?} {} B", collective.kind, collective.bytes);
+            for &device in &collective.participants {
+                self.device_event(
+                    device,
+                    2,
+                    &name,
+                    collective.launched_at_ns,
+                    end,
+                    json!({"bytes_per_rank": collective.bytes, "ranks": collective.participants.len(), "outcome": status}),
+                );
+            }
+        }
+        let failures = pod.failures()[self.seen_failures..].to_vec();
+        self.seen_failures += failures.len();
+        for record in failures {
+            self.counters.failures += 1;
+            let from = record.injected_at_ns.unwrap_or(record.detected_at_ns);
+            self.device_event(
+                record.device,
+                3,
+                "failure (fault → detection)",
+                from,
+                record.detected_at_ns,
+                json!({"epoch": record.epoch, "injected": record.injected_at_ns.is_some()}),
+            );
+        }
+    }
+
+    /// Compiles RON program text in the pod's world, recording the compile
+    /// systems, the passes and the memory plan.
+    pub fn compile_program_str(
+        &mut self,
+        pod: &mut Pod,
+        name: &str,
+        text: &str,
+    ) -> Result<CompileReport> {
+        let start = self.timer.now_ns();
+        let report = pod.compile_program_str(name, text);
+        let end = self.timer.now_ns();
+        self.thread(pid::SYSTEMS, 0, "Step ticks");
+        self.take_system_spans("Compile");
+        let report = report?;
+        self.counters.compiles += 1;
+        self.programs += 1;
+        let tid = self.programs;
+        self.thread(pid::COMPILER, tid, &format!("program {}", report.program));
+        self.events.push(complete(
+            &format!("compile {}", report.program),
+            "compile",
+            pid::COMPILER,
+            tid,
+            start,
+            end - start,
+            json!({"kernels": report.kernels}),
+        ));
+        // Passes run back to back inside the compile; their `micros` are
+        // laid end to end from its start (nested under it).
+        let mut at = start;
+        for pass in &report.passes {
+            let dur = (pass.micros * 1000).min(end.saturating_sub(at));
+            self.counters.passes += 1;
+            self.events.push(complete(
+                pass.name,
+                "pass",
+                pid::COMPILER,
+                tid,
+                at,
+                dur,
+                json!({"changed": pass.changed, "nodes_before": pass.nodes_before, "nodes_after": pass.nodes_after, "runs": pass.runs}),
+            ));
+            at += dur;
+        }
+        self.memory.add_program(&report);
+        Ok(report)
+    }
+
+    /// Records kernel timings of one execution of `program`'s executable
+    /// (from [`crate::xla::Executable::run_timed`]).
+    pub fn record_kernels(&mut self, program: &str, timings: &[KernelTiming]) {
+        self.programs += 1;
+        let tid = self.programs;
+        self.thread(pid::COMPILER, tid, &format!("kernels of {program}"));
+        for k in timings {
+            self.counters.kernels_executed += 1;
+            let start = self.timer.ns_since_epoch(k.start);
+            let end = self.timer.ns_since_epoch(k.end);
+            self.events.push(complete(
+                &k.name,
+                "kernel",
+                pid::COMPILER,
+                tid,
+                start,
+                end - start,
+                json!({"fused": k.fused}),
+            ));
+        }
+    }
+
+    /// The trace as one JSON object, events sorted by track then time.
+    pub fn trace_json(&self) -> Value {
+        let mut events: Vec<Value> = Vec::with_capacity(self.events.len() + self.threads.len() + 3);
+        for (pid, name) in [
+            (pid::SYSTEMS, "systems (wall clock)"),
+            (pid::DEVICES, "devices (simulated time)"),
+            (pid::COMPILER, "compiler (wall clock)"),
+        ] {
+            events.push(json!({"name": "process_name", "ph": "M", "ts": 0, "dur": 0, "pid": pid, "tid": 0, "args": {"name": name}}));
+        }
+        for ((pid, tid), name) in &self.threads {
+            events.push(json!({"name": "thread_name", "ph": "M", "ts": 0, "dur": 0, "pid": pid, "tid": tid, "args": {"name": name}}));
+            events.push(json!({"name": "thread_sort_index", "ph": "M", "ts": 0, "dur": 0, "pid": pid, "tid": tid, "args": {"sort_index": tid}}));
+        }
+        let mut spans: Vec<&Value> = self.events.iter().collect();
+        let key = |v: &Value| {
+            (
+                v["pid"].as_u64().unwrap_or(0),
+                v["tid"].as_u64().unwrap_or(0),
+                v["ts"].as_f64().unwrap_or(0.0),
+                -v["dur"].as_f64().unwrap_or(0.0),
+            )
+        };
+        spans.sort_by(|a, b| {
+            key(a)
+                .partial_cmp(&key(b))
+                .unwrap_or(std::cmp::Ordering::Equal)
+        });
+        events.extend(spans.into_iter().cloned());
+        json!({
+            "traceEvents": events,
+            "displayTimeUnit": "ns",
+            "otherData": {"counters": self.counters, "generator": concat!("optirs-tpu ", env!("CARGO_PKG_VERSION"))},
+        })
+    }
+
+    /// Writes the trace to `path`, refusing to replace an existing file.
+    pub fn write_trace(&self, path: &Path) -> std::result::Result<(), ProfilingError> {
+        write_new(path, &self.trace_json())
+    }
+
+    /// Writes the memory export to `path`, refusing to replace an existing file.
+    pub fn write_memory(&self, path: &Path) -> std::result::Result<(), ProfilingError> {
+        write_new(
+            path,
+            &serde_json::to_value(&self.memory).unwrap_or(Value::Null),
+        )
+    }
+}
+
+/// Writes `value` as JSON into a file that must not exist yet.
+fn write_new(path: &Path, value: &Value) -> std::result::Result<(), ProfilingError> {
+    let io = |source| ProfilingError::Io {
+        path: path.to_owned(),
+        source,
+    };
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)
+        .map_err(|source| match source.kind() {
+            std::io::ErrorKind::AlreadyExists => ProfilingError::Exists {
+                path: path.to_owned(),
+            },
+            _ => io(source),
+        })?;
+    let mut writer = std::io::BufWriter::new(file);
+    serde_json::to_writer(&mut writer, value).map_err(|e| io(e.into()))?;
+    writer.flush().map_err(io)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::occupied_bytes;
+
+    #[test]
+    fn overlapping_ranges_count_once() {
+        assert_eq!(occupied_bytes([(0, 10), (5, 10), (40, 4)].into_iter()), 19);
+        assert_eq!(occupied_bytes([(0, 10), (2, 3)].into_iter()), 10);
+        assert_eq!(occupied_bytes(std::iter::empty()), 0);
+    }
+}

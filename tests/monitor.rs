@@ -1,0 +1,330 @@
+//! Monitoring, profiling and pictures: the trace is valid Chrome/Perfetto
+//! JSON, the SVGs are well-formed XML, exports never overwrite, and
+//! `bench schedule --json` has its documented keys.
+
+use optirs_tpu::Pod;
+use optirs_tpu::collectives::ReduceOp;
+use optirs_tpu::exec::kernels::Tensor;
+use optirs_tpu::health::Fault;
+use optirs_tpu::topology::DeviceId;
+use optirs_tpu::xla::backend::profiling_integration::{ProfilingError, ProfilingIntegration};
+use serde_json::Value;
+use std::collections::HashMap;
+use std::process::{Command, Output};
+
+const ADAM: &str = include_str!("../assets/programs/adam.ron");
+
+fn optirs(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_optirs-tpu"))
+        .args(args)
+        .output()
+        .expect("the binary runs")
+}
+
+/// A profiled v4-8 that heartbeats, passes a barrier, all-reduces, loses a
+/// device, compiles Adam and executes it.
+fn profiled_run() -> ProfilingIntegration {
+    let mut profiler = ProfilingIntegration::new();
+    let mut pod = profiler.build_pod(|| Pod::from_preset("v4-8")).unwrap();
+    assert!(
+        profiler.memory().events.is_empty(),
+        "empty until something ran"
+    );
+    let barrier = pod.create_barrier("start", None, None, true).unwrap();
+    let mut buffers: Vec<Vec<f32>> = (0..8).map(|i| vec![i as f32; 1 << 12]).collect();
+    let collective = pod.launch_all_reduce(&mut buffers, ReduceOp::Sum).unwrap();
+    pod.schedule_fault(1_000_000_000, Fault::KillDevice(DeviceId(3)));
+    let ticks = 1_500; // 15 s: past the heartbeat timeout
+    profiler.run(&mut pod, ticks, &mut |_| {});
+    assert!(pod.barrier_outcome(barrier).is_some());
+    assert!(
+        pod.world()
+            .get::<optirs_tpu::collectives::pod::CollectiveOutcome>(collective.entity)
+            .is_some()
+    );
+    let report = profiler
+        .compile_program_str(&mut pod, "adam", ADAM)
+        .unwrap();
+    let args: Vec<Tensor> = report
+        .executable
+        .parameters
+        .iter()
+        .map(|ty| Tensor::from_f64s(ty, &vec![0.5; ty.element_count()]).unwrap())
+        .collect();
+    let (_, timings) = report.executable.run_timed(&args).unwrap();
+    profiler.record_kernels(&report.program, &timings);
+    profiler
+}
+
+#[test]
+fn trace_is_chrome_json_with_sane_monotonic_tracks() {
+    let profiler = profiled_run();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("trace.json");
+    profiler.write_trace(&path).unwrap();
+    let trace: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let events = trace["traceEvents"]
+        .as_array()
+        .expect("traceEvents is a list");
+    let mut last: HashMap<(u64, u64), Vec<(f64, f64)>> = HashMap::new();
+    let mut categories: HashMap<String, usize> = HashMap::new();
+    for event in events {
+        for key in ["name", "ph", "ts", "dur", "pid", "tid"] {
+            assert!(event.get(key).is_some(), "no `{key}` in {event}");
+        }
+        let ph = event["ph"].as_str().unwrap();
+        assert!(ph == "X" || ph == "M", "{event}");
+        let ts = event["ts"].as_f64().unwrap();
+        let dur = event["dur"].as_f64().unwrap();
+        assert!(
+            ts.is_finite() && ts >= 0.0 && dur.is_finite() && dur >= 0.0,
+            "{event}"
+        );
+        if ph == "M" {
+            continue;
+        }
+        *categories
+            .entry(event["cat"].as_str().unwrap().to_string())
+            .or_default() += 1;
+        let track = (
+            event["pid"].as_u64().unwrap(),
+            event["tid"].as_u64().unwrap(),
+        );
+        // Per track: starts never go back, and slices nest or follow.
+        let stack = last.entry(track).or_default();
+        if let Some(&(prev_ts, _)) = stack.last() {
+            assert!(
+                ts >= prev_ts,
+                "track {track:?} goes back in time at {event}"
+            );
+        }
+        while stack.last().is_some_and(|&(s, d)| ts >= s + d) {
+            stack.pop();
+        }
+        if let Some(&(s, d)) = stack.last() {
+            assert!(
+                ts + dur <= s + d + 1e-3,
+                "track {track:?}: {event} overlaps without nesting"
+            );
+        }
+        stack.push((ts, dur));
+    }
+    for cat in [
+        "Step",
+        "step",
+        "heartbeats",
+        "barriers",
+        "collectives",
+        "failures",
+        "Compile",
+        "compile",
+        "pass",
+        "kernel",
+    ] {
+        assert!(
+            categories.get(cat).is_some_and(|&n| n > 0),
+            "no `{cat}` events: {categories:?}"
+        );
+    }
+    let counters = profiler.counters();
+    assert_eq!(counters.ticks, 1_500);
+    assert_eq!(counters.failures, 1);
+    assert_eq!(counters.collectives, 1);
+    assert_eq!(counters.compiles, 1);
+    assert!(counters.kernels_executed > 0);
+    assert!(counters.heartbeats > 100);
+}
+
+#[test]
+fn memory_export_has_allocations_releases_and_a_peak() {
+    let profiler = profiled_run();
+    let memory = profiler.memory();
+    let allocs = memory.events.iter().filter(|e| e.kind == "alloc").count();
+    let frees = memory.events.iter().filter(|e| e.kind == "free").count();
+    assert!(
+        allocs > 0 && allocs == frees,
+        "{allocs} allocs, {frees} frees"
+    );
+    let peak = &memory.peaks[0];
+    assert_eq!(
+        peak.live_bytes,
+        peak.buffers.iter().map(|b| b.2).sum::<usize>()
+    );
+    assert!(peak.live_bytes <= peak.heap_bytes);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("memory.json");
+    profiler.write_memory(&path).unwrap();
+    let again = profiler.write_memory(&path).unwrap_err();
+    assert!(matches!(again, ProfilingError::Exists { .. }), "{again}");
+    assert!(again.to_string().contains("never overwrite"), "{again}");
+}
+
+fn parse_svg(text: &str) -> roxmltree::Document<'_> {
+    let doc = roxmltree::Document::parse(text).expect("well-formed XML");
+    assert_eq!(doc.root_element().tag_name().name(), "svg");
+    doc
+}
+
+#[test]
+fn topology_svg_is_well_formed_and_marks_failed_devices() {
+    let mut pod = Pod::from_preset("v4-64").unwrap();
+    pod.kill_device(7).unwrap();
+    pod.run(1_500);
+    let svg = optirs_tpu::svg::topology_svg(pod.world_mut());
+    let doc = parse_svg(&svg);
+    let titles: Vec<&str> = doc
+        .descendants()
+        .filter(|n| n.has_tag_name("title"))
+        .filter_map(|n| n.text())
+        .collect();
+    let devices = titles.iter().filter(|t| t.starts_with("device ")).count();
+    assert_eq!(devices, 64);
+    assert!(
+        titles
+            .iter()
+            .any(|t| t.starts_with("device 7 ") && t.ends_with("failed")),
+        "{titles:?}"
+    );
+    assert_eq!(titles.iter().filter(|t| t.ends_with(": failed")).count(), 1);
+    assert!(titles.iter().any(|t| t.starts_with("host ")));
+}
+
+#[test]
+fn graph_and_memory_svgs_are_well_formed() {
+    let report = optirs_tpu::xla::compile_program_str("adam", ADAM).unwrap();
+    let graph = report.to_svg();
+    let doc = parse_svg(&graph);
+    let fused = doc
+        .descendants()
+        .filter(|n| n.text().is_some_and(|t| t.starts_with("fused kernel")))
+        .count();
+    assert!(fused >= 1, "adam has at least one fused kernel");
+    let memory = report.to_memory_svg();
+    let doc = parse_svg(&memory);
+    let buffers = doc
+        .descendants()
+        .filter(|n| n.has_tag_name("rect") && n.children().any(|c| c.has_tag_name("title")))
+        .count();
+    assert_eq!(buffers, report.buffers.len());
+}
+
+#[test]
+fn bench_schedule_json_has_its_keys() {
+    let output = optirs(&[
+        "bench",
+        "schedule",
+        "v4-8",
+        "--steps",
+        "20",
+        "--compile-runs",
+        "1",
+        "--json",
+    ]);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(output.stderr.is_empty(), "no progress bar off a terminal");
+    let bench: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(bench["pod"], "v4-8");
+    assert_eq!(bench["steps"], 20);
+    let systems = bench["systems"].as_array().unwrap();
+    assert!(systems.len() >= 15, "{systems:?}");
+    for system in systems {
+        for key in ["name", "set", "mean_ns", "p50_ns", "p99_ns"] {
+            assert!(system.get(key).is_some(), "no `{key}` in {system}");
+        }
+        assert!(system["p50_ns"].as_u64().unwrap() <= system["p99_ns"].as_u64().unwrap());
+    }
+    let sets: Vec<&str> = systems.iter().filter_map(|s| s["set"].as_str()).collect();
+    for set in [
+        "Heartbeats",
+        "FaultDetection",
+        "Monitor",
+        "Simplify",
+        "Lower",
+    ] {
+        assert!(sets.contains(&set), "no system in {set}: {sets:?}");
+    }
+}
+
+#[test]
+fn run_trace_writes_a_valid_file_and_refuses_to_overwrite() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("run.json");
+    let path_str = path.to_str().unwrap();
+    let first = optirs(&[
+        "run", "v4-8", "--steps", "50", "--json", "--trace", path_str,
+    ]);
+    assert!(
+        first.status.success(),
+        "{}",
+        String::from_utf8_lossy(&first.stderr)
+    );
+    let trace: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    assert!(trace["traceEvents"].as_array().unwrap().len() > 50);
+    let before = std::fs::read(&path).unwrap();
+    let second = optirs(&["run", "v4-8", "--steps", "5", "--trace", path_str]);
+    assert!(!second.status.success());
+    let stderr = String::from_utf8_lossy(&second.stderr);
+    assert!(
+        stderr.contains("already exists") && stderr.contains("never overwrites"),
+        "{stderr}"
+    );
+    assert_eq!(
+        std::fs::read(&path).unwrap(),
+        before,
+        "the first trace is intact"
+    );
+}
+
+#[test]
+fn topology_and_compile_svg_flags_write_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let pod = dir.path().join("pod.svg");
+    let graph = dir.path().join("graph.svg");
+    let memory = dir.path().join("memory.svg");
+    let out = optirs(&["topology", "v5e-16", "--svg", pod.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = optirs(&[
+        "compile",
+        "assets/programs/mlp.ron",
+        "--svg",
+        graph.to_str().unwrap(),
+        "--memory-svg",
+        memory.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for path in [pod, graph, memory] {
+        parse_svg(&std::fs::read_to_string(&path).unwrap());
+    }
+}
+
+#[test]
+fn no_progress_bar_when_output_is_not_a_terminal() {
+    let out = optirs(&["run", "v4-8", "--steps", "200"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("monitor: "),
+        "the report has the monitor's lines: {text}"
+    );
+}
