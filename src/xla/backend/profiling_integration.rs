@@ -532,19 +532,20 @@ impl ProfilingIntegration {
         }
     }
 
-    /// The trace as one JSON object, events sorted by track then time.
-    pub fn trace_json(&self) -> Value {
-        let mut events: Vec<Value> = Vec::with_capacity(self.events.len() + self.threads.len() + 3);
+    /// Metadata events (process and thread names), then every span sorted
+    /// by track, start, and longest first (so parents precede children).
+    fn sorted_events(&self) -> (Vec<Value>, Vec<&Value>) {
+        let mut metadata: Vec<Value> = Vec::with_capacity(2 * self.threads.len() + 3);
         for (pid, name) in [
             (pid::SYSTEMS, "systems (wall clock)"),
             (pid::DEVICES, "devices (simulated time)"),
             (pid::COMPILER, "compiler (wall clock)"),
         ] {
-            events.push(json!({"name": "process_name", "ph": "M", "ts": 0, "dur": 0, "pid": pid, "tid": 0, "args": {"name": name}}));
+            metadata.push(json!({"name": "process_name", "ph": "M", "ts": 0, "dur": 0, "pid": pid, "tid": 0, "args": {"name": name}}));
         }
         for ((pid, tid), name) in &self.threads {
-            events.push(json!({"name": "thread_name", "ph": "M", "ts": 0, "dur": 0, "pid": pid, "tid": tid, "args": {"name": name}}));
-            events.push(json!({"name": "thread_sort_index", "ph": "M", "ts": 0, "dur": 0, "pid": pid, "tid": tid, "args": {"sort_index": tid}}));
+            metadata.push(json!({"name": "thread_name", "ph": "M", "ts": 0, "dur": 0, "pid": pid, "tid": tid, "args": {"name": name}}));
+            metadata.push(json!({"name": "thread_sort_index", "ph": "M", "ts": 0, "dur": 0, "pid": pid, "tid": tid, "args": {"sort_index": tid}}));
         }
         let mut spans: Vec<&Value> = self.events.iter().collect();
         let key = |v: &Value| {
@@ -560,17 +561,42 @@ impl ProfilingIntegration {
                 .partial_cmp(&key(b))
                 .unwrap_or(std::cmp::Ordering::Equal)
         });
-        events.extend(spans.into_iter().cloned());
-        json!({
-            "traceEvents": events,
-            "displayTimeUnit": "ns",
-            "otherData": {"counters": self.counters, "generator": concat!("optirs-tpu ", env!("CARGO_PKG_VERSION"))},
-        })
+        (metadata, spans)
+    }
+
+    fn other_data(&self) -> Value {
+        json!({"counters": self.counters, "generator": concat!("optirs-tpu ", env!("CARGO_PKG_VERSION"))})
+    }
+
+    /// The trace as one JSON object, events sorted by track then time.
+    pub fn trace_json(&self) -> Value {
+        let (metadata, spans) = self.sorted_events();
+        let events: Vec<Value> = metadata
+            .into_iter()
+            .chain(spans.into_iter().cloned())
+            .collect();
+        json!({"traceEvents": events, "displayTimeUnit": "ns", "otherData": self.other_data()})
     }
 
     /// Writes the trace to `path`, refusing to replace an existing file.
+    /// The events are streamed, not copied into one JSON value first.
     pub fn write_trace(&self, path: &Path) -> std::result::Result<(), ProfilingError> {
-        write_new(path, &self.trace_json())
+        #[derive(Serialize)]
+        struct TraceFile<'a> {
+            #[serde(rename = "traceEvents")]
+            trace_events: Vec<&'a Value>,
+            #[serde(rename = "displayTimeUnit")]
+            display_time_unit: &'static str,
+            #[serde(rename = "otherData")]
+            other_data: Value,
+        }
+        let (metadata, spans) = self.sorted_events();
+        let file = TraceFile {
+            trace_events: metadata.iter().chain(spans).collect(),
+            display_time_unit: "ns",
+            other_data: self.other_data(),
+        };
+        write_new(path, &file)
     }
 
     /// Writes the memory export to `path`, refusing to replace an existing file.
@@ -583,7 +609,7 @@ impl ProfilingIntegration {
 }
 
 /// Writes `value` as JSON into a file that must not exist yet.
-fn write_new(path: &Path, value: &Value) -> std::result::Result<(), ProfilingError> {
+fn write_new(path: &Path, value: &impl Serialize) -> std::result::Result<(), ProfilingError> {
     let io = |source| ProfilingError::Io {
         path: path.to_owned(),
         source,
