@@ -179,6 +179,7 @@ fn small(c: &mut Criterion) {
     });
     group.finish();
 }
+
 /// Prints the step-to-limit ratios as a Markdown table.
 fn paired_report() {
     const ROUNDS: usize = 101;

@@ -18,8 +18,10 @@
 use ndarray::{Array1, Ix1};
 use optirs_tpu::Optimizer;
 use optirs_tpu::optimizer::{FloatElement, UpdateRule};
-use optirs_tpu::optimizers::{Adagrad, Adam, AdamW, Momentum, Nesterov, RMSProp, SGD};
 use serde_json::Value;
+
+mod common;
+use common::golden::{golden_optimizer, hp};
 
 const GOLDEN: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/optimizers.json");
 const SHARED_GOLDEN: &str = concat!(
@@ -44,43 +46,8 @@ fn f32s(v: &Value) -> Vec<f32> {
         .collect()
 }
 
-fn hp(case: &Value, name: &str) -> f64 {
-    case["hyperparameters"][name]
-        .as_f64()
-        .unwrap_or_else(|| panic!("hyperparameter {name}"))
-}
-
 fn build<A: FloatElement>(case: &Value) -> Box<dyn Golden<A>> {
-    let lr = A::from_f64_rounded(hp(case, "learning_rate"));
-    match case["optimizer"].as_str().expect("optimizer name") {
-        "sgd" => Box::new(SGD::new(lr)),
-        "momentum" => Box::new(Momentum::new(lr, hp(case, "momentum"))),
-        "nesterov" => Box::new(Nesterov::new(lr, hp(case, "momentum"))),
-        "adam" => Box::new(
-            Adam::new(lr)
-                .with_betas(hp(case, "b1"), hp(case, "b2"))
-                .with_eps(hp(case, "eps"))
-                .with_eps_root(hp(case, "eps_root")),
-        ),
-        "adamw" => Box::new(
-            AdamW::new(lr, hp(case, "weight_decay"))
-                .with_betas(hp(case, "b1"), hp(case, "b2"))
-                .with_eps(hp(case, "eps"))
-                .with_eps_root(hp(case, "eps_root")),
-        ),
-        "rmsprop" => Box::new(
-            RMSProp::new(lr)
-                .with_decay(hp(case, "decay"))
-                .with_eps(hp(case, "eps"))
-                .with_initial_scale(hp(case, "initial_scale")),
-        ),
-        "adagrad" => Box::new(
-            Adagrad::new(lr)
-                .with_initial_accumulator_value(hp(case, "initial_accumulator_value"))
-                .with_eps(hp(case, "eps")),
-        ),
-        other => panic!("unknown optimizer {other} in golden file"),
-    }
+    golden_optimizer!(case, A::from_f64_rounded(hp(case, "learning_rate")))
 }
 
 /// Distance in units in the last place (0 for equal bits, +0 vs -0 is 0).

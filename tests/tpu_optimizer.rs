@@ -9,6 +9,9 @@ use optirs_tpu::tpu::{MemoryEventKind, bench_optimizer};
 use optirs_tpu::{Optimizer, TPUConfig, TPUOptimizer, TPUVersion};
 use serde_json::Value;
 
+mod common;
+use common::golden::{golden_optimizer, hp};
+
 const GOLDEN: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/optimizers.json");
 
 type Boxed = Box<dyn Optimizer<f32, IxDyn>>;
@@ -21,41 +24,8 @@ fn f32s(v: &Value) -> Vec<f32> {
         .collect()
 }
 
-fn hp(case: &Value, name: &str) -> f64 {
-    case["hyperparameters"][name].as_f64().expect(name)
-}
-
 fn build(case: &Value) -> Boxed {
-    let lr = hp(case, "learning_rate") as f32;
-    match case["optimizer"].as_str().expect("name") {
-        "sgd" => Box::new(SGD::new(lr)),
-        "momentum" => Box::new(Momentum::new(lr, hp(case, "momentum"))),
-        "nesterov" => Box::new(Nesterov::new(lr, hp(case, "momentum"))),
-        "adam" => Box::new(
-            Adam::new(lr)
-                .with_betas(hp(case, "b1"), hp(case, "b2"))
-                .with_eps(hp(case, "eps"))
-                .with_eps_root(hp(case, "eps_root")),
-        ),
-        "adamw" => Box::new(
-            AdamW::new(lr, hp(case, "weight_decay"))
-                .with_betas(hp(case, "b1"), hp(case, "b2"))
-                .with_eps(hp(case, "eps"))
-                .with_eps_root(hp(case, "eps_root")),
-        ),
-        "rmsprop" => Box::new(
-            RMSProp::new(lr)
-                .with_decay(hp(case, "decay"))
-                .with_eps(hp(case, "eps"))
-                .with_initial_scale(hp(case, "initial_scale")),
-        ),
-        "adagrad" => Box::new(
-            Adagrad::new(lr)
-                .with_initial_accumulator_value(hp(case, "initial_accumulator_value"))
-                .with_eps(hp(case, "eps")),
-        ),
-        other => panic!("unknown optimizer {other}"),
-    }
+    golden_optimizer!(case, hp(case, "learning_rate") as f32)
 }
 
 fn every_optimizer() -> Vec<Boxed> {
