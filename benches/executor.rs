@@ -17,7 +17,12 @@
 
 use criterion::{BenchmarkId, Criterion, Throughput, black_box, criterion_group};
 use ndarray::Array1;
+use optirs_tpu::exec::kernels::Tensor;
+use optirs_tpu::exec::runtime::{Arg, NoCustomCalls, Runtime};
+use optirs_tpu::optimizer::UpdateRule;
 use optirs_tpu::optimizers::{Adam, SGD};
+use optirs_tpu::tpu::graph::build_update_graph;
+use optirs_tpu::xla;
 use optirs_tpu::{TPUConfig, TPUOptimizer};
 use std::sync::OnceLock;
 use std::time::Instant;
@@ -52,6 +57,28 @@ fn tpu_adam() -> TPUOptimizer<Adam<f32>, f32> {
 
 fn tpu_sgd() -> TPUOptimizer<SGD<f32>, f32> {
     TPUOptimizer::new(SGD::new(LR), TPUConfig::default()).unwrap()
+}
+
+/// Adam's update program for `len` f32 compiled once, as a runtime with
+/// native loops and one without, and borrowed arguments for it.
+fn adam_runtimes(len: usize) -> (Runtime, Runtime, Vec<Tensor>) {
+    let mut world = xla::compiler_world();
+    let adam = Adam::<f32>::new(LR);
+    let program = build_update_graph(&mut world, &adam as &dyn UpdateRule<f32>, &[len]).unwrap();
+    let exe = xla::compile(&mut world, program).unwrap().executable;
+    let native = Runtime::new(exe);
+    assert_eq!(native.native_loops(), vec![Some(Ok(()))]);
+    let interpreted = native.clone().with_native_code(false);
+    let (p, g) = inputs(len);
+    let f = |a: Array1<f32>| Tensor::F32(a.into_dyn());
+    let args = vec![
+        f(p),
+        f(g),
+        f(Array1::from_elem(len, 1e-3)),
+        f(Array1::from_elem(len, 1e-4)),
+        Tensor::I32(ndarray::arr0(10).into_dyn()),
+    ];
+    (native, interpreted, args)
 }
 
 fn large(c: &mut Criterion) {
@@ -171,6 +198,22 @@ fn paired_report() {
             || adam_limit_in_place(&mut p_in, &g, &mut m, &mut v, &scalars),
         ),
     );
+    // The same fused Adam loop run by the runtime as native code and by
+    // its chunk interpreter: what the code generation buys.
+    for len in [n(), SMALL] {
+        let (native, interpreted, args) = adam_runtimes(len);
+        let run = |rt: &Runtime| {
+            let args: Vec<Arg<'_>> = args.iter().map(Arg::tensor).collect();
+            drop(black_box(rt.run(args, &mut NoCustomCalls).unwrap()));
+        };
+        let rounds = if len == SMALL { 2001 } else { ROUNDS };
+        let (a, b, r) = paired(rounds, || run(&native), || run(&interpreted));
+        println!(
+            "Adam fused loop at {len} f32, native vs chunk interpreter ({rounds} paired rounds): {:.2} µs vs {:.2} µs, median ratio {r:.3}",
+            a * 1e6,
+            b * 1e6
+        );
+    }
     let small = |opt: &mut dyn FnMut()| {
         let start = Instant::now();
         for _ in 0..10_000 {

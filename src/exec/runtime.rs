@@ -3,7 +3,14 @@
 //! [`Executable::run`] is the reference evaluator (whole tensors, clones);
 //! this module is what a step actually runs on:
 //!
-//! * **Fused loops** run chunk by chunk: each body instruction is evaluated
+//! * **Fused loops run as native code** where their body is in the native
+//!   op set (float arithmetic, `sqrt`, compares, `select`, …: see
+//!   [`Runtime::native_loops`]): one Cranelift-generated loop per fusion
+//!   keeps each element's whole body in vector registers, like XLA's
+//!   per-fusion LLVM loops, over [`TASK`]-element ranges that rayon spreads
+//!   over the pool. [`Runtime::with_native_code`]`(false)` turns it off;
+//!   both paths agree bit for bit (`tests/native_loops.rs`).
+//! * **Other fused loops** run chunk by chunk: each body instruction is evaluated
 //!   over [`CHUNK`] elements into a chunk-sized scratch register (registers
 //!   are reused once their value is dead, so a kernel's working set stays in
 //!   L1), each input chunk is read where it lies, and only kernel outputs are
@@ -36,6 +43,7 @@ use rayon::prelude::*;
 use smallvec::SmallVec;
 
 use crate::exec::kernels::{Tensor, evaluate};
+use crate::exec::native::{self, NativeLoops};
 use crate::xla::executable::{Arg as InstrArg, Executable, Instr, LoweredKernel, Stage, ValueRef};
 use crate::xla::{BinaryOp, CompareDir, DType, DotDims, Op, TensorType, UnaryOp};
 
@@ -392,6 +400,10 @@ struct FusedPlan {
 pub struct Runtime {
     exe: Arc<Executable>,
     plans: Vec<Option<FusedPlan>>,
+    /// Per kernel: its fused loop compiled to native code, when it could be.
+    native: Arc<NativeLoops>,
+    /// Whether fused loops run as native code where they have it.
+    use_native: bool,
     aliases: Vec<(usize, usize)>,
     chunk: usize,
     exec: ExecFn,
@@ -427,16 +439,36 @@ impl Runtime {
                 last_use[*b as usize] = usize::MAX;
             }
         }
-        let plans = exe
+        let plans: Vec<Option<FusedPlan>> = exe
             .kernels
             .iter()
             .enumerate()
             .map(|(k, kernel)| plan_fused(&exe, kernel, k, &last_use, aliases))
             .collect();
+        let loops: Vec<_> = exe
+            .kernels
+            .iter()
+            .zip(&plans)
+            .map(|(kernel, plan)| {
+                plan.as_ref()?;
+                let types = kernel
+                    .inputs
+                    .iter()
+                    .map(|&r| match r {
+                        ValueRef::Constant(c) => Some(exe.constants[c as usize].tensor_type()),
+                        ValueRef::Buffer(b) => TensorType::parse(&exe.buffers[b as usize].ty),
+                    })
+                    .collect::<Option<Vec<_>>>()?;
+                Some((kernel, types))
+            })
+            .collect();
+        let native = Arc::new(native::compile(&loops));
         let chunk = exe.loop_chunk.clamp(1, CHUNK);
         Runtime {
             exe,
             plans,
+            native,
+            use_native: true,
             aliases: aliases.to_vec(),
             chunk,
             exec: select_exec(),
@@ -455,6 +487,32 @@ impl Runtime {
     pub fn with_chunk(mut self, chunk: usize) -> Runtime {
         self.chunk = chunk.max(1);
         self
+    }
+
+    /// Runs fused loops as native code where they have it (the default), or
+    /// (`false`) always with the chunk interpreter: the two agree bit for
+    /// bit, so this is for comparing them.
+    #[must_use]
+    pub fn with_native_code(mut self, native: bool) -> Runtime {
+        self.use_native = native;
+        self
+    }
+
+    /// Per kernel: `Some(Ok(()))` for a fused loop that runs as native code,
+    /// `Some(Err(why))` for one the interpreter runs, `None` for kernels
+    /// that are not fused loops.
+    pub fn native_loops(&self) -> Vec<Option<Result<(), String>>> {
+        self.plans
+            .iter()
+            .enumerate()
+            .map(|(k, p)| {
+                p.as_ref()?;
+                Some(match (&self.native.loops[k], &self.native.reasons[k]) {
+                    (Some(_), _) => Ok(()),
+                    (None, why) => Err(why.clone().unwrap_or_else(|| "not compiled".into())),
+                })
+            })
+            .collect()
     }
 
     /// The input-output aliases `(output, parameter)`.
@@ -526,7 +584,7 @@ impl Runtime {
         }
         for (k, kernel) in exe.kernels.iter().enumerate() {
             match &self.plans[k] {
-                Some(plan) => self.run_fused(kernel, plan, &mut slots)?,
+                Some(plan) => self.run_fused(k, kernel, plan, &mut slots)?,
                 None => self.run_whole(kernel, &mut slots, calls)?,
             }
         }
@@ -602,6 +660,7 @@ impl Runtime {
 
     fn run_fused(
         &self,
+        k: usize,
         kernel: &LoweredKernel,
         plan: &FusedPlan,
         slots: &mut [Option<Slot>],
@@ -733,6 +792,34 @@ impl Runtime {
             if let Some(t) = v {
                 prelude_ptr[i] = tensor_ptr_mut(t);
             }
+        }
+        if let Some(native) = self.native.loops[k].as_ref().filter(|_| self.use_native) {
+            let mut table = Vec::with_capacity(native.table().len(dest_ptr.len()));
+            native
+                .table()
+                .fill(&mut table, &in_ptr, &prelude_ptr, &dest_ptr);
+            let run = |lo: usize, hi: usize| {
+                // SAFETY: the table holds the kernel's input, prelude and
+                // destination addresses, each with `plan.len` elements of
+                // the loop's type (scalars one); each task writes only its
+                // own `[lo, hi)` of the destinations, and the buffers are
+                // held by this function until the loop ends.
+                unsafe { native.run(&table, lo, hi) }
+            };
+            let tasks = plan.len.div_ceil(TASK).max(1);
+            if tasks == 1 {
+                run(0, plan.len);
+            } else {
+                (0..tasks).into_par_iter().for_each(|t| {
+                    let lo = t * TASK;
+                    run(lo, (lo + TASK).min(plan.len));
+                });
+            }
+            drop(copies);
+            for (b, slot) in dest {
+                slots[b as usize] = Some(slot);
+            }
+            return Ok(());
         }
         // A one-pass body streams like a hand-written loop, which the
         // hardware prefetcher serves best; longer bodies read each array in

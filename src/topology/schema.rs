@@ -1,6 +1,6 @@
 //! The pod file format (RON), as written by people.
 //!
-//! This is the raw, unvalidated form; [`super::resolve`] turns it into a
+//! This is the raw, unvalidated form; [`super::resolve()`] turns it into a
 //! [`super::Topology`] or a [`super::TopologyError`] that names the field.
 //! Every field except `name`, `generation` and `shape` is optional and
 //! defaults to the generation's figures in [`crate::hardware`].

@@ -1,0 +1,320 @@
+//! Native fused loops (`exec::native`, through `exec::runtime::Runtime`)
+//! against the chunk interpreter and the reference evaluator: random
+//! elementwise bodies of the native op set, lengths that leave every tail,
+//! and inputs full of the values where float semantics differ (NaN, ±0,
+//! ±inf, subnormals).
+
+use bevy_ecs::prelude::*;
+use ndarray::{ArrayD, IxDyn};
+use optirs_tpu::exec::kernels::Tensor;
+use optirs_tpu::exec::runtime::{Arg, NoCustomCalls, RunOutput, Runtime};
+use optirs_tpu::xla::{self, BinaryOp, CompareDir, DType, GraphBuilder, TensorType, UnaryOp};
+use proptest::prelude::*;
+
+fn cases(default: u32) -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+const UNARY: [UnaryOp; 7] = [
+    UnaryOp::Neg,
+    UnaryOp::Abs,
+    UnaryOp::Sqrt,
+    UnaryOp::Rsqrt,
+    UnaryOp::Floor,
+    UnaryOp::Ceil,
+    UnaryOp::Sign,
+];
+const BINARY: [BinaryOp; 6] = [
+    BinaryOp::Add,
+    BinaryOp::Sub,
+    BinaryOp::Mul,
+    BinaryOp::Div,
+    BinaryOp::Max,
+    BinaryOp::Min,
+];
+const DIRS: [CompareDir; 6] = [
+    CompareDir::Lt,
+    CompareDir::Le,
+    CompareDir::Gt,
+    CompareDir::Ge,
+    CompareDir::Eq,
+    CompareDir::Ne,
+];
+/// Values where the kernels' rules matter: NaN, signed zeros, infinities,
+/// a subnormal, ties for floor/ceil and ordinary numbers.
+const SPECIAL: [f64; 14] = [
+    f64::NAN,
+    0.0,
+    -0.0,
+    f64::INFINITY,
+    f64::NEG_INFINITY,
+    1e-40,
+    -2.5,
+    2.5,
+    1.0,
+    -1.0,
+    3.0,
+    0.75,
+    -1e30,
+    7.25,
+];
+
+#[derive(Debug, Clone)]
+enum Step {
+    Parameter(bool),
+    Scalar(usize),
+    Unary(usize, usize),
+    Binary(usize, usize, usize),
+    Select(usize, usize, usize, usize, usize),
+    Not(usize, usize, usize, usize, usize),
+    AndOr(bool, usize, usize, usize, usize, usize, usize),
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    let i = || 0usize..64;
+    prop_oneof![
+        1 => any::<bool>().prop_map(Step::Parameter),
+        1 => (0usize..SPECIAL.len()).prop_map(Step::Scalar),
+        3 => (0usize..UNARY.len(), i()).prop_map(|(o, a)| Step::Unary(o, a)),
+        6 => (0usize..BINARY.len(), i(), i()).prop_map(|(o, a, b)| Step::Binary(o, a, b)),
+        1 => (0usize..DIRS.len(), i(), i(), i(), i())
+            .prop_map(|(c, a, b, t, f)| Step::Select(c, a, b, t, f)),
+        1 => (0usize..DIRS.len(), i(), i(), i(), i())
+            .prop_map(|(c, a, b, t, f)| Step::Not(c, a, b, t, f)),
+        1 => (any::<bool>(), 0usize..DIRS.len(), i(), i(), i(), i(), i())
+            .prop_map(|(and, c, a, b, d, t, f)| Step::AndOr(and, c, a, b, d, t, f)),
+    ]
+}
+
+#[derive(Debug, Clone)]
+struct Recipe {
+    dtype: DType,
+    len: usize,
+    steps: Vec<Step>,
+    outputs: Vec<usize>,
+}
+
+fn recipe() -> impl Strategy<Value = Recipe> {
+    (
+        prop_oneof![Just(DType::F32), Just(DType::F64)],
+        1usize..70,
+        proptest::collection::vec(step(), 1..30),
+        proptest::collection::vec(0usize..64, 1..4),
+    )
+        .prop_map(|(dtype, len, steps, outputs)| Recipe {
+            dtype,
+            len,
+            steps,
+            outputs,
+        })
+}
+
+/// Builds the recipe: values of the loop shape (parameters and results)
+/// and scalar constants; every result is elementwise.
+fn build(world: &mut World, r: &Recipe) -> (Entity, Vec<TensorType>) {
+    let mut b = GraphBuilder::new(world, "native");
+    let full = TensorType::new(r.dtype, [r.len]);
+    let mut params = vec![full.clone()];
+    let mut values = vec![b.parameter(full.clone())];
+    // Loop-shaped values only, so every op is in the loop body.
+    let mut loop_values = vec![values[0]];
+    for s in &r.steps {
+        let pick = |i: usize| values[i % values.len()];
+        let pick_loop = |i: usize| loop_values[i % loop_values.len()];
+        let v = match *s {
+            Step::Parameter(scalar) => {
+                let t = if scalar {
+                    TensorType::new(r.dtype, Vec::<usize>::new())
+                } else {
+                    full.clone()
+                };
+                params.push(t.clone());
+                let e = b.parameter(t);
+                values.push(e);
+                if !scalar {
+                    loop_values.push(e);
+                }
+                continue;
+            }
+            Step::Scalar(k) => {
+                let t = TensorType::new(r.dtype, Vec::<usize>::new());
+                let e = b.constant(Tensor::from_f64s(&t, &[SPECIAL[k]]).unwrap());
+                values.push(e);
+                continue;
+            }
+            Step::Unary(o, a) => b.unary(UNARY[o], pick_loop(a)),
+            Step::Binary(o, a, c) => b.binary(BINARY[o], pick_loop(a), pick(c)),
+            Step::Select(c, a, d, t, f) => {
+                let p = b.compare(DIRS[c], pick_loop(a), pick(d));
+                b.select(p, pick_loop(t), pick_loop(f))
+            }
+            Step::Not(c, a, d, t, f) => {
+                let p = b.compare(DIRS[c], pick_loop(a), pick(d));
+                let n = b.unary(UnaryOp::Not, p);
+                b.select(n, pick_loop(t), pick_loop(f))
+            }
+            Step::AndOr(and, c, a, d, e, t, f) => {
+                let p = b.compare(DIRS[c], pick_loop(a), pick(d));
+                let q = b.compare(DIRS[(c + 1) % DIRS.len()], pick_loop(e), pick(a));
+                let op = if and { BinaryOp::And } else { BinaryOp::Or };
+                let pq = b.binary(op, p, q);
+                b.select(pq, pick_loop(t), pick_loop(f))
+            }
+        };
+        values.push(v);
+        loop_values.push(v);
+    }
+    for &o in &r.outputs {
+        b.output(loop_values[o % loop_values.len()]);
+    }
+    (b.finish(), params)
+}
+
+fn args_for(types: &[TensorType], seed: u64) -> Vec<Tensor> {
+    let mut state = seed | 1;
+    types
+        .iter()
+        .map(|t| {
+            let vals: Vec<f64> = (0..t.element_count())
+                .map(|_| {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    SPECIAL[(state % SPECIAL.len() as u64) as usize]
+                })
+                .collect();
+            Tensor::from_f64s(t, &vals).unwrap()
+        })
+        .collect()
+}
+
+/// Bit-for-bit equal, except that any two NaNs match (which NaN an
+/// operation returns when both operands are NaN depends on operand order,
+/// which IEEE 754 leaves open and compilers may swap).
+fn same(a: &Tensor, b: &Tensor) -> bool {
+    fn close<T: Copy + PartialEq>(
+        a: &ArrayD<T>,
+        b: &ArrayD<T>,
+        bits: impl Fn(T) -> (u64, bool),
+    ) -> bool {
+        a.shape() == b.shape()
+            && a.iter().zip(b.iter()).all(|(&x, &y)| {
+                let ((xb, xn), (yb, yn)) = (bits(x), bits(y));
+                xb == yb || (xn && yn)
+            })
+    }
+    match (a, b) {
+        (Tensor::F32(x), Tensor::F32(y)) => close(x, y, |v| (u64::from(v.to_bits()), v.is_nan())),
+        (Tensor::F64(x), Tensor::F64(y)) => close(x, y, |v| (v.to_bits(), v.is_nan())),
+        _ => a.bitwise_eq(b),
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases(128), ..ProptestConfig::default() })]
+
+    #[test]
+    fn native_loops_match_the_interpreter_bit_for_bit(r in recipe(), seed in any::<u64>()) {
+        let mut world = xla::compiler_world();
+        let (p, params) = build(&mut world, &r);
+        let report = xla::compile(&mut world, p).unwrap();
+        let args = args_for(&params, seed);
+        let runtime = Runtime::new(report.executable.clone());
+        for (k, native) in runtime.native_loops().iter().enumerate() {
+            if let Some(native) = native {
+                prop_assert!(native.is_ok(), "kernel {k} interpreted: {native:?}");
+            }
+        }
+        let interpreted = runtime.clone().with_native_code(false);
+        let got = runtime.run_tensors(&args, &mut NoCustomCalls).unwrap();
+        let want = interpreted.run_tensors(&args, &mut NoCustomCalls).unwrap();
+        let reference = report.executable.run(&args).unwrap();
+        prop_assert_eq!(got.len(), want.len());
+        for ((g, w), e) in got.iter().zip(&want).zip(&reference) {
+            prop_assert!(same(g, w), "native {g:?}\ninterpreted {w:?}");
+            prop_assert!(same(g, e), "native {g:?}\nreference {e:?}");
+        }
+        // Owned arguments: outputs may be written over their inputs.
+        let outs = runtime
+            .run(args.iter().cloned().map(Arg::owned).collect(), &mut NoCustomCalls)
+            .unwrap();
+        for (o, w) in outs.into_iter().zip(&want) {
+            match o {
+                RunOutput::Owned(t) => prop_assert!(same(&t, w)),
+                RunOutput::InArgument(i) => prop_assert!(same(&args[i], w)),
+            }
+        }
+    }
+}
+
+/// Compiles `ops` applied to one `f32[n]` parameter.
+fn one_body(n: usize, build_ops: impl FnOnce(&mut GraphBuilder<'_>, Entity) -> Entity) -> Runtime {
+    let mut world = xla::compiler_world();
+    let mut b = GraphBuilder::new(&mut world, "body");
+    let x = b.parameter(TensorType::new(DType::F32, [n]));
+    let y = build_ops(&mut b, x);
+    b.output(y);
+    let p = b.finish();
+    Runtime::new(xla::compile(&mut world, p).unwrap().executable)
+}
+
+#[test]
+fn the_bundled_adam_program_runs_as_one_native_loop() {
+    let report =
+        xla::compile_program_file(std::path::Path::new("assets/programs/adam.ron")).unwrap();
+    let runtime = Runtime::new(report.executable);
+    assert_eq!(runtime.native_loops(), vec![Some(Ok(()))]);
+}
+
+#[test]
+fn a_body_outside_the_native_set_is_interpreted_with_the_reason() {
+    let runtime = one_body(100, |b, x| {
+        let e = b.unary(UnaryOp::Exp, x);
+        b.binary(BinaryOp::Add, e, x)
+    });
+    let loops = runtime.native_loops();
+    assert_eq!(loops.len(), 1);
+    let why = loops[0].clone().unwrap().unwrap_err();
+    assert!(why.contains("exp"), "{why}");
+    // And it still runs, through the interpreter.
+    let arg = Tensor::F32(ArrayD::from_shape_vec(IxDyn(&[100]), vec![0.5f32; 100]).unwrap());
+    let out = runtime.run_tensors(&[arg], &mut NoCustomCalls).unwrap();
+    let want = 0.5f32.exp() + 0.5;
+    assert!(out[0].is_all(f64::from(want)));
+}
+
+#[test]
+fn max_and_min_keep_the_kernels_rules_for_nan_and_signed_zero() {
+    let runtime = one_body(8, |b, x| {
+        let zero = b.constant(Tensor::F32(ArrayD::from_elem(IxDyn(&[]), 0.0f32)));
+        let m = b.binary(BinaryOp::Max, x, zero);
+        b.binary(BinaryOp::Min, m, x)
+    });
+    assert_eq!(runtime.native_loops(), vec![Some(Ok(()))]);
+    let xs = [
+        f32::NAN,
+        -0.0,
+        0.0,
+        -3.0,
+        3.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        1e-40,
+    ];
+    let arg = Tensor::F32(ArrayD::from_shape_vec(IxDyn(&[8]), xs.to_vec()).unwrap());
+    let native = runtime
+        .run_tensors(std::slice::from_ref(&arg), &mut NoCustomCalls)
+        .unwrap();
+    let interpreted = runtime
+        .clone()
+        .with_native_code(false)
+        .run_tensors(&[arg], &mut NoCustomCalls)
+        .unwrap();
+    assert!(
+        native[0].bitwise_eq(&interpreted[0]),
+        "{native:?} vs {interpreted:?}"
+    );
+}
