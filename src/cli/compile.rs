@@ -3,8 +3,11 @@
 use super::output;
 use anyhow::Result;
 use clap::Args;
+use optirs_tpu::exec::runtime::Runtime;
+use optirs_tpu::xla::executable::Executable;
 use optirs_tpu::xla::{CompileOptions, compile_program_file_with};
 use std::path::PathBuf;
+use std::sync::Arc;
 
 #[derive(Args, Debug)]
 pub struct CompileArgs {
@@ -50,5 +53,24 @@ pub fn compile(args: CompileArgs) -> Result<()> {
     if args.json {
         return output::print_json(&report);
     }
-    output::print_text(&format!("{report}"))
+    let mut text = format!("{report}");
+    text.push_str(&execution_section(&report.executable));
+    output::print_text(&text)
+}
+
+/// How the fast runtime runs each kernel: fused loops as native code or,
+/// with the reason, through the chunk interpreter.
+fn execution_section(exe: &Arc<Executable>) -> String {
+    let runtime = Runtime::new(exe.clone());
+    let mut out = String::from("\nexecution (exec::runtime)\n");
+    for (kernel, native) in exe.kernels.iter().zip(runtime.native_loops()) {
+        let name = kernel.name.split(':').next().unwrap_or(&kernel.name);
+        let how = match native {
+            Some(Ok(())) => "native loop".to_owned(),
+            Some(Err(why)) => format!("interpreted loop: {why}"),
+            None => "whole-tensor kernels".to_owned(),
+        };
+        out.push_str(&format!("  {name:<16} {how}\n"));
+    }
+    out
 }
