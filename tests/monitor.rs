@@ -2,12 +2,17 @@
 //! JSON, the SVGs are well-formed XML, exports never overwrite, and
 //! `bench schedule --json` has its documented keys.
 
-use optirs_tpu::Pod;
+use ndarray::Array1;
 use optirs_tpu::collectives::ReduceOp;
 use optirs_tpu::exec::kernels::Tensor;
 use optirs_tpu::health::Fault;
+use optirs_tpu::monitor::checks::Level;
+use optirs_tpu::monitor::{DeviceHistory, HealthChecks, MonitorConfig};
+use optirs_tpu::optimizers::Adam;
 use optirs_tpu::topology::DeviceId;
+use optirs_tpu::tpu::state::DeviceHeap;
 use optirs_tpu::xla::backend::profiling_integration::{ProfilingError, ProfilingIntegration};
+use optirs_tpu::{Pod, TPUConfig, TPUOptimizer, TPUVersion};
 use serde_json::Value;
 use std::collections::HashMap;
 use std::process::{Command, Output};
@@ -157,6 +162,119 @@ fn memory_export_has_allocations_releases_and_a_peak() {
     let again = profiler.write_memory(&path).unwrap_err();
     assert!(matches!(again, ProfilingError::Exists { .. }), "{again}");
     assert!(again.to_string().contains("never overwrite"), "{again}");
+}
+
+/// HBM of the chip the optimizer runs on: small, so real tensors fill it.
+const HBM: u64 = 1 << 20;
+
+/// Adam on one chip of a v4-8 whose HBM is [`HBM`].
+fn adam_on_pod() -> TPUOptimizer<Adam<f32>, f32> {
+    let config = TPUConfig {
+        tpu_version: TPUVersion::V4,
+        num_cores: 2,
+        hbm_bytes: Some(HBM),
+        ..Default::default()
+    };
+    let pod = Pod::from_preset("v4-8").unwrap();
+    TPUOptimizer::on_pod(Adam::new(0.01f32), config, pod).unwrap()
+}
+
+/// Runs the pod for one sample interval; device 0's memory check and the
+/// HBM bytes of its newest sample.
+fn sample_memory(opt: &mut TPUOptimizer<Adam<f32>, f32>) -> (Level, u64) {
+    let pod = opt.pod_mut().unwrap();
+    let every = pod.world().resource::<MonitorConfig>().sample_every_ns;
+    pod.run(every.div_ceil(pod.clock().tick_ns));
+    let entity = pod.device_entity(0).unwrap();
+    let level = pod
+        .world()
+        .get::<HealthChecks>(entity)
+        .unwrap()
+        .memory
+        .level();
+    let history = pod.world().resource::<DeviceHistory>();
+    let sample = history.device(0).last().unwrap();
+    assert_eq!(sample.hbm_capacity, HBM);
+    (level, sample.hbm_used)
+}
+
+/// Elements whose two f32 moments take `fraction` of [`HBM`], and their bytes.
+fn adam_state(fraction: f64) -> (usize, u64) {
+    let n = (HBM as f64 * fraction / 8.0) as usize;
+    (n, 2 * (4 * n as u64).next_multiple_of(64))
+}
+
+fn heap_used(opt: &TPUOptimizer<Adam<f32>, f32>) -> u64 {
+    let world = opt.world();
+    let mut q = world
+        .try_query::<(&optirs_tpu::topology::Device, &DeviceHeap)>()
+        .unwrap();
+    q.iter(world)
+        .find(|(d, _)| d.id.0 == 0)
+        .map(|(_, h)| h.0.used_bytes() as u64)
+        .unwrap()
+}
+
+#[test]
+fn memory_pressure_follows_the_optimizer_state_resident_in_hbm() {
+    let mut opt = adam_on_pod();
+    let step = |opt: &mut TPUOptimizer<Adam<f32>, f32>, n: usize| {
+        let p = Array1::from_elem(n, 0.5f32);
+        opt.tpu_step(&p, &p).map(|_| ())
+    };
+    assert_eq!(sample_memory(&mut opt), (Level::Ok, 0));
+
+    // 10 %: the step runs; the moments stay resident after it.
+    let (n, bytes) = adam_state(0.10);
+    step(&mut opt, n).unwrap();
+    step(&mut opt, n).unwrap();
+    assert_eq!((opt.hbm_usage(0), heap_used(&opt)), (bytes, bytes));
+    assert_eq!(sample_memory(&mut opt), (Level::Ok, bytes));
+
+    // 90 %: the state is created; the step cannot fit beside it.
+    opt.reset_state();
+    let (n, bytes) = adam_state(0.90);
+    let err = step(&mut opt, n).unwrap_err().to_string();
+    assert!(err.contains("out of HBM: the program `"), "{err}");
+    assert_eq!(sample_memory(&mut opt), (Level::Warning, bytes));
+
+    // 97 %: critical.
+    opt.reset_state();
+    let (n, bytes) = adam_state(0.97);
+    step(&mut opt, n).unwrap_err();
+    assert_eq!(sample_memory(&mut opt), (Level::Critical, bytes));
+    let snapshot = opt.snapshot().unwrap();
+
+    // Released: back to OK on the next sample.
+    opt.reset_state();
+    assert_eq!((opt.hbm_usage(0), heap_used(&opt)), (0, 0));
+    assert_eq!(sample_memory(&mut opt), (Level::Ok, 0));
+
+    // A restored pod has the state resident again, and it can be released.
+    opt.restore(&snapshot).unwrap();
+    assert_eq!((opt.hbm_usage(0), heap_used(&opt)), (bytes, bytes));
+    assert_eq!(sample_memory(&mut opt), (Level::Critical, bytes));
+    opt.reset_state();
+    assert_eq!(heap_used(&opt), 0);
+    assert_eq!(sample_memory(&mut opt), (Level::Ok, 0));
+}
+
+#[test]
+fn an_optimizer_on_a_pod_checks_its_configuration() {
+    let pod = || Pod::from_preset("v4-8").unwrap();
+    let config = |version, num_cores| TPUConfig {
+        tpu_version: version,
+        num_cores,
+        ..Default::default()
+    };
+    let err = TPUOptimizer::on_pod(Adam::new(0.01f32), config(TPUVersion::V5e, 1), pod())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("is a v4 pod"), "{err}");
+    let err = TPUOptimizer::on_pod(Adam::new(0.01f32), config(TPUVersion::V4, 32), pod())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("needs 16 chips, but v4-8 has 8"), "{err}");
 }
 
 fn parse_svg(text: &str) -> roxmltree::Document<'_> {

@@ -54,7 +54,12 @@ pub const NOT_PERSISTED: &[(&str, &str)] = &[
     ),
     (
         "DeviceHeap",
-        "rebuilt from `HbmCapacity`: a reservation never outlives the step that made it",
+        "rebuilt from `HbmCapacity` and the resident `OptimizerSlot`s after a restore; \
+         `HbmUsage`, which is persisted, is set from it",
+    ),
+    (
+        "ResidentBlock",
+        "a slot's offset in a rebuilt heap: reserved again when the heap is rebuilt",
     ),
     (
         "PeriodicCheckpoints",
