@@ -305,6 +305,24 @@ fn topology_svg_is_well_formed_and_marks_failed_devices() {
     );
     assert_eq!(titles.iter().filter(|t| t.ends_with(": failed")).count(), 1);
     assert!(titles.iter().any(|t| t.starts_with("host ")));
+    // Every torus link of the 4x4x4 pod is drawn once, z links included.
+    let links: Vec<&str> = doc
+        .descendants()
+        .filter(|n| n.attribute("class") == Some("link"))
+        .filter_map(|n| n.children().find(|c| c.has_tag_name("title")))
+        .filter_map(|t| t.text())
+        .collect();
+    assert_eq!(links.len(), pod.figures().links as usize);
+    assert_eq!(links.len(), 3 * 64, "a 4x4x4 torus has 3 links per device");
+    let z = links.iter().filter(|t| t.contains(" z")).count();
+    assert_eq!(z, 64, "4x4 rings of 4 along z");
+    let z_wraps = links
+        .iter()
+        .filter(|t| t.contains(" z, wraparound"))
+        .count();
+    assert_eq!(z_wraps, 16, "one wraparound per z ring");
+    let distinct: std::collections::HashSet<&&str> = links.iter().collect();
+    assert_eq!(distinct.len(), links.len(), "no link drawn twice");
 }
 
 #[test]
@@ -425,6 +443,51 @@ fn topology_and_compile_svg_flags_write_files() {
     for path in [pod, graph, memory] {
         parse_svg(&std::fs::read_to_string(&path).unwrap());
     }
+}
+
+#[test]
+fn svg_and_dot_exports_refuse_an_existing_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let existing = dir.path().join("existing.svg");
+    std::fs::write(&existing, "keep me").unwrap();
+    let existing = existing.to_str().unwrap();
+    let fresh = dir.path().join("fresh.svg");
+    let fresh = fresh.to_str().unwrap();
+    let program = "assets/programs/mlp.ron";
+    let refused = [
+        (vec!["topology", "v4-8", "--svg", existing], "--svg"),
+        (vec!["topology", "v4-8", "--dot", existing], "--dot"),
+        (vec!["compile", program, "--svg", existing], "--svg"),
+        (
+            vec!["compile", program, "--svg", fresh, "--memory-svg", existing],
+            "--memory-svg",
+        ),
+        (vec!["compile", program, "--dot", existing], "--dot"),
+    ];
+    for (args, flag) in refused {
+        let out = optirs(&args);
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains(&format!(
+                "{existing} already exists; {flag} never overwrites a file"
+            )),
+            "{args:?}: {stderr}"
+        );
+        assert_eq!(std::fs::read_to_string(existing).unwrap(), "keep me");
+        assert!(
+            !std::path::Path::new(fresh).exists(),
+            "{args:?}: nothing is written when one export is refused"
+        );
+    }
+    let out = optirs(&["compile", program, "--svg", fresh, "--memory-svg", fresh]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--svg and --memory-svg both name"),
+        "{stderr}"
+    );
+    assert!(!std::path::Path::new(fresh).exists());
 }
 
 #[test]
