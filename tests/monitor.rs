@@ -7,7 +7,7 @@ use optirs_tpu::collectives::ReduceOp;
 use optirs_tpu::exec::kernels::Tensor;
 use optirs_tpu::health::Fault;
 use optirs_tpu::monitor::checks::Level;
-use optirs_tpu::monitor::{DeviceHistory, HealthChecks, MonitorConfig};
+use optirs_tpu::monitor::{DeviceHistory, HbmUsage, HealthChecks, MonitorConfig};
 use optirs_tpu::optimizers::Adam;
 use optirs_tpu::topology::DeviceId;
 use optirs_tpu::tpu::state::DeviceHeap;
@@ -257,6 +257,24 @@ fn memory_pressure_follows_the_optimizer_state_resident_in_hbm() {
     opt.reset_state();
     assert_eq!(heap_used(&opt), 0);
     assert_eq!(sample_memory(&mut opt), (Level::Ok, 0));
+
+    // So does a pod built from the snapshot, and an optimizer adopts it.
+    let pod = Pod::from_snapshot(&snapshot).unwrap();
+    let entity = pod.device_entity(0).unwrap();
+    assert_eq!(pod.world().get::<HbmUsage>(entity), Some(&HbmUsage(bytes)));
+    let heap = pod.world().get::<DeviceHeap>(entity).unwrap();
+    assert_eq!(heap.0.used_bytes() as u64, bytes);
+    let idle = pod.device_entity(1).unwrap();
+    assert!(
+        pod.world().get::<DeviceHeap>(idle).is_none(),
+        "no heap where nothing runs"
+    );
+    let config = opt.config().clone();
+    let mut adopted = TPUOptimizer::on_pod(Adam::new(0.01f32), config, pod).unwrap();
+    assert_eq!(adopted.slot("mu").map(|t| t.len()), Some(n));
+    assert_eq!((adopted.hbm_usage(0), heap_used(&adopted)), (bytes, bytes));
+    adopted.reset_state();
+    assert_eq!((adopted.hbm_usage(0), heap_used(&adopted)), (0, 0));
 }
 
 #[test]

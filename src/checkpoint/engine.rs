@@ -54,8 +54,8 @@ pub const NOT_PERSISTED: &[(&str, &str)] = &[
     ),
     (
         "DeviceHeap",
-        "rebuilt from `HbmCapacity` and the resident `OptimizerSlot`s after a restore; \
-         `HbmUsage`, which is persisted, is set from it",
+        "rebuilt after a restore on every device with an `HbmUsage` (persisted), from \
+         `HbmCapacity` and the resident `OptimizerSlot`s; `HbmUsage` is set from it",
     ),
     (
         "ResidentBlock",

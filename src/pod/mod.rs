@@ -87,7 +87,6 @@ impl Pod {
         clock::install(&mut world, topology.tick_ns);
         world.insert_resource(SimRng::new(DEFAULT_SEED));
         spawn_topology(&mut world, &topology);
-        crate::tpu::hbm::rebuild_heaps(&mut world)?;
         transport::install(&mut world);
         health::install(&mut world);
         crate::monitor::install(&mut world);

@@ -5,8 +5,11 @@
 //! Two kinds of reservation share a heap: the optimizer state (one block
 //! per [`OptimizerSlot`], held for as long as the slot exists, recorded in
 //! its [`ResidentBlock`]) and a step's transient buffers (held for the
-//! step). Heaps are not persisted; [`rebuild_heaps`] recreates them from
-//! [`HbmCapacity`] and the resident state after a restore.
+//! step). Only the devices an optimizer runs on have a heap, marked by
+//! their [`HbmUsage`] (so an idle pod carries no allocator per device).
+//! Heaps are not persisted but `HbmUsage` is: [`rebuild_heaps`] recreates
+//! the heaps of the marked devices from [`HbmCapacity`] and the resident
+//! state after a restore.
 
 use bevy_ecs::prelude::*;
 
@@ -76,9 +79,7 @@ pub fn release(world: &mut World, device: Entity, offset: usize) -> Result<usize
     Ok(released)
 }
 
-/// Sets the device's [`HbmUsage`] to its heap's bytes in use. A device that
-/// never held anything gets no component, so an idle pod's snapshot is
-/// unchanged.
+/// Sets the device's [`HbmUsage`] to its heap's bytes in use.
 pub fn publish(world: &mut World, device: Entity) {
     let Some(used) = world
         .get::<DeviceHeap>(device)
@@ -91,10 +92,21 @@ pub fn publish(world: &mut World, device: Entity) {
         // Written only on a change, so change detection means a change.
         Some(mut usage) if usage.0 != used => usage.0 = used,
         Some(_) => {}
-        None if used > 0 => {
+        None => {
             entity.insert(HbmUsage(used));
         }
-        None => {}
+    }
+}
+
+/// Marks `devices` as holding a heap (an [`HbmUsage`] of 0 where they have
+/// none); [`rebuild_heaps`] then gives them one.
+pub fn mark(world: &mut World, devices: &[Entity]) {
+    for &device in devices {
+        if let Ok(mut entity) = world.get_entity_mut(device)
+            && !entity.contains::<HbmUsage>()
+        {
+            entity.insert(HbmUsage(0));
+        }
     }
 }
 
@@ -161,11 +173,18 @@ pub fn state_bytes(world: &mut World) -> usize {
         .sum()
 }
 
-/// Gives every device a fresh heap of its [`HbmCapacity`], reserves the
-/// resident optimizer state again and publishes every device's usage: what
-/// a restored world needs, since heaps are not persisted.
+/// Gives every marked device (one with an [`HbmUsage`], and the state
+/// device if there is state) a fresh heap of its [`HbmCapacity`], reserves
+/// the resident optimizer state again and publishes the devices' usage:
+/// what a restored world needs, since heaps are not persisted.
 pub fn rebuild_heaps(world: &mut World) -> Result<()> {
-    let mut q = world.query::<(Entity, &HbmCapacity)>();
+    let mut slots = world.query_filtered::<(), With<OptimizerSlot>>();
+    if slots.iter(world).next().is_some()
+        && let Some(device) = state_device(world)
+    {
+        mark(world, &[device]);
+    }
+    let mut q = world.query_filtered::<(Entity, &HbmCapacity), With<HbmUsage>>();
     let devices: Vec<(Entity, u64)> = q.iter(world).map(|(e, c)| (e, c.0)).collect();
     for &(device, capacity) in &devices {
         let bytes = usize::try_from(capacity).unwrap_or(usize::MAX);

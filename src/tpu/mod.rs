@@ -349,6 +349,7 @@ where
                         },
                         HbmCapacity(hbm),
                         DeviceHeap(Heap::new(capacity, ALIGNMENT)),
+                        HbmUsage(0),
                     ))
                     .id()
             })
@@ -388,6 +389,7 @@ where
                 world.entity_mut(device).insert(HbmCapacity(bytes));
             }
         }
+        hbm::mark(world, &devices);
         hbm::rebuild_heaps(world)?;
         Ok(Self::with_place(base, config, Place::Pod(pod), devices))
     }
@@ -546,24 +548,24 @@ where
     /// before the world is touched. The device heaps are rebuilt with the
     /// restored state resident, and [`HbmUsage`] follows them.
     pub fn restore(&mut self, snapshot: &WorldSnapshot) -> Result<()> {
-        let devices = self.devices.len();
+        // On a pod the optimizer keeps to its first chips.
+        let keep = match self.place {
+            Place::Own(_) => usize::MAX,
+            Place::Pod(_) => self.devices.len(),
+        };
         match &mut self.place {
-            Place::Own(world) => {
-                tpu_registry().restore(world, snapshot)?;
-                hbm::rebuild_heaps(world)?;
-            }
-            // The pod rebuilds its heaps itself.
+            Place::Own(world) => tpu_registry().restore(world, snapshot)?,
             Place::Pod(pod) => pod.restore_snapshot(snapshot)?,
         }
         let world = self.place.world_mut();
         let mut q = world.query::<(Entity, &Device)>();
         let mut found: Vec<(u32, Entity)> = q.iter(world).map(|(e, d)| (d.id.0, e)).collect();
         found.sort();
-        if matches!(self.place, Place::Pod(_)) {
-            found.truncate(devices);
-        }
+        found.truncate(keep);
         self.devices = found.into_iter().map(|(_, e)| e).collect();
-        Ok(())
+        // The snapshot may predate the optimizer's use of its devices.
+        hbm::mark(world, &self.devices);
+        hbm::rebuild_heaps(world)
     }
 
     fn count_state(&mut self) -> Option<(Entity, OptimizerCount)> {

@@ -35,7 +35,7 @@ pub struct OptimizerCount {
 
 /// A device's HBM as an allocator: the optimizer state holds its blocks
 /// for as long as it exists, an execution its step's buffers for the step.
-/// Every device of a pod has one; reserve and release through
+/// The devices an optimizer runs on have one; reserve and release through
 /// [`super::hbm`] so the monitor's [`crate::monitor::HbmUsage`] follows.
 #[derive(Component, Debug)]
 pub struct DeviceHeap(pub Heap);
