@@ -91,16 +91,19 @@ pub enum OptimError {
     /// A compiled program failed while running.
     #[error(transparent)]
     Exec(#[from] crate::exec::runtime::ExecError),
-    /// A device's HBM cannot hold a program's planned buffers.
+    /// A device's HBM cannot hold a program's planned buffers or the
+    /// optimizer state.
     #[error(
-        "{device}: out of HBM: the program needs {requested} bytes, {free} bytes are free \
+        "{device}: out of HBM: {purpose} needs {requested} bytes, {free} bytes are free \
          and the largest free block is {largest_free} bytes; free memory on the device or \
          configure more HBM"
     )]
     OutOfDeviceMemory {
         /// The device (`device 0 (v4)`).
         device: String,
-        /// Bytes the program's memory plan needs.
+        /// What asked (`the program \`adam_update\``, `the optimizer state \`mu\``).
+        purpose: String,
+        /// Bytes requested.
         requested: u64,
         /// Free bytes on the device.
         free: u64,

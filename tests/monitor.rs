@@ -2,12 +2,17 @@
 //! JSON, the SVGs are well-formed XML, exports never overwrite, and
 //! `bench schedule --json` has its documented keys.
 
-use optirs_tpu::Pod;
+use ndarray::Array1;
 use optirs_tpu::collectives::ReduceOp;
 use optirs_tpu::exec::kernels::Tensor;
 use optirs_tpu::health::Fault;
+use optirs_tpu::monitor::checks::Level;
+use optirs_tpu::monitor::{DeviceHistory, HbmUsage, HealthChecks, MonitorConfig};
+use optirs_tpu::optimizers::Adam;
 use optirs_tpu::topology::DeviceId;
+use optirs_tpu::tpu::state::DeviceHeap;
 use optirs_tpu::xla::backend::profiling_integration::{ProfilingError, ProfilingIntegration};
+use optirs_tpu::{Pod, TPUConfig, TPUOptimizer, TPUVersion};
 use serde_json::Value;
 use std::collections::HashMap;
 use std::process::{Command, Output};
@@ -159,6 +164,137 @@ fn memory_export_has_allocations_releases_and_a_peak() {
     assert!(again.to_string().contains("never overwrite"), "{again}");
 }
 
+/// HBM of the chip the optimizer runs on: small, so real tensors fill it.
+const HBM: u64 = 1 << 20;
+
+/// Adam on one chip of a v4-8 whose HBM is [`HBM`].
+fn adam_on_pod() -> TPUOptimizer<Adam<f32>, f32> {
+    let config = TPUConfig {
+        tpu_version: TPUVersion::V4,
+        num_cores: 2,
+        hbm_bytes: Some(HBM),
+        ..Default::default()
+    };
+    let pod = Pod::from_preset("v4-8").unwrap();
+    TPUOptimizer::on_pod(Adam::new(0.01f32), config, pod).unwrap()
+}
+
+/// Runs the pod for one sample interval; device 0's memory check and the
+/// HBM bytes of its newest sample.
+fn sample_memory(opt: &mut TPUOptimizer<Adam<f32>, f32>) -> (Level, u64) {
+    let pod = opt.pod_mut().unwrap();
+    let every = pod.world().resource::<MonitorConfig>().sample_every_ns;
+    pod.run(every.div_ceil(pod.clock().tick_ns));
+    let entity = pod.device_entity(0).unwrap();
+    let level = pod
+        .world()
+        .get::<HealthChecks>(entity)
+        .unwrap()
+        .memory
+        .level();
+    let history = pod.world().resource::<DeviceHistory>();
+    let sample = history.device(0).last().unwrap();
+    assert_eq!(sample.hbm_capacity, HBM);
+    (level, sample.hbm_used)
+}
+
+/// Elements whose two f32 moments take `fraction` of [`HBM`], and their bytes.
+fn adam_state(fraction: f64) -> (usize, u64) {
+    let n = (HBM as f64 * fraction / 8.0) as usize;
+    (n, 2 * (4 * n as u64).next_multiple_of(64))
+}
+
+fn heap_used(opt: &TPUOptimizer<Adam<f32>, f32>) -> u64 {
+    let world = opt.world();
+    let mut q = world
+        .try_query::<(&optirs_tpu::topology::Device, &DeviceHeap)>()
+        .unwrap();
+    q.iter(world)
+        .find(|(d, _)| d.id.0 == 0)
+        .map(|(_, h)| h.0.used_bytes() as u64)
+        .unwrap()
+}
+
+#[test]
+fn memory_pressure_follows_the_optimizer_state_resident_in_hbm() {
+    let mut opt = adam_on_pod();
+    let step = |opt: &mut TPUOptimizer<Adam<f32>, f32>, n: usize| {
+        let p = Array1::from_elem(n, 0.5f32);
+        opt.tpu_step(&p, &p).map(|_| ())
+    };
+    assert_eq!(sample_memory(&mut opt), (Level::Ok, 0));
+
+    // 10 %: the step runs; the moments stay resident after it.
+    let (n, bytes) = adam_state(0.10);
+    step(&mut opt, n).unwrap();
+    step(&mut opt, n).unwrap();
+    assert_eq!((opt.hbm_usage(0), heap_used(&opt)), (bytes, bytes));
+    assert_eq!(sample_memory(&mut opt), (Level::Ok, bytes));
+
+    // 90 %: the state is created; the step cannot fit beside it.
+    opt.reset_state();
+    let (n, bytes) = adam_state(0.90);
+    let err = step(&mut opt, n).unwrap_err().to_string();
+    assert!(err.contains("out of HBM: the program `"), "{err}");
+    assert_eq!(sample_memory(&mut opt), (Level::Warning, bytes));
+
+    // 97 %: critical.
+    opt.reset_state();
+    let (n, bytes) = adam_state(0.97);
+    step(&mut opt, n).unwrap_err();
+    assert_eq!(sample_memory(&mut opt), (Level::Critical, bytes));
+    let snapshot = opt.snapshot().unwrap();
+
+    // Released: back to OK on the next sample.
+    opt.reset_state();
+    assert_eq!((opt.hbm_usage(0), heap_used(&opt)), (0, 0));
+    assert_eq!(sample_memory(&mut opt), (Level::Ok, 0));
+
+    // A restored pod has the state resident again, and it can be released.
+    opt.restore(&snapshot).unwrap();
+    assert_eq!((opt.hbm_usage(0), heap_used(&opt)), (bytes, bytes));
+    assert_eq!(sample_memory(&mut opt), (Level::Critical, bytes));
+    opt.reset_state();
+    assert_eq!(heap_used(&opt), 0);
+    assert_eq!(sample_memory(&mut opt), (Level::Ok, 0));
+
+    // So does a pod built from the snapshot, and an optimizer adopts it.
+    let pod = Pod::from_snapshot(&snapshot).unwrap();
+    let entity = pod.device_entity(0).unwrap();
+    assert_eq!(pod.world().get::<HbmUsage>(entity), Some(&HbmUsage(bytes)));
+    let heap = pod.world().get::<DeviceHeap>(entity).unwrap();
+    assert_eq!(heap.0.used_bytes() as u64, bytes);
+    let idle = pod.device_entity(1).unwrap();
+    assert!(
+        pod.world().get::<DeviceHeap>(idle).is_none(),
+        "no heap where nothing runs"
+    );
+    let config = opt.config().clone();
+    let mut adopted = TPUOptimizer::on_pod(Adam::new(0.01f32), config, pod).unwrap();
+    assert_eq!(adopted.slot("mu").map(|t| t.len()), Some(n));
+    assert_eq!((adopted.hbm_usage(0), heap_used(&adopted)), (bytes, bytes));
+    adopted.reset_state();
+    assert_eq!((adopted.hbm_usage(0), heap_used(&adopted)), (0, 0));
+}
+
+#[test]
+fn an_optimizer_on_a_pod_checks_its_configuration() {
+    let pod = || Pod::from_preset("v4-8").unwrap();
+    let config = |version, num_cores| TPUConfig {
+        tpu_version: version,
+        num_cores,
+        ..Default::default()
+    };
+    let err = TPUOptimizer::on_pod(Adam::new(0.01f32), config(TPUVersion::V5e, 1), pod())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("is a v4 pod"), "{err}");
+    let err = TPUOptimizer::on_pod(Adam::new(0.01f32), config(TPUVersion::V4, 32), pod())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("needs 16 chips, but v4-8 has 8"), "{err}");
+}
+
 fn parse_svg(text: &str) -> roxmltree::Document<'_> {
     let doc = roxmltree::Document::parse(text).expect("well-formed XML");
     assert_eq!(doc.root_element().tag_name().name(), "svg");
@@ -187,6 +323,24 @@ fn topology_svg_is_well_formed_and_marks_failed_devices() {
     );
     assert_eq!(titles.iter().filter(|t| t.ends_with(": failed")).count(), 1);
     assert!(titles.iter().any(|t| t.starts_with("host ")));
+    // Every torus link of the 4x4x4 pod is drawn once, z links included.
+    let links: Vec<&str> = doc
+        .descendants()
+        .filter(|n| n.attribute("class") == Some("link"))
+        .filter_map(|n| n.children().find(|c| c.has_tag_name("title")))
+        .filter_map(|t| t.text())
+        .collect();
+    assert_eq!(links.len(), pod.figures().links as usize);
+    assert_eq!(links.len(), 3 * 64, "a 4x4x4 torus has 3 links per device");
+    let z = links.iter().filter(|t| t.contains(" z")).count();
+    assert_eq!(z, 64, "4x4 rings of 4 along z");
+    let z_wraps = links
+        .iter()
+        .filter(|t| t.contains(" z, wraparound"))
+        .count();
+    assert_eq!(z_wraps, 16, "one wraparound per z ring");
+    let distinct: std::collections::HashSet<&&str> = links.iter().collect();
+    assert_eq!(distinct.len(), links.len(), "no link drawn twice");
 }
 
 #[test]
@@ -307,6 +461,51 @@ fn topology_and_compile_svg_flags_write_files() {
     for path in [pod, graph, memory] {
         parse_svg(&std::fs::read_to_string(&path).unwrap());
     }
+}
+
+#[test]
+fn svg_and_dot_exports_refuse_an_existing_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let existing = dir.path().join("existing.svg");
+    std::fs::write(&existing, "keep me").unwrap();
+    let existing = existing.to_str().unwrap();
+    let fresh = dir.path().join("fresh.svg");
+    let fresh = fresh.to_str().unwrap();
+    let program = "assets/programs/mlp.ron";
+    let refused = [
+        (vec!["topology", "v4-8", "--svg", existing], "--svg"),
+        (vec!["topology", "v4-8", "--dot", existing], "--dot"),
+        (vec!["compile", program, "--svg", existing], "--svg"),
+        (
+            vec!["compile", program, "--svg", fresh, "--memory-svg", existing],
+            "--memory-svg",
+        ),
+        (vec!["compile", program, "--dot", existing], "--dot"),
+    ];
+    for (args, flag) in refused {
+        let out = optirs(&args);
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains(&format!(
+                "{existing} already exists; {flag} never overwrites a file"
+            )),
+            "{args:?}: {stderr}"
+        );
+        assert_eq!(std::fs::read_to_string(existing).unwrap(), "keep me");
+        assert!(
+            !std::path::Path::new(fresh).exists(),
+            "{args:?}: nothing is written when one export is refused"
+        );
+    }
+    let out = optirs(&["compile", program, "--svg", fresh, "--memory-svg", fresh]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--svg and --memory-svg both name"),
+        "{stderr}"
+    );
+    assert!(!std::path::Path::new(fresh).exists());
 }
 
 #[test]

@@ -357,17 +357,30 @@ fn executions_reserve_and_release_hbm_and_profile_the_peak() {
     let p = Array1::from(data(10_000, 1));
     opt.tpu_step(&p, &p).unwrap();
     let profile = opt.profile();
-    assert_eq!(profile.memory.reservations, 1);
+    // mu and nu when the state is created, then the step's buffers.
+    assert_eq!(profile.memory.reservations, 3);
     assert_eq!(profile.memory.releases, 1);
     let events = opt.memory_export();
-    assert_eq!(events[0].kind, MemoryEventKind::Reserve);
-    assert_eq!(events[1].kind, MemoryEventKind::Release);
-    assert_eq!(events[1].used_after, 0, "released");
+    let kinds: Vec<MemoryEventKind> = events.iter().map(|e| e.kind).collect();
+    use MemoryEventKind::{Release, Reserve};
+    assert_eq!(kinds, [Reserve, Reserve, Reserve, Release]);
+    // Adam at 1e4 f32: mu and nu of 40 kB each stay resident.
+    assert_eq!((events[0].bytes, events[1].bytes), (40_000, 40_000));
+    assert_eq!(
+        events[3].used_after, 80_000,
+        "the step released, the state stays"
+    );
     let peak = profile.memory.peak.clone().unwrap();
-    // Adam at 1e4 f32: params, grads, mu, nu of 40 kB each (in place).
-    assert!(peak.reserved_bytes >= 4 * 40_000, "{peak:?}");
-    assert_eq!(peak.used_bytes, peak.reserved_bytes, "taken while held");
+    // The step's params and grads (and results) beside the resident state.
+    assert!(peak.reserved_bytes >= 2 * 40_000, "{peak:?}");
+    assert_eq!(
+        peak.used_bytes,
+        peak.reserved_bytes + 80_000,
+        "taken while held"
+    );
     assert_eq!(peak.device, "device 0 (v4)");
+    opt.reset_state();
+    assert_eq!(opt.hbm_usage(0), 0, "reset releases the state");
     assert!(profile.bytes_moved >= 7 * 40_000);
     assert!(profile.execute_seconds > 0.0 && profile.compile_seconds > 0.0);
     let json: Value = serde_json::from_str(&profile.to_json()).unwrap();
@@ -393,15 +406,87 @@ fn out_of_hbm_names_the_device_and_the_bytes() {
     let err = opt.tpu_step(&p, &p).unwrap_err();
     let msg = err.to_string();
     assert!(matches!(err, OptimError::OutOfDeviceMemory { .. }), "{msg}");
-    assert!(msg.starts_with("device 0 (v4): out of HBM"), "{msg}");
+    assert!(
+        msg.starts_with("device 0 (v4): out of HBM: the optimizer state `mu` needs 400000 bytes"),
+        "{msg}"
+    );
     assert!(msg.contains("65536 bytes are free"), "{msg}");
     assert!(msg.contains("largest free block is 65536 bytes"), "{msg}");
     assert_eq!(opt.step_count(), 0, "a refused step changes nothing");
+    assert_eq!(
+        opt.hbm_usage(0),
+        0,
+        "a state that does not fit is not created"
+    );
+    assert!(opt.slot("mu").is_none());
     // A program that fits still runs.
     let small = Array1::from(data(100, 1));
-    opt.tpu_step(&small, &small).unwrap_err(); // state is for 1e5 elements
-    Optimizer::<f32, ndarray::Ix1>::reset(&mut opt);
     opt.tpu_step(&small, &small).unwrap();
+    assert_eq!(
+        opt.hbm_usage(0),
+        2 * 448,
+        "mu and nu, 400 B each, 64-aligned"
+    );
+}
+
+#[test]
+fn a_step_that_does_not_fit_beside_the_state_names_the_program() {
+    // mu and nu of 1e4 f32 take 80 kB; params and grads do not fit beside them.
+    let config = TPUConfig {
+        hbm_bytes: Some(120 * 1024),
+        ..Default::default()
+    };
+    let mut opt = TPUOptimizer::new(Adam::new(0.01f32), config).unwrap();
+    let p = Array1::from(data(10_000, 1));
+    let msg = opt.tpu_step(&p, &p).unwrap_err().to_string();
+    assert!(msg.contains("out of HBM: the program `"), "{msg}");
+    assert!(msg.contains("42880 bytes are free"), "{msg}");
+    assert!(msg.contains("largest free block is 42880 bytes"), "{msg}");
+    assert_eq!(opt.step_count(), 0);
+    assert_eq!(opt.hbm_usage(0), 80_000, "the state stays resident");
+}
+
+/// Bytes in use in device 0's heap, read from the heap itself.
+fn heap_used<O: Optimizer<f32, IxDyn>>(opt: &TPUOptimizer<O, f32>) -> u64 {
+    let world = opt.world();
+    let mut q = world
+        .try_query::<(
+            &optirs_tpu::topology::Device,
+            &optirs_tpu::tpu::state::DeviceHeap,
+        )>()
+        .unwrap();
+    q.iter(world)
+        .find(|(d, _)| d.id.0 == 0)
+        .map(|(_, h)| h.0.used_bytes() as u64)
+        .unwrap()
+}
+
+#[test]
+fn hbm_usage_is_the_resident_state_after_steps_resets_and_restores() {
+    let mut opt = TPUOptimizer::new(Adam::new(0.01f32), TPUConfig::default()).unwrap();
+    assert_eq!((opt.hbm_usage(0), heap_used(&opt)), (0, 0));
+    let g = Array1::from(data(1000, 3));
+    let mut p = Array1::from(data(1000, 1));
+    // mu and nu of 4000 B each, 64-aligned.
+    let state = 2 * 4032;
+    for _ in 0..3 {
+        p = opt.tpu_step(&p, &g).unwrap();
+        assert_eq!(opt.hbm_usage(0), heap_used(&opt));
+        assert_eq!(opt.hbm_usage(0), state);
+    }
+    let snapshot = opt.snapshot().unwrap();
+    opt.reset_state();
+    assert_eq!((opt.hbm_usage(0), heap_used(&opt)), (0, 0));
+    opt.restore(&snapshot).unwrap();
+    assert_eq!((opt.hbm_usage(0), heap_used(&opt)), (state, state));
+    opt.tpu_step(&p, &g).unwrap();
+    assert_eq!((opt.hbm_usage(0), heap_used(&opt)), (state, state));
+    // Into an optimizer that never ran.
+    let mut other = TPUOptimizer::new(Adam::new(0.01f32), TPUConfig::default()).unwrap();
+    other.restore(&snapshot).unwrap();
+    assert_eq!((other.hbm_usage(0), heap_used(&other)), (state, state));
+    other.reset_state();
+    assert_eq!((other.hbm_usage(0), heap_used(&other)), (0, 0));
 }
 
 #[test]

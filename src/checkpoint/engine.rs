@@ -54,7 +54,12 @@ pub const NOT_PERSISTED: &[(&str, &str)] = &[
     ),
     (
         "DeviceHeap",
-        "rebuilt from `HbmCapacity`: a reservation never outlives the step that made it",
+        "rebuilt after a restore on every device with an `HbmUsage` (persisted), from \
+         `HbmCapacity` and the resident `OptimizerSlot`s; `HbmUsage` is set from it",
+    ),
+    (
+        "ResidentBlock",
+        "a slot's offset in a rebuilt heap: reserved again when the heap is rebuilt",
     ),
     (
         "PeriodicCheckpoints",

@@ -1,6 +1,6 @@
 //! Writing results: JSON or human text to stdout, files where asked.
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use serde::Serialize;
 use std::io::Write;
 use std::path::Path;
@@ -20,9 +20,50 @@ pub fn print_text(text: &str) -> Result<()> {
     Ok(())
 }
 
-/// Writes `contents` to `path`, naming the path on failure.
-pub fn write_file(path: &Path, contents: &str) -> Result<()> {
-    std::fs::write(path, contents).with_context(|| format!("cannot write {}", path.display()))
+/// An export a command was asked for: its flag (`--svg`) and path.
+pub type Export<'a> = (&'static str, Option<&'a Path>);
+
+/// Refuses, before any work is done, an export path that exists or that
+/// two flags share: exports never overwrite a file (the same rule as
+/// `run --trace` and the profiling exports).
+pub fn refuse_existing(exports: &[Export<'_>]) -> Result<()> {
+    let given: Vec<(&str, &Path)> = exports
+        .iter()
+        .filter_map(|&(flag, path)| path.map(|p| (flag, p)))
+        .collect();
+    for (i, &(flag, path)) in given.iter().enumerate() {
+        if path.exists() {
+            bail!(
+                "{} already exists; {flag} never overwrites a file: choose a new path or remove it",
+                path.display()
+            );
+        }
+        if let Some((other, _)) = given[..i].iter().find(|(_, p)| *p == path) {
+            bail!(
+                "{other} and {flag} both name {}: each export needs its own file",
+                path.display()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Writes `contents` for `flag` into a new file at `path`: `create_new`, so
+/// a file that appeared since [`refuse_existing`] is not replaced either.
+pub fn write_new(flag: &str, path: &Path, contents: &str) -> Result<()> {
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path);
+    let mut file = match file {
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => bail!(
+            "{} already exists; {flag} never overwrites a file: choose a new path or remove it",
+            path.display()
+        ),
+        other => other.with_context(|| format!("cannot write {}", path.display()))?,
+    };
+    file.write_all(contents.as_bytes())
+        .with_context(|| format!("cannot write {}", path.display()))
 }
 
 /// Whether the error chain ends in a closed pipe (`optirs-tpu ... | head`).

@@ -16,23 +16,33 @@ pub struct TopologyArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
-    /// Also write the pod as a Graphviz graph (hosts as clusters).
+    /// Also write the pod as a Graphviz graph (hosts as clusters). Like
+    /// every export, it never overwrites an existing file.
     #[arg(long, value_name = "FILE")]
     dot: Option<PathBuf>,
     /// Also draw the pod as SVG: hosts, devices on their torus coordinates,
-    /// links, failed devices marked; z-planes side by side.
+    /// every link (z links as stubs), failed devices marked; z-planes side
+    /// by side. Never overwrites an existing file.
     #[arg(long, value_name = "FILE")]
     svg: Option<PathBuf>,
 }
 
 pub fn topology(args: TopologyArgs) -> Result<()> {
+    output::refuse_existing(&[
+        ("--dot", args.dot.as_deref()),
+        ("--svg", args.svg.as_deref()),
+    ])?;
     let mut pod = Pod::load(&args.pod)?;
     let figures = pod.figures();
     if let Some(path) = &args.dot {
-        output::write_file(path, &to_dot(pod.world_mut()))?;
+        output::write_new("--dot", path, &to_dot(pod.world_mut()))?;
     }
     if let Some(path) = &args.svg {
-        output::write_file(path, &optirs_tpu::svg::topology_svg(pod.world_mut()))?;
+        output::write_new(
+            "--svg",
+            path,
+            &optirs_tpu::svg::topology_svg(pod.world_mut()),
+        )?;
     }
     if args.json {
         return output::print_json(&figures);

@@ -21,8 +21,10 @@
 //! ([`crate::xla::backend::profiling_integration`]) and enter the report
 //! only as an argument ([`report::performance_report`]).
 //!
-//! Device memory in use is read from [`HbmUsage`], which whoever places
-//! buffers on a device keeps up to date; it is 0 until something does.
+//! Device memory in use is read from [`HbmUsage`], which
+//! [`crate::tpu::hbm`] sets from the device's heap at every reservation and
+//! release (a [`crate::TPUOptimizer`] on the pod keeps its state resident
+//! there); it is 0 on a device that never held anything.
 
 pub mod checks;
 pub mod history;
@@ -74,7 +76,8 @@ pub struct MonitorState {
     pub last_sample_ns: u64,
 }
 
-/// HBM bytes in use on a device, kept by whoever allocates on it.
+/// HBM bytes in use on a device: its heap's, set at every reservation and
+/// release ([`crate::tpu::hbm::publish`]).
 #[derive(Component, Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HbmUsage(pub u64);
 

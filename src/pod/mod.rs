@@ -340,12 +340,14 @@ impl Pod {
     /// Replaces the world's engine entities and resources with the
     /// snapshot's, in place: the schedules keep running on the same world.
     /// The snapshot is decoded and checked first; on `Err` nothing changed.
+    /// Device heaps are not persisted: they are rebuilt with the restored
+    /// optimizer state resident, and `HbmUsage` follows them.
     pub fn restore_snapshot(&mut self, snapshot: &WorldSnapshot) -> Result<()> {
-        Ok(self
-            .world
+        self.world
             .resource_scope(|world, registry: Mut<SnapshotRegistry>| {
                 registry.restore(world, snapshot)
-            })?)
+            })?;
+        crate::tpu::hbm::rebuild_heaps(&mut self.world)
     }
 
     /// Writes a checkpoint every `every_ticks` ticks to each root, from a

@@ -3,8 +3,11 @@
 //! edge they leave), DCN links in blue; suspect devices orange, failed or
 //! killed devices red with a cross. A 3-D pod is drawn as its z-planes side
 //! by side, left to right then top to bottom in a near-square grid, slice
-//! after slice (z-axis links join the same (x, y) in neighbouring planes and
-//! are not drawn).
+//! after slice; a z-axis link, which joins the same (x, y) in neighbouring
+//! planes, is a green stub at each end.
+//!
+//! Every link is exactly one `<path class="link">` with a `<title>` naming
+//! its ends, kind and axis, so the picture can be checked against the pod.
 
 use super::{escape, open, pale};
 use crate::health::{DeviceState, Health};
@@ -15,8 +18,99 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 
 const MARGIN: f64 = 20.0;
-const HEADER: f64 = 76.0;
+const HEADER: f64 = 92.0;
 const PLANE_GAP: f64 = 36.0;
+
+/// A link between two placed devices (indices into the placed list).
+struct Line {
+    a: usize,
+    b: usize,
+    kind: LinkKind,
+    axis: Option<u8>,
+    wraps: bool,
+}
+
+fn axis_name(axis: u8) -> &'static str {
+    match axis {
+        0 => "x",
+        1 => "y",
+        2 => "z",
+        _ => "axis",
+    }
+}
+
+/// The path of one link and its style: every link is one element.
+///
+/// * DCN and links between unrelated planes: a straight line.
+/// * In-plane ICI: a straight line; a wraparound as a dashed stub leaving
+///   each end towards the edge it wraps across.
+/// * z-axis ICI (the same (x, y) in neighbouring planes): a stub from each
+///   end, up-right towards the next plane from the lower z and down-left
+///   from the higher z; dashed for the wraparound from the last plane to
+///   the first.
+fn link_path(
+    line: &Line,
+    pa: &Placed,
+    pb: &Placed,
+    (ax, ay): (f64, f64),
+    (bx, by): (f64, f64),
+    cell: f64,
+) -> (String, &'static str) {
+    let straight = format!("M{ax:.1},{ay:.1}L{bx:.1},{by:.1}");
+    let same_plane = pa.slice == pb.slice && pa.xyz[2] == pb.xyz[2];
+    let z_link = line.kind == LinkKind::Ici
+        && line.axis == Some(2)
+        && pa.slice == pb.slice
+        && pa.xyz[..2] == pb.xyz[..2];
+    match line.kind {
+        LinkKind::Dcn => (
+            straight,
+            "stroke=\"#1f5fbf\" stroke-width=\"1.5\" stroke-opacity=\"0.6\"",
+        ),
+        LinkKind::Ici if z_link => {
+            // The end whose plane the link leaves upwards: the lower z, or
+            // the last plane for the wraparound.
+            let lower_is_a = (pa.xyz[2] < pb.xyz[2]) != line.wraps;
+            let (ux, uy, vx, vy) = if lower_is_a {
+                (ax, ay, bx, by)
+            } else {
+                (bx, by, ax, ay)
+            };
+            let r = cell * 0.45;
+            (
+                format!(
+                    "M{ux:.1},{uy:.1}l{r:.1},{:.1}M{vx:.1},{vy:.1}l{:.1},{r:.1}",
+                    -r, -r
+                ),
+                if line.wraps {
+                    "stroke=\"#2ca02c\" stroke-width=\"1.2\" stroke-dasharray=\"2,2\""
+                } else {
+                    "stroke=\"#2ca02c\" stroke-width=\"1.2\""
+                },
+            )
+        }
+        LinkKind::Ici if !same_plane => (straight, "stroke=\"#555\" stroke-width=\"1\""),
+        LinkKind::Ici if line.wraps => {
+            let stub = |from: &Placed, to: &Placed, (fx, fy): (f64, f64)| {
+                // Not `f64::signum`, which is 1 for 0: a stub along x must
+                // not lean along y.
+                let sign = |to: u32, from: u32| f64::from(to.cmp(&from) as i8);
+                let dx = sign(to.xyz[0], from.xyz[0]);
+                let dy = sign(to.xyz[1], from.xyz[1]);
+                format!(
+                    "M{fx:.1},{fy:.1}L{:.1},{:.1}",
+                    fx - dx * cell * 0.8,
+                    fy - dy * cell * 0.8
+                )
+            };
+            (
+                stub(pa, pb, (ax, ay)) + &stub(pb, pa, (bx, by)),
+                "stroke=\"#888\" stroke-dasharray=\"2,2\"",
+            )
+        }
+        LinkKind::Ici => (straight, "stroke=\"#555\" stroke-width=\"1\""),
+    }
+}
 
 struct Placed {
     id: u32,
@@ -87,7 +181,7 @@ pub fn topology_svg(world: &mut World) -> String {
         out,
         "<text x=\"{MARGIN}\" y=\"20\" font-size=\"14\" font-weight=\"bold\">{} — {} {}x{}x{} ({} devices, {} slice(s), {} failed)</text>\n\
          <text x=\"{MARGIN}\" y=\"38\">pale boxes: hosts · blue: healthy · orange: suspect · red ✕: failed</text>\n\
-         <text x=\"{MARGIN}\" y=\"54\">solid: ICI · dashed stub: wraparound · blue line: DCN{}</text>",
+         <text x=\"{MARGIN}\" y=\"54\">solid: ICI · dashed stub: wraparound · blue line: DCN</text>{}",
         escape(&topology.name),
         topology.generation,
         dims[0],
@@ -97,7 +191,7 @@ pub fn topology_svg(world: &mut World) -> String {
         topology.slices,
         failed,
         if dims[2] > 1 {
-            " · one box per (slice, z) plane, in z order; z links not drawn"
+            "\n<text x=\"20\" y=\"70\">one box per (slice, z) plane · green stubs: z links (↗ to z+1, ↙ to z−1; dashed: wraparound)</text>"
         } else {
             ""
         }
@@ -109,7 +203,7 @@ pub fn topology_svg(world: &mut World) -> String {
             let _ = writeln!(
                 out,
                 "<text x=\"{x0:.1}\" y=\"{:.1}\" fill=\"#555\">slice {s} z={z}</text>",
-                y0 - 4.0
+                y0 - 12.0
             );
         }
     }
@@ -145,51 +239,41 @@ pub fn topology_svg(world: &mut World) -> String {
             .collect()
     };
     let mut links = world.query::<&Link>();
-    let mut lines: Vec<(usize, usize, LinkKind, bool)> = links
+    let mut lines: Vec<Line> = links
         .iter(world)
         .filter_map(|l| {
-            Some((
-                *by_entity.get(&l.a)?,
-                *by_entity.get(&l.b)?,
-                l.kind,
-                l.wraps,
-            ))
+            Some(Line {
+                a: *by_entity.get(&l.a)?,
+                b: *by_entity.get(&l.b)?,
+                kind: l.kind,
+                axis: l.axis,
+                wraps: l.wraps,
+            })
         })
         .collect();
-    lines.sort_by_key(|&(a, b, _, _)| (a, b));
-    out.push_str("<g stroke-linecap=\"round\">\n");
-    for (a, b, kind, wraps) in lines {
-        let (pa, pb) = (&placed[a], &placed[b]);
-        let ((ax, ay), (bx, by)) = (center(pa), center(pb));
-        let same_plane = pa.slice == pb.slice && pa.xyz[2] == pb.xyz[2];
-        match kind {
-            LinkKind::Dcn => {
-                let _ = writeln!(
-                    out,
-                    "<line x1=\"{ax:.1}\" y1=\"{ay:.1}\" x2=\"{bx:.1}\" y2=\"{by:.1}\" stroke=\"#1f5fbf\" stroke-width=\"1.5\" stroke-opacity=\"0.6\"/>"
-                );
-            }
-            LinkKind::Ici if !same_plane => {}
-            LinkKind::Ici if wraps => {
-                // A stub leaving each end towards the edge it wraps across.
-                for (from, to, (fx, fy)) in [(pa, pb, (ax, ay)), (pb, pa, (bx, by))] {
-                    let dx = (to.xyz[0] as f64 - from.xyz[0] as f64).signum();
-                    let dy = (to.xyz[1] as f64 - from.xyz[1] as f64).signum();
-                    let _ = writeln!(
-                        out,
-                        "<line x1=\"{fx:.1}\" y1=\"{fy:.1}\" x2=\"{:.1}\" y2=\"{:.1}\" stroke=\"#888\" stroke-dasharray=\"2,2\"/>",
-                        fx - dx * cell * 0.8,
-                        fy - dy * cell * 0.8
-                    );
-                }
-            }
-            LinkKind::Ici => {
-                let _ = writeln!(
-                    out,
-                    "<line x1=\"{ax:.1}\" y1=\"{ay:.1}\" x2=\"{bx:.1}\" y2=\"{by:.1}\" stroke=\"#555\" stroke-width=\"1\"/>"
-                );
-            }
-        }
+    lines.sort_by_key(|l| (l.a, l.b));
+    out.push_str("<g stroke-linecap=\"round\" fill=\"none\">\n");
+    for line in lines {
+        let (pa, pb) = (&placed[line.a], &placed[line.b]);
+        let (a, b) = (center(pa), center(pb));
+        let title = format!(
+            "link {}–{}: {}{}{}",
+            pa.id,
+            pb.id,
+            match line.kind {
+                LinkKind::Ici => "ICI",
+                LinkKind::Dcn => "DCN",
+            },
+            line.axis
+                .map_or_else(String::new, |axis| format!(" {}", axis_name(axis))),
+            if line.wraps { ", wraparound" } else { "" }
+        );
+        let (d, style) = link_path(&line, pa, pb, a, b, cell);
+        let _ = writeln!(
+            out,
+            "<path class=\"link\" d=\"{d}\" {style}><title>{}</title></path>",
+            escape(&title)
+        );
     }
     out.push_str("</g>\n");
     // Devices.

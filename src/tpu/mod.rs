@@ -15,11 +15,16 @@
 //!   optimizer's own `World`, updated in place by the compiled program, so
 //!   [`TPUOptimizer::snapshot`] carries them and [`TPUOptimizer::restore`]
 //!   brings them back.
-//! * **Device memory.** Each execution reserves its program's planned heap
-//!   bytes in device 0's HBM heap ([`state::DeviceHeap`], sized from the
-//!   generation's HBM or [`TPUConfig::hbm_bytes`]) and releases them after;
-//!   a program that does not fit is an error naming the device, the bytes
-//!   requested, the free bytes and the largest free block.
+//! * **Device memory.** The state slots are resident in device 0's HBM heap
+//!   ([`state::DeviceHeap`], sized from the generation's HBM or
+//!   [`TPUConfig::hbm_bytes`]) from their creation until a reset; each
+//!   execution reserves the rest of its program's planned heap for the
+//!   step. Anything that does not fit is an error naming the device, the
+//!   bytes requested, the free bytes and the largest free block. Every
+//!   reservation updates the device's [`HbmUsage`] ([`hbm`]), which the
+//!   monitor's memory check reads: build the optimizer with
+//!   [`TPUOptimizer::on_pod`] to run it on a pod's devices and have the
+//!   pod's monitor watch its state.
 //! * **Profile.** [`TPUOptimizer::profile`] has compile and execute times,
 //!   bytes moved, cache hits and misses, and HBM reservations with the peak
 //!   taken while a reservation was held.
@@ -53,6 +58,7 @@
 
 pub mod bench;
 pub mod graph;
+pub mod hbm;
 pub mod profile;
 pub mod state;
 
@@ -68,8 +74,10 @@ use crate::error::{OptimError, Result};
 use crate::exec::kernels::Tensor;
 use crate::exec::runtime::{Arg, CustomCallHandler, Element, RunOutput, Runtime};
 use crate::hardware::TpuGeneration;
-use crate::memory::Heap;
+use crate::memory::{Block, Heap};
+use crate::monitor::HbmUsage;
 use crate::optimizer::{FloatElement, Optimizer, UpdateRule};
+use crate::pod::Pod;
 use crate::topology::{Device, DeviceId, HbmCapacity};
 use crate::xla::passes::memory_plan::ALIGNMENT;
 use crate::xla::{self, DType, TensorType};
@@ -240,11 +248,35 @@ pub fn tpu_registry() -> SnapshotRegistry {
     registry
 }
 
+/// Where an optimizer's devices and state live.
+enum Place {
+    /// A world of its own with one device entity per chip.
+    Own(World),
+    /// The devices of a pod, monitored by the pod's `Step` schedule.
+    Pod(Pod),
+}
+
+impl Place {
+    fn world(&self) -> &World {
+        match self {
+            Place::Own(world) => world,
+            Place::Pod(pod) => pod.world(),
+        }
+    }
+
+    fn world_mut(&mut self) -> &mut World {
+        match self {
+            Place::Own(world) => world,
+            Place::Pod(pod) => pod.world_mut(),
+        }
+    }
+}
+
 /// An optimizer compiled and run as a TPU program (see the module docs).
 pub struct TPUOptimizer<O, A = f32> {
     base: O,
     config: TPUConfig,
-    world: World,
+    place: Place,
     devices: Vec<Entity>,
     cache: ProgramCache,
     profile: TpuProfile,
@@ -317,10 +349,52 @@ where
                         },
                         HbmCapacity(hbm),
                         DeviceHeap(Heap::new(capacity, ALIGNMENT)),
+                        HbmUsage(0),
                     ))
                     .id()
             })
             .collect();
+        Ok(Self::with_place(base, config, Place::Own(world), devices))
+    }
+
+    /// Wraps `base` to run on the first `config.num_cores` cores of `pod`:
+    /// its state resides in the HBM of the pod's device 0, so the pod's
+    /// monitor sees it. `config.tpu_version` must be the pod's generation;
+    /// `config.hbm_bytes`, if set, becomes the HBM of the devices used
+    /// (a small figure makes memory pressure testable). Optimizer state
+    /// already in the pod (a restored snapshot) is adopted.
+    pub fn on_pod(base: O, config: TPUConfig, mut pod: Pod) -> Result<Self> {
+        let chips = config.validate()?;
+        let topology = pod.topology();
+        if topology.generation != config.tpu_version {
+            return Err(OptimError::InvalidConfig(format!(
+                "the optimizer is configured for {}, but {} is a {} pod",
+                config.tpu_version, topology.name, topology.generation
+            )));
+        }
+        if chips > topology.num_devices() as usize {
+            return Err(OptimError::InvalidConfig(format!(
+                "num_cores = {} needs {chips} chips, but {} has {}",
+                config.num_cores,
+                topology.name,
+                topology.num_devices()
+            )));
+        }
+        let devices: Vec<Entity> = (0..chips as u32)
+            .map(|id| pod.device_entity(id))
+            .collect::<Result<_>>()?;
+        let world = pod.world_mut();
+        if let Some(bytes) = config.hbm_bytes {
+            for &device in &devices {
+                world.entity_mut(device).insert(HbmCapacity(bytes));
+            }
+        }
+        hbm::mark(world, &devices);
+        hbm::rebuild_heaps(world)?;
+        Ok(Self::with_place(base, config, Place::Pod(pod), devices))
+    }
+
+    fn with_place(base: O, config: TPUConfig, mut place: Place, devices: Vec<Entity>) -> Self {
         let cache = ProgramCache {
             capacity: config.cache_capacity,
             entries: Vec::new(),
@@ -329,19 +403,19 @@ where
             misses: 0,
             evictions: 0,
         };
-        let counts = world.query();
-        let slots = world.query();
-        Ok(TPUOptimizer {
+        let counts = place.world_mut().query();
+        let slots = place.world_mut().query();
+        TPUOptimizer {
             base,
             config,
             counts,
             slots,
-            world,
+            place,
             devices,
             cache,
             profile: TpuProfile::default(),
             _element: PhantomData,
-        })
+        }
     }
 
     /// The configuration.
@@ -355,9 +429,30 @@ where
         &self.base
     }
 
-    /// The world holding devices and optimizer state.
+    /// The world holding devices and optimizer state (the pod's, for an
+    /// optimizer built with [`TPUOptimizer::on_pod`]).
     pub fn world(&self) -> &World {
-        &self.world
+        self.place.world()
+    }
+
+    /// The pod the optimizer runs on, if it was built with
+    /// [`TPUOptimizer::on_pod`] (run it to advance simulated time).
+    pub fn pod_mut(&mut self) -> Option<&mut Pod> {
+        match &mut self.place {
+            Place::Own(_) => None,
+            Place::Pod(pod) => Some(pod),
+        }
+    }
+
+    /// HBM bytes in use on device `id` as the monitor reads them
+    /// ([`HbmUsage`]; 0 before anything was reserved there).
+    pub fn hbm_usage(&self, id: u32) -> u64 {
+        let world = self.place.world();
+        self.devices
+            .iter()
+            .find(|&&e| world.get::<Device>(e).is_some_and(|d| d.id.0 == id))
+            .and_then(|&e| world.get::<HbmUsage>(e))
+            .map_or(0, |u| u.0)
     }
 
     /// What has been compiled, run and reserved so far.
@@ -379,8 +474,9 @@ where
 
     /// The state slot `name` (e.g. Adam's `mu`), if the state exists.
     pub fn slot(&mut self, name: &str) -> Option<Tensor> {
-        let mut q = self.world.query::<&OptimizerSlot>();
-        q.iter(&self.world)
+        let world = self.place.world_mut();
+        let mut q = world.query::<&OptimizerSlot>();
+        q.iter(world)
             .find(|s| s.name == name)
             .map(|s| s.tensor.clone())
     }
@@ -419,49 +515,62 @@ where
         Ok(())
     }
 
-    /// Drops the optimizer state (the next step starts at count 0).
+    /// Drops the optimizer state (the next step starts at count 0) and
+    /// releases its HBM.
     pub fn reset_state(&mut self) {
-        let entities: Vec<Entity> = self
-            .world
+        let world = self.place.world_mut();
+        let entities: Vec<Entity> = world
             .query_filtered::<Entity, Or<(With<OptimizerSlot>, With<OptimizerCount>)>>()
-            .iter(&self.world)
+            .iter(world)
             .collect();
         for e in entities {
-            self.world.despawn(e);
+            // A block that cannot be released was never this heap's: the
+            // heap is rebuilt from the remaining state instead.
+            if hbm::release_slot(world, e).is_err() {
+                world.entity_mut(e).remove::<hbm::ResidentBlock>();
+            }
+            world.despawn(e);
         }
         self.base.reset();
     }
 
-    /// A snapshot of the world: devices and optimizer state.
+    /// A snapshot of the world: devices and optimizer state (the whole pod
+    /// for an optimizer on a pod).
     pub fn snapshot(&mut self) -> Result<WorldSnapshot> {
         let tick = u64::try_from(self.step_count()).unwrap_or(0);
-        Ok(tpu_registry().capture(&mut self.world, tick)?)
+        match &mut self.place {
+            Place::Own(world) => Ok(tpu_registry().capture(world, tick)?),
+            Place::Pod(pod) => pod.snapshot(),
+        }
     }
 
     /// Restores a snapshot taken by [`TPUOptimizer::snapshot`]; verified
-    /// before the world is touched.
+    /// before the world is touched. The device heaps are rebuilt with the
+    /// restored state resident, and [`HbmUsage`] follows them.
     pub fn restore(&mut self, snapshot: &WorldSnapshot) -> Result<()> {
-        tpu_registry().restore(&mut self.world, snapshot)?;
-        let mut q = self.world.query_filtered::<Entity, With<Device>>();
-        let mut devices: Vec<(u32, Entity)> = q
-            .iter(&self.world)
-            .map(|e| (self.world.get::<Device>(e).map_or(0, |d| d.id.0), e))
-            .collect();
-        devices.sort();
-        let capacity = |w: &World, e: Entity| w.get::<HbmCapacity>(e).map_or(0, |c| c.0);
-        for &(_, e) in &devices {
-            let bytes = usize::try_from(capacity(&self.world, e)).unwrap_or(usize::MAX);
-            self.world
-                .entity_mut(e)
-                .insert(DeviceHeap(Heap::new(bytes, ALIGNMENT)));
+        // On a pod the optimizer keeps to its first chips.
+        let keep = match self.place {
+            Place::Own(_) => usize::MAX,
+            Place::Pod(_) => self.devices.len(),
+        };
+        match &mut self.place {
+            Place::Own(world) => tpu_registry().restore(world, snapshot)?,
+            Place::Pod(pod) => pod.restore_snapshot(snapshot)?,
         }
-        self.devices = devices.into_iter().map(|(_, e)| e).collect();
-        Ok(())
+        let world = self.place.world_mut();
+        let mut q = world.query::<(Entity, &Device)>();
+        let mut found: Vec<(u32, Entity)> = q.iter(world).map(|(e, d)| (d.id.0, e)).collect();
+        found.sort();
+        found.truncate(keep);
+        self.devices = found.into_iter().map(|(_, e)| e).collect();
+        // The snapshot may predate the optimizer's use of its devices.
+        hbm::mark(world, &self.devices);
+        hbm::rebuild_heaps(world)
     }
 
     fn count_state(&mut self) -> Option<(Entity, OptimizerCount)> {
         self.counts
-            .iter(&self.world)
+            .iter(self.place.world())
             .next()
             .map(|(e, c)| (e, c.clone()))
     }
@@ -543,7 +652,7 @@ where
             if rule_slots.is_empty() {
                 // No per-element state: any shape, like the base optimizer.
                 if c.shape != shape
-                    && let Some(mut stored) = self.world.get_mut::<OptimizerCount>(e)
+                    && let Some(mut stored) = self.place.world_mut().get_mut::<OptimizerCount>(e)
                 {
                     stored.shape = shape.to_vec();
                 }
@@ -556,15 +665,32 @@ where
             }
             return Ok(c.count.saturating_add(1));
         }
+        let world = self.place.world_mut();
+        let mut spawned = Vec::with_capacity(rule_slots.len());
         for (i, name) in rule_slots.iter().enumerate() {
             let value = initial.get(i).copied().unwrap_or_else(A::zero);
-            self.world.spawn(OptimizerSlot {
+            let slot = world.spawn(OptimizerSlot {
                 name: (*name).to_owned(),
                 index: i as u32,
                 tensor: A::into_tensor(ArrayD::from_elem(IxDyn(shape), value)),
             });
+            spawned.push(slot.id());
         }
-        self.world.spawn(OptimizerCount {
+        // The state is resident from now until it is dropped; a state that
+        // does not fit is never created.
+        let reserved = match hbm::reserve_state(world) {
+            Ok(reserved) => reserved,
+            Err(e) => {
+                for slot in spawned {
+                    world.despawn(slot);
+                }
+                return Err(e);
+            }
+        };
+        for (device, block, name) in reserved {
+            self.record_reserve(device, block, &format!("state `{name}`"));
+        }
+        self.place.world_mut().spawn(OptimizerCount {
             count: 0,
             shape: shape.to_vec(),
         });
@@ -581,14 +707,22 @@ where
             };
             next_count = self.prepare_state(slots, &initial, shape)?;
         }
-        let heap_bytes = runtime.executable().heap_bytes;
+        // The plan's heap holds the state slots too (they are parameters,
+        // updated in place); they are resident already, so the step
+        // reserves the rest for its duration.
+        let mut heap_bytes = runtime.executable().heap_bytes;
+        if compiled_rule {
+            heap_bytes = heap_bytes.saturating_sub(hbm::state_bytes(self.place.world_mut()));
+        }
         let reservation = self.reserve(heap_bytes, &runtime.executable().name)?;
         let started = Instant::now();
         let result = self.run(&runtime, params, grads, compiled_rule, next_count);
         let seconds = started.elapsed().as_secs_f64();
         self.release(reservation)?;
         let out = result?;
-        if compiled_rule && let Some((_, mut c)) = self.counts.iter_mut(&mut self.world).next() {
+        if compiled_rule
+            && let Some((_, mut c)) = self.counts.iter_mut(self.place.world_mut()).next()
+        {
             c.count = next_count;
         }
         self.profile.executions += 1;
@@ -608,10 +742,11 @@ where
     ) -> Result<RunOutput> {
         let TPUOptimizer {
             base,
-            world,
+            place,
             slots: slot_query,
             ..
         } = self;
+        let world = place.world_mut();
         let mut handler = StepCall::<O, A> {
             base,
             _element: PhantomData,
@@ -666,23 +801,21 @@ where
                 "the optimizer has no device".into(),
             ));
         };
-        let name = self.device_name(device);
-        let mut heap = self
-            .world
-            .get_mut::<DeviceHeap>(device)
-            .ok_or_else(|| OptimError::InvalidConfig(format!("{name} has no HBM heap")))?;
-        let block = heap
-            .0
-            .alloc(bytes)
-            .map_err(|_| OptimError::OutOfDeviceMemory {
-                device: name.clone(),
-                requested: bytes as u64,
-                free: heap.0.free_bytes() as u64,
-                largest_free: heap.0.largest_free() as u64,
-            })?;
+        let world = self.place.world_mut();
+        let block = hbm::reserve(world, device, bytes, &format!("the program `{program}`"))?;
+        self.record_reserve(device, block, program);
+        Ok(Some((device, block.offset)))
+    }
+
+    /// Adds a reservation to the memory profile; the peak is taken while it is held.
+    fn record_reserve(&mut self, device: Entity, block: Block, holder: &str) {
+        let world = self.place.world();
+        let Some(heap) = world.get::<DeviceHeap>(device) else {
+            return;
+        };
         let snapshot = HbmSnapshot {
-            device: name,
-            program: program.to_owned(),
+            device: hbm::device_name(world, device),
+            program: holder.to_owned(),
             reserved_bytes: block.size as u64,
             used_bytes: heap.0.used_bytes() as u64,
             free_bytes: heap.0.free_bytes() as u64,
@@ -706,38 +839,25 @@ where
         {
             self.profile.memory.peak = Some(snapshot);
         }
-        Ok(Some((device, block.offset)))
     }
 
     fn release(&mut self, reservation: Option<(Entity, usize)>) -> Result<()> {
         let Some((device, offset)) = reservation else {
             return Ok(());
         };
-        let name = self.device_name(device);
-        let mut heap = self
-            .world
-            .get_mut::<DeviceHeap>(device)
-            .ok_or_else(|| OptimError::InvalidConfig(format!("{name} has no HBM heap")))?;
-        let before = heap.0.used_bytes();
-        heap.0
-            .free(offset)
-            .map_err(|e| OptimError::InvalidConfig(format!("{name}: {e}")))?;
-        let after = heap.0.used_bytes();
+        let world = self.place.world_mut();
+        let released = hbm::release(world, device, offset)?;
+        let used_after = world
+            .get::<DeviceHeap>(device)
+            .map_or(0, |h| h.0.used_bytes() as u64);
         self.profile.memory.record(MemoryEvent {
             kind: MemoryEventKind::Release,
-            device: name,
-            bytes: (before - after) as u64,
+            device: hbm::device_name(world, device),
+            bytes: released as u64,
             offset: offset as u64,
-            used_after: after as u64,
+            used_after,
         });
         Ok(())
-    }
-
-    fn device_name(&self, device: Entity) -> String {
-        match self.world.get::<Device>(device) {
-            Some(d) => format!("{} ({})", d.id, d.generation),
-            None => format!("{device}"),
-        }
     }
 }
 

@@ -1,6 +1,6 @@
 //! The components a [`super::TPUOptimizer`] keeps in its world: optimizer
 //! state as entities (so a world snapshot carries it) and the device heaps
-//! executions reserve their planned bytes in.
+//! it and the executions reserve their bytes in.
 
 use bevy_ecs::prelude::*;
 use ndarray::{ArrayD, IxDyn};
@@ -33,8 +33,10 @@ pub struct OptimizerCount {
     pub shape: Vec<usize>,
 }
 
-/// A device's HBM as an allocator: executions reserve their program's
-/// planned heap bytes here and release them when they finish.
+/// A device's HBM as an allocator: the optimizer state holds its blocks
+/// for as long as it exists, an execution its step's buffers for the step.
+/// The devices an optimizer runs on have one; reserve and release through
+/// [`super::hbm`] so the monitor's [`crate::monitor::HbmUsage`] follows.
 #[derive(Component, Debug)]
 pub struct DeviceHeap(pub Heap);
 
