@@ -7,7 +7,11 @@
 //!
 //! * parameters: `0` params, `1` grads, `2..2+k` the state slots, then the
 //!   step count as an `i32` scalar (the incremented count, 1 on the first
-//!   step), so one compiled program serves every step;
+//!   step), so one compiled program serves every step, then — for every
+//!   rule that applies its step as `params + neg_lr * direction` — the
+//!   negated learning rate ([`LEARNING_RATE_SCALAR`]) as a scalar of the
+//!   element type, so changing the learning rate (a schedule) reuses the
+//!   compiled program, as a jitted optax update takes it as an argument;
 //! * outputs: the new params, then the new slots (the memory plan updates
 //!   each slot in place over its input);
 //! * scalars that depend on the count (Adam's `1 / (1 - b^t)`) are rebuilt
@@ -33,6 +37,20 @@ use crate::xla::{BinaryOp, CompareDir, DType, GraphBuilder, TensorType, UnaryOp}
 /// The custom-call target of an opaque optimizer's step.
 pub const STEP_TARGET: &str = "optirs.step";
 
+/// The rule scalar passed at run time instead of compiled in: the negated
+/// learning rate every rule's step applies.
+pub const LEARNING_RATE_SCALAR: &str = "neg_lr";
+
+/// The value of [`LEARNING_RATE_SCALAR`] the rule uses now, if it has one
+/// (then its compiled program takes it as its last parameter).
+pub fn learning_rate_scalar<A: FloatElement>(rule: &dyn UpdateRule<A>) -> Option<A> {
+    rule.update_program(1)
+        .constants
+        .iter()
+        .find(|(name, _)| *name == LEARNING_RATE_SCALAR)
+        .map(|&(_, v)| v)
+}
+
 /// Counts at which the scalars of a rule are checked against the rebuilt ones.
 const CHECK_COUNTS: [i32; 5] = [1, 2, 7, 1000, i32::MAX];
 
@@ -45,6 +63,8 @@ pub struct NotAGraph(pub String);
 enum Scalar<A> {
     /// The same value at every count.
     Fixed(A),
+    /// The same value at every count, passed at run time (the learning rate).
+    Argument,
     /// `1 / (1 - round(base^t))`.
     InverseBiasCorrection { base: A },
 }
@@ -68,7 +88,11 @@ fn scalars<A: FloatElement>(rule: &dyn UpdateRule<A>) -> Result<Vec<Scalar<A>>, 
                 .is_some_and(|&(_, v)| v.to_bits_eq(value))
         });
         if same {
-            out.push(Scalar::Fixed(value));
+            out.push(if name == LEARNING_RATE_SCALAR {
+                Scalar::Argument
+            } else {
+                Scalar::Fixed(value)
+            });
             continue;
         }
         // The bias corrections of Adam and AdamW name their base `b1`/`b2`.
@@ -136,10 +160,14 @@ pub fn build_update_graph<A: FloatElement + Element>(
     let count = b.parameter(TensorType::scalar(DType::I32));
     let one = b.scalar(dtype, 1.0);
     let mut t64 = None;
+    let mut argument = None;
     let mut consts = Vec::with_capacity(scalars.len());
     for s in &scalars {
         consts.push(match *s {
             Scalar::Fixed(v) => b.scalar(dtype, v.as_f64()),
+            Scalar::Argument => {
+                *argument.get_or_insert_with(|| b.parameter(TensorType::scalar(dtype)))
+            }
             Scalar::InverseBiasCorrection { base } => {
                 let t = *t64
                     .get_or_insert_with(|| b.node(crate::xla::Op::Convert(DType::F64), &[count]));

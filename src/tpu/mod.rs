@@ -7,9 +7,10 @@
 //!   kernel (Adam: one kernel that reads params, grads, `mu` and `nu` once
 //!   and writes params, `mu` and `nu` once). The compiled program is keyed
 //!   by (shape, dtype, optimizer kind and hyper-parameters) in a bounded LRU
-//!   cache; the step count is a program input, so every step of a run hits
-//!   the cache. An optimizer without a rule runs as a custom call to its
-//!   own `step`.
+//!   cache; the step count and the learning rate are program inputs, so
+//!   every step of a run hits the cache, learning-rate schedules included
+//!   (the other hyper-parameters are compiled in). An optimizer without a
+//!   rule runs as a custom call to its own `step`.
 //! * **State in the world.** Moments and the step count are entities
 //!   ([`state::OptimizerSlot`], [`state::OptimizerCount`]) in the
 //!   optimizer's own `World`, updated in place by the compiled program, so
@@ -283,6 +284,9 @@ pub struct TPUOptimizer<O, A = f32> {
     /// Cached queries (building a query state costs more than a small step).
     counts: QueryState<(Entity, &'static mut OptimizerCount)>,
     slots: QueryState<&'static mut OptimizerSlot>,
+    /// The base's learning rate (bits) and the run-time learning-rate
+    /// scalar its rule applies (`None`: the rule has none, or no rule).
+    learning_rate: Option<(u64, Option<A>)>,
     _element: PhantomData<fn() -> A>,
 }
 
@@ -414,6 +418,7 @@ where
             devices,
             cache,
             profile: TpuProfile::default(),
+            learning_rate: None,
             _element: PhantomData,
         }
     }
@@ -482,7 +487,8 @@ where
     }
 
     /// One step: the new params. Compiles on the first step of a shape
-    /// (and after a hyper-parameter change), then reuses the program.
+    /// (and after a change of a hyper-parameter other than the learning
+    /// rate), then reuses the program.
     pub fn tpu_step<D: Dimension>(
         &mut self,
         params: &Array<A, D>,
@@ -568,6 +574,23 @@ where
         hbm::rebuild_heaps(world)
     }
 
+    /// The rule's run-time learning-rate scalar, recomputed only when the
+    /// base's learning rate changes.
+    fn learning_rate_scalar(&mut self) -> Option<A> {
+        let bits = self.base.learning_rate().as_f64().to_bits();
+        match self.learning_rate {
+            Some((b, v)) if b == bits => v,
+            _ => {
+                let v = self
+                    .base
+                    .update_rule()
+                    .and_then(|r| graph::learning_rate_scalar(r));
+                self.learning_rate = Some((bits, v));
+                v
+            }
+        }
+    }
+
     fn count_state(&mut self) -> Option<(Entity, OptimizerCount)> {
         self.counts
             .iter(self.place.world())
@@ -577,6 +600,8 @@ where
 
     /// The compiled program for `shape` (from the cache or compiled now).
     fn program(&mut self, shape: &[usize]) -> Result<(Arc<Runtime>, u64, bool)> {
+        // A learning rate passed at run time is not part of the program.
+        let lr_at_run_time = self.learning_rate_scalar().is_some();
         let rule = self.base.update_rule();
         let key = ProgramKey {
             shape: shape.to_vec(),
@@ -585,6 +610,7 @@ where
             hyper: rule.map_or_else(Vec::new, |r| {
                 r.hyper_parameters()
                     .iter()
+                    .filter(|h| !(lr_at_run_time && h.name == "learning_rate"))
                     .map(|h| (h.name, h.value.to_bits()))
                     .collect()
             }),
@@ -716,7 +742,8 @@ where
         }
         let reservation = self.reserve(heap_bytes, &runtime.executable().name)?;
         let started = Instant::now();
-        let result = self.run(&runtime, params, grads, compiled_rule, next_count);
+        let neg_lr = self.learning_rate_scalar();
+        let result = self.run(&runtime, params, grads, compiled_rule, next_count, neg_lr);
         let seconds = started.elapsed().as_secs_f64();
         self.release(reservation)?;
         let out = result?;
@@ -739,6 +766,7 @@ where
         grads: Arg<'_>,
         compiled_rule: bool,
         next_count: i32,
+        neg_lr: Option<A>,
     ) -> Result<RunOutput> {
         let TPUOptimizer {
             base,
@@ -778,6 +806,12 @@ where
             DType::I32,
             f64::from(next_count),
         )));
+        if let Some(neg_lr) = neg_lr {
+            args.push(Arg::owned(Tensor::scalar(
+                <A as Element>::DTYPE,
+                neg_lr.as_f64(),
+            )));
+        }
         let outs = runtime.run(args, &mut handler)?;
         let mut outs = outs.into_iter();
         let first = outs.next().ok_or_else(|| OptimError::InvalidState {
