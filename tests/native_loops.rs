@@ -1,6 +1,7 @@
 //! Native fused loops (`exec::native`, through `exec::runtime::Runtime`)
 //! against the chunk interpreter and the reference evaluator: random
-//! elementwise bodies of the native op set, lengths that leave every tail,
+//! elementwise bodies of the native op set over `f32` and `f64` values
+//! (converted into each other), lengths that leave every tail,
 //! and inputs full of the values where float semantics differ (NaN, ±0,
 //! ±inf, subnormals).
 
@@ -8,7 +9,7 @@ use bevy_ecs::prelude::*;
 use ndarray::{ArrayD, IxDyn};
 use optirs_tpu::exec::kernels::Tensor;
 use optirs_tpu::exec::runtime::{Arg, NoCustomCalls, RunOutput, Runtime};
-use optirs_tpu::xla::{self, BinaryOp, CompareDir, DType, GraphBuilder, TensorType, UnaryOp};
+use optirs_tpu::xla::{self, BinaryOp, CompareDir, DType, GraphBuilder, Op, TensorType, UnaryOp};
 use proptest::prelude::*;
 
 fn cases(default: u32) -> u32 {
@@ -71,11 +72,16 @@ enum Step {
     Select(usize, usize, usize, usize, usize),
     Not(usize, usize, usize, usize, usize),
     AndOr(bool, usize, usize, usize, usize, usize, usize),
+    /// Converts a value of this pool to the other float type.
+    Convert(usize),
 }
 
-fn step() -> impl Strategy<Value = Step> {
+/// A step on one of the two float pools (`true`: the recipe's dtype).
+type PoolStep = (bool, Step);
+
+fn step() -> impl Strategy<Value = PoolStep> {
     let i = || 0usize..64;
-    prop_oneof![
+    let op = prop_oneof![
         1 => any::<bool>().prop_map(Step::Parameter),
         1 => (0usize..SPECIAL.len()).prop_map(Step::Scalar),
         3 => (0usize..UNARY.len(), i()).prop_map(|(o, a)| Step::Unary(o, a)),
@@ -86,15 +92,18 @@ fn step() -> impl Strategy<Value = Step> {
             .prop_map(|(c, a, b, t, f)| Step::Not(c, a, b, t, f)),
         1 => (any::<bool>(), 0usize..DIRS.len(), i(), i(), i(), i(), i())
             .prop_map(|(and, c, a, b, d, t, f)| Step::AndOr(and, c, a, b, d, t, f)),
-    ]
+        2 => i().prop_map(Step::Convert),
+    ];
+    // Mostly the main pool, so most bodies are one type with some mixing.
+    (prop::bool::weighted(0.75), op)
 }
 
 #[derive(Debug, Clone)]
 struct Recipe {
     dtype: DType,
     len: usize,
-    steps: Vec<Step>,
-    outputs: Vec<usize>,
+    steps: Vec<PoolStep>,
+    outputs: Vec<(bool, usize)>,
 }
 
 fn recipe() -> impl Strategy<Value = Recipe> {
@@ -102,7 +111,7 @@ fn recipe() -> impl Strategy<Value = Recipe> {
         prop_oneof![Just(DType::F32), Just(DType::F64)],
         1usize..70,
         proptest::collection::vec(step(), 1..30),
-        proptest::collection::vec(0usize..64, 1..4),
+        proptest::collection::vec((any::<bool>(), 0usize..64), 1..4),
     )
         .prop_map(|(dtype, len, steps, outputs)| Recipe {
             dtype,
@@ -112,63 +121,89 @@ fn recipe() -> impl Strategy<Value = Recipe> {
         })
 }
 
-/// Builds the recipe: values of the loop shape (parameters and results)
-/// and scalar constants; every result is elementwise.
+/// One float type's values: all of them (loop-shaped and scalar) and the
+/// loop-shaped ones.
+#[derive(Default)]
+struct Pool {
+    values: Vec<Entity>,
+    loop_values: Vec<Entity>,
+}
+
+/// Builds the recipe over two pools, the recipe's dtype and the other
+/// float type: values of the loop shape (parameters and results) and
+/// scalar constants; every result is elementwise.
 fn build(world: &mut World, r: &Recipe) -> (Entity, Vec<TensorType>) {
+    let other = if r.dtype == DType::F32 {
+        DType::F64
+    } else {
+        DType::F32
+    };
     let mut b = GraphBuilder::new(world, "native");
-    let full = TensorType::new(r.dtype, [r.len]);
-    let mut params = vec![full.clone()];
-    let mut values = vec![b.parameter(full.clone())];
-    // Loop-shaped values only, so every op is in the loop body.
-    let mut loop_values = vec![values[0]];
-    for s in &r.steps {
-        let pick = |i: usize| values[i % values.len()];
-        let pick_loop = |i: usize| loop_values[i % loop_values.len()];
-        let v = match *s {
+    let mut params = Vec::new();
+    let mut pools = [Pool::default(), Pool::default()];
+    for (k, dtype) in [r.dtype, other].into_iter().enumerate() {
+        let full = TensorType::new(dtype, [r.len]);
+        let e = b.parameter(full.clone());
+        params.push(full);
+        pools[k].values.push(e);
+        pools[k].loop_values.push(e);
+    }
+    for (main, s) in &r.steps {
+        let k = usize::from(!main);
+        let dtype = [r.dtype, other][k];
+        let pool = &pools[k];
+        let pick = |i: usize| pool.values[i % pool.values.len()];
+        let pick_loop = |i: usize| pool.loop_values[i % pool.loop_values.len()];
+        let (into, v) = match *s {
             Step::Parameter(scalar) => {
                 let t = if scalar {
-                    TensorType::new(r.dtype, Vec::<usize>::new())
+                    TensorType::new(dtype, Vec::<usize>::new())
                 } else {
-                    full.clone()
+                    TensorType::new(dtype, [r.len])
                 };
                 params.push(t.clone());
                 let e = b.parameter(t);
-                values.push(e);
+                pools[k].values.push(e);
                 if !scalar {
-                    loop_values.push(e);
+                    pools[k].loop_values.push(e);
                 }
                 continue;
             }
-            Step::Scalar(k) => {
-                let t = TensorType::new(r.dtype, Vec::<usize>::new());
-                let e = b.constant(Tensor::from_f64s(&t, &[SPECIAL[k]]).unwrap());
-                values.push(e);
+            Step::Scalar(c) => {
+                let t = TensorType::new(dtype, Vec::<usize>::new());
+                let e = b.constant(Tensor::from_f64s(&t, &[SPECIAL[c]]).unwrap());
+                pools[k].values.push(e);
                 continue;
             }
-            Step::Unary(o, a) => b.unary(UNARY[o], pick_loop(a)),
-            Step::Binary(o, a, c) => b.binary(BINARY[o], pick_loop(a), pick(c)),
+            Step::Unary(o, a) => (k, b.unary(UNARY[o], pick_loop(a))),
+            Step::Binary(o, a, c) => (k, b.binary(BINARY[o], pick_loop(a), pick(c))),
             Step::Select(c, a, d, t, f) => {
                 let p = b.compare(DIRS[c], pick_loop(a), pick(d));
-                b.select(p, pick_loop(t), pick_loop(f))
+                (k, b.select(p, pick_loop(t), pick_loop(f)))
             }
             Step::Not(c, a, d, t, f) => {
                 let p = b.compare(DIRS[c], pick_loop(a), pick(d));
                 let n = b.unary(UnaryOp::Not, p);
-                b.select(n, pick_loop(t), pick_loop(f))
+                (k, b.select(n, pick_loop(t), pick_loop(f)))
             }
             Step::AndOr(and, c, a, d, e, t, f) => {
                 let p = b.compare(DIRS[c], pick_loop(a), pick(d));
                 let q = b.compare(DIRS[(c + 1) % DIRS.len()], pick_loop(e), pick(a));
                 let op = if and { BinaryOp::And } else { BinaryOp::Or };
                 let pq = b.binary(op, p, q);
-                b.select(pq, pick_loop(t), pick_loop(f))
+                (k, b.select(pq, pick_loop(t), pick_loop(f)))
             }
+            Step::Convert(a) => (
+                1 - k,
+                b.node(Op::Convert([r.dtype, other][1 - k]), &[pick_loop(a)]),
+            ),
         };
-        values.push(v);
-        loop_values.push(v);
+        pools[into].values.push(v);
+        pools[into].loop_values.push(v);
     }
-    for &o in &r.outputs {
-        b.output(loop_values[o % loop_values.len()]);
+    for &(main, o) in &r.outputs {
+        let pool = &pools[usize::from(!main)];
+        b.output(pool.loop_values[o % pool.loop_values.len()]);
     }
     (b.finish(), params)
 }
@@ -317,4 +352,39 @@ fn max_and_min_keep_the_kernels_rules_for_nan_and_signed_zero() {
         native[0].bitwise_eq(&interpreted[0]),
         "{native:?} vs {interpreted:?}"
     );
+}
+
+/// Every optimizer's compiled update is one native loop, in `f32` (RMSProp
+/// and Adagrad convert to `f64` for a correctly rounded `1/sqrt`) and `f64`.
+#[test]
+fn every_optimizer_update_runs_as_native_code() {
+    use optirs_tpu::optimizer::{FloatElement, UpdateRule};
+    use optirs_tpu::optimizers::{Adagrad, Adam, AdamW, Momentum, Nesterov, RMSProp, SGD};
+    use optirs_tpu::tpu::graph::build_update_graph;
+
+    fn check<A: FloatElement + optirs_tpu::exec::runtime::Element>(
+        rules: Vec<Box<dyn UpdateRule<A>>>,
+    ) {
+        for rule in rules {
+            let mut world = xla::compiler_world();
+            let program = build_update_graph(&mut world, rule.as_ref(), &[1000]).unwrap();
+            let exe = xla::compile(&mut world, program).unwrap().executable;
+            let loops = Runtime::new(exe).native_loops();
+            assert!(
+                loops.iter().flatten().count() >= 1 && loops.iter().flatten().all(Result::is_ok),
+                "{}: {loops:?}",
+                rule.update_kind()
+            );
+        }
+    }
+    check::<f32>(vec![
+        Box::new(SGD::new(0.1)),
+        Box::new(Momentum::new(0.1, 0.9)),
+        Box::new(Nesterov::new(0.1, 0.9)),
+        Box::new(Adam::new(0.1)),
+        Box::new(AdamW::new(0.1, 0.01)),
+        Box::new(RMSProp::new(0.1)),
+        Box::new(Adagrad::new(0.1)),
+    ]);
+    check::<f64>(vec![Box::new(Adam::new(0.1)), Box::new(RMSProp::new(0.1))]);
 }

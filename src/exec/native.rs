@@ -32,13 +32,15 @@ use std::sync::{Arc, OnceLock};
 
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{
-    AbiParam, BlockArg, Endianness, InstBuilder, MemFlagsData, Type, UserFuncName, Value, types,
+    AbiParam, BlockArg, ConstantData, Endianness, InstBuilder, MemFlagsData, Type, UserFuncName,
+    Value, types,
 };
 use cranelift_codegen::isa::{OwnedTargetIsa, TargetFrontendConfig};
 use cranelift_codegen::settings::{self, Configurable};
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
 use cranelift_jit::{JITBuilder, JITModule};
 use cranelift_module::{Linkage, Module, default_libcall_names};
+use smallvec::{SmallVec, smallvec};
 
 use crate::xla::executable::{Arg as InstrArg, LoweredKernel, Stage};
 use crate::xla::{BinaryOp, CompareDir, DType, Op, TensorType, UnaryOp};
@@ -172,7 +174,7 @@ fn host_isa() -> Option<&'static OwnedTargetIsa> {
 /// Vectors per iteration of the main loop.
 const UNROLL: i64 = 2;
 
-/// The element type a native body computes in.
+/// A float type a native body computes in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Float {
     F32,
@@ -195,6 +197,7 @@ impl Float {
         }
     }
 
+    /// The 128-bit vector of this float.
     fn vector(self) -> Type {
         match self {
             Float::F32 => types::F32X4,
@@ -218,41 +221,66 @@ impl Float {
     }
 }
 
-/// Checks that a fused loop's body is in the native set and returns its
-/// float type, or why it is not.
-fn native_type(kernel: &LoweredKernel, input_types: &[TensorType]) -> Result<Float, String> {
-    let mut float: Option<Float> = None;
-    let mut unify = |d: DType| -> Result<(), String> {
-        let f = Float::of(d).ok_or_else(|| format!("{d} values"))?;
-        match float {
-            Some(g) if g != f => Err("mixed float types".into()),
-            _ => {
-                float = Some(f);
-                Ok(())
+/// A fused loop's body as the code generator sees it.
+struct Body {
+    /// Elements per vector step: 4 when any value is `f32`, else 2; an
+    /// `f64` value then spans two vectors ("parts").
+    lanes: i64,
+    /// Per instruction: the float of its value, or of the operands it
+    /// compared (for predicate masks).
+    floats: Vec<Option<Float>>,
+}
+
+impl Body {
+    fn parts(&self, f: Float) -> usize {
+        (self.lanes / f.lanes()) as usize
+    }
+}
+
+/// Checks that a fused loop's body is in the native set and types every
+/// value, or says why it is not.
+fn analyze(kernel: &LoweredKernel, input_types: &[TensorType]) -> Result<Body, String> {
+    let mut floats: Vec<Option<Float>> = vec![None; kernel.instrs.len()];
+    let mut any_f32 = false;
+    // The float and kind (`true`: mask) of an operand.
+    let operand = |floats: &[Option<Float>], a: &InstrArg| -> Result<(Float, bool), String> {
+        let (d, f) = match *a {
+            InstrArg::Input(i) => (input_types[i as usize].dtype, None),
+            InstrArg::Local(l) => {
+                let src = &kernel.instrs[l as usize];
+                let f = (src.stage == Stage::Loop)
+                    .then(|| floats[l as usize])
+                    .flatten();
+                (src.ty.dtype, f)
             }
+        };
+        match (d, f) {
+            (DType::Pred, Some(f)) => Ok((f, true)),
+            _ => Float::of(d)
+                .map(|f| (f, false))
+                .ok_or_else(|| format!("{d} values")),
         }
     };
-    let is_pred = |a: &InstrArg| match *a {
-        InstrArg::Input(i) => input_types[i as usize].dtype == DType::Pred,
-        InstrArg::Local(l) => kernel.instrs[l as usize].ty.dtype == DType::Pred,
-    };
-    for instr in kernel.instrs.iter().filter(|i| i.stage == Stage::Loop) {
-        for a in &instr.args {
-            let d = match *a {
-                InstrArg::Input(i) => input_types[i as usize].dtype,
-                InstrArg::Local(l) => {
-                    let src = &kernel.instrs[l as usize];
-                    if src.stage == Stage::Loop && src.ty.dtype == DType::Pred {
-                        continue;
-                    }
-                    src.ty.dtype
-                }
-            };
-            unify(d)?;
+    for (j, instr) in kernel.instrs.iter().enumerate() {
+        if instr.stage != Stage::Loop {
+            continue;
         }
-        let pred_args = instr.args.iter().filter(|a| is_pred(a)).count();
-        let ok = match &instr.op {
-            Op::Unary(UnaryOp::Not) => pred_args == 1,
+        let args = instr
+            .args
+            .iter()
+            .map(|a| operand(&floats, a))
+            .collect::<Result<Vec<_>, _>>()?;
+        let float = |k: usize| match args.get(k) {
+            Some(&(f, false)) => Some(f),
+            _ => None,
+        };
+        let mask = |k: usize| match args.get(k) {
+            Some(&(f, true)) => Some(f),
+            _ => None,
+        };
+        let same = |a: Option<Float>, b: Option<Float>| a.filter(|_| a == b);
+        let result = match &instr.op {
+            Op::Unary(UnaryOp::Not) => mask(0),
             Op::Unary(
                 UnaryOp::Neg
                 | UnaryOp::Abs
@@ -261,8 +289,8 @@ fn native_type(kernel: &LoweredKernel, input_types: &[TensorType]) -> Result<Flo
                 | UnaryOp::Floor
                 | UnaryOp::Ceil
                 | UnaryOp::Sign,
-            ) => pred_args == 0,
-            Op::Binary(BinaryOp::And | BinaryOp::Or) => pred_args == 2,
+            ) => float(0),
+            Op::Binary(BinaryOp::And | BinaryOp::Or) => same(mask(0), mask(1)),
             Op::Binary(
                 BinaryOp::Add
                 | BinaryOp::Sub
@@ -270,18 +298,22 @@ fn native_type(kernel: &LoweredKernel, input_types: &[TensorType]) -> Result<Flo
                 | BinaryOp::Div
                 | BinaryOp::Max
                 | BinaryOp::Min,
-            ) => pred_args == 0,
-            Op::Compare(_) => pred_args == 0,
-            Op::Select => pred_args == 1 && is_pred(&instr.args[0]),
-            Op::Convert(d) => pred_args == 0 && Float::of(*d).is_some(),
+            )
+            | Op::Compare(_) => same(float(0), float(1)),
+            Op::Select => same(mask(0), same(float(1), float(2))),
+            Op::Convert(d) => float(0).and(Float::of(*d)),
             op => return Err(format!("{op} has no native form")),
         };
-        if !ok {
-            return Err(format!("{} on these operand types", instr.op));
+        let result = result.ok_or_else(|| format!("{} on these operand types", instr.op))?;
+        let is_mask = matches!(
+            instr.op,
+            Op::Compare(_) | Op::Unary(UnaryOp::Not) | Op::Binary(BinaryOp::And | BinaryOp::Or)
+        );
+        if !is_mask && Float::of(instr.ty.dtype) != Some(result) {
+            return Err(format!("{} gives {}", instr.op, instr.ty.dtype));
         }
-        if instr.ty.dtype != DType::Pred {
-            unify(instr.ty.dtype)?;
-        }
+        any_f32 |= result == Float::F32 || args.iter().any(|&(f, _)| f == Float::F32);
+        floats[j] = Some(result);
     }
     for &(i, _) in &kernel.outputs {
         let instr = &kernel.instrs[i as usize];
@@ -289,11 +321,12 @@ fn native_type(kernel: &LoweredKernel, input_types: &[TensorType]) -> Result<Flo
             return Err("a pred output".into());
         }
     }
-    float.ok_or_else(|| "no float values".into())
+    Ok(Body {
+        lanes: if any_f32 { 4 } else { 2 },
+        floats,
+    })
 }
 
-/// Compiles every fused loop it can; `loops[k]` is `None` for kernels that
-/// are not fused loops or not in the native set (see [`NativeLoops::reasons`]).
 #[derive(Debug, Default)]
 pub(crate) struct NativeLoops {
     pub(crate) loops: Vec<Option<NativeLoop>>,
@@ -324,8 +357,8 @@ pub(crate) fn compile(kernels: &[Option<(&LoweredKernel, Vec<TensorType>)>]) -> 
         let Some((kernel, input_types)) = kernel else {
             continue;
         };
-        let float = match native_type(kernel, input_types) {
-            Ok(f) => f,
+        let body = match analyze(kernel, input_types) {
+            Ok(body) => body,
             Err(why) => {
                 out.reasons[k] = Some(why);
                 continue;
@@ -349,7 +382,7 @@ pub(crate) fn compile(kernels: &[Option<(&LoweredKernel, Vec<TensorType>)>]) -> 
             FunctionBuilder::new(&mut ctx.func, &mut fctx),
             kernel,
             input_types,
-            float,
+            &body,
             table,
             config,
         );
@@ -392,26 +425,30 @@ pub(crate) fn compile(kernels: &[Option<(&LoweredKernel, Vec<TensorType>)>]) -> 
     out
 }
 
-/// A body value: a float (vector or scalar) or a predicate mask (lanes of
-/// all ones / zeros for vectors, 0 / 1 in an `i8` for scalars).
-#[derive(Clone, Copy)]
+/// A body value over one step: a float (one vector per part, or one
+/// scalar in the tail) or a predicate mask of a float's width (lanes of all
+/// ones / zeros for vectors, 0 / 1 in an `i8` for scalars).
+#[derive(Clone)]
 enum V {
-    Float(Value),
-    Mask(Value),
+    Float(Float, SmallVec<[Value; 2]>),
+    Mask(SmallVec<[Value; 2]>),
 }
 
 /// Hoisted operands: base addresses of streams and loaded scalars.
 struct Hoisted {
-    /// Per table entry: base address (streams) or the scalar and its splat.
+    /// Per table entry: the base address of a stream.
     base: Vec<Option<Value>>,
-    scalar: Vec<Option<(Value, Value)>>,
+    /// Per table entry: a scalar, its splat, and its float.
+    scalar: Vec<Option<(Value, Value, Float)>>,
+    /// Per table entry: the float of a stream.
+    float: Vec<Option<Float>>,
 }
 
 fn build_loop(
     mut fb: FunctionBuilder<'_>,
     kernel: &LoweredKernel,
     input_types: &[TensorType],
-    float: Float,
+    body: &Body,
     table: Table,
     config: TargetFrontendConfig,
 ) {
@@ -440,20 +477,28 @@ fn build_loop(
     let mut hoisted = Hoisted {
         base: vec![None; entries],
         scalar: vec![None; entries],
+        float: vec![None; entries],
     };
-    let scalar_of = |a: &InstrArg| -> Option<(usize, bool)> {
+    // (table entry, whether it is a scalar, its dtype) of a non-body operand.
+    let source = |a: &InstrArg| -> Option<(usize, bool, DType)> {
         match *a {
-            InstrArg::Input(i) => Some((table.input(i), input_types[i as usize].dims.is_empty())),
-            InstrArg::Local(l) if kernel.instrs[l as usize].stage == Stage::Prelude => Some((
-                table.prelude(l),
-                kernel.instrs[l as usize].ty.dims.is_empty(),
-            )),
+            InstrArg::Input(i) => {
+                let t = &input_types[i as usize];
+                Some((table.input(i), t.dims.is_empty(), t.dtype))
+            }
+            InstrArg::Local(l) if kernel.instrs[l as usize].stage == Stage::Prelude => {
+                let t = &kernel.instrs[l as usize].ty;
+                Some((table.prelude(l), t.dims.is_empty(), t.dtype))
+            }
             InstrArg::Local(_) => None,
         }
     };
     for instr in kernel.instrs.iter().filter(|i| i.stage == Stage::Loop) {
         for a in &instr.args {
-            let Some((slot, scalar)) = scalar_of(a) else {
+            let Some((slot, scalar, dtype)) = source(a) else {
+                continue;
+            };
+            let Some(float) = Float::of(dtype) else {
                 continue;
             };
             if hoisted.base[slot].is_some() || hoisted.scalar[slot].is_some() {
@@ -463,23 +508,26 @@ fn build_loop(
             if scalar {
                 let s = b.ins().load(float.scalar(), flags, addr, 0);
                 let v = b.ins().splat(float.vector(), s);
-                hoisted.scalar[slot] = Some((s, v));
+                hoisted.scalar[slot] = Some((s, v, float));
             } else {
                 hoisted.base[slot] = Some(addr);
+                hoisted.float[slot] = Some(float);
             }
         }
     }
     for (o, &(i, _)) in kernel.outputs.iter().enumerate() {
-        if kernel.instrs[i as usize].stage == Stage::Loop {
+        let instr = &kernel.instrs[i as usize];
+        if instr.stage == Stage::Loop {
             let slot = table.output(o);
             hoisted.base[slot] = Some(b.ins().load(ptr, flags, tab, (slot * 8) as i32));
+            hoisted.float[slot] = Float::of(instr.ty.dtype);
         }
     }
     b.ins().jump(uhead, &[BlockArg::Value(lo)]);
 
-    // Unrolled vector loop: while i + UNROLL * lanes <= hi. Two vectors per
+    // Unrolled vector loop: while i + UNROLL * lanes <= hi. Two steps per
     // iteration halve the loop overhead, which a one-op body (SGD) feels.
-    let step = float.lanes() * UNROLL;
+    let step = body.lanes * UNROLL;
     b.switch_to_block(uhead);
     let i = b.block_params(uhead)[0];
     let next = b.ins().iadd_imm_u(i, step);
@@ -497,17 +545,17 @@ fn build_loop(
         let at = if u == 0 {
             i
         } else {
-            b.ins().iadd_imm_u(i, u * float.lanes())
+            b.ins().iadd_imm_u(i, u * body.lanes)
         };
-        emit_body(b, kernel, float, table, &hoisted, at, true, flags);
+        emit_step(b, kernel, body, table, &hoisted, at, true, flags);
     }
     let next = b.ins().iadd_imm_u(i, step);
     b.ins().jump(uhead, &[BlockArg::Value(next)]);
 
-    // Vector loop for what is left: while i + lanes <= hi.
+    // One vector step at a time for what is left: while i + lanes <= hi.
     b.switch_to_block(vhead);
     let i = b.block_params(vhead)[0];
-    let next = b.ins().iadd_imm_u(i, float.lanes());
+    let next = b.ins().iadd_imm_u(i, body.lanes);
     let more = b.ins().icmp(IntCC::UnsignedLessThanOrEqual, next, hi);
     b.ins().brif(
         more,
@@ -518,8 +566,8 @@ fn build_loop(
     );
     b.switch_to_block(vbody);
     let i = b.block_params(vbody)[0];
-    emit_body(b, kernel, float, table, &hoisted, i, true, flags);
-    let next = b.ins().iadd_imm_u(i, float.lanes());
+    emit_step(b, kernel, body, table, &hoisted, i, true, flags);
+    let next = b.ins().iadd_imm_u(i, body.lanes);
     b.ins().jump(vhead, &[BlockArg::Value(next)]);
 
     // Scalar tail: while i < hi.
@@ -529,7 +577,7 @@ fn build_loop(
     b.ins().brif(more, tbody, &[BlockArg::Value(i)], exit, &[]);
     b.switch_to_block(tbody);
     let i = b.block_params(tbody)[0];
-    emit_body(b, kernel, float, table, &hoisted, i, false, flags);
+    emit_step(b, kernel, body, table, &hoisted, i, false, flags);
     let next = b.ins().iadd_imm_u(i, 1);
     b.ins().jump(thead, &[BlockArg::Value(next)]);
 
@@ -539,105 +587,318 @@ fn build_loop(
     fb.finalize(config);
 }
 
-/// Emits one iteration: every loop instruction at element `i` (a vector of
-/// lanes from `i`, or the one element), then every output's store.
+/// Emits one step at element `i` (`body.lanes` elements, or the one element
+/// of the tail): every loop instruction, then every output's stores. Each
+/// operand is loaded once, before any store.
 #[allow(clippy::too_many_arguments, reason = "one call site, all distinct")]
-fn emit_body(
+fn emit_step(
     b: &mut FunctionBuilder<'_>,
     kernel: &LoweredKernel,
-    float: Float,
+    body: &Body,
     table: Table,
     hoisted: &Hoisted,
     i: Value,
     vector: bool,
     flags: MemFlagsData,
 ) {
-    let ty = if vector {
-        float.vector()
-    } else {
-        float.scalar()
+    let cx = Cx { vector };
+    // Byte offset of element `i` in an array of each float.
+    let off32 = b.ins().ishl_imm_u(i, Float::F32.shift());
+    let off64 = b.ins().ishl_imm_u(i, Float::F64.shift());
+    let offset = |f: Float| match f {
+        Float::F32 => off32,
+        Float::F64 => off64,
     };
-    let off = b.ins().ishl_imm_u(i, float.shift());
     let mut values: Vec<Option<V>> = vec![None; kernel.instrs.len()];
-    let mut loaded: Vec<Option<Value>> = vec![None; hoisted.base.len()];
+    let mut loaded: Vec<Option<V>> = vec![None; hoisted.base.len()];
     let mut operand = |b: &mut FunctionBuilder<'_>, values: &[Option<V>], a: &InstrArg| -> V {
         let slot = match *a {
             InstrArg::Input(i) => table.input(i),
-            InstrArg::Local(l) => match values[l as usize] {
-                Some(v) => return v,
+            InstrArg::Local(l) => match &values[l as usize] {
+                Some(v) => return v.clone(),
                 None => table.prelude(l),
             },
         };
-        if let Some((s, v)) = hoisted.scalar[slot] {
-            return V::Float(if vector { v } else { s });
+        if let Some((s, v, f)) = hoisted.scalar[slot] {
+            let parts = if vector { body.parts(f) } else { 1 };
+            return V::Float(f, smallvec![if vector { v } else { s }; parts]);
         }
-        if let Some(v) = loaded[slot] {
-            return V::Float(v);
+        if let Some(v) = &loaded[slot] {
+            return v.clone();
         }
         let base = hoisted.base[slot].expect("every operand's address is hoisted");
-        let addr = b.ins().iadd(base, off);
-        let v = b.ins().load(ty, flags, addr, 0);
-        loaded[slot] = Some(v);
-        V::Float(v)
+        let f = hoisted.float[slot].expect("every stream has a float");
+        let addr = b.ins().iadd(base, offset(f));
+        let v = if vector {
+            (0..body.parts(f))
+                .map(|p| b.ins().load(f.vector(), flags, addr, (p * 16) as i32))
+                .collect()
+        } else {
+            smallvec![b.ins().load(f.scalar(), flags, addr, 0)]
+        };
+        let v = V::Float(f, v);
+        loaded[slot] = Some(v.clone());
+        v
     };
     for (j, instr) in kernel.instrs.iter().enumerate() {
         if instr.stage != Stage::Loop {
             continue;
         }
         let args: Vec<V> = instr.args.iter().map(|a| operand(b, &values, a)).collect();
-        values[j] = Some(emit_op(b, &instr.op, &args, ty, vector));
+        let f = body.floats[j].expect("analyze typed every body value");
+        values[j] = Some(cx.op(b, &instr.op, &args, f));
     }
     for (o, &(i, _)) in kernel.outputs.iter().enumerate() {
-        if let Some(V::Float(v)) = values[i as usize] {
+        if let Some(V::Float(f, parts)) = &values[i as usize] {
             let base = hoisted.base[table.output(o)].expect("output address hoisted");
-            let addr = b.ins().iadd(base, off);
-            b.ins().store(flags, v, addr, 0);
+            let addr = b.ins().iadd(base, offset(*f));
+            for (p, &v) in parts.iter().enumerate() {
+                b.ins().store(flags, v, addr, (p * 16) as i32);
+            }
         }
     }
 }
 
-fn float_of(v: V) -> Value {
-    match v {
-        V::Float(v) => v,
-        V::Mask(_) => unreachable!("native_type admits masks only where masks are read"),
-    }
-}
-
-fn mask_of(v: V) -> Value {
-    match v {
-        V::Mask(m) => m,
-        V::Float(_) => unreachable!("native_type admits floats only where floats are read"),
-    }
-}
-
-/// `mask ? x : y`, lane by lane.
-fn choose(
-    b: &mut FunctionBuilder<'_>,
-    ty: Type,
+/// Emission context of one step: vector or scalar.
+struct Cx {
     vector: bool,
-    mask: Value,
-    x: Value,
-    y: Value,
-) -> Value {
-    if vector {
-        let m = b.ins().bitcast(
-            ty,
-            MemFlagsData::new().with_endianness(Endianness::Little),
-            mask,
-        );
-        b.ins().bitselect(m, x, y)
-    } else {
-        b.ins().select(mask, x, y)
+}
+
+fn floats_of(v: &V) -> &[Value] {
+    match v {
+        V::Float(_, parts) => parts,
+        V::Mask(_) => unreachable!("analyze admits masks only where masks are read"),
     }
 }
 
-fn constant(b: &mut FunctionBuilder<'_>, ty: Type, vector: bool, x: f64) -> Value {
-    let s = if ty.lane_type() == types::F32 {
-        b.ins().f32const(x as f32)
-    } else {
-        b.ins().f64const(x)
-    };
-    if vector { b.ins().splat(ty, s) } else { s }
+fn masks_of(v: &V) -> &[Value] {
+    match v {
+        V::Mask(parts) => parts,
+        V::Float(..) => unreachable!("analyze admits floats only where floats are read"),
+    }
+}
+
+impl Cx {
+    /// The type of one part of a value of float `f`.
+    fn ty(&self, f: Float) -> Type {
+        if self.vector { f.vector() } else { f.scalar() }
+    }
+
+    /// `mask ? x : y`, lane by lane.
+    fn choose(
+        &self,
+        b: &mut FunctionBuilder<'_>,
+        ty: Type,
+        mask: Value,
+        x: Value,
+        y: Value,
+    ) -> Value {
+        if self.vector {
+            let m = b.ins().bitcast(
+                ty,
+                MemFlagsData::new().with_endianness(Endianness::Little),
+                mask,
+            );
+            b.ins().bitselect(m, x, y)
+        } else {
+            b.ins().select(mask, x, y)
+        }
+    }
+
+    fn constant(&self, b: &mut FunctionBuilder<'_>, ty: Type, x: f64) -> Value {
+        let s = if ty.lane_type() == types::F32 {
+            b.ins().f32const(x as f32)
+        } else {
+            b.ins().f64const(x)
+        };
+        if self.vector { b.ins().splat(ty, s) } else { s }
+    }
+
+    /// The kernels' `max`/`min`: a NaN `y` wins, then a NaN `x`, then the
+    /// comparison (`x` on ties, so `max(-0, +0)` is `-0` as in the kernels).
+    fn nan_extremum(
+        &self,
+        b: &mut FunctionBuilder<'_>,
+        ty: Type,
+        x: Value,
+        y: Value,
+        cc: FloatCC,
+    ) -> Value {
+        let y_nan = b.ins().fcmp(FloatCC::Unordered, y, y);
+        let x_nan = b.ins().fcmp(FloatCC::Unordered, x, x);
+        let wins = b.ins().fcmp(cc, x, y);
+        let pick_x = b.ins().bor(x_nan, wins);
+        let r = self.choose(b, ty, pick_x, x, y);
+        self.choose(b, ty, y_nan, y, r)
+    }
+
+    fn unary(&self, b: &mut FunctionBuilder<'_>, u: UnaryOp, ty: Type, x: Value) -> Value {
+        match u {
+            UnaryOp::Neg => b.ins().fneg(x),
+            UnaryOp::Abs => b.ins().fabs(x),
+            UnaryOp::Sqrt => b.ins().sqrt(x),
+            UnaryOp::Rsqrt => {
+                let one = self.constant(b, ty, 1.0);
+                let r = b.ins().sqrt(x);
+                b.ins().fdiv(one, r)
+            }
+            UnaryOp::Floor => b.ins().floor(x),
+            UnaryOp::Ceil => b.ins().ceil(x),
+            UnaryOp::Sign => {
+                let zero = self.constant(b, ty, 0.0);
+                let is_zero = b.ins().fcmp(FloatCC::Equal, x, zero);
+                let is_nan = b.ins().fcmp(FloatCC::Unordered, x, x);
+                let keep = b.ins().bor(is_zero, is_nan);
+                let signum = copysign_one(b, ty, x);
+                self.choose(b, ty, keep, x, signum)
+            }
+            _ => unreachable!("analyze admits only the unary ops above"),
+        }
+    }
+
+    fn binary(
+        &self,
+        b: &mut FunctionBuilder<'_>,
+        op: BinaryOp,
+        ty: Type,
+        x: Value,
+        y: Value,
+    ) -> Value {
+        match op {
+            BinaryOp::Add => b.ins().fadd(x, y),
+            BinaryOp::Sub => b.ins().fsub(x, y),
+            BinaryOp::Mul => b.ins().fmul(x, y),
+            BinaryOp::Div => b.ins().fdiv(x, y),
+            BinaryOp::Max => self.nan_extremum(b, ty, x, y, FloatCC::GreaterThanOrEqual),
+            BinaryOp::Min => self.nan_extremum(b, ty, x, y, FloatCC::LessThanOrEqual),
+            _ => unreachable!("analyze admits only the binary ops above"),
+        }
+    }
+
+    /// One instruction over all parts; `f` is its result's float (or the
+    /// compared float, for masks).
+    fn op(&self, b: &mut FunctionBuilder<'_>, op: &Op, args: &[V], f: Float) -> V {
+        let ty = self.ty(f);
+        let zip2 = |b: &mut FunctionBuilder<'_>,
+                    x: &[Value],
+                    y: &[Value],
+                    g: &dyn Fn(&mut FunctionBuilder<'_>, Value, Value) -> Value|
+         -> SmallVec<[Value; 2]> {
+            x.iter().zip(y).map(|(&x, &y)| g(b, x, y)).collect()
+        };
+        match op {
+            Op::Unary(UnaryOp::Not) => V::Mask(
+                masks_of(&args[0])
+                    .iter()
+                    .map(|&m| {
+                        if self.vector {
+                            b.ins().bnot(m)
+                        } else {
+                            b.ins().icmp_imm_u(IntCC::Equal, m, 0)
+                        }
+                    })
+                    .collect(),
+            ),
+            Op::Unary(u) => V::Float(
+                f,
+                floats_of(&args[0])
+                    .iter()
+                    .map(|&x| self.unary(b, *u, ty, x))
+                    .collect(),
+            ),
+            Op::Binary(BinaryOp::And) => V::Mask(zip2(
+                b,
+                masks_of(&args[0]),
+                masks_of(&args[1]),
+                &|b, x, y| b.ins().band(x, y),
+            )),
+            Op::Binary(BinaryOp::Or) => V::Mask(zip2(
+                b,
+                masks_of(&args[0]),
+                masks_of(&args[1]),
+                &|b, x, y| b.ins().bor(x, y),
+            )),
+            Op::Binary(op) => V::Float(
+                f,
+                zip2(b, floats_of(&args[0]), floats_of(&args[1]), &|b, x, y| {
+                    self.binary(b, *op, ty, x, y)
+                }),
+            ),
+            Op::Compare(dir) => {
+                let cc = match dir {
+                    CompareDir::Eq => FloatCC::Equal,
+                    CompareDir::Ne => FloatCC::NotEqual,
+                    CompareDir::Lt => FloatCC::LessThan,
+                    CompareDir::Le => FloatCC::LessThanOrEqual,
+                    CompareDir::Gt => FloatCC::GreaterThan,
+                    CompareDir::Ge => FloatCC::GreaterThanOrEqual,
+                };
+                V::Mask(zip2(
+                    b,
+                    floats_of(&args[0]),
+                    floats_of(&args[1]),
+                    &|b, x, y| b.ins().fcmp(cc, x, y),
+                ))
+            }
+            Op::Select => {
+                let (m, t, e) = (masks_of(&args[0]), floats_of(&args[1]), floats_of(&args[2]));
+                V::Float(
+                    f,
+                    m.iter()
+                        .zip(t)
+                        .zip(e)
+                        .map(|((&m, &t), &e)| self.choose(b, ty, m, t, e))
+                        .collect(),
+                )
+            }
+            Op::Convert(_) => {
+                let V::Float(from, parts) = &args[0] else {
+                    unreachable!("analyze admits conversions of floats only")
+                };
+                V::Float(f, self.convert(b, *from, f, parts))
+            }
+            _ => unreachable!("analyze admits only the ops above"),
+        }
+    }
+
+    /// Converts between `f32` and `f64`: one `f32x4` is two `f64x2`.
+    fn convert(
+        &self,
+        b: &mut FunctionBuilder<'_>,
+        from: Float,
+        to: Float,
+        x: &[Value],
+    ) -> SmallVec<[Value; 2]> {
+        let le = MemFlagsData::new().with_endianness(Endianness::Little);
+        match (from, to, self.vector) {
+            (a, b2, _) if a == b2 => x.into(),
+            (Float::F32, Float::F64, false) => smallvec![b.ins().fpromote(types::F64, x[0])],
+            (Float::F64, Float::F32, false) => smallvec![b.ins().fdemote(types::F32, x[0])],
+            (Float::F32, Float::F64, true) => {
+                let low = b.ins().fvpromote_low(x[0]);
+                // Lanes 2 and 3 moved down to 0 and 1.
+                let bytes = b.ins().bitcast(types::I8X16, le, x[0]);
+                let mask: Vec<u8> = (8..16).chain(8..16).collect();
+                let mask = b.func.dfg.immediates.push(ConstantData::from(mask));
+                let high = b.ins().shuffle(bytes, bytes, mask);
+                let high = b.ins().bitcast(types::F32X4, le, high);
+                let high = b.ins().fvpromote_low(high);
+                smallvec![low, high]
+            }
+            (Float::F64, Float::F32, true) => {
+                // Each demotion fills lanes 0 and 1; join the two halves.
+                let low = b.ins().fvdemote(x[0]);
+                let high = b.ins().fvdemote(x[1]);
+                let low = b.ins().bitcast(types::I8X16, le, low);
+                let high = b.ins().bitcast(types::I8X16, le, high);
+                let mask: Vec<u8> = (0..8).chain(16..24).collect();
+                let mask = b.func.dfg.immediates.push(ConstantData::from(mask));
+                let joined = b.ins().shuffle(low, high, mask);
+                smallvec![b.ins().bitcast(types::F32X4, le, joined)]
+            }
+            _ => unreachable!("f32 and f64 are the only floats"),
+        }
+    }
 }
 
 /// `1.0` with the sign of `x`, through the bits (Cranelift's x86-64
@@ -663,91 +924,4 @@ fn copysign_one(b: &mut FunctionBuilder<'_>, ty: Type, x: Value) -> Value {
     let bits = b.ins().band(bits, sign);
     let bits = b.ins().bor(bits, one);
     b.ins().bitcast(ty, flags, bits)
-}
-
-/// The kernels' `max`/`min`: a NaN `b` wins, then a NaN `a`, then the
-/// comparison (`a` on ties, so `max(-0, +0)` is `-0` as in the kernels).
-fn nan_extremum(
-    b: &mut FunctionBuilder<'_>,
-    ty: Type,
-    vector: bool,
-    x: Value,
-    y: Value,
-    cc: FloatCC,
-) -> Value {
-    let y_nan = b.ins().fcmp(FloatCC::Unordered, y, y);
-    let x_nan = b.ins().fcmp(FloatCC::Unordered, x, x);
-    let wins = b.ins().fcmp(cc, x, y);
-    let pick_x = b.ins().bor(x_nan, wins);
-    let r = choose(b, ty, vector, pick_x, x, y);
-    choose(b, ty, vector, y_nan, y, r)
-}
-
-fn emit_op(b: &mut FunctionBuilder<'_>, op: &Op, args: &[V], ty: Type, vector: bool) -> V {
-    let f = |k: usize| float_of(args[k]);
-    match op {
-        Op::Unary(u) => {
-            if *u == UnaryOp::Not {
-                let m = mask_of(args[0]);
-                return V::Mask(if vector {
-                    b.ins().bnot(m)
-                } else {
-                    b.ins().icmp_imm_u(IntCC::Equal, m, 0)
-                });
-            }
-            let x = f(0);
-            V::Float(match u {
-                UnaryOp::Neg => b.ins().fneg(x),
-                UnaryOp::Abs => b.ins().fabs(x),
-                UnaryOp::Sqrt => b.ins().sqrt(x),
-                UnaryOp::Rsqrt => {
-                    let one = constant(b, ty, vector, 1.0);
-                    let r = b.ins().sqrt(x);
-                    b.ins().fdiv(one, r)
-                }
-                UnaryOp::Floor => b.ins().floor(x),
-                UnaryOp::Ceil => b.ins().ceil(x),
-                UnaryOp::Sign => {
-                    let zero = constant(b, ty, vector, 0.0);
-                    let is_zero = b.ins().fcmp(FloatCC::Equal, x, zero);
-                    let is_nan = b.ins().fcmp(FloatCC::Unordered, x, x);
-                    let keep = b.ins().bor(is_zero, is_nan);
-                    let signum = copysign_one(b, ty, x);
-                    choose(b, ty, vector, keep, x, signum)
-                }
-                _ => unreachable!("native_type admits only the unary ops above"),
-            })
-        }
-        Op::Binary(BinaryOp::And) => V::Mask(b.ins().band(mask_of(args[0]), mask_of(args[1]))),
-        Op::Binary(BinaryOp::Or) => V::Mask(b.ins().bor(mask_of(args[0]), mask_of(args[1]))),
-        Op::Binary(op) => {
-            let (x, y) = (f(0), f(1));
-            V::Float(match op {
-                BinaryOp::Add => b.ins().fadd(x, y),
-                BinaryOp::Sub => b.ins().fsub(x, y),
-                BinaryOp::Mul => b.ins().fmul(x, y),
-                BinaryOp::Div => b.ins().fdiv(x, y),
-                BinaryOp::Max => nan_extremum(b, ty, vector, x, y, FloatCC::GreaterThanOrEqual),
-                BinaryOp::Min => nan_extremum(b, ty, vector, x, y, FloatCC::LessThanOrEqual),
-                _ => unreachable!("native_type admits only the binary ops above"),
-            })
-        }
-        Op::Compare(dir) => {
-            let cc = match dir {
-                CompareDir::Eq => FloatCC::Equal,
-                CompareDir::Ne => FloatCC::NotEqual,
-                CompareDir::Lt => FloatCC::LessThan,
-                CompareDir::Le => FloatCC::LessThanOrEqual,
-                CompareDir::Gt => FloatCC::GreaterThan,
-                CompareDir::Ge => FloatCC::GreaterThanOrEqual,
-            };
-            V::Mask(b.ins().fcmp(cc, f(0), f(1)))
-        }
-        Op::Select => {
-            let m = mask_of(args[0]);
-            V::Float(choose(b, ty, vector, m, f(1), f(2)))
-        }
-        Op::Convert(_) => args[0],
-        _ => unreachable!("native_type admits only the ops above"),
-    }
 }
