@@ -14,8 +14,10 @@
 //! `extern "C" fn(table: *const usize, lo: usize, hi: usize)` over elements
 //! `[lo, hi)`, where `table` holds the address of every kernel input, then
 //! of every instruction's prelude value, then of every output (see
-//! [`Table`]). It runs a vector loop (4 `f32` or 2 `f64` lanes: Cranelift's
-//! 128-bit vectors) and a scalar loop for the tail. Within one vector, every
+//! [`Table`]). It runs an unrolled vector loop, a one-step vector loop and a
+//! scalar loop for the tail. A step covers 4 elements when the body has
+//! `f32` values (one `f32x4` each; an `f64` value is two `f64x2`) and 2 in
+//! an all-`f64` body: Cranelift's 128-bit vectors. Within one step, every
 //! load happens before any store, so an output written over its donated
 //! input (the same index) is correct.
 //!
@@ -23,10 +25,10 @@
 //! kernels are compiled: `+ - * /`, `sqrt`, `rsqrt` (as `1 / sqrt`), `neg`,
 //! `abs`, `floor`, `ceil`, `sign`, `max`/`min` (with the kernels' NaN
 //! rules, built from compares), compares, `select`, `and`/`or`/`not` of
-//! predicates and identity conversions, all in one float type. Cranelift
-//! never contracts a multiply and an add into an FMA. A body with anything
-//! else (transcendentals, integers, mixed types, predicates read from or
-//! written to memory) is left to the interpreter, with the reason.
+//! predicates and conversions between `f32` and `f64`. Cranelift never
+//! contracts a multiply and an add into an FMA. A body with anything else
+//! (transcendentals, integers, predicates read from or written to memory)
+//! is left to the interpreter, with the reason.
 
 use std::sync::{Arc, OnceLock};
 
