@@ -520,3 +520,158 @@ for name in sorted(tensors):
         assert_eq!(*line, expected);
     }
 }
+
+/// An optimizer's moments (Adam's `mu` and `nu`) go to the tensor file, not
+/// `world.bin`, and come back from disk: the restored optimizer takes the
+/// same next step as the original.
+#[test]
+fn optimizer_moments_are_in_the_tensor_file_and_restore_from_disk() {
+    use ndarray::Array1;
+    use optirs_tpu::optimizers::Adam;
+    use optirs_tpu::tpu::state::OptimizerSlot;
+    use optirs_tpu::tpu::tpu_registry;
+    use optirs_tpu::{TPUConfig, TPUOptimizer};
+
+    let n = 1000;
+    let g = Array1::from_iter((0..n).map(|i| (i as f32 * 0.37).sin()));
+    let mut p = Array1::from_iter((0..n).map(|i| (i as f32 * 0.11).cos()));
+    let mut opt = TPUOptimizer::new(Adam::new(0.01f32), TPUConfig::default()).unwrap();
+    for _ in 0..2 {
+        p = opt.tpu_step(&p, &g).unwrap();
+    }
+    let slots = |opt: &TPUOptimizer<Adam<f32>, f32>| -> Vec<(String, Tensor)> {
+        let world = opt.world();
+        let mut slots: Vec<_> = world
+            .try_query::<&OptimizerSlot>()
+            .unwrap()
+            .iter(world)
+            .map(|s| (s.name.clone(), s.tensor.clone()))
+            .collect();
+        slots.sort_by(|a, b| a.0.cmp(&b.0));
+        slots
+    };
+    let moments = slots(&opt);
+    assert_eq!(
+        moments
+            .iter()
+            .map(|(name, _)| name.as_str())
+            .collect::<Vec<_>>(),
+        ["mu", "nu"]
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let snapshot = opt.snapshot().unwrap();
+    write_checkpoint(dir.path(), "c", "tpu", &snapshot, &mut |_| Ok(())).unwrap();
+    let cp = dir.path().join("c");
+    let world_len = std::fs::metadata(cp.join(WORLD_FILE)).unwrap().len();
+    assert!(
+        world_len < 4 * n as u64,
+        "world.bin holds {world_len} bytes"
+    );
+
+    // Both moments are f32[1000] entries of the tensor file, byte for byte.
+    let file = std::fs::read(cp.join(TENSOR_FILE)).unwrap();
+    let header_len = u64::from_le_bytes(file[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(&file[8..8 + header_len]).unwrap();
+    let data = &file[8 + header_len..];
+    let mut in_file: Vec<Vec<u8>> = header
+        .iter()
+        .filter(|(name, _)| name.starts_with("tpu.OptimizerSlot/"))
+        .map(|(_, info)| {
+            assert_eq!(info["dtype"], "F32");
+            assert_eq!(info["shape"], serde_json::json!([n]));
+            let (start, end): (usize, usize) =
+                serde_json::from_value(info["data_offsets"].clone()).unwrap();
+            data[start..end].to_vec()
+        })
+        .collect();
+    let mut expected: Vec<Vec<u8>> = moments
+        .iter()
+        .map(|(_, t)| {
+            t.to_f64_vec()
+                .iter()
+                .flat_map(|&v| (v as f32).to_le_bytes())
+                .collect()
+        })
+        .collect();
+    in_file.sort();
+    expected.sort();
+    assert_eq!(in_file, expected);
+
+    let (_, restored) = verify_checkpoint(&cp, &tpu_registry()).unwrap();
+    let mut other = TPUOptimizer::new(Adam::new(0.01f32), TPUConfig::default()).unwrap();
+    other.restore(&restored).unwrap();
+    assert_eq!(other.step_count(), 2);
+    assert_eq!(slots(&other), moments);
+    assert_eq!(
+        other.tpu_step(&p, &g).unwrap(),
+        opt.tpu_step(&p, &g).unwrap()
+    );
+}
+
+/// Tensors large enough for the pipelined path (written and read in chunks
+/// while a second thread hashes them) round-trip through disk exactly, and
+/// a flipped bit deep inside one is still caught before restore.
+#[test]
+fn large_tensors_round_trip_and_a_flipped_bit_in_one_is_caught() {
+    let mut pod = Pod::from_preset("v4-8").unwrap();
+    let mut b = GraphBuilder::new(pod.world_mut(), "large");
+    let n = 3 << 20; // two 12 MiB literals: 24 MiB of data, several chunks
+    let mut sum = b.parameter(TensorType::new(DType::F32, [n]));
+    for k in 0..2 {
+        let values: Vec<f32> = (0..n).map(|i| (i as f32 * 1e-3 + k as f32).sin()).collect();
+        let w = b.constant(Tensor::F32(
+            ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(&[n]), values).unwrap(),
+        ));
+        sum = b.add(sum, w);
+    }
+    b.output(sum);
+    b.finish();
+    let dir = tempfile::tempdir().unwrap();
+    let snapshot = pod.snapshot().unwrap();
+    let sha = snapshot.sha256_hex();
+    write_checkpoint(dir.path(), "c", "v4-8", &snapshot, &mut |_| Ok(())).unwrap();
+    let cp = dir.path().join("c");
+    let registry = pod.world().resource::<SnapshotRegistry>();
+    let (_, read) = verify_checkpoint(&cp, registry).unwrap();
+    assert_eq!(read.sha256_hex(), sha);
+    assert_eq!(read.tensors, snapshot.tensors);
+    // No copies: the snapshot shares the live literals, and the restored
+    // literals are the buffers the file was read into.
+    let literals = |pod: &mut Pod| -> Vec<std::sync::Arc<Tensor>> {
+        let world = pod.world_mut();
+        let mut q = world.query::<&optirs_tpu::xla::graph::Literal>();
+        q.iter(world)
+            .filter(|l| l.0.len() == n)
+            .map(|l| l.0.clone())
+            .collect()
+    };
+    let shares = |snapshot: &optirs_tpu::checkpoint::WorldSnapshot, t: &std::sync::Arc<Tensor>| {
+        snapshot.tensors.iter().any(|s| {
+            s.data
+                .as_tensor()
+                .is_some_and(|d| std::sync::Arc::ptr_eq(d, t))
+        })
+    };
+    let live = literals(&mut pod);
+    assert_eq!(live.len(), 2);
+    assert!(live.iter().all(|t| shares(&snapshot, t)));
+    pod.restore_snapshot(&read).unwrap();
+    assert_eq!(pod.world_sha256().unwrap(), sha);
+    let restored = literals(&mut pod);
+    assert_eq!(restored.len(), 2);
+    assert!(restored.iter().all(|t| shares(&read, t)));
+
+    let path = cp.join(TENSOR_FILE);
+    let original = std::fs::read(&path).unwrap();
+    let mut flipped = original.clone();
+    let at = original.len() - n; // inside the second tensor's last chunk
+    flipped[at] ^= 0x10;
+    std::fs::write(&path, &flipped).unwrap();
+    let error = verify(&pod, &cp).unwrap_err();
+    assert!(
+        error.contains("SHA-256") && error.contains(TENSOR_FILE),
+        "{error}"
+    );
+    assert_eq!(pod.world_sha256().unwrap(), sha, "the live world changed");
+}

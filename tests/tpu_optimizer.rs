@@ -538,9 +538,11 @@ fn a_snapshot_carries_the_optimizer_state() {
     opt.restore(&snapshot).unwrap();
     assert_eq!(opt.step_count(), 3);
     assert_eq!(opt.tpu_step(&p, &g).unwrap(), fourth, "same fourth step");
-    // Through bytes, into another optimizer.
+    // Through bytes (the moments travel beside them), into another optimizer.
     let bytes = snapshot.to_bytes();
-    let decoded = optirs_tpu::checkpoint::WorldSnapshot::from_bytes(&bytes).unwrap();
+    let decoded =
+        optirs_tpu::checkpoint::WorldSnapshot::from_parts(&bytes, snapshot.tensors.clone())
+            .unwrap();
     let mut other = TPUOptimizer::new(Adam::new(0.01f32), TPUConfig::default()).unwrap();
     other.restore(&decoded).unwrap();
     assert_eq!(other.tpu_step(&p, &g).unwrap(), fourth);

@@ -10,19 +10,20 @@
 //! element by element and could not be read by other tools. A `store`
 //! implementation hands it to the **tensor side channel** with
 //! [`StoreContext::put_tensor`] (dtype, shape, little-endian row-major
-//! bytes) and keeps only the returned [`TensorRef`]; `load` resolves the
+//! bytes), or shares it with [`StoreContext::put_shared_tensor`] (no copy),
+//! and keeps only the returned [`TensorRef`]; `load` resolves the
 //! reference with [`LoadContext::tensor`]. On disk the tensors become
 //! `tensors.safetensors`. Any tensor-bearing component (graph literals,
 //! executable constants, device buffers) uses this one path.
 
 use super::error::SnapshotError;
+use super::tensor_bytes::TensorBytes;
+use crate::exec::kernels::Tensor;
 use crate::xla::DType;
 use bevy_ecs::entity::Entity;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use std::cell::{Cell, RefCell};
-use std::fmt;
-use std::ops::{Deref, Range};
 use std::sync::Arc;
 
 /// Entity → dense id, for capture: a table by entity index (live entities
@@ -63,54 +64,6 @@ impl DenseIds {
                 entity: format!("{entity}"),
             }),
         }
-    }
-}
-
-/// Immutable bytes of one tensor: owned, or a range of a buffer shared with
-/// other tensors (a whole tensor file read once), so reading a checkpoint
-/// does not copy each tensor out of the file buffer.
-#[derive(Clone)]
-pub struct TensorBytes {
-    buffer: Arc<Vec<u8>>,
-    range: Range<usize>,
-}
-
-impl TensorBytes {
-    /// `range` of a shared buffer. `None` when the range is out of bounds.
-    pub fn shared(buffer: Arc<Vec<u8>>, range: Range<usize>) -> Option<TensorBytes> {
-        (range.start <= range.end && range.end <= buffer.len())
-            .then_some(TensorBytes { buffer, range })
-    }
-}
-
-impl From<Vec<u8>> for TensorBytes {
-    fn from(bytes: Vec<u8>) -> TensorBytes {
-        let range = 0..bytes.len();
-        TensorBytes {
-            buffer: Arc::new(bytes),
-            range,
-        }
-    }
-}
-
-impl Deref for TensorBytes {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        &self.buffer[self.range.clone()]
-    }
-}
-
-impl PartialEq for TensorBytes {
-    fn eq(&self, other: &TensorBytes) -> bool {
-        **self == **other
-    }
-}
-
-impl Eq for TensorBytes {}
-
-impl fmt::Debug for TensorBytes {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "TensorBytes({} bytes)", self.len())
     }
 }
 
@@ -198,6 +151,25 @@ impl<'a> StoreContext<'a> {
         shape: &[usize],
         data: Vec<u8>,
     ) -> Result<TensorRef, SnapshotError> {
+        self.put(dtype, shape, data.into())
+    }
+
+    /// Hands a shared tensor to the side channel without copying it where
+    /// its elements already are the stored bytes (see [`TensorBytes`]).
+    pub fn put_shared_tensor(&self, tensor: &Arc<Tensor>) -> Result<TensorRef, SnapshotError> {
+        self.put(
+            tensor.dtype(),
+            tensor.shape(),
+            TensorBytes::of_tensor(tensor),
+        )
+    }
+
+    fn put(
+        &self,
+        dtype: DType,
+        shape: &[usize],
+        data: TensorBytes,
+    ) -> Result<TensorRef, SnapshotError> {
         let k = self.next.get();
         self.next.set(k + 1);
         let name = match self.row.get() {
@@ -208,7 +180,7 @@ impl<'a> StoreContext<'a> {
             name: name.clone(),
             dtype,
             shape: shape.to_vec(),
-            data: data.into(),
+            data,
         };
         tensor.check()?;
         self.tensors.borrow_mut().push(tensor);

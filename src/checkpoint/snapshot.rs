@@ -26,8 +26,9 @@ use std::any::TypeId;
 use std::marker::PhantomData;
 
 /// Version of the snapshot layout this build writes and reads.
-/// (2: tensors moved to a side channel, `tensors.safetensors` on disk.)
-pub const FORMAT_VERSION: u32 = 2;
+/// (2: tensors moved to a side channel, `tensors.safetensors` on disk;
+/// 3: optimizer slots' tensors moved there too.)
+pub const FORMAT_VERSION: u32 = 3;
 
 /// One component type's or resource's bytes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -15,9 +15,9 @@
 //! caught as well as a change to any file.
 //!
 //! **Writing** goes into a fresh temporary directory beside the target
-//! (`ROOT/.tmp-…`): each file is written and `fsync`ed, the manifest last,
-//! the directory is `fsync`ed, then renamed to its final name and the root
-//! `fsync`ed. A crash at any point leaves either no checkpoint of that name
+//! (`ROOT/.tmp-…`): the files are written, the manifest last, and
+//! `fsync`ed together; the directory is `fsync`ed, then renamed to its
+//! final name and the root `fsync`ed. A crash at any point leaves either no checkpoint of that name
 //! or a complete one; stale temporary directories are never listed and are
 //! removed by the next save.
 //!
@@ -26,29 +26,22 @@
 //! and checks every column. Only a checkpoint that passes all of it is
 //! restored.
 //!
-//! **Bulk bytes are touched as few times as possible**: a large file is
-//! hashed on a second thread while it is written, and read in chunks that a
-//! second thread hashes while the next chunk is read; the tensor file is
-//! read once into one buffer that the restored tensors are decoded from.
+//! **Bulk bytes are touched as few times as possible** (see `hashed_io`):
+//! a large file is hashed on a second thread while it is written, and read
+//! in chunks that a second thread hashes while the next chunk is read; the
+//! tensor file is read straight into the typed buffers the restored tensors
+//! keep, and written straight from the live tensors.
 
 use super::error::CheckpointError;
+use super::hashed_io::write_hashed;
+use super::read::{read, read_tensor_file, read_verified};
 use super::snapshot::{FORMAT_VERSION, SnapshotRegistry, WorldSnapshot, hex};
 use super::tensor_file::{self, TENSOR_FILE};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::fs::{self, File};
-use std::io::{self, Read, Write};
+use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::sync::mpsc;
-
-/// Files at least this large are hashed on a second thread while they are
-/// written or read; smaller ones are not worth the thread.
-const PARALLEL_HASH_BYTES: usize = 4 << 20;
-
-/// Chunk size of a pipelined read: large enough to amortize the hand-off,
-/// small enough that the reader and the hasher overlap.
-const READ_CHUNK_BYTES: usize = 8 << 20;
 
 /// The manifest's file name.
 pub const MANIFEST: &str = "manifest.ron";
@@ -103,7 +96,7 @@ pub enum WritePoint {
     SyncRoot,
 }
 
-fn io_error(path: &Path) -> impl FnOnce(io::Error) -> CheckpointError + '_ {
+pub(super) fn io_error(path: &Path) -> impl FnOnce(io::Error) -> CheckpointError + '_ {
     move |source| CheckpointError::Io {
         path: path.to_path_buf(),
         source,
@@ -176,43 +169,50 @@ pub fn parse_manifest(path: &Path, text: &[u8]) -> Result<Manifest, CheckpointEr
 }
 
 /// Writes `parts` back to back as file `name`, hashing them as they are
-/// written (on a second thread for large files), then syncs the file.
-fn write_synced(
+/// written. The caller syncs it.
+fn write_file(
     dir: &Path,
     name: &str,
     parts: &[&[u8]],
     hook: &mut dyn FnMut(&WritePoint) -> io::Result<()>,
-) -> Result<FileEntry, CheckpointError> {
+) -> Result<(File, FileEntry), CheckpointError> {
     let path = dir.join(name);
     hook(&WritePoint::Write(name.to_string())).map_err(io_error(&path))?;
     let mut file = File::create(&path).map_err(io_error(&path))?;
-    let total: usize = parts.iter().map(|p| p.len()).sum();
-    let hash_all = || {
-        let mut hasher = Sha256::new();
-        parts.iter().for_each(|p| hasher.update(p));
-        hasher.finalize()
-    };
-    let digest = if total < PARALLEL_HASH_BYTES {
-        parts
-            .iter()
-            .try_for_each(|p| file.write_all(p))
-            .map_err(io_error(&path))?;
-        hash_all()
-    } else {
-        std::thread::scope(|scope| {
-            let hasher = scope.spawn(hash_all);
-            let written = parts.iter().try_for_each(|p| file.write_all(p));
-            let digest = hasher.join().expect("hashing does not panic");
-            written.map(|()| digest)
-        })
-        .map_err(io_error(&path))?
-    };
-    hook(&WritePoint::SyncFile(name.to_string())).map_err(io_error(&path))?;
-    file.sync_all().map_err(io_error(&path))?;
-    Ok(FileEntry {
+    let digest = write_hashed(&mut file, parts).map_err(io_error(&path))?;
+    let entry = FileEntry {
         name: name.to_string(),
-        bytes: total as u64,
+        bytes: parts.iter().map(|p| p.len() as u64).sum(),
         sha256: hex(&digest),
+    };
+    Ok((file, entry))
+}
+
+/// Syncs the written files of a checkpoint at once: concurrent `fsync`s
+/// share the file system's journal commits where one after another each
+/// waited for its own. (They all sit in the temporary directory, which is
+/// renamed only after every one is synced.)
+fn sync_files(
+    dir: &Path,
+    files: &[(File, &str)],
+    hook: &mut dyn FnMut(&WritePoint) -> io::Result<()>,
+) -> Result<(), CheckpointError> {
+    for (_, name) in files {
+        hook(&WritePoint::SyncFile(name.to_string())).map_err(io_error(&dir.join(name)))?;
+    }
+    std::thread::scope(|scope| {
+        let syncs: Vec<_> = files
+            .iter()
+            .map(|(file, name)| {
+                scope.spawn(move || {
+                    let path = dir.join(name);
+                    file.sync_all().map_err(io_error(&path))
+                })
+            })
+            .collect();
+        syncs
+            .into_iter()
+            .try_for_each(|sync| sync.join().expect("fsync does not panic"))
     })
 }
 
@@ -259,7 +259,8 @@ pub fn write_checkpoint(
         .prefix(".tmp-")
         .tempdir_in(root)
         .map_err(io_error(root))?;
-    let world = write_synced(temp.path(), WORLD_FILE, &[&snapshot.to_bytes()], hook)?;
+    let dir = temp.path();
+    let (world_out, world) = write_file(dir, WORLD_FILE, &[&snapshot.to_bytes()], hook)?;
     let (header, order) = tensor_file::encode_header(&snapshot.tensors).map_err(|source| {
         CheckpointError::Snapshot {
             path: temp.path().join(TENSOR_FILE),
@@ -269,7 +270,7 @@ pub fn write_checkpoint(
     let mut parts: Vec<&[u8]> = Vec::with_capacity(order.len() + 1);
     parts.push(&header);
     parts.extend(order.iter().map(|&i| &*snapshot.tensors[i].data));
-    let tensors = write_synced(temp.path(), TENSOR_FILE, &parts, hook)?;
+    let (tensors_out, tensors) = write_file(dir, TENSOR_FILE, &parts, hook)?;
     let manifest = Manifest {
         format_version: FORMAT_VERSION,
         name: name.to_string(),
@@ -278,12 +279,15 @@ pub fn write_checkpoint(
         entities: snapshot.entity_count,
         files: vec![world, tensors],
     };
-    write_synced(
-        temp.path(),
-        MANIFEST,
-        &[render_manifest(&manifest).as_bytes()],
-        hook,
-    )?;
+    let manifest_text = render_manifest(&manifest);
+    let (manifest_out, _) = write_file(dir, MANIFEST, &[manifest_text.as_bytes()], hook)?;
+    let files = [
+        (world_out, WORLD_FILE),
+        (tensors_out, TENSOR_FILE),
+        (manifest_out, MANIFEST),
+    ];
+    sync_files(dir, &files, hook)?;
+    drop(files);
     hook(&WritePoint::SyncTemp).map_err(io_error(temp.path()))?;
     sync_dir(temp.path()).map_err(io_error(temp.path()))?;
     hook(&WritePoint::Rename).map_err(io_error(&target))?;
@@ -300,86 +304,6 @@ pub fn write_checkpoint(
     Ok(manifest)
 }
 
-fn read(path: &Path) -> Result<Vec<u8>, CheckpointError> {
-    fs::read(path).map_err(|source| {
-        if source.kind() == io::ErrorKind::NotFound {
-            CheckpointError::Missing {
-                path: path.to_path_buf(),
-            }
-        } else {
-            CheckpointError::Io {
-                path: path.to_path_buf(),
-                source,
-            }
-        }
-    })
-}
-
-/// Reads a file the manifest lists, checking its length before reading and
-/// its SHA-256 while reading (a second thread hashes each chunk of a large
-/// file while the next one is read).
-fn read_verified(path: &Path, entry: &FileEntry) -> Result<Vec<u8>, CheckpointError> {
-    let mut file = File::open(path).map_err(|source| {
-        if source.kind() == io::ErrorKind::NotFound {
-            CheckpointError::Missing {
-                path: path.to_path_buf(),
-            }
-        } else {
-            CheckpointError::Io {
-                path: path.to_path_buf(),
-                source,
-            }
-        }
-    })?;
-    let length_error = |actual| CheckpointError::Length {
-        path: path.to_path_buf(),
-        expected: entry.bytes,
-        actual,
-    };
-    let on_disk = file.metadata().map_err(io_error(path))?.len();
-    let len = usize::try_from(entry.bytes)
-        .ok()
-        .filter(|_| on_disk == entry.bytes)
-        .ok_or_else(|| length_error(on_disk))?;
-    let mut bytes = vec![0u8; len];
-    let digest = if len < PARALLEL_HASH_BYTES {
-        file.read_exact(&mut bytes).map_err(io_error(path))?;
-        Sha256::digest(&bytes)
-    } else {
-        std::thread::scope(|scope| {
-            let (send, receive) = mpsc::sync_channel::<&[u8]>(4);
-            let hasher = scope.spawn(move || {
-                let mut hasher = Sha256::new();
-                receive.iter().for_each(|chunk| hasher.update(chunk));
-                hasher.finalize()
-            });
-            let read = bytes.chunks_mut(READ_CHUNK_BYTES).try_for_each(|chunk| {
-                file.read_exact(chunk)?;
-                let chunk: &[u8] = chunk;
-                send.send(chunk)
-                    .map_err(|_| io::Error::other("hasher stopped"))
-            });
-            drop(send);
-            let digest = hasher.join().expect("hashing does not panic");
-            read.map(|()| digest)
-        })
-        .map_err(io_error(path))?
-    };
-    // The file must end where the manifest says, even if it grew meanwhile.
-    if file.read(&mut [0u8; 1]).map_err(io_error(path))? != 0 {
-        return Err(length_error(entry.bytes + 1));
-    }
-    let actual = hex(&digest);
-    if actual != entry.sha256 {
-        return Err(CheckpointError::Digest {
-            path: path.to_path_buf(),
-            expected: entry.sha256.clone(),
-            actual,
-        });
-    }
-    Ok(bytes)
-}
-
 /// Checks every byte of the checkpoint in `dir` and decodes its world.
 /// Nothing is restored; the caller decides what to do with the snapshot.
 pub fn verify_checkpoint(
@@ -389,23 +313,16 @@ pub fn verify_checkpoint(
     let manifest_path = dir.join(MANIFEST);
     let manifest = parse_manifest(&manifest_path, &read(&manifest_path)?)?;
     let mut world_bytes = None;
-    let mut tensor_bytes = None;
+    let mut tensors = None;
     for entry in &manifest.files {
-        let bytes = read_verified(&dir.join(&entry.name), entry)?;
+        let path = dir.join(&entry.name);
         match entry.name.as_str() {
-            WORLD_FILE => world_bytes = Some(bytes),
-            TENSOR_FILE => tensor_bytes = Some(bytes),
-            _ => {}
+            WORLD_FILE => world_bytes = Some(read_verified(&path, entry)?),
+            TENSOR_FILE => tensors = Some(read_tensor_file(&path, entry)?),
+            _ => drop(read_verified(&path, entry)?),
         }
     }
-    let tensor_path = dir.join(TENSOR_FILE);
-    let tensors = tensor_file::decode(Arc::new(
-        tensor_bytes.expect("parse_manifest requires the tensor file"),
-    ))
-    .map_err(|source| CheckpointError::Snapshot {
-        path: tensor_path,
-        source,
-    })?;
+    let tensors = tensors.expect("parse_manifest requires the tensor file");
     let world_path = dir.join(WORLD_FILE);
     let snapshot_error = |source| CheckpointError::Snapshot {
         path: world_path.clone(),

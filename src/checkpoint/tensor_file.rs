@@ -11,17 +11,19 @@
 //! multiple of its element size. The header also carries
 //! `__metadata__: {"format_version": "<n>"}`.
 //!
-//! Reading parses and validates the header with the `safetensors` crate
-//! (offsets contiguous and in bounds, lengths matching dtype × shape, no
-//! trailing bytes) and hands out each tensor as a range of the one file
-//! buffer, without copying.
+//! Reading parses and validates the header with the `safetensors` crate's
+//! own metadata checks (offsets contiguous, lengths matching dtype ×
+//! shape) plus the file's length (no trailing bytes); the header alone is
+//! enough to lay out the buffers the data is read into.
 
 use super::error::SnapshotError;
-use super::persist::{StoredTensor, TensorBytes};
+use super::persist::StoredTensor;
 use super::snapshot::FORMAT_VERSION;
+use super::tensor_bytes::TensorBytes;
 use crate::xla::DType;
-use safetensors::tensor::{Dtype, Metadata, SafeTensors, TensorInfo};
+use safetensors::tensor::{Dtype, Metadata, TensorInfo};
 use std::collections::HashMap;
+use std::ops::Range;
 use std::sync::Arc;
 
 /// The tensor file's name.
@@ -84,12 +86,46 @@ pub fn encode_header(tensors: &[StoredTensor]) -> Result<(Vec<u8>, Vec<usize>), 
     Ok((header, order))
 }
 
-/// The tensors of a whole tensor file, sorted by name, each a range of
-/// `file` (no copies).
-pub fn decode(file: Arc<Vec<u8>>) -> Result<Vec<StoredTensor>, SnapshotError> {
-    let (header_len, metadata) =
-        SafeTensors::read_metadata(&file).map_err(|e| header_error(e.to_string()))?;
-    let data_start = 8 + header_len;
+/// One tensor of a tensor file, as its header describes it.
+#[derive(Debug)]
+pub struct TensorEntry {
+    /// Name.
+    pub name: String,
+    /// Element type.
+    pub dtype: DType,
+    /// Dimensions.
+    pub shape: Vec<usize>,
+    /// Byte range in the file.
+    pub range: Range<usize>,
+}
+
+/// Bytes of the header (length field included) that a file starting with
+/// `prefix` declares, when `prefix` holds the length field.
+pub fn header_len(prefix: &[u8]) -> Option<u64> {
+    let field: [u8; 8] = prefix.get(..8)?.try_into().ok()?;
+    u64::from_le_bytes(field).checked_add(8)
+}
+
+/// Parses and validates the header of a tensor file of `file_len` bytes
+/// from its leading bytes (at least the whole header): offsets contiguous
+/// and in bounds, lengths matching dtype × shape, no trailing bytes, dtypes
+/// the engine uses. The tensors come in file order: contiguous from the
+/// end of the header to the end of the file.
+pub fn parse_header(prefix: &[u8], file_len: usize) -> Result<Vec<TensorEntry>, SnapshotError> {
+    let data_start = header_len(prefix)
+        .and_then(|n| usize::try_from(n).ok())
+        .filter(|&n| n <= prefix.len())
+        .ok_or_else(|| header_error("the header length points past the end of the file"))?;
+    let json = std::str::from_utf8(&prefix[8..data_start])
+        .map_err(|e| header_error(format!("the header is not UTF-8: {e}")))?;
+    let metadata: Metadata = serde_json::from_str(json).map_err(|e| header_error(e.to_string()))?;
+    if data_start.checked_add(metadata.data_len()) != Some(file_len) {
+        return Err(header_error(format!(
+            "the header describes {} data bytes; the file holds {}",
+            metadata.data_len(),
+            file_len.saturating_sub(data_start)
+        )));
+    }
     let mut tensors = metadata
         .tensors()
         .into_iter()
@@ -99,15 +135,33 @@ pub fn decode(file: Arc<Vec<u8>>) -> Result<Vec<StoredTensor>, SnapshotError> {
                 reason: format!("dtype {:?} is not one the engine uses", info.dtype),
             })?;
             let (start, end) = info.data_offsets;
-            let data = TensorBytes::shared(file.clone(), data_start + start..data_start + end)
-                .ok_or_else(|| SnapshotError::Tensor {
-                    name: name.clone(),
-                    reason: "data offsets out of bounds".into(),
-                })?;
-            let tensor = StoredTensor {
+            Ok(TensorEntry {
                 name,
                 dtype,
                 shape: info.shape.clone(),
+                range: data_start + start..data_start + end,
+            })
+        })
+        .collect::<Result<Vec<_>, SnapshotError>>()?;
+    tensors.sort_unstable_by_key(|t| t.range.start);
+    Ok(tensors)
+}
+
+/// Tensors from their entries and data, sorted by name, each checked.
+pub fn assemble(
+    entries: impl IntoIterator<Item = (TensorEntry, Option<TensorBytes>)>,
+) -> Result<Vec<StoredTensor>, SnapshotError> {
+    let mut tensors = entries
+        .into_iter()
+        .map(|(entry, data)| {
+            let data = data.ok_or_else(|| SnapshotError::Tensor {
+                name: entry.name.clone(),
+                reason: "its data does not fill its shape".into(),
+            })?;
+            let tensor = StoredTensor {
+                name: entry.name,
+                dtype: entry.dtype,
+                shape: entry.shape,
                 data,
             };
             tensor.check()?;
@@ -116,4 +170,14 @@ pub fn decode(file: Arc<Vec<u8>>) -> Result<Vec<StoredTensor>, SnapshotError> {
         .collect::<Result<Vec<_>, SnapshotError>>()?;
     tensors.sort_unstable_by(|a, b| a.name.cmp(&b.name));
     Ok(tensors)
+}
+
+/// The tensors of a whole tensor file, sorted by name, each a range of
+/// `file` (no copies).
+pub fn decode(file: Arc<Vec<u8>>) -> Result<Vec<StoredTensor>, SnapshotError> {
+    let entries = parse_header(&file, file.len())?;
+    assemble(entries.into_iter().map(|entry| {
+        let data = TensorBytes::shared(file.clone(), entry.range.clone());
+        (entry, data)
+    }))
 }

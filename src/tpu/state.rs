@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use crate::checkpoint::{LoadContext, Persist, SnapshotError, StoreContext};
 use crate::exec::kernels::Tensor;
 use crate::memory::Heap;
+use crate::xla::persist::StoredTensorValue;
 use crate::xla::{DType, TensorType};
 
 /// One per-element state tensor of the optimizer (optax's name: `mu`, `nu`,
@@ -120,35 +121,36 @@ pub fn load_tensor(s: &StoredTensor) -> Result<Tensor, String> {
     })
 }
 
-/// [`OptimizerSlot`] as stored.
+/// [`OptimizerSlot`] as stored: its tensor in the checkpoint's tensor file
+/// (inline when tiny), like graph literals.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StoredSlot {
     name: String,
     index: u32,
-    tensor: StoredTensor,
+    tensor: StoredTensorValue,
 }
 
 impl Persist for OptimizerSlot {
     type Stored = StoredSlot;
 
-    fn store(&self, _: &StoreContext) -> Result<StoredSlot, SnapshotError> {
+    fn store(&self, ctx: &StoreContext) -> Result<StoredSlot, SnapshotError> {
         Ok(StoredSlot {
             name: self.name.clone(),
             index: self.index,
-            tensor: store_tensor(&self.tensor),
+            tensor: crate::xla::persist::store_tensor(&self.tensor, ctx)?,
         })
     }
 
-    fn load(s: StoredSlot, _: &LoadContext) -> Result<OptimizerSlot, SnapshotError> {
-        let tensor = load_tensor(&s.tensor).map_err(|reason| SnapshotError::Corrupt {
-            column: "tpu.OptimizerSlot".into(),
-            reason,
-        })?;
+    fn load(s: StoredSlot, ctx: &LoadContext) -> Result<OptimizerSlot, SnapshotError> {
         Ok(OptimizerSlot {
             name: s.name,
             index: s.index,
-            tensor,
+            tensor: crate::xla::persist::load_tensor(s.tensor, ctx, "OptimizerSlot")?,
         })
+    }
+
+    fn check(s: &StoredSlot, ctx: &LoadContext) -> Result<(), SnapshotError> {
+        crate::xla::persist::check_tensor(&s.tensor, ctx, "OptimizerSlot")
     }
 }
 

@@ -89,7 +89,7 @@ impl<'w> GraphBuilder<'w> {
             e.insert(DeclaredType(t));
         }
         if let Some(l) = literal {
-            e.insert(Literal(l));
+            e.insert(Literal::new(l));
         }
         let id = e.id();
         self.nodes.push(id);

@@ -15,6 +15,7 @@ use bevy_ecs::entity::EntityHashMap;
 use bevy_ecs::prelude::*;
 use serde::{Deserialize, Serialize};
 use smallvec::SmallVec;
+use std::sync::Arc;
 
 use super::op::Op;
 use super::types::TensorType;
@@ -67,9 +68,18 @@ pub struct DeclaredType(pub TensorType);
 #[derive(Component, Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ValueType(pub TensorType);
 
-/// The value of a constant.
+/// The value of a constant. Shared, not owned: a constant never changes in
+/// place, so a checkpoint writes it straight from here and a restored one
+/// keeps the buffer it was read into.
 #[derive(Component, Debug, Clone)]
-pub struct Literal(pub Tensor);
+pub struct Literal(pub Arc<Tensor>);
+
+impl Literal {
+    /// A literal holding `value`.
+    pub fn new(value: Tensor) -> Literal {
+        Literal(Arc::new(value))
+    }
+}
 
 /// Marks a node listed in its program's outputs.
 #[derive(Component, Debug, Clone, Copy, Default, Serialize, Deserialize)]

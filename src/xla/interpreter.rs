@@ -52,7 +52,7 @@ pub fn interpret(
             }
             Op::Constant => world
                 .get::<Literal>(e)
-                .map(|l| l.0.clone())
+                .map(|l| (*l.0).clone())
                 .ok_or_else(|| CompileError::Evaluate {
                     node: node_label(world, e),
                     message: "has no literal".into(),

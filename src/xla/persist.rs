@@ -243,6 +243,18 @@ pub fn store_tensor(t: &Tensor, ctx: &StoreContext) -> Result<StoredTensorValue,
         .map(StoredTensorValue::External)
 }
 
+/// [`store_tensor`] for a shared tensor: the side channel shares it rather
+/// than copying it.
+pub fn store_shared_tensor(
+    t: &Arc<Tensor>,
+    ctx: &StoreContext,
+) -> Result<StoredTensorValue, SnapshotError> {
+    if t.len() <= INLINE_TENSOR_MAX_ELEMENTS {
+        return Ok(StoredTensorValue::Inline((**t).clone()));
+    }
+    ctx.put_shared_tensor(t).map(StoredTensorValue::External)
+}
+
 /// Checks that a stored tensor would load, without decoding bulk data.
 pub fn check_tensor(
     stored: &StoredTensorValue,
@@ -281,11 +293,32 @@ pub fn load_tensor(
     ctx: &LoadContext,
     what: &'static str,
 ) -> Result<Tensor, SnapshotError> {
+    load_shared_tensor(stored, ctx, what).map(Arc::unwrap_or_clone)
+}
+
+/// Loads a tensor stored by [`store_tensor`] or [`store_shared_tensor`],
+/// sharing the side channel's tensor when it holds one of the right type
+/// (a tensor file read straight into typed buffers) instead of decoding.
+pub fn load_shared_tensor(
+    stored: StoredTensorValue,
+    ctx: &LoadContext,
+    what: &'static str,
+) -> Result<Arc<Tensor>, SnapshotError> {
     match stored {
-        StoredTensorValue::Inline(t) => check_inline(&t, what).map(|()| t),
+        StoredTensorValue::Inline(t) => check_inline(&t, what).map(|()| Arc::new(t)),
         StoredTensorValue::External(r) => {
             let t = ctx.tensor(&r, what)?;
-            tensor_from_le_bytes(&TensorType::new(t.dtype, t.shape.clone()), &t.data, &t.name)
+            match t.data.as_tensor() {
+                Some(shared) if shared.dtype() == t.dtype && shared.shape() == t.shape => {
+                    Ok(shared.clone())
+                }
+                _ => tensor_from_le_bytes(
+                    &TensorType::new(t.dtype, t.shape.clone()),
+                    &t.data,
+                    &t.name,
+                )
+                .map(Arc::new),
+            }
         }
     }
 }
@@ -294,11 +327,11 @@ impl Persist for Literal {
     type Stored = StoredTensorValue;
 
     fn store(&self, ctx: &StoreContext) -> Result<StoredTensorValue, SnapshotError> {
-        store_tensor(&self.0, ctx)
+        store_shared_tensor(&self.0, ctx)
     }
 
     fn load(stored: StoredTensorValue, ctx: &LoadContext) -> Result<Literal, SnapshotError> {
-        load_tensor(stored, ctx, "Literal").map(Literal)
+        load_shared_tensor(stored, ctx, "Literal").map(Literal)
     }
 
     fn check(stored: &StoredTensorValue, ctx: &LoadContext) -> Result<(), SnapshotError> {

@@ -56,7 +56,7 @@ pub fn run(world: &mut World, program: Entity) -> Result<PassOutcome, CompileErr
         let value = {
             let args: SmallVec<[_; 4]> = operands
                 .iter()
-                .map(|&o| &world.get::<Literal>(o).expect("checked constant").0)
+                .map(|&o| &*world.get::<Literal>(o).expect("checked constant").0)
                 .collect();
             evaluate(&op, &args, None).map_err(|k| CompileError::Evaluate {
                 node: node_label(world, e),
@@ -66,7 +66,7 @@ pub fn run(world: &mut World, program: Entity) -> Result<PassOutcome, CompileErr
         world.entity_mut(e).insert((
             Node { op: Op::Constant },
             Operands::default(),
-            Literal(value),
+            Literal::new(value),
         ));
         changed = true;
     }

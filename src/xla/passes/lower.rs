@@ -53,7 +53,7 @@ impl Lowering<'_> {
                 message: "is read by a kernel but has no buffer and no literal".into(),
             })?;
         let c = self.constants.len() as u32;
-        self.constants.push(lit.0.clone());
+        self.constants.push((*lit.0).clone());
         self.constant_of.insert(e, c);
         Ok(ValueRef::Constant(c))
     }
