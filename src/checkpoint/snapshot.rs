@@ -198,6 +198,8 @@ impl<T: Component + Persist> ComponentColumn for TypedComponent<T> {
     fn capture(&self, world: &World, ctx: &StoreContext) -> Result<Vec<u8>, SnapshotError> {
         let mut rows: Vec<(u32, T::Stored)> = Vec::new();
         if let Some(mut query) = world.try_query::<(Entity, &T)>() {
+            // Sized once: growing by doubling copied each column ~twice.
+            rows.reserve_exact(query.iter(world).size_hint().0);
             for (entity, value) in query.iter(world) {
                 let dense = ctx.dense(entity, self.0)?;
                 ctx.start_row(dense);
