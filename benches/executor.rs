@@ -77,6 +77,8 @@ fn adam_runtimes(len: usize) -> (Runtime, Runtime, Vec<Tensor>) {
         f(Array1::from_elem(len, 1e-3)),
         f(Array1::from_elem(len, 1e-4)),
         Tensor::I32(ndarray::arr0(10).into_dyn()),
+        // The learning rate is a run-time argument (negated).
+        Tensor::F32(ndarray::arr0(-LR).into_dyn()),
     ];
     (native, interpreted, args)
 }

@@ -44,36 +44,51 @@ pub fn device_name(world: &World, device: Entity) -> String {
 }
 
 /// Reserves `bytes` on `device` for `purpose` (named in the out-of-memory
-/// error) and publishes the device's usage.
-pub fn reserve(world: &mut World, device: Entity, bytes: usize, purpose: &str) -> Result<Block> {
-    let name = device_name(world, device);
-    let mut heap = world
-        .get_mut::<DeviceHeap>(device)
-        .ok_or_else(|| OptimError::InvalidConfig(format!("{name} has no HBM heap")))?;
-    let block = heap
-        .0
-        .alloc(bytes)
-        .map_err(|_| OptimError::OutOfDeviceMemory {
-            device: name,
-            purpose: purpose.to_owned(),
-            requested: bytes as u64,
-            free: heap.0.free_bytes() as u64,
-            largest_free: heap.0.largest_free() as u64,
-        })?;
-    publish(world, device);
-    Ok(block)
+/// error) and publishes the device's usage. Names are formatted only for
+/// an error: this runs on every step.
+pub fn reserve(
+    world: &mut World,
+    device: Entity,
+    bytes: usize,
+    purpose: std::fmt::Arguments<'_>,
+) -> Result<Block> {
+    let Some(mut heap) = world.get_mut::<DeviceHeap>(device) else {
+        return Err(no_heap(world, device));
+    };
+    match heap.0.alloc(bytes) {
+        Ok(block) => {
+            publish(world, device);
+            Ok(block)
+        }
+        Err(_) => {
+            let (free, largest_free) = (heap.0.free_bytes(), heap.0.largest_free());
+            Err(OptimError::OutOfDeviceMemory {
+                device: device_name(world, device),
+                purpose: purpose.to_string(),
+                requested: bytes as u64,
+                free: free as u64,
+                largest_free: largest_free as u64,
+            })
+        }
+    }
+}
+
+fn no_heap(world: &World, device: Entity) -> OptimError {
+    OptimError::InvalidConfig(format!("{} has no HBM heap", device_name(world, device)))
 }
 
 /// Releases the block at `offset` on `device`; returns the bytes released.
 pub fn release(world: &mut World, device: Entity, offset: usize) -> Result<usize> {
-    let name = device_name(world, device);
-    let mut heap = world
-        .get_mut::<DeviceHeap>(device)
-        .ok_or_else(|| OptimError::InvalidConfig(format!("{name} has no HBM heap")))?;
+    let Some(mut heap) = world.get_mut::<DeviceHeap>(device) else {
+        return Err(no_heap(world, device));
+    };
     let before = heap.0.used_bytes();
-    heap.0
-        .free(offset)
-        .map_err(|e| OptimError::InvalidConfig(format!("{name}: {e}")))?;
+    if let Err(e) = heap.0.free(offset) {
+        return Err(OptimError::InvalidConfig(format!(
+            "{}: {e}",
+            device_name(world, device)
+        )));
+    }
     let released = before - heap.0.used_bytes();
     publish(world, device);
     Ok(released)
@@ -134,7 +149,7 @@ pub fn reserve_state(world: &mut World) -> Result<Vec<StateReservation>> {
             world,
             device,
             bytes.max(1),
-            &format!("the optimizer state `{name}`"),
+            format_args!("the optimizer state `{name}`"),
         ) {
             Ok(block) => {
                 let resident = ResidentBlock {

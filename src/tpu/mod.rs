@@ -287,6 +287,8 @@ pub struct TPUOptimizer<O, A = f32> {
     /// The base's learning rate (bits) and the run-time learning-rate
     /// scalar its rule applies (`None`: the rule has none, or no rule).
     learning_rate: Option<(u64, Option<A>)>,
+    /// Device names for the memory profile, formatted once.
+    device_labels: Vec<(Entity, Option<u32>, String)>,
     _element: PhantomData<fn() -> A>,
 }
 
@@ -419,6 +421,7 @@ where
             cache,
             profile: TpuProfile::default(),
             learning_rate: None,
+            device_labels: Vec::new(),
             _element: PhantomData,
         }
     }
@@ -569,6 +572,7 @@ where
         found.sort();
         found.truncate(keep);
         self.devices = found.into_iter().map(|(_, e)| e).collect();
+        self.device_labels.clear();
         // The snapshot may predate the optimizer's use of its devices.
         hbm::mark(world, &self.devices);
         hbm::rebuild_heaps(world)
@@ -836,43 +840,68 @@ where
             ));
         };
         let world = self.place.world_mut();
-        let block = hbm::reserve(world, device, bytes, &format!("the program `{program}`"))?;
+        let block = hbm::reserve(
+            world,
+            device,
+            bytes,
+            format_args!("the program `{program}`"),
+        )?;
         self.record_reserve(device, block, program);
         Ok(Some((device, block.offset)))
     }
 
     /// Adds a reservation to the memory profile; the peak is taken while it is held.
     fn record_reserve(&mut self, device: Entity, block: Block, holder: &str) {
+        let name = self.device_label(device);
         let world = self.place.world();
         let Some(heap) = world.get::<DeviceHeap>(device) else {
             return;
         };
-        let snapshot = HbmSnapshot {
-            device: hbm::device_name(world, device),
-            program: holder.to_owned(),
-            reserved_bytes: block.size as u64,
-            used_bytes: heap.0.used_bytes() as u64,
-            free_bytes: heap.0.free_bytes() as u64,
-            largest_free_bytes: heap.0.largest_free() as u64,
-            capacity_bytes: heap.0.capacity() as u64,
-        };
-        let used = snapshot.used_bytes;
-        self.profile.memory.record(MemoryEvent {
-            kind: MemoryEventKind::Reserve,
-            device: snapshot.device.clone(),
-            bytes: block.size as u64,
-            offset: block.offset as u64,
-            used_after: used,
-        });
-        if self
+        let used = heap.0.used_bytes() as u64;
+        let peak = self
             .profile
             .memory
             .peak
             .as_ref()
-            .is_none_or(|p| used > p.used_bytes)
-        {
+            .is_none_or(|p| used > p.used_bytes);
+        // The snapshot (two strings) only when it is the new peak: this
+        // runs on every step.
+        let snapshot = peak.then(|| HbmSnapshot {
+            device: name.clone(),
+            program: holder.to_owned(),
+            reserved_bytes: block.size as u64,
+            used_bytes: used,
+            free_bytes: heap.0.free_bytes() as u64,
+            largest_free_bytes: heap.0.largest_free() as u64,
+            capacity_bytes: heap.0.capacity() as u64,
+        });
+        self.profile.memory.record(MemoryEvent {
+            kind: MemoryEventKind::Reserve,
+            device: name,
+            bytes: block.size as u64,
+            offset: block.offset as u64,
+            used_after: used,
+        });
+        if let Some(snapshot) = snapshot {
             self.profile.memory.peak = Some(snapshot);
         }
+    }
+
+    /// `device 0 (v4)`, formatted once per device (keyed by entity and
+    /// device id, so a world restored under the optimizer cannot make a
+    /// label stale).
+    fn device_label(&mut self, device: Entity) -> String {
+        let id = self.place.world().get::<Device>(device).map(|d| d.id.0);
+        if let Some((_, _, name)) = self
+            .device_labels
+            .iter()
+            .find(|(e, i, _)| *e == device && *i == id)
+        {
+            return name.clone();
+        }
+        let name = hbm::device_name(self.place.world(), device);
+        self.device_labels.push((device, id, name.clone()));
+        name
     }
 
     fn release(&mut self, reservation: Option<(Entity, usize)>) -> Result<()> {
@@ -884,9 +913,10 @@ where
         let used_after = world
             .get::<DeviceHeap>(device)
             .map_or(0, |h| h.0.used_bytes() as u64);
+        let device_name = self.device_label(device);
         self.profile.memory.record(MemoryEvent {
             kind: MemoryEventKind::Release,
-            device: hbm::device_name(world, device),
+            device: device_name,
             bytes: released as u64,
             offset: offset as u64,
             used_after,
