@@ -65,6 +65,11 @@ pub const NOT_PERSISTED: &[(&str, &str)] = &[
         "PeriodicCheckpoints",
         "host configuration: a restored pod keeps the host's current checkpoint settings",
     ),
+    (
+        "Network",
+        "the machinery that moves messages between processes, not state: a restored pod \
+         keeps the host's backend (its in-flight messages are in `Transport`)",
+    ),
 ];
 
 persist_as_self!(

@@ -291,6 +291,13 @@ impl Pod {
         }
     }
 
+    /// Moves this pod's messages to other processes through `backend`
+    /// (see [`transport::TransportBackend`]); the default,
+    /// [`transport::InProcess`], runs the whole pod here.
+    pub fn set_transport_backend(&mut self, backend: Box<dyn transport::TransportBackend>) {
+        self.world.insert_resource(transport::Network::new(backend));
+    }
+
     /// Sends `bytes` of data from one device to another over the links.
     /// Returns the simulated delivery time, ns.
     pub fn send_data(&mut self, from: u32, to: u32, bytes: u64) -> Result<u64> {

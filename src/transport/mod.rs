@@ -18,6 +18,14 @@
 //! the next delivery, so nothing outlives its tick and a checkpoint taken at
 //! the end of a tick holds no half-read messages. (bevy's `Messages` would
 //! keep per-reader cursors in system state, outside the world.)
+//!
+//! **Which process moves the bytes** is behind [`TransportBackend`], held by
+//! the [`Network`] resource. Systems only post to [`Transport`]; at delivery
+//! the transport hands a message whose receiver this process does not own
+//! to the backend, and takes in what the backend received for its own
+//! devices. [`InProcess`] (the default) owns every device: one process runs
+//! the whole pod. A multi-host backend (MPI, sockets) implements the same
+//! four methods; nothing else changes.
 
 use crate::checkpoint::{LoadContext, Persist, SnapshotError, StoreContext};
 use crate::pod::SimClock;
@@ -148,6 +156,11 @@ impl Transport {
         self.in_flight.push(Reverse(envelope));
     }
 
+    /// Queues a message another process sent, keeping its send order.
+    fn push_received(&mut self, envelope: Envelope) {
+        self.in_flight.push(Reverse(envelope));
+    }
+
     /// Sends a control message to the coordination service.
     pub fn send_control(
         &mut self,
@@ -165,6 +178,83 @@ impl Transport {
             sent_at_ns,
             route: Vec::new(),
         });
+    }
+}
+
+/// Moves messages between the processes that together run a pod. Each
+/// process owns some devices (and one owns the coordination service); the
+/// transport delivers a message locally when this process owns its
+/// receiver and hands it to [`TransportBackend::send`] otherwise.
+///
+/// Contract, for determinism: `receive` returns the messages sent to this
+/// process in an order that does not depend on timing (e.g. by sender, then
+/// send order); a message received after its delivery time is delivered in
+/// the tick it arrives, never dropped.
+pub trait TransportBackend: Send + Sync + std::fmt::Debug + 'static {
+    /// A short name for reports.
+    fn name(&self) -> &str;
+    /// Whether this process delivers messages for `to` (`None`: the
+    /// coordination service).
+    fn owns(&self, to: Option<DeviceId>) -> bool;
+    /// Takes a due message for a receiver another process owns.
+    fn send(&mut self, envelope: Envelope);
+    /// Appends the messages other processes sent to this one since the
+    /// last call.
+    fn receive(&mut self, into: &mut Vec<Envelope>);
+}
+
+/// One process runs the whole pod: it owns every device and the service.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct InProcess;
+
+impl TransportBackend for InProcess {
+    fn name(&self) -> &str {
+        "in-process"
+    }
+
+    fn owns(&self, _: Option<DeviceId>) -> bool {
+        true
+    }
+
+    fn send(&mut self, envelope: Envelope) {
+        // Never called: every receiver is local. Deliver nothing rather
+        // than panic if a caller does.
+        drop(envelope);
+    }
+
+    fn receive(&mut self, _: &mut Vec<Envelope>) {}
+}
+
+/// The backend that moves this process's messages to the others. Not part
+/// of a snapshot: it is the machinery, not the world's state.
+#[derive(Resource, Debug)]
+pub struct Network {
+    backend: Box<dyn TransportBackend>,
+    /// Messages handed to the backend.
+    pub sent: u64,
+    /// Messages taken from the backend.
+    pub received: u64,
+}
+
+impl Default for Network {
+    fn default() -> Self {
+        Network::new(Box::new(InProcess))
+    }
+}
+
+impl Network {
+    /// A network over `backend`.
+    pub fn new(backend: Box<dyn TransportBackend>) -> Network {
+        Network {
+            backend,
+            sent: 0,
+            received: 0,
+        }
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &dyn TransportBackend {
+        self.backend.as_ref()
     }
 }
 
@@ -335,16 +425,21 @@ pub fn send_data(
     Ok(t)
 }
 
-/// Moves every message due by now into the [`Inbox`].
+/// Moves every message due by now into the [`Inbox`]: local receivers'
+/// from the queue, other processes' to the backend, and what the backend
+/// received for this process. The inbox is in delivery order (time, then
+/// send order, then sender), wherever a message came from.
 pub fn deliver_messages(
     clock: Res<SimClock>,
     mut transport: ResMut<Transport>,
+    mut network: ResMut<Network>,
     mut inbox: ResMut<Inbox>,
     mut log: ResMut<DeliveryLog>,
     links: Query<&LinkState>,
 ) {
     inbox.messages.clear();
     let now = clock.now_ns;
+    let mut remote = false;
     while transport
         .in_flight
         .peek()
@@ -360,20 +455,46 @@ pub fn deliver_messages(
                 transport.dropped += 1;
                 continue;
             }
+        }
+        if !network.backend.owns(envelope.to) {
+            network.backend.send(envelope);
+            network.sent += 1;
+            continue;
+        }
+        inbox.messages.push(envelope);
+    }
+    let mut received = Vec::new();
+    network.backend.receive(&mut received);
+    network.received += received.len() as u64;
+    for envelope in received {
+        remote = true;
+        if envelope.deliver_at_ns <= now {
+            inbox.messages.push(envelope);
+        } else {
+            transport.push_received(envelope);
+        }
+    }
+    if remote {
+        inbox
+            .messages
+            .sort_by_key(|e| (e.deliver_at_ns, e.seq, e.from.0));
+    }
+    for envelope in &inbox.messages {
+        if !envelope.route.is_empty() {
             if log.recent.len() == DELIVERY_LOG_CAPACITY {
                 log.recent.pop_front();
             }
             log.recent.push_back(envelope.clone());
         }
-        transport.delivered += 1;
-        inbox.messages.push(envelope);
     }
+    transport.delivered += inbox.messages.len() as u64;
 }
 
 /// Installs the transport: resources, link state on every link, and
 /// [`deliver_messages`] in [`StepSystems::Transport`].
 pub fn install(world: &mut World) {
     world.init_resource::<Transport>();
+    world.init_resource::<Network>();
     world.init_resource::<Inbox>();
     world.init_resource::<DeliveryLog>();
     let links: Vec<Entity> = world
