@@ -11,6 +11,7 @@ use optirs_tpu::checkpoint::{SnapshotRegistry, verify_checkpoint, write_checkpoi
 use optirs_tpu::exec::kernels::Tensor;
 use optirs_tpu::xla::{DType, GraphBuilder, TensorType};
 use sha2::{Digest, Sha256};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 /// Constant literals in the tensor pod: 16 × 64 MiB of f32 = 1 GiB.
@@ -19,6 +20,22 @@ const LITERAL_ELEMENTS: usize = 16 << 20;
 
 /// A v4 slice of 16,384 chips: 16,384 devices + 4,096 hosts + 49,152 links
 /// = 69,632 engine entities.
+/// Times `iters` saves (capture + write + fsync) of `pod` under `root`,
+/// named `c{n}` on; the previous checkpoint is removed untimed, so the disk
+/// does not fill with thousands of them during a run.
+fn timed_saves(pod: &mut Pod, root: &Path, n: &mut u64, iters: u64) -> Duration {
+    let mut total = Duration::ZERO;
+    for _ in 0..iters {
+        *n += 1;
+        let _ = std::fs::remove_dir_all(root.join(format!("c{}", *n - 1)));
+        let start = Instant::now();
+        let snapshot = pod.snapshot().unwrap();
+        write_checkpoint(root, &format!("c{n}"), "bench", &snapshot, &mut |_| Ok(())).unwrap();
+        total += start.elapsed();
+    }
+    total
+}
+
 fn big_pod() -> Pod {
     let mut pod = Pod::from_ron_str(
         "Pod(name: \"v4-16384\", generation: \"v4\", shape: \"16x32x32\")",
@@ -47,25 +64,7 @@ fn checkpoint(c: &mut Criterion) {
     // Capture + write + fsync; the previous checkpoint is removed untimed,
     // so the disk does not fill with thousands of them during the run.
     group.bench_function("save/70k-entities", |b| {
-        b.iter_custom(|iters| {
-            let mut total = Duration::ZERO;
-            for _ in 0..iters {
-                n += 1;
-                let _ = std::fs::remove_dir_all(dir.path().join(format!("c{}", n - 1)));
-                let start = Instant::now();
-                let snapshot = pod.snapshot().unwrap();
-                write_checkpoint(
-                    dir.path(),
-                    &format!("c{n}"),
-                    "bench",
-                    &snapshot,
-                    &mut |_| Ok(()),
-                )
-                .unwrap();
-                total += start.elapsed();
-            }
-            total
-        })
+        b.iter_custom(|iters| timed_saves(&mut pod, dir.path(), &mut n, iters))
     });
     let saved = dir.path().join(format!("c{n}"));
     group.bench_function("verify/70k-entities", |b| {
@@ -144,25 +143,7 @@ fn checkpoint_tensors(c: &mut Criterion) {
     let mut n = 0u64;
     // Capture + write + fsync; the previous checkpoint is removed untimed.
     group.bench_function("save", |b| {
-        b.iter_custom(|iters| {
-            let mut total = Duration::ZERO;
-            for _ in 0..iters {
-                n += 1;
-                let _ = std::fs::remove_dir_all(dir.path().join(format!("c{}", n - 1)));
-                let start = Instant::now();
-                let snapshot = pod.snapshot().unwrap();
-                write_checkpoint(
-                    dir.path(),
-                    &format!("c{n}"),
-                    "bench",
-                    &snapshot,
-                    &mut |_| Ok(()),
-                )
-                .unwrap();
-                total += start.elapsed();
-            }
-            total
-        })
+        b.iter_custom(|iters| timed_saves(&mut pod, dir.path(), &mut n, iters))
     });
     let saved = dir.path().join(format!("c{n}"));
     group.bench_function("verified_restore", |b| {

@@ -18,13 +18,9 @@ use optirs_tpu::xla::{
 };
 use proptest::prelude::*;
 
-/// Case count: `PROPTEST_CASES` when set (for deeper local runs), else `default`.
-fn cases(default: u32) -> u32 {
-    std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
+#[path = "common/prop.rs"]
+mod support;
+use support::{cases, random_tensors};
 
 /// One step of a random graph: an op and operand picks (indices into the
 /// values built so far, taken modulo their count).
@@ -248,21 +244,9 @@ fn build(world: &mut World, r: &Recipe) -> (Entity, Vec<TensorType>) {
 }
 
 fn args_for(types: &[TensorType], seed: u64) -> Vec<Tensor> {
-    let mut state = seed | 1;
-    types
-        .iter()
-        .map(|t| {
-            let vals: Vec<f64> = (0..t.element_count())
-                .map(|_| {
-                    state ^= state << 13;
-                    state ^= state >> 7;
-                    state ^= state << 17;
-                    (state % 9) as f64 - 4.0 + if t.dtype.is_float() { 0.25 } else { 0.0 }
-                })
-                .collect();
-            Tensor::from_f64s(t, &vals).unwrap()
-        })
-        .collect()
+    random_tensors(types, seed, |t, r| {
+        (r % 9) as f64 - 4.0 + if t.dtype.is_float() { 0.25 } else { 0.0 }
+    })
 }
 
 fn same_outputs(a: &[Tensor], b: &[Tensor]) -> bool {

@@ -17,6 +17,10 @@ use serde_json::Value;
 use std::collections::HashMap;
 use std::process::{Command, Output};
 
+#[path = "common/heap.rs"]
+mod heap;
+use heap::heap_used;
+
 const ADAM: &str = include_str!("../assets/programs/adam.ron");
 
 fn optirs(args: &[&str]) -> Output {
@@ -202,17 +206,6 @@ fn sample_memory(opt: &mut TPUOptimizer<Adam<f32>, f32>) -> (Level, u64) {
 fn adam_state(fraction: f64) -> (usize, u64) {
     let n = (HBM as f64 * fraction / 8.0) as usize;
     (n, 2 * (4 * n as u64).next_multiple_of(64))
-}
-
-fn heap_used(opt: &TPUOptimizer<Adam<f32>, f32>) -> u64 {
-    let world = opt.world();
-    let mut q = world
-        .try_query::<(&optirs_tpu::topology::Device, &DeviceHeap)>()
-        .unwrap();
-    q.iter(world)
-        .find(|(d, _)| d.id.0 == 0)
-        .map(|(_, h)| h.0.used_bytes() as u64)
-        .unwrap()
 }
 
 #[test]

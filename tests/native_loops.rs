@@ -12,12 +12,9 @@ use optirs_tpu::exec::runtime::{Arg, NoCustomCalls, RunOutput, Runtime};
 use optirs_tpu::xla::{self, BinaryOp, CompareDir, DType, GraphBuilder, Op, TensorType, UnaryOp};
 use proptest::prelude::*;
 
-fn cases(default: u32) -> u32 {
-    std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
+#[path = "common/prop.rs"]
+mod support;
+use support::{cases, random_tensors};
 
 const UNARY: [UnaryOp; 7] = [
     UnaryOp::Neg,
@@ -209,21 +206,9 @@ fn build(world: &mut World, r: &Recipe) -> (Entity, Vec<TensorType>) {
 }
 
 fn args_for(types: &[TensorType], seed: u64) -> Vec<Tensor> {
-    let mut state = seed | 1;
-    types
-        .iter()
-        .map(|t| {
-            let vals: Vec<f64> = (0..t.element_count())
-                .map(|_| {
-                    state ^= state << 13;
-                    state ^= state >> 7;
-                    state ^= state << 17;
-                    SPECIAL[(state % SPECIAL.len() as u64) as usize]
-                })
-                .collect();
-            Tensor::from_f64s(t, &vals).unwrap()
-        })
-        .collect()
+    random_tensors(types, seed, |_, r| {
+        SPECIAL[(r % SPECIAL.len() as u64) as usize]
+    })
 }
 
 /// Bit-for-bit equal, except that any two NaNs match (which NaN an

@@ -11,6 +11,9 @@ use serde_json::Value;
 
 mod common;
 use common::golden::{golden_optimizer, hp};
+#[path = "common/heap.rs"]
+mod heap;
+use heap::heap_used;
 
 const GOLDEN: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/optimizers.json");
 
@@ -478,21 +481,6 @@ fn a_step_that_does_not_fit_beside_the_state_names_the_program() {
     assert!(msg.contains("largest free block is 42880 bytes"), "{msg}");
     assert_eq!(opt.step_count(), 0);
     assert_eq!(opt.hbm_usage(0), 80_000, "the state stays resident");
-}
-
-/// Bytes in use in device 0's heap, read from the heap itself.
-fn heap_used<O: Optimizer<f32, IxDyn>>(opt: &TPUOptimizer<O, f32>) -> u64 {
-    let world = opt.world();
-    let mut q = world
-        .try_query::<(
-            &optirs_tpu::topology::Device,
-            &optirs_tpu::tpu::state::DeviceHeap,
-        )>()
-        .unwrap();
-    q.iter(world)
-        .find(|(d, _)| d.id.0 == 0)
-        .map(|(_, h)| h.0.used_bytes() as u64)
-        .unwrap()
 }
 
 #[test]

@@ -34,8 +34,8 @@ use std::sync::{Arc, OnceLock};
 
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{
-    AbiParam, BlockArg, ConstantData, Endianness, InstBuilder, MemFlagsData, Type, UserFuncName,
-    Value, types,
+    AbiParam, Block, BlockArg, ConstantData, Endianness, InstBuilder, MemFlagsData, Type,
+    UserFuncName, Value, types,
 };
 use cranelift_codegen::isa::{OwnedTargetIsa, TargetFrontendConfig};
 use cranelift_codegen::settings::{self, Configurable};
@@ -465,7 +465,7 @@ fn build_loop(
     let thead = b.create_block();
     let tbody = b.create_block();
     let exit = b.create_block();
-    for block in [uhead, ubody, vhead, vbody, thead, tbody] {
+    for block in [uhead, ubody, vhead, vbody, thead, tbody, exit] {
         b.append_block_param(block, ptr);
     }
     b.append_block_params_for_function_params(entry);
@@ -526,67 +526,68 @@ fn build_loop(
         }
     }
     b.ins().jump(uhead, &[BlockArg::Value(lo)]);
-
-    // Unrolled vector loop: while i + UNROLL * lanes <= hi. Two steps per
-    // iteration halve the loop overhead, which a one-op body (SGD) feels.
-    let step = body.lanes * UNROLL;
-    b.switch_to_block(uhead);
-    let i = b.block_params(uhead)[0];
-    let next = b.ins().iadd_imm_u(i, step);
-    let more = b.ins().icmp(IntCC::UnsignedLessThanOrEqual, next, hi);
-    b.ins().brif(
-        more,
-        ubody,
-        &[BlockArg::Value(i)],
-        vhead,
-        &[BlockArg::Value(i)],
+    let step = |b: &mut FunctionBuilder<'_>, at: Value, vector: bool| {
+        emit_step(b, kernel, body, table, &hoisted, at, vector, flags);
+    };
+    // Unrolled: two vector steps per iteration halve the loop overhead,
+    // which a one-op body (SGD) feels; then one vector step at a time; then
+    // the scalar tail.
+    counted_loop(
+        b,
+        (uhead, ubody, vhead),
+        hi,
+        UNROLL,
+        body.lanes,
+        &mut |b, at| step(b, at, true),
     );
-    b.switch_to_block(ubody);
-    let i = b.block_params(ubody)[0];
-    for u in 0..UNROLL {
-        let at = if u == 0 {
-            i
-        } else {
-            b.ins().iadd_imm_u(i, u * body.lanes)
-        };
-        emit_step(b, kernel, body, table, &hoisted, at, true, flags);
-    }
-    let next = b.ins().iadd_imm_u(i, step);
-    b.ins().jump(uhead, &[BlockArg::Value(next)]);
-
-    // One vector step at a time for what is left: while i + lanes <= hi.
-    b.switch_to_block(vhead);
-    let i = b.block_params(vhead)[0];
-    let next = b.ins().iadd_imm_u(i, body.lanes);
-    let more = b.ins().icmp(IntCC::UnsignedLessThanOrEqual, next, hi);
-    b.ins().brif(
-        more,
-        vbody,
-        &[BlockArg::Value(i)],
-        thead,
-        &[BlockArg::Value(i)],
-    );
-    b.switch_to_block(vbody);
-    let i = b.block_params(vbody)[0];
-    emit_step(b, kernel, body, table, &hoisted, i, true, flags);
-    let next = b.ins().iadd_imm_u(i, body.lanes);
-    b.ins().jump(vhead, &[BlockArg::Value(next)]);
-
-    // Scalar tail: while i < hi.
-    b.switch_to_block(thead);
-    let i = b.block_params(thead)[0];
-    let more = b.ins().icmp(IntCC::UnsignedLessThan, i, hi);
-    b.ins().brif(more, tbody, &[BlockArg::Value(i)], exit, &[]);
-    b.switch_to_block(tbody);
-    let i = b.block_params(tbody)[0];
-    emit_step(b, kernel, body, table, &hoisted, i, false, flags);
-    let next = b.ins().iadd_imm_u(i, 1);
-    b.ins().jump(thead, &[BlockArg::Value(next)]);
+    counted_loop(b, (vhead, vbody, thead), hi, 1, body.lanes, &mut |b, at| {
+        step(b, at, true)
+    });
+    counted_loop(b, (thead, tbody, exit), hi, 1, 1, &mut |b, at| {
+        step(b, at, false)
+    });
 
     b.switch_to_block(exit);
     b.ins().return_(&[]);
     b.seal_all_blocks();
     fb.finalize(config);
+}
+
+/// Emits `while i + steps * stride <= hi { emit(i), emit(i + stride), …;
+/// i += steps * stride }` with `i` the parameter of `head` and of `body`,
+/// then continues at `after` with the final `i`.
+fn counted_loop(
+    b: &mut FunctionBuilder<'_>,
+    (head, body, after): (Block, Block, Block),
+    hi: Value,
+    steps: i64,
+    stride: i64,
+    emit: &mut dyn FnMut(&mut FunctionBuilder<'_>, Value),
+) {
+    let width = steps * stride;
+    b.switch_to_block(head);
+    let i = b.block_params(head)[0];
+    let next = b.ins().iadd_imm_u(i, width);
+    let more = b.ins().icmp(IntCC::UnsignedLessThanOrEqual, next, hi);
+    b.ins().brif(
+        more,
+        body,
+        &[BlockArg::Value(i)],
+        after,
+        &[BlockArg::Value(i)],
+    );
+    b.switch_to_block(body);
+    let i = b.block_params(body)[0];
+    for s in 0..steps {
+        let at = if s == 0 {
+            i
+        } else {
+            b.ins().iadd_imm_u(i, s * stride)
+        };
+        emit(b, at);
+    }
+    let next = b.ins().iadd_imm_u(i, width);
+    b.ins().jump(head, &[BlockArg::Value(next)]);
 }
 
 /// Emits one step at element `i` (`body.lanes` elements, or the one element
