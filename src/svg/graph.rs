@@ -102,10 +102,11 @@ pub fn graph_svg(view: &GraphView) -> String {
         out,
         "<defs><marker id=\"arrow\" viewBox=\"0 0 10 10\" refX=\"10\" refY=\"5\" markerWidth=\"6\" markerHeight=\"6\" orient=\"auto\"><path d=\"M0,0L10,5L0,10z\" fill=\"#666\"/></marker></defs>\n\
          <text x=\"{MARGIN}\" y=\"18\" font-size=\"14\" font-weight=\"bold\">{}</text>\n\
-         <text x=\"{MARGIN}\" y=\"34\">{} nodes, {} fused kernels (filled, dashed boxes) · bold: declared outputs</text>",
+         <text x=\"{MARGIN}\" y=\"34\">{} nodes, {} fused kernel{} (filled, dashed boxes) · bold: declared outputs</text>",
         escape(&view.name),
         view.nodes.len(),
-        kernels.len()
+        kernels.len(),
+        if kernels.len() == 1 { "" } else { "s" }
     );
     for &k in &kernels {
         let members: Vec<usize> = (0..view.nodes.len())
