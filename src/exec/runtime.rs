@@ -1754,87 +1754,66 @@ macro_rules! compare {
     };
 }
 
+/// Defines `$select() -> $ty`, which returns `$base` compiled for AVX-512
+/// or AVX2 when this CPU has them (checked once, when the runtime is
+/// built), else `$base` as compiled for the target.
+macro_rules! cpu_dispatch {
+    (
+        $(#[$doc:meta])*
+        $select:ident -> $ty:ty = $base:ident($($arg:ident: $argty:ty),* $(,)?)
+    ) => {
+        $(#[$doc])*
+        fn $select() -> $ty {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f,avx2")]
+                unsafe fn avx512_inner($($arg: $argty),*) -> Result<(), String> {
+                    $base($($arg),*)
+                }
+                fn avx512($($arg: $argty),*) -> Result<(), String> {
+                    // SAFETY: only returned after detecting AVX-512F.
+                    unsafe { avx512_inner($($arg),*) }
+                }
+                #[target_feature(enable = "avx2")]
+                unsafe fn avx2_inner($($arg: $argty),*) -> Result<(), String> {
+                    $base($($arg),*)
+                }
+                fn avx2($($arg: $argty),*) -> Result<(), String> {
+                    // SAFETY: only returned after detecting AVX2.
+                    unsafe { avx2_inner($($arg),*) }
+                }
+                if std::arch::is_x86_feature_detected!("avx512f") {
+                    return avx512;
+                }
+                if std::arch::is_x86_feature_detected!("avx2") {
+                    return avx2;
+                }
+            }
+            $base
+        }
+    };
+}
+
 /// One body instruction over one chunk, compiled for the best vector
 /// extension the CPU has (selected once per process).
 type ExecFn = fn(&Op, &[Chunk<'_>], ChunkMut<'_>) -> Result<(), String>;
 
-/// The widest instruction set the loops were compiled for that this CPU
-/// runs. Rust never contracts `a * b + c` into an FMA, so every variant
-/// rounds exactly like the shared kernels.
-fn select_exec() -> ExecFn {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            return exec_avx512;
-        }
-        if std::arch::is_x86_feature_detected!("avx2") {
-            return exec_avx2;
-        }
-    }
-    exec
-}
-
-#[cfg(target_arch = "x86_64")]
-fn exec_avx512(op: &Op, args: &[Chunk<'_>], out: ChunkMut<'_>) -> Result<(), String> {
-    #[target_feature(enable = "avx512f,avx2")]
-    unsafe fn inner(op: &Op, args: &[Chunk<'_>], out: ChunkMut<'_>) -> Result<(), String> {
-        exec(op, args, out)
-    }
-    // SAFETY: only selected by `select_exec` after detecting AVX-512F.
-    unsafe { inner(op, args, out) }
-}
-
-#[cfg(target_arch = "x86_64")]
-fn exec_avx2(op: &Op, args: &[Chunk<'_>], out: ChunkMut<'_>) -> Result<(), String> {
-    #[target_feature(enable = "avx2")]
-    unsafe fn inner(op: &Op, args: &[Chunk<'_>], out: ChunkMut<'_>) -> Result<(), String> {
-        exec(op, args, out)
-    }
-    // SAFETY: only selected by `select_exec` after detecting AVX2.
-    unsafe { inner(op, args, out) }
-}
+cpu_dispatch!(
+    /// The widest instruction set the loops were compiled for that this CPU
+    /// runs. Rust never contracts `a * b + c` into an FMA, so every variant
+    /// rounds exactly like the shared kernels.
+    select_exec -> ExecFn = exec(op: &Op, args: &[Chunk<'_>], out: ChunkMut<'_>)
+);
 
 /// A binary float op whose operand `dest_first ? 0 : 1` is its own
 /// destination: `out[i] = op(out[i], other[i])` (or mirrored).
 type ExecInPlaceFn = fn(&Op, Chunk<'_>, bool, ChunkMut<'_>) -> Result<(), String>;
 
-fn select_exec_in_place() -> ExecInPlaceFn {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            return exec_in_place_avx512;
-        }
-        if std::arch::is_x86_feature_detected!("avx2") {
-            return exec_in_place_avx2;
-        }
-    }
-    exec_in_place
-}
-
-#[cfg(target_arch = "x86_64")]
-fn exec_in_place_avx512(
-    op: &Op,
-    b: Chunk<'_>,
-    first: bool,
-    out: ChunkMut<'_>,
-) -> Result<(), String> {
-    #[target_feature(enable = "avx512f,avx2")]
-    unsafe fn inner(op: &Op, b: Chunk<'_>, first: bool, out: ChunkMut<'_>) -> Result<(), String> {
-        exec_in_place(op, b, first, out)
-    }
-    // SAFETY: only selected by `select_exec_in_place` after detecting AVX-512F.
-    unsafe { inner(op, b, first, out) }
-}
-
-#[cfg(target_arch = "x86_64")]
-fn exec_in_place_avx2(op: &Op, b: Chunk<'_>, first: bool, out: ChunkMut<'_>) -> Result<(), String> {
-    #[target_feature(enable = "avx2")]
-    unsafe fn inner(op: &Op, b: Chunk<'_>, first: bool, out: ChunkMut<'_>) -> Result<(), String> {
-        exec_in_place(op, b, first, out)
-    }
-    // SAFETY: only selected by `select_exec_in_place` after detecting AVX2.
-    unsafe { inner(op, b, first, out) }
-}
+cpu_dispatch!(
+    /// [`exec_in_place`] for the widest instruction set this CPU runs.
+    select_exec_in_place -> ExecInPlaceFn =
+        exec_in_place(op: &Op, b: Chunk<'_>, first: bool, out: ChunkMut<'_>)
+);
 
 #[inline(always)]
 fn map_in_place<T: Copy>(out: &mut [T], other: S<'_, T>, first: bool, f: impl Fn(T, T) -> T) {
@@ -1905,66 +1884,17 @@ fn exec_in_place(op: &Op, other: Chunk<'_>, first: bool, out: ChunkMut<'_>) -> R
 type ExecProductFn =
     fn(Chunk<'_>, Chunk<'_>, Option<Chunk<'_>>, bool, bool, ChunkMut<'_>) -> Result<(), String>;
 
-fn select_exec_product() -> ExecProductFn {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            return exec_product_avx512;
-        }
-        if std::arch::is_x86_feature_detected!("avx2") {
-            return exec_product_avx2;
-        }
-    }
-    exec_product
-}
-
-#[cfg(target_arch = "x86_64")]
-fn exec_product_avx512(
-    x: Chunk<'_>,
-    y: Chunk<'_>,
-    z: Option<Chunk<'_>>,
-    first: bool,
-    sub: bool,
-    out: ChunkMut<'_>,
-) -> Result<(), String> {
-    #[target_feature(enable = "avx512f,avx2")]
-    unsafe fn inner(
+cpu_dispatch!(
+    /// [`exec_product`] for the widest instruction set this CPU runs.
+    select_exec_product -> ExecProductFn = exec_product(
         x: Chunk<'_>,
         y: Chunk<'_>,
         z: Option<Chunk<'_>>,
         first: bool,
         sub: bool,
         out: ChunkMut<'_>,
-    ) -> Result<(), String> {
-        exec_product(x, y, z, first, sub, out)
-    }
-    // SAFETY: only selected by `select_exec_product` after detecting AVX-512F.
-    unsafe { inner(x, y, z, first, sub, out) }
-}
-
-#[cfg(target_arch = "x86_64")]
-fn exec_product_avx2(
-    x: Chunk<'_>,
-    y: Chunk<'_>,
-    z: Option<Chunk<'_>>,
-    first: bool,
-    sub: bool,
-    out: ChunkMut<'_>,
-) -> Result<(), String> {
-    #[target_feature(enable = "avx2")]
-    unsafe fn inner(
-        x: Chunk<'_>,
-        y: Chunk<'_>,
-        z: Option<Chunk<'_>>,
-        first: bool,
-        sub: bool,
-        out: ChunkMut<'_>,
-    ) -> Result<(), String> {
-        exec_product(x, y, z, first, sub, out)
-    }
-    // SAFETY: only selected by `select_exec_product` after detecting AVX2.
-    unsafe { inner(x, y, z, first, sub, out) }
-}
+    )
+);
 
 /// The loops of a folded multiply, one per operand layout so each
 /// vectorizes; `f(product, z)` applies the add or subtract.
