@@ -41,12 +41,6 @@ fn n() -> usize {
 
 const SMALL: usize = 1_000;
 
-fn inputs(n: usize) -> (Array1<f32>, Array1<f32>) {
-    let params = Array1::from_shape_fn(n, |i| ((i % 1009) as f32 - 504.0) * 1e-3);
-    let grads = Array1::from_shape_fn(n, |i| ((i % 101) as f32 - 50.0) * 1e-2);
-    (params, grads)
-}
-
 #[path = "common/limits.rs"]
 mod limits;
 use limits::*;
@@ -138,23 +132,9 @@ fn paired_report() {
     const ROUNDS: usize = 61;
     let (params, grads) = inputs(n());
     let (p, g) = (params.to_vec(), grads.to_vec());
-    let gb = |bytes: usize, secs: f64| bytes as f64 * n() as f64 / secs / 1e9;
-    println!(
-        "\n| pair (1e7 f32, {ROUNDS} alternating rounds) | ours min ms | limit min ms | ours GB/s | limit GB/s | ratio of mins | median paired ratio |"
-    );
-    println!("|---|---|---|---|---|---|---|");
-    let row = |name: &str, bytes: usize, (a, b, r): (f64, f64, f64)| {
-        println!(
-            "| {name} | {:.2} | {:.2} | {:.1} | {:.1} | {:.3} | {r:.3} |",
-            a * 1e3,
-            b * 1e3,
-            gb(bytes, a),
-            gb(bytes, b),
-            a / b
-        );
-    };
+    let table = PairedTable::new(ROUNDS, n(), "ours");
     let mut sgd = tpu_sgd();
-    row(
+    table.row(
         "SGD `tpu_step` vs fresh-output loop",
         12,
         paired(
@@ -164,7 +144,7 @@ fn paired_report() {
         ),
     );
     let (mut donated, mut p_in) = (params.clone(), p.clone());
-    row(
+    table.row(
         "SGD `tpu_step_in_place` vs in-place loop",
         12,
         paired(
@@ -177,7 +157,7 @@ fn paired_report() {
     adam.tpu_step(&params, &grads).unwrap();
     let (mut m, mut v) = (vec![0.0f32; n()], vec![0.0f32; n()]);
     let scalars = AdamScalars::new(10);
-    row(
+    table.row(
         "Adam `tpu_step` vs fresh-output loop",
         28,
         paired(
@@ -191,7 +171,7 @@ fn paired_report() {
         ),
     );
     let (mut donated, mut p_in) = (params.clone(), p.clone());
-    row(
+    table.row(
         "Adam `tpu_step_in_place` vs in-place loop",
         28,
         paired(

@@ -20,7 +20,6 @@
 //! Run: `cargo bench --bench optimizers -- --warm-up-time 1 --measurement-time 3`
 
 use criterion::{BenchmarkId, Criterion, Throughput, black_box, criterion_group};
-use ndarray::Array1;
 use optirs_tpu::optimizers::{Adam, SGD};
 use rayon::prelude::*;
 use std::sync::OnceLock;
@@ -43,12 +42,6 @@ fn n_dram() -> usize {
     if smoke_test() { 1 << 12 } else { 100_000_000 }
 }
 const SMALL: usize = 1_000;
-
-fn inputs(n: usize) -> (Array1<f32>, Array1<f32>) {
-    let params = Array1::from_shape_fn(n, |i| ((i % 1009) as f32 - 504.0) * 1e-3);
-    let grads = Array1::from_shape_fn(n, |i| ((i % 101) as f32 - 50.0) * 1e-2);
-    (params, grads)
-}
 
 #[path = "common/limits.rs"]
 mod limits;
@@ -185,24 +178,10 @@ fn paired_report() {
     const ROUNDS: usize = 101;
     let (params, grads) = inputs(n());
     let (p, g) = (params.to_vec(), grads.to_vec());
-    let gb = |bytes: usize, secs: f64| bytes as f64 * n() as f64 / secs / 1e9;
-    println!(
-        "\n| pair (1e7 f32, {ROUNDS} alternating rounds) | step min ms | limit min ms | step GB/s | limit GB/s | ratio of mins | median paired ratio |"
-    );
-    println!("|---|---|---|---|---|---|---|");
-    let row = |name: &str, bytes: usize, (a, b, r): (f64, f64, f64)| {
-        println!(
-            "| {name} | {:.2} | {:.2} | {:.1} | {:.1} | {:.3} | {r:.3} |",
-            a * 1e3,
-            b * 1e3,
-            gb(bytes, a),
-            gb(bytes, b),
-            a / b
-        );
-    };
+    let table = PairedTable::new(ROUNDS, n(), "step");
 
     let mut sgd = SGD::new(LR);
-    row(
+    table.row(
         "SGD `step` vs fresh-output loop",
         12,
         paired(
@@ -212,7 +191,7 @@ fn paired_report() {
         ),
     );
     let (mut donated, mut p_in) = (params.clone(), p.clone());
-    row(
+    table.row(
         "SGD `step_in_place` vs in-place loop",
         12,
         paired(
@@ -226,7 +205,7 @@ fn paired_report() {
     adam.step(&params, &grads).unwrap();
     let (mut m, mut v) = (vec![0.0f32; n()], vec![0.0f32; n()]);
     let scalars = AdamScalars::new(10);
-    row(
+    table.row(
         "Adam `step` vs fresh-output loop",
         28,
         paired(
@@ -240,7 +219,7 @@ fn paired_report() {
         ),
     );
     let (mut donated, mut p_in) = (params.clone(), p.clone());
-    row(
+    table.row(
         "Adam `step_in_place` vs in-place loop",
         28,
         paired(
@@ -250,7 +229,7 @@ fn paired_report() {
         ),
     );
     let (mut m2, mut v2) = (m.clone(), v.clone());
-    row(
+    table.row(
         "Adam fresh-output loop, advised vs zeroed `vec!`",
         28,
         paired(

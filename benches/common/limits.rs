@@ -5,6 +5,7 @@
 
 #![allow(dead_code, reason = "each benchmark uses a subset")]
 
+use ndarray::Array1;
 use optirs_tpu::optimizers::Adam;
 use rayon::prelude::*;
 use std::mem::MaybeUninit;
@@ -177,4 +178,40 @@ pub fn paired(rounds: usize, mut a: impl FnMut(), mut b: impl FnMut()) -> (f64, 
     ratios.sort_by(f64::total_cmp);
     let min = |v: &[f64]| v.iter().copied().fold(f64::INFINITY, f64::min);
     (min(&ta), min(&tb), ratios[rounds / 2])
+}
+
+/// The benchmarks' params and grads of length `n`: small, varied values.
+pub fn inputs(n: usize) -> (Array1<f32>, Array1<f32>) {
+    let params = Array1::from_shape_fn(n, |i| ((i % 1009) as f32 - 504.0) * 1e-3);
+    let grads = Array1::from_shape_fn(n, |i| ((i % 101) as f32 - 50.0) * 1e-2);
+    (params, grads)
+}
+
+/// A Markdown table of [`paired`] results over `n` elements.
+pub struct PairedTable {
+    n: usize,
+}
+
+impl PairedTable {
+    /// Prints the header; `ours` names the measured side (`step`, `ours`).
+    pub fn new(rounds: usize, n: usize, ours: &str) -> Self {
+        println!(
+            "\n| pair (1e7 f32, {rounds} alternating rounds) | {ours} min ms | limit min ms | {ours} GB/s | limit GB/s | ratio of mins | median paired ratio |"
+        );
+        println!("|---|---|---|---|---|---|---|");
+        PairedTable { n }
+    }
+
+    /// One pair moving `bytes` per element, from [`paired`]'s result.
+    pub fn row(&self, name: &str, bytes: usize, (a, b, r): (f64, f64, f64)) {
+        let gb = |secs: f64| bytes as f64 * self.n as f64 / secs / 1e9;
+        println!(
+            "| {name} | {:.2} | {:.2} | {:.1} | {:.1} | {:.3} | {r:.3} |",
+            a * 1e3,
+            b * 1e3,
+            gb(a),
+            gb(b),
+            a / b
+        );
+    }
 }
