@@ -200,19 +200,7 @@ pub fn all_reduce<T: Element, B: AsMut<[T]>>(
     ring: &[usize],
     op: ReduceOp,
 ) -> Result<Traffic, CollectiveError> {
-    let slices = ring_slices(buffers, ring)?;
-    let n = slices.len();
-    let len = slices[0].len();
-    let epilogue = Epilogue {
-        divisor: (op == ReduceOp::Mean).then_some(n),
-        gather: true,
-    };
-    ring::reduce_scatter_rings(vec![slices], op, epilogue);
-    let route = RingRoute::neighbours(ring);
-    let mut traffic = Traffic::default();
-    route.record_pass(&mut traffic, PhaseKind::ReduceScatter, 0, 0, len, T::BYTES);
-    route.record_pass(&mut traffic, PhaseKind::AllGather, 1, 0, len, T::BYTES);
-    Ok(traffic)
+    ring_reduce(buffers, ring, op, true)
 }
 
 /// Ring reduce-scatter: afterwards `buffers[ring[i]][chunk_range(len, n, i)]`
@@ -223,23 +211,31 @@ pub fn reduce_scatter<T: Element, B: AsMut<[T]>>(
     ring: &[usize],
     op: ReduceOp,
 ) -> Result<Traffic, CollectiveError> {
+    ring_reduce(buffers, ring, op, false)
+}
+
+/// Ring reduce-scatter, then (`gather`) the all-gather that completes an
+/// all-reduce, in one pass over the ring; the traffic of each phase.
+fn ring_reduce<T: Element, B: AsMut<[T]>>(
+    buffers: &mut [B],
+    ring: &[usize],
+    op: ReduceOp,
+    gather: bool,
+) -> Result<Traffic, CollectiveError> {
     let slices = ring_slices(buffers, ring)?;
     let n = slices.len();
     let len = slices[0].len();
     let epilogue = Epilogue {
         divisor: (op == ReduceOp::Mean).then_some(n),
-        gather: false,
+        gather,
     };
     ring::reduce_scatter_rings(vec![slices], op, epilogue);
+    let route = RingRoute::neighbours(ring);
     let mut traffic = Traffic::default();
-    RingRoute::neighbours(ring).record_pass(
-        &mut traffic,
-        PhaseKind::ReduceScatter,
-        0,
-        0,
-        len,
-        T::BYTES,
-    );
+    route.record_pass(&mut traffic, PhaseKind::ReduceScatter, 0, 0, len, T::BYTES);
+    if gather {
+        route.record_pass(&mut traffic, PhaseKind::AllGather, 1, 0, len, T::BYTES);
+    }
     Ok(traffic)
 }
 
