@@ -95,41 +95,45 @@ pub fn deterministic_schedule(label: impl ScheduleLabel) -> Schedule {
     schedule
 }
 
+/// Every [`StepSystems`] set, in run order (the schedule chains them so).
+pub const STEP_SETS: [StepSystems; 13] = [
+    StepSystems::AdvanceClock,
+    StepSystems::InjectFaults,
+    StepSystems::Heartbeats,
+    StepSystems::Transport,
+    StepSystems::FaultDetection,
+    StepSystems::Recovery,
+    StepSystems::Barriers,
+    StepSystems::Collectives,
+    StepSystems::Execute,
+    StepSystems::Coalesce,
+    StepSystems::Monitor,
+    StepSystems::Checkpoint,
+    StepSystems::Finish,
+];
+
+/// Every [`CompileSystems`] set, in run order (the schedule chains them so).
+pub const COMPILE_SETS: [CompileSystems; 7] = [
+    CompileSystems::Verify,
+    CompileSystems::ShapeInference,
+    CompileSystems::Simplify,
+    CompileSystems::Fuse,
+    CompileSystems::Order,
+    CompileSystems::PlanMemory,
+    CompileSystems::Lower,
+];
+
 /// Adds the [`Step`] and [`Compile`] schedules to `world` with their sets
 /// chained in order. Domains then add systems to the sets.
 pub fn init_schedules(world: &mut World) {
     let mut step = deterministic_schedule(Step);
-    step.configure_sets(
-        (
-            StepSystems::AdvanceClock,
-            StepSystems::InjectFaults,
-            StepSystems::Heartbeats,
-            StepSystems::Transport,
-            StepSystems::FaultDetection,
-            StepSystems::Recovery,
-            StepSystems::Barriers,
-            StepSystems::Collectives,
-            StepSystems::Execute,
-            StepSystems::Coalesce,
-            StepSystems::Monitor,
-            StepSystems::Checkpoint,
-            StepSystems::Finish,
-        )
-            .chain(),
-    );
+    for pair in STEP_SETS.windows(2) {
+        step.configure_sets(pair[1].after(pair[0]));
+    }
     let mut compile = deterministic_schedule(Compile);
-    compile.configure_sets(
-        (
-            CompileSystems::Verify,
-            CompileSystems::ShapeInference,
-            CompileSystems::Simplify,
-            CompileSystems::Fuse,
-            CompileSystems::Order,
-            CompileSystems::PlanMemory,
-            CompileSystems::Lower,
-        )
-            .chain(),
-    );
+    for pair in COMPILE_SETS.windows(2) {
+        compile.configure_sets(pair[1].after(pair[0]));
+    }
     let mut schedules = world.get_resource_or_init::<Schedules>();
     schedules.insert(step);
     schedules.insert(compile);

@@ -10,7 +10,8 @@
 use super::system_timer::{SystemSpan, SystemTimer};
 use crate::error::Result;
 use crate::pod::Pod;
-use crate::schedule::{Compile, CompileSystems, Step, StepSystems};
+pub use crate::schedule::{COMPILE_SETS, STEP_SETS};
+use crate::schedule::{Compile, Step};
 use bevy_ecs::prelude::*;
 use bevy_ecs::schedule::{InternedScheduleLabel, InternedSystemSet, ScheduleLabel, Schedules};
 use serde::Serialize;
@@ -31,34 +32,6 @@ pub const BUNDLED_PROGRAMS: &[(&str, &str)] = &[
         include_str!("../../../assets/programs/cse_fold.ron"),
     ),
     ("mlp.ron", include_str!("../../../assets/programs/mlp.ron")),
-];
-
-/// Every [`StepSystems`] set, in run order.
-pub const STEP_SETS: [StepSystems; 13] = [
-    StepSystems::AdvanceClock,
-    StepSystems::InjectFaults,
-    StepSystems::Heartbeats,
-    StepSystems::Transport,
-    StepSystems::FaultDetection,
-    StepSystems::Recovery,
-    StepSystems::Barriers,
-    StepSystems::Collectives,
-    StepSystems::Execute,
-    StepSystems::Coalesce,
-    StepSystems::Monitor,
-    StepSystems::Checkpoint,
-    StepSystems::Finish,
-];
-
-/// Every [`CompileSystems`] set, in run order.
-pub const COMPILE_SETS: [CompileSystems; 7] = [
-    CompileSystems::Verify,
-    CompileSystems::ShapeInference,
-    CompileSystems::Simplify,
-    CompileSystems::Fuse,
-    CompileSystems::Order,
-    CompileSystems::PlanMemory,
-    CompileSystems::Lower,
 ];
 
 /// Where a system sits: its schedule, its set, its position in the run order.
