@@ -717,7 +717,8 @@ impl Cx {
         if self.vector { b.ins().splat(ty, s) } else { s }
     }
 
-    /// The kernels' `max`/`min`: a NaN `y` wins, then a NaN `x`, then the
+    /// [`float_max`](crate::exec::kernels::elementwise::float_max) and
+    /// `float_min` from compares: a NaN `y` wins, then a NaN `x`, then the
     /// comparison (`x` on ties, so `max(-0, +0)` is `-0` as in the kernels).
     fn nan_extremum(
         &self,

@@ -42,6 +42,7 @@ use ndarray::{Array, ArrayD, Dimension, Ix2, IxDyn};
 use rayon::prelude::*;
 use smallvec::SmallVec;
 
+use crate::exec::kernels::elementwise::{float_max, float_min};
 use crate::exec::kernels::{Tensor, evaluate};
 use crate::exec::native::{self, NativeLoops};
 use crate::xla::executable::{Arg as InstrArg, Executable, Instr, LoweredKernel, Stage, ValueRef};
@@ -1664,16 +1665,6 @@ fn select<T: Copy>(p: S<'_, bool>, t: S<'_, T>, f: S<'_, T>, out: &mut [T]) {
     }
 }
 
-fn nan_max<T: PartialOrd + Copy>(a: T, b: T) -> T {
-    #[allow(clippy::eq_op, reason = "x != x detects NaN for any float type")]
-    if a != a || a >= b { a } else { b }
-}
-
-fn nan_min<T: PartialOrd + Copy>(a: T, b: T) -> T {
-    #[allow(clippy::eq_op, reason = "x != x detects NaN for any float type")]
-    if a != a || a <= b { a } else { b }
-}
-
 macro_rules! float_unary {
     ($u:expr, $a:expr, $out:expr) => {
         match $u {
@@ -1709,18 +1700,8 @@ macro_rules! float_binary {
             BinaryOp::Mul => map2($x, $y, $out, |a, b| a * b),
             BinaryOp::Div => map2($x, $y, $out, |a, b| a / b),
             BinaryOp::Rem => map2($x, $y, $out, |a, b| a % b),
-            BinaryOp::Max => map2(
-                $x,
-                $y,
-                $out,
-                |a, b| if b.is_nan() { b } else { nan_max(a, b) },
-            ),
-            BinaryOp::Min => map2(
-                $x,
-                $y,
-                $out,
-                |a, b| if b.is_nan() { b } else { nan_min(a, b) },
-            ),
+            BinaryOp::Max => map2($x, $y, $out, float_max),
+            BinaryOp::Min => map2($x, $y, $out, float_min),
             BinaryOp::Pow => map2($x, $y, $out, |a, b| a.powf(b)),
             BinaryOp::And | BinaryOp::Or => {
                 return Err("and/or are defined for pred and i32".into());
@@ -1841,26 +1822,8 @@ macro_rules! float_binary_in_place {
             BinaryOp::Mul => map_in_place($out, $y, $first, |a, b| a * b),
             BinaryOp::Div => map_in_place($out, $y, $first, |a, b| a / b),
             BinaryOp::Rem => map_in_place($out, $y, $first, |a, b| a % b),
-            BinaryOp::Max => {
-                map_in_place(
-                    $out,
-                    $y,
-                    $first,
-                    |a, b| {
-                        if b.is_nan() { b } else { nan_max(a, b) }
-                    },
-                )
-            }
-            BinaryOp::Min => {
-                map_in_place(
-                    $out,
-                    $y,
-                    $first,
-                    |a, b| {
-                        if b.is_nan() { b } else { nan_min(a, b) }
-                    },
-                )
-            }
+            BinaryOp::Max => map_in_place($out, $y, $first, float_max),
+            BinaryOp::Min => map_in_place($out, $y, $first, float_min),
             BinaryOp::Pow => map_in_place($out, $y, $first, |a, b| a.powf(b)),
             BinaryOp::And | BinaryOp::Or => {
                 return Err("and/or are defined for pred and i32".into());

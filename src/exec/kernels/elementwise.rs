@@ -109,14 +109,20 @@ pub fn unary(op: UnaryOp, x: &Tensor) -> KernelResult<Tensor> {
     })
 }
 
-fn nan_max<T: PartialOrd + Copy>(a: T, b: T) -> T {
-    #[allow(clippy::eq_op, reason = "x != x detects NaN for any float type")]
-    if a != a || a >= b { a } else { b }
+/// XLA's float `max`: NaN wins (a NaN `b` first, then a NaN `a`), and on a
+/// tie `a` (so `max(-0, +0)` is `-0`). The one definition the kernels, the
+/// chunk interpreter and (rebuilt from compares) the native loops follow.
+#[allow(clippy::eq_op, reason = "x != x detects NaN for any float type")]
+#[inline(always)]
+pub(crate) fn float_max<T: PartialOrd + Copy>(a: T, b: T) -> T {
+    if b != b || !(a != a || a >= b) { b } else { a }
 }
 
-fn nan_min<T: PartialOrd + Copy>(a: T, b: T) -> T {
-    #[allow(clippy::eq_op, reason = "x != x detects NaN for any float type")]
-    if a != a || a <= b { a } else { b }
+/// XLA's float `min`, with [`float_max`]'s NaN and tie rules.
+#[allow(clippy::eq_op, reason = "x != x detects NaN for any float type")]
+#[inline(always)]
+pub(crate) fn float_min<T: PartialOrd + Copy>(a: T, b: T) -> T {
+    if b != b || !(a != a || a <= b) { b } else { a }
 }
 
 macro_rules! float_binary {
@@ -127,8 +133,8 @@ macro_rules! float_binary {
             BinaryOp::Mul => |a, b| a * b,
             BinaryOp::Div => |a, b| a / b,
             BinaryOp::Rem => |a, b| a % b,
-            BinaryOp::Max => |a, b| if b.is_nan() { b } else { nan_max(a, b) },
-            BinaryOp::Min => |a, b| if b.is_nan() { b } else { nan_min(a, b) },
+            BinaryOp::Max => float_max,
+            BinaryOp::Min => float_min,
             BinaryOp::Pow => |a, b| a.powf(b),
             BinaryOp::And | BinaryOp::Or => {
                 return Err(KernelError::new("and/or are defined for pred and i32"));
