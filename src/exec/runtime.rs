@@ -794,83 +794,90 @@ impl Runtime {
                 prelude_ptr[i] = tensor_ptr_mut(t);
             }
         }
-        if let Some(native) = self.native.loops[k].as_ref().filter(|_| self.use_native) {
-            let mut table = Vec::with_capacity(native.table().len(dest_ptr.len()));
-            native
-                .table()
-                .fill(&mut table, &in_ptr, &prelude_ptr, &dest_ptr);
-            let run = |lo: usize, hi: usize| {
-                // SAFETY: the table holds the kernel's input, prelude and
-                // destination addresses, each with `plan.len` elements of
-                // the loop's type (scalars one); each task writes only its
-                // own `[lo, hi)` of the destinations, and the buffers are
-                // held by this function until the loop ends.
-                unsafe { native.run(&table, lo, hi) }
-            };
-            let tasks = plan.len.div_ceil(TASK).max(1);
-            if tasks == 1 {
-                run(0, plan.len);
-            } else {
-                (0..tasks).into_par_iter().for_each(|t| {
-                    let lo = t * TASK;
-                    run(lo, (lo + TASK).min(plan.len));
-                });
-            }
-            drop(copies);
-            for (b, slot) in dest {
-                slots[b as usize] = Some(slot);
-            }
-            return Ok(());
-        }
-        // A one-pass body streams like a hand-written loop, which the
-        // hardware prefetcher serves best; longer bodies read each array in
-        // a different instruction and need the software prefetch.
-        let mut streams: SmallVec<[(usize, usize); 8]> = SmallVec::new();
-        let prefetch = plan.body.len() > 1;
-        for &(input, i, size) in plan.streams.iter().filter(|_| prefetch) {
-            let base = if input {
-                in_ptr[i as usize]
-            } else {
-                dest_ptr[i as usize]
-            };
-            if !streams.iter().any(|&(b, _)| b == base) {
-                streams.push((base, size));
-            }
-        }
-        let ctx = LoopCtx {
-            plan,
-            exec: self.exec,
-            exec_in_place: self.exec_in_place,
-            exec_product: self.exec_product,
-            donated,
-            streams,
-            inputs: &in_ptr,
-            prelude: &prelude_ptr,
-            outputs: &dest_ptr,
-            chunk: self.chunk,
-        };
-        let tasks = plan.len.div_ceil(TASK).max(1);
-        if tasks == 1 {
-            ctx.run_range(0, plan.len, &mut ctx.registers())
-                .map_err(kernel_err)?;
-        } else {
-            (0..tasks)
-                .into_par_iter()
-                .try_for_each_init(
-                    || ctx.registers(),
-                    |regs, t| {
-                        let lo = t * TASK;
-                        ctx.run_range(lo, (lo + TASK).min(plan.len), regs)
+        let ran = match self.native.loops[k].as_ref().filter(|_| self.use_native) {
+            Some(native) => {
+                let mut table = Vec::with_capacity(native.table().len(dest_ptr.len()));
+                native
+                    .table()
+                    .fill(&mut table, &in_ptr, &prelude_ptr, &dest_ptr);
+                run_tasks(
+                    plan.len,
+                    || (),
+                    |(), lo, hi| {
+                        // SAFETY: the table holds the kernel's input, prelude
+                        // and destination addresses, each with `plan.len`
+                        // elements of the loop's type (scalars one); each task
+                        // writes only its own `[lo, hi)` of the destinations,
+                        // and the buffers are held by this function until the
+                        // loop ends.
+                        unsafe { native.run(&table, lo, hi) };
+                        Ok(())
                     },
                 )
-                .map_err(kernel_err)?;
-        }
+            }
+            None => {
+                // A one-pass body streams like a hand-written loop, which the
+                // hardware prefetcher serves best; longer bodies read each
+                // array in a different instruction and need the software
+                // prefetch.
+                let mut streams: SmallVec<[(usize, usize); 8]> = SmallVec::new();
+                let prefetch = plan.body.len() > 1;
+                for &(input, i, size) in plan.streams.iter().filter(|_| prefetch) {
+                    let base = if input {
+                        in_ptr[i as usize]
+                    } else {
+                        dest_ptr[i as usize]
+                    };
+                    if !streams.iter().any(|&(b, _)| b == base) {
+                        streams.push((base, size));
+                    }
+                }
+                let ctx = LoopCtx {
+                    plan,
+                    exec: self.exec,
+                    exec_in_place: self.exec_in_place,
+                    exec_product: self.exec_product,
+                    donated,
+                    streams,
+                    inputs: &in_ptr,
+                    prelude: &prelude_ptr,
+                    outputs: &dest_ptr,
+                    chunk: self.chunk,
+                };
+                run_tasks(
+                    plan.len,
+                    || ctx.registers(),
+                    |regs, lo, hi| ctx.run_range(lo, hi, regs),
+                )
+            }
+        };
+        ran.map_err(kernel_err)?;
         drop(copies);
         for (b, slot) in dest {
             slots[b as usize] = Some(slot);
         }
         Ok(())
     }
+}
+
+/// Runs `f(state, lo, hi)` over `[0, len)` in [`TASK`]-element ranges,
+/// spread over rayon's pool (inline when there is one task), each thread
+/// with its own `init()` state.
+fn run_tasks<S>(
+    len: usize,
+    init: impl Fn() -> S + Sync + Send,
+    f: impl Fn(&mut S, usize, usize) -> Result<(), String> + Sync + Send,
+) -> Result<(), String> {
+    let tasks = len.div_ceil(TASK).max(1);
+    if tasks == 1 {
+        return f(&mut init(), 0, len);
+    }
+    (0..tasks)
+        .into_par_iter()
+        .try_for_each_init(init, |state, t| {
+            let lo = t * TASK;
+            f(state, lo, (lo + TASK).min(len))
+        })
 }
 
 fn unwritten(b: u32) -> ExecError {
