@@ -602,10 +602,14 @@ where
             .map(|(e, c)| (e, c.clone()))
     }
 
-    /// The compiled program for `shape` (from the cache or compiled now).
-    fn program(&mut self, shape: &[usize]) -> Result<(Arc<Runtime>, u64, bool)> {
-        // A learning rate passed at run time is not part of the program.
-        let lr_at_run_time = self.learning_rate_scalar().is_some();
+    /// The compiled program for `shape` (from the cache or compiled now);
+    /// a learning rate passed at run time (`lr_at_run_time`) is not part of
+    /// the program, so not of its key.
+    fn program(
+        &mut self,
+        shape: &[usize],
+        lr_at_run_time: bool,
+    ) -> Result<(Arc<Runtime>, u64, bool)> {
         let rule = self.base.update_rule();
         let key = ProgramKey {
             shape: shape.to_vec(),
@@ -728,7 +732,8 @@ where
     }
 
     fn execute(&mut self, shape: &[usize], params: Arg<'_>, grads: Arg<'_>) -> Result<RunOutput> {
-        let (runtime, bytes, compiled_rule) = self.program(shape)?;
+        let neg_lr = self.learning_rate_scalar();
+        let (runtime, bytes, compiled_rule) = self.program(shape, neg_lr.is_some())?;
         let mut next_count = 0;
         if compiled_rule {
             let (slots, initial) = match self.base.update_rule() {
@@ -746,7 +751,6 @@ where
         }
         let reservation = self.reserve(heap_bytes, &runtime.executable().name)?;
         let started = Instant::now();
-        let neg_lr = self.learning_rate_scalar();
         let result = self.run(&runtime, params, grads, compiled_rule, next_count, neg_lr);
         let seconds = started.elapsed().as_secs_f64();
         self.release(reservation)?;
