@@ -42,7 +42,7 @@ use ndarray::{Array, ArrayD, Dimension, Ix2, IxDyn};
 use rayon::prelude::*;
 use smallvec::SmallVec;
 
-use crate::exec::kernels::elementwise::{float_max, float_min};
+use crate::exec::kernels::elementwise::{float_max, float_min, int_pow};
 use crate::exec::kernels::{Tensor, evaluate};
 use crate::exec::native::{self, NativeLoops};
 use crate::xla::executable::{Arg as InstrArg, Executable, Instr, LoweredKernel, Stage, ValueRef};
@@ -1699,34 +1699,25 @@ macro_rules! float_unary {
     };
 }
 
+/// `$map(args…, f)` with the float op `$b` as `f`: one table of float
+/// binary ops for the out-of-place (`map2`) and in-place (`map_in_place`)
+/// loops.
 macro_rules! float_binary {
-    ($b:expr, $x:expr, $y:expr, $out:expr) => {
+    ($b:expr, $map:ident($($arg:expr),*)) => {
         match $b {
-            BinaryOp::Add => map2($x, $y, $out, |a, b| a + b),
-            BinaryOp::Sub => map2($x, $y, $out, |a, b| a - b),
-            BinaryOp::Mul => map2($x, $y, $out, |a, b| a * b),
-            BinaryOp::Div => map2($x, $y, $out, |a, b| a / b),
-            BinaryOp::Rem => map2($x, $y, $out, |a, b| a % b),
-            BinaryOp::Max => map2($x, $y, $out, float_max),
-            BinaryOp::Min => map2($x, $y, $out, float_min),
-            BinaryOp::Pow => map2($x, $y, $out, |a, b| a.powf(b)),
+            BinaryOp::Add => $map($($arg,)* |a, b| a + b),
+            BinaryOp::Sub => $map($($arg,)* |a, b| a - b),
+            BinaryOp::Mul => $map($($arg,)* |a, b| a * b),
+            BinaryOp::Div => $map($($arg,)* |a, b| a / b),
+            BinaryOp::Rem => $map($($arg,)* |a, b| a % b),
+            BinaryOp::Max => $map($($arg,)* float_max),
+            BinaryOp::Min => $map($($arg,)* float_min),
+            BinaryOp::Pow => $map($($arg,)* |a, b| a.powf(b)),
             BinaryOp::And | BinaryOp::Or => {
                 return Err("and/or are defined for pred and i32".into());
             }
         }
     };
-}
-
-fn int_pow(base: i32, exp: i32) -> i32 {
-    if exp < 0 {
-        return match base {
-            1 => 1,
-            -1 if exp % 2 == 0 => 1,
-            -1 => -1,
-            _ => 0,
-        };
-    }
-    base.wrapping_pow(exp as u32)
 }
 
 macro_rules! compare {
@@ -1821,29 +1812,15 @@ fn map_in_place<T: Copy>(out: &mut [T], other: S<'_, T>, first: bool, f: impl Fn
     }
 }
 
-macro_rules! float_binary_in_place {
-    ($b:expr, $y:expr, $first:expr, $out:expr) => {
-        match $b {
-            BinaryOp::Add => map_in_place($out, $y, $first, |a, b| a + b),
-            BinaryOp::Sub => map_in_place($out, $y, $first, |a, b| a - b),
-            BinaryOp::Mul => map_in_place($out, $y, $first, |a, b| a * b),
-            BinaryOp::Div => map_in_place($out, $y, $first, |a, b| a / b),
-            BinaryOp::Rem => map_in_place($out, $y, $first, |a, b| a % b),
-            BinaryOp::Max => map_in_place($out, $y, $first, float_max),
-            BinaryOp::Min => map_in_place($out, $y, $first, float_min),
-            BinaryOp::Pow => map_in_place($out, $y, $first, |a, b| a.powf(b)),
-            BinaryOp::And | BinaryOp::Or => {
-                return Err("and/or are defined for pred and i32".into());
-            }
-        }
-    };
-}
-
 #[inline(always)]
 fn exec_in_place(op: &Op, other: Chunk<'_>, first: bool, out: ChunkMut<'_>) -> Result<(), String> {
     match (op, other, out) {
-        (Op::Binary(b), Chunk::F32(y), ChunkMut::F32(o)) => float_binary_in_place!(*b, y, first, o),
-        (Op::Binary(b), Chunk::F64(y), ChunkMut::F64(o)) => float_binary_in_place!(*b, y, first, o),
+        (Op::Binary(b), Chunk::F32(y), ChunkMut::F32(o)) => {
+            float_binary!(*b, map_in_place(o, y, first))
+        }
+        (Op::Binary(b), Chunk::F64(y), ChunkMut::F64(o)) => {
+            float_binary!(*b, map_in_place(o, y, first))
+        }
         _ => return Err(format!("{op} cannot run in place on these operand types")),
     }
     Ok(())
@@ -1981,10 +1958,10 @@ fn exec(op: &Op, args: &[Chunk<'_>], out: ChunkMut<'_>) -> Result<(), String> {
         },
         (Op::Unary(UnaryOp::Not), [Chunk::Pred(a)], ChunkMut::Pred(o)) => map1(*a, o, |x| !x),
         (Op::Binary(b), [Chunk::F32(x), Chunk::F32(y)], ChunkMut::F32(o)) => {
-            float_binary!(*b, *x, *y, o)
+            float_binary!(*b, map2(*x, *y, o))
         }
         (Op::Binary(b), [Chunk::F64(x), Chunk::F64(y)], ChunkMut::F64(o)) => {
-            float_binary!(*b, *x, *y, o)
+            float_binary!(*b, map2(*x, *y, o))
         }
         (Op::Binary(b), [Chunk::I32(x), Chunk::I32(y)], ChunkMut::I32(o)) => {
             let (x, y) = (*x, *y);

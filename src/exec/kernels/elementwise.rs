@@ -144,7 +144,9 @@ macro_rules! float_binary {
     }};
 }
 
-fn int_pow(base: i32, exp: i32) -> i32 {
+/// XLA's integer power: a negative exponent gives 0 except for bases ±1;
+/// overflow wraps.
+pub(crate) fn int_pow(base: i32, exp: i32) -> i32 {
     if exp < 0 {
         return match base {
             1 => 1,
