@@ -497,7 +497,7 @@ where
         params: &Array<A, D>,
         grads: &Array<A, D>,
     ) -> Result<Array<A, D>> {
-        check_shapes(params, grads)?;
+        crate::optimizer::check_same_shape(params, grads)?;
         let shape = params.shape().to_vec();
         let out = self.execute(&shape, Arg::view(params), Arg::view(grads))?;
         let t = match out {
@@ -514,7 +514,7 @@ where
         params: &mut Array<A, D>,
         grads: &Array<A, D>,
     ) -> Result<()> {
-        check_shapes(params, grads)?;
+        crate::optimizer::check_same_shape(params, grads)?;
         let shape = params.shape().to_vec();
         let dim = params.raw_dim();
         let out = self.execute(&shape, Arg::donated(params), Arg::view(grads))?;
@@ -931,17 +931,6 @@ where
 
 fn base_name<A, O: Optimizer<A, IxDyn>>(o: &O) -> String {
     o.name().to_owned()
-}
-
-fn check_shapes<A, D: Dimension>(params: &Array<A, D>, grads: &Array<A, D>) -> Result<()> {
-    if params.shape() == grads.shape() {
-        Ok(())
-    } else {
-        Err(OptimError::ShapeMismatch {
-            params: params.shape().to_vec(),
-            grads: grads.shape().to_vec(),
-        })
-    }
 }
 
 fn into_array<A: Element, D: Dimension>(t: Tensor, dim: D) -> Result<Array<A, D>> {
