@@ -329,24 +329,18 @@ fn analyze(kernel: &LoweredKernel, input_types: &[TensorType]) -> Result<Body, S
     })
 }
 
-#[derive(Debug, Default)]
-pub(crate) struct NativeLoops {
-    pub(crate) loops: Vec<Option<NativeLoop>>,
-    /// Per kernel: why its loop is interpreted (`None`: native or not a loop).
-    pub(crate) reasons: Vec<Option<String>>,
-}
+/// Per kernel: its compiled loop, why it has none (`Err`: the interpreter
+/// runs it), or `None` for a kernel that is not a fused loop.
+pub(crate) type NativeLoops = Vec<Option<Result<NativeLoop, String>>>;
 
 /// Compiles the fused loops among `kernels` (each with its input types;
 /// `None` for kernels that are not fused loops).
 pub(crate) fn compile(kernels: &[Option<(&LoweredKernel, Vec<TensorType>)>]) -> NativeLoops {
-    let mut out = NativeLoops {
-        loops: vec![None; kernels.len()],
-        reasons: vec![None; kernels.len()],
-    };
+    let mut out: NativeLoops = vec![None; kernels.len()];
     let Some(isa) = host_isa() else {
         for (k, kernel) in kernels.iter().enumerate() {
             if kernel.is_some() {
-                out.reasons[k] = Some("no native code generator for this CPU".into());
+                out[k] = Some(Err("no native code generator for this CPU".into()));
             }
         }
         return out;
@@ -362,7 +356,7 @@ pub(crate) fn compile(kernels: &[Option<(&LoweredKernel, Vec<TensorType>)>]) -> 
         let body = match analyze(kernel, input_types) {
             Ok(body) => body,
             Err(why) => {
-                out.reasons[k] = Some(why);
+                out[k] = Some(Err(why));
                 continue;
             }
         };
@@ -372,7 +366,7 @@ pub(crate) fn compile(kernels: &[Option<(&LoweredKernel, Vec<TensorType>)>]) -> 
         let id = match module.declare_function(&format!("loop{k}"), Linkage::Local, &sig) {
             Ok(id) => id,
             Err(e) => {
-                out.reasons[k] = Some(e.to_string());
+                out[k] = Some(Err(e.to_string()));
                 continue;
             }
         };
@@ -390,7 +384,7 @@ pub(crate) fn compile(kernels: &[Option<(&LoweredKernel, Vec<TensorType>)>]) -> 
         );
         match module.define_function(id, &mut ctx) {
             Ok(()) => defined.push((k, id, table)),
-            Err(e) => out.reasons[k] = Some(format!("code generation: {e:?}")),
+            Err(e) => out[k] = Some(Err(format!("code generation: {e:?}"))),
         }
         module.clear_context(&mut ctx);
     }
@@ -401,7 +395,7 @@ pub(crate) fn compile(kernels: &[Option<(&LoweredKernel, Vec<TensorType>)>]) -> 
     }
     if let Err(e) = module.finalize_definitions() {
         for (k, _, _) in defined {
-            out.reasons[k] = Some(format!("code generation: {e}"));
+            out[k] = Some(Err(format!("code generation: {e}")));
         }
         // SAFETY: finalization failed; no function pointer was taken.
         unsafe { module.free_memory() };
@@ -418,11 +412,11 @@ pub(crate) fn compile(kernels: &[Option<(&LoweredKernel, Vec<TensorType>)>]) -> 
         // SAFETY: the function was built with the `LoopFn` signature (three
         // pointer-sized arguments, no result) in the default call convention.
         let entry: LoopFn = unsafe { std::mem::transmute::<*const u8, LoopFn>(entry) };
-        out.loops[k] = Some(NativeLoop {
+        out[k] = Some(Ok(NativeLoop {
             entry,
             table,
             _code: code.clone(),
-        });
+        }));
     }
     out
 }

@@ -508,9 +508,10 @@ impl Runtime {
             .enumerate()
             .map(|(k, p)| {
                 p.as_ref()?;
-                Some(match (&self.native.loops[k], &self.native.reasons[k]) {
-                    (Some(_), _) => Ok(()),
-                    (None, why) => Err(why.clone().unwrap_or_else(|| "not compiled".into())),
+                Some(match &self.native[k] {
+                    Some(Ok(_)) => Ok(()),
+                    Some(Err(why)) => Err(why.clone()),
+                    None => Err("not compiled".into()),
                 })
             })
             .collect()
@@ -794,7 +795,11 @@ impl Runtime {
                 prelude_ptr[i] = tensor_ptr_mut(t);
             }
         }
-        let ran = match self.native.loops[k].as_ref().filter(|_| self.use_native) {
+        let native = match &self.native[k] {
+            Some(Ok(native)) if self.use_native => Some(native),
+            _ => None,
+        };
+        let ran = match native {
             Some(native) => {
                 let mut table = Vec::with_capacity(native.table().len(dest_ptr.len()));
                 native
