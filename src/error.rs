@@ -87,7 +87,7 @@ pub enum OptimError {
     },
     /// A program could not be compiled or executed.
     #[error(transparent)]
-    Compile(#[from] crate::xla::CompileError),
+    Compile(#[from] crate::compiler::CompileError),
     /// A compiled program failed while running.
     #[error(transparent)]
     Exec(#[from] crate::exec::runtime::ExecError),

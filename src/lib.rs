@@ -3,19 +3,24 @@
 
 pub mod barrier;
 pub mod checkpoint;
+pub mod clock;
 pub mod collectives;
+pub mod compiler;
 pub mod coordination;
 pub mod error;
 pub mod exec;
 pub mod fault_tolerance;
 pub mod hardware;
 pub mod health;
+pub mod ir;
+pub mod kernels;
 pub mod memory;
 pub mod monitor;
 pub mod optimizer;
 pub mod optimizers;
 pub mod pod;
 pub mod pod_coordination;
+pub mod profile;
 pub mod rng;
 pub mod schedule;
 pub mod svg;

@@ -12,9 +12,9 @@
 //! Reusing a finished barrier's name starts its next generation; arrivals
 //! stamped with an older generation are ignored.
 
+use crate::clock::SimClock;
 use crate::fault_tolerance::Excluded;
 use crate::health::{DeviceState, FailureEpoch, Health, HeartbeatConfig};
-use crate::pod::SimClock;
 use crate::rng::{SimRng, stream};
 use crate::schedule::{Step, StepSystems};
 use crate::topology::{DeviceId, DeviceIndex};

@@ -8,7 +8,17 @@ use super::error::SnapshotError;
 use super::persist::{LoadContext, Persist, StoreContext};
 use super::snapshot::SnapshotRegistry;
 use crate::barrier::{Barrier, BarrierArrivals, BarrierOutcome, BarrierRegistry, PendingBarrier};
+use crate::clock::SimClock;
 use crate::collectives::pod::{Collective, CollectiveOutcome};
+use crate::compiler::graph::{
+    DeclaredType, InProgram, Literal, Node, NodeName, Operands, Output, PendingCompile, Program,
+    ProgramNodes, ProgramOutputs, ValueType,
+};
+use crate::compiler::passes::fusion::{FusionRefusals, InKernel, Kernel, ProgramKernels};
+use crate::compiler::passes::lower::CompiledExecutable;
+use crate::compiler::passes::memory_plan::{Buffer, MemoryPlan};
+use crate::compiler::passes::ordering::KernelPosition;
+use crate::compiler::passes::{CompileFailure, DisabledPasses, PassLog};
 use crate::fault_tolerance::Excluded;
 use crate::health::{
     ControlJitter, DeviceState, FailureEpoch, FailureLog, FaultPlan, Health, Heartbeat,
@@ -19,7 +29,6 @@ use crate::monitor::{
     LinkMetrics, MonitorConfig, MonitorState,
 };
 use crate::persist_as_self;
-use crate::pod::SimClock;
 use crate::pod_coordination::synchronization::clocks::pod::{ClockSync, DeviceClock};
 use crate::rng::SimRng;
 use crate::topology::{
@@ -28,15 +37,6 @@ use crate::topology::{
 };
 use crate::tpu::state::{OptimizerCount, OptimizerSlot};
 use crate::transport::{DeliveryLog, Inbox, LinkQueue, LinkState, Transport};
-use crate::xla::graph::{
-    DeclaredType, InProgram, Literal, Node, NodeName, Operands, Output, PendingCompile, Program,
-    ProgramNodes, ProgramOutputs, ValueType,
-};
-use crate::xla::passes::fusion::{FusionRefusals, InKernel, Kernel, ProgramKernels};
-use crate::xla::passes::lower::CompiledExecutable;
-use crate::xla::passes::memory_plan::{Buffer, MemoryPlan};
-use crate::xla::passes::ordering::KernelPosition;
-use crate::xla::passes::{CompileFailure, DisabledPasses, PassLog};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 

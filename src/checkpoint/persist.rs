@@ -18,8 +18,8 @@
 
 use super::error::SnapshotError;
 use super::tensor_bytes::TensorBytes;
-use crate::exec::kernels::Tensor;
-use crate::xla::DType;
+use crate::ir::DType;
+use crate::ir::Tensor;
 use bevy_ecs::entity::Entity;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};

@@ -6,8 +6,8 @@
 //! straight from the world) and a tensor file may be read straight into
 //! typed buffers that the restored tensors keep (see [`Landing`]).
 
-use crate::exec::kernels::Tensor;
-use crate::xla::DType;
+use crate::ir::DType;
+use crate::ir::Tensor;
 use ndarray::{ArrayD, IxDyn};
 use std::fmt;
 use std::ops::{Deref, Range};
@@ -53,7 +53,7 @@ impl TensorBytes {
         if element_bytes(tensor).is_some() {
             TensorBytes(Source::Tensor(tensor.clone()))
         } else {
-            crate::xla::persist::tensor_le_bytes(tensor).into()
+            crate::compiler::persist::tensor_le_bytes(tensor).into()
         }
     }
 

@@ -20,7 +20,7 @@ use super::error::SnapshotError;
 use super::persist::StoredTensor;
 use super::snapshot::FORMAT_VERSION;
 use super::tensor_bytes::TensorBytes;
-use crate::xla::DType;
+use crate::ir::DType;
 use safetensors::tensor::{Dtype, Metadata, TensorInfo};
 use std::collections::HashMap;
 use std::ops::Range;

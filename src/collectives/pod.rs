@@ -19,9 +19,10 @@ use super::{
     CollectiveError, Element, LinkModel, ReduceOp, TorusShape, Traffic, all_gather, broadcast,
     reduce_scatter, torus_all_reduce,
 };
+use crate::clock::SimClock;
 use crate::error::{OptimError, Result};
 use crate::health::{DeviceState, Health};
-use crate::pod::{Pod, SimClock};
+use crate::pod::Pod;
 use crate::schedule::{Step, StepSystems};
 use crate::topology::{Device, DeviceId, DeviceIndex, Link, LinkTraffic};
 use crate::transport::LinkState;

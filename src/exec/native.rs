@@ -44,8 +44,8 @@ use cranelift_jit::{JITBuilder, JITModule};
 use cranelift_module::{Linkage, Module, default_libcall_names};
 use smallvec::{SmallVec, smallvec};
 
-use crate::xla::executable::{Arg as InstrArg, LoweredKernel, Stage};
-use crate::xla::{BinaryOp, CompareDir, DType, Op, TensorType, UnaryOp};
+use crate::compiler::executable::{Arg as InstrArg, LoweredKernel, Stage};
+use crate::ir::{BinaryOp, CompareDir, DType, Op, TensorType, UnaryOp};
 
 /// A compiled loop: `f(table, lo, hi)` runs the body over elements
 /// `[lo, hi)`.
@@ -711,7 +711,7 @@ impl Cx {
         if self.vector { b.ins().splat(ty, s) } else { s }
     }
 
-    /// [`float_max`](crate::exec::kernels::elementwise::float_max) and
+    /// [`float_max`](crate::kernels::elementwise::float_max) and
     /// `float_min` from compares: a NaN `y` wins, then a NaN `x`, then the
     /// comparison (`x` on ties, so `max(-0, +0)` is `-0` as in the kernels).
     fn nan_extremum(

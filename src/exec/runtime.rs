@@ -24,7 +24,7 @@
 //!   or a buffer it allocated), the output is written over the input: the
 //!   loop reads every element of a chunk before it writes it.
 //! * **Other kernels** (dot, reduce, convolution, structural ops) run over
-//!   whole tensors with the shared kernels ([`crate::exec::kernels`]); a 2-D
+//!   whole tensors with the shared kernels ([`crate::kernels`]); a 2-D
 //!   floating-point dot uses ndarray's matrix multiply instead, so it rounds
 //!   differently from the reference (which accumulates in index order).
 //! * **Custom calls** go to a [`CustomCallHandler`] the caller passes in;
@@ -42,11 +42,14 @@ use ndarray::{Array, ArrayD, Dimension, Ix2, IxDyn};
 use rayon::prelude::*;
 use smallvec::SmallVec;
 
-use crate::exec::kernels::elementwise::{float_max, float_min, int_pow};
-use crate::exec::kernels::{Tensor, evaluate};
+use crate::compiler::executable::{
+    Arg as InstrArg, Executable, Instr, LoweredKernel, Stage, ValueRef,
+};
 use crate::exec::native::{self, NativeLoops};
-use crate::xla::executable::{Arg as InstrArg, Executable, Instr, LoweredKernel, Stage, ValueRef};
-use crate::xla::{BinaryOp, CompareDir, DType, DotDims, Op, TensorType, UnaryOp};
+use crate::ir::Tensor;
+use crate::ir::{BinaryOp, CompareDir, DType, DotDims, Op, TensorType, UnaryOp};
+use crate::kernels::elementwise::{float_max, float_min, int_pow};
+use crate::kernels::evaluate;
 
 /// Elements per chunk of a fused loop: 16 KiB of `f32` per register, so a
 /// handful of live registers stay in L1 and a dozen in L2. Paired runs at

@@ -2,7 +2,7 @@
 
 use super::{checkpoint_name, enforce_retention};
 use crate::checkpoint::{SnapshotRegistry, write_checkpoint};
-use crate::pod::SimClock;
+use crate::clock::SimClock;
 use crate::topology::PodTopology;
 use bevy_ecs::prelude::*;
 use serde::{Deserialize, Serialize};

@@ -2,7 +2,7 @@
 //! at a simulated time through the [`FaultPlan`].
 
 use super::{ControlJitter, DeviceState, InjectedFault};
-use crate::pod::SimClock;
+use crate::clock::SimClock;
 use crate::topology::{DeviceId, DeviceIndex, Link};
 use crate::transport::{LinkState, Transport};
 use bevy_ecs::prelude::*;

@@ -28,7 +28,7 @@ mod faults;
 
 pub use faults::{Fault, FaultError, FaultPlan, ScheduledFault, apply_fault, schedule_fault};
 
-use crate::pod::SimClock;
+use crate::clock::SimClock;
 use crate::rng::{SimRng, stream};
 use crate::schedule::{Step, StepSystems};
 use crate::topology::{Device, DeviceId, PodTopology};

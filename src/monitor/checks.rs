@@ -12,8 +12,8 @@
 //! keeps when the current level began.
 
 use super::{DeviceMetrics, DeviceSample, MonitorState};
+use crate::clock::SimClock;
 use crate::health::HeartbeatConfig;
-use crate::pod::SimClock;
 use bevy_ecs::prelude::*;
 use serde::{Deserialize, Serialize};
 

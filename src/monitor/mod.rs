@@ -18,7 +18,7 @@
 //!
 //! Everything reads simulated time ([`SimClock`]), so a restored pod
 //! monitors identically; wall-clock step times belong to the profiler
-//! ([`crate::xla::backend::profiling_integration`]) and enter the report
+//! ([`crate::profile::profiling_integration`]) and enter the report
 //! only as an argument ([`report::performance_report`]).
 //!
 //! Device memory in use is read from [`HbmUsage`], which
@@ -36,8 +36,8 @@ pub use history::DeviceHistory;
 pub use report::{PerformanceReport, performance_report};
 pub use ring::Ring;
 
+use crate::clock::SimClock;
 use crate::health::{Heartbeat, HeartbeatConfig};
-use crate::pod::SimClock;
 use crate::schedule::{Step, StepSystems};
 use crate::topology::{Device, HbmCapacity, Link, LinkTraffic};
 use crate::transport::{Inbox, Payload};

@@ -134,7 +134,7 @@ pub fn performance_report(world: &mut World, step_wall_ns: Option<&[u64]>) -> Pe
     // (slots without an entry were idle: 0 bytes/s).
     let slots = state.samples.min(config.history_len as u64).max(1);
     let window_start = world
-        .resource::<crate::pod::SimClock>()
+        .resource::<crate::clock::SimClock>()
         .now_ns
         .saturating_sub(slots * config.sample_every_ns);
     let mut rates = Vec::new();

@@ -11,12 +11,11 @@
 //! # Ok::<(), optirs_tpu::OptimError>(())
 //! ```
 
-pub mod clock;
-
-pub use clock::SimClock;
+pub use crate::clock::{self, SimClock};
 
 use crate::barrier::{self, BarrierOutcome, BarrierRegistry};
 use crate::checkpoint::{SnapshotRegistry, WorldSnapshot, engine_registry};
+use crate::compiler::{self, CompileReport};
 use crate::error::{OptimError, Result};
 use crate::fault_tolerance::{PeriodicCheckpoints, write_periodic_checkpoint};
 use crate::health::{self, FailureLog, FailureRecord, Fault, Health};
@@ -29,7 +28,6 @@ use crate::topology::{
     load_topology_file, parse_topology, spawn_topology,
 };
 use crate::transport;
-use crate::xla::{self, CompileReport};
 use bevy_ecs::prelude::*;
 use bevy_ecs::schedule::ScheduleLabel;
 use bevy_ecs::schedule::Schedules;
@@ -84,7 +82,7 @@ impl Pod {
     pub fn from_topology(topology: Topology) -> Result<Pod> {
         let mut world = World::new();
         init_schedules(&mut world);
-        clock::install(&mut world, topology.tick_ns);
+        crate::clock::install(&mut world, topology.tick_ns);
         world.insert_resource(SimRng::new(DEFAULT_SEED));
         spawn_topology(&mut world, &topology);
         transport::install(&mut world);
@@ -93,7 +91,7 @@ impl Pod {
         barrier::install(&mut world);
         crate::collectives::pod::install(&mut world);
         crate::pod_coordination::synchronization::clocks::pod::install(&mut world);
-        xla::install(&mut world);
+        compiler::install(&mut world);
         world.insert_resource(engine_registry());
         world.resource_mut::<Schedules>().add_systems(
             Step,
@@ -314,14 +312,14 @@ impl Pod {
     /// buffers and executable stay in the world (and in its checkpoints);
     /// `name` is used in error positions.
     pub fn compile_program_str(&mut self, name: &str, text: &str) -> Result<CompileReport> {
-        let program = xla::load_program_str(&mut self.world, name, text)?;
-        Ok(xla::compile(&mut self.world, program)?)
+        let program = compiler::load_program_str(&mut self.world, name, text)?;
+        Ok(compiler::compile(&mut self.world, program)?)
     }
 
     /// [`Pod::compile_program_str`] on a program file.
     pub fn compile_program_file(&mut self, path: impl AsRef<Path>) -> Result<CompileReport> {
         let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|source| xla::CompileError::Io {
+        let text = std::fs::read_to_string(path).map_err(|source| compiler::CompileError::Io {
             path: path.to_owned(),
             source,
         })?;

@@ -30,9 +30,10 @@
 
 use bevy_ecs::prelude::*;
 
+use crate::compiler::GraphBuilder;
 use crate::exec::runtime::Element;
+use crate::ir::{BinaryOp, CompareDir, DType, TensorType, UnaryOp};
 use crate::optimizer::{ElementOp, FloatElement, Operand, UpdateProgram, UpdateRule};
-use crate::xla::{BinaryOp, CompareDir, DType, GraphBuilder, TensorType, UnaryOp};
 
 /// The custom-call target of an opaque optimizer's step.
 pub const STEP_TARGET: &str = "optirs.step";
@@ -170,13 +171,13 @@ pub fn build_update_graph<A: FloatElement + Element>(
             }
             Scalar::InverseBiasCorrection { base } => {
                 let t = *t64
-                    .get_or_insert_with(|| b.node(crate::xla::Op::Convert(DType::F64), &[count]));
+                    .get_or_insert_with(|| b.node(crate::ir::Op::Convert(DType::F64), &[count]));
                 let base = b.scalar(DType::F64, base.as_f64());
                 let pow = b.binary(BinaryOp::Pow, base, t);
                 let pow = if dtype == DType::F64 {
                     pow
                 } else {
-                    b.node(crate::xla::Op::Convert(dtype), &[pow])
+                    b.node(crate::ir::Op::Convert(dtype), &[pow])
                 };
                 let denominator = b.sub(one, pow);
                 b.div(one, denominator)
@@ -219,11 +220,11 @@ pub fn build_update_graph<A: FloatElement + Element>(
                     b.unary(UnaryOp::Rsqrt, x)
                 } else {
                     // Correctly rounded: 1 / sqrt in f64, rounded once.
-                    let wide = b.node(crate::xla::Op::Convert(DType::F64), &[x]);
+                    let wide = b.node(crate::ir::Op::Convert(DType::F64), &[x]);
                     let root = b.unary(UnaryOp::Sqrt, wide);
                     let one64 = b.scalar(DType::F64, 1.0);
                     let inv = b.div(one64, root);
-                    b.node(crate::xla::Op::Convert(dtype), &[inv])
+                    b.node(crate::ir::Op::Convert(dtype), &[inv])
                 }
             }
             ElementOp::SelectPositive {

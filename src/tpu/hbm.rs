@@ -14,11 +14,11 @@
 use bevy_ecs::prelude::*;
 
 use super::state::{DeviceHeap, OptimizerSlot};
+use crate::compiler::passes::memory_plan::ALIGNMENT;
 use crate::error::{OptimError, Result};
 use crate::memory::{Block, Heap};
 use crate::monitor::HbmUsage;
 use crate::topology::{Device, HbmCapacity};
-use crate::xla::passes::memory_plan::ALIGNMENT;
 
 /// Where an [`OptimizerSlot`]'s tensor resides: its block in a device heap.
 #[derive(Component, Debug, Clone, Copy, PartialEq, Eq)]

@@ -71,17 +71,18 @@ use bevy_ecs::prelude::*;
 use ndarray::{Array, ArrayD, Dimension, IxDyn};
 
 use crate::checkpoint::{SnapshotRegistry, WorldSnapshot};
+use crate::compiler;
+use crate::compiler::passes::memory_plan::ALIGNMENT;
 use crate::error::{OptimError, Result};
-use crate::exec::kernels::Tensor;
 use crate::exec::runtime::{Arg, CustomCallHandler, Element, RunOutput, Runtime};
 use crate::hardware::TpuGeneration;
+use crate::ir::Tensor;
+use crate::ir::{DType, TensorType};
 use crate::memory::{Block, Heap};
 use crate::monitor::HbmUsage;
 use crate::optimizer::{FloatElement, Optimizer, UpdateRule};
 use crate::pod::Pod;
 use crate::topology::{Device, DeviceId, HbmCapacity};
-use crate::xla::passes::memory_plan::ALIGNMENT;
-use crate::xla::{self, DType, TensorType};
 
 pub use bench::{OptimizerBench, bench_optimizer};
 pub use profile::{CacheStats, HbmSnapshot, MemoryEvent, MemoryEventKind, TpuProfile};
@@ -628,19 +629,19 @@ where
         }
         let started = Instant::now();
         let ty = TensorType::new(<A as Element>::DTYPE, shape.to_vec());
-        let mut world = xla::compiler_world();
+        let mut world = compiler::compiler_world();
         let (program, is_rule) = match rule.map(|r| graph::build_update_graph(&mut world, r, shape))
         {
             Some(Ok(p)) => (p, true),
             // No rule, or one the graph cannot express: the optimizer's own step.
             _ => {
-                let mut fresh = xla::compiler_world();
+                let mut fresh = compiler::compiler_world();
                 let p = graph::build_custom_call_graph(&mut fresh, self.base.name(), &ty);
                 world = fresh;
                 (p, false)
             }
         };
-        let report = xla::compile(&mut world, program)?;
+        let report = compiler::compile(&mut world, program)?;
         // Output 0 (params) over parameter 0, output k (slot k - 1) over
         // parameter k + 1; the count and the grads are never written.
         let aliases: Vec<(usize, usize)> = if is_rule {
@@ -657,10 +658,10 @@ where
             .outputs
             .iter()
             .filter_map(|r| match r {
-                xla::executable::ValueRef::Buffer(b) => {
+                compiler::executable::ValueRef::Buffer(b) => {
                     TensorType::parse(&exe.buffers[*b as usize].ty)
                 }
-                xla::executable::ValueRef::Constant(_) => None,
+                compiler::executable::ValueRef::Constant(_) => None,
             })
             .map(|t| t.byte_size())
             .sum();

@@ -6,9 +6,9 @@ use bevy_ecs::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::{LoadContext, Persist, SnapshotError, StoreContext};
-use crate::exec::kernels::Tensor;
+use crate::compiler::persist::StoredTensorValue;
+use crate::ir::Tensor;
 use crate::memory::Heap;
-use crate::xla::persist::StoredTensorValue;
 
 /// One per-element state tensor of the optimizer (optax's name: `mu`, `nu`,
 /// `trace`, `sum_of_squares`), in slot order.
@@ -55,7 +55,7 @@ impl Persist for OptimizerSlot {
         Ok(StoredSlot {
             name: self.name.clone(),
             index: self.index,
-            tensor: crate::xla::persist::store_tensor(&self.tensor, ctx)?,
+            tensor: crate::compiler::persist::store_tensor(&self.tensor, ctx)?,
         })
     }
 
@@ -63,12 +63,12 @@ impl Persist for OptimizerSlot {
         Ok(OptimizerSlot {
             name: s.name,
             index: s.index,
-            tensor: crate::xla::persist::load_tensor(s.tensor, ctx, "OptimizerSlot")?,
+            tensor: crate::compiler::persist::load_tensor(s.tensor, ctx, "OptimizerSlot")?,
         })
     }
 
     fn check(s: &StoredSlot, ctx: &LoadContext) -> Result<(), SnapshotError> {
-        crate::xla::persist::check_tensor(&s.tensor, ctx, "OptimizerSlot")
+        crate::compiler::persist::check_tensor(&s.tensor, ctx, "OptimizerSlot")
     }
 }
 

@@ -28,7 +28,7 @@
 //! four methods; nothing else changes.
 
 use crate::checkpoint::{LoadContext, Persist, SnapshotError, StoreContext};
-use crate::pod::SimClock;
+use crate::clock::SimClock;
 use crate::rng::{SimRng, stream};
 use crate::schedule::{Step, StepSystems};
 use crate::topology::{Device, DeviceId, DeviceIndex, Link, LinkTraffic};

@@ -12,8 +12,8 @@
 //! its estimate is the service's clock minus the device's.
 
 use super::protocols::{ExchangeDelays, NtpSynchronizer, OffsetEstimate, SimulatedClock, exchange};
+use crate::clock::SimClock;
 use crate::health::{ControlJitter, DeviceState, HeartbeatConfig};
-use crate::pod::SimClock;
 use crate::rng::SimRng;
 use crate::schedule::{Step, StepSystems};
 use crate::topology::Device;

@@ -1,6 +1,6 @@
 //! `constant-folding`: replace a node whose operands are all constants by a
 //! constant, computed with the executor's own kernels
-//! ([`crate::exec::kernels::evaluate`]), so folding never changes a result bit.
+//! ([`crate::kernels::evaluate`]), so folding never changes a result bit.
 //!
 //! Reads ops, operands and literals; rewrites a folded node in place into
 //! `constant` with a [`Literal`] (its users need no rewiring). "Changed"
@@ -13,10 +13,10 @@ use bevy_ecs::prelude::*;
 use smallvec::SmallVec;
 
 use super::PassOutcome;
-use crate::exec::kernels::evaluate;
-use crate::xla::CompileError;
-use crate::xla::graph::{Literal, Node, Operands, ValueType, node_label, topo_entities};
-use crate::xla::op::Op;
+use crate::compiler::CompileError;
+use crate::compiler::graph::{Literal, Node, Operands, ValueType, node_label, topo_entities};
+use crate::ir::op::Op;
+use crate::kernels::evaluate;
 
 /// The pass name.
 pub const NAME: &str = "constant-folding";
@@ -76,9 +76,9 @@ pub fn run(world: &mut World, program: Entity) -> Result<PassOutcome, CompileErr
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::xla::builder::GraphBuilder;
-    use crate::xla::passes::shape_inference;
-    use crate::xla::{DType, TensorType};
+    use crate::compiler::builder::GraphBuilder;
+    use crate::compiler::passes::shape_inference;
+    use crate::ir::{DType, TensorType};
 
     #[test]
     fn folds_chains_with_the_shared_kernels() {
@@ -87,7 +87,7 @@ mod tests {
         let two = b.scalar(DType::F32, 2.0);
         let three = b.scalar(DType::F32, 3.0);
         let six = b.mul(two, three);
-        let root = b.unary(crate::xla::UnaryOp::Sqrt, six);
+        let root = b.unary(crate::ir::UnaryOp::Sqrt, six);
         let x = b.parameter(TensorType::new(DType::F32, [4]));
         let y = b.add(x, root);
         let bc = b.broadcast(two, vec![4], None);

@@ -14,14 +14,14 @@ use bevy_ecs::prelude::*;
 use super::PassOutcome;
 use super::fusion::{Kernel, ProgramKernels};
 use super::memory_plan::{Buffer, MemoryPlan};
-use crate::xla::CompileError;
-use crate::xla::executable::{
+use crate::compiler::CompileError;
+use crate::compiler::executable::{
     Arg, BufferSlot, Executable, Instr, LoweredKernel, Stage, ValueRef, stage_fused_loop,
 };
-use crate::xla::graph::{
+use crate::compiler::graph::{
     Literal, Node, Operands, ProgramOutputs, ValueType, node_label, program_name, program_nodes,
 };
-use crate::xla::op::Op;
+use crate::ir::op::Op;
 
 /// The pass name.
 pub const NAME: &str = "lower";
@@ -34,7 +34,7 @@ struct Lowering<'w> {
     world: &'w World,
     buffer_of: EntityHashMap<u32>,
     constant_of: EntityHashMap<u32>,
-    constants: Vec<crate::exec::kernels::Tensor>,
+    constants: Vec<crate::ir::Tensor>,
 }
 
 impl Lowering<'_> {
@@ -137,7 +137,7 @@ fn build(world: &World, program: Entity) -> Result<Executable, CompileError> {
         kernels,
         outputs,
         heap_bytes: plan.peak_bytes,
-        loop_chunk: crate::xla::executable::LOOP_CHUNK,
+        loop_chunk: crate::compiler::executable::LOOP_CHUNK,
     })
 }
 
@@ -217,13 +217,14 @@ fn lower_kernel(
 
 #[cfg(test)]
 mod tests {
-    use crate::exec::kernels::Tensor;
-    use crate::xla::executable::ValueRef;
-    use crate::xla::{self, DType, GraphBuilder, TensorType, UnaryOp};
+    use crate::compiler::executable::ValueRef;
+    use crate::compiler::{self, GraphBuilder};
+    use crate::ir::Tensor;
+    use crate::ir::{DType, TensorType, UnaryOp};
 
     #[test]
     fn outputs_may_be_parameters_or_constants() {
-        let mut world = xla::compiler_world();
+        let mut world = compiler::compiler_world();
         let mut b = GraphBuilder::new(&mut world, "l");
         let x = b.parameter(TensorType::new(DType::I32, [3]));
         let one = b.scalar(DType::I32, 1.0);
@@ -233,7 +234,7 @@ mod tests {
         b.output(same);
         b.output(four);
         let p = b.finish();
-        let r = xla::compile(&mut world, p).unwrap();
+        let r = compiler::compile(&mut world, p).unwrap();
         let exe = &r.executable;
         assert_eq!(r.kernels, 0, "x * 1 is x and 2 * 2 folds");
         assert!(matches!(
@@ -248,7 +249,7 @@ mod tests {
 
     #[test]
     fn kernels_read_buffers_and_pooled_constants() {
-        let mut world = xla::compiler_world();
+        let mut world = compiler::compiler_world();
         let mut b = GraphBuilder::new(&mut world, "l");
         let x = b.parameter(TensorType::new(DType::F32, [2]));
         let c = b.scalar(DType::F32, 3.0);
@@ -256,7 +257,7 @@ mod tests {
         let z = b.unary(UnaryOp::Neg, y);
         b.output(z);
         let p = b.finish();
-        let r = xla::compile(&mut world, p).unwrap();
+        let r = compiler::compile(&mut world, p).unwrap();
         let k = &r.executable.kernels[0];
         assert_eq!(k.instrs.len(), 2);
         assert!(k.inputs.contains(&ValueRef::Constant(0)));

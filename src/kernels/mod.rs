@@ -10,26 +10,10 @@ pub mod contraction;
 pub mod elementwise;
 pub mod reduce;
 pub mod structural;
-pub mod tensor;
+pub use crate::ir::tensor;
+pub use crate::ir::{KernelError, KernelResult, Tensor};
 
-pub use tensor::Tensor;
-
-use crate::xla::{Op, TensorType};
-
-/// A kernel could not run on these operands (wrong dtype, bad shape or attributes).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct KernelError(pub String);
-
-impl KernelError {
-    /// An error with a message.
-    pub fn new(message: impl Into<String>) -> Self {
-        KernelError(message.into())
-    }
-}
-
-/// Result of a kernel.
-pub type KernelResult<T> = std::result::Result<T, KernelError>;
+use crate::ir::{Op, TensorType};
 
 /// Custom-call targets the built-in evaluators know: `identity` returns its
 /// first operand.

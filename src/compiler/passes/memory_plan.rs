@@ -32,9 +32,9 @@ use serde::Serialize;
 
 use super::PassOutcome;
 use super::fusion::{Kernel, ProgramKernels};
-use crate::xla::CompileError;
-use crate::xla::graph::{Node, ProgramOutputs, ValueType, program_nodes};
-use crate::xla::op::Op;
+use crate::compiler::CompileError;
+use crate::compiler::graph::{Node, ProgramOutputs, ValueType, program_nodes};
+use crate::ir::op::Op;
 
 /// The pass name.
 pub const NAME: &str = "memory-plan";

@@ -15,12 +15,12 @@
 use bevy_ecs::prelude::*;
 
 use super::PassOutcome;
-use crate::xla::CompileError;
-use crate::xla::graph::{
+use crate::compiler::CompileError;
+use crate::compiler::graph::{
     DeclaredType, GraphIndex, InProgram, Literal, Node, Operands, ProgramOutputs, node_label,
     program_name, program_nodes,
 };
-use crate::xla::op::Op;
+use crate::ir::op::Op;
 
 /// The pass name.
 pub const NAME: &str = "verify";
@@ -187,9 +187,9 @@ pub fn run(world: &mut World, program: Entity) -> Result<PassOutcome, CompileErr
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::xla::builder::GraphBuilder;
-    use crate::xla::graph::Operands;
-    use crate::xla::types::{DType, TensorType};
+    use crate::compiler::builder::GraphBuilder;
+    use crate::compiler::graph::Operands;
+    use crate::ir::types::{DType, TensorType};
 
     #[test]
     fn reports_every_violation_with_node_names() {

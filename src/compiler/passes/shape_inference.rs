@@ -9,15 +9,15 @@ use bevy_ecs::prelude::*;
 use smallvec::SmallVec;
 
 use super::PassOutcome;
-use crate::exec::kernels::contraction::{conv_result_shape, dot_result_shape};
-use crate::exec::kernels::elementwise::broadcast_shapes;
-use crate::exec::kernels::resolve_reshape;
-use crate::xla::CompileError;
-use crate::xla::graph::{
+use crate::compiler::CompileError;
+use crate::compiler::graph::{
     DeclaredType, GraphIndex, Literal, Node, ValueType, node_label, program_name,
 };
-use crate::xla::op::{BinaryOp, Op, UnaryOp};
-use crate::xla::types::{DType, TensorType};
+use crate::ir::op::{BinaryOp, Op, UnaryOp};
+use crate::ir::types::{DType, TensorType};
+use crate::kernels::contraction::{conv_result_shape, dot_result_shape};
+use crate::kernels::elementwise::broadcast_shapes;
+use crate::kernels::resolve_reshape;
 
 /// The pass name.
 pub const NAME: &str = "shape-inference";
@@ -307,7 +307,7 @@ fn describe(world: &World, e: Entity, args: &[&TensorType]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::xla::builder::GraphBuilder;
+    use crate::compiler::builder::GraphBuilder;
 
     #[test]
     fn infers_types_and_names_the_node_on_mismatch() {
@@ -315,7 +315,7 @@ mod tests {
         let mut b = GraphBuilder::new(&mut world, "s");
         let x = b.parameter(TensorType::new(DType::F32, [8, 128]));
         let y = b.parameter(TensorType::new(DType::F32, [4]));
-        let ok = b.reduce(x, crate::xla::ReduceKind::Sum, vec![1]);
+        let ok = b.reduce(x, crate::ir::ReduceKind::Sum, vec![1]);
         let bad = b.add(x, y);
         b.output(ok);
         b.output(bad);
@@ -331,7 +331,7 @@ mod tests {
         );
         let t = TensorType::new(DType::F32, [8, 128]);
         let sum = Op::Reduce {
-            kind: crate::xla::ReduceKind::Sum,
+            kind: crate::ir::ReduceKind::Sum,
             dims: vec![1],
         };
         assert_eq!(

@@ -38,7 +38,7 @@ use super::passes::{
 };
 use super::types::{DType, TensorType};
 use crate::checkpoint::{LoadContext, Persist, SnapshotError, StoreContext, TensorRef};
-use crate::exec::kernels::Tensor;
+use crate::ir::Tensor;
 use crate::persist_as_self;
 
 /// Tensors with at most this many elements are stored inline in their

@@ -25,7 +25,7 @@ use super::graph::{
 };
 use super::op::{BinaryOp, CompareDir, ConvAttrs, DotDims, Op, ReduceKind, UnaryOp};
 use super::types::{DType, TensorType};
-use crate::exec::kernels::Tensor;
+use crate::ir::Tensor;
 
 /// Adds nodes to a new program in a world. Nodes are named `op.N` unless
 /// named explicitly; operands must be nodes already added.

@@ -19,19 +19,16 @@ use std::collections::HashMap;
 
 /// The programs in `assets/programs/`, embedded: `(file name, RON text)`.
 pub const BUNDLED_PROGRAMS: &[(&str, &str)] = &[
-    (
-        "adam.ron",
-        include_str!("../../../assets/programs/adam.ron"),
-    ),
+    ("adam.ron", include_str!("../../assets/programs/adam.ron")),
     (
         "conv_block.ron",
-        include_str!("../../../assets/programs/conv_block.ron"),
+        include_str!("../../assets/programs/conv_block.ron"),
     ),
     (
         "cse_fold.ron",
-        include_str!("../../../assets/programs/cse_fold.ron"),
+        include_str!("../../assets/programs/cse_fold.ron"),
     ),
-    ("mlp.ron", include_str!("../../../assets/programs/mlp.ron")),
+    ("mlp.ron", include_str!("../../assets/programs/mlp.ron")),
 ];
 
 /// Where a system sits: its schedule, its set, its position in the run order.

@@ -63,30 +63,29 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-pub mod backend;
 pub mod builder;
 pub mod error;
 pub mod executable;
 pub mod graph;
 pub mod interpreter;
-pub mod op;
 pub mod passes;
 pub mod persist;
 pub mod program;
 pub mod report;
-pub mod types;
 
 use std::path::Path;
 
 use bevy_ecs::prelude::*;
 
+pub use crate::ir::{
+    BinaryOp, CompareDir, ConvAttrs, DotDims, Op, Padding, ReduceKind, UnaryOp, op, types,
+};
+pub use crate::ir::{DType, TensorType};
 pub use builder::GraphBuilder;
 pub use error::CompileError;
 pub use executable::Executable;
-pub use op::{BinaryOp, CompareDir, ConvAttrs, DotDims, Op, Padding, ReduceKind, UnaryOp};
 pub use passes::install;
 pub use report::CompileReport;
-pub use types::{DType, TensorType};
 
 use crate::schedule::{Compile, init_schedules};
 use passes::lower::CompiledExecutable;

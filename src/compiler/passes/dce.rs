@@ -9,10 +9,10 @@
 use bevy_ecs::prelude::*;
 
 use super::PassOutcome;
-use crate::xla::CompileError;
-use crate::xla::graph::Node;
-use crate::xla::graph::{GraphIndex, ProgramNodes, ProgramOutputs};
-use crate::xla::op::Op;
+use crate::compiler::CompileError;
+use crate::compiler::graph::Node;
+use crate::compiler::graph::{GraphIndex, ProgramNodes, ProgramOutputs};
+use crate::ir::op::Op;
 
 /// The pass name.
 pub const NAME: &str = "dce";
@@ -66,9 +66,9 @@ pub fn run(world: &mut World, program: Entity) -> Result<PassOutcome, CompileErr
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::xla::builder::GraphBuilder;
-    use crate::xla::graph::program_nodes;
-    use crate::xla::{DType, TensorType};
+    use crate::compiler::builder::GraphBuilder;
+    use crate::compiler::graph::program_nodes;
+    use crate::ir::{DType, TensorType};
 
     #[test]
     fn removes_dead_nodes_and_keeps_parameters() {

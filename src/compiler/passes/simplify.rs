@@ -20,9 +20,9 @@ use bevy_ecs::entity::EntityHashMap;
 use bevy_ecs::prelude::*;
 
 use super::PassOutcome;
-use crate::xla::CompileError;
-use crate::xla::graph::{Literal, Node, Operands, ValueType, forward_outputs, topo_entities};
-use crate::xla::op::{BinaryOp, Op, UnaryOp};
+use crate::compiler::CompileError;
+use crate::compiler::graph::{Literal, Node, Operands, ValueType, forward_outputs, topo_entities};
+use crate::ir::op::{BinaryOp, Op, UnaryOp};
 
 /// The pass name.
 pub const NAME: &str = "algebraic-simplifier";
@@ -123,10 +123,10 @@ pub fn run(world: &mut World, program: Entity) -> Result<PassOutcome, CompileErr
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::xla::builder::GraphBuilder;
-    use crate::xla::graph::ProgramOutputs;
-    use crate::xla::passes::shape_inference;
-    use crate::xla::{DType, TensorType};
+    use crate::compiler::builder::GraphBuilder;
+    use crate::compiler::graph::ProgramOutputs;
+    use crate::compiler::passes::shape_inference;
+    use crate::ir::{DType, TensorType};
 
     fn outputs_after(build: impl FnOnce(&mut GraphBuilder, Entity) -> Entity) -> (Entity, Entity) {
         let mut world = World::new();
@@ -166,11 +166,7 @@ mod tests {
     fn keeps_shape_changing_identities() {
         let (out, x) = outputs_after(|b, x| {
             let one = b.constant(
-                crate::exec::kernels::Tensor::from_f64s(
-                    &TensorType::new(DType::F32, [2, 4]),
-                    &[1.0],
-                )
-                .unwrap(),
+                crate::ir::Tensor::from_f64s(&TensorType::new(DType::F32, [2, 4]), &[1.0]).unwrap(),
             );
             b.mul(x, one)
         });

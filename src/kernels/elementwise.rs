@@ -5,7 +5,7 @@ use ndarray::{ArrayD, IxDyn, Zip};
 
 use super::tensor::Tensor;
 use super::{KernelError, KernelResult};
-use crate::xla::{BinaryOp, CompareDir, DType, UnaryOp};
+use crate::ir::{BinaryOp, CompareDir, DType, UnaryOp};
 
 /// The numpy broadcast of two shapes (trailing dimensions aligned, 1 stretches).
 pub fn broadcast_shapes(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
@@ -277,7 +277,7 @@ pub fn convert(x: &Tensor, to: DType) -> Tensor {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::xla::TensorType;
+    use crate::ir::TensorType;
 
     fn f32s(dims: &[usize], v: &[f64]) -> Tensor {
         Tensor::from_f64s(&TensorType::new(DType::F32, dims.to_vec()), v).unwrap()

@@ -11,7 +11,8 @@ use super::graph::{
     DeclaredType, Literal, Node, Operands, ProgramOutputs, node_label, program_name, topo_entities,
 };
 use super::op::Op;
-use crate::exec::kernels::{Tensor, evaluate};
+use crate::ir::Tensor;
+use crate::kernels::evaluate;
 
 /// Evaluates `program` on `args` (by parameter index) and returns its
 /// declared outputs in order.

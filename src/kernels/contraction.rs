@@ -6,7 +6,7 @@ use ndarray::{Array3, ArrayD, IxDyn};
 
 use super::tensor::Tensor;
 use super::{KernelError, KernelResult};
-use crate::xla::{ConvAttrs, DotDims, Padding};
+use crate::ir::{ConvAttrs, DotDims, Padding};
 
 /// Element types a contraction accumulates in.
 trait Accumulate: Copy + 'static {
@@ -319,7 +319,7 @@ pub fn convolution(input: &Tensor, kernel: &Tensor, attrs: &ConvAttrs) -> Kernel
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::xla::{DType, TensorType};
+    use crate::ir::{DType, TensorType};
 
     fn t(dims: &[usize], v: &[f64]) -> Tensor {
         Tensor::from_f64s(&TensorType::new(DType::I32, dims.to_vec()), v).unwrap()

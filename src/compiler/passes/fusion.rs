@@ -39,9 +39,9 @@ use serde::Serialize;
 use smallvec::SmallVec;
 
 use super::PassOutcome;
-use crate::xla::CompileError;
-use crate::xla::graph::{GraphIndex, Node, ProgramOutputs, node_label};
-use crate::xla::op::Op;
+use crate::compiler::CompileError;
+use crate::compiler::graph::{GraphIndex, Node, ProgramOutputs, node_label};
+use crate::ir::op::Op;
 
 /// The pass name.
 pub const NAME: &str = "fusion";
@@ -401,9 +401,9 @@ fn spawn_kernels(world: &mut World, program: Entity, planner: &Planner, order: &
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::xla::builder::GraphBuilder;
-    use crate::xla::passes::shape_inference;
-    use crate::xla::{DType, ReduceKind, TensorType, UnaryOp};
+    use crate::compiler::builder::GraphBuilder;
+    use crate::compiler::passes::shape_inference;
+    use crate::ir::{DType, ReduceKind, TensorType, UnaryOp};
 
     fn fuse(build: impl FnOnce(&mut GraphBuilder)) -> (World, Entity) {
         let mut world = World::new();

@@ -18,9 +18,9 @@ use smallvec::SmallVec;
 
 use super::PassOutcome;
 use super::simplify::forward_operands;
-use crate::xla::CompileError;
-use crate::xla::graph::{Literal, Node, Operands, ValueType, forward_outputs, topo_entities};
-use crate::xla::op::Op;
+use crate::compiler::CompileError;
+use crate::compiler::graph::{Literal, Node, Operands, ValueType, forward_outputs, topo_entities};
+use crate::ir::op::Op;
 
 /// The pass name.
 pub const NAME: &str = "cse";
@@ -107,10 +107,10 @@ pub fn run(world: &mut World, program: Entity) -> Result<PassOutcome, CompileErr
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::xla::builder::GraphBuilder;
-    use crate::xla::graph::ProgramOutputs;
-    use crate::xla::passes::shape_inference;
-    use crate::xla::{DType, TensorType};
+    use crate::compiler::builder::GraphBuilder;
+    use crate::compiler::graph::ProgramOutputs;
+    use crate::compiler::passes::shape_inference;
+    use crate::ir::{DType, TensorType};
 
     #[test]
     fn merges_commutative_duplicates_but_not_custom_calls_or_distinct_zeros() {

@@ -25,7 +25,7 @@ use super::CompileError;
 use super::builder::GraphBuilder;
 use super::op::{BinaryOp, CompareDir, ConvAttrs, DotDims, Op, Padding, ReduceKind, UnaryOp};
 use super::types::{DType, TensorType};
-use crate::exec::kernels::Tensor;
+use crate::ir::Tensor;
 
 /// A whole program file.
 #[derive(Debug, Deserialize)]

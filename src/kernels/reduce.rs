@@ -4,7 +4,7 @@ use ndarray::{ArrayD, Axis};
 
 use super::tensor::Tensor;
 use super::{KernelError, KernelResult};
-use crate::xla::ReduceKind;
+use crate::ir::ReduceKind;
 
 fn check_dims(rank: usize, dims: &[usize]) -> KernelResult<Vec<usize>> {
     let mut sorted = dims.to_vec();
@@ -89,7 +89,7 @@ pub fn reduce(x: &Tensor, kind: ReduceKind, dims: &[usize]) -> KernelResult<Tens
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::xla::{DType, TensorType};
+    use crate::ir::{DType, TensorType};
 
     #[test]
     fn reduces_over_several_dims() {

@@ -4,8 +4,7 @@ use std::hash::{Hash, Hasher};
 
 use ndarray::{ArrayD, IxDyn};
 
-use super::{KernelError, KernelResult};
-use crate::xla::{DType, TensorType};
+use super::types::{DType, TensorType};
 
 /// A dense array value. Serializes as its dtype and ndarray's own form
 /// (shape and elements in row-major order).
@@ -241,3 +240,18 @@ impl Tensor {
             })
     }
 }
+
+/// A kernel could not run on these operands (wrong dtype, bad shape or attributes).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct KernelError(pub String);
+
+impl KernelError {
+    /// An error with a message.
+    pub fn new(message: impl Into<String>) -> Self {
+        KernelError(message.into())
+    }
+}
+
+/// Result of a kernel.
+pub type KernelResult<T> = std::result::Result<T, KernelError>;

@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use super::op::Op;
 use super::types::TensorType;
-use crate::exec::kernels::Tensor;
+use crate::ir::Tensor;
 
 /// A program: the root of one graph.
 #[derive(Component, Debug, Clone, Serialize, Deserialize)]

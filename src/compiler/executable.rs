@@ -1,7 +1,7 @@
 //! [`Executable`]: the lowered program, free of entities, and its evaluator.
 //!
 //! Every kernel is a list of instructions over the shared kernels
-//! ([`crate::exec::kernels::evaluate`]). A loop-fusion kernel is a **fused
+//! ([`crate::kernels::evaluate`]). A loop-fusion kernel is a **fused
 //! loop**: lowering picks its loop shape (its largest output) and splits its
 //! instructions into a [`Stage::Prelude`] (scalars, broadcasts and anything
 //! not of the loop shape, computed once over whole tensors) and a
@@ -18,7 +18,8 @@ use std::time::Instant;
 use super::CompileError;
 use super::op::Op;
 use super::types::TensorType;
-use crate::exec::kernels::{Tensor, evaluate};
+use crate::ir::Tensor;
+use crate::kernels::evaluate;
 
 /// Where a value lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

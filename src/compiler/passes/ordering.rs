@@ -16,8 +16,8 @@ use bevy_ecs::prelude::*;
 
 use super::PassOutcome;
 use super::fusion::{InKernel, Kernel, ProgramKernels};
-use crate::xla::CompileError;
-use crate::xla::graph::{node_label, program_nodes};
+use crate::compiler::CompileError;
+use crate::compiler::graph::{node_label, program_nodes};
 
 /// The pass name.
 pub const NAME: &str = "ordering";
@@ -112,9 +112,9 @@ pub fn run(world: &mut World, program: Entity) -> Result<PassOutcome, CompileErr
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::xla::builder::GraphBuilder;
-    use crate::xla::passes::{fusion, shape_inference};
-    use crate::xla::{DType, ReduceKind, TensorType, UnaryOp};
+    use crate::compiler::builder::GraphBuilder;
+    use crate::compiler::passes::{fusion, shape_inference};
+    use crate::ir::{DType, ReduceKind, TensorType, UnaryOp};
 
     #[test]
     fn producers_run_before_consumers() {

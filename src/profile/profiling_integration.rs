@@ -26,12 +26,12 @@
 
 use super::system_timer::SystemTimer;
 use crate::collectives::pod::{Collective, CollectiveOutcome};
+use crate::compiler::CompileReport;
+use crate::compiler::executable::KernelTiming;
 use crate::error::Result;
 use crate::pod::Pod;
 use crate::topology::DeviceId;
 use crate::transport::{Inbox, Payload};
-use crate::xla::CompileReport;
-use crate::xla::executable::KernelTiming;
 use bevy_ecs::prelude::*;
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -511,7 +511,7 @@ impl ProfilingIntegration {
     }
 
     /// Records kernel timings of one execution of `program`'s executable
-    /// (from [`crate::xla::Executable::run_timed`]).
+    /// (from [`crate::compiler::Executable::run_timed`]).
     pub fn record_kernels(&mut self, program: &str, timings: &[KernelTiming]) {
         self.programs += 1;
         let tid = self.programs;

@@ -4,7 +4,7 @@ use ndarray::{ArrayD, ArrayViewD, Axis, IxDyn, Slice};
 
 use super::tensor::{Tensor, map_tensor};
 use super::{KernelError, KernelResult};
-use crate::xla::{DType, TensorType};
+use crate::ir::{DType, TensorType};
 
 /// The operand shape aligned to the result rank for an explicit broadcast:
 /// operand dimension `i` goes to result dimension `dims[i]`.
