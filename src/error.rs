@@ -38,7 +38,7 @@ pub enum OptimError {
     Transport(#[from] crate::transport::TransportError),
     /// A world snapshot could not be taken or restored.
     #[error(transparent)]
-    Snapshot(#[from] crate::checkpoint::SnapshotError),
+    Snapshot(#[from] crate::persist::SnapshotError),
     /// A checkpoint on disk could not be written, verified or restored.
     #[error(transparent)]
     Checkpoint(#[from] crate::checkpoint::CheckpointError),

@@ -18,6 +18,7 @@ pub mod memory;
 pub mod monitor;
 pub mod optimizer;
 pub mod optimizers;
+pub mod persist;
 pub mod pod;
 pub mod pod_coordination;
 pub mod profile;

@@ -4,9 +4,6 @@
 //! (`tests/checkpoint.rs`) fails for any `optirs_tpu` component or resource
 //! that is neither registered nor listed in [`NOT_PERSISTED`] with a reason.
 
-use super::error::SnapshotError;
-use super::persist::{LoadContext, Persist, StoreContext};
-use super::snapshot::SnapshotRegistry;
 use crate::barrier::{Barrier, BarrierArrivals, BarrierOutcome, BarrierRegistry, PendingBarrier};
 use crate::clock::SimClock;
 use crate::collectives::pod::{Collective, CollectiveOutcome};
@@ -28,6 +25,9 @@ use crate::monitor::{
     DeviceHistory, DeviceMetrics, HbmUsage, HealthChecks, HealthThresholds, HeartbeatTally,
     LinkMetrics, MonitorConfig, MonitorState,
 };
+use crate::persist::SnapshotError;
+use crate::persist::SnapshotRegistry;
+use crate::persist::{LoadContext, Persist, StoreContext};
 use crate::persist_as_self;
 use crate::pod_coordination::synchronization::clocks::pod::{ClockSync, DeviceClock};
 use crate::rng::SimRng;

@@ -8,21 +8,19 @@
 mod engine;
 mod error;
 mod hashed_io;
-mod persist;
 mod read;
-mod snapshot;
 mod store;
-mod tensor_bytes;
 mod tensor_file;
 
+pub use crate::persist::{
+    Column, DenseIds, FORMAT_VERSION, LoadContext, Persist, SnapshotError, SnapshotRegistry,
+    StoreContext, StoredTensor, TensorBytes, TensorRef, WorldSnapshot, hex,
+};
 pub use engine::{NOT_PERSISTED, engine_registry};
-pub use error::{CheckpointError, SnapshotError};
-pub use persist::{DenseIds, LoadContext, Persist, StoreContext, StoredTensor, TensorRef};
-pub use snapshot::{Column, FORMAT_VERSION, SnapshotRegistry, WorldSnapshot, hex};
+pub use error::CheckpointError;
 pub use store::{
     CheckpointListing, FileEntry, MANIFEST, Manifest, WORLD_FILE, WritePoint, check_name,
     list_checkpoints, parse_manifest, remove_stale_temporaries, render_manifest, verify_checkpoint,
     write_checkpoint,
 };
-pub use tensor_bytes::TensorBytes;
 pub use tensor_file::TENSOR_FILE;

@@ -4,11 +4,11 @@
 
 use super::error::CheckpointError;
 use super::hashed_io::read_hashed;
-use super::persist::StoredTensor;
-use super::snapshot::hex;
 use super::store::{FileEntry, io_error};
-use super::tensor_bytes::Landing;
 use super::tensor_file;
+use crate::persist::Landing;
+use crate::persist::StoredTensor;
+use crate::persist::hex;
 use sha2::digest::Output;
 use sha2::{Digest, Sha256};
 use std::fs::{self, File};

@@ -35,8 +35,8 @@
 use super::error::CheckpointError;
 use super::hashed_io::write_hashed;
 use super::read::{read, read_tensor_file, read_verified};
-use super::snapshot::{FORMAT_VERSION, SnapshotRegistry, WorldSnapshot, hex};
 use super::tensor_file::{self, TENSOR_FILE};
+use crate::persist::{FORMAT_VERSION, SnapshotRegistry, WorldSnapshot, hex};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::fs::{self, File};

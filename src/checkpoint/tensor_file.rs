@@ -16,11 +16,11 @@
 //! shape) plus the file's length (no trailing bytes); the header alone is
 //! enough to lay out the buffers the data is read into.
 
-use super::error::SnapshotError;
-use super::persist::StoredTensor;
-use super::snapshot::FORMAT_VERSION;
-use super::tensor_bytes::TensorBytes;
 use crate::ir::DType;
+use crate::persist::FORMAT_VERSION;
+use crate::persist::SnapshotError;
+use crate::persist::StoredTensor;
+use crate::persist::TensorBytes;
 use safetensors::tensor::{Dtype, Metadata, TensorInfo};
 use std::collections::HashMap;
 use std::ops::Range;

@@ -23,11 +23,11 @@ mod periodic;
 pub use periodic::{PeriodicCheckpoints, write_periodic_checkpoint};
 
 use crate::checkpoint::{
-    CheckpointError, CheckpointListing, SnapshotRegistry, list_checkpoints, verify_checkpoint,
-    write_checkpoint,
+    CheckpointError, CheckpointListing, list_checkpoints, verify_checkpoint, write_checkpoint,
 };
 use crate::error::{OptimError, Result};
 use crate::health::{DeviceState, Fault, Health};
+use crate::persist::SnapshotRegistry;
 use crate::pod::Pod;
 use crate::topology::{Device, DeviceId};
 use bevy_ecs::prelude::*;

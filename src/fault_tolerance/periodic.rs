@@ -1,8 +1,9 @@
 //! Periodic checkpoints as a system in the `Step` schedule's last set.
 
 use super::{checkpoint_name, enforce_retention};
-use crate::checkpoint::{SnapshotRegistry, write_checkpoint};
+use crate::checkpoint::write_checkpoint;
 use crate::clock::SimClock;
+use crate::persist::SnapshotRegistry;
 use crate::topology::PodTopology;
 use bevy_ecs::prelude::*;
 use serde::{Deserialize, Serialize};

@@ -14,11 +14,12 @@
 pub use crate::clock::{self, SimClock};
 
 use crate::barrier::{self, BarrierOutcome, BarrierRegistry};
-use crate::checkpoint::{SnapshotRegistry, WorldSnapshot, engine_registry};
+use crate::checkpoint::engine_registry;
 use crate::compiler::{self, CompileReport};
 use crate::error::{OptimError, Result};
 use crate::fault_tolerance::{PeriodicCheckpoints, write_periodic_checkpoint};
 use crate::health::{self, FailureLog, FailureRecord, Fault, Health};
+use crate::persist::{SnapshotRegistry, WorldSnapshot};
 use crate::rng::SimRng;
 use crate::schedule::StepSystems;
 use crate::schedule::{Compile, Step, init_schedules};

@@ -70,7 +70,6 @@ use std::time::Instant;
 use bevy_ecs::prelude::*;
 use ndarray::{Array, ArrayD, Dimension, IxDyn};
 
-use crate::checkpoint::{SnapshotRegistry, WorldSnapshot};
 use crate::compiler;
 use crate::compiler::passes::memory_plan::ALIGNMENT;
 use crate::error::{OptimError, Result};
@@ -81,6 +80,7 @@ use crate::ir::{DType, TensorType};
 use crate::memory::{Block, Heap};
 use crate::monitor::HbmUsage;
 use crate::optimizer::{FloatElement, Optimizer, UpdateRule};
+use crate::persist::{SnapshotRegistry, WorldSnapshot};
 use crate::pod::Pod;
 use crate::topology::{Device, DeviceId, HbmCapacity};
 

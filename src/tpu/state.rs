@@ -5,10 +5,10 @@
 use bevy_ecs::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use crate::checkpoint::{LoadContext, Persist, SnapshotError, StoreContext};
-use crate::compiler::persist::StoredTensorValue;
 use crate::ir::Tensor;
 use crate::memory::Heap;
+use crate::persist::StoredTensorValue;
+use crate::persist::{LoadContext, Persist, SnapshotError, StoreContext};
 
 /// One per-element state tensor of the optimizer (optax's name: `mu`, `nu`,
 /// `trace`, `sum_of_squares`), in slot order.
@@ -55,7 +55,7 @@ impl Persist for OptimizerSlot {
         Ok(StoredSlot {
             name: self.name.clone(),
             index: self.index,
-            tensor: crate::compiler::persist::store_tensor(&self.tensor, ctx)?,
+            tensor: crate::persist::store_tensor(&self.tensor, ctx)?,
         })
     }
 
@@ -63,12 +63,12 @@ impl Persist for OptimizerSlot {
         Ok(OptimizerSlot {
             name: s.name,
             index: s.index,
-            tensor: crate::compiler::persist::load_tensor(s.tensor, ctx, "OptimizerSlot")?,
+            tensor: crate::persist::load_tensor(s.tensor, ctx, "OptimizerSlot")?,
         })
     }
 
     fn check(s: &StoredSlot, ctx: &LoadContext) -> Result<(), SnapshotError> {
-        crate::compiler::persist::check_tensor(&s.tensor, ctx, "OptimizerSlot")
+        crate::persist::check_tensor(&s.tensor, ctx, "OptimizerSlot")
     }
 }
 

@@ -27,8 +27,8 @@
 //! the whole pod. A multi-host backend (MPI, sockets) implements the same
 //! four methods; nothing else changes.
 
-use crate::checkpoint::{LoadContext, Persist, SnapshotError, StoreContext};
 use crate::clock::SimClock;
+use crate::persist::{LoadContext, Persist, SnapshotError, StoreContext};
 use crate::rng::{SimRng, stream};
 use crate::schedule::{Step, StepSystems};
 use crate::topology::{Device, DeviceId, DeviceIndex, Link, LinkTraffic};

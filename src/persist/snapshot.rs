@@ -16,8 +16,8 @@
 //! touched; only then are the engine's entities despawned, respawned and
 //! filled. A corrupt snapshot is an `Err` and the live world is unchanged.
 
+use super::codec::{DenseIds, LoadContext, Persist, StoreContext, StoredTensor};
 use super::error::SnapshotError;
-use super::persist::{DenseIds, LoadContext, Persist, StoreContext, StoredTensor};
 use bevy_ecs::prelude::*;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};

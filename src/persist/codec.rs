@@ -291,18 +291,18 @@ pub trait Persist: Sized + Send + Sync + 'static {
 #[macro_export]
 macro_rules! persist_as_self {
     ($($ty:ty),* $(,)?) => {$(
-        impl $crate::checkpoint::Persist for $ty {
+        impl $crate::persist::Persist for $ty {
             type Stored = $ty;
             fn store(
                 &self,
-                _: &$crate::checkpoint::StoreContext,
-            ) -> Result<$ty, $crate::checkpoint::SnapshotError> {
+                _: &$crate::persist::StoreContext,
+            ) -> Result<$ty, $crate::persist::SnapshotError> {
                 Ok(self.clone())
             }
             fn load(
                 stored: $ty,
-                _: &$crate::checkpoint::LoadContext,
-            ) -> Result<$ty, $crate::checkpoint::SnapshotError> {
+                _: &$crate::persist::LoadContext,
+            ) -> Result<$ty, $crate::persist::SnapshotError> {
                 Ok(stored)
             }
         }

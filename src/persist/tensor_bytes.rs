@@ -53,7 +53,7 @@ impl TensorBytes {
         if element_bytes(tensor).is_some() {
             TensorBytes(Source::Tensor(tensor.clone()))
         } else {
-            crate::compiler::persist::tensor_le_bytes(tensor).into()
+            super::tensor_value::tensor_le_bytes(tensor).into()
         }
     }
 

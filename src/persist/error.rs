@@ -1,0 +1,72 @@
+//! Checkpoint errors: each names the file, the column or the entity.
+
+use thiserror::Error;
+
+/// A snapshot that cannot be taken, verified or restored.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum SnapshotError {
+    /// A component refers to an entity the snapshot does not hold.
+    #[error("{what} refers to entity {entity}, which is not part of the engine's world")]
+    DanglingEntity {
+        /// The referring field.
+        what: &'static str,
+        /// The entity.
+        entity: String,
+    },
+    /// A stored reference points past the snapshot's entities.
+    #[error("{what} refers to dense entity {dense}, but the snapshot has {count} entities")]
+    DanglingDenseId {
+        /// The referring field.
+        what: &'static str,
+        /// The id.
+        dense: u32,
+        /// Entities in the snapshot.
+        count: u32,
+    },
+    /// A column's bytes do not decode.
+    #[error("column `{column}` does not decode: {reason}")]
+    Corrupt {
+        /// Component or resource name.
+        column: String,
+        /// The decoder's message.
+        reason: String,
+    },
+    /// The snapshot lacks a column the engine needs, or has one it does not know.
+    #[error("snapshot {problem} column `{column}`")]
+    ColumnMismatch {
+        /// `lacks the` / `has an unknown`.
+        problem: &'static str,
+        /// The column.
+        column: String,
+    },
+    /// The snapshot was written by another format version.
+    #[error(
+        "snapshot format version {found} is not supported (this build reads version {supported})"
+    )]
+    UnsupportedVersion {
+        /// In the snapshot.
+        found: u32,
+        /// This build's.
+        supported: u32,
+    },
+    /// A resource the snapshot must capture is missing from the world.
+    #[error("the world has no `{0}` resource to capture")]
+    MissingResource(&'static str),
+    /// A column refers to a tensor the snapshot does not hold.
+    #[error("{what} refers to tensor `{name}`, which the snapshot does not hold")]
+    MissingTensor {
+        /// The referring field.
+        what: &'static str,
+        /// The tensor name.
+        name: String,
+    },
+    /// A tensor is malformed, misnamed or not referred to by any column.
+    #[error("tensor `{name}`: {reason}")]
+    Tensor {
+        /// The tensor name.
+        name: String,
+        /// What is wrong.
+        reason: String,
+    },
+}
