@@ -92,24 +92,9 @@ pub enum OptimError {
     #[error(transparent)]
     Exec(#[from] crate::exec::runtime::ExecError),
     /// A device's HBM cannot hold a program's planned buffers or the
-    /// optimizer state.
-    #[error(
-        "{device}: out of HBM: {purpose} needs {requested} bytes, {free} bytes are free \
-         and the largest free block is {largest_free} bytes; free memory on the device or \
-         configure more HBM"
-    )]
-    OutOfDeviceMemory {
-        /// The device (`device 0 (v4)`).
-        device: String,
-        /// What asked (`the program \`adam_update\``, `the optimizer state \`mu\``).
-        purpose: String,
-        /// Bytes requested.
-        requested: u64,
-        /// Free bytes on the device.
-        free: u64,
-        /// The largest contiguous free block.
-        largest_free: u64,
-    },
+    /// optimizer state, or a device has no heap.
+    #[error(transparent)]
+    Memory(#[from] crate::memory::MemoryError),
 }
 
 impl From<crate::topology::TopologyError> for OptimError {

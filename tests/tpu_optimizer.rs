@@ -442,7 +442,13 @@ fn out_of_hbm_names_the_device_and_the_bytes() {
     let p = Array1::from(data(100_000, 1));
     let err = opt.tpu_step(&p, &p).unwrap_err();
     let msg = err.to_string();
-    assert!(matches!(err, OptimError::OutOfDeviceMemory { .. }), "{msg}");
+    assert!(
+        matches!(
+            err,
+            OptimError::Memory(optirs_tpu::memory::MemoryError::OutOfDeviceMemory(_))
+        ),
+        "{msg}"
+    );
     assert!(
         msg.starts_with("device 0 (v4): out of HBM: the optimizer state `mu` needs 400000 bytes"),
         "{msg}"

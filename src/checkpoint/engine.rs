@@ -21,9 +21,11 @@ use crate::health::{
     ControlJitter, DeviceState, FailureEpoch, FailureLog, FaultPlan, Health, Heartbeat,
     HeartbeatConfig, InjectedFault, KnownFailures,
 };
+use crate::memory::HbmUsage;
+use crate::memory::{OptimizerCount, OptimizerSlot};
 use crate::monitor::{
-    DeviceHistory, DeviceMetrics, HbmUsage, HealthChecks, HealthThresholds, HeartbeatTally,
-    LinkMetrics, MonitorConfig, MonitorState,
+    DeviceHistory, DeviceMetrics, HealthChecks, HealthThresholds, HeartbeatTally, LinkMetrics,
+    MonitorConfig, MonitorState,
 };
 use crate::persist::SnapshotError;
 use crate::persist::SnapshotRegistry;
@@ -35,7 +37,6 @@ use crate::topology::{
     Device, DeviceIndex, HbmCapacity, Host, Link, LinkKind, LinkTraffic, OnHost, PodTopology,
     TorusCoords,
 };
-use crate::tpu::state::{OptimizerCount, OptimizerSlot};
 use crate::transport::{DeliveryLog, Inbox, LinkQueue, LinkState, Transport};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;

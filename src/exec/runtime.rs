@@ -307,7 +307,7 @@ fn copy_raw(ty: &TensorType, ptr: usize) -> Tensor {
 fn fresh(ty: &TensorType) -> (Tensor, usize) {
     fn make<T: Element>(ty: &TensorType) -> (Tensor, usize) {
         let n = ty.element_count();
-        let mut v = crate::optimizers::kernel::output_buffer::<T>(n);
+        let mut v = crate::memory::output_buffer::<T>(n);
         // SAFETY: `fresh` is only called for the outputs of a fused loop,
         // which writes every element `[0, n)` before anything reads the
         // buffer; if the loop fails the tensor is dropped unread (dropping

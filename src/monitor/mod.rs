@@ -22,9 +22,11 @@
 //! only as an argument ([`report::performance_report`]).
 //!
 //! Device memory in use is read from [`HbmUsage`], which
-//! [`crate::tpu::hbm`] sets from the device's heap at every reservation and
+//! [`crate::memory::device`] sets from the device's heap at every reservation and
 //! release (a [`crate::TPUOptimizer`] on the pod keeps its state resident
 //! there); it is 0 on a device that never held anything.
+
+pub use crate::memory::HbmUsage;
 
 pub mod checks;
 pub mod history;
@@ -75,11 +77,6 @@ pub struct MonitorState {
     /// Simulated time of the newest sample, ns.
     pub last_sample_ns: u64,
 }
-
-/// HBM bytes in use on a device: its heap's, set at every reservation and
-/// release ([`crate::tpu::hbm::publish`]).
-#[derive(Component, Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct HbmUsage(pub u64);
 
 /// Heartbeats the coordination service received from a device, cumulative.
 #[derive(Component, Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]

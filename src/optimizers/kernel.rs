@@ -20,6 +20,7 @@ use ndarray::{Array, ArrayD, Dimension, IxDyn};
 use rayon::prelude::*;
 
 use crate::error::{OptimError, Result};
+use crate::memory::output_buffer;
 use crate::optimizer::{FloatElement, OptimizerState, StateSlot, check_same_shape};
 
 /// Elements per parallel chunk: 64 Ki elements (256 KiB of f32 per stream),
@@ -292,36 +293,6 @@ where
     unsafe { out.set_len(n) };
     st.count = count;
     Array::from_shape_vec(params.raw_dim(), out).map_err(|e| invalid_state(name, e.to_string()))
-}
-
-/// Room for `n` elements, uninitialised. On Linux, a buffer spanning whole
-/// 2 MiB pages is advised to use transparent huge pages before anything
-/// touches it, which turns ~10k page faults per 40 MB into ~20.
-pub(crate) fn output_buffer<A>(n: usize) -> Vec<A> {
-    let buffer = Vec::<A>::with_capacity(n);
-    #[cfg(target_os = "linux")]
-    advise_huge_pages(buffer.as_ptr().cast::<u8>(), n * std::mem::size_of::<A>());
-    buffer
-}
-
-#[cfg(target_os = "linux")]
-fn advise_huge_pages(ptr: *const u8, len: usize) {
-    const HUGE_PAGE: usize = 2 << 20;
-    if len < 2 * HUGE_PAGE {
-        return;
-    }
-    let start = (ptr as usize).next_multiple_of(HUGE_PAGE);
-    let end = (ptr as usize + len) / HUGE_PAGE * HUGE_PAGE;
-    if end > start {
-        // SAFETY: [start, end) lies inside the allocation this function was
-        // handed, which the caller owns; MADV_HUGEPAGE changes only how the
-        // kernel backs those pages, never their contents. The advice may be
-        // refused (THP disabled); that changes nothing, so the result is
-        // ignored.
-        unsafe {
-            libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE);
-        }
-    }
 }
 
 /// One in-place step; same contract as [`run_step`]. Params that are not in

@@ -353,7 +353,7 @@ impl Pod {
             .resource_scope(|world, registry: Mut<SnapshotRegistry>| {
                 registry.restore(world, snapshot)
             })?;
-        crate::tpu::hbm::rebuild_heaps(&mut self.world)
+        Ok(crate::memory::device::rebuild_heaps(&mut self.world)?)
     }
 
     /// Writes a checkpoint every `every_ticks` ticks to each root, from a

@@ -24,8 +24,8 @@ use serde::Serialize;
 
 use super::{TPUConfig, TPUOptimizer};
 use crate::error::{OptimError, Result};
+use crate::memory::output_buffer;
 use crate::optimizer::{Optimizer, UpdateKind};
-use crate::optimizers::kernel::output_buffer;
 use crate::optimizers::{Adagrad, Adam, AdamW, Momentum, Nesterov, RMSProp, SGD};
 
 /// Learning rate of the benchmarked optimizers.

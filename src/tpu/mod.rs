@@ -71,14 +71,14 @@ use bevy_ecs::prelude::*;
 use ndarray::{Array, ArrayD, Dimension, IxDyn};
 
 use crate::compiler;
-use crate::compiler::passes::memory_plan::ALIGNMENT;
 use crate::error::{OptimError, Result};
 use crate::exec::runtime::{Arg, CustomCallHandler, Element, RunOutput, Runtime};
 use crate::hardware::TpuGeneration;
 use crate::ir::Tensor;
 use crate::ir::{DType, TensorType};
+use crate::memory::ALIGNMENT;
+use crate::memory::HbmUsage;
 use crate::memory::{Block, Heap};
-use crate::monitor::HbmUsage;
 use crate::optimizer::{FloatElement, Optimizer, UpdateRule};
 use crate::persist::{SnapshotRegistry, WorldSnapshot};
 use crate::pod::Pod;
@@ -576,7 +576,7 @@ where
         self.device_labels.clear();
         // The snapshot may predate the optimizer's use of its devices.
         hbm::mark(world, &self.devices);
-        hbm::rebuild_heaps(world)
+        Ok(hbm::rebuild_heaps(world)?)
     }
 
     /// The rule's run-time learning-rate scalar, recomputed only when the
@@ -719,7 +719,7 @@ where
                 for slot in spawned {
                     world.despawn(slot);
                 }
-                return Err(e);
+                return Err(e.into());
             }
         };
         for (device, block, name) in reserved {

@@ -39,8 +39,7 @@ use crate::ir::op::Op;
 /// The pass name.
 pub const NAME: &str = "memory-plan";
 
-/// Buffer offsets and sizes are multiples of this many bytes.
-pub const ALIGNMENT: usize = 64;
+pub use crate::memory::ALIGNMENT;
 
 /// A planned buffer holding one value.
 #[derive(Component, Debug, Clone)]
