@@ -13,7 +13,7 @@
 //! stamped with an older generation are ignored.
 
 use crate::clock::SimClock;
-use crate::fault_tolerance::Excluded;
+use crate::health::Excluded;
 use crate::health::{DeviceState, FailureEpoch, Health, HeartbeatConfig};
 use crate::rng::{SimRng, stream};
 use crate::schedule::{Step, StepSystems};

@@ -16,7 +16,7 @@ use crate::compiler::passes::lower::CompiledExecutable;
 use crate::compiler::passes::memory_plan::{Buffer, MemoryPlan};
 use crate::compiler::passes::ordering::KernelPosition;
 use crate::compiler::passes::{CompileFailure, DisabledPasses, PassLog};
-use crate::fault_tolerance::Excluded;
+use crate::health::Excluded;
 use crate::health::{
     ControlJitter, DeviceState, FailureEpoch, FailureLog, FaultPlan, Health, Heartbeat,
     HeartbeatConfig, InjectedFault, KnownFailures,

@@ -18,9 +18,10 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-mod periodic;
-
-pub use periodic::{PeriodicCheckpoints, write_periodic_checkpoint};
+pub use crate::checkpoint::{
+    PeriodicCheckpoints, checkpoint_name, enforce_retention, write_periodic_checkpoint,
+};
+pub use crate::health::Excluded;
 
 use crate::checkpoint::{
     CheckpointError, CheckpointListing, list_checkpoints, verify_checkpoint, write_checkpoint,
@@ -92,19 +93,10 @@ pub struct RecoveryReport {
     pub errors: Vec<String>,
 }
 
-/// A device left out of barriers over "every device" after a failure.
-#[derive(Component, Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Excluded;
-
 /// Checkpoints, rollback, replication and recovery for a [`Pod`].
 #[derive(Debug, Clone)]
 pub struct FaultToleranceManager {
     config: FaultToleranceConfig,
-}
-
-/// Checkpoint directory name for a tick: sorts by tick.
-pub fn checkpoint_name(tick: u64) -> String {
-    format!("tick-{tick:012}")
 }
 
 impl FaultToleranceManager {
@@ -350,24 +342,4 @@ fn mark_dead(pod: &mut Pod, killed: &[DeviceId], failed: &[DeviceId]) {
             });
         }
     }
-}
-
-/// Removes the oldest `tick-*` checkpoints in `root` beyond `keep`.
-fn enforce_retention(root: &Path, keep: usize) -> Result<()> {
-    let mut names: Vec<String> = std::fs::read_dir(root)
-        .map_err(|source| OptimError::Io {
-            path: root.to_path_buf(),
-            source,
-        })?
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with("tick-"))
-        .collect();
-    names.sort();
-    let excess = names.len().saturating_sub(keep);
-    for name in &names[..excess] {
-        let path = root.join(name);
-        std::fs::remove_dir_all(&path).map_err(|source| OptimError::Io { path, source })?;
-    }
-    Ok(())
 }

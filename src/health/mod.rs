@@ -295,3 +295,8 @@ pub fn install(world: &mut World) {
             .in_set(StepSystems::FaultDetection),
     );
 }
+
+/// A device left out of barriers over "every device", load balancing and
+/// collectives after its failure was handled (recovery excluded it).
+#[derive(Component, Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Excluded;

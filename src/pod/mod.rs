@@ -15,9 +15,9 @@ pub use crate::clock::{self, SimClock};
 
 use crate::barrier::{self, BarrierOutcome, BarrierRegistry};
 use crate::checkpoint::engine_registry;
+use crate::checkpoint::{PeriodicCheckpoints, write_periodic_checkpoint};
 use crate::compiler::{self, CompileReport};
 use crate::error::{OptimError, Result};
-use crate::fault_tolerance::{PeriodicCheckpoints, write_periodic_checkpoint};
 use crate::health::{self, FailureLog, FailureRecord, Fault, Health};
 use crate::persist::{SnapshotRegistry, WorldSnapshot};
 use crate::rng::SimRng;
@@ -214,7 +214,7 @@ impl Pod {
     ) -> crate::coordination::load_balance::LoadBalancer {
         let world = &mut self.world;
         let mut healthy: Vec<DeviceId> = world
-            .query_filtered::<(&crate::topology::Device, &health::DeviceState, &Health), Without<crate::fault_tolerance::Excluded>>()
+            .query_filtered::<(&crate::topology::Device, &health::DeviceState, &Health), Without<crate::health::Excluded>>()
             .iter(world)
             .filter(|(_, state, health)| state.is_running() && !health.is_failed())
             .map(|(device, _, _)| device.id)

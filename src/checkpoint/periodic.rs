@@ -1,7 +1,7 @@
 //! Periodic checkpoints as a system in the `Step` schedule's last set.
 
-use super::{checkpoint_name, enforce_retention};
-use crate::checkpoint::write_checkpoint;
+use super::retention::{checkpoint_name, enforce_retention};
+use super::store::write_checkpoint;
 use crate::clock::SimClock;
 use crate::persist::SnapshotRegistry;
 use crate::topology::PodTopology;
