@@ -4,6 +4,7 @@
 pub mod barrier;
 pub mod checkpoint;
 pub mod clock;
+pub mod clock_sync;
 pub mod collectives;
 pub mod compiler;
 pub mod coordination;
@@ -14,6 +15,7 @@ pub mod hardware;
 pub mod health;
 pub mod ir;
 pub mod kernels;
+pub mod load_balance;
 pub mod memory;
 pub mod monitor;
 pub mod optimizer;

@@ -37,6 +37,8 @@ pub enum StepSystems {
     InjectFaults,
     /// Devices emit heartbeats that are due.
     Heartbeats,
+    /// Each device that just sent a heartbeat runs one NTP exchange.
+    ClockSync,
     /// Messages move over channels according to latency and bandwidth.
     Transport,
     /// Missed heartbeats mark devices suspect, then failed.
@@ -96,10 +98,11 @@ pub fn deterministic_schedule(label: impl ScheduleLabel) -> Schedule {
 }
 
 /// Every [`StepSystems`] set, in run order (the schedule chains them so).
-pub const STEP_SETS: [StepSystems; 13] = [
+pub const STEP_SETS: [StepSystems; 14] = [
     StepSystems::AdvanceClock,
     StepSystems::InjectFaults,
     StepSystems::Heartbeats,
+    StepSystems::ClockSync,
     StepSystems::Transport,
     StepSystems::FaultDetection,
     StepSystems::Recovery,

@@ -6,6 +6,7 @@
 
 use crate::barrier::{Barrier, BarrierArrivals, BarrierOutcome, BarrierRegistry, PendingBarrier};
 use crate::clock::SimClock;
+use crate::clock_sync::systems::{ClockSync, DeviceClock};
 use crate::collectives::pod::{Collective, CollectiveOutcome};
 use crate::compiler::graph::{
     DeclaredType, InProgram, Literal, Node, NodeName, Operands, Output, PendingCompile, Program,
@@ -31,7 +32,6 @@ use crate::persist::SnapshotError;
 use crate::persist::SnapshotRegistry;
 use crate::persist::{LoadContext, Persist, StoreContext};
 use crate::persist_as_self;
-use crate::pod_coordination::synchronization::clocks::pod::{ClockSync, DeviceClock};
 use crate::rng::SimRng;
 use crate::topology::{
     Device, DeviceIndex, HbmCapacity, Host, Link, LinkKind, LinkTraffic, OnHost, PodTopology,

@@ -12,7 +12,7 @@
 //! # Ok::<(), optirs_tpu::coordination::CoordinationError>(())
 //! ```
 
-pub mod load_balance;
+pub use crate::load_balance;
 pub mod pod_coordinator;
 
 pub use pod_coordinator::{CoordinationError, PodConfig, PodCoordinator};

@@ -11,6 +11,8 @@
 //! # Ok::<(), optirs_tpu::OptimError>(())
 //! ```
 
+mod clock_sync;
+
 pub use crate::clock::{self, SimClock};
 
 use crate::barrier::{self, BarrierOutcome, BarrierRegistry};
@@ -91,7 +93,7 @@ impl Pod {
         crate::monitor::install(&mut world);
         barrier::install(&mut world);
         crate::collectives::pod::install(&mut world);
-        crate::pod_coordination::synchronization::clocks::pod::install(&mut world);
+        crate::clock_sync::systems::install(&mut world);
         compiler::install(&mut world);
         world.insert_resource(engine_registry());
         world.resource_mut::<Schedules>().add_systems(
@@ -210,8 +212,8 @@ impl Pod {
     /// failed and not excluded after a failure.
     pub fn load_balancer(
         &mut self,
-        policy: crate::coordination::load_balance::Policy,
-    ) -> crate::coordination::load_balance::LoadBalancer {
+        policy: crate::load_balance::Policy,
+    ) -> crate::load_balance::LoadBalancer {
         let world = &mut self.world;
         let mut healthy: Vec<DeviceId> = world
             .query_filtered::<(&crate::topology::Device, &health::DeviceState, &Health), Without<crate::health::Excluded>>()
@@ -220,7 +222,7 @@ impl Pod {
             .map(|(device, _, _)| device.id)
             .collect();
         healthy.sort();
-        crate::coordination::load_balance::LoadBalancer::new(policy, healthy)
+        crate::load_balance::LoadBalancer::new(policy, healthy)
     }
 
     /// What the coordination service believes about a device.

@@ -1,4 +1,12 @@
-//! Clock offset estimation between devices.
+//! Clock offset estimation between devices: the seed's path to
+//! [`crate::clock_sync`].
 
-pub mod pod;
-pub mod protocols;
+/// The per-device clocks and their systems ([`crate::clock_sync::systems`]).
+pub mod pod {
+    pub use crate::clock_sync::systems::*;
+}
+
+/// RFC 5905's exchange and clock filter ([`crate::clock_sync::protocols`]).
+pub mod protocols {
+    pub use crate::clock_sync::protocols::*;
+}

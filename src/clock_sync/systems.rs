@@ -87,35 +87,20 @@ pub fn install(world: &mut World) {
             .entity_mut(entity)
             .insert((DeviceClock::default(), ClockSync::default()));
     }
-    world.resource_mut::<Schedules>().add_systems(
-        Step,
-        synchronize_clocks
-            .after(crate::health::emit_heartbeats)
-            .in_set(StepSystems::Heartbeats),
-    );
+    world
+        .resource_mut::<Schedules>()
+        .add_systems(Step, synchronize_clocks.in_set(StepSystems::ClockSync));
 }
 
-impl crate::pod::Pod {
-    /// Sets a device's clock offset (ns at time zero) and drift (ppm).
-    pub fn set_device_clock(
-        &mut self,
-        device: u32,
-        offset_ns: i64,
-        drift_ppm: f64,
-    ) -> crate::Result<()> {
-        let entity = self.device_entity(device)?;
-        self.world_mut()
-            .entity_mut(entity)
-            .insert(DeviceClock(SimulatedClock {
-                offset_ns,
-                drift_ppm,
-            }));
-        Ok(())
-    }
+/// Sets a device's clock offset (ns at time zero) and drift (ppm).
+pub fn set_device_clock(world: &mut World, device: Entity, offset_ns: i64, drift_ppm: f64) {
+    world.entity_mut(device).insert(DeviceClock(SimulatedClock {
+        offset_ns,
+        drift_ppm,
+    }));
+}
 
-    /// The device's current estimate of the service clock minus its own.
-    pub fn clock_estimate(&self, device: u32) -> Option<OffsetEstimate> {
-        let entity = self.device_entity(device).ok()?;
-        self.world().get::<ClockSync>(entity)?.ntp.estimate()
-    }
+/// The device's current estimate of the service clock minus its own.
+pub fn clock_estimate(world: &World, device: Entity) -> Option<OffsetEstimate> {
+    world.get::<ClockSync>(device)?.ntp.estimate()
 }
