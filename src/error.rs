@@ -30,6 +30,9 @@ pub enum OptimError {
     /// A fault could not be injected.
     #[error(transparent)]
     Fault(#[from] crate::health::FaultError),
+    /// A collective could not run, or failed before it completed.
+    #[error(transparent)]
+    Collective(#[from] crate::collectives::CollectiveError),
     /// A barrier request was refused.
     #[error(transparent)]
     Barrier(#[from] crate::barrier::BarrierError),

@@ -68,6 +68,7 @@ pub use ring::{
 pub use torus::TorusShape;
 pub use traffic::{LinkModel, Phase, PhaseKind, TimedTransfer, Traffic, Transfer};
 
+use crate::topology::DeviceId;
 use ring::{Epilogue, RingRoute};
 
 /// Why a collective could not run. Nothing is modified when one is returned.
@@ -144,6 +145,73 @@ pub enum CollectiveError {
     /// A benchmark was asked for zero ranks.
     #[error("a benchmark needs at least one rank")]
     NoRanks,
+    /// The pod has several slices joined by DCN links, not one torus.
+    #[error(
+        "a collective across slices is not supported: `{pod}` has {slices} slices joined by \
+         DCN links, not one torus; run collectives per slice"
+    )]
+    AcrossSlices {
+        /// The pod.
+        pod: String,
+        /// Its slice count.
+        slices: u32,
+    },
+    /// A pod-wide collective takes one buffer per device.
+    #[error(
+        "collective: {pod} has {devices} devices but {buffers} buffers were passed \
+         (one per device, by id)"
+    )]
+    DeviceBuffers {
+        /// The pod.
+        pod: String,
+        /// Its devices.
+        devices: usize,
+        /// Buffers passed.
+        buffers: usize,
+    },
+    /// A participant is not running or was declared failed.
+    #[error(
+        "collective: {device} is not running or has failed ({down} devices down); \
+         exclude it or roll back before launching collectives"
+    )]
+    DeviceDown {
+        /// The lowest such device.
+        device: DeviceId,
+        /// How many are down.
+        down: usize,
+    },
+    /// The schedule needs a link the pod does not have.
+    #[error("collective: no link joins device {src} and device {dst}")]
+    NoLink {
+        /// Sending device.
+        src: usize,
+        /// Receiving device.
+        dst: usize,
+    },
+    /// The schedule needs a link that is cut.
+    #[error("collective: the link between device {src} and device {dst} is cut")]
+    LinkCut {
+        /// Sending device.
+        src: usize,
+        /// Receiving device.
+        dst: usize,
+    },
+    /// A participant was declared failed before the collective completed.
+    #[error(
+        "collective {kind:?} failed at t={:.3} s: participant {device} failed",
+        *at_ns as f64 * 1e-9
+    )]
+    ParticipantFailed {
+        /// Which collective.
+        kind: pod::CollectiveKind,
+        /// When, ns.
+        at_ns: u64,
+        /// The failed participant.
+        device: DeviceId,
+    },
+    /// The collective's entity is gone (the world was restored since).
+    #[error("collective entity no longer exists (the world was restored)")]
+    Vanished,
 }
 
 /// Validates `ring` against `buffers` and returns the members' slices in

@@ -1,6 +1,7 @@
-//! Collectives on a [`Pod`]'s devices, following its topology.
+//! Collectives on a pod's devices, following its topology.
 //!
-//! [`Pod::all_reduce`] and friends move the real data at once (the CPU does
+//! [`launch_all_reduce`] and [`launch_ring`] (wrapped by `Pod::all_reduce`
+//! and friends) move the real data at once (the CPU does
 //! the work, in parallel), charge every transfer to the [`Link`] entity it
 //! crosses, in the direction it crosses it, and start a [`Collective`]
 //! entity whose completion time comes from an alpha-beta model of each
@@ -15,16 +16,12 @@
 //! broadcast run on a ring that snakes through the torus, so every hop is
 //! one link. Buffers are indexed by device id.
 
-use super::{
-    CollectiveError, Element, LinkModel, ReduceOp, TorusShape, Traffic, all_gather, broadcast,
-    reduce_scatter, torus_all_reduce,
-};
+use super::{CollectiveError, Element, LinkModel, ReduceOp, TorusShape, Traffic, torus_all_reduce};
 use crate::clock::SimClock;
-use crate::error::{OptimError, Result};
 use crate::health::{DeviceState, Health};
-use crate::pod::Pod;
 use crate::schedule::{Step, StepSystems};
 use crate::topology::{Device, DeviceId, DeviceIndex, Link, LinkTraffic};
+use crate::topology::{PodTopology, Topology};
 use crate::transport::LinkState;
 use bevy_ecs::prelude::*;
 use bevy_ecs::schedule::Schedules;
@@ -138,19 +135,12 @@ pub fn install(world: &mut World) {
         .add_systems(Step, progress_collectives.in_set(StepSystems::Collectives));
 }
 
-fn collective_error(error: CollectiveError) -> OptimError {
-    OptimError::InvalidConfig(format!("collective: {error}"))
-}
-
 /// The single slice's torus (collectives run within one slice).
-fn torus_of(topology: &crate::topology::Topology) -> Result<TorusShape> {
+pub fn torus_of(topology: &Topology) -> Result<TorusShape, CollectiveError> {
     if topology.slices != 1 {
-        return Err(OptimError::Unsupported {
-            operation: "a collective across slices".into(),
-            reason: format!(
-                "`{}` has {} slices joined by DCN links, not one torus; run collectives per slice",
-                topology.name, topology.slices
-            ),
+        return Err(CollectiveError::AcrossSlices {
+            pod: topology.name.clone(),
+            slices: topology.slices,
         });
     }
     let n = topology.ndims;
@@ -158,222 +148,172 @@ fn torus_of(topology: &crate::topology::Topology) -> Result<TorusShape> {
     let wrap: Vec<bool> = (0..n)
         .map(|a| topology.wraparound[a] && topology.dims[a] >= 3)
         .collect();
-    TorusShape::new(&dims, &wrap).map_err(collective_error)
+    TorusShape::new(&dims, &wrap)
 }
 
-impl Pod {
-    /// The pod's slice as a torus for the collectives.
-    pub fn torus_shape(&self) -> Result<TorusShape> {
-        torus_of(self.topology())
-    }
-
-    fn check_participants(&mut self, buffers: usize) -> Result<Vec<DeviceId>> {
-        let devices = self.topology().num_devices() as usize;
-        if buffers != devices {
-            return Err(OptimError::InvalidConfig(format!(
-                "collective: {} has {devices} devices but {buffers} buffers were passed (one per device, by id)",
-                self.topology().name
-            )));
-        }
-        let world = self.world_mut();
-        let mut down: Vec<DeviceId> = world
-            .query::<(&Device, &DeviceState, &Health)>()
-            .iter(world)
-            .filter(|(_, state, health)| !state.is_running() || health.is_failed())
-            .map(|(device, _, _)| device.id)
-            .collect();
-        down.sort();
-        if let Some(&first) = down.first() {
-            return Err(OptimError::InvalidConfig(format!(
-                "collective: {first} is not running or has failed ({} devices down); \
-                 exclude it or roll back before launching collectives",
-                down.len()
-            )));
-        }
-        Ok((0..devices as u32).map(DeviceId).collect())
-    }
-
-    /// Charges the traffic to the links and starts a [`Collective`].
-    fn launch(
-        &mut self,
-        kind: CollectiveKind,
-        bytes: u64,
-        participants: Vec<DeviceId>,
-        traffic: &Traffic,
-    ) -> Result<CollectiveReport> {
-        let world = self.world_mut();
-        let index = world.resource::<DeviceIndex>().clone();
-        let mut links: HashMap<(Entity, Entity), Entity> = HashMap::new();
-        for (entity, link) in world.query::<(Entity, &Link)>().iter(world) {
-            links.insert((link.a, link.b), entity);
-            links.insert((link.b, link.a), entity);
-        }
-        let per_link = traffic.per_link();
-        let mut models: HashMap<(usize, usize), LinkModel> = HashMap::new();
-        let mut link_bytes = 0u64;
-        // Check every link first: a cut link fails the launch before any
-        // counter moves.
-        let mut charges = Vec::with_capacity(per_link.len());
-        for (&(src, dst), &moved) in &per_link {
-            let (a, b) = (
-                index.get(DeviceId(src as u32)),
-                index.get(DeviceId(dst as u32)),
-            );
-            let entity = a
-                .zip(b)
-                .and_then(|(a, b)| links.get(&(a, b)).copied())
-                .ok_or_else(|| {
-                    OptimError::InvalidConfig(format!(
-                        "collective: no link joins device {src} and device {dst}"
-                    ))
-                })?;
-            if !world.get::<LinkState>(entity).is_none_or(|s| s.up) {
-                return Err(OptimError::InvalidConfig(format!(
-                    "collective: the link between device {src} and device {dst} is cut"
-                )));
-            }
-            let link = *world.get::<Link>(entity).expect("links exist");
-            let model = LinkModel::new(link.latency_ns as f64 * 1e-9, link.bytes_per_s)
-                .map_err(collective_error)?;
-            models.insert((src, dst), model);
-            charges.push((entity, a == Some(link.a), moved));
-        }
-        for (entity, forward, moved) in charges {
-            let mut counters = world
-                .get_mut::<LinkTraffic>(entity)
-                .expect("links count traffic");
-            if forward {
-                counters.bytes_ab += moved;
-            } else {
-                counters.bytes_ba += moved;
-            }
-            counters.messages += 1;
-            link_bytes += moved;
-        }
-        let modeled_seconds = traffic.modeled_seconds_by_link(|s, d| {
-            models.get(&(s, d)).copied().unwrap_or_else(|| {
-                LinkModel::new(0.0, f64::MAX).expect("a zero-cost model is valid")
-            })
+/// The participants of a collective over every device: `buffers` must be
+/// one per device, and every device must be running and not failed.
+pub fn check_participants(
+    world: &mut World,
+    buffers: usize,
+) -> Result<Vec<DeviceId>, CollectiveError> {
+    let topology = &world.resource::<PodTopology>().0;
+    let devices = topology.num_devices() as usize;
+    if buffers != devices {
+        return Err(CollectiveError::DeviceBuffers {
+            pod: topology.name.clone(),
+            devices,
+            buffers,
         });
-        let launched_at_ns = world.resource::<SimClock>().now_ns;
-        let completes_at_ns = launched_at_ns + (modeled_seconds * 1e9).ceil() as u64;
-        let entity = world
-            .spawn((
-                Collective {
-                    kind,
-                    bytes,
-                    participants,
-                    launched_at_ns,
-                    completes_at_ns,
-                },
-                CollectiveOutcome::Pending,
-            ))
-            .id();
-        Ok(CollectiveReport {
-            entity,
-            kind,
-            bytes,
-            link_bytes,
-            links_used: per_link.len(),
-            modeled_seconds,
-            launched_at_ns,
-            completes_at_ns,
-        })
     }
+    let mut down: Vec<DeviceId> = world
+        .query::<(&Device, &DeviceState, &Health)>()
+        .iter(world)
+        .filter(|(_, state, health)| !state.is_running() || health.is_failed())
+        .map(|(device, _, _)| device.id)
+        .collect();
+    down.sort();
+    if let Some(&device) = down.first() {
+        return Err(CollectiveError::DeviceDown {
+            device,
+            down: down.len(),
+        });
+    }
+    Ok((0..devices as u32).map(DeviceId).collect())
+}
 
-    /// Steps until the collective completes; an error if a participant fails
-    /// first.
-    pub fn wait_for_collective(&mut self, report: &CollectiveReport) -> Result<()> {
-        loop {
-            match self.world().get::<CollectiveOutcome>(report.entity) {
-                Some(CollectiveOutcome::Pending) => self.step(),
-                Some(CollectiveOutcome::Completed { .. }) => return Ok(()),
-                Some(CollectiveOutcome::Failed { device, at_ns }) => {
-                    return Err(OptimError::InvalidConfig(format!(
-                        "collective {:?} failed at t={:.3} s: participant {device} failed",
-                        report.kind,
-                        *at_ns as f64 * 1e-9
-                    )));
-                }
-                None => {
-                    return Err(OptimError::InvalidConfig(
-                        "collective entity no longer exists (the world was restored)".into(),
-                    ));
-                }
-            }
+/// Charges the traffic to the links and starts a [`Collective`]. Every
+/// link is checked first: a missing or cut link fails the launch before
+/// any counter moves.
+pub fn launch(
+    world: &mut World,
+    kind: CollectiveKind,
+    bytes: u64,
+    participants: Vec<DeviceId>,
+    traffic: &Traffic,
+) -> Result<CollectiveReport, CollectiveError> {
+    let index = world.resource::<DeviceIndex>().clone();
+    let mut links: HashMap<(Entity, Entity), Entity> = HashMap::new();
+    for (entity, link) in world.query::<(Entity, &Link)>().iter(world) {
+        links.insert((link.a, link.b), entity);
+        links.insert((link.b, link.a), entity);
+    }
+    let per_link = traffic.per_link();
+    let mut models: HashMap<(usize, usize), LinkModel> = HashMap::new();
+    let mut link_bytes = 0u64;
+    let mut charges = Vec::with_capacity(per_link.len());
+    for (&(src, dst), &moved) in &per_link {
+        let (a, b) = (
+            index.get(DeviceId(src as u32)),
+            index.get(DeviceId(dst as u32)),
+        );
+        let entity = a
+            .zip(b)
+            .and_then(|(a, b)| links.get(&(a, b)).copied())
+            .ok_or(CollectiveError::NoLink { src, dst })?;
+        if !world.get::<LinkState>(entity).is_none_or(|s| s.up) {
+            return Err(CollectiveError::LinkCut { src, dst });
         }
+        let link = *world.get::<Link>(entity).expect("links exist");
+        let model = LinkModel::new(link.latency_ns as f64 * 1e-9, link.bytes_per_s)?;
+        models.insert((src, dst), model);
+        charges.push((entity, a == Some(link.a), moved));
     }
+    for (entity, forward, moved) in charges {
+        let mut counters = world
+            .get_mut::<LinkTraffic>(entity)
+            .expect("links count traffic");
+        if forward {
+            counters.bytes_ab += moved;
+        } else {
+            counters.bytes_ba += moved;
+        }
+        counters.messages += 1;
+        link_bytes += moved;
+    }
+    let modeled_seconds = traffic.modeled_seconds_by_link(|s, d| {
+        models
+            .get(&(s, d))
+            .copied()
+            .unwrap_or_else(|| LinkModel::new(0.0, f64::MAX).expect("a zero-cost model is valid"))
+    });
+    let launched_at_ns = world.resource::<SimClock>().now_ns;
+    let completes_at_ns = launched_at_ns + (modeled_seconds * 1e9).ceil() as u64;
+    let entity = world
+        .spawn((
+            Collective {
+                kind,
+                bytes,
+                participants,
+                launched_at_ns,
+                completes_at_ns,
+            },
+            CollectiveOutcome::Pending,
+        ))
+        .id();
+    Ok(CollectiveReport {
+        entity,
+        kind,
+        bytes,
+        link_bytes,
+        links_used: per_link.len(),
+        modeled_seconds,
+        launched_at_ns,
+        completes_at_ns,
+    })
+}
 
-    /// Starts an all-reduce over every device (`buffers[i]` is device `i`'s):
-    /// the data is reduced now; the collective completes in simulated time.
-    pub fn launch_all_reduce<T: Element>(
-        &mut self,
-        buffers: &mut [Vec<T>],
-        op: ReduceOp,
-    ) -> Result<CollectiveReport> {
-        let participants = self.check_participants(buffers.len())?;
-        let shape = self.torus_shape()?;
-        let bytes = (buffers.first().map_or(0, Vec::len) * T::BYTES) as u64;
-        let traffic = torus_all_reduce(buffers, &shape, op).map_err(collective_error)?;
-        self.launch(CollectiveKind::AllReduce, bytes, participants, &traffic)
+/// Where a launched collective stands: `Ok(true)` completed, `Ok(false)`
+/// still pending, an error if a participant failed first or the
+/// collective no longer exists.
+pub fn poll_collective(world: &World, report: &CollectiveReport) -> Result<bool, CollectiveError> {
+    match world.get::<CollectiveOutcome>(report.entity) {
+        Some(CollectiveOutcome::Pending) => Ok(false),
+        Some(CollectiveOutcome::Completed { .. }) => Ok(true),
+        Some(&CollectiveOutcome::Failed { device, at_ns }) => {
+            Err(CollectiveError::ParticipantFailed {
+                kind: report.kind,
+                at_ns,
+                device,
+            })
+        }
+        None => Err(CollectiveError::Vanished),
     }
+}
 
-    /// All-reduce over every device, stepping the pod until it completes.
-    pub fn all_reduce<T: Element>(
-        &mut self,
-        buffers: &mut [Vec<T>],
-        op: ReduceOp,
-    ) -> Result<CollectiveReport> {
-        let report = self.launch_all_reduce(buffers, op)?;
-        self.wait_for_collective(&report)?;
-        Ok(report)
-    }
+/// Starts an all-reduce over every device (`buffers[i]` is device `i`'s):
+/// the data is reduced now (torus algorithm along every axis); the
+/// collective completes in simulated time.
+pub fn launch_all_reduce<T: Element>(
+    world: &mut World,
+    buffers: &mut [Vec<T>],
+    op: ReduceOp,
+) -> Result<CollectiveReport, CollectiveError> {
+    let participants = check_participants(world, buffers.len())?;
+    let shape = torus_of(&world.resource::<PodTopology>().0)?;
+    let bytes = (buffers.first().map_or(0, Vec::len) * T::BYTES) as u64;
+    let traffic = torus_all_reduce(buffers, &shape, op)?;
+    launch(
+        world,
+        CollectiveKind::AllReduce,
+        bytes,
+        participants,
+        &traffic,
+    )
+}
 
-    fn ring_collective<T: Element>(
-        &mut self,
-        kind: CollectiveKind,
-        buffers: &mut [Vec<T>],
-        run: impl FnOnce(&mut [Vec<T>], &[usize]) -> std::result::Result<Traffic, CollectiveError>,
-    ) -> Result<CollectiveReport> {
-        let participants = self.check_participants(buffers.len())?;
-        let shape = self.torus_shape()?;
-        let ring = shape.snake_ring();
-        let bytes = (buffers.first().map_or(0, Vec::len) * T::BYTES) as u64;
-        let traffic = run(buffers, &ring)
-            .map_err(collective_error)?
-            .routed_on(&shape);
-        let report = self.launch(kind, bytes, participants, &traffic)?;
-        self.wait_for_collective(&report)?;
-        Ok(report)
-    }
-
-    /// Reduce-scatter over every device along the snake ring; returns the
-    /// ring order (ring position `i` holds chunk `i`).
-    pub fn reduce_scatter<T: Element>(
-        &mut self,
-        buffers: &mut [Vec<T>],
-        op: ReduceOp,
-    ) -> Result<(CollectiveReport, Vec<usize>)> {
-        let ring = self.torus_shape()?.snake_ring();
-        let report = self.ring_collective(CollectiveKind::ReduceScatter, buffers, |b, r| {
-            reduce_scatter(b, r, op)
-        })?;
-        Ok((report, ring))
-    }
-
-    /// All-gather over every device along the snake ring.
-    pub fn all_gather<T: Element>(&mut self, buffers: &mut [Vec<T>]) -> Result<CollectiveReport> {
-        self.ring_collective(CollectiveKind::AllGather, buffers, |b, r| all_gather(b, r))
-    }
-
-    /// Broadcast device `root`'s buffer to every device.
-    pub fn broadcast<T: Element>(
-        &mut self,
-        buffers: &mut [Vec<T>],
-        root: u32,
-    ) -> Result<CollectiveReport> {
-        self.ring_collective(CollectiveKind::Broadcast, buffers, |b, r| {
-            broadcast(b, r, root as usize)
-        })
-    }
+/// Starts a ring collective over every device along the snake ring
+/// through the torus (every hop one link); `run` moves the data.
+pub fn launch_ring<T: Element>(
+    world: &mut World,
+    kind: CollectiveKind,
+    buffers: &mut [Vec<T>],
+    run: impl FnOnce(&mut [Vec<T>], &[usize]) -> Result<Traffic, CollectiveError>,
+) -> Result<CollectiveReport, CollectiveError> {
+    let participants = check_participants(world, buffers.len())?;
+    let shape = torus_of(&world.resource::<PodTopology>().0)?;
+    let ring = shape.snake_ring();
+    let bytes = (buffers.first().map_or(0, Vec::len) * T::BYTES) as u64;
+    let traffic = run(buffers, &ring)?.routed_on(&shape);
+    launch(world, kind, bytes, participants, &traffic)
 }

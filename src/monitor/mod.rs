@@ -290,6 +290,3 @@ pub fn install_with(world: &mut World, config: MonitorConfig, thresholds: Health
             .in_set(StepSystems::Monitor),
     );
 }
-
-#[cfg(test)]
-mod tests;

@@ -1,0 +1,91 @@
+//! The pod's collectives, over [`crate::collectives::pod`]: each call
+//! moves the real data at once, charges the links and starts a collective
+//! entity; the blocking forms step the pod until it completes, like a host
+//! waiting on a collective.
+
+use super::Pod;
+use crate::collectives::pod::{
+    CollectiveKind, CollectiveReport, launch_all_reduce, launch_ring, poll_collective, torus_of,
+};
+use crate::collectives::{
+    CollectiveError, Element, ReduceOp, TorusShape, Traffic, all_gather, broadcast, reduce_scatter,
+};
+use crate::error::Result;
+
+impl Pod {
+    /// The pod's slice as a torus for the collectives.
+    pub fn torus_shape(&self) -> Result<TorusShape> {
+        Ok(torus_of(self.topology())?)
+    }
+
+    /// Steps until the collective completes; an error if a participant fails
+    /// first.
+    pub fn wait_for_collective(&mut self, report: &CollectiveReport) -> Result<()> {
+        while !poll_collective(self.world(), report)? {
+            self.step();
+        }
+        Ok(())
+    }
+
+    /// Starts an all-reduce over every device (`buffers[i]` is device `i`'s):
+    /// the data is reduced now; the collective completes in simulated time.
+    pub fn launch_all_reduce<T: Element>(
+        &mut self,
+        buffers: &mut [Vec<T>],
+        op: ReduceOp,
+    ) -> Result<CollectiveReport> {
+        Ok(launch_all_reduce(self.world_mut(), buffers, op)?)
+    }
+
+    /// All-reduce over every device, stepping the pod until it completes.
+    pub fn all_reduce<T: Element>(
+        &mut self,
+        buffers: &mut [Vec<T>],
+        op: ReduceOp,
+    ) -> Result<CollectiveReport> {
+        let report = self.launch_all_reduce(buffers, op)?;
+        self.wait_for_collective(&report)?;
+        Ok(report)
+    }
+
+    fn ring_collective<T: Element>(
+        &mut self,
+        kind: CollectiveKind,
+        buffers: &mut [Vec<T>],
+        run: impl FnOnce(&mut [Vec<T>], &[usize]) -> std::result::Result<Traffic, CollectiveError>,
+    ) -> Result<CollectiveReport> {
+        let report = launch_ring(self.world_mut(), kind, buffers, run)?;
+        self.wait_for_collective(&report)?;
+        Ok(report)
+    }
+
+    /// Reduce-scatter over every device along the snake ring; returns the
+    /// ring order (ring position `i` holds chunk `i`).
+    pub fn reduce_scatter<T: Element>(
+        &mut self,
+        buffers: &mut [Vec<T>],
+        op: ReduceOp,
+    ) -> Result<(CollectiveReport, Vec<usize>)> {
+        let ring = self.torus_shape()?.snake_ring();
+        let report = self.ring_collective(CollectiveKind::ReduceScatter, buffers, |b, r| {
+            reduce_scatter(b, r, op)
+        })?;
+        Ok((report, ring))
+    }
+
+    /// All-gather over every device along the snake ring.
+    pub fn all_gather<T: Element>(&mut self, buffers: &mut [Vec<T>]) -> Result<CollectiveReport> {
+        self.ring_collective(CollectiveKind::AllGather, buffers, |b, r| all_gather(b, r))
+    }
+
+    /// Broadcast device `root`'s buffer to every device.
+    pub fn broadcast<T: Element>(
+        &mut self,
+        buffers: &mut [Vec<T>],
+        root: u32,
+    ) -> Result<CollectiveReport> {
+        self.ring_collective(CollectiveKind::Broadcast, buffers, |b, r| {
+            broadcast(b, r, root as usize)
+        })
+    }
+}
