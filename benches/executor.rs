@@ -19,7 +19,7 @@ use criterion::{BenchmarkId, Criterion, Throughput, black_box, criterion_group};
 use ndarray::Array1;
 use optirs_tpu::exec::kernels::Tensor;
 use optirs_tpu::exec::runtime::{Arg, NoCustomCalls, Runtime};
-use optirs_tpu::optimizer::UpdateRule;
+use optirs_tpu::optimizers::UpdateRule;
 use optirs_tpu::optimizers::{Adam, SGD};
 use optirs_tpu::tpu::graph::build_update_graph;
 use optirs_tpu::xla;

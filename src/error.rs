@@ -48,37 +48,10 @@ pub enum OptimError {
     /// A schedule could not be built (for instance, an ambiguous system order).
     #[error("schedule build failed: {0}")]
     Schedule(String),
-    /// An optimizer step was given params and grads of different shapes.
-    #[error(
-        "params have shape {params:?} but grads have shape {grads:?}; they must match element for element"
-    )]
-    ShapeMismatch {
-        /// Shape of the parameters.
-        params: Vec<usize>,
-        /// Shape of the gradients.
-        grads: Vec<usize>,
-    },
-    /// An optimizer's state (moments, accumulators) was built for another shape.
-    #[error(
-        "{optimizer}: its state has shape {state:?} but the params have shape {params:?}; \
-         call reset() to start over with the new shape, or use one optimizer per tensor"
-    )]
-    StateShapeMismatch {
-        /// The optimizer's stable name (`adam`, `sgd`, ...).
-        optimizer: String,
-        /// Shape the state was built for.
-        state: Vec<usize>,
-        /// Shape of the params passed to this step.
-        params: Vec<usize>,
-    },
-    /// Optimizer state handed to `set_state` does not fit the optimizer.
-    #[error("{optimizer}: invalid state: {reason}")]
-    InvalidState {
-        /// The optimizer's stable name.
-        optimizer: String,
-        /// What is wrong with it.
-        reason: String,
-    },
+    /// An optimizer step was refused: params and grads of different
+    /// shapes, state built for another shape, or an invalid state.
+    #[error(transparent)]
+    Optimizer(crate::optimizers::OptimizerError),
     /// Reading or writing a file failed.
     #[error("{path}: {source}")]
     Io {
@@ -103,5 +76,32 @@ pub enum OptimError {
 impl From<crate::topology::TopologyError> for OptimError {
     fn from(error: crate::topology::TopologyError) -> Self {
         OptimError::Topology(Box::new(error))
+    }
+}
+
+/// A wrapped failure of a wrapping optimizer (such as `TPUOptimizer`
+/// through the [`crate::Optimizer`] trait) comes back as the error it was.
+impl From<crate::optimizers::OptimizerError> for OptimError {
+    fn from(error: crate::optimizers::OptimizerError) -> Self {
+        match error {
+            crate::optimizers::OptimizerError::Backend(source) => {
+                match source.downcast::<OptimError>() {
+                    Ok(inner) => *inner,
+                    Err(source) => {
+                        OptimError::Optimizer(crate::optimizers::OptimizerError::Backend(source))
+                    }
+                }
+            }
+            other => OptimError::Optimizer(other),
+        }
+    }
+}
+
+impl From<OptimError> for crate::optimizers::OptimizerError {
+    fn from(error: OptimError) -> Self {
+        match error {
+            OptimError::Optimizer(inner) => inner,
+            other => crate::optimizers::OptimizerError::Backend(Box::new(other)),
+        }
     }
 }

@@ -1,4 +1,56 @@
 #![doc = include_str!("../README.md")]
+//!
+//! # Layers
+//!
+//! The crate's modules are layers. A module imports only modules of lower
+//! layers (its unit tests may use the whole crate), so no top-level modules
+//! import each other in a circle, and every layer can be read, tested and
+//! moved with only what is below it. `tests/layers.rs` reads this table and
+//! every `crate::` path under `src/`, and fails naming the file and the
+//! import that points up the table or sideways within a layer; a new
+//! top-level module is added here.
+//!
+//! | layer | modules | what lives there |
+//! |---|---|---|
+//! | 0 core | `hardware`, `rng`, `schedule` | per-generation figures with their sources; the seeded random stream; the `Step` and `Compile` schedules and their ordered sets |
+//! | 1 time | `clock` | simulated time, the only time systems read |
+//! | 2 vocabulary | `ir` | the one `DType`, tensor types, the op set, `Tensor` |
+//! | 3 codecs and kernels | `persist`, `kernels` | how components become snapshot columns; the kernels constant folding, the interpreter and executables share |
+//! | 4 topology | `topology` | RON pod files, presets, device/host/link entities, derived figures |
+//! | 5 memory | `memory` | device memory in one home: heaps, each device's HBM and its usage, resident optimizer state, alignment |
+//! | 6 transport, optimizers | `transport`, `optimizers` | control messages and data over the links, and the backend that decides which process delivers; the `Optimizer` trait and the seven rules, bit-exact with optax |
+//! | 7 health | `health` | heartbeats, suspect/failed detection, faults, exclusion |
+//! | 8 pod services | `barrier`, `collectives`, `clock_sync`, `monitor`, `load_balance`, `svg` | barriers; collectives on real buffers; NTP; monitoring; placement; pictures |
+//! | 9 compiler | `compiler` | graph IR as entities, the passes of `Compile`, lowering |
+//! | 10 execution | `exec` | the fast runtime: native (Cranelift) and interpreted fused loops |
+//! | 11 checkpoints | `checkpoint` | the registry of everything the engine persists; manifests, files, verification, periodic checkpoints |
+//! | 12 errors | `error` | `OptimError`, wrapping each domain's own error without flattening it |
+//! | 13 assembly | `pod` | `Pod`: the world, the install order of every domain, the host API |
+//! | 14 profiling | `profile` | counters, Chrome/Perfetto traces, per-system timing |
+//! | 15 seed facades | `tpu`, `coordination`, `fault_tolerance`, `xla` | `TPUOptimizer`, `PodCoordinator`, `FaultToleranceManager`, the seed's compiler paths |
+//! | 16 facades over facades | `pod_coordination` | `TPUPodCoordinator` over `PodCoordinator`; the seed's clock-sync path |
+//! | 17 binary | `cli` | the command line (part of the `optirs-tpu` binary, not the library) |
+//!
+//! Errors are leaves: each domain's error enum (`TopologyError`,
+//! `MemoryError`, `TransportError`, `FaultError`, `BarrierError`,
+//! `CollectiveError`, `OptimizerError`, `CompileError`, `ExecError`, `SnapshotError`,
+//! `CheckpointError`) imports nothing but the bottom layers' ids, and
+//! [`OptimError`] wraps each one whole. Domains expose world functions
+//! (`barrier::create_barrier`, `collectives::pod::launch_all_reduce`,
+//! `clock_sync::set_device_clock`); [`Pod`] wraps them, and only `pod/`
+//! holds `impl Pod`. Systems order themselves against the sets of
+//! [`schedule`], never against another domain's function.
+//!
+//! # Data path
+//!
+//! A RON pod file (or a preset) is parsed and validated by [`topology`]
+//! and spawned as device, host and link entities; [`Pod::from_topology`]
+//! installs every domain's resources and systems into the [`schedule::Step`]
+//! sets in one documented order; each [`Pod::step`] runs one tick in
+//! simulated time; reports ([`monitor::performance_report`], figures,
+//! traces) read the world, and [`checkpoint`] writes the whole world (the
+//! columns of [`persist`]) with a SHA-256 manifest and restores it only
+//! after verifying every byte.
 #![warn(missing_docs)]
 
 pub mod barrier;
@@ -18,7 +70,19 @@ pub mod kernels;
 pub mod load_balance;
 pub mod memory;
 pub mod monitor;
-pub mod optimizer;
+/// The seed's path to the optimizer trait and its vocabulary, now in
+/// [`optimizers`].
+#[deprecated(
+    since = "0.2.0",
+    note = "the trait and the rules live in `optirs_tpu::optimizers`"
+)]
+pub mod optimizer {
+    pub use crate::optimizers::program;
+    pub use crate::optimizers::{
+        ElementOp, FloatElement, HyperParameter, Operand, Optimizer, OptimizerState, StateSlot,
+        UpdateKind, UpdateProgram, UpdateRule,
+    };
+}
 pub mod optimizers;
 pub mod persist;
 pub mod pod;
@@ -34,6 +98,6 @@ pub mod xla;
 
 pub use error::{OptimError, Result};
 pub use hardware::TpuGeneration;
-pub use optimizer::Optimizer;
+pub use optimizers::Optimizer;
 pub use pod::Pod;
 pub use tpu::{TPUConfig, TPUOptimizer, TPUVersion};

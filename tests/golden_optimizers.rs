@@ -17,7 +17,7 @@
 
 use ndarray::{Array1, Ix1};
 use optirs_tpu::Optimizer;
-use optirs_tpu::optimizer::{FloatElement, UpdateRule};
+use optirs_tpu::optimizers::{FloatElement, UpdateRule};
 use serde_json::Value;
 
 mod common;

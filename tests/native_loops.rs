@@ -343,8 +343,8 @@ fn max_and_min_keep_the_kernels_rules_for_nan_and_signed_zero() {
 /// and Adagrad convert to `f64` for a correctly rounded `1/sqrt`) and `f64`.
 #[test]
 fn every_optimizer_update_runs_as_native_code() {
-    use optirs_tpu::optimizer::{FloatElement, UpdateRule};
     use optirs_tpu::optimizers::{Adagrad, Adam, AdamW, Momentum, Nesterov, RMSProp, SGD};
+    use optirs_tpu::optimizers::{FloatElement, UpdateRule};
     use optirs_tpu::tpu::graph::build_update_graph;
 
     fn check<A: FloatElement + optirs_tpu::exec::runtime::Element>(

@@ -4,6 +4,7 @@
 
 use ndarray::{Array, Array1, Array2, ArrayD, IxDyn};
 use optirs_tpu::error::OptimError;
+use optirs_tpu::optimizers::OptimizerError;
 use optirs_tpu::optimizers::{Adagrad, Adam, AdamW, Momentum, Nesterov, RMSProp, SGD};
 use optirs_tpu::tpu::{MemoryEventKind, bench_optimizer};
 use optirs_tpu::{Optimizer, TPUConfig, TPUOptimizer, TPUVersion};
@@ -252,13 +253,22 @@ fn shape_mismatches_are_errors() {
     let p = Array1::from(data(4, 1));
     let g = Array1::from(data(5, 2));
     let err = opt.tpu_step(&p, &g).unwrap_err();
-    assert!(matches!(err, OptimError::ShapeMismatch { .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            OptimError::Optimizer(OptimizerError::ShapeMismatch { .. })
+        ),
+        "{err}"
+    );
     assert_eq!(opt.profile().executions, 0);
     opt.tpu_step(&p, &p).unwrap();
     let other = Array1::from(data(6, 1));
     let err = opt.tpu_step(&other, &other).unwrap_err();
     assert!(
-        matches!(err, OptimError::StateShapeMismatch { .. }),
+        matches!(
+            err,
+            OptimError::Optimizer(OptimizerError::StateShapeMismatch { .. })
+        ),
         "{err}"
     );
     assert!(err.to_string().contains("reset()"), "{err}");
@@ -305,7 +315,7 @@ impl<D: ndarray::Dimension> Optimizer<f32, D> for SignSgd {
         &mut self,
         params: &Array<f32, D>,
         grads: &Array<f32, D>,
-    ) -> optirs_tpu::Result<Array<f32, D>> {
+    ) -> optirs_tpu::optimizers::Result<Array<f32, D>> {
         self.steps += 1;
         Ok(params - &grads.mapv(|g| self.lr * g.signum()))
     }

@@ -1,11 +1,11 @@
 //! AdamW, optax's `adamw(learning_rate, weight_decay=wd)`.
 
-use crate::error::Result;
-use crate::optimizer::program::{Operand, ProgramBuilder, UpdateProgram};
-use crate::optimizer::{FloatElement, HyperParameter, OptimizerState, UpdateKind};
+use super::error::Result;
 use crate::optimizers::adam::AdamConstants;
 use crate::optimizers::kernel::{Target, Written, wrong_slot_count};
 use crate::optimizers::macros::impl_optimizer;
+use crate::optimizers::program::{Operand, ProgramBuilder, UpdateProgram};
+use crate::optimizers::{FloatElement, HyperParameter, OptimizerState, UpdateKind};
 
 /// Adam with decoupled weight decay (Loshchilov & Hutter), optax's order:
 /// the Adam direction `d` as in [`Adam`](crate::optimizers::Adam), then

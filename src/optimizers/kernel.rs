@@ -19,9 +19,9 @@ use std::mem::MaybeUninit;
 use ndarray::{Array, ArrayD, Dimension, IxDyn};
 use rayon::prelude::*;
 
-use crate::error::{OptimError, Result};
+use super::error::{OptimizerError, Result};
 use crate::memory::output_buffer;
-use crate::optimizer::{FloatElement, OptimizerState, StateSlot, check_same_shape};
+use crate::optimizers::{FloatElement, OptimizerState, StateSlot, check_same_shape};
 
 /// Elements per parallel chunk: 64 Ki elements (256 KiB of f32 per stream),
 /// large enough to amortize scheduling, small enough to balance two cores.
@@ -193,8 +193,8 @@ pub(crate) fn next_count<A>(state: &Option<OptimizerState<A>>) -> i32 {
     state.as_ref().map_or(0, |s| s.count).saturating_add(1)
 }
 
-fn invalid_state(optimizer: &str, reason: impl Into<String>) -> OptimError {
-    OptimError::InvalidState {
+fn invalid_state(optimizer: &str, reason: impl Into<String>) -> OptimizerError {
+    OptimizerError::InvalidState {
         optimizer: optimizer.to_string(),
         reason: reason.into(),
     }
@@ -212,7 +212,7 @@ fn prepare_state<'s, A: FloatElement>(
     if let Some(existing) = state.as_ref().and_then(|s| s.shape())
         && existing != shape
     {
-        return Err(OptimError::StateShapeMismatch {
+        return Err(OptimizerError::StateShapeMismatch {
             optimizer: name.to_string(),
             state: existing.to_vec(),
             params: shape.to_vec(),
@@ -380,6 +380,6 @@ pub(crate) fn validate_state<A: FloatElement>(
 
 /// The error a kernel returns when it is handed the wrong number of slots
 /// (unreachable through the public API, which validates states).
-pub(crate) fn wrong_slot_count(name: &str, expected: usize, got: usize) -> OptimError {
+pub(crate) fn wrong_slot_count(name: &str, expected: usize, got: usize) -> OptimizerError {
     invalid_state(name, format!("expected {expected} state slots, got {got}"))
 }

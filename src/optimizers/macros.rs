@@ -1,16 +1,16 @@
 //! The boilerplate every built-in optimizer shares: inherent methods, the
-//! [`UpdateRule`](crate::optimizer::UpdateRule) and
+//! [`UpdateRule`](crate::optimizers::UpdateRule) and
 //! [`Optimizer`](crate::Optimizer) impls, all delegating to the kernel
 //! driver in `kernel.rs`.
 
-/// Implements the shared inherent methods, [`crate::optimizer::UpdateRule`]
+/// Implements the shared inherent methods, [`crate::optimizers::UpdateRule`]
 /// and [`crate::Optimizer`] for an optimizer type that has the fields
 /// `learning_rate` and `state`, the associated consts `KIND` and `SLOTS`,
 /// and the methods `initial_values`, `hyper_parameters` and
 /// `constants(count)` whose result has `apply(target, grads, slots)`.
 macro_rules! impl_optimizer {
     ($ty:ident) => {
-        impl<A: $crate::optimizer::FloatElement> $ty<A> {
+        impl<A: $crate::optimizers::FloatElement> $ty<A> {
             /// The learning rate the next step will use.
             pub fn learning_rate(&self) -> A {
                 self.learning_rate
@@ -36,7 +36,7 @@ macro_rules! impl_optimizer {
                 &mut self,
                 params: &::ndarray::Array<A, D>,
                 grads: &::ndarray::Array<A, D>,
-            ) -> $crate::error::Result<::ndarray::Array<A, D>> {
+            ) -> $crate::optimizers::Result<::ndarray::Array<A, D>> {
                 let c = self.constants($crate::optimizers::kernel::next_count(&self.state));
                 let initial = self.initial_values();
                 $crate::optimizers::kernel::run_step(
@@ -56,7 +56,7 @@ macro_rules! impl_optimizer {
                 &mut self,
                 params: &mut ::ndarray::Array<A, D>,
                 grads: &::ndarray::Array<A, D>,
-            ) -> $crate::error::Result<()> {
+            ) -> $crate::optimizers::Result<()> {
                 let c = self.constants($crate::optimizers::kernel::next_count(&self.state));
                 let initial = self.initial_values();
                 $crate::optimizers::kernel::run_step_in_place(
@@ -71,16 +71,16 @@ macro_rules! impl_optimizer {
             }
         }
 
-        impl<A: $crate::optimizer::FloatElement> $crate::optimizer::UpdateRule<A> for $ty<A> {
-            fn update_kind(&self) -> $crate::optimizer::UpdateKind {
+        impl<A: $crate::optimizers::FloatElement> $crate::optimizers::UpdateRule<A> for $ty<A> {
+            fn update_kind(&self) -> $crate::optimizers::UpdateKind {
                 Self::KIND
             }
 
-            fn hyper_parameters(&self) -> Vec<$crate::optimizer::HyperParameter> {
+            fn hyper_parameters(&self) -> Vec<$crate::optimizers::HyperParameter> {
                 $ty::hyper_parameters(self)
             }
 
-            fn update_program(&self, count: i32) -> $crate::optimizer::UpdateProgram<A> {
+            fn update_program(&self, count: i32) -> $crate::optimizers::UpdateProgram<A> {
                 self.constants(count).program()
             }
 
@@ -92,18 +92,18 @@ macro_rules! impl_optimizer {
                 self.initial_values()
             }
 
-            fn state(&self) -> Option<&$crate::optimizer::OptimizerState<A>> {
+            fn state(&self) -> Option<&$crate::optimizers::OptimizerState<A>> {
                 self.state.as_ref()
             }
 
-            fn take_state(&mut self) -> Option<$crate::optimizer::OptimizerState<A>> {
+            fn take_state(&mut self) -> Option<$crate::optimizers::OptimizerState<A>> {
                 self.state.take()
             }
 
             fn set_state(
                 &mut self,
-                state: $crate::optimizer::OptimizerState<A>,
-            ) -> $crate::error::Result<()> {
+                state: $crate::optimizers::OptimizerState<A>,
+            ) -> $crate::optimizers::Result<()> {
                 self.state = Some($crate::optimizers::kernel::validate_state(
                     Self::KIND.as_str(),
                     Self::SLOTS,
@@ -113,14 +113,14 @@ macro_rules! impl_optimizer {
             }
         }
 
-        impl<A: $crate::optimizer::FloatElement, D: ::ndarray::Dimension> $crate::Optimizer<A, D>
+        impl<A: $crate::optimizers::FloatElement, D: ::ndarray::Dimension> $crate::Optimizer<A, D>
             for $ty<A>
         {
             fn step(
                 &mut self,
                 params: &::ndarray::Array<A, D>,
                 grads: &::ndarray::Array<A, D>,
-            ) -> $crate::error::Result<::ndarray::Array<A, D>> {
+            ) -> $crate::optimizers::Result<::ndarray::Array<A, D>> {
                 $ty::step(self, params, grads)
             }
 
@@ -128,7 +128,7 @@ macro_rules! impl_optimizer {
                 &mut self,
                 params: &mut ::ndarray::Array<A, D>,
                 grads: &::ndarray::Array<A, D>,
-            ) -> $crate::error::Result<()> {
+            ) -> $crate::optimizers::Result<()> {
                 $ty::step_in_place(self, params, grads)
             }
 
@@ -148,7 +148,7 @@ macro_rules! impl_optimizer {
                 self.state = None;
             }
 
-            fn update_rule(&self) -> Option<&dyn $crate::optimizer::UpdateRule<A>> {
+            fn update_rule(&self) -> Option<&dyn $crate::optimizers::UpdateRule<A>> {
                 Some(self)
             }
         }

@@ -18,7 +18,7 @@
 //!
 //! ```
 //! use ndarray::array;
-//! use optirs_tpu::optimizer::UpdateRule;
+//! use optirs_tpu::optimizers::UpdateRule;
 //! use optirs_tpu::optimizers::Adam;
 //!
 //! let mut adam = Adam::new(1e-3f32).with_betas(0.9, 0.95);
@@ -28,7 +28,7 @@
 //! assert!((params[0] - 0.999).abs() < 1e-6 && (params[1] + 1.999).abs() < 1e-6);
 //! assert_eq!(adam.state().map(|s| s.count), Some(1));
 //! assert_eq!(adam.hyper_parameters()[2].value, 0.95); // b2
-//! # Ok::<(), optirs_tpu::OptimError>(())
+//! # Ok::<(), optirs_tpu::OptimizerError>(())
 //! ```
 //!
 //! Every step is a single fused pass over the params, grads and state,
@@ -36,12 +36,15 @@
 //! output allocation. Measured against a hand-written loop in
 //! `docs/benchmarks-optimizers.md`.
 //!
-//! [`FloatElement`]: crate::optimizer::FloatElement
+//! [`FloatElement`]: crate::optimizers::FloatElement
 //! [`Optimizer`]: crate::Optimizer
-//! [`UpdateRule`]: crate::optimizer::UpdateRule
+//! [`UpdateRule`]: crate::optimizers::UpdateRule
 
+pub mod error;
 pub(crate) mod kernel;
 mod macros;
+mod optimizer;
+pub mod program;
 
 mod adagrad;
 mod adam;
@@ -54,9 +57,14 @@ mod sgd;
 pub use adagrad::{Adagrad, AdagradConstants};
 pub use adam::{Adam, AdamConstants};
 pub use adamw::{AdamW, AdamWConstants};
+pub use error::{OptimizerError, Result};
 pub use kernel::CHUNK;
 pub use momentum::{Momentum, MomentumConstants};
 pub use nesterov::{Nesterov, NesterovConstants};
+pub use optimizer::{
+    ElementOp, FloatElement, HyperParameter, Operand, Optimizer, OptimizerState, StateSlot,
+    UpdateKind, UpdateProgram, UpdateRule, check_same_shape,
+};
 pub use rmsprop::{RMSProp, RMSPropConstants};
 pub use sgd::{SGD, SgdConstants};
 

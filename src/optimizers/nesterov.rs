@@ -1,10 +1,10 @@
 //! Nesterov momentum, optax's `sgd(learning_rate, momentum=mu, nesterov=True)`.
 
-use crate::error::Result;
-use crate::optimizer::program::{Operand, ProgramBuilder, UpdateProgram};
-use crate::optimizer::{FloatElement, HyperParameter, OptimizerState, UpdateKind};
+use super::error::Result;
 use crate::optimizers::kernel::{Target, Written, wrong_slot_count};
 use crate::optimizers::macros::impl_optimizer;
+use crate::optimizers::program::{Operand, ProgramBuilder, UpdateProgram};
+use crate::optimizers::{FloatElement, HyperParameter, OptimizerState, UpdateKind};
 
 /// Nesterov momentum (optax `trace(nesterov=True)`, the Sutskever/PyTorch
 /// form): `m = g + mu * m; d = g + mu * m` (with the new `m`);

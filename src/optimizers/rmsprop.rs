@@ -1,10 +1,10 @@
 //! RMSProp, optax's `rmsprop(learning_rate)`.
 
-use crate::error::Result;
-use crate::optimizer::program::{Operand, ProgramBuilder, UpdateProgram};
-use crate::optimizer::{FloatElement, HyperParameter, OptimizerState, UpdateKind};
+use super::error::Result;
 use crate::optimizers::kernel::{Target, Written, wrong_slot_count};
 use crate::optimizers::macros::impl_optimizer;
+use crate::optimizers::program::{Operand, ProgramBuilder, UpdateProgram};
+use crate::optimizers::{FloatElement, HyperParameter, OptimizerState, UpdateKind};
 
 /// RMSProp (Tieleman & Hinton), optax's default form: eps inside the
 /// square root, no bias correction, not centred, no momentum.

@@ -6,8 +6,8 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::Optimizer;
-use crate::error::OptimError;
-use crate::optimizer::{FloatElement, OptimizerState, StateSlot, UpdateKind, UpdateRule};
+use crate::optimizers::OptimizerError;
+use crate::optimizers::{FloatElement, OptimizerState, StateSlot, UpdateKind, UpdateRule};
 
 /// One of each optimizer, behind the two traits, in `UpdateKind::ALL` order.
 fn all_f32() -> Vec<Box<dyn Both<f32>>> {
@@ -46,7 +46,7 @@ fn shape_mismatch_between_params_and_grads_is_an_error() {
         let grads = Array2::<f32>::zeros((3, 2));
         let err = Optimizer::step(opt.as_mut(), &params, &grads).unwrap_err();
         assert!(
-            matches!(&err, OptimError::ShapeMismatch { params, grads } if params == &[2, 3] && grads == &[3, 2]),
+            matches!(&err, OptimizerError::ShapeMismatch { params, grads } if params == &[2, 3] && grads == &[3, 2]),
             "{err}"
         );
         assert!(err.to_string().contains("[2, 3]"), "{err}");
@@ -63,7 +63,7 @@ fn state_is_keyed_by_the_first_shape_until_reset() {
         .step(&Array1::<f32>::ones(5), &Array1::<f32>::ones(5))
         .unwrap_err();
     assert!(
-        matches!(err, OptimError::StateShapeMismatch { .. }),
+        matches!(err, OptimizerError::StateShapeMismatch { .. }),
         "{err}"
     );
     assert!(
@@ -254,7 +254,7 @@ fn set_state_validates_names_shapes_and_count() {
     };
     assert!(matches!(
         adam.set_state(bad_names),
-        Err(OptimError::InvalidState { .. })
+        Err(OptimizerError::InvalidState { .. })
     ));
     let bad_shapes = OptimizerState {
         count: 0,
@@ -262,7 +262,7 @@ fn set_state_validates_names_shapes_and_count() {
     };
     assert!(matches!(
         adam.set_state(bad_shapes),
-        Err(OptimError::InvalidState { .. })
+        Err(OptimizerError::InvalidState { .. })
     ));
     let bad_count = OptimizerState {
         count: -1,
@@ -270,7 +270,7 @@ fn set_state_validates_names_shapes_and_count() {
     };
     assert!(matches!(
         adam.set_state(bad_count),
-        Err(OptimError::InvalidState { .. })
+        Err(OptimizerError::InvalidState { .. })
     ));
     assert!(adam.state().is_none());
 

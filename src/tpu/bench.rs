@@ -25,8 +25,8 @@ use serde::Serialize;
 use super::{TPUConfig, TPUOptimizer};
 use crate::error::{OptimError, Result};
 use crate::memory::output_buffer;
-use crate::optimizer::{Optimizer, UpdateKind};
 use crate::optimizers::{Adagrad, Adam, AdamW, Momentum, Nesterov, RMSProp, SGD};
+use crate::optimizers::{Optimizer, UpdateKind};
 
 /// Learning rate of the benchmarked optimizers.
 pub const BENCH_LEARNING_RATE: f32 = 1e-3;

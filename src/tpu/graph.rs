@@ -33,7 +33,7 @@ use bevy_ecs::prelude::*;
 use crate::compiler::GraphBuilder;
 use crate::exec::runtime::Element;
 use crate::ir::{BinaryOp, CompareDir, DType, TensorType, UnaryOp};
-use crate::optimizer::{ElementOp, FloatElement, Operand, UpdateProgram, UpdateRule};
+use crate::optimizers::{ElementOp, FloatElement, Operand, UpdateProgram, UpdateRule};
 
 /// The custom-call target of an opaque optimizer's step.
 pub const STEP_TARGET: &str = "optirs.step";

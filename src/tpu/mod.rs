@@ -79,7 +79,8 @@ use crate::ir::{DType, TensorType};
 use crate::memory::ALIGNMENT;
 use crate::memory::HbmUsage;
 use crate::memory::{Block, Heap};
-use crate::optimizer::{FloatElement, Optimizer, UpdateRule};
+use crate::optimizers::OptimizerError;
+use crate::optimizers::{FloatElement, Optimizer, UpdateRule};
 use crate::persist::{SnapshotRegistry, WorldSnapshot};
 use crate::pod::Pod;
 use crate::topology::{Device, DeviceId, HbmCapacity};
@@ -498,7 +499,7 @@ where
         params: &Array<A, D>,
         grads: &Array<A, D>,
     ) -> Result<Array<A, D>> {
-        crate::optimizer::check_same_shape(params, grads)?;
+        crate::optimizers::check_same_shape(params, grads)?;
         let shape = params.shape().to_vec();
         let out = self.execute(&shape, Arg::view(params), Arg::view(grads))?;
         let t = match out {
@@ -515,7 +516,7 @@ where
         params: &mut Array<A, D>,
         grads: &Array<A, D>,
     ) -> Result<()> {
-        crate::optimizer::check_same_shape(params, grads)?;
+        crate::optimizers::check_same_shape(params, grads)?;
         let shape = params.shape().to_vec();
         let dim = params.raw_dim();
         let out = self.execute(&shape, Arg::donated(params), Arg::view(grads))?;
@@ -692,11 +693,11 @@ where
                     stored.shape = shape.to_vec();
                 }
             } else if c.shape != shape {
-                return Err(OptimError::StateShapeMismatch {
+                return Err(OptimError::Optimizer(OptimizerError::StateShapeMismatch {
                     optimizer: self.base.name().to_owned(),
                     state: c.shape,
                     params: shape.to_vec(),
-                });
+                }));
             }
             return Ok(c.count.saturating_add(1));
         }
@@ -801,10 +802,10 @@ where
             .iter()
             .find(|s| s.tensor.dtype() != <A as Element>::DTYPE)
         {
-            return Err(OptimError::InvalidState {
+            return Err(OptimError::Optimizer(OptimizerError::InvalidState {
                 optimizer: base_name(handler.base),
                 reason: format!("slot `{}` does not hold {}", s.name, <A as Element>::DTYPE),
-            });
+            }));
         }
         for s in slots.iter_mut() {
             if let Some(a) = A::array_mut(&mut s.tensor) {
@@ -823,9 +824,11 @@ where
         }
         let outs = runtime.run(args, &mut handler)?;
         let mut outs = outs.into_iter();
-        let first = outs.next().ok_or_else(|| OptimError::InvalidState {
-            optimizer: "tpu".into(),
-            reason: "the program returned no params".into(),
+        let first = outs.next().ok_or_else(|| {
+            OptimError::Optimizer(OptimizerError::InvalidState {
+                optimizer: "tpu".into(),
+                reason: "the program returned no params".into(),
+            })
         })?;
         for (slot, out) in slots.iter_mut().zip(outs) {
             if let RunOutput::Owned(t) = out {
@@ -936,19 +939,22 @@ fn base_name<A, O: Optimizer<A, IxDyn>>(o: &O) -> String {
 
 fn into_array<A: Element, D: Dimension>(t: Tensor, dim: D) -> Result<Array<A, D>> {
     let ty = t.tensor_type();
-    let a = A::from_tensor(t).map_err(|t| OptimError::InvalidState {
-        optimizer: "tpu".into(),
-        reason: format!(
-            "the program returned {}, expected {}",
-            t.tensor_type(),
-            <A as Element>::DTYPE
-        ),
+    let a = A::from_tensor(t).map_err(|t| {
+        OptimError::Optimizer(OptimizerError::InvalidState {
+            optimizer: "tpu".into(),
+            reason: format!(
+                "the program returned {}, expected {}",
+                t.tensor_type(),
+                <A as Element>::DTYPE
+            ),
+        })
     })?;
-    a.into_shape_with_order(dim)
-        .map_err(|e| OptimError::InvalidState {
+    a.into_shape_with_order(dim).map_err(|e| {
+        OptimError::Optimizer(OptimizerError::InvalidState {
             optimizer: "tpu".into(),
             reason: format!("the program returned {ty}: {e}"),
         })
+    })
 }
 
 impl<O, A, D> Optimizer<A, D> for TPUOptimizer<O, A>
@@ -957,12 +963,20 @@ where
     A: FloatElement + Element,
     D: Dimension,
 {
-    fn step(&mut self, params: &Array<A, D>, grads: &Array<A, D>) -> Result<Array<A, D>> {
-        self.tpu_step(params, grads)
+    fn step(
+        &mut self,
+        params: &Array<A, D>,
+        grads: &Array<A, D>,
+    ) -> crate::optimizers::Result<Array<A, D>> {
+        Ok(self.tpu_step(params, grads)?)
     }
 
-    fn step_in_place(&mut self, params: &mut Array<A, D>, grads: &Array<A, D>) -> Result<()> {
-        self.tpu_step_in_place(params, grads)
+    fn step_in_place(
+        &mut self,
+        params: &mut Array<A, D>,
+        grads: &Array<A, D>,
+    ) -> crate::optimizers::Result<()> {
+        Ok(self.tpu_step_in_place(params, grads)?)
     }
 
     fn learning_rate(&self) -> A {

@@ -2,7 +2,7 @@
 //! `HbmUsage` against the allocator itself.
 
 use optirs_tpu::exec::runtime::Element;
-use optirs_tpu::optimizer::FloatElement;
+use optirs_tpu::optimizers::FloatElement;
 use optirs_tpu::topology::Device;
 use optirs_tpu::tpu::state::DeviceHeap;
 use optirs_tpu::{Optimizer, TPUOptimizer};

@@ -10,7 +10,7 @@
 //!
 //! Non-goals: control flow, reductions, anything that is not element-wise.
 
-use crate::optimizer::FloatElement;
+use crate::optimizers::FloatElement;
 
 /// A value an operation reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

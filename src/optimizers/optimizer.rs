@@ -25,7 +25,7 @@
 //!
 //! State is created lazily by the first `step`, with the shape of that
 //! step's params, and is keyed by that shape from then on: a later step with
-//! params of another shape is an [`OptimError::StateShapeMismatch`], never a
+//! params of another shape is an [`OptimizerError::StateShapeMismatch`], never a
 //! silent re-initialisation. [`Optimizer::reset`] drops the state, so the next
 //! step starts over (count 0, fresh moments) with whatever shape it is given.
 //! Optimizers without per-element state (SGD) accept any shape.
@@ -37,14 +37,12 @@
 //! is what a graph compiler needs to rebuild the same update from outside,
 //! and an [`UpdateProgram`]: the step's float operations in order.
 
-pub mod program;
-
 use std::fmt;
 
 use ndarray::{Array, ArrayD, Dimension};
 
-use crate::error::{OptimError, Result};
-pub use program::{ElementOp, Operand, UpdateProgram};
+use super::error::{OptimizerError, Result};
+pub use super::program::{ElementOp, Operand, UpdateProgram};
 
 /// A floating-point element type the optimizers run on (`f32`, `f64`).
 ///
@@ -341,14 +339,11 @@ pub trait UpdateRule<A> {
 }
 
 /// Errors unless `params` and `grads` have the same shape.
-pub(crate) fn check_same_shape<A, D: Dimension>(
-    params: &Array<A, D>,
-    grads: &Array<A, D>,
-) -> Result<()> {
+pub fn check_same_shape<A, D: Dimension>(params: &Array<A, D>, grads: &Array<A, D>) -> Result<()> {
     if params.shape() == grads.shape() {
         Ok(())
     } else {
-        Err(OptimError::ShapeMismatch {
+        Err(OptimizerError::ShapeMismatch {
             params: params.shape().to_vec(),
             grads: grads.shape().to_vec(),
         })

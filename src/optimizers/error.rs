@@ -1,0 +1,49 @@
+//! Why an optimizer refused a step. Nothing changed when one is returned:
+//! the state advances only on `Ok`.
+
+use thiserror::Error;
+
+/// Result alias of the optimizers.
+pub type Result<T, E = OptimizerError> = std::result::Result<T, E>;
+
+/// An optimizer step or state change was refused.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum OptimizerError {
+    /// An optimizer step was given params and grads of different shapes.
+    #[error(
+        "params have shape {params:?} but grads have shape {grads:?}; they must match element for element"
+    )]
+    ShapeMismatch {
+        /// Shape of the parameters.
+        params: Vec<usize>,
+        /// Shape of the gradients.
+        grads: Vec<usize>,
+    },
+    /// An optimizer's state (moments, accumulators) was built for another shape.
+    #[error(
+        "{optimizer}: its state has shape {state:?} but the params have shape {params:?}; \
+         call reset() to start over with the new shape, or use one optimizer per tensor"
+    )]
+    StateShapeMismatch {
+        /// The optimizer's stable name (`adam`, `sgd`, ...).
+        optimizer: String,
+        /// Shape the state was built for.
+        state: Vec<usize>,
+        /// Shape of the params passed to this step.
+        params: Vec<usize>,
+    },
+    /// Optimizer state handed to `set_state` does not fit the optimizer.
+    #[error("{optimizer}: invalid state: {reason}")]
+    InvalidState {
+        /// The optimizer's stable name.
+        optimizer: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A wrapping optimizer (such as `TPUOptimizer`) failed below the
+    /// rule — compiling, reserving device memory, executing. The source keeps
+    /// its type: `OptimError::from` gives the original error back.
+    #[error(transparent)]
+    Backend(Box<dyn std::error::Error + Send + Sync + 'static>),
+}
