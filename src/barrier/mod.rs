@@ -12,6 +12,8 @@
 //! Reusing a finished barrier's name starts its next generation; arrivals
 //! stamped with an older generation are ignored.
 
+mod error;
+
 use crate::clock::SimClock;
 use crate::health::Excluded;
 use crate::health::{DeviceState, FailureEpoch, Health, HeartbeatConfig};
@@ -21,10 +23,10 @@ use crate::topology::{DeviceId, DeviceIndex};
 use crate::transport::{Inbox, Payload, Transport};
 use bevy_ecs::prelude::*;
 use bevy_ecs::schedule::Schedules;
+pub use error::BarrierError;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;
-use thiserror::Error;
 
 /// A barrier over a set of devices.
 #[derive(Component, Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -154,38 +156,6 @@ pub struct BarrierRegistry {
     pub by_id: Vec<Entity>,
     /// Id of each name.
     pub by_name: BTreeMap<String, u64>,
-}
-
-/// A barrier request that cannot be honoured.
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
-#[non_exhaustive]
-pub enum BarrierError {
-    /// A barrier with this name is still pending.
-    #[error("barrier `{0}` is still pending; wait for it or pick another name")]
-    StillPending(String),
-    /// No barrier has this id.
-    #[error("no barrier with id {0}")]
-    UnknownBarrier(u64),
-    /// A barrier needs at least one participant.
-    #[error("barrier `{0}` has no participants")]
-    NoParticipants(String),
-    /// The device is not in the pod.
-    #[error("{0} is not in the pod")]
-    UnknownDevice(DeviceId),
-    /// The device is not a participant.
-    #[error("{device} is not a participant of barrier `{barrier}`; its arrival is rejected")]
-    NotParticipant {
-        /// The barrier.
-        barrier: String,
-        /// The device.
-        device: DeviceId,
-    },
-    /// The barrier already completed or failed.
-    #[error("barrier `{0}` is no longer pending")]
-    NotPending(String),
-    /// A device that is not running cannot arrive.
-    #[error("{0} is not running and cannot arrive")]
-    DeviceNotRunning(DeviceId),
 }
 
 /// Creates (or starts the next generation of) a barrier. `participants`

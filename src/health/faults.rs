@@ -1,13 +1,13 @@
 //! Fault injection: kill or pause a device, cut a link, add jitter — now, or
 //! at a simulated time through the [`FaultPlan`].
 
+use super::error::FaultError;
 use super::{ControlJitter, DeviceState, InjectedFault};
 use crate::clock::SimClock;
 use crate::topology::{DeviceId, DeviceIndex, Link};
 use crate::transport::{LinkState, Transport};
 use bevy_ecs::prelude::*;
 use serde::{Deserialize, Serialize};
-use thiserror::Error;
 
 /// A fault to inject.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -26,21 +26,6 @@ pub enum Fault {
     LinkJitter(DeviceId, DeviceId, u64),
     /// Up to this much extra latency on a device's control messages.
     DeviceJitter(DeviceId, u64),
-}
-
-/// A fault that cannot be applied.
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
-#[non_exhaustive]
-pub enum FaultError {
-    /// The device id is not in the pod.
-    #[error("{0} is not in the pod")]
-    UnknownDevice(DeviceId),
-    /// No link joins the two devices.
-    #[error("no link joins {0} and {1}")]
-    NoSuchLink(DeviceId, DeviceId),
-    /// A killed device cannot be resumed or paused.
-    #[error("{0} was killed; it cannot be paused or resumed")]
-    DeviceKilled(DeviceId),
 }
 
 /// A fault and when to apply it.

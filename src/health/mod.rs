@@ -24,9 +24,12 @@
 //! in the same tick, every device's [`KnownFailures`] — the coordination
 //! service's error propagation to all tasks.
 
+mod error;
+
+pub use error::FaultError;
 mod faults;
 
-pub use faults::{Fault, FaultError, FaultPlan, ScheduledFault, apply_fault, schedule_fault};
+pub use faults::{Fault, FaultPlan, ScheduledFault, apply_fault, schedule_fault};
 
 use crate::clock::SimClock;
 use crate::rng::{SimRng, stream};

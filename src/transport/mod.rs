@@ -27,6 +27,8 @@
 //! the whole pod. A multi-host backend (MPI, sockets) implements the same
 //! four methods; nothing else changes.
 
+mod error;
+
 use crate::clock::SimClock;
 use crate::persist::{LoadContext, Persist, SnapshotError, StoreContext};
 use crate::rng::{SimRng, stream};
@@ -34,10 +36,10 @@ use crate::schedule::{Step, StepSystems};
 use crate::topology::{Device, DeviceId, DeviceIndex, Link, LinkTraffic};
 use bevy_ecs::prelude::*;
 use bevy_ecs::schedule::Schedules;
+pub use error::TransportError;
 use serde::{Deserialize, Serialize};
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
-use thiserror::Error;
 
 /// Whether a link carries traffic, and how much latency jitter it adds.
 #[derive(Component, Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -274,23 +276,6 @@ pub struct DeliveryLog {
 
 /// How many data deliveries [`DeliveryLog`] keeps.
 pub const DELIVERY_LOG_CAPACITY: usize = 4096;
-
-/// A data message that cannot be sent.
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
-#[non_exhaustive]
-pub enum TransportError {
-    /// The device id is not in the pod.
-    #[error("{0} is not in the pod")]
-    UnknownDevice(DeviceId),
-    /// No path of links that are up joins the two devices.
-    #[error("no route from {from} to {to}: the links between them are cut")]
-    NoRoute {
-        /// Sender.
-        from: DeviceId,
-        /// Receiver.
-        to: DeviceId,
-    },
-}
 
 #[derive(Debug, Clone)]
 struct Adjacency {

@@ -1,0 +1,37 @@
+//! Why a barrier request was refused.
+
+use thiserror::Error;
+
+use crate::topology::DeviceId;
+
+/// A barrier request that cannot be honoured.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum BarrierError {
+    /// A barrier with this name is still pending.
+    #[error("barrier `{0}` is still pending; wait for it or pick another name")]
+    StillPending(String),
+    /// No barrier has this id.
+    #[error("no barrier with id {0}")]
+    UnknownBarrier(u64),
+    /// A barrier needs at least one participant.
+    #[error("barrier `{0}` has no participants")]
+    NoParticipants(String),
+    /// The device is not in the pod.
+    #[error("{0} is not in the pod")]
+    UnknownDevice(DeviceId),
+    /// The device is not a participant.
+    #[error("{device} is not a participant of barrier `{barrier}`; its arrival is rejected")]
+    NotParticipant {
+        /// The barrier.
+        barrier: String,
+        /// The device.
+        device: DeviceId,
+    },
+    /// The barrier already completed or failed.
+    #[error("barrier `{0}` is no longer pending")]
+    NotPending(String),
+    /// A device that is not running cannot arrive.
+    #[error("{0} is not running and cannot arrive")]
+    DeviceNotRunning(DeviceId),
+}
