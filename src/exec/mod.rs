@@ -5,6 +5,6 @@ mod element;
 mod error;
 mod interpreter;
 pub mod kernels;
-mod loop_plan;
+pub mod loop_plan;
 mod native;
 pub mod runtime;

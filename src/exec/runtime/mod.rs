@@ -35,7 +35,8 @@
 //! `i`" ([`RunOutput::InArgument`]), so a donated buffer is never copied.
 //!
 //! This module is the API and the driver of a run. Fused loops are planned
-//! by `exec::loop_plan` and run by the chunk interpreter
+//! by the `fused-loop-planning` pass ([`crate::exec::loop_plan`], reported
+//! by [`Runtime::loop_plans`]) and run by the chunk interpreter
 //! (`exec::interpreter`) or as native code (`exec::native`); the errors and
 //! element types live in `exec::error` and `exec::element` and are
 //! re-exported here.
@@ -55,7 +56,7 @@ use crate::exec::interpreter::{
     select_exec_product,
 };
 use crate::exec::kernels::{Tensor, evaluate};
-use crate::exec::loop_plan::{FusedPlan, plan_fused};
+use crate::exec::loop_plan::{self, FusedPlan, LoopPlanStats};
 use crate::exec::native::{self, NativeLoops};
 use crate::xla::executable::{Arg as InstrArg, Executable, Instr, LoweredKernel, ValueRef};
 use crate::xla::{DType, DotDims, Op, TensorType};
@@ -275,6 +276,8 @@ fn fresh(ty: &TensorType) -> (Tensor, usize) {
 pub struct Runtime {
     exe: Arc<Executable>,
     plans: Vec<Option<FusedPlan>>,
+    /// Per kernel: what fused-loop planning decided for its loop.
+    loop_stats: Vec<Option<LoopPlanStats>>,
     /// Per kernel: its fused loop compiled to native code, when it could be.
     native: Arc<NativeLoops>,
     /// Whether fused loops run as native code where they have it.
@@ -288,7 +291,8 @@ pub struct Runtime {
 
 impl Runtime {
     /// Prepares `exe`: stages each fused loop into typed body instructions,
-    /// allocates scratch registers and finds in-place outputs.
+    /// allocates scratch registers and finds in-place outputs (the
+    /// `fused-loop-planning` pass, [`crate::exec::loop_plan`]).
     pub fn new(exe: Arc<Executable>) -> Runtime {
         Runtime::with_aliases(exe, &[])
     }
@@ -300,26 +304,14 @@ impl Runtime {
     /// [`RunOutput::InArgument`]`(p)`. Without an alias, a borrowed donated
     /// argument is never overwritten with another value.
     pub fn with_aliases(exe: Arc<Executable>, aliases: &[(usize, usize)]) -> Runtime {
-        // Last kernel reading each buffer (`usize::MAX`: a program output).
-        let mut last_use = vec![0usize; exe.buffers.len()];
-        for (k, kernel) in exe.kernels.iter().enumerate() {
-            for r in &kernel.inputs {
-                if let ValueRef::Buffer(b) = r {
-                    last_use[*b as usize] = k;
-                }
-            }
-        }
-        for r in &exe.outputs {
-            if let ValueRef::Buffer(b) = r {
-                last_use[*b as usize] = usize::MAX;
-            }
-        }
-        let plans: Vec<Option<FusedPlan>> = exe
-            .kernels
-            .iter()
-            .enumerate()
-            .map(|(k, kernel)| plan_fused(&exe, kernel, k, &last_use, aliases))
-            .collect();
+        let (plans, loop_stats): (Vec<Option<FusedPlan>>, Vec<Option<LoopPlanStats>>) =
+            loop_plan::run(&exe, aliases)
+                .into_iter()
+                .map(|p| match p {
+                    Some((plan, stats)) => (Some(plan), Some(stats)),
+                    None => (None, None),
+                })
+                .unzip();
         let loops: Vec<_> = exe
             .kernels
             .iter()
@@ -342,6 +334,7 @@ impl Runtime {
         Runtime {
             exe,
             plans,
+            loop_stats,
             native,
             use_native: true,
             aliases: aliases.to_vec(),
@@ -388,6 +381,19 @@ impl Runtime {
                     None => Err("not compiled".into()),
                 })
             })
+            .collect()
+    }
+
+    /// Per kernel: its name and what [fused-loop
+    /// planning](crate::exec::loop_plan) decided for its loop (registers,
+    /// in-place and direct outputs, folded multiply-adds), `None` for
+    /// kernels that are not fused loops.
+    pub fn loop_plans(&self) -> Vec<Option<(&str, LoopPlanStats)>> {
+        self.exe
+            .kernels
+            .iter()
+            .zip(&self.loop_stats)
+            .map(|(kernel, stats)| Some((kernel.name.as_str(), (*stats)?)))
             .collect()
     }
 
