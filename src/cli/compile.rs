@@ -3,6 +3,7 @@
 use super::output;
 use anyhow::Result;
 use clap::Args;
+use optirs_tpu::exec::loop_plan;
 use optirs_tpu::exec::runtime::Runtime;
 use optirs_tpu::xla::executable::Executable;
 use optirs_tpu::xla::{CompileOptions, compile_program_file_with};
@@ -66,11 +67,17 @@ pub fn compile(args: CompileArgs) -> Result<()> {
 }
 
 /// How the fast runtime runs each kernel: fused loops as native code or,
-/// with the reason, through the chunk interpreter.
+/// with the reason, through the chunk interpreter, each with what loop
+/// planning decided.
 fn execution_section(exe: &Arc<Executable>) -> String {
     let runtime = Runtime::new(exe.clone());
     let mut out = String::from("\nexecution (exec::runtime)\n");
-    for (kernel, native) in exe.kernels.iter().zip(runtime.native_loops()) {
+    let kernels = exe
+        .kernels
+        .iter()
+        .zip(runtime.native_loops())
+        .zip(runtime.loop_plans());
+    for ((kernel, native), plan) in kernels {
         let name = kernel.name.split(':').next().unwrap_or(&kernel.name);
         let how = match native {
             Some(Ok(())) => "native loop".to_owned(),
@@ -78,6 +85,9 @@ fn execution_section(exe: &Arc<Executable>) -> String {
             None => "whole-tensor kernels".to_owned(),
         };
         out.push_str(&format!("  {name:<16} {how}\n"));
+        if let Some((_, stats)) = plan {
+            out.push_str(&format!("  {:<16} {}: {stats}\n", "", loop_plan::NAME));
+        }
     }
     out
 }
