@@ -28,7 +28,7 @@
 //! assert!((params[0] - 0.999).abs() < 1e-6 && (params[1] + 1.999).abs() < 1e-6);
 //! assert_eq!(adam.state().map(|s| s.count), Some(1));
 //! assert_eq!(adam.hyper_parameters()[2].value, 0.95); // b2
-//! # Ok::<(), optirs_tpu::OptimizerError>(())
+//! # Ok::<(), optirs_tpu::OptimError>(())
 //! ```
 //!
 //! Every step is a single fused pass over the params, grads and state,
