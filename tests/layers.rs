@@ -122,7 +122,7 @@ fn test_module_files(sources: &[Source]) -> BTreeSet<String> {
                 continue;
             };
             let dir = match source.path.rsplit_once('/') {
-                Some((dir, file)) if file == "mod.rs" => dir.to_string(),
+                Some((dir, "mod.rs")) => dir.to_string(),
                 Some((dir, file)) => format!("{dir}/{}", file.trim_end_matches(".rs")),
                 None => continue,
             };
