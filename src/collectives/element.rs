@@ -16,6 +16,8 @@
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::ir::ReduceElement as Element;
+
 /// A reduction operator, as in `ncclRedOp_t`.
 ///
 /// * Integers wrap (two's complement), as NCCL's integer reductions do: a
@@ -62,119 +64,6 @@ impl ReduceOp {
             ReduceOp::Min => "min",
             ReduceOp::Product => "prod",
         }
-    }
-}
-
-/// The element type of a buffer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[non_exhaustive]
-pub enum DType {
-    /// 32-bit IEEE float.
-    F32,
-    /// 64-bit IEEE float.
-    F64,
-    /// 32-bit two's-complement integer.
-    I32,
-}
-
-impl DType {
-    /// The nccl-tests name of the type.
-    pub fn name(self) -> &'static str {
-        match self {
-            DType::F32 => "float",
-            DType::F64 => "double",
-            DType::I32 => "int32",
-        }
-    }
-}
-
-mod sealed {
-    pub trait Sealed {}
-    impl Sealed for f32 {}
-    impl Sealed for f64 {}
-    impl Sealed for i32 {}
-}
-
-/// An element type the collectives can move and reduce: `f32`, `f64`, `i32`.
-pub trait Element:
-    sealed::Sealed + Copy + Send + Sync + PartialEq + std::fmt::Debug + 'static
-{
-    /// The runtime tag of this type.
-    const DTYPE: DType;
-    /// Size of one element in bytes.
-    const BYTES: usize;
-    /// The additive identity, used to initialize scratch space.
-    const ZERO: Self;
-    /// `a + b` (wrapping for integers).
-    fn add(a: Self, b: Self) -> Self;
-    /// `a * b` (wrapping for integers).
-    fn mul(a: Self, b: Self) -> Self;
-    /// The larger of `a` and `b`.
-    fn max(a: Self, b: Self) -> Self;
-    /// The smaller of `a` and `b`.
-    fn min(a: Self, b: Self) -> Self;
-    /// `self / n` (truncating for integers); `n` is at least 1.
-    fn div_count(self, n: usize) -> Self;
-}
-
-macro_rules! float_element {
-    ($t:ty, $tag:expr) => {
-        impl Element for $t {
-            const DTYPE: DType = $tag;
-            const BYTES: usize = std::mem::size_of::<$t>();
-            const ZERO: Self = 0.0;
-            #[inline(always)]
-            fn add(a: Self, b: Self) -> Self {
-                a + b
-            }
-            #[inline(always)]
-            fn mul(a: Self, b: Self) -> Self {
-                a * b
-            }
-            #[inline(always)]
-            fn max(a: Self, b: Self) -> Self {
-                a.max(b)
-            }
-            #[inline(always)]
-            fn min(a: Self, b: Self) -> Self {
-                a.min(b)
-            }
-            #[inline(always)]
-            fn div_count(self, n: usize) -> Self {
-                self / n as $t
-            }
-        }
-    };
-}
-
-float_element!(f32, DType::F32);
-float_element!(f64, DType::F64);
-
-impl Element for i32 {
-    const DTYPE: DType = DType::I32;
-    const BYTES: usize = 4;
-    const ZERO: Self = 0;
-    #[inline(always)]
-    fn add(a: Self, b: Self) -> Self {
-        a.wrapping_add(b)
-    }
-    #[inline(always)]
-    fn mul(a: Self, b: Self) -> Self {
-        a.wrapping_mul(b)
-    }
-    #[inline(always)]
-    fn max(a: Self, b: Self) -> Self {
-        Ord::max(a, b)
-    }
-    #[inline(always)]
-    fn min(a: Self, b: Self) -> Self {
-        Ord::min(a, b)
-    }
-    #[inline(always)]
-    fn div_count(self, n: usize) -> Self {
-        // `n` is a rank count; counts beyond `i32::MAX` saturate.
-        let n = i32::try_from(n).unwrap_or(i32::MAX);
-        self.wrapping_div(n)
     }
 }
 

@@ -60,7 +60,7 @@ use thiserror::Error;
 
 pub mod pod;
 
-pub use element::{DType, Element, ReduceOp, naive_reduce};
+pub use element::{Element, ReduceOp, naive_reduce};
 pub use ring::{
     BROADCAST_CHUNK_BYTES, PARALLEL_MIN_BYTES, PIECE_ELEMS, SLICE_ELEMS, broadcast_chunks,
     chunk_range,

@@ -1007,7 +1007,7 @@ fn fold_multiplies(body: &mut Vec<BodyInstr>, out_regs: &[u16]) {
 mod tests {
     use super::*;
     use crate::compiler;
-    use crate::exec::element::Element;
+    use crate::ir::Element;
     use crate::optimizers::{Adagrad, Adam, AdamW, Momentum, Nesterov, RMSProp, SGD};
     use crate::optimizers::{FloatElement, UpdateRule};
     use crate::tpu::graph::build_update_graph;

@@ -1,7 +1,6 @@
 //! Execution: the kernels shared by constant folding, the reference
 //! interpreter and lowered executables, the fast runtime and its native loops.
 
-mod element;
 mod error;
 mod interpreter;
 pub mod loop_plan;

@@ -39,90 +39,12 @@
 
 use std::fmt;
 
+pub use crate::ir::FloatElement;
+
 use ndarray::{Array, ArrayD, Dimension};
 
 use super::error::{OptimizerError, Result};
 pub use super::program::{ElementOp, Operand, UpdateProgram};
-
-/// A floating-point element type the optimizers run on (`f32`, `f64`).
-///
-/// The extra operations pin down the rounding that the optax reference
-/// depends on; `num_traits::Float` alone leaves them unspecified.
-pub trait FloatElement:
-    num_traits::Float + Send + Sync + fmt::Debug + fmt::Display + Default + 'static
-{
-    /// Name of the dtype as XLA and safetensors spell it (`"f32"`, `"f64"`).
-    const DTYPE: &'static str;
-
-    /// Rounds an `f64` to this type, once, to nearest-even.
-    fn from_f64_rounded(x: f64) -> Self;
-
-    /// Widens to `f64` (exact for `f32` and `f64`).
-    fn as_f64(self) -> f64;
-
-    /// `self^t` for an integer step count, rounded once from a more precise
-    /// value. For `f32` this is `pow` in `f64` rounded to `f32`: libm's `pow`
-    /// is within one `f64` ulp, so the result is the correctly rounded `f32`
-    /// unless `b^t` lies within about 2^-52 (relative) of a rounding
-    /// boundary. `pow_f32_is_correctly_rounded_for_default_betas` (ignored
-    /// test) checks it exactly for b = 0.9, 0.99 and 0.999 at every count
-    /// where `1 - b^t` still differs from 1. `f32::powi` is not correctly
-    /// rounded (it is off by one ulp at 0.9^7 already).
-    fn pow_rounded(self, t: i32) -> Self;
-
-    /// `1 / sqrt(self)`. For `f32`, computed in `f64` and rounded once, which
-    /// is the correctly rounded result for every `f32` input (the exhaustive
-    /// check is `rsqrt_f32_is_correctly_rounded`, an ignored test).
-    fn rsqrt(self) -> Self;
-}
-
-impl FloatElement for f32 {
-    const DTYPE: &'static str = "f32";
-
-    #[inline]
-    fn from_f64_rounded(x: f64) -> Self {
-        x as f32
-    }
-
-    #[inline]
-    fn as_f64(self) -> f64 {
-        f64::from(self)
-    }
-
-    #[inline]
-    fn pow_rounded(self, t: i32) -> Self {
-        f64::from(self).powf(f64::from(t)) as f32
-    }
-
-    #[inline]
-    fn rsqrt(self) -> Self {
-        (1.0 / f64::from(self).sqrt()) as f32
-    }
-}
-
-impl FloatElement for f64 {
-    const DTYPE: &'static str = "f64";
-
-    #[inline]
-    fn from_f64_rounded(x: f64) -> Self {
-        x
-    }
-
-    #[inline]
-    fn as_f64(self) -> f64 {
-        self
-    }
-
-    #[inline]
-    fn pow_rounded(self, t: i32) -> Self {
-        self.powf(f64::from(t))
-    }
-
-    #[inline]
-    fn rsqrt(self) -> Self {
-        1.0 / self.sqrt()
-    }
-}
 
 /// A first-order optimizer over `ndarray` tensors of element type `A` and
 /// dimension `D`.

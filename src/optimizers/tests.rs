@@ -180,7 +180,7 @@ fn f64_and_any_rank_work() {
     for x in p.iter() {
         assert!((1.0 - x - 1e-3).abs() < 1e-10, "{x}");
     }
-    assert_eq!(f64::DTYPE, "f64");
+    assert_eq!(<f64 as crate::ir::Element>::DTYPE.name(), "f64");
 }
 
 #[test]

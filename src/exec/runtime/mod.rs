@@ -50,7 +50,6 @@ use rayon::prelude::*;
 use smallvec::SmallVec;
 
 use crate::compiler::executable::{Arg as InstrArg, Executable, Instr, LoweredKernel, ValueRef};
-pub use crate::exec::element::Element;
 pub use crate::exec::error::ExecError;
 use crate::exec::interpreter::{
     ExecFn, ExecInPlaceFn, ExecProductFn, LoopCtx, select_exec, select_exec_in_place,
@@ -58,6 +57,7 @@ use crate::exec::interpreter::{
 };
 use crate::exec::loop_plan::{self, FusedPlan, LoopPlanStats};
 use crate::exec::native::{self, NativeLoops};
+pub use crate::ir::Element;
 use crate::ir::Tensor;
 use crate::ir::{DType, DotDims, Op, TensorType};
 use crate::kernels::evaluate;
