@@ -5,9 +5,9 @@
 //!
 //! The element traits ([`Element`] ⊃ [`ReduceElement`] ⊃ [`FloatElement`])
 //! map Rust types onto it. Nothing here imports another module of the
-//! crate: the compiler, the
-//! kernels, the executor, the collectives and the checkpoints all speak this
-//! one vocabulary, so there is one `DType` and one tensor.
+//! crate: the compiler, the kernels, the executor, the collectives and the
+//! checkpoints all speak this one vocabulary, so there is one `DType`, one
+//! element trait family and one tensor.
 
 pub mod element;
 pub mod op;
