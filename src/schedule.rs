@@ -19,8 +19,9 @@ use bevy_ecs::schedule::{
     LogLevel, ScheduleBuildSettings, ScheduleLabel, Schedules, SingleThreadedExecutor,
 };
 
-/// One pod tick: clock, heartbeats, transport, faults, barriers,
-/// collectives, execution, memory, monitoring, checkpoints.
+/// One pod tick: clock, faults, heartbeats, clock sync, transport, fault
+/// detection, barriers, collectives, monitoring, checkpoints. A phase gets
+/// a set when a system runs in it: a set with nothing to do is not kept.
 #[derive(ScheduleLabel, Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Step;
 
@@ -43,22 +44,14 @@ pub enum StepSystems {
     Transport,
     /// Missed heartbeats mark devices suspect, then failed.
     FaultDetection,
-    /// React to failures (exclude, roll back, rebalance).
-    Recovery,
     /// Barriers collect arrivals, complete or fail.
     Barriers,
     /// Collective operations make progress over the links.
     Collectives,
-    /// Compiled programs execute on device buffers.
-    Execute,
-    /// Device heaps coalesce freed blocks.
-    Coalesce,
     /// Health and performance monitoring.
     Monitor,
     /// Periodic checkpoints (last, so a checkpoint sees the whole tick).
     Checkpoint,
-    /// Bookkeeping at the very end of a tick (message buffers).
-    Finish,
 }
 
 /// The compiler passes, in pipeline order.
@@ -98,21 +91,17 @@ pub fn deterministic_schedule(label: impl ScheduleLabel) -> Schedule {
 }
 
 /// Every [`StepSystems`] set, in run order (the schedule chains them so).
-pub const STEP_SETS: [StepSystems; 14] = [
+pub const STEP_SETS: [StepSystems; 10] = [
     StepSystems::AdvanceClock,
     StepSystems::InjectFaults,
     StepSystems::Heartbeats,
     StepSystems::ClockSync,
     StepSystems::Transport,
     StepSystems::FaultDetection,
-    StepSystems::Recovery,
     StepSystems::Barriers,
     StepSystems::Collectives,
-    StepSystems::Execute,
-    StepSystems::Coalesce,
     StepSystems::Monitor,
     StepSystems::Checkpoint,
-    StepSystems::Finish,
 ];
 
 /// Every [`CompileSystems`] set, in run order (the schedule chains them so).

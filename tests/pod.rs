@@ -97,3 +97,16 @@ fn hosts_can_add_their_own_systems_to_the_step() {
     pod.run(3);
     assert_eq!(pod.world().resource::<Counter>().0, 3);
 }
+
+#[test]
+fn every_step_set_has_a_system() {
+    use bevy_ecs::schedule::{Schedules, SystemSet};
+    use optirs_tpu::schedule::STEP_SETS;
+    let pod = optirs_tpu::Pod::from_preset("v4-8").unwrap();
+    let schedules = pod.world().resource::<Schedules>();
+    let step = schedules.get(Step).unwrap();
+    for set in STEP_SETS {
+        let systems = step.graph().systems_in_set(set.intern()).unwrap();
+        assert!(!systems.is_empty(), "StepSystems::{set:?} has no system");
+    }
+}
