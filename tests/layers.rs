@@ -389,3 +389,46 @@ fn a_module_listed_twice_is_an_error() {
     let table = "//! | 0 core | `clock` |\n//! | 1 more | `clock` |\n";
     assert!(layer_table(table).unwrap_err().contains("layers 0 and 1"));
 }
+
+/// The seed's public paths keep working after the modules moved: each is
+/// named here, so a move that drops one fails to compile.
+#[allow(unused_imports)]
+mod seed_paths {
+    use optirs_tpu::coordination::{CoordinationError, PodConfig, PodCoordinator};
+    use optirs_tpu::error::OptimError;
+    use optirs_tpu::exec::kernels::Tensor;
+    use optirs_tpu::exec::runtime::{Arg, Element, NoCustomCalls, RunOutput, Runtime};
+    use optirs_tpu::fault_tolerance::FaultToleranceManager;
+    use optirs_tpu::optimizers::{Adagrad, Adam, AdamW, Momentum, Nesterov, RMSProp, SGD};
+    use optirs_tpu::pod::SimClock;
+    use optirs_tpu::pod_coordination::TPUPodCoordinator;
+    use optirs_tpu::pod_coordination::synchronization::clocks::protocols::NtpSynchronizer;
+    use optirs_tpu::tpu::hbm::rebuild_heaps;
+    use optirs_tpu::tpu::state::{DeviceHeap, OptimizerCount, OptimizerSlot};
+    use optirs_tpu::xla::backend::profiling_integration::ProfilingIntegration;
+    use optirs_tpu::xla::{CompileError, DType, GraphBuilder, TensorType};
+    use optirs_tpu::{Optimizer, TPUConfig, TPUOptimizer, TPUVersion};
+
+    #[test]
+    fn seed_paths_name_the_moved_items() {
+        // The seed path and the new home are the same item.
+        let _: fn() -> optirs_tpu::ir::DType = || DType::F32;
+        assert_eq!(
+            std::any::type_name::<SimClock>(),
+            std::any::type_name::<optirs_tpu::clock::SimClock>()
+        );
+        assert_eq!(
+            std::any::type_name::<ProfilingIntegration>(),
+            std::any::type_name::<optirs_tpu::profile::profiling_integration::ProfilingIntegration>(
+            )
+        );
+        assert_eq!(
+            std::any::type_name::<NtpSynchronizer>(),
+            std::any::type_name::<optirs_tpu::clock_sync::NtpSynchronizer>()
+        );
+        assert_eq!(
+            std::any::type_name::<OptimizerSlot>(),
+            std::any::type_name::<optirs_tpu::memory::OptimizerSlot>()
+        );
+    }
+}
