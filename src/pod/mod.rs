@@ -239,7 +239,9 @@ impl Pod {
 
     /// Creates a barrier (or its next generation). `participants: None` is
     /// every device; with `auto_arrive`, running participants arrive by
-    /// themselves. Returns the barrier id.
+    /// themselves. It fails `timeout_ns` from now, or
+    /// [`barrier::DEFAULT_TIMEOUT_NS`] (60 s of simulated time) from now when
+    /// `timeout_ns` is `None`. Returns the barrier id.
     pub fn create_barrier(
         &mut self,
         name: &str,
@@ -275,8 +277,15 @@ impl Pod {
         self.world.get::<BarrierOutcome>(entity)
     }
 
-    /// Steps until the barrier completes or fails (it always does: a missing
-    /// participant is detected as failed within the heartbeat timeout).
+    /// Steps until the barrier completes or fails, and returns how it
+    /// ended. The wait is bounded: a participant that is killed or paused is
+    /// declared failed within the heartbeat timeout (failing the barrier),
+    /// and every barrier has a deadline (its timeout, or
+    /// [`barrier::DEFAULT_TIMEOUT_NS`] when it was created without one), so
+    /// a live participant that never arrives fails it by then. Should the
+    /// barrier still be pending one tick past its deadline (its systems were
+    /// taken out of the schedule), the wait returns
+    /// [`barrier::BarrierError::Stalled`] instead of stepping on.
     pub fn wait_for_barrier(&mut self, barrier_id: u64) -> Result<BarrierOutcome> {
         let entity = *self
             .world
@@ -286,7 +295,25 @@ impl Pod {
             .ok_or(barrier::BarrierError::UnknownBarrier(barrier_id))?;
         loop {
             match self.world.get::<BarrierOutcome>(entity) {
-                Some(BarrierOutcome::Pending) => self.step(),
+                Some(BarrierOutcome::Pending) => {
+                    let clock = self.clock();
+                    let now_ns = clock.now_ns;
+                    let tick_ns = clock.tick_ns;
+                    let barrier = self
+                        .world
+                        .get::<barrier::Barrier>(entity)
+                        .ok_or(barrier::BarrierError::UnknownBarrier(barrier_id))?;
+                    let deadline_ns = barrier.deadline();
+                    if now_ns > deadline_ns.saturating_add(tick_ns) {
+                        return Err(barrier::BarrierError::Stalled {
+                            name: barrier.name.clone(),
+                            deadline_ns,
+                            now_ns,
+                        }
+                        .into());
+                    }
+                    self.step();
+                }
                 Some(outcome) => return Ok(outcome.clone()),
                 None => return Err(barrier::BarrierError::UnknownBarrier(barrier_id).into()),
             }
