@@ -1,7 +1,9 @@
 //! The pod's collectives, over [`crate::collectives::pod`]: each call
 //! moves the real data at once, charges the links and starts a collective
 //! entity; the blocking forms step the pod until it completes, like a host
-//! waiting on a collective.
+//! waiting on a collective, and return an error naming the device when a
+//! participant fails or dies before the completion time (the buffers are
+//! then undefined).
 
 use super::Pod;
 use crate::collectives::pod::{
@@ -18,8 +20,12 @@ impl Pod {
         Ok(torus_of(self.topology())?)
     }
 
-    /// Steps until the collective completes; an error if a participant fails
-    /// first.
+    /// Steps until the collective completes; an error naming the device if
+    /// a participant is declared failed first, or was killed before the
+    /// completion time. Bounded: the collective is finished at its
+    /// completion time ([`CollectiveReport::completes_at_ns`]), and a
+    /// collective still pending a tick later is an error
+    /// ([`CollectiveError::Stalled`]).
     pub fn wait_for_collective(&mut self, report: &CollectiveReport) -> Result<()> {
         while !poll_collective(self.world(), report)? {
             self.step();
@@ -28,7 +34,9 @@ impl Pod {
     }
 
     /// Starts an all-reduce over every device (`buffers[i]` is device `i`'s):
-    /// the data is reduced now; the collective completes in simulated time.
+    /// the data is reduced now; the collective completes in simulated time,
+    /// and the buffers hold its result only once it has (see
+    /// [`Pod::wait_for_collective`]).
     pub fn launch_all_reduce<T: Element>(
         &mut self,
         buffers: &mut [Vec<T>],
