@@ -29,7 +29,10 @@ mod error;
 pub use error::FaultError;
 mod faults;
 
-pub use faults::{Fault, FaultPlan, ScheduledFault, apply_fault, schedule_fault};
+pub use faults::{
+    Fault, FaultPlan, ScheduledFault, UnappliableFault, apply_fault, faults_that_cannot_apply,
+    schedule_fault,
+};
 
 use crate::clock::SimClock;
 use crate::rng::{SimRng, stream};

@@ -260,6 +260,18 @@ impl Pod {
         health::schedule_fault(&mut self.world, at_ns, fault);
     }
 
+    /// The scheduled faults that can never apply if the pod runs `ticks`
+    /// more ticks (see [`health::faults_that_cannot_apply`]): due after the
+    /// last tick, aimed at a device killed before them, or naming a device
+    /// or link the pod does not have.
+    pub fn faults_that_cannot_apply(&mut self, ticks: u64) -> Vec<health::UnappliableFault> {
+        let clock = self.clock();
+        let end_ns = clock
+            .now_ns
+            .saturating_add(ticks.saturating_mul(clock.tick_ns));
+        health::faults_that_cannot_apply(&mut self.world, end_ns)
+    }
+
     /// The entity of a device id.
     pub fn device_entity(&self, device: u32) -> Result<Entity> {
         self.world
