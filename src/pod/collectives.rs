@@ -67,8 +67,12 @@ impl Pod {
         Ok(report)
     }
 
-    /// Reduce-scatter over every device along the snake ring; returns the
-    /// ring order (ring position `i` holds chunk `i`).
+    /// Reduce-scatter over every device along the snake ring. Chunks follow
+    /// ring order, not device order: with `len` elements per buffer and `n`
+    /// devices, the returned ring's position `i` (device `ring[i]`) holds
+    /// the reduction of chunk `i`, `buffers[ring[i]][chunk_range(len, n, i)]`
+    /// ([`crate::collectives::chunk_range`]); its other elements keep their
+    /// input values. Returns the report and the ring.
     pub fn reduce_scatter<T: Element>(
         &mut self,
         buffers: &mut [Vec<T>],
@@ -81,9 +85,21 @@ impl Pod {
         Ok((report, ring))
     }
 
-    /// All-gather over every device along the snake ring.
-    pub fn all_gather<T: Element>(&mut self, buffers: &mut [Vec<T>]) -> Result<CollectiveReport> {
-        self.ring_collective(CollectiveKind::AllGather, buffers, |b, r| all_gather(b, r))
+    /// All-gather over every device along the snake ring, in the same
+    /// order as [`Pod::reduce_scatter`]: the returned ring's position `i`
+    /// (device `ring[i]`) contributes chunk `i` of its buffer,
+    /// `buffers[ring[i]][chunk_range(len, n, i)]`, and afterwards every
+    /// device holds every chunk there (so an all-gather after a
+    /// reduce-scatter completes an all-reduce). Returns the report and the
+    /// ring.
+    pub fn all_gather<T: Element>(
+        &mut self,
+        buffers: &mut [Vec<T>],
+    ) -> Result<(CollectiveReport, Vec<usize>)> {
+        let ring = self.torus_shape()?.snake_ring();
+        let report =
+            self.ring_collective(CollectiveKind::AllGather, buffers, |b, r| all_gather(b, r))?;
+        Ok((report, ring))
     }
 
     /// Broadcast device `root`'s buffer to every device.
