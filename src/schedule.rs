@@ -13,10 +13,17 @@
 //!
 //! A domain installs itself with a plain function, `install(world)`, that
 //! inserts its resources and adds its systems to these sets.
+//!
+//! Hosts add their own systems with `Pod::add_systems`, which builds the
+//! schedule at once ([`build`]) and refuses a batch that makes it ambiguous,
+//! with bevy's message naming both systems, instead of letting the next
+//! `Pod::step` panic; each batch sits in its own [`HostSystems`] set so a
+//! refused one is taken out again.
 
 use bevy_ecs::prelude::*;
 use bevy_ecs::schedule::{
-    LogLevel, ScheduleBuildSettings, ScheduleLabel, Schedules, SingleThreadedExecutor,
+    LogLevel, ScheduleBuildSettings, ScheduleCleanupPolicy, ScheduleLabel, Schedules,
+    SingleThreadedExecutor,
 };
 
 /// One pod tick: clock, faults, heartbeats, clock sync, transport, fault
@@ -129,4 +136,70 @@ pub fn init_schedules(world: &mut World) {
     let mut schedules = world.get_resource_or_init::<Schedules>();
     schedules.insert(step);
     schedules.insert(compile);
+}
+
+/// The set of one batch of host systems (numbered in the order the batches
+/// were added), so a batch the schedule refuses can be removed whole.
+#[derive(SystemSet, Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct HostSystems(pub u64);
+
+/// Builds the schedule `label` of `world` now (a no-op when nothing changed
+/// since the last build). On failure returns bevy's message, prefixed by the
+/// schedule: for an ambiguous order it names both systems and the data they
+/// conflict on.
+pub fn build(world: &mut World, label: impl ScheduleLabel) -> Result<(), String> {
+    let label = label.intern();
+    world
+        .try_schedule_scope(label, |world, schedule| match schedule.initialize(world) {
+            Ok(_) => Ok(()),
+            Err(error) => Err(format!(
+                "{label:?}: {}",
+                error.to_string(schedule.graph(), world)
+            )),
+        })
+        .map_err(|_| format!("{label:?}: no such schedule"))?
+}
+
+/// Removes the systems of host batch `set` from schedule `label` and builds
+/// it again (used after [`build`] refused the batch). Bevy removes systems
+/// only from a built graph, so the graph is first built with ambiguity and
+/// hierarchy checks off (never run), the batch taken out, and the schedule
+/// built again with the engine's [`build_settings`]. A batch that cannot be
+/// built even so (a dependency cycle) cannot be taken out: the error says so.
+pub fn remove_host_systems(
+    world: &mut World,
+    label: impl ScheduleLabel,
+    set: HostSystems,
+) -> Result<(), String> {
+    let label = label.intern();
+    world
+        .try_schedule_scope(label, |world, schedule| {
+            schedule.set_build_settings(ScheduleBuildSettings {
+                ambiguity_detection: LogLevel::Ignore,
+                hierarchy_detection: LogLevel::Ignore,
+                ..build_settings()
+            });
+            let removed = schedule
+                .initialize(world)
+                .map_err(|error| {
+                    format!(
+                        "{label:?}: the refused systems could not be taken out: {}",
+                        error.to_string(schedule.graph(), world)
+                    )
+                })
+                .and_then(|_| {
+                    schedule
+                        .graph_mut()
+                        .remove_systems_in_set(
+                            set,
+                            ScheduleCleanupPolicy::RemoveSetAndSystemsAllowBreakages,
+                        )
+                        .map(|_| ())
+                        .map_err(|error| format!("{label:?}: {error}"))
+                });
+            schedule.set_build_settings(build_settings());
+            removed
+        })
+        .map_err(|_| format!("{label:?}: no such schedule"))??;
+    build(world, label)
 }

@@ -143,3 +143,33 @@ fn a_participant_that_fails_mid_collective_fails_it() {
     assert!(error.contains("device 9"), "{error}");
     assert!(pod.clock().now_ns < report.completes_at_ns);
 }
+
+#[test]
+fn reduce_scatter_and_all_gather_return_the_same_chunk_order() {
+    use optirs_tpu::collectives::chunk_range;
+    let mut pod = Pod::from_preset("v5e-16").unwrap();
+    let (n, len) = (16, 37);
+    let original = inputs(n, len, |r, i| (r * 100 + i) as i32);
+    let mut buffers = original.clone();
+    let (_, ring) = pod.reduce_scatter(&mut buffers, ReduceOp::Sum).unwrap();
+    let (_, gather_ring) = pod.all_gather(&mut buffers).unwrap();
+    assert_eq!(ring, gather_ring, "one order for both");
+    assert_ne!(
+        ring,
+        (0..n).collect::<Vec<_>>(),
+        "the snake ring is not device order"
+    );
+    // Reduce-scatter then all-gather in the same order is an all-reduce.
+    let slices: Vec<&[i32]> = original.iter().map(Vec::as_slice).collect();
+    let expected = naive_reduce(&slices, ReduceOp::Sum);
+    assert!(buffers.iter().all(|b| *b == expected));
+    // All-gather alone: position i's chunk i, from device ring[i].
+    let mut buffers = original.clone();
+    let (_, ring) = pod.all_gather(&mut buffers).unwrap();
+    for (i, &device) in ring.iter().enumerate() {
+        let chunk = chunk_range(len, n, i);
+        for b in &buffers {
+            assert_eq!(b[chunk.clone()], original[device][chunk.clone()]);
+        }
+    }
+}

@@ -31,6 +31,22 @@ pub enum BarrierError {
     /// The barrier already completed or failed.
     #[error("barrier `{0}` is no longer pending")]
     NotPending(String),
+    /// A wait passed the barrier's deadline and it is still pending: the
+    /// barrier systems are not running on this world.
+    #[error(
+        "barrier `{name}` is still pending at t={:.3} s, past its deadline at t={:.3} s; \
+         the barrier systems did not run",
+        *now_ns as f64 * 1e-9,
+        *deadline_ns as f64 * 1e-9
+    )]
+    Stalled {
+        /// The barrier.
+        name: String,
+        /// Its deadline, ns.
+        deadline_ns: u64,
+        /// When the wait gave up, ns.
+        now_ns: u64,
+    },
     /// A device that is not running cannot arrive.
     #[error("{0} is not running and cannot arrive")]
     DeviceNotRunning(DeviceId),

@@ -1,14 +1,18 @@
 //! Barriers as entities, progressed by systems in simulated time.
 //!
-//! A barrier has a name, participants (device ids), a generation and an
-//! optional deadline. Participants arrive by sending a control message to the
+//! A barrier has a name, participants (device ids), a generation and a
+//! deadline: the timeout it was created with, or [`DEFAULT_TIMEOUT_NS`]
+//! (60 s of simulated time) when it was created without one. Participants arrive by sending a control message to the
 //! coordination service ([`arrive`], or automatically for barriers created
 //! with `auto_arrive`: every running participant arrives as soon as it sees the
 //! barrier, a paused one when it resumes, a killed one never). The barrier
 //! **completes** when every participant's arrival has been delivered. It
 //! **fails** — it never hangs — when a participant that has not arrived is
 //! declared failed by the detector, or when its deadline passes; the failure
-//! says how many of how many arrived and names up to three stragglers.
+//! says how many of how many arrived and names up to three stragglers (the
+//! participants that never sent an arrival; arrivals sent but still in
+//! flight are counted apart). Every barrier therefore finishes by its
+//! deadline at the latest, so a wait on it is bounded.
 //! Reusing a finished barrier's name starts its next generation; arrivals
 //! stamped with an older generation are ignored.
 
@@ -28,6 +32,12 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;
 
+/// The deadline of a barrier created without a timeout: 60 s of simulated
+/// time after its creation (the [`crate::coordination::PodConfig`] default
+/// barrier timeout). A participant that never arrives therefore fails the
+/// barrier by then at the latest, even when it stays healthy.
+pub const DEFAULT_TIMEOUT_NS: u64 = 60_000_000_000;
+
 /// A barrier over a set of devices.
 #[derive(Component, Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Barrier {
@@ -41,13 +51,22 @@ pub struct Barrier {
     pub participants: Vec<DeviceId>,
     /// When this generation started, ns.
     pub started_at_ns: u64,
-    /// Fail if not complete by then, ns.
+    /// Fail if not complete by then, ns. Set on every barrier this crate
+    /// creates ([`DEFAULT_TIMEOUT_NS`] when no timeout is given); `None`
+    /// only in worlds restored from checkpoints written before that rule,
+    /// where the default applies from `started_at_ns`.
     pub deadline_ns: Option<u64>,
     /// Whether running participants arrive by themselves.
     pub auto_arrive: bool,
 }
 
 impl Barrier {
+    /// When the barrier fails unless complete, ns.
+    pub fn deadline(&self) -> u64 {
+        self.deadline_ns
+            .unwrap_or_else(|| self.started_at_ns.saturating_add(DEFAULT_TIMEOUT_NS))
+    }
+
     /// The index of a participant, if it is one.
     pub fn participant_index(&self, device: DeviceId) -> Option<usize> {
         self.participants.binary_search(&device).ok()
@@ -93,7 +112,8 @@ pub struct BarrierFailure {
     pub arrived: u32,
     /// Participants.
     pub participants: u32,
-    /// Participants that had not arrived, by id.
+    /// Participants that never sent an arrival, by id (an arrival sent
+    /// but still in flight when the barrier failed is not a straggler's).
     pub stragglers: Vec<DeviceId>,
     /// Why.
     pub reason: BarrierFailureReason,
@@ -103,18 +123,28 @@ impl fmt::Display for BarrierFailure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "barrier `{}` (generation {}) failed at t={:.3} s: {}/{} arrived; ",
+            "barrier `{}` (generation {}) failed at t={:.3} s: {}/{} arrived",
             self.name,
             self.generation,
             self.at_ns as f64 * 1e-9,
             self.arrived,
             self.participants
         )?;
+        let in_flight = self
+            .participants
+            .saturating_sub(self.arrived)
+            .saturating_sub(self.stragglers.len() as u32);
+        if in_flight > 0 {
+            write!(f, " ({in_flight} more in flight)")?;
+        }
         match &self.reason {
             BarrierFailureReason::ParticipantFailed(device) => {
-                write!(f, "participant {device} failed")?
+                write!(f, "; participant {device} failed")?
             }
-            BarrierFailureReason::DeadlineExceeded => write!(f, "deadline exceeded")?,
+            BarrierFailureReason::DeadlineExceeded => write!(f, "; deadline exceeded")?,
+        }
+        if self.stragglers.is_empty() {
+            return Ok(());
         }
         let shown: Vec<String> = self
             .stragglers
@@ -159,7 +189,9 @@ pub struct BarrierRegistry {
 }
 
 /// Creates (or starts the next generation of) a barrier. `participants`
-/// `None` means every device not [`Excluded`] after a failure. Returns its id.
+/// `None` means every device not [`Excluded`] after a failure. The barrier
+/// fails `timeout_ns` after now, or [`DEFAULT_TIMEOUT_NS`] after now when
+/// `timeout_ns` is `None`. Returns its id.
 pub fn create_barrier(
     world: &mut World,
     name: &str,
@@ -216,7 +248,7 @@ pub fn create_barrier(
         generation,
         participants,
         started_at_ns: now,
-        deadline_ns: timeout_ns.map(|t| now.saturating_add(t)),
+        deadline_ns: Some(now.saturating_add(timeout_ns.unwrap_or(DEFAULT_TIMEOUT_NS))),
         auto_arrive,
     };
     match existing {
@@ -410,15 +442,15 @@ pub fn progress_barriers(
                 })
                 .map(BarrierFailureReason::ParticipantFailed);
         }
-        if reason.is_none() && barrier.deadline_ns.is_some_and(|deadline| now >= deadline) {
+        if reason.is_none() && now >= barrier.deadline() {
             reason = Some(BarrierFailureReason::DeadlineExceeded);
         }
         if let Some(reason) = reason {
             let stragglers = barrier
                 .participants
                 .iter()
-                .zip(&arrivals.arrived)
-                .filter(|&(_, &arrived)| !arrived)
+                .zip(arrivals.arrived.iter().zip(&arrivals.sent))
+                .filter(|&(_, (&arrived, &sent))| !arrived && !sent)
                 .map(|(&device, _)| device)
                 .collect();
             *outcome = BarrierOutcome::Failed(BarrierFailure {

@@ -117,6 +117,17 @@ pub fn run(args: RunArgs) -> Result<()> {
         }
         pod.schedule_fault((seconds * 1e9).round() as u64, fault);
     }
+    let unappliable = pod.faults_that_cannot_apply(args.steps);
+    if !unappliable.is_empty() {
+        let list: Vec<String> = unappliable.iter().map(|f| format!("  {f}")).collect();
+        bail!(
+            "{} of the --kill/--pause faults can never apply in {} ticks ({:.3} s):\n{}",
+            unappliable.len(),
+            args.steps,
+            args.steps as f64 * pod.clock().tick_ns as f64 * 1e-9,
+            list.join("\n")
+        );
+    }
     let bar = progress::bar(args.steps, args.json, "run");
     let start = Instant::now();
     let mut step_wall_ns = Vec::new();

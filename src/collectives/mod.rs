@@ -196,7 +196,8 @@ pub enum CollectiveError {
         /// Receiving device.
         dst: usize,
     },
-    /// A participant was declared failed before the collective completed.
+    /// A participant was declared failed, or killed, before the collective
+    /// completed.
     #[error(
         "collective {kind:?} failed at t={:.3} s: participant {device} failed",
         *at_ns as f64 * 1e-9
@@ -208,6 +209,22 @@ pub enum CollectiveError {
         at_ns: u64,
         /// The failed participant.
         device: DeviceId,
+    },
+    /// A wait passed the collective's completion time and it is still
+    /// pending: the collective system is not running on this world.
+    #[error(
+        "collective {kind:?} is still pending at t={:.3} s, past its completion at t={:.3} s; \
+         the collective system did not run",
+        *now_ns as f64 * 1e-9,
+        *completes_at_ns as f64 * 1e-9
+    )]
+    Stalled {
+        /// Which collective.
+        kind: pod::CollectiveKind,
+        /// When it was to complete, ns.
+        completes_at_ns: u64,
+        /// When the wait gave up, ns.
+        now_ns: u64,
     },
     /// The collective's entity is gone (the world was restored since).
     #[error("collective entity no longer exists (the world was restored)")]

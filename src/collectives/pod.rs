@@ -7,9 +7,18 @@
 //! entity whose completion time comes from an alpha-beta model of each
 //! link it used. The [`progress_collectives`] system, in
 //! [`StepSystems::Collectives`], completes it when simulated time reaches
-//! that point, or fails it if a participant is declared failed first. The
-//! blocking forms step the pod until then, like a host waiting on a
-//! collective.
+//! that point if every participant is still alive then; it fails it when a
+//! participant is declared failed first, or, at that point, when a
+//! participant was killed before it (even if the detector has not noticed
+//! yet). The blocking forms step the pod until then, like a host waiting on
+//! a collective: every wait ends by the completion time (plus one tick),
+//! with the result or an error naming the device.
+//!
+//! The launch computes the result into the buffers at once; it is the
+//! collective's result only once the collective has completed. When it
+//! fails, the buffers hold a result the pod never delivered: treat them as
+//! undefined (as after a failed NCCL collective) and restore them from a
+//! checkpoint or recompute.
 //!
 //! All-reduce runs the torus algorithm along every axis of the slice
 //! (rings laid along torus dimensions); reduce-scatter, all-gather and
@@ -97,30 +106,42 @@ pub struct CollectiveReport {
     pub completes_at_ns: u64,
 }
 
-/// Completes collectives whose time has come; fails those with a failed
-/// participant.
+/// Completes collectives whose time has come; fails those with a
+/// participant declared failed, and at their completion time those with a
+/// participant killed before it (the data it was to send or receive never
+/// moved, whether or not the detector has noticed yet). A collective
+/// completes only if every participant stayed alive until its completion
+/// time.
 pub fn progress_collectives(
     clock: Res<SimClock>,
     index: Res<DeviceIndex>,
-    health: Query<&Health>,
+    devices: Query<(&Health, &DeviceState)>,
     mut collectives: Query<(&Collective, &mut CollectiveOutcome)>,
 ) {
     for (collective, mut outcome) in &mut collectives {
         if *outcome != CollectiveOutcome::Pending {
             continue;
         }
-        let failed = collective.participants.iter().copied().find(|&d| {
-            index
-                .get(d)
-                .and_then(|e| health.get(e).ok())
-                .is_some_and(Health::is_failed)
-        });
-        if let Some(device) = failed {
+        let state = |d: DeviceId| index.get(d).and_then(|e| devices.get(e).ok());
+        let failed = collective
+            .participants
+            .iter()
+            .copied()
+            .find(|&d| state(d).is_some_and(|(health, _)| health.is_failed()));
+        let done = clock.now_ns >= collective.completes_at_ns;
+        let died = || {
+            collective.participants.iter().copied().find(|&d| {
+                state(d).is_some_and(|(_, device)| {
+                    matches!(device, DeviceState::Killed { at_ns } if *at_ns < collective.completes_at_ns)
+                })
+            })
+        };
+        if let Some(device) = failed.or_else(|| done.then(died).flatten()) {
             *outcome = CollectiveOutcome::Failed {
                 at_ns: clock.now_ns,
                 device,
             };
-        } else if clock.now_ns >= collective.completes_at_ns {
+        } else if done {
             *outcome = CollectiveOutcome::Completed {
                 at_ns: clock.now_ns,
             };
@@ -264,11 +285,23 @@ pub fn launch(
 }
 
 /// Where a launched collective stands: `Ok(true)` completed, `Ok(false)`
-/// still pending, an error if a participant failed first or the
-/// collective no longer exists.
+/// still pending, an error if a participant failed or died first or the
+/// collective no longer exists, and [`CollectiveError::Stalled`] if it is
+/// still pending more than one tick past its completion time (its system
+/// is not in the schedule), so a wait built on polling is bounded.
 pub fn poll_collective(world: &World, report: &CollectiveReport) -> Result<bool, CollectiveError> {
     match world.get::<CollectiveOutcome>(report.entity) {
-        Some(CollectiveOutcome::Pending) => Ok(false),
+        Some(CollectiveOutcome::Pending) => {
+            let clock = world.resource::<SimClock>();
+            if clock.now_ns > report.completes_at_ns.saturating_add(clock.tick_ns) {
+                return Err(CollectiveError::Stalled {
+                    kind: report.kind,
+                    completes_at_ns: report.completes_at_ns,
+                    now_ns: clock.now_ns,
+                });
+            }
+            Ok(false)
+        }
         Some(CollectiveOutcome::Completed { .. }) => Ok(true),
         Some(&CollectiveOutcome::Failed { device, at_ns }) => {
             Err(CollectiveError::ParticipantFailed {

@@ -9,6 +9,9 @@
 //! pod.kill_device(3)?;
 //! let error = pod.synchronize_devices("step-1".to_string()).unwrap_err();
 //! assert!(error.to_string().contains("7/8 arrived"));
+//! // Device 3 is declared failed now and left out: the pod synchronizes again.
+//! pod.synchronize_devices("step-2".to_string())?;
+//! assert_eq!(pod.participants().len(), 7);
 //! # Ok::<(), optirs_tpu::coordination::CoordinationError>(())
 //! ```
 

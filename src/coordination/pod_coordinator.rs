@@ -6,6 +6,7 @@ use crate::error::OptimError;
 use crate::hardware::TpuGeneration;
 use crate::pod::Pod;
 use crate::topology::{DeviceId, Topology, parse_topology};
+use std::collections::BTreeSet;
 use std::time::Duration;
 use thiserror::Error;
 
@@ -66,6 +67,8 @@ impl From<OptimError> for CoordinationError {
 pub struct PodCoordinator {
     pod: Pod,
     config: PodConfig,
+    /// Devices the user left out of synchronization.
+    excluded: BTreeSet<u32>,
 }
 
 impl PodCoordinator {
@@ -73,16 +76,26 @@ impl PodCoordinator {
     pub fn new(config: PodConfig) -> Result<PodCoordinator, CoordinationError> {
         let topology = topology_for(&config)?;
         let pod = Pod::from_topology(topology)?;
-        Ok(PodCoordinator { pod, config })
+        Ok(PodCoordinator {
+            pod,
+            config,
+            excluded: BTreeSet::new(),
+        })
     }
 
-    /// A real barrier across every device: each running device arrives over
-    /// the control network and simulated time advances until the barrier
-    /// completes, or fails because a device died, stalled past the heartbeat
-    /// timeout, or the barrier timeout passed.
+    /// A real barrier across the [participants](Self::participants): each
+    /// running one arrives over the control network and simulated time
+    /// advances until the barrier completes, or fails because a participant
+    /// died, stalled past the heartbeat timeout, or the barrier timeout
+    /// passed. A device declared failed is left out of every later barrier,
+    /// so the pod synchronizes again after a failure (with one device
+    /// fewer); the failure itself names the participants that never arrived.
     pub fn synchronize_devices(&mut self, id: String) -> Result<(), CoordinationError> {
         let timeout = duration_ns(self.config.barrier_timeout);
-        let barrier = self.pod.create_barrier(&id, None, Some(timeout), true)?;
+        let participants = self.participants();
+        let barrier = self
+            .pod
+            .create_barrier(&id, Some(participants), Some(timeout), true)?;
         match self.pod.wait_for_barrier(barrier)? {
             BarrierOutcome::Completed { .. } => Ok(()),
             BarrierOutcome::Failed(failure) => {
@@ -90,6 +103,32 @@ impl PodCoordinator {
             }
             BarrierOutcome::Pending => unreachable!("wait_for_barrier returns a final outcome"),
         }
+    }
+
+    /// The devices [`synchronize_devices`](Self::synchronize_devices) waits
+    /// for: every device not declared failed by the coordination service and
+    /// not [excluded](Self::exclude_device) by the user, by id.
+    pub fn participants(&self) -> Vec<DeviceId> {
+        self.healthy_devices()
+            .into_iter()
+            .filter(|d| !self.excluded.contains(&d.0))
+            .collect()
+    }
+
+    /// Leaves a device out of later synchronizations (a device known to be
+    /// going away, before the detector declares it failed).
+    pub fn exclude_device(&mut self, device: u32) -> Result<(), CoordinationError> {
+        self.pod.device_entity(device)?;
+        self.excluded.insert(device);
+        Ok(())
+    }
+
+    /// Takes a device [excluded](Self::exclude_device) by the user back into
+    /// synchronization (a device declared failed stays out).
+    pub fn include_device(&mut self, device: u32) -> Result<(), CoordinationError> {
+        self.pod.device_entity(device)?;
+        self.excluded.remove(&device);
+        Ok(())
     }
 
     /// All-reduces one buffer per device (indexed by device id) over the

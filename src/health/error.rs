@@ -4,7 +4,7 @@ use thiserror::Error;
 
 use crate::topology::DeviceId;
 
-/// A fault that cannot be applied.
+/// A fault that cannot be applied, or work refused on a device that is down.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 #[non_exhaustive]
 pub enum FaultError {
@@ -14,6 +14,29 @@ pub enum FaultError {
     /// No link joins the two devices.
     #[error("no link joins {0} and {1}")]
     NoSuchLink(DeviceId, DeviceId),
+    /// Work was sent to a device the coordination service declared failed.
+    #[error(
+        "{device} was declared failed at t={:.3} s; no work runs on it (exclude it or roll back)",
+        *detected_at_ns as f64 * 1e-9
+    )]
+    DeviceFailed {
+        /// The device.
+        device: DeviceId,
+        /// When the detector declared it failed, ns.
+        detected_at_ns: u64,
+    },
+    /// Work was sent to a device that was killed (the detector may not
+    /// have noticed yet).
+    #[error(
+        "{device} was killed at t={:.3} s; no work runs on it (exclude it or roll back)",
+        *killed_at_ns as f64 * 1e-9
+    )]
+    DeviceDead {
+        /// The device.
+        device: DeviceId,
+        /// When it was killed, ns.
+        killed_at_ns: u64,
+    },
     /// A killed device cannot be resumed or paused.
     #[error("{0} was killed; it cannot be paused or resumed")]
     DeviceKilled(DeviceId),

@@ -144,3 +144,82 @@ pub fn apply_scheduled_faults(world: &mut World) {
         }
     }
 }
+
+/// A scheduled fault that can never apply, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnappliableFault {
+    /// The fault as scheduled.
+    pub scheduled: ScheduledFault,
+    /// Why it cannot apply.
+    pub reason: String,
+}
+
+impl std::fmt::Display for UnappliableFault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{:?} at t={:.3} s: {}",
+            self.scheduled.fault,
+            self.scheduled.at_ns as f64 * 1e-9,
+            self.reason
+        )
+    }
+}
+
+/// The pending faults of the [`FaultPlan`] that can never apply if the pod
+/// runs until simulated time `end_ns`, in plan order: those due after
+/// `end_ns`; a pause, resume or second kill of a device killed before it
+/// (now, or by an earlier fault of the plan); faults naming a device or
+/// link the pod does not have. Applying the plan would reject or never
+/// reach them; this says so before the run.
+pub fn faults_that_cannot_apply(world: &mut World, end_ns: u64) -> Vec<UnappliableFault> {
+    let pending = world.resource::<FaultPlan>().pending.clone();
+    let mut killed: std::collections::BTreeMap<DeviceId, Option<u64>> = world
+        .query::<(&crate::topology::Device, &DeviceState)>()
+        .iter(world)
+        .filter_map(|(device, state)| match state {
+            DeviceState::Killed { .. } => Some((device.id, None)),
+            _ => None,
+        })
+        .collect();
+    let seconds = |ns: u64| ns as f64 * 1e-9;
+    let mut found = Vec::new();
+    for scheduled in pending {
+        let reason = if scheduled.at_ns > end_ns {
+            Some(format!(
+                "it is due after the run ends at t={:.3} s",
+                seconds(end_ns)
+            ))
+        } else {
+            match scheduled.fault {
+                Fault::KillDevice(id) | Fault::PauseDevice(id) | Fault::ResumeDevice(id) => {
+                    match device(world, id) {
+                        Err(error) => Some(error.to_string()),
+                        Ok(_) => match killed.get(&id) {
+                            Some(at) => Some(match at {
+                                Some(at) => {
+                                    format!("{id} is killed at t={:.3} s first", seconds(*at))
+                                }
+                                None => format!("{id} is already killed"),
+                            }),
+                            None => {
+                                if let Fault::KillDevice(_) = scheduled.fault {
+                                    killed.insert(id, Some(scheduled.at_ns));
+                                }
+                                None
+                            }
+                        },
+                    }
+                }
+                Fault::DeviceJitter(id, _) => device(world, id).err().map(|e| e.to_string()),
+                Fault::CutLink(a, b) | Fault::RestoreLink(a, b) | Fault::LinkJitter(a, b, _) => {
+                    link_between(world, a, b).err().map(|e| e.to_string())
+                }
+            }
+        };
+        if let Some(reason) = reason {
+            found.push(UnappliableFault { scheduled, reason });
+        }
+    }
+    found
+}

@@ -29,7 +29,10 @@ mod error;
 pub use error::FaultError;
 mod faults;
 
-pub use faults::{Fault, FaultPlan, ScheduledFault, apply_fault, schedule_fault};
+pub use faults::{
+    Fault, FaultPlan, ScheduledFault, UnappliableFault, apply_fault, faults_that_cannot_apply,
+    schedule_fault,
+};
 
 use crate::clock::SimClock;
 use crate::rng::{SimRng, stream};
@@ -297,6 +300,33 @@ pub fn install(world: &mut World) {
             .chain()
             .in_set(StepSystems::FaultDetection),
     );
+}
+
+/// Checks that work can run on `devices` (entities): none was declared
+/// failed by the detector or killed. Entities without a health state (an
+/// optimizer's own devices, outside any pod) always pass. The first device
+/// down, in the order given, is named.
+pub fn check_devices_up(world: &World, devices: &[Entity]) -> Result<(), FaultError> {
+    for &entity in devices {
+        let id = || {
+            world
+                .get::<Device>(entity)
+                .map_or(DeviceId(u32::MAX), |d| d.id)
+        };
+        if let Some(&Health::Failed { detected_at_ns }) = world.get::<Health>(entity) {
+            return Err(FaultError::DeviceFailed {
+                device: id(),
+                detected_at_ns,
+            });
+        }
+        if let Some(&DeviceState::Killed { at_ns }) = world.get::<DeviceState>(entity) {
+            return Err(FaultError::DeviceDead {
+                device: id(),
+                killed_at_ns: at_ns,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// A device left out of barriers over "every device", load balancing and

@@ -1,7 +1,9 @@
 //! The pod's collectives, over [`crate::collectives::pod`]: each call
 //! moves the real data at once, charges the links and starts a collective
 //! entity; the blocking forms step the pod until it completes, like a host
-//! waiting on a collective.
+//! waiting on a collective, and return an error naming the device when a
+//! participant fails or dies before the completion time (the buffers are
+//! then undefined).
 
 use super::Pod;
 use crate::collectives::pod::{
@@ -18,8 +20,12 @@ impl Pod {
         Ok(torus_of(self.topology())?)
     }
 
-    /// Steps until the collective completes; an error if a participant fails
-    /// first.
+    /// Steps until the collective completes; an error naming the device if
+    /// a participant is declared failed first, or was killed before the
+    /// completion time. Bounded: the collective is finished at its
+    /// completion time ([`CollectiveReport::completes_at_ns`]), and a
+    /// collective still pending a tick later is an error
+    /// ([`CollectiveError::Stalled`]).
     pub fn wait_for_collective(&mut self, report: &CollectiveReport) -> Result<()> {
         while !poll_collective(self.world(), report)? {
             self.step();
@@ -28,7 +34,9 @@ impl Pod {
     }
 
     /// Starts an all-reduce over every device (`buffers[i]` is device `i`'s):
-    /// the data is reduced now; the collective completes in simulated time.
+    /// the data is reduced now; the collective completes in simulated time,
+    /// and the buffers hold its result only once it has (see
+    /// [`Pod::wait_for_collective`]).
     pub fn launch_all_reduce<T: Element>(
         &mut self,
         buffers: &mut [Vec<T>],
@@ -59,8 +67,12 @@ impl Pod {
         Ok(report)
     }
 
-    /// Reduce-scatter over every device along the snake ring; returns the
-    /// ring order (ring position `i` holds chunk `i`).
+    /// Reduce-scatter over every device along the snake ring. Chunks follow
+    /// ring order, not device order: with `len` elements per buffer and `n`
+    /// devices, the returned ring's position `i` (device `ring[i]`) holds
+    /// the reduction of chunk `i`, `buffers[ring[i]][chunk_range(len, n, i)]`
+    /// ([`crate::collectives::chunk_range`]); its other elements keep their
+    /// input values. Returns the report and the ring.
     pub fn reduce_scatter<T: Element>(
         &mut self,
         buffers: &mut [Vec<T>],
@@ -73,9 +85,21 @@ impl Pod {
         Ok((report, ring))
     }
 
-    /// All-gather over every device along the snake ring.
-    pub fn all_gather<T: Element>(&mut self, buffers: &mut [Vec<T>]) -> Result<CollectiveReport> {
-        self.ring_collective(CollectiveKind::AllGather, buffers, |b, r| all_gather(b, r))
+    /// All-gather over every device along the snake ring, in the same
+    /// order as [`Pod::reduce_scatter`]: the returned ring's position `i`
+    /// (device `ring[i]`) contributes chunk `i` of its buffer,
+    /// `buffers[ring[i]][chunk_range(len, n, i)]`, and afterwards every
+    /// device holds every chunk there (so an all-gather after a
+    /// reduce-scatter completes an all-reduce). Returns the report and the
+    /// ring.
+    pub fn all_gather<T: Element>(
+        &mut self,
+        buffers: &mut [Vec<T>],
+    ) -> Result<(CollectiveReport, Vec<usize>)> {
+        let ring = self.torus_shape()?.snake_ring();
+        let report =
+            self.ring_collective(CollectiveKind::AllGather, buffers, |b, r| all_gather(b, r))?;
+        Ok((report, ring))
     }
 
     /// Broadcast device `root`'s buffer to every device.

@@ -46,6 +46,8 @@ pub const DEFAULT_SEED: u64 = 0x005e_ed0f_7b0d;
 /// [`Pod::step`] and [`Pod::run`]; read it through [`Pod::world`].
 pub struct Pod {
     world: World,
+    /// Batches of host systems added so far (each its own set).
+    host_batches: u64,
 }
 
 impl std::fmt::Debug for Pod {
@@ -102,15 +104,12 @@ impl Pod {
             write_periodic_checkpoint.in_set(StepSystems::Checkpoint),
         );
         for label in [Step.intern(), Compile.intern()] {
-            world.schedule_scope(label, |world, schedule| match schedule.initialize(world) {
-                Ok(_) => Ok(()),
-                Err(error) => Err(OptimError::Schedule(format!(
-                    "{label:?}: {}",
-                    error.to_string(schedule.graph(), world)
-                ))),
-            })?;
+            crate::schedule::build(&mut world, label).map_err(OptimError::Schedule)?;
         }
-        Ok(Pod { world })
+        Ok(Pod {
+            world,
+            host_batches: 0,
+        })
     }
 
     /// Builds a pod holding exactly the world of `snapshot` (its topology is
@@ -124,7 +123,69 @@ impl Pod {
         Ok(pod)
     }
 
+    /// Adds host systems to the [`Step`] schedule (order them against the
+    /// [`StepSystems`] sets, and each other) and builds it at once. A batch
+    /// that makes the schedule ambiguous (two systems with conflicting data
+    /// access and no order between them) or otherwise unbuildable is taken
+    /// out again and refused with [`OptimError::Schedule`], whose message
+    /// names both systems; the pod keeps its previous schedule and steps as
+    /// before.
+    ///
+    /// ```
+    /// use bevy_ecs::prelude::*;
+    /// use optirs_tpu::pod::Pod;
+    /// use optirs_tpu::schedule::StepSystems;
+    ///
+    /// #[derive(Resource, Default)]
+    /// struct Count(u64);
+    /// fn bump(mut count: ResMut<Count>) { count.0 += 1; }
+    /// fn reset(mut count: ResMut<Count>) { count.0 = 0; }
+    ///
+    /// let mut pod = Pod::from_preset("v5e-16")?;
+    /// pod.world_mut().init_resource::<Count>();
+    /// pod.add_systems(bump.in_set(StepSystems::Monitor))?;
+    /// let error = pod.add_systems(reset.in_set(StepSystems::Monitor)).unwrap_err();
+    /// assert!(error.to_string().contains("bump") && error.to_string().contains("reset"));
+    /// pod.step();
+    /// assert_eq!(pod.world().resource::<Count>().0, 1);
+    /// # Ok::<(), optirs_tpu::OptimError>(())
+    /// ```
+    pub fn add_systems<M>(
+        &mut self,
+        systems: impl bevy_ecs::schedule::IntoScheduleConfigs<bevy_ecs::system::ScheduleSystem, M>,
+    ) -> Result<()> {
+        let set = crate::schedule::HostSystems(self.host_batches);
+        self.host_batches += 1;
+        self.world
+            .resource_mut::<Schedules>()
+            .add_systems(Step, systems.in_set(set));
+        match crate::schedule::build(&mut self.world, Step) {
+            Ok(()) => Ok(()),
+            Err(message) => {
+                crate::schedule::remove_host_systems(&mut self.world, Step, set)
+                    .map_err(OptimError::Schedule)?;
+                Err(OptimError::Schedule(message))
+            }
+        }
+    }
+
+    /// Builds the [`Step`] and [`Compile`] schedules now and returns their
+    /// build error, if any, for hosts that added systems through
+    /// [`Pod::world_mut`] (whose ambiguity would otherwise make the next
+    /// [`Pod::step`] panic). The message names both systems of an
+    /// ambiguous pair.
+    pub fn validate_schedules(&mut self) -> Result<()> {
+        for label in [Step.intern(), Compile.intern()] {
+            crate::schedule::build(&mut self.world, label).map_err(OptimError::Schedule)?;
+        }
+        Ok(())
+    }
+
     /// Runs one tick of the [`Step`] schedule.
+    ///
+    /// Panics if systems added through [`Pod::world_mut`] make the schedule
+    /// ambiguous: add them with [`Pod::add_systems`], or call
+    /// [`Pod::validate_schedules`] first.
     pub fn step(&mut self) {
         self.world.run_schedule(Step);
     }
@@ -199,6 +260,18 @@ impl Pod {
         health::schedule_fault(&mut self.world, at_ns, fault);
     }
 
+    /// The scheduled faults that can never apply if the pod runs `ticks`
+    /// more ticks (see [`health::faults_that_cannot_apply`]): due after the
+    /// last tick, aimed at a device killed before them, or naming a device
+    /// or link the pod does not have.
+    pub fn faults_that_cannot_apply(&mut self, ticks: u64) -> Vec<health::UnappliableFault> {
+        let clock = self.clock();
+        let end_ns = clock
+            .now_ns
+            .saturating_add(ticks.saturating_mul(clock.tick_ns));
+        health::faults_that_cannot_apply(&mut self.world, end_ns)
+    }
+
     /// The entity of a device id.
     pub fn device_entity(&self, device: u32) -> Result<Entity> {
         self.world
@@ -239,7 +312,9 @@ impl Pod {
 
     /// Creates a barrier (or its next generation). `participants: None` is
     /// every device; with `auto_arrive`, running participants arrive by
-    /// themselves. Returns the barrier id.
+    /// themselves. It fails `timeout_ns` from now, or
+    /// [`barrier::DEFAULT_TIMEOUT_NS`] (60 s of simulated time) from now when
+    /// `timeout_ns` is `None`. Returns the barrier id.
     pub fn create_barrier(
         &mut self,
         name: &str,
@@ -275,8 +350,15 @@ impl Pod {
         self.world.get::<BarrierOutcome>(entity)
     }
 
-    /// Steps until the barrier completes or fails (it always does: a missing
-    /// participant is detected as failed within the heartbeat timeout).
+    /// Steps until the barrier completes or fails, and returns how it
+    /// ended. The wait is bounded: a participant that is killed or paused is
+    /// declared failed within the heartbeat timeout (failing the barrier),
+    /// and every barrier has a deadline (its timeout, or
+    /// [`barrier::DEFAULT_TIMEOUT_NS`] when it was created without one), so
+    /// a live participant that never arrives fails it by then. Should the
+    /// barrier still be pending one tick past its deadline (its systems were
+    /// taken out of the schedule), the wait returns
+    /// [`barrier::BarrierError::Stalled`] instead of stepping on.
     pub fn wait_for_barrier(&mut self, barrier_id: u64) -> Result<BarrierOutcome> {
         let entity = *self
             .world
@@ -286,7 +368,25 @@ impl Pod {
             .ok_or(barrier::BarrierError::UnknownBarrier(barrier_id))?;
         loop {
             match self.world.get::<BarrierOutcome>(entity) {
-                Some(BarrierOutcome::Pending) => self.step(),
+                Some(BarrierOutcome::Pending) => {
+                    let clock = self.clock();
+                    let now_ns = clock.now_ns;
+                    let tick_ns = clock.tick_ns;
+                    let barrier = self
+                        .world
+                        .get::<barrier::Barrier>(entity)
+                        .ok_or(barrier::BarrierError::UnknownBarrier(barrier_id))?;
+                    let deadline_ns = barrier.deadline();
+                    if now_ns > deadline_ns.saturating_add(tick_ns) {
+                        return Err(barrier::BarrierError::Stalled {
+                            name: barrier.name.clone(),
+                            deadline_ns,
+                            now_ns,
+                        }
+                        .into());
+                    }
+                    self.step();
+                }
                 Some(outcome) => return Ok(outcome.clone()),
                 None => return Err(barrier::BarrierError::UnknownBarrier(barrier_id).into()),
             }

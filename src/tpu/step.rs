@@ -181,6 +181,9 @@ where
     }
 
     fn execute(&mut self, shape: &[usize], params: Arg<'_>, grads: Arg<'_>) -> Result<RunOutput> {
+        // On a pod, a step runs on the optimizer's devices: none may be
+        // declared failed or killed (in the pod's simulated time).
+        crate::health::check_devices_up(self.place.world(), &self.devices)?;
         let neg_lr = self.learning_rate_scalar();
         let (runtime, bytes, compiled_rule) = self.program(shape, neg_lr.is_some())?;
         let mut next_count = 0;
