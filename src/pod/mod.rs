@@ -381,6 +381,7 @@ impl Pod {
             max_checkpoints,
             written: 0,
             last_error: None,
+            retention_problems: Vec::new(),
         });
         Ok(())
     }
