@@ -1,0 +1,225 @@
+//! What a checkpoint directory may hold, what retention may delete, and
+//! what a restore may change: extra files, links, named pipes, foreign
+//! directories beside managed checkpoints, other topologies, forged worlds.
+
+use optirs_tpu::Pod;
+use optirs_tpu::checkpoint::{MANIFEST, SnapshotRegistry, WORLD_FILE, verify_checkpoint};
+use optirs_tpu::fault_tolerance::{FaultToleranceConfig, FaultToleranceManager, RecoveryPolicy};
+use std::path::{Path, PathBuf};
+
+fn manager(roots: Vec<PathBuf>, keep: usize) -> FaultToleranceManager {
+    FaultToleranceManager::new(FaultToleranceConfig {
+        storage_roots: roots,
+        max_checkpoints: keep,
+        recovery: RecoveryPolicy::RollBack,
+    })
+    .unwrap()
+}
+
+fn verify(pod: &Pod, dir: &Path) -> Result<(), String> {
+    let registry = pod.world().resource::<SnapshotRegistry>();
+    verify_checkpoint(dir, registry)
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}
+
+/// A checkpoint written by the manager at tick 10 of a v4-8 pod.
+fn saved(root: &Path) -> (Pod, PathBuf) {
+    let ft = manager(vec![root.into()], 5);
+    let mut pod = Pod::from_preset("v4-8").unwrap();
+    pod.run(10);
+    let info = ft.create_checkpoint(&mut pod).unwrap();
+    (pod, info.paths[0].clone())
+}
+
+#[test]
+fn retention_never_deletes_what_it_cannot_identify_nor_the_new_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    // A directory of the user's that sorts before every managed name.
+    std::fs::create_dir(root.join("tick-best")).unwrap();
+    std::fs::write(root.join("tick-best").join("notes.txt"), b"keep me").unwrap();
+    let ft = manager(vec![root.into()], 1);
+    let mut pod = Pod::from_preset("v4-8").unwrap();
+    pod.run(100);
+    let first = ft.create_checkpoint(&mut pod).unwrap();
+    assert!(
+        first.paths[0].exists(),
+        "the checkpoint just written is gone"
+    );
+    assert!(root.join("tick-best").join("notes.txt").exists());
+    pod.run(100);
+    let second = ft.create_checkpoint(&mut pod).unwrap();
+    assert!(second.paths[0].exists());
+    assert!(
+        !first.paths[0].exists(),
+        "the older managed checkpoint stays"
+    );
+    assert!(root.join("tick-best").exists());
+    pod.run(7);
+    let back = ft.rollback(&mut pod).unwrap();
+    assert_eq!(back.tick, second.tick);
+}
+
+#[test]
+fn retention_orders_by_the_recorded_tick_and_keeps_the_new_one_after_a_rollback() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let ft = manager(vec![root.into()], 2);
+    let mut pod = Pod::from_preset("v4-8").unwrap();
+    pod.run(10);
+    let early = ft.create_checkpoint(&mut pod).unwrap();
+    pod.run(90);
+    let late = ft.create_checkpoint(&mut pod).unwrap();
+    // Back to tick 10, then a checkpoint at tick 15: it is the newest
+    // written but not the highest tick; it is never the one removed.
+    ft.restore_checkpoint(&mut pod, &early.name).unwrap();
+    pod.run(5);
+    let new = ft.create_checkpoint(&mut pod).unwrap();
+    assert!(new.paths[0].exists());
+    assert!(late.paths[0].exists());
+    assert!(!early.paths[0].exists());
+    // A checkpoint saved under a name of its own is never counted or removed.
+    let snapshot = pod.snapshot().unwrap();
+    optirs_tpu::checkpoint::write_checkpoint(root, "tick-0", "v4-8", &snapshot, &mut |_| Ok(()))
+        .unwrap();
+    pod.run(5);
+    ft.create_checkpoint(&mut pod).unwrap();
+    assert!(root.join("tick-0").exists());
+}
+
+#[test]
+fn a_checkpoint_is_exactly_its_manifests_regular_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let (pod, cp) = saved(dir.path());
+    verify(&pod, &cp).unwrap();
+    for extra in ["extra.bin", "world.bin.bak", ".DS_Store"] {
+        let path = cp.join(extra);
+        std::fs::write(&path, b"x").unwrap();
+        let error = verify(&pod, &cp).unwrap_err();
+        assert!(
+            error.contains(extra) && error.contains("not listed"),
+            "{extra}: {error}"
+        );
+        std::fs::remove_file(&path).unwrap();
+    }
+    std::fs::create_dir(cp.join("sub")).unwrap();
+    std::fs::write(cp.join("sub").join("inner"), b"x").unwrap();
+    let error = verify(&pod, &cp).unwrap_err();
+    assert!(error.contains("sub"), "{error}");
+    std::fs::remove_dir_all(cp.join("sub")).unwrap();
+    verify(&pod, &cp).unwrap();
+}
+
+#[cfg(unix)]
+#[test]
+fn a_listed_file_replaced_by_a_link_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (pod, cp) = saved(&dir.path().join("root"));
+    let copy = dir.path().join("elsewhere.bin");
+    std::fs::copy(cp.join(WORLD_FILE), &copy).unwrap();
+    std::fs::remove_file(cp.join(WORLD_FILE)).unwrap();
+    std::os::unix::fs::symlink(&copy, cp.join(WORLD_FILE)).unwrap();
+    let error = verify(&pod, &cp).unwrap_err();
+    assert!(
+        error.contains(WORLD_FILE) && error.contains("symbolic link"),
+        "{error}"
+    );
+    // The listing says so too, and a rollback does not take it.
+    let ft = manager(vec![dir.path().join("root")], 5);
+    let listed = ft.list(&pod).unwrap();
+    assert!(
+        listed[0]
+            .problem
+            .as_deref()
+            .unwrap()
+            .contains("symbolic link")
+    );
+    // A link to a whole checkpoint directory is not followed either.
+    let linked = dir.path().join("root").join("linked");
+    std::fs::remove_file(cp.join(WORLD_FILE)).unwrap();
+    std::fs::copy(&copy, cp.join(WORLD_FILE)).unwrap();
+    std::os::unix::fs::symlink(&cp, &linked).unwrap();
+    let error = verify(&pod, &linked).unwrap_err();
+    assert!(error.contains("symbolic link"), "{error}");
+}
+
+#[cfg(unix)]
+fn mkfifo(path: &Path) {
+    let status = std::process::Command::new("mkfifo")
+        .arg(path)
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+#[cfg(unix)]
+#[test]
+fn a_named_pipe_is_refused_without_blocking() {
+    for file in [MANIFEST, WORLD_FILE] {
+        let dir = tempfile::tempdir().unwrap();
+        let (pod, cp) = saved(dir.path());
+        std::fs::remove_file(cp.join(file)).unwrap();
+        mkfifo(&cp.join(file));
+        // In a thread, so a regression fails the test instead of hanging it.
+        let (send, receive) = std::sync::mpsc::channel();
+        let dir_path = cp.clone();
+        std::thread::spawn(move || {
+            let registry = optirs_tpu::checkpoint::engine_registry();
+            let verified = verify_checkpoint(&dir_path, &registry).map(|_| ());
+            let listed =
+                optirs_tpu::checkpoint::list_checkpoints(dir_path.parent().unwrap(), &registry)
+                    .map(|l| l[0].problem.clone());
+            let _ = send.send((
+                verified.map_err(|e| e.to_string()),
+                listed.map_err(|e| e.to_string()),
+            ));
+        });
+        let (verified, listed) = receive
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .unwrap_or_else(|_| panic!("a named pipe as {file} blocked verification"));
+        let error = verified.unwrap_err();
+        assert!(
+            error.contains(file) && error.contains("named pipe"),
+            "{error}"
+        );
+        assert!(listed.unwrap().unwrap().contains("named pipe"));
+        drop(pod);
+    }
+}
+
+#[test]
+fn errors_say_what_is_wrong_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut pod, cp) = saved(dir.path());
+    let snapshot = pod.snapshot().unwrap();
+    let name = cp.file_name().unwrap().to_str().unwrap();
+    let error =
+        optirs_tpu::checkpoint::write_checkpoint(dir.path(), name, "v4-8", &snapshot, &mut |_| {
+            Ok(())
+        })
+        .unwrap_err();
+    let chain = format!("{:#}", anyhow::Error::from(error));
+    assert_eq!(
+        chain.matches("a checkpoint with this name exists").count(),
+        1,
+        "{chain}"
+    );
+    let missing = dir.path().join("no-such-checkpoint");
+    let error = verify(&pod, &missing).unwrap_err();
+    assert!(
+        error.contains("no-such-checkpoint") && error.contains("no such checkpoint directory"),
+        "{error}"
+    );
+    // A directory in place of the manifest: named once, as a directory.
+    std::fs::remove_file(cp.join(MANIFEST)).unwrap();
+    std::fs::create_dir(cp.join(MANIFEST)).unwrap();
+    let registry = pod.world().resource::<SnapshotRegistry>();
+    let error = verify_checkpoint(&cp, registry).unwrap_err();
+    let chain = format!("{:#}", anyhow::Error::from(error));
+    assert!(
+        chain.contains("is a directory, not a regular file"),
+        "{chain}"
+    );
+    assert!(!chain.contains("os error 21"), "{chain}");
+}
