@@ -223,3 +223,35 @@ fn errors_say_what_is_wrong_once() {
     );
     assert!(!chain.contains("os error 21"), "{chain}");
 }
+
+#[test]
+fn replicate_checks_the_name_before_reading_anything() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    let (pod, _) = saved(&root);
+    // Something outside the root that is not a checkpoint: reading it would
+    // be reported as a verification problem of that path.
+    std::fs::create_dir_all(dir.path().join("outside").join("victim")).unwrap();
+    let ft = manager(vec![root.clone()], 5);
+    let error = ft
+        .replicate(&pod, "../outside/victim", &dir.path().join("copy"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("not a plain name") && !error.contains(MANIFEST),
+        "{error}"
+    );
+    assert!(!dir.path().join("copy").exists());
+    let mut pod = pod;
+    let snapshot = pod.snapshot().unwrap();
+    for name in ["tick\n1", "tick\u{202E}1", "tick\u{2066}1", "tick\t1"] {
+        let error =
+            optirs_tpu::checkpoint::write_checkpoint(&root, name, "v4-8", &snapshot, &mut |_| {
+                Ok(())
+            })
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("not a plain name"), "{name:?}: {error}");
+        assert!(ft.replicate(&pod, name, &dir.path().join("copy")).is_err());
+    }
+}

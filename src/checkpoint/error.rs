@@ -86,7 +86,10 @@ pub enum CheckpointError {
         path: PathBuf,
     },
     /// The checkpoint name would leave the storage root.
-    #[error("checkpoint name `{0}` is not a plain name (no `/`, `\\`, `..` or leading `.`)")]
+    #[error(
+        "checkpoint name {0:?} is not a plain name (no `/`, `\\`, `..`, leading `.`, control or \
+         bidirectional characters)"
+    )]
     BadName(String),
     /// No checkpoint in any root verifies.
     #[error("no checkpoint verifies: {0}")]

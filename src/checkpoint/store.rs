@@ -106,11 +106,24 @@ pub(super) fn io_error(path: &Path) -> impl FnOnce(io::Error) -> CheckpointError
     }
 }
 
-/// Checks that `name` is one path component that cannot leave the root.
+/// Characters that reorder how text is displayed (bidirectional
+/// embeddings, overrides, isolates and marks): a name holding one can read
+/// as another name.
+const BIDI_CONTROLS: &[char] = &[
+    '\u{061C}', '\u{200E}', '\u{200F}', '\u{202A}', '\u{202B}', '\u{202C}', '\u{202D}', '\u{202E}',
+    '\u{2066}', '\u{2067}', '\u{2068}', '\u{2069}',
+];
+
+/// Checks that `name` is a name the manager would write: one path
+/// component that cannot leave the root, without control characters
+/// (newlines included) or bidirectional controls.
 pub fn check_name(name: &str) -> Result<(), CheckpointError> {
     let plain = !name.is_empty()
         && !name.starts_with('.')
         && !name.contains(['/', '\\', '\0'])
+        && !name
+            .chars()
+            .any(|c| c.is_control() || BIDI_CONTROLS.contains(&c))
         && name != ".."
         && Path::new(name).components().count() == 1;
     if plain {

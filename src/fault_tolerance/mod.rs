@@ -218,7 +218,10 @@ impl FaultToleranceManager {
 
     /// Copies checkpoint `name` (from the first root whose copy verifies)
     /// into `root`, verified and committed atomically like any checkpoint.
+    /// The name is checked before any path is read: only a plain name the
+    /// manager would write is accepted.
     pub fn replicate(&self, pod: &Pod, name: &str, root: &Path) -> Result<PathBuf> {
+        crate::checkpoint::check_name(name)?;
         let registry = pod.world().resource::<SnapshotRegistry>();
         let mut problems = Vec::new();
         for source in &self.config.storage_roots {
