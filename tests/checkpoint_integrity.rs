@@ -255,3 +255,75 @@ fn replicate_checks_the_name_before_reading_anything() {
         assert!(ft.replicate(&pod, name, &dir.path().join("copy")).is_err());
     }
 }
+
+#[test]
+fn a_checkpoint_of_another_topology_is_refused_naming_both() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, cp) = saved(dir.path());
+    let ft = manager(vec![dir.path().into()], 5);
+    let mut big = Pod::from_preset("v5e-256").unwrap();
+    big.run(3);
+    let before = big.world_sha256().unwrap();
+    let name = cp.file_name().unwrap().to_str().unwrap();
+    let error = ft
+        .restore_checkpoint(&mut big, name)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("v4-8") && error.contains("v5e-256"),
+        "{error}"
+    );
+    assert_eq!(big.topology().name, "v5e-256");
+    assert_eq!(big.world_sha256().unwrap(), before);
+    // The snapshot's own topology is compared, not only the manifest's name.
+    let registry = big.world().resource::<SnapshotRegistry>();
+    let (_, snapshot) = verify_checkpoint(&cp, registry).unwrap();
+    let error = big.restore_snapshot(&snapshot).unwrap_err().to_string();
+    assert!(
+        error.contains("v4-8 (v4 2x2x2)") && error.contains("v5e-256 (v5e 16x16)"),
+        "{error}"
+    );
+    assert_eq!(big.world_sha256().unwrap(), before);
+}
+
+fn adam_on_v4_8(hbm: u64) -> optirs_tpu::TPUOptimizer<optirs_tpu::optimizers::Adam<f32>, f32> {
+    use optirs_tpu::{TPUConfig, TPUOptimizer, TPUVersion};
+    let config = TPUConfig {
+        tpu_version: TPUVersion::V4,
+        num_cores: 2,
+        hbm_bytes: Some(hbm),
+        ..Default::default()
+    };
+    let pod = Pod::from_preset("v4-8").unwrap();
+    TPUOptimizer::on_pod(optirs_tpu::optimizers::Adam::new(0.01f32), config, pod).unwrap()
+}
+
+#[test]
+fn a_restore_that_fails_leaves_the_live_world_unchanged() {
+    use ndarray::Array1;
+    use optirs_tpu::topology::HbmCapacity;
+    let dir = tempfile::tempdir().unwrap();
+    let mut opt = adam_on_v4_8(1 << 20);
+    let p = Array1::from_elem(4096, 0.5f32);
+    opt.tpu_step(&p, &p).unwrap();
+    let pod = opt.pod_mut().unwrap();
+    // The state (two f32[4096] moments) no longer fits device 0's HBM as
+    // the checkpoint records it.
+    let device = pod.device_entity(0).unwrap();
+    pod.world_mut().entity_mut(device).insert(HbmCapacity(1024));
+    let ft = manager(vec![dir.path().into()], 5);
+    let info = ft.create_checkpoint(pod).unwrap();
+    pod.world_mut()
+        .entity_mut(device)
+        .insert(HbmCapacity(1 << 20));
+    pod.run(3);
+    let before = pod.world_sha256().unwrap();
+    let error = ft
+        .restore_checkpoint(pod, &info.name)
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("out of HBM"), "{error}");
+    assert_eq!(pod.world_sha256().unwrap(), before);
+    // And the optimizer still works on the unchanged world.
+    opt.tpu_step(&p, &p).unwrap();
+}

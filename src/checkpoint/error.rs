@@ -91,6 +91,19 @@ pub enum CheckpointError {
          bidirectional characters)"
     )]
     BadName(String),
+    /// The checkpoint is of another pod than the one it would restore into.
+    #[error(
+        "{path}: the checkpoint is of pod `{checkpoint}`, but this pod is `{live}` (a checkpoint \
+         restores only into a pod of its own topology)"
+    )]
+    OtherPod {
+        /// The checkpoint directory.
+        path: PathBuf,
+        /// The manifest's pod.
+        checkpoint: String,
+        /// The live pod's name.
+        live: String,
+    },
     /// No checkpoint in any root verifies.
     #[error("no checkpoint verifies: {0}")]
     NoValidCheckpoint(String),

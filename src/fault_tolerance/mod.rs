@@ -312,6 +312,15 @@ impl FaultToleranceManager {
 fn restore_dir(pod: &mut Pod, dir: &Path) -> Result<u64> {
     let registry = pod.world().resource::<SnapshotRegistry>();
     let (manifest, snapshot) = verify_checkpoint(dir, registry)?;
+    if manifest.pod != pod.topology().name {
+        return Err(CheckpointError::OtherPod {
+            path: dir.to_path_buf(),
+            checkpoint: manifest.pod,
+            live: pod.topology().name.clone(),
+        }
+        .into());
+    }
+    // The snapshot's own topology is compared too, before anything changes.
     pod.restore_snapshot(&snapshot)?;
     Ok(manifest.tick)
 }

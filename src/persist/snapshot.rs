@@ -501,6 +501,30 @@ impl SnapshotRegistry {
         )
     }
 
+    /// Decodes one component column of a snapshot in its stored form, with
+    /// every dense id checked, without restoring anything: what a restore
+    /// needs to check before the world is touched.
+    pub fn decode_component<T: Component + Persist>(
+        &self,
+        snapshot: &WorldSnapshot,
+        name: &str,
+    ) -> Result<Vec<(u32, T::Stored)>, SnapshotError> {
+        let column = snapshot
+            .components
+            .iter()
+            .find(|c| c.name == name)
+            .ok_or_else(|| SnapshotError::ColumnMismatch {
+                problem: "lacks the",
+                column: name.to_string(),
+            })?;
+        let rows: Vec<(u32, T::Stored)> = decode(&column.name, &column.bytes)?;
+        let checking = LoadContext::checking(snapshot.entity_count, &snapshot.tensors);
+        for (dense, _) in &rows {
+            checking.entity(*dense, "a row")?;
+        }
+        Ok(rows)
+    }
+
     /// Replaces the engine's entities and resources in `world` with the
     /// snapshot's. Everything is decoded and checked first: on `Err` the
     /// world is untouched.
