@@ -327,3 +327,35 @@ fn a_restore_that_fails_leaves_the_live_world_unchanged() {
     // And the optimizer still works on the unchanged world.
     opt.tpu_step(&p, &p).unwrap();
 }
+#[test]
+fn restoring_through_the_manager_or_the_optimizer_leaves_the_same_working_state() {
+    use ndarray::Array1;
+    let dir = tempfile::tempdir().unwrap();
+    let ft = manager(vec![dir.path().into()], 5);
+    let p = Array1::from_iter((0..2048).map(|i| (i as f32 * 0.1).sin()));
+    let g = Array1::from_iter((0..2048).map(|i| (i as f32 * 0.3).cos()));
+    let (mut a, mut b) = (adam_on_v4_8(1 << 20), adam_on_v4_8(1 << 20));
+    for opt in [&mut a, &mut b] {
+        opt.tpu_step(&p, &g).unwrap();
+        opt.pod_mut().unwrap().run(5);
+    }
+    let info = ft.create_checkpoint(a.pod_mut().unwrap()).unwrap();
+    let snapshot = b.snapshot().unwrap();
+    for opt in [&mut a, &mut b] {
+        opt.tpu_step(&p, &g).unwrap();
+        opt.pod_mut().unwrap().run(5);
+    }
+    ft.restore_checkpoint(a.pod_mut().unwrap(), &info.name)
+        .unwrap();
+    b.restore(&snapshot).unwrap();
+    assert_eq!(a.hbm_usage(0), b.hbm_usage(0));
+    assert!(a.hbm_usage(0) > 0);
+    assert_eq!(a.step_count(), 1);
+    let (next_a, next_b) = (a.tpu_step(&p, &g).unwrap(), b.tpu_step(&p, &g).unwrap());
+    assert_eq!(next_a, next_b);
+    assert_eq!(a.hbm_usage(0), b.hbm_usage(0));
+    assert_eq!(
+        a.pod_mut().unwrap().world_sha256().unwrap(),
+        b.pod_mut().unwrap().world_sha256().unwrap()
+    );
+}
