@@ -359,3 +359,76 @@ fn restoring_through_the_manager_or_the_optimizer_leaves_the_same_working_state(
         b.pod_mut().unwrap().world_sha256().unwrap()
     );
 }
+
+/// A snapshot of a v4-8 that ran long enough to hold monitor history, with
+/// one resource column replaced by `forge` applied to its decoded value.
+fn forged_resource<T, F>(name: &str, forge: F) -> (Pod, optirs_tpu::persist::WorldSnapshot)
+where
+    T: serde::Serialize + serde::de::DeserializeOwned,
+    F: FnOnce(&mut T),
+{
+    let mut pod = Pod::from_preset("v4-8").unwrap();
+    pod.run(300);
+    let mut snapshot = pod.snapshot().unwrap();
+    let column = snapshot
+        .resources
+        .iter_mut()
+        .find(|c| c.name == name)
+        .unwrap();
+    let mut value: T = postcard::from_bytes(&column.bytes).unwrap();
+    forge(&mut value);
+    column.bytes = postcard::to_stdvec(&value).unwrap();
+    (pod, snapshot)
+}
+
+/// [`optirs_tpu::monitor::DeviceHistory`] field for field.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct HistoryFields {
+    devices: usize,
+    capacity: usize,
+    head: usize,
+    len: usize,
+    samples: Vec<optirs_tpu::monitor::DeviceSample>,
+}
+
+#[test]
+fn forged_worlds_are_refused_before_the_world_is_touched() {
+    // A topology dimension of 0: refused, naming the column, instead of a
+    // division by zero while the pod is built.
+    let (mut pod, snapshot) =
+        forged_resource::<optirs_tpu::topology::Topology, _>("topology.PodTopology", |t| {
+            t.dims[0] = 0
+        });
+    let error = Pod::from_snapshot(&snapshot).unwrap_err().to_string();
+    assert!(
+        error.contains("topology.PodTopology") && error.contains("dims[0]"),
+        "{error}"
+    );
+    let before = pod.world_sha256().unwrap();
+    assert!(pod.restore_snapshot(&snapshot).is_err());
+    assert_eq!(pod.world_sha256().unwrap(), before);
+
+    // A monitor history whose length exceeds its samples.
+    let (mut pod, snapshot) = forged_resource::<HistoryFields, _>("monitor.DeviceHistory", |h| {
+        assert!(h.len > 0, "the run holds samples");
+        h.len = h.capacity;
+        h.head = h.capacity - 1;
+    });
+    let before = pod.world_sha256().unwrap();
+    let error = pod.restore_snapshot(&snapshot).unwrap_err().to_string();
+    assert!(error.contains("monitor.DeviceHistory"), "{error}");
+    assert_eq!(pod.world_sha256().unwrap(), before);
+    pod.run(1);
+
+    // An entity count of 2^32 - 1: refused without allocating for it.
+    let mut snapshot = pod.snapshot().unwrap();
+    snapshot.entity_count = u32::MAX;
+    let error = pod.restore_snapshot(&snapshot).unwrap_err().to_string();
+    assert!(error.contains("entity count"), "{error}");
+    assert!(Pod::from_snapshot(&snapshot).is_err());
+    // One more entity than the columns have rows for.
+    let mut snapshot = pod.snapshot().unwrap();
+    snapshot.entity_count += 1;
+    let error = pod.restore_snapshot(&snapshot).unwrap_err().to_string();
+    assert!(error.contains("has no component"), "{error}");
+}
