@@ -98,7 +98,6 @@ persist_as_self!(
     ClockSync,
     SimClock,
     SimRng,
-    PodTopology,
     HeartbeatConfig,
     FailureEpoch,
     FailureLog,
@@ -111,7 +110,55 @@ persist_as_self!(
     MonitorConfig,
     MonitorState,
     HealthThresholds,
-    DeviceHistory,
+);
+
+/// A type stored as itself whose invariants are checked before a restore:
+/// the digest of a forged file matches, so decoding must validate what the
+/// loaders validate for files people write.
+macro_rules! persist_as_self_checked {
+    ($($ty:ty => $name:literal),* $(,)?) => {$(
+        impl Persist for $ty {
+            type Stored = $ty;
+            fn store(&self, _: &StoreContext) -> Result<$ty, SnapshotError> {
+                Ok(self.clone())
+            }
+            fn load(stored: $ty, ctx: &LoadContext) -> Result<$ty, SnapshotError> {
+                Self::check(&stored, ctx)?;
+                Ok(stored)
+            }
+            fn check(stored: &$ty, _: &LoadContext) -> Result<(), SnapshotError> {
+                invariants(stored).map_err(|reason| SnapshotError::Corrupt {
+                    column: $name.to_string(),
+                    reason,
+                })
+            }
+        }
+    )*};
+}
+
+trait Invariants {
+    fn invariants(&self) -> Result<(), String>;
+}
+
+fn invariants<T: Invariants>(value: &T) -> Result<(), String> {
+    value.invariants()
+}
+
+impl Invariants for PodTopology {
+    fn invariants(&self) -> Result<(), String> {
+        self.0.check_invariants()
+    }
+}
+
+impl Invariants for DeviceHistory {
+    fn invariants(&self) -> Result<(), String> {
+        self.check_invariants()
+    }
+}
+
+persist_as_self_checked!(
+    PodTopology => "topology.PodTopology",
+    DeviceHistory => "monitor.DeviceHistory",
 );
 
 /// [`Link`] with its ends as dense ids.

@@ -9,14 +9,47 @@ use crate::persist::SnapshotError;
 #[derive(Debug, Error)]
 #[non_exhaustive]
 pub enum CheckpointError {
-    /// Reading or writing a file failed.
-    #[error("{path}: {source}")]
+    /// Reading or writing a file failed. The message includes the I/O
+    /// error's, so the I/O error is a field, not a `source()` (a chain
+    /// printed in full would say it twice).
+    #[error("{path}: {error}")]
     Io {
         /// The file.
         path: PathBuf,
         /// Why.
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
+    },
+    /// A checkpoint of this name exists already: checkpoints are never
+    /// overwritten.
+    #[error("{path}: a checkpoint with this name exists")]
+    Exists {
+        /// The checkpoint directory.
+        path: PathBuf,
+    },
+    /// The checkpoint directory does not exist.
+    #[error("{path}: no such checkpoint directory")]
+    NoDirectory {
+        /// The directory asked for.
+        path: PathBuf,
+    },
+    /// Something in a checkpoint is not what a checkpoint holds: the
+    /// directory is not a directory, or a file is a symbolic link, a named
+    /// pipe, a device or a directory. Nothing that is not a regular file is
+    /// opened.
+    #[error("{path}: is {found}, not {expected}")]
+    NotRegular {
+        /// The entry.
+        path: PathBuf,
+        /// What it is (`a symbolic link`, `a named pipe`, ...).
+        found: &'static str,
+        /// What it should be (`a regular file`, `a directory`).
+        expected: &'static str,
+    },
+    /// The checkpoint directory holds an entry its manifest does not list.
+    #[error("{path}: not listed in the manifest (a checkpoint holds exactly its manifest's files)")]
+    Unlisted {
+        /// The entry.
+        path: PathBuf,
     },
     /// The manifest is missing, unparsable or inconsistent.
     #[error("{path}: bad manifest: {reason}")]
@@ -53,18 +86,35 @@ pub enum CheckpointError {
         path: PathBuf,
     },
     /// The checkpoint name would leave the storage root.
-    #[error("checkpoint name `{0}` is not a plain name (no `/`, `\\`, `..` or leading `.`)")]
+    #[error(
+        "checkpoint name {0:?} is not a plain name (no `/`, `\\`, `..`, leading `.`, control or \
+         bidirectional characters)"
+    )]
     BadName(String),
+    /// The checkpoint is of another pod than the one it would restore into.
+    #[error(
+        "{path}: the checkpoint is of pod `{checkpoint}`, but this pod is `{live}` (a checkpoint \
+         restores only into a pod of its own topology)"
+    )]
+    OtherPod {
+        /// The checkpoint directory.
+        path: PathBuf,
+        /// The manifest's pod.
+        checkpoint: String,
+        /// The live pod's name.
+        live: String,
+    },
     /// No checkpoint in any root verifies.
     #[error("no checkpoint verifies: {0}")]
     NoValidCheckpoint(String),
-    /// The snapshot inside is invalid.
-    #[error("{path}: {source}")]
+    /// The snapshot inside is invalid (the message includes the
+    /// snapshot error's, which is a field for the same reason as in
+    /// [`CheckpointError::Io`]).
+    #[error("{path}: {error}")]
     Snapshot {
         /// The world file.
         path: PathBuf,
         /// Why.
-        #[source]
-        source: SnapshotError,
+        error: SnapshotError,
     },
 }

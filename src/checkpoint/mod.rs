@@ -21,7 +21,7 @@ pub use crate::persist::{
 pub use engine::{NOT_PERSISTED, engine_registry};
 pub use error::CheckpointError;
 pub use periodic::{PeriodicCheckpoints, write_periodic_checkpoint};
-pub use retention::{checkpoint_name, enforce_retention};
+pub use retention::{RetentionReport, checkpoint_name, enforce_retention};
 pub use store::{
     CheckpointListing, FileEntry, MANIFEST, Manifest, WORLD_FILE, WritePoint, check_name,
     list_checkpoints, parse_manifest, remove_stale_temporaries, render_manifest, verify_checkpoint,

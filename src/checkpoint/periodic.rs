@@ -23,6 +23,9 @@ pub struct PeriodicCheckpoints {
     pub written: u64,
     /// The last write error, if the last attempt failed.
     pub last_error: Option<String>,
+    /// What retention could not do after the last write (the checkpoint
+    /// itself was written): each problem names the path.
+    pub retention_problems: Vec<String>,
 }
 
 /// Writes a checkpoint when one is due. Errors are recorded in
@@ -37,20 +40,21 @@ pub fn write_periodic_checkpoint(world: &mut World) {
     }
     let (roots, keep) = (config.roots.clone(), config.max_checkpoints.max(1));
     let pod = world.resource::<PodTopology>().0.name.clone();
+    let name = checkpoint_name(tick);
+    let mut retention_problems = Vec::new();
     let result = world
         .resource_scope(|world, registry: Mut<SnapshotRegistry>| registry.capture(world, tick))
         .map_err(|e| e.to_string())
         .and_then(|snapshot| {
             for root in &roots {
-                write_checkpoint(root, &checkpoint_name(tick), &pod, &snapshot, &mut |_| {
-                    Ok(())
-                })
-                .map_err(|e| e.to_string())?;
-                enforce_retention(root, keep).map_err(|e| e.to_string())?;
+                write_checkpoint(root, &name, &pod, &snapshot, &mut |_| Ok(()))
+                    .map_err(|e| e.to_string())?;
+                retention_problems.extend(enforce_retention(root, keep, &name).problems);
             }
             Ok(())
         });
     let mut config = world.resource_mut::<PeriodicCheckpoints>();
+    config.retention_problems = retention_problems;
     match result {
         Ok(()) => {
             config.written += 1;

@@ -1,6 +1,13 @@
 //! Reading the files a manifest lists: the length is checked before
 //! reading, the SHA-256 while reading, and nothing read is handed out
 //! before the whole file matches its digest.
+//!
+//! Only regular files are opened: a symbolic link, a named pipe (which
+//! would block the reader forever), a device or a directory in place of a
+//! checkpoint file is refused by its metadata before it is opened, and the
+//! open itself does not follow links and does not block (on Linux,
+//! `O_NOFOLLOW | O_NONBLOCK`), so an entry swapped in between the check and
+//! the open is refused too.
 
 use super::error::CheckpointError;
 use super::hashed_io::read_hashed;
@@ -11,33 +18,118 @@ use crate::persist::StoredTensor;
 use crate::persist::hex;
 use sha2::digest::Output;
 use sha2::{Digest, Sha256};
-use std::fs::{self, File};
+use std::fs::{self, File, FileType};
 use std::io::{self, Read};
 use std::path::Path;
 use std::sync::Arc;
 
+/// A manifest is a few hundred bytes; one larger than this is not read.
+pub(super) const MAX_MANIFEST_BYTES: u64 = 1 << 20;
+
 fn not_found_or_io(path: &Path) -> impl FnOnce(io::Error) -> CheckpointError + '_ {
-    move |source| {
-        if source.kind() == io::ErrorKind::NotFound {
+    move |error| {
+        if error.kind() == io::ErrorKind::NotFound {
             CheckpointError::Missing {
                 path: path.to_path_buf(),
             }
         } else {
             CheckpointError::Io {
                 path: path.to_path_buf(),
-                source,
+                error,
             }
         }
     }
 }
 
+/// What a file system entry is, in words, for errors.
+pub(super) fn kind_of(file_type: &FileType) -> &'static str {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if file_type.is_fifo() {
+            return "a named pipe";
+        }
+        if file_type.is_socket() {
+            return "a socket";
+        }
+        if file_type.is_block_device() || file_type.is_char_device() {
+            return "a device";
+        }
+    }
+    if file_type.is_symlink() {
+        "a symbolic link"
+    } else if file_type.is_dir() {
+        "a directory"
+    } else if file_type.is_file() {
+        "a regular file"
+    } else {
+        "not a regular file"
+    }
+}
+
+/// Refuses anything but a regular file.
+pub(super) fn check_regular(path: &Path, file_type: &FileType) -> Result<(), CheckpointError> {
+    if file_type.is_file() {
+        Ok(())
+    } else {
+        Err(CheckpointError::NotRegular {
+            path: path.to_path_buf(),
+            found: kind_of(file_type),
+            expected: "a regular file",
+        })
+    }
+}
+
+/// Opens `path` for reading if, and only if, it is a regular file: its
+/// metadata is checked without following a link, the open neither follows
+/// a link nor blocks, and the opened file is checked again.
+pub(super) fn open_regular(path: &Path) -> Result<File, CheckpointError> {
+    let metadata = fs::symlink_metadata(path).map_err(not_found_or_io(path))?;
+    check_regular(path, &metadata.file_type())?;
+    let mut options = fs::OpenOptions::new();
+    options.read(true);
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK);
+    }
+    let file = options.open(path).map_err(|error| {
+        // ELOOP: the entry became a link after the check.
+        #[cfg(target_os = "linux")]
+        if error.raw_os_error() == Some(libc::ELOOP) {
+            return CheckpointError::NotRegular {
+                path: path.to_path_buf(),
+                found: "a symbolic link",
+                expected: "a regular file",
+            };
+        }
+        not_found_or_io(path)(error)
+    })?;
+    check_regular(path, &file.metadata().map_err(io_error(path))?.file_type())?;
+    Ok(file)
+}
+
+/// Reads a small file (the manifest) whole: a regular file of at most
+/// [`MAX_MANIFEST_BYTES`].
 pub(super) fn read(path: &Path) -> Result<Vec<u8>, CheckpointError> {
-    fs::read(path).map_err(not_found_or_io(path))
+    let file = open_regular(path)?;
+    let len = file.metadata().map_err(io_error(path))?.len();
+    if len > MAX_MANIFEST_BYTES {
+        return Err(CheckpointError::Manifest {
+            path: path.to_path_buf(),
+            reason: format!("{len} bytes, more than a manifest holds ({MAX_MANIFEST_BYTES})"),
+        });
+    }
+    let mut bytes = Vec::with_capacity(len as usize);
+    file.take(MAX_MANIFEST_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(io_error(path))?;
+    Ok(bytes)
 }
 
 /// Opens a file the manifest lists and checks its length before reading.
 fn open_listed(path: &Path, entry: &FileEntry) -> Result<(File, usize), CheckpointError> {
-    let file = File::open(path).map_err(not_found_or_io(path))?;
+    let file = open_regular(path)?;
     let on_disk = file.metadata().map_err(io_error(path))?.len();
     let len = usize::try_from(entry.bytes)
         .ok()
@@ -112,9 +204,9 @@ pub(super) fn read_tensor_file(
     path: &Path,
     entry: &FileEntry,
 ) -> Result<Vec<StoredTensor>, CheckpointError> {
-    let snapshot_error = |source| CheckpointError::Snapshot {
+    let snapshot_error = |error| CheckpointError::Snapshot {
         path: path.to_path_buf(),
-        source,
+        error,
     };
     let (mut file, len) = open_listed(path, entry)?;
     let prefix = read_tensor_header(&mut file, len).map_err(io_error(path))?;

@@ -21,10 +21,13 @@
 //! or a complete one; stale temporary directories are never listed and are
 //! removed by the next save.
 //!
-//! **Verifying** checks the manifest's own digest, its format version, then
-//! every listed file's presence, length and SHA-256, then decodes the world
-//! and checks every column. Only a checkpoint that passes all of it is
-//! restored.
+//! **Verifying** checks that the checkpoint is a directory holding exactly
+//! its manifest and the files the manifest lists, every one a regular file
+//! (an extra file, a subdirectory, a symbolic link or a named pipe is
+//! refused, named, and never opened), then the manifest's own digest, its
+//! format version, then every listed file's length and SHA-256, then
+//! decodes the world and checks every column. Only a checkpoint that
+//! passes all of it is restored.
 //!
 //! **Bulk bytes are touched as few times as possible** (see `hashed_io`):
 //! a large file is hashed on a second thread while it is written, and read
@@ -34,7 +37,7 @@
 
 use super::error::CheckpointError;
 use super::hashed_io::write_hashed;
-use super::read::{read, read_tensor_file, read_verified};
+use super::read::{kind_of, read, read_tensor_file, read_verified};
 use super::tensor_file::{self, TENSOR_FILE};
 use crate::persist::{FORMAT_VERSION, SnapshotRegistry, WorldSnapshot, hex};
 use serde::{Deserialize, Serialize};
@@ -97,17 +100,30 @@ pub enum WritePoint {
 }
 
 pub(super) fn io_error(path: &Path) -> impl FnOnce(io::Error) -> CheckpointError + '_ {
-    move |source| CheckpointError::Io {
+    move |error| CheckpointError::Io {
         path: path.to_path_buf(),
-        source,
+        error,
     }
 }
 
-/// Checks that `name` is one path component that cannot leave the root.
+/// Characters that reorder how text is displayed (bidirectional
+/// embeddings, overrides, isolates and marks): a name holding one can read
+/// as another name.
+const BIDI_CONTROLS: &[char] = &[
+    '\u{061C}', '\u{200E}', '\u{200F}', '\u{202A}', '\u{202B}', '\u{202C}', '\u{202D}', '\u{202E}',
+    '\u{2066}', '\u{2067}', '\u{2068}', '\u{2069}',
+];
+
+/// Checks that `name` is a name the manager would write: one path
+/// component that cannot leave the root, without control characters
+/// (newlines included) or bidirectional controls.
 pub fn check_name(name: &str) -> Result<(), CheckpointError> {
     let plain = !name.is_empty()
         && !name.starts_with('.')
         && !name.contains(['/', '\\', '\0'])
+        && !name
+            .chars()
+            .any(|c| c.is_control() || BIDI_CONTROLS.contains(&c))
         && name != ".."
         && Path::new(name).components().count() == 1;
     if plain {
@@ -156,9 +172,15 @@ pub fn parse_manifest(path: &Path, text: &[u8]) -> Result<Manifest, CheckpointEr
             manifest.format_version
         )));
     }
-    for file in &manifest.files {
+    for (i, file) in manifest.files.iter().enumerate() {
         check_name(&file.name)
             .map_err(|_| bad(format!("file name `{}` is not plain", file.name)))?;
+        if file.name == MANIFEST {
+            return Err(bad(format!("it lists itself (`{MANIFEST}`)")));
+        }
+        if manifest.files[..i].iter().any(|f| f.name == file.name) {
+            return Err(bad(format!("it lists `{}` twice", file.name)));
+        }
     }
     for required in [WORLD_FILE, TENSOR_FILE] {
         if !manifest.files.iter().any(|f| f.name == required) {
@@ -244,14 +266,8 @@ pub fn write_checkpoint(
     check_name(name)?;
     fs::create_dir_all(root).map_err(io_error(root))?;
     let target = root.join(name);
-    if target.exists() {
-        return Err(CheckpointError::Io {
-            path: target,
-            source: io::Error::new(
-                io::ErrorKind::AlreadyExists,
-                "a checkpoint with this name exists",
-            ),
-        });
+    if fs::symlink_metadata(&target).is_ok() {
+        return Err(CheckpointError::Exists { path: target });
     }
     remove_stale_temporaries(root);
     hook(&WritePoint::CreateTemp).map_err(io_error(root))?;
@@ -261,10 +277,10 @@ pub fn write_checkpoint(
         .map_err(io_error(root))?;
     let dir = temp.path();
     let (world_out, world) = write_file(dir, WORLD_FILE, &[&snapshot.to_bytes()], hook)?;
-    let (header, order) = tensor_file::encode_header(&snapshot.tensors).map_err(|source| {
+    let (header, order) = tensor_file::encode_header(&snapshot.tensors).map_err(|error| {
         CheckpointError::Snapshot {
             path: temp.path().join(TENSOR_FILE),
-            source,
+            error,
         }
     })?;
     let mut parts: Vec<&[u8]> = Vec::with_capacity(order.len() + 1);
@@ -292,11 +308,11 @@ pub fn write_checkpoint(
     sync_dir(temp.path()).map_err(io_error(temp.path()))?;
     hook(&WritePoint::Rename).map_err(io_error(&target))?;
     let temp_path = temp.keep();
-    if let Err(source) = fs::rename(&temp_path, &target) {
+    if let Err(error) = fs::rename(&temp_path, &target) {
         let _ = fs::remove_dir_all(&temp_path);
         return Err(CheckpointError::Io {
             path: target,
-            source,
+            error,
         });
     }
     hook(&WritePoint::SyncRoot).map_err(io_error(root))?;
@@ -304,14 +320,62 @@ pub fn write_checkpoint(
     Ok(manifest)
 }
 
+/// Checks that `dir` is a directory (not a link to one).
+fn check_directory(dir: &Path) -> Result<(), CheckpointError> {
+    match fs::symlink_metadata(dir) {
+        Ok(metadata) if metadata.is_dir() => Ok(()),
+        Ok(metadata) => Err(CheckpointError::NotRegular {
+            path: dir.to_path_buf(),
+            found: kind_of(&metadata.file_type()),
+            expected: "a checkpoint directory",
+        }),
+        Err(error) if error.kind() == io::ErrorKind::NotFound => {
+            Err(CheckpointError::NoDirectory {
+                path: dir.to_path_buf(),
+            })
+        }
+        Err(error) => Err(io_error(dir)(error)),
+    }
+}
+
+/// Checks that `dir` holds exactly the manifest and the files it lists,
+/// each a regular file (by its own metadata: a link is not followed).
+/// Listed files that are missing are reported when they are read.
+fn check_contents(dir: &Path, manifest: &Manifest) -> Result<(), CheckpointError> {
+    let mut entries = Vec::new();
+    for entry in fs::read_dir(dir).map_err(io_error(dir))? {
+        let entry = entry.map_err(io_error(dir))?;
+        entries.push((entry.file_name(), entry.file_type().map_err(io_error(dir))?));
+    }
+    // In name order, so the entry reported is the same on every run.
+    entries.sort_by(|a, b| a.0.cmp(&b.0));
+    for (name, file_type) in entries {
+        let path = dir.join(&name);
+        let listed = name
+            .to_str()
+            .is_some_and(|name| name == MANIFEST || manifest.files.iter().any(|f| f.name == name));
+        if !listed {
+            return Err(CheckpointError::Unlisted { path });
+        }
+        super::read::check_regular(&path, &file_type)?;
+    }
+    Ok(())
+}
+
 /// Checks every byte of the checkpoint in `dir` and decodes its world.
 /// Nothing is restored; the caller decides what to do with the snapshot.
+///
+/// A checkpoint is exactly its manifest's files, regular files, inside its
+/// directory: anything else in the directory, and any entry that is not a
+/// regular file, is an error naming it.
 pub fn verify_checkpoint(
     dir: &Path,
     registry: &SnapshotRegistry,
 ) -> Result<(Manifest, WorldSnapshot), CheckpointError> {
+    check_directory(dir)?;
     let manifest_path = dir.join(MANIFEST);
     let manifest = parse_manifest(&manifest_path, &read(&manifest_path)?)?;
+    check_contents(dir, &manifest)?;
     let mut world_bytes = None;
     let mut tensors = None;
     for entry in &manifest.files {
@@ -324,9 +388,9 @@ pub fn verify_checkpoint(
     }
     let tensors = tensors.expect("parse_manifest requires the tensor file");
     let world_path = dir.join(WORLD_FILE);
-    let snapshot_error = |source| CheckpointError::Snapshot {
+    let snapshot_error = |error| CheckpointError::Snapshot {
         path: world_path.clone(),
-        source,
+        error,
     };
     let bytes = world_bytes.expect("parse_manifest requires the world file");
     let snapshot = WorldSnapshot::from_parts(&bytes, tensors).map_err(snapshot_error)?;
@@ -366,14 +430,17 @@ pub fn list_checkpoints(
     for entry in fs::read_dir(root).map_err(io_error(root))? {
         let entry = entry.map_err(io_error(root))?;
         let name = entry.file_name().to_string_lossy().into_owned();
-        if name.starts_with('.') || !entry.path().is_dir() {
+        // A link is listed (and refused by verification), never followed.
+        let file_type = entry.file_type().map_err(io_error(root))?;
+        if name.starts_with('.') || !(file_type.is_dir() || file_type.is_symlink()) {
             continue;
         }
         let (tick, problem) = match verify_checkpoint(&entry.path(), registry) {
             Ok((manifest, _)) => (Some(manifest.tick), None),
             Err(error) => {
-                let tick = read(&entry.path().join(MANIFEST))
-                    .ok()
+                let tick = (file_type.is_dir())
+                    .then(|| read(&entry.path().join(MANIFEST)).ok())
+                    .flatten()
                     .and_then(|text| parse_manifest(&entry.path(), &text).ok())
                     .map(|m| m.tick);
                 (tick, Some(error.to_string()))

@@ -52,7 +52,10 @@ pub struct FaultToleranceConfig {
     /// Directories to write every checkpoint to (replication); restore reads
     /// them in order and takes the first copy that verifies.
     pub storage_roots: Vec<PathBuf>,
-    /// Checkpoints kept per root; the oldest are removed first. At least 1.
+    /// Checkpoints kept per root, counting the one just written; the
+    /// oldest (by the tick their manifest records) are removed first. Only
+    /// checkpoints the manager or periodic saves wrote are counted or
+    /// removed (see [`enforce_retention`]). At least 1.
     pub max_checkpoints: usize,
     /// What [`FaultToleranceManager::recover`] does.
     pub recovery: RecoveryPolicy,
@@ -77,6 +80,23 @@ pub struct CheckpointInfo {
     pub tick: u64,
     /// Where it was written or read.
     pub paths: Vec<PathBuf>,
+    /// Older checkpoints retention removed after the write.
+    pub removed: Vec<PathBuf>,
+    /// What retention could not do after the write (the checkpoint itself
+    /// was written): each problem names the path and why.
+    pub retention_problems: Vec<String>,
+}
+
+impl CheckpointInfo {
+    fn read_from(name: &str, tick: u64, path: PathBuf) -> CheckpointInfo {
+        CheckpointInfo {
+            name: name.to_string(),
+            tick,
+            paths: vec![path],
+            removed: Vec::new(),
+            retention_problems: Vec::new(),
+        }
+    }
 }
 
 /// What [`FaultToleranceManager::recover`] did.
@@ -125,17 +145,21 @@ impl FaultToleranceManager {
         let snapshot = pod.snapshot()?;
         let name = checkpoint_name(snapshot.tick);
         let pod_name = pod.topology().name.clone();
-        let mut paths = Vec::new();
+        let mut info = CheckpointInfo {
+            name: name.clone(),
+            tick: snapshot.tick,
+            paths: Vec::new(),
+            removed: Vec::new(),
+            retention_problems: Vec::new(),
+        };
         for root in &self.config.storage_roots {
             write_checkpoint(root, &name, &pod_name, &snapshot, &mut |_| Ok(()))?;
-            enforce_retention(root, self.config.max_checkpoints)?;
-            paths.push(root.join(&name));
+            info.paths.push(root.join(&name));
+            let retention = enforce_retention(root, self.config.max_checkpoints, &name);
+            info.removed.extend(retention.removed);
+            info.retention_problems.extend(retention.problems);
         }
-        Ok(CheckpointInfo {
-            name,
-            tick: snapshot.tick,
-            paths,
-        })
+        Ok(info)
     }
 
     /// Restores checkpoint `name` from the first root whose copy verifies.
@@ -145,13 +169,7 @@ impl FaultToleranceManager {
         for root in &self.config.storage_roots {
             let dir = root.join(name);
             match restore_dir(pod, &dir) {
-                Ok(tick) => {
-                    return Ok(CheckpointInfo {
-                        name: name.to_string(),
-                        tick,
-                        paths: vec![dir],
-                    });
-                }
+                Ok(tick) => return Ok(CheckpointInfo::read_from(name, tick, dir)),
                 Err(error) => problems.push(error.to_string()),
             }
         }
@@ -186,13 +204,7 @@ impl FaultToleranceManager {
         candidates.sort_by_key(|c| std::cmp::Reverse(c.0));
         for (tick, name, path) in candidates {
             match restore_dir(pod, &path) {
-                Ok(_) => {
-                    return Ok(CheckpointInfo {
-                        name,
-                        tick,
-                        paths: vec![path],
-                    });
-                }
+                Ok(_) => return Ok(CheckpointInfo::read_from(&name, tick, path)),
                 Err(error) => problems.push(error.to_string()),
             }
         }
@@ -206,7 +218,10 @@ impl FaultToleranceManager {
 
     /// Copies checkpoint `name` (from the first root whose copy verifies)
     /// into `root`, verified and committed atomically like any checkpoint.
+    /// The name is checked before any path is read: only a plain name the
+    /// manager would write is accepted.
     pub fn replicate(&self, pod: &Pod, name: &str, root: &Path) -> Result<PathBuf> {
+        crate::checkpoint::check_name(name)?;
         let registry = pod.world().resource::<SnapshotRegistry>();
         let mut problems = Vec::new();
         for source in &self.config.storage_roots {
@@ -297,6 +312,15 @@ impl FaultToleranceManager {
 fn restore_dir(pod: &mut Pod, dir: &Path) -> Result<u64> {
     let registry = pod.world().resource::<SnapshotRegistry>();
     let (manifest, snapshot) = verify_checkpoint(dir, registry)?;
+    if manifest.pod != pod.topology().name {
+        return Err(CheckpointError::OtherPod {
+            path: dir.to_path_buf(),
+            checkpoint: manifest.pod,
+            live: pod.topology().name.clone(),
+        }
+        .into());
+    }
+    // The snapshot's own topology is compared too, before anything changes.
     pod.restore_snapshot(&snapshot)?;
     Ok(manifest.tick)
 }

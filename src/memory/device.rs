@@ -234,6 +234,36 @@ pub fn rebuild_heaps(world: &mut World) -> Result<(), MemoryError> {
     Ok(())
 }
 
+/// Checks, without a world, that [`rebuild_heaps`] would succeed for a
+/// world whose state device is `device` (its name and [`HbmCapacity`]) and
+/// whose optimizer state is `slots` (index, bytes, name): the same
+/// reservations in the same order on a fresh heap. A restore runs this
+/// before it replaces the world, so state that no longer fits is refused
+/// with the world unchanged.
+pub fn check_rebuild(
+    device: Option<(String, u64)>,
+    slots: &mut [(u32, usize, String)],
+) -> Result<(), MemoryError> {
+    if slots.is_empty() {
+        return Ok(());
+    }
+    let (device, capacity) = device.ok_or(MemoryError::NoStateDevice)?;
+    slots.sort_by_key(|s| s.0);
+    let mut heap = Heap::new(usize::try_from(capacity).unwrap_or(usize::MAX), ALIGNMENT);
+    for (_, bytes, name) in slots.iter() {
+        if heap.alloc((*bytes).max(1)).is_err() {
+            return Err(MemoryError::OutOfDeviceMemory(OutOfDeviceMemory {
+                device,
+                purpose: format!("the optimizer state `{name}`"),
+                requested: *bytes as u64,
+                free: heap.free_bytes() as u64,
+                largest_free: heap.largest_free() as u64,
+            }));
+        }
+    }
+    Ok(())
+}
+
 /// Bytes of a slot's tensor.
 fn tensor_bytes(slot: &OptimizerSlot) -> usize {
     slot.tensor.len() * slot.tensor.dtype().byte_size()

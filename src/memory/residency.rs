@@ -42,6 +42,27 @@ pub struct StoredSlot {
     tensor: StoredTensorValue,
 }
 
+impl StoredSlot {
+    /// The slot's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The slot's position in the optimizer's slot order.
+    pub fn index(&self) -> u32 {
+        self.index
+    }
+
+    /// Bytes the slot's tensor occupies once restored (what its heap block
+    /// must hold), read from the stored form without building the tensor.
+    pub fn tensor_bytes(&self, ctx: &LoadContext) -> Result<usize, SnapshotError> {
+        match &self.tensor {
+            StoredTensorValue::Inline(t) => Ok(t.len() * t.dtype().byte_size()),
+            StoredTensorValue::External(r) => Ok(ctx.tensor(r, "OptimizerSlot")?.data.len()),
+        }
+    }
+}
+
 impl Persist for OptimizerSlot {
     type Stored = StoredSlot;
 

@@ -36,6 +36,36 @@ impl DeviceHistory {
         }
     }
 
+    /// Checks the ring's invariants, for a history that was not built by
+    /// [`DeviceHistory::new`] and [`DeviceHistory::push_slot`] (one decoded
+    /// from a snapshot): the problem, naming the field.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        if self.capacity == 0 {
+            return Err("capacity = 0".into());
+        }
+        if self.len > self.capacity {
+            return Err(format!(
+                "len = {} exceeds capacity = {}",
+                self.len, self.capacity
+            ));
+        }
+        if self.head >= self.capacity || (self.len < self.capacity && self.head != 0) {
+            return Err(format!(
+                "head = {} with len = {} and capacity = {}",
+                self.head, self.len, self.capacity
+            ));
+        }
+        if self.len.checked_mul(self.devices) != Some(self.samples.len()) {
+            return Err(format!(
+                "{} samples for {} slots of {} devices",
+                self.samples.len(),
+                self.len,
+                self.devices
+            ));
+        }
+        Ok(())
+    }
+
     /// Devices per slot.
     pub fn devices(&self) -> usize {
         self.devices

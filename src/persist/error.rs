@@ -61,6 +61,19 @@ pub enum SnapshotError {
         /// The tensor name.
         name: String,
     },
+    /// The snapshot is of another pod than the one it would be restored
+    /// into. Re-sharding state onto another topology is not supported; a
+    /// snapshot restores only into a pod of its own topology.
+    #[error(
+        "the snapshot holds pod {snapshot}, but this pod is {live}: a snapshot restores only into \
+         a pod of the same topology"
+    )]
+    OtherTopology {
+        /// The snapshot's pod (name, generation and shape).
+        snapshot: String,
+        /// The live pod's.
+        live: String,
+    },
     /// A tensor is malformed, misnamed or not referred to by any column.
     #[error("tensor `{name}`: {reason}")]
     Tensor {

@@ -153,6 +153,12 @@ trait ComponentColumn: Send + Sync {
 
 trait Staged {
     fn apply(self: Box<Self>, world: &mut World, ctx: &LoadContext) -> Result<(), SnapshotError>;
+    /// Rows of a component column (0 for a resource).
+    fn rows(&self) -> usize {
+        0
+    }
+    /// Marks the dense ids a component column has a row for.
+    fn mark(&self, _seen: &mut [bool]) {}
 }
 
 trait ResourceSlot: Send + Sync {
@@ -251,6 +257,18 @@ impl<T: Component + Persist> Staged for StagedComponent<T> {
         }
         world.insert_batch(batch);
         Ok(())
+    }
+
+    fn rows(&self) -> usize {
+        self.rows.len()
+    }
+
+    fn mark(&self, seen: &mut [bool]) {
+        for (dense, _) in &self.rows {
+            if let Some(seen) = seen.get_mut(*dense as usize) {
+                *seen = true;
+            }
+        }
     }
 }
 
@@ -443,6 +461,7 @@ impl SnapshotRegistry {
         for (codec, column) in self.components.iter().zip(&snapshot.components) {
             staged.push(codec.stage(&column.bytes, &checking)?);
         }
+        check_entity_count(snapshot.entity_count, &staged)?;
         for (slot, column) in self.resources.iter().zip(&snapshot.resources) {
             staged.push(slot.stage(&column.bytes, &checking)?);
         }
@@ -495,10 +514,33 @@ impl SnapshotRegistry {
                 column: name.to_string(),
             })?;
         let stored: R::Stored = decode(&column.name, &column.bytes)?;
-        R::load(
-            stored,
-            &LoadContext::checking(snapshot.entity_count, &snapshot.tensors),
-        )
+        let checking = LoadContext::checking(snapshot.entity_count, &snapshot.tensors);
+        R::check(&stored, &checking)?;
+        R::load(stored, &checking)
+    }
+
+    /// Decodes one component column of a snapshot in its stored form, with
+    /// every dense id checked, without restoring anything: what a restore
+    /// needs to check before the world is touched.
+    pub fn decode_component<T: Component + Persist>(
+        &self,
+        snapshot: &WorldSnapshot,
+        name: &str,
+    ) -> Result<Vec<(u32, T::Stored)>, SnapshotError> {
+        let column = snapshot
+            .components
+            .iter()
+            .find(|c| c.name == name)
+            .ok_or_else(|| SnapshotError::ColumnMismatch {
+                problem: "lacks the",
+                column: name.to_string(),
+            })?;
+        let rows: Vec<(u32, T::Stored)> = decode(&column.name, &column.bytes)?;
+        let checking = LoadContext::checking(snapshot.entity_count, &snapshot.tensors);
+        for (dense, _) in &rows {
+            checking.entity(*dense, "a row")?;
+        }
+        Ok(rows)
     }
 
     /// Replaces the engine's entities and resources in `world` with the
@@ -522,6 +564,33 @@ impl SnapshotRegistry {
             column.apply(world, &ctx)?;
         }
         Ok(())
+    }
+}
+
+/// Every engine entity has at least one component, so the entity count is
+/// at most the component rows and every dense id below it has a row: a
+/// forged count is refused before anything is allocated for it.
+fn check_entity_count(count: u32, staged: &[Box<dyn Staged>]) -> Result<(), SnapshotError> {
+    let corrupt = |reason: String| SnapshotError::Corrupt {
+        column: "<world>".into(),
+        reason,
+    };
+    let rows: usize = staged.iter().map(|s| s.rows()).sum();
+    if count as usize > rows {
+        return Err(corrupt(format!(
+            "the entity count is {count}, but the component columns hold {rows} rows (every \
+             entity has at least one)"
+        )));
+    }
+    let mut seen = vec![false; count as usize];
+    for column in staged {
+        column.mark(&mut seen);
+    }
+    match seen.iter().position(|s| !s) {
+        Some(dense) => Err(corrupt(format!(
+            "dense entity {dense} has no component (the entity count is {count})"
+        ))),
+        None => Ok(()),
     }
 }
 

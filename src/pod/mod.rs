@@ -37,6 +37,73 @@ use bevy_ecs::schedule::ScheduleLabel;
 use bevy_ecs::schedule::Schedules;
 use std::path::Path;
 
+/// `v4-8 (v4 2x2x2)`, `p (v5e 16x16, 2 slices)`: a pod in errors.
+fn describe_pod(topology: &Topology) -> String {
+    let slices = if topology.slices == 1 {
+        String::new()
+    } else {
+        format!(", {} slices", topology.slices)
+    };
+    format!(
+        "{} ({} {}{slices})",
+        topology.name,
+        topology.generation,
+        topology.shape_string()
+    )
+}
+
+/// Refuses a snapshot of another pod: the entities it would restore are
+/// another topology's.
+fn check_same_topology(theirs: &Topology, ours: &Topology) -> Result<()> {
+    let same = theirs.name == ours.name
+        && theirs.generation == ours.generation
+        && theirs.dims == ours.dims
+        && theirs.ndims == ours.ndims
+        && theirs.slices == ours.slices
+        && theirs.wraparound == ours.wraparound
+        && theirs.host_bounds == ours.host_bounds;
+    if same {
+        Ok(())
+    } else {
+        Err(crate::persist::SnapshotError::OtherTopology {
+            snapshot: describe_pod(theirs),
+            live: describe_pod(ours),
+        }
+        .into())
+    }
+}
+
+/// Checks that the heaps of the snapshot's world can be rebuilt (its
+/// optimizer state fits its state device's HBM), before the world is
+/// replaced.
+fn check_heaps(registry: &SnapshotRegistry, snapshot: &WorldSnapshot) -> Result<()> {
+    use crate::memory::{MemoryError, OptimizerSlot};
+    use crate::topology::{Device, HbmCapacity};
+    let ctx = crate::persist::LoadContext::checking(snapshot.entity_count, &snapshot.tensors);
+    let mut slots = registry
+        .decode_component::<OptimizerSlot>(snapshot, "tpu.OptimizerSlot")?
+        .into_iter()
+        .map(|(_, s)| Ok((s.index(), s.tensor_bytes(&ctx)?, s.name().to_string())))
+        .collect::<Result<Vec<_>, crate::persist::SnapshotError>>()?;
+    if slots.is_empty() {
+        return Ok(());
+    }
+    let devices = registry.decode_component::<Device>(snapshot, "topology.Device")?;
+    let device = match devices.iter().find(|(_, d)| d.id.0 == 0) {
+        None => None,
+        Some((dense, d)) => {
+            let name = format!("{} ({})", d.id, d.generation);
+            let capacities =
+                registry.decode_component::<HbmCapacity>(snapshot, "topology.HbmCapacity")?;
+            match capacities.iter().find(|(e, _)| e == dense) {
+                Some((_, capacity)) => Some((name, capacity.0)),
+                None => return Err(MemoryError::NoHeap { device: name }.into()),
+            }
+        }
+    };
+    Ok(crate::memory::device::check_rebuild(device, &mut slots)?)
+}
+
 /// Seed of the world's random stream (jitter) unless the host picks one.
 pub const DEFAULT_SEED: u64 = 0x005e_ed0f_7b0d;
 
@@ -448,10 +515,22 @@ impl Pod {
 
     /// Replaces the world's engine entities and resources with the
     /// snapshot's, in place: the schedules keep running on the same world.
-    /// The snapshot is decoded and checked first; on `Err` nothing changed.
-    /// Device heaps are not persisted: they are rebuilt with the restored
-    /// optimizer state resident, and `HbmUsage` follows them.
+    ///
+    /// Everything that can fail runs before the world changes; on `Err`
+    /// nothing changed. The snapshot must be of this pod's topology (same
+    /// name, generation, shape, slices, wraparound and hosts: a snapshot of
+    /// another pod is [`SnapshotError::OtherTopology`], naming both), every
+    /// column is decoded and checked, and the restored optimizer state must
+    /// fit the HBM of its device. Device heaps are not persisted: they are
+    /// then rebuilt with the restored optimizer state resident, and
+    /// `HbmUsage` follows them.
+    ///
+    /// [`SnapshotError::OtherTopology`]: crate::persist::SnapshotError::OtherTopology
     pub fn restore_snapshot(&mut self, snapshot: &WorldSnapshot) -> Result<()> {
+        let registry = self.world.resource::<SnapshotRegistry>();
+        let theirs: PodTopology = registry.decode_resource(snapshot, "topology.PodTopology")?;
+        check_same_topology(&theirs.0, self.topology())?;
+        check_heaps(registry, snapshot)?;
         self.world
             .resource_scope(|world, registry: Mut<SnapshotRegistry>| {
                 registry.restore(world, snapshot)
@@ -481,6 +560,7 @@ impl Pod {
             max_checkpoints,
             written: 0,
             last_error: None,
+            retention_problems: Vec::new(),
         });
         Ok(())
     }

@@ -185,6 +185,69 @@ impl Topology {
         (per_slice * u64::from(self.slices)) as usize
     }
 
+    /// Checks the invariants every method here relies on, for a topology
+    /// that did not come through [`resolve`] (one decoded from a snapshot,
+    /// whose bytes may be forged with a matching digest): the problem, naming
+    /// the field.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let spec = self.generation.spec();
+        if self.ndims != spec.torus_dims {
+            return Err(format!(
+                "ndims = {}, but a {} torus has {} dimensions",
+                self.ndims, self.generation, spec.torus_dims
+            ));
+        }
+        if let Some(axis) =
+            (0..3).find(|&a| self.dims[a] == 0 || (a >= self.ndims && self.dims[a] != 1))
+        {
+            return Err(format!(
+                "dims[{axis}] = {} is not a chip count of the shape",
+                self.dims[axis]
+            ));
+        }
+        if self.slices == 0 {
+            return Err("slices = 0".into());
+        }
+        let chips = self.dims.iter().fold(u64::from(self.slices), |n, &d| {
+            n.saturating_mul(u64::from(d))
+        });
+        if chips > MAX_POD_CHIPS {
+            return Err(format!("{chips} chips, more than {MAX_POD_CHIPS}"));
+        }
+        if let Some(axis) = (0..3).find(|&a| {
+            self.host_bounds[a] == 0 || !self.dims[a].is_multiple_of(self.host_bounds[a])
+        }) {
+            return Err(format!(
+                "host_bounds[{axis}] = {} does not divide dims[{axis}] = {}",
+                self.host_bounds[axis], self.dims[axis]
+            ));
+        }
+        if !(1..=8).contains(&self.cores_per_chip) {
+            return Err(format!(
+                "cores_per_chip = {} is not between 1 and 8",
+                self.cores_per_chip
+            ));
+        }
+        if self.tick_ns == 0 || self.heartbeat_interval_ns == 0 {
+            return Err("tick_ns and heartbeat_interval_ns must be at least 1".into());
+        }
+        if self.heartbeat_timeout_ns <= self.heartbeat_interval_ns {
+            return Err("heartbeat_timeout_ns is not after heartbeat_interval_ns".into());
+        }
+        let devices = chips as u32;
+        if let Some(link) = self
+            .extra_links
+            .iter()
+            .find(|l| l.a >= devices || l.b >= devices)
+        {
+            return Err(format!(
+                "extra link {} -> {} leaves the pod's {devices} devices",
+                link.a, link.b
+            ));
+        }
+        Ok(())
+    }
+
     /// Shape as written: `16x16` or `4x4x4`.
     pub fn shape_string(&self) -> String {
         self.dims[..self.ndims]

@@ -79,7 +79,6 @@ use crate::memory::HbmUsage;
 use crate::optimizers::{FloatElement, Optimizer, UpdateRule};
 use crate::persist::WorldSnapshot;
 use crate::pod::Pod;
-use crate::topology::Device;
 
 pub use bench::{OptimizerBench, bench_optimizer};
 pub use config::{DEFAULT_CACHE_CAPACITY, TPUConfig, TPUVersion};
@@ -191,11 +190,8 @@ where
     /// HBM bytes in use on device `id` as the monitor reads them
     /// ([`HbmUsage`]; 0 before anything was reserved there).
     pub fn hbm_usage(&self, id: u32) -> u64 {
-        let world = self.place.world();
-        self.devices
-            .iter()
-            .find(|&&e| world.get::<Device>(e).is_some_and(|d| d.id.0 == id))
-            .and_then(|&e| world.get::<HbmUsage>(e))
+        self.device_entity_by_id(id)
+            .and_then(|e| self.place.world().get::<HbmUsage>(e))
             .map_or(0, |u| u.0)
     }
 
@@ -233,6 +229,7 @@ where
         params: &Array<A, D>,
         grads: &Array<A, D>,
     ) -> Result<Array<A, D>> {
+        self.adopt_restored_world()?;
         self.step_fresh(params, grads)
     }
 
@@ -243,6 +240,7 @@ where
         params: &mut Array<A, D>,
         grads: &Array<A, D>,
     ) -> Result<()> {
+        self.adopt_restored_world()?;
         self.step_donated(params, grads)
     }
 

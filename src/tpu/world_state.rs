@@ -219,15 +219,59 @@ where
     /// [`TPUOptimizer::restore`]: the world restored, the optimizer's devices
     /// found again and their heaps rebuilt.
     pub(super) fn restore_world(&mut self, snapshot: &WorldSnapshot) -> Result<()> {
+        match &mut self.place {
+            Place::Own(world) => tpu_registry().restore(world, snapshot)?,
+            Place::Pod(pod) => pod.restore_snapshot(snapshot)?,
+        }
+        self.find_devices()
+    }
+
+    /// Whether the world was restored under the optimizer since it last
+    /// found its devices: a restore despawns every engine entity, so a held
+    /// device entity without its `Device` was restored away (a despawned
+    /// entity's id is never handed out again with the same generation).
+    fn devices_restored_away(&self) -> bool {
+        let world = self.place.world();
+        self.devices
+            .iter()
+            .any(|&e| world.get::<Device>(e).is_none())
+    }
+
+    /// Before a step: if the pod's world was restored by anything other than
+    /// [`TPUOptimizer::restore`] (a `FaultToleranceManager` rollback, say),
+    /// the devices are found again exactly as that restore finds them, so
+    /// both ways leave the same working state.
+    pub(super) fn adopt_restored_world(&mut self) -> Result<()> {
+        if self.devices_restored_away() {
+            self.find_devices()?;
+        }
+        Ok(())
+    }
+
+    /// The entity of the optimizer's device `id`, found again by id if the
+    /// world was restored under the optimizer.
+    pub(super) fn device_entity_by_id(&self, id: u32) -> Option<Entity> {
+        let world = self.place.world();
+        let keep = self.devices.len() as u32;
+        let by_id = |e: &Entity| world.get::<Device>(*e).is_some_and(|d| d.id.0 == id);
+        if let Some(&e) = self.devices.iter().find(|e| by_id(e)) {
+            return Some(e);
+        }
+        if id >= keep || !self.devices_restored_away() {
+            return None;
+        }
+        let mut q = world.try_query::<(Entity, &Device)>()?;
+        q.iter(world).find(|(_, d)| d.id.0 == id).map(|(e, _)| e)
+    }
+
+    /// The optimizer's devices found again after a restore (by id: on a pod
+    /// its first chips), marked as holding a heap, and their heaps rebuilt.
+    fn find_devices(&mut self) -> Result<()> {
         // On a pod the optimizer keeps to its first chips.
         let keep = match self.place {
             Place::Own(_) => usize::MAX,
             Place::Pod(_) => self.devices.len(),
         };
-        match &mut self.place {
-            Place::Own(world) => tpu_registry().restore(world, snapshot)?,
-            Place::Pod(pod) => pod.restore_snapshot(snapshot)?,
-        }
         let world = self.place.world_mut();
         let mut q = world.query::<(Entity, &Device)>();
         let mut found: Vec<(u32, Entity)> = q.iter(world).map(|(e, d)| (d.id.0, e)).collect();
