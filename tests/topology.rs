@@ -618,3 +618,25 @@ fn control_latency_that_outlasts_the_heartbeat_timeout_is_rejected() {
     pod.run(3_000);
     assert!(pod.failures().is_empty(), "{:?}", pod.failures());
 }
+
+#[test]
+fn an_empty_pod_name_is_rejected_naming_the_field() {
+    for name in ["", "   "] {
+        let text = format!(
+            "Pod(\n    name: \"{name}\",\n    generation: \"v5e\",\n    shape: \"4x4\",\n)\n"
+        );
+        match parse_topology(&text, "blank.ron") {
+            Err(TopologyError::Invalid {
+                field,
+                problem,
+                line,
+                ..
+            }) => {
+                assert_eq!(field, "name");
+                assert_eq!(*problem, Problem::EmptyName);
+                assert_eq!(line, Some(2));
+            }
+            other => panic!("expected the name to be refused, got {other:?}"),
+        }
+    }
+}

@@ -60,6 +60,9 @@ pub enum TopologyError {
 #[derive(Debug, Clone, PartialEq, Error)]
 #[non_exhaustive]
 pub enum Problem {
+    /// The pod's name is empty or only whitespace.
+    #[error("the pod needs a name (reports, figures and checkpoints show it)")]
+    EmptyName,
     /// The generation is not one the engine knows.
     #[error("unknown TPU generation `{0}` (known: v2, v3, v4, v5e, v5p, v6e)")]
     UnknownGeneration(String),

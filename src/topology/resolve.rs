@@ -2,7 +2,7 @@
 //!
 //! Parsing reports the file, line, column and field (through
 //! `serde_path_to_error` over ron's deserializer). Validation checks, in this
-//! order: generation, shape, slices, wraparound, host block, cores, link
+//! order: name, generation, shape, slices, wraparound, host block, cores, link
 //! figures, tick and heartbeat (each within its documented range, the
 //! interval at least one tick, the timeout longer than the interval plus the
 //! control latency), explicit links, connectivity. The first
@@ -264,6 +264,10 @@ pub fn resolve(file: &PodFile, text: &str, origin: &str) -> Result<Topology, Top
 }
 
 fn resolve_fields(file: &PodFile) -> Check<Topology> {
+    // Reports, figures and checkpoints name the pod; a blank name names nothing.
+    if file.name.trim().is_empty() {
+        return Err(invalid("name", Problem::EmptyName));
+    }
     let generation: TpuGeneration = file.generation.parse().map_err(|_| {
         invalid(
             "generation",
