@@ -87,3 +87,55 @@ proptest! {
         prop_assert!(pod.failures().is_empty(), "{}: {:?}", text, pod.failures());
     }
 }
+
+/// What the world holds after `ticks`: snapshot bytes, messages in flight,
+/// delivery-log entries and failure records.
+fn held(pod: &mut Pod) -> (usize, usize, usize, usize) {
+    let bytes = pod.snapshot().unwrap().to_bytes().len();
+    let world = pod.world_mut();
+    let in_flight = world
+        .resource::<optirs_tpu::transport::Transport>()
+        .in_flight_sorted()
+        .len();
+    let delivered = world
+        .resource::<optirs_tpu::transport::DeliveryLog>()
+        .recent
+        .len();
+    let failures = world
+        .resource::<optirs_tpu::health::FailureLog>()
+        .records
+        .len();
+    (bytes, in_flight, delivered, failures)
+}
+
+#[test]
+fn a_long_run_holds_a_bounded_world() {
+    // Heartbeats (and monitor samples) every tick, so every ring fills in
+    // 128 ticks; after that, ten times the ticks hold no more entries, and
+    // the snapshot grows only as counters need longer varints (logarithmic:
+    // a leak of one byte per tick would add 18,000 bytes here).
+    let mut pod = Pod::from_ron_str(
+        "Pod(name: \"long\", generation: \"v5e\", shape: \"4x4\", tick_ms: 10.0, \
+         heartbeat: (interval_ms: 10.0, timeout_ms: 1000.0))",
+        "long.ron",
+    )
+    .unwrap();
+    let n = 2_000;
+    pod.run(n);
+    let (bytes, in_flight, delivered, failures) = held(&mut pod);
+    pod.run(9 * n);
+    let (bytes_10n, in_flight_10n, delivered_10n, failures_10n) = held(&mut pod);
+    assert!(
+        bytes_10n <= bytes + bytes / 20,
+        "snapshot grew from {bytes} to {bytes_10n} bytes"
+    );
+    assert!(
+        in_flight_10n <= in_flight.max(16),
+        "{in_flight} -> {in_flight_10n}"
+    );
+    assert!(
+        delivered_10n <= optirs_tpu::transport::DELIVERY_LOG_CAPACITY,
+        "{delivered} -> {delivered_10n}"
+    );
+    assert_eq!((failures, failures_10n), (0, 0));
+}
