@@ -14,11 +14,15 @@
 //! * [`Policy::RoundRobin`]: the next healthy device after the previously
 //!   chosen one, in [`DeviceId`] order, wrapping around.
 //!
-//! **NaN safety.** A reported load may be NaN (a failed measurement). A NaN
-//! load ranks as +∞: it never wins against a finite load and never panics a
-//! comparison (loads are compared with [`f64::total_cmp`] after mapping NaN
-//! to +∞). Workload costs, which the caller controls, must be finite and
-//! ≥ 0; anything else is an error.
+//! **Valid loads only.** A reported load and a workload cost must both be
+//! finite and ≥ 0; anything else (NaN, ±∞, a negative number) is an error
+//! ([`LoadBalanceError::InvalidLoad`], [`LoadBalanceError::InvalidCost`])
+//! and leaves the balancer unchanged. A negative or −∞ load would otherwise
+//! win every placement, and a NaN would have no place in the order; a failed
+//! measurement is the caller's to handle (report nothing, or mark the device
+//! unhealthy). `-0.0` is taken as `0.0`. As a last defence, loads are
+//! compared with [`f64::total_cmp`] after mapping NaN to +∞ (a sum of huge
+//! finite loads may reach +∞, never NaN), so no comparison panics.
 //!
 //! Placement scans the devices (O(devices) per call: 4096 devices take a
 //! few microseconds), which keeps every update O(1) and the choice exact.
@@ -94,6 +98,14 @@ pub enum LoadBalanceError {
         work: WorkId,
         /// Where it runs.
         device: DeviceId,
+    },
+    /// A reported load that is NaN, infinite or negative.
+    #[error("{device} reported load {load}; a load must be finite and ≥ 0")]
+    InvalidLoad {
+        /// The device.
+        device: DeviceId,
+        /// The load as reported.
+        load: f64,
     },
     /// A workload cost that is NaN, infinite or negative.
     #[error("{work} has cost {cost}; a cost must be finite and ≥ 0")]
@@ -239,13 +251,18 @@ impl LoadBalancer {
     }
 
     /// Sets the load measured on a device outside the balancer's own
-    /// placements. NaN is accepted and ranks as +∞.
+    /// placements. The load must be finite and ≥ 0 (`-0.0` counts as `0.0`);
+    /// anything else is [`LoadBalanceError::InvalidLoad`] and changes nothing.
     pub fn report_load(&mut self, id: DeviceId, load: f64) -> Result<(), LoadBalanceError> {
         let state = self
             .devices
             .get_mut(&id)
             .ok_or(LoadBalanceError::UnknownDevice(id))?;
-        state.reported = load;
+        if !(load.is_finite() && load >= 0.0) {
+            return Err(LoadBalanceError::InvalidLoad { device: id, load });
+        }
+        // `-0.0 + 0.0` is `+0.0`: one zero, whatever sign was reported.
+        state.reported = load + 0.0;
         state.recompute();
         Ok(())
     }
@@ -265,8 +282,7 @@ impl LoadBalancer {
         Ok(works)
     }
 
-    /// A device's current load (reported plus active costs; may be NaN if a
-    /// NaN was reported).
+    /// A device's current load (reported plus active costs).
     pub fn load(&self, id: DeviceId) -> Option<f64> {
         self.devices.get(&id).map(|d| d.load)
     }
@@ -379,15 +395,38 @@ mod tests {
     }
 
     #[test]
-    fn nan_load_never_wins_and_never_panics() {
+    fn invalid_loads_are_refused_and_change_nothing() {
         let mut lb = LoadBalancer::new(Policy::LeastLoaded, ids(3));
-        lb.report_load(DeviceId(0), f64::NAN).unwrap();
+        lb.report_load(DeviceId(0), 5.0).unwrap();
         lb.report_load(DeviceId(1), 1e300).unwrap();
-        lb.report_load(DeviceId(2), f64::NAN).unwrap();
-        assert_eq!(lb.place(work(1, 0.0)), Ok(DeviceId(1)));
-        lb.set_healthy(DeviceId(1), false).unwrap();
-        // Only NaN devices left: they rank as +∞ and the smallest id wins.
-        assert_eq!(lb.place(work(2, 0.0)), Ok(DeviceId(0)));
+        lb.report_load(DeviceId(2), 7.0).unwrap();
+        for load in [f64::NAN, f64::NEG_INFINITY, f64::INFINITY, -1.0, -1e-300] {
+            assert_eq!(
+                lb.report_load(DeviceId(2), load)
+                    .map_err(|e| matches!(e, LoadBalanceError::InvalidLoad { device, .. } if device == DeviceId(2))),
+                Err(true),
+                "{load}"
+            );
+            assert_eq!(
+                lb.load(DeviceId(2)),
+                Some(7.0),
+                "{load} left the load alone"
+            );
+        }
+        // A −∞ device used to win every placement; now device 0 does.
+        assert_eq!(lb.place(work(1, 0.0)), Ok(DeviceId(0)));
+        lb.report_load(DeviceId(2), -0.0).unwrap();
+        assert!(lb.load(DeviceId(2)).unwrap().is_sign_positive());
+        let error = lb.report_load(DeviceId(1), -3.0).unwrap_err().to_string();
+        assert_eq!(
+            error,
+            "device 1 reported load -3; a load must be finite and ≥ 0"
+        );
+    }
+
+    #[test]
+    fn nan_never_wins_a_comparison_and_never_panics() {
+        let mut lb = LoadBalancer::new(Policy::LeastLoaded, ids(3));
         assert_eq!(compare_loads(f64::NAN, f64::INFINITY), Ordering::Equal);
         assert_eq!(compare_loads(1.0, f64::NAN), Ordering::Less);
         for cost in [f64::NAN, f64::INFINITY, -1.0] {
@@ -472,7 +511,7 @@ mod tests {
             4 => (0.0f64..100.0).prop_map(Op::Place),
             3 => any::<usize>().prop_map(Op::Finish),
             1 => (0u32..6, any::<bool>()).prop_map(|(d, h)| Op::Health(d, h)),
-            1 => (0u32..6, prop_oneof![Just(f64::NAN), 0.0f64..50.0]).prop_map(|(d, l)| Op::Report(d, l)),
+            1 => (0u32..6, prop_oneof![Just(f64::NAN), Just(f64::NEG_INFINITY), -5.0f64..0.0, 0.0f64..50.0]).prop_map(|(d, l)| Op::Report(d, l)),
         ]
     }
 
@@ -521,8 +560,11 @@ mod tests {
                     Op::Finish(_) => {}
                     Op::Health(d, h) => lb.set_healthy(DeviceId(d), h).unwrap(),
                     Op::Report(d, l) => {
-                        lb.report_load(DeviceId(d), l).unwrap();
-                        reported[d as usize] = l;
+                        let valid = l.is_finite() && l >= 0.0;
+                        prop_assert_eq!(lb.report_load(DeviceId(d), l).is_ok(), valid, "{}", l);
+                        if valid {
+                            reported[d as usize] = l;
+                        }
                     }
                 }
             }
@@ -532,7 +574,7 @@ mod tests {
             for d in 0..6u32 {
                 let load = lb.load(DeviceId(d)).unwrap();
                 let want = reported[d as usize];
-                prop_assert!(load == want || (load.is_nan() && want.is_nan()), "{load} vs {want}");
+                prop_assert!(load == want, "{load} vs {want}");
                 prop_assert_eq!(lb.is_idle(DeviceId(d)), Some(true));
             }
         }

@@ -378,7 +378,8 @@ fn the_load_balancer_places_work_on_healthy_devices_only() {
         "least-loaded spreads over every healthy device"
     );
     let mut round_robin = pod.load_balancer(Policy::RoundRobin);
-    // NaN is refused as a cost, and a NaN reported load never wins.
+    // NaN is refused as a cost and as a reported load; so are negative and
+    // −∞ loads, which would otherwise win every placement.
     assert!(
         round_robin
             .place(Workload {
@@ -387,7 +388,10 @@ fn the_load_balancer_places_work_on_healthy_devices_only() {
             })
             .is_err()
     );
-    balancer.report_load(DeviceId(0), f64::NAN).unwrap();
+    for load in [f64::NAN, f64::NEG_INFINITY, -1.0] {
+        assert!(balancer.report_load(DeviceId(0), load).is_err(), "{load}");
+    }
+    balancer.report_load(DeviceId(0), 1e300).unwrap();
     let next = balancer
         .place(Workload {
             id: WorkId(99),

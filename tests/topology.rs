@@ -498,3 +498,145 @@ proptest::proptest! {
         proptest::prop_assert_eq!(pod.figures().diameter_hops, expected, "{}", fields);
     }
 }
+
+#[test]
+fn a_large_mesh_or_torus_diameter_comes_from_its_closed_form() {
+    // 65,536 chips: a search from every chip is quadratic (minutes); the
+    // closed form is the sum over axes of d - 1 (mesh) or d / 2 (ring).
+    let started = std::time::Instant::now();
+    let mut mesh = pod("generation: \"v5e\", shape: \"256x256\", wraparound: [false, false]");
+    assert_eq!(mesh.figures().diameter_hops, Some(510));
+    let mut mixed = pod("generation: \"v5e\", shape: \"256x252\", wraparound: [true, false]");
+    assert_eq!(mixed.figures().diameter_hops, Some(128 + 251));
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(60),
+        "took {:?}",
+        started.elapsed()
+    );
+    // The closed form agrees with the graph search on small shapes, including
+    // rings of 3 and axes of 1 and 2 (see also `diameter_matches_floyd_warshall`).
+    for (shape, wrap, expected) in [
+        ("3x3x3", "[false, false, false]", 6),
+        ("4x4x4", "[true, true, true]", 6),
+        ("4x2x1", "[true, false, false]", 3),
+        ("8x4x1", "[true, true, false]", 6),
+    ] {
+        let mut p = pod(&format!(
+            "generation: \"v5p\", shape: \"{shape}\", chips_per_host: \"1x1x1\", wraparound: {wrap}"
+        ));
+        assert_eq!(p.figures().diameter_hops, Some(expected), "{shape} {wrap}");
+        let topology = p.topology().clone();
+        assert_eq!(
+            floyd_warshall_diameter(&topology),
+            Some(expected),
+            "{shape}"
+        );
+    }
+}
+
+#[test]
+fn timing_settings_outside_their_ranges_are_rejected_naming_the_field() {
+    // From the reliability sweep: both loaded, then `run --steps 5` queued
+    // one heartbeat per elapsed interval per device and ran out of memory.
+    let (field, p) = problem(
+        "generation: \"v4\", shape: \"2x2x2\", heartbeat: (interval_ms: 1e-6, timeout_ms: 2e-6)",
+    );
+    assert_eq!(field, "heartbeat.interval_ms");
+    assert!(
+        matches!(p, Problem::IntervalShorterThanTick { .. }),
+        "{p:?}"
+    );
+    let (field, p) = problem("generation: \"v5e\", shape: \"4x4\", tick_ms: 3.2e11");
+    assert_eq!(field, "tick_ms");
+    assert!(matches!(p, Problem::BadNumber { .. }), "{p:?}");
+    // A tick longer than the default interval names the tick.
+    let (field, p) = problem("generation: \"v5e\", shape: \"4x4\", tick_ms: 2000.0");
+    assert_eq!(field, "tick_ms");
+    assert!(
+        matches!(p, Problem::IntervalShorterThanTick { .. }),
+        "{p:?}"
+    );
+    for (fields, expected) in [
+        ("tick_ms: 1e-4", "tick_ms"),
+        ("tick_ms: 60001.0", "tick_ms"),
+        (
+            "heartbeat: (interval_ms: 3600001.0, timeout_ms: 7200000.0)",
+            "heartbeat.interval_ms",
+        ),
+        (
+            "heartbeat: (timeout_ms: 86400001.0)",
+            "heartbeat.timeout_ms",
+        ),
+    ] {
+        let (field, p) = problem(&format!("generation: \"v5e\", shape: \"4x4\", {fields}"));
+        assert_eq!(field, expected, "{fields}");
+        assert!(matches!(p, Problem::BadNumber { .. }), "{fields}: {p:?}");
+    }
+    // The edges of the ranges load.
+    for fields in [
+        "tick_ms: 0.001, heartbeat: (interval_ms: 0.001, timeout_ms: 0.1)",
+        "tick_ms: 60000.0, heartbeat: (interval_ms: 60000.0, timeout_ms: 86400000.0)",
+        "heartbeat: (interval_ms: 3600000.0, timeout_ms: 86400000.0)",
+    ] {
+        let text = text(&format!("generation: \"v5e\", shape: \"4x4\", {fields}"));
+        parse_topology(&text, "test.ron").unwrap_or_else(|e| panic!("{fields}: {e}"));
+    }
+}
+
+#[test]
+fn control_latency_that_outlasts_the_heartbeat_timeout_is_rejected() {
+    // From the sweep: accepted, and all 16 healthy devices failed at ~10 s.
+    let (field, p) = problem("generation: \"v5e\", shape: \"4x4\", dcn: (latency_us: 9500000.0)");
+    assert_eq!(field, "dcn.latency_us");
+    assert!(
+        matches!(p, Problem::ControlLatencyExceedsTimeout { .. }),
+        "{p:?}"
+    );
+    assert!(
+        p.to_string()
+            .contains("latency + jitter + interval <= timeout"),
+        "{p}"
+    );
+    let error = parse_topology(
+        &text("generation: \"v5e\", shape: \"4x4\",\n dcn: (latency_us: 9500000.0)"),
+        "lat.ron",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(error.starts_with("lat.ron:2: `dcn.latency_us`"), "{error}");
+    // A timeout that leaves no room for the default latency names the timeout.
+    let (field, p) = problem(
+        "generation: \"v5e\", shape: \"4x4\", heartbeat: (interval_ms: 1000.0, timeout_ms: 1000.005)",
+    );
+    assert_eq!(field, "heartbeat.timeout_ms");
+    assert!(
+        matches!(p, Problem::ControlLatencyExceedsTimeout { .. }),
+        "{p:?}"
+    );
+    // Exactly at the bound loads, and no healthy device fails.
+    let mut pod = pod("generation: \"v5e\", shape: \"4x4\", dcn: (latency_us: 9000000.0)");
+    pod.run(3_000);
+    assert!(pod.failures().is_empty(), "{:?}", pod.failures());
+}
+
+#[test]
+fn an_empty_pod_name_is_rejected_naming_the_field() {
+    for name in ["", "   "] {
+        let text = format!(
+            "Pod(\n    name: \"{name}\",\n    generation: \"v5e\",\n    shape: \"4x4\",\n)\n"
+        );
+        match parse_topology(&text, "blank.ron") {
+            Err(TopologyError::Invalid {
+                field,
+                problem,
+                line,
+                ..
+            }) => {
+                assert_eq!(field, "name");
+                assert_eq!(*problem, Problem::EmptyName);
+                assert_eq!(line, Some(2));
+            }
+            other => panic!("expected the name to be refused, got {other:?}"),
+        }
+    }
+}

@@ -10,8 +10,44 @@ use optirs_tpu::topology::DEFAULT_PRESET;
 use optirs_tpu::topology::DeviceId;
 use optirs_tpu::xla::backend::profiling_integration::ProfilingIntegration;
 use serde::Serialize;
+use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::time::Instant;
+
+/// Wall-clock step times `run` keeps for its report: the newest this many
+/// ticks (512 KiB), so a run of any length holds a bounded amount. The
+/// report's `step_wall_ns` summary is over them (its `count` says how many);
+/// `wall_ns_per_tick` is over the whole run.
+pub const STEP_WALL_SAMPLES: usize = 1 << 16;
+
+/// A ring of the newest [`STEP_WALL_SAMPLES`] step times, ns.
+#[derive(Debug, Default)]
+struct StepWallTimes {
+    newest: VecDeque<u64>,
+}
+
+impl StepWallTimes {
+    /// An empty ring with room for `steps` samples (at most the capacity).
+    fn with_steps(steps: u64) -> Self {
+        let room = usize::try_from(steps).map_or(STEP_WALL_SAMPLES, |s| s.min(STEP_WALL_SAMPLES));
+        StepWallTimes {
+            newest: VecDeque::with_capacity(room),
+        }
+    }
+
+    /// Records one step, dropping the oldest when full.
+    fn push(&mut self, ns: u64) {
+        if self.newest.len() == STEP_WALL_SAMPLES {
+            self.newest.pop_front();
+        }
+        self.newest.push_back(ns);
+    }
+
+    /// The samples, oldest first.
+    fn as_slice(&mut self) -> &[u64] {
+        self.newest.make_contiguous()
+    }
+}
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
@@ -130,7 +166,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     }
     let bar = progress::bar(args.steps, args.json, "run");
     let start = Instant::now();
-    let mut step_wall_ns = Vec::new();
+    let mut step_wall_ns = StepWallTimes::with_steps(args.steps);
     match &mut profiler {
         Some(profiler) => profiler.run(&mut pod, args.steps, &mut |done| {
             if done % 64 == 0 {
@@ -138,7 +174,6 @@ pub fn run(args: RunArgs) -> Result<()> {
             }
         }),
         None => {
-            step_wall_ns.reserve(args.steps.min(1 << 24) as usize);
             for done in 1..=args.steps {
                 let tick_start = Instant::now();
                 pod.step();
@@ -153,7 +188,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     bar.finish_and_clear();
     let step_wall = match &profiler {
         Some(profiler) => profiler.step_wall_ns(),
-        None => &step_wall_ns,
+        None => step_wall_ns.as_slice(),
     };
     let report = report_after(
         &mut pod,
@@ -281,4 +316,30 @@ fn performance_text(p: &PerformanceReport) -> String {
         );
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn step_wall_times_stay_bounded_on_long_runs() {
+        let mut times = StepWallTimes::with_steps(u64::MAX);
+        let n = 3 * STEP_WALL_SAMPLES as u64 + 5;
+        for ns in 0..n {
+            times.push(ns);
+        }
+        assert!(times.newest.capacity() < 2 * STEP_WALL_SAMPLES);
+        let kept = times.as_slice();
+        assert_eq!(kept.len(), STEP_WALL_SAMPLES);
+        assert_eq!(kept[0], n - STEP_WALL_SAMPLES as u64);
+        assert_eq!(*kept.last().unwrap(), n - 1);
+        // A short run keeps every step and reserves only what it needs.
+        let mut short = StepWallTimes::with_steps(3);
+        for ns in [5, 7, 9] {
+            short.push(ns);
+        }
+        assert_eq!(short.as_slice(), &[5, 7, 9]);
+        assert!(short.newest.capacity() < 64);
+    }
 }

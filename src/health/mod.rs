@@ -18,7 +18,13 @@
 //! `k` sends nothing after `k`, so it is failed by the first tick after
 //! `k + timeout`; and a running device is never failed while the control
 //! latency plus its jitter plus one interval stays within the timeout (the
-//! newest heartbeat it sent that long ago has arrived).
+//! newest heartbeat it sent that long ago has arrived). The pod loader
+//! enforces that bound for the control latency with no jitter
+//! (`latency + interval <= timeout`); a jitter fault larger than
+//! `timeout - interval - latency` may fail a running device.
+//!
+//! A device sends at most one heartbeat per tick (see [`emit_heartbeats`]);
+//! the loader also rejects an interval shorter than the tick.
 //!
 //! When the detector fails a device, it bumps the pod's [`FailureEpoch`] and,
 //! in the same tick, every device's [`KnownFailures`] — the coordination
@@ -157,8 +163,15 @@ pub struct InjectedFault {
     pub at_ns: Option<u64>,
 }
 
-/// Every running device sends the heartbeats that are due, in device-id
+/// Every running device sends the heartbeat that is due, in device-id
 /// order (so message sequence numbers do not depend on query order).
+///
+/// At most one heartbeat per device per tick: if several intervals elapsed
+/// since the last tick (an interval shorter than the tick, which the pod
+/// loader rejects, or a `HeartbeatConfig` changed at run time), only the
+/// newest is sent — the detector keeps only the newest send time anyway —
+/// and the schedule skips to the next interval after now. The work of a tick
+/// is bounded by the number of devices, whatever the interval.
 pub fn emit_heartbeats(
     clock: Res<SimClock>,
     config: Res<HeartbeatConfig>,
@@ -168,15 +181,19 @@ pub fn emit_heartbeats(
 ) {
     let now = clock.now_ns;
     let mut due: Vec<(DeviceId, u64, u64)> = Vec::new();
+    let interval = config.interval_ns.max(1);
     for (device, state, jitter, mut heartbeat) in &mut devices {
-        while heartbeat.next_due_ns <= now {
-            // A silent device sends nothing; it resumes on the next interval.
-            if state.is_running() {
-                due.push((device.id, heartbeat.next_due_ns, jitter.jitter_ns));
-                heartbeat.sent += 1;
-            }
-            heartbeat.next_due_ns += config.interval_ns;
+        if heartbeat.next_due_ns > now {
+            continue;
         }
+        // The newest due time at or before now.
+        let newest = heartbeat.next_due_ns + (now - heartbeat.next_due_ns) / interval * interval;
+        // A silent device sends nothing; it resumes on the next interval.
+        if state.is_running() {
+            due.push((device.id, newest, jitter.jitter_ns));
+            heartbeat.sent += 1;
+        }
+        heartbeat.next_due_ns = newest.saturating_add(interval);
     }
     due.sort_unstable();
     for (device, sent_ns, jitter_ns) in due {

@@ -5,7 +5,9 @@
 //! `O(log n)`. Freeing merges the block with free neighbours on both sides,
 //! so after every allocation is freed the heap is one free block again.
 //! Freeing an address twice, or an address that was never returned by
-//! `alloc`, is an error, not undefined behaviour.
+//! `alloc`, is an error, not undefined behaviour. Every size and offset is
+//! computed with checked arithmetic: a request whose aligned size does not
+//! fit in `usize` is [`AllocError::TooLarge`], never a wrapped small size.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -19,9 +21,10 @@ pub struct Block {
 }
 
 impl Block {
-    /// One past the last byte.
+    /// One past the last byte (saturating: a block the heap handed out
+    /// always ends within its capacity).
     pub fn end(&self) -> usize {
-        self.offset + self.size
+        self.offset.saturating_add(self.size)
     }
 
     /// Whether two blocks share a byte.
@@ -61,6 +64,16 @@ pub enum AllocError {
     /// Zero-byte requests are rejected.
     #[error("zero-byte allocation")]
     ZeroSize,
+    /// The request rounded up to the alignment does not fit in `usize`.
+    #[error(
+        "allocation of {requested} bytes is too large: rounded up to {alignment}-byte alignment it overflows the address space"
+    )]
+    TooLarge {
+        /// The request as given.
+        requested: usize,
+        /// The heap's alignment.
+        alignment: usize,
+    },
 }
 
 /// A best-fit heap.
@@ -106,7 +119,14 @@ impl Heap {
         if size == 0 {
             return Err(AllocError::ZeroSize);
         }
-        let size = size.div_ceil(self.alignment) * self.alignment;
+        let requested = size;
+        let size = size
+            .div_ceil(self.alignment)
+            .checked_mul(self.alignment)
+            .ok_or(AllocError::TooLarge {
+                requested,
+                alignment: self.alignment,
+            })?;
         let Some(&(free_size, offset)) = self.free_by_size.range((size, 0)..).next() else {
             return Err(AllocError::OutOfMemory {
                 requested: size,
@@ -116,6 +136,7 @@ impl Heap {
         };
         self.remove_free(offset, free_size);
         if free_size > size {
+            // Within a free block of the heap: cannot overflow.
             self.insert_free(offset + size, free_size - size);
         }
         self.allocated.insert(offset, size);
@@ -229,5 +250,27 @@ mod tests {
         assert_eq!(h.free(32), Err(AllocError::UnknownFree { offset: 32 }));
         assert!(matches!(h.alloc(1000), Err(AllocError::OutOfMemory { .. })));
         assert_eq!(h.alloc(0), Err(AllocError::ZeroSize));
+    }
+
+    #[test]
+    fn a_request_whose_aligned_size_overflows_is_an_error() {
+        let mut h = Heap::new(1 << 20, 64);
+        for size in [usize::MAX - 10, usize::MAX, usize::MAX - 62] {
+            assert_eq!(
+                h.alloc(size),
+                Err(AllocError::TooLarge {
+                    requested: size,
+                    alignment: 64
+                }),
+                "{size}"
+            );
+        }
+        // Largest aligned size that fits: too large for this heap, not a wrap.
+        assert!(matches!(
+            h.alloc(usize::MAX - 63),
+            Err(AllocError::OutOfMemory { .. })
+        ));
+        assert!(h.allocations().is_empty());
+        assert_eq!(h.free_bytes(), 1 << 20);
     }
 }

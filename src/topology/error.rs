@@ -60,6 +60,9 @@ pub enum TopologyError {
 #[derive(Debug, Clone, PartialEq, Error)]
 #[non_exhaustive]
 pub enum Problem {
+    /// The pod's name is empty or only whitespace.
+    #[error("the pod needs a name (reports, figures and checkpoints show it)")]
+    EmptyName,
     /// The generation is not one the engine knows.
     #[error("unknown TPU generation `{0}` (known: v2, v3, v4, v5e, v5p, v6e)")]
     UnknownGeneration(String),
@@ -182,6 +185,33 @@ pub enum Problem {
         "heartbeat timeout ({timeout_ms} ms) must be longer than the interval ({interval_ms} ms)"
     )]
     TimeoutNotAfterInterval {
+        /// Interval.
+        interval_ms: f64,
+        /// Timeout.
+        timeout_ms: f64,
+    },
+    /// The heartbeat interval is shorter than a tick: a device would owe
+    /// several heartbeats per tick.
+    #[error(
+        "heartbeat interval ({interval_ms} ms) is shorter than the tick ({tick_ms} ms); \
+         a device sends at most one heartbeat per tick, so the interval must be at least one tick"
+    )]
+    IntervalShorterThanTick {
+        /// Interval.
+        interval_ms: f64,
+        /// Tick.
+        tick_ms: f64,
+    },
+    /// A heartbeat sent just after the last one arrived could arrive after
+    /// the timeout: healthy devices would be declared failed.
+    #[error(
+        "control latency ({latency_ms} ms) plus the heartbeat interval ({interval_ms} ms) \
+         exceeds the heartbeat timeout ({timeout_ms} ms); a running device is only safe from \
+         false failure while latency + jitter + interval <= timeout"
+    )]
+    ControlLatencyExceedsTimeout {
+        /// One-way latency of the control network (the DCN latency).
+        latency_ms: f64,
         /// Interval.
         interval_ms: f64,
         /// Timeout.

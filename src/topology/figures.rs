@@ -5,10 +5,12 @@
 //! from the `Device`, `Host` and `Link` entities in the world, so a pod file
 //! with different links (or a link cut at run time) gives different figures.
 //!
-//! - **Diameter**: the longest shortest path, in hops (breadth-first search).
-//!   A torus whose every axis wraps (or has at most 2 chips) looks the same
-//!   from every chip, so one search suffices; otherwise every chip is a
-//!   source (in parallel).
+//! - **Diameter**: the longest shortest path, in hops. When the link entities
+//!   are exactly one slice's torus or mesh (no explicit links, none removed),
+//!   it has a closed form: the sum over axes of `d - 1` for a mesh axis of `d`
+//!   chips and `⌊d / 2⌋` for a wrapped one (a shortest path moves along each
+//!   axis independently). Any other graph is searched breadth-first from
+//!   every chip (in parallel), which is quadratic in the chips.
 //! - **Bisection bandwidth**: the minimum, over axis-aligned cuts that halve
 //!   an axis (x, y, z, or the slice index of a multislice pod), of the
 //!   bandwidth crossing the cut in one direction.
@@ -90,11 +92,15 @@ pub fn compute_figures(world: &mut World) -> TopologyFigures {
     }
     let n = coords.len();
     let graph = Csr::new(n, &edges);
-    let symmetric = topology.slices == 1
-        && edges.len() == topology.links().len()
+    let plain_torus = topology.slices == 1
         && topology.extra_links.is_empty()
-        && (0..3).all(|axis| topology.dims[axis] <= 2 || topology.wraparound[axis]);
-    let diameter_hops = diameter(&graph, symmetric);
+        && edges.len() == topology.links().len()
+        && n == topology.num_devices() as usize;
+    let diameter_hops = if plain_torus {
+        Some(torus_diameter(topology.dims, topology.wraparound))
+    } else {
+        diameter(&graph)
+    };
     let sizes = [
         topology.dims[0],
         topology.dims[1],
@@ -183,12 +189,26 @@ impl Csr {
     }
 }
 
-fn diameter(graph: &Csr, symmetric: bool) -> Option<u32> {
+/// The diameter of one slice's torus or mesh: per axis, `d - 1` hops when
+/// the axis is a line and `⌊d / 2⌋` when it closes into a ring (a ring needs
+/// 3 chips; see [`super::Topology::links`]).
+pub fn torus_diameter(dims: [u32; 3], wraparound: [bool; 3]) -> u32 {
+    (0..3)
+        .map(|axis| {
+            let d = dims[axis].max(1);
+            if wraparound[axis] && d >= 3 {
+                d / 2
+            } else {
+                d - 1
+            }
+        })
+        .sum()
+}
+
+/// The diameter of any graph: a breadth-first search from every vertex.
+fn diameter(graph: &Csr) -> Option<u32> {
     if graph.len() == 0 {
         return Some(0);
-    }
-    if symmetric {
-        return graph.eccentricity(0);
     }
     (0..graph.len() as u32)
         .into_par_iter()

@@ -2,8 +2,10 @@
 //!
 //! Parsing reports the file, line, column and field (through
 //! `serde_path_to_error` over ron's deserializer). Validation checks, in this
-//! order: generation, shape, slices, wraparound, host block, cores, link
-//! figures, heartbeat and tick, explicit links, connectivity. The first
+//! order: name, generation, shape, slices, wraparound, host block, cores, link
+//! figures, tick and heartbeat (each within its documented range, the
+//! interval at least one tick, the timeout longer than the interval plus the
+//! control latency), explicit links, connectivity. The first
 //! violation is returned with the field it belongs to; no input panics.
 
 use super::error::{Problem, TopologyError};
@@ -21,6 +23,17 @@ pub const DEFAULT_HEARTBEAT_INTERVAL_NS: u64 = 1_000_000_000;
 pub const DEFAULT_HEARTBEAT_TIMEOUT_NS: u64 = 10_000_000_000;
 /// Default simulated time per tick, ns.
 pub const DEFAULT_TICK_NS: u64 = 10_000_000;
+
+/// Shortest tick, ns (1 µs).
+pub const MIN_TICK_NS: u64 = 1_000;
+/// Longest tick, ns (one minute): coarser than any heartbeat timeout worth
+/// simulating.
+pub const MAX_TICK_NS: u64 = 60_000_000_000;
+/// Longest heartbeat interval, ns (one hour). The shortest is one tick: a
+/// device sends at most one heartbeat per tick.
+pub const MAX_HEARTBEAT_INTERVAL_NS: u64 = 3_600_000_000_000;
+/// Longest heartbeat timeout, ns (one day).
+pub const MAX_HEARTBEAT_TIMEOUT_NS: u64 = 86_400_000_000_000;
 
 /// Bandwidth (per direction) and latency of a link.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -314,6 +327,10 @@ pub fn resolve(file: &PodFile, text: &str, origin: &str) -> Result<Topology, Top
 }
 
 fn resolve_fields(file: &PodFile) -> Check<Topology> {
+    // Reports, figures and checkpoints name the pod; a blank name names nothing.
+    if file.name.trim().is_empty() {
+        return Err(invalid("name", Problem::EmptyName));
+    }
     let generation: TpuGeneration = file.generation.parse().map_err(|_| {
         invalid(
             "generation",
@@ -369,16 +386,42 @@ fn resolve_fields(file: &PodFile) -> Check<Topology> {
     let ici = link_params(file.ici.as_ref(), ici_default, "ici")?;
     let dcn = link_params(file.dcn.as_ref(), dcn_default, "dcn")?;
     let heartbeat = file.heartbeat.clone().unwrap_or_default();
+    let tick_ns = millis_to_ns(
+        file.tick_ms,
+        DEFAULT_TICK_NS,
+        "tick_ms",
+        (MIN_TICK_NS, MAX_TICK_NS),
+        "between 0.001 and 60000 ms",
+    )?;
     let heartbeat_interval_ns = millis_to_ns(
         heartbeat.interval_ms,
         DEFAULT_HEARTBEAT_INTERVAL_NS,
         "heartbeat.interval_ms",
+        (1, MAX_HEARTBEAT_INTERVAL_NS),
+        "at most 3600000 ms (one hour)",
     )?;
     let heartbeat_timeout_ns = millis_to_ns(
         heartbeat.timeout_ms,
         DEFAULT_HEARTBEAT_TIMEOUT_NS,
         "heartbeat.timeout_ms",
+        (1, MAX_HEARTBEAT_TIMEOUT_NS),
+        "at most 86400000 ms (one day)",
     )?;
+    if heartbeat_interval_ns < tick_ns {
+        // Name the figure that was written (both may be defaults' partners).
+        let field = if heartbeat.interval_ms.is_some() {
+            "heartbeat.interval_ms"
+        } else {
+            "tick_ms"
+        };
+        return Err(invalid(
+            field,
+            Problem::IntervalShorterThanTick {
+                interval_ms: heartbeat_interval_ns as f64 / 1e6,
+                tick_ms: tick_ns as f64 / 1e6,
+            },
+        ));
+    }
     if heartbeat_timeout_ns <= heartbeat_interval_ns {
         return Err(invalid(
             "heartbeat.timeout_ms",
@@ -388,7 +431,26 @@ fn resolve_fields(file: &PodFile) -> Check<Topology> {
             },
         ));
     }
-    let tick_ns = millis_to_ns(file.tick_ms, DEFAULT_TICK_NS, "tick_ms")?;
+    // The detector's guarantee (see `crate::health`): a running device whose
+    // heartbeats take the control latency plus its jitter is never failed
+    // while latency + jitter + interval <= timeout. The pod starts with no
+    // jitter, so the control latency alone must leave that room.
+    let control_latency_ns = dcn.latency_ns;
+    if control_latency_ns.saturating_add(heartbeat_interval_ns) > heartbeat_timeout_ns {
+        let field = if file.dcn.as_ref().is_some_and(|d| d.latency_us.is_some()) {
+            "dcn.latency_us"
+        } else {
+            "heartbeat.timeout_ms"
+        };
+        return Err(invalid(
+            field,
+            Problem::ControlLatencyExceedsTimeout {
+                latency_ms: control_latency_ns as f64 / 1e6,
+                interval_ms: heartbeat_interval_ns as f64 / 1e6,
+                timeout_ms: heartbeat_timeout_ns as f64 / 1e6,
+            },
+        ));
+    }
     let mut topology = Topology {
         name: file.name.clone(),
         description: file.description.clone().unwrap_or_default(),
@@ -537,16 +599,22 @@ fn positive_finite(value: f64, field: &str) -> Check<f64> {
     }
 }
 
-/// Converts a millisecond figure to whole nanoseconds (at least 1 ns).
-fn millis_to_ns(value: Option<f64>, default_ns: u64, field: &str) -> Check<u64> {
+/// Converts a millisecond figure to whole nanoseconds within `min..=max` ns;
+/// `requirement` says the range in milliseconds.
+fn millis_to_ns(
+    value: Option<f64>,
+    default_ns: u64,
+    field: &str,
+    (min, max): (u64, u64),
+    requirement: &'static str,
+) -> Check<u64> {
     let Some(ms) = value else {
         return Ok(default_ns);
     };
     let ms = positive_finite(ms, field)?;
     let ns = (ms * 1e6).round();
-    // Ten years of simulated time is far beyond any run; larger is a typo.
-    if !(1.0..=3.2e17).contains(&ns) {
-        return Err(invalid(field, bad_number(ms, "between 1e-6 and 3.2e11 ms")));
+    if !(min.max(1) as f64..=max as f64).contains(&ns) {
+        return Err(invalid(field, bad_number(ms, requirement)));
     }
     Ok(ns as u64)
 }

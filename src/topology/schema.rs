@@ -63,7 +63,7 @@ pub struct PodFile {
     /// Heartbeat timing.
     #[serde(default)]
     pub heartbeat: Option<HeartbeatFigures>,
-    /// Simulated time per `Step`, milliseconds.
+    /// Simulated time per `Step`, milliseconds: 0.001 to 60000.
     #[serde(default)]
     pub tick_ms: Option<f64>,
 }
@@ -111,10 +111,13 @@ pub struct ExtraLink {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HeartbeatFigures {
-    /// Time between heartbeats of one device, milliseconds.
+    /// Time between heartbeats of one device, milliseconds: at least one
+    /// tick, at most 3600000 (one hour).
     #[serde(default)]
     pub interval_ms: Option<f64>,
-    /// Silence after which a device is declared failed, milliseconds.
+    /// Silence after which a device is declared failed, milliseconds: at
+    /// least the interval plus the DCN (control) latency, at most 86400000
+    /// (one day).
     #[serde(default)]
     pub timeout_ms: Option<f64>,
 }

@@ -25,6 +25,11 @@
 //! allocations that overlap a newcomer in time are found with a segment tree
 //! over time steps, so placement is `O(n log n)` plus the overlaps it must
 //! inspect (as in any best-fit heap).
+//!
+//! **Sizes are checked**: rounding a buffer up to [`ALIGNMENT`], placing it
+//! above another and summing live bytes use checked arithmetic; a program
+//! whose plan would not fit in `usize` is an error naming the node, never a
+//! wrapped small heap.
 
 use bevy_ecs::entity::EntityHashMap;
 use bevy_ecs::prelude::*;
@@ -77,9 +82,9 @@ pub struct MemoryPlan {
     pub buffers: Vec<Entity>,
 }
 
-/// Rounds up to [`ALIGNMENT`].
-fn aligned(bytes: usize) -> usize {
-    bytes.div_ceil(ALIGNMENT).max(1) * ALIGNMENT
+/// Rounds up to [`ALIGNMENT`]; `None` when the result does not fit in `usize`.
+fn aligned(bytes: usize) -> Option<usize> {
+    bytes.div_ceil(ALIGNMENT).max(1).checked_mul(ALIGNMENT)
 }
 
 struct Value {
@@ -165,8 +170,9 @@ impl LiveRangeIndex {
 
 /// Best fit over liveness: allocations, largest first, take the smallest gap
 /// between the placed allocations whose live ranges overlap theirs (or go on
-/// top). Returns the offset of each `(size, start, end)`.
-pub fn best_fit(sizes_and_ranges: &[(usize, u32, u32)]) -> Vec<usize> {
+/// top). Returns the offset of each `(size, start, end)`, or `None` when some
+/// allocation would end beyond `usize::MAX`.
+pub fn best_fit(sizes_and_ranges: &[(usize, u32, u32)]) -> Option<Vec<usize>> {
     let mut order: Vec<usize> = (0..sizes_and_ranges.len()).collect();
     order.sort_by_key(|&i| {
         (
@@ -189,6 +195,7 @@ pub fn best_fit(sizes_and_ranges: &[(usize, u32, u32)]) -> Vec<usize> {
         hits.clear();
         index.overlapping(start as usize, end as usize, &mut hits);
         busy.clear();
+        // Placed allocations were checked to end within `usize` when placed.
         busy.extend(hits.iter().map(|&j| {
             (
                 offsets[j as usize],
@@ -197,9 +204,11 @@ pub fn best_fit(sizes_and_ranges: &[(usize, u32, u32)]) -> Vec<usize> {
         }));
         busy.sort_unstable();
         let mut best: Option<(usize, usize)> = None;
-        let mut cursor = 0;
+        let mut cursor: usize = 0;
         for &(lo, hi) in &busy {
-            if lo >= cursor + size {
+            // `cursor <= lo` here only when the gap is real; a sum beyond
+            // `usize` cannot fit below `lo`.
+            if cursor.checked_add(size).is_some_and(|top| lo >= top) {
                 let gap = lo - cursor;
                 if best.is_none_or(|(g, _)| gap < g) {
                     best = Some((gap, cursor));
@@ -208,25 +217,28 @@ pub fn best_fit(sizes_and_ranges: &[(usize, u32, u32)]) -> Vec<usize> {
             cursor = cursor.max(hi);
         }
         offsets[i] = best.map_or(cursor, |(_, at)| at);
+        offsets[i].checked_add(size)?;
         index.insert(i as u32, start as usize, end as usize);
     }
-    offsets
+    Some(offsets)
 }
 
-/// Maximum over time of the summed sizes of live ranges.
-pub fn lower_bound(sizes_and_ranges: &[(usize, u32, u32)]) -> usize {
-    let mut events: Vec<(u32, i64)> = Vec::with_capacity(sizes_and_ranges.len() * 2);
+/// Maximum over time of the summed sizes of live ranges; `None` when it
+/// exceeds `usize::MAX`.
+pub fn lower_bound(sizes_and_ranges: &[(usize, u32, u32)]) -> Option<usize> {
+    // i128 holds any sum of up to 2^63 sizes below 2^64 exactly.
+    let mut events: Vec<(u64, i128)> = Vec::with_capacity(sizes_and_ranges.len() * 2);
     for &(size, start, end) in sizes_and_ranges {
-        events.push((start, size as i64));
-        events.push((end + 1, -(size as i64)));
+        events.push((u64::from(start), size as i128));
+        events.push((u64::from(end) + 1, -(size as i128)));
     }
     events.sort_unstable_by_key(|&(t, d)| (t, d));
-    let (mut live, mut max) = (0i64, 0i64);
+    let (mut live, mut max) = (0i128, 0i128);
     for (_, d) in events {
         live += d;
         max = max.max(live);
     }
-    max as usize
+    usize::try_from(max).ok()
 }
 
 /// Plans the buffers of `program`.
@@ -243,8 +255,13 @@ pub fn run(world: &mut World, program: Entity) -> Result<PassOutcome, CompileErr
     let end = kernels.len() as u32 + 1;
     let mut values: Vec<Value> = Vec::new();
     let mut value_of: EntityHashMap<usize> = EntityHashMap::default();
-    let size_of =
-        |world: &World, e: Entity| world.get::<ValueType>(e).map_or(0, |t| t.0.byte_size());
+    // The value's bytes rounded up to the alignment, or an error naming it.
+    let size_of = |world: &World, e: Entity| -> Result<usize, CompileError> {
+        let bytes = world.get::<ValueType>(e).map_or(Some(0), |t| {
+            t.0.element_count().checked_mul(t.0.dtype.byte_size())
+        });
+        bytes.and_then(aligned).ok_or_else(|| too_large(world, e))
+    };
     for e in program_nodes(world, program) {
         if matches!(
             world.get::<Node>(e).map(|n| &n.op),
@@ -253,7 +270,7 @@ pub fn run(world: &mut World, program: Entity) -> Result<PassOutcome, CompileErr
             value_of.insert(e, values.len());
             values.push(Value {
                 node: e,
-                size: aligned(size_of(world, e)),
+                size: size_of(world, e)?,
                 start: 0,
                 end: 0,
                 alloc: values.len(),
@@ -273,7 +290,7 @@ pub fn run(world: &mut World, program: Entity) -> Result<PassOutcome, CompileErr
             value_of.insert(o, values.len());
             values.push(Value {
                 node: o,
-                size: aligned(size_of(world, o)),
+                size: size_of(world, o)?,
                 start: t,
                 end: t,
                 alloc: values.len(),
@@ -313,12 +330,20 @@ pub fn run(world: &mut World, program: Entity) -> Result<PassOutcome, CompileErr
         alloc_index.insert(values[i].node, a);
     }
     let ranges: Vec<(usize, u32, u32)> = allocs.iter().map(|a| (a.size, a.start, a.end)).collect();
-    let offsets = best_fit(&ranges);
+    let overflow = || {
+        let largest = values.iter().max_by_key(|v| v.size).map(|v| v.node);
+        largest.map_or_else(
+            || CompileError::Arguments("memory plan overflows usize".into()),
+            |node| too_large(world, node),
+        )
+    };
+    let offsets = best_fit(&ranges).ok_or_else(overflow)?;
     for (a, off) in allocs.iter_mut().zip(offsets) {
         a.offset = off;
     }
+    // `best_fit` checked every `offset + size`.
     let peak = allocs.iter().map(|a| a.offset + a.size).max().unwrap_or(0);
-    let bound = lower_bound(&ranges);
+    let bound = lower_bound(&ranges).ok_or_else(overflow)?;
     let mut buffers = Vec::with_capacity(values.len());
     for v in &values {
         let a = &allocs[alloc_index[&v.node]];
@@ -344,6 +369,17 @@ pub fn run(world: &mut World, program: Entity) -> Result<PassOutcome, CompileErr
         buffers,
     });
     Ok(PassOutcome::changed(!values.is_empty()))
+}
+
+/// The error for a value (or a plan) whose bytes do not fit in `usize`.
+fn too_large(world: &World, node: Entity) -> CompileError {
+    CompileError::InvalidNode {
+        node: crate::compiler::graph::node_label(world, node),
+        message: format!(
+            "its buffer is too large to plan: its bytes, rounded up to {ALIGNMENT}-byte \
+             alignment and placed in one heap, overflow the address space"
+        ),
+    }
 }
 
 /// Lets outputs of loop-fusion kernels take over dead inputs of the same type.
@@ -408,7 +444,7 @@ mod tests {
                 (64 * (1 + next(8) as usize), s, s + next(10) as u32)
             })
             .collect();
-        let off = best_fit(&r);
+        let off = best_fit(&r).unwrap();
         for i in 0..r.len() {
             for j in i + 1..r.len() {
                 let time = r[i].1 <= r[j].2 && r[j].1 <= r[i].2;
@@ -417,16 +453,32 @@ mod tests {
             }
         }
         let peak = (0..r.len()).map(|i| off[i] + r[i].0).max().unwrap();
-        assert!(peak >= lower_bound(&r));
+        assert!(peak >= lower_bound(&r).unwrap());
     }
 
     #[test]
     fn best_fit_reuses_dead_space_and_never_overlaps_live_ranges() {
         // a [0,1], b [0,3], c [2,3] same size as a: c reuses a's space.
         let r = [(64, 0, 1), (128, 0, 3), (64, 2, 3)];
-        let off = best_fit(&r);
+        let off = best_fit(&r).unwrap();
         assert_eq!(off[2], off[0]);
-        assert_eq!(lower_bound(&r), 192);
+        assert_eq!(lower_bound(&r), Some(192));
         assert_eq!(off.iter().zip(&r).map(|(o, s)| o + s.0).max().unwrap(), 192);
+    }
+
+    #[test]
+    fn sizes_that_overflow_are_errors_not_wraps() {
+        assert_eq!(aligned(usize::MAX - 10), None);
+        assert_eq!(aligned(1), Some(ALIGNMENT));
+        let max_aligned = usize::MAX / ALIGNMENT * ALIGNMENT;
+        assert_eq!(aligned(max_aligned), Some(max_aligned));
+        // Two live buffers whose sum overflows: no placement, no bound.
+        let r = [(max_aligned, 0, 1), (max_aligned, 0, 1)];
+        assert_eq!(best_fit(&r), None);
+        assert_eq!(lower_bound(&r), None);
+        // Not live together: they share the space.
+        let r = [(max_aligned, 0, 1), (max_aligned, 2, 3)];
+        assert_eq!(best_fit(&r), Some(vec![0, 0]));
+        assert_eq!(lower_bound(&r), Some(max_aligned));
     }
 }
