@@ -318,3 +318,33 @@ fn optional_passes_can_be_disabled_by_name() {
         "pass `fusion` cannot be disabled; optional passes: constant-folding, algebraic-simplifier, cse, dce"
     );
 }
+
+#[test]
+fn dce_keeps_an_unused_custom_call() {
+    // 10 nodes: the custom call and its operand are unused but must stay,
+    // as CSE already treats custom calls as possibly side-effecting.
+    let text = r#"(name: "cc", nodes: [
+        (name: "x", op: "parameter", ty: "f32[4]"),
+        (name: "two", op: "constant", ty: "f32[]", value: [2.0]),
+        (name: "a", op: "mul", operands: ["x", "two"]),
+        (name: "b", op: "add", operands: ["a", "x"]),
+        (name: "c", op: "neg", operands: ["b"]),
+        (name: "d", op: "exp", operands: ["c"]),
+        (name: "e", op: "add", operands: ["d", "x"]),
+        (name: "arg", op: "abs", operands: ["x"]),
+        (name: "call", op: "custom_call", target: "identity", operands: ["arg"], ty: "f32[4]"),
+        (name: "dead", op: "neg", operands: ["x"]),
+    ], outputs: ["e"])"#;
+    let r = xla::compile_program_str("cc", text).unwrap();
+    let dce = r.passes.iter().find(|p| p.name == "dce").unwrap();
+    assert_eq!((dce.nodes_before, dce.nodes_after), (10, 9), "{r}");
+    assert!(
+        r.kernel_rows
+            .iter()
+            .any(|k| k.summary.contains("custom_call")),
+        "{r}"
+    );
+    let x = Tensor::from_f64s(&r.executable.parameters[0], &[1.0, -2.0, 3.0, 0.5]).unwrap();
+    let out = r.executable.run(&[x]).unwrap();
+    assert_eq!(out.len(), 1);
+}
