@@ -329,3 +329,49 @@ fn bench_optimizer_reports_the_step_against_the_limit() {
     let unknown = optirs(&["bench", "optimizer", "--optimizer", "lion"]);
     assert_eq!(unknown.status.code(), Some(1));
 }
+
+/// The pass names `compile --help` offers to `--disable-pass`.
+fn disable_pass_names_in_help() -> Vec<String> {
+    let help = optirs(&["compile", "--help"]);
+    assert!(help.status.success());
+    let help = String::from_utf8(help.stdout).unwrap();
+    let start = help
+        .find("(repeatable):")
+        .expect("--disable-pass lists the passes")
+        + 13;
+    let list = &help[start..];
+    let end = list.find(['(', '.']).unwrap_or(list.len());
+    list[..end]
+        .split(',')
+        .map(|s| s.split_whitespace().collect::<String>())
+        .filter(|s| !s.is_empty())
+        .collect()
+}
+
+#[test]
+fn every_pass_the_help_lists_can_be_disabled() {
+    let names = disable_pass_names_in_help();
+    assert!(names.iter().any(|n| n == "fusion"), "{names:?}");
+    let programs = concat!(env!("CARGO_MANIFEST_DIR"), "/assets/programs");
+    for program in ["adam", "mlp", "conv_block", "cse_fold"] {
+        let path = format!("{programs}/{program}.ron");
+        for name in &names {
+            let out = optirs(&["compile", &path, "--disable-pass", name, "--json"]);
+            let report = json(&out);
+            let row = report["passes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|p| p["name"] == name.as_str())
+                .unwrap_or_else(|| panic!("no `{name}` row for {program}"))
+                .clone();
+            assert_eq!(row["changed"], false, "{program} without {name}: {row}");
+        }
+    }
+    let adam = format!("{programs}/adam.ron");
+    let text = optirs(&["compile", &adam, "--disable-pass", "fusion"]);
+    assert!(text.status.success());
+    let stdout = String::from_utf8_lossy(&text.stdout);
+    assert!(stdout.contains("disabled: one kernel per op"), "{stdout}");
+    assert!(!stdout.contains("fusion.0"), "{stdout}");
+}

@@ -307,7 +307,7 @@ fn optional_passes_can_be_disabled_by_name() {
     let cse = r.passes.iter().find(|p| p.name == "cse").unwrap();
     assert!(!cse.changed && cse.note.as_deref() == Some("disabled"));
     let bad = xla::CompileOptions {
-        disabled_passes: vec!["fusion".into()],
+        disabled_passes: vec!["verify".into()],
         verify_each_pass: None,
     };
     let err = xla::compile_program_str_with("cse_fold", &asset("cse_fold"), &bad)
@@ -315,7 +315,7 @@ fn optional_passes_can_be_disabled_by_name() {
         .to_string();
     assert_eq!(
         err,
-        "pass `fusion` cannot be disabled; optional passes: constant-folding, algebraic-simplifier, cse, dce"
+        "pass `verify` cannot be disabled; optional passes: constant-folding, algebraic-simplifier, cse, dce, fusion"
     );
 }
 
@@ -347,4 +347,62 @@ fn dce_keeps_an_unused_custom_call() {
     let x = Tensor::from_f64s(&r.executable.parameters[0], &[1.0, -2.0, 3.0, 0.5]).unwrap();
     let out = r.executable.run(&[x]).unwrap();
     assert_eq!(out.len(), 1);
+}
+
+/// Compiles `name` with `disabled` passes off and checks both executors
+/// against the interpreter of the program as written.
+fn compile_disabled_and_compare(name: &str, disabled: &[&str]) -> xla::CompileReport {
+    use optirs_tpu::exec::runtime::{NoCustomCalls, Runtime};
+    let mut world = xla::compiler_world();
+    let p = xla::load_program_str(&mut world, name, &asset(name)).unwrap();
+    let options = xla::CompileOptions {
+        disabled_passes: disabled.iter().map(|s| s.to_string()).collect(),
+        verify_each_pass: Some(true),
+    };
+    let report = xla::compile_program_str_with(name, &asset(name), &options)
+        .unwrap_or_else(|e| panic!("{name} without {disabled:?}: {e}"));
+    let args = inputs(&report.executable.parameters, 11);
+    let expected = interpret(&world, p, &args).unwrap();
+    let got = report.executable.run(&args).unwrap();
+    let fast = Runtime::new(report.executable.clone())
+        .run_tensors(&args, &mut NoCustomCalls)
+        .unwrap_or_else(|e| panic!("{name} without {disabled:?}: {e}"));
+    for (i, e) in expected.iter().enumerate() {
+        assert!(
+            e.approx_eq(&got[i], 1e-6),
+            "{name} without {disabled:?}: output {i}"
+        );
+        assert!(
+            e.approx_eq(&fast[i], 1e-6),
+            "{name} without {disabled:?}: runtime output {i}"
+        );
+    }
+    report
+}
+
+#[test]
+fn every_optional_pass_can_be_disabled_and_the_program_still_runs() {
+    use optirs_tpu::xla::passes::OPTIONAL_PASSES;
+    for name in PROGRAMS {
+        for pass in OPTIONAL_PASSES {
+            let r = compile_disabled_and_compare(name, &[pass]);
+            let row = r.passes.iter().find(|p| p.name == pass).unwrap();
+            assert!(!row.changed, "{name}: disabled {pass} changed the graph");
+            assert!(
+                row.note.as_deref().unwrap_or("").starts_with("disabled"),
+                "{r}"
+            );
+        }
+        compile_disabled_and_compare(name, &OPTIONAL_PASSES);
+    }
+}
+
+#[test]
+fn without_fusion_every_op_is_its_own_kernel() {
+    let r = compile_disabled_and_compare("adam", &["fusion"]);
+    let ops: usize = r.kernel_rows.iter().map(|k| k.ops).sum();
+    assert_eq!(r.kernels, ops, "{r}");
+    assert!(r.kernels > 1, "{r}");
+    assert!(r.kernel_rows.iter().all(|k| k.loop_shape.is_none()), "{r}");
+    assert!(r.fusion_refusals.is_empty(), "{r}");
 }

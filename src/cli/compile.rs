@@ -30,7 +30,8 @@ pub struct CompileArgs {
     #[arg(long, value_name = "FILE")]
     memory_svg: Option<PathBuf>,
     /// Skip an optional pass by name (repeatable): constant-folding,
-    /// algebraic-simplifier, cse, dce, fusion.
+    /// algebraic-simplifier, cse, dce, fusion (then each op is its own
+    /// kernel). The program still runs and computes the same values.
     #[arg(long = "disable-pass", value_name = "NAME")]
     disable_pass: Vec<String>,
     /// Run the verifier after every pass.

@@ -8,7 +8,7 @@
 //! | `Verify` | `verify` | everything after assumes an acyclic, well-formed graph |
 //! | `ShapeInference` | `shape-inference` | folding and simplification compare types |
 //! | `Simplify` | `constant-folding`, `algebraic-simplifier`, `cse`, `dce`, to a fixed point (cap [`MAX_FIXED_POINT_ITERATIONS`]) | folding exposes CSE; CSE and simplification leave dead nodes for DCE |
-//! | `Fuse` | `fusion` | runs on the final graph, so kernels are counted once |
+//! | `Fuse` | `fusion` (disabled: one kernel per op) | runs on the final graph, so kernels are counted once |
 //! | `Order` | `ordering` | memory planning needs kernel positions |
 //! | `PlanMemory` | `memory-plan` | needs live ranges from the order |
 //! | `Lower` | `lower` | needs kernels, order and offsets |
@@ -107,13 +107,28 @@ impl Default for VerifyGraph {
 }
 
 /// Names of passes to skip; only the [`OPTIONAL_PASSES`] can be disabled
-/// (the others produce what later passes need).
+/// (the others produce what later passes need). A disabled `Simplify` pass
+/// does not run; a disabled `fusion` runs [`fusion::run_unfused`] (one
+/// kernel per op), since ordering, memory planning and lowering need kernels.
 #[derive(Resource, Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct DisabledPasses(pub Vec<String>);
 
-/// The passes that may be disabled: the `Simplify` fixed point.
-pub const OPTIONAL_PASSES: [&str; 4] =
-    [constant_folding::NAME, simplify::NAME, cse::NAME, dce::NAME];
+/// The passes that may be disabled: the `Simplify` fixed point and fusion.
+/// A program compiled with any of them disabled still runs and computes the
+/// same values.
+pub const OPTIONAL_PASSES: [&str; 5] = [
+    constant_folding::NAME,
+    simplify::NAME,
+    cse::NAME,
+    dce::NAME,
+    fusion::NAME,
+];
+
+fn is_disabled(world: &World, name: &str) -> bool {
+    world
+        .get_resource::<DisabledPasses>()
+        .is_some_and(|d| d.0.iter().any(|n| n == name))
+}
 
 /// A pass entry point.
 pub type PassFn = fn(&mut World, Entity) -> Result<PassOutcome, CompileError>;
@@ -275,9 +290,13 @@ fn fixed_point(world: &mut World, p: Entity) -> Result<Vec<PassRecord>, CompileE
     Ok(rows.into_iter().flatten().collect())
 }
 
-/// `Fuse` set.
+/// `Fuse` set (one kernel per op when `fusion` is disabled).
 pub fn fuse_kernels(world: &mut World) {
-    run_on_pending(world, fusion::NAME, fusion::run);
+    if is_disabled(world, fusion::NAME) {
+        run_on_pending(world, fusion::NAME, fusion::run_unfused);
+    } else {
+        run_on_pending(world, fusion::NAME, fusion::run);
+    }
 }
 
 /// `Order` set.
