@@ -406,3 +406,42 @@ fn without_fusion_every_op_is_its_own_kernel() {
     assert!(r.kernel_rows.iter().all(|k| k.loop_shape.is_none()), "{r}");
     assert!(r.fusion_refusals.is_empty(), "{r}");
 }
+
+#[test]
+fn simplify_rows_report_each_pass_s_own_node_counts() {
+    let group = ["constant-folding", "algebraic-simplifier", "cse", "dce"];
+    for name in PROGRAMS {
+        let r = xla::compile_program_str(name, &asset(name)).unwrap();
+        let rows: Vec<_> = group
+            .iter()
+            .map(|g| r.passes.iter().find(|p| p.name == *g).unwrap())
+            .collect();
+        let after_group = r.passes.iter().find(|p| p.name == "fusion").unwrap();
+        // Only DCE removes nodes; the others rewrite or redirect in place.
+        for row in &rows[..3] {
+            assert_eq!(row.nodes_before, row.nodes_after, "{name}: {r}");
+        }
+        let removed: usize = rows.iter().map(|p| p.nodes_before - p.nodes_after).sum();
+        assert_eq!(
+            removed,
+            rows[0].nodes_before - after_group.nodes_before,
+            "{name}: the rows' own removals add up to the group's: {r}"
+        );
+    }
+    let r = xla::compile_program_str("cse_fold", &asset("cse_fold")).unwrap();
+    let row = |n: &str| r.passes.iter().find(|p| p.name == n).unwrap().clone();
+    assert!(row("dce").runs > 1, "{r}");
+    assert_eq!(
+        (
+            row("algebraic-simplifier").nodes_before,
+            row("algebraic-simplifier").nodes_after
+        ),
+        (21, 21),
+        "{r}"
+    );
+    assert_eq!(
+        (row("dce").nodes_before, row("dce").nodes_after),
+        (21, 8),
+        "{r}"
+    );
+}

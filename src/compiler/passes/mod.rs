@@ -67,7 +67,10 @@ impl PassOutcome {
     }
 }
 
-/// One row of the pass table (a fixed-point pass is one row summed over its iterations).
+/// One row of the pass table (a fixed-point pass is one row summed over its
+/// iterations). Node counts are the pass's own: in the `Simplify` group,
+/// what the other passes of the group removed between its runs is not
+/// counted, so `nodes_before - nodes_after` is what this pass removed.
 #[derive(Debug, Clone, Serialize)]
 pub struct PassRecord {
     /// The pass `NAME`.
@@ -76,7 +79,8 @@ pub struct PassRecord {
     pub changed: bool,
     /// Live nodes before the first run.
     pub nodes_before: usize,
-    /// Live nodes after the last run.
+    /// `nodes_before` plus the net change of this pass's own runs (for a
+    /// pass that ran once: live nodes after it).
     pub nodes_after: usize,
     /// Wall time over all runs, in microseconds.
     pub micros: u64,
@@ -241,16 +245,14 @@ pub fn simplify_to_fixed_point(world: &mut World) {
 }
 
 fn fixed_point(world: &mut World, p: Entity) -> Result<Vec<PassRecord>, CompileError> {
-    let disabled = world
-        .get_resource::<DisabledPasses>()
-        .cloned()
-        .unwrap_or_default();
-    let is_disabled = |name: &str| disabled.0.iter().any(|d| d == name);
     let mut rows: Vec<Option<PassRecord>> = vec![None; SIMPLIFY_PASSES.len()];
     for round in 0..MAX_FIXED_POINT_ITERATIONS {
         let mut any = false;
         for (slot, (name, pass)) in rows.iter_mut().zip(SIMPLIFY_PASSES) {
-            if is_disabled(name) {
+            if is_disabled(world, name) {
+                if slot.is_some() {
+                    continue;
+                }
                 let n = node_count(world, p);
                 *slot = Some(PassRecord {
                     name,
@@ -269,7 +271,8 @@ fn fixed_point(world: &mut World, p: Entity) -> Result<Vec<PassRecord>, CompileE
                 None => *slot = Some(r),
                 Some(acc) => {
                     acc.changed |= r.changed;
-                    acc.nodes_after = r.nodes_after;
+                    acc.nodes_after =
+                        (acc.nodes_after + r.nodes_after).saturating_sub(r.nodes_before);
                     acc.micros += r.micros;
                     acc.runs += 1;
                     acc.note = acc.note.take().or(r.note);
