@@ -375,3 +375,24 @@ fn every_pass_the_help_lists_can_be_disabled() {
     assert!(stdout.contains("disabled: one kernel per op"), "{stdout}");
     assert!(!stdout.contains("fusion.0"), "{stdout}");
 }
+
+#[test]
+fn compile_errors_name_the_program_file_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("big.ron");
+    std::fs::write(
+        &path,
+        r#"(name: "big", nodes: [(name: "c", op: "constant", ty: "f32[16777217]", value: [1.0])], outputs: ["c"])"#,
+    )
+    .unwrap();
+    let out = optirs(&["compile", path.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        stderr.trim_end(),
+        format!(
+            "error: {}: node %c: constant f32[16777217] is larger than 16777216 elements",
+            path.display()
+        )
+    );
+}

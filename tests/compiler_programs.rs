@@ -445,3 +445,56 @@ fn simplify_rows_report_each_pass_s_own_node_counts() {
         "{r}"
     );
 }
+
+#[test]
+fn program_file_errors_name_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        (
+            "big.ron",
+            r#"(name: "big", nodes: [(name: "c", op: "constant", ty: "f32[16777217]", value: [1.0])], outputs: ["c"])"#,
+            "node %c: constant f32[16777217] is larger than 16777216 elements",
+        ),
+        (
+            "shape.ron",
+            r#"(name: "s", nodes: [
+                (name: "x", op: "parameter", ty: "f32[8]"),
+                (name: "y", op: "parameter", ty: "f32[4]"),
+                (name: "s", op: "add", operands: ["x", "y"]),
+            ], outputs: ["s"])"#,
+            "node %s = add(f32[8], f32[4]): operand shapes [8] and [4] do not broadcast",
+        ),
+        (
+            "cycle.ron",
+            r#"(name: "b", nodes: [
+                (name: "x", op: "parameter", ty: "f32[2]"),
+                (name: "a", op: "add", operands: ["x", "c"]),
+                (name: "c", op: "neg", operands: ["a"]),
+            ], outputs: ["c"])"#,
+            "program `b` is invalid",
+        ),
+    ];
+    for (file, text, message) in cases {
+        let path = dir.path().join(file);
+        std::fs::write(&path, text).unwrap();
+        let err = xla::compile_program_file(&path).unwrap_err();
+        let shown = err.to_string();
+        let prefix = format!("{}: {message}", path.display());
+        assert!(shown.starts_with(&prefix), "{shown}");
+        assert_eq!(shown.matches(message).count(), 1, "said once: {shown}");
+        assert!(
+            !matches!(err.without_file(), CompileError::InFile { .. }),
+            "{err:?}"
+        );
+        let mut pod = optirs_tpu::Pod::load("v4-8").unwrap();
+        let pod_err = pod.compile_program_file(&path).unwrap_err().to_string();
+        assert!(pod_err.contains(&prefix), "{pod_err}");
+    }
+    // Parse errors already carry file, line and column: not named twice.
+    let path = dir.path().join("syntax.ron");
+    std::fs::write(&path, "(name: \"b\",\n nodes: [(name: 1)])").unwrap();
+    let shown = xla::compile_program_file(&path).unwrap_err().to_string();
+    let file = path.display().to_string();
+    assert!(shown.starts_with(&format!("{file}:2:")), "{shown}");
+    assert_eq!(shown.matches(&file).count(), 1, "{shown}");
+}
