@@ -327,7 +327,11 @@ fn bench_optimizer_reports_the_step_against_the_limit() {
     );
     assert!(step > 0.0 && limit > 0.0);
     let unknown = optirs(&["bench", "optimizer", "--optimizer", "lion"]);
-    assert_eq!(unknown.status.code(), Some(1));
+    assert_eq!(
+        unknown.status.code(),
+        Some(2),
+        "a bad value is a usage error"
+    );
 }
 
 /// The pass names `compile --help` offers to `--disable-pass`.
@@ -335,12 +339,17 @@ fn disable_pass_names_in_help() -> Vec<String> {
     let help = optirs(&["compile", "--help"]);
     assert!(help.status.success());
     let help = String::from_utf8(help.stdout).unwrap();
-    let start = help
-        .find("(repeatable):")
-        .expect("--disable-pass lists the passes")
-        + 13;
+    let option = help
+        .find("--disable-pass")
+        .expect("compile has --disable-pass");
+    let marker = "[possible values:";
+    let start = option
+        + help[option..]
+            .find(marker)
+            .expect("--disable-pass lists the passes")
+        + marker.len();
     let list = &help[start..];
-    let end = list.find(['(', '.']).unwrap_or(list.len());
+    let end = list.find(']').expect("the list ends");
     list[..end]
         .split(',')
         .map(|s| s.split_whitespace().collect::<String>())
@@ -395,4 +404,37 @@ fn compile_errors_name_the_program_file_once() {
             path.display()
         )
     );
+}
+
+#[test]
+fn bad_values_are_usage_errors_everywhere() {
+    let adam = concat!(env!("CARGO_MANIFEST_DIR"), "/assets/programs/adam.ron");
+    let cases: &[&[&str]] = &[
+        &["bench", "optimizer", "--optimizer", "lamb"],
+        &["bench", "optimizer", "--size", "0"],
+        &["bench", "optimizer", "--size", "1.5"],
+        &["bench", "optimizer", "--steps", "0"],
+        &["collectives", "--op", "bogus"],
+        &["compile", adam, "--disable-pass", "bogus"],
+        &["compile", adam, "--disable-pass", "verify"],
+    ];
+    for args in cases {
+        let out = optirs(args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains("invalid value"), "{args:?}: {stderr}");
+    }
+}
+
+#[test]
+fn bench_optimizer_checks_host_memory_before_allocating() {
+    for size in ["1e11", "100000000000"] {
+        let out = optirs(&["bench", "optimizer", "--size", size, "--steps", "1"]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(
+            stderr.contains("GiB of host memory") && stderr.contains("100000000000"),
+            "{stderr}"
+        );
+    }
 }
