@@ -438,3 +438,25 @@ fn bench_optimizer_checks_host_memory_before_allocating() {
         );
     }
 }
+
+#[test]
+fn errors_do_not_repeat_their_cause() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_str().unwrap();
+    for args in [
+        vec!["compile", path],
+        vec!["run", path, "--steps", "1"],
+        vec!["topology", path],
+    ] {
+        let out = optirs(&args);
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let os_error = stderr.find("(os error").expect("an OS error is shown");
+        assert_eq!(stderr.matches("(os error").count(), 1, "{args:?}: {stderr}");
+        assert!(stderr[..os_error].contains(path), "{args:?}: {stderr}");
+    }
+    let missing = dir.path().join("no/such/dir/trace.json");
+    let out = optirs(&["run", "--steps", "1", "--trace", missing.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.matches("(os error").count(), 1, "{stderr}");
+}
