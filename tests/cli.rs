@@ -327,5 +327,136 @@ fn bench_optimizer_reports_the_step_against_the_limit() {
     );
     assert!(step > 0.0 && limit > 0.0);
     let unknown = optirs(&["bench", "optimizer", "--optimizer", "lion"]);
-    assert_eq!(unknown.status.code(), Some(1));
+    assert_eq!(
+        unknown.status.code(),
+        Some(2),
+        "a bad value is a usage error"
+    );
+}
+
+/// The pass names `compile --help` offers to `--disable-pass`.
+fn disable_pass_names_in_help() -> Vec<String> {
+    let help = optirs(&["compile", "--help"]);
+    assert!(help.status.success());
+    let help = String::from_utf8(help.stdout).unwrap();
+    let option = help
+        .find("--disable-pass")
+        .expect("compile has --disable-pass");
+    let marker = "[possible values:";
+    let start = option
+        + help[option..]
+            .find(marker)
+            .expect("--disable-pass lists the passes")
+        + marker.len();
+    let list = &help[start..];
+    let end = list.find(']').expect("the list ends");
+    list[..end]
+        .split(',')
+        .map(|s| s.split_whitespace().collect::<String>())
+        .filter(|s| !s.is_empty())
+        .collect()
+}
+
+#[test]
+fn every_pass_the_help_lists_can_be_disabled() {
+    let names = disable_pass_names_in_help();
+    assert!(names.iter().any(|n| n == "fusion"), "{names:?}");
+    let programs = concat!(env!("CARGO_MANIFEST_DIR"), "/assets/programs");
+    for program in ["adam", "mlp", "conv_block", "cse_fold"] {
+        let path = format!("{programs}/{program}.ron");
+        for name in &names {
+            let out = optirs(&["compile", &path, "--disable-pass", name, "--json"]);
+            let report = json(&out);
+            let row = report["passes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|p| p["name"] == name.as_str())
+                .unwrap_or_else(|| panic!("no `{name}` row for {program}"))
+                .clone();
+            assert_eq!(row["changed"], false, "{program} without {name}: {row}");
+        }
+    }
+    let adam = format!("{programs}/adam.ron");
+    let text = optirs(&["compile", &adam, "--disable-pass", "fusion"]);
+    assert!(text.status.success());
+    let stdout = String::from_utf8_lossy(&text.stdout);
+    assert!(stdout.contains("disabled: one kernel per op"), "{stdout}");
+    assert!(!stdout.contains("fusion.0"), "{stdout}");
+}
+
+#[test]
+fn compile_errors_name_the_program_file_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("big.ron");
+    std::fs::write(
+        &path,
+        r#"(name: "big", nodes: [(name: "c", op: "constant", ty: "f32[16777217]", value: [1.0])], outputs: ["c"])"#,
+    )
+    .unwrap();
+    let out = optirs(&["compile", path.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        stderr.trim_end(),
+        format!(
+            "error: {}: node %c: constant f32[16777217] is larger than 16777216 elements",
+            path.display()
+        )
+    );
+}
+
+#[test]
+fn bad_values_are_usage_errors_everywhere() {
+    let adam = concat!(env!("CARGO_MANIFEST_DIR"), "/assets/programs/adam.ron");
+    let cases: &[&[&str]] = &[
+        &["bench", "optimizer", "--optimizer", "lamb"],
+        &["bench", "optimizer", "--size", "0"],
+        &["bench", "optimizer", "--size", "1.5"],
+        &["bench", "optimizer", "--steps", "0"],
+        &["collectives", "--op", "bogus"],
+        &["compile", adam, "--disable-pass", "bogus"],
+        &["compile", adam, "--disable-pass", "verify"],
+    ];
+    for args in cases {
+        let out = optirs(args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains("invalid value"), "{args:?}: {stderr}");
+    }
+}
+
+#[test]
+fn bench_optimizer_checks_host_memory_before_allocating() {
+    for size in ["1e11", "100000000000"] {
+        let out = optirs(&["bench", "optimizer", "--size", size, "--steps", "1"]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(
+            stderr.contains("GiB of host memory") && stderr.contains("100000000000"),
+            "{stderr}"
+        );
+    }
+}
+
+#[test]
+fn errors_do_not_repeat_their_cause() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_str().unwrap();
+    for args in [
+        vec!["compile", path],
+        vec!["run", path, "--steps", "1"],
+        vec!["topology", path],
+    ] {
+        let out = optirs(&args);
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let os_error = stderr.find("(os error").expect("an OS error is shown");
+        assert_eq!(stderr.matches("(os error").count(), 1, "{args:?}: {stderr}");
+        assert!(stderr[..os_error].contains(path), "{args:?}: {stderr}");
+    }
+    let missing = dir.path().join("no/such/dir/trace.json");
+    let out = optirs(&["run", "--steps", "1", "--trace", missing.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.matches("(os error").count(), 1, "{stderr}");
 }

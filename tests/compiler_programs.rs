@@ -307,7 +307,7 @@ fn optional_passes_can_be_disabled_by_name() {
     let cse = r.passes.iter().find(|p| p.name == "cse").unwrap();
     assert!(!cse.changed && cse.note.as_deref() == Some("disabled"));
     let bad = xla::CompileOptions {
-        disabled_passes: vec!["fusion".into()],
+        disabled_passes: vec!["verify".into()],
         verify_each_pass: None,
     };
     let err = xla::compile_program_str_with("cse_fold", &asset("cse_fold"), &bad)
@@ -315,6 +315,186 @@ fn optional_passes_can_be_disabled_by_name() {
         .to_string();
     assert_eq!(
         err,
-        "pass `fusion` cannot be disabled; optional passes: constant-folding, algebraic-simplifier, cse, dce"
+        "pass `verify` cannot be disabled; optional passes: constant-folding, algebraic-simplifier, cse, dce, fusion"
     );
+}
+
+#[test]
+fn dce_keeps_an_unused_custom_call() {
+    // 10 nodes: the custom call and its operand are unused but must stay,
+    // as CSE already treats custom calls as possibly side-effecting.
+    let text = r#"(name: "cc", nodes: [
+        (name: "x", op: "parameter", ty: "f32[4]"),
+        (name: "two", op: "constant", ty: "f32[]", value: [2.0]),
+        (name: "a", op: "mul", operands: ["x", "two"]),
+        (name: "b", op: "add", operands: ["a", "x"]),
+        (name: "c", op: "neg", operands: ["b"]),
+        (name: "d", op: "exp", operands: ["c"]),
+        (name: "e", op: "add", operands: ["d", "x"]),
+        (name: "arg", op: "abs", operands: ["x"]),
+        (name: "call", op: "custom_call", target: "identity", operands: ["arg"], ty: "f32[4]"),
+        (name: "dead", op: "neg", operands: ["x"]),
+    ], outputs: ["e"])"#;
+    let r = xla::compile_program_str("cc", text).unwrap();
+    let dce = r.passes.iter().find(|p| p.name == "dce").unwrap();
+    assert_eq!((dce.nodes_before, dce.nodes_after), (10, 9), "{r}");
+    assert!(
+        r.kernel_rows
+            .iter()
+            .any(|k| k.summary.contains("custom_call")),
+        "{r}"
+    );
+    let x = Tensor::from_f64s(&r.executable.parameters[0], &[1.0, -2.0, 3.0, 0.5]).unwrap();
+    let out = r.executable.run(&[x]).unwrap();
+    assert_eq!(out.len(), 1);
+}
+
+/// Compiles `name` with `disabled` passes off and checks both executors
+/// against the interpreter of the program as written.
+fn compile_disabled_and_compare(name: &str, disabled: &[&str]) -> xla::CompileReport {
+    use optirs_tpu::exec::runtime::{NoCustomCalls, Runtime};
+    let mut world = xla::compiler_world();
+    let p = xla::load_program_str(&mut world, name, &asset(name)).unwrap();
+    let options = xla::CompileOptions {
+        disabled_passes: disabled.iter().map(|s| s.to_string()).collect(),
+        verify_each_pass: Some(true),
+    };
+    let report = xla::compile_program_str_with(name, &asset(name), &options)
+        .unwrap_or_else(|e| panic!("{name} without {disabled:?}: {e}"));
+    let args = inputs(&report.executable.parameters, 11);
+    let expected = interpret(&world, p, &args).unwrap();
+    let got = report.executable.run(&args).unwrap();
+    let fast = Runtime::new(report.executable.clone())
+        .run_tensors(&args, &mut NoCustomCalls)
+        .unwrap_or_else(|e| panic!("{name} without {disabled:?}: {e}"));
+    for (i, e) in expected.iter().enumerate() {
+        assert!(
+            e.approx_eq(&got[i], 1e-6),
+            "{name} without {disabled:?}: output {i}"
+        );
+        assert!(
+            e.approx_eq(&fast[i], 1e-6),
+            "{name} without {disabled:?}: runtime output {i}"
+        );
+    }
+    report
+}
+
+#[test]
+fn every_optional_pass_can_be_disabled_and_the_program_still_runs() {
+    use optirs_tpu::xla::passes::OPTIONAL_PASSES;
+    for name in PROGRAMS {
+        for pass in OPTIONAL_PASSES {
+            let r = compile_disabled_and_compare(name, &[pass]);
+            let row = r.passes.iter().find(|p| p.name == pass).unwrap();
+            assert!(!row.changed, "{name}: disabled {pass} changed the graph");
+            assert!(
+                row.note.as_deref().unwrap_or("").starts_with("disabled"),
+                "{r}"
+            );
+        }
+        compile_disabled_and_compare(name, &OPTIONAL_PASSES);
+    }
+}
+
+#[test]
+fn without_fusion_every_op_is_its_own_kernel() {
+    let r = compile_disabled_and_compare("adam", &["fusion"]);
+    let ops: usize = r.kernel_rows.iter().map(|k| k.ops).sum();
+    assert_eq!(r.kernels, ops, "{r}");
+    assert!(r.kernels > 1, "{r}");
+    assert!(r.kernel_rows.iter().all(|k| k.loop_shape.is_none()), "{r}");
+    assert!(r.fusion_refusals.is_empty(), "{r}");
+}
+
+#[test]
+fn simplify_rows_report_each_pass_s_own_node_counts() {
+    let group = ["constant-folding", "algebraic-simplifier", "cse", "dce"];
+    for name in PROGRAMS {
+        let r = xla::compile_program_str(name, &asset(name)).unwrap();
+        let rows: Vec<_> = group
+            .iter()
+            .map(|g| r.passes.iter().find(|p| p.name == *g).unwrap())
+            .collect();
+        let after_group = r.passes.iter().find(|p| p.name == "fusion").unwrap();
+        // Only DCE removes nodes; the others rewrite or redirect in place.
+        for row in &rows[..3] {
+            assert_eq!(row.nodes_before, row.nodes_after, "{name}: {r}");
+        }
+        let removed: usize = rows.iter().map(|p| p.nodes_before - p.nodes_after).sum();
+        assert_eq!(
+            removed,
+            rows[0].nodes_before - after_group.nodes_before,
+            "{name}: the rows' own removals add up to the group's: {r}"
+        );
+    }
+    let r = xla::compile_program_str("cse_fold", &asset("cse_fold")).unwrap();
+    let row = |n: &str| r.passes.iter().find(|p| p.name == n).unwrap().clone();
+    assert!(row("dce").runs > 1, "{r}");
+    assert_eq!(
+        (
+            row("algebraic-simplifier").nodes_before,
+            row("algebraic-simplifier").nodes_after
+        ),
+        (21, 21),
+        "{r}"
+    );
+    assert_eq!(
+        (row("dce").nodes_before, row("dce").nodes_after),
+        (21, 8),
+        "{r}"
+    );
+}
+
+#[test]
+fn program_file_errors_name_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        (
+            "big.ron",
+            r#"(name: "big", nodes: [(name: "c", op: "constant", ty: "f32[16777217]", value: [1.0])], outputs: ["c"])"#,
+            "node %c: constant f32[16777217] is larger than 16777216 elements",
+        ),
+        (
+            "shape.ron",
+            r#"(name: "s", nodes: [
+                (name: "x", op: "parameter", ty: "f32[8]"),
+                (name: "y", op: "parameter", ty: "f32[4]"),
+                (name: "s", op: "add", operands: ["x", "y"]),
+            ], outputs: ["s"])"#,
+            "node %s = add(f32[8], f32[4]): operand shapes [8] and [4] do not broadcast",
+        ),
+        (
+            "cycle.ron",
+            r#"(name: "b", nodes: [
+                (name: "x", op: "parameter", ty: "f32[2]"),
+                (name: "a", op: "add", operands: ["x", "c"]),
+                (name: "c", op: "neg", operands: ["a"]),
+            ], outputs: ["c"])"#,
+            "program `b` is invalid",
+        ),
+    ];
+    for (file, text, message) in cases {
+        let path = dir.path().join(file);
+        std::fs::write(&path, text).unwrap();
+        let err = xla::compile_program_file(&path).unwrap_err();
+        let shown = err.to_string();
+        let prefix = format!("{}: {message}", path.display());
+        assert!(shown.starts_with(&prefix), "{shown}");
+        assert_eq!(shown.matches(message).count(), 1, "said once: {shown}");
+        assert!(
+            !matches!(err.without_file(), CompileError::InFile { .. }),
+            "{err:?}"
+        );
+        let mut pod = optirs_tpu::Pod::load("v4-8").unwrap();
+        let pod_err = pod.compile_program_file(&path).unwrap_err().to_string();
+        assert!(pod_err.contains(&prefix), "{pod_err}");
+    }
+    // Parse errors already carry file, line and column: not named twice.
+    let path = dir.path().join("syntax.ron");
+    std::fs::write(&path, "(name: \"b\",\n nodes: [(name: 1)])").unwrap();
+    let shown = xla::compile_program_file(&path).unwrap_err().to_string();
+    let file = path.display().to_string();
+    assert!(shown.starts_with(&format!("{file}:2:")), "{shown}");
+    assert_eq!(shown.matches(&file).count(), 1, "{shown}");
 }

@@ -3,9 +3,11 @@
 use super::output;
 use anyhow::Result;
 use clap::Args;
+use clap::builder::PossibleValuesParser;
 use optirs_tpu::exec::loop_plan;
 use optirs_tpu::exec::runtime::Runtime;
 use optirs_tpu::xla::executable::Executable;
+use optirs_tpu::xla::passes::OPTIONAL_PASSES;
 use optirs_tpu::xla::{CompileOptions, compile_program_file_with};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -29,9 +31,11 @@ pub struct CompileArgs {
     /// time (plan steps) x heap offset. Never overwrites an existing file.
     #[arg(long, value_name = "FILE")]
     memory_svg: Option<PathBuf>,
-    /// Skip an optional pass by name (repeatable): constant-folding,
-    /// algebraic-simplifier, cse, dce, fusion.
-    #[arg(long = "disable-pass", value_name = "NAME")]
+    /// Skip an optional pass by name (repeatable; with fusion disabled each
+    /// op is its own kernel). The program still runs and computes the same
+    /// values.
+    #[arg(long = "disable-pass", value_name = "NAME",
+          value_parser = PossibleValuesParser::new(OPTIONAL_PASSES))]
     disable_pass: Vec<String>,
     /// Run the verifier after every pass.
     #[arg(long)]

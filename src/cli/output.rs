@@ -66,6 +66,24 @@ pub fn write_new(flag: &str, path: &Path, contents: &str) -> Result<()> {
         .with_context(|| format!("cannot write {}", path.display()))
 }
 
+/// The error with its causes, `outer: cause: root`, each said once: a cause
+/// whose text the message already contains is skipped (many errors show
+/// their source in their own message and also return it as `source()`,
+/// which printed "Is a directory (os error 21): Is a directory (os error
+/// 21)").
+pub fn error_message(error: &anyhow::Error) -> String {
+    let mut text = error.to_string();
+    for cause in error.chain().skip(1) {
+        let cause = cause.to_string();
+        if cause.is_empty() || text.contains(&cause) {
+            continue;
+        }
+        text.push_str(": ");
+        text.push_str(&cause);
+    }
+    text
+}
+
 /// Whether the error chain ends in a closed pipe (`optirs-tpu ... | head`).
 pub fn is_broken_pipe(error: &anyhow::Error) -> bool {
     error.chain().any(|cause| {
@@ -100,5 +118,34 @@ pub fn seconds(value: f64) -> String {
         format!("{:.3} µs", value * 1e6)
     } else {
         format!("{:.0} ns", value * 1e9)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::error_message;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("{path}: {source}")]
+    struct ShowsItsSource {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    }
+
+    #[test]
+    fn each_cause_is_said_once() {
+        let io = std::io::Error::new(std::io::ErrorKind::IsADirectory, "Is a directory");
+        let error = anyhow::Error::new(ShowsItsSource {
+            path: "/tmp".into(),
+            source: io,
+        })
+        .context("cannot read /tmp");
+        assert_eq!(
+            error_message(&error),
+            "cannot read /tmp: /tmp: Is a directory"
+        );
+        let plain = anyhow::anyhow!("root").context("middle").context("outer");
+        assert_eq!(error_message(&plain), "outer: middle: root");
     }
 }

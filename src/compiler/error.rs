@@ -1,6 +1,6 @@
 //! [`CompileError`]: every way a program can be rejected. Messages name the
-//! node as `node %add.3 (f32[8,128]): ...` and, for files, the line, column
-//! and field.
+//! node as `node %add.3 (f32[8,128]): ...` and, for files, the file
+//! (`adam.ron: node %c: ...`) and where known the line, column and field.
 
 use std::path::PathBuf;
 
@@ -100,4 +100,38 @@ pub enum CompileError {
     /// rendered when the program failed.
     #[error("{0}")]
     Restored(String),
+    /// An error in a program file, named with the file as the pod loader
+    /// names its files (`FILE: node %c: ...`). The inner error is part of
+    /// the message, not a separate cause, so it is printed once.
+    #[error("{file}: {error}")]
+    InFile {
+        /// The file.
+        file: String,
+        /// What is wrong in it.
+        error: Box<CompileError>,
+    },
+}
+
+impl CompileError {
+    /// `self` with the program file named, unless it already names it
+    /// (read and parse errors carry their path, line and column).
+    pub fn in_file(self, file: &str) -> CompileError {
+        match self {
+            e @ (CompileError::Io { .. }
+            | CompileError::Parse { .. }
+            | CompileError::InFile { .. }) => e,
+            e => CompileError::InFile {
+                file: file.to_owned(),
+                error: Box::new(e),
+            },
+        }
+    }
+
+    /// The error itself, without the file [`CompileError::in_file`] named.
+    pub fn without_file(&self) -> &CompileError {
+        match self {
+            CompileError::InFile { error, .. } => error.without_file(),
+            e => e,
+        }
+    }
 }

@@ -190,14 +190,27 @@ pub fn compile_program_file(path: &Path) -> Result<CompileReport, CompileError> 
     compile_program_file_with(path, &CompileOptions::default())
 }
 
-/// Compiles a RON program file in a fresh world with `options`.
+/// Compiles a RON program file in a fresh world with `options`; every
+/// error in the program names the file ([`CompileError::in_file`]).
 pub fn compile_program_file_with(
     path: &Path,
     options: &CompileOptions,
 ) -> Result<CompileReport, CompileError> {
+    let mut world = compiler_world();
+    options.apply(&mut world)?;
+    compile_file(&mut world, path)
+}
+
+/// Reads, spawns and compiles a RON program file in `world` (which has the
+/// compiler installed), naming the file in every error as the pod loader
+/// does (`FILE: node %c: ...`).
+pub fn compile_file(world: &mut World, path: &Path) -> Result<CompileReport, CompileError> {
     let text = std::fs::read_to_string(path).map_err(|source| CompileError::Io {
         path: path.to_owned(),
         source,
     })?;
-    compile_program_str_with(&path.display().to_string(), &text, options)
+    let file = path.display().to_string();
+    load_program_str(world, &file, &text)
+        .and_then(|p| compile(world, p))
+        .map_err(|e| e.in_file(&file))
 }

@@ -338,6 +338,14 @@ impl Op {
     pub fn is_opaque(&self) -> bool {
         matches!(self, Op::CustomCall { .. })
     }
+
+    /// Ops that may have an effect besides their result (or give a
+    /// different result each time): custom calls. CSE never merges them and
+    /// DCE never removes them, even unused (XLA's HloDCE keeps instructions
+    /// with side effects for the same reason).
+    pub fn has_side_effects(&self) -> bool {
+        matches!(self, Op::CustomCall { .. })
+    }
 }
 
 impl fmt::Display for Op {

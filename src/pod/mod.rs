@@ -487,14 +487,9 @@ impl Pod {
         Ok(compiler::compile(&mut self.world, program)?)
     }
 
-    /// [`Pod::compile_program_str`] on a program file.
+    /// [`Pod::compile_program_str`] on a program file; errors name the file.
     pub fn compile_program_file(&mut self, path: impl AsRef<Path>) -> Result<CompileReport> {
-        let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|source| compiler::CompileError::Io {
-            path: path.to_owned(),
-            source,
-        })?;
-        self.compile_program_str(&path.display().to_string(), &text)
+        Ok(compiler::compile_file(&mut self.world, path.as_ref())?)
     }
 
     /// Captures the whole engine world: every registered component of every

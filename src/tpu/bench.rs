@@ -195,13 +195,55 @@ fn adam_fresh(
     out
 }
 
+/// Refuses a benchmark whose buffers need more than `budget` bytes.
+fn check_host_memory(name: &str, slots: usize, size: usize, budget: u128) -> Result<()> {
+    let needed = bench_host_bytes(slots, size);
+    if needed > budget {
+        let gib = |b: u128| b as f64 / (1u64 << 30) as f64;
+        return Err(OptimError::InvalidConfig(format!(
+            "{name} on {size} f32 parameters needs {:.1} GiB of host memory for params, \
+             grads, state and outputs; {:.1} GiB is available: use a smaller size",
+            gib(needed),
+            gib(budget)
+        )));
+    }
+    Ok(())
+}
+
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
 }
 
+/// Host memory [`bench_optimizer`] may use when the available memory
+/// cannot be read (`MemAvailable` of `/proc/meminfo` on Linux).
+pub const FALLBACK_HOST_BYTES: u128 = 16 << 30;
+
+/// `f32` arrays of `size` elements [`bench_optimizer`] holds at once for an
+/// optimizer with `slots` state slots: params and grads; the compiled
+/// step's state and its fresh output; the limit loop's state and output;
+/// and one more of each output while a round's result is dropped.
+pub fn bench_host_bytes(slots: usize, size: usize) -> u128 {
+    (6 + 2 * slots as u128) * size as u128 * 4
+}
+
+/// The host memory available for the benchmark's buffers.
+pub fn host_memory_budget() -> u128 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|text| {
+            let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+            let kib: u128 = line.split_whitespace().nth(1)?.parse().ok()?;
+            Some(kib * 1024)
+        })
+        .unwrap_or(FALLBACK_HOST_BYTES)
+}
+
 /// Measures `steps` alternating rounds of the compiled step of optimizer
 /// `name` on `size` `f32` params and of the hand-written limit loop.
+///
+/// Refuses, before allocating anything, a `size` whose buffers
+/// ([`bench_host_bytes`]) do not fit in [`host_memory_budget`].
 pub fn bench_optimizer(name: &str, size: usize, steps: usize) -> Result<OptimizerBench> {
     if size == 0 || steps == 0 {
         return Err(OptimError::InvalidConfig(format!(
@@ -210,7 +252,8 @@ pub fn bench_optimizer(name: &str, size: usize, steps: usize) -> Result<Optimize
     }
     let (kind, base) = optimizer_named(name)?;
     let slots = base.update_rule().map_or(0, |r| r.slot_names().len());
-    let bytes_per_step = ((3 + 2 * slots) * size * 4) as u64;
+    check_host_memory(kind.as_str(), slots, size, host_memory_budget())?;
+    let bytes_per_step = ((3 + 2 * slots as u128) * size as u128 * 4) as u64;
     let p: ArrayD<f32> =
         Array1::from_iter((0..size).map(|i| ((i % 1000) as f32 - 500.0) * 1e-3)).into_dyn();
     let g: ArrayD<f32> =
@@ -255,4 +298,20 @@ pub fn bench_optimizer(name: &str, size: usize, steps: usize) -> Result<Optimize
         gbps: bytes_per_step as f64 / step_seconds / 1e9,
         limit_gbps: bytes_per_step as f64 / limit_seconds / 1e9,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_size_beyond_host_memory_is_refused_before_allocating() {
+        let err = bench_optimizer("adam", 100_000_000_000, 1).unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("host memory"), "{msg}");
+        assert!(msg.contains("100000000000"), "{msg}");
+        assert!(check_host_memory("sgd", 0, 1 << 20, 1 << 30).is_ok());
+        assert!(check_host_memory("sgd", 0, 1 << 30, 1 << 30).is_err());
+        assert_eq!(bench_host_bytes(2, usize::MAX), 10 * 4 * usize::MAX as u128);
+    }
 }

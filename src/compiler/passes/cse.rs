@@ -6,8 +6,9 @@
 //! (`-0.0` and `0.0` differ; NaN payloads compare by bits). The later node's
 //! uses (and outputs) are redirected to the earlier one; DCE removes it.
 //!
-//! Never merged: custom calls (opaque, possibly side-effecting or random)
-//! and parameters (distinct arguments). "Changed" means some use was redirected.
+//! Never merged: ops that may have side effects ([`Op::has_side_effects`]:
+//! custom calls, opaque and possibly random) and parameters (distinct
+//! arguments). "Changed" means some use was redirected.
 
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -25,9 +26,10 @@ use crate::ir::op::Op;
 /// The pass name.
 pub const NAME: &str = "cse";
 
-/// Whether CSE may merge nodes with this op.
+/// Whether CSE may merge nodes with this op: not when it may have side
+/// effects ([`Op::has_side_effects`], the predicate DCE keeps nodes by).
 pub fn can_merge(op: &Op) -> bool {
-    !op.is_opaque() && !matches!(op, Op::Parameter { .. })
+    !op.has_side_effects() && !matches!(op, Op::Parameter { .. })
 }
 
 /// Operands in canonical order (sorted for commutative ops).

@@ -1,7 +1,10 @@
 //! `dce`: dead code elimination.
 //!
-//! A node is live when a declared output depends on it; every other node is
-//! despawned. A program with **no declared outputs** is left intact (nothing
+//! A node is live when a declared output depends on it or it may have side
+//! effects ([`Op::has_side_effects`], the predicate CSE uses: custom calls),
+//! and so is everything a live node depends on; every other node is
+//! despawned. An unused custom call therefore stays, as XLA's HloDCE keeps
+//! instructions with side effects. A program with **no declared outputs** is left intact (nothing
 //! says which values matter) and the pass notes that in the report.
 //! Non-goals: unused parameters are dead too but keep their argument slot
 //! (the program's signature never changes). "Changed" means a node was removed.
@@ -20,7 +23,8 @@ pub const NAME: &str = "dce";
 /// The note recorded for a program without outputs.
 pub const NO_OUTPUTS_NOTE: &str = "no declared outputs: graph left intact";
 
-/// Removes every node no output depends on (parameters excepted).
+/// Removes every node no output depends on, unless it (or a node that
+/// depends on it) may have side effects; parameters are always kept.
 pub fn run(world: &mut World, program: Entity) -> Result<PassOutcome, CompileError> {
     let outputs = world
         .get::<ProgramOutputs>(program)
@@ -38,6 +42,12 @@ pub fn run(world: &mut World, program: Entity) -> Result<PassOutcome, CompileErr
         .iter()
         .filter_map(|o| g.index.get(o).copied())
         .collect();
+    stack.extend(g.nodes.iter().enumerate().filter_map(|(i, &e)| {
+        world
+            .get::<Node>(e)
+            .is_some_and(|n| n.op.has_side_effects())
+            .then_some(i as u32)
+    }));
     while let Some(i) = stack.pop() {
         if std::mem::replace(&mut live[i as usize], true) {
             continue;
@@ -84,6 +94,25 @@ mod tests {
         assert_eq!(program_nodes(&world, p), vec![x, unused, live]);
         assert!(world.get_entity(dead).is_err());
         assert!(!run(&mut world, p).unwrap().changed);
+    }
+
+    #[test]
+    fn keeps_an_unused_custom_call_and_its_operands() {
+        let mut world = World::new();
+        let mut b = GraphBuilder::new(&mut world, "d");
+        let x = b.parameter(TensorType::new(DType::F32, [4]));
+        let live = b.add(x, x);
+        let arg = b.mul(x, x);
+        let call = b.custom_call("identity", &[arg], TensorType::new(DType::F32, [4]));
+        let dead = b.unary(crate::ir::UnaryOp::Neg, call);
+        b.output(live);
+        let p = b.finish();
+        assert!(
+            run(&mut world, p).unwrap().changed,
+            "the neg of the call is dead"
+        );
+        assert_eq!(program_nodes(&world, p), vec![x, live, arg, call]);
+        assert!(world.get_entity(dead).is_err());
     }
 
     #[test]

@@ -27,7 +27,9 @@
 //!
 //! Reads the graph and types; writes [`Kernel`] entities, [`InKernel`] on
 //! nodes, [`ProgramKernels`] and [`FusionRefusals`] on the program.
-//! "Changed" means some kernel has more than one node. Linear in the graph
+//! "Changed" means some kernel has more than one node. Disabled
+//! (`--disable-pass fusion`), [`run_unfused`] runs instead: one unfused
+//! kernel per op. Linear in the graph
 //! size apart from a heap over ready nodes (`O(n log n)`).
 
 use std::borrow::Cow;
@@ -119,6 +121,8 @@ struct Group {
 
 struct Planner<'a> {
     g: &'a GraphIndex,
+    /// Whether fusible ops may share a kernel (off: one kernel per op).
+    fuse: bool,
     users: Vec<SmallVec<[u32; 4]>>,
     group_of: Vec<u32>,
     groups: Vec<Group>,
@@ -170,7 +174,7 @@ impl Planner<'_> {
         while let Some(i) = ready.pop() {
             let iu = i as usize;
             if !is_leaf(iu) {
-                if ops[iu].is_fusible() {
+                if self.fuse && ops[iu].is_fusible() {
                     let join = open != NONE
                         && can_join(&self.groups[open as usize]) == FusionDecision::Fuse;
                     if join {
@@ -272,8 +276,32 @@ impl Planner<'_> {
     }
 }
 
+/// The note of the `fusion` row when the pass is disabled.
+pub const DISABLED_NOTE: &str = "disabled: one kernel per op";
+
 /// Groups nodes into kernels and spawns the kernel entities.
 pub fn run(world: &mut World, program: Entity) -> Result<PassOutcome, CompileError> {
+    plan_kernels(world, program, true)
+}
+
+/// What runs instead of [`run`] when `fusion` is disabled: every op that
+/// is not a parameter or constant becomes a kernel of its own, not a loop
+/// fusion (the executor runs it whole, as it runs a dot or a reduce), and
+/// no refusals are recorded. Later passes need kernels, so this still
+/// spawns them; "changed" is always false.
+pub fn run_unfused(world: &mut World, program: Entity) -> Result<PassOutcome, CompileError> {
+    plan_kernels(world, program, false)?;
+    Ok(PassOutcome {
+        changed: false,
+        note: Some(DISABLED_NOTE.into()),
+    })
+}
+
+fn plan_kernels(
+    world: &mut World,
+    program: Entity,
+    fuse: bool,
+) -> Result<PassOutcome, CompileError> {
     despawn_previous_kernels(world, program);
     let g = GraphIndex::build(world, program);
     let ops: Vec<Op> = g
@@ -283,6 +311,7 @@ pub fn run(world: &mut World, program: Entity) -> Result<PassOutcome, CompileErr
         .collect();
     let mut planner = Planner {
         g: &g,
+        fuse,
         users: g.users(),
         group_of: vec![NONE; g.nodes.len()],
         groups: Vec::new(),
@@ -306,7 +335,7 @@ pub fn run(world: &mut World, program: Entity) -> Result<PassOutcome, CompileErr
     }
     let mut refusals = Vec::new();
     for (p, op) in ops.iter().enumerate() {
-        if !op.is_fusible() {
+        if !fuse || !op.is_fusible() {
             continue;
         }
         let mut reported: SmallVec<[u32; 4]> = SmallVec::new();
@@ -442,6 +471,25 @@ mod tests {
         assert_eq!(ks.len(), 1);
         assert_eq!(ks[0].outputs.len(), 2);
         assert_eq!(ks[0].inputs.len(), 1, "x is read once");
+        assert!(refusals(&world, p).is_empty());
+    }
+
+    #[test]
+    fn unfused_gives_each_op_its_own_kernel_and_no_refusals() {
+        let mut world = World::new();
+        let mut b = GraphBuilder::new(&mut world, "u");
+        let x = b.parameter(TensorType::new(DType::F32, [8]));
+        let e = b.unary(UnaryOp::Exp, x);
+        let y = b.add(e, x);
+        b.output(y);
+        let p = b.finish();
+        shape_inference::run(&mut world, p).unwrap();
+        let out = run_unfused(&mut world, p).unwrap();
+        assert!(!out.changed);
+        assert_eq!(out.note.as_deref(), Some(DISABLED_NOTE));
+        let ks = kernels(&world, p);
+        assert_eq!(ks.len(), 2);
+        assert!(ks.iter().all(|k| k.members.len() == 1 && !k.fused));
         assert!(refusals(&world, p).is_empty());
     }
 

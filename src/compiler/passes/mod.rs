@@ -8,7 +8,7 @@
 //! | `Verify` | `verify` | everything after assumes an acyclic, well-formed graph |
 //! | `ShapeInference` | `shape-inference` | folding and simplification compare types |
 //! | `Simplify` | `constant-folding`, `algebraic-simplifier`, `cse`, `dce`, to a fixed point (cap [`MAX_FIXED_POINT_ITERATIONS`]) | folding exposes CSE; CSE and simplification leave dead nodes for DCE |
-//! | `Fuse` | `fusion` | runs on the final graph, so kernels are counted once |
+//! | `Fuse` | `fusion` (disabled: one kernel per op) | runs on the final graph, so kernels are counted once |
 //! | `Order` | `ordering` | memory planning needs kernel positions |
 //! | `PlanMemory` | `memory-plan` | needs live ranges from the order |
 //! | `Lower` | `lower` | needs kernels, order and offsets |
@@ -67,7 +67,10 @@ impl PassOutcome {
     }
 }
 
-/// One row of the pass table (a fixed-point pass is one row summed over its iterations).
+/// One row of the pass table (a fixed-point pass is one row summed over its
+/// iterations). Node counts are the pass's own: in the `Simplify` group,
+/// what the other passes of the group removed between its runs is not
+/// counted, so `nodes_before - nodes_after` is what this pass removed.
 #[derive(Debug, Clone, Serialize)]
 pub struct PassRecord {
     /// The pass `NAME`.
@@ -76,7 +79,8 @@ pub struct PassRecord {
     pub changed: bool,
     /// Live nodes before the first run.
     pub nodes_before: usize,
-    /// Live nodes after the last run.
+    /// `nodes_before` plus the net change of this pass's own runs (for a
+    /// pass that ran once: live nodes after it).
     pub nodes_after: usize,
     /// Wall time over all runs, in microseconds.
     pub micros: u64,
@@ -107,13 +111,28 @@ impl Default for VerifyGraph {
 }
 
 /// Names of passes to skip; only the [`OPTIONAL_PASSES`] can be disabled
-/// (the others produce what later passes need).
+/// (the others produce what later passes need). A disabled `Simplify` pass
+/// does not run; a disabled `fusion` runs [`fusion::run_unfused`] (one
+/// kernel per op), since ordering, memory planning and lowering need kernels.
 #[derive(Resource, Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct DisabledPasses(pub Vec<String>);
 
-/// The passes that may be disabled: the `Simplify` fixed point.
-pub const OPTIONAL_PASSES: [&str; 4] =
-    [constant_folding::NAME, simplify::NAME, cse::NAME, dce::NAME];
+/// The passes that may be disabled: the `Simplify` fixed point and fusion.
+/// A program compiled with any of them disabled still runs and computes the
+/// same values.
+pub const OPTIONAL_PASSES: [&str; 5] = [
+    constant_folding::NAME,
+    simplify::NAME,
+    cse::NAME,
+    dce::NAME,
+    fusion::NAME,
+];
+
+fn is_disabled(world: &World, name: &str) -> bool {
+    world
+        .get_resource::<DisabledPasses>()
+        .is_some_and(|d| d.0.iter().any(|n| n == name))
+}
 
 /// A pass entry point.
 pub type PassFn = fn(&mut World, Entity) -> Result<PassOutcome, CompileError>;
@@ -226,16 +245,14 @@ pub fn simplify_to_fixed_point(world: &mut World) {
 }
 
 fn fixed_point(world: &mut World, p: Entity) -> Result<Vec<PassRecord>, CompileError> {
-    let disabled = world
-        .get_resource::<DisabledPasses>()
-        .cloned()
-        .unwrap_or_default();
-    let is_disabled = |name: &str| disabled.0.iter().any(|d| d == name);
     let mut rows: Vec<Option<PassRecord>> = vec![None; SIMPLIFY_PASSES.len()];
     for round in 0..MAX_FIXED_POINT_ITERATIONS {
         let mut any = false;
         for (slot, (name, pass)) in rows.iter_mut().zip(SIMPLIFY_PASSES) {
-            if is_disabled(name) {
+            if is_disabled(world, name) {
+                if slot.is_some() {
+                    continue;
+                }
                 let n = node_count(world, p);
                 *slot = Some(PassRecord {
                     name,
@@ -254,7 +271,8 @@ fn fixed_point(world: &mut World, p: Entity) -> Result<Vec<PassRecord>, CompileE
                 None => *slot = Some(r),
                 Some(acc) => {
                     acc.changed |= r.changed;
-                    acc.nodes_after = r.nodes_after;
+                    acc.nodes_after =
+                        (acc.nodes_after + r.nodes_after).saturating_sub(r.nodes_before);
                     acc.micros += r.micros;
                     acc.runs += 1;
                     acc.note = acc.note.take().or(r.note);
@@ -275,9 +293,13 @@ fn fixed_point(world: &mut World, p: Entity) -> Result<Vec<PassRecord>, CompileE
     Ok(rows.into_iter().flatten().collect())
 }
 
-/// `Fuse` set.
+/// `Fuse` set (one kernel per op when `fusion` is disabled).
 pub fn fuse_kernels(world: &mut World) {
-    run_on_pending(world, fusion::NAME, fusion::run);
+    if is_disabled(world, fusion::NAME) {
+        run_on_pending(world, fusion::NAME, fusion::run_unfused);
+    } else {
+        run_on_pending(world, fusion::NAME, fusion::run);
+    }
 }
 
 /// `Order` set.
