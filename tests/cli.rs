@@ -297,7 +297,7 @@ fn collectives_prints_an_nccl_style_table_with_a_correctness_column() {
 }
 
 #[test]
-fn bench_optimizer_reports_the_step_against_the_limit() {
+fn bench_optimizer_reports_the_step_against_the_floor() {
     let report = json(&optirs(&[
         "bench",
         "optimizer",
@@ -313,19 +313,24 @@ fn bench_optimizer_reports_the_step_against_the_limit() {
         "optimizer",
         "size",
         "step_seconds",
-        "limit_seconds",
-        "ratio_to_limit",
+        "in_place_step_seconds",
+        "floor_seconds",
+        "ratio_to_floor",
+        "fresh_ratio_to_floor",
+        "fresh_loop_seconds",
+        "ratio_to_fresh_loop",
         "compile_seconds",
     ] {
         assert!(report.get(key).is_some(), "{key} missing in {report}");
     }
     assert_eq!(report["optimizer"], "sgd");
     assert_eq!(report["size"], 4096);
-    let (step, limit) = (
+    let (step, in_place, floor) = (
         report["step_seconds"].as_f64().unwrap(),
-        report["limit_seconds"].as_f64().unwrap(),
+        report["in_place_step_seconds"].as_f64().unwrap(),
+        report["floor_seconds"].as_f64().unwrap(),
     );
-    assert!(step > 0.0 && limit > 0.0);
+    assert!(step > 0.0 && in_place > 0.0 && floor > 0.0);
     let unknown = optirs(&["bench", "optimizer", "--optimizer", "lion"]);
     assert_eq!(
         unknown.status.code(),

@@ -560,15 +560,22 @@ fn bench_reports_the_documented_keys() {
         "optimizer",
         "size",
         "step_seconds",
-        "limit_seconds",
-        "ratio_to_limit",
+        "in_place_step_seconds",
+        "floor_seconds",
+        "ratio_to_floor",
+        "fresh_ratio_to_floor",
+        "copy_seconds",
+        "fresh_loop_seconds",
+        "ratio_to_fresh_loop",
         "compile_seconds",
     ] {
         assert!(json.get(key).is_some(), "{key}");
     }
     assert_eq!(b.bytes_per_step, 28 * 5000);
-    assert!(b.step_seconds > 0.0 && b.limit_seconds > 0.0 && b.compile_seconds > 0.0);
-    assert!(b.to_string().contains("ratio to limit"));
+    assert!(b.step_seconds > 0.0 && b.in_place_step_seconds > 0.0 && b.compile_seconds > 0.0);
+    assert!(b.floor_seconds > 0.0 && b.copy_seconds > 0.0 && b.fresh_loop_seconds > 0.0);
+    assert!(b.ratio_to_floor > 0.0 && b.fresh_ratio_to_floor > 0.0);
+    assert!(b.to_string().contains("ratio to floor"));
     let e = bench_optimizer("lamb", 10, 1).unwrap_err().to_string();
     assert!(e.contains("unknown optimizer `lamb`"), "{e}");
     let _: ArrayD<f32> = ArrayD::zeros(IxDyn(&[1]));

@@ -19,8 +19,10 @@ pub enum BenchCommand {
     /// Time every system of the `Step` and `Compile` schedules per run
     /// (mean, p50, p99), grouped by the set it runs in.
     Schedule(ScheduleArgs),
-    /// Time the compiled optimizer step against a hand-written single-pass
-    /// loop on the same threads (the practical limit), in one run.
+    /// Time the compiled optimizer step, in place and with a fresh output,
+    /// against the physical floor (an in-place streaming pass over the bytes
+    /// the update must move), a plain copy and a hand-written fresh-output
+    /// loop, in paired rounds of one run.
     Optimizer(OptimizerArgs),
 }
 
@@ -35,11 +37,14 @@ pub struct OptimizerArgs {
     /// available host memory.
     #[arg(long, default_value = "10000000", value_parser = parse_count)]
     size: usize,
-    /// Timed steps of each side (alternating), at least 1.
+    /// Timed paired rounds (each runs every side once), at least 1.
     #[arg(long, default_value_t = 21, value_parser = clap::value_parser!(u64).range(1..))]
     steps: u64,
-    /// Print one JSON object: optimizer, size, step_seconds, limit_seconds,
-    /// ratio_to_limit, compile_seconds (and bytes_per_step, gbps, limit_gbps).
+    /// Print one JSON object: optimizer, size, step_seconds (fresh output),
+    /// in_place_step_seconds, floor_seconds, ratio_to_floor (in place),
+    /// fresh_ratio_to_floor, copy_seconds, fresh_loop_seconds,
+    /// ratio_to_fresh_loop, compile_seconds (and bytes_per_step and the
+    /// GB/s of each side).
     #[arg(long)]
     json: bool,
 }

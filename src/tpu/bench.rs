@@ -1,13 +1,22 @@
-//! [`bench_optimizer`]: one compiled optimizer step against the practical
-//! limit, measured in the same run.
+//! [`bench_optimizer`]: one compiled optimizer step, in place and with a
+//! fresh output, against the physical floor, measured in the same run.
 //!
-//! The limit is a hand-written single-pass loop over slices with the same
-//! arithmetic, spread over the same rayon pool in 64 Ki-element chunks, that
+//! The floor is an in-place streaming kernel over the rayon pool (both
+//! cores here) that moves exactly the bytes the update must move: params,
+//! grads and each state slot read; params and each state slot written; no
+//! output allocated and no write-allocate traffic. A plain copy into a
+//! buffer that already exists gives the machine's copy bandwidth beside it.
+//!
+//! A second reference is the hand-written fresh-output loop: a single pass
+//! over slices with the same arithmetic, in 64 Ki-element chunks, that
 //! returns fresh params like `tpu_step` does (for SGD and Adam the loops of
-//! `benches/optimizers.rs`; for the other optimizers their own `step`, which
-//! is such a loop and measured within a few percent of it). Rounds
-//! alternate between the two, so background load lands on both sides; the
-//! figures are medians, and the ratio is the median of per-round ratios.
+//! `benches/optimizers.rs`; for the other optimizers their own `step`). It
+//! measures the fresh-output path against a loop that pays the same page
+//! faults, not against the machine.
+//!
+//! Rounds are paired: each runs every side once, starting one further along
+//! each round, so background load lands on all of them; the figures are
+//! medians, and the ratios are medians of per-round ratios.
 //!
 //! Bytes per step are what the update must read and write, without
 //! write-allocate traffic: params and grads read, params written, each
@@ -31,8 +40,8 @@ use crate::optimizers::{Optimizer, UpdateKind};
 /// Learning rate of the benchmarked optimizers.
 pub const BENCH_LEARNING_RATE: f32 = 1e-3;
 
-/// Elements per rayon task of the limit loops.
-const LIMIT_CHUNK: usize = 1 << 16;
+/// Elements per rayon task of the reference kernels.
+const CHUNK: usize = 1 << 16;
 
 /// The result of [`bench_optimizer`].
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -41,20 +50,37 @@ pub struct OptimizerBench {
     pub optimizer: String,
     /// Parameters (`f32`).
     pub size: usize,
-    /// Median seconds per compiled `tpu_step` (cached program).
+    /// Median seconds per compiled `tpu_step` (fresh output, cached program).
     pub step_seconds: f64,
-    /// Median seconds per step of the hand-written loop.
-    pub limit_seconds: f64,
-    /// Median of per-round `step / limit`.
-    pub ratio_to_limit: f64,
+    /// Median seconds per compiled `tpu_step_in_place` (cached program).
+    pub in_place_step_seconds: f64,
+    /// Median seconds per step of the in-place streaming floor kernel.
+    pub floor_seconds: f64,
+    /// Median of per-round `in_place_step / floor`.
+    pub ratio_to_floor: f64,
+    /// Median of per-round `step / floor` (the fresh-output path).
+    pub fresh_ratio_to_floor: f64,
+    /// Median seconds per plain copy of `size` `f32` into a buffer that
+    /// already exists (`8 * size` bytes moved).
+    pub copy_seconds: f64,
+    /// Median seconds per step of the hand-written fresh-output loop.
+    pub fresh_loop_seconds: f64,
+    /// Median of per-round `step / fresh_loop`.
+    pub ratio_to_fresh_loop: f64,
     /// Seconds the first step spent compiling.
     pub compile_seconds: f64,
     /// Bytes one step must read and write.
     pub bytes_per_step: u64,
     /// `bytes_per_step / step_seconds`, in GB/s (1e9 bytes/s).
     pub gbps: f64,
-    /// `bytes_per_step / limit_seconds`, in GB/s.
-    pub limit_gbps: f64,
+    /// `bytes_per_step / in_place_step_seconds`, in GB/s.
+    pub in_place_gbps: f64,
+    /// `bytes_per_step / floor_seconds`, in GB/s.
+    pub floor_gbps: f64,
+    /// `8 * size / copy_seconds`, in GB/s.
+    pub copy_gbps: f64,
+    /// `bytes_per_step / fresh_loop_seconds`, in GB/s.
+    pub fresh_loop_gbps: f64,
 }
 
 impl fmt::Display for OptimizerBench {
@@ -64,22 +90,42 @@ impl fmt::Display for OptimizerBench {
             "{} on {} f32 parameters ({} bytes per step)",
             self.optimizer, self.size, self.bytes_per_step
         )?;
-        writeln!(
+        let row = |f: &mut fmt::Formatter<'_>, name: &str, s: f64, gbps: f64| {
+            writeln!(f, "  {name:<22} {:>10.3} ms  {gbps:>7.1} GB/s", s * 1e3)
+        };
+        row(
             f,
-            "  compiled step  {:>10.3} ms  {:>7.1} GB/s",
-            self.step_seconds * 1e3,
-            self.gbps
+            "step, in place",
+            self.in_place_step_seconds,
+            self.in_place_gbps,
+        )?;
+        row(f, "step, fresh output", self.step_seconds, self.gbps)?;
+        row(f, "floor (in place)", self.floor_seconds, self.floor_gbps)?;
+        row(f, "copy (8 B/element)", self.copy_seconds, self.copy_gbps)?;
+        row(
+            f,
+            "fresh-output loop",
+            self.fresh_loop_seconds,
+            self.fresh_loop_gbps,
         )?;
         writeln!(
             f,
-            "  limit (loop)   {:>10.3} ms  {:>7.1} GB/s",
-            self.limit_seconds * 1e3,
-            self.limit_gbps
+            "  ratio to floor         {:>10.3}  (in place)",
+            self.ratio_to_floor
         )?;
-        writeln!(f, "  ratio to limit {:>10.3}", self.ratio_to_limit)?;
+        writeln!(
+            f,
+            "  ratio to floor         {:>10.3}  (fresh output)",
+            self.fresh_ratio_to_floor
+        )?;
+        writeln!(
+            f,
+            "  ratio to fresh loop    {:>10.3}  (fresh output)",
+            self.ratio_to_fresh_loop
+        )?;
         write!(
             f,
-            "  compile        {:>10.3} ms",
+            "  compile                {:>10.3} ms",
             self.compile_seconds * 1e3
         )
     }
@@ -114,7 +160,7 @@ fn optimizer_named(name: &str) -> Result<(UpdateKind, Box<dyn Optimizer<f32, IxD
 }
 
 /// A hand-written fresh-output loop for one optimizer.
-enum Limit {
+enum FreshLoop {
     Sgd {
         neg_lr: f32,
     },
@@ -126,19 +172,19 @@ enum Limit {
     Step(Box<dyn Optimizer<f32, IxDyn>>),
 }
 
-impl Limit {
+impl FreshLoop {
     fn step(&mut self, p: &ArrayD<f32>, g: &ArrayD<f32>) -> Result<Vec<f32>> {
         let (ps, gs) = (
             p.as_slice().expect("standard layout"),
             g.as_slice().expect("standard layout"),
         );
         match self {
-            Limit::Sgd { neg_lr } => {
+            FreshLoop::Sgd { neg_lr } => {
                 let neg_lr = *neg_lr;
                 Ok(fresh_map(ps, gs, move |p, g| p + neg_lr * g))
             }
-            Limit::Adam { c, mu, nu } => Ok(adam_fresh(ps, gs, mu, nu, c)),
-            Limit::Step(opt) => Ok(opt.step(p, g)?.into_raw_vec_and_offset().0),
+            FreshLoop::Adam { c, mu, nu } => Ok(adam_fresh(ps, gs, mu, nu, c)),
+            FreshLoop::Step(opt) => Ok(opt.step(p, g)?.into_raw_vec_and_offset().0),
         }
     }
 }
@@ -148,9 +194,9 @@ fn fresh_map(p: &[f32], g: &[f32], f: impl Fn(f32, f32) -> f32 + Sync) -> Vec<f3
     let mut out = output_buffer::<f32>(n);
     let o: &mut [MaybeUninit<f32>] = &mut out.spare_capacity_mut()[..n];
     (
-        o.par_chunks_mut(LIMIT_CHUNK),
-        p.par_chunks(LIMIT_CHUNK),
-        g.par_chunks(LIMIT_CHUNK),
+        o.par_chunks_mut(CHUNK),
+        p.par_chunks(CHUNK),
+        g.par_chunks(CHUNK),
     )
         .into_par_iter()
         .for_each(|(o, p, g)| {
@@ -174,11 +220,11 @@ fn adam_fresh(
     let mut out = output_buffer::<f32>(n);
     let o: &mut [MaybeUninit<f32>] = &mut out.spare_capacity_mut()[..n];
     (
-        o.par_chunks_mut(LIMIT_CHUNK),
-        p.par_chunks(LIMIT_CHUNK),
-        g.par_chunks(LIMIT_CHUNK),
-        m.par_chunks_mut(LIMIT_CHUNK),
-        v.par_chunks_mut(LIMIT_CHUNK),
+        o.par_chunks_mut(CHUNK),
+        p.par_chunks(CHUNK),
+        g.par_chunks(CHUNK),
+        m.par_chunks_mut(CHUNK),
+        v.par_chunks_mut(CHUNK),
     )
         .into_par_iter()
         .for_each(|(o, p, g, m, v)| {
@@ -193,6 +239,78 @@ fn adam_fresh(
     // SAFETY: the zipped chunks cover all `n` outputs and each was written.
     unsafe { out.set_len(n) };
     out
+}
+
+/// The physical floor of an update with `state.len()` state slots: one
+/// in-place pass over both cores that reads params, grads and every slot
+/// and writes params and every slot, nothing else (no output to allocate,
+/// no write-allocate traffic), with just enough arithmetic to depend on
+/// every byte read.
+struct Floor {
+    params: Vec<f32>,
+    state: Vec<Vec<f32>>,
+}
+
+impl Floor {
+    fn new(params: &[f32], slots: usize) -> Self {
+        Self {
+            params: params.to_vec(),
+            state: vec![vec![0.0; params.len()]; slots],
+        }
+    }
+
+    fn step(&mut self, g: &[f32]) -> Result<()> {
+        let p = &mut self.params;
+        match self.state.as_mut_slice() {
+            [] => (p.par_chunks_mut(CHUNK), g.par_chunks(CHUNK))
+                .into_par_iter()
+                .for_each(|(p, g)| {
+                    for (p, &g) in p.iter_mut().zip(g) {
+                        *p -= 1e-3 * g;
+                    }
+                }),
+            [s] => (
+                p.par_chunks_mut(CHUNK),
+                g.par_chunks(CHUNK),
+                s.par_chunks_mut(CHUNK),
+            )
+                .into_par_iter()
+                .for_each(|(p, g, s)| {
+                    for ((p, &g), s) in p.iter_mut().zip(g).zip(s) {
+                        *s = 0.5 * *s + g;
+                        *p -= 1e-3 * *s;
+                    }
+                }),
+            [s, t] => (
+                p.par_chunks_mut(CHUNK),
+                g.par_chunks(CHUNK),
+                s.par_chunks_mut(CHUNK),
+                t.par_chunks_mut(CHUNK),
+            )
+                .into_par_iter()
+                .for_each(|(p, g, s, t)| {
+                    for (((p, &g), s), t) in p.iter_mut().zip(g).zip(s).zip(t) {
+                        *s = 0.5 * *s + g;
+                        *t = 0.5 * *t + g * g;
+                        *p -= 1e-3 * (*s + *t);
+                    }
+                }),
+            more => {
+                return Err(OptimError::InvalidConfig(format!(
+                    "the floor kernel covers up to 2 state slots, not {}",
+                    more.len()
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A plain parallel copy of `src` into `dst` (both already faulted in).
+fn copy(dst: &mut [f32], src: &[f32]) {
+    (dst.par_chunks_mut(CHUNK), src.par_chunks(CHUNK))
+        .into_par_iter()
+        .for_each(|(d, s)| d.copy_from_slice(s));
 }
 
 /// Refuses a benchmark whose buffers need more than `budget` bytes.
@@ -220,11 +338,13 @@ fn median(v: &mut [f64]) -> f64 {
 pub const FALLBACK_HOST_BYTES: u128 = 16 << 30;
 
 /// `f32` arrays of `size` elements [`bench_optimizer`] holds at once for an
-/// optimizer with `slots` state slots: params and grads; the compiled
-/// step's state and its fresh output; the limit loop's state and output;
-/// and one more of each output while a round's result is dropped.
+/// optimizer with `slots` state slots: params and grads; the fresh step's
+/// state and its output; the fresh-output loop's state and output; one
+/// more of each output while a round's result is dropped; the in-place
+/// step's params and state; the floor's params and state; and the copy's
+/// destination.
 pub fn bench_host_bytes(slots: usize, size: usize) -> u128 {
-    (6 + 2 * slots as u128) * size as u128 * 4
+    (9 + 4 * slots as u128) * size as u128 * 4
 }
 
 /// The host memory available for the benchmark's buffers.
@@ -239,8 +359,12 @@ pub fn host_memory_budget() -> u128 {
         .unwrap_or(FALLBACK_HOST_BYTES)
 }
 
-/// Measures `steps` alternating rounds of the compiled step of optimizer
-/// `name` on `size` `f32` params and of the hand-written limit loop.
+/// Measures `steps` paired rounds of optimizer `name` on `size` `f32`
+/// params: the compiled fresh-output step, the compiled in-place step, the
+/// floor kernel, a plain copy and the hand-written fresh-output loop. Each
+/// round runs all five, starting one further along each round, so machine
+/// drift lands on every side; figures are medians and ratios are medians of
+/// per-round ratios.
 ///
 /// Refuses, before allocating anything, a `size` whose buffers
 /// ([`bench_host_bytes`]) do not fit in [`host_memory_budget`].
@@ -258,45 +382,80 @@ pub fn bench_optimizer(name: &str, size: usize, steps: usize) -> Result<Optimize
         Array1::from_iter((0..size).map(|i| ((i % 1000) as f32 - 500.0) * 1e-3)).into_dyn();
     let g: ArrayD<f32> =
         Array1::from_iter((0..size).map(|i| ((i % 777) as f32 - 388.0) * 1e-4)).into_dyn();
-    let mut tpu = TPUOptimizer::new(base, TPUConfig::default())?;
-    drop(black_box(tpu.tpu_step(&p, &g)?));
-    let compile_seconds = tpu.profile().compile_seconds;
-    let mut limit = match kind {
-        UpdateKind::Sgd => Limit::Sgd {
+    let gs = g.as_slice().expect("standard layout");
+    let mut fresh = TPUOptimizer::new(base, TPUConfig::default())?;
+    drop(black_box(fresh.tpu_step(&p, &g)?));
+    let compile_seconds = fresh.profile().compile_seconds;
+    let mut in_place = TPUOptimizer::new(optimizer_named(name)?.1, TPUConfig::default())?;
+    let mut p_in_place = p.clone();
+    in_place.tpu_step_in_place(&mut p_in_place, &g)?;
+    let mut floor = Floor::new(p.as_slice().expect("standard layout"), slots);
+    floor.step(gs)?;
+    let mut copy_dst = vec![0.0f32; size];
+    copy(&mut copy_dst, gs);
+    let mut fresh_loop = match kind {
+        UpdateKind::Sgd => FreshLoop::Sgd {
             neg_lr: -BENCH_LEARNING_RATE,
         },
-        UpdateKind::Adam => Limit::Adam {
+        UpdateKind::Adam => FreshLoop::Adam {
             c: Adam::new(BENCH_LEARNING_RATE).constants(2),
             mu: vec![0.0; size],
             nu: vec![0.0; size],
         },
-        _ => Limit::Step(optimizer_named(name)?.1),
+        _ => FreshLoop::Step(optimizer_named(name)?.1),
     };
-    drop(black_box(limit.step(&p, &g)?));
-    let (mut ours, mut theirs, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
-    for _ in 0..steps {
-        let t = Instant::now();
-        drop(black_box(tpu.tpu_step(&p, &g)?));
-        let a = t.elapsed().as_secs_f64();
-        let t = Instant::now();
-        drop(black_box(limit.step(&p, &g)?));
-        let b = t.elapsed().as_secs_f64();
-        ours.push(a);
-        theirs.push(b);
-        ratios.push(a / b);
+    drop(black_box(fresh_loop.step(&p, &g)?));
+    const SIDES: usize = 5;
+    let mut times: [Vec<f64>; SIDES] = Default::default();
+    let (mut in_floor, mut fresh_floor, mut fresh_vs_loop) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..steps {
+        let mut t = [0.0; SIDES];
+        for k in 0..SIDES {
+            let side = (round + k) % SIDES;
+            let start = Instant::now();
+            match side {
+                0 => drop(black_box(fresh.tpu_step(&p, &g)?)),
+                1 => in_place.tpu_step_in_place(&mut p_in_place, &g)?,
+                2 => floor.step(gs)?,
+                3 => copy(black_box(&mut copy_dst), gs),
+                _ => drop(black_box(fresh_loop.step(&p, &g)?)),
+            }
+            t[side] = start.elapsed().as_secs_f64();
+        }
+        for (all, &one) in times.iter_mut().zip(&t) {
+            all.push(one);
+        }
+        in_floor.push(t[1] / t[2]);
+        fresh_floor.push(t[0] / t[2]);
+        fresh_vs_loop.push(t[0] / t[4]);
     }
-    let step_seconds = median(&mut ours);
-    let limit_seconds = median(&mut theirs);
+    black_box((&p_in_place, &floor.params, &floor.state, &copy_dst));
+    let [
+        step_seconds,
+        in_place_step_seconds,
+        floor_seconds,
+        copy_seconds,
+        fresh_loop_seconds,
+    ] = times.map(|mut v| median(&mut v));
+    let gbps = |bytes: u64, s: f64| bytes as f64 / s / 1e9;
     Ok(OptimizerBench {
         optimizer: kind.as_str().to_owned(),
         size,
         step_seconds,
-        limit_seconds,
-        ratio_to_limit: median(&mut ratios),
+        in_place_step_seconds,
+        floor_seconds,
+        ratio_to_floor: median(&mut in_floor),
+        fresh_ratio_to_floor: median(&mut fresh_floor),
+        copy_seconds,
+        fresh_loop_seconds,
+        ratio_to_fresh_loop: median(&mut fresh_vs_loop),
         compile_seconds,
         bytes_per_step,
-        gbps: bytes_per_step as f64 / step_seconds / 1e9,
-        limit_gbps: bytes_per_step as f64 / limit_seconds / 1e9,
+        gbps: gbps(bytes_per_step, step_seconds),
+        in_place_gbps: gbps(bytes_per_step, in_place_step_seconds),
+        floor_gbps: gbps(bytes_per_step, floor_seconds),
+        copy_gbps: gbps(8 * size as u64, copy_seconds),
+        fresh_loop_gbps: gbps(bytes_per_step, fresh_loop_seconds),
     })
 }
 
@@ -312,6 +471,6 @@ mod tests {
         assert!(msg.contains("100000000000"), "{msg}");
         assert!(check_host_memory("sgd", 0, 1 << 20, 1 << 30).is_ok());
         assert!(check_host_memory("sgd", 0, 1 << 30, 1 << 30).is_err());
-        assert_eq!(bench_host_bytes(2, usize::MAX), 10 * 4 * usize::MAX as u128);
+        assert_eq!(bench_host_bytes(2, usize::MAX), 17 * 4 * usize::MAX as u128);
     }
 }
