@@ -1,0 +1,268 @@
+#!/usr/bin/env python3
+"""optirs-tpu against XLA-CPU on this machine, side by side in one run.
+
+Times, where `jax` and `optax` import:
+
+* optimizer steps: `jax.jit` of the optax update with the params and the
+  state donated (`donate_argnums`), median of `--steps` (>= 20) steps;
+* collectives over 8 host devices
+  (`XLA_FLAGS=--xla_force_host_platform_device_count=8`): `shard_map` with
+  `psum`, `psum_scatter` and `all_gather` at 4 MB and 16 MB per rank, busbw
+  as nccl-tests defines it (`S / t` times `2(n-1)/n` for all-reduce and
+  `(n-1)/n` for reduce-scatter and all-gather, `S` the buffer per rank);
+
+then runs `target/release/optirs-tpu bench optimizer --json` and
+`optirs-tpu collectives --json` (the 8-chip `v2-8` pod) for the same sizes
+and prints one table: ours, XLA, the in-place floor and the ratios, with the
+machine's load average before and after. Without jax the optirs-tpu figures
+are still printed, with a note that the XLA ones are skipped.
+
+    cargo build --release
+    python3 benches/xla_peer.py [--size 1e7] [--optimizer adam,sgd]
+
+Not part of `cargo test` or CI: it is a benchmark.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BINARY = os.path.join(ROOT, "target", "release", "optirs-tpu")
+RANKS = 8
+COLLECTIVE_SIZES = [4 << 20, 16 << 20]
+COLLECTIVE_OPS = ["all_reduce", "reduce_scatter", "all_gather"]
+LEARNING_RATE = 1e-3
+
+
+def bus_factor(op, n):
+    return 2 * (n - 1) / n if op == "all_reduce" else (n - 1) / n
+
+
+# --- XLA side: each part runs in its own process (the flag that splits the
+# host into 8 devices must not apply to the optimizer steps). ---------------
+
+
+def xla_optimizer(name, size, steps):
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    tx = {
+        "sgd": lambda: optax.sgd(LEARNING_RATE),
+        "momentum": lambda: optax.sgd(LEARNING_RATE, momentum=0.9),
+        "nesterov": lambda: optax.sgd(LEARNING_RATE, momentum=0.9, nesterov=True),
+        "adam": lambda: optax.adam(LEARNING_RATE),
+        "adamw": lambda: optax.adamw(LEARNING_RATE, weight_decay=1e-4),
+        "rmsprop": lambda: optax.rmsprop(LEARNING_RATE),
+        "adagrad": lambda: optax.adagrad(LEARNING_RATE),
+    }[name]()
+
+    def step(p, s, g):
+        updates, s = tx.update(g, s, p)
+        return optax.apply_updates(p, updates), s
+
+    step = jax.jit(step, donate_argnums=(0, 1))
+    i = jnp.arange(size, dtype=jnp.int32)
+    p = ((i % 1000).astype(jnp.float32) - 500.0) * 1e-3
+    g = ((i % 777).astype(jnp.float32) - 388.0) * 1e-4
+    s = tx.init(p)
+    t = time.perf_counter()
+    p, s = step(p, s, g)
+    jax.block_until_ready(p)
+    compile_seconds = time.perf_counter() - t
+    times = []
+    for _ in range(steps):
+        t = time.perf_counter()
+        p, s = step(p, s, g)
+        jax.block_until_ready((p, s))
+        times.append(time.perf_counter() - t)
+    return {
+        "optimizer": name,
+        "size": size,
+        "step_seconds": statistics.median(times),
+        "first_step_seconds": compile_seconds,
+        "jax": jax.__version__,
+        "optax": optax.__version__,
+    }
+
+
+def xla_collectives(steps):
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import Mesh, PartitionSpec as P
+
+    try:
+        shard_map = jax.shard_map
+    except AttributeError:
+        from jax.experimental.shard_map import shard_map
+    devices = jax.devices()
+    if len(devices) != RANKS:
+        raise SystemExit(f"expected {RANKS} host devices, found {len(devices)}")
+    mesh = Mesh(devices, ("d",))
+    body = {
+        "all_reduce": lambda x: jax.lax.psum(x, "d"),
+        "reduce_scatter": lambda x: jax.lax.psum_scatter(x, "d", tiled=True),
+        "all_gather": lambda x: jax.lax.all_gather(x, "d", tiled=True),
+    }
+    rows = []
+    for op in COLLECTIVE_OPS:
+        f = jax.jit(shard_map(body[op], mesh=mesh, in_specs=P("d"), out_specs=P("d")))
+        for size in COLLECTIVE_SIZES:
+            per_rank = size // 4
+            # all_gather takes S/n per rank and gathers S; the others take S.
+            local = per_rank // RANKS if op == "all_gather" else per_rank
+            x = jax.device_put(
+                (jnp.arange(RANKS * local) % 7).astype(jnp.float32),
+                jax.sharding.NamedSharding(mesh, P("d")),
+            )
+            jax.block_until_ready(f(x))
+            times = []
+            for _ in range(steps):
+                t = time.perf_counter()
+                jax.block_until_ready(f(x))
+                times.append(time.perf_counter() - t)
+            seconds = statistics.median(times)
+            rows.append(
+                {
+                    "op": op,
+                    "bytes": size,
+                    "seconds": seconds,
+                    "busbw_gbps": size / seconds / 1e9 * bus_factor(op, RANKS),
+                }
+            )
+    return rows
+
+
+def run_part(part, args, extra_env=None):
+    env = dict(os.environ)
+    env.update(extra_env or {})
+    cmd = [sys.executable, os.path.abspath(__file__), "--part", part,
+           "--size", str(args.size), "--steps", str(args.steps), "--optimizer", args.optimizer]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if out.returncode != 0:
+        print(f"note: the XLA {part} part failed:\n{out.stderr.strip()[-2000:]}")
+        return None
+    return json.loads(out.stdout)
+
+
+# --- optirs-tpu side ---------------------------------------------------------
+
+
+def ours(cmd):
+    out = subprocess.run([BINARY] + cmd, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"`optirs-tpu {' '.join(cmd)}` failed:\n{out.stderr}")
+    return json.loads(out.stdout)
+
+
+def ms(s):
+    return f"{s * 1e3:.3f} ms" if s >= 1e-3 else f"{s * 1e6:.1f} µs"
+
+
+def fmt_size(n):
+    text = f"{n:.0e}".replace("e+0", "e").replace("e+", "e")
+    return text if float(text) == n else str(n)
+
+
+def ratio(a, b):
+    return f"{a / b:.2f}×" if a and b else "—"
+
+
+def parse_size(text):
+    value = float(text.replace("_", ""))
+    if value <= 0 or value != int(value):
+        raise argparse.ArgumentTypeError(f"`{text}` is not a positive whole number")
+    return int(value)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size", type=parse_size, default=10_000_000,
+                        help="f32 parameters of the optimizer steps (default 1e7)")
+    parser.add_argument("--optimizer", default="adam,sgd",
+                        help="comma-separated optimizers (default adam,sgd)")
+    parser.add_argument("--steps", type=int, default=21,
+                        help="timed steps per figure, at least 20 (default 21)")
+    parser.add_argument("--part", choices=["optimizer", "collectives"], help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.steps < 20:
+        parser.error("--steps must be at least 20")
+    names = [n.strip().lower() for n in args.optimizer.split(",") if n.strip()]
+
+    if args.part == "optimizer":
+        print(json.dumps([xla_optimizer(n, args.size, args.steps) for n in names]))
+        return
+    if args.part == "collectives":
+        print(json.dumps(xla_collectives(args.steps)))
+        return
+
+    if not os.path.exists(BINARY):
+        raise SystemExit(f"{BINARY} is missing: run `cargo build --release` first")
+    load_before = os.getloadavg()
+    try:
+        import jax  # noqa: F401
+        import optax  # noqa: F401
+        have_xla = True
+    except ImportError as e:
+        have_xla = False
+        print(f"note: {e}; XLA figures are skipped (pip install jax optax)")
+
+    xla_opt = xla_coll = None
+    if have_xla:
+        xla_opt = run_part("optimizer", args)
+    our_opt = [
+        ours(["bench", "optimizer", "--optimizer", n, "--size", str(args.size),
+              "--steps", str(args.steps), "--json"])
+        for n in names
+    ]
+    if have_xla:
+        flags = (os.environ.get("XLA_FLAGS", "") +
+                 f" --xla_force_host_platform_device_count={RANKS}").strip()
+        xla_coll = run_part("collectives", args, {"XLA_FLAGS": flags})
+    sizes = ",".join(str(s) for s in COLLECTIVE_SIZES)
+    our_coll = {
+        op: ours(["collectives", "v2-8", "--op", op, "--sizes", sizes, "--json"])
+        for op in COLLECTIVE_OPS
+    }
+    load_after = os.getloadavg()
+
+    def fmt_load(load):
+        return " ".join(f"{x:.2f}" for x in load)
+
+    versions = ""
+    if xla_opt:
+        versions = f" (jax {xla_opt[0]['jax']}, optax {xla_opt[0]['optax']})"
+    print(f"\noptirs-tpu against XLA-CPU{versions}; {os.cpu_count()} CPUs; "
+          f"load average before {fmt_load(load_before)}, after {fmt_load(load_after)}\n")
+    print("| optimizer step | size | ours in place | ours fresh output | XLA (jit + donation) "
+          "| floor | in place / XLA | in place / floor | XLA / floor |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for i, o in enumerate(our_opt):
+        x = xla_opt[i]["step_seconds"] if xla_opt else None
+        print(f"| {o['optimizer']} | {fmt_size(o['size'])} | {ms(o['in_place_step_seconds'])} "
+              f"| {ms(o['step_seconds'])} | {ms(x) if x else 'skipped'} | {ms(o['floor_seconds'])} "
+              f"| {ratio(o['in_place_step_seconds'], x)} | {o['ratio_to_floor']:.2f}× "
+              f"| {ratio(x, o['floor_seconds'])} |")
+    print(f"\n| collective, {RANKS} ranks | bytes per rank | ours busbw | XLA busbw | ours / XLA |")
+    print("|---|---|---|---|---|")
+    for op in COLLECTIVE_OPS:
+        for row in our_coll[op]:
+            x = None
+            if xla_coll:
+                x = next((r["busbw_gbps"] for r in xla_coll
+                          if r["op"] == op and r["bytes"] == row["bytes"]), None)
+            xs = f"{x:.2f} GB/s" if x else "skipped"
+            print(f"| {op} | {row['bytes'] >> 20} MiB | {row['busbw_gbps']:.2f} GB/s | {xs} "
+                  f"| {ratio(row['busbw_gbps'], x)} |")
+    print("\nfloor: the in-place streaming pass over the bytes the update must move "
+          "(`bench optimizer`'s floor_seconds); ratios are of times for steps, of busbw "
+          "for collectives (above 1× is faster for collectives, slower for steps).")
+
+
+if __name__ == "__main__":
+    main()
