@@ -7,15 +7,16 @@ use optirs_tpu::checkpoint::{
     verify_checkpoint, write_checkpoint,
 };
 use optirs_tpu::exec::kernels::Tensor;
-use optirs_tpu::fault_tolerance::{
-    FaultToleranceConfig, FaultToleranceManager, RecoveryPolicy, checkpoint_name,
-};
+use optirs_tpu::fault_tolerance::{RecoveryPolicy, checkpoint_name};
 use optirs_tpu::health::Fault;
 use optirs_tpu::schedule::Compile;
 use optirs_tpu::topology::DeviceId;
 use optirs_tpu::xla::{DType, GraphBuilder, TensorType};
 use optirs_tpu::{OptimError, Pod};
-use std::path::{Path, PathBuf};
+
+#[path = "common/checkpoint.rs"]
+mod checkpoint_helpers;
+use checkpoint_helpers::{manager, verify};
 
 fn pod_with_history() -> Pod {
     let mut pod = Pod::from_preset("v4-8").unwrap();
@@ -39,22 +40,6 @@ fn pod_with_history() -> Pod {
     b.finish();
     pod.world_mut().run_schedule(Compile);
     pod
-}
-
-fn manager(roots: Vec<PathBuf>, keep: usize, recovery: RecoveryPolicy) -> FaultToleranceManager {
-    FaultToleranceManager::new(FaultToleranceConfig {
-        storage_roots: roots,
-        max_checkpoints: keep,
-        recovery,
-    })
-    .unwrap()
-}
-
-fn verify(pod: &Pod, dir: &Path) -> Result<(), String> {
-    let registry = pod.world().resource::<SnapshotRegistry>();
-    verify_checkpoint(dir, registry)
-        .map(|_| ())
-        .map_err(|e| e.to_string())
 }
 
 #[test]

@@ -4,23 +4,15 @@
 
 use optirs_tpu::Pod;
 use optirs_tpu::checkpoint::{MANIFEST, SnapshotRegistry, WORLD_FILE, verify_checkpoint};
-use optirs_tpu::fault_tolerance::{FaultToleranceConfig, FaultToleranceManager, RecoveryPolicy};
+use optirs_tpu::fault_tolerance::{FaultToleranceManager, RecoveryPolicy};
 use std::path::{Path, PathBuf};
 
-fn manager(roots: Vec<PathBuf>, keep: usize) -> FaultToleranceManager {
-    FaultToleranceManager::new(FaultToleranceConfig {
-        storage_roots: roots,
-        max_checkpoints: keep,
-        recovery: RecoveryPolicy::RollBack,
-    })
-    .unwrap()
-}
+#[path = "common/checkpoint.rs"]
+mod checkpoint_helpers;
+use checkpoint_helpers::verify;
 
-fn verify(pod: &Pod, dir: &Path) -> Result<(), String> {
-    let registry = pod.world().resource::<SnapshotRegistry>();
-    verify_checkpoint(dir, registry)
-        .map(|_| ())
-        .map_err(|e| e.to_string())
+fn manager(roots: Vec<PathBuf>, keep: usize) -> FaultToleranceManager {
+    checkpoint_helpers::manager(roots, keep, RecoveryPolicy::RollBack)
 }
 
 /// A checkpoint written by the manager at tick 10 of a v4-8 pod.
