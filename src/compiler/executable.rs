@@ -199,19 +199,27 @@ impl Executable {
         Ok((outputs, timings))
     }
 
+    /// Errors, naming the program, unless it is given `got` arguments (one
+    /// per parameter). Every evaluator of an executable checks this first.
+    pub fn check_argument_count(&self, got: usize) -> Result<(), String> {
+        if got == self.parameters.len() {
+            Ok(())
+        } else {
+            Err(format!(
+                "program `{}` takes {} arguments, got {got}",
+                self.name,
+                self.parameters.len()
+            ))
+        }
+    }
+
     fn run_observed(
         &self,
         args: &[Tensor],
         on_kernel: &mut dyn FnMut(&LoweredKernel, Instant, Instant),
     ) -> Result<Vec<Tensor>, CompileError> {
-        if args.len() != self.parameters.len() {
-            return Err(CompileError::Arguments(format!(
-                "program `{}` takes {} arguments, got {}",
-                self.name,
-                self.parameters.len(),
-                args.len()
-            )));
-        }
+        self.check_argument_count(args.len())
+            .map_err(CompileError::Arguments)?;
         let mut slots: Vec<Option<Tensor>> = vec![None; self.buffers.len()];
         for (i, (arg, ty)) in args.iter().zip(&self.parameters).enumerate() {
             if &arg.tensor_type() != ty {

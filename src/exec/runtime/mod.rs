@@ -441,14 +441,8 @@ impl Runtime {
         calls: &mut dyn CustomCallHandler,
     ) -> Result<Vec<RunOutput>, ExecError> {
         let exe = &*self.exe;
-        if args.len() != exe.parameters.len() {
-            return Err(ExecError::Arguments(format!(
-                "program `{}` takes {} arguments, got {}",
-                exe.name,
-                exe.parameters.len(),
-                args.len()
-            )));
-        }
+        exe.check_argument_count(args.len())
+            .map_err(ExecError::Arguments)?;
         let mut slots: Vec<Option<Slot>> = (0..exe.buffers.len()).map(|_| None).collect();
         for (i, (arg, ty)) in args.into_iter().zip(&exe.parameters).enumerate() {
             if &arg.ty != ty {
