@@ -71,6 +71,26 @@ pub enum OptimError {
     /// optimizer state, or a device has no heap.
     #[error(transparent)]
     Memory(#[from] crate::memory::MemoryError),
+    /// A sharded model could not be built or stepped, or a step failed in
+    /// flight (naming the device or link and the phase).
+    #[error(transparent)]
+    Sharding(crate::sharding::ShardingError),
+}
+
+/// A sharding error that only passes on another domain's error comes back
+/// as that domain's variant (a link cut at launch is a `Collective` error,
+/// out of HBM a `Memory` one).
+impl From<crate::sharding::ShardingError> for OptimError {
+    fn from(error: crate::sharding::ShardingError) -> Self {
+        use crate::sharding::ShardingError as S;
+        match error {
+            S::Fault(e) => OptimError::Fault(e),
+            S::Collective(e) => OptimError::Collective(e),
+            S::Memory(e) => OptimError::Memory(e),
+            S::Exec(e) => OptimError::Exec(e),
+            other => OptimError::Sharding(other),
+        }
+    }
 }
 
 impl From<crate::topology::TopologyError> for OptimError {

@@ -23,13 +23,14 @@
 //! | 8 pod services | `barrier`, `collectives`, `clock_sync`, `monitor`, `load_balance`, `svg` | barriers; collectives on real buffers; NTP; monitoring; placement; pictures |
 //! | 9 compiler | `compiler` | graph IR as entities, the passes of `Compile`, lowering |
 //! | 10 execution | `exec` | the fast runtime: native (Cranelift) and interpreted fused loops |
-//! | 11 checkpoints | `checkpoint` | the registry of everything the engine persists; manifests, files, verification, periodic checkpoints |
-//! | 12 errors | `error` | `OptimError`, wrapping each domain's own error without flattening it |
-//! | 13 assembly | `pod` | `Pod`: the world, the install order of every domain, the host API |
-//! | 14 profiling | `profile` | counters, Chrome/Perfetto traces, per-system timing |
-//! | 15 seed facades | `tpu`, `coordination`, `fault_tolerance`, `xla` | `TPUOptimizer`, `PodCoordinator`, `FaultToleranceManager`, the seed's compiler paths |
-//! | 16 facades over facades | `pod_coordination` | `TPUPodCoordinator` over `PodCoordinator`; the seed's clock-sync path |
-//! | 17 binary | `cli` | the command line (part of the `optirs-tpu` binary, not the library) |
+//! | 11 sharded training | `sharding` | a whole model's optimizer sharded over the pod: parameter sets, buckets, per-device state shards, the data-parallel step as work of the `Collectives`, `Execute` and `Coalesce` sets |
+//! | 12 checkpoints | `checkpoint` | the registry of everything the engine persists; manifests, files, verification, periodic checkpoints |
+//! | 13 errors | `error` | `OptimError`, wrapping each domain's own error without flattening it |
+//! | 14 assembly | `pod` | `Pod`: the world, the install order of every domain, the host API |
+//! | 15 profiling | `profile` | counters, Chrome/Perfetto traces, per-system timing |
+//! | 16 seed facades | `tpu`, `coordination`, `fault_tolerance`, `xla` | `TPUOptimizer`, `PodCoordinator`, `FaultToleranceManager`, the seed's compiler paths |
+//! | 17 facades over facades | `pod_coordination` | `TPUPodCoordinator` over `PodCoordinator`; the seed's clock-sync path |
+//! | 18 binary | `cli` | the command line (part of the `optirs-tpu` binary, not the library) |
 //!
 //! Errors are leaves: each domain's error enum (`TopologyError`,
 //! `MemoryError`, `TransportError`, `FaultError`, `BarrierError`,
@@ -90,6 +91,7 @@ pub mod pod_coordination;
 pub mod profile;
 pub mod rng;
 pub mod schedule;
+pub mod sharding;
 pub mod svg;
 pub mod topology;
 pub mod tpu;

@@ -27,7 +27,8 @@ use bevy_ecs::schedule::{
 };
 
 /// One pod tick: clock, faults, heartbeats, clock sync, transport, fault
-/// detection, barriers, collectives, monitoring, checkpoints. A phase gets
+/// detection, barriers, collectives, execution, coalescing, monitoring,
+/// checkpoints. A phase gets
 /// a set when a system runs in it: a set with nothing to do is not kept.
 #[derive(ScheduleLabel, Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Step;
@@ -53,8 +54,14 @@ pub enum StepSystems {
     FaultDetection,
     /// Barriers collect arrivals, complete or fail.
     Barriers,
-    /// Collective operations make progress over the links.
+    /// Collective operations make progress over the links; a sharded
+    /// step's communication is watched for failures.
     Collectives,
+    /// A sharded step whose time has come runs its update on every shard.
+    Execute,
+    /// Finished steps give their transient device memory back; the heaps
+    /// coalesce the freed blocks.
+    Coalesce,
     /// Health and performance monitoring.
     Monitor,
     /// Periodic checkpoints (last, so a checkpoint sees the whole tick).
@@ -98,7 +105,7 @@ pub fn deterministic_schedule(label: impl ScheduleLabel) -> Schedule {
 }
 
 /// Every [`StepSystems`] set, in run order (the schedule chains them so).
-pub const STEP_SETS: [StepSystems; 10] = [
+pub const STEP_SETS: [StepSystems; 12] = [
     StepSystems::AdvanceClock,
     StepSystems::InjectFaults,
     StepSystems::Heartbeats,
@@ -107,6 +114,8 @@ pub const STEP_SETS: [StepSystems; 10] = [
     StepSystems::FaultDetection,
     StepSystems::Barriers,
     StepSystems::Collectives,
+    StepSystems::Execute,
+    StepSystems::Coalesce,
     StepSystems::Monitor,
     StepSystems::Checkpoint,
 ];

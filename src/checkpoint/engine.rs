@@ -23,7 +23,7 @@ use crate::health::{
     HeartbeatConfig, InjectedFault, KnownFailures,
 };
 use crate::memory::HbmUsage;
-use crate::memory::{OptimizerCount, OptimizerSlot};
+use crate::memory::{OptimizerCount, OptimizerSlot, ReplicaParams, ShardSlot};
 use crate::monitor::{
     DeviceHistory, DeviceMetrics, HealthChecks, HealthThresholds, HeartbeatTally, LinkMetrics,
     MonitorConfig, MonitorState,
@@ -33,6 +33,7 @@ use crate::persist::SnapshotRegistry;
 use crate::persist::{LoadContext, Persist, StoreContext};
 use crate::persist_as_self;
 use crate::rng::SimRng;
+use crate::sharding::ShardedModel;
 use crate::topology::{
     Device, DeviceIndex, HbmCapacity, Host, Link, LinkKind, LinkTraffic, OnHost, PodTopology,
     TorusCoords,
@@ -61,6 +62,15 @@ pub const NOT_PERSISTED: &[(&str, &str)] = &[
     (
         "ResidentBlock",
         "a slot's offset in a rebuilt heap: reserved again when the heap is rebuilt",
+    ),
+    (
+        "ShardBlock",
+        "a shard's offset in a rebuilt heap: reserved again when the heap is rebuilt",
+    ),
+    (
+        "ShardedStep",
+        "a step in flight is not state: a checkpoint holds the model as it was before the \
+         step, and a restored pod has no step in flight",
     ),
     (
         "PeriodicCheckpoints",
@@ -308,6 +318,9 @@ pub fn engine_registry() -> SnapshotRegistry {
         .component::<CompiledExecutable>("xla.CompiledExecutable")
         .component::<OptimizerSlot>("tpu.OptimizerSlot")
         .component::<OptimizerCount>("tpu.OptimizerCount")
+        .component::<ShardSlot>("sharding.ShardSlot")
+        .component::<ReplicaParams>("sharding.ReplicaParams")
+        .component::<ShardedModel>("sharding.ShardedModel")
         .component::<HbmUsage>("monitor.HbmUsage")
         .component::<HeartbeatTally>("monitor.HeartbeatTally")
         .component::<DeviceMetrics>("monitor.DeviceMetrics")

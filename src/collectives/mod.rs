@@ -50,6 +50,7 @@
 pub mod bench;
 mod element;
 mod ring;
+mod streamed;
 mod torus;
 mod traffic;
 
@@ -65,7 +66,10 @@ pub use ring::{
     BROADCAST_CHUNK_BYTES, PARALLEL_MIN_BYTES, PIECE_ELEMS, SLICE_ELEMS, broadcast_chunks,
     chunk_range,
 };
-pub use torus::TorusShape;
+pub use streamed::ReduceGrid;
+pub use torus::{
+    TorusShape, torus_all_gather_traffic, torus_reduce_scatter_traffic, torus_shard_ranges,
+};
 pub use traffic::{LinkModel, Phase, PhaseKind, TimedTransfer, Traffic, Transfer};
 
 use ring::{Epilogue, RingRoute};
@@ -234,4 +238,58 @@ pub fn torus_all_reduce<T: Element, B: AsMut<[T]>>(
     let all: Vec<usize> = (0..expected).collect();
     let slices = ring_slices(buffers, &all)?;
     Ok(torus::torus_all_reduce_slices(slices, shape, op))
+}
+
+/// Reduce-scatter over every device of a torus, dimension by dimension
+/// (the first half of [`torus_all_reduce`], with `Mean`'s division after
+/// the last dimension): afterwards `buffers[d][torus_shard_ranges(shape,
+/// len)[d]]` holds the reduction over every device of that range, in the
+/// same order [`torus_all_reduce`] reduces it (its values equal the
+/// all-reduce's there, bit for bit); other elements hold partial sums.
+pub fn torus_reduce_scatter<T: Element, B: AsMut<[T]>>(
+    buffers: &mut [B],
+    shape: &TorusShape,
+    op: ReduceOp,
+) -> Result<Traffic, CollectiveError> {
+    let expected = shape.device_count();
+    if buffers.len() != expected {
+        return Err(CollectiveError::BufferCount {
+            expected,
+            got: buffers.len(),
+        });
+    }
+    let all: Vec<usize> = (0..expected).collect();
+    let slices = ring_slices(buffers, &all)?;
+    Ok(torus::torus_reduce_scatter_slices(slices, shape, op))
+}
+
+/// The traffic of a ring reduce-scatter of a `len`-element buffer over
+/// `ring` (what [`reduce_scatter`] records), without moving data.
+pub fn ring_reduce_scatter_traffic(ring: &[usize], len: usize, elem_bytes: usize) -> Traffic {
+    let mut traffic = Traffic::default();
+    RingRoute::neighbours(ring).record_pass(
+        &mut traffic,
+        PhaseKind::ReduceScatter,
+        0,
+        0,
+        len,
+        elem_bytes,
+    );
+    traffic
+}
+
+/// The traffic of a ring all-gather of a `len`-element buffer over `ring`
+/// (what [`all_gather`] records), without moving data: for callers whose
+/// members share one copy of the gathered values.
+pub fn ring_all_gather_traffic(ring: &[usize], len: usize, elem_bytes: usize) -> Traffic {
+    let mut traffic = Traffic::default();
+    RingRoute::neighbours(ring).record_pass(
+        &mut traffic,
+        PhaseKind::AllGather,
+        0,
+        0,
+        len,
+        elem_bytes,
+    );
+    traffic
 }

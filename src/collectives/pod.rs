@@ -203,16 +203,37 @@ pub fn check_participants(
     Ok((0..devices as u32).map(DeviceId).collect())
 }
 
-/// Charges the traffic to the links and starts a [`Collective`]. Every
-/// link is checked first: a missing or cut link fails the launch before
-/// any counter moves.
-pub fn launch(
-    world: &mut World,
-    kind: CollectiveKind,
-    bytes: u64,
-    participants: Vec<DeviceId>,
-    traffic: &Traffic,
-) -> Result<CollectiveReport, CollectiveError> {
+/// What [`charge_links`] charged: bytes over every link, the links used
+/// (entities and their alpha-beta models, keyed by directed device pair).
+#[derive(Debug, Clone, Default)]
+pub struct LinkCharge {
+    /// Bytes over all links.
+    pub link_bytes: u64,
+    /// The link entities used, in `(src, dst)` order, one per direction used.
+    pub links: Vec<Entity>,
+    /// The model of each directed hop used.
+    pub models: HashMap<(usize, usize), LinkModel>,
+}
+
+impl LinkCharge {
+    /// The traffic's modeled duration on the charged links.
+    pub fn modeled_seconds(&self, traffic: &Traffic) -> f64 {
+        traffic.modeled_seconds_by_link(|s, d| self.model(s, d))
+    }
+
+    /// The model of the hop `src → dst` (a zero-cost one if it was not used).
+    pub fn model(&self, src: usize, dst: usize) -> LinkModel {
+        self.models
+            .get(&(src, dst))
+            .copied()
+            .unwrap_or_else(|| LinkModel::new(0.0, f64::MAX).expect("a zero-cost model is valid"))
+    }
+}
+
+/// Charges `traffic` to the link entities it crosses, in the direction it
+/// crosses them. Every link is checked first: a missing or cut link fails
+/// before any counter moves.
+pub fn charge_links(world: &mut World, traffic: &Traffic) -> Result<LinkCharge, CollectiveError> {
     let index = world.resource::<DeviceIndex>().clone();
     let mut links: HashMap<(Entity, Entity), Entity> = HashMap::new();
     for (entity, link) in world.query::<(Entity, &Link)>().iter(world) {
@@ -220,8 +241,7 @@ pub fn launch(
         links.insert((link.b, link.a), entity);
     }
     let per_link = traffic.per_link();
-    let mut models: HashMap<(usize, usize), LinkModel> = HashMap::new();
-    let mut link_bytes = 0u64;
+    let mut charge = LinkCharge::default();
     let mut charges = Vec::with_capacity(per_link.len());
     for (&(src, dst), &moved) in &per_link {
         let (a, b) = (
@@ -237,7 +257,7 @@ pub fn launch(
         }
         let link = *world.get::<Link>(entity).expect("links exist");
         let model = LinkModel::new(link.latency_ns as f64 * 1e-9, link.bytes_per_s)?;
-        models.insert((src, dst), model);
+        charge.models.insert((src, dst), model);
         charges.push((entity, a == Some(link.a), moved));
     }
     for (entity, forward, moved) in charges {
@@ -250,14 +270,24 @@ pub fn launch(
             counters.bytes_ba += moved;
         }
         counters.messages += 1;
-        link_bytes += moved;
+        charge.link_bytes += moved;
+        charge.links.push(entity);
     }
-    let modeled_seconds = traffic.modeled_seconds_by_link(|s, d| {
-        models
-            .get(&(s, d))
-            .copied()
-            .unwrap_or_else(|| LinkModel::new(0.0, f64::MAX).expect("a zero-cost model is valid"))
-    });
+    Ok(charge)
+}
+
+/// Charges the traffic to the links and starts a [`Collective`]. Every
+/// link is checked first: a missing or cut link fails the launch before
+/// any counter moves.
+pub fn launch(
+    world: &mut World,
+    kind: CollectiveKind,
+    bytes: u64,
+    participants: Vec<DeviceId>,
+    traffic: &Traffic,
+) -> Result<CollectiveReport, CollectiveError> {
+    let charge = charge_links(world, traffic)?;
+    let modeled_seconds = charge.modeled_seconds(traffic);
     let launched_at_ns = world.resource::<SimClock>().now_ns;
     let completes_at_ns = launched_at_ns + (modeled_seconds * 1e9).ceil() as u64;
     let entity = world
@@ -276,8 +306,8 @@ pub fn launch(
         entity,
         kind,
         bytes,
-        link_bytes,
-        links_used: per_link.len(),
+        link_bytes: charge.link_bytes,
+        links_used: charge.models.len(),
         modeled_seconds,
         launched_at_ns,
         completes_at_ns,

@@ -288,3 +288,130 @@ pub(crate) fn torus_all_reduce_slices<T: Element>(
     }
     traffic
 }
+
+/// The range of a `len`-element buffer each device owns after
+/// [`torus_reduce_scatter`] (indexed by device): chunk `x` of dimension 0,
+/// then chunk `y` of that along dimension 1, and so on. When `len` is a
+/// multiple of the device count every range has `len / devices` elements.
+pub fn torus_shard_ranges(shape: &TorusShape, len: usize) -> Vec<Range<usize>> {
+    let mut ranges: Vec<Range<usize>> = vec![0..len; shape.device_count()];
+    for dim in 0..shape.dims.len() {
+        let n = shape.dims[dim];
+        let stride = shape.stride(dim);
+        for (dev, range) in ranges.iter_mut().enumerate() {
+            let sub = chunk_range(range.len(), n, (dev / stride) % n);
+            *range = range.start + sub.start..range.start + sub.end;
+        }
+    }
+    ranges
+}
+
+/// Reduce-scatter over `slices` (one per device, equally long) along every
+/// dimension in turn: the first half of [`torus_all_reduce_slices`], with
+/// `Mean`'s division after the last dimension. Afterwards device `d` holds
+/// the reduction over every device of `torus_shard_ranges(shape, len)[d]`.
+pub(crate) fn torus_reduce_scatter_slices<T: Element>(
+    mut slices: Vec<&mut [T]>,
+    shape: &TorusShape,
+    op: ReduceOp,
+) -> Traffic {
+    let len = slices.first().map_or(0, |s| s.len());
+    let device_count = shape.device_count();
+    let ndims = shape.dims.len();
+    let mut traffic = Traffic::default();
+    let mut ranges: Vec<Range<usize>> = vec![0..len; device_count];
+    for dim in 0..ndims {
+        let n = shape.dims[dim];
+        let stride = shape.stride(dim);
+        let lines = shape.lines(dim);
+        let epilogue = Epilogue {
+            divisor: (dim + 1 == ndims && op == ReduceOp::Mean).then_some(device_count),
+            gather: false,
+        };
+        let mut slots: Vec<Option<&mut [T]>> = slices.iter_mut().map(|s| Some(&mut **s)).collect();
+        reduce_scatter_rings(line_slices(&mut slots, &lines, &ranges), op, epilogue);
+        let rings: Vec<(RingRoute, usize)> = lines
+            .iter()
+            .map(|line| (shape.route(dim, line), ranges[line[0]].len()))
+            .collect();
+        record_passes(
+            &mut traffic,
+            &rings,
+            PhaseKind::ReduceScatter,
+            dim as u32,
+            dim as u32,
+            T::BYTES,
+        );
+        for (dev, range) in ranges.iter_mut().enumerate() {
+            let sub = chunk_range(range.len(), n, (dev / stride) % n);
+            *range = range.start + sub.start..range.start + sub.end;
+        }
+    }
+    traffic
+}
+
+/// Every dimension's rings with the segment length each reduces, for a
+/// reduce-scatter of `len` elements over the whole torus.
+fn scatter_passes(shape: &TorusShape, len: usize) -> Vec<Vec<(RingRoute, usize)>> {
+    let ndims = shape.dims.len();
+    let mut ranges: Vec<Range<usize>> = vec![0..len; shape.device_count()];
+    let mut passes: Vec<Vec<(RingRoute, usize)>> = Vec::with_capacity(ndims);
+    for dim in 0..ndims {
+        let n = shape.dims[dim];
+        let stride = shape.stride(dim);
+        let lines = shape.lines(dim);
+        passes.push(
+            lines
+                .iter()
+                .map(|line| (shape.route(dim, line), ranges[line[0]].len()))
+                .collect(),
+        );
+        for (dev, range) in ranges.iter_mut().enumerate() {
+            let sub = chunk_range(range.len(), n, (dev / stride) % n);
+            *range = range.start + sub.start..range.start + sub.end;
+        }
+    }
+    passes
+}
+
+/// The traffic [`torus_reduce_scatter_slices`] records for `len` elements,
+/// without moving data: pass `d` (order `d`) along dimension `d`.
+pub fn torus_reduce_scatter_traffic(shape: &TorusShape, len: usize, elem_bytes: usize) -> Traffic {
+    let mut traffic = Traffic::default();
+    for (dim, rings) in scatter_passes(shape, len).iter().enumerate() {
+        record_passes(
+            &mut traffic,
+            rings,
+            PhaseKind::ReduceScatter,
+            dim as u32,
+            dim as u32,
+            elem_bytes,
+        );
+    }
+    traffic
+}
+
+/// The traffic of the all-gather that undoes a torus reduce-scatter of
+/// `len` elements: the rings of each dimension in reverse order, each pass
+/// moving the segment its rings reduced, with phase orders from
+/// `first_order` (so a caller can place it after the reduce-scatter).
+pub fn torus_all_gather_traffic(
+    shape: &TorusShape,
+    len: usize,
+    elem_bytes: usize,
+    first_order: u32,
+) -> Traffic {
+    let passes = scatter_passes(shape, len);
+    let mut traffic = Traffic::default();
+    for (k, dim) in (0..passes.len()).rev().enumerate() {
+        record_passes(
+            &mut traffic,
+            &passes[dim],
+            PhaseKind::AllGather,
+            first_order + k as u32,
+            dim as u32,
+            elem_bytes,
+        );
+    }
+    traffic
+}

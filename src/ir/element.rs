@@ -21,6 +21,8 @@ pub trait Element: Copy + Send + Sync + 'static {
     fn from_tensor(t: Tensor) -> Result<ArrayD<Self>, Tensor>;
     /// The array inside a tensor of this type.
     fn array_mut(t: &mut Tensor) -> Option<&mut ArrayD<Self>>;
+    /// The array inside a tensor of this type, to read.
+    fn array_ref(t: &Tensor) -> Option<&ArrayD<Self>>;
 }
 
 macro_rules! element {
@@ -37,6 +39,12 @@ macro_rules! element {
                 }
             }
             fn array_mut(t: &mut Tensor) -> Option<&mut ArrayD<Self>> {
+                match t {
+                    Tensor::$d(a) => Some(a),
+                    _ => None,
+                }
+            }
+            fn array_ref(t: &Tensor) -> Option<&ArrayD<Self>> {
                 match t {
                     Tensor::$d(a) => Some(a),
                     _ => None,

@@ -205,7 +205,8 @@ pub fn state_bytes(world: &mut World) -> usize {
 
 /// Gives every marked device (one with an [`HbmUsage`], and the state
 /// device if there is state) a fresh heap of its [`HbmCapacity`], reserves
-/// the resident optimizer state again and publishes the devices' usage:
+/// the resident optimizer state (and every sharded model's shards and
+/// parameter replicas, [`super::shards`]) again and publishes the devices' usage:
 /// what a restored world needs, since heaps are not persisted.
 pub fn rebuild_heaps(world: &mut World) -> Result<(), MemoryError> {
     let mut slots = world.query_filtered::<(), With<OptimizerSlot>>();
@@ -214,6 +215,7 @@ pub fn rebuild_heaps(world: &mut World) -> Result<(), MemoryError> {
     {
         mark(world, &[device]);
     }
+    super::shards::mark_shard_devices(world);
     let mut q = world.query_filtered::<(Entity, &HbmCapacity), With<HbmUsage>>();
     let devices: Vec<(Entity, u64)> = q.iter(world).map(|(e, c)| (e, c.0)).collect();
     for &(device, capacity) in &devices {
@@ -227,7 +229,9 @@ pub fn rebuild_heaps(world: &mut World) -> Result<(), MemoryError> {
     for slot in stale {
         world.entity_mut(slot).remove::<ResidentBlock>();
     }
+    super::shards::forget_shard_blocks(world);
     reserve_state(world)?;
+    super::shards::reserve_shards(world)?;
     for (device, _) in devices {
         publish(world, device);
     }

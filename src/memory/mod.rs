@@ -1,6 +1,7 @@
 //! Device memory, in one home: the best-fit [`Heap`] with real `free` and
 //! neighbour coalescing; each device's HBM heap and its [`HbmUsage`]
-//! ([`device`]); the optimizer state resident there ([`residency`]); the
+//! ([`device`]); the optimizer state resident there ([`residency`]) and a sharded
+//! model's per-device shards ([`shards`]); the
 //! [`ALIGNMENT`] every buffer offset and size keeps (the compiler's memory
 //! plan and the device heaps agree on it); and fresh output buffers that
 //! do not pay a page fault per 4 KiB ([`output_buffer`]).
@@ -10,12 +11,14 @@ pub mod device;
 pub mod error;
 pub mod heap;
 pub mod residency;
+pub mod shards;
 
 pub use buffers::output_buffer;
 pub use device::{DeviceHeap, HbmUsage, ResidentBlock};
 pub use error::{MemoryError, OutOfDeviceMemory};
 pub use heap::{AllocError, Block, Heap};
 pub use residency::{OptimizerCount, OptimizerSlot, StoredSlot};
+pub use shards::{ReplicaParams, ShardBlock, ShardSlot};
 
 /// Buffer offsets and sizes are multiples of this many bytes.
 pub const ALIGNMENT: usize = 64;

@@ -41,6 +41,14 @@ pub enum OptimizerError {
         /// What is wrong with it.
         reason: String,
     },
+    /// No optimizer has this name.
+    #[error("unknown optimizer `{name}` (known: {known})")]
+    Unknown {
+        /// The name asked for.
+        name: String,
+        /// The names there are.
+        known: String,
+    },
     /// A wrapping optimizer (such as `TPUOptimizer`) failed below the
     /// rule — compiling, reserving device memory, executing. The source keeps
     /// its type: `OptimError::from` gives the original error back.

@@ -70,3 +70,35 @@ pub use sgd::{SGD, SgdConstants};
 
 #[cfg(test)]
 mod tests;
+
+/// The seven built-in optimizers' names, as [`by_name`] takes them.
+pub const NAMES: [&str; 7] = [
+    "sgd", "momentum", "nesterov", "adam", "adamw", "rmsprop", "adagrad",
+];
+
+/// A built-in optimizer by name (case-insensitive) with learning rate `lr`
+/// and optax's default hyper-parameters otherwise (momentum and Nesterov
+/// 0.9, AdamW weight decay 1e-4).
+pub fn by_name<A: FloatElement>(
+    name: &str,
+    lr: A,
+) -> Result<Box<dyn Optimizer<A, ndarray::IxDyn> + Send + Sync>> {
+    let kind = UpdateKind::ALL
+        .into_iter()
+        .find(|k| k.as_str() == name.to_ascii_lowercase())
+        .ok_or_else(|| OptimizerError::Unknown {
+            name: name.to_owned(),
+            known: NAMES.join(", "),
+        })?;
+    type Boxed<A> = Box<dyn Optimizer<A, ndarray::IxDyn> + Send + Sync>;
+    let opt: Boxed<A> = match kind {
+        UpdateKind::Sgd => Box::new(SGD::new(lr)),
+        UpdateKind::Momentum => Box::new(Momentum::new(lr, 0.9)),
+        UpdateKind::Nesterov => Box::new(Nesterov::new(lr, 0.9)),
+        UpdateKind::Adam => Box::new(Adam::new(lr)),
+        UpdateKind::AdamW => Box::new(AdamW::new(lr, 1e-4)),
+        UpdateKind::RmsProp => Box::new(RMSProp::new(lr)),
+        UpdateKind::Adagrad => Box::new(Adagrad::new(lr)),
+    };
+    Ok(opt)
+}

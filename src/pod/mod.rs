@@ -163,6 +163,7 @@ impl Pod {
         crate::monitor::install(&mut world);
         barrier::install(&mut world);
         crate::collectives::pod::install(&mut world);
+        crate::sharding::install(&mut world);
         crate::clock_sync::systems::install(&mut world);
         compiler::install(&mut world);
         world.insert_resource(engine_registry());

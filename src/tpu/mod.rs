@@ -63,6 +63,7 @@ mod config;
 pub mod graph;
 pub mod hbm;
 pub mod profile;
+pub mod sharded;
 pub mod state;
 mod step;
 mod world_state;
@@ -83,6 +84,7 @@ use crate::pod::Pod;
 pub use bench::{OptimizerBench, bench_optimizer};
 pub use config::{DEFAULT_CACHE_CAPACITY, TPUConfig, TPUVersion};
 pub use profile::{CacheStats, HbmSnapshot, MemoryEvent, MemoryEventKind, TpuProfile};
+pub use sharded::{ShardedOptimizer, ShardedStepReport, ShardingConfig};
 pub use world_state::tpu_registry;
 
 use cache::ProgramCache;

@@ -167,6 +167,29 @@ impl<'a> Arg<'a> {
         }
     }
 
+    /// A read-only borrow of a flat slice, as a 1-D `[len]` argument.
+    pub fn slice<T: Element>(s: &'a [T]) -> Arg<'a> {
+        Arg {
+            ty: TensorType::new(T::DTYPE, vec![s.len()]),
+            ptr: s.as_ptr() as usize,
+            writable: false,
+            owned: None,
+            _borrow: PhantomData,
+        }
+    }
+
+    /// A donated flat slice, as a 1-D `[len]` argument: outputs the plan
+    /// places over it are written into it.
+    pub fn slice_mut<T: Element>(s: &'a mut [T]) -> Arg<'a> {
+        Arg {
+            ty: TensorType::new(T::DTYPE, vec![s.len()]),
+            ptr: s.as_mut_ptr() as usize,
+            writable: true,
+            owned: None,
+            _borrow: PhantomData,
+        }
+    }
+
     /// A read-only borrow of a tensor.
     pub fn tensor(t: &'a Tensor) -> Arg<'a> {
         match t {

@@ -1,0 +1,195 @@
+//! Why a sharded model could not be built, stepped or re-sharded.
+
+use thiserror::Error;
+
+use crate::collectives::CollectiveError;
+use crate::exec::runtime::ExecError;
+use crate::health::FaultError;
+use crate::memory::MemoryError;
+use crate::topology::DeviceId;
+
+use super::timing::StepPhase;
+
+/// What made a step fail while it was in flight.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FailureCause {
+    /// The device was killed.
+    DeviceKilled(DeviceId),
+    /// The device stopped (paused) and did not do its part.
+    DevicePaused(DeviceId),
+    /// The failure detector declared the device failed.
+    DeviceFailed(DeviceId),
+    /// The link between two devices was cut.
+    LinkCut {
+        /// One end.
+        src: DeviceId,
+        /// The other end.
+        dst: DeviceId,
+    },
+    /// The compiled update itself failed (an engine fault: its programs
+    /// and arguments are checked at launch).
+    UpdateFailed(String),
+}
+
+impl std::fmt::Display for FailureCause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FailureCause::DeviceKilled(d) => write!(f, "{d} was killed"),
+            FailureCause::DevicePaused(d) => write!(f, "{d} stopped (paused)"),
+            FailureCause::DeviceFailed(d) => write!(f, "{d} was declared failed"),
+            FailureCause::LinkCut { src, dst } => write!(f, "the link {src} - {dst} was cut"),
+            FailureCause::UpdateFailed(m) => write!(f, "the update failed: {m}"),
+        }
+    }
+}
+
+impl FailureCause {
+    /// The device that failed, if a device did.
+    pub fn device(&self) -> Option<DeviceId> {
+        match *self {
+            FailureCause::DeviceKilled(d)
+            | FailureCause::DevicePaused(d)
+            | FailureCause::DeviceFailed(d) => Some(d),
+            FailureCause::LinkCut { .. } | FailureCause::UpdateFailed(_) => None,
+        }
+    }
+}
+
+/// A sharded-model operation failed; nothing changed (a failed step leaves
+/// parameters, state and count as they were).
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum ShardingError {
+    /// A parameter set with no tensors.
+    #[error("the model has no tensors; add at least one parameter tensor")]
+    EmptyModel,
+    /// Two tensors with one name.
+    #[error("the model has two tensors named `{name}`; tensor names must be unique")]
+    DuplicateTensor {
+        /// The name.
+        name: String,
+    },
+    /// A tensor with no elements.
+    #[error(
+        "tensor `{name}` has shape {shape:?}, with no elements; every tensor needs at least one"
+    )]
+    EmptyTensor {
+        /// The name.
+        name: String,
+        /// Its shape.
+        shape: Vec<usize>,
+    },
+    /// A model too large to index.
+    #[error("the model has more elements than this machine can address ({elements})")]
+    TooLarge {
+        /// The element count (saturated).
+        elements: u128,
+    },
+    /// A bucket size of zero or below one element.
+    #[error("bucket_bytes = {bytes} holds no {dtype} element; use at least {min} bytes")]
+    BucketBytes {
+        /// What was asked.
+        bytes: usize,
+        /// The element type.
+        dtype: String,
+        /// The smallest that works.
+        min: usize,
+    },
+    /// Gradients for the wrong number of replicas.
+    #[error(
+        "the step got gradients for {got} replicas, but the model runs {expected} (one per device)"
+    )]
+    ReplicaCount {
+        /// Replicas of the model.
+        expected: usize,
+        /// Gradient sets given.
+        got: usize,
+    },
+    /// A replica's gradients do not match the model's tensors.
+    #[error("replica {replica}'s gradients: {reason}")]
+    GradientMismatch {
+        /// Which replica.
+        replica: usize,
+        /// What is wrong (names the tensor and both shapes).
+        reason: String,
+    },
+    /// A step asked of an optimizer with no compiled update rule.
+    #[error(
+        "`{optimizer}` has no element-wise update rule the compiler can shard; the sharded \
+         step runs the seven built-in optimizers (sgd, momentum, nesterov, adagrad, rmsprop, \
+         adam, adamw)"
+    )]
+    NoUpdateRule {
+        /// The optimizer.
+        optimizer: String,
+    },
+    /// A participant cannot take part, so the step was not launched.
+    #[error("step {step} cannot start: {cause}; exclude the device (or recover) first")]
+    Unavailable {
+        /// The step.
+        step: u64,
+        /// What is wrong.
+        cause: FailureCause,
+    },
+    /// Another step is still in flight.
+    #[error("step {step} is still in flight; wait for it before launching another")]
+    StepInFlight {
+        /// The step in flight.
+        step: u64,
+    },
+    /// No model in the world.
+    #[error("the pod holds no sharded model")]
+    NoModel,
+    /// The device list does not make the pod's torus.
+    #[error("{reason}")]
+    Devices {
+        /// What is wrong.
+        reason: String,
+    },
+    /// The step failed in flight: nothing changed.
+    #[error(
+        "step {step} failed during {phase} at {at_ns} ns: {cause}; no parameters or state changed"
+    )]
+    StepFailed {
+        /// The step number (1-based).
+        step: u64,
+        /// The phase it was in.
+        phase: StepPhase,
+        /// Simulated time of the failure, ns.
+        at_ns: u64,
+        /// What failed.
+        cause: FailureCause,
+    },
+    /// The step is still pending past its completion time (its systems are
+    /// not in the schedule).
+    #[error(
+        "step {step} should have completed at {completes_at_ns} ns but is still pending at \
+         {now_ns} ns: the sharded-step systems are not in the pod's schedule"
+    )]
+    Stalled {
+        /// The step.
+        step: u64,
+        /// When it was due.
+        completes_at_ns: u64,
+        /// Now.
+        now_ns: u64,
+    },
+    /// State that does not belong to the model's layout.
+    #[error("the sharded state is inconsistent: {reason}")]
+    InvalidState {
+        /// What is wrong.
+        reason: String,
+    },
+    /// A device was down at launch.
+    #[error(transparent)]
+    Fault(#[from] FaultError),
+    /// A link was missing or cut at launch.
+    #[error(transparent)]
+    Collective(#[from] CollectiveError),
+    /// A device's HBM could not hold its part.
+    #[error(transparent)]
+    Memory(#[from] MemoryError),
+    /// The update program failed.
+    #[error(transparent)]
+    Exec(#[from] ExecError),
+}

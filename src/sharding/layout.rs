@@ -1,0 +1,306 @@
+//! How a model is packed into buckets and split over the devices.
+//!
+//! The model's tensors are laid end to end, in order, as one flat vector
+//! of `elements` values. It is cut into buckets of `bucket_elements` each
+//! (the configured bucket bytes, rounded down to a multiple of the device
+//! count `n`; the last bucket is shorter). A bucket is padded at its end to
+//! a multiple of `n` (at most `n − 1` padding elements, only in the last
+//! bucket; their gradients are zero and their values never leave the
+//! device), so every device owns exactly `padded_len / n` elements of every
+//! bucket, and every bucket of one length runs one compiled program. Since
+//! only the last bucket is padded, element `i` of the model sits at index
+//! `i` of the padded vector too.
+//!
+//! Which part of a bucket a device owns follows the collective that
+//! reduces it: over a whole torus, the reduce-scatter's dimension-order
+//! chunks ([`torus_shard_ranges`]); over the survivors of a failure, the
+//! ring position.
+
+use std::ops::Range;
+
+use serde::{Deserialize, Serialize};
+
+use super::error::ShardingError;
+use crate::collectives::{ReduceGrid, TorusShape, torus_shard_ranges};
+use crate::ir::DType;
+use crate::topology::DeviceId;
+
+/// One tensor of the model: where its elements start in the flat vector.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TensorSpec {
+    /// The tensor's name.
+    pub name: String,
+    /// Its shape.
+    pub shape: Vec<usize>,
+    /// Index of its first element in the flat model.
+    pub offset: usize,
+}
+
+impl TensorSpec {
+    /// Elements of the tensor.
+    pub fn len(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// Whether the tensor has no elements (never, in a built layout).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A contiguous run of the flat model that moves and updates as one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Bucket {
+    /// First element (in the flat model and the padded vector alike).
+    pub offset: usize,
+    /// Model elements in the bucket.
+    pub len: usize,
+    /// `len` padded to a multiple of the device count.
+    pub padded_len: usize,
+    /// Elements each device owns: `padded_len / n`.
+    pub shard_len: usize,
+    /// Where this bucket's shard starts in each device's state vector.
+    pub shard_offset: usize,
+}
+
+/// The collective the gradients are reduce-scattered with.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ShardPlan {
+    /// Over the slice's whole torus, dimension by dimension; device id `d`
+    /// is torus index `d`.
+    Torus {
+        /// Extents.
+        dims: Vec<usize>,
+        /// Wraparound per dimension.
+        wraparound: Vec<bool>,
+    },
+    /// Over a ring of the participants (the snake ring through the torus
+    /// without the excluded devices), each hop routed on the torus.
+    Ring {
+        /// Devices in ring order.
+        ring: Vec<DeviceId>,
+    },
+}
+
+/// The packing and sharding of one model over one set of devices.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardLayout {
+    /// Element type.
+    pub dtype: DType,
+    /// The tensors, in model order.
+    pub tensors: Vec<TensorSpec>,
+    /// Elements of the model.
+    pub elements: usize,
+    /// Elements of every bucket but the last.
+    pub bucket_elements: usize,
+    /// The buckets, in order.
+    pub buckets: Vec<Bucket>,
+    /// The devices, sorted by id; replica `r` of a step is `participants[r]`.
+    pub participants: Vec<DeviceId>,
+    /// `shard_index[r]`: which `1/n` of every bucket `participants[r]` owns.
+    pub shard_index: Vec<usize>,
+    /// How gradients are reduced.
+    pub plan: ShardPlan,
+}
+
+impl ShardLayout {
+    /// Packs `tensors` (names and shapes, in order) of `dtype` into buckets
+    /// of about `bucket_bytes` and shards them over `participants` with
+    /// `plan`.
+    pub fn new(
+        dtype: DType,
+        tensors: &[(String, Vec<usize>)],
+        bucket_bytes: usize,
+        participants: Vec<DeviceId>,
+        plan: ShardPlan,
+    ) -> Result<ShardLayout, ShardingError> {
+        if tensors.is_empty() {
+            return Err(ShardingError::EmptyModel);
+        }
+        let elem = dtype.byte_size();
+        if bucket_bytes < elem {
+            return Err(ShardingError::BucketBytes {
+                bytes: bucket_bytes,
+                dtype: dtype.to_string(),
+                min: elem,
+            });
+        }
+        let n = participants.len();
+        if n == 0 {
+            return Err(ShardingError::Devices {
+                reason: "a sharded model needs at least one device".into(),
+            });
+        }
+        let mut specs = Vec::with_capacity(tensors.len());
+        let mut offset = 0usize;
+        for (name, shape) in tensors {
+            if specs.iter().any(|s: &TensorSpec| s.name == *name) {
+                return Err(ShardingError::DuplicateTensor { name: name.clone() });
+            }
+            let len = shape
+                .iter()
+                .try_fold(1usize, |a, &d| a.checked_mul(d))
+                .ok_or(ShardingError::TooLarge {
+                    elements: u128::MAX,
+                })?;
+            if len == 0 {
+                return Err(ShardingError::EmptyTensor {
+                    name: name.clone(),
+                    shape: shape.clone(),
+                });
+            }
+            specs.push(TensorSpec {
+                name: name.clone(),
+                shape: shape.clone(),
+                offset,
+            });
+            offset = offset.checked_add(len).ok_or(ShardingError::TooLarge {
+                elements: offset as u128 + len as u128,
+            })?;
+        }
+        let elements = offset;
+        let bucket_elements = ((bucket_bytes / elem) / n * n).max(n);
+        let mut buckets = Vec::with_capacity(elements.div_ceil(bucket_elements));
+        let mut start = 0;
+        let mut shard_offset = 0;
+        while start < elements {
+            let len = bucket_elements.min(elements - start);
+            let padded_len = len.next_multiple_of(n);
+            buckets.push(Bucket {
+                offset: start,
+                len,
+                padded_len,
+                shard_len: padded_len / n,
+                shard_offset,
+            });
+            shard_offset += padded_len / n;
+            start += len;
+        }
+        let shard_index = shard_indices(&participants, &plan)?;
+        Ok(ShardLayout {
+            dtype,
+            tensors: specs,
+            elements,
+            bucket_elements,
+            buckets,
+            participants,
+            shard_index,
+            plan,
+        })
+    }
+
+    /// The same tensors and bucket size over other devices.
+    pub fn reshard(
+        &self,
+        participants: Vec<DeviceId>,
+        plan: ShardPlan,
+        bucket_bytes: usize,
+    ) -> Result<ShardLayout, ShardingError> {
+        let tensors: Vec<(String, Vec<usize>)> = self
+            .tensors
+            .iter()
+            .map(|t| (t.name.clone(), t.shape.clone()))
+            .collect();
+        ShardLayout::new(self.dtype, &tensors, bucket_bytes, participants, plan)
+    }
+
+    /// Devices the model is sharded over.
+    pub fn devices(&self) -> usize {
+        self.participants.len()
+    }
+
+    /// Length of the padded flat vector.
+    pub fn padded_elements(&self) -> usize {
+        self.buckets.last().map_or(0, |b| b.offset + b.padded_len)
+    }
+
+    /// Elements of each device's state vector (its shards of every bucket).
+    pub fn shard_elements(&self) -> usize {
+        self.buckets.iter().map(|b| b.shard_len).sum()
+    }
+
+    /// Bytes of one element.
+    pub fn element_bytes(&self) -> usize {
+        self.dtype.byte_size()
+    }
+
+    /// The padded-vector range of bucket `b` that replica `r` owns.
+    pub fn shard_range(&self, r: usize, b: usize) -> Range<usize> {
+        let bucket = &self.buckets[b];
+        let start = bucket.offset + self.shard_index[r] * bucket.shard_len;
+        start..start + bucket.shard_len
+    }
+
+    /// The replica (participant index) of a device.
+    pub fn replica_of(&self, device: DeviceId) -> Option<usize> {
+        self.participants.binary_search(&device).ok()
+    }
+
+    /// The grid the reduce-scatter folds on (members are device ids) and,
+    /// per replica, its position on it.
+    pub fn grid(&self) -> (ReduceGrid, Vec<usize>) {
+        match &self.plan {
+            ShardPlan::Torus { dims, .. } => (
+                ReduceGrid::torus(dims),
+                self.participants.iter().map(|d| d.0 as usize).collect(),
+            ),
+            ShardPlan::Ring { ring } => {
+                let members: Vec<usize> = ring.iter().map(|d| d.0 as usize).collect();
+                let positions = self
+                    .participants
+                    .iter()
+                    .map(|d| ring.iter().position(|x| x == d).unwrap_or(0))
+                    .collect();
+                (ReduceGrid::ring(&members), positions)
+            }
+        }
+    }
+
+    /// The torus shape of a [`ShardPlan::Torus`].
+    pub fn torus(&self) -> Option<TorusShape> {
+        match &self.plan {
+            ShardPlan::Torus { dims, wraparound } => TorusShape::new(dims, wraparound).ok(),
+            ShardPlan::Ring { .. } => None,
+        }
+    }
+}
+
+/// Which `1/n` of a bucket each participant owns under `plan`.
+fn shard_indices(participants: &[DeviceId], plan: &ShardPlan) -> Result<Vec<usize>, ShardingError> {
+    let n = participants.len();
+    match plan {
+        ShardPlan::Torus { dims, wraparound } => {
+            let shape = TorusShape::new(dims, wraparound).map_err(|e| ShardingError::Devices {
+                reason: e.to_string(),
+            })?;
+            let all: Vec<DeviceId> = (0..shape.device_count() as u32).map(DeviceId).collect();
+            if participants != all.as_slice() {
+                return Err(ShardingError::Devices {
+                    reason: format!(
+                        "a torus plan shards over all {} devices of the torus {dims:?}, got {n}",
+                        shape.device_count()
+                    ),
+                });
+            }
+            Ok(torus_shard_ranges(&shape, n)
+                .into_iter()
+                .map(|r| r.start)
+                .collect())
+        }
+        ShardPlan::Ring { ring } => {
+            let mut sorted = ring.clone();
+            sorted.sort();
+            if sorted != participants {
+                return Err(ShardingError::Devices {
+                    reason: format!(
+                        "the ring {ring:?} is not an ordering of the participants {participants:?}"
+                    ),
+                });
+            }
+            Ok(participants
+                .iter()
+                .map(|d| ring.iter().position(|x| x == d).unwrap_or(0))
+                .collect())
+        }
+    }
+}

@@ -1,0 +1,63 @@
+//! A whole model's optimizer, sharded over every device of a pod: the
+//! weight-update sharding of Xu et al. (2020) that XLA applies on Cloud
+//! TPU, in the shape of ZeRO stage 1.
+//!
+//! Each step: the replicas' gradients are reduce-scattered over the torus,
+//! each device runs the fused compiled update on its `1/n` of every bucket
+//! with its own shard of the optimizer state (resident in its own HBM),
+//! and the new parameters are all-gathered so every replica holds them.
+//! A model is packed into buckets ([`layout`]) so a step runs few
+//! collectives and few programs. The step is work of the pod's systems in
+//! simulated time ([`step`], [`timing`]); this module holds the world
+//! side, and `optirs_tpu::tpu::ShardedOptimizer` the host API that
+//! compiles the programs and waits for the steps.
+//!
+//! **Exactness.** A sharded step gives the bits of the unsharded
+//! `TPUOptimizer` step on the whole model with the reduced gradient: the
+//! update is element-wise and compiled from the same graph, and the
+//! gradient of element `i` is reduced in one fixed order, the
+//! reduce-scatter's ([`crate::collectives::ReduceGrid`]: along torus axis
+//! 0 starting after the owner, then axis 1, then axis 2; `Mean` divides
+//! the sum once), which is also [`crate::collectives::torus_all_reduce`]'s.
+
+pub mod error;
+pub mod gradients;
+pub mod layout;
+pub mod model;
+pub mod params;
+pub mod step;
+pub mod timing;
+
+use bevy_ecs::prelude::*;
+use bevy_ecs::schedule::Schedules;
+
+pub use error::{FailureCause, ShardingError};
+pub use gradients::{GradientSource, ReplicaGradients, SyntheticGradients};
+pub use layout::{Bucket, ShardLayout, ShardPlan, TensorSpec};
+pub use model::{Reduction, ShardedModel, SlotValues};
+pub use params::ParamSet;
+pub use step::{ShardProgram, ShardedStep, StepOutcome};
+pub use timing::{Span, StepPhase, StepTimeline};
+
+use crate::schedule::{Step, StepSystems};
+
+/// Default bucket size: 25 MiB, PyTorch DDP's `bucket_cap_mb`, past the
+/// size at which a ring pass over a TPU torus axis runs at link bandwidth
+/// (each of a 16-device ring's messages is then 1.6 MB, well above the
+/// links' latency-bandwidth product of about 0.1 MB).
+pub const DEFAULT_BUCKET_BYTES: usize = 25 << 20;
+
+/// Installs the step's systems: [`step::watch_sharded_step`] in
+/// `Collectives`, [`step::commit_sharded_step`] in `Execute`,
+/// [`step::release_step_memory`] in `Coalesce`. They do nothing while the
+/// pod holds no model, and insert nothing until a model exists.
+pub fn install(world: &mut World) {
+    world.resource_mut::<Schedules>().add_systems(
+        Step,
+        (
+            step::watch_sharded_step.in_set(StepSystems::Collectives),
+            step::commit_sharded_step.in_set(StepSystems::Execute),
+            step::release_step_memory.in_set(StepSystems::Coalesce),
+        ),
+    );
+}

@@ -1,0 +1,339 @@
+//! The sharded model in the world: [`ShardedModel`] (layout, the
+//! parameters stored once, the step count) and, per device, its
+//! [`ShardSlot`]s and [`ReplicaParams`], resident in that device's heap.
+
+use bevy_ecs::prelude::*;
+use ndarray::{ArrayD, IxDyn};
+use serde::{Deserialize, Serialize};
+
+use super::error::ShardingError;
+use super::layout::ShardLayout;
+use super::params::ParamSet;
+use crate::collectives::ReduceOp;
+use crate::ir::{FloatElement, Tensor};
+use crate::memory::shards::{release_shard, reserve_shards};
+use crate::memory::{ReplicaParams, ShardSlot};
+use crate::persist::{LoadContext, Persist, SnapshotError, StoreContext, StoredTensorValue};
+
+/// How per-replica gradients are combined.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum Reduction {
+    /// The sum over replicas.
+    Sum,
+    /// The sum over replicas divided once by the replica count (the
+    /// gradient of the mean loss, as data parallelism usually wants).
+    #[default]
+    Mean,
+}
+
+impl Reduction {
+    /// The collectives' operation.
+    pub fn op(self) -> ReduceOp {
+        match self {
+            Reduction::Sum => ReduceOp::Sum,
+            Reduction::Mean => ReduceOp::Mean,
+        }
+    }
+}
+
+impl std::str::FromStr for Reduction {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "sum" => Ok(Reduction::Sum),
+            "mean" => Ok(Reduction::Mean),
+            other => Err(format!("unknown reduction `{other}` (known: sum, mean)")),
+        }
+    }
+}
+
+/// A model sharded over the pod (a component of one entity; a pod holds at
+/// most one): its layout, its parameters (stored once:
+/// every replica holds the same values; each device's HBM is charged for
+/// its replica through [`ReplicaParams`]), its optimizer's step count.
+#[derive(Component, Debug, Clone, PartialEq)]
+pub struct ShardedModel {
+    /// The optimizer's name (`adam`).
+    pub optimizer: String,
+    /// Optimizer-state slot names, in slot order.
+    pub slots: Vec<String>,
+    /// Packing and sharding.
+    pub layout: ShardLayout,
+    /// The parameters, flat and padded ([`ShardLayout::padded_elements`]).
+    pub params: Tensor,
+    /// optax's step count.
+    pub count: i32,
+    /// Steps completed.
+    pub steps_completed: u64,
+    /// Steps that failed in flight.
+    pub steps_failed: u64,
+    /// How gradients are reduced.
+    pub reduction: Reduction,
+    /// The configured bucket size in bytes (kept for re-sharding).
+    pub bucket_bytes: usize,
+}
+
+impl ShardedModel {
+    /// The parameters as a [`ParamSet`] (a copy).
+    pub fn param_set<A: FloatElement>(&self) -> Result<ParamSet<A>, ShardingError> {
+        let flat = flat_of::<A>(&self.params)?;
+        let mut set = ParamSet::new();
+        for spec in &self.layout.tensors {
+            let values = flat[spec.offset..spec.offset + spec.len()].to_vec();
+            let array = ArrayD::from_shape_vec(IxDyn(&spec.shape), values).map_err(|e| {
+                ShardingError::InvalidState {
+                    reason: format!("tensor `{}`: {e}", spec.name),
+                }
+            })?;
+            set.insert(spec.name.clone(), array)?;
+        }
+        Ok(set)
+    }
+
+    /// The flat parameters (model elements only).
+    pub fn flat_params<A: FloatElement>(&self) -> Result<&[A], ShardingError> {
+        Ok(&flat_of::<A>(&self.params)?[..self.layout.elements])
+    }
+}
+
+/// The flat values of a 1-D tensor of `A`.
+pub(crate) fn flat_of<A: FloatElement>(t: &Tensor) -> Result<&[A], ShardingError> {
+    A::array_ref(t)
+        .and_then(|a| a.as_slice())
+        .ok_or_else(|| ShardingError::InvalidState {
+            reason: format!(
+                "a tensor holds {}, expected flat {}",
+                t.tensor_type(),
+                A::DTYPE
+            ),
+        })
+}
+
+/// The flat values of a 1-D tensor of `A`, to write.
+pub(crate) fn flat_of_mut<A: FloatElement>(t: &mut Tensor) -> Result<&mut [A], ShardingError> {
+    let ty = t.tensor_type();
+    A::array_mut(t)
+        .and_then(|a| a.as_slice_mut())
+        .ok_or_else(|| ShardingError::InvalidState {
+            reason: format!("a tensor holds {ty}, expected flat {}", A::DTYPE),
+        })
+}
+
+/// A flat tensor of `values`.
+pub(crate) fn flat_tensor<A: FloatElement>(values: Vec<A>) -> Tensor {
+    let n = values.len();
+    A::into_tensor(ArrayD::from_shape_vec(IxDyn(&[n]), values).expect("1-D of its length"))
+}
+
+/// Puts `model` in the world with every device's state shards (from
+/// `state`: per slot, the flat padded state, or the slot's initial value)
+/// and parameter replica, reserved in each device's heap. On `Err` (a
+/// device out of HBM, naming it and the bytes) the world is as before.
+pub fn install_model<A: FloatElement>(
+    world: &mut World,
+    model: ShardedModel,
+    state: SlotValues<A>,
+) -> Result<(), ShardingError> {
+    if model_entity(world).is_some() {
+        remove_model(world)?;
+    }
+    let layout = &model.layout;
+    let mut spawned = Vec::new();
+    let param_bytes = (layout.elements * layout.element_bytes()) as u64;
+    for &device in &layout.participants {
+        spawned.push(
+            world
+                .spawn(ReplicaParams {
+                    device,
+                    bytes: param_bytes,
+                })
+                .id(),
+        );
+    }
+    for (index, name) in model.slots.iter().enumerate() {
+        for r in 0..layout.devices() {
+            let mut shard = Vec::with_capacity(layout.shard_elements());
+            for b in 0..layout.buckets.len() {
+                let range = layout.shard_range(r, b);
+                match &state {
+                    SlotValues::Initial(values) => {
+                        shard.extend(std::iter::repeat_n(values[index], range.len()));
+                    }
+                    SlotValues::Flat(flat) => shard.extend_from_slice(&flat[index][range]),
+                }
+            }
+            let device = layout.participants[r];
+            spawned.push(
+                world
+                    .spawn(ShardSlot {
+                        device,
+                        owner: device,
+                        name: name.clone(),
+                        index: index as u32,
+                        tensor: flat_tensor(shard),
+                    })
+                    .id(),
+            );
+        }
+    }
+    if let Err(e) = reserve_shards(world) {
+        for e in spawned {
+            world.despawn(e);
+        }
+        return Err(e.into());
+    }
+    world.spawn(model);
+    Ok(())
+}
+
+/// The entity holding the pod's [`ShardedModel`], if it has one.
+pub fn model_entity(world: &mut World) -> Option<Entity> {
+    let mut q = world.query_filtered::<Entity, With<ShardedModel>>();
+    q.iter(world).next()
+}
+
+/// The pod's [`ShardedModel`], if it has one.
+pub fn model_of(world: &World) -> Option<&ShardedModel> {
+    world
+        .try_query::<&ShardedModel>()
+        .and_then(|mut q| q.iter(world).next())
+}
+
+/// The pod's [`ShardedModel`], to change.
+pub fn model_mut(world: &mut World) -> Option<Mut<'_, ShardedModel>> {
+    let e = model_entity(world)?;
+    world.get_mut::<ShardedModel>(e)
+}
+
+/// The state a model is installed with.
+#[derive(Debug, Clone)]
+pub enum SlotValues<A> {
+    /// Every element at the slot's initial value (a fresh optimizer).
+    Initial(Vec<A>),
+    /// Per slot, the flat padded state (a re-shard or a restore).
+    Flat(Vec<Vec<A>>),
+}
+
+/// Removes the model, its shards and replicas, releasing their HBM.
+pub fn remove_model(world: &mut World) -> Result<(), ShardingError> {
+    let mut q = world.query_filtered::<Entity, Or<(With<ShardSlot>, With<ReplicaParams>)>>();
+    let entities: Vec<Entity> = q.iter(world).collect();
+    for e in entities {
+        release_shard(world, e)?;
+        world.despawn(e);
+    }
+    if let Some(e) = model_entity(world) {
+        world.despawn(e);
+    }
+    Ok(())
+}
+
+/// Every slot's state gathered from the devices' primary shards into flat
+/// padded vectors (slot order), the form a re-shard or checkpoint reads.
+pub fn gather_state<A: FloatElement>(world: &mut World) -> Result<Vec<Vec<A>>, ShardingError> {
+    let model = model_of(world).ok_or(ShardingError::NoModel)?.clone();
+    let layout = &model.layout;
+    let mut flat: Vec<Vec<A>> = vec![vec![A::ZERO; layout.padded_elements()]; model.slots.len()];
+    let mut seen = vec![vec![false; layout.devices()]; model.slots.len()];
+    let mut q = world.query::<&ShardSlot>();
+    for slot in q.iter(world) {
+        if slot.owner != slot.device {
+            continue;
+        }
+        let (Some(r), Some(seen_slot)) = (
+            layout.replica_of(slot.device),
+            seen.get_mut(slot.index as usize),
+        ) else {
+            continue;
+        };
+        let values = flat_of::<A>(&slot.tensor)?;
+        if values.len() != layout.shard_elements() {
+            return Err(ShardingError::InvalidState {
+                reason: format!(
+                    "{}'s shard of `{}` has {} elements, the layout gives {}",
+                    slot.device,
+                    slot.name,
+                    values.len(),
+                    layout.shard_elements()
+                ),
+            });
+        }
+        for (b, bucket) in layout.buckets.iter().enumerate() {
+            let range = layout.shard_range(r, b);
+            flat[slot.index as usize][range].copy_from_slice(
+                &values[bucket.shard_offset..bucket.shard_offset + bucket.shard_len],
+            );
+        }
+        seen_slot[r] = true;
+    }
+    if let Some((s, r)) = seen
+        .iter()
+        .enumerate()
+        .find_map(|(s, v)| v.iter().position(|x| !x).map(|r| (s, r)))
+    {
+        return Err(ShardingError::InvalidState {
+            reason: format!(
+                "no shard of `{}` for {}",
+                model.slots[s], layout.participants[r]
+            ),
+        });
+    }
+    Ok(flat)
+}
+
+/// [`ShardedModel`] as stored: its parameters in the tensor file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StoredShardedModel {
+    optimizer: String,
+    slots: Vec<String>,
+    layout: ShardLayout,
+    params: StoredTensorValue,
+    count: i32,
+    steps_completed: u64,
+    steps_failed: u64,
+    reduction: Reduction,
+    bucket_bytes: usize,
+}
+
+impl StoredShardedModel {
+    /// The stored layout.
+    pub fn layout(&self) -> &ShardLayout {
+        &self.layout
+    }
+}
+
+impl Persist for ShardedModel {
+    type Stored = StoredShardedModel;
+
+    fn store(&self, ctx: &StoreContext) -> Result<StoredShardedModel, SnapshotError> {
+        Ok(StoredShardedModel {
+            optimizer: self.optimizer.clone(),
+            slots: self.slots.clone(),
+            layout: self.layout.clone(),
+            params: crate::persist::store_tensor(&self.params, ctx)?,
+            count: self.count,
+            steps_completed: self.steps_completed,
+            steps_failed: self.steps_failed,
+            reduction: self.reduction,
+            bucket_bytes: self.bucket_bytes,
+        })
+    }
+
+    fn load(s: StoredShardedModel, ctx: &LoadContext) -> Result<ShardedModel, SnapshotError> {
+        Ok(ShardedModel {
+            optimizer: s.optimizer,
+            slots: s.slots,
+            layout: s.layout,
+            params: crate::persist::load_tensor(s.params, ctx, "ShardedModel")?,
+            count: s.count,
+            steps_completed: s.steps_completed,
+            steps_failed: s.steps_failed,
+            reduction: s.reduction,
+            bucket_bytes: s.bucket_bytes,
+        })
+    }
+
+    fn check(s: &StoredShardedModel, ctx: &LoadContext) -> Result<(), SnapshotError> {
+        crate::persist::check_tensor(&s.params, ctx, "ShardedModel")
+    }
+}

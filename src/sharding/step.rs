@@ -1,0 +1,644 @@
+//! One data-parallel step over the pod, as work in the pod's tick.
+//!
+//! [`launch_step`] (called by the host API) checks everything that can be
+//! checked first (gradients, devices, links, HBM), then does the step's
+//! communication on the real data at once: it charges every link the
+//! reduce-scatter and all-gather cross, and reduce-scatters the replicas'
+//! gradients into one reduced copy in the collective's own order
+//! ([`crate::collectives::ReduceGrid`]). It leaves a [`ShardedStep`] whose
+//! completion time comes from the model of [`super::timing`].
+//!
+//! Then the pod's systems carry it:
+//!
+//! * [`watch_sharded_step`] (`Collectives`): a participant killed, paused
+//!   or declared failed, or a used link cut, before the completion time
+//!   fails the step, naming the device (or link) and the phase it was in;
+//! * [`commit_sharded_step`] (`Execute`): at the completion time, every
+//!   device runs the fused compiled update on its shard of every bucket,
+//!   in place on the parameters (stored once: this is the all-gather's
+//!   data landing) and on its own state shards; only now do parameters,
+//!   state and count change, so a failed step changes none of them;
+//! * [`release_step_memory`] (`Coalesce`): a finished step's transient
+//!   HBM (each replica's gradient buffer) goes back to the heaps, which
+//!   coalesce the freed blocks with their neighbours, and the reduced
+//!   copy is dropped.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use bevy_ecs::prelude::*;
+use rayon::prelude::*;
+
+use super::error::{FailureCause, ShardingError};
+use super::gradients::GradientSource;
+use super::layout::ShardPlan;
+use super::model::{
+    ShardedModel, flat_of, flat_of_mut, flat_tensor, model_entity, model_mut, model_of,
+};
+use super::timing::{BucketCost, StepPhase, StepTimeline, pass_durations, schedule};
+use crate::clock::SimClock;
+use crate::collectives::pod::{LinkCharge, charge_links, torus_of};
+use crate::collectives::{
+    Traffic, ring_all_gather_traffic, ring_reduce_scatter_traffic, torus_all_gather_traffic,
+    torus_reduce_scatter_traffic,
+};
+use crate::exec::runtime::{Arg, NoCustomCalls, RunOutput, Runtime};
+use crate::health::{DeviceState, Health};
+use crate::ir::{DType, FloatElement, Tensor};
+use crate::memory::ShardSlot;
+use crate::memory::device::{release, reserve};
+use crate::topology::{Device, DeviceId, DeviceIndex, Link, PodTopology};
+use crate::transport::LinkState;
+
+/// The compiled update for one shard length: `(params, grads, slots…,
+/// count[, -lr])` → `(params, slots…)`, outputs over their inputs.
+#[derive(Debug, Clone)]
+pub struct ShardProgram {
+    /// The runtime.
+    pub runtime: Arc<Runtime>,
+}
+
+/// Where a step stands.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StepOutcome {
+    /// Launched; communication and compute in flight.
+    Pending,
+    /// Every device updated its shards.
+    Completed {
+        /// When, ns.
+        at_ns: u64,
+    },
+    /// A device or link failed first; nothing changed.
+    Failed {
+        /// When, ns.
+        at_ns: u64,
+        /// The phase in progress.
+        phase: StepPhase,
+        /// What failed.
+        cause: FailureCause,
+    },
+}
+
+/// The step in flight (or the last one, finished), in the pod's world.
+/// Not persisted: a checkpoint taken while a step is in flight holds the
+/// model as it was before the step.
+#[derive(Resource, Debug)]
+pub struct ShardedStep {
+    /// Step number (1-based: the model's completed steps + 1).
+    pub number: u64,
+    /// Launch, ns.
+    pub launched_at_ns: u64,
+    /// Modeled completion, ns.
+    pub completes_at_ns: u64,
+    /// The modeled schedule.
+    pub timeline: StepTimeline,
+    /// Where it stands.
+    pub outcome: StepOutcome,
+    /// Bytes charged to the links.
+    pub link_bytes: u64,
+    /// HBM in use per participant while the step holds its buffers.
+    pub hbm_bytes: Vec<(DeviceId, u64)>,
+    /// Whether the step's transient HBM and data are released.
+    pub released: bool,
+    /// Transient blocks a (restored) heap no longer held at release.
+    pub release_errors: u32,
+    links: Vec<Entity>,
+    transient: Vec<(Entity, usize)>,
+    reduced: Tensor,
+    programs: Vec<ShardProgram>,
+    program_of_bucket: Vec<usize>,
+    learning_rate: Option<f64>,
+    next_count: i32,
+}
+
+impl ShardedStep {
+    /// Whether the step is still in flight.
+    pub fn is_pending(&self) -> bool {
+        self.outcome == StepOutcome::Pending
+    }
+}
+
+/// What the host passes to [`launch_step`].
+pub struct LaunchRequest<'a, A> {
+    /// The replicas' gradients.
+    pub gradients: &'a dyn GradientSource<A>,
+    /// The compiled update per shard length.
+    pub programs: &'a BTreeMap<usize, ShardProgram>,
+    /// The run-time learning-rate scalar (`-lr`), when the rule takes one.
+    pub learning_rate: Option<A>,
+}
+
+/// Per participant, the entity of its device.
+fn participant_entities(world: &World, devices: &[DeviceId]) -> Result<Vec<Entity>, ShardingError> {
+    let index = world.resource::<DeviceIndex>();
+    devices
+        .iter()
+        .map(|&d| {
+            index.get(d).ok_or_else(|| ShardingError::Devices {
+                reason: format!("{d} is not in the pod"),
+            })
+        })
+        .collect()
+}
+
+/// Why a participant cannot take part, if it cannot.
+fn device_trouble(
+    world: &World,
+    entity: Entity,
+    id: DeviceId,
+    before_ns: u64,
+) -> Option<FailureCause> {
+    match world.get::<DeviceState>(entity) {
+        Some(DeviceState::Killed { at_ns }) if *at_ns < before_ns => {
+            return Some(FailureCause::DeviceKilled(id));
+        }
+        Some(DeviceState::Paused) => return Some(FailureCause::DevicePaused(id)),
+        _ => {}
+    }
+    if world.get::<Health>(entity).is_some_and(|h| h.is_failed()) {
+        return Some(FailureCause::DeviceFailed(id));
+    }
+    None
+}
+
+/// The traffic of one bucket's reduce-scatter and all-gather.
+fn bucket_traffic(
+    plan: &ShardPlan,
+    world: &World,
+    padded_len: usize,
+    elem: usize,
+) -> Result<(Traffic, Traffic), ShardingError> {
+    match plan {
+        ShardPlan::Torus { .. } => {
+            let shape = torus_of(&world.resource::<PodTopology>().0)?;
+            let ndims = shape.dims().len() as u32;
+            Ok((
+                torus_reduce_scatter_traffic(&shape, padded_len, elem),
+                torus_all_gather_traffic(&shape, padded_len, elem, ndims),
+            ))
+        }
+        ShardPlan::Ring { ring } => {
+            let shape = torus_of(&world.resource::<PodTopology>().0)?;
+            let ring: Vec<usize> = ring.iter().map(|d| d.0 as usize).collect();
+            let mut ag = ring_all_gather_traffic(&ring, padded_len, elem).routed_on(&shape);
+            for t in &mut ag.transfers {
+                t.phase.order += 1;
+            }
+            Ok((
+                ring_reduce_scatter_traffic(&ring, padded_len, elem).routed_on(&shape),
+                ag,
+            ))
+        }
+    }
+}
+
+/// Launches step `model.steps_completed + 1` (module docs). Every check
+/// comes first; on `Err` nothing in the world changed.
+pub fn launch_step<'w, A: FloatElement>(
+    world: &'w mut World,
+    request: LaunchRequest<'_, A>,
+) -> Result<&'w ShardedStep, ShardingError> {
+    let model = model_of(world).ok_or(ShardingError::NoModel)?;
+    if let Some(step) = world.get_resource::<ShardedStep>()
+        && step.is_pending()
+    {
+        return Err(ShardingError::StepInFlight { step: step.number });
+    }
+    let layout = model.layout.clone();
+    let slots = model.slots.len();
+    let number = model.steps_completed + 1;
+    let next_count = model.count.saturating_add(1);
+    if A::DTYPE != layout.dtype {
+        return Err(ShardingError::GradientMismatch {
+            replica: 0,
+            reason: format!("{} values, but the model holds {}", A::DTYPE, layout.dtype),
+        });
+    }
+    request.gradients.check(&layout)?;
+    let entities = participant_entities(world, &layout.participants)?;
+    let now = world.resource::<SimClock>().now_ns;
+    for (&entity, &id) in entities.iter().zip(&layout.participants) {
+        if let Some(cause) = device_trouble(world, entity, id, u64::MAX) {
+            return Err(ShardingError::Unavailable {
+                step: number,
+                cause,
+            });
+        }
+    }
+    // One program and one traffic record per distinct bucket length.
+    let elem = layout.element_bytes();
+    let mut lengths: Vec<usize> = layout.buckets.iter().map(|b| b.padded_len).collect();
+    lengths.sort_unstable();
+    lengths.dedup();
+    let mut programs = Vec::with_capacity(lengths.len());
+    for len in &lengths {
+        let shard = len / layout.devices();
+        let program = request
+            .programs
+            .get(&shard)
+            .ok_or_else(|| ShardingError::InvalidState {
+                reason: format!("no compiled update for shards of {shard} elements"),
+            })?;
+        programs.push(program.clone());
+    }
+    let program_of_bucket: Vec<usize> = layout
+        .buckets
+        .iter()
+        .map(|b| lengths.binary_search(&b.padded_len).unwrap_or(0))
+        .collect();
+    let mut combined = Traffic::default();
+    let mut per_length = Vec::with_capacity(lengths.len());
+    for &len in &lengths {
+        let count = layout
+            .buckets
+            .iter()
+            .filter(|b| b.padded_len == len)
+            .count() as u64;
+        let (rs, ag) = bucket_traffic(&layout.plan, world, len, elem)?;
+        for t in rs.transfers.iter().chain(&ag.transfers) {
+            let mut t = *t;
+            t.bytes *= count;
+            combined.transfers.push(t);
+        }
+        per_length.push((rs, ag));
+    }
+    // HBM: each replica's gradient buffer, for the step.
+    let grad_bytes = (layout.elements * elem).max(1);
+    let mut transient = Vec::with_capacity(entities.len());
+    for &entity in &entities {
+        match reserve(
+            world,
+            entity,
+            grad_bytes,
+            format_args!("step {number}'s gradients"),
+        ) {
+            Ok(block) => transient.push((entity, block.offset)),
+            Err(e) => {
+                for (device, offset) in transient {
+                    release(world, device, offset)?;
+                }
+                return Err(e.into());
+            }
+        }
+    }
+    let hbm_bytes: Vec<(DeviceId, u64)> = entities
+        .iter()
+        .zip(&layout.participants)
+        .map(|(&e, &d)| {
+            (
+                d,
+                world.get::<crate::memory::HbmUsage>(e).map_or(0, |u| u.0),
+            )
+        })
+        .collect();
+    let charge: LinkCharge = match charge_links(world, &combined) {
+        Ok(c) => c,
+        Err(e) => {
+            for (device, offset) in transient {
+                release(world, device, offset)?;
+            }
+            return Err(e.into());
+        }
+    };
+    // The model of time.
+    let hbm_per_s = world
+        .get::<Device>(entities[0])
+        .map_or(1e12, |d| d.generation.spec().hbm_bytes_per_s);
+    let costs: Vec<BucketCost> = lengths
+        .iter()
+        .zip(&per_length)
+        .map(|(&len, (rs, ag))| {
+            let shard = len / layout.devices();
+            let bytes = ((3 + 2 * slots) * shard * elem) as f64;
+            BucketCost {
+                reduce_scatter: pass_durations(rs, |s, d| charge.model(s, d)),
+                update: bytes / hbm_per_s,
+                all_gather: pass_durations(ag, |s, d| charge.model(s, d)),
+            }
+        })
+        .collect();
+    let bucket_costs: Vec<&BucketCost> = program_of_bucket.iter().map(|&p| &costs[p]).collect();
+    let timeline = schedule(&bucket_costs);
+    // The reduce-scatter, on the real data.
+    let reduced = reduce_gradients(
+        &layout,
+        request.gradients,
+        model_of(world).map_or(crate::collectives::ReduceOp::Mean, |m| m.reduction.op()),
+    );
+    let completes_at_ns = now + (timeline.step_seconds * 1e9).ceil() as u64;
+    world.insert_resource(ShardedStep {
+        number,
+        launched_at_ns: now,
+        completes_at_ns,
+        timeline,
+        outcome: StepOutcome::Pending,
+        link_bytes: charge.link_bytes,
+        hbm_bytes,
+        released: false,
+        release_errors: 0,
+        links: charge.links,
+        transient,
+        reduced: flat_tensor(reduced),
+        programs,
+        program_of_bucket,
+        learning_rate: request.learning_rate.map(|v| v.as_f64()),
+        next_count,
+    });
+    Ok(world.resource::<ShardedStep>())
+}
+
+/// Every bucket's reduced gradient, each device's shard folded in the
+/// reduce-scatter's order from the source, shards in parallel.
+fn reduce_gradients<A: FloatElement>(
+    layout: &super::layout::ShardLayout,
+    source: &dyn GradientSource<A>,
+    op: crate::collectives::ReduceOp,
+) -> Vec<A> {
+    let mut reduced = vec![A::ZERO; layout.padded_elements()];
+    let (grid, positions) = layout.grid();
+    let n = layout.devices();
+    // Shard index → replica.
+    let mut replica_of_shard = vec![0usize; n];
+    for (r, &k) in layout.shard_index.iter().enumerate() {
+        replica_of_shard[k] = r;
+    }
+    let replica_of_member: BTreeMap<usize, usize> = layout
+        .participants
+        .iter()
+        .enumerate()
+        .map(|(r, d)| (d.0 as usize, r))
+        .collect();
+    let mut tasks: Vec<(usize, &mut [A])> = Vec::new();
+    let mut rest: &mut [A] = &mut reduced;
+    for bucket in &layout.buckets {
+        let (head, tail) = std::mem::take(&mut rest).split_at_mut(bucket.padded_len);
+        let mut start = bucket.offset;
+        for shard in head.chunks_mut(bucket.shard_len) {
+            tasks.push((start, shard));
+            start += bucket.shard_len;
+        }
+        rest = tail;
+    }
+    let elements = layout.elements;
+    tasks
+        .into_par_iter()
+        .enumerate()
+        .for_each(|(t, (start, out))| {
+            let k = t % n;
+            let owner = positions[replica_of_shard[k]];
+            let mut fill = |member: usize, offset: usize, buf: &mut [A]| {
+                let replica = replica_of_member[&member];
+                let from = start + offset;
+                let real = elements.saturating_sub(from).min(buf.len());
+                source.fill(replica, from, &mut buf[..real]);
+                buf[real..].fill(A::ZERO);
+            };
+            grid.reduce_for(owner, op, out, &mut fill);
+        });
+    reduced
+}
+
+/// Fails the step in flight when a participant is killed (before the
+/// completion time), paused or declared failed, or a link it uses is cut.
+pub fn watch_sharded_step(
+    clock: Res<SimClock>,
+    index: Option<Res<DeviceIndex>>,
+    models: Query<&ShardedModel>,
+    step: Option<ResMut<ShardedStep>>,
+    devices: Query<(&Device, &DeviceState, &Health)>,
+    links: Query<(&Link, &LinkState)>,
+) {
+    let (Some(mut step), Some(model), Some(index)) = (step, models.iter().next(), index) else {
+        return;
+    };
+    if !step.is_pending() {
+        return;
+    }
+    let mut cause = None;
+    for &id in &model.layout.participants {
+        let Some((_, state, health)) = index.get(id).and_then(|e| devices.get(e).ok()) else {
+            continue;
+        };
+        cause = match state {
+            DeviceState::Killed { at_ns } if *at_ns < step.completes_at_ns => {
+                Some(FailureCause::DeviceKilled(id))
+            }
+            DeviceState::Paused => Some(FailureCause::DevicePaused(id)),
+            _ if health.is_failed() => Some(FailureCause::DeviceFailed(id)),
+            _ => None,
+        };
+        if cause.is_some() {
+            break;
+        }
+    }
+    if cause.is_none() {
+        for &entity in &step.links {
+            if let Ok((link, state)) = links.get(entity)
+                && !state.up
+            {
+                let id = |e: Entity| devices.get(e).map_or(DeviceId(u32::MAX), |d| d.0.id);
+                cause = Some(FailureCause::LinkCut {
+                    src: id(link.a),
+                    dst: id(link.b),
+                });
+                break;
+            }
+        }
+    }
+    if let Some(cause) = cause {
+        let seconds = clock.now_ns.saturating_sub(step.launched_at_ns) as f64 * 1e-9;
+        let phase = step.timeline.phase_at(seconds);
+        step.outcome = StepOutcome::Failed {
+            at_ns: clock.now_ns,
+            phase,
+            cause,
+        };
+    }
+}
+
+/// Runs the update on every shard once the step's time has come (module
+/// docs): the only place a step changes parameters, state and count.
+pub fn commit_sharded_step(world: &mut World) {
+    let due = world.get_resource::<ShardedStep>().is_some_and(|s| {
+        s.is_pending() && world.resource::<SimClock>().now_ns >= s.completes_at_ns
+    });
+    if !due {
+        return;
+    }
+    let Some(mut step) = world.remove_resource::<ShardedStep>() else {
+        return;
+    };
+    let now = world.resource::<SimClock>().now_ns;
+    let dtype = model_of(world).map(|m| m.layout.dtype);
+    let result = match dtype {
+        Some(DType::F32) => commit_typed::<f32>(world, &step),
+        Some(DType::F64) => commit_typed::<f64>(world, &step),
+        _ => Err(ShardingError::NoModel),
+    };
+    match result {
+        Ok(()) => {
+            step.outcome = StepOutcome::Completed { at_ns: now };
+            if let Some(mut model) = model_mut(world) {
+                model.count = step.next_count;
+                model.steps_completed += 1;
+            }
+        }
+        Err(e) => {
+            // Programs and arguments were checked at launch, so this is
+            // an engine fault; the step fails with its message.
+            step.outcome = StepOutcome::Failed {
+                at_ns: now,
+                phase: StepPhase::Update,
+                cause: FailureCause::UpdateFailed(e.to_string()),
+            };
+        }
+    }
+    world.insert_resource(step);
+}
+
+fn commit_typed<A: FloatElement>(
+    world: &mut World,
+    step: &ShardedStep,
+) -> Result<(), ShardingError> {
+    let entity = model_entity(world).ok_or(ShardingError::NoModel)?;
+    let mut model = world
+        .entity_mut(entity)
+        .take::<ShardedModel>()
+        .ok_or(ShardingError::NoModel)?;
+    let result = (|| {
+        let layout = model.layout.clone();
+        let n = layout.devices();
+        let grads = flat_of::<A>(&step.reduced)?;
+        let params = flat_of_mut::<A>(&mut model.params)?;
+        // Each replica's state shards, by slot index.
+        let mut q = world.query::<&mut ShardSlot>();
+        let mut state: Vec<Vec<Option<Mut<'_, ShardSlot>>>> = (0..n).map(|_| Vec::new()).collect();
+        for slot in q.iter_mut(world) {
+            if slot.owner != slot.device {
+                continue;
+            }
+            if let Some(r) = layout.replica_of(slot.device) {
+                let i = slot.index as usize;
+                if state[r].len() <= i {
+                    state[r].resize_with(i + 1, || None);
+                }
+                state[r][i] = Some(slot);
+            }
+        }
+        // Per replica: its (bucket, params shard, grads shard).
+        let mut shards: Vec<Vec<ShardWork<'_, A>>> = (0..n).map(|_| Vec::new()).collect();
+        let mut shard_to_replica = vec![0usize; n];
+        for (r, &k) in layout.shard_index.iter().enumerate() {
+            shard_to_replica[k] = r;
+        }
+        let mut rest: &mut [A] = params;
+        for (b, bucket) in layout.buckets.iter().enumerate() {
+            let (head, tail) = std::mem::take(&mut rest).split_at_mut(bucket.padded_len);
+            let g = &grads[bucket.offset..bucket.offset + bucket.padded_len];
+            for (k, (p, g)) in head
+                .chunks_mut(bucket.shard_len)
+                .zip(g.chunks(bucket.shard_len))
+                .enumerate()
+            {
+                shards[shard_to_replica[k]].push((b, p, g));
+            }
+            rest = tail;
+        }
+        let count = Tensor::scalar(DType::I32, f64::from(step.next_count));
+        let lr = step.learning_rate.map(|v| Tensor::scalar(A::DTYPE, v));
+        let mut work = Vec::with_capacity(n);
+        for (r, (replica_shards, slots)) in shards.into_iter().zip(state.iter_mut()).enumerate() {
+            let mut slot_values: Vec<&mut [A]> = Vec::with_capacity(slots.len());
+            for (i, slot) in slots.iter_mut().enumerate() {
+                let slot = slot.as_mut().ok_or_else(|| ShardingError::InvalidState {
+                    reason: format!("{} has no shard of slot {i}", layout.participants[r]),
+                })?;
+                slot_values.push(flat_of_mut::<A>(&mut slot.tensor)?);
+            }
+            work.push((replica_shards, slot_values));
+        }
+        work.into_par_iter()
+            .try_for_each(|(replica_shards, mut slot_values)| {
+                for (b, p, g) in replica_shards {
+                    let bucket = &layout.buckets[b];
+                    let program = &step.programs[step.program_of_bucket[b]];
+                    run_shard(
+                        &program.runtime,
+                        p,
+                        g,
+                        &mut slot_values,
+                        bucket.shard_offset..bucket.shard_offset + bucket.shard_len,
+                        &count,
+                        lr.as_ref(),
+                    )?;
+                }
+                Ok::<(), ShardingError>(())
+            })
+    })();
+    world.entity_mut(entity).insert(model);
+    result
+}
+
+/// A bucket index with one replica's params and reduced-gradient shards.
+type ShardWork<'a, A> = (usize, &'a mut [A], &'a [A]);
+
+/// One fused update of one shard, in place.
+fn run_shard<A: FloatElement>(
+    runtime: &Runtime,
+    params: &mut [A],
+    grads: &[A],
+    slots: &mut [&mut [A]],
+    range: std::ops::Range<usize>,
+    count: &Tensor,
+    lr: Option<&Tensor>,
+) -> Result<(), ShardingError> {
+    let mut args = Vec::with_capacity(slots.len() + 4);
+    args.push(Arg::slice_mut(&mut *params));
+    args.push(Arg::slice(grads));
+    let mut views: Vec<&mut [A]> = slots.iter_mut().map(|s| &mut s[range.clone()]).collect();
+    for s in views.iter_mut() {
+        args.push(Arg::slice_mut(s));
+    }
+    args.push(Arg::tensor(count));
+    if let Some(lr) = lr {
+        args.push(Arg::tensor(lr));
+    }
+    let outs = runtime.run(args, &mut NoCustomCalls)?;
+    // Outputs land in their donated arguments; a fresh one is copied back.
+    for (o, out) in outs.into_iter().enumerate() {
+        if let RunOutput::Owned(t) = out {
+            let values = flat_of::<A>(&t)?;
+            let target: &mut [A] = if o == 0 {
+                &mut *params
+            } else {
+                &mut *views[o - 1]
+            };
+            target.copy_from_slice(values);
+        }
+    }
+    Ok(())
+}
+
+/// Gives a finished step's transient HBM back to the heaps (which coalesce
+/// freed neighbours) and drops its reduced gradients.
+pub fn release_step_memory(world: &mut World) {
+    let finished = world
+        .get_resource::<ShardedStep>()
+        .is_some_and(|s| !s.is_pending() && !s.released);
+    if !finished {
+        return;
+    }
+    let Some(mut step) = world.remove_resource::<ShardedStep>() else {
+        return;
+    };
+    for (device, offset) in std::mem::take(&mut step.transient) {
+        // A block this step reserved, so the heap holds it; a world
+        // restored under the step has new heaps without it.
+        if release(world, device, offset).is_err() {
+            step.release_errors += 1;
+        }
+    }
+    step.reduced = flat_tensor::<f32>(Vec::new());
+    step.released = true;
+    world.insert_resource(step);
+}

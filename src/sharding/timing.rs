@@ -1,0 +1,204 @@
+//! The model of a sharded step's time.
+//!
+//! Per bucket `b`, three stages:
+//!
+//! * **reduce-scatter**, one pass per torus axis (or one ring pass): the
+//!   collective's own transfer schedule ([`Traffic::timeline`]) on the
+//!   pod's links, alpha-beta per link (`latency + bytes / bandwidth`);
+//! * **update**: the fused kernel on each device's shard, which reads
+//!   params, grads and every state slot and writes params and the slots,
+//!   `(3 + 2·slots) · shard_len · element_bytes` bytes at the generation's
+//!   HBM bandwidth (`hardware.rs`);
+//! * **all-gather** of the new parameters, the reduce-scatter's passes in
+//!   reverse.
+//!
+//! Buckets overlap as XLA's latency-hiding scheduler overlaps them: one
+//! communication stream (the links are shared by both collectives) runs
+//! `RS₀, RS₁, AG₀, RS₂, AG₁, …, AG_{B−1}`, each as soon as the stream is
+//! free and (for `AGᵦ`) the update of bucket `b` is done; the compute
+//! stream runs `U₀, U₁, …`, each once its reduce-scatter has arrived.
+//! Exposed communication is the step time minus the update time. The
+//! torus is symmetric, so every device has the same spans.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::collectives::{LinkModel, PhaseKind, Traffic};
+
+/// A phase of a sharded step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub enum StepPhase {
+    /// Reduce-scatter of the gradients along one axis (ring: axis 0).
+    ReduceScatter {
+        /// Torus axis.
+        axis: u32,
+    },
+    /// The fused optimizer update on each device's shard.
+    Update,
+    /// All-gather of the new parameters along one axis.
+    AllGather {
+        /// Torus axis.
+        axis: u32,
+    },
+}
+
+impl StepPhase {
+    /// `reduce_scatter.axis0`, `update`, `all_gather.axis2`.
+    pub fn key(&self) -> String {
+        match self {
+            StepPhase::ReduceScatter { axis } => format!("reduce_scatter.axis{axis}"),
+            StepPhase::Update => "update".into(),
+            StepPhase::AllGather { axis } => format!("all_gather.axis{axis}"),
+        }
+    }
+}
+
+impl std::fmt::Display for StepPhase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StepPhase::ReduceScatter { axis } => write!(f, "the reduce-scatter along axis {axis}"),
+            StepPhase::Update => write!(f, "the update"),
+            StepPhase::AllGather { axis } => write!(f, "the all-gather along axis {axis}"),
+        }
+    }
+}
+
+/// One phase of one bucket in time, seconds from the step's launch.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Span {
+    /// The bucket.
+    pub bucket: usize,
+    /// The phase.
+    pub phase: StepPhase,
+    /// Start.
+    pub start_seconds: f64,
+    /// End.
+    pub end_seconds: f64,
+}
+
+/// A step's modeled schedule.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct StepTimeline {
+    /// Every bucket's phases, in start order per stream.
+    pub spans: Vec<Span>,
+    /// Launch to the last all-gather's end.
+    pub step_seconds: f64,
+    /// Time the devices spend updating.
+    pub update_seconds: f64,
+    /// Per phase (`StepPhase::key`): seconds summed over buckets, plus
+    /// `exposed_communication`.
+    pub phases: BTreeMap<String, f64>,
+}
+
+impl StepTimeline {
+    /// The phase in progress `seconds` after launch (the latest-starting
+    /// span that covers it; the last phase once the step is over).
+    pub fn phase_at(&self, seconds: f64) -> StepPhase {
+        self.spans
+            .iter()
+            .filter(|s| s.start_seconds <= seconds && seconds <= s.end_seconds)
+            .max_by(|a, b| a.start_seconds.total_cmp(&b.start_seconds))
+            .or_else(|| self.spans.last())
+            .map_or(StepPhase::Update, |s| s.phase)
+    }
+}
+
+/// One bucket's collectives placed in time: per pass, its phase and
+/// duration, in order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BucketCost {
+    /// Reduce-scatter passes.
+    pub reduce_scatter: Vec<(StepPhase, f64)>,
+    /// Update seconds.
+    pub update: f64,
+    /// All-gather passes.
+    pub all_gather: Vec<(StepPhase, f64)>,
+}
+
+/// Durations of a collective's passes, in execution order: each pass lasts
+/// from its first transfer's start to its last transfer's end.
+pub fn pass_durations(
+    traffic: &Traffic,
+    link: impl Fn(usize, usize) -> LinkModel,
+) -> Vec<(StepPhase, f64)> {
+    let mut passes: Vec<(u32, StepPhase, f64, f64)> = Vec::new();
+    for t in traffic.timeline(link) {
+        let phase = match t.transfer.phase.kind {
+            PhaseKind::AllGather => StepPhase::AllGather {
+                axis: t.transfer.phase.dim,
+            },
+            _ => StepPhase::ReduceScatter {
+                axis: t.transfer.phase.dim,
+            },
+        };
+        let order = t.transfer.phase.order;
+        match passes.iter_mut().find(|p| p.0 == order) {
+            Some(p) => {
+                p.2 = p.2.min(t.start_seconds);
+                p.3 = p.3.max(t.end_seconds);
+            }
+            None => passes.push((order, phase, t.start_seconds, t.end_seconds)),
+        }
+    }
+    passes.sort_by_key(|p| p.0);
+    passes
+        .into_iter()
+        .map(|(_, ph, s, e)| (ph, e - s))
+        .collect()
+}
+
+/// Places every bucket's stages on the two streams (module docs).
+pub fn schedule(costs: &[&BucketCost]) -> StepTimeline {
+    let mut timeline = StepTimeline::default();
+    let b = costs.len();
+    let mut comm_free = 0.0f64;
+    let mut compute_free = 0.0f64;
+    let mut rs_end = vec![0.0f64; b];
+    let mut update_end = vec![0.0f64; b];
+    let push = |tl: &mut StepTimeline, bucket, phase, start: f64, end: f64| {
+        *tl.phases.entry(StepPhase::key(&phase)).or_insert(0.0) += end - start;
+        tl.spans.push(Span {
+            bucket,
+            phase,
+            start_seconds: start,
+            end_seconds: end,
+        });
+    };
+    let mut run_passes =
+        |tl: &mut StepTimeline, bucket: usize, passes: &[(StepPhase, f64)], ready: f64| {
+            let mut at = comm_free.max(ready);
+            for &(phase, seconds) in passes {
+                push(tl, bucket, phase, at, at + seconds);
+                at += seconds;
+            }
+            comm_free = at;
+            at
+        };
+    // Communication order RS0, RS1, AG0, RS2, AG1, …; each update as soon
+    // as its reduce-scatter is in.
+    let mut update = |tl: &mut StepTimeline, bucket: usize, rs_end: f64| {
+        let start = compute_free.max(rs_end);
+        let end = start + costs[bucket].update;
+        push(tl, bucket, StepPhase::Update, start, end);
+        compute_free = end;
+        tl.update_seconds += costs[bucket].update;
+        end
+    };
+    for k in 0..=b {
+        if k < b {
+            rs_end[k] = run_passes(&mut timeline, k, &costs[k].reduce_scatter, 0.0);
+            update_end[k] = update(&mut timeline, k, rs_end[k]);
+        }
+        if k >= 1 {
+            let j = k - 1;
+            run_passes(&mut timeline, j, &costs[j].all_gather, update_end[j]);
+        }
+    }
+    timeline.step_seconds = comm_free.max(compute_free);
+    let exposed = (timeline.step_seconds - timeline.update_seconds).max(0.0);
+    timeline
+        .phases
+        .insert("exposed_communication".into(), exposed);
+    timeline
+}

@@ -1,0 +1,436 @@
+//! [`ShardedOptimizer`]: a whole model's optimizer sharded over every
+//! device of a pod, the host side of [`crate::sharding`]: it builds the
+//! layout, compiles one fused update per shard length, launches each step
+//! and steps the pod until the step's systems finish it.
+//!
+//! ```
+//! use ndarray::{ArrayD, IxDyn};
+//! use optirs_tpu::optimizers::Adam;
+//! use optirs_tpu::sharding::{ParamSet, SyntheticGradients};
+//! use optirs_tpu::tpu::{ShardedOptimizer, ShardingConfig};
+//! use optirs_tpu::{Pod, TPUConfig, TPUVersion};
+//!
+//! let pod = Pod::from_preset("v4-8")?; // 8 chips, 16 TensorCores
+//! let params = ParamSet::new()
+//!     .with("w", ArrayD::from_elem(IxDyn(&[3, 5]), 0.5f32))?
+//!     .with("b", ArrayD::from_elem(IxDyn(&[5]), 0.0f32))?;
+//! let config = TPUConfig { tpu_version: TPUVersion::V4, num_cores: 16, ..Default::default() };
+//! let mut opt = ShardedOptimizer::new(Adam::new(1e-3f32), config, pod, params, ShardingConfig::default())?;
+//! let grads = SyntheticGradients { seed: 7, step: 1, replicas: 8, scale: 1.0 };
+//! let report = opt.step(&grads)?;
+//! assert_eq!(report.step, 1);
+//! assert_eq!(opt.step_count(), 1);
+//! assert!(report.modeled_seconds > 0.0);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use std::collections::BTreeMap;
+use std::marker::PhantomData;
+use std::sync::Arc;
+use std::time::Instant;
+
+use ndarray::IxDyn;
+use serde::Serialize;
+
+use crate::collectives::pod::torus_of;
+use crate::compiler;
+use crate::error::{OptimError, Result};
+use crate::exec::runtime::{Element, Runtime};
+use crate::health::{DeviceState, Excluded};
+use crate::memory::device as hbm;
+use crate::optimizers::{FloatElement, Optimizer, UpdateRule};
+use crate::pod::Pod;
+use crate::sharding::model::{flat_tensor, gather_state, install_model, model_mut, model_of};
+use crate::sharding::step::{LaunchRequest, launch_step};
+use crate::sharding::{
+    DEFAULT_BUCKET_BYTES, GradientSource, ParamSet, Reduction, ReplicaGradients, ShardLayout,
+    ShardPlan, ShardProgram, ShardedModel, ShardedStep, ShardingError, SlotValues, StepOutcome,
+};
+use crate::topology::{DeviceId, HbmCapacity};
+
+use super::{TPUConfig, graph};
+
+/// How a model is bucketed and its gradients reduced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShardingConfig {
+    /// Bytes per bucket (rounded down to whole elements, a multiple of the
+    /// device count); [`DEFAULT_BUCKET_BYTES`] by default.
+    pub bucket_bytes: usize,
+    /// Sum or mean of the replicas' gradients (mean by default).
+    pub reduction: Reduction,
+}
+
+impl Default for ShardingConfig {
+    fn default() -> Self {
+        ShardingConfig {
+            bucket_bytes: DEFAULT_BUCKET_BYTES,
+            reduction: Reduction::Mean,
+        }
+    }
+}
+
+/// What one sharded step did.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ShardedStepReport {
+    /// Step number (1-based).
+    pub step: u64,
+    /// Launch, simulated ns.
+    pub launched_at_ns: u64,
+    /// Completion, simulated ns.
+    pub completed_at_ns: u64,
+    /// Modeled step time, seconds.
+    pub modeled_seconds: f64,
+    /// Modeled seconds per phase (`reduce_scatter.axis0`, `update`,
+    /// `all_gather.axis0`, …, `exposed_communication`), summed over buckets.
+    pub phases: BTreeMap<String, f64>,
+    /// Bytes the step put on the links.
+    pub link_bytes: u64,
+    /// HBM in use on each device during the step.
+    pub hbm_bytes_per_device: Vec<(u32, u64)>,
+    /// Buckets.
+    pub buckets: usize,
+    /// Wall time on this CPU, seconds (launch, ticks and update).
+    pub wall_seconds: f64,
+}
+
+/// A model's optimizer sharded over a pod (module docs).
+pub struct ShardedOptimizer<O, A = f32> {
+    base: O,
+    config: TPUConfig,
+    sharding: ShardingConfig,
+    pod: Pod,
+    programs: BTreeMap<usize, ShardProgram>,
+    compile_seconds: f64,
+    _element: PhantomData<fn() -> A>,
+}
+
+impl<O, A> std::fmt::Debug for ShardedOptimizer<O, A> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShardedOptimizer")
+            .field("config", &self.config)
+            .field("sharding", &self.sharding)
+            .field("programs", &self.programs.len())
+            .finish()
+    }
+}
+
+/// The devices a model is sharded over and how: the whole torus when every
+/// device is up and not excluded, otherwise a ring of the others.
+pub fn participants(pod: &mut Pod) -> Result<(Vec<DeviceId>, ShardPlan)> {
+    let shape = torus_of(pod.topology())?;
+    let world = pod.world_mut();
+    let mut q = world.query::<(&crate::topology::Device, &DeviceState, Option<&Excluded>)>();
+    let mut up: Vec<DeviceId> = q
+        .iter(world)
+        .filter(|(_, s, x)| !matches!(s, DeviceState::Killed { .. }) && x.is_none())
+        .map(|(d, _, _)| d.id)
+        .collect();
+    up.sort();
+    if up.len() == shape.device_count() {
+        return Ok((
+            up,
+            ShardPlan::Torus {
+                dims: shape.dims().to_vec(),
+                wraparound: shape.wraparound().to_vec(),
+            },
+        ));
+    }
+    let ring: Vec<DeviceId> = shape
+        .snake_ring()
+        .into_iter()
+        .map(|d| DeviceId(d as u32))
+        .filter(|d| up.binary_search(d).is_ok())
+        .collect();
+    Ok((up, ShardPlan::Ring { ring }))
+}
+
+impl<O, A> ShardedOptimizer<O, A>
+where
+    O: Optimizer<A, IxDyn>,
+    A: FloatElement + Element,
+{
+    /// Shards `params` and `base`'s state over every device of `pod`.
+    /// `config.num_cores` must name all the pod's chips (the collectives
+    /// span the whole torus) and `config.tpu_version` its generation;
+    /// `config.hbm_bytes`, if set, becomes every device's HBM.
+    pub fn new(
+        base: O,
+        config: TPUConfig,
+        mut pod: Pod,
+        params: ParamSet<A>,
+        sharding: ShardingConfig,
+    ) -> Result<Self> {
+        let chips = config.validate()?;
+        let topology = pod.topology();
+        if topology.generation != config.tpu_version {
+            return Err(OptimError::InvalidConfig(format!(
+                "the optimizer is configured for {}, but {} is a {} pod",
+                config.tpu_version, topology.name, topology.generation
+            )));
+        }
+        let devices = topology.num_devices() as usize;
+        if chips != devices {
+            let per_chip = config.tpu_version.spec().cores_per_chip as usize;
+            return Err(OptimError::InvalidConfig(format!(
+                "num_cores = {} names {chips} chips, but a sharded model spans every chip of \
+                 {} ({devices} chips): use num_cores = {}",
+                config.num_cores,
+                topology.name,
+                devices * per_chip
+            )));
+        }
+        let rule = base
+            .update_rule()
+            .ok_or_else(|| ShardingError::NoUpdateRule {
+                optimizer: base.name().to_owned(),
+            })?;
+        let slots: Vec<String> = rule.slot_names().iter().map(|s| s.to_string()).collect();
+        let initial = rule.initial_slot_values();
+        let (participants, plan) = participants(&mut pod)?;
+        let layout = ShardLayout::new(
+            <A as Element>::DTYPE,
+            &params.shapes(),
+            sharding.bucket_bytes,
+            participants,
+            plan,
+        )?;
+        let world = pod.world_mut();
+        if let Some(bytes) = config.hbm_bytes {
+            let mut q = world.query_filtered::<bevy_ecs::prelude::Entity, bevy_ecs::prelude::With<crate::topology::Device>>();
+            let all: Vec<_> = q.iter(world).collect();
+            for device in all {
+                world.entity_mut(device).insert(HbmCapacity(bytes));
+            }
+        }
+        let entities: Vec<_> = layout
+            .participants
+            .iter()
+            .filter_map(|&d| world.resource::<crate::topology::DeviceIndex>().get(d))
+            .collect();
+        hbm::mark(world, &entities);
+        hbm::rebuild_heaps(world)?;
+        let mut flat = params.to_flat();
+        flat.resize(layout.padded_elements(), A::ZERO);
+        let model = ShardedModel {
+            optimizer: base.name().to_owned(),
+            slots,
+            layout,
+            params: flat_tensor(flat),
+            count: 0,
+            steps_completed: 0,
+            steps_failed: 0,
+            reduction: sharding.reduction,
+            bucket_bytes: sharding.bucket_bytes,
+        };
+        install_model(world, model, SlotValues::Initial(initial))?;
+        let mut opt = ShardedOptimizer {
+            base,
+            config,
+            sharding,
+            pod,
+            programs: BTreeMap::new(),
+            compile_seconds: 0.0,
+            _element: PhantomData,
+        };
+        opt.compile_programs()?;
+        Ok(opt)
+    }
+
+    /// Compiles the update for every shard length the layout has.
+    fn compile_programs(&mut self) -> Result<()> {
+        let layout = self.layout()?.clone();
+        let rule = self
+            .base
+            .update_rule()
+            .ok_or_else(|| ShardingError::NoUpdateRule {
+                optimizer: self.base.name().to_owned(),
+            })?;
+        let mut lengths: Vec<usize> = layout.buckets.iter().map(|b| b.shard_len).collect();
+        lengths.sort_unstable();
+        lengths.dedup();
+        self.programs.retain(|len, _| lengths.contains(len));
+        for len in lengths {
+            if self.programs.contains_key(&len) {
+                continue;
+            }
+            let started = Instant::now();
+            let runtime = compile_update(rule, len)?;
+            self.compile_seconds += started.elapsed().as_secs_f64();
+            self.programs.insert(len, ShardProgram { runtime });
+        }
+        Ok(())
+    }
+
+    /// The model's layout.
+    pub fn layout(&self) -> Result<&ShardLayout> {
+        Ok(&self.model()?.layout)
+    }
+
+    fn model(&self) -> Result<&ShardedModel> {
+        Ok(model_of(self.pod.world()).ok_or(ShardingError::NoModel)?)
+    }
+
+    /// One data-parallel step with the replicas' gradients from `grads`:
+    /// launched, then the pod is stepped until the step's systems complete
+    /// it. On `Err` no parameter, state or count changed; a failure in
+    /// flight is [`ShardingError::StepFailed`], naming the device (or link)
+    /// and the phase.
+    pub fn step(&mut self, grads: &dyn GradientSource<A>) -> Result<ShardedStepReport> {
+        let started = Instant::now();
+        let learning_rate = self
+            .base
+            .update_rule()
+            .and_then(|r| graph::learning_rate_scalar(r));
+        let request = LaunchRequest {
+            gradients: grads,
+            programs: &self.programs,
+            learning_rate,
+        };
+        let launched = launch_step(self.pod.world_mut(), request)?;
+        let (number, completes_at_ns) = (launched.number, launched.completes_at_ns);
+        loop {
+            let world = self.pod.world();
+            let step = world
+                .get_resource::<ShardedStep>()
+                .ok_or(ShardingError::NoModel)?;
+            match &step.outcome {
+                StepOutcome::Pending => {
+                    let clock = self.pod.clock();
+                    if clock.now_ns > completes_at_ns.saturating_add(clock.tick_ns) {
+                        return Err(ShardingError::Stalled {
+                            step: number,
+                            completes_at_ns,
+                            now_ns: clock.now_ns,
+                        }
+                        .into());
+                    }
+                    self.pod.step();
+                }
+                StepOutcome::Completed { at_ns } => {
+                    let model = self.model()?;
+                    return Ok(ShardedStepReport {
+                        step: number,
+                        launched_at_ns: step.launched_at_ns,
+                        completed_at_ns: *at_ns,
+                        modeled_seconds: step.timeline.step_seconds,
+                        phases: step.timeline.phases.clone(),
+                        link_bytes: step.link_bytes,
+                        hbm_bytes_per_device: step
+                            .hbm_bytes
+                            .iter()
+                            .map(|(d, b)| (d.0, *b))
+                            .collect(),
+                        buckets: model.layout.buckets.len(),
+                        wall_seconds: started.elapsed().as_secs_f64(),
+                    });
+                }
+                StepOutcome::Failed {
+                    at_ns,
+                    phase,
+                    cause,
+                } => {
+                    let error = ShardingError::StepFailed {
+                        step: number,
+                        phase: *phase,
+                        at_ns: *at_ns,
+                        cause: cause.clone(),
+                    };
+                    // Let the release run, so the step's HBM is given back.
+                    self.pod.step();
+                    if let Some(mut model) = model_mut(self.pod.world_mut()) {
+                        model.steps_failed += 1;
+                    }
+                    return Err(error.into());
+                }
+            }
+        }
+    }
+
+    /// [`ShardedOptimizer::step`] with one host-computed gradient set per
+    /// replica (device id order).
+    pub fn step_replicas(&mut self, grads: &[ParamSet<A>]) -> Result<ShardedStepReport> {
+        self.step(&ReplicaGradients(grads))
+    }
+
+    /// The parameters (every replica holds these).
+    pub fn params(&self) -> Result<ParamSet<A>> {
+        Ok(self.model()?.param_set()?)
+    }
+
+    /// The parameters, flat in model order.
+    pub fn flat_params(&self) -> Result<Vec<A>> {
+        Ok(self.model()?.flat_params::<A>()?.to_vec())
+    }
+
+    /// optax's step count.
+    pub fn step_count(&self) -> i32 {
+        self.model().map_or(0, |m| m.count)
+    }
+
+    /// Optimizer-state slot `name` gathered from every device's shard,
+    /// flat in model order (`None` for a slot the optimizer does not have).
+    pub fn state(&mut self, name: &str) -> Result<Option<Vec<A>>> {
+        let model = self.model()?;
+        let Some(index) = model.slots.iter().position(|s| s == name) else {
+            return Ok(None);
+        };
+        let elements = model.layout.elements;
+        let mut flat = gather_state::<A>(self.pod.world_mut())?;
+        let mut slot = flat.swap_remove(index);
+        slot.truncate(elements);
+        Ok(Some(slot))
+    }
+
+    /// The pod.
+    pub fn pod(&self) -> &Pod {
+        &self.pod
+    }
+
+    /// The pod, to step, inject faults into or checkpoint.
+    pub fn pod_mut(&mut self) -> &mut Pod {
+        &mut self.pod
+    }
+
+    /// Seconds spent compiling update programs.
+    pub fn compile_seconds(&self) -> f64 {
+        self.compile_seconds
+    }
+
+    /// Compiled update programs (one per distinct shard length).
+    pub fn programs(&self) -> usize {
+        self.programs.len()
+    }
+
+    /// The sharding configuration.
+    pub fn sharding(&self) -> &ShardingConfig {
+        &self.sharding
+    }
+
+    /// The wrapped optimizer.
+    pub fn base(&self) -> &O {
+        &self.base
+    }
+}
+
+/// The fused update of `rule` over a flat shard of `len` elements, its
+/// outputs over its inputs (params over param 0, slot `k` over param
+/// `k + 2`).
+pub fn compile_update<A: FloatElement + Element>(
+    rule: &dyn UpdateRule<A>,
+    len: usize,
+) -> Result<Arc<Runtime>> {
+    let mut world = compiler::compiler_world();
+    let program = graph::build_update_graph(&mut world, rule, &[len]).map_err(|e| {
+        OptimError::Sharding(ShardingError::InvalidState {
+            reason: format!("the update rule has no graph: {}", e.0),
+        })
+    })?;
+    let report = compiler::compile(&mut world, program)?;
+    let aliases: Vec<(usize, usize)> = (0..report.executable.outputs.len())
+        .map(|o| (o, if o == 0 { 0 } else { o + 1 }))
+        .collect();
+    Ok(Arc::new(Runtime::with_aliases(
+        report.executable.clone(),
+        &aliases,
+    )))
+}

@@ -1,0 +1,519 @@
+//! The sharded pod optimizer: the streamed reduce-scatter is the
+//! collectives' own, a sharded step is bit-identical to the unsharded
+//! `TPUOptimizer` step on the reduced gradient, state lives 1/N per device,
+//! a failure in flight changes nothing, bad input is refused up front.
+
+use ndarray::{Array1, ArrayD, IxDyn};
+use optirs_tpu::collectives::{
+    ReduceGrid, ReduceOp, TorusShape, all_reduce, reduce_scatter, torus_all_reduce,
+    torus_reduce_scatter, torus_reduce_scatter_traffic, torus_shard_ranges,
+};
+use optirs_tpu::health::Fault;
+use optirs_tpu::sharding::{
+    ParamSet, Reduction, ShardLayout, ShardPlan, ShardingError, SyntheticGradients,
+};
+use optirs_tpu::tpu::{ShardedOptimizer, ShardingConfig};
+use optirs_tpu::{OptimError, Pod, TPUConfig, TPUOptimizer, TPUVersion};
+use proptest::prelude::*;
+
+fn values(seed: u64, n: usize) -> Vec<f32> {
+    let g = SyntheticGradients {
+        seed,
+        step: 0,
+        replicas: 1,
+        scale: 4.0,
+    };
+    (0..n).map(|i| g.value(0, i) as f32).collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    /// Streamed reduce-scatter = the torus reduce-scatter = the torus
+    /// all-reduce on every device's range, bit for bit.
+    #[test]
+    fn streamed_reduction_is_the_torus_collective(
+        dims in prop::collection::vec(1usize..5, 1..4),
+        wrap in prop::collection::vec(any::<bool>(), 3),
+        len in 0usize..70,
+        mean in any::<bool>(),
+        seed in any::<u64>(),
+    ) {
+        let wrap = &wrap[..dims.len()];
+        let shape = TorusShape::new(&dims, wrap).unwrap();
+        let n = shape.device_count();
+        let op = if mean { ReduceOp::Mean } else { ReduceOp::Sum };
+        let inputs: Vec<Vec<f32>> = (0..n).map(|d| values(seed ^ d as u64, len)).collect();
+        let mut scattered = inputs.clone();
+        let traffic = torus_reduce_scatter(&mut scattered, &shape, op).unwrap();
+        prop_assert_eq!(traffic, torus_reduce_scatter_traffic(&shape, len, 4));
+        let mut reduced = inputs.clone();
+        torus_all_reduce(&mut reduced, &shape, op).unwrap();
+        let grid = ReduceGrid::torus(&dims);
+        for (d, range) in torus_shard_ranges(&shape, len).into_iter().enumerate() {
+            let mut out = vec![0f32; range.len()];
+            let start = range.start;
+            grid.reduce_for(d, op, &mut out, &mut |rank, off, buf: &mut [f32]| {
+                buf.copy_from_slice(&inputs[rank][start + off..start + off + buf.len()]);
+            });
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            prop_assert_eq!(bits(&out), bits(&scattered[d][range.clone()]));
+            prop_assert_eq!(bits(&out), bits(&reduced[d][range]));
+        }
+    }
+
+    /// On a ring, position i's streamed chunk is the ring reduce-scatter's.
+    #[test]
+    fn streamed_reduction_is_the_ring_collective(
+        n in 1usize..9, len in 0usize..50, seed in any::<u64>(), mean in any::<bool>(),
+    ) {
+        let op = if mean { ReduceOp::Mean } else { ReduceOp::Sum };
+        let ring: Vec<usize> = (0..n).rev().collect();
+        let inputs: Vec<Vec<f32>> = (0..n).map(|d| values(seed ^ (d as u64 * 77), len)).collect();
+        let mut scattered = inputs.clone();
+        reduce_scatter(&mut scattered, &ring, op).unwrap();
+        let grid = ReduceGrid::ring(&ring);
+        for (i, &rank) in ring.iter().enumerate() {
+            let range = optirs_tpu::collectives::chunk_range(len, n, i);
+            let mut out = vec![0f32; range.len()];
+            let start = range.start;
+            grid.reduce_for(i, op, &mut out, &mut |r, off, buf: &mut [f32]| {
+                buf.copy_from_slice(&inputs[r][start + off..start + off + buf.len()]);
+            });
+            prop_assert_eq!(
+                out.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                scattered[rank][range].iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+            );
+        }
+    }
+}
+
+/// The reduced gradient the way the pod's existing collectives compute
+/// it: per bucket, every replica's padded bucket all-reduced.
+fn reference_reduced(layout: &ShardLayout, replicas: &[Vec<f32>], op: ReduceOp) -> Vec<f32> {
+    let mut out = Vec::new();
+    for bucket in &layout.buckets {
+        let n = layout.devices();
+        let mut buffers: Vec<Vec<f32>> = vec![
+            Vec::new();
+            layout
+                .participants
+                .iter()
+                .map(|d| d.0 as usize + 1)
+                .max()
+                .unwrap()
+        ];
+        for (r, d) in layout.participants.iter().enumerate() {
+            let mut b = replicas[r][bucket.offset..bucket.offset + bucket.len].to_vec();
+            b.resize(bucket.padded_len, 0.0);
+            buffers[d.0 as usize] = b;
+        }
+        match &layout.plan {
+            ShardPlan::Torus { dims, wraparound } => {
+                let shape = TorusShape::new(dims, wraparound).unwrap();
+                torus_all_reduce(&mut buffers, &shape, op).unwrap();
+            }
+            ShardPlan::Ring { ring } => {
+                let ring: Vec<usize> = ring.iter().map(|d| d.0 as usize).collect();
+                all_reduce(&mut buffers, &ring, op).unwrap();
+            }
+        }
+        assert_eq!(n, layout.devices());
+        out.extend_from_slice(&buffers[layout.participants[0].0 as usize][..bucket.len]);
+    }
+    out
+}
+
+fn pod_named(name: &str) -> Pod {
+    match name {
+        "mesh-3x5" => Pod::from_ron_str(
+            "Pod(name: \"mesh-3x5\", generation: \"v5e\", shape: \"3x5\", chips_per_host: \"1x1\")",
+            "mesh-3x5",
+        )
+        .unwrap(),
+        other => Pod::from_preset(other).unwrap(),
+    }
+}
+
+fn config_for(pod: &Pod) -> TPUConfig {
+    let t = pod.topology();
+    TPUConfig {
+        tpu_version: t.generation,
+        num_cores: t.num_devices() as usize * t.generation.spec().cores_per_chip as usize,
+        ..Default::default()
+    }
+}
+
+fn model(sizes: &[usize]) -> ParamSet<f32> {
+    let mut set = ParamSet::new();
+    for (i, &n) in sizes.iter().enumerate() {
+        let v = values(1000 + i as u64, n);
+        let shape = if n % 2 == 0 && n > 2 {
+            vec![2, n / 2]
+        } else {
+            vec![n]
+        };
+        set.insert(
+            format!("t{i}"),
+            ArrayD::from_shape_vec(IxDyn(&shape), v).unwrap(),
+        )
+        .unwrap();
+    }
+    set
+}
+
+fn replica_grads(layout: &ShardLayout, sizes: &[usize], step: u64) -> Vec<ParamSet<f32>> {
+    (0..layout.devices())
+        .map(|r| {
+            let g = model(sizes);
+            let mut out = ParamSet::new();
+            let mut at = 0;
+            for (name, t) in g.iter() {
+                let synthetic = SyntheticGradients {
+                    seed: 5,
+                    step,
+                    replicas: layout.devices(),
+                    scale: 1.0,
+                };
+                let v: Vec<f32> = (0..t.len())
+                    .map(|i| synthetic.value(r, at + i) as f32)
+                    .collect();
+                at += t.len();
+                out.insert(name, ArrayD::from_shape_vec(IxDyn(t.shape()), v).unwrap())
+                    .unwrap();
+            }
+            out
+        })
+        .collect()
+}
+
+/// Sharded ≡ unsharded on the reduced gradient, for `steps` steps.
+fn check_exact(
+    pod: &str,
+    optimizer: &str,
+    sizes: &[usize],
+    bucket_bytes: usize,
+    steps: u64,
+    mean: bool,
+) {
+    let pod = pod_named(pod);
+    let config = config_for(&pod);
+    let base = optirs_tpu::optimizers::by_name(optimizer, 0.05f32).unwrap();
+    let reference_base = optirs_tpu::optimizers::by_name(optimizer, 0.05f32).unwrap();
+    let reduction = if mean {
+        Reduction::Mean
+    } else {
+        Reduction::Sum
+    };
+    let params = model(sizes);
+    let mut sharded = ShardedOptimizer::new(
+        base,
+        config.clone(),
+        pod,
+        params.clone(),
+        ShardingConfig {
+            bucket_bytes,
+            reduction,
+        },
+    )
+    .unwrap();
+    let mut reference = TPUOptimizer::new(reference_base, config).unwrap();
+    let mut flat = Array1::from_vec(params.to_flat());
+    let layout = sharded.layout().unwrap().clone();
+    for step in 1..=steps {
+        let grads = replica_grads(&layout, sizes, step);
+        let flats: Vec<Vec<f32>> = grads.iter().map(|g| g.to_flat()).collect();
+        let reduced = Array1::from_vec(reference_reduced(&layout, &flats, reduction.op()));
+        sharded.step_replicas(&grads).unwrap();
+        reference.tpu_step_in_place(&mut flat, &reduced).unwrap();
+        let got = sharded.flat_params().unwrap();
+        assert_eq!(
+            got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            flat.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            "{optimizer} on {} step {step}: params differ",
+            layout.participants.len()
+        );
+        for slot in ["mu", "nu", "trace", "sum_of_squares", "nu_hat"] {
+            if let Some(want) = reference.slot(slot) {
+                let got = sharded.state(slot).unwrap().expect("the slot exists");
+                assert_eq!(
+                    got,
+                    want.to_f64_vec()
+                        .iter()
+                        .map(|&v| v as f32)
+                        .collect::<Vec<_>>(),
+                    "{optimizer} slot {slot}"
+                );
+            }
+        }
+        assert_eq!(sharded.step_count(), step as i32);
+    }
+    // The parameter set view is the flat one, tensor by tensor.
+    assert_eq!(sharded.params().unwrap().to_flat(), flat.to_vec());
+}
+
+#[test]
+fn every_optimizer_sharded_is_exact_on_v4_8() {
+    for name in optirs_tpu::optimizers::NAMES {
+        check_exact("v4-8", name, &[7, 33, 1, 64, 5], 64, 3, true);
+    }
+}
+
+#[test]
+fn sharded_adam_is_exact_on_other_pods() {
+    check_exact("v5e-16", "adam", &[100, 3, 17], 128, 2, false);
+    check_exact("mesh-3x5", "rmsprop", &[29, 61], 96, 2, true);
+    check_exact("v4-64", "adamw", &[300, 11], 4096, 2, true);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 6, ..ProptestConfig::default() })]
+
+    /// Random models (odd sizes, many tensors), bucket sizes and optimizers.
+    #[test]
+    fn sharded_steps_are_exact_on_random_models(
+        sizes in prop::collection::vec(1usize..90, 1..9),
+        bucket_bytes in 4usize..600,
+        opt in 0usize..7,
+        pod in 0usize..3,
+        mean in any::<bool>(),
+    ) {
+        let pod = ["v4-8", "v5e-16", "mesh-3x5"][pod];
+        check_exact(pod, optirs_tpu::optimizers::NAMES[opt], &sizes, bucket_bytes, 2, mean);
+    }
+}
+
+#[test]
+fn state_is_one_nth_per_device_and_in_its_own_heap() {
+    let pod = Pod::from_preset("v5e-16").unwrap();
+    let config = config_for(&pod);
+    let params = ParamSet::new()
+        .with("w", ArrayD::from_elem(IxDyn(&[1024, 16]), 0.5f32))
+        .unwrap();
+    let opt = ShardedOptimizer::new(
+        optirs_tpu::optimizers::Adam::new(1e-3f32),
+        config,
+        pod,
+        params,
+        ShardingConfig::default(),
+    )
+    .unwrap();
+    let layout = opt.layout().unwrap();
+    assert_eq!(layout.shard_elements(), 1024 * 16 / 16);
+    // Each device: its replica of the params (64 KiB) + mu and nu shards (4 KiB each).
+    for d in 0..16u32 {
+        let e = opt.pod().device_entity(d).unwrap();
+        let used = opt
+            .pod()
+            .world()
+            .get::<optirs_tpu::memory::HbmUsage>(e)
+            .unwrap()
+            .0;
+        assert_eq!(used, 65536 + 2 * 4096, "device {d}");
+    }
+}
+
+#[test]
+fn out_of_hbm_names_the_device_and_what_asked() {
+    let pod = Pod::from_preset("v4-8").unwrap();
+    let config = TPUConfig {
+        hbm_bytes: Some(10_000),
+        ..config_for(&pod)
+    };
+    let params = ParamSet::new()
+        .with("w", ArrayD::from_elem(IxDyn(&[4000]), 1f32))
+        .unwrap();
+    let err = ShardedOptimizer::new(
+        optirs_tpu::optimizers::Adam::new(1e-3f32),
+        config,
+        pod,
+        params,
+        ShardingConfig::default(),
+    )
+    .unwrap_err();
+    let text = err.to_string();
+    assert!(matches!(err, OptimError::Memory(_)), "{text}");
+    assert!(
+        text.contains("device 0") && text.contains("the model's parameters needs 16000 bytes"),
+        "{text}"
+    );
+    // Room for the parameters but not for Adam's two state shards.
+    let pod = Pod::from_preset("v4-8").unwrap();
+    let config = TPUConfig {
+        hbm_bytes: Some(16_512),
+        ..config_for(&pod)
+    };
+    let params = ParamSet::new()
+        .with("w", ArrayD::from_elem(IxDyn(&[4000]), 1f32))
+        .unwrap();
+    let err = ShardedOptimizer::new(
+        optirs_tpu::optimizers::Adam::new(1e-3f32),
+        config,
+        pod,
+        params,
+        ShardingConfig::default(),
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("its shard of the optimizer state `mu`"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_device_killed_in_flight_fails_the_step_and_changes_nothing() {
+    // 1 µs ticks, so the ~30 µs step spans many ticks.
+    let pod = Pod::from_ron_str(
+        "Pod(name: \"v4-8-fine\", generation: \"v4\", shape: \"2x2x2\", tick_ms: 0.001)",
+        "v4-8-fine",
+    )
+    .unwrap();
+    let config = config_for(&pod);
+    let sizes = [5000usize, 77];
+    let mut opt = ShardedOptimizer::new(
+        optirs_tpu::optimizers::Adam::new(1e-2f32),
+        config,
+        pod,
+        model(&sizes),
+        ShardingConfig {
+            bucket_bytes: 4096,
+            reduction: Reduction::Mean,
+        },
+    )
+    .unwrap();
+    let layout = opt.layout().unwrap().clone();
+    opt.step_replicas(&replica_grads(&layout, &sizes, 1))
+        .unwrap();
+    let before = opt.flat_params().unwrap();
+    let mu = opt.state("mu").unwrap().unwrap();
+    let now = opt.pod().clock().now_ns;
+    opt.pod_mut().schedule_fault(
+        now + 5_000,
+        Fault::KillDevice(optirs_tpu::topology::DeviceId(3)),
+    );
+    let err = opt
+        .step_replicas(&replica_grads(&layout, &sizes, 2))
+        .unwrap_err();
+    let OptimError::Sharding(ShardingError::StepFailed { step, cause, .. }) = &err else {
+        panic!("{err}");
+    };
+    assert_eq!(*step, 2);
+    assert_eq!(cause.device().map(|d| d.0), Some(3), "{err}");
+    assert!(err.to_string().contains("device 3"), "{err}");
+    assert_eq!(opt.flat_params().unwrap(), before);
+    assert_eq!(opt.state("mu").unwrap().unwrap(), mu);
+    assert_eq!(opt.step_count(), 1);
+    // The next step is refused before any work, naming the dead device.
+    let err = opt
+        .step_replicas(&replica_grads(&layout, &sizes, 2))
+        .unwrap_err();
+    assert!(err.to_string().contains("device 3"), "{err}");
+}
+
+#[test]
+fn bad_input_is_refused_before_any_work() {
+    let make = |params: ParamSet<f32>, bucket_bytes: usize| {
+        let pod = Pod::from_preset("v4-8").unwrap();
+        let config = config_for(&pod);
+        ShardedOptimizer::new(
+            optirs_tpu::optimizers::SGD::new(0.1f32),
+            config,
+            pod,
+            params,
+            ShardingConfig {
+                bucket_bytes,
+                reduction: Reduction::Sum,
+            },
+        )
+    };
+    let err = make(ParamSet::new(), 1024).unwrap_err();
+    assert!(err.to_string().contains("no tensors"), "{err}");
+    let err = make(model(&[3]), 0).unwrap_err();
+    assert!(err.to_string().contains("bucket_bytes = 0"), "{err}");
+    let dup = ParamSet::new()
+        .with("a", ArrayD::from_elem(IxDyn(&[2]), 1f32))
+        .unwrap();
+    assert!(
+        dup.clone()
+            .with("a", ArrayD::from_elem(IxDyn(&[2]), 1f32))
+            .is_err()
+    );
+    assert!(
+        ParamSet::<f32>::new()
+            .with("e", ArrayD::from_elem(IxDyn(&[0]), 1f32))
+            .is_err()
+    );
+
+    let mut opt = make(model(&[10, 4]), 1024).unwrap();
+    let layout = opt.layout().unwrap().clone();
+    let mut grads = replica_grads(&layout, &[10, 4], 1);
+    grads.pop();
+    let err = opt.step_replicas(&grads).unwrap_err();
+    assert!(err.to_string().contains("7 replicas"), "{err}");
+    let grads = replica_grads(&layout, &[10, 5], 1);
+    let err = opt.step_replicas(&grads).unwrap_err();
+    assert!(err.to_string().contains("shape [5]"), "{err}");
+    assert_eq!(opt.step_count(), 0);
+    // num_cores must name every chip.
+    let pod = Pod::from_preset("v4-8").unwrap();
+    let config = TPUConfig {
+        tpu_version: TPUVersion::V4,
+        num_cores: 8,
+        ..Default::default()
+    };
+    let err = ShardedOptimizer::new(
+        optirs_tpu::optimizers::SGD::new(0.1f32),
+        config,
+        pod,
+        model(&[3]),
+        ShardingConfig::default(),
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("num_cores = 16"), "{err}");
+}
+
+#[test]
+fn the_step_charges_links_and_models_time_per_phase() {
+    let pod = Pod::from_preset("v4-64").unwrap();
+    let config = config_for(&pod);
+    let params = ParamSet::new()
+        .with("w", ArrayD::from_elem(IxDyn(&[1 << 16]), 1f32))
+        .unwrap();
+    let mut opt = ShardedOptimizer::new(
+        optirs_tpu::optimizers::Adam::new(1e-3f32),
+        config,
+        pod,
+        params,
+        ShardingConfig {
+            bucket_bytes: 64 << 10,
+            reduction: Reduction::Mean,
+        },
+    )
+    .unwrap();
+    let synthetic = SyntheticGradients {
+        seed: 1,
+        step: 1,
+        replicas: 64,
+        scale: 1.0,
+    };
+    let report = opt.step(&synthetic).unwrap();
+    assert_eq!(report.buckets, 4);
+    assert!(report.link_bytes > 0);
+    for key in [
+        "reduce_scatter.axis0",
+        "update",
+        "all_gather.axis0",
+        "exposed_communication",
+    ] {
+        assert!(
+            report.phases.get(key).is_some_and(|&s| s > 0.0),
+            "{key}: {:?}",
+            report.phases
+        );
+    }
+    assert!(report.modeled_seconds >= report.phases["update"]);
+    assert!(
+        report.completed_at_ns >= report.launched_at_ns + (report.modeled_seconds * 1e9) as u64
+    );
+}
