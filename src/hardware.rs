@@ -25,6 +25,10 @@
 //! - \[v6e\]: Cloud TPU v6e documentation (32 GB HBM at 1638 GB/s, 1 TensorCore,
 //!   800 GB/s bidirectional ICI per chip over 4 ports, 8 chips per host, 2D
 //!   torus of 256 chips, all-reduce 102.4 TB/s, bisection 3.2 TB/s).
+//! - \[storage\]: checkpoint reads are modeled at 1 GB/s per host
+//!   ([`CHECKPOINT_READ_BYTES_PER_S_PER_HOST`]), the order of a Persistent
+//!   Disk or Cloud Storage read stream per VM; an assumption, not a TPU
+//!   figure.
 //! - Latencies are not published per link. The defaults (1 µs per ICI hop,
 //!   10 µs per DCN hop) are orders of magnitude for a SerDes hop plus router
 //!   and for a datacenter NIC round; override them in the pod file.
@@ -35,6 +39,9 @@ use std::str::FromStr;
 
 const GIB: u64 = 1 << 30;
 const GB: f64 = 1e9;
+
+/// Bytes per second one host reads a checkpoint at (\[storage\]).
+pub const CHECKPOINT_READ_BYTES_PER_S_PER_HOST: f64 = GB;
 
 /// A TPU generation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]

@@ -27,7 +27,7 @@ use bevy_ecs::schedule::{
 };
 
 /// One pod tick: clock, faults, heartbeats, clock sync, transport, fault
-/// detection, barriers, collectives, execution, coalescing, monitoring,
+/// detection, barriers, collectives, execution, coalescing, recovery, monitoring,
 /// checkpoints. A phase gets
 /// a set when a system runs in it: a set with nothing to do is not kept.
 #[derive(ScheduleLabel, Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -62,6 +62,9 @@ pub enum StepSystems {
     /// Finished steps give their transient device memory back; the heaps
     /// coalesce the freed blocks.
     Coalesce,
+    /// After a failed step, the model's recovery policy re-shards it onto
+    /// the surviving devices.
+    Recovery,
     /// Health and performance monitoring.
     Monitor,
     /// Periodic checkpoints (last, so a checkpoint sees the whole tick).
@@ -105,7 +108,7 @@ pub fn deterministic_schedule(label: impl ScheduleLabel) -> Schedule {
 }
 
 /// Every [`StepSystems`] set, in run order (the schedule chains them so).
-pub const STEP_SETS: [StepSystems; 12] = [
+pub const STEP_SETS: [StepSystems; 13] = [
     StepSystems::AdvanceClock,
     StepSystems::InjectFaults,
     StepSystems::Heartbeats,
@@ -116,6 +119,7 @@ pub const STEP_SETS: [StepSystems; 12] = [
     StepSystems::Collectives,
     StepSystems::Execute,
     StepSystems::Coalesce,
+    StepSystems::Recovery,
     StepSystems::Monitor,
     StepSystems::Checkpoint,
 ];

@@ -214,6 +214,7 @@ fn check_exact(
         ShardingConfig {
             bucket_bytes,
             reduction,
+            ..Default::default()
         },
     )
     .unwrap();
@@ -379,6 +380,7 @@ fn a_device_killed_in_flight_fails_the_step_and_changes_nothing() {
         ShardingConfig {
             bucket_bytes: 4096,
             reduction: Reduction::Mean,
+            ..Default::default()
         },
     )
     .unwrap();
@@ -395,7 +397,8 @@ fn a_device_killed_in_flight_fails_the_step_and_changes_nothing() {
     let err = opt
         .step_replicas(&replica_grads(&layout, &sizes, 2))
         .unwrap_err();
-    let OptimError::Sharding(ShardingError::StepFailed { step, cause, .. }) = &err else {
+    // No checkpoints to roll back to: the failure is reported as unrecoverable.
+    let OptimError::Sharding(ShardingError::Unrecoverable { step, cause, .. }) = &err else {
         panic!("{err}");
     };
     assert_eq!(*step, 2);
@@ -424,6 +427,7 @@ fn bad_input_is_refused_before_any_work() {
             ShardingConfig {
                 bucket_bytes,
                 reduction: Reduction::Sum,
+                ..Default::default()
             },
         )
     };
@@ -488,6 +492,7 @@ fn the_step_charges_links_and_models_time_per_phase() {
         ShardingConfig {
             bucket_bytes: 64 << 10,
             reduction: Reduction::Mean,
+            ..Default::default()
         },
     )
     .unwrap();
@@ -516,4 +521,214 @@ fn the_step_charges_links_and_models_time_per_phase() {
     assert!(
         report.completed_at_ns >= report.launched_at_ns + (report.modeled_seconds * 1e9) as u64
     );
+}
+
+fn fine_v4_8() -> Pod {
+    Pod::from_ron_str(
+        "Pod(name: \"v4-8-fine\", generation: \"v4\", shape: \"2x2x2\", tick_ms: 0.001)",
+        "v4-8-fine",
+    )
+    .unwrap()
+}
+
+/// Steps with the reference alongside; returns (sharded, reference flat).
+fn exact_step(
+    sharded: &mut ShardedOptimizer<Box<dyn optirs_tpu::Optimizer<f32, IxDyn> + Send + Sync>, f32>,
+    reference: &mut TPUOptimizer<Box<dyn optirs_tpu::Optimizer<f32, IxDyn> + Send + Sync>, f32>,
+    flat: &mut Array1<f32>,
+    sizes: &[usize],
+    step: u64,
+) {
+    let layout = sharded.layout().unwrap().clone();
+    let grads = replica_grads(&layout, sizes, step);
+    let flats: Vec<Vec<f32>> = grads.iter().map(|g| g.to_flat()).collect();
+    let reduced = Array1::from_vec(reference_reduced(&layout, &flats, ReduceOp::Mean));
+    sharded.step_replicas(&grads).unwrap();
+    reference.tpu_step_in_place(flat, &reduced).unwrap();
+    assert_eq!(sharded.flat_params().unwrap(), flat.to_vec(), "step {step}");
+}
+
+#[test]
+fn redundant_shards_survive_a_killed_device_without_losing_a_step() {
+    let sizes = [3000usize, 41];
+    let pod = fine_v4_8();
+    let config = config_for(&pod);
+    let mut sharded = ShardedOptimizer::new(
+        optirs_tpu::optimizers::by_name("adam", 0.01f32).unwrap(),
+        config.clone(),
+        pod,
+        model(&sizes),
+        ShardingConfig {
+            bucket_bytes: 4096,
+            recovery: optirs_tpu::sharding::RecoveryPolicy::Redundant,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    // A copy of every state shard: twice the state bytes per device.
+    let layout = sharded.layout().unwrap().clone();
+    let e = sharded.pod().device_entity(0).unwrap();
+    let used = sharded
+        .pod()
+        .world()
+        .get::<optirs_tpu::memory::HbmUsage>(e)
+        .unwrap()
+        .0;
+    let state = (layout.shard_elements() * 4).next_multiple_of(64) as u64;
+    assert_eq!(used, ((3041 * 4) as u64).next_multiple_of(64) + 4 * state);
+    let mut reference = TPUOptimizer::new(
+        optirs_tpu::optimizers::by_name("adam", 0.01f32).unwrap(),
+        config,
+    )
+    .unwrap();
+    let mut flat = Array1::from_vec(model(&sizes).to_flat());
+    exact_step(&mut sharded, &mut reference, &mut flat, &sizes, 1);
+    let now = sharded.pod().clock().now_ns;
+    sharded.pod_mut().schedule_fault(
+        now + 3_000,
+        Fault::KillDevice(optirs_tpu::topology::DeviceId(5)),
+    );
+    let layout = sharded.layout().unwrap().clone();
+    let err = sharded
+        .step_replicas(&replica_grads(&layout, &sizes, 2))
+        .unwrap_err();
+    assert!(
+        matches!(err, OptimError::Sharding(ShardingError::StepFailed { .. })),
+        "{err}"
+    );
+    let recoveries = sharded.recoveries();
+    assert_eq!(recoveries.len(), 1, "{recoveries:?}");
+    assert_eq!(recoveries[0].lost_steps, 0);
+    assert_eq!(
+        recoveries[0].lost_devices,
+        vec![optirs_tpu::topology::DeviceId(5)]
+    );
+    assert_eq!(recoveries[0].devices_after, 7);
+    assert!(recoveries[0].recovery_seconds > 0.0);
+    assert_eq!(sharded.flat_params().unwrap(), flat.to_vec());
+    assert_eq!(sharded.layout().unwrap().devices(), 7);
+    // The survivors go on, exactly.
+    for step in 2..=4 {
+        exact_step(&mut sharded, &mut reference, &mut flat, &sizes, step);
+    }
+    assert_eq!(
+        sharded.state("mu").unwrap().unwrap(),
+        reference
+            .slot("mu")
+            .unwrap()
+            .to_f64_vec()
+            .iter()
+            .map(|&v| v as f32)
+            .collect::<Vec<_>>()
+    );
+    // Losing a device and the successor holding its copy is unrecoverable.
+    let ring = sharded.layout().unwrap().ring_order();
+    let now = sharded.pod().clock().now_ns;
+    for d in [ring[1], ring[2]] {
+        sharded
+            .pod_mut()
+            .schedule_fault(now + 2_000, Fault::KillDevice(d));
+    }
+    let layout = sharded.layout().unwrap().clone();
+    let err = sharded
+        .step_replicas(&replica_grads(&layout, &sizes, 5))
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            OptimError::Sharding(ShardingError::Unrecoverable { .. })
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("no surviving copy"), "{err}");
+    assert_eq!(sharded.flat_params().unwrap(), flat.to_vec());
+}
+
+#[test]
+fn rollback_restores_the_last_checkpoint_and_counts_lost_steps() {
+    let sizes = [2000usize, 9];
+    let dir = tempfile::tempdir().unwrap();
+    let mut pod = fine_v4_8();
+    let config = config_for(&pod);
+    pod.enable_periodic_checkpoints(100, vec![dir.path().to_path_buf()], 3)
+        .unwrap();
+    let mut sharded = ShardedOptimizer::new(
+        optirs_tpu::optimizers::by_name("adam", 0.01f32).unwrap(),
+        config,
+        pod,
+        model(&sizes),
+        ShardingConfig {
+            bucket_bytes: 2048,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let mut history = vec![sharded.flat_params().unwrap()];
+    let mut counts = vec![0];
+    for step in 1..=6 {
+        let layout = sharded.layout().unwrap().clone();
+        sharded
+            .step_replicas(&replica_grads(&layout, &sizes, step))
+            .unwrap();
+        history.push(sharded.flat_params().unwrap());
+        counts.push(sharded.step_count());
+    }
+    let now = sharded.pod().clock().now_ns;
+    sharded.pod_mut().schedule_fault(
+        now + 2_000,
+        Fault::KillDevice(optirs_tpu::topology::DeviceId(2)),
+    );
+    let layout = sharded.layout().unwrap().clone();
+    let err = sharded
+        .step_replicas(&replica_grads(&layout, &sizes, 7))
+        .unwrap_err();
+    assert!(
+        matches!(err, OptimError::Sharding(ShardingError::StepFailed { .. })),
+        "{err}"
+    );
+    let r = &sharded.recoveries()[0];
+    assert_eq!(r.policy, optirs_tpu::sharding::RecoveryPolicy::Rollback);
+    let kept = sharded.steps_completed();
+    assert!(kept < 6, "the checkpoint is older than the last step");
+    assert_eq!(r.lost_steps, 6 - kept);
+    assert_eq!(sharded.flat_params().unwrap(), history[kept as usize]);
+    assert_eq!(sharded.step_count(), counts[kept as usize]);
+    assert_eq!(sharded.layout().unwrap().devices(), 7);
+    let layout = sharded.layout().unwrap().clone();
+    let report = sharded
+        .step_replicas(&replica_grads(&layout, &sizes, kept + 1))
+        .unwrap();
+    assert_eq!(report.step, kept + 1);
+}
+
+#[test]
+fn rollback_without_checkpoints_is_a_clear_error() {
+    let pod = fine_v4_8();
+    let config = config_for(&pod);
+    let mut sharded = ShardedOptimizer::new(
+        optirs_tpu::optimizers::by_name("sgd", 0.01f32).unwrap(),
+        config,
+        pod,
+        model(&[4000]),
+        ShardingConfig {
+            bucket_bytes: 2048,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let now = sharded.pod().clock().now_ns;
+    sharded.pod_mut().schedule_fault(
+        now + 1_000,
+        Fault::KillDevice(optirs_tpu::topology::DeviceId(1)),
+    );
+    let layout = sharded.layout().unwrap().clone();
+    let err = sharded
+        .step_replicas(&replica_grads(&layout, &[4000], 1))
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("rollback needs periodic checkpoints"),
+        "{err}"
+    );
+    assert_eq!(sharded.layout().unwrap().devices(), 8, "nothing changed");
 }

@@ -10,6 +10,7 @@ mod error;
 mod hashed_io;
 mod periodic;
 mod read;
+mod recovery;
 mod retention;
 mod store;
 mod tensor_file;
@@ -21,6 +22,7 @@ pub use crate::persist::{
 pub use engine::{NOT_PERSISTED, engine_registry};
 pub use error::CheckpointError;
 pub use periodic::{PeriodicCheckpoints, write_periodic_checkpoint};
+pub use recovery::recover_sharded_model;
 pub use retention::{RetentionReport, checkpoint_name, enforce_retention};
 pub use store::{
     CheckpointListing, FileEntry, MANIFEST, Manifest, WORLD_FILE, WritePoint, check_name,

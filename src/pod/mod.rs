@@ -169,7 +169,10 @@ impl Pod {
         world.insert_resource(engine_registry());
         world.resource_mut::<Schedules>().add_systems(
             Step,
-            write_periodic_checkpoint.in_set(StepSystems::Checkpoint),
+            (
+                crate::checkpoint::recover_sharded_model.in_set(StepSystems::Recovery),
+                write_periodic_checkpoint.in_set(StepSystems::Checkpoint),
+            ),
         );
         for label in [Step.intern(), Compile.intern()] {
             crate::schedule::build(&mut world, label).map_err(OptimError::Schedule)?;

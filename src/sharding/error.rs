@@ -180,6 +180,22 @@ pub enum ShardingError {
         /// What is wrong.
         reason: String,
     },
+    /// No policy could recover from a failure.
+    #[error("recovery failed: {reason}")]
+    Recovery {
+        /// Why.
+        reason: String,
+    },
+    /// A step failed and the pod could not recover.
+    #[error("step {step} failed ({cause}) and the pod cannot recover: {reason}")]
+    Unrecoverable {
+        /// The step.
+        step: u64,
+        /// What failed.
+        cause: FailureCause,
+        /// Why no policy helps.
+        reason: String,
+    },
     /// A device was down at launch.
     #[error(transparent)]
     Fault(#[from] FaultError),

@@ -256,6 +256,32 @@ impl ShardLayout {
         }
     }
 
+    /// The participants in ring order: the plan's ring, or the snake ring
+    /// through the torus (each hop one link but the closing one).
+    pub fn ring_order(&self) -> Vec<DeviceId> {
+        match &self.plan {
+            ShardPlan::Torus { dims, wraparound } => TorusShape::new(dims, wraparound)
+                .map(|s| {
+                    s.snake_ring()
+                        .into_iter()
+                        .map(|d| DeviceId(d as u32))
+                        .collect()
+                })
+                .unwrap_or_else(|_| self.participants.clone()),
+            ShardPlan::Ring { ring } => ring.clone(),
+        }
+    }
+
+    /// The replica that holds replica `r`'s redundant state copy: its
+    /// successor in [`ShardLayout::ring_order`].
+    pub fn peer_of(&self, r: usize) -> usize {
+        let ring = self.ring_order();
+        let device = self.participants[r];
+        let at = ring.iter().position(|&d| d == device).unwrap_or(0);
+        let next = ring[(at + 1) % ring.len()];
+        self.replica_of(next).unwrap_or(r)
+    }
+
     /// The torus shape of a [`ShardPlan::Torus`].
     pub fn torus(&self) -> Option<TorusShape> {
         match &self.plan {

@@ -25,6 +25,7 @@ pub mod gradients;
 pub mod layout;
 pub mod model;
 pub mod params;
+pub mod recovery;
 pub mod step;
 pub mod timing;
 
@@ -34,7 +35,7 @@ use bevy_ecs::schedule::Schedules;
 pub use error::{FailureCause, ShardingError};
 pub use gradients::{GradientSource, ReplicaGradients, SyntheticGradients};
 pub use layout::{Bucket, ShardLayout, ShardPlan, TensorSpec};
-pub use model::{Reduction, ShardedModel, SlotValues};
+pub use model::{RecoveryPolicy, RecoveryRecord, Reduction, ShardedModel, SlotValues, model_of};
 pub use params::ParamSet;
 pub use step::{ShardProgram, ShardedStep, StepOutcome};
 pub use timing::{Span, StepPhase, StepTimeline};

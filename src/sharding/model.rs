@@ -14,6 +14,7 @@ use crate::ir::{FloatElement, Tensor};
 use crate::memory::shards::{release_shard, reserve_shards};
 use crate::memory::{ReplicaParams, ShardSlot};
 use crate::persist::{LoadContext, Persist, SnapshotError, StoreContext, StoredTensorValue};
+use crate::topology::DeviceId;
 
 /// How per-replica gradients are combined.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -71,6 +72,70 @@ pub struct ShardedModel {
     pub reduction: Reduction,
     /// The configured bucket size in bytes (kept for re-sharding).
     pub bucket_bytes: usize,
+    /// What the `Recovery` set does when a step fails.
+    pub recovery: RecoveryPolicy,
+    /// Every recovery so far, oldest first.
+    pub recoveries: Vec<RecoveryRecord>,
+    /// The next step may not start before this simulated time (a recovery
+    /// in progress), ns.
+    pub recovering_until_ns: u64,
+}
+
+/// What the `Recovery` set does after a step failed because devices were
+/// lost (killed, paused or declared failed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum RecoveryPolicy {
+    /// Restore the model from the newest periodic checkpoint, exclude the
+    /// lost devices and re-shard onto the survivors (the steps since the
+    /// checkpoint are lost).
+    #[default]
+    Rollback,
+    /// Keep a copy of every device's state shards on its successor in the
+    /// ring (costs HBM and a transfer per step): a lost device's copy is
+    /// promoted and the survivors re-shard, no step is lost. Losing a
+    /// device and its successor together is unrecoverable.
+    Redundant,
+}
+
+impl std::str::FromStr for RecoveryPolicy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "rollback" => Ok(RecoveryPolicy::Rollback),
+            "redundant" => Ok(RecoveryPolicy::Redundant),
+            other => Err(format!(
+                "unknown recovery policy `{other}` (known: rollback, redundant)"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for RecoveryPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            RecoveryPolicy::Rollback => "rollback",
+            RecoveryPolicy::Redundant => "redundant",
+        })
+    }
+}
+
+/// One recovery of the `Recovery` set.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RecoveryRecord {
+    /// The policy applied.
+    pub policy: RecoveryPolicy,
+    /// The step that failed.
+    pub failed_step: u64,
+    /// The devices lost (now excluded).
+    pub lost_devices: Vec<DeviceId>,
+    /// Completed steps undone (a rollback's steps since its checkpoint).
+    pub lost_steps: u64,
+    /// Modeled recovery time, seconds (module docs of `recovery`).
+    pub recovery_seconds: f64,
+    /// When the failure was seen, ns.
+    pub failed_at_ns: u64,
+    /// Devices the model runs on afterwards.
+    pub devices_after: usize,
 }
 
 impl ShardedModel {
@@ -163,6 +228,19 @@ pub fn install_model<A: FloatElement>(
                 }
             }
             let device = layout.participants[r];
+            if model.recovery == RecoveryPolicy::Redundant && layout.devices() > 1 {
+                spawned.push(
+                    world
+                        .spawn(ShardSlot {
+                            device: layout.participants[layout.peer_of(r)],
+                            owner: device,
+                            name: name.clone(),
+                            index: index as u32,
+                            tensor: flat_tensor(shard.clone()),
+                        })
+                        .id(),
+                );
+            }
             spawned.push(
                 world
                     .spawn(ShardSlot {
@@ -232,16 +310,32 @@ pub fn remove_model(world: &mut World) -> Result<(), ShardingError> {
 /// padded vectors (slot order), the form a re-shard or checkpoint reads.
 pub fn gather_state<A: FloatElement>(world: &mut World) -> Result<Vec<Vec<A>>, ShardingError> {
     let model = model_of(world).ok_or(ShardingError::NoModel)?.clone();
+    let mut q = world.query::<&ShardSlot>();
+    let slots: Vec<&ShardSlot> = q.iter(world).collect();
+    gather_slots(&model, &slots, &[])
+}
+
+/// [`gather_state`] over `slots`, taking the shards of the devices in
+/// `lost` from their copies (`owner` = the lost device) instead.
+pub fn gather_slots<A: FloatElement>(
+    model: &ShardedModel,
+    slots: &[&ShardSlot],
+    lost: &[DeviceId],
+) -> Result<Vec<Vec<A>>, ShardingError> {
     let layout = &model.layout;
     let mut flat: Vec<Vec<A>> = vec![vec![A::ZERO; layout.padded_elements()]; model.slots.len()];
     let mut seen = vec![vec![false; layout.devices()]; model.slots.len()];
-    let mut q = world.query::<&ShardSlot>();
-    for slot in q.iter(world) {
-        if slot.owner != slot.device {
+    for slot in slots {
+        let wanted = if lost.contains(&slot.owner) {
+            slot.device != slot.owner && !lost.contains(&slot.device)
+        } else {
+            slot.owner == slot.device
+        };
+        if !wanted {
             continue;
         }
         let (Some(r), Some(seen_slot)) = (
-            layout.replica_of(slot.device),
+            layout.replica_of(slot.owner),
             seen.get_mut(slot.index as usize),
         ) else {
             continue;
@@ -251,7 +345,7 @@ pub fn gather_state<A: FloatElement>(world: &mut World) -> Result<Vec<Vec<A>>, S
             return Err(ShardingError::InvalidState {
                 reason: format!(
                     "{}'s shard of `{}` has {} elements, the layout gives {}",
-                    slot.device,
+                    slot.owner,
                     slot.name,
                     values.len(),
                     layout.shard_elements()
@@ -273,8 +367,8 @@ pub fn gather_state<A: FloatElement>(world: &mut World) -> Result<Vec<Vec<A>>, S
     {
         return Err(ShardingError::InvalidState {
             reason: format!(
-                "no shard of `{}` for {}",
-                model.slots[s], layout.participants[r]
+                "no surviving copy of {}'s shard of `{}`",
+                layout.participants[r], model.slots[s]
             ),
         });
     }
@@ -293,6 +387,9 @@ pub struct StoredShardedModel {
     steps_failed: u64,
     reduction: Reduction,
     bucket_bytes: usize,
+    recovery: RecoveryPolicy,
+    recoveries: Vec<RecoveryRecord>,
+    recovering_until_ns: u64,
 }
 
 impl StoredShardedModel {
@@ -316,6 +413,9 @@ impl Persist for ShardedModel {
             steps_failed: self.steps_failed,
             reduction: self.reduction,
             bucket_bytes: self.bucket_bytes,
+            recovery: self.recovery,
+            recoveries: self.recoveries.clone(),
+            recovering_until_ns: self.recovering_until_ns,
         })
     }
 
@@ -330,6 +430,9 @@ impl Persist for ShardedModel {
             steps_failed: s.steps_failed,
             reduction: s.reduction,
             bucket_bytes: s.bucket_bytes,
+            recovery: s.recovery,
+            recoveries: s.recoveries,
+            recovering_until_ns: s.recovering_until_ns,
         })
     }
 

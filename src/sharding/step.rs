@@ -33,7 +33,8 @@ use super::error::{FailureCause, ShardingError};
 use super::gradients::GradientSource;
 use super::layout::ShardPlan;
 use super::model::{
-    ShardedModel, flat_of, flat_of_mut, flat_tensor, model_entity, model_mut, model_of,
+    RecoveryPolicy, ShardedModel, flat_of, flat_of_mut, flat_tensor, model_entity, model_mut,
+    model_of,
 };
 use super::timing::{BucketCost, StepPhase, StepTimeline, pass_durations, schedule};
 use crate::clock::SimClock;
@@ -102,6 +103,9 @@ pub struct ShardedStep {
     pub released: bool,
     /// Transient blocks a (restored) heap no longer held at release.
     pub release_errors: u32,
+    /// What the `Recovery` set did after a failure: the record, or why no
+    /// policy could recover.
+    pub recovery: Option<Result<super::model::RecoveryRecord, String>>,
     links: Vec<Entity>,
     transient: Vec<(Entity, usize)>,
     reduced: Tensor,
@@ -192,6 +196,31 @@ fn bucket_traffic(
     }
 }
 
+/// Each replica's state shards to its redundant peer, routed on the torus.
+fn replication_traffic(
+    world: &World,
+    layout: &super::layout::ShardLayout,
+    bytes: u64,
+) -> Result<Traffic, ShardingError> {
+    let shape = torus_of(&world.resource::<PodTopology>().0)?;
+    let phase = crate::collectives::Phase {
+        order: u32::MAX,
+        kind: crate::collectives::PhaseKind::Broadcast,
+        dim: 0,
+        step: 0,
+    };
+    let transfers = (0..layout.devices())
+        .map(|r| crate::collectives::Transfer {
+            src: layout.participants[r].0 as usize,
+            dst: layout.participants[layout.peer_of(r)].0 as usize,
+            bytes,
+            hops: 1,
+            phase,
+        })
+        .collect();
+    Ok(Traffic { transfers }.routed_on(&shape))
+}
+
 /// Launches step `model.steps_completed + 1` (module docs). Every check
 /// comes first; on `Err` nothing in the world changed.
 pub fn launch_step<'w, A: FloatElement>(
@@ -248,13 +277,19 @@ pub fn launch_step<'w, A: FloatElement>(
         .collect();
     let mut combined = Traffic::default();
     let mut per_length = Vec::with_capacity(lengths.len());
+    let redundant = model_of(world).is_some_and(|m| m.recovery == RecoveryPolicy::Redundant);
     for &len in &lengths {
         let count = layout
             .buckets
             .iter()
             .filter(|b| b.padded_len == len)
             .count() as u64;
-        let (rs, ag) = bucket_traffic(&layout.plan, world, len, elem)?;
+        let (rs, mut ag) = bucket_traffic(&layout.plan, world, len, elem)?;
+        if redundant && layout.devices() > 1 {
+            let bytes = (slots * (len / layout.devices()) * elem) as u64;
+            ag.transfers
+                .extend(replication_traffic(world, &layout, bytes)?.transfers);
+        }
         for t in rs.transfers.iter().chain(&ag.transfers) {
             let mut t = *t;
             t.bytes *= count;
@@ -336,6 +371,7 @@ pub fn launch_step<'w, A: FloatElement>(
         hbm_bytes,
         released: false,
         release_errors: 0,
+        recovery: None,
         links: charge.links,
         transient,
         reduced: flat_tensor(reduced),
@@ -576,7 +612,32 @@ fn commit_typed<A: FloatElement>(
             })
     })();
     world.entity_mut(entity).insert(model);
-    result
+    result?;
+    refresh_copies::<A>(world)
+}
+
+/// Writes every redundant copy from its owner's (updated) primary shard.
+fn refresh_copies<A: FloatElement>(world: &mut World) -> Result<(), ShardingError> {
+    let mut q = world.query::<(Entity, &ShardSlot)>();
+    let mut primaries = BTreeMap::new();
+    let mut copies = Vec::new();
+    for (e, s) in q.iter(world) {
+        if s.owner == s.device {
+            primaries.insert((s.owner, s.index), e);
+        } else {
+            copies.push((e, s.owner, s.index));
+        }
+    }
+    for (copy, owner, index) in copies {
+        let Some(&primary) = primaries.get(&(owner, index)) else {
+            continue;
+        };
+        let values =
+            flat_of::<A>(&world.get::<ShardSlot>(primary).expect("queried").tensor)?.to_vec();
+        let mut slot = world.get_mut::<ShardSlot>(copy).expect("queried");
+        flat_of_mut::<A>(&mut slot.tensor)?.copy_from_slice(&values);
+    }
+    Ok(())
 }
 
 /// A bucket index with one replica's params and reduced-gradient shards.

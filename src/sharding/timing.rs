@@ -10,7 +10,9 @@
 //!   `(3 + 2·slots) · shard_len · element_bytes` bytes at the generation's
 //!   HBM bandwidth (`hardware.rs`);
 //! * **all-gather** of the new parameters, the reduce-scatter's passes in
-//!   reverse.
+//!   reverse;
+//! * with redundant state, **replicate_state**: each device sends its new
+//!   state shards to its ring successor (one message, routed).
 //!
 //! Buckets overlap as XLA's latency-hiding scheduler overlaps them: one
 //! communication stream (the links are shared by both collectives) runs
@@ -41,6 +43,9 @@ pub enum StepPhase {
         /// Torus axis.
         axis: u32,
     },
+    /// Each device sends its updated state shards to the peer that keeps
+    /// their redundant copy.
+    ReplicateState,
 }
 
 impl StepPhase {
@@ -50,6 +55,7 @@ impl StepPhase {
             StepPhase::ReduceScatter { axis } => format!("reduce_scatter.axis{axis}"),
             StepPhase::Update => "update".into(),
             StepPhase::AllGather { axis } => format!("all_gather.axis{axis}"),
+            StepPhase::ReplicateState => "replicate_state".into(),
         }
     }
 }
@@ -60,6 +66,7 @@ impl std::fmt::Display for StepPhase {
             StepPhase::ReduceScatter { axis } => write!(f, "the reduce-scatter along axis {axis}"),
             StepPhase::Update => write!(f, "the update"),
             StepPhase::AllGather { axis } => write!(f, "the all-gather along axis {axis}"),
+            StepPhase::ReplicateState => write!(f, "the state replication to peers"),
         }
     }
 }
@@ -128,6 +135,7 @@ pub fn pass_durations(
             PhaseKind::AllGather => StepPhase::AllGather {
                 axis: t.transfer.phase.dim,
             },
+            PhaseKind::Broadcast => StepPhase::ReplicateState,
             _ => StepPhase::ReduceScatter {
                 axis: t.transfer.phase.dim,
             },

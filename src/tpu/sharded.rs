@@ -43,8 +43,9 @@ use crate::pod::Pod;
 use crate::sharding::model::{flat_tensor, gather_state, install_model, model_mut, model_of};
 use crate::sharding::step::{LaunchRequest, launch_step};
 use crate::sharding::{
-    DEFAULT_BUCKET_BYTES, GradientSource, ParamSet, Reduction, ReplicaGradients, ShardLayout,
-    ShardPlan, ShardProgram, ShardedModel, ShardedStep, ShardingError, SlotValues, StepOutcome,
+    DEFAULT_BUCKET_BYTES, GradientSource, ParamSet, RecoveryPolicy, RecoveryRecord, Reduction,
+    ReplicaGradients, ShardLayout, ShardPlan, ShardProgram, ShardedModel, ShardedStep,
+    ShardingError, SlotValues, StepOutcome,
 };
 use crate::topology::{DeviceId, HbmCapacity};
 
@@ -58,6 +59,8 @@ pub struct ShardingConfig {
     pub bucket_bytes: usize,
     /// Sum or mean of the replicas' gradients (mean by default).
     pub reduction: Reduction,
+    /// What the pod does when a step fails (roll back by default).
+    pub recovery: RecoveryPolicy,
 }
 
 impl Default for ShardingConfig {
@@ -65,6 +68,7 @@ impl Default for ShardingConfig {
         ShardingConfig {
             bucket_bytes: DEFAULT_BUCKET_BYTES,
             reduction: Reduction::Mean,
+            recovery: RecoveryPolicy::Rollback,
         }
     }
 }
@@ -221,6 +225,9 @@ where
             steps_failed: 0,
             reduction: sharding.reduction,
             bucket_bytes: sharding.bucket_bytes,
+            recovery: sharding.recovery,
+            recoveries: Vec::new(),
+            recovering_until_ns: 0,
         };
         install_model(world, model, SlotValues::Initial(initial))?;
         let mut opt = ShardedOptimizer {
@@ -277,6 +284,8 @@ where
     /// and the phase.
     pub fn step(&mut self, grads: &dyn GradientSource<A>) -> Result<ShardedStepReport> {
         let started = Instant::now();
+        self.wait_for_recovery()?;
+        self.compile_programs()?;
         let learning_rate = self
             .base
             .update_rule()
@@ -335,8 +344,14 @@ where
                         at_ns: *at_ns,
                         cause: cause.clone(),
                     };
-                    // Let the release run, so the step's HBM is given back.
-                    self.pod.step();
+                    let error = match step.recovery.clone() {
+                        Some(Err(reason)) => ShardingError::Unrecoverable {
+                            step: number,
+                            cause: cause.clone(),
+                            reason,
+                        },
+                        _ => error,
+                    };
                     if let Some(mut model) = model_mut(self.pod.world_mut()) {
                         model.steps_failed += 1;
                     }
@@ -344,6 +359,28 @@ where
                 }
             }
         }
+    }
+
+    /// Steps the pod until a recovery in progress is over (its modeled
+    /// time has passed).
+    fn wait_for_recovery(&mut self) -> Result<()> {
+        let until = self.model()?.recovering_until_ns;
+        let tick = self.pod.clock().tick_ns.max(1);
+        let ticks = until.saturating_sub(self.pod.clock().now_ns).div_ceil(tick);
+        self.pod.run(ticks);
+        Ok(())
+    }
+
+    /// Every recovery so far (policy, lost devices and steps, modeled
+    /// seconds), oldest first.
+    pub fn recoveries(&self) -> Vec<RecoveryRecord> {
+        self.model()
+            .map_or_else(|_| Vec::new(), |m| m.recoveries.clone())
+    }
+
+    /// Steps completed (a rollback lowers it to the checkpoint's).
+    pub fn steps_completed(&self) -> u64 {
+        self.model().map_or(0, |m| m.steps_completed)
     }
 
     /// [`ShardedOptimizer::step`] with one host-computed gradient set per

@@ -1,0 +1,152 @@
+//! The `Recovery` set's system: after a sharded step failed because
+//! devices were lost, apply the model's [`RecoveryPolicy`] and re-shard
+//! onto the survivors ([`crate::sharding::recovery`]).
+//!
+//! * **Rollback** reads the newest periodic checkpoint (every root of the
+//!   pod's [`PeriodicCheckpoints`], newest tick first, each verified byte
+//!   for byte; corrupt ones are skipped) that holds the same model, and
+//!   takes its parameters, state and count; the steps completed since are
+//!   lost. Only the model rolls back: the pod's time, health and the
+//!   failure stay as they are, which is what a training job restarting on
+//!   the surviving hosts sees. These are the checkpoints
+//!   `FaultToleranceManager` lists and restores.
+//! * **Redundant** promotes the lost devices' state copies from their ring
+//!   successors; no step is lost.
+//!
+//! What happened is in [`ShardedStep::recovery`] and, on success, appended
+//! to the model's `recoveries`. A failure no policy can survive (no lost
+//! device but a cut link, both copies of a shard lost, every device lost,
+//! no checkpoint of the model) is recorded there as an error.
+
+use bevy_ecs::prelude::*;
+
+use super::periodic::PeriodicCheckpoints;
+use super::store::{list_checkpoints, verify_checkpoint};
+use crate::hardware::CHECKPOINT_READ_BYTES_PER_S_PER_HOST;
+use crate::ir::{DType, FloatElement};
+use crate::persist::SnapshotRegistry;
+use crate::sharding::recovery::{Restored, lost_devices, reshard_after_loss, state_from_copies};
+use crate::sharding::{
+    RecoveryPolicy, RecoveryRecord, ShardedStep, ShardingError, StepOutcome, model_of,
+};
+use crate::topology::{DeviceId, PodTopology};
+
+/// Applies the policy once per failed step, after its memory is released.
+pub fn recover_sharded_model(world: &mut World) {
+    let Some(step) = world.get_resource::<ShardedStep>() else {
+        return;
+    };
+    let StepOutcome::Failed { at_ns, cause, .. } = &step.outcome else {
+        return;
+    };
+    if !step.released || step.recovery.is_some() {
+        return;
+    }
+    let (at_ns, cause, number) = (*at_ns, cause.clone(), step.number);
+    let lost = lost_devices(world);
+    let result = if lost.is_empty() {
+        Err(format!(
+            "{cause}, and no device is lost: neither policy re-shards around it; restore the \
+             link (or exclude a device) and step again"
+        ))
+    } else {
+        match model_of(world).map(|m| m.layout.dtype) {
+            Some(DType::F64) => recover::<f64>(world, &lost, number, at_ns),
+            _ => recover::<f32>(world, &lost, number, at_ns),
+        }
+        .map_err(|e| e.to_string())
+    };
+    if let Some(mut step) = world.get_resource_mut::<ShardedStep>() {
+        step.recovery = Some(result);
+    }
+}
+
+fn recover<A: FloatElement>(
+    world: &mut World,
+    lost: &[DeviceId],
+    number: u64,
+    at_ns: u64,
+) -> Result<RecoveryRecord, ShardingError> {
+    let policy = model_of(world).ok_or(ShardingError::NoModel)?.recovery;
+    let restored = match policy {
+        RecoveryPolicy::Redundant => state_from_copies::<A>(world, lost)?,
+        RecoveryPolicy::Rollback => from_checkpoint::<A>(world)?,
+    };
+    reshard_after_loss(world, lost, restored, number, at_ns)
+}
+
+/// The newest verified periodic checkpoint's model (same tensors and
+/// element type as the live one).
+fn from_checkpoint<A: FloatElement>(world: &mut World) -> Result<Restored<A>, ShardingError> {
+    let live = model_of(world).ok_or(ShardingError::NoModel)?.clone();
+    let roots = world
+        .get_resource::<PeriodicCheckpoints>()
+        .map(|p| p.roots.clone())
+        .unwrap_or_default();
+    if roots.is_empty() {
+        return Err(ShardingError::Recovery {
+            reason: "rollback needs periodic checkpoints, and none are enabled \
+                     (Pod::enable_periodic_checkpoints, or `train --checkpoint-every`)"
+                .into(),
+        });
+    }
+    let hosts = world.resource::<PodTopology>().0.num_hosts().max(1) as f64;
+    let registry = world.resource::<SnapshotRegistry>();
+    let mut candidates = Vec::new();
+    let mut problems = Vec::new();
+    for root in &roots {
+        match list_checkpoints(root, registry) {
+            Ok(listings) => {
+                for l in listings {
+                    match (l.tick, l.problem) {
+                        (Some(tick), None) => candidates.push((tick, l.path)),
+                        (_, Some(problem)) => problems.push(problem),
+                        _ => {}
+                    }
+                }
+            }
+            Err(e) => problems.push(e.to_string()),
+        }
+    }
+    candidates.sort_by_key(|c| std::cmp::Reverse(c.0));
+    for (_, path) in candidates {
+        let registry = world.resource::<SnapshotRegistry>();
+        let snapshot = match verify_checkpoint(&path, registry) {
+            Ok((_, snapshot)) => snapshot,
+            Err(e) => {
+                problems.push(e.to_string());
+                continue;
+            }
+        };
+        let mut scratch = World::new();
+        if let Err(e) = registry.restore(&mut scratch, &snapshot) {
+            problems.push(format!("{}: {e}", path.display()));
+            continue;
+        }
+        let Some(model) = model_of(&scratch).cloned() else {
+            problems.push(format!("{}: holds no sharded model", path.display()));
+            continue;
+        };
+        if model.layout.tensors != live.layout.tensors || model.layout.dtype != live.layout.dtype {
+            problems.push(format!("{}: holds another model", path.display()));
+            continue;
+        }
+        let state = crate::sharding::model::gather_state::<A>(&mut scratch)?;
+        let bytes = (model.layout.elements * model.layout.element_bytes()) as f64
+            * (1 + model.slots.len()) as f64;
+        return Ok(Restored {
+            params: model.flat_params::<A>()?.to_vec(),
+            state,
+            count: model.count,
+            steps_completed: model.steps_completed,
+            read_seconds: bytes / (hosts * CHECKPOINT_READ_BYTES_PER_S_PER_HOST),
+        });
+    }
+    Err(ShardingError::Recovery {
+        reason: if problems.is_empty() {
+            "no checkpoint of the model has been written yet".into()
+        } else {
+            format!("no usable checkpoint: {}", problems.join("; "))
+        },
+    })
+}

@@ -1,0 +1,220 @@
+//! Re-sharding a model onto the devices that survive a failure.
+//!
+//! The lost devices are excluded, the layout is rebuilt over a ring of the
+//! survivors (the ring order without them, every hop routed on the torus),
+//! and the model is reinstalled with the given parameters, count and state,
+//! every shard reserved in its new device's heap. If that does not fit, the
+//! previous model is put back as it was.
+//!
+//! Modeled time (the next step waits for it): each survivor receives its
+//! new state shards, `slots · shard_elements · element_bytes` (twice with
+//! redundant copies), over one ICI link at the generation's bandwidth and
+//! latency ([`crate::hardware`]); a rollback first reads the checkpoint's
+//! parameters and state at
+//! [`crate::hardware::CHECKPOINT_READ_BYTES_PER_S_PER_HOST`] on every host.
+
+use bevy_ecs::prelude::*;
+
+use super::error::ShardingError;
+use super::layout::ShardPlan;
+use super::model::{
+    RecoveryPolicy, RecoveryRecord, ShardedModel, SlotValues, install_model, model_of,
+};
+use crate::clock::SimClock;
+use crate::health::{DeviceState, Excluded, Health};
+use crate::ir::FloatElement;
+use crate::memory::shards::reserve_shards;
+use crate::memory::{ReplicaParams, ShardSlot};
+use crate::topology::{Device, DeviceId, DeviceIndex, PodTopology};
+
+/// The participants of the model that are killed, paused or declared failed.
+pub fn lost_devices(world: &mut World) -> Vec<DeviceId> {
+    let Some(model) = model_of(world) else {
+        return Vec::new();
+    };
+    let participants = model.layout.participants.clone();
+    let index = world.resource::<DeviceIndex>().clone();
+    participants
+        .into_iter()
+        .filter(|&d| {
+            index.get(d).is_some_and(|e| {
+                !world.get::<DeviceState>(e).is_none_or(|s| s.is_running())
+                    || world.get::<Health>(e).is_some_and(|h| h.is_failed())
+            })
+        })
+        .collect()
+}
+
+/// What a recovery installs.
+#[derive(Debug, Clone)]
+pub struct Restored<A> {
+    /// Flat parameters (model elements).
+    pub params: Vec<A>,
+    /// Per slot, the flat state (at least the model's elements).
+    pub state: Vec<Vec<A>>,
+    /// optax's count.
+    pub count: i32,
+    /// Completed steps it corresponds to.
+    pub steps_completed: u64,
+    /// Seconds spent before the re-shard (reading a checkpoint).
+    pub read_seconds: f64,
+}
+
+/// Re-shards the model onto the participants not in `lost` (module docs)
+/// and records the recovery. On `Err` the model is as it was.
+pub fn reshard_after_loss<A: FloatElement>(
+    world: &mut World,
+    lost: &[DeviceId],
+    restored: Restored<A>,
+    failed_step: u64,
+    failed_at_ns: u64,
+) -> Result<RecoveryRecord, ShardingError> {
+    let model = model_of(world).ok_or(ShardingError::NoModel)?.clone();
+    let survivors: Vec<DeviceId> = model
+        .layout
+        .participants
+        .iter()
+        .copied()
+        .filter(|d| !lost.contains(d))
+        .collect();
+    if survivors.is_empty() {
+        return Err(ShardingError::Devices {
+            reason: "every device of the model is lost".into(),
+        });
+    }
+    let ring: Vec<DeviceId> = model
+        .layout
+        .ring_order()
+        .into_iter()
+        .filter(|d| !lost.contains(d))
+        .collect();
+    let layout = model
+        .layout
+        .reshard(survivors, ShardPlan::Ring { ring }, model.bucket_bytes)?;
+    let elements = layout.elements;
+    let padded = layout.padded_elements();
+    let mut params = restored.params;
+    params.truncate(elements);
+    params.resize(padded, A::ZERO);
+    let state: Vec<Vec<A>> = restored
+        .state
+        .into_iter()
+        .map(|mut v| {
+            v.truncate(elements);
+            v.resize(padded, A::ZERO);
+            v
+        })
+        .collect();
+    let copies = if model.recovery == RecoveryPolicy::Redundant {
+        2.0
+    } else {
+        1.0
+    };
+    let generation = world.resource::<PodTopology>().0.generation.spec();
+    let shard_bytes =
+        (model.slots.len() * layout.shard_elements() * layout.element_bytes()) as f64 * copies;
+    let reshard_seconds =
+        generation.ici_latency_ns as f64 * 1e-9 + shard_bytes / generation.ici_bytes_per_s;
+    let recovery_seconds = restored.read_seconds + reshard_seconds;
+    let now = world.resource::<SimClock>().now_ns;
+    let record = RecoveryRecord {
+        policy: model.recovery,
+        failed_step,
+        lost_devices: lost.to_vec(),
+        lost_steps: model
+            .steps_completed
+            .saturating_sub(restored.steps_completed),
+        recovery_seconds,
+        failed_at_ns,
+        devices_after: layout.devices(),
+    };
+    let mut recoveries = model.recoveries.clone();
+    recoveries.push(record.clone());
+    let next = ShardedModel {
+        layout,
+        params: super::model::flat_tensor(params),
+        count: restored.count,
+        steps_completed: restored.steps_completed,
+        recoveries,
+        recovering_until_ns: now + (recovery_seconds * 1e9).ceil() as u64,
+        ..model.clone()
+    };
+    let previous = take_model(world);
+    if let Err(e) = install_model(world, next, SlotValues::Flat(state)) {
+        put_back(world, previous)?;
+        return Err(e);
+    }
+    let index = world.resource::<DeviceIndex>().clone();
+    for &d in lost {
+        if let Some(e) = index.get(d) {
+            world.entity_mut(e).insert(Excluded);
+        }
+    }
+    Ok(record)
+}
+
+/// The model's entities, removed from the world with their HBM released.
+struct TakenModel {
+    model: ShardedModel,
+    slots: Vec<ShardSlot>,
+    replicas: Vec<ReplicaParams>,
+}
+
+fn take_model(world: &mut World) -> Option<TakenModel> {
+    let model = model_of(world)?.clone();
+    let mut q = world.query::<&ShardSlot>();
+    let slots = q.iter(world).cloned().collect();
+    let mut q = world.query::<&ReplicaParams>();
+    let replicas = q.iter(world).cloned().collect();
+    super::model::remove_model(world).ok()?;
+    Some(TakenModel {
+        model,
+        slots,
+        replicas,
+    })
+}
+
+fn put_back(world: &mut World, taken: Option<TakenModel>) -> Result<(), ShardingError> {
+    let Some(taken) = taken else {
+        return Ok(());
+    };
+    for r in taken.replicas {
+        world.spawn(r);
+    }
+    for s in taken.slots {
+        world.spawn(s);
+    }
+    world.spawn(taken.model);
+    reserve_shards(world)?;
+    Ok(())
+}
+
+/// The redundant policy's state: every survivor's primary shards, and the
+/// lost devices' copies (an error naming the shard if a copy is lost too).
+pub fn state_from_copies<A: FloatElement>(
+    world: &mut World,
+    lost: &[DeviceId],
+) -> Result<Restored<A>, ShardingError> {
+    let model = model_of(world).ok_or(ShardingError::NoModel)?.clone();
+    if model.recovery != RecoveryPolicy::Redundant {
+        return Err(ShardingError::InvalidState {
+            reason: "the model keeps no redundant copies".into(),
+        });
+    }
+    let mut q = world.query::<&ShardSlot>();
+    let slots: Vec<&ShardSlot> = q.iter(world).collect();
+    let state = super::model::gather_slots(&model, &slots, lost)?;
+    Ok(Restored {
+        params: model.flat_params::<A>()?.to_vec(),
+        state,
+        count: model.count,
+        steps_completed: model.steps_completed,
+        read_seconds: 0.0,
+    })
+}
+
+/// The generation of the pod's devices (for error messages and figures).
+pub fn device_of(world: &World, id: DeviceId) -> Option<&Device> {
+    let e = world.resource::<DeviceIndex>().get(id)?;
+    world.get::<Device>(e)
+}
