@@ -732,3 +732,168 @@ fn rollback_without_checkpoints_is_a_clear_error() {
     );
     assert_eq!(sharded.layout().unwrap().devices(), 8, "nothing changed");
 }
+
+fn adam_on(
+    pod: Pod,
+    sizes: &[usize],
+) -> ShardedOptimizer<Box<dyn optirs_tpu::Optimizer<f32, IxDyn> + Send + Sync>, f32> {
+    let config = config_for(&pod);
+    ShardedOptimizer::new(
+        optirs_tpu::optimizers::by_name("adam", 0.01f32).unwrap(),
+        config,
+        pod,
+        model(sizes),
+        ShardingConfig {
+            bucket_bytes: 1024,
+            ..Default::default()
+        },
+    )
+    .unwrap()
+}
+
+#[test]
+fn a_restored_snapshot_resumes_bit_for_bit() {
+    let sizes = [700usize, 13];
+    let mut opt = adam_on(Pod::from_preset("v4-8").unwrap(), &sizes);
+    let step = |opt: &mut ShardedOptimizer<_, f32>, k: u64| {
+        let layout = opt.layout().unwrap().clone();
+        opt.step_replicas(&replica_grads(&layout, &sizes, k))
+            .unwrap();
+    };
+    step(&mut opt, 1);
+    step(&mut opt, 2);
+    let snapshot = opt.snapshot().unwrap();
+    let digest = opt.pod_mut().world_sha256().unwrap();
+    step(&mut opt, 3);
+    step(&mut opt, 4);
+    let straight = (opt.flat_params().unwrap(), opt.state("nu").unwrap());
+    opt.restore(&snapshot).unwrap();
+    assert_eq!(
+        opt.pod_mut().world_sha256().unwrap(),
+        digest,
+        "restore then capture is identical"
+    );
+    assert_eq!(opt.step_count(), 2);
+    step(&mut opt, 3);
+    step(&mut opt, 4);
+    assert_eq!(
+        (opt.flat_params().unwrap(), opt.state("nu").unwrap()),
+        straight
+    );
+}
+
+#[test]
+fn a_checkpoint_reshards_onto_another_device_count() {
+    let sizes = [900usize, 31, 5];
+    let mut small = adam_on(Pod::from_preset("v4-8").unwrap(), &sizes);
+    for k in 1..=2 {
+        let layout = small.layout().unwrap().clone();
+        small
+            .step_replicas(&replica_grads(&layout, &sizes, k))
+            .unwrap();
+    }
+    let snapshot = small.snapshot().unwrap();
+    let mut big = adam_on(Pod::from_preset("v4-64").unwrap(), &sizes);
+    // Without re-sharding, another topology is refused, naming both.
+    let err = big.restore(&snapshot).unwrap_err().to_string();
+    assert!(err.contains("v4-8") && err.contains("v4-64"), "{err}");
+    big.restore_resharded(&snapshot).unwrap();
+    assert_eq!(big.layout().unwrap().devices(), 64);
+    assert_eq!(big.flat_params().unwrap(), small.flat_params().unwrap());
+    assert_eq!(big.state("mu").unwrap(), small.state("mu").unwrap());
+    assert_eq!(big.state("nu").unwrap(), small.state("nu").unwrap());
+    assert_eq!(big.step_count(), 2);
+    // Both go on exactly like the unsharded step on their own reduction.
+    let mut reference = TPUOptimizer::new(
+        optirs_tpu::optimizers::by_name("adam", 0.01f32).unwrap(),
+        config_for(small.pod()),
+    )
+    .unwrap();
+    let mut flat = Array1::from_vec(model(&sizes).to_flat());
+    let layout8 = small.layout().unwrap().clone();
+    for k in 1..=2 {
+        let grads = replica_grads(&layout8, &sizes, k);
+        let flats: Vec<Vec<f32>> = grads.iter().map(|g| g.to_flat()).collect();
+        let reduced = Array1::from_vec(reference_reduced(&layout8, &flats, ReduceOp::Mean));
+        reference.tpu_step_in_place(&mut flat, &reduced).unwrap();
+    }
+    assert_eq!(flat.to_vec(), big.flat_params().unwrap());
+    let layout64 = big.layout().unwrap().clone();
+    let grads = replica_grads(&layout64, &sizes, 3);
+    let flats: Vec<Vec<f32>> = grads.iter().map(|g| g.to_flat()).collect();
+    let reduced = Array1::from_vec(reference_reduced(&layout64, &flats, ReduceOp::Mean));
+    reference.tpu_step_in_place(&mut flat, &reduced).unwrap();
+    big.step_replicas(&grads).unwrap();
+    assert_eq!(big.flat_params().unwrap(), flat.to_vec());
+    // Another model is refused and nothing changes.
+    let mut other = adam_on(Pod::from_preset("v4-8").unwrap(), &[900, 31, 6]);
+    let before = other.flat_params().unwrap();
+    let err = other.restore_resharded(&snapshot).unwrap_err().to_string();
+    assert!(err.contains("tensors"), "{err}");
+    assert_eq!(other.flat_params().unwrap(), before);
+}
+
+#[test]
+fn the_closed_form_model_matches_the_traffic_records() {
+    for (pod, sizes, bucket) in [
+        ("v4-8", vec![5000usize, 77], 4096usize),
+        ("v5e-16", vec![12345], 8192),
+        ("v4-64", vec![70000, 3], 65536),
+        ("mesh-3x5", vec![999, 1000], 1024),
+    ] {
+        let pod = pod_named(pod);
+        let topology = pod.topology().clone();
+        let config = config_for(&pod);
+        let mut opt = ShardedOptimizer::new(
+            optirs_tpu::optimizers::by_name("adam", 0.01f32).unwrap(),
+            config,
+            pod,
+            model(&sizes),
+            ShardingConfig {
+                bucket_bytes: bucket,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let layout = opt.layout().unwrap().clone();
+        let report = opt
+            .step_replicas(&replica_grads(&layout, &sizes, 1))
+            .unwrap();
+        let tensors: Vec<(String, Vec<usize>)> = layout
+            .tensors
+            .iter()
+            .map(|t| (t.name.clone(), t.shape.clone()))
+            .collect();
+        let modeled = optirs_tpu::sharding::modeled::modeled_step(
+            &topology,
+            &tensors,
+            optirs_tpu::ir::DType::F32,
+            2,
+            bucket,
+        )
+        .unwrap();
+        let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * a.abs().max(b.abs()) + 1e-15;
+        assert!(
+            close(modeled.timeline.step_seconds, report.modeled_seconds),
+            "{}: {} vs {}",
+            topology.name,
+            modeled.timeline.step_seconds,
+            report.modeled_seconds
+        );
+        assert_eq!(modeled.link_bytes, report.link_bytes, "{}", topology.name);
+        for (k, v) in &report.phases {
+            assert!(
+                close(modeled.timeline.phases[k], *v),
+                "{} {k}",
+                topology.name
+            );
+        }
+        let hbm = report
+            .hbm_bytes_per_device
+            .iter()
+            .map(|&(_, b)| b)
+            .max()
+            .unwrap();
+        assert_eq!(modeled.hbm_bytes_per_device, hbm, "{}", topology.name);
+    }
+}

@@ -8,6 +8,7 @@ mod output;
 mod progress;
 mod run;
 mod topology;
+mod train;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -23,6 +24,9 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Train a model: its optimizer sharded over every device of a pod,
+    /// in simulated time, through failures (the main job).
+    Train(train::TrainArgs),
     /// Step a pod in simulated time and report what happened.
     Run(run::RunArgs),
     /// Print a pod's topology figures (diameter, bisection, all-reduce bandwidth).
@@ -44,6 +48,7 @@ enum Command {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Train(args) => train::train(args),
         Command::Run(args) => run::run(args),
         Command::Topology(args) => topology::topology(args),
         Command::Presets(args) => topology::presets(args),

@@ -24,6 +24,7 @@ pub mod error;
 pub mod gradients;
 pub mod layout;
 pub mod model;
+pub mod modeled;
 pub mod params;
 pub mod recovery;
 pub mod step;

@@ -283,6 +283,58 @@ pub fn model_mut(world: &mut World) -> Option<Mut<'_, ShardedModel>> {
     world.get_mut::<ShardedModel>(e)
 }
 
+/// Replaces the pod's model with `next` ([`install_model`]); if `next`
+/// does not fit (a device out of HBM), the previous model is put back as
+/// it was and the error returned.
+pub fn replace_model<A: FloatElement>(
+    world: &mut World,
+    next: ShardedModel,
+    state: SlotValues<A>,
+) -> Result<(), ShardingError> {
+    let previous = take_model(world);
+    if let Err(e) = install_model(world, next, state) {
+        put_back(world, previous)?;
+        return Err(e);
+    }
+    Ok(())
+}
+
+/// The model's entities, removed from the world with their HBM released.
+struct TakenModel {
+    model: ShardedModel,
+    slots: Vec<ShardSlot>,
+    replicas: Vec<ReplicaParams>,
+}
+
+fn take_model(world: &mut World) -> Option<TakenModel> {
+    let model = model_of(world)?.clone();
+    let mut q = world.query::<&ShardSlot>();
+    let slots = q.iter(world).cloned().collect();
+    let mut q = world.query::<&ReplicaParams>();
+    let replicas = q.iter(world).cloned().collect();
+    remove_model(world).ok()?;
+    Some(TakenModel {
+        model,
+        slots,
+        replicas,
+    })
+}
+
+fn put_back(world: &mut World, taken: Option<TakenModel>) -> Result<(), ShardingError> {
+    let Some(taken) = taken else {
+        return Ok(());
+    };
+    for r in taken.replicas {
+        world.spawn(r);
+    }
+    for s in taken.slots {
+        world.spawn(s);
+    }
+    world.spawn(taken.model);
+    reserve_shards(world)?;
+    Ok(())
+}
+
 /// The state a model is installed with.
 #[derive(Debug, Clone)]
 pub enum SlotValues<A> {

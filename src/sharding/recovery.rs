@@ -18,14 +18,13 @@ use bevy_ecs::prelude::*;
 use super::error::ShardingError;
 use super::layout::ShardPlan;
 use super::model::{
-    RecoveryPolicy, RecoveryRecord, ShardedModel, SlotValues, install_model, model_of,
+    RecoveryPolicy, RecoveryRecord, ShardedModel, SlotValues, model_of, replace_model,
 };
 use crate::clock::SimClock;
 use crate::health::{DeviceState, Excluded, Health};
 use crate::ir::FloatElement;
-use crate::memory::shards::reserve_shards;
-use crate::memory::{ReplicaParams, ShardSlot};
-use crate::topology::{Device, DeviceId, DeviceIndex, PodTopology};
+use crate::memory::ShardSlot;
+use crate::topology::{DeviceId, DeviceIndex, PodTopology};
 
 /// The participants of the model that are killed, paused or declared failed.
 pub fn lost_devices(world: &mut World) -> Vec<DeviceId> {
@@ -139,11 +138,7 @@ pub fn reshard_after_loss<A: FloatElement>(
         recovering_until_ns: now + (recovery_seconds * 1e9).ceil() as u64,
         ..model.clone()
     };
-    let previous = take_model(world);
-    if let Err(e) = install_model(world, next, SlotValues::Flat(state)) {
-        put_back(world, previous)?;
-        return Err(e);
-    }
+    replace_model(world, next, SlotValues::Flat(state))?;
     let index = world.resource::<DeviceIndex>().clone();
     for &d in lost {
         if let Some(e) = index.get(d) {
@@ -151,42 +146,6 @@ pub fn reshard_after_loss<A: FloatElement>(
         }
     }
     Ok(record)
-}
-
-/// The model's entities, removed from the world with their HBM released.
-struct TakenModel {
-    model: ShardedModel,
-    slots: Vec<ShardSlot>,
-    replicas: Vec<ReplicaParams>,
-}
-
-fn take_model(world: &mut World) -> Option<TakenModel> {
-    let model = model_of(world)?.clone();
-    let mut q = world.query::<&ShardSlot>();
-    let slots = q.iter(world).cloned().collect();
-    let mut q = world.query::<&ReplicaParams>();
-    let replicas = q.iter(world).cloned().collect();
-    super::model::remove_model(world).ok()?;
-    Some(TakenModel {
-        model,
-        slots,
-        replicas,
-    })
-}
-
-fn put_back(world: &mut World, taken: Option<TakenModel>) -> Result<(), ShardingError> {
-    let Some(taken) = taken else {
-        return Ok(());
-    };
-    for r in taken.replicas {
-        world.spawn(r);
-    }
-    for s in taken.slots {
-        world.spawn(s);
-    }
-    world.spawn(taken.model);
-    reserve_shards(world)?;
-    Ok(())
 }
 
 /// The redundant policy's state: every survivor's primary shards, and the
@@ -211,10 +170,4 @@ pub fn state_from_copies<A: FloatElement>(
         steps_completed: model.steps_completed,
         read_seconds: 0.0,
     })
-}
-
-/// The generation of the pod's devices (for error messages and figures).
-pub fn device_of(world: &World, id: DeviceId) -> Option<&Device> {
-    let e = world.resource::<DeviceIndex>().get(id)?;
-    world.get::<Device>(e)
 }

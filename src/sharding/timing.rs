@@ -158,55 +158,72 @@ pub fn pass_durations(
 
 /// Places every bucket's stages on the two streams (module docs).
 pub fn schedule(costs: &[&BucketCost]) -> StepTimeline {
-    let mut timeline = StepTimeline::default();
-    let b = costs.len();
-    let mut comm_free = 0.0f64;
-    let mut compute_free = 0.0f64;
-    let mut rs_end = vec![0.0f64; b];
-    let mut update_end = vec![0.0f64; b];
-    let push = |tl: &mut StepTimeline, bucket, phase, start: f64, end: f64| {
-        *tl.phases.entry(StepPhase::key(&phase)).or_insert(0.0) += end - start;
-        tl.spans.push(Span {
-            bucket,
-            phase,
-            start_seconds: start,
-            end_seconds: end,
-        });
-    };
-    let mut run_passes =
-        |tl: &mut StepTimeline, bucket: usize, passes: &[(StepPhase, f64)], ready: f64| {
-            let mut at = comm_free.max(ready);
+    struct Streams {
+        spans: Vec<Span>,
+        totals: BTreeMap<StepPhase, f64>,
+        comm_free: f64,
+        compute_free: f64,
+        update_seconds: f64,
+    }
+    impl Streams {
+        fn push(&mut self, bucket: usize, phase: StepPhase, start: f64, end: f64) {
+            *self.totals.entry(phase).or_insert(0.0) += end - start;
+            self.spans.push(Span {
+                bucket,
+                phase,
+                start_seconds: start,
+                end_seconds: end,
+            });
+        }
+        fn passes(&mut self, bucket: usize, passes: &[(StepPhase, f64)], ready: f64) -> f64 {
+            let mut at = self.comm_free.max(ready);
             for &(phase, seconds) in passes {
-                push(tl, bucket, phase, at, at + seconds);
+                self.push(bucket, phase, at, at + seconds);
                 at += seconds;
             }
-            comm_free = at;
+            self.comm_free = at;
             at
-        };
+        }
+        fn update(&mut self, bucket: usize, seconds: f64, ready: f64) -> f64 {
+            let start = self.compute_free.max(ready);
+            self.push(bucket, StepPhase::Update, start, start + seconds);
+            self.compute_free = start + seconds;
+            self.update_seconds += seconds;
+            start + seconds
+        }
+    }
+    let b = costs.len();
+    let mut streams = Streams {
+        spans: Vec::with_capacity(b * 8),
+        totals: BTreeMap::new(),
+        comm_free: 0.0,
+        compute_free: 0.0,
+        update_seconds: 0.0,
+    };
     // Communication order RS0, RS1, AG0, RS2, AG1, …; each update as soon
     // as its reduce-scatter is in.
-    let mut update = |tl: &mut StepTimeline, bucket: usize, rs_end: f64| {
-        let start = compute_free.max(rs_end);
-        let end = start + costs[bucket].update;
-        push(tl, bucket, StepPhase::Update, start, end);
-        compute_free = end;
-        tl.update_seconds += costs[bucket].update;
-        end
-    };
+    let mut update_end = vec![0.0f64; b];
     for k in 0..=b {
         if k < b {
-            rs_end[k] = run_passes(&mut timeline, k, &costs[k].reduce_scatter, 0.0);
-            update_end[k] = update(&mut timeline, k, rs_end[k]);
+            let rs_end = streams.passes(k, &costs[k].reduce_scatter, 0.0);
+            update_end[k] = streams.update(k, costs[k].update, rs_end);
         }
         if k >= 1 {
             let j = k - 1;
-            run_passes(&mut timeline, j, &costs[j].all_gather, update_end[j]);
+            streams.passes(j, &costs[j].all_gather, update_end[j]);
         }
     }
-    timeline.step_seconds = comm_free.max(compute_free);
-    let exposed = (timeline.step_seconds - timeline.update_seconds).max(0.0);
-    timeline
-        .phases
-        .insert("exposed_communication".into(), exposed);
-    timeline
+    let step_seconds = streams.comm_free.max(streams.compute_free);
+    let mut phases: BTreeMap<String, f64> =
+        streams.totals.iter().map(|(p, s)| (p.key(), *s)).collect();
+    phases.insert(
+        "exposed_communication".into(),
+        (step_seconds - streams.update_seconds).max(0.0),
+    );
+    StepTimeline {
+        spans: streams.spans,
+        step_seconds,
+        update_seconds: streams.update_seconds,
+        phases,
+    }
 }

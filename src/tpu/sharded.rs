@@ -39,8 +39,12 @@ use crate::exec::runtime::{Element, Runtime};
 use crate::health::{DeviceState, Excluded};
 use crate::memory::device as hbm;
 use crate::optimizers::{FloatElement, Optimizer, UpdateRule};
+use crate::persist::{SnapshotRegistry, WorldSnapshot};
 use crate::pod::Pod;
-use crate::sharding::model::{flat_tensor, gather_state, install_model, model_mut, model_of};
+use crate::sharding::Span;
+use crate::sharding::model::{
+    flat_tensor, gather_state, install_model, model_mut, model_of, replace_model,
+};
 use crate::sharding::step::{LaunchRequest, launch_step};
 use crate::sharding::{
     DEFAULT_BUCKET_BYTES, GradientSource, ParamSet, RecoveryPolicy, RecoveryRecord, Reduction,
@@ -95,6 +99,10 @@ pub struct ShardedStepReport {
     pub buckets: usize,
     /// Wall time on this CPU, seconds (launch, ticks and update).
     pub wall_seconds: f64,
+    /// The modeled schedule: every bucket's phases, seconds from launch
+    /// (the same on every device of the symmetric torus).
+    #[serde(skip)]
+    pub spans: Vec<Span>,
 }
 
 /// A model's optimizer sharded over a pod (module docs).
@@ -331,6 +339,7 @@ where
                             .collect(),
                         buckets: model.layout.buckets.len(),
                         wall_seconds: started.elapsed().as_secs_f64(),
+                        spans: step.timeline.spans.clone(),
                     });
                 }
                 StepOutcome::Failed {
@@ -416,6 +425,88 @@ where
         let mut slot = flat.swap_remove(index);
         slot.truncate(elements);
         Ok(Some(slot))
+    }
+
+    /// A snapshot of the whole pod: devices, health, the model, every
+    /// device's state shards (tensors in the safetensors side file when
+    /// written as a checkpoint).
+    pub fn snapshot(&mut self) -> Result<WorldSnapshot> {
+        self.pod.snapshot()
+    }
+
+    /// Restores a snapshot of this same pod (verified first; another pod or
+    /// topology is an error naming both): the run resumes bit for bit.
+    pub fn restore(&mut self, snapshot: &WorldSnapshot) -> Result<()> {
+        self.pod.restore_snapshot(snapshot)?;
+        if model_of(self.pod.world()).is_none() {
+            return Err(ShardingError::Recovery {
+                reason: "the snapshot holds no sharded model".into(),
+            }
+            .into());
+        }
+        self.compile_programs()
+    }
+
+    /// Loads the model of a snapshot taken on any pod (another device
+    /// count, another topology) and re-shards it over this optimizer's
+    /// devices, as Orbax and DCP re-shard on load: parameters, state and
+    /// count come from the snapshot; this pod's time and health stay. The
+    /// snapshot is verified and its model checked (same tensors, element
+    /// type and optimizer) before anything changes; on `Err` nothing did.
+    pub fn restore_resharded(&mut self, snapshot: &WorldSnapshot) -> Result<()> {
+        let registry = self.pod.world().resource::<SnapshotRegistry>();
+        registry.verify(snapshot)?;
+        let mut scratch = bevy_ecs::world::World::new();
+        registry.restore(&mut scratch, snapshot)?;
+        let theirs = model_of(&scratch)
+            .ok_or_else(|| ShardingError::Recovery {
+                reason: "the snapshot holds no sharded model".into(),
+            })?
+            .clone();
+        let ours = self.model()?.clone();
+        let mismatch = if theirs.layout.tensors != ours.layout.tensors {
+            Some("its tensors (names and shapes) differ from this model's".to_string())
+        } else if theirs.layout.dtype != ours.layout.dtype {
+            Some(format!(
+                "it holds {} values, this model {}",
+                theirs.layout.dtype, ours.layout.dtype
+            ))
+        } else if theirs.optimizer != ours.optimizer || theirs.slots != ours.slots {
+            Some(format!(
+                "it was trained with {}, this optimizer is {}",
+                theirs.optimizer, ours.optimizer
+            ))
+        } else {
+            None
+        };
+        if let Some(reason) = mismatch {
+            return Err(ShardingError::Recovery {
+                reason: format!("the snapshot's model does not fit: {reason}"),
+            }
+            .into());
+        }
+        let state = gather_state::<A>(&mut scratch)?;
+        let elements = ours.layout.elements;
+        let layout = ours.layout.clone();
+        let padded = layout.padded_elements();
+        let resize = |mut v: Vec<A>| {
+            v.truncate(elements);
+            v.resize(padded, A::ZERO);
+            v
+        };
+        let params = resize(theirs.flat_params::<A>()?.to_vec());
+        let state: Vec<Vec<A>> = state.into_iter().map(resize).collect();
+        let next = ShardedModel {
+            params: flat_tensor(params),
+            count: theirs.count,
+            steps_completed: theirs.steps_completed,
+            steps_failed: theirs.steps_failed,
+            recoveries: theirs.recoveries.clone(),
+            recovering_until_ns: 0,
+            ..ours
+        };
+        replace_model(self.pod.world_mut(), next, SlotValues::Flat(state))?;
+        self.compile_programs()
     }
 
     /// The pod.

@@ -1,0 +1,562 @@
+//! `optirs-tpu train`: a model's optimizer sharded over a pod, stepped in
+//! simulated time with seeded synthetic gradients, through failures.
+
+use super::{output, progress};
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use ndarray::{ArrayD, IxDyn};
+use optirs_tpu::health::Fault;
+use optirs_tpu::sharding::{
+    DEFAULT_BUCKET_BYTES, ParamSet, RecoveryPolicy, Reduction, ShardingError, StepPhase,
+    SyntheticGradients,
+};
+use optirs_tpu::topology::{DEFAULT_PRESET, DeviceId, load_topology};
+use optirs_tpu::tpu::{ShardedOptimizer, ShardedStepReport, ShardingConfig};
+use optirs_tpu::{OptimError, Pod, TPUConfig};
+use serde::Serialize;
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Instant;
+
+/// The bundled default model: the tensors of one transformer block of
+/// width 1024 with its embedding (vocabulary 4096): embedding, attention
+/// QKV and output, MLP in and out, two norms' scales and biases; 12.6 M
+/// parameters, two buckets at the default bucket size.
+pub const DEFAULT_MODEL: &[usize] = &[
+    4_194_304, 3_145_728, 1_048_576, 4_194_304, 4_194_304, 1024, 1024, 1024, 1024,
+];
+
+/// The tick `train` runs at unless `--tick-ms` says otherwise: fine
+/// enough that a step's phases and a fault's time resolve (a pod file's
+/// tick is often a millisecond, far longer than a step).
+pub const DEFAULT_TRAIN_TICK_MS: f64 = 0.01;
+
+#[derive(Args, Debug)]
+pub struct TrainArgs {
+    /// A preset name (see `optirs-tpu presets`) or a pod file path.
+    #[arg(default_value = DEFAULT_PRESET)]
+    pod: String,
+    /// One of sgd, momentum, nesterov, adam, adamw, rmsprop, adagrad.
+    #[arg(long, default_value = "adam")]
+    optimizer: String,
+    /// Learning rate.
+    #[arg(long, default_value_t = 1e-3)]
+    lr: f64,
+    /// The model's tensor sizes in elements, comma-separated (the default
+    /// is a small transformer stack of 3.4 M parameters).
+    #[arg(long, value_delimiter = ',', value_name = "N[,N...]")]
+    params: Vec<usize>,
+    /// Steps to complete (lost steps are redone).
+    #[arg(long, default_value_t = 20)]
+    steps: u64,
+    /// Bucket size in bytes.
+    #[arg(long, default_value_t = DEFAULT_BUCKET_BYTES)]
+    bucket_bytes: usize,
+    /// Gradient reduction: mean or sum.
+    #[arg(long, default_value = "mean")]
+    reduction: Reduction,
+    /// Kill a device at a simulated time: `DEVICE@SECONDS` (repeatable).
+    #[arg(long, value_name = "DEVICE@SECONDS", value_parser = parse_timed_device)]
+    kill: Vec<(u32, f64)>,
+    /// Write a periodic checkpoint every this many simulated seconds.
+    #[arg(long, value_name = "SECONDS")]
+    checkpoint_every: Option<f64>,
+    /// Where checkpoints go (a fresh temporary directory by default).
+    #[arg(long, value_name = "DIR")]
+    checkpoint_dir: Option<PathBuf>,
+    /// What to do when a step fails: rollback or redundant.
+    #[arg(long, default_value = "rollback")]
+    recovery: RecoveryPolicy,
+    /// Simulated tick in milliseconds (default 0.01).
+    #[arg(long, value_name = "MS")]
+    tick_ms: Option<f64>,
+    /// Seed of the synthetic gradients.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Write a Chrome/Perfetto trace of every device's compute and
+    /// communication per bucket, in simulated time. Never overwrites.
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
+    /// Model the step only, in closed form, without data or a pod in
+    /// memory (for models and pods this machine cannot hold).
+    #[arg(long)]
+    modeled_only: bool,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+fn parse_timed_device(text: &str) -> Result<(u32, f64), String> {
+    let (device, seconds) = text
+        .split_once('@')
+        .ok_or_else(|| format!("`{text}` is not DEVICE@SECONDS (e.g. 5@0.002)"))?;
+    let device = device
+        .trim()
+        .parse::<u32>()
+        .map_err(|_| format!("`{device}` is not a device id"))?;
+    let seconds = seconds
+        .trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|s| s.is_finite() && *s >= 0.0 && *s < 1e9)
+        .ok_or_else(|| format!("`{seconds}` is not a time in seconds"))?;
+    Ok((device, seconds))
+}
+
+#[derive(Serialize, Debug)]
+struct FailureRow {
+    step: u64,
+    device: Option<u32>,
+    at_seconds: f64,
+    phase: String,
+    cause: String,
+}
+
+#[derive(Serialize, Debug)]
+struct RecoveryRow {
+    policy: String,
+    failed_step: u64,
+    lost_devices: Vec<u32>,
+    lost_steps: u64,
+    recovery_seconds: f64,
+}
+
+#[derive(Serialize, Debug)]
+struct TrainReport {
+    pod: String,
+    devices: u32,
+    devices_at_end: usize,
+    optimizer: String,
+    params: usize,
+    tensors: usize,
+    buckets: usize,
+    bucket_bytes: usize,
+    steps_completed: u64,
+    steps_attempted: u64,
+    step_modeled_seconds: f64,
+    phases: BTreeMap<String, f64>,
+    hbm_bytes_per_device: u64,
+    link_bytes: u64,
+    failures: Vec<FailureRow>,
+    recoveries: Vec<RecoveryRow>,
+    goodput: f64,
+    simulated_seconds: f64,
+    tick_ns: u64,
+    wall_seconds: f64,
+    wall_seconds_per_step: f64,
+    compile_seconds: f64,
+    world_sha256: String,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+fn model_of(sizes: &[usize]) -> Result<ParamSet<f32>> {
+    let mut set = ParamSet::new();
+    for (i, &n) in sizes.iter().enumerate() {
+        if n == 0 {
+            bail!("--params: tensor {i} has 0 elements; every tensor needs at least one");
+        }
+        // Deterministic, small initial values.
+        let values: Vec<f32> = (0..n).map(|k| ((k % 97) as f32 - 48.0) * 1e-3).collect();
+        set.insert(
+            format!("param{i}"),
+            ArrayD::from_shape_vec(IxDyn(&[n]), values)?,
+        )?;
+    }
+    Ok(set)
+}
+
+pub fn train(args: TrainArgs) -> Result<()> {
+    output::refuse_existing(&[("--trace", args.trace.as_deref())])?;
+    let sizes: Vec<usize> = if args.params.is_empty() {
+        DEFAULT_MODEL.to_vec()
+    } else {
+        args.params.clone()
+    };
+    let total: u128 = sizes.iter().map(|&n| n as u128).sum();
+    if args.modeled_only {
+        return modeled_only(&args, &sizes);
+    }
+    // Params, gradients, and up to two state slots, on this host.
+    let host_bytes = total.saturating_mul(4 * 5);
+    let available = optirs_tpu::tpu::bench::host_memory_budget();
+    if host_bytes > available {
+        bail!(
+            "--params totals {total} parameters, about {host_bytes} bytes on this host with \
+             optimizer state, but {available} bytes are available; train a smaller model"
+        );
+    }
+    if args.steps == 0 {
+        bail!("--steps is 0; train at least one step");
+    }
+    if args.bucket_bytes == 0 {
+        bail!("--bucket-bytes is 0; a bucket holds at least one element (4 bytes)");
+    }
+    if !(args.lr.is_finite()) {
+        bail!("--lr must be a finite number");
+    }
+    let mut topology = load_topology(&args.pod)?;
+    let tick_ms = args.tick_ms.unwrap_or(DEFAULT_TRAIN_TICK_MS);
+    if !(tick_ms.is_finite() && tick_ms > 0.0 && tick_ms <= 1e6) {
+        bail!("--tick-ms must be a positive number of milliseconds, got {tick_ms}");
+    }
+    topology.tick_ns = ((tick_ms * 1e6).round() as u64).max(1);
+    let mut pod = Pod::from_topology(topology)?;
+    let devices = pod.topology().num_devices();
+    for &(device, _) in &args.kill {
+        if device >= devices {
+            bail!(
+                "--kill: device {device} does not exist: {} has devices 0..{devices}",
+                args.pod
+            );
+        }
+    }
+    if !args.kill.is_empty()
+        && args.recovery == RecoveryPolicy::Rollback
+        && args.checkpoint_every.is_none()
+    {
+        bail!(
+            "--kill with --recovery rollback needs --checkpoint-every SECONDS (a rollback \
+             restores the last checkpoint), or use --recovery redundant"
+        );
+    }
+    let mut _tempdir = None;
+    if let Some(every) = args.checkpoint_every {
+        if !(every.is_finite() && every > 0.0) {
+            bail!("--checkpoint-every must be a positive number of seconds, got {every}");
+        }
+        let dir = match &args.checkpoint_dir {
+            Some(dir) => {
+                std::fs::create_dir_all(dir)
+                    .with_context(|| format!("creating {}", dir.display()))?;
+                dir.clone()
+            }
+            None => {
+                let t = tempfile::tempdir()?;
+                let p = t.path().to_path_buf();
+                _tempdir = Some(t);
+                p
+            }
+        };
+        let ticks = ((every * 1e9) / pod.clock().tick_ns as f64)
+            .round()
+            .max(1.0) as u64;
+        pod.enable_periodic_checkpoints(ticks, vec![dir], 3)?;
+    }
+    for &(device, seconds) in &args.kill {
+        pod.schedule_fault(
+            (seconds * 1e9).round() as u64,
+            Fault::KillDevice(DeviceId(device)),
+        );
+    }
+    let generation = pod.topology().generation;
+    let config = TPUConfig {
+        tpu_version: generation,
+        num_cores: devices as usize * generation.spec().cores_per_chip as usize,
+        ..Default::default()
+    };
+    let base = optirs_tpu::optimizers::by_name(&args.optimizer, args.lr as f32)
+        .map_err(OptimError::from)?;
+    let sharding = ShardingConfig {
+        bucket_bytes: args.bucket_bytes,
+        reduction: args.reduction,
+        recovery: args.recovery,
+    };
+    let mut opt = ShardedOptimizer::new(base, config, pod, model_of(&sizes)?, sharding)?;
+    let start_ns = opt.pod().clock().now_ns;
+    let bar = progress::bar(args.steps, args.json, "train");
+    let started = Instant::now();
+    let mut reports: Vec<ShardedStepReport> = Vec::new();
+    let mut failures = Vec::new();
+    let mut attempts = 0u64;
+    let max_attempts = args.steps.saturating_mul(4).saturating_add(devices as u64);
+    while opt.steps_completed() < args.steps {
+        attempts += 1;
+        if attempts > max_attempts {
+            bail!(
+                "gave up after {attempts} attempts with {} steps completed",
+                opt.steps_completed()
+            );
+        }
+        let step = opt.steps_completed() + 1;
+        let replicas = opt.layout()?.devices();
+        let grads = SyntheticGradients {
+            seed: args.seed,
+            step,
+            replicas,
+            scale: 1e-2,
+        };
+        match opt.step(&grads) {
+            Ok(report) => {
+                reports.push(report);
+                bar.set_position(opt.steps_completed());
+            }
+            Err(OptimError::Sharding(ShardingError::StepFailed {
+                step,
+                phase,
+                at_ns,
+                cause,
+            })) => {
+                failures.push(failure_row(step, phase, at_ns, &cause));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let wall_seconds = started.elapsed().as_secs_f64();
+    bar.finish_and_clear();
+    let simulated_seconds = (opt.pod().clock().now_ns - start_ns) as f64 * 1e-9;
+    let step_modeled_seconds = median(reports.iter().map(|r| r.modeled_seconds).collect());
+    let mut phase_samples: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    for r in &reports {
+        for (k, v) in &r.phases {
+            phase_samples.entry(k.clone()).or_default().push(*v);
+        }
+    }
+    let phases = phase_samples
+        .into_iter()
+        .map(|(k, v)| (k, median(v)))
+        .collect();
+    let useful: f64 = step_modeled_seconds * opt.steps_completed() as f64;
+    if let Some(path) = &args.trace {
+        write_trace(path, &reports)?;
+    }
+    let layout = opt.layout()?.clone();
+    let report = TrainReport {
+        pod: opt.pod().topology().name.clone(),
+        devices,
+        devices_at_end: layout.devices(),
+        optimizer: args.optimizer.to_ascii_lowercase(),
+        params: layout.elements,
+        tensors: layout.tensors.len(),
+        buckets: layout.buckets.len(),
+        bucket_bytes: args.bucket_bytes,
+        steps_completed: opt.steps_completed(),
+        steps_attempted: attempts,
+        step_modeled_seconds,
+        phases,
+        hbm_bytes_per_device: reports
+            .iter()
+            .flat_map(|r| r.hbm_bytes_per_device.iter().map(|&(_, b)| b))
+            .max()
+            .unwrap_or(0),
+        link_bytes: reports.iter().map(|r| r.link_bytes).sum(),
+        failures,
+        recoveries: opt
+            .recoveries()
+            .iter()
+            .map(|r| RecoveryRow {
+                policy: r.policy.to_string(),
+                failed_step: r.failed_step,
+                lost_devices: r.lost_devices.iter().map(|d| d.0).collect(),
+                lost_steps: r.lost_steps,
+                recovery_seconds: r.recovery_seconds,
+            })
+            .collect(),
+        goodput: if simulated_seconds > 0.0 {
+            useful / simulated_seconds
+        } else {
+            0.0
+        },
+        simulated_seconds,
+        tick_ns: opt.pod().clock().tick_ns,
+        wall_seconds,
+        wall_seconds_per_step: wall_seconds / attempts.max(1) as f64,
+        compile_seconds: opt.compile_seconds(),
+        world_sha256: opt.pod_mut().world_sha256()?,
+    };
+    print_report(&report, args.json)
+}
+
+/// `--modeled-only`: the closed-form step of the model on the pod.
+fn modeled_only(args: &TrainArgs, sizes: &[usize]) -> Result<()> {
+    if let Some(i) = sizes.iter().position(|&n| n == 0) {
+        bail!("--params: tensor {i} has 0 elements; every tensor needs at least one");
+    }
+    if args.trace.is_some() || !args.kill.is_empty() || args.checkpoint_every.is_some() {
+        bail!(
+            "--modeled-only models one step: --trace, --kill and --checkpoint-every need a real run"
+        );
+    }
+    let base = optirs_tpu::optimizers::by_name(&args.optimizer, args.lr as f32)
+        .map_err(OptimError::from)?;
+    let slots = base.update_rule().map_or(0, |r| r.slot_names().len());
+    let started = Instant::now();
+    let topology = load_topology(&args.pod)?;
+    let loaded = started.elapsed().as_secs_f64();
+    let tensors: Vec<(String, Vec<usize>)> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| (format!("param{i}"), vec![n]))
+        .collect();
+    let started = Instant::now();
+    let step = optirs_tpu::sharding::modeled::modeled_step(
+        &topology,
+        &tensors,
+        optirs_tpu::ir::DType::F32,
+        slots,
+        args.bucket_bytes,
+    )?;
+    let wall_seconds = started.elapsed().as_secs_f64();
+    let report = json!({
+        "pod": topology.name,
+        "devices": step.devices,
+        "optimizer": args.optimizer.to_ascii_lowercase(),
+        "params": sizes.iter().map(|&n| n as u128).sum::<u128>(),
+        "buckets": step.buckets,
+        "bucket_bytes": args.bucket_bytes,
+        "step_modeled_seconds": step.timeline.step_seconds,
+        "phases": step.timeline.phases,
+        "hbm_bytes_per_device": step.hbm_bytes_per_device,
+        "hbm_capacity_bytes": topology.hbm_bytes,
+        "fits_in_hbm": step.hbm_bytes_per_device <= topology.hbm_bytes,
+        "link_bytes": step.link_bytes,
+        "topology_seconds": loaded,
+        "wall_seconds": wall_seconds,
+    });
+    if args.json {
+        return output::print_json(&report);
+    }
+    let mut text = format!(
+        "modeled {} parameters with {} on {} ({} devices, {} buckets): step {} \
+         (modeled in {} wall)\n",
+        report["params"],
+        report["optimizer"].as_str().unwrap_or(""),
+        topology.name,
+        step.devices,
+        step.buckets,
+        output::seconds(step.timeline.step_seconds),
+        output::seconds(wall_seconds),
+    );
+    for (k, v) in &step.timeline.phases {
+        text += &format!("  {k:<24} {}\n", output::seconds(*v));
+    }
+    text += &format!(
+        "HBM per device {} bytes of {} ({}); links move {} bytes per step\n",
+        step.hbm_bytes_per_device,
+        topology.hbm_bytes,
+        if step.hbm_bytes_per_device <= topology.hbm_bytes {
+            "fits"
+        } else {
+            "does not fit: every replica holds all parameters and gradients (weight-update \
+             sharding shards the optimizer state only)"
+        },
+        step.link_bytes
+    );
+    output::print_text(&text)
+}
+
+fn failure_row(
+    step: u64,
+    phase: StepPhase,
+    at_ns: u64,
+    cause: &optirs_tpu::sharding::FailureCause,
+) -> FailureRow {
+    FailureRow {
+        step,
+        device: cause.device().map(|d| d.0),
+        at_seconds: at_ns as f64 * 1e-9,
+        phase: phase.key(),
+        cause: cause.to_string(),
+    }
+}
+
+/// Every device's spans per bucket, in simulated time (µs), one process
+/// per device with a compute and a communication thread.
+fn write_trace(path: &std::path::Path, reports: &[ShardedStepReport]) -> Result<()> {
+    let mut events = Vec::new();
+    let devices: Vec<u32> = reports
+        .first()
+        .map(|r| r.hbm_bytes_per_device.iter().map(|&(d, _)| d).collect())
+        .unwrap_or_default();
+    for &d in &devices {
+        events.push(json!({"ph": "M", "name": "process_name", "pid": d, "args": {"name": format!("device {d}")}}));
+        events.push(json!({"ph": "M", "name": "thread_name", "pid": d, "tid": 0, "args": {"name": "compute"}}));
+        events.push(json!({"ph": "M", "name": "thread_name", "pid": d, "tid": 1, "args": {"name": "communication"}}));
+    }
+    for r in reports {
+        let devices: Vec<u32> = r.hbm_bytes_per_device.iter().map(|&(d, _)| d).collect();
+        for span in &r.spans {
+            let tid = u32::from(span.phase != StepPhase::Update);
+            for &d in &devices {
+                events.push(json!({
+                    "ph": "X",
+                    "name": format!("{} bucket {}", span.phase.key(), span.bucket),
+                    "cat": if tid == 0 { "compute" } else { "communication" },
+                    "pid": d,
+                    "tid": tid,
+                    "ts": r.launched_at_ns as f64 * 1e-3 + span.start_seconds * 1e6,
+                    "dur": (span.end_seconds - span.start_seconds) * 1e6,
+                    "args": {"step": r.step},
+                }));
+            }
+        }
+    }
+    let trace = json!({"traceEvents": events, "displayTimeUnit": "ns"});
+    output::write_new("--trace", path, &serde_json::to_string(&trace)?)
+}
+
+fn print_report(r: &TrainReport, json: bool) -> Result<()> {
+    if json {
+        return output::print_json(r);
+    }
+    let mut text = format!(
+        "trained {} ({} parameters in {} tensors, {} buckets) with {} on {} ({} devices)\n\
+         {} steps completed ({} attempted); step {} modeled, {} wall per step; compile {}\n",
+        "the model",
+        r.params,
+        r.tensors,
+        r.buckets,
+        r.optimizer,
+        r.pod,
+        r.devices,
+        r.steps_completed,
+        r.steps_attempted,
+        output::seconds(r.step_modeled_seconds),
+        output::seconds(r.wall_seconds_per_step),
+        output::seconds(r.compile_seconds),
+    );
+    for (k, v) in &r.phases {
+        text += &format!("  {k:<24} {}\n", output::seconds(*v));
+    }
+    text += &format!(
+        "HBM per device (max) {} bytes; links moved {} bytes\n",
+        r.hbm_bytes_per_device, r.link_bytes
+    );
+    for f in &r.failures {
+        text += &format!(
+            "  step {} failed at {:.6} s during {}: {}\n",
+            f.step, f.at_seconds, f.phase, f.cause
+        );
+    }
+    for rec in &r.recoveries {
+        text += &format!(
+            "  recovered by {} from step {}: lost devices {:?}, {} steps lost, {} modeled\n",
+            rec.policy,
+            rec.failed_step,
+            rec.lost_devices,
+            rec.lost_steps,
+            output::seconds(rec.recovery_seconds)
+        );
+    }
+    text += &format!(
+        "goodput {:.1} % of {} simulated ({} devices at the end); {} wall\nworld sha256 {}\n",
+        r.goodput * 100.0,
+        output::seconds(r.simulated_seconds),
+        r.devices_at_end,
+        output::seconds(r.wall_seconds),
+        r.world_sha256
+    );
+    output::print_text(&text)
+}
