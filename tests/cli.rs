@@ -465,3 +465,128 @@ fn errors_do_not_repeat_their_cause() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(stderr.matches("(os error").count(), 1, "{stderr}");
 }
+
+#[test]
+fn train_reports_a_sharded_run_and_refuses_bad_input() {
+    let report = json(&optirs(&[
+        "train",
+        "v4-8",
+        "--params",
+        "3000,17,400",
+        "--steps",
+        "3",
+        "--bucket-bytes",
+        "4096",
+        "--json",
+    ]));
+    for key in [
+        "pod",
+        "devices",
+        "optimizer",
+        "params",
+        "steps_completed",
+        "step_modeled_seconds",
+        "phases",
+        "hbm_bytes_per_device",
+        "link_bytes",
+        "failures",
+        "recoveries",
+        "goodput",
+        "wall_seconds",
+        "world_sha256",
+    ] {
+        assert!(report.get(key).is_some(), "missing `{key}` in {report}");
+    }
+    assert_eq!(report["devices"], 8);
+    assert_eq!(report["params"], 3417);
+    assert_eq!(report["steps_completed"], 3);
+    assert!(report["phases"]["update"].as_f64().unwrap() > 0.0);
+    let goodput = report["goodput"].as_f64().unwrap();
+    assert!(goodput > 0.0 && goodput <= 1.0, "{goodput}");
+    // The same run gives the same world.
+    let again = json(&optirs(&[
+        "train",
+        "v4-8",
+        "--params",
+        "3000,17,400",
+        "--steps",
+        "3",
+        "--bucket-bytes",
+        "4096",
+        "--json",
+    ]));
+    assert_eq!(report["world_sha256"], again["world_sha256"]);
+    // A killed device with redundant shards: one failure, one recovery, no lost step.
+    let report = json(&optirs(&[
+        "train",
+        "v4-8",
+        "--params",
+        "20000",
+        "--steps",
+        "4",
+        "--bucket-bytes",
+        "8192",
+        "--kill",
+        "3@0.00001",
+        "--recovery",
+        "redundant",
+        "--json",
+    ]));
+    assert_eq!(report["failures"].as_array().unwrap().len(), 1, "{report}");
+    assert_eq!(report["failures"][0]["device"], 3);
+    assert_eq!(report["recoveries"][0]["policy"], "redundant");
+    assert_eq!(report["recoveries"][0]["lost_steps"], 0);
+    assert_eq!(report["devices_at_end"], 7);
+    assert_eq!(report["steps_completed"], 4);
+    // Bad values are usage errors (exit 2) or clear errors before any work.
+    for args in [
+        &["train", "--optimizer", "lamb"][..],
+        &["train", "--bucket-bytes", "0"],
+        &["train", "--steps", "0"],
+        &["train", "--params", "10,0"],
+        &["train", "--recovery", "pray"],
+    ] {
+        let out = optirs(args);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let out = optirs(&[
+        "train",
+        "v4-8",
+        "--kill",
+        "99@0.001",
+        "--recovery",
+        "redundant",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("device 99 does not exist"));
+    let out = optirs(&["train", "v4-8", "--kill", "1@0.001"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--checkpoint-every"));
+}
+
+#[test]
+fn train_models_a_pod_too_large_for_this_machine() {
+    let dir = tempfile::tempdir().unwrap();
+    let pod = dir.path().join("v5p-8960.ron");
+    std::fs::write(
+        &pod,
+        "Pod(name: \"v5p-8960\", generation: \"v5p\", shape: \"16x20x28\")",
+    )
+    .unwrap();
+    let report = json(&optirs(&[
+        "train",
+        pod.to_str().unwrap(),
+        "--modeled-only",
+        "--params",
+        "175e9",
+        "--json",
+    ]));
+    assert_eq!(report["devices"], 8960);
+    assert_eq!(report["params"], 175_000_000_000u64);
+    assert!(report["step_modeled_seconds"].as_f64().unwrap() > 0.0);
+    assert_eq!(report["fits_in_hbm"], false);
+}

@@ -897,3 +897,91 @@ fn the_closed_form_model_matches_the_traffic_records() {
         assert_eq!(modeled.hbm_bytes_per_device, hbm, "{}", topology.name);
     }
 }
+
+#[test]
+fn a_host_reduced_gradient_steps_exactly_and_is_checked() {
+    let sizes = [333usize, 64, 7];
+    let mut opt = adam_on(Pod::from_preset("v5e-16").unwrap(), &sizes);
+    let mut reference = TPUOptimizer::new(
+        optirs_tpu::optimizers::by_name("adam", 0.01f32).unwrap(),
+        config_for(opt.pod()),
+    )
+    .unwrap();
+    let mut flat = Array1::from_vec(model(&sizes).to_flat());
+    for step in 1..=3u64 {
+        let layout = opt.layout().unwrap().clone();
+        let grads = replica_grads(&layout, &sizes, step).swap_remove(0);
+        let report = opt.step_reduced(&grads).unwrap();
+        assert!(report.link_bytes > 0, "the collectives are still charged");
+        reference
+            .tpu_step_in_place(&mut flat, &Array1::from_vec(grads.to_flat()))
+            .unwrap();
+        assert_eq!(opt.flat_params().unwrap(), flat.to_vec());
+    }
+    let wrong = model(&[333, 65, 7]);
+    let err = opt.step_reduced(&wrong).unwrap_err();
+    assert!(err.to_string().contains("shape [65]"), "{err}");
+}
+
+#[test]
+fn a_cut_link_fails_the_step_naming_the_link() {
+    let sizes = [6000usize];
+    let mut opt = adam_on(fine_v4_8(), &sizes);
+    let before = opt.flat_params().unwrap();
+    let now = opt.pod().clock().now_ns;
+    opt.pod_mut().schedule_fault(
+        now + 3_000,
+        Fault::CutLink(
+            optirs_tpu::topology::DeviceId(0),
+            optirs_tpu::topology::DeviceId(1),
+        ),
+    );
+    let layout = opt.layout().unwrap().clone();
+    let err = opt
+        .step_replicas(&replica_grads(&layout, &sizes, 1))
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(
+        matches!(
+            err,
+            OptimError::Sharding(ShardingError::Unrecoverable { .. })
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("device 0 - device 1 was cut") && text.contains("no device is lost"),
+        "{text}"
+    );
+    assert_eq!(opt.flat_params().unwrap(), before);
+    assert_eq!(opt.step_count(), 0);
+    // The next launch is refused before any work: the link is still cut.
+    let err = opt
+        .step_replicas(&replica_grads(&layout, &sizes, 1))
+        .unwrap_err();
+    assert!(matches!(err, OptimError::Collective(_)), "{err}");
+}
+
+#[test]
+fn an_on_pod_tpu_optimizer_becomes_a_sharded_one() {
+    let pod = Pod::from_preset("v4-8").unwrap();
+    let config = config_for(&pod);
+    let tpu = TPUOptimizer::on_pod(
+        optirs_tpu::optimizers::SGD::new(0.1f32),
+        config.clone(),
+        pod,
+    )
+    .unwrap();
+    let mut sharded = tpu
+        .into_sharded(model(&[100, 3]), ShardingConfig::default())
+        .unwrap();
+    let layout = sharded.layout().unwrap().clone();
+    sharded
+        .step_replicas(&replica_grads(&layout, &[100, 3], 1))
+        .unwrap();
+    assert_eq!(sharded.step_count(), 1);
+    let own = TPUOptimizer::new(optirs_tpu::optimizers::SGD::new(0.1f32), config).unwrap();
+    let err = own
+        .into_sharded(model(&[4]), ShardingConfig::default())
+        .unwrap_err();
+    assert!(err.to_string().contains("on_pod"), "{err}");
+}

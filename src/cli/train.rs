@@ -38,20 +38,20 @@ pub struct TrainArgs {
     #[arg(default_value = DEFAULT_PRESET)]
     pod: String,
     /// One of sgd, momentum, nesterov, adam, adamw, rmsprop, adagrad.
-    #[arg(long, default_value = "adam")]
+    #[arg(long, default_value = "adam", value_parser = parse_optimizer)]
     optimizer: String,
     /// Learning rate.
     #[arg(long, default_value_t = 1e-3)]
     lr: f64,
     /// The model's tensor sizes in elements, comma-separated (the default
     /// is a small transformer stack of 3.4 M parameters).
-    #[arg(long, value_delimiter = ',', value_name = "N[,N...]")]
+    #[arg(long, value_delimiter = ',', value_name = "N[,N...]", value_parser = positive::<usize>)]
     params: Vec<usize>,
     /// Steps to complete (lost steps are redone).
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, default_value_t = 20, value_parser = positive::<u64>)]
     steps: u64,
     /// Bucket size in bytes.
-    #[arg(long, default_value_t = DEFAULT_BUCKET_BYTES)]
+    #[arg(long, default_value_t = DEFAULT_BUCKET_BYTES, value_parser = positive::<usize>)]
     bucket_bytes: usize,
     /// Gradient reduction: mean or sum.
     #[arg(long, default_value = "mean")]
@@ -85,6 +85,36 @@ pub struct TrainArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
+}
+
+fn parse_optimizer(text: &str) -> Result<String, String> {
+    let name = text.to_ascii_lowercase();
+    if optirs_tpu::optimizers::NAMES.contains(&name.as_str()) {
+        Ok(name)
+    } else {
+        Err(format!(
+            "unknown optimizer `{text}` (known: {})",
+            optirs_tpu::optimizers::NAMES.join(", ")
+        ))
+    }
+}
+
+/// A positive whole number (parsed from scientific notation too: `1e8`).
+fn positive<T: TryFrom<u64>>(text: &str) -> Result<T, String> {
+    let value = text
+        .parse::<u64>()
+        .ok()
+        .or_else(|| {
+            text.parse::<f64>()
+                .ok()
+                .filter(|v| v.is_finite() && v.fract() == 0.0 && *v >= 0.0 && *v < 1.8e19)
+                .map(|v| v as u64)
+        })
+        .ok_or_else(|| format!("`{text}` is not a whole number"))?;
+    if value == 0 {
+        return Err("must be at least 1".into());
+    }
+    T::try_from(value).map_err(|_| format!("`{text}` is too large"))
 }
 
 fn parse_timed_device(text: &str) -> Result<(u32, f64), String> {

@@ -95,34 +95,36 @@ impl ReduceGrid {
         let owner_coords = self.coords(owner);
         let levels = self.dims.len();
         let piece = PIECE_ELEMS.min(out.len()).max(1);
-        let mut scratch: Vec<Vec<T>> = (0..=levels).map(|_| vec![T::ZERO; piece]).collect();
+        // One temporary per level below the top: member j > 1 of a fold is
+        // computed there and added; member 1 is computed in place.
+        let mut scratch: Vec<Vec<T>> = (0..levels).map(|_| vec![T::ZERO; piece]).collect();
         let mut coords = owner_coords.clone();
         let mut start = 0;
         while start < out.len() {
             let len = piece.min(out.len() - start);
+            let dst = &mut out[start..start + len];
             self.level(
                 levels,
                 &owner_coords,
                 &mut coords,
                 op,
                 start,
-                len,
+                dst,
                 &mut scratch,
                 fill,
             );
-            let result = &mut scratch[levels][..len];
             if op == ReduceOp::Mean {
-                for v in result.iter_mut() {
+                for v in dst.iter_mut() {
                     *v = v.div_count(self.members.len());
                 }
             }
-            out[start..start + len].copy_from_slice(result);
             start += len;
         }
     }
 
     /// Computes level `level` (dimensions `0..level` folded) for the
-    /// coordinates in `coords[level..]` into `scratch[level]`.
+    /// coordinates in `coords[level..]` into `dst`, with `scratch[..level]`
+    /// for the levels below.
     #[allow(clippy::too_many_arguments)]
     fn level<T: Element>(
         &self,
@@ -131,26 +133,27 @@ impl ReduceGrid {
         coords: &mut [usize],
         op: ReduceOp,
         start: usize,
-        len: usize,
+        dst: &mut [T],
         scratch: &mut [Vec<T>],
         fill: &mut dyn FnMut(usize, usize, &mut [T]),
     ) {
         if level == 0 {
             let rank = self.members[self.linear(coords)];
-            fill(rank, start, &mut scratch[0][..len]);
+            fill(rank, start, dst);
             return;
         }
         let dim = level - 1;
         let n = self.dims[dim];
+        let len = dst.len();
         for j in 1..=n {
             coords[dim] = (owner[dim] + j) % n;
-            self.level(dim, owner, coords, op, start, len, scratch, fill);
-            let (below, at) = scratch.split_at_mut(level);
-            let (value, acc) = (&below[dim][..len], &mut at[0][..len]);
             if j == 1 {
-                acc.copy_from_slice(value);
+                self.level(dim, owner, coords, op, start, dst, scratch, fill);
             } else {
-                accumulate(op, acc, value);
+                let (below, at) = scratch.split_at_mut(dim);
+                let tmp = &mut at[0][..len];
+                self.level(dim, owner, coords, op, start, tmp, below, fill);
+                accumulate(op, dst, tmp);
             }
         }
         coords[dim] = owner[dim];

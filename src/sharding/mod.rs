@@ -34,7 +34,7 @@ use bevy_ecs::prelude::*;
 use bevy_ecs::schedule::Schedules;
 
 pub use error::{FailureCause, ShardingError};
-pub use gradients::{GradientSource, ReplicaGradients, SyntheticGradients};
+pub use gradients::{GradientSource, ReducedGradients, ReplicaGradients, SyntheticGradients};
 pub use layout::{Bucket, ShardLayout, ShardPlan, TensorSpec};
 pub use model::{RecoveryPolicy, RecoveryRecord, Reduction, ShardedModel, SlotValues, model_of};
 pub use params::ParamSet;

@@ -20,8 +20,9 @@
 //!   state and count change, so a failed step changes none of them;
 //! * [`release_step_memory`] (`Coalesce`): a finished step's transient
 //!   HBM (each replica's gradient buffer) goes back to the heaps, which
-//!   coalesce the freed blocks with their neighbours, and the reduced
-//!   copy is dropped.
+//!   coalesce the freed blocks with their neighbours. The host buffer of
+//!   the reduced gradients is kept for the next step, which overwrites it
+//!   (a model-sized buffer is faulted in once, not every step).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -355,8 +356,15 @@ pub fn launch_step<'w, A: FloatElement>(
     let bucket_costs: Vec<&BucketCost> = program_of_bucket.iter().map(|&p| &costs[p]).collect();
     let timeline = schedule(&bucket_costs);
     // The reduce-scatter, on the real data.
+    // The previous step's buffer, reused: no fresh pages every step.
+    let buffer = world
+        .remove_resource::<ShardedStep>()
+        .and_then(|old| A::from_tensor(old.reduced).ok())
+        .map(|a| a.into_raw_vec_and_offset().0)
+        .filter(|v| v.len() == layout.padded_elements());
     let reduced = reduce_gradients(
         &layout,
+        buffer,
         request.gradients,
         model_of(world).map_or(crate::collectives::ReduceOp::Mean, |m| m.reduction.op()),
     );
@@ -387,10 +395,12 @@ pub fn launch_step<'w, A: FloatElement>(
 /// reduce-scatter's order from the source, shards in parallel.
 fn reduce_gradients<A: FloatElement>(
     layout: &super::layout::ShardLayout,
+    buffer: Option<Vec<A>>,
     source: &dyn GradientSource<A>,
     op: crate::collectives::ReduceOp,
 ) -> Vec<A> {
-    let mut reduced = vec![A::ZERO; layout.padded_elements()];
+    // Every element is written below (padding included).
+    let mut reduced = buffer.unwrap_or_else(|| vec![A::ZERO; layout.padded_elements()]);
     let (grid, positions) = layout.grid();
     let n = layout.devices();
     // Shard index → replica.
@@ -416,6 +426,14 @@ fn reduce_gradients<A: FloatElement>(
         rest = tail;
     }
     let elements = layout.elements;
+    if source.is_reduced() {
+        tasks.into_par_iter().for_each(|(start, out)| {
+            let real = elements.saturating_sub(start).min(out.len());
+            source.fill(0, start, &mut out[..real]);
+            out[real..].fill(A::ZERO);
+        });
+        return reduced;
+    }
     tasks
         .into_par_iter()
         .enumerate()
@@ -681,7 +699,7 @@ fn run_shard<A: FloatElement>(
 }
 
 /// Gives a finished step's transient HBM back to the heaps (which coalesce
-/// freed neighbours) and drops its reduced gradients.
+/// freed neighbours).
 pub fn release_step_memory(world: &mut World) {
     let finished = world
         .get_resource::<ShardedStep>()
@@ -699,7 +717,6 @@ pub fn release_step_memory(world: &mut World) {
             step.release_errors += 1;
         }
     }
-    step.reduced = flat_tensor::<f32>(Vec::new());
     step.released = true;
     world.insert_resource(step);
 }

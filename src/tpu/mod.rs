@@ -258,6 +258,37 @@ where
         self.capture()
     }
 
+    /// Shards a whole model's update over every device of the pod this
+    /// optimizer was built on ([`TPUOptimizer::on_pod`]): the same base
+    /// optimizer and configuration, as a [`ShardedOptimizer`]. Single-tensor
+    /// state this optimizer held on the pod is released first. An optimizer
+    /// with its own devices (built with [`TPUOptimizer::new`]) has no pod to
+    /// shard over: an error.
+    pub fn into_sharded(
+        mut self,
+        params: crate::sharding::ParamSet<A>,
+        sharding: ShardingConfig,
+    ) -> Result<ShardedOptimizer<O, A>> {
+        if matches!(self.place, Place::Own(_)) {
+            return Err(crate::error::OptimError::InvalidConfig(
+                "this optimizer runs on its own devices; build it with TPUOptimizer::on_pod to \
+                 shard a model over a pod"
+                    .into(),
+            ));
+        }
+        self.drop_state();
+        let TPUOptimizer {
+            base,
+            config,
+            place,
+            ..
+        } = self;
+        let Place::Pod(pod) = place else {
+            unreachable!("checked above")
+        };
+        ShardedOptimizer::new(base, config, pod, params, sharding)
+    }
+
     /// Restores a snapshot taken by [`TPUOptimizer::snapshot`]; verified
     /// before the world is touched. The device heaps are rebuilt with the
     /// restored state resident, and [`HbmUsage`] follows them.

@@ -47,9 +47,9 @@ use crate::sharding::model::{
 };
 use crate::sharding::step::{LaunchRequest, launch_step};
 use crate::sharding::{
-    DEFAULT_BUCKET_BYTES, GradientSource, ParamSet, RecoveryPolicy, RecoveryRecord, Reduction,
-    ReplicaGradients, ShardLayout, ShardPlan, ShardProgram, ShardedModel, ShardedStep,
-    ShardingError, SlotValues, StepOutcome,
+    DEFAULT_BUCKET_BYTES, GradientSource, ParamSet, RecoveryPolicy, RecoveryRecord,
+    ReducedGradients, Reduction, ReplicaGradients, ShardLayout, ShardPlan, ShardProgram,
+    ShardedModel, ShardedStep, ShardingError, SlotValues, StepOutcome,
 };
 use crate::topology::{DeviceId, HbmCapacity};
 
@@ -396,6 +396,12 @@ where
     /// replica (device id order).
     pub fn step_replicas(&mut self, grads: &[ParamSet<A>]) -> Result<ShardedStepReport> {
         self.step(&ReplicaGradients(grads))
+    }
+
+    /// [`ShardedOptimizer::step`] with a gradient the host already reduced
+    /// over the replicas ([`ReducedGradients`]).
+    pub fn step_reduced(&mut self, grads: &ParamSet<A>) -> Result<ShardedStepReport> {
+        self.step(&ReducedGradients(grads))
     }
 
     /// The parameters (every replica holds these).
