@@ -590,3 +590,51 @@ fn train_models_a_pod_too_large_for_this_machine() {
     assert!(report["step_modeled_seconds"].as_f64().unwrap() > 0.0);
     assert_eq!(report["fits_in_hbm"], false);
 }
+
+#[test]
+fn train_trace_is_a_perfetto_file_with_every_device() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("train.json");
+    let out = optirs(&[
+        "train",
+        "v4-8",
+        "--params",
+        "4000",
+        "--steps",
+        "2",
+        "--bucket-bytes",
+        "4096",
+        "--trace",
+        trace.to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let value: serde_json::Value = serde_json::from_slice(&std::fs::read(&trace).unwrap()).unwrap();
+    let events = value["traceEvents"].as_array().unwrap();
+    for device in 0..8 {
+        for cat in ["compute", "communication"] {
+            assert!(
+                events
+                    .iter()
+                    .any(|e| e["pid"] == device && e["cat"] == cat && e["ph"] == "X"),
+                "device {device} has {cat} spans"
+            );
+        }
+    }
+    // Never overwrites.
+    let again = optirs(&[
+        "train",
+        "v4-8",
+        "--params",
+        "4000",
+        "--steps",
+        "1",
+        "--trace",
+        trace.to_str().unwrap(),
+    ]);
+    assert_eq!(again.status.code(), Some(1));
+}
