@@ -264,6 +264,8 @@ fn collectives_prints_an_nccl_style_table_with_a_correctness_column() {
             "wrong",
             "modeled_seconds",
             "modeled_busbw_gbps",
+            "floor_seconds",
+            "ratio_to_floor",
         ] {
             assert!(row.get(key).is_some(), "{key} missing in {row}");
         }

@@ -110,7 +110,8 @@ impl FromStr for BenchOp {
 
 /// One size of a benchmark run, serialized with exactly the keys `op`,
 /// `bytes`, `measured_seconds`, `algbw_gbps`, `busbw_gbps`, `wrong`,
-/// `modeled_seconds`, `modeled_busbw_gbps`.
+/// `modeled_seconds`, `modeled_busbw_gbps`, `floor_seconds`,
+/// `ratio_to_floor`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct BenchRow {
     /// [`BenchOp::name`].
@@ -129,6 +130,17 @@ pub struct BenchRow {
     pub modeled_seconds: f64,
     /// Bus bandwidth implied by the modeled time, GB/s (0 when it is 0).
     pub modeled_busbw_gbps: f64,
+    /// The shared-memory floor, from a copy measured in the same run: the
+    /// least any in-process implementation must move — all-reduce reads
+    /// and writes every rank's buffer (`2nB` bytes), reduce-scatter reads
+    /// every buffer and writes each rank's chunk (`(n+1)B`), all-gather
+    /// reads each chunk and writes every buffer (`(n+1)B`), broadcast
+    /// reads the root's and writes the others' (`nB`) — at the bandwidth
+    /// of a parallel copy of every rank's input into its buffer (both
+    /// cores, `2nB` bytes, timed before each call).
+    pub floor_seconds: f64,
+    /// `measured_seconds / floor_seconds` (1 would be at the floor).
+    pub ratio_to_floor: f64,
 }
 
 /// Runs `op` over a ring of `n_ranks` for every size in `sizes_bytes` (per
@@ -298,15 +310,25 @@ fn run_one(
         MAX_ITERATIONS
     };
     let mut total = 0.0;
+    let mut floor_total = 0.0;
     for _ in 0..iterations {
-        for (buffer, input) in buffers.iter_mut().zip(&inputs) {
-            buffer.copy_from_slice(input);
-        }
+        // Resetting the buffers is the floor kernel: every rank's buffer
+        // read (its input) and written once, in parallel.
+        let start = Instant::now();
+        reset(&mut buffers, &inputs);
+        floor_total += start.elapsed().as_secs_f64();
         let start = Instant::now();
         layout.run(op, &mut buffers, &ring)?;
         total += start.elapsed().as_secs_f64();
     }
     let measured_seconds = total / iterations as f64;
+    let copy_seconds = floor_total / iterations as f64;
+    let floor_bytes = match op {
+        BenchOp::AllReduce => 2 * n,
+        BenchOp::ReduceScatter | BenchOp::AllGather => n + 1,
+        BenchOp::Broadcast => n,
+    } as f64;
+    let floor_seconds = copy_seconds * floor_bytes / (2 * n) as f64;
     let bytes = (len * 4) as u64;
     let gbps = |seconds: f64| {
         if seconds > 0.0 {
@@ -327,7 +349,29 @@ fn run_one(
         wrong,
         modeled_seconds,
         modeled_busbw_gbps: gbps(modeled_seconds) * factor,
+        floor_seconds,
+        ratio_to_floor: if floor_seconds > 0.0 {
+            measured_seconds / floor_seconds
+        } else {
+            0.0
+        },
     })
+}
+
+/// Copies every rank's input into its buffer, ranks and pieces in
+/// parallel: each byte of every buffer read once and written once.
+fn reset(buffers: &mut [Vec<f32>], inputs: &[Vec<f32>]) {
+    use rayon::prelude::*;
+    const PIECE: usize = 1 << 16;
+    buffers
+        .par_iter_mut()
+        .zip(inputs.par_iter())
+        .for_each(|(buffer, input)| {
+            buffer
+                .par_chunks_mut(PIECE)
+                .zip(input.par_chunks(PIECE))
+                .for_each(|(d, s)| d.copy_from_slice(s));
+        });
 }
 
 /// Rows rendered as an nccl-tests table: sizes in bytes and elements, times
@@ -338,7 +382,7 @@ impl fmt::Display for BenchTable<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "#{:>13}{:>14}{:>8}{:>16}{:>11}{:>8}{:>8}{:>8}{:>13}{:>13}",
+            "#{:>13}{:>14}{:>8}{:>16}{:>11}{:>8}{:>8}{:>8}{:>13}{:>13}{:>11}{:>9}",
             "size",
             "count",
             "type",
@@ -348,17 +392,30 @@ impl fmt::Display for BenchTable<'_> {
             "busbw",
             "#wrong",
             "model_time",
-            "model_busbw"
+            "model_busbw",
+            "floor",
+            "x_floor"
         )?;
         writeln!(
             f,
-            "#{:>13}{:>14}{:>8}{:>16}{:>11}{:>8}{:>8}{:>8}{:>13}{:>13}",
-            "(B)", "(elements)", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)"
+            "#{:>13}{:>14}{:>8}{:>16}{:>11}{:>8}{:>8}{:>8}{:>13}{:>13}{:>11}{:>9}",
+            "(B)",
+            "(elements)",
+            "",
+            "",
+            "(us)",
+            "(GB/s)",
+            "(GB/s)",
+            "",
+            "(us)",
+            "(GB/s)",
+            "(us)",
+            ""
         )?;
         for row in self.0 {
             writeln!(
                 f,
-                " {:>13}{:>14}{:>8}{:>16}{:>11.1}{:>8.2}{:>8.2}{:>8}{:>13.1}{:>13.2}",
+                " {:>13}{:>14}{:>8}{:>16}{:>11.1}{:>8.2}{:>8.2}{:>8}{:>13.1}{:>13.2}{:>11.1}{:>9.2}",
                 row.bytes,
                 row.bytes / 4,
                 "float",
@@ -369,6 +426,8 @@ impl fmt::Display for BenchTable<'_> {
                 row.wrong,
                 row.modeled_seconds * 1e6,
                 row.modeled_busbw_gbps,
+                row.floor_seconds * 1e6,
+                row.ratio_to_floor,
             )?;
         }
         let (sum, count) = self

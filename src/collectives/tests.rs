@@ -503,10 +503,12 @@ fn nccl_style_rows_have_the_documented_keys_and_no_wrong_elements() {
                 "algbw_gbps",
                 "busbw_gbps",
                 "bytes",
+                "floor_seconds",
                 "measured_seconds",
                 "modeled_busbw_gbps",
                 "modeled_seconds",
                 "op",
+                "ratio_to_floor",
                 "wrong"
             ]
         );
