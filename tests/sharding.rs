@@ -1144,3 +1144,50 @@ fn train_trace_draws_every_device_per_bucket() {
         assert!(rs_end <= u.start_seconds + 1e-15 && u.end_seconds <= ag_start + 1e-15);
     }
 }
+
+#[test]
+fn a_paused_device_fails_the_step_and_is_recovered_around() {
+    let sizes = [4000usize];
+    let pod = fine_v4_8();
+    let config = config_for(&pod);
+    let mut opt = ShardedOptimizer::new(
+        optirs_tpu::optimizers::by_name("momentum", 0.01f32).unwrap(),
+        config,
+        pod,
+        model(&sizes),
+        ShardingConfig {
+            bucket_bytes: 2048,
+            recovery: optirs_tpu::sharding::RecoveryPolicy::Redundant,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let before = opt.flat_params().unwrap();
+    let now = opt.pod().clock().now_ns;
+    opt.pod_mut().schedule_fault(
+        now + 2_000,
+        Fault::PauseDevice(optirs_tpu::topology::DeviceId(4)),
+    );
+    let layout = opt.layout().unwrap().clone();
+    let err = opt
+        .step_replicas(&replica_grads(&layout, &sizes, 1))
+        .unwrap_err();
+    let OptimError::Sharding(ShardingError::StepFailed { cause, phase, .. }) = &err else {
+        panic!("{err}");
+    };
+    assert_eq!(
+        *cause,
+        optirs_tpu::sharding::FailureCause::DevicePaused(optirs_tpu::topology::DeviceId(4))
+    );
+    assert!(err.to_string().contains(&phase.to_string()), "{err}");
+    assert_eq!(opt.flat_params().unwrap(), before);
+    assert_eq!(
+        opt.recoveries()[0].lost_devices,
+        vec![optirs_tpu::topology::DeviceId(4)]
+    );
+    let layout = opt.layout().unwrap().clone();
+    assert_eq!(layout.devices(), 7);
+    opt.step_replicas(&replica_grads(&layout, &sizes, 1))
+        .unwrap();
+    assert_eq!(opt.step_count(), 1);
+}
