@@ -21,8 +21,8 @@ use std::time::Instant;
 
 /// The bundled default model: the tensors of one transformer block of
 /// width 1024 with its embedding (vocabulary 4096): embedding, attention
-/// QKV and output, MLP in and out, two norms' scales and biases; 12.6 M
-/// parameters, two buckets at the default bucket size.
+/// QKV and output, MLP in and out, two norms' scales and biases; 16.8 M
+/// parameters, three buckets at the default bucket size.
 pub const DEFAULT_MODEL: &[usize] = &[
     4_194_304, 3_145_728, 1_048_576, 4_194_304, 4_194_304, 1024, 1024, 1024, 1024,
 ];
