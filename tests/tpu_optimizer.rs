@@ -607,3 +607,34 @@ fn state_slots_are_updated_in_place() {
     assert_eq!(addresses(&mut opt), before, "mu and nu stay where they are");
     assert_eq!(p.as_ptr() as usize, p_address, "params are donated");
 }
+
+#[test]
+fn a_recycled_output_is_written_into_and_gives_the_same_numbers() {
+    use ndarray::Array1;
+    use optirs_tpu::optimizers::Adam;
+    use optirs_tpu::{TPUConfig, TPUOptimizer};
+    let n = 1 << 18;
+    let g = Array1::from_shape_fn(n, |i| ((i % 17) as f32 - 8.0) * 1e-3);
+    let mut plain = TPUOptimizer::new(Adam::new(1e-2f32), TPUConfig::default()).unwrap();
+    let mut recycling = TPUOptimizer::new(Adam::new(1e-2f32), TPUConfig::default()).unwrap();
+    // A buffer of garbage handed back first: its old contents never show.
+    recycling.recycle(Array1::from_elem(n, f32::NAN));
+    let mut p_plain = Array1::from_elem(n, 0.5f32);
+    let mut p = Array1::from_elem(n, 0.5f32);
+    let mut handed_back = None;
+    for step in 0..4 {
+        p_plain = plain.tpu_step(&p_plain, &g).unwrap();
+        let next = recycling.tpu_step(&p, &g).unwrap();
+        if let Some(address) = handed_back {
+            assert_eq!(
+                next.as_ptr(),
+                address,
+                "step {step} writes into the recycled buffer"
+            );
+        }
+        assert_eq!(next, p_plain, "step {step}");
+        let old = std::mem::replace(&mut p, next);
+        handed_back = Some(old.as_ptr());
+        recycling.recycle(old);
+    }
+}

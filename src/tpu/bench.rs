@@ -54,6 +54,12 @@ pub struct OptimizerBench {
     pub step_seconds: f64,
     /// Median seconds per compiled `tpu_step_in_place` (cached program).
     pub in_place_step_seconds: f64,
+    /// Median seconds per compiled `tpu_step` whose caller hands the
+    /// previous output back with `TPUOptimizer::recycle` (fresh output in
+    /// pages already faulted in).
+    pub recycled_step_seconds: f64,
+    /// Median of per-round `recycled_step / in_place_step`.
+    pub recycled_ratio_to_in_place: f64,
     /// Median seconds per step of the in-place streaming floor kernel.
     pub floor_seconds: f64,
     /// Median of per-round `in_place_step / floor`.
@@ -100,6 +106,12 @@ impl fmt::Display for OptimizerBench {
             self.in_place_gbps,
         )?;
         row(f, "step, fresh output", self.step_seconds, self.gbps)?;
+        row(
+            f,
+            "step, fresh, recycled",
+            self.recycled_step_seconds,
+            self.bytes_per_step as f64 / self.recycled_step_seconds / 1e9,
+        )?;
         row(f, "floor (in place)", self.floor_seconds, self.floor_gbps)?;
         row(f, "copy (8 B/element)", self.copy_seconds, self.copy_gbps)?;
         row(
@@ -386,6 +398,9 @@ pub fn bench_optimizer(name: &str, size: usize, steps: usize) -> Result<Optimize
     let mut fresh = TPUOptimizer::new(base, TPUConfig::default())?;
     drop(black_box(fresh.tpu_step(&p, &g)?));
     let compile_seconds = fresh.profile().compile_seconds;
+    let mut recycled = TPUOptimizer::new(optimizer_named(name)?.1, TPUConfig::default())?;
+    let out = recycled.tpu_step(&p, &g)?;
+    recycled.recycle(out);
     let mut in_place = TPUOptimizer::new(optimizer_named(name)?.1, TPUConfig::default())?;
     let mut p_in_place = p.clone();
     in_place.tpu_step_in_place(&mut p_in_place, &g)?;
@@ -405,9 +420,10 @@ pub fn bench_optimizer(name: &str, size: usize, steps: usize) -> Result<Optimize
         _ => FreshLoop::Step(optimizer_named(name)?.1),
     };
     drop(black_box(fresh_loop.step(&p, &g)?));
-    const SIDES: usize = 5;
+    const SIDES: usize = 6;
     let mut times: [Vec<f64>; SIDES] = Default::default();
     let (mut in_floor, mut fresh_floor, mut fresh_vs_loop) = (Vec::new(), Vec::new(), Vec::new());
+    let mut recycled_vs_in_place = Vec::new();
     for round in 0..steps {
         let mut t = [0.0; SIDES];
         for k in 0..SIDES {
@@ -418,7 +434,11 @@ pub fn bench_optimizer(name: &str, size: usize, steps: usize) -> Result<Optimize
                 1 => in_place.tpu_step_in_place(&mut p_in_place, &g)?,
                 2 => floor.step(gs)?,
                 3 => copy(black_box(&mut copy_dst), gs),
-                _ => drop(black_box(fresh_loop.step(&p, &g)?)),
+                4 => drop(black_box(fresh_loop.step(&p, &g)?)),
+                _ => {
+                    let out = recycled.tpu_step(&p, &g)?;
+                    recycled.recycle(black_box(out));
+                }
             }
             t[side] = start.elapsed().as_secs_f64();
         }
@@ -428,6 +448,7 @@ pub fn bench_optimizer(name: &str, size: usize, steps: usize) -> Result<Optimize
         in_floor.push(t[1] / t[2]);
         fresh_floor.push(t[0] / t[2]);
         fresh_vs_loop.push(t[0] / t[4]);
+        recycled_vs_in_place.push(t[5] / t[1]);
     }
     black_box((&p_in_place, &floor.params, &floor.state, &copy_dst));
     let [
@@ -436,6 +457,7 @@ pub fn bench_optimizer(name: &str, size: usize, steps: usize) -> Result<Optimize
         floor_seconds,
         copy_seconds,
         fresh_loop_seconds,
+        recycled_step_seconds,
     ] = times.map(|mut v| median(&mut v));
     let gbps = |bytes: u64, s: f64| bytes as f64 / s / 1e9;
     Ok(OptimizerBench {
@@ -443,6 +465,8 @@ pub fn bench_optimizer(name: &str, size: usize, steps: usize) -> Result<Optimize
         size,
         step_seconds,
         in_place_step_seconds,
+        recycled_step_seconds,
+        recycled_ratio_to_in_place: median(&mut recycled_vs_in_place),
         floor_seconds,
         ratio_to_floor: median(&mut in_floor),
         fresh_ratio_to_floor: median(&mut fresh_floor),

@@ -30,6 +30,16 @@
 //!   bytes moved, cache hits and misses, and HBM reservations with the peak
 //!   taken while a reservation was held.
 //!
+//! * **Which step to call.** [`TPUOptimizer::tpu_step_in_place`] is the
+//!   fast path: the params are donated (as with XLA's `donate_argnums`),
+//!   nothing is allocated and the step runs at 1.0–1.2× the in-place
+//!   memory-bandwidth floor for SGD and Adam at 1e7 (`BENCHMARKS.md`).
+//!   [`TPUOptimizer::tpu_step`] returns a fresh array; a large fresh
+//!   output costs new pages from the kernel every step (zeroed, 2–3× the
+//!   in-place time at 1e7) unless the caller hands the previous output
+//!   back with [`TPUOptimizer::recycle`], which brings the fresh step to
+//!   about 1.2× the in-place one.
+//!
 //! The numbers are `Optimizer::step`'s, bit for bit: the graph keeps optax's
 //! op order and the rounded scalars of the rule.
 //!
@@ -91,6 +101,9 @@ use cache::ProgramCache;
 use state::{OptimizerCount, OptimizerSlot};
 use world_state::Place;
 
+/// Arrays [`TPUOptimizer::recycle`] keeps for the next fresh outputs.
+pub const MAX_SPARE_OUTPUTS: usize = 2;
+
 /// An optimizer compiled and run as a TPU program (see the module docs).
 pub struct TPUOptimizer<O, A = f32> {
     base: O,
@@ -107,6 +120,9 @@ pub struct TPUOptimizer<O, A = f32> {
     learning_rate: Option<(u64, Option<A>)>,
     /// Device names for the memory profile, formatted once.
     device_labels: Vec<(Entity, Option<u32>, String)>,
+    /// Outputs handed back with [`TPUOptimizer::recycle`], which the next
+    /// fresh-output steps write into.
+    spare_outputs: Vec<crate::memory::buffers::SpareBuffer>,
     _element: PhantomData<fn() -> A>,
 }
 
@@ -159,6 +175,7 @@ where
             profile: TpuProfile::default(),
             learning_rate: None,
             device_labels: Vec::new(),
+            spare_outputs: Vec::new(),
             _element: PhantomData,
         }
     }
@@ -233,6 +250,40 @@ where
     ) -> Result<Array<A, D>> {
         self.adopt_restored_world()?;
         self.step_fresh(params, grads)
+    }
+
+    /// Hands back an array a [`TPUOptimizer::tpu_step`] returned (or any
+    /// array of the element type) that the caller no longer needs: the
+    /// next fresh-output step writes its result into that memory instead of
+    /// new pages, as XLA's allocator reuses a dropped buffer. At most
+    /// [`MAX_SPARE_OUTPUTS`] are kept (the newest); an array not in
+    /// standard layout is dropped.
+    ///
+    /// ```
+    /// # use ndarray::Array1;
+    /// # use optirs_tpu::optimizers::SGD;
+    /// # use optirs_tpu::{TPUConfig, TPUOptimizer};
+    /// let mut opt = TPUOptimizer::new(SGD::new(0.1f32), TPUConfig::default())?;
+    /// let g = Array1::from_elem(1 << 20, 1e-3f32);
+    /// let mut p = Array1::from_elem(1 << 20, 1.0f32);
+    /// for _ in 0..3 {
+    ///     let next = opt.tpu_step(&p, &g)?;
+    ///     opt.recycle(std::mem::replace(&mut p, next)); // the old params' pages are reused
+    /// }
+    /// # Ok::<(), optirs_tpu::OptimError>(())
+    /// ```
+    pub fn recycle<D: Dimension>(&mut self, array: Array<A, D>) {
+        if !array.is_standard_layout() {
+            return;
+        }
+        let (v, offset) = array.into_raw_vec_and_offset();
+        if offset.unwrap_or(0) != 0 {
+            return;
+        }
+        self.spare_outputs.push(Box::new(v));
+        if self.spare_outputs.len() > MAX_SPARE_OUTPUTS {
+            self.spare_outputs.remove(0);
+        }
     }
 
     /// One step that overwrites `params` (a donated buffer: the program

@@ -232,6 +232,7 @@ where
             base,
             place,
             slots: slot_query,
+            spare_outputs,
             ..
         } = self;
         let world = place.world_mut();
@@ -240,7 +241,9 @@ where
             _element: PhantomData,
         };
         if !compiled_rule {
-            let mut outs = runtime.run(vec![params, grads], &mut handler)?;
+            let mut outs = crate::memory::buffers::with_spare_outputs(spare_outputs, || {
+                runtime.run(vec![params, grads], &mut handler)
+            })?;
             return Ok(outs.swap_remove(0));
         }
         let mut slots: Vec<Mut<'_, OptimizerSlot>> = slot_query.iter_mut(world).collect();
@@ -272,7 +275,9 @@ where
                 neg_lr.as_f64(),
             )));
         }
-        let outs = runtime.run(args, &mut handler)?;
+        let outs = crate::memory::buffers::with_spare_outputs(spare_outputs, || {
+            runtime.run(args, &mut handler)
+        })?;
         let mut outs = outs.into_iter();
         let first = outs.next().ok_or_else(|| {
             OptimError::Optimizer(OptimizerError::InvalidState {
