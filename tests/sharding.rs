@@ -1191,3 +1191,28 @@ fn a_paused_device_fails_the_step_and_is_recovered_around() {
         .unwrap();
     assert_eq!(opt.step_count(), 1);
 }
+
+#[test]
+fn a_snapshot_whose_shards_do_not_fit_is_refused_before_the_world_changes() {
+    let sizes = [4000usize];
+    let mut opt = adam_on(Pod::from_preset("v4-8").unwrap(), &sizes);
+    // A forged capacity: device 3's HBM smaller than its shards.
+    let e = opt.pod().device_entity(3).unwrap();
+    opt.pod_mut()
+        .world_mut()
+        .entity_mut(e)
+        .insert(optirs_tpu::topology::HbmCapacity(1024));
+    let snapshot = opt.snapshot().unwrap();
+    let mut other = adam_on(Pod::from_preset("v4-8").unwrap(), &[4000]);
+    let digest = other.pod_mut().world_sha256().unwrap();
+    let err = other.restore(&snapshot).unwrap_err().to_string();
+    assert!(
+        err.contains("device 3") && err.contains("out of HBM"),
+        "{err}"
+    );
+    assert_eq!(
+        other.pod_mut().world_sha256().unwrap(),
+        digest,
+        "nothing changed"
+    );
+}

@@ -76,11 +76,7 @@ fn unreserved(world: &mut World) -> Vec<(Entity, DeviceId, usize, String)> {
     let mut slots: Vec<(u32, Entity, DeviceId, usize, String)> = q
         .iter(world)
         .map(|(e, s)| {
-            let purpose = if s.owner == s.device {
-                format!("its shard of the optimizer state `{}`", s.name)
-            } else {
-                format!("the copy of {}'s shard of `{}`", s.owner, s.name)
-            };
+            let purpose = shard_purpose(s.device, s.owner, &s.name);
             (s.index, e, s.device, shard_bytes(s), purpose)
         })
         .collect();
@@ -170,6 +166,49 @@ pub fn forget_shard_blocks(world: &mut World) {
     }
 }
 
+/// What a rebuilt heap of one device must hold, in [`reserve_shards`]'
+/// order after any single-device optimizer state: `(bytes, purpose)`.
+pub type ShardNeed = (usize, String);
+
+/// Checks, without a world, that a fresh heap of `capacity` bytes on
+/// `device` (its name) holds `needs` in order, as [`super::device::rebuild_heaps`]
+/// would reserve them; the out-of-memory error names the device, the bytes
+/// and what asked. A restore runs this before it replaces the world.
+pub fn check_shard_rebuild(
+    device: &str,
+    capacity: u64,
+    needs: &[ShardNeed],
+) -> Result<(), MemoryError> {
+    let mut heap = super::heap::Heap::new(
+        usize::try_from(capacity).unwrap_or(usize::MAX),
+        super::ALIGNMENT,
+    );
+    for (bytes, purpose) in needs {
+        if heap.alloc((*bytes).max(1)).is_err() {
+            return Err(MemoryError::OutOfDeviceMemory(
+                super::error::OutOfDeviceMemory {
+                    device: device.to_owned(),
+                    purpose: purpose.clone(),
+                    requested: *bytes as u64,
+                    free: heap.free_bytes() as u64,
+                    largest_free: heap.largest_free() as u64,
+                },
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// What [`reserve_shards`] reserves for a slot: its purpose, as named in
+/// an out-of-memory error.
+pub fn shard_purpose(device: DeviceId, owner: DeviceId, name: &str) -> String {
+    if owner == device {
+        format!("its shard of the optimizer state `{name}`")
+    } else {
+        format!("the copy of {owner}'s shard of `{name}`")
+    }
+}
+
 /// [`ShardSlot`] as stored: its tensor in the checkpoint's tensor file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StoredShardSlot {
@@ -184,6 +223,21 @@ impl StoredShardSlot {
     /// The device holding the shard.
     pub fn device(&self) -> DeviceId {
         self.device
+    }
+
+    /// The device whose shard it is.
+    pub fn owner(&self) -> DeviceId {
+        self.owner
+    }
+
+    /// The slot's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The slot's position in the optimizer's slot order.
+    pub fn index(&self) -> u32 {
+        self.index
     }
 
     /// Bytes of the shard once restored, read without building it.

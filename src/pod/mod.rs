@@ -104,6 +104,64 @@ fn check_heaps(registry: &SnapshotRegistry, snapshot: &WorldSnapshot) -> Result<
     Ok(crate::memory::device::check_rebuild(device, &mut slots)?)
 }
 
+/// Checks that every device's sharded-model memory in the snapshot (its
+/// parameter replica and state shards) fits a fresh heap of its
+/// [`crate::topology::HbmCapacity`], in the order the rebuild reserves it
+/// (after device 0's single-device optimizer state), before the world is
+/// replaced.
+fn check_shard_heaps(registry: &SnapshotRegistry, snapshot: &WorldSnapshot) -> Result<()> {
+    use crate::memory::shards::{ShardNeed, check_shard_rebuild, shard_purpose};
+    use crate::memory::{MemoryError, OptimizerSlot, ReplicaParams, ShardSlot};
+    use crate::topology::{Device, DeviceId, HbmCapacity};
+    use std::collections::BTreeMap;
+    let ctx = crate::persist::LoadContext::checking(snapshot.entity_count, &snapshot.tensors);
+    let replicas =
+        registry.decode_component::<ReplicaParams>(snapshot, "sharding.ReplicaParams")?;
+    let slots = registry.decode_component::<ShardSlot>(snapshot, "sharding.ShardSlot")?;
+    if replicas.is_empty() && slots.is_empty() {
+        return Ok(());
+    }
+    let mut needs: BTreeMap<DeviceId, Vec<ShardNeed>> = BTreeMap::new();
+    for (_, s) in registry.decode_component::<OptimizerSlot>(snapshot, "tpu.OptimizerSlot")? {
+        needs.entry(DeviceId(0)).or_default().push((
+            s.tensor_bytes(&ctx)?,
+            format!("the optimizer state `{}`", s.name()),
+        ));
+    }
+    let mut replicas: Vec<ReplicaParams> = replicas.into_iter().map(|(_, r)| r).collect();
+    replicas.sort_by_key(|r| r.device);
+    for r in replicas {
+        needs
+            .entry(r.device)
+            .or_default()
+            .push((r.bytes as usize, "the model's parameters".into()));
+    }
+    let mut slots: Vec<_> = slots.into_iter().map(|(_, s)| s).collect();
+    slots.sort_by_key(|s| (s.device(), s.index()));
+    for s in slots {
+        needs.entry(s.device()).or_default().push((
+            s.tensor_bytes(&ctx)?,
+            shard_purpose(s.device(), s.owner(), s.name()),
+        ));
+    }
+    let devices = registry.decode_component::<Device>(snapshot, "topology.Device")?;
+    let capacities = registry.decode_component::<HbmCapacity>(snapshot, "topology.HbmCapacity")?;
+    for (id, list) in needs {
+        let Some((dense, d)) = devices.iter().find(|(_, d)| d.id == id) else {
+            return Err(MemoryError::NoHeap {
+                device: id.to_string(),
+            }
+            .into());
+        };
+        let name = format!("{} ({})", d.id, d.generation);
+        let Some((_, capacity)) = capacities.iter().find(|(e, _)| e == dense) else {
+            return Err(MemoryError::NoHeap { device: name }.into());
+        };
+        check_shard_rebuild(&name, capacity.0, &list)?;
+    }
+    Ok(())
+}
+
 /// Seed of the world's random stream (jitter) unless the host picks one.
 pub const DEFAULT_SEED: u64 = 0x005e_ed0f_7b0d;
 
@@ -530,6 +588,7 @@ impl Pod {
         let theirs: PodTopology = registry.decode_resource(snapshot, "topology.PodTopology")?;
         check_same_topology(&theirs.0, self.topology())?;
         check_heaps(registry, snapshot)?;
+        check_shard_heaps(registry, snapshot)?;
         self.world
             .resource_scope(|world, registry: Mut<SnapshotRegistry>| {
                 registry.restore(world, snapshot)
