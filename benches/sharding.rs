@@ -19,12 +19,7 @@ use optirs_tpu::{Pod, TPUConfig, TPUOptimizer};
 use std::hint::black_box;
 
 fn config_for(pod: &Pod) -> TPUConfig {
-    let t = pod.topology();
-    TPUConfig {
-        tpu_version: t.generation,
-        num_cores: t.num_devices() as usize * t.generation.spec().cores_per_chip as usize,
-        ..Default::default()
-    }
+    TPUConfig::for_pod(pod.topology())
 }
 
 /// Ten tensors summing to `total` elements.

@@ -36,6 +36,13 @@ fn dataset() -> (Array2<f32>, Array1<f32>) {
     (x, y)
 }
 
+/// The model's weights and bias.
+fn weights(params: &ParamSet<f32>) -> (Array1<f32>, f32) {
+    let w = params.get("w").expect("the model has w");
+    let w = w.clone().into_dimensionality().expect("w is 1-D");
+    (w, params.get("b").expect("the model has b")[0])
+}
+
 /// Mean squared error of `w`, `b` over every sample.
 fn loss(x: &Array2<f32>, y: &Array1<f32>, w: &Array1<f32>, b: f32) -> f32 {
     let r = x.dot(w) + b - y;
@@ -67,14 +74,7 @@ fn main() -> Result<(), OptimError> {
     let mut step = 0;
     while opt.steps_completed() < 60 {
         step += 1;
-        let current = opt.params()?;
-        let w = current
-            .get("w")
-            .expect("w")
-            .clone()
-            .into_dimensionality()
-            .expect("1-D");
-        let b = current.get("b").expect("b")[0];
+        let (w, b) = weights(&opt.params()?);
         // Each replica: the gradient of the mean squared error on its
         // strided slice of the samples.
         let replicas = opt.layout()?.devices();
@@ -125,14 +125,7 @@ fn main() -> Result<(), OptimError> {
             }
         }
     }
-    let current = opt.params()?;
-    let w: Array1<f32> = current
-        .get("w")
-        .expect("w")
-        .clone()
-        .into_dimensionality()
-        .expect("1-D");
-    let b = current.get("b").expect("b")[0];
+    let (w, b) = weights(&opt.params()?);
     println!(
         "final loss {:.5} after {} steps",
         loss(&x, &y, &w, b),

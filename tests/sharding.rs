@@ -135,13 +135,11 @@ fn pod_named(name: &str) -> Pod {
     }
 }
 
+/// A built-in optimizer sharded over a pod, as the tests build them.
+type Sharded = ShardedOptimizer<Box<dyn optirs_tpu::Optimizer<f32, IxDyn> + Send + Sync>, f32>;
+
 fn config_for(pod: &Pod) -> TPUConfig {
-    let t = pod.topology();
-    TPUConfig {
-        tpu_version: t.generation,
-        num_cores: t.num_devices() as usize * t.generation.spec().cores_per_chip as usize,
-        ..Default::default()
-    }
+    TPUConfig::for_pod(pod.topology())
 }
 
 fn model(sizes: &[usize]) -> ParamSet<f32> {
@@ -533,7 +531,7 @@ fn fine_v4_8() -> Pod {
 
 /// Steps with the reference alongside; returns (sharded, reference flat).
 fn exact_step(
-    sharded: &mut ShardedOptimizer<Box<dyn optirs_tpu::Optimizer<f32, IxDyn> + Send + Sync>, f32>,
+    sharded: &mut Sharded,
     reference: &mut TPUOptimizer<Box<dyn optirs_tpu::Optimizer<f32, IxDyn> + Send + Sync>, f32>,
     flat: &mut Array1<f32>,
     sizes: &[usize],
@@ -553,18 +551,16 @@ fn redundant_shards_survive_a_killed_device_without_losing_a_step() {
     let sizes = [3000usize, 41];
     let pod = fine_v4_8();
     let config = config_for(&pod);
-    let mut sharded = ShardedOptimizer::new(
-        optirs_tpu::optimizers::by_name("adam", 0.01f32).unwrap(),
-        config.clone(),
+    let mut sharded = sharded_on(
         pod,
-        model(&sizes),
+        "adam",
+        &sizes,
         ShardingConfig {
             bucket_bytes: 4096,
             recovery: optirs_tpu::sharding::RecoveryPolicy::Redundant,
             ..Default::default()
         },
-    )
-    .unwrap();
+    );
     // A copy of every state shard: twice the state bytes per device.
     let layout = sharded.layout().unwrap().clone();
     let e = sharded.pod().device_entity(0).unwrap();
@@ -649,20 +645,17 @@ fn rollback_restores_the_last_checkpoint_and_counts_lost_steps() {
     let sizes = [2000usize, 9];
     let dir = tempfile::tempdir().unwrap();
     let mut pod = fine_v4_8();
-    let config = config_for(&pod);
     pod.enable_periodic_checkpoints(100, vec![dir.path().to_path_buf()], 3)
         .unwrap();
-    let mut sharded = ShardedOptimizer::new(
-        optirs_tpu::optimizers::by_name("adam", 0.01f32).unwrap(),
-        config,
+    let mut sharded = sharded_on(
         pod,
-        model(&sizes),
+        "adam",
+        &sizes,
         ShardingConfig {
             bucket_bytes: 2048,
             ..Default::default()
         },
-    )
-    .unwrap();
+    );
     let mut history = vec![sharded.flat_params().unwrap()];
     let mut counts = vec![0];
     for step in 1..=6 {
@@ -704,18 +697,15 @@ fn rollback_restores_the_last_checkpoint_and_counts_lost_steps() {
 #[test]
 fn rollback_without_checkpoints_is_a_clear_error() {
     let pod = fine_v4_8();
-    let config = config_for(&pod);
-    let mut sharded = ShardedOptimizer::new(
-        optirs_tpu::optimizers::by_name("sgd", 0.01f32).unwrap(),
-        config,
+    let mut sharded = sharded_on(
         pod,
-        model(&[4000]),
+        "sgd",
+        &[4000],
         ShardingConfig {
             bucket_bytes: 2048,
             ..Default::default()
         },
-    )
-    .unwrap();
+    );
     let now = sharded.pod().clock().now_ns;
     sharded.pod_mut().schedule_fault(
         now + 1_000,
@@ -733,22 +723,23 @@ fn rollback_without_checkpoints_is_a_clear_error() {
     assert_eq!(sharded.layout().unwrap().devices(), 8, "nothing changed");
 }
 
-fn adam_on(
-    pod: Pod,
-    sizes: &[usize],
-) -> ShardedOptimizer<Box<dyn optirs_tpu::Optimizer<f32, IxDyn> + Send + Sync>, f32> {
+/// The optimizer `name` (learning rate 0.01) sharded over `pod`.
+fn sharded_on(pod: Pod, name: &str, sizes: &[usize], sharding: ShardingConfig) -> Sharded {
     let config = config_for(&pod);
-    ShardedOptimizer::new(
-        optirs_tpu::optimizers::by_name("adam", 0.01f32).unwrap(),
-        config,
+    let base = optirs_tpu::optimizers::by_name(name, 0.01f32).unwrap();
+    ShardedOptimizer::new(base, config, pod, model(sizes), sharding).unwrap()
+}
+
+fn adam_on(pod: Pod, sizes: &[usize]) -> Sharded {
+    sharded_on(
         pod,
-        model(sizes),
+        "adam",
+        sizes,
         ShardingConfig {
             bucket_bytes: 1024,
             ..Default::default()
         },
     )
-    .unwrap()
 }
 
 #[test]
@@ -1149,19 +1140,16 @@ fn train_trace_draws_every_device_per_bucket() {
 fn a_paused_device_fails_the_step_and_is_recovered_around() {
     let sizes = [4000usize];
     let pod = fine_v4_8();
-    let config = config_for(&pod);
-    let mut opt = ShardedOptimizer::new(
-        optirs_tpu::optimizers::by_name("momentum", 0.01f32).unwrap(),
-        config,
+    let mut opt = sharded_on(
         pod,
-        model(&sizes),
+        "momentum",
+        &sizes,
         ShardingConfig {
             bucket_bytes: 2048,
             recovery: optirs_tpu::sharding::RecoveryPolicy::Redundant,
             ..Default::default()
         },
-    )
-    .unwrap();
+    );
     let before = opt.flat_params().unwrap();
     let now = opt.pod().clock().now_ns;
     opt.pod_mut().schedule_fault(

@@ -74,7 +74,7 @@ pub fn bench(args: BenchArgs) -> Result<()> {
 
 /// A positive count written as digits (`_` separators allowed) or in exact
 /// scientific notation: `10000000`, `10_000_000`, `1e7`, `2.5e6`.
-fn parse_count(text: &str) -> Result<usize, String> {
+pub(super) fn parse_count(text: &str) -> Result<usize, String> {
     let bad = || format!("`{text}` is not a positive whole number like 4096, 10_000_000 or 1e7");
     let digits: String = text.trim().chars().filter(|&c| c != '_').collect();
     let value = match digits.split_once(['e', 'E']) {

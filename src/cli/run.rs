@@ -73,7 +73,7 @@ pub struct RunArgs {
 }
 
 /// Parses `5@3.5` into device 5 at 3.5 s.
-fn parse_timed_device(text: &str) -> Result<(u32, f64), String> {
+pub(super) fn parse_timed_device(text: &str) -> Result<(u32, f64), String> {
     let (device, seconds) = text
         .split_once('@')
         .ok_or_else(|| format!("`{text}` is not DEVICE@SECONDS (e.g. 5@3.5)"))?;

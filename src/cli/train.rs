@@ -1,9 +1,12 @@
 //! `optirs-tpu train`: a model's optimizer sharded over a pod, stepped in
 //! simulated time with seeded synthetic gradients, through failures.
 
+use super::bench::parse_count;
+use super::run::parse_timed_device;
 use super::{output, progress};
 use anyhow::{Context, Result, bail};
 use clap::Args;
+use clap::builder::PossibleValuesParser;
 use ndarray::{ArrayD, IxDyn};
 use optirs_tpu::health::Fault;
 use optirs_tpu::sharding::{
@@ -38,20 +41,21 @@ pub struct TrainArgs {
     #[arg(default_value = DEFAULT_PRESET)]
     pod: String,
     /// One of sgd, momentum, nesterov, adam, adamw, rmsprop, adagrad.
-    #[arg(long, default_value = "adam", value_parser = parse_optimizer)]
+    #[arg(long, default_value = "adam", ignore_case = true,
+          value_parser = PossibleValuesParser::new(optirs_tpu::optimizers::NAMES))]
     optimizer: String,
     /// Learning rate.
     #[arg(long, default_value_t = 1e-3)]
     lr: f64,
     /// The model's tensor sizes in elements, comma-separated (the default
-    /// is a small transformer stack of 3.4 M parameters).
-    #[arg(long, value_delimiter = ',', value_name = "N[,N...]", value_parser = positive::<usize>)]
+    /// is the bundled 16.8 M-parameter transformer block).
+    #[arg(long, value_delimiter = ',', value_name = "N[,N...]", value_parser = parse_count)]
     params: Vec<usize>,
     /// Steps to complete (lost steps are redone).
-    #[arg(long, default_value_t = 20, value_parser = positive::<u64>)]
+    #[arg(long, default_value_t = 20, value_parser = parse_steps)]
     steps: u64,
     /// Bucket size in bytes.
-    #[arg(long, default_value_t = DEFAULT_BUCKET_BYTES, value_parser = positive::<usize>)]
+    #[arg(long, default_value_t = DEFAULT_BUCKET_BYTES, value_parser = parse_count)]
     bucket_bytes: usize,
     /// Gradient reduction: mean or sum.
     #[arg(long, default_value = "mean")]
@@ -87,51 +91,9 @@ pub struct TrainArgs {
     json: bool,
 }
 
-fn parse_optimizer(text: &str) -> Result<String, String> {
-    let name = text.to_ascii_lowercase();
-    if optirs_tpu::optimizers::NAMES.contains(&name.as_str()) {
-        Ok(name)
-    } else {
-        Err(format!(
-            "unknown optimizer `{text}` (known: {})",
-            optirs_tpu::optimizers::NAMES.join(", ")
-        ))
-    }
-}
-
-/// A positive whole number (parsed from scientific notation too: `1e8`).
-fn positive<T: TryFrom<u64>>(text: &str) -> Result<T, String> {
-    let value = text
-        .parse::<u64>()
-        .ok()
-        .or_else(|| {
-            text.parse::<f64>()
-                .ok()
-                .filter(|v| v.is_finite() && v.fract() == 0.0 && *v >= 0.0 && *v < 1.8e19)
-                .map(|v| v as u64)
-        })
-        .ok_or_else(|| format!("`{text}` is not a whole number"))?;
-    if value == 0 {
-        return Err("must be at least 1".into());
-    }
-    T::try_from(value).map_err(|_| format!("`{text}` is too large"))
-}
-
-fn parse_timed_device(text: &str) -> Result<(u32, f64), String> {
-    let (device, seconds) = text
-        .split_once('@')
-        .ok_or_else(|| format!("`{text}` is not DEVICE@SECONDS (e.g. 5@0.002)"))?;
-    let device = device
-        .trim()
-        .parse::<u32>()
-        .map_err(|_| format!("`{device}` is not a device id"))?;
-    let seconds = seconds
-        .trim()
-        .parse::<f64>()
-        .ok()
-        .filter(|s| s.is_finite() && *s >= 0.0 && *s < 1e9)
-        .ok_or_else(|| format!("`{seconds}` is not a time in seconds"))?;
-    Ok((device, seconds))
+/// [`parse_count`] for a count of steps.
+fn parse_steps(text: &str) -> Result<u64, String> {
+    parse_count(text).map(|n| n as u64)
 }
 
 #[derive(Serialize, Debug)]
@@ -291,12 +253,7 @@ pub fn train(args: TrainArgs) -> Result<()> {
             Fault::KillDevice(DeviceId(device)),
         );
     }
-    let generation = pod.topology().generation;
-    let config = TPUConfig {
-        tpu_version: generation,
-        num_cores: devices as usize * generation.spec().cores_per_chip as usize,
-        ..Default::default()
-    };
+    let config = TPUConfig::for_pod(pod.topology());
     let base = optirs_tpu::optimizers::by_name(&args.optimizer, args.lr as f32)
         .map_err(OptimError::from)?;
     let sharding = ShardingConfig {

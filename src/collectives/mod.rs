@@ -178,16 +178,7 @@ pub fn all_gather<T: Element, B: AsMut<[T]>>(
     let slices = ring_slices(buffers, ring)?;
     let len = slices[0].len();
     ring::all_gather_rings(vec![slices]);
-    let mut traffic = Traffic::default();
-    RingRoute::neighbours(ring).record_pass(
-        &mut traffic,
-        PhaseKind::AllGather,
-        0,
-        0,
-        len,
-        T::BYTES,
-    );
-    Ok(traffic)
+    Ok(ring_all_gather_traffic(ring, len, T::BYTES))
 }
 
 /// Broadcast of rank `root`'s buffer to every ring member, down the chain
@@ -228,6 +219,16 @@ pub fn torus_all_reduce<T: Element, B: AsMut<[T]>>(
     shape: &TorusShape,
     op: ReduceOp,
 ) -> Result<Traffic, CollectiveError> {
+    let slices = torus_slices(buffers, shape)?;
+    Ok(torus::torus_all_reduce_slices(slices, shape, op))
+}
+
+/// Every device's buffer of a torus collective, by device index: one per
+/// device, all of one length.
+fn torus_slices<'a, T, B: AsMut<[T]>>(
+    buffers: &'a mut [B],
+    shape: &TorusShape,
+) -> Result<Vec<&'a mut [T]>, CollectiveError> {
     let expected = shape.device_count();
     if buffers.len() != expected {
         return Err(CollectiveError::BufferCount {
@@ -236,8 +237,7 @@ pub fn torus_all_reduce<T: Element, B: AsMut<[T]>>(
         });
     }
     let all: Vec<usize> = (0..expected).collect();
-    let slices = ring_slices(buffers, &all)?;
-    Ok(torus::torus_all_reduce_slices(slices, shape, op))
+    ring_slices(buffers, &all)
 }
 
 /// Reduce-scatter over every device of a torus, dimension by dimension
@@ -251,45 +251,26 @@ pub fn torus_reduce_scatter<T: Element, B: AsMut<[T]>>(
     shape: &TorusShape,
     op: ReduceOp,
 ) -> Result<Traffic, CollectiveError> {
-    let expected = shape.device_count();
-    if buffers.len() != expected {
-        return Err(CollectiveError::BufferCount {
-            expected,
-            got: buffers.len(),
-        });
-    }
-    let all: Vec<usize> = (0..expected).collect();
-    let slices = ring_slices(buffers, &all)?;
+    let slices = torus_slices(buffers, shape)?;
     Ok(torus::torus_reduce_scatter_slices(slices, shape, op))
 }
 
 /// The traffic of a ring reduce-scatter of a `len`-element buffer over
 /// `ring` (what [`reduce_scatter`] records), without moving data.
 pub fn ring_reduce_scatter_traffic(ring: &[usize], len: usize, elem_bytes: usize) -> Traffic {
-    let mut traffic = Traffic::default();
-    RingRoute::neighbours(ring).record_pass(
-        &mut traffic,
-        PhaseKind::ReduceScatter,
-        0,
-        0,
-        len,
-        elem_bytes,
-    );
-    traffic
+    ring_pass_traffic(ring, PhaseKind::ReduceScatter, len, elem_bytes)
 }
 
 /// The traffic of a ring all-gather of a `len`-element buffer over `ring`
 /// (what [`all_gather`] records), without moving data: for callers whose
 /// members share one copy of the gathered values.
 pub fn ring_all_gather_traffic(ring: &[usize], len: usize, elem_bytes: usize) -> Traffic {
+    ring_pass_traffic(ring, PhaseKind::AllGather, len, elem_bytes)
+}
+
+/// One pass of `kind` over `ring` (pass 0, dimension 0).
+fn ring_pass_traffic(ring: &[usize], kind: PhaseKind, len: usize, elem_bytes: usize) -> Traffic {
     let mut traffic = Traffic::default();
-    RingRoute::neighbours(ring).record_pass(
-        &mut traffic,
-        PhaseKind::AllGather,
-        0,
-        0,
-        len,
-        elem_bytes,
-    );
+    RingRoute::neighbours(ring).record_pass(&mut traffic, kind, 0, 0, len, elem_bytes);
     traffic
 }

@@ -166,6 +166,17 @@ impl TorusShape {
         self.dims[..dim].iter().product()
     }
 
+    /// After a reduce-scatter pass along `dim`, each device's range (indexed
+    /// by device) becomes its coordinate's chunk of that range.
+    fn narrow(&self, dim: usize, ranges: &mut [Range<usize>]) {
+        let n = self.dims[dim];
+        let stride = self.stride(dim);
+        for (dev, range) in ranges.iter_mut().enumerate() {
+            let sub = chunk_range(range.len(), n, (dev / stride) % n);
+            *range = range.start + sub.start..range.start + sub.end;
+        }
+    }
+
     /// The lines (device lists in coordinate order) along dimension `dim`.
     fn lines(&self, dim: usize) -> Vec<Vec<usize>> {
         let n = self.dims[dim];
@@ -228,8 +239,6 @@ pub(crate) fn torus_all_reduce_slices<T: Element>(
     let mut passes: Vec<Vec<(RingRoute, usize)>> = Vec::with_capacity(ndims);
     let mut order = 0u32;
     for dim in 0..ndims {
-        let n = shape.dims[dim];
-        let stride = shape.stride(dim);
         let lines = shape.lines(dim);
         let last = dim + 1 == ndims;
         let epilogue = Epilogue {
@@ -265,10 +274,7 @@ pub(crate) fn torus_all_reduce_slices<T: Element>(
         order += 1;
         ranges_before.push(ranges.clone());
         if !last {
-            for (dev, range) in ranges.iter_mut().enumerate() {
-                let sub = chunk_range(range.len(), n, (dev / stride) % n);
-                *range = range.start + sub.start..range.start + sub.end;
-            }
+            shape.narrow(dim, &mut ranges);
         }
     }
     order += 1;
@@ -296,12 +302,7 @@ pub(crate) fn torus_all_reduce_slices<T: Element>(
 pub fn torus_shard_ranges(shape: &TorusShape, len: usize) -> Vec<Range<usize>> {
     let mut ranges: Vec<Range<usize>> = vec![0..len; shape.device_count()];
     for dim in 0..shape.dims.len() {
-        let n = shape.dims[dim];
-        let stride = shape.stride(dim);
-        for (dev, range) in ranges.iter_mut().enumerate() {
-            let sub = chunk_range(range.len(), n, (dev / stride) % n);
-            *range = range.start + sub.start..range.start + sub.end;
-        }
+        shape.narrow(dim, &mut ranges);
     }
     ranges
 }
@@ -321,8 +322,6 @@ pub(crate) fn torus_reduce_scatter_slices<T: Element>(
     let mut traffic = Traffic::default();
     let mut ranges: Vec<Range<usize>> = vec![0..len; device_count];
     for dim in 0..ndims {
-        let n = shape.dims[dim];
-        let stride = shape.stride(dim);
         let lines = shape.lines(dim);
         let epilogue = Epilogue {
             divisor: (dim + 1 == ndims && op == ReduceOp::Mean).then_some(device_count),
@@ -342,10 +341,7 @@ pub(crate) fn torus_reduce_scatter_slices<T: Element>(
             dim as u32,
             T::BYTES,
         );
-        for (dev, range) in ranges.iter_mut().enumerate() {
-            let sub = chunk_range(range.len(), n, (dev / stride) % n);
-            *range = range.start + sub.start..range.start + sub.end;
-        }
+        shape.narrow(dim, &mut ranges);
     }
     traffic
 }
@@ -357,8 +353,6 @@ fn scatter_passes(shape: &TorusShape, len: usize) -> Vec<Vec<(RingRoute, usize)>
     let mut ranges: Vec<Range<usize>> = vec![0..len; shape.device_count()];
     let mut passes: Vec<Vec<(RingRoute, usize)>> = Vec::with_capacity(ndims);
     for dim in 0..ndims {
-        let n = shape.dims[dim];
-        let stride = shape.stride(dim);
         let lines = shape.lines(dim);
         passes.push(
             lines
@@ -366,10 +360,7 @@ fn scatter_passes(shape: &TorusShape, len: usize) -> Vec<Vec<(RingRoute, usize)>
                 .map(|line| (shape.route(dim, line), ranges[line[0]].len()))
                 .collect(),
         );
-        for (dev, range) in ranges.iter_mut().enumerate() {
-            let sub = chunk_range(range.len(), n, (dev / stride) % n);
-            *range = range.start + sub.start..range.start + sub.end;
-        }
+        shape.narrow(dim, &mut ranges);
     }
     passes
 }

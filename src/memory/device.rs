@@ -253,12 +253,28 @@ pub fn check_rebuild(
     }
     let (device, capacity) = device.ok_or(MemoryError::NoStateDevice)?;
     slots.sort_by_key(|s| s.0);
+    let needs: Vec<(usize, String)> = slots
+        .iter()
+        .map(|(_, bytes, name)| (*bytes, format!("the optimizer state `{name}`")))
+        .collect();
+    check_fits(&device, capacity, &needs)
+}
+
+/// Checks, without a world, that a fresh heap of `capacity` bytes on
+/// `device` (its name) holds `needs` (`(bytes, purpose)`) reserved in
+/// order, as a rebuild reserves them; the out-of-memory error names the
+/// device, the bytes and what asked.
+pub fn check_fits(
+    device: &str,
+    capacity: u64,
+    needs: &[(usize, String)],
+) -> Result<(), MemoryError> {
     let mut heap = Heap::new(usize::try_from(capacity).unwrap_or(usize::MAX), ALIGNMENT);
-    for (_, bytes, name) in slots.iter() {
+    for (bytes, purpose) in needs {
         if heap.alloc((*bytes).max(1)).is_err() {
             return Err(MemoryError::OutOfDeviceMemory(OutOfDeviceMemory {
-                device,
-                purpose: format!("the optimizer state `{name}`"),
+                device: device.to_owned(),
+                purpose: purpose.clone(),
                 requested: *bytes as u64,
                 free: heap.free_bytes() as u64,
                 largest_free: heap.largest_free() as u64,

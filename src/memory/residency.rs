@@ -56,10 +56,7 @@ impl StoredSlot {
     /// Bytes the slot's tensor occupies once restored (what its heap block
     /// must hold), read from the stored form without building the tensor.
     pub fn tensor_bytes(&self, ctx: &LoadContext) -> Result<usize, SnapshotError> {
-        match &self.tensor {
-            StoredTensorValue::Inline(t) => Ok(t.len() * t.dtype().byte_size()),
-            StoredTensorValue::External(r) => Ok(ctx.tensor(r, "OptimizerSlot")?.data.len()),
-        }
+        self.tensor.byte_len(ctx, "OptimizerSlot")
     }
 }
 

@@ -166,39 +166,6 @@ pub fn forget_shard_blocks(world: &mut World) {
     }
 }
 
-/// What a rebuilt heap of one device must hold, in [`reserve_shards`]'
-/// order after any single-device optimizer state: `(bytes, purpose)`.
-pub type ShardNeed = (usize, String);
-
-/// Checks, without a world, that a fresh heap of `capacity` bytes on
-/// `device` (its name) holds `needs` in order, as [`super::device::rebuild_heaps`]
-/// would reserve them; the out-of-memory error names the device, the bytes
-/// and what asked. A restore runs this before it replaces the world.
-pub fn check_shard_rebuild(
-    device: &str,
-    capacity: u64,
-    needs: &[ShardNeed],
-) -> Result<(), MemoryError> {
-    let mut heap = super::heap::Heap::new(
-        usize::try_from(capacity).unwrap_or(usize::MAX),
-        super::ALIGNMENT,
-    );
-    for (bytes, purpose) in needs {
-        if heap.alloc((*bytes).max(1)).is_err() {
-            return Err(MemoryError::OutOfDeviceMemory(
-                super::error::OutOfDeviceMemory {
-                    device: device.to_owned(),
-                    purpose: purpose.clone(),
-                    requested: *bytes as u64,
-                    free: heap.free_bytes() as u64,
-                    largest_free: heap.largest_free() as u64,
-                },
-            ));
-        }
-    }
-    Ok(())
-}
-
 /// What [`reserve_shards`] reserves for a slot: its purpose, as named in
 /// an out-of-memory error.
 pub fn shard_purpose(device: DeviceId, owner: DeviceId, name: &str) -> String {
@@ -242,10 +209,7 @@ impl StoredShardSlot {
 
     /// Bytes of the shard once restored, read without building it.
     pub fn tensor_bytes(&self, ctx: &LoadContext) -> Result<usize, SnapshotError> {
-        match &self.tensor {
-            StoredTensorValue::Inline(t) => Ok(t.len() * t.dtype().byte_size()),
-            StoredTensorValue::External(r) => Ok(ctx.tensor(r, "ShardSlot")?.data.len()),
-        }
+        self.tensor.byte_len(ctx, "ShardSlot")
     }
 }
 

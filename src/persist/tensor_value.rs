@@ -25,6 +25,17 @@ pub enum StoredTensorValue {
     External(TensorRef),
 }
 
+impl StoredTensorValue {
+    /// Bytes the tensor occupies once loaded, read from the stored form
+    /// without building it (what a device heap must hold for it).
+    pub fn byte_len(&self, ctx: &LoadContext, what: &'static str) -> Result<usize, SnapshotError> {
+        match self {
+            StoredTensorValue::Inline(t) => Ok(t.len() * t.dtype().byte_size()),
+            StoredTensorValue::External(r) => Ok(ctx.tensor(r, what)?.data.len()),
+        }
+    }
+}
+
 /// Elements per parallel chunk when converting bulk tensors.
 const CONVERT_CHUNK: usize = 1 << 20;
 

@@ -110,7 +110,8 @@ fn check_heaps(registry: &SnapshotRegistry, snapshot: &WorldSnapshot) -> Result<
 /// (after device 0's single-device optimizer state), before the world is
 /// replaced.
 fn check_shard_heaps(registry: &SnapshotRegistry, snapshot: &WorldSnapshot) -> Result<()> {
-    use crate::memory::shards::{ShardNeed, check_shard_rebuild, shard_purpose};
+    use crate::memory::device::check_fits;
+    use crate::memory::shards::shard_purpose;
     use crate::memory::{MemoryError, OptimizerSlot, ReplicaParams, ShardSlot};
     use crate::topology::{Device, DeviceId, HbmCapacity};
     use std::collections::BTreeMap;
@@ -121,7 +122,7 @@ fn check_shard_heaps(registry: &SnapshotRegistry, snapshot: &WorldSnapshot) -> R
     if replicas.is_empty() && slots.is_empty() {
         return Ok(());
     }
-    let mut needs: BTreeMap<DeviceId, Vec<ShardNeed>> = BTreeMap::new();
+    let mut needs: BTreeMap<DeviceId, Vec<(usize, String)>> = BTreeMap::new();
     for (_, s) in registry.decode_component::<OptimizerSlot>(snapshot, "tpu.OptimizerSlot")? {
         needs.entry(DeviceId(0)).or_default().push((
             s.tensor_bytes(&ctx)?,
@@ -157,7 +158,7 @@ fn check_shard_heaps(registry: &SnapshotRegistry, snapshot: &WorldSnapshot) -> R
         let Some((_, capacity)) = capacities.iter().find(|(e, _)| e == dense) else {
             return Err(MemoryError::NoHeap { device: name }.into());
         };
-        check_shard_rebuild(&name, capacity.0, &list)?;
+        check_fits(&name, capacity.0, &list)?;
     }
     Ok(())
 }

@@ -231,6 +231,25 @@ impl ShardLayout {
         start..start + bucket.shard_len
     }
 
+    /// A padded flat buffer cut into its shards, bucket by bucket:
+    /// `(bucket, owning replica, the shard's slice)`.
+    pub fn shards_of<'a, T>(&self, padded: &'a mut [T]) -> Vec<(usize, usize, &'a mut [T])> {
+        let mut replica_of_shard = vec![0usize; self.devices()];
+        for (r, &k) in self.shard_index.iter().enumerate() {
+            replica_of_shard[k] = r;
+        }
+        let mut shards = Vec::with_capacity(self.buckets.len() * self.devices());
+        let mut rest = padded;
+        for (b, bucket) in self.buckets.iter().enumerate() {
+            let (head, tail) = std::mem::take(&mut rest).split_at_mut(bucket.padded_len);
+            for (k, shard) in head.chunks_mut(bucket.shard_len).enumerate() {
+                shards.push((b, replica_of_shard[k], shard));
+            }
+            rest = tail;
+        }
+        shards
+    }
+
     /// The replica (participant index) of a device.
     pub fn replica_of(&self, device: DeviceId) -> Option<usize> {
         self.participants.binary_search(&device).ok()
@@ -244,14 +263,10 @@ impl ShardLayout {
                 ReduceGrid::torus(dims),
                 self.participants.iter().map(|d| d.0 as usize).collect(),
             ),
+            // On a ring a replica's shard is its ring position.
             ShardPlan::Ring { ring } => {
                 let members: Vec<usize> = ring.iter().map(|d| d.0 as usize).collect();
-                let positions = self
-                    .participants
-                    .iter()
-                    .map(|d| ring.iter().position(|x| x == d).unwrap_or(0))
-                    .collect();
-                (ReduceGrid::ring(&members), positions)
+                (ReduceGrid::ring(&members), self.shard_index.clone())
             }
         }
     }
@@ -272,14 +287,18 @@ impl ShardLayout {
         }
     }
 
-    /// The replica that holds replica `r`'s redundant state copy: its
+    /// Per replica, the replica that holds its redundant state copy: its
     /// successor in [`ShardLayout::ring_order`].
-    pub fn peer_of(&self, r: usize) -> usize {
+    pub fn peers(&self) -> Vec<usize> {
         let ring = self.ring_order();
-        let device = self.participants[r];
-        let at = ring.iter().position(|&d| d == device).unwrap_or(0);
-        let next = ring[(at + 1) % ring.len()];
-        self.replica_of(next).unwrap_or(r)
+        let mut peers: Vec<usize> = (0..self.devices()).collect();
+        for (at, &device) in ring.iter().enumerate() {
+            let next = ring[(at + 1) % ring.len()];
+            if let (Some(r), Some(peer)) = (self.replica_of(device), self.replica_of(next)) {
+                peers[r] = peer;
+            }
+        }
+        peers
     }
 
     /// The torus shape of a [`ShardPlan::Torus`].
@@ -323,10 +342,14 @@ fn shard_indices(participants: &[DeviceId], plan: &ShardPlan) -> Result<Vec<usiz
                     ),
                 });
             }
-            Ok(participants
-                .iter()
-                .map(|d| ring.iter().position(|x| x == d).unwrap_or(0))
-                .collect())
+            // `ring` is a permutation of the sorted participants.
+            let mut positions = vec![0; n];
+            for (at, d) in ring.iter().enumerate() {
+                if let Ok(r) = participants.binary_search(d) {
+                    positions[r] = at;
+                }
+            }
+            Ok(positions)
         }
     }
 }

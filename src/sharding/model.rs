@@ -215,8 +215,9 @@ pub fn install_model<A: FloatElement>(
                 .id(),
         );
     }
+    let peers = layout.peers();
     for (index, name) in model.slots.iter().enumerate() {
-        for r in 0..layout.devices() {
+        for (r, &peer) in peers.iter().enumerate() {
             let mut shard = Vec::with_capacity(layout.shard_elements());
             for b in 0..layout.buckets.len() {
                 let range = layout.shard_range(r, b);
@@ -232,7 +233,7 @@ pub fn install_model<A: FloatElement>(
                 spawned.push(
                     world
                         .spawn(ShardSlot {
-                            device: layout.participants[layout.peer_of(r)],
+                            device: layout.participants[peer],
                             owner: device,
                             name: name.clone(),
                             index: index as u32,

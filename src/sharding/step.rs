@@ -211,9 +211,10 @@ fn replication_traffic(
         step: 0,
     };
     let transfers = (0..layout.devices())
-        .map(|r| crate::collectives::Transfer {
+        .zip(layout.peers())
+        .map(|(r, peer)| crate::collectives::Transfer {
             src: layout.participants[r].0 as usize,
-            dst: layout.participants[layout.peer_of(r)].0 as usize,
+            dst: layout.participants[peer].0 as usize,
             bytes,
             hops: 1,
             phase,
@@ -402,53 +403,30 @@ fn reduce_gradients<A: FloatElement>(
     // Every element is written below (padding included).
     let mut reduced = buffer.unwrap_or_else(|| vec![A::ZERO; layout.padded_elements()]);
     let (grid, positions) = layout.grid();
-    let n = layout.devices();
-    // Shard index → replica.
-    let mut replica_of_shard = vec![0usize; n];
-    for (r, &k) in layout.shard_index.iter().enumerate() {
-        replica_of_shard[k] = r;
-    }
-    let replica_of_member: BTreeMap<usize, usize> = layout
-        .participants
-        .iter()
-        .enumerate()
-        .map(|(r, d)| (d.0 as usize, r))
-        .collect();
-    let mut tasks: Vec<(usize, &mut [A])> = Vec::new();
-    let mut rest: &mut [A] = &mut reduced;
-    for bucket in &layout.buckets {
-        let (head, tail) = std::mem::take(&mut rest).split_at_mut(bucket.padded_len);
-        let mut start = bucket.offset;
-        for shard in head.chunks_mut(bucket.shard_len) {
-            tasks.push((start, shard));
-            start += bucket.shard_len;
-        }
-        rest = tail;
-    }
     let elements = layout.elements;
+    let tasks = layout.shards_of(&mut reduced);
     if source.is_reduced() {
-        tasks.into_par_iter().for_each(|(start, out)| {
+        tasks.into_par_iter().for_each(|(b, r, out)| {
+            let start = layout.shard_range(r, b).start;
             let real = elements.saturating_sub(start).min(out.len());
             source.fill(0, start, &mut out[..real]);
             out[real..].fill(A::ZERO);
         });
         return reduced;
     }
-    tasks
-        .into_par_iter()
-        .enumerate()
-        .for_each(|(t, (start, out))| {
-            let k = t % n;
-            let owner = positions[replica_of_shard[k]];
-            let mut fill = |member: usize, offset: usize, buf: &mut [A]| {
-                let replica = replica_of_member[&member];
-                let from = start + offset;
-                let real = elements.saturating_sub(from).min(buf.len());
-                source.fill(replica, from, &mut buf[..real]);
-                buf[real..].fill(A::ZERO);
-            };
-            grid.reduce_for(owner, op, out, &mut fill);
-        });
+    tasks.into_par_iter().for_each(|(b, r, out)| {
+        let start = layout.shard_range(r, b).start;
+        let mut fill = |member: usize, offset: usize, buf: &mut [A]| {
+            let replica = layout
+                .replica_of(DeviceId(member as u32))
+                .expect("the grid's members are the participants");
+            let from = start + offset;
+            let real = elements.saturating_sub(from).min(buf.len());
+            source.fill(replica, from, &mut buf[..real]);
+            buf[real..].fill(A::ZERO);
+        };
+        grid.reduce_for(positions[r], op, out, &mut fill);
+    });
     reduced
 }
 
@@ -560,10 +538,10 @@ fn commit_typed<A: FloatElement>(
         .take::<ShardedModel>()
         .ok_or(ShardingError::NoModel)?;
     let result = (|| {
-        let layout = model.layout.clone();
+        let ShardedModel { layout, params, .. } = &mut model;
         let n = layout.devices();
         let grads = flat_of::<A>(&step.reduced)?;
-        let params = flat_of_mut::<A>(&mut model.params)?;
+        let params = flat_of_mut::<A>(params)?;
         // Each replica's state shards, by slot index.
         let mut q = world.query::<&mut ShardSlot>();
         let mut state: Vec<Vec<Option<Mut<'_, ShardSlot>>>> = (0..n).map(|_| Vec::new()).collect();
@@ -581,22 +559,8 @@ fn commit_typed<A: FloatElement>(
         }
         // Per replica: its (bucket, params shard, grads shard).
         let mut shards: Vec<Vec<ShardWork<'_, A>>> = (0..n).map(|_| Vec::new()).collect();
-        let mut shard_to_replica = vec![0usize; n];
-        for (r, &k) in layout.shard_index.iter().enumerate() {
-            shard_to_replica[k] = r;
-        }
-        let mut rest: &mut [A] = params;
-        for (b, bucket) in layout.buckets.iter().enumerate() {
-            let (head, tail) = std::mem::take(&mut rest).split_at_mut(bucket.padded_len);
-            let g = &grads[bucket.offset..bucket.offset + bucket.padded_len];
-            for (k, (p, g)) in head
-                .chunks_mut(bucket.shard_len)
-                .zip(g.chunks(bucket.shard_len))
-                .enumerate()
-            {
-                shards[shard_to_replica[k]].push((b, p, g));
-            }
-            rest = tail;
+        for (b, r, p) in layout.shards_of(params) {
+            shards[r].push((b, p, &grads[layout.shard_range(r, b)]));
         }
         let count = Tensor::scalar(DType::I32, f64::from(step.next_count));
         let lr = step.learning_rate.map(|v| Tensor::scalar(A::DTYPE, v));

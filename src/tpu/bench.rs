@@ -34,8 +34,7 @@ use serde::Serialize;
 use super::{TPUConfig, TPUOptimizer};
 use crate::error::{OptimError, Result};
 use crate::memory::output_buffer;
-use crate::optimizers::{Adagrad, Adam, AdamW, Momentum, Nesterov, RMSProp, SGD};
-use crate::optimizers::{Optimizer, UpdateKind};
+use crate::optimizers::{Adam, Optimizer, UpdateKind};
 
 /// Learning rate of the benchmarked optimizers.
 pub const BENCH_LEARNING_RATE: f32 = 1e-3;
@@ -143,31 +142,15 @@ impl fmt::Display for OptimizerBench {
     }
 }
 
-/// The optimizers [`bench_optimizer`] knows, by name.
-pub const BENCH_OPTIMIZERS: [&str; 7] = [
-    "sgd", "momentum", "nesterov", "adam", "adamw", "rmsprop", "adagrad",
-];
+/// The optimizers [`bench_optimizer`] knows, by name (every built-in one).
+pub const BENCH_OPTIMIZERS: [&str; 7] = crate::optimizers::NAMES;
 
 fn optimizer_named(name: &str) -> Result<(UpdateKind, Box<dyn Optimizer<f32, IxDyn>>)> {
-    let lr = BENCH_LEARNING_RATE;
-    let kind = UpdateKind::ALL
-        .into_iter()
-        .find(|k| k.as_str() == name.to_ascii_lowercase())
-        .ok_or_else(|| {
-            OptimError::InvalidConfig(format!(
-                "unknown optimizer `{name}` (known: {})",
-                BENCH_OPTIMIZERS.join(", ")
-            ))
-        })?;
-    let opt: Box<dyn Optimizer<f32, IxDyn>> = match kind {
-        UpdateKind::Sgd => Box::new(SGD::new(lr)),
-        UpdateKind::Momentum => Box::new(Momentum::new(lr, 0.9)),
-        UpdateKind::Nesterov => Box::new(Nesterov::new(lr, 0.9)),
-        UpdateKind::Adam => Box::new(Adam::new(lr)),
-        UpdateKind::AdamW => Box::new(AdamW::new(lr, 1e-4)),
-        UpdateKind::RmsProp => Box::new(RMSProp::new(lr)),
-        UpdateKind::Adagrad => Box::new(Adagrad::new(lr)),
-    };
+    let opt = crate::optimizers::by_name(name, BENCH_LEARNING_RATE)?;
+    let kind = opt
+        .update_rule()
+        .map(|r| r.update_kind())
+        .ok_or_else(|| OptimError::InvalidConfig(format!("`{name}` has no update rule")))?;
     Ok((kind, opt))
 }
 

@@ -37,6 +37,18 @@ impl Default for TPUConfig {
 }
 
 impl TPUConfig {
+    /// The configuration that names every chip of `topology` in its
+    /// generation (what [`ShardedOptimizer`](super::ShardedOptimizer)
+    /// needs), with the generation's HBM and the default cache.
+    pub fn for_pod(topology: &crate::topology::Topology) -> TPUConfig {
+        TPUConfig {
+            tpu_version: topology.generation,
+            num_cores: topology.num_devices() as usize
+                * topology.generation.spec().cores_per_chip as usize,
+            ..Default::default()
+        }
+    }
+
     /// Checks the configuration against the generation's figures; returns
     /// the number of chips.
     pub fn validate(&self) -> Result<usize> {

@@ -253,14 +253,13 @@ where
 
     /// Compiles the update for every shard length the layout has.
     fn compile_programs(&mut self) -> Result<()> {
-        let layout = self.layout()?.clone();
+        let mut lengths: Vec<usize> = self.layout()?.buckets.iter().map(|b| b.shard_len).collect();
         let rule = self
             .base
             .update_rule()
             .ok_or_else(|| ShardingError::NoUpdateRule {
                 optimizer: self.base.name().to_owned(),
             })?;
-        let mut lengths: Vec<usize> = layout.buckets.iter().map(|b| b.shard_len).collect();
         lengths.sort_unstable();
         lengths.dedup();
         self.programs.retain(|len, _| lengths.contains(len));
