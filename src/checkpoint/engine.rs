@@ -19,7 +19,7 @@ use crate::compiler::passes::ordering::KernelPosition;
 use crate::compiler::passes::{CompileFailure, DisabledPasses, PassLog};
 use crate::health::Excluded;
 use crate::health::{
-    ControlJitter, DeviceState, FailureEpoch, FailureLog, FaultPlan, Health, Heartbeat,
+    ControlJitter, DeviceState, FailureEpoch, FailureLog, FaultPlan, Health, Heartbeat, LastHeard,
     HeartbeatConfig, InjectedFault, KnownFailures,
 };
 use crate::memory::HbmUsage;
@@ -94,6 +94,7 @@ persist_as_self!(
     DeviceState,
     Health,
     Heartbeat,
+    LastHeard,
     ControlJitter,
     KnownFailures,
     InjectedFault,
@@ -282,6 +283,7 @@ pub fn engine_registry() -> SnapshotRegistry {
         .component::<DeviceState>("health.DeviceState")
         .component::<Health>("health.Health")
         .component::<Heartbeat>("health.Heartbeat")
+        .component::<LastHeard>("health.LastHeard")
         .component::<ControlJitter>("health.ControlJitter")
         .component::<KnownFailures>("health.KnownFailures")
         .component::<InjectedFault>("health.InjectedFault")

@@ -94,15 +94,22 @@ impl Health {
     }
 }
 
-/// A device's heartbeat schedule and what the detector last heard.
+/// A device's heartbeat schedule: the device's side, held by the process
+/// that runs the device.
 #[derive(Component, Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Heartbeat {
     /// Next send time, ns.
     pub next_due_ns: u64,
-    /// Newest send time the detector has received, ns.
-    pub last_heard_sent_ns: u64,
     /// Heartbeats sent.
     pub sent: u64,
+}
+
+/// What the detector last heard from a device: the coordination service's
+/// side, held by the process that runs the service.
+#[derive(Component, Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LastHeard {
+    /// Newest heartbeat send time the detector has received, ns.
+    pub sent_ns: u64,
 }
 
 /// Extra delay on a device's control messages, uniform in `0..=jitter_ns`.
@@ -207,14 +214,14 @@ pub fn emit_heartbeats(
 pub fn record_heartbeats(
     inbox: Res<Inbox>,
     index: Res<crate::topology::DeviceIndex>,
-    mut heartbeats: Query<&mut Heartbeat>,
+    mut heard: Query<&mut LastHeard>,
 ) {
     for message in &inbox.messages {
         if let Payload::Heartbeat { sent_ns } = message.payload
             && let Some(entity) = index.get(message.from)
-            && let Ok(mut heartbeat) = heartbeats.get_mut(entity)
+            && let Ok(mut last) = heard.get_mut(entity)
         {
-            heartbeat.last_heard_sent_ns = heartbeat.last_heard_sent_ns.max(sent_ns);
+            last.sent_ns = last.sent_ns.max(sent_ns);
         }
     }
 }
@@ -226,16 +233,16 @@ pub fn detect_failures(
     config: Res<HeartbeatConfig>,
     mut epoch: ResMut<FailureEpoch>,
     mut log: ResMut<FailureLog>,
-    mut devices: Query<(&Device, &Heartbeat, &InjectedFault, &mut Health)>,
+    mut devices: Query<(&Device, &LastHeard, &InjectedFault, &mut Health)>,
     mut known: Query<&mut KnownFailures>,
 ) {
     let now = clock.now_ns;
     let mut failed: Vec<(DeviceId, Option<u64>)> = Vec::new();
-    for (device, heartbeat, injected, mut health) in &mut devices {
+    for (device, heard, injected, mut health) in &mut devices {
         if health.is_failed() {
             continue;
         }
-        let silence = now.saturating_sub(heartbeat.last_heard_sent_ns);
+        let silence = now.saturating_sub(heard.sent_ns);
         let next = if silence > config.timeout_ns {
             failed.push((device.id, injected.at_ns));
             Health::Failed {
@@ -297,9 +304,9 @@ pub fn install(world: &mut World) {
             Health::Healthy,
             Heartbeat {
                 next_due_ns: u64::from(id.0) * interval / n,
-                last_heard_sent_ns: 0,
                 sent: 0,
             },
+            LastHeard::default(),
             ControlJitter::default(),
             KnownFailures::default(),
             InjectedFault::default(),

@@ -39,7 +39,7 @@ pub use report::{PerformanceReport, performance_report};
 pub use ring::Ring;
 
 use crate::clock::SimClock;
-use crate::health::{Heartbeat, HeartbeatConfig};
+use crate::health::{HeartbeatConfig, LastHeard};
 use crate::schedule::{Step, StepSystems};
 use crate::topology::{Device, HbmCapacity, Link, LinkTraffic};
 use crate::transport::{Inbox, Payload};
@@ -171,7 +171,7 @@ pub fn sample_metrics(
     mut history: ResMut<DeviceHistory>,
     mut devices: Query<(
         &Device,
-        &Heartbeat,
+        &LastHeard,
         &HeartbeatTally,
         Option<&HbmUsage>,
         Option<&HbmCapacity>,
@@ -199,11 +199,11 @@ pub fn sample_metrics(
         .nth(window - 1)
         .map(<[DeviceSample]>::to_vec);
     let slot = history.push_slot();
-    for (device, beat, tally, usage, capacity, mut metrics) in &mut devices {
+    for (device, heard, tally, usage, capacity, mut metrics) in &mut devices {
         let id = device.id.0 as usize;
         let sample = DeviceSample {
             at_ns: now,
-            heartbeat_age_ns: now.saturating_sub(beat.last_heard_sent_ns),
+            heartbeat_age_ns: now.saturating_sub(heard.sent_ns),
             heard: tally.heard - metrics.last_tally.heard,
             expected,
             latency_sum_ns: tally.latency_sum_ns - metrics.last_tally.latency_sum_ns,

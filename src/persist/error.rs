@@ -24,6 +24,15 @@ pub enum SnapshotError {
         /// Entities in the snapshot.
         count: u32,
     },
+    /// Parts of one world (from the processes that each ran some of it)
+    /// do not fit together.
+    #[error("the parts of the world disagree on `{column}`: {reason}")]
+    PartsDisagree {
+        /// Component or resource name.
+        column: String,
+        /// Which parts, and how.
+        reason: String,
+    },
     /// A column's bytes do not decode.
     #[error("column `{column}` does not decode: {reason}")]
     Corrupt {

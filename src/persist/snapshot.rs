@@ -149,6 +149,7 @@ trait ComponentColumn: Send + Sync {
     fn capture(&self, world: &World, ctx: &StoreContext) -> Result<Vec<u8>, SnapshotError>;
     fn stage(&self, bytes: &[u8], ctx: &LoadContext) -> Result<Box<dyn Staged>, SnapshotError>;
     fn inspect(&self, bytes: &[u8]) -> Result<String, SnapshotError>;
+    fn merge(&self, parts: &[&[u8]]) -> Result<Vec<u8>, SnapshotError>;
 }
 
 trait Staged {
@@ -241,6 +242,39 @@ impl<T: Component + Persist> ComponentColumn for TypedComponent<T> {
     fn inspect(&self, bytes: &[u8]) -> Result<String, SnapshotError> {
         let rows: Vec<(u32, T::Stored)> = decode(self.0, bytes)?;
         Ok(to_ron(&rows))
+    }
+
+    fn merge(&self, parts: &[&[u8]]) -> Result<Vec<u8>, SnapshotError> {
+        // Rows by dense id; a row several parts hold must be the same bytes.
+        let mut rows: Vec<(u32, usize, Vec<u8>, T::Stored)> = Vec::new();
+        for (part, bytes) in parts.iter().enumerate() {
+            let column: Vec<(u32, T::Stored)> = decode(self.0, bytes)?;
+            for (dense, stored) in column {
+                let encoded = postcard::to_stdvec(&stored).expect("stored values encode");
+                rows.push((dense, part, encoded, stored));
+            }
+        }
+        rows.sort_by_key(|(dense, part, _, _)| (*dense, *part));
+        let mut merged: Vec<(u32, T::Stored)> = Vec::with_capacity(rows.len());
+        let mut held: Option<(u32, usize, Vec<u8>)> = None;
+        for (dense, part, encoded, stored) in rows {
+            if let Some((previous, first, bytes)) = &held
+                && *previous == dense
+            {
+                if *bytes != encoded {
+                    return Err(SnapshotError::PartsDisagree {
+                        column: self.0.to_string(),
+                        reason: format!(
+                            "parts {first} and {part} hold different rows for entity {dense}"
+                        ),
+                    });
+                }
+                continue;
+            }
+            held = Some((dense, part, encoded));
+            merged.push((dense, stored));
+        }
+        Ok(postcard::to_stdvec(&merged).expect("stored values encode"))
     }
 }
 
@@ -517,6 +551,21 @@ impl SnapshotRegistry {
         let checking = LoadContext::checking(snapshot.entity_count, &snapshot.tensors);
         R::check(&stored, &checking)?;
         R::load(stored, &checking)
+    }
+
+    /// Merges one component column from several parts of a world: the
+    /// union of their rows by dense id, where a row more than one part
+    /// holds must be identical in all of them.
+    pub fn merge_component(&self, name: &str, parts: &[&[u8]]) -> Result<Vec<u8>, SnapshotError> {
+        let column = self
+            .components
+            .iter()
+            .find(|c| c.name() == name)
+            .ok_or_else(|| SnapshotError::ColumnMismatch {
+                problem: "has an unregistered",
+                column: name.to_string(),
+            })?;
+        column.merge(parts)
     }
 
     /// Decodes one component column of a snapshot in its stored form, with

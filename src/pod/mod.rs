@@ -12,6 +12,7 @@
 //! ```
 
 mod clock_sync;
+pub mod ranks;
 mod collectives;
 
 pub use crate::clock::{self, SimClock};

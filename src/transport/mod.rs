@@ -27,7 +27,10 @@
 //! the whole pod. A multi-host backend (MPI, sockets) implements the same
 //! four methods; nothing else changes.
 
+pub mod cluster;
 mod error;
+#[cfg(feature = "mpi")]
+pub mod mpi;
 
 use crate::clock::SimClock;
 use crate::persist::{LoadContext, Persist, SnapshotError, StoreContext};
@@ -36,10 +39,10 @@ use crate::schedule::{Step, StepSystems};
 use crate::topology::{Device, DeviceId, DeviceIndex, Link, LinkTraffic};
 use bevy_ecs::prelude::*;
 use bevy_ecs::schedule::Schedules;
-pub use error::TransportError;
+pub use error::{ClusterError, TransportError};
 use serde::{Deserialize, Serialize};
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, VecDeque};
+use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 
 /// Whether a link carries traffic, and how much latency jitter it adds.
 #[derive(Component, Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -95,7 +98,10 @@ pub enum Payload {
 pub struct Envelope {
     /// Delivery time, ns.
     pub deliver_at_ns: u64,
-    /// Send order; breaks ties so delivery order is deterministic.
+    /// The sender's own send count at sending: with the sender, it breaks
+    /// ties so delivery order is deterministic, and it does not depend on
+    /// which process sent what (each process numbers its own devices'
+    /// messages, so a pod split over processes numbers them as one does).
     pub seq: u64,
     /// Sender.
     pub from: DeviceId,
@@ -111,7 +117,11 @@ pub struct Envelope {
 
 impl Ord for Envelope {
     fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        (self.deliver_at_ns, self.seq).cmp(&(other.deliver_at_ns, other.seq))
+        (self.deliver_at_ns, self.from, self.seq).cmp(&(
+            other.deliver_at_ns,
+            other.from,
+            other.seq,
+        ))
     }
 }
 
@@ -125,7 +135,8 @@ impl PartialOrd for Envelope {
 #[derive(Resource, Debug, Default)]
 pub struct Transport {
     in_flight: BinaryHeap<Reverse<Envelope>>,
-    next_seq: u64,
+    /// Each sender's next sequence number (absent: 0).
+    next_seq: BTreeMap<DeviceId, u64>,
     /// Messages delivered since the pod started.
     pub delivered: u64,
     /// Data messages dropped because a link on their route was cut or the
@@ -152,9 +163,15 @@ impl Transport {
         self.routes = None;
     }
 
+    /// The sequence number `from`'s next message gets.
+    fn peek_seq(&self, from: DeviceId) -> u64 {
+        self.next_seq.get(&from).copied().unwrap_or(0)
+    }
+
     fn push(&mut self, mut envelope: Envelope) {
-        envelope.seq = self.next_seq;
-        self.next_seq += 1;
+        let next = self.next_seq.entry(envelope.from).or_insert(0);
+        envelope.seq = *next;
+        *next += 1;
         self.in_flight.push(Reverse(envelope));
     }
 
@@ -201,8 +218,11 @@ pub trait TransportBackend: Send + Sync + std::fmt::Debug + 'static {
     /// Takes a due message for a receiver another process owns.
     fn send(&mut self, envelope: Envelope);
     /// Appends the messages other processes sent to this one since the
-    /// last call.
-    fn receive(&mut self, into: &mut Vec<Envelope>);
+    /// last call. Called once per tick by every process, after every due
+    /// message went to [`TransportBackend::send`]: a backend may exchange
+    /// with the other processes here. An error (a lost process) is kept by
+    /// the [`Network`] and ends the run.
+    fn receive(&mut self, into: &mut Vec<Envelope>) -> Result<(), TransportError>;
 }
 
 /// One process runs the whole pod: it owns every device and the service.
@@ -224,7 +244,9 @@ impl TransportBackend for InProcess {
         drop(envelope);
     }
 
-    fn receive(&mut self, _: &mut Vec<Envelope>) {}
+    fn receive(&mut self, _: &mut Vec<Envelope>) -> Result<(), TransportError> {
+        Ok(())
+    }
 }
 
 /// The backend that moves this process's messages to the others. Not part
@@ -236,6 +258,8 @@ pub struct Network {
     pub sent: u64,
     /// Messages taken from the backend.
     pub received: u64,
+    /// The first error of the backend (a lost process), if any.
+    failure: Option<TransportError>,
 }
 
 impl Default for Network {
@@ -251,7 +275,14 @@ impl Network {
             backend,
             sent: 0,
             received: 0,
+            failure: None,
         }
+    }
+
+    /// The first error the backend returned: once set, the pod's
+    /// processes cannot go on together.
+    pub fn failure(&self) -> Option<&TransportError> {
+        self.failure.as_ref()
     }
 
     /// The backend.
@@ -363,14 +394,18 @@ pub fn send_data(
     let now = world.resource::<SimClock>().now_ns;
     let index = world.resource::<DeviceIndex>().clone();
     let rng = *world.resource::<SimRng>();
-    let seq = world.resource::<Transport>().next_seq;
+    let seq = world.resource::<Transport>().peek_seq(from);
     let mut t = now;
     let mut used = Vec::with_capacity(hops.len());
     for (hop, (a, _, link_entity)) in hops.into_iter().enumerate() {
         let jitter_max = world
             .get::<LinkState>(link_entity)
             .map_or(0, |s| s.jitter_ns);
-        let jitter = rng.up_to(jitter_max, stream::LINK_HOP, [seq, hop as u64]);
+        let jitter = rng.up_to(
+            jitter_max,
+            stream::LINK_HOP,
+            [u64::from(from.0) << 32 | hop as u64, seq],
+        );
         let link = *world
             .get::<Link>(link_entity)
             .expect("routes hold live links");
@@ -413,7 +448,7 @@ pub fn send_data(
 /// Moves every message due by now into the [`Inbox`]: local receivers'
 /// from the queue, other processes' to the backend, and what the backend
 /// received for this process. The inbox is in delivery order (time, then
-/// send order, then sender), wherever a message came from.
+/// sender, then the sender's send order), wherever a message came from.
 pub fn deliver_messages(
     clock: Res<SimClock>,
     mut transport: ResMut<Transport>,
@@ -449,7 +484,11 @@ pub fn deliver_messages(
         inbox.messages.push(envelope);
     }
     let mut received = Vec::new();
-    network.backend.receive(&mut received);
+    if let Err(error) = network.backend.receive(&mut received)
+        && network.failure.is_none()
+    {
+        network.failure = Some(error);
+    }
     network.received += received.len() as u64;
     for envelope in received {
         remote = true;
@@ -460,9 +499,7 @@ pub fn deliver_messages(
         }
     }
     if remote {
-        inbox
-            .messages
-            .sort_by_key(|e| (e.deliver_at_ns, e.seq, e.from.0));
+        inbox.messages.sort();
     }
     for envelope in &inbox.messages {
         if !envelope.route.is_empty() {
@@ -563,7 +600,8 @@ fn load_all(
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StoredTransport {
     in_flight: Vec<StoredEnvelope>,
-    next_seq: u64,
+    /// Senders' next sequence numbers, by device id (those that sent).
+    next_seq: Vec<(DeviceId, u64)>,
     delivered: u64,
     dropped: u64,
 }
@@ -574,7 +612,7 @@ impl Persist for Transport {
     fn store(&self, ctx: &StoreContext) -> Result<StoredTransport, SnapshotError> {
         Ok(StoredTransport {
             in_flight: store_all(&self.in_flight_sorted(), ctx)?,
-            next_seq: self.next_seq,
+            next_seq: self.next_seq.iter().map(|(&d, &n)| (d, n)).collect(),
             delivered: self.delivered,
             dropped: self.dropped,
         })
@@ -586,7 +624,7 @@ impl Persist for Transport {
                 .into_iter()
                 .map(Reverse)
                 .collect(),
-            next_seq: stored.next_seq,
+            next_seq: stored.next_seq.into_iter().collect(),
             delivered: stored.delivered,
             dropped: stored.dropped,
             routes: None,
@@ -620,4 +658,54 @@ impl Persist for DeliveryLog {
             recent: load_all(stored, ctx)?.into(),
         })
     }
+}
+
+impl StoredEnvelope {
+    /// Delivery order: time, sender, the sender's sequence.
+    fn order(&self) -> (u64, DeviceId, u64) {
+        (self.deliver_at_ns, self.from, self.seq)
+    }
+}
+
+/// The envelopes of several processes' parts of one list (an inbox, a
+/// delivery log) as one process holds it: all of them in delivery order,
+/// the newest `keep` if it is bounded.
+pub fn merge_envelope_parts(
+    parts: Vec<Vec<StoredEnvelope>>,
+    keep: Option<usize>,
+) -> Vec<StoredEnvelope> {
+    let mut all: Vec<StoredEnvelope> = parts.into_iter().flatten().collect();
+    all.sort_by_key(StoredEnvelope::order);
+    if let Some(keep) = keep
+        && all.len() > keep
+    {
+        all.drain(..all.len() - keep);
+    }
+    all
+}
+
+/// The transport of a pod split over processes as one process holds it:
+/// every message in flight (each process holds those its devices sent),
+/// every sender's sequence (each sender is one process's) and the counts
+/// summed. A sender two parts claim is an error naming it.
+pub fn merge_transport_parts(parts: Vec<StoredTransport>) -> Result<StoredTransport, String> {
+    let mut next_seq: BTreeMap<DeviceId, u64> = BTreeMap::new();
+    let mut in_flight = Vec::new();
+    let (mut delivered, mut dropped) = (0, 0);
+    for (part, stored) in parts.into_iter().enumerate() {
+        for (device, seq) in stored.next_seq {
+            if next_seq.insert(device, seq).is_some() {
+                return Err(format!("{device} sent messages in two parts (one is part {part})"));
+            }
+        }
+        in_flight.push(stored.in_flight);
+        delivered += stored.delivered;
+        dropped += stored.dropped;
+    }
+    Ok(StoredTransport {
+        in_flight: merge_envelope_parts(in_flight, None),
+        next_seq: next_seq.into_iter().collect(),
+        delivered,
+        dropped,
+    })
 }

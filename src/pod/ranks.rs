@@ -1,0 +1,435 @@
+//! A pod split over ranks: each rank's part of the world, and the
+//! canonical merge of the parts into the world one process would hold.
+//!
+//! Every rank spawns the pod's whole topology (devices, hosts, links: the
+//! skeleton routing and entity ids need, as every JAX process knows the
+//! global device list), then keeps the state of what it runs:
+//!
+//! | state | held by |
+//! |---|---|
+//! | a device's heartbeat schedule and clock (`Heartbeat`, `DeviceClock`, `ClockSync`) | the rank of the device's host |
+//! | the coordination service's view (`Health`, `LastHeard`, `KnownFailures`, the monitor's tallies, metrics, checks and history, failure log, barriers) | rank 0 |
+//! | the scenario every rank is given (topology, seed, clock, fault plan, device liveness and jitter, link state) | every rank, identical |
+//! | messages in flight | the sender's rank |
+//!
+//! [`merge_parts`] is the canonical merge: a component column is the union
+//! of the parts' rows by entity, and a row several parts hold must be the
+//! same bytes in all of them (or the merge fails naming the column and the
+//! parts); each resource follows its rule in [`RESOURCE_RULES`]; the
+//! transport's in-flight messages and counts are combined. The digest of
+//! the merged world is the single-process `world_sha256`, for any rank
+//! count (`tests/ranks.rs` checks it on every preset the host counts
+//! allow).
+
+use super::Pod;
+use crate::clock_sync::{ClockSync, DeviceClock};
+use crate::error::{OptimError, Result};
+use crate::health::{Health, Heartbeat, KnownFailures, LastHeard};
+use crate::monitor::{DeviceHistory, DeviceMetrics, HealthChecks, HeartbeatTally, LinkMetrics};
+use crate::persist::{Column, SnapshotError, SnapshotRegistry, WorldSnapshot};
+use crate::topology::{Device, Link, Topology};
+use crate::transport::cluster::{
+    self, ClusterBackend, DEFAULT_RANK_TIMEOUT, Mailbox, RankLayout, SharedMailbox,
+};
+use crate::transport::{
+    ClusterError, DELIVERY_LOG_CAPACITY, StoredEnvelope, StoredTransport, merge_envelope_parts,
+    merge_transport_parts,
+};
+use bevy_ecs::prelude::*;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// How the parts' copies of a resource become the merged world's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResourceRule {
+    /// Every rank holds the same value (the scenario); they must agree.
+    Replicated,
+    /// The coordination service's state: rank 0's.
+    Service,
+    /// The transport: in-flight messages and counts combined.
+    Transport,
+    /// A list of delivered messages: all parts' in delivery order, the
+    /// newest `Some(n)` if bounded.
+    Envelopes(Option<usize>),
+}
+
+/// The rule of every resource the engine persists. A resource without a
+/// rule cannot be merged: [`merge_parts`] refuses it, so a new resource is
+/// classified here when it is registered.
+pub const RESOURCE_RULES: &[(&str, ResourceRule)] = &[
+    ("barrier.BarrierRegistry", ResourceRule::Service),
+    ("health.FailureEpoch", ResourceRule::Service),
+    ("health.FailureLog", ResourceRule::Service),
+    ("health.FaultPlan", ResourceRule::Replicated),
+    ("health.HeartbeatConfig", ResourceRule::Replicated),
+    ("monitor.DeviceHistory", ResourceRule::Service),
+    ("monitor.HealthThresholds", ResourceRule::Replicated),
+    ("monitor.MonitorConfig", ResourceRule::Replicated),
+    ("monitor.MonitorState", ResourceRule::Service),
+    ("pod.SimClock", ResourceRule::Replicated),
+    ("pod.SimRng", ResourceRule::Replicated),
+    ("topology.DeviceIndex", ResourceRule::Replicated),
+    ("topology.PodTopology", ResourceRule::Replicated),
+    ("transport.DeliveryLog", ResourceRule::Envelopes(Some(DELIVERY_LOG_CAPACITY))),
+    ("transport.Inbox", ResourceRule::Envelopes(None)),
+    ("transport.Transport", ResourceRule::Transport),
+    ("xla.DisabledPasses", ResourceRule::Replicated),
+];
+
+/// Takes from this rank's world the state other ranks hold (see the
+/// module table): other ranks' devices' schedules and clocks, and, off rank
+/// 0, the service's view.
+fn localize(world: &mut World, layout: &RankLayout) {
+    let devices: Vec<(Entity, crate::topology::DeviceId)> = world
+        .query::<(Entity, &Device)>()
+        .iter(world)
+        .map(|(e, d)| (e, d.id))
+        .collect();
+    for (entity, id) in devices {
+        let mut entity = world.entity_mut(entity);
+        if !layout.is_local(id) {
+            entity.remove::<(Heartbeat, DeviceClock, ClockSync)>();
+        }
+        if !layout.runs_service() {
+            entity.remove::<(
+                Health,
+                LastHeard,
+                KnownFailures,
+                HeartbeatTally,
+                HealthChecks,
+                DeviceMetrics,
+            )>();
+        }
+    }
+    if !layout.runs_service() {
+        let links: Vec<Entity> = world
+            .query_filtered::<Entity, With<Link>>()
+            .iter(world)
+            .collect();
+        for link in links {
+            world.entity_mut(link).remove::<LinkMetrics>();
+        }
+        let capacity = world.resource::<crate::monitor::MonitorConfig>().history_len;
+        world.insert_resource(DeviceHistory::new(0, capacity));
+    }
+}
+
+/// One rank's part of a pod split over ranks, stepped in lockstep with the
+/// others through a [`Mailbox`].
+///
+/// ```
+/// use optirs_tpu::pod::ranks::RankedPod;
+/// use optirs_tpu::topology::load_preset;
+/// use optirs_tpu::transport::cluster::thread_mailboxes;
+///
+/// // Two ranks as two threads of this process; each owns one host of v4-8.
+/// let topology = load_preset("v4-8")?;
+/// let digests: Vec<Option<String>> = std::thread::scope(|s| {
+///     let ranks: Vec<_> = thread_mailboxes(2)
+///         .into_iter()
+///         .map(|mailbox| {
+///             let topology = topology.clone();
+///             s.spawn(move || -> optirs_tpu::Result<Option<String>> {
+///                 let mut pod = RankedPod::new(topology, Box::new(mailbox))?;
+///                 pod.handshake("100 ticks")?;
+///                 pod.run(100)?;
+///                 Ok(pod.gather()?.map(|world| world.sha256_hex()))
+///             })
+///         })
+///         .collect();
+///     ranks.into_iter().map(|r| r.join().unwrap().unwrap()).collect()
+/// });
+/// let mut one = optirs_tpu::Pod::from_topology(topology)?;
+/// one.run(100);
+/// assert_eq!(digests[0].as_deref(), Some(one.world_sha256()?.as_str()));
+/// assert_eq!(digests[1], None); // only rank 0 holds the merged world
+/// # Ok::<(), optirs_tpu::OptimError>(())
+/// ```
+pub struct RankedPod {
+    pod: Pod,
+    layout: RankLayout,
+    mailbox: SharedMailbox,
+    timeout: Duration,
+    /// Digest of the whole world before it was split (the same on every
+    /// rank started with the same pod and binary).
+    start_digest: String,
+}
+
+impl std::fmt::Debug for RankedPod {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RankedPod")
+            .field("rank", &self.layout.rank())
+            .field("ranks", &self.layout.ranks())
+            .field("pod", &self.pod)
+            .finish()
+    }
+}
+
+impl RankedPod {
+    /// This rank's part of `topology`, with [`DEFAULT_RANK_TIMEOUT`].
+    pub fn new(topology: Topology, mailbox: Box<dyn Mailbox>) -> Result<RankedPod> {
+        RankedPod::with_timeout(topology, mailbox, DEFAULT_RANK_TIMEOUT)
+    }
+
+    /// This rank's part of `topology`; every wait for another rank gives up
+    /// after `timeout` (twice that for rank 0, which itself waits for the
+    /// others), naming the rank.
+    pub fn with_timeout(
+        topology: Topology,
+        mailbox: Box<dyn Mailbox>,
+        timeout: Duration,
+    ) -> Result<RankedPod> {
+        let layout = RankLayout::new(&topology, mailbox.ranks(), mailbox.rank())
+            .map_err(crate::transport::TransportError::from)?;
+        let mut pod = Pod::from_topology(topology)?;
+        let start_digest = pod.world_sha256()?;
+        localize(&mut pod.world, &layout);
+        let links: Vec<Entity> = pod
+            .world
+            .query_filtered::<Entity, With<Link>>()
+            .iter(&pod.world)
+            .collect();
+        let mailbox: SharedMailbox = Arc::new(Mutex::new(mailbox));
+        pod.set_transport_backend(Box::new(ClusterBackend::new(
+            layout.clone(),
+            Arc::clone(&mailbox),
+            links,
+            timeout,
+        )));
+        Ok(RankedPod {
+            pod,
+            layout,
+            mailbox,
+            timeout,
+            start_digest,
+        })
+    }
+
+    /// Which rank owns which hosts.
+    pub fn layout(&self) -> &RankLayout {
+        &self.layout
+    }
+
+    /// This rank's part of the world (read it; step through [`RankedPod::step`]).
+    pub fn pod(&self) -> &Pod {
+        &self.pod
+    }
+
+    /// Checks that every rank was started with the same pod, the same
+    /// binary version and the same `run` (a description of everything else
+    /// that must agree: ticks, faults, seed). Call it on every rank before
+    /// the first step; a difference is an error on every rank naming the
+    /// ranks and what each has.
+    pub fn handshake(&mut self, run: &str) -> Result<()> {
+        use sha2::{Digest, Sha256};
+        let topology = self.pod.topology();
+        let description = format!(
+            "optirs-tpu {} with pod `{}` (world {}) and {run}",
+            env!("CARGO_PKG_VERSION"),
+            topology.name,
+            &self.start_digest[..12]
+        );
+        let mut hasher = Sha256::new();
+        hasher.update(env!("CARGO_PKG_VERSION").as_bytes());
+        hasher.update([0]);
+        hasher.update(self.start_digest.as_bytes());
+        hasher.update([0]);
+        hasher.update(run.as_bytes());
+        let digest = crate::persist::hex(&hasher.finalize());
+        cluster::handshake(
+            &self.mailbox,
+            &self.layout,
+            &digest,
+            &description,
+            self.timeout,
+        )
+        .map_err(cluster_error)
+    }
+
+    /// Schedules a fault at a simulated time. Every rank must schedule the
+    /// same faults (the handshake's `run` should name them): the fault plan
+    /// is the scenario, and each rank applies it to what it holds.
+    pub fn schedule_fault(&mut self, at_ns: u64, fault: crate::health::Fault) {
+        self.pod.schedule_fault(at_ns, fault);
+    }
+
+    /// Runs one tick on this rank, in lockstep with the others. A lost or
+    /// out-of-step rank is an error (the same on every rank still there).
+    pub fn step(&mut self) -> Result<()> {
+        self.pod.step();
+        match self.pod.world.resource::<crate::transport::Network>().failure() {
+            None => Ok(()),
+            Some(error) => Err(error.clone().into()),
+        }
+    }
+
+    /// Runs `ticks` ticks.
+    pub fn run(&mut self, ticks: u64) -> Result<()> {
+        (0..ticks).try_for_each(|_| self.step())
+    }
+
+    /// Gathers every rank's part on rank 0 and merges them ([`merge_parts`]):
+    /// rank 0 gets the whole world, the others `None`. Every rank waits for
+    /// rank 0's verdict, so all fail alike if the parts do not merge.
+    pub fn gather(&mut self) -> Result<Option<WorldSnapshot>> {
+        let part = self.pod.snapshot()?;
+        if !part.tensors.is_empty() {
+            return Err(OptimError::Unsupported {
+                operation: "gathering a pod split over ranks that holds tensors".into(),
+                reason: format!(
+                    "rank {}'s part holds {} tensors (a model or optimizer state); a split \
+                     pod runs the pod's control plane, not models yet",
+                    self.layout.rank(),
+                    part.tensors.len()
+                ),
+            });
+        }
+        let parts =
+            cluster::gather_parts(&self.mailbox, &self.layout, part.to_bytes(), self.timeout)
+                .map_err(cluster_error)?;
+        let Some(parts) = parts else {
+            cluster::finish(&self.mailbox, &self.layout, Ok(()), self.timeout)
+                .map_err(cluster_error)?;
+            return Ok(None);
+        };
+        let merged = parts
+            .iter()
+            .map(|bytes| WorldSnapshot::from_bytes(bytes))
+            .collect::<Result<Vec<_>, _>>()
+            .and_then(|parts| {
+                let registry = self.pod.world.resource::<SnapshotRegistry>();
+                merge_parts(registry, &parts)
+            });
+        let verdict = merged.as_ref().map(|_| ()).map_err(|e| e.to_string());
+        cluster::finish(&self.mailbox, &self.layout, verdict, self.timeout)
+            .map_err(cluster_error)?;
+        Ok(Some(merged?))
+    }
+}
+
+fn cluster_error(error: ClusterError) -> OptimError {
+    crate::transport::TransportError::from(error).into()
+}
+
+/// The canonical merge of the parts of one world, part `r` from rank `r`
+/// (see the module docs). The parts must be of the same tick, entity count
+/// and columns.
+pub fn merge_parts(
+    registry: &SnapshotRegistry,
+    parts: &[WorldSnapshot],
+) -> Result<WorldSnapshot, SnapshotError> {
+    let first = parts.first().ok_or_else(|| SnapshotError::PartsDisagree {
+        column: "<world>".into(),
+        reason: "there are no parts".into(),
+    })?;
+    for (rank, part) in parts.iter().enumerate() {
+        let same_shape = part.format_version == first.format_version
+            && part.tick == first.tick
+            && part.entity_count == first.entity_count
+            && names(&part.components) == names(&first.components)
+            && names(&part.resources) == names(&first.resources);
+        if !same_shape {
+            return Err(SnapshotError::PartsDisagree {
+                column: "<world>".into(),
+                reason: format!(
+                    "part {rank} is tick {} with {} entities, part 0 tick {} with {} \
+                     (or their columns differ)",
+                    part.tick, part.entity_count, first.tick, first.entity_count
+                ),
+            });
+        }
+        if !part.tensors.is_empty() {
+            return Err(SnapshotError::PartsDisagree {
+                column: "<tensors>".into(),
+                reason: format!("part {rank} holds tensors, which parts do not merge yet"),
+            });
+        }
+    }
+    let components = first
+        .components
+        .iter()
+        .enumerate()
+        .map(|(i, column)| {
+            let bytes: Vec<&[u8]> = parts.iter().map(|p| &p.components[i].bytes[..]).collect();
+            Ok(Column {
+                name: column.name.clone(),
+                bytes: registry.merge_component(&column.name, &bytes)?,
+            })
+        })
+        .collect::<Result<Vec<_>, SnapshotError>>()?;
+    let resources = first
+        .resources
+        .iter()
+        .enumerate()
+        .map(|(i, column)| {
+            let copies: Vec<&[u8]> = parts.iter().map(|p| &p.resources[i].bytes[..]).collect();
+            Ok(Column {
+                name: column.name.clone(),
+                bytes: merge_resource(&column.name, &copies)?,
+            })
+        })
+        .collect::<Result<Vec<_>, SnapshotError>>()?;
+    Ok(WorldSnapshot {
+        format_version: first.format_version,
+        tick: first.tick,
+        entity_count: first.entity_count,
+        components,
+        resources,
+        tensors: Vec::new(),
+    })
+}
+
+fn names(columns: &[Column]) -> Vec<&str> {
+    columns.iter().map(|c| c.name.as_str()).collect()
+}
+
+fn decode<S: serde::de::DeserializeOwned>(name: &str, bytes: &[u8]) -> Result<S, SnapshotError> {
+    postcard::from_bytes(bytes).map_err(|e| SnapshotError::Corrupt {
+        column: name.into(),
+        reason: e.to_string(),
+    })
+}
+
+fn merge_resource(name: &str, copies: &[&[u8]]) -> Result<Vec<u8>, SnapshotError> {
+    let rule = RESOURCE_RULES
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, rule)| *rule)
+        .ok_or_else(|| SnapshotError::PartsDisagree {
+            column: name.into(),
+            reason: "it has no rule for merging ranks' parts (pod::ranks::RESOURCE_RULES)".into(),
+        })?;
+    match rule {
+        ResourceRule::Service => Ok(copies[0].to_vec()),
+        ResourceRule::Replicated => {
+            if let Some(rank) = copies.iter().position(|c| *c != copies[0]) {
+                return Err(SnapshotError::PartsDisagree {
+                    column: name.into(),
+                    reason: format!("every rank holds it, and rank {rank}'s differs from rank 0's"),
+                });
+            }
+            Ok(copies[0].to_vec())
+        }
+        ResourceRule::Transport => {
+            let parts = copies
+                .iter()
+                .map(|c| decode::<StoredTransport>(name, c))
+                .collect::<Result<Vec<_>, _>>()?;
+            let merged = merge_transport_parts(parts).map_err(|reason| {
+                SnapshotError::PartsDisagree {
+                    column: name.into(),
+                    reason,
+                }
+            })?;
+            Ok(postcard::to_stdvec(&merged).expect("stored values encode"))
+        }
+        ResourceRule::Envelopes(keep) => {
+            let parts = copies
+                .iter()
+                .map(|c| decode::<Vec<StoredEnvelope>>(name, c))
+                .collect::<Result<Vec<_>, _>>()?;
+            let merged = merge_envelope_parts(parts, keep);
+            Ok(postcard::to_stdvec(&merged).expect("stored values encode"))
+        }
+    }
+}
