@@ -640,3 +640,33 @@ fn train_trace_is_a_perfetto_file_with_every_device() {
     ]);
     assert_eq!(again.status.code(), Some(1));
 }
+
+/// A binary without the `mpi` feature started as one of several MPI ranks
+/// says so, instead of running the whole pod alone as if it were the pod.
+#[cfg(not(feature = "mpi"))]
+#[test]
+fn a_build_without_mpi_refuses_to_run_as_one_of_several_ranks() {
+    for (size, rank) in [
+        ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK"),
+        ("PMI_SIZE", "PMI_RANK"),
+    ] {
+        let output = Command::new(env!("CARGO_BIN_EXE_optirs-tpu"))
+            .args(["run", "v4-8", "--steps", "10"])
+            .env(size, "2")
+            .env(rank, "1")
+            .output()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(1));
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains("rank 1 of 2"), "{stderr}");
+        assert!(stderr.contains("--features mpi"), "{stderr}");
+    }
+    // One rank is one process: it runs.
+    let output = Command::new(env!("CARGO_BIN_EXE_optirs-tpu"))
+        .args(["run", "v4-8", "--steps", "10"])
+        .env("OMPI_COMM_WORLD_SIZE", "1")
+        .env("OMPI_COMM_WORLD_RANK", "0")
+        .output()
+        .unwrap();
+    assert!(output.status.success());
+}

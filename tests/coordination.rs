@@ -437,8 +437,12 @@ impl optirs_tpu::transport::TransportBackend for Loopback {
         self.wire.push(envelope);
     }
 
-    fn receive(&mut self, into: &mut Vec<optirs_tpu::transport::Envelope>) {
+    fn receive(
+        &mut self,
+        into: &mut Vec<optirs_tpu::transport::Envelope>,
+    ) -> Result<(), optirs_tpu::transport::TransportError> {
         into.append(&mut self.wire);
+        Ok(())
     }
 }
 

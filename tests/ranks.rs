@@ -55,7 +55,12 @@ fn split(topology: &Topology, ranks: u32, ticks: u64, plan: &Plan) -> String {
     let mut results = results.into_iter();
     let digest = results.next().unwrap().unwrap().expect("rank 0 merges");
     for (rank, other) in results.enumerate() {
-        assert_eq!(other.unwrap(), None, "rank {} holds no merged world", rank + 1);
+        assert_eq!(
+            other.unwrap(),
+            None,
+            "rank {} holds no merged world",
+            rank + 1
+        );
     }
     digest
 }
@@ -171,7 +176,9 @@ fn each_rank_holds_only_its_devices_state_and_rank_0_the_service() {
 #[test]
 fn more_ranks_than_hosts_is_refused_on_every_rank() {
     let topology = load_preset("v4-8").unwrap();
-    for result in on_ranks(3, |mailbox| RankedPod::new(topology.clone(), mailbox).map(|_| ())) {
+    for result in on_ranks(3, |mailbox| {
+        RankedPod::new(topology.clone(), mailbox).map(|_| ())
+    }) {
         let error = result.unwrap_err().to_string();
         assert!(error.contains("3 ranks for a pod of 2 hosts"), "{error}");
         assert!(error.contains("at most 2 ranks"), "{error}");
@@ -190,17 +197,27 @@ fn ranks_started_with_different_runs_refuse_to_start_naming_the_difference() {
         let error = result.unwrap_err().to_string();
         assert!(error.contains("the ranks disagree"), "{error}");
         assert!(error.contains("rank 1 has"), "{error}");
-        assert!(error.contains("101 ticks") && error.contains("100 ticks"), "{error}");
+        assert!(
+            error.contains("101 ticks") && error.contains("100 ticks"),
+            "{error}"
+        );
     }
     let other = load_preset("v5e-16").unwrap();
     let results = on_ranks(2, |mailbox| {
         // Same host count, another pod.
-        let pod = if mailbox.rank() == 0 { &topology } else { &other };
+        let pod = if mailbox.rank() == 0 {
+            &topology
+        } else {
+            &other
+        };
         RankedPod::new(pod.clone(), mailbox)?.handshake("10 ticks")
     });
     for result in results {
         let error = result.unwrap_err().to_string();
-        assert!(error.contains("pod `v5e-16`") && error.contains("pod `v4-8`"), "{error}");
+        assert!(
+            error.contains("pod `v5e-16`") && error.contains("pod `v4-8`"),
+            "{error}"
+        );
     }
 }
 
@@ -220,7 +237,11 @@ fn a_rank_that_stops_answering_is_named_with_its_hosts_and_nobody_hangs() {
         }
         unreachable!("rank {rank} ran past a lost rank")
     });
-    assert!(start.elapsed() < Duration::from_secs(5), "{:?}", start.elapsed());
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        start.elapsed()
+    );
     for (rank, result) in results.into_iter().enumerate() {
         if rank == 2 {
             assert!(result.is_ok());
@@ -237,7 +258,10 @@ fn a_rank_that_stops_answering_is_named_with_its_hosts_and_nobody_hangs() {
             "rank {rank}: {error}"
         );
         let message = error.to_string();
-        assert!(message.contains("rank 2 (hosts 4..=5) was lost"), "{message}");
+        assert!(
+            message.contains("rank 2 (hosts 4..=5) was lost"),
+            "{message}"
+        );
     }
 }
 

@@ -19,8 +19,8 @@ use crate::compiler::passes::ordering::KernelPosition;
 use crate::compiler::passes::{CompileFailure, DisabledPasses, PassLog};
 use crate::health::Excluded;
 use crate::health::{
-    ControlJitter, DeviceState, FailureEpoch, FailureLog, FaultPlan, Health, Heartbeat, LastHeard,
-    HeartbeatConfig, InjectedFault, KnownFailures,
+    ControlJitter, DeviceState, FailureEpoch, FailureLog, FaultPlan, Health, Heartbeat,
+    HeartbeatConfig, InjectedFault, KnownFailures, LastHeard,
 };
 use crate::memory::HbmUsage;
 use crate::memory::{OptimizerCount, OptimizerSlot, ReplicaParams, ShardSlot};

@@ -6,6 +6,7 @@ mod collectives;
 mod compile;
 mod output;
 mod progress;
+mod ranks;
 mod run;
 mod topology;
 mod train;
@@ -47,7 +48,21 @@ enum Command {
 /// Parses the command line, runs the command, maps errors to exit codes.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    let result = match cli.command {
+    let name = match &cli.command {
+        Command::Train(_) => "train",
+        Command::Run(_) => "run",
+        Command::Topology(_) => "topology",
+        Command::Presets(_) => "presets",
+        Command::Collectives(_) => "collectives",
+        Command::Compile(_) => "compile",
+        Command::Checkpoint(_) => "checkpoint",
+        Command::Bench(_) => "bench",
+    };
+    let refused = match name {
+        "run" => Ok(()),
+        other => ranks::refuse_split(other),
+    };
+    let result = refused.and_then(|()| match cli.command {
         Command::Train(args) => train::train(args),
         Command::Run(args) => run::run(args),
         Command::Topology(args) => topology::topology(args),
@@ -56,7 +71,7 @@ pub fn main() -> ExitCode {
         Command::Compile(args) => compile::compile(args),
         Command::Collectives(args) => collectives::collectives(args),
         Command::Bench(args) => bench::bench(args),
-    };
+    });
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) if output::is_broken_pipe(&error) => ExitCode::SUCCESS,

@@ -70,6 +70,68 @@ pub struct RunArgs {
     /// devices in simulated time). An existing file is never overwritten.
     #[arg(long, value_name = "FILE")]
     trace: Option<PathBuf>,
+    /// Under `mpirun`: how long a rank waits for another before it stops,
+    /// naming the lost rank and its hosts (rank 0 waits this long, the
+    /// others twice as long).
+    #[arg(long, value_name = "SECONDS", default_value_t = 30.0, value_parser = parse_rank_timeout)]
+    pub(super) rank_timeout: f64,
+}
+
+fn parse_rank_timeout(text: &str) -> Result<f64, String> {
+    text.parse::<f64>()
+        .ok()
+        .filter(|s| s.is_finite() && *s > 0.0 && *s <= 86_400.0)
+        .ok_or_else(|| format!("`{text}` is not a timeout in seconds (0 < s <= 86400)"))
+}
+
+impl RunArgs {
+    /// The pod spec (preset or file).
+    #[cfg(feature = "mpi")]
+    pub(super) fn pod(&self) -> &str {
+        &self.pod
+    }
+
+    /// Ticks to run.
+    #[cfg(feature = "mpi")]
+    pub(super) fn steps(&self) -> u64 {
+        self.steps
+    }
+
+    /// Whether to print JSON.
+    #[cfg(feature = "mpi")]
+    pub(super) fn json(&self) -> bool {
+        self.json
+    }
+
+    /// Whether a trace was asked for.
+    #[cfg(feature = "mpi")]
+    pub(super) fn trace(&self) -> Option<&PathBuf> {
+        self.trace.as_ref()
+    }
+
+    /// The faults of `--kill` and `--pause`, checked against `devices`.
+    pub(super) fn faults(&self, devices: u32) -> Result<Vec<(u64, Fault)>> {
+        let faults = self
+            .kill
+            .iter()
+            .map(|&(d, s)| (d, s, Fault::KillDevice(DeviceId(d))))
+            .chain(
+                self.pause
+                    .iter()
+                    .map(|&(d, s)| (d, s, Fault::PauseDevice(DeviceId(d)))),
+            );
+        let mut plan = Vec::new();
+        for (device, seconds, fault) in faults {
+            if device >= devices {
+                bail!(
+                    "device {device} does not exist: {} has devices 0..{devices}",
+                    self.pod
+                );
+            }
+            plan.push(((seconds * 1e9).round() as u64, fault));
+        }
+        Ok(plan)
+    }
 }
 
 /// Parses `5@3.5` into device 5 at 3.5 s.
@@ -113,12 +175,17 @@ pub struct RunReport {
     wall_seconds: f64,
     wall_ns_per_tick: f64,
     failures: Vec<FailureRow>,
+    /// Processes the pod ran on (`mpirun -n R`; 1 for one process).
+    pub(super) ranks: u32,
     world_sha256: String,
     /// The monitor's report over its live history.
     performance: PerformanceReport,
 }
 
 pub fn run(args: RunArgs) -> Result<()> {
+    if let Some(launch) = super::ranks::launched()? {
+        return super::ranks::run(args, launch);
+    }
     if let Some(path) = &args.trace
         && path.exists()
     {
@@ -135,35 +202,10 @@ pub fn run(args: RunArgs) -> Result<()> {
     };
     let build_seconds = build_start.elapsed().as_secs_f64();
     let devices = pod.topology().num_devices();
-    let faults = args
-        .kill
-        .iter()
-        .map(|&(d, s)| (d, s, Fault::KillDevice(DeviceId(d))))
-        .chain(
-            args.pause
-                .iter()
-                .map(|&(d, s)| (d, s, Fault::PauseDevice(DeviceId(d)))),
-        );
-    for (device, seconds, fault) in faults {
-        if device >= devices {
-            bail!(
-                "device {device} does not exist: {} has devices 0..{devices}",
-                args.pod
-            );
-        }
-        pod.schedule_fault((seconds * 1e9).round() as u64, fault);
+    for (at_ns, fault) in args.faults(devices)? {
+        pod.schedule_fault(at_ns, fault);
     }
-    let unappliable = pod.faults_that_cannot_apply(args.steps);
-    if !unappliable.is_empty() {
-        let list: Vec<String> = unappliable.iter().map(|f| format!("  {f}")).collect();
-        bail!(
-            "{} of the --kill/--pause faults can never apply in {} ticks ({:.3} s):\n{}",
-            unappliable.len(),
-            args.steps,
-            args.steps as f64 * pod.clock().tick_ns as f64 * 1e-9,
-            list.join("\n")
-        );
-    }
+    check_faults_apply(&mut pod, args.steps)?;
     let bar = progress::bar(args.steps, args.json, "run");
     let start = Instant::now();
     let mut step_wall_ns = StepWallTimes::with_steps(args.steps);
@@ -203,6 +245,31 @@ pub fn run(args: RunArgs) -> Result<()> {
     print_report(&report, args.json)
 }
 
+/// Refuses a run whose `--kill`/`--pause` faults can never apply.
+fn check_faults_apply(pod: &mut Pod, steps: u64) -> Result<()> {
+    let unappliable = pod.faults_that_cannot_apply(steps);
+    refuse_unappliable(&unappliable, steps, pod.clock().tick_ns)
+}
+
+/// Refuses faults that can never apply, listing them.
+pub(super) fn refuse_unappliable(
+    unappliable: &[optirs_tpu::health::UnappliableFault],
+    steps: u64,
+    tick_ns: u64,
+) -> Result<()> {
+    if !unappliable.is_empty() {
+        let list: Vec<String> = unappliable.iter().map(|f| format!("  {f}")).collect();
+        bail!(
+            "{} of the --kill/--pause faults can never apply in {} ticks ({:.3} s):\n{}",
+            unappliable.len(),
+            steps,
+            steps as f64 * tick_ns as f64 * 1e-9,
+            list.join("\n")
+        );
+    }
+    Ok(())
+}
+
 /// Runs `steps` ticks and reports the pod's state after them.
 pub fn step_and_report(pod: &mut Pod, steps: u64, build_seconds: f64) -> Result<RunReport> {
     let start = Instant::now();
@@ -212,7 +279,7 @@ pub fn step_and_report(pod: &mut Pod, steps: u64, build_seconds: f64) -> Result<
 }
 
 /// Reports the pod's state after `steps` ticks that took `wall_seconds`.
-fn report_after(
+pub(super) fn report_after(
     pod: &mut Pod,
     steps: u64,
     build_seconds: f64,
@@ -243,6 +310,7 @@ fn report_after(
                 detected_at_s: record.detected_at_ns as f64 * 1e-9,
             })
             .collect(),
+        ranks: 1,
         world_sha256,
         performance,
     })
@@ -270,7 +338,7 @@ pub fn print_report(report: &RunReport, json: bool) -> Result<()> {
     }
     output::print_text(&format!(
         "pod {} ({}, {} chips on {} hosts, {} links), built in {}\n\
-         at tick {}: {} simulated; ran in {} wall ({} per tick)\n{failures}\
+         at tick {}: {} simulated; ran in {} wall ({} per tick){}\n{failures}\
          {}world sha256 {}\n",
         report.pod,
         report.generation,
@@ -282,6 +350,11 @@ pub fn print_report(report: &RunReport, json: bool) -> Result<()> {
         output::seconds(report.simulated_seconds),
         output::seconds(report.wall_seconds),
         output::seconds(report.wall_ns_per_tick * 1e-9),
+        if report.ranks > 1 {
+            format!(" on {} ranks", report.ranks)
+        } else {
+            String::new()
+        },
         performance_text(&report.performance),
         report.world_sha256,
     ))

@@ -12,8 +12,8 @@
 //! ```
 
 mod clock_sync;
-pub mod ranks;
 mod collectives;
+pub mod ranks;
 
 pub use crate::clock::{self, SimClock};
 

@@ -70,7 +70,10 @@ pub const RESOURCE_RULES: &[(&str, ResourceRule)] = &[
     ("pod.SimRng", ResourceRule::Replicated),
     ("topology.DeviceIndex", ResourceRule::Replicated),
     ("topology.PodTopology", ResourceRule::Replicated),
-    ("transport.DeliveryLog", ResourceRule::Envelopes(Some(DELIVERY_LOG_CAPACITY))),
+    (
+        "transport.DeliveryLog",
+        ResourceRule::Envelopes(Some(DELIVERY_LOG_CAPACITY)),
+    ),
     ("transport.Inbox", ResourceRule::Envelopes(None)),
     ("transport.Transport", ResourceRule::Transport),
     ("xla.DisabledPasses", ResourceRule::Replicated),
@@ -109,7 +112,9 @@ fn localize(world: &mut World, layout: &RankLayout) {
         for link in links {
             world.entity_mut(link).remove::<LinkMetrics>();
         }
-        let capacity = world.resource::<crate::monitor::MonitorConfig>().history_len;
+        let capacity = world
+            .resource::<crate::monitor::MonitorConfig>()
+            .history_len;
         world.insert_resource(DeviceHistory::new(0, capacity));
     }
 }
@@ -253,11 +258,23 @@ impl RankedPod {
         self.pod.schedule_fault(at_ns, fault);
     }
 
+    /// The scheduled faults that can never apply in a run of `ticks` ticks
+    /// (the same on every rank: the plan and device liveness are the
+    /// scenario every rank holds).
+    pub fn faults_that_cannot_apply(&mut self, ticks: u64) -> Vec<crate::health::UnappliableFault> {
+        self.pod.faults_that_cannot_apply(ticks)
+    }
+
     /// Runs one tick on this rank, in lockstep with the others. A lost or
     /// out-of-step rank is an error (the same on every rank still there).
     pub fn step(&mut self) -> Result<()> {
         self.pod.step();
-        match self.pod.world.resource::<crate::transport::Network>().failure() {
+        match self
+            .pod
+            .world
+            .resource::<crate::transport::Network>()
+            .failure()
+        {
             None => Ok(()),
             Some(error) => Err(error.clone().into()),
         }
@@ -415,12 +432,11 @@ fn merge_resource(name: &str, copies: &[&[u8]]) -> Result<Vec<u8>, SnapshotError
                 .iter()
                 .map(|c| decode::<StoredTransport>(name, c))
                 .collect::<Result<Vec<_>, _>>()?;
-            let merged = merge_transport_parts(parts).map_err(|reason| {
-                SnapshotError::PartsDisagree {
+            let merged =
+                merge_transport_parts(parts).map_err(|reason| SnapshotError::PartsDisagree {
                     column: name.into(),
                     reason,
-                }
-            })?;
+                })?;
             Ok(postcard::to_stdvec(&merged).expect("stored values encode"))
         }
         ResourceRule::Envelopes(keep) => {

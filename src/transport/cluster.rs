@@ -148,6 +148,9 @@ pub trait Mailbox: Send + std::fmt::Debug {
     /// The next frame from `from`, waiting at most until `deadline`;
     /// `Ok(None)` if none came by then.
     fn receive(&mut self, from: u32, deadline: Instant) -> Result<Option<Vec<u8>>, ClusterError>;
+    /// Another rank is lost: the job will not end together (an MPI
+    /// mailbox then skips `MPI_Finalize`, which would wait for it).
+    fn abandon(&mut self) {}
 }
 
 /// A mailbox shared by the backend (each tick) and the host (start-up
@@ -167,7 +170,10 @@ pub struct ThreadMailbox {
 /// `ranks` connected thread mailboxes, one per rank, in rank order.
 pub fn thread_mailboxes(ranks: u32) -> Vec<ThreadMailbox> {
     let n = ranks as usize;
-    let shared = Arc::new((Mutex::new(vec![vec![VecDeque::new(); n]; n]), Condvar::new()));
+    let shared = Arc::new((
+        Mutex::new(vec![vec![VecDeque::new(); n]; n]),
+        Condvar::new(),
+    ));
     (0..ranks)
         .map(|rank| ThreadMailbox {
             rank,
@@ -219,7 +225,10 @@ impl Mailbox for ThreadMailbox {
             if now >= deadline {
                 return Ok(None);
             }
-            queues = ready.wait_timeout(queues, deadline - now).map_err(poisoned)?.0;
+            queues = ready
+                .wait_timeout(queues, deadline - now)
+                .map_err(poisoned)?
+                .0;
         }
     }
 }
@@ -301,24 +310,33 @@ fn receive_frame(
     awaiting: &str,
 ) -> Result<Frame, ClusterError> {
     let deadline = Instant::now() + timeout;
-    match lock(mailbox)?.receive(from, deadline)? {
+    let mut mailbox = lock(mailbox)?;
+    match mailbox.receive(from, deadline)? {
         Some(bytes) => match decode(from, &bytes)? {
-            Frame::Abort(abort) => Err(ClusterError::RankLost {
-                rank: abort.rank,
-                hosts: abort.hosts,
-                reason: abort.reason,
-            }),
+            Frame::Abort(abort) => {
+                mailbox.abandon();
+                Err(ClusterError::RankLost {
+                    rank: abort.rank,
+                    hosts: abort.hosts,
+                    reason: abort.reason,
+                })
+            }
             frame => Ok(frame),
         },
         None => Err(ClusterError::RankLost {
             rank: from,
             hosts: layout.describe_hosts(from),
-            reason: format!("no {awaiting} from it within {:.1} s", timeout.as_secs_f64()),
+            reason: format!(
+                "no {awaiting} from it within {:.1} s",
+                timeout.as_secs_f64()
+            ),
         }),
     }
 }
 
-fn lock(mailbox: &SharedMailbox) -> Result<std::sync::MutexGuard<'_, Box<dyn Mailbox>>, ClusterError> {
+fn lock(
+    mailbox: &SharedMailbox,
+) -> Result<std::sync::MutexGuard<'_, Box<dyn Mailbox>>, ClusterError> {
     mailbox
         .lock()
         .map_err(|_| ClusterError::Transport("the mailbox lock was poisoned".into()))
@@ -332,7 +350,11 @@ fn abort_all(mailbox: &SharedMailbox, layout: &RankLayout, error: &ClusterError)
             hosts,
             reason,
         } => (*rank, hosts.clone(), reason.clone()),
-        other => (layout.rank(), layout.describe_hosts(layout.rank()), other.to_string()),
+        other => (
+            layout.rank(),
+            layout.describe_hosts(layout.rank()),
+            other.to_string(),
+        ),
     };
     let frame = Frame::Abort(ClusterAbort {
         rank,
@@ -368,7 +390,13 @@ pub fn handshake(
                 description: description.into(),
             },
         )?;
-        return match receive_frame(mailbox, layout, SERVICE_RANK, timeout * 2, "start-up answer")? {
+        return match receive_frame(
+            mailbox,
+            layout,
+            SERVICE_RANK,
+            timeout * 2,
+            "start-up answer",
+        )? {
             Frame::Welcome(Ok(())) => Ok(()),
             Frame::Welcome(Err(difference)) => Err(ClusterError::Mismatch(difference)),
             other => Err(unexpected(SERVICE_RANK, &other, "its start-up answer")),
@@ -533,7 +561,7 @@ impl ClusterBackend {
         self.timeout
     }
 
-    fn to_wire(&self, envelope: Envelope) -> WireEnvelope {
+    fn wire_of(&self, envelope: Envelope) -> WireEnvelope {
         WireEnvelope {
             deliver_at_ns: envelope.deliver_at_ns,
             seq: envelope.seq,
@@ -549,15 +577,20 @@ impl ClusterBackend {
         }
     }
 
-    fn from_wire(&self, rank: u32, wire: WireEnvelope) -> Result<Envelope, ClusterError> {
+    fn envelope_of(&self, rank: u32, wire: WireEnvelope) -> Result<Envelope, ClusterError> {
         let route = wire
             .route
             .iter()
             .map(|&n| {
-                self.links.get(n as usize).copied().ok_or(ClusterError::Protocol {
-                    rank,
-                    what: format!("a message routed over link {n}, which this pod does not have"),
-                })
+                self.links
+                    .get(n as usize)
+                    .copied()
+                    .ok_or(ClusterError::Protocol {
+                        rank,
+                        what: format!(
+                            "a message routed over link {n}, which this pod does not have"
+                        ),
+                    })
             })
             .collect::<Result<_, _>>()?;
         Ok(Envelope {
@@ -576,8 +609,15 @@ impl ClusterBackend {
         self.exchanges += 1;
         let outgoing: Vec<Envelope> = std::mem::take(&mut self.outbox);
         if !self.layout.runs_service() {
-            let envelopes = outgoing.into_iter().map(|e| self.to_wire(e)).collect();
-            send_frame(&self.mailbox, SERVICE_RANK, &Frame::Tick { exchange, envelopes })?;
+            let envelopes = outgoing.into_iter().map(|e| self.wire_of(e)).collect();
+            send_frame(
+                &self.mailbox,
+                SERVICE_RANK,
+                &Frame::Tick {
+                    exchange,
+                    envelopes,
+                },
+            )?;
             // Rank 0 itself waits up to one bound for a lost rank before it
             // tells everyone; wait for it twice as long, so a lost rank is
             // named by rank 0 and not mistaken for rank 0.
@@ -599,7 +639,7 @@ impl ClusterBackend {
                 return Err(out_of_step(SERVICE_RANK, theirs, exchange));
             }
             for wire in envelopes {
-                into.push(self.from_wire(SERVICE_RANK, wire)?);
+                into.push(self.envelope_of(SERVICE_RANK, wire)?);
             }
             return Ok(());
         }
@@ -607,13 +647,13 @@ impl ClusterBackend {
         let mut replies: Vec<Vec<WireEnvelope>> = vec![Vec::new(); ranks];
         let mut route = |wire: WireEnvelope, into: &mut Vec<Envelope>, this: &Self, from: u32| {
             match this.layout.owner(wire.to) {
-                SERVICE_RANK => into.push(this.from_wire(from, wire)?),
+                SERVICE_RANK => into.push(this.envelope_of(from, wire)?),
                 rank => replies[rank as usize].push(wire),
             }
             Ok::<(), ClusterError>(())
         };
         for envelope in outgoing {
-            let wire = self.to_wire(envelope);
+            let wire = self.wire_of(envelope);
             route(wire, into, self, SERVICE_RANK)?;
         }
         for rank in 1..self.layout.ranks() {
@@ -634,7 +674,14 @@ impl ClusterBackend {
             }
         }
         for (rank, envelopes) in replies.into_iter().enumerate().skip(1) {
-            send_frame(&self.mailbox, rank as u32, &Frame::Deliver { exchange, envelopes })?;
+            send_frame(
+                &self.mailbox,
+                rank as u32,
+                &Frame::Deliver {
+                    exchange,
+                    envelopes,
+                },
+            )?;
         }
         Ok(())
     }

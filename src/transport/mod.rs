@@ -117,11 +117,7 @@ pub struct Envelope {
 
 impl Ord for Envelope {
     fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        (self.deliver_at_ns, self.from, self.seq).cmp(&(
-            other.deliver_at_ns,
-            other.from,
-            other.seq,
-        ))
+        (self.deliver_at_ns, self.from, self.seq).cmp(&(other.deliver_at_ns, other.from, other.seq))
     }
 }
 
@@ -695,7 +691,9 @@ pub fn merge_transport_parts(parts: Vec<StoredTransport>) -> Result<StoredTransp
     for (part, stored) in parts.into_iter().enumerate() {
         for (device, seq) in stored.next_seq {
             if next_seq.insert(device, seq).is_some() {
-                return Err(format!("{device} sent messages in two parts (one is part {part})"));
+                return Err(format!(
+                    "{device} sent messages in two parts (one is part {part})"
+                ));
             }
         }
         in_flight.push(stored.in_flight);

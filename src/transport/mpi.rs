@@ -1,0 +1,218 @@
+//! The ranks `mpirun` started, joined through the system's MPI (the `mpi`
+//! feature; rsmpi over OpenMPI).
+//!
+//! Frames go point to point: a non-blocking send (`MPI_Isend`) whose buffer
+//! is held until MPI reports it complete, and a receive that polls
+//! `MPI_Improbe` until the frame is there or the deadline passes, so no wait
+//! on a dead or hung rank is unbounded (a blocking `MPI_Recv` would be).
+
+use super::cluster::Mailbox;
+use super::error::ClusterError;
+use mpi::Threading;
+use mpi::environment::Universe;
+use mpi::point_to_point::{Destination, MatchedReceiveVec, Source};
+use mpi::request::{Request, StaticScope};
+use mpi::topology::Communicator;
+use std::mem::ManuallyDrop;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+/// The tag of every frame (the job's only traffic on this communicator).
+const FRAME_TAG: i32 = 0x0071;
+
+/// A send in flight and the buffer MPI reads it from.
+struct PendingSend {
+    request: Request<'static, [u8], StaticScope>,
+    buffer: *mut [u8],
+}
+
+/// MPI, initialized until the last holder is gone.
+struct Session {
+    universe: ManuallyDrop<Universe>,
+    /// A rank was lost: `MPI_Finalize` (a fence over every rank) would
+    /// wait for it, so it is skipped.
+    abandoned: AtomicBool,
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        if !self.abandoned.load(Ordering::Relaxed) {
+            // SAFETY: dropped once, here, and never used after.
+            unsafe { ManuallyDrop::drop(&mut self.universe) };
+        }
+    }
+}
+
+/// The host's hold on MPI: `MPI_Finalize` runs when both it and the
+/// mailbox are dropped (unless a rank was lost). A host keeps it past the
+/// mailbox to report an error before the ranks' final fence, so every
+/// rank's error is printed before the launcher ends the job.
+pub struct MpiSession(Arc<Session>);
+
+impl std::fmt::Debug for MpiSession {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MpiSession")
+            .field("abandoned", &self.0.abandoned.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+/// This process's rank in the job `mpirun` started.
+pub struct MpiMailbox {
+    rank: u32,
+    ranks: u32,
+    pending: Vec<PendingSend>,
+    session: Arc<Session>,
+}
+
+// SAFETY: MPI is initialized with `Threading::Funneled` and the mailbox is
+// only ever used from the thread that stepped the pod and initialized MPI
+// (it sits behind a mutex, and the engine's schedules run on the calling
+// thread); the raw request handles and send buffers are never shared.
+unsafe impl Send for MpiMailbox {}
+
+impl std::fmt::Debug for MpiMailbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MpiMailbox")
+            .field("rank", &self.rank)
+            .field("ranks", &self.ranks)
+            .field("pending_sends", &self.pending.len())
+            .finish()
+    }
+}
+
+impl MpiMailbox {
+    /// Initializes MPI. `None` if it was initialized already in this process.
+    pub fn initialize() -> Option<(MpiMailbox, MpiSession)> {
+        let (universe, _) = mpi::initialize_with_threading(Threading::Funneled)?;
+        let world = universe.world();
+        let session = Arc::new(Session {
+            universe: ManuallyDrop::new(universe),
+            abandoned: AtomicBool::new(false),
+        });
+        let mailbox = MpiMailbox {
+            rank: world.rank() as u32,
+            ranks: world.size() as u32,
+            pending: Vec::new(),
+            session: Arc::clone(&session),
+        };
+        Some((mailbox, MpiSession(session)))
+    }
+
+    fn universe(&self) -> &Universe {
+        &self.session.universe
+    }
+
+    /// Frees the buffers of completed sends.
+    fn reap(&mut self) {
+        let mut still = Vec::with_capacity(self.pending.len());
+        for send in self.pending.drain(..) {
+            match send.request.test() {
+                Ok(_) => {
+                    // SAFETY: MPI no longer reads the buffer; it came from
+                    // `Box::leak` in `send` and is freed once.
+                    drop(unsafe { Box::from_raw(send.buffer) });
+                }
+                Err(request) => still.push(PendingSend {
+                    request,
+                    buffer: send.buffer,
+                }),
+            }
+        }
+        self.pending = still;
+    }
+}
+
+impl Drop for MpiMailbox {
+    fn drop(&mut self) {
+        // Give sends a moment to finish; a send to a rank that is gone never
+        // will, and dropping its request would abort: leak it instead.
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while !self.pending.is_empty() && Instant::now() < deadline {
+            self.reap();
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        for send in self.pending.drain(..) {
+            std::mem::forget(send.request);
+        }
+    }
+}
+
+impl Mailbox for MpiMailbox {
+    fn rank(&self) -> u32 {
+        self.rank
+    }
+
+    fn ranks(&self) -> u32 {
+        self.ranks
+    }
+
+    fn abandon(&mut self) {
+        self.session.abandoned.store(true, Ordering::Relaxed);
+    }
+
+    fn send(&mut self, to: u32, frame: Vec<u8>) -> Result<(), ClusterError> {
+        if to >= self.ranks {
+            return Err(ClusterError::NoSuchRank {
+                rank: to,
+                ranks: self.ranks,
+            });
+        }
+        if frame.len() > i32::MAX as usize {
+            return Err(ClusterError::Transport(format!(
+                "a frame of {} bytes is over MPI's 2 GiB count limit",
+                frame.len()
+            )));
+        }
+        self.reap();
+        let buffer: &'static mut [u8] = Box::leak(frame.into_boxed_slice());
+        let pointer: *mut [u8] = buffer;
+        // SAFETY: the buffer lives until `reap` sees the request complete
+        // (or is leaked with it).
+        let readable: &'static [u8] = unsafe { &*pointer };
+        let world = self.universe().world();
+        let request = world.process_at_rank(to as i32).immediate_send_with_tag(
+            StaticScope,
+            readable,
+            FRAME_TAG,
+        );
+        self.pending.push(PendingSend {
+            request,
+            buffer: pointer,
+        });
+        Ok(())
+    }
+
+    fn receive(&mut self, from: u32, deadline: Instant) -> Result<Option<Vec<u8>>, ClusterError> {
+        if from >= self.ranks {
+            return Err(ClusterError::NoSuchRank {
+                rank: from,
+                ranks: self.ranks,
+            });
+        }
+        let mut polls: u32 = 0;
+        loop {
+            self.reap();
+            let world = self.universe().world();
+            let source = world.process_at_rank(from as i32);
+            if let Some(probed) = source.immediate_matched_probe_with_tag(FRAME_TAG) {
+                let (frame, _) = probed.matched_receive_vec::<u8>();
+                return Ok(Some(frame));
+            }
+            if Instant::now() >= deadline {
+                self.abandon();
+                return Ok(None);
+            }
+            // Spin briefly (a tick's exchange is microseconds apart), then
+            // back off so an oversubscribed machine runs the other ranks.
+            polls = polls.saturating_add(1);
+            if polls < 64 {
+                std::thread::yield_now();
+            } else {
+                let micros = (u64::from(polls - 64) * 10).min(1_000);
+                std::thread::sleep(Duration::from_micros(micros.max(10)));
+            }
+        }
+    }
+}

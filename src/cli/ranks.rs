@@ -1,0 +1,169 @@
+//! `mpirun -n R optirs-tpu run POD …`: the pod split over the ranks MPI
+//! started, each stepping its own hosts; rank 0 prints the report of the
+//! merged world.
+
+use super::run::RunArgs;
+use anyhow::{Result, bail};
+
+/// The rank and size a launcher gave this process, from its environment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Launch {
+    /// This process's rank.
+    pub rank: u32,
+    /// Processes in the job.
+    pub size: u32,
+}
+
+/// The launchers' variables: OpenMPI's, then PMI's (MPICH, Slurm).
+const SIZE_VARS: [(&str, &str); 2] = [
+    ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK"),
+    ("PMI_SIZE", "PMI_RANK"),
+];
+
+/// The launch this process is part of, if `mpirun` (or another MPI
+/// launcher) started it. Without the `mpi` feature, a job of more than one
+/// process is an error on every rank: each would otherwise run the whole
+/// pod alone and print a report as if it were the pod.
+pub fn launched() -> Result<Option<Launch>> {
+    let Some(launch) = SIZE_VARS.iter().find_map(|(size, rank)| {
+        let size = std::env::var(size).ok()?.parse().ok()?;
+        let rank = std::env::var(rank).ok()?.parse().ok()?;
+        Some(Launch { rank, size })
+    }) else {
+        return Ok(None);
+    };
+    if cfg!(feature = "mpi") {
+        return Ok(Some(launch));
+    }
+    if launch.size > 1 {
+        bail!(
+            "started by an MPI launcher as rank {} of {}, but this optirs-tpu was built \
+             without the `mpi` feature, so it cannot join the other ranks; build it with \
+             `cargo build --release --features mpi` (it needs the system's OpenMPI), or run \
+             one process without mpirun",
+            launch.rank,
+            launch.size
+        );
+    }
+    Ok(None)
+}
+
+/// Refuses a command other than `run` in a job of several ranks.
+pub fn refuse_split(command: &str) -> Result<()> {
+    match launched()? {
+        Some(launch) if launch.size > 1 => bail!(
+            "`optirs-tpu {command}` runs as one process; of the commands, only `run` splits \
+             a pod over MPI ranks (this is rank {} of {})",
+            launch.rank,
+            launch.size
+        ),
+        _ => Ok(()),
+    }
+}
+
+#[cfg(not(feature = "mpi"))]
+pub fn run(_: RunArgs, launch: Launch) -> Result<()> {
+    // `launched` returns a launch only with the feature.
+    bail!(
+        "rank {} of {}: built without the `mpi` feature",
+        launch.rank,
+        launch.size
+    )
+}
+
+#[cfg(feature = "mpi")]
+pub fn run(args: RunArgs, launch: Launch) -> Result<()> {
+    use super::output;
+    use super::run::{print_report, refuse_unappliable, report_after};
+    use optirs_tpu::pod::ranks::RankedPod;
+    use optirs_tpu::transport::mpi::MpiMailbox;
+    use std::time::{Duration, Instant};
+    if args.trace().is_some() {
+        bail!("--trace is for one process: a trace of a pod split over ranks is not written yet");
+    }
+    let Some((mailbox, session)) = MpiMailbox::initialize() else {
+        bail!("MPI was already initialized in this process");
+    };
+    if (mailbox_size(&mailbox), mailbox_rank(&mailbox)) != (launch.size, launch.rank) {
+        bail!(
+            "the launcher says rank {} of {}, MPI says rank {} of {}",
+            launch.rank,
+            launch.size,
+            mailbox_rank(&mailbox),
+            mailbox_size(&mailbox)
+        );
+    }
+    let result = (|| -> Result<()> {
+        let build_start = Instant::now();
+        let topology = optirs_tpu::topology::load_topology(args.pod())?;
+        let devices = topology.num_devices();
+        let timeout = Duration::from_secs_f64(args.rank_timeout);
+        let mut pod = RankedPod::with_timeout(topology, Box::new(mailbox), timeout)?;
+        let plan = args.faults(devices)?;
+        pod.handshake(&format!("{} ticks and faults {plan:?}", args.steps()))?;
+        for &(at_ns, fault) in &plan {
+            pod.schedule_fault(at_ns, fault);
+        }
+        let build_seconds = build_start.elapsed().as_secs_f64();
+        let unappliable = pod.faults_that_cannot_apply(args.steps());
+        refuse_unappliable(&unappliable, args.steps(), pod.pod().clock().tick_ns)?;
+        let rank = pod.layout().rank();
+        let bar = super::progress::bar(args.steps(), args.json() || rank != 0, "run");
+        let start = Instant::now();
+        let mut step_wall_ns = Vec::with_capacity(args.steps().min(1 << 16) as usize);
+        for done in 1..=args.steps() {
+            let tick = Instant::now();
+            pod.step()?;
+            if step_wall_ns.len() < 1 << 16 {
+                step_wall_ns.push(tick.elapsed().as_nanos() as u64);
+            }
+            if done % 64 == 0 {
+                bar.set_position(done);
+            }
+        }
+        let wall_seconds = start.elapsed().as_secs_f64();
+        bar.finish_and_clear();
+        let merged = pod.gather()?;
+        let Some(merged) = merged else {
+            return Ok(());
+        };
+        let mut whole = optirs_tpu::Pod::from_snapshot(&merged)?;
+        let mut report = report_after(
+            &mut whole,
+            args.steps(),
+            build_seconds,
+            wall_seconds,
+            Some(&step_wall_ns),
+        )?;
+        report.ranks = launch.size;
+        print_report(&report, args.json())
+    })();
+    if let Err(error) = result {
+        // One write, so the launcher does not cut it with another rank's;
+        // then the ranks' final fence (skipped if a rank was lost, whom it
+        // would wait for), so no rank leaves, and the launcher ends the
+        // job, before every rank has said why.
+        let line = format!(
+            "error: rank {}: {}\n",
+            launch.rank,
+            output::error_message(&error)
+        );
+        let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
+        drop(session);
+        std::process::exit(1);
+    }
+    drop(session);
+    Ok(())
+}
+
+#[cfg(feature = "mpi")]
+fn mailbox_size(mailbox: &optirs_tpu::transport::mpi::MpiMailbox) -> u32 {
+    use optirs_tpu::transport::cluster::Mailbox;
+    mailbox.ranks()
+}
+
+#[cfg(feature = "mpi")]
+fn mailbox_rank(mailbox: &optirs_tpu::transport::mpi::MpiMailbox) -> u32 {
+    use optirs_tpu::transport::cluster::Mailbox;
+    mailbox.rank()
+}

@@ -1,0 +1,250 @@
+//! The pod over MPI ranks, under `mpirun` (built with `--features mpi`;
+//! `.ci/run` installs OpenMPI and runs these).
+#![cfg(feature = "mpi")]
+
+use std::io::Read;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_optirs-tpu");
+
+/// `mpirun` as any user, with more ranks than cores allowed.
+fn mpirun() -> Command {
+    let mut command = Command::new("mpirun");
+    command
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .env("OMPI_MCA_rmaps_base_oversubscribe", "1")
+        .arg("--oversubscribe");
+    command
+}
+
+fn output(command: &mut Command) -> Output {
+    command
+        .output()
+        .expect("mpirun runs (install OpenMPI's mpirun)")
+}
+
+fn json_digest(stdout: &[u8]) -> (String, serde_json::Value) {
+    let report: serde_json::Value = serde_json::from_slice(stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(stdout)));
+    (report["world_sha256"].as_str().unwrap().to_string(), report)
+}
+
+fn single(args: &[&str]) -> String {
+    let out = Command::new(BIN).args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    json_digest(&out.stdout).0
+}
+
+#[test]
+fn every_preset_over_mpi_ranks_is_the_one_process_world() {
+    for (preset, hosts, ticks) in [
+        ("v2-8", 2, "400"),
+        ("v4-8", 2, "400"),
+        ("v5e-16", 2, "400"),
+        ("v3-32", 8, "300"),
+        ("v4-64", 16, "300"),
+        ("v5p-128", 32, "200"),
+        ("v5e-256", 32, "200"),
+        ("v6e-256", 32, "200"),
+        ("v4-4096", 1024, "10"),
+    ] {
+        let args = [
+            "run", preset, "--steps", ticks, "--kill", "1@0.003", "--pause", "0@0.002", "--json",
+        ];
+        let one = single(&args);
+        for ranks in [1u32, 2, 4] {
+            if ranks > hosts {
+                continue;
+            }
+            let out = output(mpirun().args(["-n", &ranks.to_string(), BIN]).args(args));
+            assert!(
+                out.status.success(),
+                "{preset} on {ranks} ranks: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let (digest, report) = json_digest(&out.stdout);
+            assert_eq!(digest, one, "{preset} on {ranks} ranks");
+            assert_eq!(report["ranks"], ranks, "{preset}");
+        }
+    }
+}
+
+#[test]
+fn failures_over_ranks_are_detected_as_in_one_process() {
+    let args = [
+        "run", "v4-8", "--steps", "3000", "--kill", "6@0.5", "--json",
+    ];
+    let one = single(&args);
+    let out = output(mpirun().args(["-n", "2", BIN]).args(args));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (digest, report) = json_digest(&out.stdout);
+    assert_eq!(digest, one);
+    let failures = report["failures"].as_array().unwrap();
+    assert_eq!(failures.len(), 1, "{report}");
+    assert_eq!(failures[0]["device"], 6);
+}
+
+fn all_ranks_fail_with(out: &Output, ranks: u32, needle: &str) {
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    for rank in 0..ranks {
+        assert!(
+            stderr
+                .lines()
+                .any(|l| l.starts_with(&format!("error: rank {rank}")) && l.contains(needle)),
+            "rank {rank} does not say `{needle}`:\n{stderr}"
+        );
+    }
+}
+
+#[test]
+fn more_ranks_than_hosts_is_an_error_on_every_rank() {
+    let out = output(mpirun().args(["-n", "3", BIN, "run", "v4-8", "--steps", "10"]));
+    all_ranks_fail_with(&out, 3, "3 ranks for a pod of 2 hosts");
+}
+
+#[test]
+fn ranks_started_with_different_runs_or_pods_refuse_naming_the_difference() {
+    let out = output(mpirun().args([
+        "-n", "1", BIN, "run", "v4-8", "--steps", "100", ":", "-n", "1", BIN, "run", "v4-8",
+        "--steps", "101",
+    ]));
+    all_ranks_fail_with(&out, 2, "101 ticks");
+    let out = output(mpirun().args([
+        "-n", "1", BIN, "run", "v4-8", "--steps", "10", ":", "-n", "1", BIN, "run", "v5e-16",
+        "--steps", "10",
+    ]));
+    all_ranks_fail_with(&out, 2, "pod `v5e-16`");
+}
+
+#[test]
+fn commands_that_run_as_one_process_refuse_a_split() {
+    let out = output(mpirun().args(["-n", "2", BIN, "topology", "v4-8"]));
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("only `run` splits"), "{stderr}");
+}
+
+/// Starts a long run on `ranks` ranks, waits until every rank is stepping,
+/// signals one rank's process, and returns (stderr, seconds from the
+/// signal to the end of the job).
+fn signal_a_rank(ranks: u32, rank: u32, signal: &str, extra: &[&str]) -> (String, f64) {
+    let mut child = mpirun()
+        .args(extra)
+        .args(["-n", &ranks.to_string(), BIN, "run", "v3-32"])
+        .args(["--steps", "100000000", "--rank-timeout", "2"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The ranks are mpirun's children, each with its rank in the environment.
+    let parent = child.id().to_string();
+    let pid = |r: u32| -> Option<String> {
+        let wanted = format!("OMPI_COMM_WORLD_RANK={r}");
+        for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+            let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+            let ppid = stat
+                .rsplit(')')
+                .next()
+                .and_then(|rest| rest.split_whitespace().nth(1));
+            if ppid != Some(parent.as_str()) {
+                continue;
+            }
+            let environ = std::fs::read(entry.path().join("environ")).unwrap_or_default();
+            if String::from_utf8_lossy(&environ)
+                .split('\0')
+                .any(|v| v == wanted)
+            {
+                return Some(entry.file_name().to_string_lossy().into_owned());
+            }
+        }
+        None
+    };
+    let started = Instant::now();
+    let target = loop {
+        if let Some(p) = pid(rank)
+            && (0..ranks).all(|r| pid(r).is_some())
+        {
+            break p;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "ranks never started"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    // Let every rank get past start-up into the stepping loop.
+    std::thread::sleep(Duration::from_secs(3));
+    let signalled = Instant::now();
+    assert!(
+        Command::new("kill")
+            .args([signal, &target])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let deadline = Duration::from_secs(60);
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        if signalled.elapsed() > deadline {
+            let _ = child.kill();
+            panic!("the job still runs {deadline:?} after rank {rank} got {signal}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let seconds = signalled.elapsed().as_secs_f64();
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    (stderr, seconds)
+}
+
+#[test]
+fn a_hung_rank_is_named_with_its_hosts_by_every_other_rank_within_the_bound() {
+    let (stderr, seconds) = signal_a_rank(4, 1, "-STOP", &[]);
+    for rank in [0, 2, 3] {
+        assert!(
+            stderr.contains(&format!(
+                "error: rank {rank}: rank 1 (hosts 2..=3) was lost"
+            )),
+            "rank {rank}:\n{stderr}"
+        );
+    }
+    assert!(seconds < 20.0, "{seconds} s");
+}
+
+#[test]
+fn a_killed_rank_ends_the_job_naming_it() {
+    // The launcher sees the death and ends the job at once.
+    let (stderr, seconds) = signal_a_rank(4, 2, "-KILL", &[]);
+    assert!(stderr.contains("rank 2"), "{stderr}");
+    assert!(seconds < 20.0, "{seconds} s");
+    // With recovery on, the launcher leaves the others running: their own
+    // bound names the lost rank and its hosts.
+    let (stderr, seconds) = signal_a_rank(4, 2, "-KILL", &["--enable-recovery"]);
+    for rank in [0, 1, 3] {
+        assert!(
+            stderr.contains(&format!(
+                "error: rank {rank}: rank 2 (hosts 4..=5) was lost"
+            )),
+            "rank {rank}:\n{stderr}"
+        );
+    }
+    assert!(seconds < 20.0, "{seconds} s");
+}
