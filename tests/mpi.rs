@@ -139,14 +139,23 @@ fn commands_that_run_as_one_process_refuse_a_split() {
 /// signals one rank's process, and returns (stderr, seconds from the
 /// signal to the end of the job).
 fn signal_a_rank(ranks: u32, rank: u32, signal: &str, extra: &[&str]) -> (String, f64) {
-    let mut child = mpirun()
+    /// Kills the job if the test fails before it ends.
+    struct Job(std::process::Child);
+    impl Drop for Job {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut job = Job(mpirun()
         .args(extra)
         .args(["-n", &ranks.to_string(), BIN, "run", "v3-32"])
         .args(["--steps", "100000000", "--rank-timeout", "2"])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
-        .unwrap();
+        .unwrap());
+    let child = &mut job.0;
     // The ranks are mpirun's children, each with its rank in the environment.
     let parent = child.id().to_string();
     let pid = |r: u32| -> Option<String> {
@@ -199,7 +208,6 @@ fn signal_a_rank(ranks: u32, rank: u32, signal: &str, extra: &[&str]) -> (String
             break;
         }
         if signalled.elapsed() > deadline {
-            let _ = child.kill();
             panic!("the job still runs {deadline:?} after rank {rank} got {signal}");
         }
         std::thread::sleep(Duration::from_millis(50));

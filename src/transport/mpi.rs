@@ -191,7 +191,7 @@ impl Mailbox for MpiMailbox {
                 ranks: self.ranks,
             });
         }
-        let mut polls: u32 = 0;
+        let started = Instant::now();
         loop {
             self.reap();
             let world = self.universe().world();
@@ -204,14 +204,15 @@ impl Mailbox for MpiMailbox {
                 self.abandon();
                 return Ok(None);
             }
-            // Spin briefly (a tick's exchange is microseconds apart), then
-            // back off so an oversubscribed machine runs the other ranks.
-            polls = polls.saturating_add(1);
-            if polls < 64 {
+            // Yield while the other ranks are likely mid-tick (a tick's
+            // exchange is microseconds apart, and yielding hands an
+            // oversubscribed core to them), then back off to sleeping.
+            let waited = started.elapsed();
+            if waited < Duration::from_millis(5) {
                 std::thread::yield_now();
             } else {
-                let micros = (u64::from(polls - 64) * 10).min(1_000);
-                std::thread::sleep(Duration::from_micros(micros.max(10)));
+                let micros = (waited.as_micros() as u64 / 10).clamp(50, 1_000);
+                std::thread::sleep(Duration::from_micros(micros));
             }
         }
     }
