@@ -4,6 +4,7 @@ mod bench;
 mod checkpoint;
 mod collectives;
 mod compile;
+mod goodput;
 mod output;
 mod progress;
 mod run;
@@ -40,6 +41,9 @@ enum Command {
     Compile(compile::CompileArgs),
     /// Save, verify, restore, list and inspect whole-world checkpoints.
     Checkpoint(checkpoint::CheckpointArgs),
+    /// Simulate a long training run through failures, checkpoints and
+    /// recoveries, and report its goodput.
+    Goodput(goodput::GoodputArgs),
     /// Wall-clock benchmarks: `bench schedule` times every system.
     Bench(bench::BenchArgs),
 }
@@ -55,6 +59,7 @@ pub fn main() -> ExitCode {
         Command::Checkpoint(args) => checkpoint::checkpoint(args),
         Command::Compile(args) => compile::compile(args),
         Command::Collectives(args) => collectives::collectives(args),
+        Command::Goodput(args) => goodput::goodput(args),
         Command::Bench(args) => bench::bench(args),
     };
     match result {

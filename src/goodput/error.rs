@@ -49,7 +49,7 @@ pub enum GoodputError {
         name: String,
     },
     /// A checkpoint interval that is neither a number of seconds nor `auto`.
-    #[error("--checkpoint-every `{text}` is neither a positive number of seconds nor `auto`")]
+    #[error("--checkpoint-every `{text}` is not a positive number of seconds, `auto` or `never`")]
     BadInterval {
         /// What was given.
         text: String,

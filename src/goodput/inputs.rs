@@ -208,6 +208,7 @@ pub struct GoodputConfig {
     pub checkpoint: CheckpointInterval,
     /// What a failure costs: a rollback to the last checkpoint, or a
     /// promotion of the redundant copies.
+    #[serde(serialize_with = "by_name")]
     pub recovery: RecoveryPolicy,
     /// Seed of the failure times and of which unit fails.
     pub seed: u64,
@@ -286,6 +287,11 @@ pub struct Costs {
     /// Downtime of a redundant recovery: detect, restart, reconfigure,
     /// re-shard.
     pub redundant_seconds: f64,
+}
+
+/// A policy as its command-line name (`redundant`).
+fn by_name<S: serde::Serializer>(policy: &RecoveryPolicy, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(policy)
 }
 
 fn positive(name: &'static str, value: f64, hint: &'static str) -> Result<(), GoodputError> {
