@@ -87,7 +87,7 @@ pub fn goodput(args: GoodputArgs) -> Result<()> {
         args.model_params as u64,
         args.mtbf_hours,
         args.days,
-        args.step_seconds.unwrap_or(1.0),
+        args.step_seconds.unwrap_or(f64::MIN_POSITIVE),
     );
     config.optimizer_slots = slots;
     config.failure_unit = args.failure_unit;
