@@ -324,6 +324,22 @@ fn bad_input_is_refused_before_any_work_with_a_clear_error() {
             },
             "failures, more than the",
         ),
+        (
+            GoodputConfig {
+                days: 1e12,
+                mtbf_hours: 1e30,
+                step_seconds: 1e-3,
+                ..small_config()
+            },
+            "steps a run counts",
+        ),
+        (
+            GoodputConfig {
+                days: 1e-6,
+                ..small_config()
+            },
+            "is shorter than one 2 s step",
+        ),
     ];
     for (config, expected) in cases {
         let error = simulate(&fleet, &config).expect_err(expected).to_string();

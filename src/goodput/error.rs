@@ -69,6 +69,19 @@ pub enum GoodputError {
         /// The limit.
         limit: u64,
     },
+    /// The run holds more steps than a simulation counts.
+    #[error(
+        "{days} days of {step_seconds} s steps is more than the {limit} steps a run counts; \
+         give a longer --step-seconds or fewer --days"
+    )]
+    TooManySteps {
+        /// Simulated days.
+        days: f64,
+        /// The step's length, seconds.
+        step_seconds: f64,
+        /// The limit.
+        limit: u64,
+    },
     /// The run is shorter than one training step.
     #[error("{days} days is shorter than one {step_seconds} s step; simulate at least one step")]
     ShorterThanAStep {

@@ -250,6 +250,10 @@ impl GoodputConfig {
 /// every 3 h has about 430).
 pub const MAX_FAILURES: u64 = 50_000_000;
 
+/// The most steps one run counts (54 days of 1 µs steps is 4.7e12), so
+/// that step counts never overflow.
+pub const MAX_STEPS: u64 = 1_000_000_000_000_000;
+
 /// The costs a run's timeline is made of, derived from the fleet and the
 /// configuration.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -354,6 +358,13 @@ impl Costs {
                 system_mtbf_seconds,
                 expected,
                 limit: MAX_FAILURES,
+            });
+        }
+        if horizon / config.step_seconds > MAX_STEPS as f64 {
+            return Err(GoodputError::TooManySteps {
+                days: config.days,
+                step_seconds: config.step_seconds,
+                limit: MAX_STEPS,
             });
         }
         if horizon < config.step_seconds {
