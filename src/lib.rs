@@ -24,7 +24,7 @@
 //! | 9 compiler | `compiler` | graph IR as entities, the passes of `Compile`, lowering |
 //! | 10 execution | `exec` | the fast runtime: native (Cranelift) and interpreted fused loops |
 //! | 11 sharded training | `sharding` | a whole model's optimizer sharded over the pod: parameter sets, buckets, per-device state shards, the data-parallel step as work of the `Collectives`, `Execute` and `Coalesce` sets |
-//! | 12 checkpoints | `checkpoint` | the registry of everything the engine persists; manifests, files, verification, periodic checkpoints |
+//! | 12 checkpoints, goodput | `checkpoint`, `goodput` | the registry of everything the engine persists; manifests, files, verification, periodic checkpoints; a long run's goodput through failures, checkpoints and recoveries as a discrete-event timeline |
 //! | 13 errors | `error` | `OptimError`, wrapping each domain's own error without flattening it |
 //! | 14 assembly | `pod` | `Pod`: the world, the install order of every domain, the host API |
 //! | 15 profiling | `profile` | counters, Chrome/Perfetto traces, per-system timing |
@@ -64,6 +64,7 @@ pub mod coordination;
 pub mod error;
 pub mod exec;
 pub mod fault_tolerance;
+pub mod goodput;
 pub mod hardware;
 pub mod health;
 pub mod ir;

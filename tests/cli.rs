@@ -669,4 +669,87 @@ fn a_build_without_mpi_refuses_to_run_as_one_of_several_ranks() {
         .output()
         .unwrap();
     assert!(output.status.success());
+
+#[test]
+fn goodput_simulates_a_run_and_refuses_bad_input() {
+    let args = [
+        "goodput",
+        "v4-64",
+        "--model-params",
+        "1e9",
+        "--mtbf-hours",
+        "200",
+        "--days",
+        "3",
+        "--step-seconds",
+        "2",
+        "--seed",
+        "5",
+        "--json",
+    ];
+    let report = json(&optirs(&args));
+    for key in [
+        "goodput",
+        "lost_steps",
+        "checkpoint_seconds",
+        "restarts",
+        "checkpoint_interval_seconds",
+        "young_daly_seconds",
+    ] {
+        assert!(report.get(key).is_some(), "missing `{key}` in {report}");
+    }
+    let goodput = report["goodput"].as_f64().unwrap();
+    assert!(goodput > 0.5 && goodput < 1.0, "{goodput}");
+    // 64 chips at 200 h: a failure every 3.1 h, about 23 in 3 days.
+    let restarts = report["restarts"].as_u64().unwrap();
+    assert!((8..=45).contains(&restarts), "{restarts}");
+    assert_eq!(report["config"]["recovery"], "rollback");
+    assert_eq!(report["step_source"], "--step-seconds");
+    // The seed replays the run.
+    let again = json(&optirs(&args));
+    assert_eq!(again["goodput"], report["goodput"]);
+
+    let text = optirs(&args[..args.len() - 1]);
+    assert!(text.status.success());
+    let stdout = String::from_utf8(text.stdout).unwrap();
+    assert!(
+        stdout.starts_with("goodput ") && stdout.contains("restarts"),
+        "{stdout}"
+    );
+
+    for (flag, value, code, message) in [
+        (
+            "--mtbf-hours",
+            "0",
+            1,
+            "--mtbf-hours must be a positive number",
+        ),
+        ("--days", "-2", 1, "--days must be a positive number"),
+        ("--model-params", "0", 2, "not a positive whole number"),
+        (
+            "--recovery",
+            "sometimes",
+            2,
+            "unknown recovery policy `sometimes`",
+        ),
+        (
+            "--checkpoint-every",
+            "soon",
+            2,
+            "is not a positive number of seconds",
+        ),
+    ] {
+        let mut bad: Vec<&str> = args.to_vec();
+        let at = bad.iter().position(|a| *a == flag);
+        match at {
+            Some(i) => bad[i + 1] = value,
+            None => bad.extend([flag, value]),
+        }
+        let out = optirs(&bad);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(code), "{flag} {value}: {stderr}");
+        assert!(stderr.contains(message), "{flag} {value}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+        assert!(out.stdout.is_empty());
+    }
 }

@@ -4,6 +4,7 @@ mod bench;
 mod checkpoint;
 mod collectives;
 mod compile;
+mod goodput;
 mod output;
 mod progress;
 mod ranks;
@@ -41,6 +42,9 @@ enum Command {
     Compile(compile::CompileArgs),
     /// Save, verify, restore, list and inspect whole-world checkpoints.
     Checkpoint(checkpoint::CheckpointArgs),
+    /// Simulate a long training run through failures, checkpoints and
+    /// recoveries, and report its goodput.
+    Goodput(goodput::GoodputArgs),
     /// Wall-clock benchmarks: `bench schedule` times every system.
     Bench(bench::BenchArgs),
 }
@@ -57,6 +61,7 @@ pub fn main() -> ExitCode {
         Command::Compile(_) => "compile",
         Command::Checkpoint(_) => "checkpoint",
         Command::Bench(_) => "bench",
+        Command::Goodput(_) => "goodput",
     };
     let refused = match name {
         "run" => Ok(()),
@@ -70,6 +75,7 @@ pub fn main() -> ExitCode {
         Command::Checkpoint(args) => checkpoint::checkpoint(args),
         Command::Compile(args) => compile::compile(args),
         Command::Collectives(args) => collectives::collectives(args),
+        Command::Goodput(args) => goodput::goodput(args),
         Command::Bench(args) => bench::bench(args),
     });
     match result {

@@ -1,0 +1,139 @@
+//! Goodput: the share of a long training run's wall time spent on steps
+//! that count, through failures, checkpoints and recoveries.
+//!
+//! A run of `days` on a [`Fleet`] is a seeded discrete-event simulation of
+//! its timeline ([`timeline`]): failures drawn from the unit's MTBF
+//! (exponential inter-arrival, per chip or per host), checkpoints that cost
+//! their bytes over the storage bandwidth ([`Costs`]: parameters and
+//! optimizer state at [`crate::hardware::CHECKPOINT_READ_BYTES_PER_S_PER_HOST`]
+//! per host, as `checkpoint::recovery` reads them), and recoveries under
+//! the model's [`crate::sharding::RecoveryPolicy`]: a rollback loses the steps since the
+//! last checkpoint and reads it back; a redundant recovery loses none but
+//! pays a state copy to the ring successor every step, as the pod's sharded
+//! step does. [`interval::search_interval`] picks the checkpoint interval by
+//! simulation; `tests/goodput.rs` checks it against Young/Daly and the run
+//! against published goodput (`docs/goodput.md`).
+//!
+//! Goodput here is productive step time over wall time: the replication,
+//! checkpoint writes, recoveries, steps a rollback lost and steps cut off
+//! in flight are the rest, and the report accounts every second once.
+
+pub mod error;
+pub mod inputs;
+pub mod interval;
+pub mod timeline;
+
+pub use error::GoodputError;
+pub use inputs::{
+    CheckpointInterval, Costs, DEFAULT_OPTIMIZER_SLOTS, DEFAULT_RECONFIGURE_SECONDS,
+    DEFAULT_RESTART_SECONDS, FailureUnit, Fleet, GoodputConfig, modeled_step_seconds,
+    parse_recovery,
+};
+pub use interval::{IntervalSearch, search_interval, young_daly_seconds};
+pub use timeline::{Exposure, Plan, Tally, simulate_run};
+
+use serde::Serialize;
+
+/// What a goodput run found. Times are simulated seconds.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GoodputReport {
+    /// The pod.
+    pub pod: String,
+    /// Chips.
+    pub chips: u32,
+    /// Hosts.
+    pub hosts: u32,
+    /// The inputs.
+    pub config: GoodputConfig,
+    /// The costs derived from them.
+    pub costs: Costs,
+    /// Productive step time over wall time.
+    pub goodput: f64,
+    /// Simulated wall time.
+    pub wall_seconds: f64,
+    /// Time in steps that count.
+    pub productive_seconds: f64,
+    /// Steps that count.
+    pub steps_completed: u64,
+    /// Completed steps a rollback threw away.
+    pub lost_steps: u64,
+    /// Time in lost steps and in steps cut off in flight.
+    pub lost_seconds: f64,
+    /// Checkpoints written.
+    pub checkpoints: u64,
+    /// Time writing checkpoints (training waits for them).
+    pub checkpoint_seconds: f64,
+    /// Failures; each restarts the job (or its recovery).
+    pub restarts: u64,
+    /// Time from failures until training resumed.
+    pub recovery_seconds: f64,
+    /// Time copying state to ring successors (redundant).
+    pub replication_seconds: f64,
+    /// Redundant recoveries that lost both copies and rolled back.
+    pub fallbacks_to_checkpoint: u64,
+    /// Steps between checkpoints (`None`: no checkpoints).
+    pub checkpoint_interval_steps: Option<u64>,
+    /// Seconds of training between checkpoints.
+    pub checkpoint_interval_seconds: Option<f64>,
+    /// Young/Daly's `√(2·C·MTBF)` for this fleet's checkpoint and MTBF.
+    pub young_daly_seconds: f64,
+    /// How `auto` chose the interval.
+    pub search: Option<IntervalSearch>,
+}
+
+/// Simulates `config`'s run on `fleet`. Every input is checked first: an
+/// `Err` means nothing was simulated.
+pub fn simulate(fleet: &Fleet, config: &GoodputConfig) -> Result<GoodputReport, GoodputError> {
+    let costs = Costs::derive(fleet, config)?;
+    let exposure = Exposure::new(fleet, config.failure_unit);
+    let horizon = config.days * 86_400.0;
+    let step = costs.step_seconds + costs.replication_seconds_per_step;
+    let base = Plan {
+        steps_per_checkpoint: None,
+        recovery: config.recovery,
+        horizon_seconds: horizon,
+        seed: config.seed,
+    };
+    let (steps_per_checkpoint, search) = match config.checkpoint {
+        CheckpointInterval::Never => (None, None),
+        CheckpointInterval::Every(seconds) => {
+            (Some((seconds / step).round().max(1.0) as u64), None)
+        }
+        CheckpointInterval::Auto => {
+            let found = search_interval(&exposure, &costs, base);
+            (Some(found.steps), Some(found))
+        }
+    };
+    let plan = Plan {
+        steps_per_checkpoint,
+        ..base
+    };
+    let tally = simulate_run(&exposure, &costs, plan, 0);
+    let productive = tally.productive_steps() as f64 * costs.step_seconds;
+    Ok(GoodputReport {
+        pod: fleet.name.clone(),
+        chips: fleet.chips,
+        hosts: fleet.hosts,
+        config: config.clone(),
+        goodput: productive / tally.wall_seconds,
+        wall_seconds: tally.wall_seconds,
+        productive_seconds: productive,
+        steps_completed: tally.productive_steps(),
+        lost_steps: tally.lost_steps,
+        lost_seconds: tally.lost_steps as f64 * costs.step_seconds + tally.void_step_seconds,
+        checkpoints: tally.checkpoints,
+        checkpoint_seconds: tally.checkpoint_seconds,
+        restarts: tally.restarts,
+        recovery_seconds: tally.recovery_seconds,
+        replication_seconds: tally.replication_seconds,
+        fallbacks_to_checkpoint: tally.fallbacks,
+        checkpoint_interval_steps: steps_per_checkpoint,
+        checkpoint_interval_seconds: steps_per_checkpoint.map(|n| n as f64 * step),
+        young_daly_seconds: young_daly_seconds(
+            costs.checkpoint_write_seconds,
+            costs.system_mtbf_seconds,
+        ),
+        search,
+        costs,
+    })
+}

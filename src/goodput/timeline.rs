@@ -1,0 +1,405 @@
+//! One run's timeline as a discrete-event simulation: failures, and the
+//! training, checkpoints and recoveries between them.
+//!
+//! Failures form a Poisson process over wall time (every unit fails
+//! independently with exponential inter-arrival times of the unit's MTBF,
+//! and a failed unit is replaced by a spare, so the rate stays
+//! `units / MTBF`); which unit fails is uniform. Between two failures the
+//! timeline is deterministic — `n` steps, a checkpoint, `n` steps, … — so
+//! a stretch is accounted in closed form and a run costs O(failures), not
+//! O(steps).
+//!
+//! * A step takes `step + replication` seconds (replication is 0 under
+//!   rollback); a step in flight at a failure is void.
+//! * A checkpoint is written after every `n` completed steps and training
+//!   waits for it; one still being written at a failure is void.
+//! * **Rollback**: the steps completed since the last checkpoint written
+//!   are lost; the job detects, restarts, reconfigures and reads the
+//!   checkpoint (nothing to read before the first checkpoint).
+//! * **Redundant**: no step is lost; the job detects, restarts,
+//!   reconfigures and re-shards from the copies. The copies are lost, and
+//!   the job falls back to a rollback, when one failure takes down a device
+//!   and its ring successor (a host that drives both), or when a second
+//!   failure during the recovery hits a ring neighbour of a lost unit.
+//! * A failure during a recovery restarts the recovery.
+//!
+//! The run ends at its horizon: steps completed since the last checkpoint
+//! count, a step or checkpoint in flight does not.
+
+use std::collections::HashSet;
+
+use super::inputs::{Costs, FailureUnit, Fleet};
+use crate::rng::SimRng;
+use crate::sharding::RecoveryPolicy;
+
+/// Stream keys of this module's draws (apart from [`crate::rng::stream`]'s).
+mod stream {
+    /// Failure inter-arrival times.
+    pub const FAILURE_TIME: u64 = 0x676f_6f64_0001;
+    /// Which unit fails.
+    pub const FAILURE_UNIT: u64 = 0x676f_6f64_0002;
+}
+
+/// Which failure units hold a redundant copy of each other's state.
+#[derive(Debug, Clone)]
+pub struct Exposure {
+    /// Units.
+    pub units: u32,
+    /// Per unit: it drives a device and that device's ring successor, so
+    /// losing it loses both copies.
+    pub holds_both: Vec<bool>,
+    /// Unordered pairs of distinct units that hold ring neighbours.
+    pub neighbours: HashSet<(u32, u32)>,
+}
+
+impl Exposure {
+    /// The exposure of `fleet`'s ring to failures of `unit`.
+    pub fn new(fleet: &Fleet, unit: FailureUnit) -> Exposure {
+        let n = fleet.ring_hosts.len();
+        let of = |position: usize| match unit {
+            FailureUnit::Chip => position as u32,
+            FailureUnit::Host => fleet.ring_hosts[position],
+        };
+        let units = match unit {
+            FailureUnit::Chip => fleet.chips,
+            FailureUnit::Host => fleet.hosts,
+        };
+        let mut holds_both = vec![false; units as usize];
+        let mut neighbours = HashSet::new();
+        for i in 0..n {
+            let (a, b) = (of(i), of((i + 1) % n));
+            if a == b {
+                holds_both[a as usize] = true;
+            } else {
+                neighbours.insert((a.min(b), a.max(b)));
+            }
+        }
+        Exposure {
+            units,
+            holds_both,
+            neighbours,
+        }
+    }
+
+    fn are_neighbours(&self, a: u32, b: u32) -> bool {
+        self.neighbours.contains(&(a.min(b), a.max(b)))
+    }
+}
+
+/// What a policy and a checkpoint interval are simulated with.
+#[derive(Debug, Clone, Copy)]
+pub struct Plan {
+    /// Steps between checkpoints (`None`: no checkpoints).
+    pub steps_per_checkpoint: Option<u64>,
+    /// The recovery policy.
+    pub recovery: RecoveryPolicy,
+    /// Simulated wall time, seconds.
+    pub horizon_seconds: f64,
+    /// The seed.
+    pub seed: u64,
+}
+
+/// Sums over one or more runs.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Tally {
+    /// Simulated wall time, seconds.
+    pub wall_seconds: f64,
+    /// Steps completed (including those a rollback later lost).
+    pub steps_done: u64,
+    /// Completed steps a rollback lost.
+    pub lost_steps: u64,
+    /// Time in steps that never completed (in flight at a failure or at the
+    /// end), seconds.
+    pub void_step_seconds: f64,
+    /// Checkpoints written.
+    pub checkpoints: u64,
+    /// Time writing checkpoints, including one cut off by a failure, seconds.
+    pub checkpoint_seconds: f64,
+    /// Time from failures until training resumed, seconds.
+    pub recovery_seconds: f64,
+    /// Time copying state to ring successors, seconds.
+    pub replication_seconds: f64,
+    /// Failures (each restarts the job or its recovery).
+    pub restarts: u64,
+    /// Redundant recoveries that lost both copies and rolled back.
+    pub fallbacks: u64,
+}
+
+impl Tally {
+    /// Adds `other` into `self`.
+    pub fn add(&mut self, other: &Tally) {
+        self.wall_seconds += other.wall_seconds;
+        self.steps_done += other.steps_done;
+        self.lost_steps += other.lost_steps;
+        self.void_step_seconds += other.void_step_seconds;
+        self.checkpoints += other.checkpoints;
+        self.checkpoint_seconds += other.checkpoint_seconds;
+        self.recovery_seconds += other.recovery_seconds;
+        self.replication_seconds += other.replication_seconds;
+        self.restarts += other.restarts;
+        self.fallbacks += other.fallbacks;
+    }
+
+    /// Steps that count: completed and not lost.
+    pub fn productive_steps(&self) -> u64 {
+        self.steps_done - self.lost_steps
+    }
+
+    /// Productive time over wall time.
+    pub fn goodput(&self, step_seconds: f64) -> f64 {
+        self.productive_steps() as f64 * step_seconds / self.wall_seconds
+    }
+}
+
+/// The failures of one run, in time order.
+struct Failures {
+    rng: SimRng,
+    replicate: u64,
+    index: u64,
+    at: f64,
+    mtbf: f64,
+    units: u32,
+}
+
+impl Failures {
+    fn next(&mut self) -> (f64, u32) {
+        let key = [self.replicate, self.index];
+        let bits = self.rng.bits(stream::FAILURE_TIME, key);
+        // Uniform in (0, 1]: never ln(0).
+        let u = ((bits >> 11) + 1) as f64 / (1u64 << 53) as f64;
+        self.at += -u.ln() * self.mtbf;
+        let unit = self
+            .rng
+            .up_to(u64::from(self.units - 1), stream::FAILURE_UNIT, key) as u32;
+        self.index += 1;
+        (self.at, unit)
+    }
+}
+
+struct Run<'a> {
+    costs: &'a Costs,
+    plan: Plan,
+    tally: Tally,
+    /// Steps completed since the last checkpoint (or the start).
+    pending: u64,
+    has_checkpoint: bool,
+}
+
+impl Run<'_> {
+    fn complete(&mut self, steps: u64) {
+        self.tally.steps_done += steps;
+        self.tally.replication_seconds += steps as f64 * self.costs.replication_seconds_per_step;
+    }
+
+    /// Trains for `seconds` with no failure, starting `pending` steps into
+    /// the checkpoint interval; what is in flight at the end is void.
+    fn train(&mut self, mut seconds: f64) {
+        let step = self.costs.step_seconds + self.costs.replication_seconds_per_step;
+        let write = self.costs.checkpoint_write_seconds;
+        let Some(n) = self.plan.steps_per_checkpoint else {
+            let k = (seconds / step).floor() as u64;
+            self.complete(k);
+            self.pending += k;
+            self.tally.void_step_seconds += (seconds - k as f64 * step).max(0.0);
+            return;
+        };
+        let mut to_checkpoint = n - self.pending;
+        loop {
+            let steps_time = to_checkpoint as f64 * step;
+            if seconds < steps_time {
+                let k = ((seconds / step).floor() as u64).min(to_checkpoint);
+                self.complete(k);
+                self.pending += k;
+                self.tally.void_step_seconds += (seconds - k as f64 * step).max(0.0);
+                return;
+            }
+            self.complete(to_checkpoint);
+            self.pending = n;
+            seconds -= steps_time;
+            if seconds < write {
+                self.tally.checkpoint_seconds += seconds;
+                return;
+            }
+            seconds -= write;
+            self.commit_checkpoints(1);
+            // Whole intervals in closed form, then the remainder.
+            let cycle = n as f64 * step + write;
+            let k = (seconds / cycle).floor() as u64;
+            if k > 0 {
+                self.complete(k * n);
+                self.commit_checkpoints(k);
+                seconds = (seconds - k as f64 * cycle).max(0.0);
+            }
+            to_checkpoint = n;
+        }
+    }
+
+    fn commit_checkpoints(&mut self, k: u64) {
+        self.pending = 0;
+        self.has_checkpoint = true;
+        self.tally.checkpoints += k;
+        self.tally.checkpoint_seconds += k as f64 * self.costs.checkpoint_write_seconds;
+    }
+
+    fn roll_back(&mut self) {
+        self.tally.lost_steps += self.pending;
+        self.pending = 0;
+    }
+
+    fn rollback_seconds(&self) -> f64 {
+        if self.has_checkpoint {
+            self.costs.rollback_seconds
+        } else {
+            self.costs.rollback_seconds - self.costs.checkpoint_read_seconds
+        }
+    }
+}
+
+/// Simulates replicate `replicate` of a run: the same `(seed, replicate)`
+/// draws the same failures whatever the plan's interval, so runs that
+/// differ only in their interval are compared on the same failures.
+pub fn simulate_run(exposure: &Exposure, costs: &Costs, plan: Plan, replicate: u64) -> Tally {
+    let horizon = plan.horizon_seconds;
+    let mut failures = Failures {
+        rng: SimRng::new(plan.seed),
+        replicate,
+        index: 0,
+        at: 0.0,
+        mtbf: costs.system_mtbf_seconds,
+        units: exposure.units,
+    };
+    let mut run = Run {
+        costs,
+        plan,
+        tally: Tally {
+            wall_seconds: horizon,
+            ..Tally::default()
+        },
+        pending: 0,
+        has_checkpoint: false,
+    };
+    let redundant = plan.recovery == RecoveryPolicy::Redundant;
+    let mut now = 0.0;
+    let mut next = failures.next();
+    let mut episode: Vec<u32> = Vec::new();
+    while now < horizon {
+        let (at, unit) = next;
+        if at >= horizon {
+            run.train(horizon - now);
+            break;
+        }
+        run.train(at - now);
+        run.tally.restarts += 1;
+        episode.clear();
+        episode.push(unit);
+        let mut copies_lost = !redundant || exposure.holds_both[unit as usize];
+        if copies_lost {
+            run.tally.fallbacks += u64::from(redundant);
+            run.roll_back();
+        }
+        let mut start = at;
+        next = failures.next();
+        loop {
+            let duration = if copies_lost {
+                run.rollback_seconds()
+            } else {
+                costs.redundant_seconds
+            };
+            let (again, unit) = next;
+            if again < start + duration && again < horizon {
+                run.tally.recovery_seconds += again - start;
+                run.tally.restarts += 1;
+                if !copies_lost
+                    && (exposure.holds_both[unit as usize]
+                        || episode.iter().any(|&u| exposure.are_neighbours(u, unit)))
+                {
+                    copies_lost = true;
+                    run.tally.fallbacks += 1;
+                    run.roll_back();
+                }
+                episode.push(unit);
+                start = again;
+                next = failures.next();
+                continue;
+            }
+            let end = (start + duration).min(horizon);
+            run.tally.recovery_seconds += end - start;
+            now = end;
+            break;
+        }
+    }
+    run.tally
+}
+
+/// [`simulate_run`] over replicates `0..replicates`, summed.
+pub fn simulate_replicates(
+    exposure: &Exposure,
+    costs: &Costs,
+    plan: Plan,
+    replicates: u64,
+) -> Tally {
+    let mut total = Tally::default();
+    for r in 0..replicates {
+        total.add(&simulate_run(exposure, costs, plan, r));
+    }
+    total
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::goodput::inputs::GoodputConfig;
+    use crate::hardware::TpuGeneration;
+
+    fn setup(recovery: RecoveryPolicy) -> (Exposure, Costs) {
+        let fleet = Fleet::blocks("t", 64, 4, TpuGeneration::V4).unwrap();
+        let mut config = GoodputConfig::new(1_000_000_000, 64.0 * 3.0, 30.0, 2.0);
+        config.recovery = recovery;
+        let costs = Costs::derive(&fleet, &config).unwrap();
+        (Exposure::new(&fleet, FailureUnit::Chip), costs)
+    }
+
+    #[test]
+    fn every_second_of_the_run_is_accounted_once() {
+        for recovery in [RecoveryPolicy::Rollback, RecoveryPolicy::Redundant] {
+            let (exposure, costs) = setup(recovery);
+            for n in [None, Some(1), Some(37), Some(10_000)] {
+                let plan = Plan {
+                    steps_per_checkpoint: n,
+                    recovery,
+                    horizon_seconds: 30.0 * 86_400.0,
+                    seed: 7,
+                };
+                let t = simulate_run(&exposure, &costs, plan, 0);
+                let sum = t.steps_done as f64 * costs.step_seconds
+                    + t.void_step_seconds
+                    + t.checkpoint_seconds
+                    + t.recovery_seconds
+                    + t.replication_seconds;
+                assert!(
+                    (sum - t.wall_seconds).abs() < 1e-6 * t.wall_seconds,
+                    "{recovery} {n:?}: {sum} vs {}",
+                    t.wall_seconds
+                );
+                assert!(t.restarts > 100, "{t:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn no_failures_means_only_checkpoints_cost() {
+        let (exposure, mut costs) = setup(RecoveryPolicy::Rollback);
+        costs.system_mtbf_seconds = 1e30;
+        let plan = Plan {
+            steps_per_checkpoint: Some(99),
+            recovery: RecoveryPolicy::Rollback,
+            horizon_seconds: 86_400.0,
+            seed: 1,
+        };
+        let t = simulate_run(&exposure, &costs, plan, 0);
+        let cycle = 99.0 * costs.step_seconds + costs.checkpoint_write_seconds;
+        let expected = 99.0 * costs.step_seconds / cycle;
+        assert_eq!(t.restarts, 0);
+        assert!((t.goodput(costs.step_seconds) - expected).abs() < 1e-3);
+    }
+}
