@@ -34,6 +34,9 @@ pub fn topology(args: TopologyArgs) -> Result<()> {
     ])?;
     let mut pod = Pod::load(&args.pod)?;
     let figures = pod.figures();
+    for warning in &figures.warnings {
+        eprintln!("warning: {}: {warning}", args.pod);
+    }
     if let Some(path) = &args.dot {
         output::write_new("--dot", path, &to_dot(pod.world_mut()))?;
     }

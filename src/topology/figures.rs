@@ -60,6 +60,8 @@ pub struct TopologyFigures {
     pub allreduce_bytes_per_s: f64,
     /// HBM over all chips, bytes.
     pub hbm_bytes: u64,
+    /// What the pod file was accepted with only a warning (a custom shape).
+    pub warnings: Vec<String>,
 }
 
 /// Computes [`TopologyFigures`] from the devices, hosts and links in `world`.
@@ -124,6 +126,7 @@ pub fn compute_figures(world: &mut World) -> TopologyFigures {
         bisection_cut,
         allreduce_bytes_per_s: allreduce,
         hbm_bytes: topology.hbm_bytes * n as u64,
+        warnings: topology.warnings.clone(),
     }
 }
 

@@ -2,7 +2,8 @@
 //!
 //! Parsing reports the file, line, column and field (through
 //! `serde_path_to_error` over ron's deserializer). Validation checks, in this
-//! order: name, generation, shape, slices, wraparound, host block, cores, link
+//! order: name, generation, shape, slices, offered shape (or `custom`),
+//! wraparound, twist, host block, cores, link
 //! figures, tick and heartbeat (each within its documented range, the
 //! interval at least one tick, the timeout longer than the interval plus the
 //! control latency), explicit links, connectivity. The first
@@ -10,7 +11,7 @@
 
 use super::error::{Problem, TopologyError};
 use super::schema::{ExtraLink, LinkFigures, LinkKind, PodFile};
-use crate::hardware::{HardwareSpec, TpuGeneration, WraparoundRule};
+use crate::hardware::{HardwareSpec, TpuGeneration, WraparoundRule, twisted_torus_edge};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 
@@ -81,6 +82,10 @@ pub struct Topology {
     pub slices: u32,
     /// Whether each axis closes into a ring.
     pub wraparound: [bool; 3],
+    /// How far each axis's wraparound link moves along the other axes:
+    /// axis `a`'s link from the last chip lands `twist[a][b]` chips further
+    /// along axis `b` (all zero: a plain torus; see [`twist_offsets`]).
+    pub twist: [[u32; 3]; 3],
     /// Chips one host drives along each axis.
     pub host_bounds: [u32; 3],
     /// TensorCores per chip.
@@ -99,6 +104,9 @@ pub struct Topology {
     pub heartbeat_timeout_ns: u64,
     /// Simulated time per tick, ns.
     pub tick_ns: u64,
+    /// What was accepted only with a warning (a custom shape), in the order
+    /// found. Kept with the topology so every report can show them.
+    pub warnings: Vec<String>,
 }
 
 impl Topology {
@@ -110,6 +118,11 @@ impl Topology {
     /// Chips (devices) in the pod.
     pub fn num_devices(&self) -> u32 {
         self.chips_per_slice() * self.slices
+    }
+
+    /// Whether any wraparound link is twisted.
+    pub fn is_twisted(&self) -> bool {
+        self.twist.iter().flatten().any(|&offset| offset != 0)
     }
 
     /// Hosts along each axis of one slice.
@@ -148,7 +161,8 @@ impl Topology {
     /// The torus links of every slice, then the explicit links.
     ///
     /// Along an axis of size `n` there are `n - 1` links per row, plus the
-    /// wraparound link when the axis wraps (`n >= 3`).
+    /// wraparound link when the axis wraps (`n >= 3`); a twisted wraparound
+    /// link also moves along the other axes by [`Topology::twist`].
     pub fn links(&self) -> Vec<LinkSpec> {
         let mut links = Vec::with_capacity(self.torus_link_count() + self.extra_links.len());
         for device in 0..self.num_devices() {
@@ -165,6 +179,11 @@ impl Topology {
                         continue;
                     }
                     next[axis] = 0;
+                    for ((coord, offset), size) in
+                        next.iter_mut().zip(self.twist[axis]).zip(self.dims)
+                    {
+                        *coord = (*coord + offset) % size;
+                    }
                 } else {
                     next[axis] += 1;
                 }
@@ -246,6 +265,25 @@ impl Topology {
         }
         if self.heartbeat_timeout_ns <= self.heartbeat_interval_ns {
             return Err("heartbeat_timeout_ns is not after heartbeat_interval_ns".into());
+        }
+        for axis in 0..3 {
+            for other in 0..3 {
+                let offset = self.twist[axis][other];
+                if offset == 0 {
+                    continue;
+                }
+                if other == axis || offset >= self.dims[other] {
+                    return Err(format!(
+                        "twist[{axis}][{other}] = {offset} is not a shift along another axis \
+                         of the shape"
+                    ));
+                }
+                if !(self.wraparound[axis] && self.dims[axis] >= 3) {
+                    return Err(format!(
+                        "twist[{axis}] moves a wraparound link that axis {axis} does not have"
+                    ));
+                }
+            }
         }
         let devices = chips as u32;
         if let Some(link) = self
@@ -366,7 +404,34 @@ fn resolve_fields(file: &PodFile) -> Check<Topology> {
             },
         ));
     }
+    let mut warnings = Vec::new();
+    let offered = spec.slice_shapes.offers(dims);
+    match (offered, file.custom.unwrap_or(false)) {
+        (false, false) => {
+            return Err(invalid(
+                "shape",
+                Problem::ShapeNotOffered {
+                    generation: spec.name.to_string(),
+                    shape: file.shape.clone(),
+                    offered: spec.slice_shapes.describe(ndims),
+                },
+            ));
+        }
+        (false, true) => warnings.push(format!(
+            "shape `{}` is not a slice shape Google Cloud offers for {} (offered: {}); \
+             loaded because `custom: true`",
+            file.shape,
+            spec.name,
+            spec.slice_shapes.describe(ndims)
+        )),
+        (true, true) => warnings.push(format!(
+            "`custom: true` changes nothing: `{}` is an offered {} shape",
+            file.shape, spec.name
+        )),
+        (true, false) => {}
+    }
     let wraparound = resolve_wraparound(file.wraparound.as_deref(), dims, ndims, spec)?;
+    let twist = twist_offsets(file.twist.as_deref(), &file.shape, dims, wraparound, spec)?;
     let host_bounds = resolve_host_bounds(file.chips_per_host.as_deref(), dims, ndims, spec)?;
     let cores_per_chip = file.cores_per_chip.unwrap_or(spec.cores_per_chip);
     if !(1..=8).contains(&cores_per_chip) {
@@ -459,6 +524,7 @@ fn resolve_fields(file: &PodFile) -> Check<Topology> {
         ndims,
         slices,
         wraparound,
+        twist,
         host_bounds,
         cores_per_chip,
         hbm_bytes: spec.hbm_bytes,
@@ -468,6 +534,7 @@ fn resolve_fields(file: &PodFile) -> Check<Topology> {
         heartbeat_interval_ns,
         heartbeat_timeout_ns,
         tick_ns,
+        warnings,
     };
     topology.extra_links = resolve_extra_links(&topology, &file.extra_links)?;
     check_connected(&topology)?;
@@ -549,6 +616,70 @@ fn resolve_wraparound(
         wraparound[axis] = wrap;
     }
     Ok(wraparound)
+}
+
+/// The wraparound offsets of a `twist` value.
+///
+/// `"twisted"` is the twisted torus of Jouppi et al. (ISCA 2023) and of
+/// Cámara et al. ("Twisted Torus Topologies for Enhanced Interconnection
+/// Networks", IEEE TPDS 2010) for slices `k x k x 2k` and `k x 2k x 2k`:
+/// the wraparound link of every short axis (`k` chips) lands `k` chips
+/// further along every long axis (`2k` chips), so `(k-1, y, z)` joins
+/// `(0, y, z + k mod 2k)` on a 4x4x8. Long axes keep plain rings. Every chip
+/// keeps its 6 links; the short rings become one long ring through both
+/// halves of the long axis, which shortens paths across the long axis.
+pub fn twist_offsets(
+    given: Option<&str>,
+    shape: &str,
+    dims: [u32; 3],
+    wraparound: [bool; 3],
+    spec: &HardwareSpec,
+) -> Check<[[u32; 3]; 3]> {
+    let none = [[0; 3]; 3];
+    match given.map(str::trim) {
+        None | Some("none") => return Ok(none),
+        Some("twisted") => {}
+        Some(other) => {
+            return Err(invalid(
+                "twist",
+                Problem::UnknownTwist {
+                    given: other.to_string(),
+                },
+            ));
+        }
+    }
+    let refuse = |reason: String| {
+        invalid(
+            "twist",
+            Problem::TwistNotAllowed {
+                generation: spec.name.to_string(),
+                shape: shape.to_string(),
+                reason,
+            },
+        )
+    };
+    if !spec.twisted_tori {
+        return Err(refuse("only v4 and v5p slices can be twisted".into()));
+    }
+    let Some(k) = twisted_torus_edge(dims) else {
+        return Err(refuse(
+            "twisted tori are k x k x 2k or k x 2k x 2k with k a multiple of 4 \
+             (4x4x8, 4x8x8, 8x8x16, 8x16x16)"
+                .into(),
+        ));
+    };
+    if let Some(axis) = (0..3).find(|&a| !wraparound[a]) {
+        return Err(refuse(format!(
+            "the twist moves wraparound links, and wraparound[{axis}] is off"
+        )));
+    }
+    let mut twist = none;
+    for short in (0..3).filter(|&a| dims[a] == k) {
+        for long in (0..3).filter(|&a| dims[a] == 2 * k) {
+            twist[short][long] = k;
+        }
+    }
+    Ok(twist)
 }
 
 fn resolve_host_bounds(

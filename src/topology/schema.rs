@@ -12,6 +12,8 @@
 //!     shape: "4x4",
 //!     // Optional, with their defaults for v5e:
 //!     wraparound: [true, true],
+//!     twist: "none",
+//!     custom: false,
 //!     chips_per_host: "2x4",
 //!     cores_per_chip: 1,
 //!     slices: 1,
@@ -45,6 +47,18 @@ pub struct PodFile {
     /// generation can wrap (v4 and v5p: multiples of 4; others: 3 chips or more).
     #[serde(default)]
     pub wraparound: Option<Vec<bool>>,
+    /// How the wraparound links close: `"none"` (default), or `"twisted"`
+    /// for the twisted torus of the v4 and v5p shapes `k x k x 2k` and
+    /// `k x 2k x 2k` (`k` a multiple of 4): each short axis's wraparound
+    /// link lands `k` chips further along every long axis (see
+    /// [`super::resolve::twist_offsets`] and `docs/topology.md`).
+    #[serde(default)]
+    pub twist: Option<String>,
+    /// Accept a slice shape Google Cloud does not offer for the generation
+    /// (see [`crate::hardware::SliceShapes`]); the topology then carries a
+    /// warning. Without it such a shape is refused.
+    #[serde(default)]
+    pub custom: Option<bool>,
     /// The block of chips one host drives: `"2x2x1"`. Must divide the shape.
     #[serde(default)]
     pub chips_per_host: Option<String>,
