@@ -65,11 +65,13 @@ pub fn topology(args: TopologyArgs) -> Result<()> {
          \x20 links          {links} ({ici} ICI, {dcn} DCN)\n\
          \x20 diameter       {diameter} hops\n\
          \x20 bisection      {bisection} (cut across {cut})\n\
-         \x20 all-reduce     {allreduce}\n",
+         \x20 all-reduce     {allreduce}\n\
+         \x20 mean path      {mean_hops} hops\n\
+         \x20 all-to-all     {alltoall} (bound)\n",
         name = figures.name,
         generation = figures.generation,
         shape = figures.shape,
-        wrap = wrap.join(" x "),
+        wrap = wrap.join(" x ") + if figures.twisted { ", twisted" } else { "" },
         slices = if figures.slices > 1 {
             format!(" x {} slices", figures.slices)
         } else {
@@ -85,6 +87,10 @@ pub fn topology(args: TopologyArgs) -> Result<()> {
         bisection = output::bytes_per_s(figures.bisection_bytes_per_s),
         cut = figures.bisection_cut.as_deref().unwrap_or("nothing"),
         allreduce = output::bytes_per_s(figures.allreduce_bytes_per_s),
+        mean_hops = figures
+            .mean_hops
+            .map_or_else(|| "-".to_string(), |h| format!("{h:.2}")),
+        alltoall = output::bytes_per_s(figures.alltoall_bytes_per_s),
     ))
 }
 
