@@ -40,6 +40,11 @@
 //!   ([`CHECKPOINT_READ_BYTES_PER_S_PER_HOST`]), the order of a Persistent
 //!   Disk or Cloud Storage read stream per VM; an assumption, not a TPU
 //!   figure.
+//! - \[nic\]: DCN bandwidth per host, each way. v5p: 50 Gbit/s per chip
+//!   (\[v5p\]) times 4 chips per host; v5e: 6.4 Tbit/s of data-center network
+//!   per 256-chip pod (\[v5e\]) over 32 hosts, 200 Gbit/s; v6e is taken as
+//!   v5e; v2, v3 and v4 hosts as one 100 Gbit/s NIC (an assumption: not
+//!   published per host).
 //! - Latencies are not published per link. The defaults (1 µs per ICI hop,
 //!   10 µs per DCN hop) are orders of magnitude for a SerDes hop plus router
 //!   and for a datacenter NIC round; override them in the pod file.
@@ -179,6 +184,8 @@ pub struct HardwareSpec {
     pub dcn_bytes_per_s: f64,
     /// DCN latency per hop, nanoseconds.
     pub dcn_latency_ns: u64,
+    /// DCN bandwidth of one host's NICs, bytes per second each way (\[nic\]).
+    pub dcn_host_bytes_per_s: f64,
     /// Chips attached to one host, as a block of the slice (`x, y, z`).
     pub chips_per_host_bounds: [u32; 3],
     /// When a dimension may wrap around.
@@ -230,6 +237,7 @@ static V2: HardwareSpec = HardwareSpec {
     ici_latency_ns: 1_000,
     dcn_bytes_per_s: 12.5 * GB,
     dcn_latency_ns: 10_000,
+    dcn_host_bytes_per_s: 12.5 * GB,
     chips_per_host_bounds: [2, 2, 1],
     wraparound: WraparoundRule::AnyDimension,
     max_pod_chips: 256,
@@ -255,6 +263,7 @@ static V3: HardwareSpec = HardwareSpec {
     ici_latency_ns: 1_000,
     dcn_bytes_per_s: 12.5 * GB,
     dcn_latency_ns: 10_000,
+    dcn_host_bytes_per_s: 12.5 * GB,
     chips_per_host_bounds: [2, 2, 1],
     wraparound: WraparoundRule::AnyDimension,
     max_pod_chips: 1024,
@@ -289,6 +298,7 @@ static V4: HardwareSpec = HardwareSpec {
     ici_latency_ns: 1_000,
     dcn_bytes_per_s: 12.5 * GB,
     dcn_latency_ns: 10_000,
+    dcn_host_bytes_per_s: 12.5 * GB,
     chips_per_host_bounds: [2, 2, 1],
     wraparound: WraparoundRule::MultipleOf(4),
     max_pod_chips: 4096,
@@ -318,6 +328,7 @@ static V5E: HardwareSpec = HardwareSpec {
     // 2 x 100 Gbit/s NICs per 8-chip host.
     dcn_bytes_per_s: 25.0 * GB,
     dcn_latency_ns: 10_000,
+    dcn_host_bytes_per_s: 25.0 * GB,
     chips_per_host_bounds: [2, 4, 1],
     wraparound: WraparoundRule::AnyDimension,
     max_pod_chips: 256,
@@ -345,6 +356,7 @@ static V5P: HardwareSpec = HardwareSpec {
     // 50 Gbit/s DCN per chip.
     dcn_bytes_per_s: 50e9 / 8.0,
     dcn_latency_ns: 10_000,
+    dcn_host_bytes_per_s: 4.0 * 50e9 / 8.0,
     chips_per_host_bounds: [2, 2, 1],
     wraparound: WraparoundRule::MultipleOf(4),
     max_pod_chips: 8960,
@@ -374,6 +386,7 @@ static V6E: HardwareSpec = HardwareSpec {
     ici_latency_ns: 1_000,
     dcn_bytes_per_s: 25.0 * GB,
     dcn_latency_ns: 10_000,
+    dcn_host_bytes_per_s: 25.0 * GB,
     chips_per_host_bounds: [2, 4, 1],
     wraparound: WraparoundRule::AnyDimension,
     max_pod_chips: 256,

@@ -296,7 +296,8 @@ fn explicit_links_are_checked() {
 
 #[test]
 fn a_disconnected_pod_is_rejected() {
-    let (field, p) = problem("generation: \"v5e\", shape: \"4x4\", slices: 2");
+    let (field, p) =
+        problem("generation: \"v5e\", shape: \"4x4\", slices: 2, dcn: (fabric: false)");
     assert_eq!(field, "extra_links");
     assert_eq!(
         p,

@@ -65,6 +65,7 @@ pub fn topology(args: TopologyArgs) -> Result<()> {
          \x20 links          {links} ({ici} ICI, {dcn} DCN)\n\
          \x20 diameter       {diameter} hops\n\
          \x20 bisection      {bisection} (cut across {cut})\n\
+         \x20 DCN bisection  {dcn_bisection}\n\
          \x20 all-reduce     {allreduce}\n\
          \x20 mean path      {mean_hops} hops\n\
          \x20 all-to-all     {alltoall} (bound)\n",
@@ -86,6 +87,11 @@ pub fn topology(args: TopologyArgs) -> Result<()> {
         dcn = figures.dcn_links,
         bisection = output::bytes_per_s(figures.bisection_bytes_per_s),
         cut = figures.bisection_cut.as_deref().unwrap_or("nothing"),
+        dcn_bisection = if figures.slices > 1 {
+            output::bytes_per_s(figures.dcn_bisection_bytes_per_s)
+        } else {
+            "- (one slice)".to_string()
+        },
         allreduce = output::bytes_per_s(figures.allreduce_bytes_per_s),
         mean_hops = figures
             .mean_hops

@@ -146,6 +146,12 @@ pub enum Problem {
         /// The value as written.
         given: String,
     },
+    /// A DCN fabric asked for, or configured, where there is none.
+    #[error("{reason}")]
+    NoFabric {
+        /// Why.
+        reason: String,
+    },
     /// A twist on a generation or shape that cannot be twisted.
     #[error("a {generation} slice of shape `{shape}` cannot be twisted: {reason}")]
     TwistNotAllowed {
@@ -201,7 +207,8 @@ pub enum Problem {
     /// Some devices cannot reach others.
     #[error(
         "the pod is disconnected: device {unreachable} cannot be reached from device 0 \
-         ({count} devices unreachable); join slices with `extra_links` of kind Dcn"
+         ({count} devices unreachable); join slices with the DCN fabric (`dcn: (fabric: true)`, \
+         the default for 2 or more slices) or `extra_links` of kind Dcn"
     )]
     Disconnected {
         /// The first unreachable device.

@@ -13,7 +13,8 @@
 //!   every chip (in parallel), which is quadratic in the chips.
 //! - **Bisection bandwidth**: the minimum, over axis-aligned cuts that halve
 //!   an axis (x, y, z, or the slice index of a multislice pod), of the
-//!   bandwidth crossing the cut in one direction.
+//!   bandwidth crossing the cut in one direction. The **DCN bisection** is
+//!   the DCN links' share of the slice cut.
 //! - **All-reduce bandwidth**: the sum of every link's bandwidth in both
 //!   directions — what a bandwidth-optimal all-reduce keeps busy when rings
 //!   run both ways along every axis. Google's "all-reduce bandwidth per pod"
@@ -66,6 +67,9 @@ pub struct TopologyFigures {
     pub bisection_bytes_per_s: f64,
     /// The cut that achieves it (`"x"`, `"y"`, `"z"` or `"slice"`).
     pub bisection_cut: Option<String>,
+    /// DCN bandwidth across the cut that halves the slices, bytes/s one way
+    /// (0 for one slice): what a cross-slice collective phase can use.
+    pub dcn_bisection_bytes_per_s: f64,
     /// Sum of all link bandwidth in both directions, bytes/s.
     pub allreduce_bytes_per_s: f64,
     /// Whether the wraparound links are twisted (`twist: "twisted"`).
@@ -98,6 +102,7 @@ pub fn compute_figures(world: &mut World) -> TopologyFigures {
     let hosts = world.query::<&Host>().iter(world).count() as u32;
     let mut link_query = world.query::<&Link>();
     let mut edges: Vec<(u32, u32, f64)> = Vec::new();
+    let mut dcn_edges: Vec<(u32, u32, f64)> = Vec::new();
     let (mut ici_links, mut dcn_links) = (0u32, 0u32);
     let mut allreduce = 0.0f64;
     for link in link_query.iter(world) {
@@ -108,6 +113,9 @@ pub fn compute_figures(world: &mut World) -> TopologyFigures {
         allreduce += 2.0 * link.bytes_per_s;
         if let (Some(&a), Some(&b)) = (index.get(&link.a), index.get(&link.b)) {
             edges.push((a, b, link.bytes_per_s));
+            if link.kind == LinkKind::Dcn {
+                dcn_edges.push((a, b, link.bytes_per_s));
+            }
         }
     }
     let n = coords.len();
@@ -134,6 +142,14 @@ pub fn compute_figures(world: &mut World) -> TopologyFigures {
         topology.slices,
     ];
     let (bisection_bytes_per_s, bisection_cut) = bisection(&coords, &edges, sizes);
+    let slice_cut = topology.slices / 2;
+    let dcn_bisection_bytes_per_s: f64 = dcn_edges
+        .iter()
+        .filter(|&&(a, b, _)| {
+            (coords[a as usize][3] < slice_cut) != (coords[b as usize][3] < slice_cut)
+        })
+        .map(|&(_, _, bandwidth)| bandwidth)
+        .sum();
     let alltoall_bytes_per_s = match mean_hops {
         Some(hops) => {
             let capacity_bound = allreduce / hops;
@@ -160,6 +176,7 @@ pub fn compute_figures(world: &mut World) -> TopologyFigures {
         diameter_hops,
         bisection_bytes_per_s,
         bisection_cut,
+        dcn_bisection_bytes_per_s,
         allreduce_bytes_per_s: allreduce,
         twisted: topology.is_twisted(),
         mean_hops,

@@ -10,7 +10,7 @@
 //! violation is returned with the field it belongs to; no input panics.
 
 use super::error::{Problem, TopologyError};
-use super::schema::{ExtraLink, LinkFigures, LinkKind, PodFile};
+use super::schema::{DcnFigures, ExtraLink, LinkFigures, LinkKind, PodFile};
 use crate::hardware::{HardwareSpec, TpuGeneration, WraparoundRule, twisted_torus_edge};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -43,6 +43,23 @@ pub struct LinkParams {
     pub bytes_per_s: f64,
     /// One-way latency, nanoseconds.
     pub latency_ns: u64,
+}
+
+/// The data-center network that joins the slices of a multislice pod.
+///
+/// Every host has NICs of `host_bytes_per_s` into a switched fabric; the
+/// engine's links join devices, so the fabric is spawned as DCN links from
+/// each host's first chip to the first chip of the host at the same place
+/// in every other slice (the rails a cross-slice collective uses: each
+/// device exchanges with its twin in the other slices). A host's bandwidth
+/// is shared evenly by its `slices - 1` rails and divided by the core's
+/// oversubscription, so no host sends more than its NICs can.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct DcnFabric {
+    /// Bandwidth of one host's NICs, bytes per second each way.
+    pub host_bytes_per_s: f64,
+    /// How many times the fabric's core is oversubscribed (at least 1).
+    pub oversubscription: f64,
 }
 
 /// A link between two devices, by device id.
@@ -94,8 +111,10 @@ pub struct Topology {
     pub hbm_bytes: u64,
     /// Torus link figures.
     pub ici: LinkParams,
-    /// Default DCN link figures.
+    /// Default DCN link figures (explicit links; the latency of every DCN hop).
     pub dcn: LinkParams,
+    /// The fabric joining the slices; `None` for one slice or `fabric: false`.
+    pub dcn_fabric: Option<DcnFabric>,
     /// Links beyond the torus.
     pub extra_links: Vec<LinkSpec>,
     /// Heartbeat interval, ns.
@@ -158,7 +177,50 @@ impl Topology {
         slice * hx * hy * hz + c[0] / bx + hx * (c[1] / by + hy * (c[2] / bz))
     }
 
-    /// The torus links of every slice, then the explicit links.
+    /// The first chip of host `host` (its index within the slice) of `slice`:
+    /// where the host's NICs meet the DCN fabric.
+    pub fn host_leader(&self, slice: u32, host: u32) -> u32 {
+        let [hx, hy, _] = self.hosts_per_axis();
+        let block = [host % hx, (host / hx) % hy, host / (hx * hy)];
+        let xyz = [0, 1, 2].map(|axis| block[axis] * self.host_bounds[axis]);
+        self.device_at(slice, xyz)
+    }
+
+    /// Figures of one DCN fabric link (see [`DcnFabric`]).
+    pub fn fabric_link_params(&self, fabric: &DcnFabric) -> LinkParams {
+        let rails = f64::from(self.slices.saturating_sub(1).max(1));
+        LinkParams {
+            bytes_per_s: fabric.host_bytes_per_s / rails / fabric.oversubscription,
+            latency_ns: self.dcn.latency_ns,
+        }
+    }
+
+    fn fabric_links(&self) -> Vec<LinkSpec> {
+        let Some(fabric) = &self.dcn_fabric else {
+            return Vec::new();
+        };
+        let params = self.fabric_link_params(fabric);
+        let hosts: u32 = self.hosts_per_axis().iter().product();
+        let mut links = Vec::new();
+        for host in 0..hosts {
+            for a in 0..self.slices {
+                for b in a + 1..self.slices {
+                    links.push(LinkSpec {
+                        a: self.host_leader(a, host),
+                        b: self.host_leader(b, host),
+                        kind: LinkKind::Dcn,
+                        axis: None,
+                        wraps: false,
+                        params,
+                    });
+                }
+            }
+        }
+        links
+    }
+
+    /// The torus links of every slice, then the DCN fabric's, then the
+    /// explicit links.
     ///
     /// Along an axis of size `n` there are `n - 1` links per row, plus the
     /// wraparound link when the axis wraps (`n >= 3`); a twisted wraparound
@@ -197,6 +259,7 @@ impl Topology {
                 });
             }
         }
+        links.extend(self.fabric_links());
         links.extend_from_slice(&self.extra_links);
         links
     }
@@ -283,6 +346,18 @@ impl Topology {
                         "twist[{axis}] moves a wraparound link that axis {axis} does not have"
                     ));
                 }
+            }
+        }
+        if let Some(fabric) = &self.dcn_fabric {
+            let sane = fabric.host_bytes_per_s.is_finite()
+                && fabric.host_bytes_per_s > 0.0
+                && fabric.oversubscription.is_finite()
+                && fabric.oversubscription >= 1.0;
+            if self.slices < 2 || !sane {
+                return Err(format!(
+                    "dcn_fabric {fabric:?} needs 2 or more slices, positive host bandwidth \
+                     and an oversubscription of at least 1"
+                ));
             }
         }
         let devices = chips as u32;
@@ -449,7 +524,14 @@ fn resolve_fields(file: &PodFile) -> Check<Topology> {
         latency_ns: spec.dcn_latency_ns,
     };
     let ici = link_params(file.ici.as_ref(), ici_default, "ici")?;
-    let dcn = link_params(file.dcn.as_ref(), dcn_default, "dcn")?;
+    let dcn_file = file.dcn.clone().unwrap_or_default();
+    let dcn = override_params(
+        dcn_default,
+        dcn_file.bandwidth_gb_per_s,
+        dcn_file.latency_us,
+        "dcn.",
+    )?;
+    let dcn_fabric = resolve_fabric(&dcn_file, slices, spec)?;
     let heartbeat = file.heartbeat.clone().unwrap_or_default();
     let tick_ns = millis_to_ns(
         file.tick_ms,
@@ -530,6 +612,7 @@ fn resolve_fields(file: &PodFile) -> Check<Topology> {
         hbm_bytes: spec.hbm_bytes,
         ici,
         dcn,
+        dcn_fabric,
         extra_links: Vec::new(),
         heartbeat_interval_ns,
         heartbeat_timeout_ns,
@@ -682,6 +765,60 @@ pub fn twist_offsets(
     Ok(twist)
 }
 
+fn resolve_fabric(
+    given: &DcnFigures,
+    slices: u32,
+    spec: &HardwareSpec,
+) -> Check<Option<DcnFabric>> {
+    let wanted = given.fabric.unwrap_or(slices > 1);
+    if wanted && slices < 2 {
+        return Err(invalid(
+            "dcn.fabric",
+            Problem::NoFabric {
+                reason: "`fabric: true` needs 2 or more slices; one slice has no slices to join"
+                    .into(),
+            },
+        ));
+    }
+    if !wanted {
+        let figure = [
+            ("dcn.host_gb_per_s", given.host_gb_per_s.is_some()),
+            ("dcn.oversubscription", given.oversubscription.is_some()),
+        ]
+        .into_iter()
+        .find(|(_, set)| *set);
+        if let Some((field, _)) = figure {
+            return Err(invalid(
+                field,
+                Problem::NoFabric {
+                    reason: "sets a DCN fabric figure, but the pod has no fabric \
+                             (one slice, or `fabric: false`)"
+                        .into(),
+                },
+            ));
+        }
+        return Ok(None);
+    }
+    let host_bytes_per_s = match given.host_gb_per_s {
+        None => spec.dcn_host_bytes_per_s,
+        Some(gb) => {
+            let bytes = positive_finite(gb, "dcn.host_gb_per_s")? * 1e9;
+            positive_finite(bytes, "dcn.host_gb_per_s")?
+        }
+    };
+    let oversubscription = given.oversubscription.unwrap_or(1.0);
+    if !(oversubscription.is_finite() && oversubscription >= 1.0) {
+        return Err(invalid(
+            "dcn.oversubscription",
+            bad_number(oversubscription, "at least 1 (1 = non-blocking) and finite"),
+        ));
+    }
+    Ok(Some(DcnFabric {
+        host_bytes_per_s,
+        oversubscription,
+    }))
+}
+
 fn resolve_host_bounds(
     given: Option<&str>,
     dims: [u32; 3],
@@ -798,7 +935,11 @@ fn resolve_extra_links(topology: &Topology, given: &[ExtraLink]) -> Check<Vec<Li
     let mut seen: HashMap<(u32, u32, LinkKind), String> = HashMap::new();
     for link in topology.links() {
         let key = (link.a.min(link.b), link.a.max(link.b), link.kind);
-        seen.insert(key, "a torus link".to_string());
+        let source = match link.kind {
+            LinkKind::Ici => "a torus link",
+            LinkKind::Dcn => "a DCN fabric link",
+        };
+        seen.insert(key, source.to_string());
     }
     let mut resolved = Vec::with_capacity(given.len());
     for (i, link) in given.iter().enumerate() {

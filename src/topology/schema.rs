@@ -18,7 +18,8 @@
 //!     cores_per_chip: 1,
 //!     slices: 1,
 //!     ici: (bandwidth_gb_per_s: 50.0, latency_us: 1.0),
-//!     dcn: (bandwidth_gb_per_s: 25.0, latency_us: 10.0),
+//!     dcn: (bandwidth_gb_per_s: 25.0, latency_us: 10.0, host_gb_per_s: 25.0,
+//!           oversubscription: 1.0, fabric: true),
 //!     extra_links: [(a: 0, b: 15, kind: Dcn)],
 //!     heartbeat: (interval_ms: 1000.0, timeout_ms: 10000.0),
 //!     tick_ms: 10.0,
@@ -40,7 +41,8 @@ pub struct PodFile {
     pub generation: String,
     /// Chips along each torus dimension of one slice: `"16x16"`, `"4x4x4"`.
     pub shape: String,
-    /// Identical slices in the pod, joined only by `extra_links` (multislice).
+    /// Identical slices in the pod (multislice), joined by the DCN fabric
+    /// (see [`DcnFigures::fabric`]) and any `extra_links`.
     #[serde(default)]
     pub slices: Option<u32>,
     /// Whether each dimension closes into a ring. Default: every dimension the
@@ -68,9 +70,10 @@ pub struct PodFile {
     /// ICI link figures (per direction).
     #[serde(default)]
     pub ici: Option<LinkFigures>,
-    /// DCN link figures (per direction), the default for `Dcn` extra links.
+    /// DCN figures: the default for `Dcn` extra links, and the fabric that
+    /// joins the slices of a multislice pod.
     #[serde(default)]
-    pub dcn: Option<LinkFigures>,
+    pub dcn: Option<DcnFigures>,
     /// Links beyond the torus: DCN between hosts or slices, or extra ICI.
     #[serde(default)]
     pub extra_links: Vec<ExtraLink>,
@@ -92,6 +95,31 @@ pub struct LinkFigures {
     /// One-way latency, microseconds.
     #[serde(default)]
     pub latency_us: Option<f64>,
+}
+
+/// The data-center network: explicit `Dcn` links' defaults and the fabric.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DcnFigures {
+    /// Default bandwidth of a `Dcn` extra link, GB/s each way.
+    #[serde(default)]
+    pub bandwidth_gb_per_s: Option<f64>,
+    /// One-way latency of a DCN hop (extra links and fabric), microseconds;
+    /// also the control network's latency.
+    #[serde(default)]
+    pub latency_us: Option<f64>,
+    /// Bandwidth of one host's NICs into the fabric, GB/s each way.
+    #[serde(default)]
+    pub host_gb_per_s: Option<f64>,
+    /// How many times the fabric's core is oversubscribed (1 = non-blocking):
+    /// each fabric link gets the host bandwidth divided by this.
+    #[serde(default)]
+    pub oversubscription: Option<f64>,
+    /// Whether the slices are joined by the fabric: every host to the host
+    /// at the same place in each other slice. Default: on when `slices` is 2
+    /// or more; asking for it with one slice is an error.
+    #[serde(default)]
+    pub fabric: Option<bool>,
 }
 
 /// Which network a link belongs to.
