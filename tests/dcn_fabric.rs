@@ -126,6 +126,17 @@ fn fabric_figures_without_a_fabric_are_refused() {
     let (field, _) =
         problem("generation: \"v5e\", shape: \"4x4\", slices: 2, dcn: (host_gb_per_s: -1.0)");
     assert_eq!(field, "dcn.host_gb_per_s");
+    // The fabric grows with the square of the slices; past its cap the pod
+    // is refused before any link is built.
+    let (field, p) = problem("generation: \"v5e\", shape: \"1x1\", slices: 2000");
+    assert_eq!(field, "slices");
+    assert!(p.to_string().contains("1999000 DCN fabric links"), "{p}");
+    parse_topology(
+        "Pod(name: \"m\", generation: \"v5e\", shape: \"1x1\", slices: 2000, dcn: (fabric: false))",
+        "m",
+    )
+    .map(|_| ())
+    .expect_err("2000 slices without a fabric are disconnected");
     // The error carries the file's line.
     let text = "Pod(\n  name: \"m\",\n  generation: \"v5e\",\n  shape: \"4x4\",\n  dcn: (fabric: true),\n)\n";
     let message = parse_topology(text, "pods/m.ron").unwrap_err().to_string();

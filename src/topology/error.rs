@@ -146,7 +146,8 @@ pub enum Problem {
         /// The value as written.
         given: String,
     },
-    /// A DCN fabric asked for, or configured, where there is none.
+    /// A DCN fabric asked for, or configured, where there is none, or one
+    /// too large to spawn.
     #[error("{reason}")]
     NoFabric {
         /// Why.

@@ -18,6 +18,11 @@ use std::collections::HashMap;
 /// The most chips a pod may have (16× the largest v5p slice).
 pub const MAX_POD_CHIPS: u64 = 1 << 16;
 
+/// The most DCN fabric links a pod may have: the fabric joins every host to
+/// its twin in each other slice, `hosts x slices (slices - 1) / 2` links,
+/// which grows with the square of the slices.
+pub const MAX_FABRIC_LINKS: u64 = 1 << 20;
+
 /// Default heartbeat interval, ns (the coordination service's order).
 pub const DEFAULT_HEARTBEAT_INTERVAL_NS: u64 = 1_000_000_000;
 /// Default heartbeat timeout, ns (the TF/JAX coordination service uses 10 s).
@@ -195,6 +200,20 @@ impl Topology {
         }
     }
 
+    /// Links the DCN fabric spawns (see [`DcnFabric`]); 0 without a fabric.
+    pub fn fabric_link_count(&self) -> u64 {
+        if self.dcn_fabric.is_none() {
+            return 0;
+        }
+        let hosts: u64 = self
+            .hosts_per_axis()
+            .iter()
+            .map(|&h| u64::from(h))
+            .product();
+        let slices = u64::from(self.slices);
+        hosts.saturating_mul(slices.saturating_mul(slices.saturating_sub(1)) / 2)
+    }
+
     fn fabric_links(&self) -> Vec<LinkSpec> {
         let Some(fabric) = &self.dcn_fabric else {
             return Vec::new();
@@ -357,6 +376,12 @@ impl Topology {
                 return Err(format!(
                     "dcn_fabric {fabric:?} needs 2 or more slices, positive host bandwidth \
                      and an oversubscription of at least 1"
+                ));
+            }
+            if self.fabric_link_count() > MAX_FABRIC_LINKS {
+                return Err(format!(
+                    "the DCN fabric has {} links, more than {MAX_FABRIC_LINKS}",
+                    self.fabric_link_count()
                 ));
             }
         }
@@ -619,6 +644,20 @@ fn resolve_fields(file: &PodFile) -> Check<Topology> {
         tick_ns,
         warnings,
     };
+    let fabric_links = topology.fabric_link_count();
+    if fabric_links > MAX_FABRIC_LINKS {
+        return Err(invalid(
+            "slices",
+            Problem::NoFabric {
+                reason: format!(
+                    "{slices} slices of {} hosts need {fabric_links} DCN fabric links (every host \
+                     to its twin in each other slice), more than {MAX_FABRIC_LINKS}; use fewer, \
+                     larger slices, or `dcn: (fabric: false)` and `extra_links`",
+                    topology.num_hosts() / slices
+                ),
+            },
+        ));
+    }
     topology.extra_links = resolve_extra_links(&topology, &file.extra_links)?;
     check_connected(&topology)?;
     Ok(topology)
