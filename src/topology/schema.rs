@@ -18,8 +18,9 @@
 //!     cores_per_chip: 1,
 //!     slices: 1,
 //!     ici: (bandwidth_gb_per_s: 50.0, latency_us: 1.0),
-//!     dcn: (bandwidth_gb_per_s: 25.0, latency_us: 10.0, host_gb_per_s: 25.0,
-//!           oversubscription: 1.0, fabric: true),
+//!     dcn: (bandwidth_gb_per_s: 25.0, latency_us: 10.0),
+//!     // with `slices` of 2 or more, also the DCN fabric's figures:
+//!     // dcn: (host_gb_per_s: 25.0, oversubscription: 1.0, fabric: true),
 //!     extra_links: [(a: 0, b: 15, kind: Dcn)],
 //!     heartbeat: (interval_ms: 1000.0, timeout_ms: 10000.0),
 //!     tick_ms: 10.0,
