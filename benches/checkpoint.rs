@@ -38,7 +38,7 @@ fn timed_saves(pod: &mut Pod, root: &Path, n: &mut u64, iters: u64) -> Duration 
 
 fn big_pod() -> Pod {
     let mut pod = Pod::from_ron_str(
-        "Pod(name: \"v4-16384\", generation: \"v4\", shape: \"16x32x32\")",
+        "Pod(name: \"v4-16384\", generation: \"v4\", shape: \"16x32x32\", custom: true)",
         "bench",
     )
     .unwrap();

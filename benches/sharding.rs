@@ -86,7 +86,7 @@ fn real_data(c: &mut Criterion) {
 
 fn modeled(c: &mut Criterion) {
     let topology = parse_topology(
-        "Pod(name: \"v5p-8960\", generation: \"v5p\", shape: \"16x20x28\")",
+        "Pod(name: \"v5p-8960\", generation: \"v5p\", shape: \"16x20x28\", custom: true)",
         "v5p-8960",
     )
     .unwrap();

@@ -25,10 +25,26 @@
 //! - \[v6e\]: Cloud TPU v6e documentation (32 GB HBM at 1638 GB/s, 1 TensorCore,
 //!   800 GB/s bidirectional ICI per chip over 4 ports, 8 chips per host, 2D
 //!   torus of 256 chips, all-reduce 102.4 TB/s, bisection 3.2 TB/s).
+//! - \[shapes\]: the slice shapes each generation is sold in, from the Cloud
+//!   TPU documentation pages "TPU v2", "TPU v3", "TPU v4", "TPU types and
+//!   topologies", "TPU v5e", "TPU v5p" (table of single-slice shapes) and
+//!   "TPU v6e"; see [`SliceShapes`] and each generation's `slice_shapes`.
+//!   Shapes are compared as sets of extents (`8x4` is `4x8`): which axis is
+//!   called x is a naming choice, not a different slice.
+//! - \[twist\]: Cloud TPU v4 documentation ("3D mesh and 3D torus": slices
+//!   `AxBxC` with `2A=B=C` or `2A=2B=C`, every dimension a multiple of 4,
+//!   such as 4x4x8 and 4x8x8, can be twisted tori) and the v5p shape table
+//!   (twisted: 4x4x8, 4x8x8, 8x8x16, 8x16x16); N. P. Jouppi et al., ISCA 2023,
+//!   section "twisted tori".
 //! - \[storage\]: checkpoint reads are modeled at 1 GB/s per host
 //!   ([`CHECKPOINT_READ_BYTES_PER_S_PER_HOST`]), the order of a Persistent
 //!   Disk or Cloud Storage read stream per VM; an assumption, not a TPU
 //!   figure.
+//! - \[nic\]: DCN bandwidth per host, each way. v5p: 50 Gbit/s per chip
+//!   (\[v5p\]) times 4 chips per host; v5e: 6.4 Tbit/s of data-center network
+//!   per 256-chip pod (\[v5e\]) over 32 hosts, 200 Gbit/s; v6e is taken as
+//!   v5e; v2, v3 and v4 hosts as one 100 Gbit/s NIC (an assumption: not
+//!   published per host).
 //! - Latencies are not published per link. The defaults (1 µs per ICI hop,
 //!   10 µs per DCN hop) are orders of magnitude for a SerDes hop plus router
 //!   and for a datacenter NIC round; override them in the pod file.
@@ -70,6 +86,79 @@ pub enum WraparoundRule {
     MultipleOf(u32),
 }
 
+/// The slice shapes a generation is offered in (\[shapes\]): a list, plus
+/// for the cube-built generations (v4, v5p) every shape made of whole
+/// 4x4x4 cubes up to the largest slice.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SliceShapes {
+    /// Shapes offered as listed, as `[x, y, z]` (unused axes 1).
+    pub listed: &'static [[u32; 3]],
+    /// Every dimension a multiple of this many chips (a cube's edge) is
+    /// offered too, up to `largest_slice_chips`; `None` when only the list
+    /// is offered.
+    pub cube_edge: Option<u32>,
+    /// Longest dimension of a cube-built slice, chips.
+    pub max_dimension: u32,
+    /// Chips in the largest single slice.
+    pub largest_slice_chips: u32,
+}
+
+impl SliceShapes {
+    /// Whether a slice of `dims` chips is offered (in any axis order).
+    pub fn offers(&self, dims: [u32; 3]) -> bool {
+        let wanted = sorted(dims);
+        if self.listed.iter().any(|&shape| sorted(shape) == wanted) {
+            return true;
+        }
+        let chips: u64 = dims.iter().map(|&d| u64::from(d)).product();
+        self.cube_edge.is_some_and(|edge| {
+            dims.iter()
+                .all(|&d| d.is_multiple_of(edge) && d <= self.max_dimension)
+                && chips <= u64::from(self.largest_slice_chips)
+        })
+    }
+
+    /// The offered shapes for an error message: `1x1, 2x2, ..., 16x16` or
+    /// the list plus the cube rule.
+    pub fn describe(&self, ndims: usize) -> String {
+        let mut text = self
+            .listed
+            .iter()
+            .map(|shape| {
+                shape[..ndims]
+                    .iter()
+                    .map(u32::to_string)
+                    .collect::<Vec<_>>()
+                    .join("x")
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
+        if let Some(edge) = self.cube_edge {
+            text += &format!(
+                ", and any AxBxC of whole {edge}x{edge}x{edge} cubes (every dimension a multiple \
+                 of {edge}, at most {}) up to {} chips",
+                self.max_dimension, self.largest_slice_chips
+            );
+        }
+        text
+    }
+}
+
+fn sorted(mut dims: [u32; 3]) -> [u32; 3] {
+    dims.sort_unstable();
+    dims
+}
+
+/// Whether a slice of `dims` is one of the twisted-torus shapes of
+/// \[twist\]: extents `k, k, 2k` or `k, 2k, 2k` (any order), `k` a multiple
+/// of 4. Returns `k`.
+pub fn twisted_torus_edge(dims: [u32; 3]) -> Option<u32> {
+    let [a, b, c] = sorted(dims);
+    let k = a;
+    let fits = k >= 4 && k.is_multiple_of(4) && c == 2 * k && (b == k || b == 2 * k);
+    fits.then_some(k)
+}
+
 /// Figures of one chip generation. See the module docs for sources.
 #[derive(Debug, Clone, PartialEq)]
 pub struct HardwareSpec {
@@ -95,12 +184,18 @@ pub struct HardwareSpec {
     pub dcn_bytes_per_s: f64,
     /// DCN latency per hop, nanoseconds.
     pub dcn_latency_ns: u64,
+    /// DCN bandwidth of one host's NICs, bytes per second each way (\[nic\]).
+    pub dcn_host_bytes_per_s: f64,
     /// Chips attached to one host, as a block of the slice (`x, y, z`).
     pub chips_per_host_bounds: [u32; 3],
     /// When a dimension may wrap around.
     pub wraparound: WraparoundRule,
     /// Chips in the largest pod of this generation.
     pub max_pod_chips: u32,
+    /// The slice shapes Google Cloud offers.
+    pub slice_shapes: SliceShapes,
+    /// Whether slices of the twisted-torus shapes may be twisted (\[twist\]).
+    pub twisted_tori: bool,
 }
 
 impl HardwareSpec {
@@ -118,6 +213,18 @@ impl HardwareSpec {
     }
 }
 
+/// The 2D slices of v5e and v6e (\[shapes\]).
+const TWO_D_256: &[[u32; 3]] = &[
+    [1, 1, 1],
+    [2, 2, 1],
+    [2, 4, 1],
+    [4, 4, 1],
+    [4, 8, 1],
+    [8, 8, 1],
+    [8, 16, 1],
+    [16, 16, 1],
+];
+
 static V2: HardwareSpec = HardwareSpec {
     name: "v2",
     hbm_bytes: 16 * GIB,
@@ -130,9 +237,18 @@ static V2: HardwareSpec = HardwareSpec {
     ici_latency_ns: 1_000,
     dcn_bytes_per_s: 12.5 * GB,
     dcn_latency_ns: 10_000,
+    dcn_host_bytes_per_s: 12.5 * GB,
     chips_per_host_bounds: [2, 2, 1],
     wraparound: WraparoundRule::AnyDimension,
     max_pod_chips: 256,
+    // "TPU v2": v2-8, v2-32, v2-128, v2-256, v2-512 (4 to 256 chips).
+    slice_shapes: SliceShapes {
+        listed: &[[2, 2, 1], [4, 4, 1], [8, 8, 1], [8, 16, 1], [16, 16, 1]],
+        cube_edge: None,
+        max_dimension: 16,
+        largest_slice_chips: 256,
+    },
+    twisted_tori: false,
 };
 
 static V3: HardwareSpec = HardwareSpec {
@@ -147,9 +263,27 @@ static V3: HardwareSpec = HardwareSpec {
     ici_latency_ns: 1_000,
     dcn_bytes_per_s: 12.5 * GB,
     dcn_latency_ns: 10_000,
+    dcn_host_bytes_per_s: 12.5 * GB,
     chips_per_host_bounds: [2, 2, 1],
     wraparound: WraparoundRule::AnyDimension,
     max_pod_chips: 1024,
+    // "TPU v3": v3-8 to v3-2048 (4 to 1024 chips).
+    slice_shapes: SliceShapes {
+        listed: &[
+            [2, 2, 1],
+            [4, 4, 1],
+            [4, 8, 1],
+            [8, 8, 1],
+            [8, 16, 1],
+            [16, 16, 1],
+            [16, 32, 1],
+            [32, 32, 1],
+        ],
+        cube_edge: None,
+        max_dimension: 32,
+        largest_slice_chips: 1024,
+    },
+    twisted_tori: false,
 };
 
 static V4: HardwareSpec = HardwareSpec {
@@ -164,9 +298,20 @@ static V4: HardwareSpec = HardwareSpec {
     ici_latency_ns: 1_000,
     dcn_bytes_per_s: 12.5 * GB,
     dcn_latency_ns: 10_000,
+    dcn_host_bytes_per_s: 12.5 * GB,
     chips_per_host_bounds: [2, 2, 1],
     wraparound: WraparoundRule::MultipleOf(4),
     max_pod_chips: 4096,
+    // "TPU types and topologies": AxBxC with A, B, C all <= 4 or all
+    // multiples of 4; the smallest slice is 2x2x1 (v4-8); the pod is
+    // 16x16x16.
+    slice_shapes: SliceShapes {
+        listed: &[[2, 2, 1], [2, 2, 2], [2, 2, 4], [2, 4, 4]],
+        cube_edge: Some(4),
+        max_dimension: 16,
+        largest_slice_chips: 4096,
+    },
+    twisted_tori: true,
 };
 
 static V5E: HardwareSpec = HardwareSpec {
@@ -183,9 +328,18 @@ static V5E: HardwareSpec = HardwareSpec {
     // 2 x 100 Gbit/s NICs per 8-chip host.
     dcn_bytes_per_s: 25.0 * GB,
     dcn_latency_ns: 10_000,
+    dcn_host_bytes_per_s: 25.0 * GB,
     chips_per_host_bounds: [2, 4, 1],
     wraparound: WraparoundRule::AnyDimension,
     max_pod_chips: 256,
+    // "TPU v5e": 1x1, 2x2, 2x4, 4x4, 4x8, 8x8, 8x16, 16x16.
+    slice_shapes: SliceShapes {
+        listed: TWO_D_256,
+        cube_edge: None,
+        max_dimension: 16,
+        largest_slice_chips: 256,
+    },
+    twisted_tori: false,
 };
 
 static V5P: HardwareSpec = HardwareSpec {
@@ -202,9 +356,21 @@ static V5P: HardwareSpec = HardwareSpec {
     // 50 Gbit/s DCN per chip.
     dcn_bytes_per_s: 50e9 / 8.0,
     dcn_latency_ns: 10_000,
+    dcn_host_bytes_per_s: 4.0 * 50e9 / 8.0,
     chips_per_host_bounds: [2, 2, 1],
     wraparound: WraparoundRule::MultipleOf(4),
     max_pod_chips: 8960,
+    // "TPU v5p": the table's shapes below a cube (2x2x1, 2x2x2, 2x4x4; 2x2x4
+    // is v5p-32) and cube-built shapes up to the largest, 16x16x24 (6144
+    // chips; the table lists "most but not all" of them). Multislice goes
+    // beyond: 18,432 chips.
+    slice_shapes: SliceShapes {
+        listed: &[[2, 2, 1], [2, 2, 2], [2, 2, 4], [2, 4, 4]],
+        cube_edge: Some(4),
+        max_dimension: 24,
+        largest_slice_chips: 6144,
+    },
+    twisted_tori: true,
 };
 
 static V6E: HardwareSpec = HardwareSpec {
@@ -220,9 +386,18 @@ static V6E: HardwareSpec = HardwareSpec {
     ici_latency_ns: 1_000,
     dcn_bytes_per_s: 25.0 * GB,
     dcn_latency_ns: 10_000,
+    dcn_host_bytes_per_s: 25.0 * GB,
     chips_per_host_bounds: [2, 4, 1],
     wraparound: WraparoundRule::AnyDimension,
     max_pod_chips: 256,
+    // "TPU v6e": the same 2D shapes as v5e, 1x1 to 16x16.
+    slice_shapes: SliceShapes {
+        listed: TWO_D_256,
+        cube_edge: None,
+        max_dimension: 16,
+        largest_slice_chips: 256,
+    },
+    twisted_tori: false,
 };
 
 impl TpuGeneration {
@@ -296,6 +471,41 @@ mod tests {
             let spec = generation.spec();
             assert_eq!(spec.ici_ports as usize, 2 * spec.torus_dims, "{generation}");
         }
+    }
+
+    #[test]
+    fn offered_shapes_follow_the_cloud_lists() {
+        let v5p = &TpuGeneration::V5p.spec().slice_shapes;
+        assert!(v5p.offers([16, 16, 24]) && v5p.offers([24, 16, 16]));
+        assert!(v5p.offers([2, 2, 1]) && v5p.offers([4, 4, 8]));
+        assert!(
+            !v5p.offers([16, 20, 28]),
+            "8960 chips is the pod, not a slice"
+        );
+        assert!(!v5p.offers([4, 4, 6]) && !v5p.offers([16, 16, 28]));
+        let v4 = &TpuGeneration::V4.spec().slice_shapes;
+        assert!(v4.offers([8, 8, 12]) && v4.offers([16, 16, 16]) && v4.offers([2, 2, 1]));
+        assert!(!v4.offers([16, 16, 24]) && !v4.offers([3, 4, 4]) && !v4.offers([1, 1, 1]));
+        let v5e = &TpuGeneration::V5e.spec().slice_shapes;
+        assert!(v5e.offers([16, 16, 1]) && v5e.offers([4, 2, 1]) && v5e.offers([1, 1, 1]));
+        assert!(!v5e.offers([3, 5, 1]) && !v5e.offers([4, 1, 1]) && !v5e.offers([16, 32, 1]));
+        for generation in TpuGeneration::ALL {
+            let shapes = &generation.spec().slice_shapes;
+            assert!(shapes.largest_slice_chips <= generation.spec().max_pod_chips);
+            for shape in shapes.listed {
+                assert!(shape.iter().product::<u32>() <= shapes.largest_slice_chips);
+            }
+        }
+    }
+
+    #[test]
+    fn twisted_shapes_are_k_k_2k_and_k_2k_2k() {
+        assert_eq!(twisted_torus_edge([4, 4, 8]), Some(4));
+        assert_eq!(twisted_torus_edge([8, 4, 8]), Some(4));
+        assert_eq!(twisted_torus_edge([8, 8, 16]), Some(8));
+        assert_eq!(twisted_torus_edge([4, 4, 4]), None);
+        assert_eq!(twisted_torus_edge([4, 8, 16]), None);
+        assert_eq!(twisted_torus_edge([2, 2, 4]), None);
     }
 
     #[test]

@@ -576,7 +576,7 @@ fn train_models_a_pod_too_large_for_this_machine() {
     let pod = dir.path().join("v5p-8960.ron");
     std::fs::write(
         &pod,
-        "Pod(name: \"v5p-8960\", generation: \"v5p\", shape: \"16x20x28\")",
+        "Pod(name: \"v5p-8960\", generation: \"v5p\", shape: \"16x20x28\", custom: true)",
     )
     .unwrap();
     let report = json(&optirs(&[

@@ -86,6 +86,10 @@ fn mutation() -> impl Strategy<Value = Mutation> {
                 Just("wraparound: [true, true, true],".to_string()),
                 Just("extra_links: [(a: 0, b: 4000000000, kind: Dcn)],".to_string()),
                 Just("tick_ms: 1e-12,".to_string()),
+                Just("custom: true,".to_string()),
+                Just("twist: \"twisted\",".to_string()),
+                Just("dcn: (fabric: true, oversubscription: 0.0),".to_string()),
+                Just("slices: 65536, custom: true,".to_string()),
                 "[ -~]{0,8}",
             ]
         )

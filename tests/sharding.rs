@@ -127,7 +127,7 @@ fn reference_reduced(layout: &ShardLayout, replicas: &[Vec<f32>], op: ReduceOp) 
 fn pod_named(name: &str) -> Pod {
     match name {
         "mesh-3x5" => Pod::from_ron_str(
-            "Pod(name: \"mesh-3x5\", generation: \"v5e\", shape: \"3x5\", chips_per_host: \"1x1\")",
+            "Pod(name: \"mesh-3x5\", generation: \"v5e\", shape: \"3x5\", custom: true, chips_per_host: \"1x1\")",
             "mesh-3x5",
         )
         .unwrap(),

@@ -194,7 +194,7 @@ fn malformed_and_mis_dimensioned_shapes_are_rejected() {
 
 #[test]
 fn chips_per_host_must_divide_the_slice() {
-    let (field, p) = problem("generation: \"v4\", shape: \"3x4x4\"");
+    let (field, p) = problem("generation: \"v4\", shape: \"3x4x4\", custom: true");
     assert_eq!(field, "chips_per_host");
     assert!(
         matches!(
@@ -217,8 +217,9 @@ fn chips_per_host_must_divide_the_slice() {
 
 #[test]
 fn v4_wraparound_needs_a_multiple_of_four() {
-    let (field, p) =
-        problem("generation: \"v4\", shape: \"4x4x6\", wraparound: [true, true, true]");
+    let (field, p) = problem(
+        "generation: \"v4\", shape: \"4x4x6\", custom: true, wraparound: [true, true, true]",
+    );
     assert_eq!(field, "wraparound[2]");
     assert!(
         matches!(
@@ -233,7 +234,11 @@ fn v4_wraparound_needs_a_multiple_of_four() {
     );
     assert!(p.to_string().contains("multiple of 4"), "{p}");
     // Without asking for it, the 6-chip axis is simply a mesh.
-    let topology = parse_topology(&text("generation: \"v4\", shape: \"4x4x6\""), "t").unwrap();
+    let topology = parse_topology(
+        &text("generation: \"v4\", shape: \"4x4x6\", custom: true"),
+        "t",
+    )
+    .unwrap();
     assert_eq!(topology.wraparound, [true, true, false]);
 }
 
@@ -291,7 +296,8 @@ fn explicit_links_are_checked() {
 
 #[test]
 fn a_disconnected_pod_is_rejected() {
-    let (field, p) = problem("generation: \"v5e\", shape: \"4x4\", slices: 2");
+    let (field, p) =
+        problem("generation: \"v5e\", shape: \"4x4\", slices: 2, dcn: (fabric: false)");
     assert_eq!(field, "extra_links");
     assert_eq!(
         p,
@@ -489,7 +495,7 @@ proptest::proptest! {
             }
         }
         let fields = format!(
-            "generation: \"v5e\", shape: \"{x}x{y}\", chips_per_host: \"1x1\", \
+            "generation: \"v5e\", shape: \"{x}x{y}\", custom: true, chips_per_host: \"1x1\", \
              wraparound: [{}, {}], extra_links: [{links}]",
             wrap_x && x >= 3, wrap_y && y >= 3,
         );
@@ -504,9 +510,11 @@ fn a_large_mesh_or_torus_diameter_comes_from_its_closed_form() {
     // 65,536 chips: a search from every chip is quadratic (minutes); the
     // closed form is the sum over axes of d - 1 (mesh) or d / 2 (ring).
     let started = std::time::Instant::now();
-    let mut mesh = pod("generation: \"v5e\", shape: \"256x256\", wraparound: [false, false]");
+    let mut mesh =
+        pod("generation: \"v5e\", shape: \"256x256\", custom: true, wraparound: [false, false]");
     assert_eq!(mesh.figures().diameter_hops, Some(510));
-    let mut mixed = pod("generation: \"v5e\", shape: \"256x252\", wraparound: [true, false]");
+    let mut mixed =
+        pod("generation: \"v5e\", shape: \"256x252\", custom: true, wraparound: [true, false]");
     assert_eq!(mixed.figures().diameter_hops, Some(128 + 251));
     assert!(
         started.elapsed() < std::time::Duration::from_secs(60),
@@ -522,7 +530,7 @@ fn a_large_mesh_or_torus_diameter_comes_from_its_closed_form() {
         ("8x4x1", "[true, true, false]", 6),
     ] {
         let mut p = pod(&format!(
-            "generation: \"v5p\", shape: \"{shape}\", chips_per_host: \"1x1x1\", wraparound: {wrap}"
+            "generation: \"v5p\", shape: \"{shape}\", custom: true, chips_per_host: \"1x1x1\", wraparound: {wrap}"
         ));
         assert_eq!(p.figures().diameter_hops, Some(expected), "{shape} {wrap}");
         let topology = p.topology().clone();
@@ -639,4 +647,112 @@ fn an_empty_pod_name_is_rejected_naming_the_field() {
             other => panic!("expected the name to be refused, got {other:?}"),
         }
     }
+}
+
+#[test]
+fn every_preset_is_an_offered_shape_or_says_it_is_custom() {
+    for (name, text) in PRESETS {
+        let topology = load_preset(name).unwrap();
+        let offered = topology
+            .generation
+            .spec()
+            .slice_shapes
+            .offers(topology.dims);
+        if offered {
+            assert!(
+                topology.warnings.is_empty(),
+                "{name}: {:?}",
+                topology.warnings
+            );
+        } else {
+            assert!(text.contains("custom: true"), "{name} is not a Cloud shape");
+            assert_eq!(topology.warnings.len(), 1, "{name}");
+            assert!(topology.warnings[0].contains("custom: true"), "{name}");
+        }
+    }
+    // The one deliberately unreal preset: 8 v2 chips.
+    assert!(!load_preset("v2-8").unwrap().warnings.is_empty());
+}
+
+#[test]
+fn a_shape_google_does_not_offer_is_refused_with_file_line_field_and_the_offered_shapes() {
+    let file =
+        "Pod(\n    name: \"v5p-8960\",\n    generation: \"v5p\",\n    shape: \"16x20x28\",\n)\n";
+    let error = parse_topology(file, "pods/v5p.ron").unwrap_err();
+    let message = error.to_string();
+    assert!(
+        message.starts_with(
+            "pods/v5p.ron:4: `shape`: v5p slices are not offered in shape `16x20x28` (offered: \
+             2x2x1, 2x2x2, 2x2x4, 2x4x4, and any AxBxC of whole 4x4x4 cubes"
+        ),
+        "{message}"
+    );
+    assert!(message.contains("up to 6144 chips"), "{message}");
+    assert!(
+        message.ends_with("set `custom: true` to load it anyway"),
+        "{message}"
+    );
+    // 2D generations list their shapes.
+    let (field, p) = problem("generation: \"v5e\", shape: \"3x5\"");
+    assert_eq!(field, "shape");
+    assert!(
+        p.to_string()
+            .contains("offered: 1x1, 2x2, 2x4, 4x4, 4x8, 8x8, 8x16, 16x16"),
+        "{p}"
+    );
+    // The largest v5p slice and the largest v4 slice load; one cube more does not.
+    parse_topology(&text("generation: \"v5p\", shape: \"16x16x24\""), "t").unwrap();
+    parse_topology(&text("generation: \"v4\", shape: \"16x16x16\""), "t").unwrap();
+    let (_, p) = problem("generation: \"v4\", shape: \"16x16x20\"");
+    assert!(matches!(p, Problem::ShapeNotOffered { .. }), "{p:?}");
+    // Axis order does not matter: 8x4 is Cloud's 4x8.
+    parse_topology(&text("generation: \"v3\", shape: \"8x4\""), "t").unwrap();
+}
+
+#[test]
+fn a_custom_shape_loads_with_a_warning_the_figures_carry() {
+    let mut pod = pod("generation: \"v5e\", shape: \"3x5\", custom: true, chips_per_host: \"1x1\"");
+    let warnings = pod.topology().warnings.clone();
+    assert_eq!(warnings.len(), 1);
+    assert!(
+        warnings[0].contains("`3x5` is not a slice shape"),
+        "{warnings:?}"
+    );
+    assert_eq!(pod.figures().warnings, warnings);
+    // `custom: true` on an offered shape is not silently meaningless either.
+    let offered = parse_topology(
+        &text("generation: \"v5e\", shape: \"4x4\", custom: true"),
+        "t",
+    );
+    assert!(offered.unwrap().warnings[0].contains("changes nothing"));
+    // `custom: false` is the default: refused.
+    let (_, p) = problem("generation: \"v5e\", shape: \"3x5\", custom: false");
+    assert!(matches!(p, Problem::ShapeNotOffered { .. }), "{p:?}");
+}
+
+#[test]
+fn the_topology_command_prints_the_warnings() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("odd.ron");
+    std::fs::write(
+        &path,
+        "Pod(name: \"odd\", generation: \"v5e\", shape: \"3x5\", custom: true, chips_per_host: \"1x1\")",
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_optirs-tpu"))
+        .args(["topology", path.to_str().unwrap(), "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("warning:") && stderr.contains("`3x5`"),
+        "{stderr}"
+    );
+    let figures: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(figures["warnings"].as_array().unwrap().len(), 1);
 }

@@ -34,6 +34,9 @@ pub fn topology(args: TopologyArgs) -> Result<()> {
     ])?;
     let mut pod = Pod::load(&args.pod)?;
     let figures = pod.figures();
+    for warning in &figures.warnings {
+        eprintln!("warning: {}: {warning}", args.pod);
+    }
     if let Some(path) = &args.dot {
         output::write_new("--dot", path, &to_dot(pod.world_mut()))?;
     }
@@ -62,11 +65,14 @@ pub fn topology(args: TopologyArgs) -> Result<()> {
          \x20 links          {links} ({ici} ICI, {dcn} DCN)\n\
          \x20 diameter       {diameter} hops\n\
          \x20 bisection      {bisection} (cut across {cut})\n\
-         \x20 all-reduce     {allreduce}\n",
+         \x20 DCN bisection  {dcn_bisection}\n\
+         \x20 all-reduce     {allreduce}\n\
+         \x20 mean path      {mean_hops} hops\n\
+         \x20 all-to-all     {alltoall} (bound)\n",
         name = figures.name,
         generation = figures.generation,
         shape = figures.shape,
-        wrap = wrap.join(" x "),
+        wrap = wrap.join(" x ") + if figures.twisted { ", twisted" } else { "" },
         slices = if figures.slices > 1 {
             format!(" x {} slices", figures.slices)
         } else {
@@ -81,7 +87,16 @@ pub fn topology(args: TopologyArgs) -> Result<()> {
         dcn = figures.dcn_links,
         bisection = output::bytes_per_s(figures.bisection_bytes_per_s),
         cut = figures.bisection_cut.as_deref().unwrap_or("nothing"),
+        dcn_bisection = if figures.slices > 1 {
+            output::bytes_per_s(figures.dcn_bisection_bytes_per_s)
+        } else {
+            "- (one slice)".to_string()
+        },
         allreduce = output::bytes_per_s(figures.allreduce_bytes_per_s),
+        mean_hops = figures
+            .mean_hops
+            .map_or_else(|| "-".to_string(), |h| format!("{h:.2}")),
+        alltoall = output::bytes_per_s(figures.alltoall_bytes_per_s),
     ))
 }
 

@@ -166,8 +166,10 @@ pub fn torus_of(topology: &Topology) -> Result<TorusShape, CollectiveError> {
     }
     let n = topology.ndims;
     let dims: Vec<usize> = topology.dims[..n].iter().map(|&d| d as usize).collect();
+    // A twisted wraparound link does not close its axis's ring, so the rings
+    // run as lines along a twisted axis, over links that exist.
     let wrap: Vec<bool> = (0..n)
-        .map(|a| topology.wraparound[a] && topology.dims[a] >= 3)
+        .map(|a| topology.wraparound[a] && topology.dims[a] >= 3 && topology.twist[a] == [0; 3])
         .collect();
     TorusShape::new(&dims, &wrap)
 }

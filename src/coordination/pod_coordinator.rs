@@ -227,9 +227,19 @@ fn topology_for(config: &PodConfig) -> Result<Topology, CoordinationError> {
             vec!["1"; spec.torus_dims].join("x")
         )
     };
+    // A device count need not be a shape Google Cloud sells; say so.
+    let mut dims = [1u32; 3];
+    for (axis, &d) in shape.iter().enumerate() {
+        dims[axis] = u32::try_from(d).unwrap_or(u32::MAX);
+    }
+    let custom = if spec.slice_shapes.offers(dims) {
+        ""
+    } else {
+        "custom: true,"
+    };
     let millis = |d: Duration| d.as_secs_f64() * 1e3;
     let text = format!(
-        "Pod(name: \"{}-{}\", generation: \"{}\", shape: \"{}\", {chips_per_host} \
+        "Pod(name: \"{}-{}\", generation: \"{}\", shape: \"{}\", {chips_per_host} {custom} \
          heartbeat: (interval_ms: {:?}, timeout_ms: {:?}), tick_ms: {:?})",
         spec.name,
         config.num_devices,

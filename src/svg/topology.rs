@@ -41,7 +41,8 @@ fn axis_name(axis: u8) -> &'static str {
 
 /// The path of one link and its style: every link is one element.
 ///
-/// * DCN and links between unrelated planes: a straight line.
+/// * DCN and links between unrelated planes: a straight line (red dashed for
+///   a twisted torus's wraparound, which lands in another plane).
 /// * In-plane ICI: a straight line; a wraparound as a dashed stub leaving
 ///   each end towards the edge it wraps across.
 /// * z-axis ICI (the same (x, y) in neighbouring planes): a stub from each
@@ -89,6 +90,11 @@ fn link_path(
                 },
             )
         }
+        // A twisted torus's wraparound lands in another plane.
+        LinkKind::Ici if !same_plane && line.wraps => (
+            straight,
+            "stroke=\"#d62728\" stroke-width=\"1\" stroke-opacity=\"0.5\" stroke-dasharray=\"3,2\"",
+        ),
         LinkKind::Ici if !same_plane => (straight, "stroke=\"#555\" stroke-width=\"1\""),
         LinkKind::Ici if line.wraps => {
             let stub = |from: &Placed, to: &Placed, (fx, fy): (f64, f64)| {

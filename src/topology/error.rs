@@ -127,6 +127,42 @@ pub enum Problem {
         /// The rule it breaks.
         rule: String,
     },
+    /// A slice shape the generation is not offered in, without `custom: true`.
+    #[error(
+        "{generation} slices are not offered in shape `{shape}` (offered: {offered}); \
+         set `custom: true` to load it anyway"
+    )]
+    ShapeNotOffered {
+        /// The generation.
+        generation: String,
+        /// The shape as written.
+        shape: String,
+        /// The offered shapes.
+        offered: String,
+    },
+    /// A `twist` value that is not one of the known ones.
+    #[error("unknown twist `{given}` (known: \"none\", \"twisted\")")]
+    UnknownTwist {
+        /// The value as written.
+        given: String,
+    },
+    /// A DCN fabric asked for, or configured, where there is none, or one
+    /// too large to spawn.
+    #[error("{reason}")]
+    NoFabric {
+        /// Why.
+        reason: String,
+    },
+    /// A twist on a generation or shape that cannot be twisted.
+    #[error("a {generation} slice of shape `{shape}` cannot be twisted: {reason}")]
+    TwistNotAllowed {
+        /// The generation.
+        generation: String,
+        /// The shape as written.
+        shape: String,
+        /// Why.
+        reason: String,
+    },
     /// More chips than the engine models.
     #[error("{chips} chips is more than the {max} a pod may have")]
     TooManyChips {
@@ -172,7 +208,8 @@ pub enum Problem {
     /// Some devices cannot reach others.
     #[error(
         "the pod is disconnected: device {unreachable} cannot be reached from device 0 \
-         ({count} devices unreachable); join slices with `extra_links` of kind Dcn"
+         ({count} devices unreachable); join slices with the DCN fabric (`dcn: (fabric: true)`, \
+         the default for 2 or more slices) or `extra_links` of kind Dcn"
     )]
     Disconnected {
         /// The first unreachable device.

@@ -13,11 +13,22 @@
 //!   every chip (in parallel), which is quadratic in the chips.
 //! - **Bisection bandwidth**: the minimum, over axis-aligned cuts that halve
 //!   an axis (x, y, z, or the slice index of a multislice pod), of the
-//!   bandwidth crossing the cut in one direction.
+//!   bandwidth crossing the cut in one direction. The **DCN bisection** is
+//!   the DCN links' share of the slice cut.
 //! - **All-reduce bandwidth**: the sum of every link's bandwidth in both
 //!   directions — what a bandwidth-optimal all-reduce keeps busy when rings
 //!   run both ways along every axis. Google's "all-reduce bandwidth per pod"
-//!   is this figure (v5e-256: 512 links × 2 × 50 GB/s = 51.2 TB/s).
+//!   is this figure (v5e-256: 512 links × 2 × 50 GB/s = 51.2 TB/s). A twist
+//!   moves links but keeps their number, so it leaves this figure alone.
+//! - **Mean hops**: the mean shortest-path length over ordered pairs of
+//!   distinct chips (closed form on a plain torus, as the diameter).
+//! - **All-to-all bandwidth**: an upper bound on what a uniform all-to-all
+//!   (every chip sends the same amount to every other) can deliver in total:
+//!   the lesser of the link-capacity bound (all-reduce bandwidth / mean hops:
+//!   every byte crosses `mean hops` links) and the bisection bound (half the
+//!   chips send `N/2 · N/2` pairs' worth across the cut, so the total is at
+//!   most `bisection · 4 (N - 1) / N`). This is the figure a twisted torus
+//!   improves: shorter paths and a wider cut with the same links.
 
 use super::components::{Device, Host, Link, PodTopology, TorusCoords};
 use super::schema::LinkKind;
@@ -56,10 +67,23 @@ pub struct TopologyFigures {
     pub bisection_bytes_per_s: f64,
     /// The cut that achieves it (`"x"`, `"y"`, `"z"` or `"slice"`).
     pub bisection_cut: Option<String>,
+    /// DCN bandwidth across the cut that halves the slices, bytes/s one way
+    /// (0 for one slice): what a cross-slice collective phase can use.
+    pub dcn_bisection_bytes_per_s: f64,
     /// Sum of all link bandwidth in both directions, bytes/s.
     pub allreduce_bytes_per_s: f64,
+    /// Whether the wraparound links are twisted (`twist: "twisted"`).
+    pub twisted: bool,
+    /// Mean shortest path between two distinct devices, hops; `None` when
+    /// disconnected or a single device.
+    pub mean_hops: Option<f64>,
+    /// Upper bound on a uniform all-to-all's total delivered bandwidth,
+    /// bytes/s (see the module docs).
+    pub alltoall_bytes_per_s: f64,
     /// HBM over all chips, bytes.
     pub hbm_bytes: u64,
+    /// What the pod file was accepted with only a warning (a custom shape).
+    pub warnings: Vec<String>,
 }
 
 /// Computes [`TopologyFigures`] from the devices, hosts and links in `world`.
@@ -78,6 +102,7 @@ pub fn compute_figures(world: &mut World) -> TopologyFigures {
     let hosts = world.query::<&Host>().iter(world).count() as u32;
     let mut link_query = world.query::<&Link>();
     let mut edges: Vec<(u32, u32, f64)> = Vec::new();
+    let mut dcn_edges: Vec<(u32, u32, f64)> = Vec::new();
     let (mut ici_links, mut dcn_links) = (0u32, 0u32);
     let mut allreduce = 0.0f64;
     for link in link_query.iter(world) {
@@ -88,19 +113,28 @@ pub fn compute_figures(world: &mut World) -> TopologyFigures {
         allreduce += 2.0 * link.bytes_per_s;
         if let (Some(&a), Some(&b)) = (index.get(&link.a), index.get(&link.b)) {
             edges.push((a, b, link.bytes_per_s));
+            if link.kind == LinkKind::Dcn {
+                dcn_edges.push((a, b, link.bytes_per_s));
+            }
         }
     }
     let n = coords.len();
     let graph = Csr::new(n, &edges);
     let plain_torus = topology.slices == 1
+        && !topology.is_twisted()
         && topology.extra_links.is_empty()
         && edges.len() == topology.links().len()
         && n == topology.num_devices() as usize;
-    let diameter_hops = if plain_torus {
-        Some(torus_diameter(topology.dims, topology.wraparound))
+    let (diameter_hops, distance_sum) = if plain_torus {
+        (
+            Some(torus_diameter(topology.dims, topology.wraparound)),
+            Some(torus_distance_sum(topology.dims, topology.wraparound)),
+        )
     } else {
-        diameter(&graph)
+        distances(&graph).unzip()
     };
+    let pairs = (n as f64) * (n as f64 - 1.0);
+    let mean_hops = distance_sum.filter(|_| n > 1).map(|sum| sum as f64 / pairs);
     let sizes = [
         topology.dims[0],
         topology.dims[1],
@@ -108,6 +142,26 @@ pub fn compute_figures(world: &mut World) -> TopologyFigures {
         topology.slices,
     ];
     let (bisection_bytes_per_s, bisection_cut) = bisection(&coords, &edges, sizes);
+    let slice_cut = topology.slices / 2;
+    let dcn_bisection_bytes_per_s: f64 = dcn_edges
+        .iter()
+        .filter(|&&(a, b, _)| {
+            (coords[a as usize][3] < slice_cut) != (coords[b as usize][3] < slice_cut)
+        })
+        .map(|&(_, _, bandwidth)| bandwidth)
+        .sum();
+    let alltoall_bytes_per_s = match mean_hops {
+        Some(hops) => {
+            let capacity_bound = allreduce / hops;
+            let cut_bound = bisection_bytes_per_s * 4.0 * (n as f64 - 1.0) / n as f64;
+            if bisection_cut.is_some() {
+                capacity_bound.min(cut_bound)
+            } else {
+                capacity_bound
+            }
+        }
+        None => 0.0,
+    };
     TopologyFigures {
         name: topology.name.clone(),
         generation: topology.generation.to_string(),
@@ -122,8 +176,13 @@ pub fn compute_figures(world: &mut World) -> TopologyFigures {
         diameter_hops,
         bisection_bytes_per_s,
         bisection_cut,
+        dcn_bisection_bytes_per_s,
         allreduce_bytes_per_s: allreduce,
+        twisted: topology.is_twisted(),
+        mean_hops,
+        alltoall_bytes_per_s,
         hbm_bytes: topology.hbm_bytes * n as u64,
+        warnings: topology.warnings.clone(),
     }
 }
 
@@ -163,12 +222,13 @@ impl Csr {
         &self.targets[self.offsets[v as usize] as usize..self.offsets[v as usize + 1] as usize]
     }
 
-    /// Eccentricity of `source`, or `None` if some vertex is unreachable.
-    fn eccentricity(&self, source: u32) -> Option<u32> {
+    /// Eccentricity of `source` and the sum of its distances to every
+    /// vertex, or `None` if some vertex is unreachable.
+    fn eccentricity(&self, source: u32) -> Option<(u32, u64)> {
         let mut distance = vec![u32::MAX; self.len()];
         let mut frontier = vec![source];
         distance[source as usize] = 0;
-        let (mut depth, mut reached) = (0u32, 1usize);
+        let (mut depth, mut reached, mut sum) = (0u32, 1usize, 0u64);
         while !frontier.is_empty() {
             let mut next = Vec::new();
             for &v in &frontier {
@@ -182,10 +242,11 @@ impl Csr {
             reached += next.len();
             if !next.is_empty() {
                 depth += 1;
+                sum += u64::from(depth) * next.len() as u64;
             }
             frontier = next;
         }
-        (reached == self.len()).then_some(depth)
+        (reached == self.len()).then_some((depth, sum))
     }
 }
 
@@ -205,15 +266,36 @@ pub fn torus_diameter(dims: [u32; 3], wraparound: [bool; 3]) -> u32 {
         .sum()
 }
 
-/// The diameter of any graph: a breadth-first search from every vertex.
-fn diameter(graph: &Csr) -> Option<u32> {
+/// The sum of shortest-path lengths over ordered pairs of one slice's
+/// plain torus or mesh: a path moves along each axis independently, so each
+/// axis of `d` chips adds its own pair sum (`d (d² - 1) / 3` for a line,
+/// `d Σ min(j, d - j)` for a ring) once per pair of rows across the others.
+pub fn torus_distance_sum(dims: [u32; 3], wraparound: [bool; 3]) -> u64 {
+    let chips: u64 = dims.iter().map(|&d| u64::from(d.max(1))).product();
+    (0..3)
+        .map(|axis| {
+            let d = u64::from(dims[axis].max(1));
+            let axis_sum = if wraparound[axis] && d >= 3 {
+                d * (0..d).map(|j| j.min(d - j)).sum::<u64>()
+            } else {
+                d * (d * d - 1) / 3
+            };
+            let rows = chips / d;
+            rows * rows * axis_sum
+        })
+        .sum()
+}
+
+/// The diameter and the sum of all shortest paths of any graph: a
+/// breadth-first search from every vertex.
+fn distances(graph: &Csr) -> Option<(u32, u64)> {
     if graph.len() == 0 {
-        return Some(0);
+        return Some((0, 0));
     }
     (0..graph.len() as u32)
         .into_par_iter()
         .map(|source| graph.eccentricity(source))
-        .try_reduce(|| 0, |a, b| Some(a.max(b)))
+        .try_reduce(|| (0, 0), |a, b| Some((a.0.max(b.0), a.1 + b.1)))
 }
 
 fn bisection(

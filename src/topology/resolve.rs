@@ -2,20 +2,26 @@
 //!
 //! Parsing reports the file, line, column and field (through
 //! `serde_path_to_error` over ron's deserializer). Validation checks, in this
-//! order: name, generation, shape, slices, wraparound, host block, cores, link
+//! order: name, generation, shape, slices, offered shape (or `custom`),
+//! wraparound, twist, host block, cores, link
 //! figures, tick and heartbeat (each within its documented range, the
 //! interval at least one tick, the timeout longer than the interval plus the
 //! control latency), explicit links, connectivity. The first
 //! violation is returned with the field it belongs to; no input panics.
 
 use super::error::{Problem, TopologyError};
-use super::schema::{ExtraLink, LinkFigures, LinkKind, PodFile};
-use crate::hardware::{HardwareSpec, TpuGeneration, WraparoundRule};
+use super::schema::{DcnFigures, ExtraLink, LinkFigures, LinkKind, PodFile};
+use crate::hardware::{HardwareSpec, TpuGeneration, WraparoundRule, twisted_torus_edge};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 
 /// The most chips a pod may have (16× the largest v5p slice).
 pub const MAX_POD_CHIPS: u64 = 1 << 16;
+
+/// The most DCN fabric links a pod may have: the fabric joins every host to
+/// its twin in each other slice, `hosts x slices (slices - 1) / 2` links,
+/// which grows with the square of the slices.
+pub const MAX_FABRIC_LINKS: u64 = 1 << 20;
 
 /// Default heartbeat interval, ns (the coordination service's order).
 pub const DEFAULT_HEARTBEAT_INTERVAL_NS: u64 = 1_000_000_000;
@@ -42,6 +48,23 @@ pub struct LinkParams {
     pub bytes_per_s: f64,
     /// One-way latency, nanoseconds.
     pub latency_ns: u64,
+}
+
+/// The data-center network that joins the slices of a multislice pod.
+///
+/// Every host has NICs of `host_bytes_per_s` into a switched fabric; the
+/// engine's links join devices, so the fabric is spawned as DCN links from
+/// each host's first chip to the first chip of the host at the same place
+/// in every other slice (the rails a cross-slice collective uses: each
+/// device exchanges with its twin in the other slices). A host's bandwidth
+/// is shared evenly by its `slices - 1` rails and divided by the core's
+/// oversubscription, so no host sends more than its NICs can.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct DcnFabric {
+    /// Bandwidth of one host's NICs, bytes per second each way.
+    pub host_bytes_per_s: f64,
+    /// How many times the fabric's core is oversubscribed (at least 1).
+    pub oversubscription: f64,
 }
 
 /// A link between two devices, by device id.
@@ -81,6 +104,10 @@ pub struct Topology {
     pub slices: u32,
     /// Whether each axis closes into a ring.
     pub wraparound: [bool; 3],
+    /// How far each axis's wraparound link moves along the other axes:
+    /// axis `a`'s link from the last chip lands `twist[a][b]` chips further
+    /// along axis `b` (all zero: a plain torus; see [`twist_offsets`]).
+    pub twist: [[u32; 3]; 3],
     /// Chips one host drives along each axis.
     pub host_bounds: [u32; 3],
     /// TensorCores per chip.
@@ -89,8 +116,10 @@ pub struct Topology {
     pub hbm_bytes: u64,
     /// Torus link figures.
     pub ici: LinkParams,
-    /// Default DCN link figures.
+    /// Default DCN link figures (explicit links; the latency of every DCN hop).
     pub dcn: LinkParams,
+    /// The fabric joining the slices; `None` for one slice or `fabric: false`.
+    pub dcn_fabric: Option<DcnFabric>,
     /// Links beyond the torus.
     pub extra_links: Vec<LinkSpec>,
     /// Heartbeat interval, ns.
@@ -99,6 +128,9 @@ pub struct Topology {
     pub heartbeat_timeout_ns: u64,
     /// Simulated time per tick, ns.
     pub tick_ns: u64,
+    /// What was accepted only with a warning (a custom shape), in the order
+    /// found. Kept with the topology so every report can show them.
+    pub warnings: Vec<String>,
 }
 
 impl Topology {
@@ -110,6 +142,11 @@ impl Topology {
     /// Chips (devices) in the pod.
     pub fn num_devices(&self) -> u32 {
         self.chips_per_slice() * self.slices
+    }
+
+    /// Whether any wraparound link is twisted.
+    pub fn is_twisted(&self) -> bool {
+        self.twist.iter().flatten().any(|&offset| offset != 0)
     }
 
     /// Hosts along each axis of one slice.
@@ -145,10 +182,68 @@ impl Topology {
         slice * hx * hy * hz + c[0] / bx + hx * (c[1] / by + hy * (c[2] / bz))
     }
 
-    /// The torus links of every slice, then the explicit links.
+    /// The first chip of host `host` (its index within the slice) of `slice`:
+    /// where the host's NICs meet the DCN fabric.
+    pub fn host_leader(&self, slice: u32, host: u32) -> u32 {
+        let [hx, hy, _] = self.hosts_per_axis();
+        let block = [host % hx, (host / hx) % hy, host / (hx * hy)];
+        let xyz = [0, 1, 2].map(|axis| block[axis] * self.host_bounds[axis]);
+        self.device_at(slice, xyz)
+    }
+
+    /// Figures of one DCN fabric link (see [`DcnFabric`]).
+    pub fn fabric_link_params(&self, fabric: &DcnFabric) -> LinkParams {
+        let rails = f64::from(self.slices.saturating_sub(1).max(1));
+        LinkParams {
+            bytes_per_s: fabric.host_bytes_per_s / rails / fabric.oversubscription,
+            latency_ns: self.dcn.latency_ns,
+        }
+    }
+
+    /// Links the DCN fabric spawns (see [`DcnFabric`]); 0 without a fabric.
+    pub fn fabric_link_count(&self) -> u64 {
+        if self.dcn_fabric.is_none() {
+            return 0;
+        }
+        let hosts: u64 = self
+            .hosts_per_axis()
+            .iter()
+            .map(|&h| u64::from(h))
+            .product();
+        let slices = u64::from(self.slices);
+        hosts.saturating_mul(slices.saturating_mul(slices.saturating_sub(1)) / 2)
+    }
+
+    fn fabric_links(&self) -> Vec<LinkSpec> {
+        let Some(fabric) = &self.dcn_fabric else {
+            return Vec::new();
+        };
+        let params = self.fabric_link_params(fabric);
+        let hosts: u32 = self.hosts_per_axis().iter().product();
+        let mut links = Vec::new();
+        for host in 0..hosts {
+            for a in 0..self.slices {
+                for b in a + 1..self.slices {
+                    links.push(LinkSpec {
+                        a: self.host_leader(a, host),
+                        b: self.host_leader(b, host),
+                        kind: LinkKind::Dcn,
+                        axis: None,
+                        wraps: false,
+                        params,
+                    });
+                }
+            }
+        }
+        links
+    }
+
+    /// The torus links of every slice, then the DCN fabric's, then the
+    /// explicit links.
     ///
     /// Along an axis of size `n` there are `n - 1` links per row, plus the
-    /// wraparound link when the axis wraps (`n >= 3`).
+    /// wraparound link when the axis wraps (`n >= 3`); a twisted wraparound
+    /// link also moves along the other axes by [`Topology::twist`].
     pub fn links(&self) -> Vec<LinkSpec> {
         let mut links = Vec::with_capacity(self.torus_link_count() + self.extra_links.len());
         for device in 0..self.num_devices() {
@@ -165,6 +260,11 @@ impl Topology {
                         continue;
                     }
                     next[axis] = 0;
+                    for ((coord, offset), size) in
+                        next.iter_mut().zip(self.twist[axis]).zip(self.dims)
+                    {
+                        *coord = (*coord + offset) % size;
+                    }
                 } else {
                     next[axis] += 1;
                 }
@@ -178,6 +278,7 @@ impl Topology {
                 });
             }
         }
+        links.extend(self.fabric_links());
         links.extend_from_slice(&self.extra_links);
         links
     }
@@ -246,6 +347,43 @@ impl Topology {
         }
         if self.heartbeat_timeout_ns <= self.heartbeat_interval_ns {
             return Err("heartbeat_timeout_ns is not after heartbeat_interval_ns".into());
+        }
+        for axis in 0..3 {
+            for other in 0..3 {
+                let offset = self.twist[axis][other];
+                if offset == 0 {
+                    continue;
+                }
+                if other == axis || offset >= self.dims[other] {
+                    return Err(format!(
+                        "twist[{axis}][{other}] = {offset} is not a shift along another axis \
+                         of the shape"
+                    ));
+                }
+                if !(self.wraparound[axis] && self.dims[axis] >= 3) {
+                    return Err(format!(
+                        "twist[{axis}] moves a wraparound link that axis {axis} does not have"
+                    ));
+                }
+            }
+        }
+        if let Some(fabric) = &self.dcn_fabric {
+            let sane = fabric.host_bytes_per_s.is_finite()
+                && fabric.host_bytes_per_s > 0.0
+                && fabric.oversubscription.is_finite()
+                && fabric.oversubscription >= 1.0;
+            if self.slices < 2 || !sane {
+                return Err(format!(
+                    "dcn_fabric {fabric:?} needs 2 or more slices, positive host bandwidth \
+                     and an oversubscription of at least 1"
+                ));
+            }
+            if self.fabric_link_count() > MAX_FABRIC_LINKS {
+                return Err(format!(
+                    "the DCN fabric has {} links, more than {MAX_FABRIC_LINKS}",
+                    self.fabric_link_count()
+                ));
+            }
         }
         let devices = chips as u32;
         if let Some(link) = self
@@ -366,7 +504,34 @@ fn resolve_fields(file: &PodFile) -> Check<Topology> {
             },
         ));
     }
+    let mut warnings = Vec::new();
+    let offered = spec.slice_shapes.offers(dims);
+    match (offered, file.custom.unwrap_or(false)) {
+        (false, false) => {
+            return Err(invalid(
+                "shape",
+                Problem::ShapeNotOffered {
+                    generation: spec.name.to_string(),
+                    shape: file.shape.clone(),
+                    offered: spec.slice_shapes.describe(ndims),
+                },
+            ));
+        }
+        (false, true) => warnings.push(format!(
+            "shape `{}` is not a slice shape Google Cloud offers for {} (offered: {}); \
+             loaded because `custom: true`",
+            file.shape,
+            spec.name,
+            spec.slice_shapes.describe(ndims)
+        )),
+        (true, true) => warnings.push(format!(
+            "`custom: true` changes nothing: `{}` is an offered {} shape",
+            file.shape, spec.name
+        )),
+        (true, false) => {}
+    }
     let wraparound = resolve_wraparound(file.wraparound.as_deref(), dims, ndims, spec)?;
+    let twist = twist_offsets(file.twist.as_deref(), &file.shape, dims, wraparound, spec)?;
     let host_bounds = resolve_host_bounds(file.chips_per_host.as_deref(), dims, ndims, spec)?;
     let cores_per_chip = file.cores_per_chip.unwrap_or(spec.cores_per_chip);
     if !(1..=8).contains(&cores_per_chip) {
@@ -384,7 +549,14 @@ fn resolve_fields(file: &PodFile) -> Check<Topology> {
         latency_ns: spec.dcn_latency_ns,
     };
     let ici = link_params(file.ici.as_ref(), ici_default, "ici")?;
-    let dcn = link_params(file.dcn.as_ref(), dcn_default, "dcn")?;
+    let dcn_file = file.dcn.clone().unwrap_or_default();
+    let dcn = override_params(
+        dcn_default,
+        dcn_file.bandwidth_gb_per_s,
+        dcn_file.latency_us,
+        "dcn.",
+    )?;
+    let dcn_fabric = resolve_fabric(&dcn_file, slices, spec)?;
     let heartbeat = file.heartbeat.clone().unwrap_or_default();
     let tick_ns = millis_to_ns(
         file.tick_ms,
@@ -459,16 +631,33 @@ fn resolve_fields(file: &PodFile) -> Check<Topology> {
         ndims,
         slices,
         wraparound,
+        twist,
         host_bounds,
         cores_per_chip,
         hbm_bytes: spec.hbm_bytes,
         ici,
         dcn,
+        dcn_fabric,
         extra_links: Vec::new(),
         heartbeat_interval_ns,
         heartbeat_timeout_ns,
         tick_ns,
+        warnings,
     };
+    let fabric_links = topology.fabric_link_count();
+    if fabric_links > MAX_FABRIC_LINKS {
+        return Err(invalid(
+            "slices",
+            Problem::NoFabric {
+                reason: format!(
+                    "{slices} slices of {} hosts need {fabric_links} DCN fabric links (every host \
+                     to its twin in each other slice), more than {MAX_FABRIC_LINKS}; use fewer, \
+                     larger slices, or `dcn: (fabric: false)` and `extra_links`",
+                    topology.num_hosts() / slices
+                ),
+            },
+        ));
+    }
     topology.extra_links = resolve_extra_links(&topology, &file.extra_links)?;
     check_connected(&topology)?;
     Ok(topology)
@@ -549,6 +738,124 @@ fn resolve_wraparound(
         wraparound[axis] = wrap;
     }
     Ok(wraparound)
+}
+
+/// The wraparound offsets of a `twist` value.
+///
+/// `"twisted"` is the twisted torus of Jouppi et al. (ISCA 2023) and of
+/// Cámara et al. ("Twisted Torus Topologies for Enhanced Interconnection
+/// Networks", IEEE TPDS 2010) for slices `k x k x 2k` and `k x 2k x 2k`:
+/// the wraparound link of every short axis (`k` chips) lands `k` chips
+/// further along every long axis (`2k` chips), so `(k-1, y, z)` joins
+/// `(0, y, z + k mod 2k)` on a 4x4x8. Long axes keep plain rings. Every chip
+/// keeps its 6 links; the short rings become one long ring through both
+/// halves of the long axis, which shortens paths across the long axis.
+pub fn twist_offsets(
+    given: Option<&str>,
+    shape: &str,
+    dims: [u32; 3],
+    wraparound: [bool; 3],
+    spec: &HardwareSpec,
+) -> Check<[[u32; 3]; 3]> {
+    let none = [[0; 3]; 3];
+    match given.map(str::trim) {
+        None | Some("none") => return Ok(none),
+        Some("twisted") => {}
+        Some(other) => {
+            return Err(invalid(
+                "twist",
+                Problem::UnknownTwist {
+                    given: other.to_string(),
+                },
+            ));
+        }
+    }
+    let refuse = |reason: String| {
+        invalid(
+            "twist",
+            Problem::TwistNotAllowed {
+                generation: spec.name.to_string(),
+                shape: shape.to_string(),
+                reason,
+            },
+        )
+    };
+    if !spec.twisted_tori {
+        return Err(refuse("only v4 and v5p slices can be twisted".into()));
+    }
+    let Some(k) = twisted_torus_edge(dims) else {
+        return Err(refuse(
+            "twisted tori are k x k x 2k or k x 2k x 2k with k a multiple of 4 \
+             (4x4x8, 4x8x8, 8x8x16, 8x16x16)"
+                .into(),
+        ));
+    };
+    if let Some(axis) = (0..3).find(|&a| !wraparound[a]) {
+        return Err(refuse(format!(
+            "the twist moves wraparound links, and wraparound[{axis}] is off"
+        )));
+    }
+    let mut twist = none;
+    for short in (0..3).filter(|&a| dims[a] == k) {
+        for long in (0..3).filter(|&a| dims[a] == 2 * k) {
+            twist[short][long] = k;
+        }
+    }
+    Ok(twist)
+}
+
+fn resolve_fabric(
+    given: &DcnFigures,
+    slices: u32,
+    spec: &HardwareSpec,
+) -> Check<Option<DcnFabric>> {
+    let wanted = given.fabric.unwrap_or(slices > 1);
+    if wanted && slices < 2 {
+        return Err(invalid(
+            "dcn.fabric",
+            Problem::NoFabric {
+                reason: "`fabric: true` needs 2 or more slices; one slice has no slices to join"
+                    .into(),
+            },
+        ));
+    }
+    if !wanted {
+        let figure = [
+            ("dcn.host_gb_per_s", given.host_gb_per_s.is_some()),
+            ("dcn.oversubscription", given.oversubscription.is_some()),
+        ]
+        .into_iter()
+        .find(|(_, set)| *set);
+        if let Some((field, _)) = figure {
+            return Err(invalid(
+                field,
+                Problem::NoFabric {
+                    reason: "sets a DCN fabric figure, but the pod has no fabric \
+                             (one slice, or `fabric: false`)"
+                        .into(),
+                },
+            ));
+        }
+        return Ok(None);
+    }
+    let host_bytes_per_s = match given.host_gb_per_s {
+        None => spec.dcn_host_bytes_per_s,
+        Some(gb) => {
+            let bytes = positive_finite(gb, "dcn.host_gb_per_s")? * 1e9;
+            positive_finite(bytes, "dcn.host_gb_per_s")?
+        }
+    };
+    let oversubscription = given.oversubscription.unwrap_or(1.0);
+    if !(oversubscription.is_finite() && oversubscription >= 1.0) {
+        return Err(invalid(
+            "dcn.oversubscription",
+            bad_number(oversubscription, "at least 1 (1 = non-blocking) and finite"),
+        ));
+    }
+    Ok(Some(DcnFabric {
+        host_bytes_per_s,
+        oversubscription,
+    }))
 }
 
 fn resolve_host_bounds(
@@ -667,7 +974,11 @@ fn resolve_extra_links(topology: &Topology, given: &[ExtraLink]) -> Check<Vec<Li
     let mut seen: HashMap<(u32, u32, LinkKind), String> = HashMap::new();
     for link in topology.links() {
         let key = (link.a.min(link.b), link.a.max(link.b), link.kind);
-        seen.insert(key, "a torus link".to_string());
+        let source = match link.kind {
+            LinkKind::Ici => "a torus link",
+            LinkKind::Dcn => "a DCN fabric link",
+        };
+        seen.insert(key, source.to_string());
     }
     let mut resolved = Vec::with_capacity(given.len());
     for (i, link) in given.iter().enumerate() {

@@ -12,11 +12,15 @@
 //!     shape: "4x4",
 //!     // Optional, with their defaults for v5e:
 //!     wraparound: [true, true],
+//!     twist: "none",
+//!     custom: false,
 //!     chips_per_host: "2x4",
 //!     cores_per_chip: 1,
 //!     slices: 1,
 //!     ici: (bandwidth_gb_per_s: 50.0, latency_us: 1.0),
 //!     dcn: (bandwidth_gb_per_s: 25.0, latency_us: 10.0),
+//!     // with `slices` of 2 or more, also the DCN fabric's figures:
+//!     // dcn: (host_gb_per_s: 25.0, oversubscription: 1.0, fabric: true),
 //!     extra_links: [(a: 0, b: 15, kind: Dcn)],
 //!     heartbeat: (interval_ms: 1000.0, timeout_ms: 10000.0),
 //!     tick_ms: 10.0,
@@ -38,13 +42,26 @@ pub struct PodFile {
     pub generation: String,
     /// Chips along each torus dimension of one slice: `"16x16"`, `"4x4x4"`.
     pub shape: String,
-    /// Identical slices in the pod, joined only by `extra_links` (multislice).
+    /// Identical slices in the pod (multislice), joined by the DCN fabric
+    /// (see [`DcnFigures::fabric`]) and any `extra_links`.
     #[serde(default)]
     pub slices: Option<u32>,
     /// Whether each dimension closes into a ring. Default: every dimension the
     /// generation can wrap (v4 and v5p: multiples of 4; others: 3 chips or more).
     #[serde(default)]
     pub wraparound: Option<Vec<bool>>,
+    /// How the wraparound links close: `"none"` (default), or `"twisted"`
+    /// for the twisted torus of the v4 and v5p shapes `k x k x 2k` and
+    /// `k x 2k x 2k` (`k` a multiple of 4): each short axis's wraparound
+    /// link lands `k` chips further along every long axis (see
+    /// [`super::resolve::twist_offsets`] and `docs/topology.md`).
+    #[serde(default)]
+    pub twist: Option<String>,
+    /// Accept a slice shape Google Cloud does not offer for the generation
+    /// (see [`crate::hardware::SliceShapes`]); the topology then carries a
+    /// warning. Without it such a shape is refused.
+    #[serde(default)]
+    pub custom: Option<bool>,
     /// The block of chips one host drives: `"2x2x1"`. Must divide the shape.
     #[serde(default)]
     pub chips_per_host: Option<String>,
@@ -54,9 +71,10 @@ pub struct PodFile {
     /// ICI link figures (per direction).
     #[serde(default)]
     pub ici: Option<LinkFigures>,
-    /// DCN link figures (per direction), the default for `Dcn` extra links.
+    /// DCN figures: the default for `Dcn` extra links, and the fabric that
+    /// joins the slices of a multislice pod.
     #[serde(default)]
-    pub dcn: Option<LinkFigures>,
+    pub dcn: Option<DcnFigures>,
     /// Links beyond the torus: DCN between hosts or slices, or extra ICI.
     #[serde(default)]
     pub extra_links: Vec<ExtraLink>,
@@ -78,6 +96,31 @@ pub struct LinkFigures {
     /// One-way latency, microseconds.
     #[serde(default)]
     pub latency_us: Option<f64>,
+}
+
+/// The data-center network: explicit `Dcn` links' defaults and the fabric.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DcnFigures {
+    /// Default bandwidth of a `Dcn` extra link, GB/s each way.
+    #[serde(default)]
+    pub bandwidth_gb_per_s: Option<f64>,
+    /// One-way latency of a DCN hop (extra links and fabric), microseconds;
+    /// also the control network's latency.
+    #[serde(default)]
+    pub latency_us: Option<f64>,
+    /// Bandwidth of one host's NICs into the fabric, GB/s each way.
+    #[serde(default)]
+    pub host_gb_per_s: Option<f64>,
+    /// How many times the fabric's core is oversubscribed (1 = non-blocking):
+    /// each fabric link gets the host bandwidth divided by this.
+    #[serde(default)]
+    pub oversubscription: Option<f64>,
+    /// Whether the slices are joined by the fabric: every host to the host
+    /// at the same place in each other slice. Default: on when `slices` is 2
+    /// or more; asking for it with one slice is an error.
+    #[serde(default)]
+    pub fabric: Option<bool>,
 }
 
 /// Which network a link belongs to.
