@@ -669,6 +669,7 @@ fn a_build_without_mpi_refuses_to_run_as_one_of_several_ranks() {
         .output()
         .unwrap();
     assert!(output.status.success());
+}
 
 #[test]
 fn goodput_simulates_a_run_and_refuses_bad_input() {
