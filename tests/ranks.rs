@@ -298,3 +298,145 @@ proptest! {
         prop_assert_eq!(split(&topology, ranks, ticks, &plan), single(&topology, ticks, &plan));
     }
 }
+
+/// Runs `ticks`, saves a split checkpoint `name` under `root` on `ranks`
+/// ranks, and returns the digest of the merged world at the save.
+fn save_split(
+    topology: &Topology,
+    ranks: u32,
+    ticks: u64,
+    plan: &Plan,
+    root: &std::path::Path,
+) -> String {
+    let results = on_ranks(ranks, |mailbox| {
+        let mut pod = RankedPod::new(topology.clone(), mailbox)?;
+        for &(at, fault) in plan {
+            pod.schedule_fault(at, fault);
+        }
+        pod.run(ticks)?;
+        let manifest = pod.save_checkpoint(root, "saved")?;
+        if let Some(manifest) = &manifest {
+            assert_eq!(manifest.parts.len(), ranks as usize);
+        }
+        Ok(pod.gather()?.map(|w| w.sha256_hex()))
+    });
+    results.into_iter().next().unwrap().unwrap().unwrap()
+}
+
+#[test]
+fn a_split_checkpoint_restores_with_another_rank_count_or_one_process() {
+    use optirs_tpu::checkpoint::engine_registry;
+    use optirs_tpu::pod::ranks::read_split_checkpoint;
+    let topology = load_preset("v3-32").unwrap();
+    let plan = faults(&topology);
+    let (first, then) = (150, 250);
+    let root = tempfile::tempdir().unwrap();
+    let at_save = save_split(&topology, 4, first, &plan, root.path());
+    let dir = root.path().join("saved");
+    // Committed: the record and one part per rank, no temporaries.
+    let mut entries: Vec<String> = std::fs::read_dir(root.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    entries.sort();
+    assert_eq!(entries, vec!["saved"]);
+    let (manifest, merged) = read_split_checkpoint(&dir, &engine_registry()).unwrap();
+    assert_eq!((manifest.tick, manifest.parts.len()), (first, 4));
+    assert_eq!(merged.sha256_hex(), at_save);
+    // The one-process run to compare with.
+    let mut one = Pod::from_topology(topology.clone()).unwrap();
+    for &(at, fault) in &plan {
+        one.schedule_fault(at, fault);
+    }
+    one.run(first + then);
+    let expected = one.world_sha256().unwrap();
+    // Into one process.
+    let mut restored = Pod::from_snapshot(&merged).unwrap();
+    restored.run(then);
+    assert_eq!(restored.world_sha256().unwrap(), expected);
+    // Onto two ranks.
+    let results = on_ranks(2, |mailbox| {
+        let mut pod = RankedPod::new(topology.clone(), mailbox)?;
+        pod.restore_checkpoint(&dir)?;
+        pod.handshake("continue")?;
+        pod.run(then)?;
+        Ok(pod.gather()?.map(|w| w.sha256_hex()))
+    });
+    let digest = results.into_iter().next().unwrap().unwrap().unwrap();
+    assert_eq!(digest, expected);
+}
+
+#[test]
+fn a_damaged_split_checkpoint_is_refused_on_every_rank_and_no_world_changes() {
+    let topology = load_preset("v4-8").unwrap();
+    let root = tempfile::tempdir().unwrap();
+    save_split(&topology, 2, 30, &Vec::new(), root.path());
+    let world = root.path().join("saved/rank-0001/world.bin");
+    let mut bytes = std::fs::read(&world).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x40;
+    std::fs::write(&world, bytes).unwrap();
+    let dir = root.path().join("saved");
+    let results = on_ranks(2, |mailbox| {
+        let mut pod = RankedPod::new(topology.clone(), mailbox)?;
+        pod.run(7)?;
+        let before = pod.pod().clock().tick;
+        let error = pod.restore_checkpoint(&dir).unwrap_err().to_string();
+        assert_eq!(pod.pod().clock().tick, before, "the world changed");
+        pod.run(3)?;
+        Ok((error, pod.gather()?.map(|w| w.sha256_hex())))
+    });
+    let mut one = Pod::from_topology(topology.clone()).unwrap();
+    one.run(10);
+    for (rank, result) in results.into_iter().enumerate() {
+        let (error, digest) = result.unwrap();
+        assert!(
+            error.contains("rank-0001") && error.contains("world.bin"),
+            "rank {rank}: {error}"
+        );
+        if rank == 0 {
+            assert_eq!(digest.unwrap(), one.world_sha256().unwrap());
+        }
+    }
+}
+
+#[test]
+fn a_save_that_cannot_commit_leaves_the_stored_checkpoints_as_they_were() {
+    let topology = load_preset("v4-8").unwrap();
+    let root = tempfile::tempdir().unwrap();
+    save_split(&topology, 2, 30, &Vec::new(), root.path());
+    let record = std::fs::read(root.path().join("saved/ranks.ron")).unwrap();
+    // The same name again: refused on every rank, the stored one untouched.
+    let results = on_ranks(2, |mailbox| {
+        let mut pod = RankedPod::new(topology.clone(), mailbox)?;
+        pod.run(5)?;
+        pod.save_checkpoint(root.path(), "saved").map(|_| ())
+    });
+    for result in results {
+        let error = result.unwrap_err().to_string();
+        assert!(error.contains("exists"), "{error}");
+    }
+    assert_eq!(
+        std::fs::read(root.path().join("saved/ranks.ron")).unwrap(),
+        record
+    );
+    // A rank lost during a save: nothing is committed under the new name.
+    let timeout = Duration::from_millis(300);
+    let results = on_ranks(2, |mailbox| {
+        let rank = mailbox.rank();
+        let mut pod = RankedPod::with_timeout(topology.clone(), mailbox, timeout)?;
+        pod.run(5)?;
+        if rank == 1 {
+            return Ok(());
+        }
+        pod.save_checkpoint(root.path(), "never").map(|_| ())
+    });
+    assert!(results[0].as_ref().is_err());
+    assert!(!root.path().join("never").exists());
+    let names: Vec<String> = std::fs::read_dir(root.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| !n.starts_with(".tmp-"))
+        .collect();
+    assert_eq!(names, vec!["saved"]);
+}

@@ -22,6 +22,7 @@
 //! allow).
 
 use super::Pod;
+use crate::checkpoint::{CheckpointError, verify_checkpoint};
 use crate::clock_sync::{ClockSync, DeviceClock};
 use crate::error::{OptimError, Result};
 use crate::health::{Health, Heartbeat, KnownFailures, LastHeard};
@@ -36,6 +37,7 @@ use crate::transport::{
     merge_transport_parts,
 };
 use bevy_ecs::prelude::*;
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -80,8 +82,9 @@ pub const RESOURCE_RULES: &[(&str, ResourceRule)] = &[
 ];
 
 /// Takes from this rank's world the state other ranks hold (see the
-/// module table): other ranks' devices' schedules and clocks, and, off rank
-/// 0, the service's view.
+/// module table): other ranks' devices' schedules and clocks, messages
+/// other ranks sent or receive, and, off rank 0, the service's view. Run
+/// on a fresh world and on a restored whole one alike.
 fn localize(world: &mut World, layout: &RankLayout) {
     let devices: Vec<(Entity, crate::topology::DeviceId)> = world
         .query::<(Entity, &Device)>()
@@ -104,7 +107,24 @@ fn localize(world: &mut World, layout: &RankLayout) {
             )>();
         }
     }
+    world
+        .resource_mut::<crate::transport::Transport>()
+        .retain_senders(|from| layout.is_local(from));
+    let ours = |e: &crate::transport::Envelope| layout.owner(e.to) == layout.rank();
+    world
+        .resource_mut::<crate::transport::Inbox>()
+        .messages
+        .retain(ours);
+    world
+        .resource_mut::<crate::transport::DeliveryLog>()
+        .recent
+        .retain(ours);
     if !layout.runs_service() {
+        world
+            .resource_mut::<crate::transport::Transport>()
+            .clear_counts();
+        world.insert_resource(crate::health::FailureLog::default());
+        world.insert_resource(crate::health::FailureEpoch::default());
         let links: Vec<Entity> = world
             .query_filtered::<Entity, With<Link>>()
             .iter(world)
@@ -448,4 +468,351 @@ fn merge_resource(name: &str, copies: &[&[u8]]) -> Result<Vec<u8>, SnapshotError
             Ok(postcard::to_stdvec(&merged).expect("stored values encode"))
         }
     }
+}
+
+/// The commit record of a split pod's checkpoint, in its directory.
+pub const SPLIT_MANIFEST: &str = "ranks.ron";
+const SPLIT_DIGEST_PREFIX: &str = "// ranks-sha256: ";
+
+/// A checkpoint of a pod split over ranks: every rank's part, each an
+/// ordinary verified checkpoint directory (`rank-0000`, …), and this
+/// record, which rank 0 writes only after every part is durable (Orbax's
+/// commit-marker pattern), then renames the whole directory into place.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename = "SplitCheckpoint", deny_unknown_fields)]
+pub struct SplitManifest {
+    /// Snapshot format version.
+    pub format_version: u32,
+    /// The checkpoint's name (its directory name).
+    pub name: String,
+    /// Pod name.
+    pub pod: String,
+    /// Tick at capture.
+    pub tick: u64,
+    /// The parts, one per rank, in rank order.
+    pub parts: Vec<SplitPart>,
+}
+
+/// One rank's part of a [`SplitManifest`].
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SplitPart {
+    /// The rank that wrote it.
+    pub rank: u32,
+    /// Its hosts, `first..=last`.
+    pub hosts: String,
+    /// Its directory, inside the checkpoint.
+    pub dir: String,
+    /// SHA-256 of the part's own manifest, binding the part to this commit.
+    pub manifest_sha256: String,
+}
+
+fn part_dir(rank: u32) -> String {
+    format!("rank-{rank:04}")
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    crate::persist::hex(&Sha256::digest(bytes))
+}
+
+fn render_split(manifest: &SplitManifest) -> String {
+    let body = ron::ser::to_string_pretty(manifest, ron::ser::PrettyConfig::default())
+        .expect("a manifest always serializes");
+    let body = format!("{body}\n");
+    format!(
+        "{body}{SPLIT_DIGEST_PREFIX}{}\n",
+        sha256_hex(body.as_bytes())
+    )
+}
+
+fn parse_split(path: &Path, text: &[u8]) -> std::result::Result<SplitManifest, CheckpointError> {
+    let bad = |reason: String| CheckpointError::Manifest {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let text = std::str::from_utf8(text).map_err(|_| bad("it is not UTF-8".into()))?;
+    let cut = text
+        .trim_end_matches('\n')
+        .rfind('\n')
+        .ok_or_else(|| bad("it has no digest line".into()))?;
+    let (body, last) = text.split_at(cut + 1);
+    let digest = last
+        .trim_end()
+        .strip_prefix(SPLIT_DIGEST_PREFIX)
+        .ok_or_else(|| bad(format!("the last line is not `{SPLIT_DIGEST_PREFIX}<hex>`")))?;
+    if digest != sha256_hex(body.as_bytes()) {
+        return Err(bad(
+            "its digest does not match its text (edited or torn)".into()
+        ));
+    }
+    let manifest: SplitManifest = ron::from_str(body).map_err(|e| bad(e.to_string()))?;
+    if manifest.format_version != crate::persist::FORMAT_VERSION {
+        return Err(bad(format!(
+            "format version {} (this build reads {})",
+            manifest.format_version,
+            crate::persist::FORMAT_VERSION
+        )));
+    }
+    for (i, part) in manifest.parts.iter().enumerate() {
+        if part.rank != i as u32 || part.dir != part_dir(part.rank) {
+            return Err(bad(format!(
+                "part {i} is `{}` of rank {}",
+                part.dir, part.rank
+            )));
+        }
+    }
+    if manifest.parts.is_empty() {
+        return Err(bad("it lists no parts".into()));
+    }
+    Ok(manifest)
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
+    move |error| CheckpointError::Io {
+        path: path.to_path_buf(),
+        error,
+    }
+}
+
+/// Whether `dir` holds a split pod's checkpoint (not a one-process one).
+pub fn is_split_checkpoint(dir: &Path) -> bool {
+    dir.join(SPLIT_MANIFEST).is_file()
+}
+
+/// Verifies every byte of a split pod's checkpoint — the commit record,
+/// then every part as a checkpoint of its own, each bound to the record by
+/// its manifest's digest — and merges the parts into the world one process
+/// holds ([`merge_parts`]). Restore it with any rank count, or into one
+/// process with [`Pod::from_snapshot`].
+pub fn read_split_checkpoint(
+    dir: &Path,
+    registry: &SnapshotRegistry,
+) -> std::result::Result<(SplitManifest, WorldSnapshot), CheckpointError> {
+    let path = dir.join(SPLIT_MANIFEST);
+    let text = std::fs::read(&path).map_err(io(&path))?;
+    let manifest = parse_split(&path, &text)?;
+    let mut entries: Vec<String> = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(io(dir))? {
+        let entry = entry.map_err(io(dir))?;
+        entries.push(entry.file_name().to_string_lossy().into_owned());
+    }
+    entries.sort();
+    for name in entries {
+        let listed = name == SPLIT_MANIFEST || manifest.parts.iter().any(|p| p.dir == name);
+        if !listed {
+            return Err(CheckpointError::Unlisted {
+                path: dir.join(name),
+            });
+        }
+    }
+    let mut parts = Vec::with_capacity(manifest.parts.len());
+    for part in &manifest.parts {
+        let part_path = dir.join(&part.dir);
+        let (part_manifest, snapshot) = verify_checkpoint(&part_path, registry)?;
+        let own = part_path.join(crate::checkpoint::MANIFEST);
+        let own_digest = sha256_hex(&std::fs::read(&own).map_err(io(&own))?);
+        if own_digest != part.manifest_sha256 || part_manifest.tick != manifest.tick {
+            return Err(CheckpointError::Manifest {
+                path: path.clone(),
+                reason: format!(
+                    "part `{}` is not the one this checkpoint committed (its manifest or tick \
+                     differs)",
+                    part.dir
+                ),
+            });
+        }
+        parts.push(snapshot);
+    }
+    let merged = merge_parts(registry, &parts).map_err(|error| CheckpointError::Snapshot {
+        path: path.clone(),
+        error,
+    })?;
+    Ok((manifest, merged))
+}
+
+/// Reads a checkpoint of either kind: a split pod's (merged) or one
+/// process's.
+pub fn read_any_checkpoint(
+    dir: &Path,
+    registry: &SnapshotRegistry,
+) -> std::result::Result<WorldSnapshot, CheckpointError> {
+    if is_split_checkpoint(dir) {
+        Ok(read_split_checkpoint(dir, registry)?.1)
+    } else {
+        Ok(verify_checkpoint(dir, registry)?.1)
+    }
+}
+
+impl RankedPod {
+    /// Writes a checkpoint of the split pod as `root/name`: every rank
+    /// writes its part, and rank 0 commits them once all are durable.
+    /// Until the commit the parts sit in a temporary directory, so a save
+    /// that fails anywhere (a full disk, a lost rank) leaves the committed
+    /// checkpoints as they were. Every rank returns the same outcome; rank 0
+    /// also gets the manifest.
+    pub fn save_checkpoint(&mut self, root: &Path, name: &str) -> Result<Option<SplitManifest>> {
+        let staging = root.join(format!(".tmp-split-{name}"));
+        let prepared = if self.layout.runs_service() {
+            prepare_split(root, name, &staging).map_err(|e| e.to_string())
+        } else {
+            Ok(())
+        };
+        cluster::finish(&self.mailbox, &self.layout, prepared, self.timeout)
+            .map_err(cluster_error)?;
+        let rank = self.layout.rank();
+        let pod_name = self.pod.topology().name.clone();
+        let written = self
+            .pod
+            .snapshot()
+            .map_err(|e| e.to_string())
+            .and_then(|part| {
+                // Each rank writes under a root of its own (a save removes
+                // stale temporaries in its root, which must not be another
+                // rank's write in progress), then moves its part in.
+                let own_root = staging.join(format!(".{}", part_dir(rank)));
+                crate::checkpoint::write_checkpoint(
+                    &own_root,
+                    &part_dir(rank),
+                    &pod_name,
+                    &part,
+                    &mut |_| Ok(()),
+                )
+                .map_err(|e| e.to_string())?;
+                let place = || -> std::io::Result<()> {
+                    std::fs::rename(own_root.join(part_dir(rank)), staging.join(part_dir(rank)))?;
+                    std::fs::remove_dir(&own_root)
+                };
+                place().map_err(|e| format!("{}: {e}", staging.display()))
+            })
+            .and_then(|_| {
+                let own = staging
+                    .join(part_dir(rank))
+                    .join(crate::checkpoint::MANIFEST);
+                std::fs::read(&own)
+                    .map(|bytes| sha256_hex(&bytes))
+                    .map_err(|e| format!("{}: {e}", own.display()))
+            });
+        let report = postcard::to_stdvec(&written).expect("a report encodes");
+        let gathered = cluster::gather_parts(&self.mailbox, &self.layout, report, self.timeout)
+            .map_err(cluster_error)?;
+        let Some(reports) = gathered else {
+            cluster::finish(&self.mailbox, &self.layout, Ok(()), self.timeout)
+                .map_err(cluster_error)?;
+            return Ok(None);
+        };
+        let committed = self.commit_split(root, name, &staging, &reports);
+        if committed.is_err() {
+            let _ = std::fs::remove_dir_all(&staging);
+        }
+        let verdict = committed.as_ref().map(|_| ()).map_err(|e| e.to_string());
+        cluster::finish(&self.mailbox, &self.layout, verdict, self.timeout)
+            .map_err(cluster_error)?;
+        Ok(Some(committed?))
+    }
+
+    fn commit_split(
+        &self,
+        root: &Path,
+        name: &str,
+        staging: &Path,
+        reports: &[Vec<u8>],
+    ) -> Result<SplitManifest> {
+        let mut parts = Vec::with_capacity(reports.len());
+        for (rank, report) in reports.iter().enumerate() {
+            let rank = rank as u32;
+            let written: std::result::Result<String, String> = postcard::from_bytes(report)
+                .map_err(|e| OptimError::InvalidConfig(format!("rank {rank}'s report: {e}")))?;
+            let digest = written.map_err(|reason| {
+                OptimError::InvalidConfig(format!("rank {rank} could not write its part: {reason}"))
+            })?;
+            parts.push(SplitPart {
+                rank,
+                hosts: self.layout.describe_hosts(rank),
+                dir: part_dir(rank),
+                manifest_sha256: digest,
+            });
+        }
+        let manifest = SplitManifest {
+            format_version: crate::persist::FORMAT_VERSION,
+            name: name.to_string(),
+            pod: self.pod.topology().name.clone(),
+            tick: self.pod.clock().tick,
+            parts,
+        };
+        let path = staging.join(SPLIT_MANIFEST);
+        let write = || -> std::io::Result<()> {
+            use std::io::Write;
+            let mut file = std::fs::File::create(&path)?;
+            file.write_all(render_split(&manifest).as_bytes())?;
+            file.sync_all()?;
+            std::fs::File::open(staging)?.sync_all()?;
+            std::fs::rename(staging, root.join(name))?;
+            std::fs::File::open(root)?.sync_all()
+        };
+        write().map_err(|error| CheckpointError::Io {
+            path: root.join(name),
+            error,
+        })?;
+        Ok(manifest)
+    }
+
+    /// Replaces the split pod's world with a checkpoint's (a split one,
+    /// written with any rank count, or one process's): rank 0 verifies
+    /// every byte and merges the parts, then every rank takes the same
+    /// world and keeps its own part. Nothing changes on any rank unless the
+    /// whole checkpoint verified.
+    pub fn restore_checkpoint(&mut self, dir: &Path) -> Result<()> {
+        let bytes = if self.layout.runs_service() {
+            let registry = self.pod.world.resource::<SnapshotRegistry>();
+            read_any_checkpoint(dir, registry)
+                .map_err(|e| e.to_string())
+                .and_then(|snapshot| {
+                    if snapshot.tensors.is_empty() {
+                        Ok(snapshot.to_bytes())
+                    } else {
+                        Err(format!(
+                            "{} holds tensors (a model or optimizer state), which a split \
+                             pod does not run yet",
+                            dir.display()
+                        ))
+                    }
+                })
+        } else {
+            Ok(Vec::new())
+        };
+        let bytes = cluster::broadcast(&self.mailbox, &self.layout, bytes, self.timeout)
+            .map_err(cluster_error)?;
+        let snapshot = WorldSnapshot::from_bytes(&bytes)?;
+        self.pod.restore_snapshot(&snapshot)?;
+        localize(&mut self.pod.world, &self.layout);
+        let links: Vec<Entity> = self
+            .pod
+            .world
+            .query_filtered::<Entity, With<Link>>()
+            .iter(&self.pod.world)
+            .collect();
+        self.pod.set_transport_backend(Box::new(ClusterBackend::new(
+            self.layout.clone(),
+            Arc::clone(&self.mailbox),
+            links,
+            self.timeout,
+        )));
+        self.start_digest = snapshot.sha256_hex();
+        Ok(())
+    }
+}
+
+/// Rank 0's preparation of a split save: a plain, new name, stale
+/// temporaries from crashed saves removed, an empty staging directory.
+fn prepare_split(root: &Path, name: &str, staging: &Path) -> Result<()> {
+    crate::checkpoint::check_name(name)?;
+    std::fs::create_dir_all(root).map_err(io(root))?;
+    let target = root.join(name);
+    if std::fs::symlink_metadata(&target).is_ok() {
+        return Err(CheckpointError::Exists { path: target }.into());
+    }
+    crate::checkpoint::remove_stale_temporaries(root);
+    std::fs::create_dir_all(staging).map_err(io(staging))?;
+    Ok(())
 }

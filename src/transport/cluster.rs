@@ -460,6 +460,32 @@ fn unexpected(rank: u32, frame: &Frame, expected: &str) -> ClusterError {
     }
 }
 
+/// Rank 0 sends every rank the same bytes (or why it has none); every
+/// rank returns them (rank 0 its own). An `Err` from rank 0 is a
+/// [`ClusterError::Coordinator`] on every rank.
+pub fn broadcast(
+    mailbox: &SharedMailbox,
+    layout: &RankLayout,
+    bytes: Result<Vec<u8>, String>,
+    timeout: Duration,
+) -> Result<Vec<u8>, ClusterError> {
+    if layout.runs_service() {
+        let frame = match &bytes {
+            Ok(bytes) => Frame::Part(bytes.clone()),
+            Err(reason) => Frame::Done(Err(reason.clone())),
+        };
+        for rank in 1..layout.ranks() {
+            send_frame(mailbox, rank, &frame)?;
+        }
+        return bytes.map_err(ClusterError::Coordinator);
+    }
+    match receive_frame(mailbox, layout, SERVICE_RANK, timeout * 2, "broadcast")? {
+        Frame::Part(bytes) => Ok(bytes),
+        Frame::Done(Err(reason)) => Err(ClusterError::Coordinator(reason)),
+        other => Err(unexpected(SERVICE_RANK, &other, "a broadcast")),
+    }
+}
+
 /// Every rank sends rank 0 its part of the world; rank 0 gets them all
 /// (its own first), the others `None`. Then rank 0 must [`finish`].
 pub fn gather_parts(
@@ -491,16 +517,16 @@ pub fn finish(
     timeout: Duration,
 ) -> Result<(), ClusterError> {
     if layout.ranks() == 1 {
-        return verdict.map_err(ClusterError::Mismatch);
+        return verdict.map_err(ClusterError::Coordinator);
     }
     if layout.runs_service() {
         for rank in 1..layout.ranks() {
             send_frame(mailbox, rank, &Frame::Done(verdict.clone()))?;
         }
-        return verdict.map_err(ClusterError::Mismatch);
+        return verdict.map_err(ClusterError::Coordinator);
     }
     match receive_frame(mailbox, layout, SERVICE_RANK, timeout * 2, "final verdict")? {
-        Frame::Done(verdict) => verdict.map_err(ClusterError::Mismatch),
+        Frame::Done(verdict) => verdict.map_err(ClusterError::Coordinator),
         other => Err(unexpected(SERVICE_RANK, &other, "the final verdict")),
     }
 }

@@ -50,6 +50,10 @@ pub enum ClusterError {
     /// The ranks were not started with the same pod, binary or run.
     #[error("the ranks disagree, so they cannot run one pod: {0}")]
     Mismatch(String),
+    /// Rank 0 could not do its part of a step all ranks take together
+    /// (merge the world, commit or read a checkpoint), and says why.
+    #[error("rank 0 stopped the ranks: {0}")]
+    Coordinator(String),
     /// A rank stopped answering within the wall-clock bound.
     #[error(
         "rank {rank} (hosts {hosts}) was lost: {reason}; the ranks stop here and the \

@@ -154,6 +154,25 @@ impl Transport {
         all
     }
 
+    /// Keeps only what the senders `keep` accepts sent: their messages in
+    /// flight and their sequence numbers (a process of a split pod holds
+    /// its own devices' sends).
+    pub fn retain_senders(&mut self, keep: impl Fn(DeviceId) -> bool) {
+        let in_flight = std::mem::take(&mut self.in_flight);
+        self.in_flight = in_flight
+            .into_iter()
+            .filter(|message| keep(message.0.from))
+            .collect();
+        self.next_seq.retain(|&device, _| keep(device));
+    }
+
+    /// Zeroes the delivered and dropped counts (a split pod's counts are
+    /// the sum of its processes': a restored whole world's stay with one).
+    pub fn clear_counts(&mut self) {
+        self.delivered = 0;
+        self.dropped = 0;
+    }
+
     /// Forgets the cached routes; call after a link changes state.
     pub fn invalidate_routes(&mut self) {
         self.routes = None;
