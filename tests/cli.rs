@@ -754,3 +754,48 @@ fn goodput_simulates_a_run_and_refuses_bad_input() {
         assert!(out.stdout.is_empty());
     }
 }
+
+#[test]
+fn run_writes_periodic_checkpoints_and_continues_from_one() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().to_str().unwrap();
+    let args = ["run", "v4-8", "--steps", "100", "--checkpoint-every", "50"];
+    let out = optirs(&[&args[..], &["--checkpoint-dir", dir, "--json"]].concat());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut names: Vec<String> = std::fs::read_dir(root.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, vec!["tick-000000000050", "tick-000000000100"]);
+    let saved = root.path().join("tick-000000000100");
+    let continued = json(&optirs(&[
+        "run",
+        "v4-8",
+        "--steps",
+        "50",
+        "--restore",
+        saved.to_str().unwrap(),
+        "--json",
+    ]));
+    let straight = json(&optirs(&["run", "v4-8", "--steps", "150", "--json"]));
+    assert_eq!(continued["world_sha256"], straight["world_sha256"]);
+    assert_eq!(continued["ticks"], 150);
+    // Another pod's checkpoint is refused, naming both.
+    let out = optirs(&["run", "v5e-16", "--restore", saved.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("v4-8") && stderr.contains("v5e-16"),
+        "{stderr}"
+    );
+    // Half a pair of flags is a usage error.
+    assert_eq!(
+        optirs(&["run", "--checkpoint-every", "5"]).status.code(),
+        Some(2)
+    );
+}

@@ -138,7 +138,13 @@ fn commands_that_run_as_one_process_refuse_a_split() {
 /// Starts a long run on `ranks` ranks, waits until every rank is stepping,
 /// signals one rank's process, and returns (stderr, seconds from the
 /// signal to the end of the job).
-fn signal_a_rank(ranks: u32, rank: u32, signal: &str, extra: &[&str]) -> (String, f64) {
+fn signal_a_rank(
+    ranks: u32,
+    rank: u32,
+    signal: &str,
+    extra: &[&str],
+    run_extra: &[&str],
+) -> (String, f64) {
     /// Kills the job if the test fails before it ends.
     struct Job(std::process::Child);
     impl Drop for Job {
@@ -151,6 +157,7 @@ fn signal_a_rank(ranks: u32, rank: u32, signal: &str, extra: &[&str]) -> (String
         .args(extra)
         .args(["-n", &ranks.to_string(), BIN, "run", "v3-32"])
         .args(["--steps", "100000000", "--rank-timeout", "2"])
+        .args(run_extra)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -225,7 +232,7 @@ fn signal_a_rank(ranks: u32, rank: u32, signal: &str, extra: &[&str]) -> (String
 
 #[test]
 fn a_hung_rank_is_named_with_its_hosts_by_every_other_rank_within_the_bound() {
-    let (stderr, seconds) = signal_a_rank(4, 1, "-STOP", &[]);
+    let (stderr, seconds) = signal_a_rank(4, 1, "-STOP", &[], &[]);
     for rank in [0, 2, 3] {
         assert!(
             stderr.contains(&format!(
@@ -240,12 +247,12 @@ fn a_hung_rank_is_named_with_its_hosts_by_every_other_rank_within_the_bound() {
 #[test]
 fn a_killed_rank_ends_the_job_naming_it() {
     // The launcher sees the death and ends the job at once.
-    let (stderr, seconds) = signal_a_rank(4, 2, "-KILL", &[]);
+    let (stderr, seconds) = signal_a_rank(4, 2, "-KILL", &[], &[]);
     assert!(stderr.contains("rank 2"), "{stderr}");
     assert!(seconds < 20.0, "{seconds} s");
     // With recovery on, the launcher leaves the others running: their own
     // bound names the lost rank and its hosts.
-    let (stderr, seconds) = signal_a_rank(4, 2, "-KILL", &["--enable-recovery"]);
+    let (stderr, seconds) = signal_a_rank(4, 2, "-KILL", &["--enable-recovery"], &[]);
     for rank in [0, 1, 3] {
         assert!(
             stderr.contains(&format!(
@@ -255,4 +262,114 @@ fn a_killed_rank_ends_the_job_naming_it() {
         );
     }
     assert!(seconds < 20.0, "{seconds} s");
+}
+
+#[test]
+fn a_checkpoint_written_by_four_ranks_restores_on_two_ranks_and_one_process() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().to_str().unwrap();
+    let out = output(
+        mpirun()
+            .args(["-n", "4", BIN, "run", "v3-32", "--steps", "200"])
+            .args([
+                "--kill",
+                "9@0.5",
+                "--checkpoint-every",
+                "100",
+                "--checkpoint-dir",
+                dir,
+                "--keep-checkpoints",
+                "1",
+                "--json",
+            ]),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Retention kept the newest only.
+    let names: Vec<String> = std::fs::read_dir(root.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, vec!["tick-000000000200"]);
+    let saved = root.path().join("tick-000000000200");
+    let saved = saved.to_str().unwrap();
+    let verify = Command::new(BIN)
+        .args(["checkpoint", "verify", saved])
+        .output()
+        .unwrap();
+    assert!(
+        verify.status.success(),
+        "{}",
+        String::from_utf8_lossy(&verify.stderr)
+    );
+    assert!(String::from_utf8_lossy(&verify.stdout).contains("4 parts"));
+    let one = single(&[
+        "run", "v3-32", "--steps", "300", "--kill", "9@0.5", "--json",
+    ]);
+    let continued = [
+        "run",
+        "v3-32",
+        "--steps",
+        "100",
+        "--restore",
+        saved,
+        "--json",
+    ];
+    assert_eq!(
+        single(&continued),
+        one,
+        "one process from the split checkpoint"
+    );
+    let out = output(mpirun().args(["-n", "2", BIN]).args(continued));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        json_digest(&out.stdout).0,
+        one,
+        "two ranks from four ranks' checkpoint"
+    );
+}
+
+#[test]
+fn a_killed_rank_leaves_the_last_committed_checkpoint_valid() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().to_str().unwrap().to_string();
+    let extra = [
+        "--checkpoint-every",
+        "50",
+        "--checkpoint-dir",
+        &dir,
+        "--keep-checkpoints",
+        "2",
+    ];
+    let (_, seconds) = signal_a_rank(4, 3, "-KILL", &[], &extra);
+    assert!(seconds < 20.0, "{seconds} s");
+    let mut committed: Vec<String> = std::fs::read_dir(root.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("tick-"))
+        .collect();
+    committed.sort();
+    assert!(
+        !committed.is_empty(),
+        "no checkpoint was committed before the kill"
+    );
+    for name in committed {
+        let path = root.path().join(&name);
+        let verify = Command::new(BIN)
+            .args(["checkpoint", "verify", path.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(
+            verify.status.success(),
+            "{name}: {}",
+            String::from_utf8_lossy(&verify.stderr)
+        );
+    }
 }

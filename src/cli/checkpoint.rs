@@ -101,6 +101,17 @@ pub fn checkpoint(args: CheckpointArgs) -> Result<()> {
                 out.display()
             ))
         }
+        CheckpointCommand::Verify { dir } if optirs_tpu::pod::ranks::is_split_checkpoint(&dir) => {
+            let (manifest, snapshot) =
+                optirs_tpu::pod::ranks::read_split_checkpoint(&dir, &registry)?;
+            output::print_text(&format!(
+                "ok: {} at tick {}, {} parts (one per rank), world sha256 {}\n",
+                manifest.pod,
+                manifest.tick,
+                manifest.parts.len(),
+                snapshot.sha256_hex()
+            ))
+        }
         CheckpointCommand::Verify { dir } => {
             let (manifest, snapshot) = verify_checkpoint(&dir, &registry)?;
             output::print_text(&format!(
@@ -114,7 +125,7 @@ pub fn checkpoint(args: CheckpointArgs) -> Result<()> {
         }
         CheckpointCommand::Restore { dir, steps, json } => {
             let start = Instant::now();
-            let (_, snapshot) = verify_checkpoint(&dir, &registry)?;
+            let snapshot = optirs_tpu::pod::ranks::read_any_checkpoint(&dir, &registry)?;
             let mut pod = Pod::from_snapshot(&snapshot)?;
             let report = step_and_report(&mut pod, steps, start.elapsed().as_secs_f64())?;
             print_report(&report, json)

@@ -99,8 +99,19 @@ pub fn run(args: RunArgs, launch: Launch) -> Result<()> {
         let devices = topology.num_devices();
         let timeout = Duration::from_secs_f64(args.rank_timeout);
         let mut pod = RankedPod::with_timeout(topology, Box::new(mailbox), timeout)?;
+        if let Some(dir) = &args.restore {
+            pod.restore_checkpoint(dir)?;
+        }
         let plan = args.faults(devices)?;
-        pod.handshake(&format!("{} ticks and faults {plan:?}", args.steps()))?;
+        pod.handshake(&format!(
+            "{} ticks, faults {plan:?}, checkpoints every {:?} ticks into {:?} keeping {}, \
+             restored from {:?}",
+            args.steps(),
+            args.checkpoint_every,
+            args.checkpoint_dir,
+            args.keep_checkpoints,
+            args.restore
+        ))?;
         for &(at_ns, fault) in &plan {
             pod.schedule_fault(at_ns, fault);
         }
@@ -114,6 +125,17 @@ pub fn run(args: RunArgs, launch: Launch) -> Result<()> {
         for done in 1..=args.steps() {
             let tick = Instant::now();
             pod.step()?;
+            if let (Some(every), Some(root)) = (args.checkpoint_every, &args.checkpoint_dir) {
+                let now = pod.pod().clock().tick;
+                if now % every == 0 {
+                    let name = optirs_tpu::checkpoint::checkpoint_name(now);
+                    pod.save_checkpoint(root, &name)?;
+                    if rank == 0 {
+                        let keep = args.keep_checkpoints as usize;
+                        optirs_tpu::pod::ranks::enforce_split_retention(root, keep, &name)?;
+                    }
+                }
+            }
             if step_wall_ns.len() < 1 << 16 {
                 step_wall_ns.push(tick.elapsed().as_nanos() as u64);
             }

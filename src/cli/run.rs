@@ -75,6 +75,23 @@ pub struct RunArgs {
     /// others twice as long).
     #[arg(long, value_name = "SECONDS", default_value_t = 30.0, value_parser = parse_rank_timeout)]
     pub(super) rank_timeout: f64,
+    /// Write a checkpoint every this many ticks into --checkpoint-dir
+    /// (named `tick-NNNNNNNNNNNN`; under mpirun, one split checkpoint of
+    /// every rank's part).
+    #[arg(long, value_name = "TICKS", requires = "checkpoint_dir",
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub(super) checkpoint_every: Option<u64>,
+    /// Where --checkpoint-every writes.
+    #[arg(long, value_name = "DIR", requires = "checkpoint_every")]
+    pub(super) checkpoint_dir: Option<PathBuf>,
+    /// How many of the newest checkpoints --checkpoint-every keeps.
+    #[arg(long, value_name = "N", default_value_t = 3,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub(super) keep_checkpoints: u64,
+    /// Start from a checkpoint (one process's or a split pod's, written
+    /// with any rank count) instead of tick 0; --steps more ticks run.
+    #[arg(long, value_name = "CHECKPOINT")]
+    pub(super) restore: Option<PathBuf>,
 }
 
 fn parse_rank_timeout(text: &str) -> Result<f64, String> {
@@ -200,6 +217,14 @@ pub fn run(args: RunArgs) -> Result<()> {
         Some(profiler) => profiler.build_pod(|| Pod::load(&args.pod))?,
         None => Pod::load(&args.pod)?,
     };
+    if let Some(dir) = &args.restore {
+        let registry = optirs_tpu::checkpoint::engine_registry();
+        let snapshot = optirs_tpu::pod::ranks::read_any_checkpoint(dir, &registry)?;
+        pod.restore_snapshot(&snapshot)?;
+    }
+    if let (Some(every), Some(dir)) = (args.checkpoint_every, &args.checkpoint_dir) {
+        pod.enable_periodic_checkpoints(every, vec![dir.clone()], args.keep_checkpoints as usize)?;
+    }
     let build_seconds = build_start.elapsed().as_secs_f64();
     let devices = pod.topology().num_devices();
     for (at_ns, fault) in args.faults(devices)? {
@@ -228,6 +253,13 @@ pub fn run(args: RunArgs) -> Result<()> {
     }
     let wall_seconds = start.elapsed().as_secs_f64();
     bar.finish_and_clear();
+    if let Some(periodic) = pod
+        .world()
+        .get_resource::<optirs_tpu::checkpoint::PeriodicCheckpoints>()
+        && let Some(error) = &periodic.last_error
+    {
+        bail!("a periodic checkpoint could not be written: {error}");
+    }
     let step_wall = match &profiler {
         Some(profiler) => profiler.step_wall_ns(),
         None => step_wall_ns.as_slice(),

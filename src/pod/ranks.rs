@@ -816,3 +816,34 @@ fn prepare_split(root: &Path, name: &str, staging: &Path) -> Result<()> {
     std::fs::create_dir_all(staging).map_err(io(staging))?;
     Ok(())
 }
+
+/// Keeps the newest `keep` split checkpoints under `root` written by
+/// periodic saves (named `tick-N` for their tick), counting `current` (just
+/// committed, never removed), and removes the older ones. Anything else
+/// under `root` is left alone.
+pub fn enforce_split_retention(root: &Path, keep: usize, current: &str) -> Result<()> {
+    let mut managed: Vec<(u64, String)> = Vec::new();
+    for entry in std::fs::read_dir(root).map_err(io(root))?.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name == current || !entry.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        let record = entry.path().join(SPLIT_MANIFEST);
+        let Ok(text) = std::fs::read(&record) else {
+            continue;
+        };
+        if let Ok(manifest) = parse_split(&record, &text)
+            && manifest.name == name
+            && crate::checkpoint::checkpoint_name(manifest.tick) == name
+        {
+            managed.push((manifest.tick, name));
+        }
+    }
+    managed.sort();
+    let excess = managed.len().saturating_sub(keep.saturating_sub(1));
+    for (_, name) in &managed[..excess] {
+        let path = root.join(name);
+        std::fs::remove_dir_all(&path).map_err(io(&path))?;
+    }
+    Ok(())
+}
