@@ -799,3 +799,39 @@ fn run_writes_periodic_checkpoints_and_continues_from_one() {
         Some(2)
     );
 }
+
+#[test]
+fn checkpoint_list_and_verify_read_a_split_pods_checkpoints() {
+    use optirs_tpu::pod::ranks::RankedPod;
+    use optirs_tpu::transport::cluster::thread_mailboxes;
+    let root = tempfile::tempdir().unwrap();
+    let topology = optirs_tpu::topology::load_preset("v4-8").unwrap();
+    std::thread::scope(|s| {
+        let ranks: Vec<_> = thread_mailboxes(2)
+            .into_iter()
+            .map(|mailbox| {
+                let topology = topology.clone();
+                let root = root.path();
+                s.spawn(move || {
+                    let mut pod = RankedPod::new(topology, Box::new(mailbox)).unwrap();
+                    pod.run(20).unwrap();
+                    pod.save_checkpoint(root, "split").unwrap();
+                })
+            })
+            .collect();
+        ranks.into_iter().for_each(|r| r.join().unwrap());
+    });
+    let listed = json(&optirs(&[
+        "checkpoint",
+        "list",
+        root.path().to_str().unwrap(),
+        "--json",
+    ]));
+    assert_eq!(listed[0]["name"], "split");
+    assert_eq!(listed[0]["tick"], 20);
+    assert!(listed[0]["problem"].is_null(), "{listed}");
+    let dir = root.path().join("split");
+    let out = optirs(&["checkpoint", "verify", dir.to_str().unwrap()]);
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("2 parts"));
+}

@@ -131,7 +131,20 @@ pub fn checkpoint(args: CheckpointArgs) -> Result<()> {
             print_report(&report, json)
         }
         CheckpointCommand::List { root, json } => {
-            let listings = list_checkpoints(&root, &registry)?;
+            let mut listings = list_checkpoints(&root, &registry)?;
+            // A split pod's checkpoints have their own record.
+            for listing in &mut listings {
+                if optirs_tpu::pod::ranks::is_split_checkpoint(&listing.path) {
+                    match optirs_tpu::pod::ranks::read_split_checkpoint(&listing.path, &registry) {
+                        Ok((manifest, _)) => {
+                            listing.tick = Some(manifest.tick);
+                            listing.problem = None;
+                        }
+                        Err(error) => listing.problem = Some(error.to_string()),
+                    }
+                }
+            }
+            listings.sort_by(|a, b| b.tick.cmp(&a.tick).then_with(|| b.name.cmp(&a.name)));
             if json {
                 return output::print_json(&listings);
             }
