@@ -26,7 +26,7 @@
 //! [`StepSystems::Transport`]: crate::schedule::StepSystems::Transport
 
 use super::error::ClusterError;
-use super::{Envelope, Payload, TransportBackend, TransportError};
+use super::{Envelope, StoredEnvelope, TransportBackend, TransportError};
 use crate::topology::{DeviceId, Topology};
 use bevy_ecs::prelude::*;
 use serde::{Deserialize, Serialize};
@@ -233,18 +233,10 @@ impl Mailbox for ThreadMailbox {
     }
 }
 
-/// An envelope on the wire: its route as link numbers (links in entity
-/// order, the same on every rank: each spawns the whole topology).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct WireEnvelope {
-    deliver_at_ns: u64,
-    seq: u64,
-    from: DeviceId,
-    to: Option<DeviceId>,
-    payload: Payload,
-    sent_at_ns: u64,
-    route: Vec<u32>,
-}
+/// An envelope on the wire is a [`StoredEnvelope`] whose route holds link
+/// numbers (links in entity order, the same on every rank: each spawns the
+/// whole topology) where a snapshot's holds dense ids.
+type WireEnvelope = StoredEnvelope;
 
 /// What ranks say to each other.
 #[derive(Debug, Clone, Serialize, Deserialize)]
