@@ -154,6 +154,13 @@ pub fn progress_collectives(
 /// failed fails it at once, so one already failed makes it due now; a
 /// failure declared later happens on a tick the detector is due anyway.
 pub fn next_event(world: &mut World) -> NextEvent {
+    let mut outcomes = world.query::<&CollectiveOutcome>();
+    if !outcomes
+        .iter(world)
+        .any(|o| *o == CollectiveOutcome::Pending)
+    {
+        return NextEvent::Never;
+    }
     let failed: Vec<DeviceId> = world
         .query::<(&Device, &Health)>()
         .iter(world)

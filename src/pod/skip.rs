@@ -71,6 +71,8 @@ impl SkipStats {
 impl Pod {
     /// The earliest event of any domain (see the [module docs](self)):
     /// ticks whose `now_ns` is before it change nothing but the clock.
+    /// Once some event is due by the next tick the search stops (nothing
+    /// can be skipped), so the time returned then may not be the earliest.
     /// [`NextEvent::Unknown`] when any domain cannot say, or the `Step`
     /// schedule holds systems the engine did not install.
     pub fn next_event(&mut self) -> NextEvent {
@@ -90,13 +92,17 @@ impl Pod {
             |w| crate::checkpoint::next_periodic_checkpoint(w),
             crate::barrier::next_event,
             crate::collectives::pod::next_event,
-            crate::clock_sync::systems::next_event,
             crate::health::next_event,
+            crate::clock_sync::systems::next_event,
         ];
+        // An event due by the next tick leaves nothing to skip: stop there
+        // too, before the scans over every device.
+        let clock = *self.clock();
+        let next_tick_ns = clock.now_ns.saturating_add(clock.tick_ns);
         let mut next = NextEvent::Never;
         for domain in domains {
             next = next.min(domain(&mut self.world));
-            if next == NextEvent::Unknown {
+            if next <= NextEvent::At(next_tick_ns) {
                 break;
             }
         }
