@@ -835,3 +835,23 @@ fn checkpoint_list_and_verify_read_a_split_pods_checkpoints() {
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).contains("2 parts"));
 }
+
+#[test]
+fn run_skip_idle_reports_skipped_ticks_and_the_same_world() {
+    let args = [
+        "run", "v4-8", "--steps", "2000", "--kill", "3@7.5", "--json",
+    ];
+    let ticked = json(&optirs(&args));
+    let skipped = json(&optirs(&[&args[..], &["--skip-idle"]].concat()));
+    assert_eq!(ticked["world_sha256"], skipped["world_sha256"]);
+    assert_eq!(ticked["failures"], skipped["failures"]);
+    assert!(ticked.get("skipped_ticks").is_none(), "{ticked}");
+    let count = skipped["skipped_ticks"].as_u64().unwrap();
+    assert!(count > 1_000 && count < 2_000, "{skipped}");
+
+    let text = optirs(&["run", "v4-8", "--steps", "500", "--skip-idle"]);
+    let stdout = String::from_utf8(text.stdout).unwrap();
+    assert!(stdout.contains("idle ticks skipped"), "{stdout}");
+    let refused = optirs(&["run", "v4-8", "--skip-idle", "--trace", "t.json"]);
+    assert!(!refused.status.success());
+}

@@ -18,7 +18,7 @@
 
 mod error;
 
-use crate::clock::SimClock;
+use crate::clock::{NextEvent, SimClock};
 use crate::health::Excluded;
 use crate::health::{DeviceState, FailureEpoch, Health, HeartbeatConfig};
 use crate::rng::{SimRng, stream};
@@ -476,4 +476,16 @@ pub fn install(world: &mut World) {
             .chain()
             .in_set(StepSystems::Barriers),
     );
+}
+
+/// When the barrier systems next change the world: never while no barrier
+/// is pending; unknown (every tick) while one is, since arrivals, failures
+/// and deadlines all move it.
+pub fn next_event(world: &mut World) -> NextEvent {
+    let mut pending = world.query_filtered::<(), With<PendingBarrier>>();
+    if pending.iter(world).next().is_some() {
+        NextEvent::Unknown
+    } else {
+        NextEvent::Never
+    }
 }

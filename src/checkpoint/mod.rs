@@ -21,7 +21,7 @@ pub use crate::persist::{
 };
 pub use engine::{NOT_PERSISTED, engine_registry};
 pub use error::CheckpointError;
-pub use periodic::{PeriodicCheckpoints, write_periodic_checkpoint};
+pub use periodic::{PeriodicCheckpoints, next_periodic_checkpoint, write_periodic_checkpoint};
 pub use recovery::recover_sharded_model;
 pub use retention::{RetentionReport, checkpoint_name, enforce_retention};
 pub use store::{

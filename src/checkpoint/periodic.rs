@@ -2,7 +2,7 @@
 
 use super::retention::{checkpoint_name, enforce_retention};
 use super::store::write_checkpoint;
-use crate::clock::SimClock;
+use crate::clock::{NextEvent, SimClock};
 use crate::persist::SnapshotRegistry;
 use crate::topology::PodTopology;
 use bevy_ecs::prelude::*;
@@ -62,4 +62,22 @@ pub fn write_periodic_checkpoint(world: &mut World) {
         }
         Err(error) => config.last_error = Some(error),
     }
+}
+
+/// The time of the next tick that writes a periodic checkpoint (a multiple
+/// of `every_ticks`), or never when none are enabled.
+pub fn next_periodic_checkpoint(world: &World) -> NextEvent {
+    let Some(config) = world.get_resource::<PeriodicCheckpoints>() else {
+        return NextEvent::Never;
+    };
+    if config.every_ticks == 0 {
+        return NextEvent::Never;
+    }
+    let clock = world.resource::<SimClock>();
+    let next_tick = (clock.tick / config.every_ticks + 1).saturating_mul(config.every_ticks);
+    NextEvent::At(
+        (next_tick - clock.tick)
+            .saturating_mul(clock.tick_ns)
+            .saturating_add(clock.now_ns),
+    )
 }

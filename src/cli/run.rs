@@ -70,6 +70,11 @@ pub struct RunArgs {
     /// devices in simulated time). An existing file is never overwritten.
     #[arg(long, value_name = "FILE")]
     trace: Option<PathBuf>,
+    /// Jump the clock over idle ticks (nothing due: no heartbeat, message,
+    /// fault, sample or checkpoint); the world is bit-identical to ticking
+    /// each one, and the report says how many ticks were skipped.
+    #[arg(long, conflicts_with = "trace")]
+    skip_idle: bool,
     /// Under `mpirun`: how long a rank waits for another before it stops,
     /// naming the lost rank and its hosts (rank 0 waits this long, the
     /// others twice as long).
@@ -186,6 +191,9 @@ pub struct RunReport {
     hosts: u32,
     links: usize,
     ticks: u64,
+    /// Idle ticks jumped over (`--skip-idle`), of `ticks`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    skipped_ticks: Option<u64>,
     tick_ns: u64,
     simulated_seconds: f64,
     build_seconds: f64,
@@ -199,8 +207,18 @@ pub struct RunReport {
     performance: PerformanceReport,
 }
 
+/// Ticks per `run_skipping` call under `--skip-idle`, so the progress bar
+/// moves (splitting a run changes nothing: each part equals its ticks).
+const SKIP_CHUNK_TICKS: u64 = 1 << 16;
+
 pub fn run(args: RunArgs) -> Result<()> {
     if let Some(launch) = super::ranks::launched()? {
+        if args.skip_idle {
+            bail!(
+                "--skip-idle runs in one process: under mpirun every rank exchanges with the \
+                 others each tick, so no tick is idle; run without mpirun or without --skip-idle"
+            );
+        }
         return super::ranks::run(args, launch);
     }
     if let Some(path) = &args.trace
@@ -234,7 +252,22 @@ pub fn run(args: RunArgs) -> Result<()> {
     let bar = progress::bar(args.steps, args.json, "run");
     let start = Instant::now();
     let mut step_wall_ns = StepWallTimes::with_steps(args.steps);
+    let mut skipped = None;
     match &mut profiler {
+        None if args.skip_idle => {
+            let mut stats = optirs_tpu::pod::SkipStats::default();
+            let mut done = 0;
+            while done < args.steps {
+                let chunk = (args.steps - done).min(SKIP_CHUNK_TICKS);
+                let ran = pod.run_skipping(chunk)?;
+                stats.stepped += ran.stepped;
+                stats.skipped += ran.skipped;
+                stats.jumps += ran.jumps;
+                done += chunk;
+                bar.set_position(done);
+            }
+            skipped = Some(stats.skipped);
+        }
         Some(profiler) => profiler.run(&mut pod, args.steps, &mut |done| {
             if done % 64 == 0 {
                 bar.set_position(done)
@@ -260,17 +293,14 @@ pub fn run(args: RunArgs) -> Result<()> {
     {
         bail!("a periodic checkpoint could not be written: {error}");
     }
+    // Skipped ticks have no wall time of their own.
     let step_wall = match &profiler {
-        Some(profiler) => profiler.step_wall_ns(),
-        None => step_wall_ns.as_slice(),
+        Some(profiler) => Some(profiler.step_wall_ns()),
+        None if args.skip_idle => None,
+        None => Some(step_wall_ns.as_slice()),
     };
-    let report = report_after(
-        &mut pod,
-        args.steps,
-        build_seconds,
-        wall_seconds,
-        Some(step_wall),
-    )?;
+    let mut report = report_after(&mut pod, args.steps, build_seconds, wall_seconds, step_wall)?;
+    report.skipped_ticks = skipped;
     if let (Some(profiler), Some(path)) = (&profiler, &args.trace) {
         profiler.write_trace(path)?;
     }
@@ -328,6 +358,7 @@ pub(super) fn report_after(
         hosts: topology.num_hosts(),
         links: topology.links().len(),
         ticks: pod.clock().tick,
+        skipped_ticks: None,
         tick_ns: pod.clock().tick_ns,
         simulated_seconds: pod.clock().now_seconds(),
         build_seconds,
@@ -370,7 +401,7 @@ pub fn print_report(report: &RunReport, json: bool) -> Result<()> {
     }
     output::print_text(&format!(
         "pod {} ({}, {} chips on {} hosts, {} links), built in {}\n\
-         at tick {}: {} simulated; ran in {} wall ({} per tick){}\n{failures}\
+         at tick {}: {} simulated; ran in {} wall ({} per tick){}{}\n{failures}\
          {}world sha256 {}\n",
         report.pod,
         report.generation,
@@ -387,6 +418,12 @@ pub fn print_report(report: &RunReport, json: bool) -> Result<()> {
         } else {
             String::new()
         },
+        report
+            .skipped_ticks
+            .map_or(String::new(), |skipped| format!(
+                "; {skipped} idle ticks skipped, {} stepped",
+                report.ticks.saturating_sub(skipped)
+            )),
         performance_text(&report.performance),
         report.world_sha256,
     ))

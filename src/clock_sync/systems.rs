@@ -104,3 +104,10 @@ pub fn set_device_clock(world: &mut World, device: Entity, offset_ns: i64, drift
 pub fn clock_estimate(world: &World, device: Entity) -> Option<OffsetEstimate> {
     world.get::<ClockSync>(device)?.ntp.estimate()
 }
+
+/// The earliest time [`synchronize_clocks`] changes the world: the next
+/// exchange due (a silent device's schedule moves on too).
+pub fn next_event(world: &mut World) -> crate::clock::NextEvent {
+    let mut syncs = world.query::<&ClockSync>();
+    crate::clock::NextEvent::at(syncs.iter(world).map(|s| s.next_exchange_ns).min())
+}

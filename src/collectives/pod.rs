@@ -26,7 +26,7 @@
 //! one link. Buffers are indexed by device id.
 
 use super::{CollectiveError, Element, LinkModel, ReduceOp, TorusShape, Traffic, torus_all_reduce};
-use crate::clock::SimClock;
+use crate::clock::{NextEvent, SimClock};
 use crate::health::{DeviceState, Health};
 use crate::schedule::{Step, StepSystems};
 use crate::topology::{Device, DeviceId, DeviceIndex, Link, LinkTraffic};
@@ -147,6 +147,38 @@ pub fn progress_collectives(
             };
         }
     }
+}
+
+/// The earliest time [`progress_collectives`] changes the world: the
+/// completion time of the first pending collective. A participant declared
+/// failed fails it at once, so one already failed makes it due now; a
+/// failure declared later happens on a tick the detector is due anyway.
+pub fn next_event(world: &mut World) -> NextEvent {
+    let mut outcomes = world.query::<&CollectiveOutcome>();
+    if !outcomes
+        .iter(world)
+        .any(|o| *o == CollectiveOutcome::Pending)
+    {
+        return NextEvent::Never;
+    }
+    let failed: Vec<DeviceId> = world
+        .query::<(&Device, &Health)>()
+        .iter(world)
+        .filter(|(_, health)| health.is_failed())
+        .map(|(device, _)| device.id)
+        .collect();
+    let mut next = NextEvent::Never;
+    let mut collectives = world.query::<(&Collective, &CollectiveOutcome)>();
+    for (collective, outcome) in collectives.iter(world) {
+        if *outcome != CollectiveOutcome::Pending {
+            continue;
+        }
+        if collective.participants.iter().any(|d| failed.contains(d)) {
+            return NextEvent::Unknown;
+        }
+        next = next.min(NextEvent::At(collective.completes_at_ns));
+    }
+    next
 }
 
 /// Installs [`progress_collectives`] in [`StepSystems::Collectives`].

@@ -40,7 +40,7 @@ pub use faults::{
     schedule_fault,
 };
 
-use crate::clock::SimClock;
+use crate::clock::{NextEvent, SimClock};
 use crate::rng::{SimRng, stream};
 use crate::schedule::{Step, StepSystems};
 use crate::topology::{Device, DeviceId, PodTopology};
@@ -357,3 +357,41 @@ pub fn check_devices_up(world: &World, devices: &[Entity]) -> Result<(), FaultEr
 /// collectives after its failure was handled (recovery excluded it).
 #[derive(Component, Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Excluded;
+
+/// The earliest time heartbeats, scheduled faults or the failure detector
+/// change the world: the next heartbeat due (silent devices' schedules move
+/// on too), the next scheduled fault, and the next time a device's silence
+/// crosses `suspect_after` or the timeout. A device whose health is not
+/// what its silence says now (a host changed it, or the configuration) is
+/// due at once.
+pub fn next_event(world: &mut World) -> NextEvent {
+    let now = world.resource::<SimClock>().now_ns;
+    let config = *world.resource::<HeartbeatConfig>();
+    let mut next = NextEvent::at(
+        world
+            .resource::<FaultPlan>()
+            .pending
+            .first()
+            .map(|f| f.at_ns),
+    );
+    let mut devices = world.query::<(&Heartbeat, &LastHeard, &Health)>();
+    for (heartbeat, heard, health) in devices.iter(world) {
+        next = next.min(NextEvent::At(heartbeat.next_due_ns));
+        let suspect_at = heard
+            .sent_ns
+            .saturating_add(config.suspect_after_ns)
+            .saturating_add(1);
+        let failed_at = heard
+            .sent_ns
+            .saturating_add(config.timeout_ns)
+            .saturating_add(1);
+        let due = match health {
+            Health::Failed { .. } => continue,
+            Health::Healthy if now < suspect_at.min(failed_at) => suspect_at.min(failed_at),
+            Health::Suspect { .. } if now >= suspect_at && now < failed_at => failed_at,
+            _ => return NextEvent::Unknown,
+        };
+        next = next.min(NextEvent::At(due));
+    }
+    next
+}

@@ -38,7 +38,7 @@ pub use history::DeviceHistory;
 pub use report::{PerformanceReport, performance_report};
 pub use ring::Ring;
 
-use crate::clock::SimClock;
+use crate::clock::{NextEvent, SimClock};
 use crate::health::{HeartbeatConfig, LastHeard};
 use crate::schedule::{Step, StepSystems};
 use crate::topology::{Device, HbmCapacity, Link, LinkTraffic};
@@ -289,4 +289,15 @@ pub fn install_with(world: &mut World, config: MonitorConfig, thresholds: Health
             .chain()
             .in_set(StepSystems::Monitor),
     );
+}
+
+/// The earliest time the monitor changes the world: its next sample.
+/// Unknown right after a sample (the next tick clears
+/// [`MonitorState::sampled_this_tick`]).
+pub fn next_event(world: &World) -> NextEvent {
+    match world.get_resource::<MonitorState>() {
+        Some(state) if !state.sampled_this_tick => NextEvent::At(state.next_sample_ns),
+        Some(_) => NextEvent::Unknown,
+        None => NextEvent::Never,
+    }
 }

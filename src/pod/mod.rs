@@ -14,6 +14,9 @@
 mod clock_sync;
 mod collectives;
 pub mod ranks;
+pub mod skip;
+
+pub use skip::SkipStats;
 
 pub use crate::clock::{self, SimClock};
 
@@ -175,6 +178,9 @@ pub struct Pod {
     world: World,
     /// Batches of host systems added so far (each its own set).
     host_batches: u64,
+    /// Systems in the built `Step` schedule as the engine installed it;
+    /// any other count means systems whose events nobody reports.
+    engine_systems: usize,
 }
 
 impl std::fmt::Debug for Pod {
@@ -237,9 +243,14 @@ impl Pod {
         for label in [Step.intern(), Compile.intern()] {
             crate::schedule::build(&mut world, label).map_err(OptimError::Schedule)?;
         }
+        let engine_systems = world
+            .resource::<Schedules>()
+            .get(Step)
+            .map_or(0, |s| s.systems_len());
         Ok(Pod {
             world,
             host_batches: 0,
+            engine_systems,
         })
     }
 

@@ -63,3 +63,21 @@ pub fn install(world: &mut World) {
         ),
     );
 }
+
+/// When the sharded step's systems (and its recovery) next change the
+/// world: never without a step or once a finished step was released (and,
+/// if it failed, recovered); unknown (every tick) while a step is pending,
+/// unreleased or waiting for recovery.
+pub fn next_event(world: &World) -> crate::clock::NextEvent {
+    use crate::clock::NextEvent;
+    match world.get_resource::<ShardedStep>() {
+        None => NextEvent::Never,
+        Some(step) if step.is_pending() || !step.released => NextEvent::Unknown,
+        Some(step)
+            if matches!(step.outcome, StepOutcome::Failed { .. }) && step.recovery.is_none() =>
+        {
+            NextEvent::Unknown
+        }
+        Some(_) => NextEvent::Never,
+    }
+}

@@ -32,7 +32,7 @@ mod error;
 #[cfg(feature = "mpi")]
 pub mod mpi;
 
-use crate::clock::SimClock;
+use crate::clock::{NextEvent, SimClock};
 use crate::persist::{LoadContext, Persist, SnapshotError, StoreContext};
 use crate::rng::{SimRng, stream};
 use crate::schedule::{Step, StepSystems};
@@ -238,6 +238,12 @@ pub trait TransportBackend: Send + Sync + std::fmt::Debug + 'static {
     /// with the other processes here. An error (a lost process) is kept by
     /// the [`Network`] and ends the run.
     fn receive(&mut self, into: &mut Vec<Envelope>) -> Result<(), TransportError>;
+    /// Whether every tick's exchange is a no-op while nothing is due here,
+    /// so idle ticks may be skipped (`Pod::run_skipping`). A backend that
+    /// talks to other processes every tick must keep the default, `false`.
+    fn is_single_process(&self) -> bool {
+        false
+    }
 }
 
 /// One process runs the whole pod: it owns every device and the service.
@@ -250,6 +256,10 @@ impl TransportBackend for InProcess {
     }
 
     fn owns(&self, _: Option<DeviceId>) -> bool {
+        true
+    }
+
+    fn is_single_process(&self) -> bool {
         true
     }
 
@@ -725,4 +735,23 @@ pub fn merge_transport_parts(parts: Vec<StoredTransport>) -> Result<StoredTransp
         delivered,
         dropped,
     })
+}
+
+/// The earliest time [`deliver_messages`] changes the world: the next
+/// message's delivery time. Unknown while the inbox holds the last tick's
+/// messages (the next tick clears it) or when the backend exchanges with
+/// other processes every tick.
+pub fn next_event(world: &World) -> NextEvent {
+    let single = world
+        .get_resource::<Network>()
+        .is_some_and(|n| n.backend.is_single_process());
+    let inbox_empty = world
+        .get_resource::<Inbox>()
+        .is_some_and(|i| i.messages.is_empty());
+    match world.get_resource::<Transport>() {
+        Some(transport) if single && inbox_empty => {
+            NextEvent::at(transport.in_flight.peek().map(|next| next.0.deliver_at_ns))
+        }
+        _ => NextEvent::Unknown,
+    }
 }
