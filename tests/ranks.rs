@@ -326,7 +326,7 @@ fn save_split(
 #[test]
 fn a_split_checkpoint_restores_with_another_rank_count_or_one_process() {
     use optirs_tpu::checkpoint::engine_registry;
-    use optirs_tpu::pod::ranks::read_split_checkpoint;
+    use optirs_tpu::checkpoint::split::read_split_checkpoint;
     let topology = load_preset("v3-32").unwrap();
     let plan = faults(&topology);
     let (first, then) = (150, 250);

@@ -12,6 +12,7 @@ mod periodic;
 mod read;
 mod recovery;
 mod retention;
+pub mod split;
 mod store;
 mod tensor_file;
 

@@ -1,7 +1,8 @@
 //! Which checkpoints a root keeps.
 //!
 //! Retention deletes only checkpoints it can identify as written by
-//! periodic or managed saves: a directory (not a link) whose manifest
+//! periodic or managed saves: a directory (not a link) whose manifest (or,
+//! for a split pod's checkpoint, whose commit record)
 //! parses and verifies its own digest, records the directory's name, and
 //! whose name is [`checkpoint_name`] of the tick the manifest records. They
 //! are ordered by that recorded tick, never by the name's text. Anything
@@ -15,6 +16,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use super::read::read;
+use super::split::{SPLIT_MANIFEST, is_split_checkpoint, parse_split};
 use super::store::{MANIFEST, parse_manifest};
 
 /// Checkpoint directory name for a tick: sorts by tick.
@@ -35,9 +37,16 @@ pub struct RetentionReport {
 /// The tick a managed checkpoint records, or `None` for anything retention
 /// must leave alone.
 fn managed_tick(dir: &Path, name: &str) -> Option<u64> {
-    let manifest_path = dir.join(MANIFEST);
-    let manifest = parse_manifest(&manifest_path, &read(&manifest_path).ok()?).ok()?;
-    (manifest.name == name && checkpoint_name(manifest.tick) == name).then_some(manifest.tick)
+    let (recorded, tick) = if is_split_checkpoint(dir) {
+        let path = dir.join(SPLIT_MANIFEST);
+        let manifest = parse_split(&path, &read(&path).ok()?).ok()?;
+        (manifest.name, manifest.tick)
+    } else {
+        let path = dir.join(MANIFEST);
+        let manifest = parse_manifest(&path, &read(&path).ok()?).ok()?;
+        (manifest.name, manifest.tick)
+    };
+    (recorded == name && checkpoint_name(tick) == name).then_some(tick)
 }
 
 /// Keeps the newest `keep` managed checkpoints in `root` (by recorded

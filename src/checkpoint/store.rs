@@ -38,6 +38,7 @@
 use super::error::CheckpointError;
 use super::hashed_io::write_hashed;
 use super::read::{kind_of, read, read_tensor_file, read_verified};
+use super::split::{SPLIT_MANIFEST, is_split_checkpoint, parse_split, read_split_checkpoint};
 use super::tensor_file::{self, TENSOR_FILE};
 use crate::persist::{FORMAT_VERSION, SnapshotRegistry, WorldSnapshot, hex};
 use serde::{Deserialize, Serialize};
@@ -135,15 +136,26 @@ pub fn check_name(name: &str) -> Result<(), CheckpointError> {
 
 /// Renders a manifest with its trailing self-digest.
 pub fn render_manifest(manifest: &Manifest) -> String {
-    let body = ron::ser::to_string_pretty(manifest, ron::ser::PrettyConfig::default())
+    render_digested(manifest, DIGEST_PREFIX)
+}
+
+/// Pretty RON of `value` and a last line `PREFIX<sha256 of the RON>`: a
+/// record that says when it was edited or torn.
+pub(super) fn render_digested<T: Serialize>(value: &T, prefix: &str) -> String {
+    let body = ron::ser::to_string_pretty(value, ron::ser::PrettyConfig::default())
         .expect("a manifest always serializes");
     let body = format!("{body}\n");
     let digest = hex(&Sha256::digest(body.as_bytes()));
-    format!("{body}{DIGEST_PREFIX}{digest}\n")
+    format!("{body}{prefix}{digest}\n")
 }
 
-/// Parses a manifest, checking its self-digest first.
-pub fn parse_manifest(path: &Path, text: &[u8]) -> Result<Manifest, CheckpointError> {
+/// The RON body of a record [`render_digested`] wrote, once its last line
+/// (`PREFIX<hex>`) matches the body's digest.
+pub(super) fn digested_body<'a>(
+    path: &Path,
+    text: &'a [u8],
+    prefix: &str,
+) -> Result<&'a str, CheckpointError> {
     let bad = |reason: String| CheckpointError::Manifest {
         path: path.to_path_buf(),
         reason,
@@ -156,15 +168,25 @@ pub fn parse_manifest(path: &Path, text: &[u8]) -> Result<Manifest, CheckpointEr
         .ok_or_else(|| bad("no digest line".into()))?;
     let (body, trailer) = text.split_at(body_end);
     let digest = trailer
-        .strip_prefix(DIGEST_PREFIX)
+        .strip_prefix(prefix)
         .and_then(|rest| rest.strip_suffix('\n'))
-        .ok_or_else(|| bad("the last line is not `// manifest-sha256: <hex>`".into()))?;
+        .ok_or_else(|| bad(format!("the last line is not `{prefix}<hex>`")))?;
     let actual = hex(&Sha256::digest(body.as_bytes()));
     if digest != actual {
         return Err(bad(format!(
             "its digest line says {digest}, its contents hash to {actual} (edited or corrupted)"
         )));
     }
+    Ok(body)
+}
+
+/// Parses a manifest, checking its self-digest first.
+pub fn parse_manifest(path: &Path, text: &[u8]) -> Result<Manifest, CheckpointError> {
+    let bad = |reason: String| CheckpointError::Manifest {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let body = digested_body(path, text, DIGEST_PREFIX)?;
     let manifest: Manifest = ron::from_str(body).map_err(|e| bad(e.to_string()))?;
     if manifest.format_version != FORMAT_VERSION {
         return Err(bad(format!(
@@ -238,7 +260,7 @@ fn sync_files(
     })
 }
 
-fn sync_dir(path: &Path) -> io::Result<()> {
+pub(super) fn sync_dir(path: &Path) -> io::Result<()> {
     File::open(path)?.sync_all()
 }
 
@@ -421,7 +443,8 @@ pub struct CheckpointListing {
 }
 
 /// Every checkpoint directory under `root` (temporaries excluded), newest
-/// tick first; unreadable ones last. Each is fully verified.
+/// tick first; unreadable ones last. Each is fully verified (a split pod's
+/// checkpoint by its commit record and every part).
 pub fn list_checkpoints(
     root: &Path,
     registry: &SnapshotRegistry,
@@ -435,15 +458,30 @@ pub fn list_checkpoints(
         if name.starts_with('.') || !(file_type.is_dir() || file_type.is_symlink()) {
             continue;
         }
-        let (tick, problem) = match verify_checkpoint(&entry.path(), registry) {
-            Ok((manifest, _)) => (Some(manifest.tick), None),
-            Err(error) => {
-                let tick = (file_type.is_dir())
-                    .then(|| read(&entry.path().join(MANIFEST)).ok())
-                    .flatten()
-                    .and_then(|text| parse_manifest(&entry.path(), &text).ok())
-                    .map(|m| m.tick);
-                (tick, Some(error.to_string()))
+        let path = entry.path();
+        let (tick, problem) = if file_type.is_dir() && is_split_checkpoint(&path) {
+            match read_split_checkpoint(&path, registry) {
+                Ok((manifest, _)) => (Some(manifest.tick), None),
+                Err(error) => {
+                    let record = path.join(SPLIT_MANIFEST);
+                    let tick = read(&record)
+                        .ok()
+                        .and_then(|text| parse_split(&record, &text).ok())
+                        .map(|m| m.tick);
+                    (tick, Some(error.to_string()))
+                }
+            }
+        } else {
+            match verify_checkpoint(&path, registry) {
+                Ok((manifest, _)) => (Some(manifest.tick), None),
+                Err(error) => {
+                    let tick = (file_type.is_dir())
+                        .then(|| read(&path.join(MANIFEST)).ok())
+                        .flatten()
+                        .and_then(|text| parse_manifest(&path, &text).ok())
+                        .map(|m| m.tick);
+                    (tick, Some(error.to_string()))
+                }
             }
         };
         listings.push(CheckpointListing {

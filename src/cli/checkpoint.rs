@@ -101,9 +101,11 @@ pub fn checkpoint(args: CheckpointArgs) -> Result<()> {
                 out.display()
             ))
         }
-        CheckpointCommand::Verify { dir } if optirs_tpu::pod::ranks::is_split_checkpoint(&dir) => {
+        CheckpointCommand::Verify { dir }
+            if optirs_tpu::checkpoint::split::is_split_checkpoint(&dir) =>
+        {
             let (manifest, snapshot) =
-                optirs_tpu::pod::ranks::read_split_checkpoint(&dir, &registry)?;
+                optirs_tpu::checkpoint::split::read_split_checkpoint(&dir, &registry)?;
             output::print_text(&format!(
                 "ok: {} at tick {}, {} parts (one per rank), world sha256 {}\n",
                 manifest.pod,
@@ -125,26 +127,13 @@ pub fn checkpoint(args: CheckpointArgs) -> Result<()> {
         }
         CheckpointCommand::Restore { dir, steps, json } => {
             let start = Instant::now();
-            let snapshot = optirs_tpu::pod::ranks::read_any_checkpoint(&dir, &registry)?;
+            let snapshot = optirs_tpu::checkpoint::split::read_any_checkpoint(&dir, &registry)?;
             let mut pod = Pod::from_snapshot(&snapshot)?;
             let report = step_and_report(&mut pod, steps, start.elapsed().as_secs_f64())?;
             print_report(&report, json)
         }
         CheckpointCommand::List { root, json } => {
-            let mut listings = list_checkpoints(&root, &registry)?;
-            // A split pod's checkpoints have their own record.
-            for listing in &mut listings {
-                if optirs_tpu::pod::ranks::is_split_checkpoint(&listing.path) {
-                    match optirs_tpu::pod::ranks::read_split_checkpoint(&listing.path, &registry) {
-                        Ok((manifest, _)) => {
-                            listing.tick = Some(manifest.tick);
-                            listing.problem = None;
-                        }
-                        Err(error) => listing.problem = Some(error.to_string()),
-                    }
-                }
-            }
-            listings.sort_by(|a, b| b.tick.cmp(&a.tick).then_with(|| b.name.cmp(&a.name)));
+            let listings = list_checkpoints(&root, &registry)?;
             if json {
                 return output::print_json(&listings);
             }

@@ -132,7 +132,10 @@ pub fn run(args: RunArgs, launch: Launch) -> Result<()> {
                     pod.save_checkpoint(root, &name)?;
                     if rank == 0 {
                         let keep = args.keep_checkpoints as usize;
-                        optirs_tpu::pod::ranks::enforce_split_retention(root, keep, &name)?;
+                        let report = optirs_tpu::checkpoint::enforce_retention(root, keep, &name);
+                        if let Some(problem) = report.problems.first() {
+                            bail!("checkpoint retention: {problem}");
+                        }
                     }
                 }
             }

@@ -237,7 +237,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     };
     if let Some(dir) = &args.restore {
         let registry = optirs_tpu::checkpoint::engine_registry();
-        let snapshot = optirs_tpu::pod::ranks::read_any_checkpoint(dir, &registry)?;
+        let snapshot = optirs_tpu::checkpoint::split::read_any_checkpoint(dir, &registry)?;
         pod.restore_snapshot(&snapshot)?;
     }
     if let (Some(every), Some(dir)) = (args.checkpoint_every, &args.checkpoint_dir) {

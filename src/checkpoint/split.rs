@@ -1,0 +1,407 @@
+//! Checkpoints of a pod split over ranks, and the canonical merge of the
+//! ranks' parts of one world.
+//!
+//! A split checkpoint is one directory:
+//!
+//! ```text
+//! NAME/
+//!   ranks.ron    the commit record: pod, tick, each part's rank, hosts and manifest digest; self-digested
+//!   rank-0000/   rank 0's part: an ordinary checkpoint (manifest.ron, world.bin, tensors.safetensors)
+//!   rank-0001/ …
+//! ```
+//!
+//! The parts stage in a temporary directory ([`stage_split`],
+//! [`write_split_part`]); [`commit_split`] writes the record only after
+//! every part is durable and renames the directory into place.
+//! [`read_split_checkpoint`] verifies every byte and merges the parts with
+//! [`merge_parts`] into the world one process holds, so a checkpoint
+//! written with any rank count restores with any other, or in one process.
+//! The protocol that has every rank take part lives in `pod::ranks`.
+
+use super::error::CheckpointError;
+use super::read::read;
+use super::store::{
+    MANIFEST, check_name, digested_body, io_error, remove_stale_temporaries, render_digested,
+    render_manifest, sync_dir, verify_checkpoint, write_checkpoint,
+};
+use crate::persist::{Column, FORMAT_VERSION, SnapshotError, SnapshotRegistry, WorldSnapshot, hex};
+use crate::transport::{
+    DELIVERY_LOG_CAPACITY, StoredEnvelope, StoredTransport, merge_envelope_parts,
+    merge_transport_parts,
+};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// How the parts' copies of a resource become the merged world's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResourceRule {
+    /// Every rank holds the same value (the scenario); they must agree.
+    Replicated,
+    /// The coordination service's state: rank 0's.
+    Service,
+    /// The transport: in-flight messages and counts combined.
+    Transport,
+    /// A list of delivered messages: all parts' in delivery order, the
+    /// newest `Some(n)` if bounded.
+    Envelopes(Option<usize>),
+}
+
+/// The rule of every resource the engine persists. A resource without a
+/// rule cannot be merged: [`merge_parts`] refuses it, so a new resource is
+/// classified here when it is registered.
+pub const RESOURCE_RULES: &[(&str, ResourceRule)] = &[
+    ("barrier.BarrierRegistry", ResourceRule::Service),
+    ("health.FailureEpoch", ResourceRule::Service),
+    ("health.FailureLog", ResourceRule::Service),
+    ("health.FaultPlan", ResourceRule::Replicated),
+    ("health.HeartbeatConfig", ResourceRule::Replicated),
+    ("monitor.DeviceHistory", ResourceRule::Service),
+    ("monitor.HealthThresholds", ResourceRule::Replicated),
+    ("monitor.MonitorConfig", ResourceRule::Replicated),
+    ("monitor.MonitorState", ResourceRule::Service),
+    ("pod.SimClock", ResourceRule::Replicated),
+    ("pod.SimRng", ResourceRule::Replicated),
+    ("topology.DeviceIndex", ResourceRule::Replicated),
+    ("topology.PodTopology", ResourceRule::Replicated),
+    (
+        "transport.DeliveryLog",
+        ResourceRule::Envelopes(Some(DELIVERY_LOG_CAPACITY)),
+    ),
+    ("transport.Inbox", ResourceRule::Envelopes(None)),
+    ("transport.Transport", ResourceRule::Transport),
+    ("xla.DisabledPasses", ResourceRule::Replicated),
+];
+
+/// The canonical merge of the parts of one world, part `r` from rank `r`
+/// (`pod::ranks` says which rank holds what). The parts must be of the same
+/// tick, entity count and columns.
+pub fn merge_parts(
+    registry: &SnapshotRegistry,
+    parts: &[WorldSnapshot],
+) -> Result<WorldSnapshot, SnapshotError> {
+    let first = parts.first().ok_or_else(|| SnapshotError::PartsDisagree {
+        column: "<world>".into(),
+        reason: "there are no parts".into(),
+    })?;
+    for (rank, part) in parts.iter().enumerate() {
+        let same_shape = part.format_version == first.format_version
+            && part.tick == first.tick
+            && part.entity_count == first.entity_count
+            && names(&part.components) == names(&first.components)
+            && names(&part.resources) == names(&first.resources);
+        if !same_shape {
+            return Err(SnapshotError::PartsDisagree {
+                column: "<world>".into(),
+                reason: format!(
+                    "part {rank} is tick {} with {} entities, part 0 tick {} with {} \
+                     (or their columns differ)",
+                    part.tick, part.entity_count, first.tick, first.entity_count
+                ),
+            });
+        }
+        if !part.tensors.is_empty() {
+            return Err(SnapshotError::PartsDisagree {
+                column: "<tensors>".into(),
+                reason: format!("part {rank} holds tensors, which parts do not merge yet"),
+            });
+        }
+    }
+    let components = first
+        .components
+        .iter()
+        .enumerate()
+        .map(|(i, column)| {
+            let bytes: Vec<&[u8]> = parts.iter().map(|p| &p.components[i].bytes[..]).collect();
+            Ok(Column {
+                name: column.name.clone(),
+                bytes: registry.merge_component(&column.name, &bytes)?,
+            })
+        })
+        .collect::<Result<Vec<_>, SnapshotError>>()?;
+    let resources = first
+        .resources
+        .iter()
+        .enumerate()
+        .map(|(i, column)| {
+            let copies: Vec<&[u8]> = parts.iter().map(|p| &p.resources[i].bytes[..]).collect();
+            Ok(Column {
+                name: column.name.clone(),
+                bytes: merge_resource(&column.name, &copies)?,
+            })
+        })
+        .collect::<Result<Vec<_>, SnapshotError>>()?;
+    Ok(WorldSnapshot {
+        format_version: first.format_version,
+        tick: first.tick,
+        entity_count: first.entity_count,
+        components,
+        resources,
+        tensors: Vec::new(),
+    })
+}
+
+fn names(columns: &[Column]) -> Vec<&str> {
+    columns.iter().map(|c| c.name.as_str()).collect()
+}
+
+fn decode<S: serde::de::DeserializeOwned>(name: &str, bytes: &[u8]) -> Result<S, SnapshotError> {
+    postcard::from_bytes(bytes).map_err(|e| SnapshotError::Corrupt {
+        column: name.into(),
+        reason: e.to_string(),
+    })
+}
+
+fn merge_resource(name: &str, copies: &[&[u8]]) -> Result<Vec<u8>, SnapshotError> {
+    let rule = RESOURCE_RULES
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, rule)| *rule)
+        .ok_or_else(|| SnapshotError::PartsDisagree {
+            column: name.into(),
+            reason: "it has no rule for merging ranks' parts (checkpoint::split::RESOURCE_RULES)"
+                .into(),
+        })?;
+    match rule {
+        ResourceRule::Service => Ok(copies[0].to_vec()),
+        ResourceRule::Replicated => {
+            if let Some(rank) = copies.iter().position(|c| *c != copies[0]) {
+                return Err(SnapshotError::PartsDisagree {
+                    column: name.into(),
+                    reason: format!("every rank holds it, and rank {rank}'s differs from rank 0's"),
+                });
+            }
+            Ok(copies[0].to_vec())
+        }
+        ResourceRule::Transport => {
+            let parts = copies
+                .iter()
+                .map(|c| decode::<StoredTransport>(name, c))
+                .collect::<Result<Vec<_>, _>>()?;
+            let merged =
+                merge_transport_parts(parts).map_err(|reason| SnapshotError::PartsDisagree {
+                    column: name.into(),
+                    reason,
+                })?;
+            Ok(postcard::to_stdvec(&merged).expect("stored values encode"))
+        }
+        ResourceRule::Envelopes(keep) => {
+            let parts = copies
+                .iter()
+                .map(|c| decode::<Vec<StoredEnvelope>>(name, c))
+                .collect::<Result<Vec<_>, _>>()?;
+            let merged = merge_envelope_parts(parts, keep);
+            Ok(postcard::to_stdvec(&merged).expect("stored values encode"))
+        }
+    }
+}
+
+/// The commit record of a split pod's checkpoint, in its directory.
+pub const SPLIT_MANIFEST: &str = "ranks.ron";
+const SPLIT_DIGEST_PREFIX: &str = "// ranks-sha256: ";
+
+/// A checkpoint of a pod split over ranks: every rank's part, each an
+/// ordinary verified checkpoint directory (`rank-0000`, …), and this
+/// record, which rank 0 writes only after every part is durable (Orbax's
+/// commit-marker pattern), then renames the whole directory into place.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename = "SplitCheckpoint", deny_unknown_fields)]
+pub struct SplitManifest {
+    /// Snapshot format version.
+    pub format_version: u32,
+    /// The checkpoint's name (its directory name).
+    pub name: String,
+    /// Pod name.
+    pub pod: String,
+    /// Tick at capture.
+    pub tick: u64,
+    /// The parts, one per rank, in rank order.
+    pub parts: Vec<SplitPart>,
+}
+
+/// One rank's part of a [`SplitManifest`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SplitPart {
+    /// The rank that wrote it.
+    pub rank: u32,
+    /// Its hosts, `first..=last`.
+    pub hosts: String,
+    /// Its directory, inside the checkpoint.
+    pub dir: String,
+    /// SHA-256 of the part's own manifest, binding the part to this commit.
+    pub manifest_sha256: String,
+}
+
+/// The directory of rank `rank`'s part inside a split checkpoint.
+pub fn part_dir(rank: u32) -> String {
+    format!("rank-{rank:04}")
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    hex(&Sha256::digest(bytes))
+}
+
+fn render_split(manifest: &SplitManifest) -> String {
+    render_digested(manifest, SPLIT_DIGEST_PREFIX)
+}
+
+pub(super) fn parse_split(path: &Path, text: &[u8]) -> Result<SplitManifest, CheckpointError> {
+    let bad = |reason: String| CheckpointError::Manifest {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let body = digested_body(path, text, SPLIT_DIGEST_PREFIX)?;
+    let manifest: SplitManifest = ron::from_str(body).map_err(|e| bad(e.to_string()))?;
+    if manifest.format_version != FORMAT_VERSION {
+        return Err(bad(format!(
+            "format version {} (this build reads {FORMAT_VERSION})",
+            manifest.format_version
+        )));
+    }
+    for (i, part) in manifest.parts.iter().enumerate() {
+        if part.rank != i as u32 || part.dir != part_dir(part.rank) {
+            return Err(bad(format!(
+                "part {i} is `{}` of rank {}",
+                part.dir, part.rank
+            )));
+        }
+    }
+    if manifest.parts.is_empty() {
+        return Err(bad("it lists no parts".into()));
+    }
+    Ok(manifest)
+}
+
+/// Whether `dir` holds a split pod's checkpoint (not a one-process one).
+pub fn is_split_checkpoint(dir: &Path) -> bool {
+    dir.join(SPLIT_MANIFEST).is_file()
+}
+
+/// Verifies every byte of a split pod's checkpoint — the commit record,
+/// then every part as a checkpoint of its own, each bound to the record by
+/// its manifest's digest — and merges the parts into the world one process
+/// holds ([`merge_parts`]). Restore it with any rank count, or into one
+/// process with [`Pod::from_snapshot`].
+pub fn read_split_checkpoint(
+    dir: &Path,
+    registry: &SnapshotRegistry,
+) -> Result<(SplitManifest, WorldSnapshot), CheckpointError> {
+    let path = dir.join(SPLIT_MANIFEST);
+    let text = read(&path)?;
+    let manifest = parse_split(&path, &text)?;
+    let mut entries: Vec<String> = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(io_error(dir))? {
+        let entry = entry.map_err(io_error(dir))?;
+        entries.push(entry.file_name().to_string_lossy().into_owned());
+    }
+    entries.sort();
+    for name in entries {
+        let listed = name == SPLIT_MANIFEST || manifest.parts.iter().any(|p| p.dir == name);
+        if !listed {
+            return Err(CheckpointError::Unlisted {
+                path: dir.join(name),
+            });
+        }
+    }
+    let mut parts = Vec::with_capacity(manifest.parts.len());
+    for part in &manifest.parts {
+        let part_path = dir.join(&part.dir);
+        let (part_manifest, snapshot) = verify_checkpoint(&part_path, registry)?;
+        let own = part_path.join(MANIFEST);
+        let own_digest = sha256_hex(&read(&own)?);
+        if own_digest != part.manifest_sha256 || part_manifest.tick != manifest.tick {
+            return Err(CheckpointError::Manifest {
+                path: path.clone(),
+                reason: format!(
+                    "part `{}` is not the one this checkpoint committed (its manifest or tick \
+                     differs)",
+                    part.dir
+                ),
+            });
+        }
+        parts.push(snapshot);
+    }
+    let merged = merge_parts(registry, &parts).map_err(|error| CheckpointError::Snapshot {
+        path: path.clone(),
+        error,
+    })?;
+    Ok((manifest, merged))
+}
+
+/// Reads a checkpoint of either kind: a split pod's (merged) or one
+/// process's.
+pub fn read_any_checkpoint(
+    dir: &Path,
+    registry: &SnapshotRegistry,
+) -> Result<WorldSnapshot, CheckpointError> {
+    if is_split_checkpoint(dir) {
+        Ok(read_split_checkpoint(dir, registry)?.1)
+    } else {
+        Ok(verify_checkpoint(dir, registry)?.1)
+    }
+}
+
+/// Rank 0's start of a split save of `root/name`: a plain, new name, stale
+/// temporaries from crashed saves removed, and an empty staging directory
+/// (returned) that every rank writes its part into.
+pub fn stage_split(root: &Path, name: &str) -> Result<PathBuf, CheckpointError> {
+    check_name(name)?;
+    fs::create_dir_all(root).map_err(io_error(root))?;
+    let target = root.join(name);
+    if fs::symlink_metadata(&target).is_ok() {
+        return Err(CheckpointError::Exists { path: target });
+    }
+    remove_stale_temporaries(root);
+    let staging = staging_dir(root, name);
+    fs::create_dir_all(&staging).map_err(io_error(&staging))?;
+    Ok(staging)
+}
+
+/// Where the parts of `root/name` stage until the commit (a temporary that
+/// a later save's cleanup removes if this one crashed).
+pub fn staging_dir(root: &Path, name: &str) -> PathBuf {
+    root.join(format!(".tmp-split-{name}"))
+}
+
+/// Writes rank `rank`'s part into `staging` as an ordinary atomic
+/// checkpoint and returns the SHA-256 of its manifest, which the commit
+/// record binds. Each rank writes under a root of its own, then moves its
+/// part in: a save removes stale temporaries in its root, which must not
+/// be another rank's write in progress.
+pub fn write_split_part(
+    staging: &Path,
+    rank: u32,
+    pod: &str,
+    part: &WorldSnapshot,
+) -> Result<String, CheckpointError> {
+    let own_root = staging.join(format!(".{}", part_dir(rank)));
+    let manifest = write_checkpoint(&own_root, &part_dir(rank), pod, part, &mut |_| Ok(()))?;
+    let placed = staging.join(part_dir(rank));
+    fs::rename(own_root.join(part_dir(rank)), &placed).map_err(io_error(&placed))?;
+    fs::remove_dir(&own_root).map_err(io_error(&own_root))?;
+    Ok(sha256_hex(render_manifest(&manifest).as_bytes()))
+}
+
+/// Commits a split save once every part is durable: writes and syncs the
+/// record, syncs the staging directory, renames it to `root/name` and syncs
+/// `root` (Orbax's commit-marker pattern). Before the rename nothing is
+/// visible under the name.
+pub fn commit_split(
+    root: &Path,
+    staging: &Path,
+    manifest: &SplitManifest,
+) -> Result<(), CheckpointError> {
+    let target = root.join(&manifest.name);
+    let write = || -> std::io::Result<()> {
+        let mut file = fs::File::create(staging.join(SPLIT_MANIFEST))?;
+        file.write_all(render_split(manifest).as_bytes())?;
+        file.sync_all()?;
+        sync_dir(staging)?;
+        fs::rename(staging, &target)?;
+        sync_dir(root)
+    };
+    write().map_err(io_error(&target))
+}
