@@ -250,13 +250,9 @@ enum Frame {
     },
     /// Rank 0's answer: go, or the difference.
     Welcome(Result<(), String>),
-    /// A rank's due messages for other ranks, at exchange `exchange`.
-    Tick {
-        exchange: u64,
-        envelopes: Vec<WireEnvelope>,
-    },
-    /// Rank 0's delivery to a rank at exchange `exchange`.
-    Deliver {
+    /// A tick's messages at exchange `exchange`: a rank's due messages
+    /// for other ranks (to rank 0), or rank 0's delivery to a rank.
+    Messages {
         exchange: u64,
         envelopes: Vec<WireEnvelope>,
     },
@@ -440,8 +436,7 @@ fn unexpected(rank: u32, frame: &Frame, expected: &str) -> ClusterError {
     let kind = match frame {
         Frame::Hello { .. } => "a start-up description",
         Frame::Welcome(_) => "a start-up answer",
-        Frame::Tick { .. } => "a tick's messages",
-        Frame::Deliver { .. } => "a delivery",
+        Frame::Messages { .. } => "a tick's messages",
         Frame::Abort(_) => "an abort",
         Frame::Part(_) => "its part of the world",
         Frame::Done(_) => "a verdict",
@@ -622,80 +617,69 @@ impl ClusterBackend {
         })
     }
 
+    /// The envelopes `from` sent at exchange `exchange`, waiting at most
+    /// `timeout`.
+    fn receive_messages(
+        &self,
+        from: u32,
+        timeout: Duration,
+        exchange: u64,
+    ) -> Result<Vec<WireEnvelope>, ClusterError> {
+        let awaiting = format!("messages for exchange {exchange}");
+        let frame = receive_frame(&self.mailbox, &self.layout, from, timeout, &awaiting)?;
+        let Frame::Messages {
+            exchange: theirs,
+            envelopes,
+        } = frame
+        else {
+            return Err(unexpected(from, &frame, "a tick's messages"));
+        };
+        if theirs != exchange {
+            return Err(out_of_step(from, theirs, exchange));
+        }
+        Ok(envelopes)
+    }
+
     fn exchange(&mut self, into: &mut Vec<Envelope>) -> Result<(), ClusterError> {
         let exchange = self.exchanges;
         self.exchanges += 1;
         let outgoing: Vec<Envelope> = std::mem::take(&mut self.outbox);
         if !self.layout.runs_service() {
             let envelopes = outgoing.into_iter().map(|e| self.wire_of(e)).collect();
-            send_frame(
-                &self.mailbox,
-                SERVICE_RANK,
-                &Frame::Tick {
-                    exchange,
-                    envelopes,
-                },
-            )?;
+            let frame = Frame::Messages {
+                exchange,
+                envelopes,
+            };
+            send_frame(&self.mailbox, SERVICE_RANK, &frame)?;
             // Rank 0 itself waits up to one bound for a lost rank before it
             // tells everyone; wait for it twice as long, so a lost rank is
             // named by rank 0 and not mistaken for rank 0.
-            let frame = receive_frame(
-                &self.mailbox,
-                &self.layout,
-                SERVICE_RANK,
-                self.timeout * 2,
-                &format!("delivery for exchange {exchange}"),
-            )?;
-            let Frame::Deliver {
-                exchange: theirs,
-                envelopes,
-            } = frame
-            else {
-                return Err(unexpected(SERVICE_RANK, &frame, "a delivery"));
-            };
-            if theirs != exchange {
-                return Err(out_of_step(SERVICE_RANK, theirs, exchange));
-            }
-            for wire in envelopes {
+            let delivered = self.receive_messages(SERVICE_RANK, self.timeout * 2, exchange)?;
+            for wire in delivered {
                 into.push(self.envelope_of(SERVICE_RANK, wire)?);
             }
             return Ok(());
         }
-        let ranks = self.layout.ranks() as usize;
-        let mut replies: Vec<Vec<WireEnvelope>> = vec![Vec::new(); ranks];
-        let mut route = |wire: WireEnvelope, into: &mut Vec<Envelope>, this: &Self, from: u32| {
-            match this.layout.owner(wire.to) {
-                SERVICE_RANK => into.push(this.envelope_of(from, wire)?),
-                rank => replies[rank as usize].push(wire),
-            }
-            Ok::<(), ClusterError>(())
-        };
-        for envelope in outgoing {
-            let wire = self.wire_of(envelope);
-            route(wire, into, self, SERVICE_RANK)?;
-        }
+        let mut replies: Vec<Vec<WireEnvelope>> = vec![Vec::new(); self.layout.ranks() as usize];
+        let outgoing = outgoing
+            .into_iter()
+            .map(|e| (SERVICE_RANK, self.wire_of(e)));
+        let mut arrived: Vec<(u32, WireEnvelope)> = outgoing.collect();
         for rank in 1..self.layout.ranks() {
-            let awaiting = format!("messages for exchange {exchange}");
-            let frame = receive_frame(&self.mailbox, &self.layout, rank, self.timeout, &awaiting)?;
-            let Frame::Tick {
-                exchange: theirs,
-                envelopes,
-            } = frame
-            else {
-                return Err(unexpected(rank, &frame, "a tick's messages"));
-            };
-            if theirs != exchange {
-                return Err(out_of_step(rank, theirs, exchange));
-            }
-            for wire in envelopes {
-                route(wire, into, self, rank)?;
+            let envelopes = self.receive_messages(rank, self.timeout, exchange)?;
+            arrived.extend(envelopes.into_iter().map(|wire| (rank, wire)));
+        }
+        for (from, wire) in arrived {
+            match self.layout.owner(wire.to) {
+                SERVICE_RANK => into.push(self.envelope_of(from, wire)?),
+                rank => replies[rank as usize].push(wire),
             }
         }
         for (rank, envelopes) in replies.into_iter().enumerate().skip(1) {
             send_frame(
                 &self.mailbox,
                 rank as u32,
-                &Frame::Deliver {
+                &Frame::Messages {
                     exchange,
                     envelopes,
                 },
