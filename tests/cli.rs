@@ -470,7 +470,7 @@ fn errors_do_not_repeat_their_cause() {
 
 #[test]
 fn train_reports_a_sharded_run_and_refuses_bad_input() {
-    let report = json(&optirs(&[
+    let args = [
         "train",
         "v4-8",
         "--params",
@@ -480,7 +480,8 @@ fn train_reports_a_sharded_run_and_refuses_bad_input() {
         "--bucket-bytes",
         "4096",
         "--json",
-    ]));
+    ];
+    let report = json(&optirs(&args));
     for key in [
         "pod",
         "devices",
@@ -506,17 +507,7 @@ fn train_reports_a_sharded_run_and_refuses_bad_input() {
     let goodput = report["goodput"].as_f64().unwrap();
     assert!(goodput > 0.0 && goodput <= 1.0, "{goodput}");
     // The same run gives the same world.
-    let again = json(&optirs(&[
-        "train",
-        "v4-8",
-        "--params",
-        "3000,17,400",
-        "--steps",
-        "3",
-        "--bucket-bytes",
-        "4096",
-        "--json",
-    ]));
+    let again = json(&optirs(&args));
     assert_eq!(report["world_sha256"], again["world_sha256"]);
     // A killed device with redundant shards: one failure, one recovery, no lost step.
     let report = json(&optirs(&[

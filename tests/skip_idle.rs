@@ -148,15 +148,18 @@ fn a_scheduled_fault_is_never_skipped_past() {
     );
 }
 
+/// Ticks a host system saw.
+#[derive(bevy_ecs::prelude::Resource, Default)]
+struct Count(u64);
+
+fn bump(mut count: bevy_ecs::prelude::ResMut<Count>) {
+    count.0 += 1;
+}
+
 #[test]
 fn host_systems_fall_back_to_single_ticks() {
     use bevy_ecs::prelude::*;
     use optirs_tpu::schedule::StepSystems;
-    #[derive(Resource, Default)]
-    struct Count(u64);
-    fn bump(mut count: ResMut<Count>) {
-        count.0 += 1;
-    }
     let mut pod = Pod::from_preset("v4-8").unwrap();
     pod.world_mut().init_resource::<Count>();
     pod.add_systems(bump.in_set(StepSystems::Monitor)).unwrap();
@@ -170,11 +173,6 @@ fn systems_added_through_the_world_fall_back_too() {
     use bevy_ecs::prelude::*;
     use bevy_ecs::schedule::Schedules;
     use optirs_tpu::schedule::{Step, StepSystems};
-    #[derive(Resource, Default)]
-    struct Count(u64);
-    fn bump(mut count: ResMut<Count>) {
-        count.0 += 1;
-    }
     let mut pod = Pod::from_preset("v4-8").unwrap();
     pod.world_mut().init_resource::<Count>();
     pod.world_mut()
