@@ -88,6 +88,7 @@ impl From<crate::sharding::ShardingError> for OptimError {
             S::Collective(e) => OptimError::Collective(e),
             S::Memory(e) => OptimError::Memory(e),
             S::Exec(e) => OptimError::Exec(e),
+            S::Cluster(e) => OptimError::Transport(crate::transport::TransportError::Cluster(e)),
             other => OptimError::Sharding(other),
         }
     }

@@ -44,7 +44,13 @@ pub fn recover_sharded_model(world: &mut World) {
     }
     let (at_ns, cause, number) = (*at_ns, cause.clone(), step.number);
     let lost = lost_devices(world);
-    let result = if lost.is_empty() {
+    let result = if crate::sharding::ranked::context(world).is_some() {
+        Err(format!(
+            "{cause}; a pod split over ranks does not re-shard its model yet (each rank holds \
+             only its devices' state): restart the job from its last checkpoint on the \
+             surviving hosts (`run --restore`)"
+        ))
+    } else if lost.is_empty() {
         Err(format!(
             "{cause}, and no device is lost: neither policy re-shards around it; restore the \
              link (or exclude a device) and step again"

@@ -24,7 +24,9 @@ use super::store::{
     MANIFEST, check_name, digested_body, io_error, remove_stale_temporaries, render_digested,
     render_manifest, sync_dir, verify_checkpoint, write_checkpoint,
 };
-use crate::persist::{Column, FORMAT_VERSION, SnapshotError, SnapshotRegistry, WorldSnapshot, hex};
+use crate::persist::{
+    Column, FORMAT_VERSION, SnapshotError, SnapshotRegistry, StoredTensor, WorldSnapshot, hex,
+};
 use crate::transport::{
     DELIVERY_LOG_CAPACITY, StoredEnvelope, StoredTransport, merge_envelope_parts,
     merge_transport_parts,
@@ -102,13 +104,8 @@ pub fn merge_parts(
                 ),
             });
         }
-        if !part.tensors.is_empty() {
-            return Err(SnapshotError::PartsDisagree {
-                column: "<tensors>".into(),
-                reason: format!("part {rank} holds tensors, which parts do not merge yet"),
-            });
-        }
     }
+    let tensors = merge_tensors(parts)?;
     let components = first
         .components
         .iter()
@@ -139,8 +136,39 @@ pub fn merge_parts(
         entity_count: first.entity_count,
         components,
         resources,
-        tensors: Vec::new(),
+        tensors,
     })
+}
+
+/// The union of the parts' tensors by name (a tensor's name is its row's,
+/// and rows have one id on every rank); a tensor several parts hold (the
+/// replicated parameters) must be the same in all.
+fn merge_tensors(parts: &[WorldSnapshot]) -> Result<Vec<StoredTensor>, SnapshotError> {
+    let mut merged: std::collections::BTreeMap<&str, (usize, &StoredTensor)> =
+        std::collections::BTreeMap::new();
+    for (rank, part) in parts.iter().enumerate() {
+        for tensor in &part.tensors {
+            match merged.get(tensor.name.as_str()) {
+                None => {
+                    merged.insert(&tensor.name, (rank, tensor));
+                }
+                Some((first, held)) => {
+                    let same = held.dtype == tensor.dtype
+                        && held.shape == tensor.shape
+                        && held.data == tensor.data;
+                    if !same {
+                        return Err(SnapshotError::PartsDisagree {
+                            column: format!("<tensor {}>", tensor.name),
+                            reason: format!(
+                                "parts {first} and {rank} both hold it, with different values"
+                            ),
+                        });
+                    }
+                }
+            }
+        }
+    }
+    Ok(merged.into_values().map(|(_, t)| t.clone()).collect())
 }
 
 fn names(columns: &[Column]) -> Vec<&str> {

@@ -59,6 +59,7 @@ mod tests;
 
 mod error;
 pub mod pod;
+pub mod ranked;
 
 pub use element::{Element, ReduceOp, naive_reduce};
 pub use error::CollectiveError;

@@ -47,6 +47,11 @@ impl ReduceGrid {
         }
     }
 
+    /// Extents of the grid's dimensions (`[n]` for a ring).
+    pub fn dims(&self) -> &[usize] {
+        &self.dims
+    }
+
     /// Members (ranks) in grid order.
     pub fn members(&self) -> &[usize] {
         &self.members

@@ -67,7 +67,9 @@ mod sealed {
 
 /// An element type the collectives can move and reduce (`f32`, `f64`,
 /// `i32`): integers wrap, floats follow IEEE 754.
-pub trait ReduceElement: sealed::Sealed + Element + PartialEq + std::fmt::Debug {
+pub trait ReduceElement:
+    sealed::Sealed + Element + PartialEq + std::fmt::Debug + bytemuck::Pod
+{
     /// Size of one element in bytes.
     const BYTES: usize;
     /// The additive identity, used to initialize scratch space.

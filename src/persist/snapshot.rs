@@ -18,6 +18,7 @@
 
 use super::codec::{DenseIds, LoadContext, Persist, StoreContext, StoredTensor};
 use super::error::SnapshotError;
+use crate::ir::DType;
 use bevy_ecs::prelude::*;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
@@ -118,6 +119,37 @@ impl WorldSnapshot {
         hex(&hasher.finalize())
     }
 
+    /// The snapshot and its tensors in one buffer, for moving a world
+    /// between processes ([`WorldSnapshot::from_wire`] reads it).
+    pub fn to_wire(&self) -> Vec<u8> {
+        let tensors: Vec<WireTensor<'_>> = self
+            .tensors
+            .iter()
+            .map(|t| (t.name.as_str(), t.dtype, t.shape.as_slice(), &*t.data))
+            .collect();
+        postcard::to_stdvec(&(self.to_bytes(), tensors)).expect("a snapshot always encodes")
+    }
+
+    /// Decodes [`WorldSnapshot::to_wire`]'s bytes (tensors checked as
+    /// [`WorldSnapshot::from_parts`] checks them).
+    pub fn from_wire(bytes: &[u8]) -> Result<WorldSnapshot, SnapshotError> {
+        let (world, tensors): (Vec<u8>, Vec<OwnedWireTensor>) = postcard::from_bytes(bytes)
+            .map_err(|e| SnapshotError::Corrupt {
+                column: "<world>".into(),
+                reason: e.to_string(),
+            })?;
+        let tensors = tensors
+            .into_iter()
+            .map(|(name, dtype, shape, data)| StoredTensor {
+                name,
+                dtype,
+                shape,
+                data: data.into(),
+            })
+            .collect();
+        WorldSnapshot::from_parts(&world, tensors)
+    }
+
     /// Bytes of tensor data in the side channel.
     pub fn tensor_bytes(&self) -> u64 {
         self.tensors.iter().map(|t| t.data.len() as u64).sum()
@@ -125,6 +157,10 @@ impl WorldSnapshot {
 }
 
 /// Names strictly increasing (sorted, unique) and every length consistent.
+/// A tensor on the wire: name, type, shape, little-endian data.
+type WireTensor<'a> = (&'a str, DType, &'a [usize], &'a [u8]);
+type OwnedWireTensor = (String, DType, Vec<usize>, Vec<u8>);
+
 fn check_tensors(tensors: &[StoredTensor]) -> Result<(), SnapshotError> {
     for pair in tensors.windows(2) {
         if pair[0].name >= pair[1].name {

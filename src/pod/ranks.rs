@@ -26,12 +26,14 @@ use crate::checkpoint::split::{self, SplitManifest, SplitPart};
 use crate::clock_sync::{ClockSync, DeviceClock};
 use crate::error::{OptimError, Result};
 use crate::health::{Health, Heartbeat, KnownFailures, LastHeard};
+use crate::memory::ShardSlot;
 use crate::monitor::{DeviceHistory, DeviceMetrics, HealthChecks, HeartbeatTally, LinkMetrics};
 use crate::persist::{SnapshotRegistry, WorldSnapshot};
+use crate::sharding::ranked::HeldElsewhere;
 use crate::topology::{Device, Link, Topology};
 use crate::transport::ClusterError;
 use crate::transport::cluster::{
-    self, ClusterBackend, DEFAULT_RANK_TIMEOUT, Mailbox, RankLayout, SharedMailbox,
+    self, ClusterBackend, DEFAULT_RANK_TIMEOUT, Mailbox, RankContext, RankLayout, SharedMailbox,
 };
 use bevy_ecs::prelude::*;
 use std::path::Path;
@@ -63,6 +65,26 @@ fn localize(world: &mut World, layout: &RankLayout) {
                 DeviceMetrics,
             )>();
         }
+    }
+    // A sharded model's state shards stay with their device's rank; the
+    // others keep the entity (ids, heaps and bookkeeping alike on every
+    // rank) with no values.
+    let slots: Vec<(Entity, crate::topology::DeviceId)> = world
+        .query::<(Entity, &ShardSlot)>()
+        .iter(world)
+        .map(|(e, s)| (e, s.device))
+        .collect();
+    for (entity, device) in slots {
+        if layout.is_local(device) {
+            continue;
+        }
+        let mut entity = world.entity_mut(entity);
+        let mut slot = entity.get_mut::<ShardSlot>().expect("queried");
+        let dtype = slot.tensor.dtype();
+        slot.tensor = crate::ir::Tensor::zeros(&crate::ir::TensorType::new(dtype, [0]));
+        entity.insert(HeldElsewhere {
+            rank: layout.rank_of_device(device),
+        });
     }
     world
         .resource_mut::<crate::transport::Transport>()
@@ -256,20 +278,9 @@ impl RankedPod {
     /// rank 0 gets the whole world, the others `None`. Every rank waits for
     /// rank 0's verdict, so all fail alike if the parts do not merge.
     pub fn gather(&mut self) -> Result<Option<WorldSnapshot>> {
-        let part = self.pod.snapshot()?;
-        if !part.tensors.is_empty() {
-            return Err(OptimError::Unsupported {
-                operation: "gathering a pod split over ranks that holds tensors".into(),
-                reason: format!(
-                    "rank {}'s part holds {} tensors (a model or optimizer state); a split \
-                     pod runs the pod's control plane, not models yet",
-                    self.layout.rank(),
-                    part.tensors.len()
-                ),
-            });
-        }
+        let part = self.part_snapshot()?;
         let parts =
-            cluster::gather_parts(&self.mailbox, &self.layout, part.to_bytes(), self.timeout)
+            cluster::gather_parts(&self.mailbox, &self.layout, part.to_wire(), self.timeout)
                 .map_err(cluster_error)?;
         let Some(parts) = parts else {
             cluster::finish(&self.mailbox, &self.layout, Ok(()), self.timeout)
@@ -278,7 +289,7 @@ impl RankedPod {
         };
         let merged = parts
             .iter()
-            .map(|bytes| WorldSnapshot::from_bytes(bytes))
+            .map(|bytes| WorldSnapshot::from_wire(bytes))
             .collect::<Result<Vec<_>, _>>()
             .and_then(|parts| {
                 let registry = self.pod.world.resource::<SnapshotRegistry>();
@@ -288,6 +299,36 @@ impl RankedPod {
         cluster::finish(&self.mailbox, &self.layout, verdict, self.timeout)
             .map_err(cluster_error)?;
         Ok(Some(merged?))
+    }
+}
+
+impl RankedPod {
+    /// This rank's part of the world: its snapshot without the rows of
+    /// state shards other ranks hold (their entities keep no values here).
+    pub fn part_snapshot(&mut self) -> Result<WorldSnapshot> {
+        let mut part = self.pod.snapshot()?;
+        let name = "sharding.ShardSlot";
+        let registry = self.pod.world.resource::<SnapshotRegistry>();
+        let rows = registry.decode_component::<ShardSlot>(&part, name)?;
+        let kept: Vec<_> = rows
+            .into_iter()
+            .filter(|(_, slot)| self.layout.is_local(slot.device()))
+            .collect();
+        if let Some(column) = part.components.iter_mut().find(|c| c.name == name) {
+            column.bytes = postcard::to_stdvec(&kept).expect("stored values encode");
+        }
+        Ok(part)
+    }
+
+    /// Keeps only this rank's devices' state shards (after a model was
+    /// installed on every rank alike).
+    pub(crate) fn hold_own_shards(&mut self) {
+        localize(&mut self.pod.world, &self.layout);
+    }
+
+    /// This rank's pod, to change (a sharded model on it).
+    pub(crate) fn pod_mut(&mut self) -> &mut Pod {
+        &mut self.pod
     }
 }
 
@@ -316,8 +357,7 @@ impl RankedPod {
         let rank = self.layout.rank();
         let pod_name = self.pod.topology().name.clone();
         let written: std::result::Result<String, String> = self
-            .pod
-            .snapshot()
+            .part_snapshot()
             .map_err(|e| e.to_string())
             .and_then(|part| {
                 split::write_split_part(&staging, rank, &pod_name, &part).map_err(|e| e.to_string())
@@ -380,23 +420,13 @@ impl RankedPod {
             let registry = self.pod.world.resource::<SnapshotRegistry>();
             split::read_any_checkpoint(dir, registry)
                 .map_err(|e| e.to_string())
-                .and_then(|snapshot| {
-                    if snapshot.tensors.is_empty() {
-                        Ok(snapshot.to_bytes())
-                    } else {
-                        Err(format!(
-                            "{} holds tensors (a model or optimizer state), which a split \
-                             pod does not run yet",
-                            dir.display()
-                        ))
-                    }
-                })
+                .map(|snapshot| snapshot.to_wire())
         } else {
             Ok(Vec::new())
         };
         let bytes = cluster::broadcast(&self.mailbox, &self.layout, bytes, self.timeout)
             .map_err(cluster_error)?;
-        let snapshot = WorldSnapshot::from_bytes(&bytes)?;
+        let snapshot = WorldSnapshot::from_wire(&bytes)?;
         self.pod.restore_snapshot(&snapshot)?;
         localize(&mut self.pod.world, &self.layout);
         install_backend(&mut self.pod, &self.layout, &self.mailbox, self.timeout);
@@ -419,4 +449,9 @@ fn install_backend(pod: &mut Pod, layout: &RankLayout, mailbox: &SharedMailbox, 
         links,
         timeout,
     )));
+    pod.world.insert_resource(RankContext {
+        layout: layout.clone(),
+        mailbox: Arc::clone(mailbox),
+        timeout,
+    });
 }

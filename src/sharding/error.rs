@@ -199,6 +199,10 @@ pub enum ShardingError {
     /// A device was down at launch.
     #[error(transparent)]
     Fault(#[from] FaultError),
+    /// The ranks of a split pod could not do the step together (a rank
+    /// lost, or out of step).
+    #[error(transparent)]
+    Cluster(#[from] crate::transport::ClusterError),
     /// A link was missing or cut at launch.
     #[error(transparent)]
     Collective(#[from] CollectiveError),

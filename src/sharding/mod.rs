@@ -26,6 +26,7 @@ pub mod layout;
 pub mod model;
 pub mod modeled;
 pub mod params;
+pub mod ranked;
 pub mod recovery;
 pub mod step;
 pub mod timing;
@@ -57,7 +58,9 @@ pub fn install(world: &mut World) {
     world.resource_mut::<Schedules>().add_systems(
         Step,
         (
-            step::watch_sharded_step.in_set(StepSystems::Collectives),
+            step::watch_sharded_step
+                .in_set(StepSystems::Collectives)
+                .after(crate::collectives::pod::progress_collectives),
             step::commit_sharded_step.in_set(StepSystems::Execute),
             step::release_step_memory.in_set(StepSystems::Coalesce),
         ),

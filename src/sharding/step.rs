@@ -24,7 +24,7 @@
 //!   the reduced gradients is kept for the next step, which overwrites it
 //!   (a model-sized buffer is faulted in once, not every step).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use bevy_ecs::prelude::*;
@@ -37,6 +37,7 @@ use super::model::{
     RecoveryPolicy, ShardedModel, flat_of, flat_of_mut, flat_tensor, model_entity, model_mut,
     model_of,
 };
+use super::ranked::HeldElsewhere;
 use super::timing::{BucketCost, StepPhase, StepTimeline, pass_durations, schedule};
 use crate::clock::SimClock;
 use crate::collectives::pod::{LinkCharge, charge_links, torus_of};
@@ -45,7 +46,7 @@ use crate::collectives::{
     torus_reduce_scatter_traffic,
 };
 use crate::exec::runtime::{Arg, NoCustomCalls, RunOutput, Runtime};
-use crate::health::{DeviceState, Health};
+use crate::health::DeviceState;
 use crate::ir::{DType, FloatElement, Tensor};
 use crate::memory::ShardSlot;
 use crate::memory::device::{release, reserve};
@@ -152,6 +153,7 @@ fn device_trouble(
     entity: Entity,
     id: DeviceId,
     before_ns: u64,
+    declared_failed: &BTreeSet<DeviceId>,
 ) -> Option<FailureCause> {
     match world.get::<DeviceState>(entity) {
         Some(DeviceState::Killed { at_ns }) if *at_ns < before_ns => {
@@ -160,7 +162,7 @@ fn device_trouble(
         Some(DeviceState::Paused) => return Some(FailureCause::DevicePaused(id)),
         _ => {}
     }
-    if world.get::<Health>(entity).is_some_and(|h| h.is_failed()) {
+    if declared_failed.contains(&id) {
         return Some(FailureCause::DeviceFailed(id));
     }
     None
@@ -248,8 +250,10 @@ pub fn launch_step<'w, A: FloatElement>(
     request.gradients.check(&layout)?;
     let entities = participant_entities(world, &layout.participants)?;
     let now = world.resource::<SimClock>().now_ns;
+    let ranks = super::ranked::context(world);
+    let declared = super::ranked::declared_failed(world, &layout.participants)?;
     for (&entity, &id) in entities.iter().zip(&layout.participants) {
-        if let Some(cause) = device_trouble(world, entity, id, u64::MAX) {
+        if let Some(cause) = device_trouble(world, entity, id, u64::MAX, &declared) {
             return Err(ShardingError::Unavailable {
                 step: number,
                 cause,
@@ -299,6 +303,23 @@ pub fn launch_step<'w, A: FloatElement>(
         }
         per_length.push((rs, ag));
     }
+    // The reduce-scatter, on the real data: the last fallible part of a
+    // split pod's launch that involves the other ranks, so it comes before
+    // anything in this world changes. The previous step's buffer is
+    // reused: no fresh pages every step.
+    let buffer = world
+        .get_resource_mut::<ShardedStep>()
+        .map(|mut old| std::mem::replace(&mut old.reduced, flat_tensor::<A>(Vec::new())))
+        .and_then(|t| A::from_tensor(t).ok())
+        .map(|a| a.into_raw_vec_and_offset().0)
+        .filter(|v| v.len() == layout.padded_elements());
+    let op = model_of(world).map_or(crate::collectives::ReduceOp::Mean, |m| m.reduction.op());
+    let reduced = match &ranks {
+        None => reduce_gradients(&layout, buffer, request.gradients, op),
+        Some(ctx) => {
+            super::ranked::reduce_gradients(&layout, buffer, request.gradients, op, ctx, number)?
+        }
+    };
     // HBM: each replica's gradient buffer, for the step.
     let grad_bytes = (layout.elements * elem).max(1);
     let mut transient = Vec::with_capacity(entities.len());
@@ -356,19 +377,6 @@ pub fn launch_step<'w, A: FloatElement>(
         .collect();
     let bucket_costs: Vec<&BucketCost> = program_of_bucket.iter().map(|&p| &costs[p]).collect();
     let timeline = schedule(&bucket_costs);
-    // The reduce-scatter, on the real data.
-    // The previous step's buffer, reused: no fresh pages every step.
-    let buffer = world
-        .remove_resource::<ShardedStep>()
-        .and_then(|old| A::from_tensor(old.reduced).ok())
-        .map(|a| a.into_raw_vec_and_offset().0)
-        .filter(|v| v.len() == layout.padded_elements());
-    let reduced = reduce_gradients(
-        &layout,
-        buffer,
-        request.gradients,
-        model_of(world).map_or(crate::collectives::ReduceOp::Mean, |m| m.reduction.op()),
-    );
     let completes_at_ns = now + (timeline.step_seconds * 1e9).ceil() as u64;
     world.insert_resource(ShardedStep {
         number,
@@ -432,60 +440,70 @@ fn reduce_gradients<A: FloatElement>(
 
 /// Fails the step in flight when a participant is killed (before the
 /// completion time), paused or declared failed, or a link it uses is cut.
-pub fn watch_sharded_step(
-    clock: Res<SimClock>,
-    index: Option<Res<DeviceIndex>>,
-    models: Query<&ShardedModel>,
-    step: Option<ResMut<ShardedStep>>,
-    devices: Query<(&Device, &DeviceState, &Health)>,
-    links: Query<(&Link, &LinkState)>,
-) {
-    let (Some(mut step), Some(model), Some(index)) = (step, models.iter().next(), index) else {
+pub fn watch_sharded_step(world: &mut World) {
+    let pending = world
+        .get_resource::<ShardedStep>()
+        .is_some_and(|s| s.is_pending());
+    let Some(model) = model_of(world).filter(|_| pending) else {
         return;
     };
-    if !step.is_pending() {
-        return;
-    }
-    let mut cause = None;
-    for &id in &model.layout.participants {
-        let Some((_, state, health)) = index.get(id).and_then(|e| devices.get(e).ok()) else {
-            continue;
-        };
-        cause = match state {
-            DeviceState::Killed { at_ns } if *at_ns < step.completes_at_ns => {
-                Some(FailureCause::DeviceKilled(id))
-            }
-            DeviceState::Paused => Some(FailureCause::DevicePaused(id)),
-            _ if health.is_failed() => Some(FailureCause::DeviceFailed(id)),
-            _ => None,
-        };
-        if cause.is_some() {
-            break;
+    let participants = model.layout.participants.clone();
+    // Rank 0's detector is the only one that declares failures; a split
+    // pod takes its list here, every tick a step is in flight.
+    let declared = match super::ranked::declared_failed(world, &participants) {
+        Ok(declared) => declared,
+        Err(e) => {
+            fail_ranks(world, e);
+            return;
         }
-    }
+    };
+    let step = world.resource::<ShardedStep>();
+    let index = world.resource::<DeviceIndex>();
+    let mut cause = participants.iter().find_map(|&id| {
+        let entity = index.get(id)?;
+        device_trouble(world, entity, id, step.completes_at_ns, &declared)
+    });
     if cause.is_none() {
-        for &entity in &step.links {
-            if let Ok((link, state)) = links.get(entity)
-                && !state.up
-            {
-                let id = |e: Entity| devices.get(e).map_or(DeviceId(u32::MAX), |d| d.0.id);
-                cause = Some(FailureCause::LinkCut {
-                    src: id(link.a),
-                    dst: id(link.b),
-                });
-                break;
-            }
-        }
+        let id = |e: Entity| world.get::<Device>(e).map_or(DeviceId(u32::MAX), |d| d.id);
+        cause = step.links.iter().find_map(|&entity| {
+            let link = world.get::<Link>(entity)?;
+            let up = world.get::<LinkState>(entity).is_none_or(|s| s.up);
+            (!up).then(|| FailureCause::LinkCut {
+                src: id(link.a),
+                dst: id(link.b),
+            })
+        });
     }
     if let Some(cause) = cause {
-        let seconds = clock.now_ns.saturating_sub(step.launched_at_ns) as f64 * 1e-9;
+        let now = world.resource::<SimClock>().now_ns;
+        let mut step = world.resource_mut::<ShardedStep>();
+        let seconds = now.saturating_sub(step.launched_at_ns) as f64 * 1e-9;
         let phase = step.timeline.phase_at(seconds);
         step.outcome = StepOutcome::Failed {
-            at_ns: clock.now_ns,
+            at_ns: now,
             phase,
             cause,
         };
     }
+}
+
+/// Records that the ranks could not go on together: the split pod's step
+/// ends with it (`RankedPod::step` returns the transport's failure).
+fn fail_ranks(world: &mut World, error: ShardingError) {
+    let error = match error {
+        ShardingError::Cluster(e) => crate::transport::TransportError::Cluster(e),
+        other => crate::transport::TransportError::Cluster(
+            crate::transport::ClusterError::Transport(other.to_string()),
+        ),
+    };
+    if let Some(ctx) = super::ranked::context(world)
+        && let crate::transport::TransportError::Cluster(e) = &error
+    {
+        ctx.abort(e);
+    }
+    world
+        .resource_mut::<crate::transport::Network>()
+        .fail(error);
 }
 
 /// Runs the update on every shard once the step's time has come (module
@@ -515,6 +533,10 @@ pub fn commit_sharded_step(world: &mut World) {
                 model.steps_completed += 1;
             }
         }
+        Err(ShardingError::Cluster(e)) => {
+            // A rank was lost mid-step: the job cannot go on together.
+            fail_ranks(world, ShardingError::Cluster(e));
+        }
         Err(e) => {
             // Programs and arguments were checked at launch, so this is
             // an engine fault; the step fails with its message.
@@ -537,13 +559,15 @@ fn commit_typed<A: FloatElement>(
         .entity_mut(entity)
         .take::<ShardedModel>()
         .ok_or(ShardingError::NoModel)?;
-    let result = (|| {
+    let ranks = super::ranked::context(world);
+    let result = (|| -> Result<(), ShardingError> {
         let ShardedModel { layout, params, .. } = &mut model;
         let n = layout.devices();
         let grads = flat_of::<A>(&step.reduced)?;
         let params = flat_of_mut::<A>(params)?;
-        // Each replica's state shards, by slot index.
-        let mut q = world.query::<&mut ShardSlot>();
+        // Each replica's state shards, by slot index (a split pod's rank:
+        // its own devices' only).
+        let mut q = world.query_filtered::<&mut ShardSlot, Without<HeldElsewhere>>();
         let mut state: Vec<Vec<Option<Mut<'_, ShardSlot>>>> = (0..n).map(|_| Vec::new()).collect();
         for slot in q.iter_mut(world) {
             if slot.owner != slot.device {
@@ -566,6 +590,12 @@ fn commit_typed<A: FloatElement>(
         let lr = step.learning_rate.map(|v| Tensor::scalar(A::DTYPE, v));
         let mut work = Vec::with_capacity(n);
         for (r, (replica_shards, slots)) in shards.into_iter().zip(state.iter_mut()).enumerate() {
+            if ranks
+                .as_ref()
+                .is_some_and(|ctx| !ctx.layout.is_local(layout.participants[r]))
+            {
+                continue;
+            }
             let mut slot_values: Vec<&mut [A]> = Vec::with_capacity(slots.len());
             for (i, slot) in slots.iter_mut().enumerate() {
                 let slot = slot.as_mut().ok_or_else(|| ShardingError::InvalidState {
@@ -591,16 +621,26 @@ fn commit_typed<A: FloatElement>(
                     )?;
                 }
                 Ok::<(), ShardingError>(())
-            })
+            })?;
+        // The all-gather's data landing: on one process the update wrote
+        // the one copy of the parameters; a split pod's ranks swap shards.
+        if let Some(ctx) = &ranks {
+            super::ranked::gather_params(layout, params, ctx, step.number)?;
+        }
+        Ok(())
     })();
     world.entity_mut(entity).insert(model);
     result?;
-    refresh_copies::<A>(world)
+    refresh_copies::<A>(world)?;
+    match &ranks {
+        Some(ctx) => super::ranked::refresh_remote_copies::<A>(world, ctx, step.number),
+        None => Ok(()),
+    }
 }
 
 /// Writes every redundant copy from its owner's (updated) primary shard.
 fn refresh_copies<A: FloatElement>(world: &mut World) -> Result<(), ShardingError> {
-    let mut q = world.query::<(Entity, &ShardSlot)>();
+    let mut q = world.query_filtered::<(Entity, &ShardSlot), Without<HeldElsewhere>>();
     let mut primaries = BTreeMap::new();
     let mut copies = Vec::new();
     for (e, s) in q.iter(world) {

@@ -41,6 +41,7 @@ use crate::memory::device as hbm;
 use crate::optimizers::{FloatElement, Optimizer, UpdateRule};
 use crate::persist::{SnapshotRegistry, WorldSnapshot};
 use crate::pod::Pod;
+use crate::pod::ranks::RankedPod;
 use crate::sharding::Span;
 use crate::sharding::model::{
     flat_tensor, gather_state, install_model, model_mut, model_of, replace_model,
@@ -110,7 +111,7 @@ pub struct ShardedOptimizer<O, A = f32> {
     base: O,
     config: TPUConfig,
     sharding: ShardingConfig,
-    pod: Pod,
+    pod: Driver,
     programs: BTreeMap<usize, ShardProgram>,
     compile_seconds: f64,
     _element: PhantomData<fn() -> A>,
@@ -123,6 +124,82 @@ impl<O, A> std::fmt::Debug for ShardedOptimizer<O, A> {
             .field("sharding", &self.sharding)
             .field("programs", &self.programs.len())
             .finish()
+    }
+}
+
+/// The pod a sharded optimizer steps: all of it in this process, or this
+/// rank's part of a pod split over ranks.
+enum Driver {
+    One(Pod),
+    Ranked(RankedPod),
+}
+
+impl Driver {
+    fn pod(&self) -> &Pod {
+        match self {
+            Driver::One(pod) => pod,
+            Driver::Ranked(ranked) => ranked.pod(),
+        }
+    }
+
+    fn pod_mut(&mut self) -> &mut Pod {
+        match self {
+            Driver::One(pod) => pod,
+            Driver::Ranked(ranked) => ranked.pod_mut(),
+        }
+    }
+
+    fn world(&self) -> &bevy_ecs::world::World {
+        self.pod().world()
+    }
+
+    fn world_mut(&mut self) -> &mut bevy_ecs::world::World {
+        self.pod_mut().world_mut()
+    }
+
+    fn clock(&self) -> &crate::clock::SimClock {
+        self.pod().clock()
+    }
+
+    /// One tick (in lockstep with the other ranks when split).
+    fn step(&mut self) -> Result<()> {
+        match self {
+            Driver::One(pod) => {
+                pod.step();
+                Ok(())
+            }
+            Driver::Ranked(ranked) => ranked.step(),
+        }
+    }
+
+    fn run(&mut self, ticks: u64) -> Result<()> {
+        (0..ticks).try_for_each(|_| self.step())
+    }
+
+    fn snapshot(&mut self) -> Result<WorldSnapshot> {
+        self.whole("a snapshot")?;
+        self.pod_mut().snapshot()
+    }
+
+    fn restore_snapshot(&mut self, snapshot: &WorldSnapshot) -> Result<()> {
+        self.whole("restoring a snapshot")?;
+        self.pod_mut().restore_snapshot(snapshot)
+    }
+
+    /// Refuses what needs the whole world in this process.
+    fn whole(&self, operation: &str) -> Result<()> {
+        match self {
+            Driver::One(_) => Ok(()),
+            Driver::Ranked(ranked) => Err(OptimError::Unsupported {
+                operation: format!("{operation} of a sharded optimizer split over ranks"),
+                reason: format!(
+                    "rank {} holds only its devices' state shards; gather the world on rank 0 \
+                     (`ranked_mut().gather()`) or write a split checkpoint \
+                     (`ranked_mut().save_checkpoint(..)`)",
+                    ranked.layout().rank()
+                ),
+            }),
+        }
     }
 }
 
@@ -168,10 +245,43 @@ where
     pub fn new(
         base: O,
         config: TPUConfig,
-        mut pod: Pod,
+        pod: Pod,
         params: ParamSet<A>,
         sharding: ShardingConfig,
     ) -> Result<Self> {
+        Self::build(base, config, Driver::One(pod), params, sharding)
+    }
+
+    /// [`ShardedOptimizer::new`] on this rank's part of a pod split over
+    /// ranks ([`RankedPod`]): every rank calls it with the same model and
+    /// configuration (the parameters are the replicated initial values),
+    /// then steps in lockstep with the others. Each rank keeps its own
+    /// devices' state shards; a step reduce-scatters the gradients its
+    /// replicas give and all-gathers the updated parameters across the
+    /// ranks ([`crate::sharding::ranked`]), bit for bit the one-process
+    /// step.
+    pub fn new_ranked(
+        base: O,
+        config: TPUConfig,
+        pod: RankedPod,
+        params: ParamSet<A>,
+        sharding: ShardingConfig,
+    ) -> Result<Self> {
+        let mut opt = Self::build(base, config, Driver::Ranked(pod), params, sharding)?;
+        if let Driver::Ranked(ranked) = &mut opt.pod {
+            ranked.hold_own_shards();
+        }
+        Ok(opt)
+    }
+
+    fn build(
+        base: O,
+        config: TPUConfig,
+        mut driver: Driver,
+        params: ParamSet<A>,
+        sharding: ShardingConfig,
+    ) -> Result<Self> {
+        let pod = driver.pod_mut();
         let chips = config.validate()?;
         let topology = pod.topology();
         if topology.generation != config.tpu_version {
@@ -198,7 +308,7 @@ where
             })?;
         let slots: Vec<String> = rule.slot_names().iter().map(|s| s.to_string()).collect();
         let initial = rule.initial_slot_values();
-        let (participants, plan) = participants(&mut pod)?;
+        let (participants, plan) = participants(pod)?;
         let layout = ShardLayout::new(
             <A as Element>::DTYPE,
             &params.shapes(),
@@ -242,7 +352,7 @@ where
             base,
             config,
             sharding,
-            pod,
+            pod: driver,
             programs: BTreeMap::new(),
             compile_seconds: 0.0,
             _element: PhantomData,
@@ -320,7 +430,7 @@ where
                         }
                         .into());
                     }
-                    self.pod.step();
+                    self.pod.step()?;
                 }
                 StepOutcome::Completed { at_ns } => {
                     let model = self.model()?;
@@ -375,8 +485,7 @@ where
         let until = self.model()?.recovering_until_ns;
         let tick = self.pod.clock().tick_ns.max(1);
         let ticks = until.saturating_sub(self.pod.clock().now_ns).div_ceil(tick);
-        self.pod.run(ticks);
-        Ok(())
+        self.pod.run(ticks)
     }
 
     /// Every recovery so far (policy, lost devices and steps, modeled
@@ -426,6 +535,7 @@ where
             return Ok(None);
         };
         let elements = model.layout.elements;
+        self.pod.whole("gathering optimizer state")?;
         let mut flat = gather_state::<A>(self.pod.world_mut())?;
         let mut slot = flat.swap_remove(index);
         slot.truncate(elements);
@@ -459,6 +569,7 @@ where
     /// snapshot is verified and its model checked (same tensors, element
     /// type and optimizer) before anything changes; on `Err` nothing did.
     pub fn restore_resharded(&mut self, snapshot: &WorldSnapshot) -> Result<()> {
+        self.pod.whole("re-sharding a snapshot")?;
         let registry = self.pod.world().resource::<SnapshotRegistry>();
         registry.verify(snapshot)?;
         let mut scratch = bevy_ecs::world::World::new();
@@ -514,14 +625,33 @@ where
         self.compile_programs()
     }
 
-    /// The pod.
+    /// The pod (this rank's part of it when split over ranks).
     pub fn pod(&self) -> &Pod {
-        &self.pod
+        self.pod.pod()
     }
 
-    /// The pod, to step, inject faults into or checkpoint.
+    /// The pod, to step, inject faults into or checkpoint (when split over
+    /// ranks, this rank's part: step and checkpoint it through
+    /// [`ShardedOptimizer::ranked_mut`], so the ranks stay in lockstep).
     pub fn pod_mut(&mut self) -> &mut Pod {
-        &mut self.pod
+        self.pod.pod_mut()
+    }
+
+    /// This rank's part of a pod split over ranks (`None` in one process).
+    pub fn ranked(&self) -> Option<&RankedPod> {
+        match &self.pod {
+            Driver::One(_) => None,
+            Driver::Ranked(ranked) => Some(ranked),
+        }
+    }
+
+    /// This rank's part of a pod split over ranks, to gather, checkpoint or
+    /// restore together with the others.
+    pub fn ranked_mut(&mut self) -> Option<&mut RankedPod> {
+        match &mut self.pod {
+            Driver::One(_) => None,
+            Driver::Ranked(ranked) => Some(ranked),
+        }
     }
 
     /// Seconds spent compiling update programs.

@@ -277,10 +277,143 @@ fn encode(frame: &Frame) -> Vec<u8> {
 }
 
 fn decode(rank: u32, bytes: &[u8]) -> Result<Frame, ClusterError> {
+    if bytes.first() == Some(&DATA_MARK) {
+        return Err(ClusterError::Protocol {
+            rank,
+            what: "a data frame where a control frame was due".into(),
+        });
+    }
     postcard::from_bytes(bytes).map_err(|e| ClusterError::Protocol {
         rank,
         what: format!("a frame that does not decode ({e}): another build of optirs-tpu?"),
     })
+}
+
+/// The first byte of a data frame. Control frames are postcard enums
+/// whose first byte is their (small) variant index, so the two never meet.
+const DATA_MARK: u8 = 0xFF;
+
+/// Bytes before a data frame's payload: the mark, padding, the tag. Sixteen
+/// keep the payload as aligned as the frame's allocation.
+const DATA_HEADER: usize = 16;
+
+/// A data frame of `payload_len` bytes for `tag`, its payload still to be
+/// written after [`DATA_HEADER`] bytes (so a sender copies its buffer once).
+pub fn data_frame(tag: u64, payload_len: usize) -> Vec<u8> {
+    let mut frame = Vec::with_capacity(DATA_HEADER + payload_len);
+    frame.push(DATA_MARK);
+    frame.extend_from_slice(&[0; 7]);
+    frame.extend_from_slice(&tag.to_le_bytes());
+    frame
+}
+
+/// The payload of a data frame (what follows its header).
+pub fn data_payload(frame: &[u8]) -> &[u8] {
+    &frame[DATA_HEADER.min(frame.len())..]
+}
+
+/// Where this process sits in a pod split over ranks, for the systems
+/// that move data between ranks themselves (the sharded step's
+/// reduce-scatter and all-gather) rather than as messages in the tick.
+#[derive(Resource, Clone)]
+pub struct RankContext {
+    /// Which rank owns which hosts.
+    pub layout: RankLayout,
+    /// The mailbox every rank of the job shares.
+    pub mailbox: SharedMailbox,
+    /// The bound on every wait for another rank.
+    pub timeout: Duration,
+}
+
+impl std::fmt::Debug for RankContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RankContext")
+            .field("rank", &self.layout.rank())
+            .field("ranks", &self.layout.ranks())
+            .finish()
+    }
+}
+
+impl RankContext {
+    /// Sends a data frame made by [`data_frame`] to `to`, without waiting.
+    pub fn send_data(&self, to: u32, frame: Vec<u8>) -> Result<(), ClusterError> {
+        lock(&self.mailbox)?.send(to, frame)
+    }
+
+    /// The next frame from `from`, which must be the data frame `tag`
+    /// (read its bytes with [`data_payload`]). An abort from rank 0 is the
+    /// loss it names; no frame within the bound names `from` as lost.
+    pub fn receive_data(
+        &self,
+        from: u32,
+        tag: u64,
+        awaiting: &str,
+    ) -> Result<Vec<u8>, ClusterError> {
+        let deadline = Instant::now() + self.timeout;
+        let mut mailbox = lock(&self.mailbox)?;
+        let Some(bytes) = mailbox.receive(from, deadline)? else {
+            return Err(ClusterError::RankLost {
+                rank: from,
+                hosts: self.layout.describe_hosts(from),
+                reason: format!(
+                    "no {awaiting} from it within {:.1} s",
+                    self.timeout.as_secs_f64()
+                ),
+            });
+        };
+        if bytes.first() != Some(&DATA_MARK) || bytes.len() < DATA_HEADER {
+            return Err(match decode(from, &bytes)? {
+                Frame::Abort(abort) => {
+                    mailbox.abandon();
+                    ClusterError::RankLost {
+                        rank: abort.rank,
+                        hosts: abort.hosts,
+                        reason: abort.reason,
+                    }
+                }
+                frame => unexpected(from, &frame, awaiting),
+            });
+        }
+        let theirs = u64::from_le_bytes(bytes[8..16].try_into().expect("eight bytes"));
+        if theirs != tag {
+            return Err(ClusterError::Protocol {
+                rank: from,
+                what: format!(
+                    "data frame {theirs:#x} where {awaiting} ({tag:#x}) was due: the ranks are \
+                     out of step"
+                ),
+            });
+        }
+        Ok(bytes)
+    }
+
+    /// Rank 0's `value` on every rank (postcard-encoded on the way).
+    pub fn broadcast_value<V>(&self, value: &V) -> Result<V, ClusterError>
+    where
+        V: Serialize + serde::de::DeserializeOwned + Clone,
+    {
+        if self.layout.ranks() == 1 {
+            return Ok(value.clone());
+        }
+        let bytes = if self.layout.runs_service() {
+            postcard::to_stdvec(value).expect("values encode")
+        } else {
+            Vec::new()
+        };
+        let bytes = broadcast(&self.mailbox, &self.layout, Ok(bytes), self.timeout)?;
+        postcard::from_bytes(&bytes).map_err(|e| ClusterError::Protocol {
+            rank: SERVICE_RANK,
+            what: format!("a broadcast value that does not decode ({e})"),
+        })
+    }
+
+    /// Rank 0 stops the others after `error` (best effort); on other
+    /// ranks nothing to do: rank 0 names the lost rank.
+    pub fn abort(&self, error: &ClusterError) {
+        if self.layout.runs_service() {
+            abort_all(&self.mailbox, &self.layout, error);
+        }
+    }
 }
 
 /// Sends `frame` to `to` through the shared mailbox.

@@ -310,6 +310,13 @@ impl Network {
         self.failure.as_ref()
     }
 
+    /// Records that the pod's processes cannot go on together (the first
+    /// such error is kept), for work outside the transport that moves
+    /// data between them (the sharded step's collectives).
+    pub fn fail(&mut self, error: TransportError) {
+        self.failure.get_or_insert(error);
+    }
+
     /// The backend.
     pub fn backend(&self) -> &dyn TransportBackend {
         self.backend.as_ref()

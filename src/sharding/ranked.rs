@@ -1,0 +1,284 @@
+//! The sharded step on a pod split over ranks (`pod::ranks`): each rank
+//! holds its devices' state shards and its replicas' gradients, and the
+//! step's collectives move data between ranks on their own schedule
+//! ([`crate::collectives::ranked`]).
+//!
+//! * **Reduce-scatter.** Per bucket, each rank fills its replicas' gradient
+//!   buffers from the gradient source (only its own replicas are asked
+//!   for) and runs the bucket's reduce-scatter over the layout's grid;
+//!   each local device keeps its owned shard of the reduced gradient. The
+//!   fold order is the grid's, so the bits are the one-process step's.
+//! * **Update.** Each rank runs the compiled update on its devices' shards
+//!   only (`step::commit_sharded_step`).
+//! * **All-gather.** The updated parameter shards go to every rank along
+//!   the all-gather schedule, so every rank ends with the whole parameter
+//!   vector, as every host of a pod holds its replica's parameters.
+//! * **Redundant copies** of state shards whose peer device is on another
+//!   rank travel to it as one data frame per owner and slot.
+//! * **What the service knows.** A device declared failed is known to rank
+//!   0's detector only; the step's launch and each tick's watch take rank
+//!   0's list, so every rank fails the step alike.
+//!
+//! Link accounting and the model of time are unchanged: every rank charges
+//! the whole step's schedule to the links (it is part of the scenario
+//! every rank holds), so the merged world is the one-process world.
+
+use std::collections::BTreeSet;
+
+use bevy_ecs::prelude::*;
+
+use super::error::ShardingError;
+use super::gradients::GradientSource;
+use super::layout::ShardLayout;
+use crate::collectives::ReduceOp;
+use crate::collectives::ranked::RankedGrid;
+use crate::health::Health;
+use crate::ir::FloatElement;
+use crate::memory::ShardSlot;
+use crate::topology::{DeviceId, DeviceIndex};
+use crate::transport::cluster::{RankContext, data_frame, data_payload};
+
+/// A marker on a [`ShardSlot`] another rank holds: this rank keeps the
+/// entity (so entity ids, heaps and the model's bookkeeping stay the same
+/// on every rank) but not the values, which it never reads.
+#[derive(Component, Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeldElsewhere {
+    /// The rank that holds the values.
+    pub rank: u32,
+}
+
+/// The job's ranks, when the pod is split over more than one.
+pub fn context(world: &World) -> Option<RankContext> {
+    world
+        .get_resource::<RankContext>()
+        .filter(|c| c.layout.ranks() > 1)
+        .cloned()
+}
+
+/// The participants the coordination service has declared failed: rank
+/// 0's view, on every rank (one broadcast when split).
+pub fn declared_failed(
+    world: &World,
+    participants: &[DeviceId],
+) -> Result<BTreeSet<DeviceId>, ShardingError> {
+    let index = world.resource::<DeviceIndex>();
+    let local: BTreeSet<DeviceId> = participants
+        .iter()
+        .copied()
+        .filter(|&d| {
+            index
+                .get(d)
+                .and_then(|e| world.get::<Health>(e))
+                .is_some_and(|h| h.is_failed())
+        })
+        .collect();
+    match context(world) {
+        None => Ok(local),
+        Some(ctx) => Ok(ctx.broadcast_value(&local)?),
+    }
+}
+
+/// The frame tag of a step's collective: the step, the bucket, the phase.
+fn tag(step: u64, bucket: usize, phase: u64) -> u64 {
+    (step << 24) ^ ((bucket as u64) << 2) ^ phase
+}
+
+/// Each grid position's rank, and the replica at each position.
+fn placement(
+    layout: &ShardLayout,
+    ctx: &RankContext,
+) -> (crate::collectives::ReduceGrid, Vec<u32>) {
+    let (grid, _) = layout.grid();
+    let rank_of = grid
+        .members()
+        .iter()
+        .map(|&m| ctx.layout.rank_of_device(DeviceId(m as u32)))
+        .collect();
+    (grid, rank_of)
+}
+
+/// The reduced gradient of this rank's shards (other shards are left as
+/// they are), reduce-scattered bucket by bucket across the ranks.
+pub fn reduce_gradients<A: FloatElement>(
+    layout: &ShardLayout,
+    buffer: Option<Vec<A>>,
+    source: &dyn GradientSource<A>,
+    op: ReduceOp,
+    ctx: &RankContext,
+    step: u64,
+) -> Result<Vec<A>, ShardingError> {
+    let mut reduced = buffer.unwrap_or_else(|| vec![A::ZERO; layout.padded_elements()]);
+    let (grid, rank_of) = placement(layout, ctx);
+    let me = ctx.layout.rank();
+    let elements = layout.elements;
+    for (b, bucket) in layout.buckets.iter().enumerate() {
+        if source.is_reduced() {
+            // Every replica holds the reduced gradient already: each rank
+            // takes its devices' shards from it, with no traffic.
+            for (r, &device) in layout.participants.iter().enumerate() {
+                if ctx.layout.is_local(device) {
+                    let range = layout.shard_range(r, b);
+                    let real = elements.saturating_sub(range.start).min(range.len());
+                    let out = &mut reduced[range.clone()];
+                    source.fill(0, range.start, &mut out[..real]);
+                    out[real..].fill(A::ZERO);
+                }
+            }
+            continue;
+        }
+        let mut buffers: Vec<Option<Vec<A>>> = grid
+            .members()
+            .iter()
+            .zip(&rank_of)
+            .map(|(&member, &rank)| {
+                (rank == me).then(|| {
+                    let mut buf = vec![A::ZERO; bucket.padded_len];
+                    let replica = layout
+                        .replica_of(DeviceId(member as u32))
+                        .expect("the grid's members are the participants");
+                    let real = elements.saturating_sub(bucket.offset).min(buf.len());
+                    source.fill(replica, bucket.offset, &mut buf[..real]);
+                    buf
+                })
+            })
+            .collect();
+        let mut local: Vec<Option<&mut [A]>> = buffers
+            .iter_mut()
+            .map(|b| b.as_mut().map(|v| v.as_mut_slice()))
+            .collect();
+        let owned = RankedGrid {
+            grid: &grid,
+            rank_of: &rank_of,
+            local: &mut local,
+            tag: tag(step, b, 0),
+        }
+        .reduce_scatter(ctx, op)?;
+        for (pos, &member) in grid.members().iter().enumerate() {
+            let Some(values) = &buffers[pos] else {
+                continue;
+            };
+            let r = layout
+                .replica_of(DeviceId(member as u32))
+                .expect("the grid's members are the participants");
+            let shard = layout.shard_range(r, b);
+            let mine = owned[pos].start + bucket.offset..owned[pos].end + bucket.offset;
+            if mine != shard {
+                return Err(ShardingError::InvalidState {
+                    reason: format!(
+                        "the reduce-scatter left {} with elements {mine:?}, but the layout \
+                         gives it {shard:?}",
+                        layout.participants[r]
+                    ),
+                });
+            }
+            reduced[shard].copy_from_slice(&values[owned[pos].clone()]);
+        }
+    }
+    Ok(reduced)
+}
+
+/// After the update: every bucket's parameter shards, all-gathered from
+/// their devices' ranks into `params` on every rank.
+pub fn gather_params<A: FloatElement>(
+    layout: &ShardLayout,
+    params: &mut [A],
+    ctx: &RankContext,
+    step: u64,
+) -> Result<(), ShardingError> {
+    let (grid, rank_of) = placement(layout, ctx);
+    let me = ctx.layout.rank();
+    for (b, bucket) in layout.buckets.iter().enumerate() {
+        let whole = bucket.offset..bucket.offset + bucket.padded_len;
+        let mut buffers: Vec<Option<Vec<A>>> = rank_of
+            .iter()
+            .map(|&rank| (rank == me).then(|| params[whole.clone()].to_vec()))
+            .collect();
+        let mut local: Vec<Option<&mut [A]>> = buffers
+            .iter_mut()
+            .map(|b| b.as_mut().map(|v| v.as_mut_slice()))
+            .collect();
+        RankedGrid {
+            grid: &grid,
+            rank_of: &rank_of,
+            local: &mut local,
+            tag: tag(step, b, 1),
+        }
+        .all_gather(ctx)?;
+        if let Some(values) = buffers.into_iter().flatten().next() {
+            params[whole].copy_from_slice(&values);
+        }
+    }
+    Ok(())
+}
+
+/// Sends each local primary state shard whose redundant copy lives on
+/// another rank, and writes the copies this rank holds from their owners'
+/// frames (local owners' copies are written by the caller).
+pub fn refresh_remote_copies<A: FloatElement>(
+    world: &mut World,
+    ctx: &RankContext,
+    step: u64,
+) -> Result<(), ShardingError> {
+    let me = ctx.layout.rank();
+    let mut q = world.query::<(Entity, &ShardSlot)>();
+    let mut pairs: Vec<(DeviceId, u32, DeviceId, Entity)> = q
+        .iter(world)
+        .filter(|(_, s)| s.owner != s.device)
+        .map(|(e, s)| (s.owner, s.index, s.device, e))
+        .collect();
+    pairs.sort();
+    let mut primaries = std::collections::BTreeMap::new();
+    for (e, s) in q.iter(world) {
+        if s.owner == s.device {
+            primaries.insert((s.owner, s.index), e);
+        }
+    }
+    for &(owner, index, holder, _) in &pairs {
+        let (from, to) = (
+            ctx.layout.rank_of_device(owner),
+            ctx.layout.rank_of_device(holder),
+        );
+        if from == me && to != me {
+            let primary = primaries.get(&(owner, index)).copied().ok_or_else(|| {
+                ShardingError::InvalidState {
+                    reason: format!("{owner} has no shard of slot {index}"),
+                }
+            })?;
+            let slot = world.get::<ShardSlot>(primary).expect("queried");
+            let values = super::model::flat_of::<A>(&slot.tensor)?;
+            let mut frame = data_frame(copy_tag(step, owner, index), 0);
+            frame.extend_from_slice(bytemuck::cast_slice(values));
+            ctx.send_data(to, frame)?;
+        }
+    }
+    for &(owner, index, holder, copy) in &pairs {
+        let (from, to) = (
+            ctx.layout.rank_of_device(owner),
+            ctx.layout.rank_of_device(holder),
+        );
+        if to == me && from != me {
+            let frame = ctx.receive_data(from, copy_tag(step, owner, index), "a state copy")?;
+            let payload = data_payload(&frame);
+            let mut slot = world.get_mut::<ShardSlot>(copy).expect("queried");
+            let values = super::model::flat_of_mut::<A>(&mut slot.tensor)?;
+            let bytes: &mut [u8] = bytemuck::cast_slice_mut(values);
+            if bytes.len() != payload.len() {
+                return Err(crate::transport::ClusterError::Protocol {
+                    rank: from,
+                    what: format!(
+                        "{} bytes of {owner}'s state copy where {} were due",
+                        payload.len(),
+                        bytes.len()
+                    ),
+                }
+                .into());
+            }
+            bytes.copy_from_slice(payload);
+        }
+    }
+    Ok(())
+}
+
+fn copy_tag(step: u64, owner: DeviceId, index: u32) -> u64 {
+    (step << 24) ^ (u64::from(owner.0) << 8) ^ (u64::from(index) << 2) ^ 2
+}

@@ -1,0 +1,363 @@
+//! The sharded optimizer on a pod split over ranks (threads of this
+//! process, through the same frames as MPI ranks) is the one-process
+//! sharded optimizer: the same parameters bit for bit on every rank, the
+//! merged world's digest equal to the one-process world's, each rank
+//! holding only its devices' state shards and reading only its replicas'
+//! gradients, and a failure in flight failing the step alike everywhere.
+
+use ndarray::{ArrayD, IxDyn};
+use optirs_tpu::health::Fault;
+use optirs_tpu::memory::ShardSlot;
+use optirs_tpu::optimizers::{Adam, SGD};
+use optirs_tpu::pod::ranks::RankedPod;
+use optirs_tpu::sharding::ranked::HeldElsewhere;
+use optirs_tpu::sharding::{GradientSource, ParamSet, ShardingError, SyntheticGradients};
+use optirs_tpu::topology::{DeviceId, Topology, load_preset};
+use optirs_tpu::tpu::{ShardedOptimizer, ShardingConfig};
+use optirs_tpu::transport::cluster::{Mailbox, thread_mailboxes};
+use optirs_tpu::{OptimError, Optimizer, Pod, Result, TPUConfig};
+use proptest::prelude::*;
+
+/// Runs every rank on its own thread; rank `r`'s result at index `r`.
+fn on_ranks<T: Send>(
+    ranks: u32,
+    rank_main: impl Fn(Box<dyn Mailbox>) -> Result<T> + Sync,
+) -> Vec<Result<T>> {
+    std::thread::scope(|s| {
+        let handles: Vec<_> = thread_mailboxes(ranks)
+            .into_iter()
+            .map(|mailbox| {
+                let rank_main = &rank_main;
+                s.spawn(move || rank_main(Box::new(mailbox)))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+fn model(sizes: &[usize]) -> ParamSet<f32> {
+    let mut set = ParamSet::new();
+    for (i, &n) in sizes.iter().enumerate() {
+        let values: Vec<f32> = (0..n)
+            .map(|j| ((i * 31 + j) % 17) as f32 * 0.25 - 2.0)
+            .collect();
+        set.insert(
+            format!("t{i}"),
+            ArrayD::from_shape_vec(IxDyn(&[n]), values).unwrap(),
+        )
+        .unwrap();
+    }
+    set
+}
+
+fn config(topology: &Topology) -> TPUConfig {
+    TPUConfig {
+        tpu_version: topology.generation,
+        num_cores: topology.num_devices() as usize
+            * topology.generation.spec().cores_per_chip as usize,
+        ..Default::default()
+    }
+}
+
+fn grads(step: u64, replicas: usize) -> SyntheticGradients {
+    SyntheticGradients {
+        seed: 11,
+        step,
+        replicas,
+        scale: 3.0,
+    }
+}
+
+fn sharding(bucket_bytes: usize) -> ShardingConfig {
+    ShardingConfig {
+        bucket_bytes,
+        ..ShardingConfig::default()
+    }
+}
+
+/// What a run ends with: the merged world's digest and the parameters.
+#[derive(Debug, PartialEq)]
+struct Outcome {
+    digest: String,
+    params: Vec<u32>,
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+fn one_process<O: Optimizer<f32, IxDyn>>(
+    optimizer: O,
+    topology: &Topology,
+    sizes: &[usize],
+    bucket_bytes: usize,
+    steps: u64,
+) -> Outcome {
+    let pod = Pod::from_topology(topology.clone()).unwrap();
+    let mut opt = ShardedOptimizer::new(
+        optimizer,
+        config(topology),
+        pod,
+        model(sizes),
+        sharding(bucket_bytes),
+    )
+    .unwrap();
+    let replicas = topology.num_devices() as usize;
+    for step in 1..=steps {
+        opt.step(&grads(step, replicas)).unwrap();
+    }
+    Outcome {
+        digest: opt.pod_mut().world_sha256().unwrap(),
+        params: bits(&opt.flat_params().unwrap()),
+    }
+}
+
+fn split<O: Optimizer<f32, IxDyn> + Clone + Send + Sync>(
+    optimizer: O,
+    topology: &Topology,
+    ranks: u32,
+    sizes: &[usize],
+    bucket_bytes: usize,
+    steps: u64,
+) -> Vec<(Option<String>, Vec<u32>)> {
+    on_ranks(ranks, |mailbox| {
+        let mut pod = RankedPod::new(topology.clone(), mailbox)?;
+        pod.handshake(&format!("{steps} steps of {sizes:?}"))?;
+        let mut opt = ShardedOptimizer::new_ranked(
+            optimizer.clone(),
+            config(topology),
+            pod,
+            model(sizes),
+            sharding(bucket_bytes),
+        )?;
+        let replicas = topology.num_devices() as usize;
+        for step in 1..=steps {
+            opt.step(&grads(step, replicas))?;
+        }
+        let params = bits(&opt.flat_params()?);
+        let merged = opt.ranked_mut().expect("split").gather()?;
+        Ok((merged.map(|w| w.sha256_hex()), params))
+    })
+    .into_iter()
+    .map(|r| r.unwrap())
+    .collect()
+}
+
+fn assert_same(single: &Outcome, ranked: &[(Option<String>, Vec<u32>)], what: &str) {
+    assert_eq!(
+        ranked[0].0.as_deref(),
+        Some(single.digest.as_str()),
+        "{what}: merged world"
+    );
+    for (rank, (merged, params)) in ranked.iter().enumerate() {
+        assert_eq!(params, &single.params, "{what}: rank {rank}'s parameters");
+        if rank > 0 {
+            assert_eq!(merged, &None, "{what}: only rank 0 merges");
+        }
+    }
+}
+
+#[test]
+fn sharded_steps_split_over_ranks_are_the_one_process_steps() {
+    // Several buckets (256-byte buckets over odd tensors), both plans' pods.
+    let sizes = [37, 130, 5];
+    for (preset, ranks) in [("v4-8", 2), ("v5e-16", 2), ("v3-32", 4), ("v4-64", 4)] {
+        let topology = load_preset(preset).unwrap();
+        let single = one_process(Adam::new(1e-2f32), &topology, &sizes, 256, 3);
+        let ranked = split(Adam::new(1e-2f32), &topology, ranks, &sizes, 256, 3);
+        assert_same(
+            &single,
+            &ranked,
+            &format!("adam on {preset} over {ranks} ranks"),
+        );
+    }
+}
+
+#[test]
+fn each_rank_holds_only_its_devices_state_shards() {
+    let topology = load_preset("v3-32").unwrap();
+    let counts = on_ranks(4, |mailbox| {
+        let pod = RankedPod::new(topology.clone(), mailbox)?;
+        let local = pod.layout().local_devices().len();
+        let mut opt = ShardedOptimizer::new_ranked(
+            Adam::new(1e-2f32),
+            config(&topology),
+            pod,
+            model(&[300]),
+            sharding(1 << 20),
+        )?;
+        opt.step(&grads(1, 32))?;
+        let world = opt.pod_mut().world_mut();
+        let mut held =
+            world.query_filtered::<&ShardSlot, bevy_ecs::query::Without<HeldElsewhere>>();
+        let held: Vec<DeviceId> = held.iter(world).map(|s| s.device).collect();
+        let rank = opt.ranked().unwrap().layout().rank();
+        let all_local = held
+            .iter()
+            .all(|&d| opt.ranked().unwrap().layout().is_local(d));
+        // The state lives on this rank's devices only; gathering it here
+        // is refused rather than answered from a part.
+        let gathered = opt.state("mu");
+        Ok((rank, local, held.len(), all_local, gathered.is_err()))
+    });
+    for r in counts {
+        let (rank, local, held, all_local, refused) = r.unwrap();
+        assert_eq!(
+            held,
+            2 * local,
+            "rank {rank}: Adam's two slots per local device"
+        );
+        assert!(all_local, "rank {rank} holds another rank's shard");
+        assert!(refused, "rank {rank} answered state() from its part");
+    }
+}
+
+/// Gradients where another rank's replicas are NaN: a rank that read one
+/// would poison every parameter.
+struct OwnReplicasOnly {
+    real: SyntheticGradients,
+    local: Vec<bool>,
+}
+
+impl GradientSource<f32> for OwnReplicasOnly {
+    fn replicas(&self) -> usize {
+        self.local.len()
+    }
+
+    fn fill(&self, replica: usize, offset: usize, out: &mut [f32]) {
+        if self.local[replica] {
+            GradientSource::<f32>::fill(&self.real, replica, offset, out);
+        } else {
+            out.fill(f32::NAN);
+        }
+    }
+}
+
+#[test]
+fn a_rank_reads_only_its_own_replicas_gradients() {
+    let topology = load_preset("v4-8").unwrap();
+    let sizes = [64, 9];
+    let single = one_process(SGD::new(0.1f32), &topology, &sizes, 1 << 20, 2);
+    let ranked: Vec<(Option<String>, Vec<u32>)> = on_ranks(2, |mailbox| {
+        let pod = RankedPod::new(topology.clone(), mailbox)?;
+        let local: Vec<bool> = (0..topology.num_devices())
+            .map(|d| pod.layout().is_local(DeviceId(d)))
+            .collect();
+        let mut opt = ShardedOptimizer::new_ranked(
+            SGD::new(0.1f32),
+            config(&topology),
+            pod,
+            model(&sizes),
+            sharding(1 << 20),
+        )?;
+        for step in 1..=2 {
+            let source = OwnReplicasOnly {
+                real: grads(step, local.len()),
+                local: local.clone(),
+            };
+            opt.step(&source)?;
+        }
+        let params = bits(&opt.flat_params()?);
+        Ok((
+            opt.ranked_mut().unwrap().gather()?.map(|w| w.sha256_hex()),
+            params,
+        ))
+    })
+    .into_iter()
+    .map(|r| r.unwrap())
+    .collect();
+    assert_same(&single, &ranked, "sgd with other ranks' replicas poisoned");
+}
+
+#[test]
+fn a_device_killed_in_flight_fails_the_step_alike_on_every_rank() {
+    // 1 µs ticks, so the step spans many ticks and the kill lands in it.
+    let topology = Pod::from_ron_str(
+        "Pod(name: \"v4-8-fine\", generation: \"v4\", shape: \"2x2x2\", tick_ms: 0.001)",
+        "v4-8-fine",
+    )
+    .unwrap()
+    .topology()
+    .clone();
+    // One process: step 1 completes, step 2 fails on the kill.
+    let run_one = || {
+        let pod = Pod::from_topology(topology.clone()).unwrap();
+        let mut opt = ShardedOptimizer::new(
+            Adam::new(1e-2f32),
+            config(&topology),
+            pod,
+            model(&[5000, 77]),
+            sharding(4096),
+        )
+        .unwrap();
+        let first = opt.step(&grads(1, 8)).map(|r| r.step);
+        let now = opt.pod().clock().now_ns;
+        opt.pod_mut()
+            .schedule_fault(now + 1_000, Fault::KillDevice(DeviceId(7)));
+        let second = opt.step(&grads(2, 8)).map(|r| r.step);
+        (first, second, opt.pod_mut().world_sha256().unwrap())
+    };
+    let (first, second, digest) = run_one();
+    let failed_on = |e: &OptimError| match e {
+        OptimError::Sharding(ShardingError::Unrecoverable { step, cause, .. })
+        | OptimError::Sharding(ShardingError::StepFailed { step, cause, .. }) => {
+            Some((*step, cause.to_string()))
+        }
+        _ => None,
+    };
+    assert_eq!(first.as_ref().ok(), Some(&1));
+    let expected = failed_on(second.as_ref().unwrap_err()).expect("a failed step");
+    let ranked = on_ranks(2, |mailbox| {
+        let pod = RankedPod::new(topology.clone(), mailbox)?;
+        let mut opt = ShardedOptimizer::new_ranked(
+            Adam::new(1e-2f32),
+            config(&topology),
+            pod,
+            model(&[5000, 77]),
+            sharding(4096),
+        )?;
+        let first = opt.step(&grads(1, 8)).map(|r| r.step);
+        let now = opt.pod().clock().now_ns;
+        opt.ranked_mut()
+            .unwrap()
+            .schedule_fault(now + 1_000, Fault::KillDevice(DeviceId(7)));
+        let second = opt.step(&grads(2, 8)).map(|r| r.step);
+        let merged = opt.ranked_mut().unwrap().gather()?;
+        Ok((first.ok(), second.err().and_then(|e| failed_on(&e)), merged))
+    });
+    for (rank, r) in ranked.into_iter().enumerate() {
+        let (first, second, merged) = r.unwrap();
+        assert_eq!(first, Some(1), "rank {rank}");
+        assert_eq!(second.as_ref(), Some(&expected), "rank {rank}");
+        if rank == 0 {
+            assert_eq!(merged.unwrap().sha256_hex(), digest);
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 6, ..ProptestConfig::default() })]
+
+    /// Random models, buckets, optimizers, pods and rank counts: split is
+    /// one process.
+    #[test]
+    fn split_training_is_one_process_training(
+        sizes in prop::collection::vec(1usize..200, 1..5),
+        bucket in prop::sample::select(vec![64usize, 256, 4096, 1 << 20]),
+        adam in any::<bool>(),
+        pod in prop::sample::select(vec![("v4-8", 2u32), ("v5e-16", 2), ("v3-32", 4), ("v4-64", 2)]),
+    ) {
+        let (preset, ranks) = pod;
+        let topology = load_preset(preset).unwrap();
+        let what = format!("{sizes:?} in {bucket}-byte buckets on {preset} over {ranks}");
+        if adam {
+            let single = one_process(Adam::new(3e-3f32), &topology, &sizes, bucket, 2);
+            let ranked = split(Adam::new(3e-3f32), &topology, ranks, &sizes, bucket, 2);
+            assert_same(&single, &ranked, &what);
+        } else {
+            let single = one_process(SGD::new(0.05f32), &topology, &sizes, bucket, 2);
+            let ranked = split(SGD::new(0.05f32), &topology, ranks, &sizes, bucket, 2);
+            assert_same(&single, &ranked, &what);
+        }
+    }
+}
