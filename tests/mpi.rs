@@ -132,7 +132,50 @@ fn commands_that_run_as_one_process_refuse_a_split() {
     let out = output(mpirun().args(["-n", "2", BIN, "topology", "v4-8"]));
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("only `run` splits"), "{stderr}");
+    assert!(stderr.contains("only `run` and `train` split"), "{stderr}");
+}
+
+#[test]
+fn training_over_mpi_ranks_is_the_one_process_training() {
+    for (preset, ranks) in [("v4-8", 1u32), ("v4-8", 2), ("v5e-16", 2), ("v3-32", 4)] {
+        let args = [
+            "train",
+            preset,
+            "--params",
+            "3000,77,512",
+            "--bucket-bytes",
+            "4096",
+            "--steps",
+            "3",
+            "--optimizer",
+            "adam",
+            "--json",
+        ];
+        let one = single(&args);
+        let out = output(mpirun().args(["-n", &ranks.to_string(), BIN]).args(args));
+        assert!(
+            out.status.success(),
+            "{preset} on {ranks} ranks: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let (digest, report) = json_digest(&out.stdout);
+        assert_eq!(digest, one, "{preset} trained on {ranks} ranks");
+        assert_eq!(report["ranks"], ranks, "{preset}");
+        assert_eq!(report["steps_completed"], 3, "{preset}");
+    }
+}
+
+#[test]
+fn split_training_refuses_what_it_does_not_do_and_mismatched_ranks() {
+    let out = output(mpirun().args([
+        "-n", "2", BIN, "train", "v4-8", "--params", "100", "--kill", "1@0.001",
+    ]));
+    all_ranks_fail_with(&out, 2, "`train --kill` runs as one process");
+    let out = output(mpirun().args([
+        "-n", "1", BIN, "train", "v4-8", "--params", "100", "--lr", "0.1", ":", "-n", "1", BIN,
+        "train", "v4-8", "--params", "100", "--lr", "0.2",
+    ]));
+    all_ranks_fail_with(&out, 2, "lr 0.2");
 }
 
 /// Starts a long run on `ranks` ranks, waits until every rank is stepping,

@@ -361,3 +361,68 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_split_training_checkpoint_restores_on_other_rank_counts_and_continues_bit_for_bit() {
+    let topology = load_preset("v3-32").unwrap();
+    let sizes = [3000, 77];
+    let straight = one_process(Adam::new(1e-2f32), &topology, &sizes, 4096, 3);
+    let root = tempfile::tempdir().unwrap();
+    let build = |pod: RankedPod| {
+        ShardedOptimizer::new_ranked(
+            Adam::new(1e-2f32),
+            config(&topology),
+            pod,
+            model(&sizes),
+            sharding(4096),
+        )
+    };
+    // Two steps on four ranks, then a split checkpoint.
+    for r in on_ranks(4, |mailbox| {
+        let mut opt = build(RankedPod::new(topology.clone(), mailbox)?)?;
+        for step in 1..=2 {
+            opt.step(&grads(step, 32))?;
+        }
+        opt.ranked_mut()
+            .unwrap()
+            .save_checkpoint(root.path(), "after-2")?;
+        Ok(())
+    }) {
+        r.unwrap();
+    }
+    let dir = root.path().join("after-2");
+    // Step 3 on two ranks from it.
+    let ranked: Vec<(Option<String>, Vec<u32>)> = on_ranks(2, |mailbox| {
+        let mut opt = build(RankedPod::new(topology.clone(), mailbox)?)?;
+        opt.ranked_mut().unwrap().restore_checkpoint(&dir)?;
+        opt.step(&grads(3, 32))?;
+        let params = bits(&opt.flat_params()?);
+        Ok((
+            opt.ranked_mut().unwrap().gather()?.map(|w| w.sha256_hex()),
+            params,
+        ))
+    })
+    .into_iter()
+    .map(|r| r.unwrap())
+    .collect();
+    assert_same(&straight, &ranked, "restored on 2 ranks");
+    // And in one process.
+    let registry = Pod::from_topology(topology.clone()).unwrap();
+    let registry = registry
+        .world()
+        .resource::<optirs_tpu::persist::SnapshotRegistry>();
+    let (_, snapshot) =
+        optirs_tpu::checkpoint::split::read_split_checkpoint(&dir, registry).unwrap();
+    let mut opt = ShardedOptimizer::new(
+        Adam::new(1e-2f32),
+        config(&topology),
+        Pod::from_topology(topology.clone()).unwrap(),
+        model(&sizes),
+        sharding(4096),
+    )
+    .unwrap();
+    opt.restore(&snapshot).unwrap();
+    opt.step(&grads(3, 32)).unwrap();
+    assert_eq!(opt.pod_mut().world_sha256().unwrap(), straight.digest);
+    assert_eq!(bits(&opt.flat_params().unwrap()), straight.params);
+}

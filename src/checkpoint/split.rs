@@ -24,9 +24,12 @@ use super::store::{
     MANIFEST, check_name, digested_body, io_error, remove_stale_temporaries, render_digested,
     render_manifest, sync_dir, verify_checkpoint, write_checkpoint,
 };
+use crate::memory::ShardSlot;
 use crate::persist::{
     Column, FORMAT_VERSION, SnapshotError, SnapshotRegistry, StoredTensor, WorldSnapshot, hex,
 };
+use crate::topology::PodTopology;
+use crate::transport::cluster::RankLayout;
 use crate::transport::{
     DELIVERY_LOG_CAPACITY, StoredEnvelope, StoredTransport, merge_envelope_parts,
     merge_transport_parts,
@@ -106,12 +109,16 @@ pub fn merge_parts(
         }
     }
     let tensors = merge_tensors(parts)?;
+    let held = held_shard_rows(registry, parts)?;
     let components = first
         .components
         .iter()
         .enumerate()
         .map(|(i, column)| {
-            let bytes: Vec<&[u8]> = parts.iter().map(|p| &p.components[i].bytes[..]).collect();
+            let bytes: Vec<&[u8]> = match &held {
+                Some((name, rows)) if column.name == *name => rows.iter().map(|r| &r[..]).collect(),
+                _ => parts.iter().map(|p| &p.components[i].bytes[..]).collect(),
+            };
             Ok(Column {
                 name: column.name.clone(),
                 bytes: registry.merge_component(&column.name, &bytes)?,
@@ -138,6 +145,43 @@ pub fn merge_parts(
         resources,
         tensors,
     })
+}
+
+/// A sharded model's state shards: every rank keeps every shard's entity
+/// (so ids agree), but only the rank of the shard's device holds its
+/// values. Each part's column reduced to the rows its rank holds, or
+/// `None` for a world without the column or a single part.
+fn held_shard_rows(
+    registry: &SnapshotRegistry,
+    parts: &[WorldSnapshot],
+) -> Result<Option<(&'static str, Vec<Vec<u8>>)>, SnapshotError> {
+    const NAME: &str = "sharding.ShardSlot";
+    let has_column = parts[0].components.iter().any(|c| c.name == NAME);
+    if parts.len() < 2 || !has_column {
+        return Ok(None);
+    }
+    let topology = registry
+        .decode_resource::<PodTopology>(&parts[0], "topology.PodTopology")?
+        .0;
+    let layout = RankLayout::new(&topology, parts.len() as u32, 0).map_err(|e| {
+        SnapshotError::PartsDisagree {
+            column: NAME.into(),
+            reason: e.to_string(),
+        }
+    })?;
+    let rows = parts
+        .iter()
+        .enumerate()
+        .map(|(rank, part)| {
+            let rows = registry.decode_component::<ShardSlot>(part, NAME)?;
+            let held: Vec<_> = rows
+                .into_iter()
+                .filter(|(_, slot)| layout.rank_of_device(slot.device()) == rank as u32)
+                .collect();
+            Ok(postcard::to_stdvec(&held).expect("stored values encode"))
+        })
+        .collect::<Result<Vec<_>, SnapshotError>>()?;
+    Ok(Some((NAME, rows)))
 }
 
 /// The union of the parts' tensors by name (a tensor's name is its row's,

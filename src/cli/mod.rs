@@ -64,7 +64,7 @@ pub fn main() -> ExitCode {
         Command::Goodput(_) => "goodput",
     };
     let refused = match name {
-        "run" => Ok(()),
+        "run" | "train" => Ok(()),
         other => ranks::refuse_split(other),
     };
     let result = refused.and_then(|()| match cli.command {

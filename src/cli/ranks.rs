@@ -3,6 +3,7 @@
 //! merged world.
 
 use super::run::RunArgs;
+use super::train::TrainArgs;
 use anyhow::{Result, bail};
 
 /// The rank and size a launcher gave this process, from its environment.
@@ -48,17 +49,28 @@ pub fn launched() -> Result<Option<Launch>> {
     Ok(None)
 }
 
-/// Refuses a command other than `run` in a job of several ranks.
+/// Refuses a command other than `run` and `train` in a job of several
+/// ranks.
 pub fn refuse_split(command: &str) -> Result<()> {
     match launched()? {
         Some(launch) if launch.size > 1 => bail!(
-            "`optirs-tpu {command}` runs as one process; of the commands, only `run` splits \
-             a pod over MPI ranks (this is rank {} of {})",
+            "`optirs-tpu {command}` runs as one process; of the commands, only `run` and \
+             `train` split a pod over MPI ranks (this is rank {} of {})",
             launch.rank,
             launch.size
         ),
         _ => Ok(()),
     }
+}
+
+#[cfg(not(feature = "mpi"))]
+pub fn train(_: TrainArgs, launch: Launch) -> Result<()> {
+    // `launched` returns a launch only with the feature.
+    bail!(
+        "rank {} of {}: built without the `mpi` feature",
+        launch.rank,
+        launch.size
+    )
 }
 
 #[cfg(not(feature = "mpi"))]
@@ -71,16 +83,17 @@ pub fn run(_: RunArgs, launch: Launch) -> Result<()> {
     )
 }
 
+/// Joins the job's MPI ranks and runs `rank_main` with this rank's
+/// mailbox. An error is printed (one write, naming the rank) before the
+/// ranks' final fence, and the process exits 1: the launcher cannot cut
+/// one rank's reason off by ending the job on another's exit.
 #[cfg(feature = "mpi")]
-pub fn run(args: RunArgs, launch: Launch) -> Result<()> {
+fn on_mpi(
+    launch: Launch,
+    rank_main: impl FnOnce(optirs_tpu::transport::mpi::MpiMailbox) -> Result<()>,
+) -> Result<()> {
     use super::output;
-    use super::run::{print_report, refuse_unappliable, report_after};
-    use optirs_tpu::pod::ranks::RankedPod;
     use optirs_tpu::transport::mpi::MpiMailbox;
-    use std::time::{Duration, Instant};
-    if args.trace().is_some() {
-        bail!("--trace is for one process: a trace of a pod split over ranks is not written yet");
-    }
     let Some((mailbox, session)) = MpiMailbox::initialize() else {
         bail!("MPI was already initialized in this process");
     };
@@ -93,7 +106,71 @@ pub fn run(args: RunArgs, launch: Launch) -> Result<()> {
             mailbox_size(&mailbox)
         );
     }
-    let result = (|| -> Result<()> {
+    if let Err(error) = rank_main(mailbox) {
+        // One write, so the launcher does not cut it with another rank's;
+        // then the ranks' final fence (skipped if a rank was lost, whom it
+        // would wait for), so no rank leaves, and the launcher ends the
+        // job, before every rank has said why.
+        let line = format!(
+            "error: rank {}: {}\n",
+            launch.rank,
+            output::error_message(&error)
+        );
+        let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
+        drop(session);
+        std::process::exit(1);
+    }
+    drop(session);
+    Ok(())
+}
+
+/// `mpirun -n R optirs-tpu train POD …`: the model's optimizer sharded
+/// over the pod split across the ranks; each rank holds its devices'
+/// state shards and computes its replicas' gradients; rank 0 prints the
+/// report of the merged world.
+#[cfg(feature = "mpi")]
+pub fn train(args: TrainArgs, launch: Launch) -> Result<()> {
+    use super::train::{
+        base_optimizer, checked_topology, model_sizes, print_report, run_steps, sharding_of,
+    };
+    use optirs_tpu::pod::ranks::RankedPod;
+    use optirs_tpu::tpu::ShardedOptimizer;
+    use std::time::Duration;
+    on_mpi(launch, |mailbox| {
+        args.refuse_split_only()?;
+        let sizes = model_sizes(&args);
+        let topology = checked_topology(&args, &sizes)?;
+        let config = optirs_tpu::TPUConfig::for_pod(&topology);
+        let timeout = Duration::from_secs_f64(args.rank_timeout);
+        let mut pod = RankedPod::with_timeout(topology, Box::new(mailbox), timeout)?;
+        pod.handshake(&args.describe(&sizes))?;
+        let rank = pod.layout().rank();
+        let mut opt = ShardedOptimizer::new_ranked(
+            base_optimizer(&args)?,
+            config,
+            pod,
+            super::train::model_of(&sizes)?,
+            sharding_of(&args),
+        )?;
+        let outcome = run_steps(&mut opt, &args, args.json() || rank != 0)?;
+        let merged = opt.ranked_mut().expect("split").gather()?;
+        let Some(merged) = merged else {
+            return Ok(());
+        };
+        let report = outcome.report(&opt, &args, merged.sha256_hex(), launch.size)?;
+        print_report(&report, args.json())
+    })
+}
+
+#[cfg(feature = "mpi")]
+pub fn run(args: RunArgs, launch: Launch) -> Result<()> {
+    use super::run::{print_report, refuse_unappliable, report_after};
+    use optirs_tpu::pod::ranks::RankedPod;
+    use std::time::{Duration, Instant};
+    if args.trace().is_some() {
+        bail!("--trace is for one process: a trace of a pod split over ranks is not written yet");
+    }
+    on_mpi(launch, |mailbox| {
         let build_start = Instant::now();
         let topology = optirs_tpu::topology::load_topology(args.pod())?;
         let devices = topology.num_devices();
@@ -162,23 +239,7 @@ pub fn run(args: RunArgs, launch: Launch) -> Result<()> {
         )?;
         report.ranks = launch.size;
         print_report(&report, args.json())
-    })();
-    if let Err(error) = result {
-        // One write, so the launcher does not cut it with another rank's;
-        // then the ranks' final fence (skipped if a rank was lost, whom it
-        // would wait for), so no rank leaves, and the launcher ends the
-        // job, before every rank has said why.
-        let line = format!(
-            "error: rank {}: {}\n",
-            launch.rank,
-            output::error_message(&error)
-        );
-        let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
-        drop(session);
-        std::process::exit(1);
-    }
-    drop(session);
-    Ok(())
+    })
 }
 
 #[cfg(feature = "mpi")]

@@ -99,7 +99,7 @@ pub struct RunArgs {
     pub(super) restore: Option<PathBuf>,
 }
 
-fn parse_rank_timeout(text: &str) -> Result<f64, String> {
+pub(super) fn parse_rank_timeout(text: &str) -> Result<f64, String> {
     text.parse::<f64>()
         .ok()
         .filter(|s| s.is_finite() && *s > 0.0 && *s <= 86_400.0)

@@ -86,9 +86,62 @@ pub struct TrainArgs {
     /// memory (for models and pods this machine cannot hold).
     #[arg(long)]
     modeled_only: bool,
+    /// Under `mpirun`: how long a rank waits for another before it stops,
+    /// naming the lost rank and its hosts (rank 0 waits this long, the
+    /// others twice as long).
+    #[arg(long, value_name = "SECONDS", default_value_t = 30.0,
+          value_parser = super::run::parse_rank_timeout)]
+    pub(super) rank_timeout: f64,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
+}
+
+// Used by the `mpi` feature's split run.
+#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+impl TrainArgs {
+    /// `--json`.
+    pub(super) fn json(&self) -> bool {
+        self.json
+    }
+
+    /// Everything every rank of a split run must be given alike, for the
+    /// start-up handshake.
+    pub(super) fn describe(&self, sizes: &[usize]) -> String {
+        format!(
+            "train {} with {} at lr {} for {} steps, tensors {sizes:?} in {}-byte buckets, \
+             {:?} reduction, seed {}, tick {:?} ms",
+            self.pod,
+            self.optimizer.to_ascii_lowercase(),
+            self.lr,
+            self.steps,
+            self.bucket_bytes,
+            self.reduction,
+            self.seed,
+            self.tick_ms
+        )
+    }
+
+    /// Refuses what a run split over ranks does not do yet, before any
+    /// rank starts: a split pod does not re-shard its model after a loss,
+    /// so kills, periodic model checkpoints for rollback and traces are
+    /// one-process features for now.
+    pub(super) fn refuse_split_only(&self) -> Result<()> {
+        let refused = [
+            (!self.kill.is_empty(), "--kill"),
+            (self.checkpoint_every.is_some(), "--checkpoint-every"),
+            (self.trace.is_some(), "--trace"),
+            (self.modeled_only, "--modeled-only"),
+        ];
+        if let Some((_, flag)) = refused.iter().find(|(given, _)| *given) {
+            bail!(
+                "`train {flag}` runs as one process: a model split over MPI ranks does not \
+                 re-shard after a loss, checkpoint for rollback or write a trace yet; drop \
+                 {flag} or run without mpirun"
+            );
+        }
+        Ok(())
+    }
 }
 
 /// [`parse_count`] for a count of steps.
@@ -96,7 +149,7 @@ fn parse_steps(text: &str) -> Result<u64, String> {
     parse_count(text).map(|n| n as u64)
 }
 
-#[derive(Serialize, Debug)]
+#[derive(Serialize, Debug, Clone)]
 struct FailureRow {
     step: u64,
     device: Option<u32>,
@@ -115,7 +168,7 @@ struct RecoveryRow {
 }
 
 #[derive(Serialize, Debug)]
-struct TrainReport {
+pub(super) struct TrainReport {
     pod: String,
     devices: u32,
     devices_at_end: usize,
@@ -139,6 +192,8 @@ struct TrainReport {
     wall_seconds_per_step: f64,
     compile_seconds: f64,
     world_sha256: String,
+    /// Processes the pod ran on (`mpirun -n R`; 1 without).
+    ranks: u32,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -154,7 +209,7 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
-fn model_of(sizes: &[usize]) -> Result<ParamSet<f32>> {
+pub(super) fn model_of(sizes: &[usize]) -> Result<ParamSet<f32>> {
     let mut set = ParamSet::new();
     for (i, &n) in sizes.iter().enumerate() {
         if n == 0 {
@@ -171,40 +226,15 @@ fn model_of(sizes: &[usize]) -> Result<ParamSet<f32>> {
 }
 
 pub fn train(args: TrainArgs) -> Result<()> {
+    if let Some(launch) = super::ranks::launched()?.filter(|l| l.size > 1) {
+        return super::ranks::train(args, launch);
+    }
     output::refuse_existing(&[("--trace", args.trace.as_deref())])?;
-    let sizes: Vec<usize> = if args.params.is_empty() {
-        DEFAULT_MODEL.to_vec()
-    } else {
-        args.params.clone()
-    };
-    let total: u128 = sizes.iter().map(|&n| n as u128).sum();
+    let sizes = model_sizes(&args);
     if args.modeled_only {
         return modeled_only(&args, &sizes);
     }
-    // Params, gradients, and up to two state slots, on this host.
-    let host_bytes = total.saturating_mul(4 * 5);
-    let available = optirs_tpu::tpu::bench::host_memory_budget();
-    if host_bytes > available {
-        bail!(
-            "--params totals {total} parameters, about {host_bytes} bytes on this host with \
-             optimizer state, but {available} bytes are available; train a smaller model"
-        );
-    }
-    if args.steps == 0 {
-        bail!("--steps is 0; train at least one step");
-    }
-    if args.bucket_bytes == 0 {
-        bail!("--bucket-bytes is 0; a bucket holds at least one element (4 bytes)");
-    }
-    if !(args.lr.is_finite()) {
-        bail!("--lr must be a finite number");
-    }
-    let mut topology = load_topology(&args.pod)?;
-    let tick_ms = args.tick_ms.unwrap_or(DEFAULT_TRAIN_TICK_MS);
-    if !(tick_ms.is_finite() && tick_ms > 0.0 && tick_ms <= 1e6) {
-        bail!("--tick-ms must be a positive number of milliseconds, got {tick_ms}");
-    }
-    topology.tick_ns = ((tick_ms * 1e6).round() as u64).max(1);
+    let topology = checked_topology(&args, &sizes)?;
     let mut pod = Pod::from_topology(topology)?;
     let devices = pod.topology().num_devices();
     for &(device, _) in &args.kill {
@@ -254,16 +284,104 @@ pub fn train(args: TrainArgs) -> Result<()> {
         );
     }
     let config = TPUConfig::for_pod(pod.topology());
-    let base = optirs_tpu::optimizers::by_name(&args.optimizer, args.lr as f32)
-        .map_err(OptimError::from)?;
-    let sharding = ShardingConfig {
+    let mut opt = ShardedOptimizer::new(
+        base_optimizer(&args)?,
+        config,
+        pod,
+        model_of(&sizes)?,
+        sharding_of(&args),
+    )?;
+    let outcome = run_steps(&mut opt, &args, args.json)?;
+    if let Some(path) = &args.trace {
+        write_trace(path, &outcome.reports)?;
+    }
+    let world_sha256 = opt.pod_mut().world_sha256()?;
+    let report = outcome.report(&opt, &args, world_sha256, 1)?;
+    print_report(&report, args.json)
+}
+
+/// The model's tensor sizes: `--params`, or the bundled default.
+pub(super) fn model_sizes(args: &TrainArgs) -> Vec<usize> {
+    if args.params.is_empty() {
+        DEFAULT_MODEL.to_vec()
+    } else {
+        args.params.clone()
+    }
+}
+
+/// Checks the arguments every run needs and loads the pod at `train`'s
+/// tick.
+pub(super) fn checked_topology(
+    args: &TrainArgs,
+    sizes: &[usize],
+) -> Result<optirs_tpu::topology::Topology> {
+    let total: u128 = sizes.iter().map(|&n| n as u128).sum();
+    // Params, gradients, and up to two state slots, on this host.
+    let host_bytes = total.saturating_mul(4 * 5);
+    let available = optirs_tpu::tpu::bench::host_memory_budget();
+    if host_bytes > available {
+        bail!(
+            "--params totals {total} parameters, about {host_bytes} bytes on this host with \
+             optimizer state, but {available} bytes are available; train a smaller model"
+        );
+    }
+    if args.steps == 0 {
+        bail!("--steps is 0; train at least one step");
+    }
+    if args.bucket_bytes == 0 {
+        bail!("--bucket-bytes is 0; a bucket holds at least one element (4 bytes)");
+    }
+    if !(args.lr.is_finite()) {
+        bail!("--lr must be a finite number");
+    }
+    let mut topology = load_topology(&args.pod)?;
+    let tick_ms = args.tick_ms.unwrap_or(DEFAULT_TRAIN_TICK_MS);
+    if !(tick_ms.is_finite() && tick_ms > 0.0 && tick_ms <= 1e6) {
+        bail!("--tick-ms must be a positive number of milliseconds, got {tick_ms}");
+    }
+    topology.tick_ns = ((tick_ms * 1e6).round() as u64).max(1);
+    Ok(topology)
+}
+
+/// The optimizer `--optimizer` and `--lr` name.
+pub(super) fn base_optimizer(args: &TrainArgs) -> Result<Base> {
+    Ok(
+        optirs_tpu::optimizers::by_name(&args.optimizer, args.lr as f32)
+            .map_err(OptimError::from)?,
+    )
+}
+
+/// The optimizer `train` shards.
+pub(super) type Base = Box<dyn optirs_tpu::Optimizer<f32, IxDyn> + Send + Sync>;
+
+/// How the model is bucketed, reduced and recovered.
+pub(super) fn sharding_of(args: &TrainArgs) -> ShardingConfig {
+    ShardingConfig {
         bucket_bytes: args.bucket_bytes,
         reduction: args.reduction,
         recovery: args.recovery,
-    };
-    let mut opt = ShardedOptimizer::new(base, config, pod, model_of(&sizes)?, sharding)?;
+    }
+}
+
+/// The steps of a run, as they went.
+pub(super) struct Outcome {
+    reports: Vec<ShardedStepReport>,
+    failures: Vec<FailureRow>,
+    attempts: u64,
+    wall_seconds: f64,
+    start_ns: u64,
+}
+
+/// Steps until `--steps` steps completed (a failed step is retried after
+/// its recovery); `quiet` hides the progress bar.
+pub(super) fn run_steps(
+    opt: &mut ShardedOptimizer<Base>,
+    args: &TrainArgs,
+    quiet: bool,
+) -> Result<Outcome> {
+    let devices = opt.pod().topology().num_devices();
     let start_ns = opt.pod().clock().now_ns;
-    let bar = progress::bar(args.steps, args.json, "train");
+    let bar = progress::bar(args.steps, quiet, "train");
     let started = Instant::now();
     let mut reports: Vec<ShardedStepReport> = Vec::new();
     let mut failures = Vec::new();
@@ -303,67 +421,85 @@ pub fn train(args: TrainArgs) -> Result<()> {
     }
     let wall_seconds = started.elapsed().as_secs_f64();
     bar.finish_and_clear();
-    let simulated_seconds = (opt.pod().clock().now_ns - start_ns) as f64 * 1e-9;
-    let step_modeled_seconds = median(reports.iter().map(|r| r.modeled_seconds).collect());
-    let mut phase_samples: BTreeMap<String, Vec<f64>> = BTreeMap::new();
-    for r in &reports {
-        for (k, v) in &r.phases {
-            phase_samples.entry(k.clone()).or_default().push(*v);
-        }
-    }
-    let phases = phase_samples
-        .into_iter()
-        .map(|(k, v)| (k, median(v)))
-        .collect();
-    let useful: f64 = step_modeled_seconds * opt.steps_completed() as f64;
-    if let Some(path) = &args.trace {
-        write_trace(path, &reports)?;
-    }
-    let layout = opt.layout()?.clone();
-    let report = TrainReport {
-        pod: opt.pod().topology().name.clone(),
-        devices,
-        devices_at_end: layout.devices(),
-        optimizer: args.optimizer.to_ascii_lowercase(),
-        params: layout.elements,
-        tensors: layout.tensors.len(),
-        buckets: layout.buckets.len(),
-        bucket_bytes: args.bucket_bytes,
-        steps_completed: opt.steps_completed(),
-        steps_attempted: attempts,
-        step_modeled_seconds,
-        phases,
-        hbm_bytes_per_device: reports
-            .iter()
-            .flat_map(|r| r.hbm_bytes_per_device.iter().map(|&(_, b)| b))
-            .max()
-            .unwrap_or(0),
-        link_bytes: reports.iter().map(|r| r.link_bytes).sum(),
+    Ok(Outcome {
+        reports,
         failures,
-        recoveries: opt
-            .recoveries()
-            .iter()
-            .map(|r| RecoveryRow {
-                policy: r.policy.to_string(),
-                failed_step: r.failed_step,
-                lost_devices: r.lost_devices.iter().map(|d| d.0).collect(),
-                lost_steps: r.lost_steps,
-                recovery_seconds: r.recovery_seconds,
-            })
-            .collect(),
-        goodput: if simulated_seconds > 0.0 {
-            useful / simulated_seconds
-        } else {
-            0.0
-        },
-        simulated_seconds,
-        tick_ns: opt.pod().clock().tick_ns,
+        attempts,
         wall_seconds,
-        wall_seconds_per_step: wall_seconds / attempts.max(1) as f64,
-        compile_seconds: opt.compile_seconds(),
-        world_sha256: opt.pod_mut().world_sha256()?,
-    };
-    print_report(&report, args.json)
+        start_ns,
+    })
+}
+
+impl Outcome {
+    /// The report of the run, with the world's digest (a split run's is
+    /// the merged world's) and the rank count.
+    pub(super) fn report(
+        &self,
+        opt: &ShardedOptimizer<Base>,
+        args: &TrainArgs,
+        world_sha256: String,
+        ranks: u32,
+    ) -> Result<TrainReport> {
+        let reports = &self.reports;
+        let simulated_seconds = (opt.pod().clock().now_ns - self.start_ns) as f64 * 1e-9;
+        let step_modeled_seconds = median(reports.iter().map(|r| r.modeled_seconds).collect());
+        let mut phase_samples: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+        for r in reports {
+            for (k, v) in &r.phases {
+                phase_samples.entry(k.clone()).or_default().push(*v);
+            }
+        }
+        let phases = phase_samples
+            .into_iter()
+            .map(|(k, v)| (k, median(v)))
+            .collect();
+        let useful: f64 = step_modeled_seconds * opt.steps_completed() as f64;
+        let layout = opt.layout()?.clone();
+        Ok(TrainReport {
+            pod: opt.pod().topology().name.clone(),
+            devices: opt.pod().topology().num_devices(),
+            devices_at_end: layout.devices(),
+            optimizer: args.optimizer.to_ascii_lowercase(),
+            params: layout.elements,
+            tensors: layout.tensors.len(),
+            buckets: layout.buckets.len(),
+            bucket_bytes: args.bucket_bytes,
+            steps_completed: opt.steps_completed(),
+            steps_attempted: self.attempts,
+            step_modeled_seconds,
+            phases,
+            hbm_bytes_per_device: reports
+                .iter()
+                .flat_map(|r| r.hbm_bytes_per_device.iter().map(|&(_, b)| b))
+                .max()
+                .unwrap_or(0),
+            link_bytes: reports.iter().map(|r| r.link_bytes).sum(),
+            failures: self.failures.clone(),
+            recoveries: opt
+                .recoveries()
+                .iter()
+                .map(|r| RecoveryRow {
+                    policy: r.policy.to_string(),
+                    failed_step: r.failed_step,
+                    lost_devices: r.lost_devices.iter().map(|d| d.0).collect(),
+                    lost_steps: r.lost_steps,
+                    recovery_seconds: r.recovery_seconds,
+                })
+                .collect(),
+            goodput: if simulated_seconds > 0.0 {
+                useful / simulated_seconds
+            } else {
+                0.0
+            },
+            simulated_seconds,
+            tick_ns: opt.pod().clock().tick_ns,
+            wall_seconds: self.wall_seconds,
+            wall_seconds_per_step: self.wall_seconds / self.attempts.max(1) as f64,
+            compile_seconds: opt.compile_seconds(),
+            world_sha256,
+            ranks,
+        })
+    }
 }
 
 /// `--modeled-only`: the closed-form step of the model on the pod.
@@ -494,7 +630,7 @@ fn write_trace(path: &std::path::Path, reports: &[ShardedStepReport]) -> Result<
     output::write_new("--trace", path, &serde_json::to_string(&trace)?)
 }
 
-fn print_report(r: &TrainReport, json: bool) -> Result<()> {
+pub(super) fn print_report(r: &TrainReport, json: bool) -> Result<()> {
     if json {
         return output::print_json(r);
     }
@@ -537,8 +673,13 @@ fn print_report(r: &TrainReport, json: bool) -> Result<()> {
             output::seconds(rec.recovery_seconds)
         );
     }
+    let ranks = if r.ranks > 1 {
+        format!(" (merged from {} ranks)", r.ranks)
+    } else {
+        String::new()
+    };
     text += &format!(
-        "goodput {:.1} % of {} simulated ({} devices at the end); {} wall\nworld sha256 {}\n",
+        "goodput {:.1} % of {} simulated ({} devices at the end); {} wall\nworld sha256 {}{ranks}\n",
         r.goodput * 100.0,
         output::seconds(r.simulated_seconds),
         r.devices_at_end,

@@ -278,7 +278,7 @@ impl RankedPod {
     /// rank 0 gets the whole world, the others `None`. Every rank waits for
     /// rank 0's verdict, so all fail alike if the parts do not merge.
     pub fn gather(&mut self) -> Result<Option<WorldSnapshot>> {
-        let part = self.part_snapshot()?;
+        let part = self.pod.snapshot()?;
         let parts =
             cluster::gather_parts(&self.mailbox, &self.layout, part.to_wire(), self.timeout)
                 .map_err(cluster_error)?;
@@ -303,23 +303,6 @@ impl RankedPod {
 }
 
 impl RankedPod {
-    /// This rank's part of the world: its snapshot without the rows of
-    /// state shards other ranks hold (their entities keep no values here).
-    pub fn part_snapshot(&mut self) -> Result<WorldSnapshot> {
-        let mut part = self.pod.snapshot()?;
-        let name = "sharding.ShardSlot";
-        let registry = self.pod.world.resource::<SnapshotRegistry>();
-        let rows = registry.decode_component::<ShardSlot>(&part, name)?;
-        let kept: Vec<_> = rows
-            .into_iter()
-            .filter(|(_, slot)| self.layout.is_local(slot.device()))
-            .collect();
-        if let Some(column) = part.components.iter_mut().find(|c| c.name == name) {
-            column.bytes = postcard::to_stdvec(&kept).expect("stored values encode");
-        }
-        Ok(part)
-    }
-
     /// Keeps only this rank's devices' state shards (after a model was
     /// installed on every rank alike).
     pub(crate) fn hold_own_shards(&mut self) {
@@ -357,7 +340,8 @@ impl RankedPod {
         let rank = self.layout.rank();
         let pod_name = self.pod.topology().name.clone();
         let written: std::result::Result<String, String> = self
-            .part_snapshot()
+            .pod
+            .snapshot()
             .map_err(|e| e.to_string())
             .and_then(|part| {
                 split::write_split_part(&staging, rank, &pod_name, &part).map_err(|e| e.to_string())
