@@ -154,8 +154,8 @@ pub fn merge_parts(
 fn held_shard_rows(
     registry: &SnapshotRegistry,
     parts: &[WorldSnapshot],
-) -> Result<Option<(&'static str, Vec<Vec<u8>>)>, SnapshotError> {
-    const NAME: &str = "sharding.ShardSlot";
+) -> Result<Option<Vec<Vec<u8>>>, SnapshotError> {
+    const NAME: &str = SHARD_SLOTS;
     let has_column = parts[0].components.iter().any(|c| c.name == NAME);
     if parts.len() < 2 || !has_column {
         return Ok(None);
@@ -181,8 +181,11 @@ fn held_shard_rows(
             Ok(postcard::to_stdvec(&held).expect("stored values encode"))
         })
         .collect::<Result<Vec<_>, SnapshotError>>()?;
-    Ok(Some((NAME, rows)))
+    Ok(Some(rows))
 }
+
+/// The column of a sharded model's state shards.
+const SHARD_SLOTS: &str = "sharding.ShardSlot";
 
 /// The union of the parts' tensors by name (a tensor's name is its row's,
 /// and rows have one id on every rank); a tensor several parts hold (the
