@@ -116,7 +116,7 @@ pub fn merge_parts(
         .enumerate()
         .map(|(i, column)| {
             let bytes: Vec<&[u8]> = match &held {
-                Some((name, rows)) if column.name == *name => rows.iter().map(|r| &r[..]).collect(),
+                Some(rows) if column.name == SHARD_SLOTS => rows.iter().map(|r| &r[..]).collect(),
                 _ => parts.iter().map(|p| &p.components[i].bytes[..]).collect(),
             };
             Ok(Column {
