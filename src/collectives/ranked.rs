@@ -29,7 +29,7 @@ use super::element::{Element, ReduceOp};
 use super::ring::chunk_range;
 use super::streamed::ReduceGrid;
 use crate::transport::ClusterError;
-use crate::transport::cluster::{RankContext, data_frame, data_payload};
+use crate::transport::cluster::{RankContext, data_payload};
 
 /// The range of a `len`-element buffer each grid position owns after a
 /// reduce-scatter over `dims` (by grid position `x + X·(y + Y·z)`).
@@ -139,18 +139,35 @@ impl<T: Element> RankedGrid<'_, '_, T> {
     ) -> Result<(), ClusterError> {
         let me = ctx.layout.rank();
         let ranks = ctx.layout.ranks() as usize;
-        let mut outgoing: Vec<Option<Vec<u8>>> = vec![None; ranks];
+        let size = std::mem::size_of::<T>();
+        // Each destination's frame, sized once (one copy of each chunk).
+        // (A rank with hops to another sends it a frame even when every
+        // chunk is empty: the receiver waits for one from each.)
+        let mut outgoing_bytes: Vec<Option<usize>> = vec![None; ranks];
         let mut incoming: Vec<bool> = vec![false; ranks];
+        for hop in hops {
+            let (src, dst) = (self.rank_of[hop.from], self.rank_of[hop.to]);
+            if src == me && dst != me {
+                *outgoing_bytes[dst as usize].get_or_insert(0) += hop.range.len() * size;
+            } else if dst == me && src != me {
+                incoming[src as usize] = true;
+            }
+        }
+        let mut outgoing: Vec<Option<Vec<u8>>> = vec![None; ranks];
+        for (dst, bytes) in outgoing_bytes.into_iter().enumerate() {
+            if let Some(bytes) = bytes {
+                outgoing[dst] = Some(ctx.data_frame(tag, bytes)?);
+            }
+        }
         for hop in hops {
             let (src, dst) = (self.rank_of[hop.from], self.rank_of[hop.to]);
             if src == me && dst != me {
                 let buf = self.local[hop.from].as_deref().expect("checked: local");
                 let bytes: &[u8] = bytemuck::cast_slice(&buf[hop.range.clone()]);
                 outgoing[dst as usize]
-                    .get_or_insert_with(|| data_frame(tag, 0))
+                    .as_mut()
+                    .expect("sized above")
                     .extend_from_slice(bytes);
-            } else if dst == me && src != me {
-                incoming[src as usize] = true;
             }
         }
         for (to, frame) in outgoing.into_iter().enumerate() {
@@ -202,6 +219,8 @@ impl<T: Element> RankedGrid<'_, '_, T> {
                     what: format!("{} elements where {at} were due", values.len()),
                 });
             }
+            drop(values);
+            ctx.recycle(frame);
         }
         Ok(())
     }

@@ -19,6 +19,11 @@
 //! reduce-scatter's ([`crate::collectives::ReduceGrid`]: along torus axis
 //! 0 starting after the owner, then axis 1, then axis 2; `Mean` divides
 //! the sum once), which is also [`crate::collectives::torus_all_reduce`]'s.
+//!
+//! **Over ranks.** On a pod split over processes ([`crate::pod::ranks`])
+//! each rank holds its devices' state shards and its replicas' gradients,
+//! and the step's collectives cross ranks on the same schedule
+//! ([`ranked`]), so the bits stay the one-process step's.
 
 pub mod error;
 pub mod gradients;

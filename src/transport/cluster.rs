@@ -148,6 +148,14 @@ pub trait Mailbox: Send + std::fmt::Debug {
     /// The next frame from `from`, waiting at most until `deadline`;
     /// `Ok(None)` if none came by then.
     fn receive(&mut self, from: u32, deadline: Instant) -> Result<Option<Vec<u8>>, ClusterError>;
+    /// An empty buffer of at least `capacity` bytes for a frame: a
+    /// mailbox may hand back one it used before (already in memory).
+    fn spare_buffer(&mut self, capacity: usize) -> Vec<u8> {
+        Vec::with_capacity(capacity)
+    }
+    /// A received frame the caller is done with, for
+    /// [`Mailbox::spare_buffer`] to hand out again.
+    fn recycle(&mut self, _buffer: Vec<u8>) {}
     /// Another rank is lost: the job will not end together (an MPI
     /// mailbox then skips `MPI_Finalize`, which would wait for it).
     fn abandon(&mut self) {}
@@ -301,10 +309,15 @@ const DATA_HEADER: usize = 16;
 /// written after [`DATA_HEADER`] bytes (so a sender copies its buffer once).
 pub fn data_frame(tag: u64, payload_len: usize) -> Vec<u8> {
     let mut frame = Vec::with_capacity(DATA_HEADER + payload_len);
+    write_data_header(&mut frame, tag);
+    frame
+}
+
+fn write_data_header(frame: &mut Vec<u8>, tag: u64) {
+    frame.clear();
     frame.push(DATA_MARK);
     frame.extend_from_slice(&[0; 7]);
     frame.extend_from_slice(&tag.to_le_bytes());
-    frame
 }
 
 /// The payload of a data frame (what follows its header).
@@ -335,6 +348,21 @@ impl std::fmt::Debug for RankContext {
 }
 
 impl RankContext {
+    /// [`data_frame`] in a buffer the mailbox used before, when it has one
+    /// (no fresh pages for a collective's frames).
+    pub fn data_frame(&self, tag: u64, payload_len: usize) -> Result<Vec<u8>, ClusterError> {
+        let mut frame = lock(&self.mailbox)?.spare_buffer(DATA_HEADER + payload_len);
+        write_data_header(&mut frame, tag);
+        Ok(frame)
+    }
+
+    /// Hands a received frame back to the mailbox for reuse.
+    pub fn recycle(&self, frame: Vec<u8>) {
+        if let Ok(mut mailbox) = lock(&self.mailbox) {
+            mailbox.recycle(frame);
+        }
+    }
+
     /// Sends a data frame made by [`data_frame`] to `to`, without waiting.
     pub fn send_data(&self, to: u32, frame: Vec<u8>) -> Result<(), ClusterError> {
         lock(&self.mailbox)?.send(to, frame)

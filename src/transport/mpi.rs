@@ -9,8 +9,9 @@
 use super::cluster::Mailbox;
 use super::error::ClusterError;
 use mpi::Threading;
+use mpi::datatype::Equivalence;
 use mpi::environment::Universe;
-use mpi::point_to_point::{Destination, MatchedReceiveVec, Source};
+use mpi::point_to_point::{Destination, Source};
 use mpi::request::{Request, StaticScope};
 use mpi::topology::Communicator;
 use std::mem::ManuallyDrop;
@@ -21,11 +22,16 @@ use std::time::{Duration, Instant};
 /// The tag of every frame (the job's only traffic on this communicator).
 const FRAME_TAG: i32 = 0x0071;
 
-/// A send in flight and the buffer MPI reads it from.
+/// A send in flight and the buffer MPI reads it from (owned here until
+/// MPI reports the send complete; moving the `Vec` does not move its data).
 struct PendingSend {
     request: Request<'static, [u8], StaticScope>,
-    buffer: *mut [u8],
+    buffer: Vec<u8>,
 }
+
+/// Completed send buffers kept for the next frames: a collective's large
+/// frames then land in memory already faulted in, not fresh pages.
+const SPARE_BUFFERS: usize = 8;
 
 /// MPI, initialized until the last holder is gone.
 struct Session {
@@ -63,6 +69,7 @@ pub struct MpiMailbox {
     rank: u32,
     ranks: u32,
     pending: Vec<PendingSend>,
+    spares: Vec<Vec<u8>>,
     session: Arc<Session>,
 }
 
@@ -95,6 +102,7 @@ impl MpiMailbox {
             rank: world.rank() as u32,
             ranks: world.size() as u32,
             pending: Vec::new(),
+            spares: Vec::new(),
             session: Arc::clone(&session),
         };
         Some((mailbox, MpiSession(session)))
@@ -104,16 +112,13 @@ impl MpiMailbox {
         &self.session.universe
     }
 
-    /// Frees the buffers of completed sends.
+    /// Takes back the buffers of completed sends.
     fn reap(&mut self) {
         let mut still = Vec::with_capacity(self.pending.len());
-        for send in self.pending.drain(..) {
+        for send in std::mem::take(&mut self.pending) {
             match send.request.test() {
-                Ok(_) => {
-                    // SAFETY: MPI no longer reads the buffer; it came from
-                    // `Box::leak` in `send` and is freed once.
-                    drop(unsafe { Box::from_raw(send.buffer) });
-                }
+                // MPI no longer reads the buffer.
+                Ok(_) => self.recycle(send.buffer),
                 Err(request) => still.push(PendingSend {
                     request,
                     buffer: send.buffer,
@@ -135,6 +140,7 @@ impl Drop for MpiMailbox {
         }
         for send in self.pending.drain(..) {
             std::mem::forget(send.request);
+            std::mem::forget(send.buffer);
         }
     }
 }
@@ -146,6 +152,43 @@ impl Mailbox for MpiMailbox {
 
     fn ranks(&self) -> u32 {
         self.ranks
+    }
+
+    fn spare_buffer(&mut self, capacity: usize) -> Vec<u8> {
+        self.reap();
+        // The smallest spare that holds `capacity` bytes.
+        let best = self
+            .spares
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| b.capacity() >= capacity)
+            .min_by_key(|(_, b)| b.capacity())
+            .map(|(i, _)| i);
+        match best {
+            Some(i) => {
+                let mut buffer = self.spares.swap_remove(i);
+                buffer.clear();
+                buffer
+            }
+            None => Vec::with_capacity(capacity),
+        }
+    }
+
+    fn recycle(&mut self, buffer: Vec<u8>) {
+        if self.spares.len() >= SPARE_BUFFERS {
+            // Keep the largest: they are the ones worth not faulting again.
+            if let Some((i, _)) = self
+                .spares
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, b)| b.capacity())
+                .filter(|(_, b)| b.capacity() < buffer.capacity())
+            {
+                self.spares[i] = buffer;
+            }
+            return;
+        }
+        self.spares.push(buffer);
     }
 
     fn abandon(&mut self) {
@@ -166,11 +209,11 @@ impl Mailbox for MpiMailbox {
             )));
         }
         self.reap();
-        let buffer: &'static mut [u8] = Box::leak(frame.into_boxed_slice());
-        let pointer: *mut [u8] = buffer;
-        // SAFETY: the buffer lives until `reap` sees the request complete
-        // (or is leaked with it).
-        let readable: &'static [u8] = unsafe { &*pointer };
+        // SAFETY: the data lives in `frame`, held in `pending` until `reap`
+        // sees the request complete (or leaked with it); a `Vec` that moves
+        // keeps its heap data where it is.
+        let readable: &'static [u8] =
+            unsafe { std::slice::from_raw_parts(frame.as_ptr(), frame.len()) };
         let world = self.universe().world();
         let request = world.process_at_rank(to as i32).immediate_send_with_tag(
             StaticScope,
@@ -179,7 +222,7 @@ impl Mailbox for MpiMailbox {
         );
         self.pending.push(PendingSend {
             request,
-            buffer: pointer,
+            buffer: frame,
         });
         Ok(())
     }
@@ -196,8 +239,11 @@ impl Mailbox for MpiMailbox {
             self.reap();
             let world = self.universe().world();
             let source = world.process_at_rank(from as i32);
-            if let Some(probed) = source.immediate_matched_probe_with_tag(FRAME_TAG) {
-                let (frame, _) = probed.matched_receive_vec::<u8>();
+            if let Some((message, status)) = source.immediate_matched_probe_with_tag(FRAME_TAG) {
+                let len = status.count(u8::equivalent_datatype()).max(0) as usize;
+                let mut frame = self.spare_buffer(len);
+                frame.resize(len, 0);
+                message.matched_receive_into(&mut frame[..]);
                 return Ok(Some(frame));
             }
             if Instant::now() >= deadline {

@@ -1,0 +1,180 @@
+//! The all-reduce of a pod split over MPI ranks, beside OpenMPI's own
+//! `MPI_Allreduce` (`benches/mpi_allreduce.c`) on the same bytes, and the
+//! shared-memory floor: every rank copying its buffer once, all at once.
+//!
+//! ```sh
+//! cargo bench --features mpi --bench ranked_allreduce --no-run
+//! mpirun -n 2 target/release/deps/ranked_allreduce-* [BYTES [ROUNDS]]
+//! ```
+//!
+//! (`benches/ranked_allreduce.sh` builds both programs and runs them in
+//! alternating rounds.) Two layouts:
+//!
+//! * `ring of ranks`: one member per rank, a ring reduce-scatter then
+//!   all-gather over them — the setting of `MPI_Allreduce` across the
+//!   ranks;
+//! * `v4-8 torus`: the 8 devices of a v4-8 over its 2 hosts' ranks, every
+//!   device a `BYTES` buffer, the torus schedule the sharded step runs
+//!   (hops inside a rank are copies, across ranks data frames).
+//!
+//! Each round is a barrier, then the collective; a round's time is the
+//! slowest rank's. busbw = 2(n−1)/n · BYTES / time for n members.
+
+#[cfg(feature = "mpi")]
+fn main() {
+    bench::main();
+}
+
+#[cfg(not(feature = "mpi"))]
+fn main() {
+    eprintln!("ranked_allreduce needs the `mpi` feature: cargo bench --features mpi");
+}
+
+#[cfg(feature = "mpi")]
+mod bench {
+    use optirs_tpu::collectives::ranked::RankedGrid;
+    use optirs_tpu::collectives::{ReduceGrid, ReduceOp};
+    use optirs_tpu::topology::{DeviceId, load_preset};
+    use optirs_tpu::transport::cluster::{self, Mailbox, RankContext, RankLayout, SharedMailbox};
+    use optirs_tpu::transport::mpi::MpiMailbox;
+    use std::sync::{Arc, Mutex};
+    use std::time::{Duration, Instant};
+
+    /// Every rank waits for every other (a gather to rank 0 and its answer).
+    fn barrier(ctx: &RankContext) {
+        let _ = cluster::gather_parts(&ctx.mailbox, &ctx.layout, Vec::new(), ctx.timeout)
+            .expect("barrier");
+        cluster::finish(&ctx.mailbox, &ctx.layout, Ok(()), ctx.timeout).expect("barrier");
+    }
+
+    /// The slowest rank's value, on rank 0 (others get their own).
+    fn slowest(ctx: &RankContext, seconds: f64) -> f64 {
+        let parts = cluster::gather_parts(
+            &ctx.mailbox,
+            &ctx.layout,
+            seconds.to_le_bytes().to_vec(),
+            ctx.timeout,
+        )
+        .expect("gather");
+        cluster::finish(&ctx.mailbox, &ctx.layout, Ok(()), ctx.timeout).expect("gather");
+        parts.map_or(seconds, |parts| {
+            parts
+                .iter()
+                .map(|p| f64::from_le_bytes(p[..8].try_into().expect("eight bytes")))
+                .fold(0.0, f64::max)
+        })
+    }
+
+    fn median(mut v: Vec<f64>) -> (f64, f64) {
+        v.sort_by(f64::total_cmp);
+        (v[v.len() / 2], v[0])
+    }
+
+    /// One layout's rounds: (median, min) of the slowest rank's seconds.
+    fn rounds(
+        ctx: &RankContext,
+        grid: &ReduceGrid,
+        rank_of: &[u32],
+        elements: usize,
+        rounds: usize,
+    ) -> (f64, f64) {
+        let me = ctx.layout.rank();
+        let mut buffers: Vec<Option<Vec<f32>>> = rank_of
+            .iter()
+            .map(|&r| (r == me).then(|| vec![0.5f32; elements]))
+            .collect();
+        let mut times = Vec::with_capacity(rounds);
+        for round in 0..rounds + 3 {
+            let mut local: Vec<Option<&mut [f32]>> = buffers
+                .iter_mut()
+                .map(|b| b.as_mut().map(|v| v.as_mut_slice()))
+                .collect();
+            barrier(ctx);
+            let started = Instant::now();
+            let mut ranked = RankedGrid {
+                grid,
+                rank_of,
+                local: &mut local,
+                tag: round as u64,
+            };
+            ranked
+                .reduce_scatter(ctx, ReduceOp::Sum)
+                .expect("reduce-scatter");
+            ranked.all_gather(ctx).expect("all-gather");
+            let t = slowest(ctx, started.elapsed().as_secs_f64());
+            if round >= 3 {
+                times.push(t);
+            }
+        }
+        median(times)
+    }
+
+    /// The floor: every rank copies its buffer once (read and write every
+    /// byte), all ranks at once.
+    fn floor(ctx: &RankContext, elements: usize, rounds: usize) -> (f64, f64) {
+        let src = vec![0.5f32; elements];
+        let mut dst = vec![0f32; elements];
+        let mut times = Vec::with_capacity(rounds);
+        for round in 0..rounds + 3 {
+            barrier(ctx);
+            let started = Instant::now();
+            dst.copy_from_slice(std::hint::black_box(&src));
+            std::hint::black_box(&mut dst);
+            let t = slowest(ctx, started.elapsed().as_secs_f64());
+            if round >= 3 {
+                times.push(t);
+            }
+        }
+        median(times)
+    }
+
+    pub fn main() {
+        let args: Vec<String> = std::env::args()
+            .skip(1)
+            .filter(|a| a != "--bench")
+            .collect();
+        let bytes: usize = args
+            .first()
+            .and_then(|a| a.parse().ok())
+            .unwrap_or(16 << 20);
+        let count: usize = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(20);
+        let (mailbox, session) = MpiMailbox::initialize().expect("MPI starts once");
+        let ranks = mailbox.ranks();
+        let topology = load_preset("v4-8").expect("a preset");
+        let layout = RankLayout::new(&topology, ranks, mailbox.rank()).expect("at most 2 ranks");
+        let mailbox: SharedMailbox = Arc::new(Mutex::new(Box::new(mailbox)));
+        let ctx = RankContext {
+            layout,
+            mailbox,
+            timeout: Duration::from_secs(60),
+        };
+        let elements = bytes / 4;
+        let members: Vec<usize> = (0..ranks as usize).collect();
+        let ring = ReduceGrid::ring(&members);
+        let ring_ranks: Vec<u32> = (0..ranks).collect();
+        let ring_time = rounds(&ctx, &ring, &ring_ranks, elements, count);
+        let torus = ReduceGrid::torus(&[2, 2, 2]);
+        let torus_ranks: Vec<u32> = (0..8)
+            .map(|d| ctx.layout.rank_of_device(DeviceId(d)))
+            .collect();
+        let torus_time = rounds(&ctx, &torus, &torus_ranks, elements, count);
+        let floor_time = floor(&ctx, elements, count);
+        if ctx.layout.runs_service() {
+            let busbw = |n: usize, t: f64| 2.0 * (n as f64 - 1.0) / n as f64 * bytes as f64 / t;
+            let row = |layout: &str, n: usize, (median, min): (f64, f64)| {
+                format!(
+                    "{{\"layout\":\"{layout}\",\"ranks\":{ranks},\"members\":{n},\"bytes\":{bytes},\
+                     \"rounds\":{count},\"median_seconds\":{median:.9},\"min_seconds\":{min:.9},\
+                     \"busbw_bytes_per_s\":{:.1},\"floor_seconds\":{:.9},\"ratio_to_floor\":{:.3}}}",
+                    busbw(n, median),
+                    floor_time.0,
+                    median / floor_time.0
+                )
+            };
+            println!("{}", row("ring of ranks", ranks as usize, ring_time));
+            println!("{}", row("v4-8 torus", 8, torus_time));
+        }
+        drop(ctx);
+        drop(session);
+    }
+}
