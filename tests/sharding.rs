@@ -5,8 +5,9 @@
 
 use ndarray::{Array1, ArrayD, IxDyn};
 use optirs_tpu::collectives::{
-    ReduceGrid, ReduceOp, TorusShape, all_reduce, reduce_scatter, torus_all_reduce,
-    torus_reduce_scatter, torus_reduce_scatter_traffic, torus_shard_ranges,
+    MultisliceShape, ReduceGrid, ReduceOp, TorusShape, all_reduce, multislice_all_reduce,
+    reduce_scatter, torus_all_reduce, torus_reduce_scatter, torus_reduce_scatter_traffic,
+    torus_shard_ranges,
 };
 use optirs_tpu::health::Fault;
 use optirs_tpu::sharding::{
@@ -117,6 +118,18 @@ fn reference_reduced(layout: &ShardLayout, replicas: &[Vec<f32>], op: ReduceOp) 
                 let ring: Vec<usize> = ring.iter().map(|d| d.0 as usize).collect();
                 all_reduce(&mut buffers, &ring, op).unwrap();
             }
+            // The hierarchical all-reduce on real buffers (its NIC map does
+            // not change the data).
+            ShardPlan::Multislice {
+                dims,
+                wraparound,
+                slices,
+            } => {
+                let slice = TorusShape::new(dims, wraparound).unwrap();
+                let nic = (0..slice.device_count()).collect();
+                let shape = MultisliceShape::new(&slice, *slices, nic).unwrap();
+                multislice_all_reduce(&mut buffers, &shape, op).unwrap();
+            }
         }
         assert_eq!(n, layout.devices());
         out.extend_from_slice(&buffers[layout.participants[0].0 as usize][..bucket.len]);
@@ -129,6 +142,19 @@ fn pod_named(name: &str) -> Pod {
         "mesh-3x5" => Pod::from_ron_str(
             "Pod(name: \"mesh-3x5\", generation: \"v5e\", shape: \"3x5\", custom: true, chips_per_host: \"1x1\")",
             "mesh-3x5",
+        )
+        .unwrap(),
+        // Multislice pods: two v5e 4x4 slices (two 8-chip hosts each), and
+        // three v4 2x2x2 slices (two 4-chip hosts each).
+        "ms-v5e" => Pod::from_ron_str(
+            "Pod(name: \"ms-v5e\", generation: \"v5e\", shape: \"4x4\", slices: 2)",
+            "ms-v5e",
+        )
+        .unwrap(),
+        "ms-v4" => Pod::from_ron_str(
+            "Pod(name: \"ms-v4\", generation: \"v4\", shape: \"2x2x2\", slices: 3, \
+             dcn: (oversubscription: 2.0))",
+            "ms-v4",
         )
         .unwrap(),
         other => Pod::from_preset(other).unwrap(),
@@ -263,6 +289,47 @@ fn sharded_adam_is_exact_on_other_pods() {
     check_exact("v5e-16", "adam", &[100, 3, 17], 128, 2, false);
     check_exact("mesh-3x5", "rmsprop", &[29, 61], 96, 2, true);
     check_exact("v4-64", "adamw", &[300, 11], 4096, 2, true);
+}
+
+#[test]
+fn sharded_steps_are_exact_on_multislice_pods() {
+    // The hierarchical reduce-scatter (ICI inside each slice, DCN across)
+    // folds in the grid's order: bit for bit the hierarchical all-reduce
+    // on real buffers, then the unsharded update.
+    check_exact("ms-v5e", "adam", &[100, 3, 17], 128, 2, true);
+    check_exact("ms-v4", "momentum", &[77, 250], 96, 2, false);
+    let pod = pod_named("ms-v4");
+    let mut sharded = adam_on(pod, &[500]);
+    let layout = sharded.layout().unwrap().clone();
+    assert!(matches!(
+        layout.plan,
+        ShardPlan::Multislice { slices: 3, .. }
+    ));
+    // A device's redundant peer is in its own slice (the copy moves on ICI).
+    for (r, peer) in layout.peers().into_iter().enumerate() {
+        assert_eq!(
+            layout.participants[r].0 / 8,
+            layout.participants[peer].0 / 8
+        );
+    }
+    let report = sharded
+        .step_replicas(&replica_grads(&layout, &[500], 1))
+        .unwrap();
+    for key in [
+        "reduce_scatter.dcn",
+        "all_gather.dcn",
+        "reduce_scatter.axis0",
+    ] {
+        assert!(report.phases[key] > 0.0, "{key} in {:?}", report.phases);
+    }
+}
+
+#[test]
+fn a_multislice_pod_with_a_device_down_is_refused_with_the_reason() {
+    let mut pod = pod_named("ms-v5e");
+    pod.kill_device(3).unwrap();
+    let err = optirs_tpu::tpu::sharded::participants(&mut pod).unwrap_err();
+    assert!(err.to_string().contains("31 of 32 devices are up"), "{err}");
 }
 
 proptest! {
@@ -831,6 +898,8 @@ fn the_closed_form_model_matches_the_traffic_records() {
         ("v5e-16", vec![12345], 8192),
         ("v4-64", vec![70000, 3], 65536),
         ("mesh-3x5", vec![999, 1000], 1024),
+        ("ms-v5e", vec![12345], 8192),
+        ("ms-v4", vec![5000, 77], 4096),
     ] {
         let pod = pod_named(pod);
         let topology = pod.topology().clone();
