@@ -161,6 +161,23 @@ fn grid_slices<'a, T, B: AsMut<[T]>>(
 /// slice over ICI, across slices over DCN, then all-gather back. Every
 /// device ends with the same bits, those of [`super::torus_all_reduce`]
 /// on [`MultisliceShape::grid`].
+///
+/// ```
+/// use optirs_tpu::collectives::{
+///     DCN_AXIS, MultisliceShape, ReduceOp, TorusShape, multislice_all_reduce,
+/// };
+/// // Two slices of a 2-chip line, one host per slice (its NIC chip is 0).
+/// let slice = TorusShape::new(&[2], &[false])?;
+/// let shape = MultisliceShape::new(&slice, 2, vec![0, 0])?;
+/// let mut buffers = vec![vec![1.0f32; 4], vec![2.0; 4], vec![3.0; 4], vec![4.0; 4]];
+/// let traffic = multislice_all_reduce(&mut buffers, &shape, ReduceOp::Sum)?;
+/// assert!(buffers.iter().all(|b| b == &[10.0; 4]));
+/// // The DCN passes run between the two hosts' NIC chips, devices 0 and 2.
+/// let dcn = traffic.transfers.iter().filter(|t| t.phase.dim == DCN_AXIS);
+/// assert!(dcn.clone().all(|t| matches!((t.src, t.dst), (0, 2) | (2, 0))));
+/// assert_eq!(dcn.map(|t| t.bytes).sum::<u64>(), 4 * 4 * 2); // 2 chips x 1 element x 4 B, x 2 ways x 2 passes
+/// # Ok::<(), optirs_tpu::collectives::CollectiveError>(())
+/// ```
 pub fn multislice_all_reduce<T: Element, B: AsMut<[T]>>(
     buffers: &mut [B],
     shape: &MultisliceShape,

@@ -193,7 +193,20 @@ fn bucket_traffic(
             ))
         }
         ShardPlan::Ring { ring } => {
-            let shape = torus_of(&world.resource::<PodTopology>().0)?;
+            let topology = &world.resource::<PodTopology>().0;
+            if topology.slices > 1 {
+                return Err(ShardingError::Devices {
+                    reason: format!(
+                        "the model was re-sharded onto a ring of {} survivors across the {} \
+                         slices of {}: a step across slices runs hierarchically over every \
+                         device, and a ring of survivors across slices is not built",
+                        ring.len(),
+                        topology.slices,
+                        topology.name
+                    ),
+                });
+            }
+            let shape = torus_of(topology)?;
             let ring: Vec<usize> = ring.iter().map(|d| d.0 as usize).collect();
             let mut ag = ring_all_gather_traffic(&ring, padded_len, elem).routed_on(&shape);
             for t in &mut ag.transfers {
