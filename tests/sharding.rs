@@ -811,33 +811,37 @@ fn adam_on(pod: Pod, sizes: &[usize]) -> Sharded {
 
 #[test]
 fn a_restored_snapshot_resumes_bit_for_bit() {
-    let sizes = [700usize, 13];
-    let mut opt = adam_on(Pod::from_preset("v4-8").unwrap(), &sizes);
-    let step = |opt: &mut ShardedOptimizer<_, f32>, k: u64| {
-        let layout = opt.layout().unwrap().clone();
-        opt.step_replicas(&replica_grads(&layout, &sizes, k))
-            .unwrap();
-    };
-    step(&mut opt, 1);
-    step(&mut opt, 2);
-    let snapshot = opt.snapshot().unwrap();
-    let digest = opt.pod_mut().world_sha256().unwrap();
-    step(&mut opt, 3);
-    step(&mut opt, 4);
-    let straight = (opt.flat_params().unwrap(), opt.state("nu").unwrap());
-    opt.restore(&snapshot).unwrap();
-    assert_eq!(
-        opt.pod_mut().world_sha256().unwrap(),
-        digest,
-        "restore then capture is identical"
-    );
-    assert_eq!(opt.step_count(), 2);
-    step(&mut opt, 3);
-    step(&mut opt, 4);
-    assert_eq!(
-        (opt.flat_params().unwrap(), opt.state("nu").unwrap()),
-        straight
-    );
+    // One slice, and three slices joined by DCN (a multislice plan).
+    for pod in ["v4-8", "ms-v4"] {
+        let sizes = [700usize, 13];
+        let mut opt = adam_on(pod_named(pod), &sizes);
+        let step = |opt: &mut ShardedOptimizer<_, f32>, k: u64| {
+            let layout = opt.layout().unwrap().clone();
+            opt.step_replicas(&replica_grads(&layout, &sizes, k))
+                .unwrap();
+        };
+        step(&mut opt, 1);
+        step(&mut opt, 2);
+        let snapshot = opt.snapshot().unwrap();
+        let digest = opt.pod_mut().world_sha256().unwrap();
+        step(&mut opt, 3);
+        step(&mut opt, 4);
+        let straight = (opt.flat_params().unwrap(), opt.state("nu").unwrap());
+        opt.restore(&snapshot).unwrap();
+        assert_eq!(
+            opt.pod_mut().world_sha256().unwrap(),
+            digest,
+            "{pod}: restore then capture is identical"
+        );
+        assert_eq!(opt.step_count(), 2);
+        step(&mut opt, 3);
+        step(&mut opt, 4);
+        assert_eq!(
+            (opt.flat_params().unwrap(), opt.state("nu").unwrap()),
+            straight,
+            "{pod}"
+        );
+    }
 }
 
 #[test]

@@ -43,7 +43,7 @@
 use std::collections::BTreeMap;
 use std::ops::Range;
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use super::CollectiveError;
 use super::element::{Element, ReduceOp};
@@ -60,7 +60,8 @@ pub const DCN_AXIS: u32 = 3;
 
 /// A multislice pod as its collectives see it: the slice's torus, the
 /// slice count, and per chip of a slice the chip whose host NICs it uses.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// Built only through [`MultisliceShape::new`], which checks it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct MultisliceShape {
     slice: TorusShape,
     slices: usize,
