@@ -89,6 +89,65 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    /// A multislice layout's shards are the hierarchical reduce-scatter's
+    /// ranges, and its streamed fold is that collective's data, bit for bit.
+    #[test]
+    fn streamed_reduction_is_the_multislice_collective(
+        dims in prop::collection::vec(1usize..4, 3),
+        wrap in prop::collection::vec(any::<bool>(), 3),
+        slices in 2usize..4,
+        sizes in prop::collection::vec(1usize..60, 1..4),
+        bucket_bytes in 4usize..400,
+        mean in any::<bool>(),
+        seed in any::<u64>(),
+    ) {
+        let slice = TorusShape::new(&dims, &wrap).unwrap();
+        let chips = slice.device_count();
+        let n = chips * slices;
+        let shape = MultisliceShape::new(&slice, slices, vec![0; chips]).unwrap();
+        let op = if mean { ReduceOp::Mean } else { ReduceOp::Sum };
+        let tensors: Vec<(String, Vec<usize>)> =
+            sizes.iter().enumerate().map(|(i, &k)| (format!("t{i}"), vec![k])).collect();
+        let layout = ShardLayout::new(
+            optirs_tpu::ir::DType::F32,
+            &tensors,
+            bucket_bytes,
+            (0..n as u32).map(optirs_tpu::topology::DeviceId).collect(),
+            ShardPlan::Multislice { dims: dims.clone(), wraparound: wrap.clone(), slices },
+        )
+        .unwrap();
+        let mut owners = layout.shard_index.clone();
+        owners.sort_unstable();
+        prop_assert_eq!(owners, (0..n).collect::<Vec<_>>());
+        let (grid, positions) = layout.grid();
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for (b, bucket) in layout.buckets.iter().enumerate() {
+            let inputs: Vec<Vec<f32>> = (0..n)
+                .map(|d| values(seed ^ (d as u64 * 131 + b as u64), bucket.padded_len))
+                .collect();
+            let mut scattered = inputs.clone();
+            optirs_tpu::collectives::multislice_reduce_scatter(&mut scattered, &shape, op)
+                .unwrap();
+            let ranges =
+                optirs_tpu::collectives::multislice_shard_ranges(&shape, bucket.padded_len);
+            for r in 0..n {
+                let range = layout.shard_range(r, b);
+                let local = range.start - bucket.offset..range.end - bucket.offset;
+                prop_assert_eq!(&local, &ranges[r]);
+                let mut out = vec![0f32; local.len()];
+                grid.reduce_for(positions[r], op, &mut out, &mut |rank, off, buf: &mut [f32]| {
+                    let from = local.start + off;
+                    buf.copy_from_slice(&inputs[rank][from..from + buf.len()]);
+                });
+                prop_assert_eq!(bits(&out), bits(&scattered[r][local.clone()]));
+            }
+        }
+    }
+}
+
 /// The reduced gradient the way the pod's existing collectives compute
 /// it: per bucket, every replica's padded bucket all-reduced.
 fn reference_reduced(layout: &ShardLayout, replicas: &[Vec<f32>], op: ReduceOp) -> Vec<f32> {

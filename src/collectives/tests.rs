@@ -791,6 +791,33 @@ fn check_multislice_traffic(shape: &MultisliceShape, len: usize, elem: usize) {
         .transfers
         .iter()
         .partition(|t| t.phase.dim == DCN_AXIS);
+    // Passes partition the records and run back to back.
+    let ici_model = LinkModel::new(1e-6, 4e10).unwrap();
+    let dcn_model = LinkModel::new(1e-5, 1e10).unwrap();
+    let link = |s: usize, d: usize| {
+        if s / chips == d / chips {
+            ici_model
+        } else {
+            dcn_model
+        }
+    };
+    let passes = traffic.passes(link);
+    assert_eq!(
+        passes.iter().map(|p| p.bytes).sum::<u64>(),
+        traffic.total_bytes()
+    );
+    let total: f64 = passes.iter().map(PassSummary::seconds).sum();
+    let modeled = traffic.modeled_seconds_by_link(link);
+    assert!(
+        (total - modeled).abs() <= 1e-12 * modeled.max(1.0),
+        "{total} vs {modeled}"
+    );
+    assert!(
+        passes
+            .windows(2)
+            .all(|w| w[0].end_seconds <= w[1].start_seconds + 1e-15)
+    );
+    assert!(passes.iter().all(|p| p.is_dcn() == (p.dim == DCN_AXIS)));
     assert_eq!(Traffic { transfers: ici }.per_link(), want_ici);
     assert_eq!(
         Traffic {
