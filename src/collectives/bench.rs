@@ -288,7 +288,7 @@ impl Layout<'_> {
                 multislice_all_gather(buffers, shape)
             }
             (Layout::Multislice(shape), BenchOp::Broadcast) => Err(CollectiveError::AcrossSlices {
-                pod: format!("a pod of {} slices", shape.slices()),
+                pod: "this pod".into(),
                 slices: shape.slices() as u32,
                 what: "a broadcast".into(),
             }),
@@ -339,7 +339,7 @@ pub fn run_nccl_style_multislice(
 ) -> Result<Vec<BenchRow>, CollectiveError> {
     if op == BenchOp::Broadcast {
         return Err(CollectiveError::AcrossSlices {
-            pod: format!("a pod of {} slices", shape.slices()),
+            pod: "this pod".into(),
             slices: shape.slices() as u32,
             what: "a broadcast".into(),
         });
