@@ -846,3 +846,97 @@ fn run_skip_idle_reports_skipped_ticks_and_the_same_world() {
     let refused = optirs(&["run", "v4-8", "--skip-idle", "--trace", "t.json"]);
     assert!(!refused.status.success());
 }
+
+#[test]
+fn collectives_and_train_across_slices_show_the_dcn_phase() {
+    let pod = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/assets/pods/examples/v5e-16x2-multislice.ron"
+    );
+    let rows = json(&optirs(&["collectives", pod, "--sizes", "64K", "--json"]));
+    let row = &rows.as_array().unwrap()[0];
+    assert_eq!(row["wrong"], 0);
+    let passes = row["passes"].as_array().unwrap();
+    let dcn: Vec<&serde_json::Value> = passes
+        .iter()
+        .filter(|p| p["name"].as_str().unwrap().ends_with(".dcn"))
+        .collect();
+    assert_eq!(dcn.len(), 2, "{passes:?}");
+    for p in dcn {
+        assert!(p["bytes"].as_u64().unwrap() > 0);
+        assert!(p["end_seconds"].as_f64().unwrap() > p["start_seconds"].as_f64().unwrap());
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("rs.json");
+    let text = optirs(&[
+        "collectives",
+        pod,
+        "--op",
+        "reduce_scatter",
+        "--sizes",
+        "4K,1M",
+        "--trace",
+        trace.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        stdout.contains("expected DCN bandwidth per slice") && stdout.contains("DCN busbw"),
+        "{stdout}"
+    );
+    let trace: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
+    let on_dcn = trace["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ph"] == "X" && e["tid"] == 1)
+        .count();
+    assert_eq!(on_dcn, 2, "one DCN span per size");
+    let bad = optirs(&["collectives", pod, "--op", "broadcast", "--sizes", "4K"]);
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("broadcast across slices"));
+
+    let args = [
+        "train",
+        pod,
+        "--params",
+        "5000,300",
+        "--steps",
+        "2",
+        "--bucket-bytes",
+        "4096",
+    ];
+    let report = json(&optirs(&[&args[..], &["--json"]].concat()));
+    assert_eq!(report["devices"], 32);
+    assert!(report["phases"]["all_gather.dcn"].as_f64().unwrap() > 0.0);
+    let train_trace = dir.path().join("train.json");
+    let text = optirs(&[&args[..], &["--trace", train_trace.to_str().unwrap()]].concat());
+    let stdout = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        stdout.contains("reduce_scatter.dcn") && stdout.contains("DCN phase (across slices)"),
+        "{stdout}"
+    );
+    // The DCN passes are on their own track of every device.
+    let trace: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&train_trace).unwrap()).unwrap();
+    let events = trace["traceEvents"].as_array().unwrap();
+    let dcn_spans = events
+        .iter()
+        .filter(|e| e["ph"] == "X" && e["tid"] == 2)
+        .collect::<Vec<_>>();
+    assert!(!dcn_spans.is_empty());
+    assert!(
+        dcn_spans
+            .iter()
+            .all(|e| e["cat"] == "dcn" && e["name"].as_str().unwrap().contains(".dcn"))
+    );
+    let modeled = json(&optirs(
+        &[&args[..], &["--modeled-only", "--json"]].concat(),
+    ));
+    let stepped = report["step_modeled_seconds"].as_f64().unwrap();
+    let closed = modeled["step_modeled_seconds"].as_f64().unwrap();
+    assert!(
+        (stepped - closed).abs() <= 1e-9 * stepped,
+        "{stepped} vs {closed}"
+    );
+}

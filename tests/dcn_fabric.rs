@@ -1,9 +1,14 @@
 //! The DCN fabric of multislice pods: hosts joined across slices through
-//! their NICs, as link entities that routing, time and figures use.
+//! their NICs, as link entities that routing, time, figures and the
+//! hierarchical collectives (ICI inside a slice, DCN across) use.
 
 use optirs_tpu::Pod;
+use optirs_tpu::collectives::ReduceOp;
 use optirs_tpu::hardware::TpuGeneration;
-use optirs_tpu::topology::{Link, LinkKind, Problem, TopologyError, parse_topology};
+use optirs_tpu::health::Fault;
+use optirs_tpu::topology::{
+    DeviceId, Link, LinkKind, LinkTraffic, Problem, TopologyError, parse_topology,
+};
 
 fn pod(fields: &str) -> Pod {
     Pod::from_ron_str(&format!("Pod(name: \"m\", {fields})"), "m.ron").unwrap()
@@ -155,4 +160,150 @@ fn a_fabric_pod_round_trips_through_a_snapshot() {
     let mut restored = Pod::from_snapshot(&snapshot).unwrap();
     assert_eq!(restored.world_sha256().unwrap(), before);
     assert_eq!(restored.topology().dcn_fabric, p.topology().dcn_fabric);
+}
+
+/// Device `d`'s buffer: small integers, so every order sums exactly.
+fn buffers(devices: usize, len: usize) -> Vec<Vec<f32>> {
+    (0..devices)
+        .map(|d| {
+            (0..len)
+                .map(|i| ((d * 7 + i * 13) % 31) as f32 - 15.0)
+                .collect()
+        })
+        .collect()
+}
+
+fn fabric_traffic(pod: &mut Pod) -> Vec<(Link, LinkTraffic)> {
+    let world = pod.world_mut();
+    world
+        .query::<(&Link, &LinkTraffic)>()
+        .iter(world)
+        .filter(|(l, _)| l.kind == LinkKind::Dcn)
+        .map(|(l, t)| (*l, *t))
+        .collect()
+}
+
+#[test]
+fn an_all_reduce_across_slices_is_hierarchical_on_the_fabric_links() {
+    // Two v5e 4x4 slices; each has two 8-chip hosts (NIC chips 0 and 2).
+    let mut p = pod("generation: \"v5e\", shape: \"4x4\", slices: 2");
+    let len = 4096;
+    let inputs = buffers(32, len);
+    let expected: Vec<f32> = (0..len)
+        .map(|i| inputs.iter().map(|b| b[i]).sum())
+        .collect();
+    let mut data = inputs.clone();
+    let report = p.all_reduce(&mut data, ReduceOp::Sum).unwrap();
+    for b in &data {
+        assert_eq!(b, &expected);
+    }
+    let names: Vec<&str> = report.passes.iter().map(|p| p.name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "reduce_scatter.axis0",
+            "reduce_scatter.axis1",
+            "reduce_scatter.dcn",
+            "all_gather.dcn",
+            "all_gather.axis1",
+            "all_gather.axis0"
+        ]
+    );
+    // After the slice's reduce-scatter each chip holds len/16; it sends
+    // half of that to its twin: 8 chips x 128 elements x 4 bytes per host,
+    // each way, per pass.
+    let per_host = 8 * (len / 16 / 2) * 4;
+    let dcn = &report.passes[2];
+    assert!(dcn.is_dcn());
+    assert_eq!(dcn.bytes, 2 * 2 * per_host as u64, "2 hosts, both ways");
+    let rail = p
+        .topology()
+        .fabric_link_params(&p.topology().dcn_fabric.unwrap());
+    let closed = rail.latency_ns as f64 * 1e-9 + per_host as f64 / rail.bytes_per_s;
+    assert!((dcn.seconds() - closed).abs() < 1e-12, "{dcn:?}");
+    let total: f64 = report.passes.iter().map(|p| p.seconds()).sum();
+    assert!((total - report.modeled_seconds).abs() < 1e-12);
+    // Every fabric link carried the reduce-scatter's and the all-gather's
+    // chunks, in each direction.
+    let fabric = fabric_traffic(&mut p);
+    assert_eq!(fabric.len(), 2);
+    for (_, t) in &fabric {
+        assert_eq!(
+            (t.bytes_ab, t.bytes_ba),
+            (2 * per_host as u64, 2 * per_host as u64)
+        );
+    }
+    assert_eq!(
+        report.link_bytes,
+        report.passes.iter().map(|p| p.bytes).sum::<u64>()
+    );
+}
+
+#[test]
+fn reduce_scatter_and_all_gather_across_slices_compose_an_all_reduce() {
+    // Three v4 2x2x2 slices, a 2:1 oversubscribed core.
+    let mut p =
+        pod("generation: \"v4\", shape: \"2x2x2\", slices: 3, dcn: (oversubscription: 2.0)");
+    let len = 1000; // not a multiple of the 24 devices
+    let inputs = buffers(24, len);
+    let mut reduced = inputs.clone();
+    p.all_reduce(&mut reduced, ReduceOp::Sum).unwrap();
+    let mut data = inputs.clone();
+    let (rs, ranges) = p
+        .multislice_reduce_scatter(&mut data, ReduceOp::Sum)
+        .unwrap();
+    assert_eq!(ranges.iter().map(|r| r.len()).sum::<usize>(), len);
+    for (d, r) in ranges.iter().enumerate() {
+        assert_eq!(data[d][r.clone()], reduced[0][r.clone()], "device {d}");
+    }
+    let (ag, again) = p.multislice_all_gather(&mut data).unwrap();
+    assert_eq!(ranges, again);
+    assert_eq!(data, reduced);
+    assert_eq!(rs.passes.last().unwrap().name, "reduce_scatter.dcn");
+    assert_eq!(ag.passes[0].name, "all_gather.dcn");
+    // The 2:1 core halves the rails: each pass's DCN time is the
+    // oversubscribed rail's.
+    let rail = p
+        .topology()
+        .fabric_link_params(&p.topology().dcn_fabric.unwrap());
+    assert_eq!(rail.bytes_per_s, 12.5e9 / 2.0 / 2.0);
+}
+
+#[test]
+fn collectives_that_cannot_span_slices_say_what_to_use() {
+    let mut p = pod("generation: \"v5e\", shape: \"4x4\", slices: 2");
+    let mut data = buffers(32, 64);
+    let err = p
+        .reduce_scatter(&mut data, ReduceOp::Sum)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("hierarchically") && err.contains("2 slices"),
+        "{err}"
+    );
+    let err = p.broadcast(&mut data, 0).unwrap_err().to_string();
+    assert!(err.contains("not built across slices"), "{err}");
+    // Hand-listed links are no fabric: the exchange needs every host's rails.
+    let mut p = pod(
+        "generation: \"v5e\", shape: \"4x4\", slices: 2, dcn: (fabric: false), \
+         extra_links: [(a: 0, b: 16, kind: Dcn)]",
+    );
+    let err = p
+        .all_reduce(&mut data, ReduceOp::Sum)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("no DCN fabric"), "{err}");
+    // A cut rail fails the launch before any counter moves.
+    let mut p = pod("generation: \"v5e\", shape: \"4x4\", slices: 2");
+    p.inject(Fault::CutLink(DeviceId(0), DeviceId(16))).unwrap();
+    let err = p
+        .all_reduce(&mut data, ReduceOp::Sum)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("cut"), "{err}");
+    assert!(
+        fabric_traffic(&mut p)
+            .iter()
+            .all(|(_, t)| t.bytes_ab + t.bytes_ba == 0)
+    );
 }

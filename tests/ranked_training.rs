@@ -174,6 +174,25 @@ fn sharded_steps_split_over_ranks_are_the_one_process_steps() {
 }
 
 #[test]
+fn a_multislice_model_split_over_ranks_is_the_one_process_model() {
+    // Two v5e 4x4 slices over DCN: 4 hosts, so 2 ranks split within the
+    // slices and 4 ranks put a rank on each host.
+    let topology = Pod::from_ron_str(
+        "Pod(name: \"two-slices\", generation: \"v5e\", shape: \"4x4\", slices: 2)",
+        "two-slices.ron",
+    )
+    .unwrap()
+    .topology()
+    .clone();
+    let sizes = [700, 33];
+    let single = one_process(Adam::new(1e-2f32), &topology, &sizes, 1024, 2);
+    for ranks in [2, 4] {
+        let ranked = split(Adam::new(1e-2f32), &topology, ranks, &sizes, 1024, 2);
+        assert_same(&single, &ranked, &format!("two slices over {ranks} ranks"));
+    }
+}
+
+#[test]
 fn each_rank_holds_only_its_devices_state_shards() {
     let topology = load_preset("v3-32").unwrap();
     let counts = on_ranks(4, |mailbox| {

@@ -5,8 +5,9 @@
 
 use ndarray::{Array1, ArrayD, IxDyn};
 use optirs_tpu::collectives::{
-    ReduceGrid, ReduceOp, TorusShape, all_reduce, reduce_scatter, torus_all_reduce,
-    torus_reduce_scatter, torus_reduce_scatter_traffic, torus_shard_ranges,
+    MultisliceShape, ReduceGrid, ReduceOp, TorusShape, all_reduce, multislice_all_reduce,
+    reduce_scatter, torus_all_reduce, torus_reduce_scatter, torus_reduce_scatter_traffic,
+    torus_shard_ranges,
 };
 use optirs_tpu::health::Fault;
 use optirs_tpu::sharding::{
@@ -88,6 +89,65 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    /// A multislice layout's shards are the hierarchical reduce-scatter's
+    /// ranges, and its streamed fold is that collective's data, bit for bit.
+    #[test]
+    fn streamed_reduction_is_the_multislice_collective(
+        dims in prop::collection::vec(1usize..4, 3),
+        wrap in prop::collection::vec(any::<bool>(), 3),
+        slices in 2usize..4,
+        sizes in prop::collection::vec(1usize..60, 1..4),
+        bucket_bytes in 4usize..400,
+        mean in any::<bool>(),
+        seed in any::<u64>(),
+    ) {
+        let slice = TorusShape::new(&dims, &wrap).unwrap();
+        let chips = slice.device_count();
+        let n = chips * slices;
+        let shape = MultisliceShape::new(&slice, slices, vec![0; chips]).unwrap();
+        let op = if mean { ReduceOp::Mean } else { ReduceOp::Sum };
+        let tensors: Vec<(String, Vec<usize>)> =
+            sizes.iter().enumerate().map(|(i, &k)| (format!("t{i}"), vec![k])).collect();
+        let layout = ShardLayout::new(
+            optirs_tpu::ir::DType::F32,
+            &tensors,
+            bucket_bytes,
+            (0..n as u32).map(optirs_tpu::topology::DeviceId).collect(),
+            ShardPlan::Multislice { dims: dims.clone(), wraparound: wrap.clone(), slices },
+        )
+        .unwrap();
+        let mut owners = layout.shard_index.clone();
+        owners.sort_unstable();
+        prop_assert_eq!(owners, (0..n).collect::<Vec<_>>());
+        let (grid, positions) = layout.grid();
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for (b, bucket) in layout.buckets.iter().enumerate() {
+            let inputs: Vec<Vec<f32>> = (0..n)
+                .map(|d| values(seed ^ (d as u64 * 131 + b as u64), bucket.padded_len))
+                .collect();
+            let mut scattered = inputs.clone();
+            optirs_tpu::collectives::multislice_reduce_scatter(&mut scattered, &shape, op)
+                .unwrap();
+            let ranges =
+                optirs_tpu::collectives::multislice_shard_ranges(&shape, bucket.padded_len);
+            for r in 0..n {
+                let range = layout.shard_range(r, b);
+                let local = range.start - bucket.offset..range.end - bucket.offset;
+                prop_assert_eq!(&local, &ranges[r]);
+                let mut out = vec![0f32; local.len()];
+                grid.reduce_for(positions[r], op, &mut out, &mut |rank, off, buf: &mut [f32]| {
+                    let from = local.start + off;
+                    buf.copy_from_slice(&inputs[rank][from..from + buf.len()]);
+                });
+                prop_assert_eq!(bits(&out), bits(&scattered[r][local.clone()]));
+            }
+        }
+    }
+}
+
 /// The reduced gradient the way the pod's existing collectives compute
 /// it: per bucket, every replica's padded bucket all-reduced.
 fn reference_reduced(layout: &ShardLayout, replicas: &[Vec<f32>], op: ReduceOp) -> Vec<f32> {
@@ -117,6 +177,18 @@ fn reference_reduced(layout: &ShardLayout, replicas: &[Vec<f32>], op: ReduceOp) 
                 let ring: Vec<usize> = ring.iter().map(|d| d.0 as usize).collect();
                 all_reduce(&mut buffers, &ring, op).unwrap();
             }
+            // The hierarchical all-reduce on real buffers (its NIC map does
+            // not change the data).
+            ShardPlan::Multislice {
+                dims,
+                wraparound,
+                slices,
+            } => {
+                let slice = TorusShape::new(dims, wraparound).unwrap();
+                let nic = (0..slice.device_count()).collect();
+                let shape = MultisliceShape::new(&slice, *slices, nic).unwrap();
+                multislice_all_reduce(&mut buffers, &shape, op).unwrap();
+            }
         }
         assert_eq!(n, layout.devices());
         out.extend_from_slice(&buffers[layout.participants[0].0 as usize][..bucket.len]);
@@ -129,6 +201,19 @@ fn pod_named(name: &str) -> Pod {
         "mesh-3x5" => Pod::from_ron_str(
             "Pod(name: \"mesh-3x5\", generation: \"v5e\", shape: \"3x5\", custom: true, chips_per_host: \"1x1\")",
             "mesh-3x5",
+        )
+        .unwrap(),
+        // Multislice pods: two v5e 4x4 slices (two 8-chip hosts each), and
+        // three v4 2x2x2 slices (two 4-chip hosts each).
+        "ms-v5e" => Pod::from_ron_str(
+            "Pod(name: \"ms-v5e\", generation: \"v5e\", shape: \"4x4\", slices: 2)",
+            "ms-v5e",
+        )
+        .unwrap(),
+        "ms-v4" => Pod::from_ron_str(
+            "Pod(name: \"ms-v4\", generation: \"v4\", shape: \"2x2x2\", slices: 3, \
+             dcn: (oversubscription: 2.0))",
+            "ms-v4",
         )
         .unwrap(),
         other => Pod::from_preset(other).unwrap(),
@@ -263,6 +348,47 @@ fn sharded_adam_is_exact_on_other_pods() {
     check_exact("v5e-16", "adam", &[100, 3, 17], 128, 2, false);
     check_exact("mesh-3x5", "rmsprop", &[29, 61], 96, 2, true);
     check_exact("v4-64", "adamw", &[300, 11], 4096, 2, true);
+}
+
+#[test]
+fn sharded_steps_are_exact_on_multislice_pods() {
+    // The hierarchical reduce-scatter (ICI inside each slice, DCN across)
+    // folds in the grid's order: bit for bit the hierarchical all-reduce
+    // on real buffers, then the unsharded update.
+    check_exact("ms-v5e", "adam", &[100, 3, 17], 128, 2, true);
+    check_exact("ms-v4", "momentum", &[77, 250], 96, 2, false);
+    let pod = pod_named("ms-v4");
+    let mut sharded = adam_on(pod, &[500]);
+    let layout = sharded.layout().unwrap().clone();
+    assert!(matches!(
+        layout.plan,
+        ShardPlan::Multislice { slices: 3, .. }
+    ));
+    // A device's redundant peer is in its own slice (the copy moves on ICI).
+    for (r, peer) in layout.peers().into_iter().enumerate() {
+        assert_eq!(
+            layout.participants[r].0 / 8,
+            layout.participants[peer].0 / 8
+        );
+    }
+    let report = sharded
+        .step_replicas(&replica_grads(&layout, &[500], 1))
+        .unwrap();
+    for key in [
+        "reduce_scatter.dcn",
+        "all_gather.dcn",
+        "reduce_scatter.axis0",
+    ] {
+        assert!(report.phases[key] > 0.0, "{key} in {:?}", report.phases);
+    }
+}
+
+#[test]
+fn a_multislice_pod_with_a_device_down_is_refused_with_the_reason() {
+    let mut pod = pod_named("ms-v5e");
+    pod.kill_device(3).unwrap();
+    let err = optirs_tpu::tpu::sharded::participants(&mut pod).unwrap_err();
+    assert!(err.to_string().contains("31 of 32 devices are up"), "{err}");
 }
 
 proptest! {
@@ -744,33 +870,37 @@ fn adam_on(pod: Pod, sizes: &[usize]) -> Sharded {
 
 #[test]
 fn a_restored_snapshot_resumes_bit_for_bit() {
-    let sizes = [700usize, 13];
-    let mut opt = adam_on(Pod::from_preset("v4-8").unwrap(), &sizes);
-    let step = |opt: &mut ShardedOptimizer<_, f32>, k: u64| {
-        let layout = opt.layout().unwrap().clone();
-        opt.step_replicas(&replica_grads(&layout, &sizes, k))
-            .unwrap();
-    };
-    step(&mut opt, 1);
-    step(&mut opt, 2);
-    let snapshot = opt.snapshot().unwrap();
-    let digest = opt.pod_mut().world_sha256().unwrap();
-    step(&mut opt, 3);
-    step(&mut opt, 4);
-    let straight = (opt.flat_params().unwrap(), opt.state("nu").unwrap());
-    opt.restore(&snapshot).unwrap();
-    assert_eq!(
-        opt.pod_mut().world_sha256().unwrap(),
-        digest,
-        "restore then capture is identical"
-    );
-    assert_eq!(opt.step_count(), 2);
-    step(&mut opt, 3);
-    step(&mut opt, 4);
-    assert_eq!(
-        (opt.flat_params().unwrap(), opt.state("nu").unwrap()),
-        straight
-    );
+    // One slice, and three slices joined by DCN (a multislice plan).
+    for pod in ["v4-8", "ms-v4"] {
+        let sizes = [700usize, 13];
+        let mut opt = adam_on(pod_named(pod), &sizes);
+        let step = |opt: &mut ShardedOptimizer<_, f32>, k: u64| {
+            let layout = opt.layout().unwrap().clone();
+            opt.step_replicas(&replica_grads(&layout, &sizes, k))
+                .unwrap();
+        };
+        step(&mut opt, 1);
+        step(&mut opt, 2);
+        let snapshot = opt.snapshot().unwrap();
+        let digest = opt.pod_mut().world_sha256().unwrap();
+        step(&mut opt, 3);
+        step(&mut opt, 4);
+        let straight = (opt.flat_params().unwrap(), opt.state("nu").unwrap());
+        opt.restore(&snapshot).unwrap();
+        assert_eq!(
+            opt.pod_mut().world_sha256().unwrap(),
+            digest,
+            "{pod}: restore then capture is identical"
+        );
+        assert_eq!(opt.step_count(), 2);
+        step(&mut opt, 3);
+        step(&mut opt, 4);
+        assert_eq!(
+            (opt.flat_params().unwrap(), opt.state("nu").unwrap()),
+            straight,
+            "{pod}"
+        );
+    }
 }
 
 #[test]
@@ -831,6 +961,8 @@ fn the_closed_form_model_matches_the_traffic_records() {
         ("v5e-16", vec![12345], 8192),
         ("v4-64", vec![70000, 3], 65536),
         ("mesh-3x5", vec![999, 1000], 1024),
+        ("ms-v5e", vec![12345], 8192),
+        ("ms-v4", vec![5000, 77], 4096),
     ] {
         let pod = pod_named(pod);
         let topology = pod.topology().clone();

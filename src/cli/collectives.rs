@@ -1,19 +1,30 @@
-//! `optirs-tpu collectives`: nccl-tests-style table on a pod's torus.
+//! `optirs-tpu collectives`: nccl-tests-style table on a pod's torus, or
+//! hierarchically over a multislice pod (ICI inside each slice, DCN
+//! across), with each pass's bytes and modeled time.
 
 use super::output;
 use anyhow::{Result, bail};
 use clap::Args;
 use optirs_tpu::Pod;
-use optirs_tpu::collectives::LinkModel;
-use optirs_tpu::collectives::bench::{BenchOp, BenchTable, run_nccl_style_torus};
+use optirs_tpu::collectives::bench::{
+    BenchOp, BenchRow, BenchTable, run_nccl_style_multislice, run_nccl_style_torus,
+};
+use optirs_tpu::collectives::pod::charge_links;
+use optirs_tpu::collectives::{
+    LinkModel, MultisliceShape, PassSummary, Traffic, multislice_all_gather_traffic,
+    multislice_reduce_scatter_traffic,
+};
 use optirs_tpu::topology::DEFAULT_PRESET;
+use serde_json::json;
+use std::path::PathBuf;
 
 /// Host memory the benchmark may use for buffers (inputs and working copies).
 const MAX_BENCH_BYTES: u128 = 4 << 30;
 
 #[derive(Args, Debug)]
 pub struct CollectivesArgs {
-    /// A preset name or a pod file path (one slice).
+    /// A preset name or a pod file path (one slice, or several joined by
+    /// the DCN fabric).
     #[arg(default_value = DEFAULT_PRESET)]
     pod: String,
     /// all_reduce, reduce_scatter, all_gather or broadcast.
@@ -25,6 +36,10 @@ pub struct CollectivesArgs {
     /// Print a JSON list of rows.
     #[arg(long)]
     json: bool,
+    /// Write a Chrome/Perfetto trace of each size's modeled passes (ICI and
+    /// DCN on their own tracks), sizes one after another. Never overwrites.
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
 }
 
 /// `64K` → 65536.
@@ -51,10 +66,40 @@ fn parse_size(text: &str) -> Result<usize, String> {
 }
 
 pub fn collectives(args: CollectivesArgs) -> Result<()> {
+    output::refuse_existing(&[("--trace", args.trace.as_deref())])?;
     let pod = Pod::load(&args.pod)?;
+    if pod.topology().slices > 1 {
+        return multislice(args, pod);
+    }
     let shape = pod.torus_shape()?;
-    let ranks = shape.device_count() as u128;
-    if let Some(&largest) = args.sizes.iter().max() {
+    check_memory(shape.device_count() as u128, &args.sizes)?;
+    let topology = pod.topology().clone();
+    let model = LinkModel::new(
+        topology.ici.latency_ns as f64 * 1e-9,
+        topology.ici.bytes_per_s,
+    )?;
+    let rows = run_nccl_style_torus(args.op, &shape, &args.sizes, model)?;
+    if let Some(path) = &args.trace {
+        write_trace(path, &args, &rows, &|_| Vec::new())?;
+    }
+    if args.json {
+        return output::print_json(&rows);
+    }
+    output::print_text(&format!(
+        "# {} on {} ({} {}, {} ranks; model: ICI {:.0} GB/s per direction, {} ns per hop)\n{}",
+        args.op,
+        topology.name,
+        topology.generation,
+        topology.shape_string(),
+        shape.device_count(),
+        topology.ici.bytes_per_s / 1e9,
+        topology.ici.latency_ns,
+        BenchTable(&rows)
+    ))
+}
+
+fn check_memory(ranks: u128, sizes: &[usize]) -> Result<()> {
+    if let Some(&largest) = sizes.iter().max() {
         let needed = 2 * ranks * largest as u128;
         if needed > MAX_BENCH_BYTES {
             bail!(
@@ -66,24 +111,171 @@ pub fn collectives(args: CollectivesArgs) -> Result<()> {
             );
         }
     }
-    let topology = pod.topology();
-    let model = LinkModel::new(
-        topology.ici.latency_ns as f64 * 1e-9,
-        topology.ici.bytes_per_s,
+    Ok(())
+}
+
+/// The traffic the hierarchical `op` puts on the links for `len` elements.
+fn multislice_traffic(op: BenchOp, shape: &MultisliceShape, len: usize) -> Traffic {
+    match op {
+        BenchOp::ReduceScatter => multislice_reduce_scatter_traffic(shape, len, 4),
+        BenchOp::AllGather => multislice_all_gather_traffic(shape, len, 4, 0),
+        _ => {
+            let mut t = multislice_reduce_scatter_traffic(shape, len, 4);
+            t.transfers
+                .extend(multislice_all_gather_traffic(shape, len, 4, 4).transfers);
+            t
+        }
+    }
+}
+
+/// A multislice pod: the hierarchical collective, its traffic charged to
+/// the pod's link entities (ICI and the DCN fabric's), each hop modeled
+/// with its own link's figures.
+fn multislice(args: CollectivesArgs, mut pod: Pod) -> Result<()> {
+    let topology = pod.topology().clone();
+    let shape = pod.multislice_shape()?;
+    if args.op == BenchOp::Broadcast {
+        bail!(
+            "broadcast across slices is not built: {} has {} slices; use all_reduce, \
+             reduce_scatter or all_gather (hierarchical), or a one-slice pod",
+            topology.name,
+            topology.slices
+        );
+    }
+    check_memory(shape.device_count() as u128, &args.sizes)?;
+    // Every hop of the largest size's schedule is a link entity of the pod
+    // (smaller sizes use a subset); their models drive the time.
+    let largest = args.sizes.iter().copied().max().unwrap_or(0) / 4;
+    let charge = charge_links(
+        pod.world_mut(),
+        &multislice_traffic(args.op, &shape, largest.max(shape.device_count())),
     )?;
-    let rows = run_nccl_style_torus(args.op, &shape, &args.sizes, model)?;
+    let link = |s: usize, d: usize| charge.model(s, d);
+    let rows = run_nccl_style_multislice(args.op, &shape, &args.sizes, &link)?;
+    if let Some(path) = &args.trace {
+        write_trace(path, &args, &rows, &|row| row.passes.clone())?;
+    }
     if args.json {
         return output::print_json(&rows);
     }
-    output::print_text(&format!(
-        "# {} on {} ({} {}, {} ranks; model: ICI {:.0} GB/s per direction, {} ns per hop)\n{}",
+    let fabric = topology
+        .dcn_fabric
+        .expect("multislice_shape needs the fabric");
+    let rail = topology.fabric_link_params(&fabric);
+    let hosts_per_slice = topology.num_hosts() / topology.slices;
+    let slice_nics = f64::from(hosts_per_slice) * fabric.host_bytes_per_s / fabric.oversubscription;
+    let slices = shape.slices() as f64;
+    let dcn_factor = match args.op {
+        BenchOp::AllReduce => 2.0 * (slices - 1.0) / slices,
+        _ => (slices - 1.0) / slices,
+    };
+    let mut text = format!(
+        "# {} on {} ({} slices of {} {}, {} ranks; hierarchical: ICI inside each slice, DCN across)\n\
+         # model: ICI {:.0} GB/s per direction, {} ns per hop; DCN rails {:.2} GB/s each way \
+         (host NICs {:.1} GB/s / {} rails / oversubscription {}), {} ns\n\
+         # expected DCN bandwidth per slice: {} hosts x {:.1} GB/s / {} = {:.1} GB/s \
+         (the bound of the DCN pass's bus bandwidth, {:.3} x size / DCN time)\n{}",
         args.op,
         topology.name,
+        topology.slices,
         topology.generation,
         topology.shape_string(),
-        ranks,
+        shape.device_count(),
         topology.ici.bytes_per_s / 1e9,
         topology.ici.latency_ns,
+        rail.bytes_per_s / 1e9,
+        fabric.host_bytes_per_s / 1e9,
+        topology.slices - 1,
+        fabric.oversubscription,
+        rail.latency_ns,
+        hosts_per_slice,
+        fabric.host_bytes_per_s / 1e9,
+        fabric.oversubscription,
+        slice_nics / 1e9,
+        dcn_factor,
         BenchTable(&rows)
-    ))
+    );
+    text += "# passes (modeled):\n";
+    for row in &rows {
+        let dcn: f64 = row
+            .passes
+            .iter()
+            .filter(|p| p.is_dcn())
+            .map(PassSummary::seconds)
+            .sum();
+        let parts: Vec<String> = row
+            .passes
+            .iter()
+            .map(|p| {
+                format!(
+                    "{} {} {} B {:.1} us",
+                    p.name,
+                    if p.is_dcn() { "DCN" } else { "ICI" },
+                    p.bytes,
+                    p.seconds() * 1e6
+                )
+            })
+            .collect();
+        let dcn_busbw = if dcn > 0.0 {
+            dcn_factor * row.bytes as f64 / dcn / 1e9
+        } else {
+            0.0
+        };
+        text += &format!(
+            "#{:>13}  {}; DCN {:.1} us of {:.1} us, DCN busbw {:.2} GB/s\n",
+            row.bytes,
+            parts.join(" | "),
+            dcn * 1e6,
+            row.modeled_seconds * 1e6,
+            dcn_busbw
+        );
+    }
+    output::print_text(&text)
+}
+
+/// Each size's passes as spans on an ICI and a DCN track, in modeled
+/// time, sizes one after another (µs).
+fn write_trace(
+    path: &std::path::Path,
+    args: &CollectivesArgs,
+    rows: &[BenchRow],
+    passes: &dyn Fn(&BenchRow) -> Vec<PassSummary>,
+) -> Result<()> {
+    let mut events = vec![
+        json!({"ph": "M", "name": "process_name", "pid": 0, "args": {"name": format!("{} on {}", args.op, args.pod)}}),
+        json!({"ph": "M", "name": "thread_name", "pid": 0, "tid": 0, "args": {"name": "ICI"}}),
+        json!({"ph": "M", "name": "thread_name", "pid": 0, "tid": 1, "args": {"name": "DCN"}}),
+    ];
+    let mut offset = 0.0;
+    for row in rows {
+        let mut spans = passes(row);
+        if spans.is_empty() {
+            // One torus: the collective as one ICI span (its passes are
+            // listed for multislice pods only).
+            spans.push(PassSummary {
+                order: 0,
+                kind: optirs_tpu::collectives::PhaseKind::AllGather,
+                dim: 0,
+                name: row.op.clone(),
+                bytes: 0,
+                start_seconds: 0.0,
+                end_seconds: row.modeled_seconds,
+            });
+        }
+        for p in &spans {
+            events.push(json!({
+                "ph": "X",
+                "name": format!("{} ({} B)", p.name, row.bytes),
+                "cat": if p.is_dcn() { "dcn" } else { "ici" },
+                "pid": 0,
+                "tid": u32::from(p.is_dcn()),
+                "ts": (offset + p.start_seconds) * 1e6,
+                "dur": p.seconds() * 1e6,
+                "args": {"size_bytes": row.bytes, "link_bytes": p.bytes},
+            }));
+        }
+        offset += row.modeled_seconds;
+    }
+    let trace = json!({"traceEvents": events, "displayTimeUnit": "ns"});
+    output::write_new("--trace", path, &serde_json::to_string(&trace)?)
 }

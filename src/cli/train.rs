@@ -607,16 +607,28 @@ fn write_trace(path: &std::path::Path, reports: &[ShardedStepReport]) -> Result<
         events.push(json!({"ph": "M", "name": "process_name", "pid": d, "args": {"name": format!("device {d}")}}));
         events.push(json!({"ph": "M", "name": "thread_name", "pid": d, "tid": 0, "args": {"name": "compute"}}));
         events.push(json!({"ph": "M", "name": "thread_name", "pid": d, "tid": 1, "args": {"name": "communication"}}));
+        if reports
+            .first()
+            .is_some_and(|r| r.spans.iter().any(|s| s.phase.is_dcn()))
+        {
+            events.push(json!({"ph": "M", "name": "thread_name", "pid": d, "tid": 2, "args": {"name": "DCN (across slices)"}}));
+        }
     }
     for r in reports {
         let devices: Vec<u32> = r.hbm_bytes_per_device.iter().map(|&(d, _)| d).collect();
         for span in &r.spans {
-            let tid = u32::from(span.phase != StepPhase::Update);
+            let (tid, cat) = if span.phase == StepPhase::Update {
+                (0, "compute")
+            } else if span.phase.is_dcn() {
+                (2, "dcn")
+            } else {
+                (1, "communication")
+            };
             for &d in &devices {
                 events.push(json!({
                     "ph": "X",
                     "name": format!("{} bucket {}", span.phase.key(), span.bucket),
-                    "cat": if tid == 0 { "compute" } else { "communication" },
+                    "cat": cat,
                     "pid": d,
                     "tid": tid,
                     "ts": r.launched_at_ns as f64 * 1e-3 + span.start_seconds * 1e6,
@@ -652,6 +664,17 @@ pub(super) fn print_report(r: &TrainReport, json: bool) -> Result<()> {
     );
     for (k, v) in &r.phases {
         text += &format!("  {k:<24} {}\n", output::seconds(*v));
+    }
+    let dcn: f64 = ["reduce_scatter.dcn", "all_gather.dcn"]
+        .iter()
+        .filter_map(|k| r.phases.get(*k))
+        .sum();
+    if dcn > 0.0 {
+        text += &format!(
+            "DCN phase (across slices) {} of the {} step\n",
+            output::seconds(dcn),
+            output::seconds(r.step_modeled_seconds)
+        );
     }
     text += &format!(
         "HBM per device (max) {} bytes; links moved {} bytes\n",

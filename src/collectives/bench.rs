@@ -26,8 +26,10 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use super::{
-    CollectiveError, LinkModel, ReduceOp, TorusShape, Traffic, all_gather, all_reduce, broadcast,
-    chunk_range, naive_reduce, reduce_scatter, torus_all_reduce,
+    CollectiveError, LinkModel, MultisliceShape, PassSummary, ReduceOp, TorusShape, Traffic,
+    all_gather, all_reduce, broadcast, chunk_range, multislice_all_gather, multislice_all_reduce,
+    multislice_reduce_scatter, multislice_shard_ranges, naive_reduce, reduce_scatter,
+    torus_all_reduce,
 };
 
 /// Timed iterations per size at most (nccl-tests' default `-n 20`).
@@ -141,6 +143,10 @@ pub struct BenchRow {
     pub floor_seconds: f64,
     /// `measured_seconds / floor_seconds` (1 would be at the floor).
     pub ratio_to_floor: f64,
+    /// On a multislice pod, every pass (ICI axes and the DCN pass) with its
+    /// bytes and modeled span; empty (and not serialized) otherwise.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub passes: Vec<PassSummary>,
 }
 
 /// Runs `op` over a ring of `n_ranks` for every size in `sizes_bytes` (per
@@ -161,7 +167,7 @@ pub fn run_nccl_style(
     }
     sizes_bytes
         .iter()
-        .map(|&size| run_one(op, Layout::Ring(n_ranks), size / 4, &model))
+        .map(|&size| run_one(op, Layout::Ring(n_ranks), size / 4, &|_, _| model))
         .collect()
 }
 
@@ -233,12 +239,13 @@ pub fn count_wrong(op: BenchOp, inputs: &[Vec<f32>], outputs: &[Vec<f32>], ring:
     }
 }
 
-/// Where a benchmark runs: a flat ring of ranks `0..n`, or every device of
-/// a torus.
+/// Where a benchmark runs: a flat ring of ranks `0..n`, every device of a
+/// torus, or every device of a multislice pod.
 #[derive(Debug, Clone, Copy)]
 enum Layout<'a> {
     Ring(usize),
     Torus(&'a TorusShape),
+    Multislice(&'a MultisliceShape),
 }
 
 impl Layout<'_> {
@@ -246,6 +253,7 @@ impl Layout<'_> {
         match self {
             Layout::Ring(n) => *n,
             Layout::Torus(shape) => shape.device_count(),
+            Layout::Multislice(shape) => shape.device_count(),
         }
     }
 
@@ -254,6 +262,7 @@ impl Layout<'_> {
         match self {
             Layout::Ring(n) => (0..*n).collect(),
             Layout::Torus(shape) => shape.snake_ring(),
+            Layout::Multislice(shape) => (0..shape.device_count()).collect(),
         }
     }
 
@@ -269,6 +278,33 @@ impl Layout<'_> {
             }
             (Layout::Torus(shape), _) => run_op(op, buffers, ring).map(|t| t.routed_on(shape)),
             (Layout::Ring(_), _) => run_op(op, buffers, ring),
+            (Layout::Multislice(shape), BenchOp::AllReduce) => {
+                multislice_all_reduce(buffers, shape, ReduceOp::Sum)
+            }
+            (Layout::Multislice(shape), BenchOp::ReduceScatter) => {
+                multislice_reduce_scatter(buffers, shape, ReduceOp::Sum)
+            }
+            (Layout::Multislice(shape), BenchOp::AllGather) => {
+                multislice_all_gather(buffers, shape)
+            }
+            (Layout::Multislice(shape), BenchOp::Broadcast) => Err(CollectiveError::AcrossSlices {
+                pod: "this pod".into(),
+                slices: shape.slices() as u32,
+                what: "a broadcast".into(),
+            }),
+        }
+    }
+
+    fn count_wrong(
+        &self,
+        op: BenchOp,
+        inputs: &[Vec<f32>],
+        outputs: &[Vec<f32>],
+        ring: &[usize],
+    ) -> u64 {
+        match self {
+            Layout::Multislice(shape) => count_wrong_multislice(op, shape, inputs, outputs),
+            _ => count_wrong(op, inputs, outputs, ring),
         }
     }
 }
@@ -285,15 +321,79 @@ pub fn run_nccl_style_torus(
 ) -> Result<Vec<BenchRow>, CollectiveError> {
     sizes_bytes
         .iter()
-        .map(|&size| run_one(op, Layout::Torus(shape), size / 4, &model))
+        .map(|&size| run_one(op, Layout::Torus(shape), size / 4, &|_, _| model))
         .collect()
+}
+
+/// [`run_nccl_style`] over every device of a multislice pod, hierarchically
+/// ([`super::multislice`]): all-reduce, reduce-scatter and all-gather (a
+/// broadcast across slices is refused). `link` gives the model of each
+/// directed hop (ICI inside a slice, the fabric's rails across); each row
+/// lists its passes, the DCN pass among them. The bus factors use the
+/// device count.
+pub fn run_nccl_style_multislice(
+    op: BenchOp,
+    shape: &MultisliceShape,
+    sizes_bytes: &[usize],
+    link: &dyn Fn(usize, usize) -> LinkModel,
+) -> Result<Vec<BenchRow>, CollectiveError> {
+    if op == BenchOp::Broadcast {
+        return Err(CollectiveError::AcrossSlices {
+            pod: "this pod".into(),
+            slices: shape.slices() as u32,
+            what: "a broadcast".into(),
+        });
+    }
+    sizes_bytes
+        .iter()
+        .map(|&size| run_one(op, Layout::Multislice(shape), size / 4, link))
+        .collect()
+}
+
+/// Elements of `outputs` that differ from what the hierarchical `op` must
+/// produce on `inputs` (every device's range of
+/// [`multislice_shard_ranges`] for reduce-scatter and all-gather).
+pub fn count_wrong_multislice(
+    op: BenchOp,
+    shape: &MultisliceShape,
+    inputs: &[Vec<f32>],
+    outputs: &[Vec<f32>],
+) -> u64 {
+    let len = inputs.first().map_or(0, Vec::len);
+    let members: Vec<&[f32]> = inputs.iter().map(Vec::as_slice).collect();
+    let ranges = multislice_shard_ranges(shape, len);
+    let differing = |expected: &[f32], got: &[f32]| -> u64 {
+        expected.iter().zip(got).filter(|(a, b)| a != b).count() as u64
+    };
+    match op {
+        BenchOp::AllReduce => {
+            let expected = naive_reduce(&members, ReduceOp::Sum);
+            outputs.iter().map(|o| differing(&expected, o)).sum()
+        }
+        BenchOp::ReduceScatter => {
+            let expected = naive_reduce(&members, ReduceOp::Sum);
+            ranges
+                .iter()
+                .zip(outputs)
+                .map(|(r, o)| differing(&expected[r.clone()], &o[r.clone()]))
+                .sum()
+        }
+        BenchOp::AllGather => {
+            let mut expected = vec![0f32; len];
+            for (r, input) in ranges.iter().zip(inputs) {
+                expected[r.clone()].copy_from_slice(&input[r.clone()]);
+            }
+            outputs.iter().map(|o| differing(&expected, o)).sum()
+        }
+        BenchOp::Broadcast => outputs.len() as u64 * len as u64,
+    }
 }
 
 fn run_one(
     op: BenchOp,
     layout: Layout<'_>,
     len: usize,
-    model: &LinkModel,
+    link: &dyn Fn(usize, usize) -> LinkModel,
 ) -> Result<BenchRow, CollectiveError> {
     let n = layout.ranks();
     let ring = layout.ring();
@@ -302,7 +402,7 @@ fn run_one(
     let warm_start = Instant::now();
     let traffic = layout.run(op, &mut buffers, &ring)?;
     let warm = warm_start.elapsed().as_secs_f64();
-    let wrong = count_wrong(op, &inputs, &buffers, &ring);
+    let wrong = layout.count_wrong(op, &inputs, &buffers, &ring);
 
     let iterations = if warm > 0.0 {
         ((TIME_BUDGET_SECONDS / warm).ceil() as usize).clamp(1, MAX_ITERATIONS)
@@ -339,7 +439,11 @@ fn run_one(
     };
     let factor = op.bus_factor(n);
     let algbw_gbps = gbps(measured_seconds);
-    let modeled_seconds = traffic.modeled_seconds(model);
+    let modeled_seconds = traffic.modeled_seconds_by_link(link);
+    let passes = match layout {
+        Layout::Multislice(_) => traffic.passes(link),
+        _ => Vec::new(),
+    };
     Ok(BenchRow {
         op: op.name().to_owned(),
         bytes,
@@ -355,6 +459,7 @@ fn run_one(
         } else {
             0.0
         },
+        passes,
     })
 }
 

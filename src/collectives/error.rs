@@ -79,16 +79,46 @@ pub enum CollectiveError {
     /// A benchmark was asked for zero ranks.
     #[error("a benchmark needs at least one rank")]
     NoRanks,
-    /// The pod has several slices joined by DCN links, not one torus.
+    /// The pod has several slices joined by DCN links, not one torus: a
+    /// collective on one torus (a ring over every device, a broadcast)
+    /// cannot span it.
     #[error(
-        "a collective across slices is not supported: `{pod}` has {slices} slices joined by \
-         DCN links, not one torus; run collectives per slice"
+        "`{pod}` has {slices} slices joined by DCN links, not one torus: {what} is not built \
+         across slices; all-reduce, reduce-scatter and all-gather run hierarchically (ICI \
+         inside each slice, DCN across)"
     )]
     AcrossSlices {
         /// The pod.
         pod: String,
         /// Its slice count.
         slices: u32,
+        /// What was asked for.
+        what: String,
+    },
+    /// A multislice pod without the DCN fabric (`dcn: (fabric: false)`):
+    /// its slices are joined only by hand-listed links, which a
+    /// hierarchical collective cannot use as rails.
+    #[error(
+        "`{pod}` has {slices} slices but no DCN fabric (`dcn: (fabric: false)`): hierarchical \
+         collectives exchange between every host and its twins over the fabric; turn the \
+         fabric on, or run collectives per slice"
+    )]
+    NoFabric {
+        /// The pod.
+        pod: String,
+        /// Its slice count.
+        slices: u32,
+    },
+    /// A multislice shape that cannot be: no slice, one slice, more than 3
+    /// slice dimensions, or a NIC map that does not fit the slice.
+    #[error("invalid multislice shape: slices of {dims:?} x {slices}: {reason}")]
+    InvalidMultislice {
+        /// The slice's extents.
+        dims: Vec<usize>,
+        /// Slices.
+        slices: usize,
+        /// What is wrong.
+        reason: String,
     },
     /// A pod-wide collective takes one buffer per device.
     #[error(

@@ -10,6 +10,7 @@
 //! | [`all_gather`] | every member holds chunk `i` of position `i`'s buffer, for every `i` |
 //! | [`broadcast`] | every member holds the root's buffer |
 //! | [`torus_all_reduce`] | [`all_reduce`] over every device of a 2D/3D torus, ring by dimension |
+//! | [`multislice_all_reduce`] (and `_reduce_scatter`, `_all_gather`) | over every device of a multislice pod: ICI inside each slice, DCN across (module [`multislice`]) |
 //!
 //! Buffers are indexed by rank (device index); a ring is an ordered list of
 //! distinct ranks. The returned traffic treats consecutive members (and the
@@ -49,6 +50,7 @@
 
 pub mod bench;
 mod element;
+pub mod multislice;
 mod ring;
 mod streamed;
 mod torus;
@@ -63,6 +65,11 @@ pub mod ranked;
 
 pub use element::{Element, ReduceOp, naive_reduce};
 pub use error::CollectiveError;
+pub use multislice::{
+    DCN_AXIS, MultisliceShape, multislice_all_gather, multislice_all_gather_traffic,
+    multislice_all_reduce, multislice_reduce_scatter, multislice_reduce_scatter_traffic,
+    multislice_shard_ranges,
+};
 pub use ring::{
     BROADCAST_CHUNK_BYTES, PARALLEL_MIN_BYTES, PIECE_ELEMS, SLICE_ELEMS, broadcast_chunks,
     chunk_range,
@@ -71,7 +78,9 @@ pub use streamed::ReduceGrid;
 pub use torus::{
     TorusShape, torus_all_gather_traffic, torus_reduce_scatter_traffic, torus_shard_ranges,
 };
-pub use traffic::{LinkModel, Phase, PhaseKind, TimedTransfer, Traffic, Transfer};
+pub use traffic::{
+    LinkModel, PassSummary, Phase, PhaseKind, TimedTransfer, Traffic, Transfer, pass_name,
+};
 
 use ring::{Epilogue, RingRoute};
 

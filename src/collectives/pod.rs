@@ -23,9 +23,17 @@
 //! All-reduce runs the torus algorithm along every axis of the slice
 //! (rings laid along torus dimensions); reduce-scatter, all-gather and
 //! broadcast run on a ring that snakes through the torus, so every hop is
-//! one link. Buffers are indexed by device id.
+//! one link. On a multislice pod, all-reduce and [`launch_multislice`]'s
+//! reduce-scatter and all-gather are hierarchical (ICI inside each slice,
+//! then DCN across over the fabric's link entities; see
+//! [`crate::collectives::multislice`]); a snake ring or a broadcast across
+//! slices is refused. Buffers are indexed by device id.
 
-use super::{CollectiveError, Element, LinkModel, ReduceOp, TorusShape, Traffic, torus_all_reduce};
+use super::{
+    CollectiveError, Element, LinkModel, MultisliceShape, PassSummary, ReduceOp, TorusShape,
+    Traffic, multislice_all_gather, multislice_all_reduce, multislice_reduce_scatter,
+    multislice_shard_ranges, torus_all_reduce,
+};
 use crate::clock::{NextEvent, SimClock};
 use crate::health::{DeviceState, Health};
 use crate::schedule::{Step, StepSystems};
@@ -104,6 +112,9 @@ pub struct CollectiveReport {
     pub launched_at_ns: u64,
     /// Simulated completion time, ns.
     pub completes_at_ns: u64,
+    /// Every pass (ICI axes, and the DCN pass of a multislice pod) with its
+    /// bytes and its modeled span on the charged links.
+    pub passes: Vec<PassSummary>,
 }
 
 /// Completes collectives whose time has come; fails those with a
@@ -188,14 +199,23 @@ pub fn install(world: &mut World) {
         .add_systems(Step, progress_collectives.in_set(StepSystems::Collectives));
 }
 
-/// The single slice's torus (collectives run within one slice).
+/// The single slice's torus (collectives on one torus run within one
+/// slice; a multislice pod has [`multislice_of`]).
 pub fn torus_of(topology: &Topology) -> Result<TorusShape, CollectiveError> {
     if topology.slices != 1 {
         return Err(CollectiveError::AcrossSlices {
             pod: topology.name.clone(),
             slices: topology.slices,
+            what: "a collective over one torus (the snake ring's reduce-scatter, all-gather, \
+                   broadcast)"
+                .into(),
         });
     }
+    slice_torus(topology)
+}
+
+/// One slice's torus, whatever the slice count.
+fn slice_torus(topology: &Topology) -> Result<TorusShape, CollectiveError> {
     let n = topology.ndims;
     let dims: Vec<usize> = topology.dims[..n].iter().map(|&d| d as usize).collect();
     // A twisted wraparound link does not close its axis's ring, so the rings
@@ -204,6 +224,31 @@ pub fn torus_of(topology: &Topology) -> Result<TorusShape, CollectiveError> {
         .map(|a| topology.wraparound[a] && topology.dims[a] >= 3 && topology.twist[a] == [0; 3])
         .collect();
     TorusShape::new(&dims, &wrap)
+}
+
+/// A multislice pod's shape for the hierarchical collectives
+/// ([`crate::collectives::multislice`]): its slice's torus, its slices, and
+/// each chip's host NIC chip (the host's first chip, where the DCN fabric
+/// meets it). Needs 2 or more slices and the fabric.
+pub fn multislice_of(topology: &Topology) -> Result<MultisliceShape, CollectiveError> {
+    if topology.slices < 2 {
+        return Err(CollectiveError::InvalidMultislice {
+            dims: topology.dims.iter().map(|&d| d as usize).collect(),
+            slices: topology.slices as usize,
+            reason: format!("`{}` is one slice: use its torus", topology.name),
+        });
+    }
+    if topology.dcn_fabric.is_none() {
+        return Err(CollectiveError::NoFabric {
+            pod: topology.name.clone(),
+            slices: topology.slices,
+        });
+    }
+    let slice = slice_torus(topology)?;
+    let nic: Vec<usize> = (0..topology.chips_per_slice())
+        .map(|local| topology.host_leader(0, topology.host_of(local)) as usize)
+        .collect();
+    MultisliceShape::new(&slice, topology.slices as usize, nic)
 }
 
 /// The participants of a collective over every device: `buffers` must be
@@ -322,6 +367,7 @@ pub fn launch(
 ) -> Result<CollectiveReport, CollectiveError> {
     let charge = charge_links(world, traffic)?;
     let modeled_seconds = charge.modeled_seconds(traffic);
+    let passes = traffic.passes(|s, d| charge.model(s, d));
     let launched_at_ns = world.resource::<SimClock>().now_ns;
     let completes_at_ns = launched_at_ns + (modeled_seconds * 1e9).ceil() as u64;
     let entity = world
@@ -345,6 +391,7 @@ pub fn launch(
         modeled_seconds,
         launched_at_ns,
         completes_at_ns,
+        passes,
     })
 }
 
@@ -379,17 +426,24 @@ pub fn poll_collective(world: &World, report: &CollectiveReport) -> Result<bool,
 }
 
 /// Starts an all-reduce over every device (`buffers[i]` is device `i`'s):
-/// the data is reduced now (torus algorithm along every axis); the
-/// collective completes in simulated time.
+/// the data is reduced now (torus algorithm along every axis; on a
+/// multislice pod hierarchically, ICI inside each slice and DCN across);
+/// the collective completes in simulated time.
 pub fn launch_all_reduce<T: Element>(
     world: &mut World,
     buffers: &mut [Vec<T>],
     op: ReduceOp,
 ) -> Result<CollectiveReport, CollectiveError> {
     let participants = check_participants(world, buffers.len())?;
-    let shape = torus_of(&world.resource::<PodTopology>().0)?;
+    let topology = &world.resource::<PodTopology>().0;
     let bytes = (buffers.first().map_or(0, Vec::len) * T::BYTES) as u64;
-    let traffic = torus_all_reduce(buffers, &shape, op)?;
+    let traffic = if topology.slices > 1 {
+        let shape = multislice_of(topology)?;
+        multislice_all_reduce(buffers, &shape, op)?
+    } else {
+        let shape = torus_of(topology)?;
+        torus_all_reduce(buffers, &shape, op)?
+    };
     launch(
         world,
         CollectiveKind::AllReduce,
@@ -397,6 +451,34 @@ pub fn launch_all_reduce<T: Element>(
         participants,
         &traffic,
     )
+}
+
+/// Starts a hierarchical reduce-scatter (`op`) or all-gather (`op` is
+/// `None`) over every device of a multislice pod; returns the report and
+/// each device's range ([`multislice_shard_ranges`]): the range it holds
+/// reduced after the reduce-scatter, the range it contributes to the
+/// all-gather.
+pub fn launch_multislice<T: Element>(
+    world: &mut World,
+    buffers: &mut [Vec<T>],
+    op: Option<ReduceOp>,
+) -> Result<(CollectiveReport, Vec<std::ops::Range<usize>>), CollectiveError> {
+    let participants = check_participants(world, buffers.len())?;
+    let shape = multislice_of(&world.resource::<PodTopology>().0)?;
+    let len = buffers.first().map_or(0, Vec::len);
+    let (kind, traffic) = match op {
+        Some(op) => (
+            CollectiveKind::ReduceScatter,
+            multislice_reduce_scatter(buffers, &shape, op)?,
+        ),
+        None => (
+            CollectiveKind::AllGather,
+            multislice_all_gather(buffers, &shape)?,
+        ),
+    };
+    let bytes = (len * T::BYTES) as u64;
+    let report = launch(world, kind, bytes, participants, &traffic)?;
+    Ok((report, multislice_shard_ranges(&shape, len)))
 }
 
 /// Starts a ring collective over every device along the snake ring

@@ -681,3 +681,222 @@ fn timeline_runs_steps_back_to_back_and_ends_at_the_modeled_time() {
     }
     assert!(buffers.iter().all(|b| b.iter().all(|&x| x == 1.0)));
 }
+
+fn multislice_case() -> impl Strategy<Value = (MultisliceShape, usize, u64)> {
+    (
+        prop::collection::vec((1usize..=3, any::<bool>()), 1..=3),
+        2usize..=4,
+        1usize..=4,
+        any::<u64>(),
+    )
+        .prop_flat_map(|(dims, slices, block, seed)| {
+            let extents: Vec<usize> = dims.iter().map(|d| d.0).collect();
+            let wrap: Vec<bool> = dims.iter().map(|d| d.1).collect();
+            let slice = TorusShape::new(&extents, &wrap).expect("extents ≥ 1");
+            // Hosts of `block` consecutive chips; the first is the NIC chip.
+            let nic = (0..slice.device_count()).map(|i| i - i % block).collect();
+            let shape = MultisliceShape::new(&slice, slices, nic).expect("a valid NIC map");
+            let count = shape.device_count();
+            (Just(shape), 0..=2 * count, Just(seed))
+        })
+}
+
+fn bits<T: TestElement>(v: &[T]) -> Vec<u64> {
+    v.iter().map(|x| x.to_f64().to_bits()).collect()
+}
+
+/// The hierarchical collectives against the naive reduction, the grid fold
+/// of [`ReduceGrid`] (bitwise), and each other (bitwise).
+fn check_multislice<T: TestElement>(shape: &MultisliceShape, len: usize, seed: u64) {
+    let mut mix = Mix(seed);
+    let n = shape.device_count();
+    let inputs: Vec<Vec<T>> = random_buffers(&mut mix, n, len);
+    let refs: Vec<&[T]> = inputs.iter().map(Vec::as_slice).collect();
+    let ranges = multislice_shard_ranges(shape, len);
+    let grid = ReduceGrid::torus(shape.grid().dims());
+    for op in ReduceOp::ALL {
+        let expected = naive_reduce(&refs, op);
+        let mut reduced = inputs.clone();
+        let ar = multislice_all_reduce(&mut reduced, shape, op).expect("valid");
+        for b in &reduced {
+            assert_close(op, &refs, &expected, b);
+            assert_eq!(bits(b), bits(&reduced[0]), "devices disagree bitwise");
+        }
+        let mut scattered = inputs.clone();
+        let rs = multislice_reduce_scatter(&mut scattered, shape, op).expect("valid");
+        assert_eq!(rs, multislice_reduce_scatter_traffic(shape, len, T::BYTES));
+        let mut both = rs.clone();
+        both.transfers
+            .extend(multislice_all_gather_traffic(shape, len, T::BYTES, 4).transfers);
+        assert_eq!(ar, both, "all-reduce = reduce-scatter + all-gather");
+        for (d, range) in ranges.iter().enumerate() {
+            let mut folded = vec![T::ZERO; range.len()];
+            let start = range.start;
+            grid.reduce_for(d, op, &mut folded, &mut |rank, off, buf: &mut [T]| {
+                buf.copy_from_slice(&inputs[rank][start + off..start + off + buf.len()]);
+            });
+            assert_eq!(
+                bits(&folded),
+                bits(&scattered[d][range.clone()]),
+                "{op:?} {d}"
+            );
+            assert_eq!(
+                bits(&folded),
+                bits(&reduced[d][range.clone()]),
+                "{op:?} {d}"
+            );
+        }
+        // The all-gather of the scattered shards completes the all-reduce.
+        let ag = multislice_all_gather(&mut scattered, shape).expect("valid");
+        assert_eq!(ag, multislice_all_gather_traffic(shape, len, T::BYTES, 0));
+        for b in &scattered {
+            assert_eq!(
+                bits(b),
+                bits(&reduced[0]),
+                "{op:?}: gathered != all-reduced"
+            );
+        }
+    }
+    check_multislice_traffic(shape, len, T::BYTES);
+}
+
+/// Per link, the reduce-scatter's traffic is the schedule: per slice the
+/// slice torus's own reduce-scatter, plus one DCN record per host NIC pair
+/// carrying chunk `k` of every twin's shard to slice `k`.
+fn check_multislice_traffic(shape: &MultisliceShape, len: usize, elem: usize) {
+    let traffic = multislice_reduce_scatter_traffic(shape, len, elem);
+    let chips = shape.chips_per_slice();
+    let slices = shape.slices();
+    let slice = shape.slice();
+    let mut want_ici = std::collections::BTreeMap::new();
+    for s in 0..slices {
+        for ((a, b), bytes) in torus_reduce_scatter_traffic(slice, len, elem).per_link() {
+            want_ici.insert((a + s * chips, b + s * chips), bytes);
+        }
+    }
+    let own = torus_shard_ranges(slice, len);
+    let mut want_dcn = std::collections::BTreeMap::new();
+    for d in 0..shape.device_count() {
+        let (s, local) = (d / chips, d % chips);
+        for k in (0..slices).filter(|&k| k != s) {
+            let bytes = (chunk_range(own[local].len(), slices, k).len() * elem) as u64;
+            if bytes > 0 {
+                *want_dcn
+                    .entry((shape.nic_of(d), shape.nic_of(k * chips + local)))
+                    .or_insert(0) += bytes;
+            }
+        }
+    }
+    let (dcn, ici): (Vec<Transfer>, Vec<Transfer>) = traffic
+        .transfers
+        .iter()
+        .partition(|t| t.phase.dim == DCN_AXIS);
+    // Passes partition the records and run back to back.
+    let ici_model = LinkModel::new(1e-6, 4e10).unwrap();
+    let dcn_model = LinkModel::new(1e-5, 1e10).unwrap();
+    let link = |s: usize, d: usize| {
+        if s / chips == d / chips {
+            ici_model
+        } else {
+            dcn_model
+        }
+    };
+    let passes = traffic.passes(link);
+    assert_eq!(
+        passes.iter().map(|p| p.bytes).sum::<u64>(),
+        traffic.total_bytes()
+    );
+    let total: f64 = passes.iter().map(PassSummary::seconds).sum();
+    let modeled = traffic.modeled_seconds_by_link(link);
+    assert!(
+        (total - modeled).abs() <= 1e-12 * modeled.max(1.0),
+        "{total} vs {modeled}"
+    );
+    assert!(
+        passes
+            .windows(2)
+            .all(|w| w[0].end_seconds <= w[1].start_seconds + 1e-15)
+    );
+    assert!(passes.iter().all(|p| p.is_dcn() == (p.dim == DCN_AXIS)));
+    assert_eq!(Traffic { transfers: ici }.per_link(), want_ici);
+    assert_eq!(
+        Traffic {
+            transfers: dcn.clone()
+        }
+        .per_link(),
+        want_dcn
+    );
+    for t in &dcn {
+        assert_eq!((t.phase.step, t.hops, t.phase.order), (0, 1, 3), "{t:?}");
+        assert_ne!(t.src / chips, t.dst / chips, "a DCN record crosses slices");
+        assert_eq!(t.src % chips, t.dst % chips, "between twin hosts");
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn multislice_collectives_are_the_grid_fold((shape, len, seed) in multislice_case()) {
+        check_multislice::<f32>(&shape, len, seed);
+        check_multislice::<f64>(&shape, len, seed);
+        check_multislice::<i32>(&shape, len, seed);
+    }
+}
+
+#[test]
+fn the_dcn_pass_is_one_exchange_at_rail_bandwidth() {
+    // 2 slices of a 4-chip ring, hosts of 2 chips: after the slice's
+    // reduce-scatter each chip holds len/4; it sends half to its twin.
+    let slice = TorusShape::new(&[4], &[true]).unwrap();
+    let shape = MultisliceShape::new(&slice, 2, vec![0, 0, 2, 2]).unwrap();
+    let len = 8000;
+    let traffic = multislice_reduce_scatter_traffic(&shape, len, 4);
+    let ici = LinkModel::new(1e-6, 50e9).unwrap();
+    let dcn = LinkModel::new(10e-6, 25e9).unwrap();
+    let link = |s: usize, d: usize| if s / 4 == d / 4 { ici } else { dcn };
+    let passes = traffic.passes(link);
+    let last = passes.last().unwrap();
+    assert_eq!(last.name, "reduce_scatter.dcn");
+    assert!(last.is_dcn());
+    // Per host: 2 chips x 1000 elements x 4 bytes, each way, on each rail.
+    assert_eq!(last.bytes, 2 * 2 * 2 * 1000 * 4);
+    let closed = 10e-6 + (2 * 1000 * 4) as f64 / 25e9;
+    assert!((last.seconds() - closed).abs() < 1e-15, "{last:?}");
+    let ring = ici.ring_pass_seconds(4, len, 4);
+    assert!((passes[0].seconds() - ring).abs() < 1e-15);
+    let total = traffic.modeled_seconds_by_link(link);
+    assert!((total - (ring + closed)).abs() < 1e-12);
+}
+
+#[test]
+fn invalid_multislice_shapes_are_descriptive_errors() {
+    let slice = TorusShape::new(&[2, 2], &[false, false]).unwrap();
+    for (slices, nic) in [
+        (1, vec![0, 0, 0, 0]),
+        (2, vec![0, 0, 0]),
+        (2, vec![1, 0, 0, 0]),
+        (2, vec![0, 0, 0, 9]),
+    ] {
+        let e = MultisliceShape::new(&slice, slices, nic.clone()).unwrap_err();
+        assert!(
+            matches!(e, CollectiveError::InvalidMultislice { .. }),
+            "{slices} {nic:?}: {e}"
+        );
+    }
+    let shape = MultisliceShape::new(&slice, 2, vec![0, 0, 0, 0]).unwrap();
+    let mut short = vec![vec![0f32; 3]; 7];
+    assert_eq!(
+        multislice_all_reduce(&mut short, &shape, ReduceOp::Sum),
+        Err(CollectiveError::BufferCount {
+            expected: 8,
+            got: 7
+        })
+    );
+    let mut ragged = vec![vec![0f32; 3]; 8];
+    ragged[5].push(1.0);
+    assert!(matches!(
+        multislice_reduce_scatter(&mut ragged, &shape, ReduceOp::Sum),
+        Err(CollectiveError::LengthMismatch { rank: 5, .. })
+    ));
+}

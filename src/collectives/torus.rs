@@ -346,9 +346,35 @@ pub(crate) fn torus_reduce_scatter_slices<T: Element>(
     traffic
 }
 
+/// All-gather over `slices` (one per device, equally long) that undoes
+/// [`torus_reduce_scatter_slices`]: device `d` contributes
+/// `torus_shard_ranges(shape, len)[d]`, the rings of the last dimension
+/// gather first, then the others in reverse order; afterwards every device
+/// holds every range. Validation is the caller's.
+pub(crate) fn torus_all_gather_slices<T: Element>(mut slices: Vec<&mut [T]>, shape: &TorusShape) {
+    let len = slices.first().map_or(0, |s| s.len());
+    let ndims = shape.dims.len();
+    for dim in (0..ndims).rev() {
+        let ranges = narrowed_ranges(shape, len, dim);
+        let lines = shape.lines(dim);
+        let mut slots: Vec<Option<&mut [T]>> = slices.iter_mut().map(|s| Some(&mut **s)).collect();
+        all_gather_rings(line_slices(&mut slots, &lines, &ranges));
+    }
+}
+
+/// Each device's range of a `len`-element buffer once the first `dims`
+/// dimensions are reduce-scattered.
+pub(super) fn narrowed_ranges(shape: &TorusShape, len: usize, dims: usize) -> Vec<Range<usize>> {
+    let mut ranges: Vec<Range<usize>> = vec![0..len; shape.device_count()];
+    for dim in 0..dims {
+        shape.narrow(dim, &mut ranges);
+    }
+    ranges
+}
+
 /// Every dimension's rings with the segment length each reduces, for a
 /// reduce-scatter of `len` elements over the whole torus.
-fn scatter_passes(shape: &TorusShape, len: usize) -> Vec<Vec<(RingRoute, usize)>> {
+pub(super) fn scatter_passes(shape: &TorusShape, len: usize) -> Vec<Vec<(RingRoute, usize)>> {
     let ndims = shape.dims.len();
     let mut ranges: Vec<Range<usize>> = vec![0..len; shape.device_count()];
     let mut passes: Vec<Vec<(RingRoute, usize)>> = Vec::with_capacity(ndims);

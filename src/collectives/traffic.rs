@@ -166,6 +166,80 @@ impl Traffic {
     }
 }
 
+/// One pass of a collective (its transfers of one [`Phase::order`]) in
+/// the alpha-beta model: what a report or a trace shows per phase.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PassSummary {
+    /// [`Phase::order`].
+    pub order: u32,
+    /// What the pass does.
+    pub kind: PhaseKind,
+    /// The torus dimension, or [`super::DCN_AXIS`] for the cross-slice pass.
+    pub dim: u32,
+    /// `reduce_scatter.axis0`, …, `reduce_scatter.dcn`, `all_gather.dcn`.
+    pub name: String,
+    /// Bytes over all links.
+    pub bytes: u64,
+    /// From the pass's first transfer's start to its last transfer's end.
+    pub start_seconds: f64,
+    /// Its end.
+    pub end_seconds: f64,
+}
+
+impl PassSummary {
+    /// Whether this is the cross-slice pass over the DCN fabric.
+    pub fn is_dcn(&self) -> bool {
+        self.dim == super::DCN_AXIS
+    }
+
+    /// Modeled duration.
+    pub fn seconds(&self) -> f64 {
+        self.end_seconds - self.start_seconds
+    }
+}
+
+/// `reduce_scatter.axis0`, `all_gather.dcn`, `broadcast.axis0`.
+pub fn pass_name(kind: PhaseKind, dim: u32) -> String {
+    let kind = match kind {
+        PhaseKind::ReduceScatter => "reduce_scatter",
+        PhaseKind::AllGather => "all_gather",
+        PhaseKind::Broadcast => "broadcast",
+    };
+    if dim == super::DCN_AXIS {
+        format!("{kind}.dcn")
+    } else {
+        format!("{kind}.axis{dim}")
+    }
+}
+
+impl Traffic {
+    /// Every pass in order, with its bytes and its span on
+    /// [`Traffic::timeline`] under `link`'s model.
+    pub fn passes(&self, link: impl Fn(usize, usize) -> LinkModel) -> Vec<PassSummary> {
+        let mut passes: Vec<PassSummary> = Vec::new();
+        for t in self.timeline(link) {
+            let phase = t.transfer.phase;
+            match passes.last_mut() {
+                Some(p) if p.order == phase.order => {
+                    p.bytes += t.transfer.bytes;
+                    p.start_seconds = p.start_seconds.min(t.start_seconds);
+                    p.end_seconds = p.end_seconds.max(t.end_seconds);
+                }
+                _ => passes.push(PassSummary {
+                    order: phase.order,
+                    kind: phase.kind,
+                    dim: phase.dim,
+                    name: pass_name(phase.kind, phase.dim),
+                    bytes: t.transfer.bytes,
+                    start_seconds: t.start_seconds,
+                    end_seconds: t.end_seconds,
+                }),
+            }
+        }
+        passes
+    }
+}
+
 /// A transfer placed in time by the alpha-beta model.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct TimedTransfer {

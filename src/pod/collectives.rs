@@ -7,10 +7,12 @@
 
 use super::Pod;
 use crate::collectives::pod::{
-    CollectiveKind, CollectiveReport, launch_all_reduce, launch_ring, poll_collective, torus_of,
+    CollectiveKind, CollectiveReport, launch_all_reduce, launch_multislice, launch_ring,
+    multislice_of, poll_collective, torus_of,
 };
 use crate::collectives::{
-    CollectiveError, Element, ReduceOp, TorusShape, Traffic, all_gather, broadcast, reduce_scatter,
+    CollectiveError, Element, MultisliceShape, ReduceOp, TorusShape, Traffic, all_gather,
+    broadcast, reduce_scatter,
 };
 use crate::error::Result;
 
@@ -18,6 +20,40 @@ impl Pod {
     /// The pod's slice as a torus for the collectives.
     pub fn torus_shape(&self) -> Result<TorusShape> {
         Ok(torus_of(self.topology())?)
+    }
+
+    /// A multislice pod's shape for the hierarchical collectives.
+    pub fn multislice_shape(&self) -> Result<MultisliceShape> {
+        Ok(multislice_of(self.topology())?)
+    }
+
+    /// Hierarchical reduce-scatter over every device of a multislice pod
+    /// (ICI inside each slice, then DCN across), stepping the pod until it
+    /// completes. Returns the report (its `passes` show the DCN pass) and
+    /// each device's range: `buffers[d][ranges[d]]` holds the reduction of
+    /// that range over every device.
+    pub fn multislice_reduce_scatter<T: Element>(
+        &mut self,
+        buffers: &mut [Vec<T>],
+        op: ReduceOp,
+    ) -> Result<(CollectiveReport, Vec<std::ops::Range<usize>>)> {
+        let (report, ranges) = launch_multislice(self.world_mut(), buffers, Some(op))?;
+        self.wait_for_collective(&report)?;
+        Ok((report, ranges))
+    }
+
+    /// Hierarchical all-gather over every device of a multislice pod (DCN
+    /// across slices, then ICI inside each): device `d` contributes
+    /// `buffers[d][ranges[d]]` (the ranges returned, those of
+    /// [`Pod::multislice_reduce_scatter`]), and afterwards every device
+    /// holds every range.
+    pub fn multislice_all_gather<T: Element>(
+        &mut self,
+        buffers: &mut [Vec<T>],
+    ) -> Result<(CollectiveReport, Vec<std::ops::Range<usize>>)> {
+        let (report, ranges) = launch_multislice(self.world_mut(), buffers, None)?;
+        self.wait_for_collective(&report)?;
+        Ok((report, ranges))
     }
 
     /// Steps until the collective completes; an error naming the device if
@@ -33,8 +69,8 @@ impl Pod {
         Ok(())
     }
 
-    /// Starts an all-reduce over every device (`buffers[i]` is device `i`'s):
-    /// the data is reduced now; the collective completes in simulated time,
+    /// Starts an all-reduce over every device (`buffers[i]` is device `i`'s;
+    /// hierarchical on a multislice pod): the data is reduced now; the collective completes in simulated time,
     /// and the buffers hold its result only once it has (see
     /// [`Pod::wait_for_collective`]).
     pub fn launch_all_reduce<T: Element>(

@@ -13,8 +13,10 @@
 //!
 //! Which part of a bucket a device owns follows the collective that
 //! reduces it: over a whole torus, the reduce-scatter's dimension-order
-//! chunks ([`torus_shard_ranges`]); over the survivors of a failure, the
-//! ring position.
+//! chunks ([`torus_shard_ranges`]); over a multislice pod the same on the
+//! grid with the slice index as a last axis (the hierarchical
+//! reduce-scatter's chunks); over the survivors of a failure, the ring
+//! position.
 
 use std::ops::Range;
 
@@ -80,6 +82,40 @@ pub enum ShardPlan {
         /// Devices in ring order.
         ring: Vec<DeviceId>,
     },
+    /// Over every device of a multislice pod, hierarchically: the slice's
+    /// torus dimension by dimension over ICI, then across the slices over
+    /// DCN ([`crate::collectives::multislice`]); device id `d` is index `d`
+    /// of the grid `dims ++ [slices]`.
+    Multislice {
+        /// One slice's extents, padded to 3 dimensions.
+        dims: Vec<usize>,
+        /// Wraparound per slice dimension.
+        wraparound: Vec<bool>,
+        /// Slices.
+        slices: usize,
+    },
+}
+
+impl ShardPlan {
+    /// The grid a torus or multislice plan reduces on (a multislice plan's
+    /// slice axis last); `None` for a ring.
+    pub fn grid_shape(&self) -> Option<TorusShape> {
+        match self {
+            ShardPlan::Torus { dims, wraparound } => TorusShape::new(dims, wraparound).ok(),
+            ShardPlan::Multislice {
+                dims,
+                wraparound,
+                slices,
+            } => {
+                let mut dims = dims.clone();
+                let mut wraparound = wraparound.clone();
+                dims.push(*slices);
+                wraparound.push(true);
+                TorusShape::new(&dims, &wraparound).ok()
+            }
+            ShardPlan::Ring { .. } => None,
+        }
+    }
 }
 
 /// The packing and sharding of one model over one set of devices.
@@ -259,8 +295,14 @@ impl ShardLayout {
     /// per replica, its position on it.
     pub fn grid(&self) -> (ReduceGrid, Vec<usize>) {
         match &self.plan {
-            ShardPlan::Torus { dims, .. } => (
-                ReduceGrid::torus(dims),
+            ShardPlan::Torus { .. } | ShardPlan::Multislice { .. } => (
+                ReduceGrid::torus(
+                    &self
+                        .plan
+                        .grid_shape()
+                        .map(|s| s.dims().to_vec())
+                        .unwrap_or_default(),
+                ),
                 self.participants.iter().map(|d| d.0 as usize).collect(),
             ),
             // On a ring a replica's shard is its ring position.
@@ -272,9 +314,14 @@ impl ShardLayout {
     }
 
     /// The participants in ring order: the plan's ring, or the snake ring
-    /// through the torus (each hop one link but the closing one).
+    /// through the torus (each hop one link but the closing one); for a
+    /// multislice plan, each slice's snake ring, slice after slice.
     pub fn ring_order(&self) -> Vec<DeviceId> {
         match &self.plan {
+            ShardPlan::Multislice { slices, .. } => {
+                let rings = self.slice_rings();
+                (0..*slices).flat_map(rings).collect()
+            }
             ShardPlan::Torus { dims, wraparound } => TorusShape::new(dims, wraparound)
                 .map(|s| {
                     s.snake_ring()
@@ -287,9 +334,46 @@ impl ShardLayout {
         }
     }
 
+    /// A multislice plan's snake ring of slice `s` (device ids); empty for
+    /// other plans.
+    fn slice_rings(&self) -> impl Fn(usize) -> Vec<DeviceId> + '_ {
+        let slice = match &self.plan {
+            ShardPlan::Multislice {
+                dims, wraparound, ..
+            } => TorusShape::new(dims, wraparound).ok(),
+            _ => None,
+        };
+        move |s| {
+            slice.as_ref().map_or_else(Vec::new, |shape| {
+                let base = s * shape.device_count();
+                shape
+                    .snake_ring()
+                    .into_iter()
+                    .map(|d| DeviceId((base + d) as u32))
+                    .collect()
+            })
+        }
+    }
+
     /// Per replica, the replica that holds its redundant state copy: its
-    /// successor in [`ShardLayout::ring_order`].
+    /// successor in [`ShardLayout::ring_order`] (on a multislice plan, in
+    /// its own slice's ring, so the copy moves over ICI).
     pub fn peers(&self) -> Vec<usize> {
+        if let ShardPlan::Multislice { slices, .. } = &self.plan {
+            let rings = self.slice_rings();
+            let mut peers: Vec<usize> = (0..self.devices()).collect();
+            for s in 0..*slices {
+                let ring = rings(s);
+                for (at, &device) in ring.iter().enumerate() {
+                    let next = ring[(at + 1) % ring.len()];
+                    if let (Some(r), Some(peer)) = (self.replica_of(device), self.replica_of(next))
+                    {
+                        peers[r] = peer;
+                    }
+                }
+            }
+            return peers;
+        }
         let ring = self.ring_order();
         let mut peers: Vec<usize> = (0..self.devices()).collect();
         for (at, &device) in ring.iter().enumerate() {
@@ -305,7 +389,7 @@ impl ShardLayout {
     pub fn torus(&self) -> Option<TorusShape> {
         match &self.plan {
             ShardPlan::Torus { dims, wraparound } => TorusShape::new(dims, wraparound).ok(),
-            ShardPlan::Ring { .. } => None,
+            ShardPlan::Ring { .. } | ShardPlan::Multislice { .. } => None,
         }
     }
 }
@@ -314,16 +398,32 @@ impl ShardLayout {
 fn shard_indices(participants: &[DeviceId], plan: &ShardPlan) -> Result<Vec<usize>, ShardingError> {
     let n = participants.len();
     match plan {
-        ShardPlan::Torus { dims, wraparound } => {
-            let shape = TorusShape::new(dims, wraparound).map_err(|e| ShardingError::Devices {
-                reason: e.to_string(),
+        ShardPlan::Torus { dims, .. } | ShardPlan::Multislice { dims, .. } => {
+            let shape = plan.grid_shape().ok_or_else(|| ShardingError::Devices {
+                reason: format!("{plan:?} is not a valid torus or multislice shape"),
             })?;
             let all: Vec<DeviceId> = (0..shape.device_count() as u32).map(DeviceId).collect();
             if participants != all.as_slice() {
                 return Err(ShardingError::Devices {
                     reason: format!(
-                        "a torus plan shards over all {} devices of the torus {dims:?}, got {n}",
-                        shape.device_count()
+                        "a {} plan shards over all {} devices of {dims:?}{}, got {n}",
+                        if matches!(plan, ShardPlan::Torus { .. }) {
+                            "torus"
+                        } else {
+                            "multislice"
+                        },
+                        shape.device_count(),
+                        match plan {
+                            ShardPlan::Multislice { slices, .. } => format!(" x {slices} slices"),
+                            _ => String::new(),
+                        }
+                    ),
+                });
+            }
+            if matches!(plan, ShardPlan::Multislice { .. }) && dims.len() != 3 {
+                return Err(ShardingError::Devices {
+                    reason: format!(
+                        "a multislice plan's slice has 3 dimensions (padded with 1s), got {dims:?}"
                     ),
                 });
             }

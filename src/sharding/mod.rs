@@ -19,6 +19,8 @@
 //! reduce-scatter's ([`crate::collectives::ReduceGrid`]: along torus axis
 //! 0 starting after the owner, then axis 1, then axis 2; `Mean` divides
 //! the sum once), which is also [`crate::collectives::torus_all_reduce`]'s.
+//! On a multislice pod the slice index is a fourth axis folded last, over
+//! DCN ([`crate::collectives::multislice`]), so the same holds there.
 //!
 //! **Over ranks.** On a pod split over processes ([`crate::pod::ranks`])
 //! each rank holds its devices' state shards and its replicas' gradients,

@@ -11,7 +11,16 @@
 //! `α + chunk_bytes / β` on a ring; on a line without wraparound (more
 //! than two devices) the ring's closing message crosses all `n_d − 1`
 //! links, so the step lasts `(n_d − 1)·α + chunk_bytes / β`. The
-//! all-gather mirrors it. These are the traffic records'
+//! all-gather mirrors it.
+//!
+//! On a multislice pod of `S` slices of `C` chips, after the slice's axes
+//! each device holds `L / C` elements, and one DCN exchange follows: every
+//! host sends each other slice the `L / (C·S)`-element chunk of each of its
+//! `h` chips, `h·L/(C·S)·elem` bytes on its own fabric rail, so the pass
+//! lasts `α_dcn + h·L/(C·S)·elem / β_rail` (`β_rail` = the host's NIC
+//! bandwidth / (S − 1) / oversubscription, [`Topology::fabric_link_params`]).
+//!
+//! These are the traffic records'
 //! [`crate::collectives::Traffic::timeline`] figures for uniform links
 //! (`tests/sharding.rs` compares the two), and the update and the
 //! overlap are [`super::timing`]'s.
@@ -21,7 +30,7 @@ use serde::Serialize;
 use super::error::ShardingError;
 use super::layout::{ShardLayout, ShardPlan};
 use super::timing::{BucketCost, StepPhase, StepTimeline, schedule};
-use crate::collectives::TorusShape;
+use crate::collectives::{DCN_AXIS, TorusShape};
 use crate::ir::DType;
 use crate::topology::{DeviceId, Topology};
 
@@ -74,7 +83,8 @@ fn pass(
 
 /// The modeled step of a model with `tensors` (names and shapes) of
 /// `dtype` and an optimizer with `slots` state slots, sharded over every
-/// device of `topology`'s slice in buckets of `bucket_bytes`.
+/// device of `topology` in buckets of `bucket_bytes` (on a multislice pod,
+/// hierarchically: the slice's axes over ICI, then one DCN exchange).
 pub fn modeled_step(
     topology: &Topology,
     tensors: &[(String, Vec<usize>)],
@@ -82,33 +92,55 @@ pub fn modeled_step(
     slots: usize,
     bucket_bytes: usize,
 ) -> Result<ModeledStep, ShardingError> {
-    if topology.slices != 1 {
-        return Err(ShardingError::Devices {
-            reason: format!(
-                "{} has {} slices; a sharded step spans one slice's torus",
-                topology.name, topology.slices
-            ),
-        });
-    }
     let n = topology.ndims;
-    let dims: Vec<usize> = topology.dims[..n].iter().map(|&d| d as usize).collect();
-    let wrap: Vec<bool> = (0..n)
-        .map(|a| topology.wraparound[a] && topology.dims[a] >= 3)
+    let slices = topology.slices as usize;
+    let mut dims: Vec<usize> = topology.dims[..n].iter().map(|&d| d as usize).collect();
+    let mut wrap: Vec<bool> = (0..n)
+        .map(|a| topology.wraparound[a] && topology.dims[a] >= 3 && topology.twist[a] == [0; 3])
         .collect();
+    // A multislice pod: the slice padded to 3 axes, then the DCN pass.
+    let dcn = if slices > 1 {
+        let fabric = topology.dcn_fabric.ok_or_else(|| ShardingError::Devices {
+            reason: format!(
+                "{} has {slices} slices but no DCN fabric: a sharded step across slices \
+                 reduces over the fabric",
+                topology.name
+            ),
+        })?;
+        dims.resize(3, 1);
+        wrap.resize(3, false);
+        Some((fabric, topology.fabric_link_params(&fabric)))
+    } else {
+        None
+    };
     let shape = TorusShape::new(&dims, &wrap).map_err(|e| ShardingError::Devices {
         reason: e.to_string(),
     })?;
-    let devices = shape.device_count();
+    let chips = shape.device_count();
+    let devices = chips * slices;
+    let plan = if dcn.is_some() {
+        ShardPlan::Multislice {
+            dims: dims.clone(),
+            wraparound: wrap.clone(),
+            slices,
+        }
+    } else {
+        ShardPlan::Torus {
+            dims: dims.clone(),
+            wraparound: wrap.clone(),
+        }
+    };
     let layout = ShardLayout::new(
         dtype,
         tensors,
         bucket_bytes,
         (0..devices as u32).map(DeviceId).collect(),
-        ShardPlan::Torus {
-            dims: dims.clone(),
-            wraparound: wrap.clone(),
-        },
+        plan,
     )?;
+    // Chips behind each host NIC (every host drives one block).
+    let chips_per_host = (0..topology.chips_per_slice())
+        .filter(|&d| topology.host_of(d) == 0)
+        .count();
     let elem = dtype.byte_size();
     let (alpha, beta) = (
         topology.ici.latency_ns as f64 * 1e-9,
@@ -121,13 +153,13 @@ pub fn modeled_step(
     let mut costs = Vec::with_capacity(lengths.len());
     let mut bytes_per_length = Vec::with_capacity(lengths.len());
     for &len in &lengths {
-        let mut rs = Vec::with_capacity(n);
+        let mut rs = Vec::with_capacity(4);
         let mut bytes = 0u64;
         let mut segment = len;
-        for d in 0..n {
+        for d in 0..dims.len() {
             let (seconds, moved) = pass(
                 dims[d],
-                devices / dims[d],
+                chips / dims[d] * slices,
                 segment,
                 wrap[d],
                 elem,
@@ -137,6 +169,15 @@ pub fn modeled_step(
             rs.push((StepPhase::ReduceScatter { axis: d as u32 }, seconds));
             bytes += 2 * moved;
             segment /= dims[d];
+        }
+        if let Some((_, rail)) = dcn {
+            // One exchange: every host sends each other slice the chunk of
+            // each of its chips, `segment / slices` elements, on its own rail.
+            let chunk = (chips_per_host * (segment / slices) * elem) as u64;
+            let seconds = rail.latency_ns as f64 * 1e-9 + chunk as f64 / rail.bytes_per_s;
+            rs.push((StepPhase::ReduceScatter { axis: DCN_AXIS }, seconds));
+            let hosts = (chips / chips_per_host.max(1) * slices) as u64;
+            bytes += 2 * hosts * (slices as u64 - 1) * chunk;
         }
         let ag: Vec<(StepPhase, f64)> = rs
             .iter()

@@ -40,9 +40,10 @@ use super::model::{
 use super::ranked::HeldElsewhere;
 use super::timing::{BucketCost, StepPhase, StepTimeline, pass_durations, schedule};
 use crate::clock::SimClock;
-use crate::collectives::pod::{LinkCharge, charge_links, torus_of};
+use crate::collectives::pod::{LinkCharge, charge_links, multislice_of, torus_of};
 use crate::collectives::{
-    Traffic, ring_all_gather_traffic, ring_reduce_scatter_traffic, torus_all_gather_traffic,
+    Traffic, multislice_all_gather_traffic, multislice_reduce_scatter_traffic,
+    ring_all_gather_traffic, ring_reduce_scatter_traffic, torus_all_gather_traffic,
     torus_reduce_scatter_traffic,
 };
 use crate::exec::runtime::{Arg, NoCustomCalls, RunOutput, Runtime};
@@ -184,8 +185,28 @@ fn bucket_traffic(
                 torus_all_gather_traffic(&shape, padded_len, elem, ndims),
             ))
         }
+        ShardPlan::Multislice { .. } => {
+            let shape = multislice_of(&world.resource::<PodTopology>().0)?;
+            Ok((
+                multislice_reduce_scatter_traffic(&shape, padded_len, elem),
+                multislice_all_gather_traffic(&shape, padded_len, elem, 4),
+            ))
+        }
         ShardPlan::Ring { ring } => {
-            let shape = torus_of(&world.resource::<PodTopology>().0)?;
+            let topology = &world.resource::<PodTopology>().0;
+            if topology.slices > 1 {
+                return Err(ShardingError::Devices {
+                    reason: format!(
+                        "the model was re-sharded onto a ring of {} survivors across the {} \
+                         slices of {}: a step across slices runs hierarchically over every \
+                         device, and a ring of survivors across slices is not built",
+                        ring.len(),
+                        topology.slices,
+                        topology.name
+                    ),
+                });
+            }
+            let shape = torus_of(topology)?;
             let ring: Vec<usize> = ring.iter().map(|d| d.0 as usize).collect();
             let mut ag = ring_all_gather_traffic(&ring, padded_len, elem).routed_on(&shape);
             for t in &mut ag.transfers {
@@ -199,13 +220,23 @@ fn bucket_traffic(
     }
 }
 
-/// Each replica's state shards to its redundant peer, routed on the torus.
+/// Each replica's state shards to its redundant peer, routed on the torus
+/// (on a multislice pod, on the peer's slice: peers share a slice).
 fn replication_traffic(
     world: &World,
     layout: &super::layout::ShardLayout,
     bytes: u64,
 ) -> Result<Traffic, ShardingError> {
-    let shape = torus_of(&world.resource::<PodTopology>().0)?;
+    let topology = &world.resource::<PodTopology>().0;
+    let (shape, chips) = if topology.slices > 1 {
+        let shape = multislice_of(topology)?;
+        let chips = shape.chips_per_slice();
+        (shape.slice().clone(), chips)
+    } else {
+        let shape = torus_of(topology)?;
+        let chips = shape.device_count();
+        (shape, chips)
+    };
     let phase = crate::collectives::Phase {
         order: u32::MAX,
         kind: crate::collectives::PhaseKind::Broadcast,
@@ -221,8 +252,31 @@ fn replication_traffic(
             hops: 1,
             phase,
         })
-        .collect();
-    Ok(Traffic { transfers }.routed_on(&shape))
+        .collect::<Vec<_>>();
+    // Route within the slice: shift to slice-local ids and back.
+    let mut routed = Traffic::default();
+    for t in transfers {
+        let base = t.src / chips * chips;
+        let local = crate::collectives::Transfer {
+            src: t.src - base,
+            dst: t.dst.wrapping_sub(base),
+            ..t
+        };
+        routed.transfers.extend(
+            Traffic {
+                transfers: vec![local],
+            }
+            .routed_on(&shape)
+            .transfers
+            .into_iter()
+            .map(|r| crate::collectives::Transfer {
+                src: r.src + base,
+                dst: r.dst.wrapping_add(base),
+                ..r
+            }),
+        );
+    }
+    Ok(routed)
 }
 
 /// Launches step `model.steps_completed + 1` (module docs). Every check

@@ -2,7 +2,8 @@
 //!
 //! Per bucket `b`, three stages:
 //!
-//! * **reduce-scatter**, one pass per torus axis (or one ring pass): the
+//! * **reduce-scatter**, one pass per torus axis (or one ring pass; on a
+//!   multislice pod, then one DCN pass across slices): the
 //!   collective's own transfer schedule ([`Traffic::timeline`]) on the
 //!   pod's links, alpha-beta per link (`latency + bytes / bandwidth`);
 //! * **update**: the fused kernel on each device's shard, which reads
@@ -26,7 +27,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::collectives::{LinkModel, PhaseKind, Traffic};
+use crate::collectives::{DCN_AXIS, LinkModel, PhaseKind, Traffic, pass_name};
 
 /// A phase of a sharded step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -49,20 +50,36 @@ pub enum StepPhase {
 }
 
 impl StepPhase {
-    /// `reduce_scatter.axis0`, `update`, `all_gather.axis2`.
+    /// `reduce_scatter.axis0`, `update`, `all_gather.axis2`; the
+    /// cross-slice passes of a multislice pod (axis [`DCN_AXIS`]) are
+    /// `reduce_scatter.dcn` and `all_gather.dcn`.
     pub fn key(&self) -> String {
         match self {
-            StepPhase::ReduceScatter { axis } => format!("reduce_scatter.axis{axis}"),
+            StepPhase::ReduceScatter { axis } => pass_name(PhaseKind::ReduceScatter, *axis),
             StepPhase::Update => "update".into(),
-            StepPhase::AllGather { axis } => format!("all_gather.axis{axis}"),
+            StepPhase::AllGather { axis } => pass_name(PhaseKind::AllGather, *axis),
             StepPhase::ReplicateState => "replicate_state".into(),
         }
+    }
+
+    /// Whether this is a cross-slice pass over the DCN.
+    pub fn is_dcn(&self) -> bool {
+        matches!(
+            self,
+            StepPhase::ReduceScatter { axis: DCN_AXIS } | StepPhase::AllGather { axis: DCN_AXIS }
+        )
     }
 }
 
 impl std::fmt::Display for StepPhase {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
+            StepPhase::ReduceScatter { axis: DCN_AXIS } => {
+                write!(f, "the reduce-scatter across slices (DCN)")
+            }
+            StepPhase::AllGather { axis: DCN_AXIS } => {
+                write!(f, "the all-gather across slices (DCN)")
+            }
             StepPhase::ReduceScatter { axis } => write!(f, "the reduce-scatter along axis {axis}"),
             StepPhase::Update => write!(f, "the update"),
             StepPhase::AllGather { axis } => write!(f, "the all-gather along axis {axis}"),

@@ -32,7 +32,7 @@ use std::time::Instant;
 use ndarray::IxDyn;
 use serde::Serialize;
 
-use crate::collectives::pod::torus_of;
+use crate::collectives::pod::{multislice_of, torus_of};
 use crate::compiler;
 use crate::error::{OptimError, Result};
 use crate::exec::runtime::{Element, Runtime};
@@ -204,9 +204,28 @@ impl Driver {
 }
 
 /// The devices a model is sharded over and how: the whole torus when every
-/// device is up and not excluded, otherwise a ring of the others.
+/// device is up and not excluded, otherwise a ring of the others. On a
+/// multislice pod every device, hierarchically (ICI inside each slice, DCN
+/// across); a multislice pod with a device down is refused (a ring across
+/// slices is not built).
 pub fn participants(pod: &mut Pod) -> Result<(Vec<DeviceId>, ShardPlan)> {
-    let shape = torus_of(pod.topology())?;
+    let multislice = pod.topology().slices > 1;
+    let (shape, plan) = if multislice {
+        let ms = multislice_of(pod.topology())?;
+        let plan = ShardPlan::Multislice {
+            dims: ms.slice().dims().to_vec(),
+            wraparound: ms.slice().wraparound().to_vec(),
+            slices: ms.slices(),
+        };
+        (ms.grid(), plan)
+    } else {
+        let shape = torus_of(pod.topology())?;
+        let plan = ShardPlan::Torus {
+            dims: shape.dims().to_vec(),
+            wraparound: shape.wraparound().to_vec(),
+        };
+        (shape, plan)
+    };
     let world = pod.world_mut();
     let mut q = world.query::<(&crate::topology::Device, &DeviceState, Option<&Excluded>)>();
     let mut up: Vec<DeviceId> = q
@@ -216,13 +235,18 @@ pub fn participants(pod: &mut Pod) -> Result<(Vec<DeviceId>, ShardPlan)> {
         .collect();
     up.sort();
     if up.len() == shape.device_count() {
-        return Ok((
-            up,
-            ShardPlan::Torus {
-                dims: shape.dims().to_vec(),
-                wraparound: shape.wraparound().to_vec(),
-            },
-        ));
+        return Ok((up, plan));
+    }
+    if multislice {
+        return Err(ShardingError::Devices {
+            reason: format!(
+                "{} of {} devices are up: a sharded model on a multislice pod spans every \
+                 device (re-sharding around a lost device across slices is not built)",
+                up.len(),
+                shape.device_count()
+            ),
+        }
+        .into());
     }
     let ring: Vec<DeviceId> = shape
         .snake_ring()
