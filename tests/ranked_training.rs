@@ -445,3 +445,47 @@ fn a_split_training_checkpoint_restores_on_other_rank_counts_and_continues_bit_f
     assert_eq!(opt.pod_mut().world_sha256().unwrap(), straight.digest);
     assert_eq!(bits(&opt.flat_params().unwrap()), straight.params);
 }
+
+#[test]
+fn the_pods_all_reduce_over_ranks_is_the_one_process_all_reduce() {
+    use optirs_tpu::collectives::ReduceOp;
+    for (preset, ranks, op) in [
+        ("v4-8", 2u32, ReduceOp::Sum),
+        ("v3-32", 4, ReduceOp::Mean),
+        ("v5e-16", 2, ReduceOp::Max),
+    ] {
+        let topology = load_preset(preset).unwrap();
+        let n = topology.num_devices() as usize;
+        let len = 1000;
+        let input = |d: usize| -> Vec<f32> {
+            (0..len)
+                .map(|i| ((d * 7919 + i * 31) % 1013) as f32 * 0.37 - 150.0)
+                .collect()
+        };
+        let mut one = Pod::from_topology(topology.clone()).unwrap();
+        let mut buffers: Vec<Vec<f32>> = (0..n).map(input).collect();
+        let report = one.all_reduce(&mut buffers, op).unwrap();
+        let digest = one.world_sha256().unwrap();
+        let results = on_ranks(ranks, |mailbox| {
+            let mut pod = RankedPod::new(topology.clone(), mailbox)?;
+            let mut local: Vec<Option<Vec<f32>>> = (0..n)
+                .map(|d| pod.layout().is_local(DeviceId(d as u32)).then(|| input(d)))
+                .collect();
+            let theirs = pod.all_reduce(&mut local, op)?;
+            Ok((theirs, local, pod.gather()?.map(|w| w.sha256_hex())))
+        });
+        for (rank, r) in results.into_iter().enumerate() {
+            let (theirs, local, merged) = r.unwrap();
+            assert_eq!(theirs.link_bytes, report.link_bytes, "{preset}");
+            assert_eq!(theirs.completes_at_ns, report.completes_at_ns, "{preset}");
+            for (d, buffer) in local.iter().enumerate() {
+                if let Some(b) = buffer {
+                    assert_eq!(bits(b), bits(&buffers[d]), "{preset}: device {d}");
+                }
+            }
+            if rank == 0 {
+                assert_eq!(merged.as_deref(), Some(digest.as_str()), "{preset}");
+            }
+        }
+    }
+}

@@ -123,39 +123,62 @@ pub struct CollectiveReport {
 /// moved, whether or not the detector has noticed yet). A collective
 /// completes only if every participant stayed alive until its completion
 /// time.
-pub fn progress_collectives(
-    clock: Res<SimClock>,
-    index: Res<DeviceIndex>,
-    devices: Query<(&Health, &DeviceState)>,
-    mut collectives: Query<(&Collective, &mut CollectiveOutcome)>,
-) {
-    for (collective, mut outcome) in &mut collectives {
+pub fn progress_collectives(world: &mut World) {
+    let mut pending = world.query::<(&Collective, &CollectiveOutcome)>();
+    let mut participants: Vec<DeviceId> = pending
+        .iter(world)
+        .filter(|(_, o)| **o == CollectiveOutcome::Pending)
+        .flat_map(|(c, _)| c.participants.iter().copied())
+        .collect();
+    if participants.is_empty() {
+        return;
+    }
+    participants.sort_unstable();
+    participants.dedup();
+    // Rank 0's detector's view on a pod split over ranks, so every rank
+    // fails a collective alike.
+    let failed = match crate::health::declared_failed(world, &participants) {
+        Ok(failed) => failed,
+        Err(e) => {
+            world
+                .resource_mut::<crate::transport::Network>()
+                .fail(crate::transport::TransportError::Cluster(e));
+            return;
+        }
+    };
+    let now = world.resource::<SimClock>().now_ns;
+    let index = world.resource::<DeviceIndex>().clone();
+    let killed: Vec<(DeviceId, u64)> = participants
+        .iter()
+        .filter_map(
+            |&d| match index.get(d).and_then(|e| world.get::<DeviceState>(e)) {
+                Some(DeviceState::Killed { at_ns }) => Some((d, *at_ns)),
+                _ => None,
+            },
+        )
+        .collect();
+    let mut collectives = world.query::<(&Collective, &mut CollectiveOutcome)>();
+    for (collective, mut outcome) in collectives.iter_mut(world) {
         if *outcome != CollectiveOutcome::Pending {
             continue;
         }
-        let state = |d: DeviceId| index.get(d).and_then(|e| devices.get(e).ok());
-        let failed = collective
+        let declared = collective
             .participants
             .iter()
             .copied()
-            .find(|&d| state(d).is_some_and(|(health, _)| health.is_failed()));
-        let done = clock.now_ns >= collective.completes_at_ns;
+            .find(|d| failed.contains(d));
+        let done = now >= collective.completes_at_ns;
         let died = || {
-            collective.participants.iter().copied().find(|&d| {
-                state(d).is_some_and(|(_, device)| {
-                    matches!(device, DeviceState::Killed { at_ns } if *at_ns < collective.completes_at_ns)
-                })
+            collective.participants.iter().copied().find(|d| {
+                killed
+                    .iter()
+                    .any(|(k, at)| k == d && *at < collective.completes_at_ns)
             })
         };
-        if let Some(device) = failed.or_else(|| done.then(died).flatten()) {
-            *outcome = CollectiveOutcome::Failed {
-                at_ns: clock.now_ns,
-                device,
-            };
+        if let Some(device) = declared.or_else(|| done.then(died).flatten()) {
+            *outcome = CollectiveOutcome::Failed { at_ns: now, device };
         } else if done {
-            *outcome = CollectiveOutcome::Completed {
-                at_ns: clock.now_ns,
-            };
+            *outcome = CollectiveOutcome::Completed { at_ns: now };
         }
     }
 }

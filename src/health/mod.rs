@@ -395,3 +395,29 @@ pub fn next_event(world: &mut World) -> NextEvent {
     }
     next
 }
+
+/// Which of `participants` the coordination service has declared failed.
+/// On a pod split over ranks only rank 0 runs the detector, so its answer
+/// is broadcast (one round trip) and every rank decides alike; a work item
+/// that fails on a declared failure (a collective, a sharded step) asks
+/// here.
+pub fn declared_failed(
+    world: &World,
+    participants: &[crate::topology::DeviceId],
+) -> Result<std::collections::BTreeSet<crate::topology::DeviceId>, crate::transport::ClusterError> {
+    let index = world.resource::<crate::topology::DeviceIndex>();
+    let local: std::collections::BTreeSet<_> = participants
+        .iter()
+        .copied()
+        .filter(|&d| {
+            index
+                .get(d)
+                .and_then(|e| world.get::<Health>(e))
+                .is_some_and(|h| h.is_failed())
+        })
+        .collect();
+    match world.get_resource::<crate::transport::cluster::RankContext>() {
+        Some(ctx) if ctx.layout.ranks() > 1 => ctx.broadcast_value(&local),
+        _ => Ok(local),
+    }
+}

@@ -303,6 +303,108 @@ impl RankedPod {
 }
 
 impl RankedPod {
+    /// All-reduce over every device of the pod's torus, its devices' buffers
+    /// spread over the ranks: `local[d]` is device `d`'s buffer on the rank
+    /// that runs it, `None` elsewhere. The data moves now, along the torus
+    /// all-reduce's own schedule ([`crate::collectives::ranked`]: hops
+    /// inside a rank in memory, across ranks by MPI point to point); the
+    /// links are charged and the collective completes in simulated time
+    /// exactly as [`Pod::all_reduce`] does in one process, so the buffers'
+    /// bits, the report and the merged world are the one-process ones.
+    /// Every rank calls it with the same length and `op`.
+    pub fn all_reduce<T: crate::collectives::Element>(
+        &mut self,
+        local: &mut [Option<Vec<T>>],
+        op: crate::collectives::ReduceOp,
+    ) -> Result<crate::collectives::pod::CollectiveReport> {
+        use crate::collectives::ranked::RankedGrid;
+        use crate::collectives::{
+            CollectiveError, ReduceGrid, torus_all_gather_traffic, torus_reduce_scatter_traffic,
+        };
+        let topology = self.pod.topology();
+        if topology.slices > 1 {
+            return Err(OptimError::Unsupported {
+                operation: "a hierarchical all-reduce over a multislice pod split over ranks"
+                    .into(),
+                reason: "split pods run the single-slice torus collective; run a multislice \
+                         pod's collectives in one process (a split multislice model trains: \
+                         `ShardedOptimizer::new_ranked`)"
+                    .into(),
+            });
+        }
+        let shape = crate::collectives::pod::torus_of(topology)?;
+        let world = &mut self.pod.world;
+        let participants = crate::collectives::pod::check_participants(world, local.len())?;
+        let mut len = None;
+        for (d, buffer) in local.iter().enumerate() {
+            let device = crate::topology::DeviceId(d as u32);
+            if buffer.is_some() != self.layout.is_local(device) {
+                return Err(OptimError::InvalidConfig(format!(
+                    "all_reduce on rank {}: {device} runs on rank {}, but this rank was {} \
+                     buffer for it (give exactly this rank's devices' buffers)",
+                    self.layout.rank(),
+                    self.layout.rank_of_device(device),
+                    if buffer.is_some() {
+                        "given a"
+                    } else {
+                        "given no"
+                    }
+                )));
+            }
+            if let Some(b) = buffer {
+                if len.is_some_and(|l| l != b.len()) {
+                    return Err(CollectiveError::LengthMismatch {
+                        rank: d,
+                        len: b.len(),
+                        first_rank: 0,
+                        expected: len.unwrap_or(0),
+                    }
+                    .into());
+                }
+                len = Some(b.len());
+            }
+        }
+        let len = len.unwrap_or(0);
+        let ndims = shape.dims().len() as u32;
+        let mut traffic = torus_reduce_scatter_traffic(&shape, len, T::BYTES);
+        traffic
+            .transfers
+            .extend(torus_all_gather_traffic(&shape, len, T::BYTES, ndims).transfers);
+        let report = crate::collectives::pod::launch(
+            world,
+            crate::collectives::pod::CollectiveKind::AllReduce,
+            (len * T::BYTES) as u64,
+            participants,
+            &traffic,
+        )?;
+        let ctx = world.resource::<RankContext>().clone();
+        let grid = ReduceGrid::torus(shape.dims());
+        let rank_of: Vec<u32> = (0..local.len())
+            .map(|d| {
+                self.layout
+                    .rank_of_device(crate::topology::DeviceId(d as u32))
+            })
+            .collect();
+        let mut slots: Vec<Option<&mut [T]>> = local
+            .iter_mut()
+            .map(|b| b.as_mut().map(|v| v.as_mut_slice()))
+            .collect();
+        let mut ranked = RankedGrid {
+            grid: &grid,
+            rank_of: &rank_of,
+            local: &mut slots,
+            tag: report.launched_at_ns ^ 0x5a11,
+        };
+        ranked.reduce_scatter(&ctx, op).map_err(cluster_error)?;
+        ranked.all_gather(&ctx).map_err(cluster_error)?;
+        loop {
+            if crate::collectives::pod::poll_collective(self.pod.world(), &report)? {
+                return Ok(report);
+            }
+            self.step()?;
+        }
+    }
+
     /// Keeps only this rank's devices' state shards (after a model was
     /// installed on every rank alike).
     pub(crate) fn hold_own_shards(&mut self) {

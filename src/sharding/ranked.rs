@@ -32,10 +32,9 @@ use super::gradients::GradientSource;
 use super::layout::ShardLayout;
 use crate::collectives::ReduceOp;
 use crate::collectives::ranked::RankedGrid;
-use crate::health::Health;
 use crate::ir::FloatElement;
 use crate::memory::ShardSlot;
-use crate::topology::{DeviceId, DeviceIndex};
+use crate::topology::DeviceId;
 use crate::transport::cluster::{RankContext, data_frame, data_payload};
 
 /// A marker on a [`ShardSlot`] another rank holds: this rank keeps the
@@ -56,26 +55,12 @@ pub fn context(world: &World) -> Option<RankContext> {
 }
 
 /// The participants the coordination service has declared failed: rank
-/// 0's view, on every rank (one broadcast when split).
+/// 0's view, on every rank ([`crate::health::declared_failed`]).
 pub fn declared_failed(
     world: &World,
     participants: &[DeviceId],
 ) -> Result<BTreeSet<DeviceId>, ShardingError> {
-    let index = world.resource::<DeviceIndex>();
-    let local: BTreeSet<DeviceId> = participants
-        .iter()
-        .copied()
-        .filter(|&d| {
-            index
-                .get(d)
-                .and_then(|e| world.get::<Health>(e))
-                .is_some_and(|h| h.is_failed())
-        })
-        .collect();
-    match context(world) {
-        None => Ok(local),
-        Some(ctx) => Ok(ctx.broadcast_value(&local)?),
-    }
+    Ok(crate::health::declared_failed(world, participants)?)
 }
 
 /// The frame tag of a step's collective: the step, the bucket, the phase.
