@@ -250,11 +250,15 @@ impl Mailbox for MpiMailbox {
                 self.abandon();
                 return Ok(None);
             }
-            // Yield while the other ranks are likely mid-tick (a tick's
-            // exchange is microseconds apart, and yielding hands an
-            // oversubscribed core to them), then back off to sleeping.
+            // Spin for a moment (a frame in flight, a collective's peer
+            // microseconds behind: MPI's own progress loop polls without
+            // giving up the core), yield while the other ranks are likely
+            // mid-tick (yielding hands an oversubscribed core to them),
+            // then back off to sleeping.
             let waited = started.elapsed();
-            if waited < Duration::from_millis(5) {
+            if waited < Duration::from_micros(50) {
+                std::hint::spin_loop();
+            } else if waited < Duration::from_millis(5) {
                 std::thread::yield_now();
             } else {
                 let micros = (waited.as_micros() as u64 / 10).clamp(50, 1_000);
