@@ -7,6 +7,7 @@
 //! ([`spawn_topology`]).
 
 pub mod components;
+pub mod cubes;
 pub mod dot;
 pub mod error;
 pub mod figures;
@@ -16,6 +17,7 @@ pub mod schema;
 pub mod spawn;
 
 pub use components::*;
+pub use cubes::{Cube, CubeLayout, CubeRole, InCube, Ocs, OcsCircuit};
 pub use dot::to_dot;
 pub use error::{Problem, TopologyError};
 pub use figures::{TopologyFigures, compute_figures};
