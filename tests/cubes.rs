@@ -415,3 +415,28 @@ fn spare_cube_recovery_on_a_pod_without_spares_is_refused_before_any_work() {
         assert!(err.to_string().contains("needs spare cubes"), "{err}");
     }
 }
+
+#[test]
+fn cubes_and_a_swap_survive_a_whole_world_checkpoint() {
+    let mut p = pod("generation: \"v4\", shape: \"4x4x8\", cubes: (spares: 1)");
+    swap_in_spares(p.world_mut(), &[1], 5_000).unwrap();
+    let before = cubes(&mut p);
+    let snapshot = p.snapshot().unwrap();
+    let mut restored = Pod::from_snapshot(&snapshot).unwrap();
+    assert_eq!(restored.world_sha256().unwrap(), p.world_sha256().unwrap());
+    assert_eq!(cubes(&mut restored), before);
+    assert_eq!(before[&1].role, CubeRole::Retired);
+    let device = restored.topology().device_at(0, [0, 0, 4]);
+    let entity = restored.device_entity(device).unwrap();
+    let in_cube = *restored.world().get::<InCube>(entity).unwrap();
+    assert_eq!(
+        in_cube,
+        InCube {
+            cube: 2,
+            chip: [0, 0, 0]
+        }
+    );
+    let world = restored.world_mut();
+    let circuits = world.query::<&OcsCircuit>().iter(world).count();
+    assert_eq!(circuits, 96);
+}

@@ -350,3 +350,48 @@ pub(super) fn spawn_cubes(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::topology::parse_topology;
+
+    #[test]
+    fn face_links_go_to_the_switch_of_their_face_position() {
+        let t = parse_topology(
+            "Pod(name: \"t\", generation: \"v4\", shape: \"4x4x8\", cubes: (spares: 1))",
+            "t.ron",
+        )
+        .unwrap();
+        let links = t.links();
+        let find = |axis: u8, from: [u32; 3]| {
+            let a = t.device_at(0, from);
+            let link = links
+                .iter()
+                .find(|l| l.axis == Some(axis) && l.a == a)
+                .unwrap();
+            t.ocs_circuit(link)
+        };
+        // The x wraparound of (3, 1, 6): face position (y, z mod 4) = (1, 2).
+        let wrap = find(0, [3, 1, 6]).unwrap();
+        assert_eq!((wrap.ocs, wrap.cube_a, wrap.cube_b), (1 + 4 * 2, 1, 1));
+        // z from plane 3 to plane 4 crosses from cube 0 to cube 1 on switch
+        // 32 + x + 4y.
+        let z = find(2, [2, 3, 3]).unwrap();
+        assert_eq!((z.ocs, z.cube_a, z.cube_b), (32 + 2 + 4 * 3, 0, 1));
+        assert_eq!(find(0, [1, 1, 1]), None, "inside a cube");
+    }
+
+    #[test]
+    fn a_forged_layout_that_does_not_fit_is_refused() {
+        let mut t = parse_topology(
+            "Pod(name: \"t\", generation: \"v4\", shape: \"4x4x8\", cubes: (spares: 1))",
+            "t.ron",
+        )
+        .unwrap();
+        assert!(t.check_invariants().is_ok());
+        if let Some(cubes) = t.cubes.as_mut() {
+            cubes.spares = 63;
+        }
+        assert!(t.check_invariants().unwrap_err().contains("do not fit"));
+    }
+}
