@@ -419,7 +419,29 @@ fn spare_cube_recovery_on_a_pod_without_spares_is_refused_before_any_work() {
 #[test]
 fn cubes_and_a_swap_survive_a_whole_world_checkpoint() {
     let mut p = pod("generation: \"v4\", shape: \"4x4x8\", cubes: (spares: 1)");
+    let fresh = p.figures().cubes.expect("cube figures");
+    assert_eq!(
+        (
+            fresh.pod_cubes,
+            fresh.slice_cubes,
+            fresh.spare_cubes,
+            fresh.retired_cubes
+        ),
+        (64, 2, 1, 0)
+    );
+    assert_eq!((fresh.ocs, fresh.ocs_links), (48, 96));
     swap_in_spares(p.world_mut(), &[1], 5_000).unwrap();
+    let swapped = p.figures().cubes.unwrap();
+    assert_eq!(
+        (
+            swapped.slice_cubes,
+            swapped.spare_cubes,
+            swapped.retired_cubes,
+            swapped.failed_cubes
+        ),
+        (2, 0, 1, 1)
+    );
+    assert!(Pod::from_preset("v4-64").unwrap().figures().cubes.is_none());
     let before = cubes(&mut p);
     let snapshot = p.snapshot().unwrap();
     let mut restored = Pod::from_snapshot(&snapshot).unwrap();
