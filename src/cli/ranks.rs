@@ -96,6 +96,15 @@ pub fn run(args: RunArgs, launch: Launch) -> Result<()> {
     let result = (|| -> Result<()> {
         let build_start = Instant::now();
         let topology = optirs_tpu::topology::load_topology(args.pod())?;
+        if topology.cubes.is_some() {
+            // A cube's failure mark follows the coordination service's
+            // health view, which only the service's rank holds.
+            bail!(
+                "{}: cube-built pods (`cubes`) run in one process; splitting them over ranks \
+                 is not supported yet",
+                args.pod()
+            );
+        }
         let devices = topology.num_devices();
         let timeout = Duration::from_secs_f64(args.rank_timeout);
         let mut pod = RankedPod::with_timeout(topology, Box::new(mailbox), timeout)?;
