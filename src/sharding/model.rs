@@ -289,13 +289,8 @@ fn check_policy(world: &World, policy: RecoveryPolicy) -> Result<(), ShardingErr
         .map(|t| &t.0);
     let spares = topology.and_then(|t| t.cubes).map_or(0, |c| c.spares);
     if spares == 0 {
-        let name = topology.map_or("the pod", |t| t.name.as_str());
-        return Err(ShardingError::Recovery {
-            reason: format!(
-                "--recovery spare-cube needs spare cubes, and {name} has none: give the pod \
-                 file `cubes: (spares: 1)` (v4 and v5p pods of whole 4x4x4 cubes), or use \
-                 rollback or redundant"
-            ),
+        return Err(ShardingError::NoSpareCubes {
+            pod: topology.map_or_else(|| "the pod".to_string(), |t| t.name.clone()),
         });
     }
     Ok(())
