@@ -45,6 +45,20 @@
 //!   per 256-chip pod (\[v5e\]) over 32 hosts, 200 Gbit/s; v6e is taken as
 //!   v5e; v2, v3 and v4 hosts as one 100 Gbit/s NIC (an assumption: not
 //!   published per host).
+//! - \[ocs\]: N. P. Jouppi et al., ISCA 2023, sections 2 and 7 (and the
+//!   Cloud TPU v4 "System architecture" page): a v4 pod is 64 cubes of
+//!   4x4x4 chips (one rack each) joined by 48 optical circuit switches;
+//!   each cube face carries 16 optical links (96 per cube, 6144 in the
+//!   pod), and the 16 links of the two faces of one dimension go to 16
+//!   OCSes, so every OCS takes one link from each of the 128 faces it
+//!   serves (64 cubes x 2 faces). The OCS (Palomar) has 136 ports, 128 of
+//!   them used (approximate: from the paper's description, not verified
+//!   against its table here). Reconfiguring the OCSes to swap a cube or
+//!   form a slice takes "around 10 seconds" (Gemini technical report, 2023,
+//!   "Training Infrastructure"; the ISCA paper gives no single figure). v5p
+//!   is built of the same 4x4x4 cubes (8960 chips = 140 cubes); its OCS
+//!   count is not published, so the v4 arrangement (16 OCSes per dimension,
+//!   two ports per cube) is assumed for it.
 //! - Latencies are not published per link. The defaults (1 µs per ICI hop,
 //!   10 µs per DCN hop) are orders of magnitude for a SerDes hop plus router
 //!   and for a datacenter NIC round; override them in the pod file.
@@ -58,6 +72,53 @@ const GB: f64 = 1e9;
 
 /// Bytes per second one host reads a checkpoint at (\[storage\]).
 pub const CHECKPOINT_READ_BYTES_PER_S_PER_HOST: f64 = GB;
+
+/// The optical circuit switches of a cube-built generation (\[ocs\]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct OcsSpec {
+    /// Chips along each edge of a cube (4: a cube is 4x4x4 = 64 chips).
+    pub cube_edge: u32,
+    /// Cubes in a full pod.
+    pub pod_cubes: u32,
+    /// OCSes per torus dimension: one per link position on a cube face
+    /// (`cube_edge²`, 16), so a pod has `3 x 16 = 48`.
+    pub ocs_per_dimension: u32,
+    /// Ports of one OCS in use: two per cube (its `+` and `-` face of the
+    /// OCS's dimension).
+    pub ports_per_ocs: u32,
+    /// Seconds to reconfigure the OCSes: swap a failed cube for a spare.
+    pub reconfigure_seconds: f64,
+}
+
+impl OcsSpec {
+    /// OCSes in a pod.
+    pub fn ocs_count(&self) -> u32 {
+        3 * self.ocs_per_dimension
+    }
+
+    /// Chips in one cube.
+    pub fn chips_per_cube(&self) -> u32 {
+        self.cube_edge.pow(3)
+    }
+}
+
+/// The OCS of TPU v4 (\[ocs\]).
+pub const V4_OCS: OcsSpec = OcsSpec {
+    cube_edge: 4,
+    pod_cubes: 64,
+    ocs_per_dimension: 16,
+    ports_per_ocs: 128,
+    reconfigure_seconds: 10.0,
+};
+
+/// The OCS assumed for TPU v5p (\[ocs\]: the v4 arrangement over 140 cubes).
+pub const V5P_OCS: OcsSpec = OcsSpec {
+    cube_edge: 4,
+    pod_cubes: 140,
+    ocs_per_dimension: 16,
+    ports_per_ocs: 280,
+    reconfigure_seconds: 10.0,
+};
 
 /// A TPU generation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -196,6 +257,9 @@ pub struct HardwareSpec {
     pub slice_shapes: SliceShapes,
     /// Whether slices of the twisted-torus shapes may be twisted (\[twist\]).
     pub twisted_tori: bool,
+    /// The optical circuit switches joining the pod's cubes; `None` for a
+    /// generation not built of cubes (\[ocs\]).
+    pub ocs: Option<OcsSpec>,
 }
 
 impl HardwareSpec {
@@ -249,6 +313,7 @@ static V2: HardwareSpec = HardwareSpec {
         largest_slice_chips: 256,
     },
     twisted_tori: false,
+    ocs: None,
 };
 
 static V3: HardwareSpec = HardwareSpec {
@@ -284,6 +349,7 @@ static V3: HardwareSpec = HardwareSpec {
         largest_slice_chips: 1024,
     },
     twisted_tori: false,
+    ocs: None,
 };
 
 static V4: HardwareSpec = HardwareSpec {
@@ -312,6 +378,7 @@ static V4: HardwareSpec = HardwareSpec {
         largest_slice_chips: 4096,
     },
     twisted_tori: true,
+    ocs: Some(V4_OCS),
 };
 
 static V5E: HardwareSpec = HardwareSpec {
@@ -340,6 +407,7 @@ static V5E: HardwareSpec = HardwareSpec {
         largest_slice_chips: 256,
     },
     twisted_tori: false,
+    ocs: None,
 };
 
 static V5P: HardwareSpec = HardwareSpec {
@@ -371,6 +439,7 @@ static V5P: HardwareSpec = HardwareSpec {
         largest_slice_chips: 6144,
     },
     twisted_tori: true,
+    ocs: Some(V5P_OCS),
 };
 
 static V6E: HardwareSpec = HardwareSpec {
@@ -398,6 +467,7 @@ static V6E: HardwareSpec = HardwareSpec {
         largest_slice_chips: 256,
     },
     twisted_tori: false,
+    ocs: None,
 };
 
 impl TpuGeneration {
@@ -506,6 +576,23 @@ mod tests {
         assert_eq!(twisted_torus_edge([4, 4, 4]), None);
         assert_eq!(twisted_torus_edge([4, 8, 16]), None);
         assert_eq!(twisted_torus_edge([2, 2, 4]), None);
+    }
+
+    #[test]
+    fn ocs_figures_match_the_v4_paper() {
+        let ocs = TpuGeneration::V4.spec().ocs.expect("v4 is built of cubes");
+        assert_eq!(ocs.ocs_count(), 48);
+        assert_eq!(ocs.pod_cubes * ocs.chips_per_cube(), 4096);
+        // 6 faces x 16 links per cube, 6144 optical links in the pod.
+        assert_eq!(6 * ocs.cube_edge.pow(2) * ocs.pod_cubes, 6144);
+        assert_eq!(ocs.ports_per_ocs, 2 * ocs.pod_cubes);
+        for generation in TpuGeneration::ALL {
+            let spec = generation.spec();
+            if let Some(ocs) = spec.ocs {
+                assert_eq!(spec.slice_shapes.cube_edge, Some(ocs.cube_edge));
+                assert!(ocs.pod_cubes * ocs.chips_per_cube() >= spec.max_pod_chips);
+            }
+        }
     }
 
     #[test]

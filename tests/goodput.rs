@@ -348,12 +348,9 @@ fn bad_input_is_refused_before_any_work_with_a_clear_error() {
     let unknown = parse_recovery("sometimes").unwrap_err();
     assert_eq!(
         unknown.to_string(),
-        "unknown recovery policy `sometimes` (known: rollback, redundant)"
+        "unknown recovery policy `sometimes` (known: rollback, redundant, spare-cube)"
     );
-    assert!(matches!(
-        parse_recovery("spare-cube"),
-        Err(GoodputError::UnknownRecovery { .. })
-    ));
+    assert_eq!(parse_recovery("spare-cube"), Ok(RecoveryPolicy::SpareCube));
     assert!("soon".parse::<CheckpointInterval>().is_err());
     assert!("-3".parse::<CheckpointInterval>().is_err());
     assert!("rack".parse::<FailureUnit>().is_err());
@@ -361,4 +358,65 @@ fn bad_input_is_refused_before_any_work_with_a_clear_error() {
         "auto".parse::<CheckpointInterval>().unwrap(),
         CheckpointInterval::Auto
     );
+}
+
+/// A 1024-chip v4 pod of 16 cubes with `spares` spare cubes.
+fn cube_fleet(spares: u32) -> Fleet {
+    let text = format!(
+        "Pod(name: \"v4-1024-cubes\", generation: \"v4\", shape: \"8x8x16\", \
+         cubes: (spares: {spares}))"
+    );
+    Fleet::from_topology(&optirs_tpu::topology::parse_topology(&text, "t.ron").unwrap()).unwrap()
+}
+
+#[test]
+fn spare_cube_swaps_in_the_reconfiguration_time_instead_of_restarting() {
+    let fleet = cube_fleet(16);
+    assert_eq!(fleet.spare_cubes, Some(16));
+    let mut rollback = small_config();
+    rollback.recovery = RecoveryPolicy::Rollback;
+    let mut spare = rollback.clone();
+    spare.recovery = RecoveryPolicy::SpareCube;
+    let r = simulate(&fleet, &rollback).unwrap();
+    let s = simulate(&fleet, &spare).unwrap();
+    assert_eq!(r.restarts, s.restarts, "the same failures");
+    // A failure every 3 h and 24 h repairs keep 8 cubes in repair on
+    // average (Little's law); 16 spares almost always leave one free, so
+    // nearly every failure skips the 600 s restart.
+    assert_eq!(s.spare_swaps + s.spare_shortfalls, s.restarts);
+    assert!(s.spare_swaps > s.restarts * 95 / 100, "{s:?}");
+    let c = &s.costs;
+    assert_eq!(
+        c.spare_cube_seconds,
+        c.detect_seconds + c.reconfigure_seconds + c.checkpoint_read_seconds
+    );
+    assert!(
+        s.goodput > r.goodput + 0.02,
+        "{} vs {}",
+        s.goodput,
+        r.goodput
+    );
+    assert!((accounted(&s) - s.wall_seconds).abs() < 1e-6 * s.wall_seconds);
+    // A single spare out for repair for a month: the first failure takes
+    // it, every later one waits for a whole restart.
+    let mut slow = spare.clone();
+    slow.cube_repair_hours = 24.0 * 30.0;
+    let one = simulate(&cube_fleet(1), &slow).unwrap();
+    assert_eq!(one.spare_swaps, 1);
+    assert_eq!(one.spare_shortfalls, one.restarts - 1);
+    assert!(one.goodput < s.goodput);
+}
+
+#[test]
+fn spare_cube_without_spares_is_refused_before_any_work() {
+    let mut config = small_config();
+    config.recovery = RecoveryPolicy::SpareCube;
+    for fleet in [small_fleet(), cube_fleet(0)] {
+        let error = simulate(&fleet, &config).unwrap_err();
+        assert!(matches!(error, GoodputError::NoSpareCube { .. }), "{error}");
+        assert!(error.to_string().contains("needs spare cubes"), "{error}");
+    }
+    config.cube_repair_hours = 0.0;
+    let error = simulate(&cube_fleet(1), &config).unwrap_err().to_string();
+    assert!(error.contains("--cube-repair-hours"), "{error}");
 }

@@ -35,8 +35,8 @@ use crate::persist_as_self;
 use crate::rng::SimRng;
 use crate::sharding::ShardedModel;
 use crate::topology::{
-    Device, DeviceIndex, HbmCapacity, Host, Link, LinkKind, LinkTraffic, OnHost, PodTopology,
-    TorusCoords,
+    Cube, Device, DeviceIndex, HbmCapacity, Host, InCube, Link, LinkKind, LinkTraffic, Ocs,
+    OcsCircuit, OnHost, PodTopology, TorusCoords,
 };
 use crate::transport::{DeliveryLog, Inbox, LinkQueue, LinkState, Transport};
 use serde::{Deserialize, Serialize};
@@ -86,6 +86,10 @@ pub const NOT_PERSISTED: &[(&str, &str)] = &[
 persist_as_self!(
     Device,
     TorusCoords,
+    Cube,
+    Ocs,
+    InCube,
+    OcsCircuit,
     HbmCapacity,
     Host,
     LinkTraffic,
@@ -273,6 +277,10 @@ pub fn engine_registry() -> SnapshotRegistry {
     registry
         .component::<Device>("topology.Device")
         .component::<TorusCoords>("topology.TorusCoords")
+        .component::<Cube>("topology.Cube")
+        .component::<Ocs>("topology.Ocs")
+        .component::<InCube>("topology.InCube")
+        .component::<OcsCircuit>("topology.OcsCircuit")
         .component::<HbmCapacity>("topology.HbmCapacity")
         .component::<OnHost>("topology.OnHost")
         .component::<Host>("topology.Host")

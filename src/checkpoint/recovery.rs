@@ -12,6 +12,11 @@
 //!   `FaultToleranceManager` lists and restores.
 //! * **Redundant** promotes the lost devices' state copies from their ring
 //!   successors; no step is lost.
+//! * **SpareCube** first checks that a spare cube is there for every lost
+//!   device's cube (an error before any work otherwise), then reads the
+//!   newest checkpoint as a rollback does and swaps the cubes
+//!   ([`crate::sharding::recovery::swap_cubes_after_loss`]): the model
+//!   keeps every device and its layout.
 //!
 //! What happened is in [`ShardedStep::recovery`] and, on success, appended
 //! to the model's `recoveries`. A failure no policy can survive (no lost
@@ -23,9 +28,12 @@ use bevy_ecs::prelude::*;
 use super::periodic::PeriodicCheckpoints;
 use super::store::{list_checkpoints, verify_checkpoint};
 use crate::hardware::CHECKPOINT_READ_BYTES_PER_S_PER_HOST;
+use crate::health::cubes::{cubes_of, plan_swaps};
 use crate::ir::{DType, FloatElement};
 use crate::persist::SnapshotRegistry;
-use crate::sharding::recovery::{Restored, lost_devices, reshard_after_loss, state_from_copies};
+use crate::sharding::recovery::{
+    Restored, lost_devices, reshard_after_loss, state_from_copies, swap_cubes_after_loss,
+};
 use crate::sharding::{
     RecoveryPolicy, RecoveryRecord, ShardedStep, ShardingError, StepOutcome, model_of,
 };
@@ -77,6 +85,15 @@ fn recover<A: FloatElement>(
     let restored = match policy {
         RecoveryPolicy::Redundant => state_from_copies::<A>(world, lost)?,
         RecoveryPolicy::Rollback => from_checkpoint::<A>(world)?,
+        RecoveryPolicy::SpareCube => {
+            let refuse = |e: crate::health::FaultError| ShardingError::Recovery {
+                reason: e.to_string(),
+            };
+            let cubes = cubes_of(world, lost).map_err(refuse)?;
+            plan_swaps(world, &cubes).map_err(refuse)?;
+            let restored = from_checkpoint::<A>(world)?;
+            return swap_cubes_after_loss(world, lost, &cubes, restored, number, at_ns);
+        }
     };
     reshard_after_loss(world, lost, restored, number, at_ns)
 }

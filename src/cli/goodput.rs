@@ -8,8 +8,9 @@ use clap::Args;
 use clap::builder::PossibleValuesParser;
 use optirs_tpu::OptimError;
 use optirs_tpu::goodput::{
-    CheckpointInterval, DEFAULT_RECONFIGURE_SECONDS, DEFAULT_RESTART_SECONDS, FailureUnit, Fleet,
-    GoodputConfig, GoodputReport, modeled_step_seconds, parse_recovery, simulate,
+    CheckpointInterval, DEFAULT_CUBE_REPAIR_HOURS, DEFAULT_RECONFIGURE_SECONDS,
+    DEFAULT_RESTART_SECONDS, FailureUnit, Fleet, GoodputConfig, GoodputReport,
+    modeled_step_seconds, parse_recovery, simulate,
 };
 use optirs_tpu::sharding::RecoveryPolicy;
 use optirs_tpu::topology::{DEFAULT_PRESET, load_topology};
@@ -43,8 +44,10 @@ pub struct GoodputArgs {
         allow_negative_numbers = true
     )]
     checkpoint_every: CheckpointInterval,
-    /// rollback (to the last checkpoint) or redundant (state copies on each
-    /// device's ring successor).
+    /// rollback (to the last checkpoint), redundant (state copies on each
+    /// device's ring successor) or spare-cube (swap the failed cube for a
+    /// spare, then roll back, with no job restart; a pod file with
+    /// `cubes: (spares: N)`).
     #[arg(long, default_value = "rollback", value_parser = parse_recovery)]
     recovery: RecoveryPolicy,
     /// Seed of the failure times and of which unit fails.
@@ -66,6 +69,10 @@ pub struct GoodputArgs {
     #[arg(long, value_name = "S", default_value_t = DEFAULT_RECONFIGURE_SECONDS,
           allow_negative_numbers = true)]
     reconfigure_seconds: f64,
+    /// Under spare-cube, hours until a failed cube is a spare again.
+    #[arg(long, value_name = "H", default_value_t = DEFAULT_CUBE_REPAIR_HOURS,
+          allow_negative_numbers = true)]
+    cube_repair_hours: f64,
     /// Aggregate checkpoint storage bandwidth, bytes per second (default
     /// 1 GB/s per host).
     #[arg(long, value_name = "B", allow_negative_numbers = true)]
@@ -96,6 +103,7 @@ pub fn goodput(args: GoodputArgs) -> Result<()> {
     config.seed = args.seed;
     config.restart_seconds = args.restart_seconds;
     config.reconfigure_seconds = args.reconfigure_seconds;
+    config.cube_repair_hours = args.cube_repair_hours;
     config.storage_bytes_per_s = args.storage_bytes_per_s;
     // Every input is checked (with a placeholder step) before the step is
     // modeled, so bad input is refused before any work.
@@ -178,6 +186,12 @@ fn text(r: &GoodputReport, step_source: &str, wall: f64) -> String {
             output::seconds(c.redundant_seconds),
             output::seconds(c.reshard_seconds)
         )
+    } else if r.config.recovery == RecoveryPolicy::SpareCube {
+        format!(
+            "spare cube {}, no restart; without a free spare rollback {}",
+            output::seconds(c.spare_cube_seconds),
+            output::seconds(c.rollback_seconds)
+        )
     } else {
         format!("rollback {}", output::seconds(c.rollback_seconds))
     };
@@ -191,6 +205,16 @@ fn text(r: &GoodputReport, step_source: &str, wall: f64) -> String {
         output::seconds(c.reconfigure_seconds),
         r.fallbacks_to_checkpoint,
     );
+    if r.config.recovery == RecoveryPolicy::SpareCube {
+        out += &format!(
+            "  spare cubes    {} swapped in, {} failures found no free spare ({} spares, \
+             each back after {})\n",
+            r.spare_swaps,
+            r.spare_shortfalls,
+            c.spare_cubes,
+            hours(c.cube_repair_seconds),
+        );
+    }
     if r.replication_seconds > 0.0 {
         out += &format!(
             "  replication    {} ({} per step)\n",

@@ -22,7 +22,8 @@ pub struct TopologyArgs {
     dot: Option<PathBuf>,
     /// Also draw the pod as SVG: hosts, devices on their torus coordinates,
     /// every link (z links as stubs), failed devices marked; z-planes side
-    /// by side. Never overwrites an existing file.
+    /// by side; for a cube-built pod, the cubes, each optical circuit's
+    /// switch and the OCS assignment. Never overwrites an existing file.
     #[arg(long, value_name = "FILE")]
     svg: Option<PathBuf>,
 }
@@ -54,6 +55,20 @@ pub fn topology(args: TopologyArgs) -> Result<()> {
         .diameter_hops
         .map_or_else(|| "disconnected".to_string(), |d| d.to_string());
     let topology = pod.topology();
+    let cubes = topology.cubes.map_or_else(String::new, |c| {
+        format!(
+            "  cubes          {} of the pod's {} ({}x{}x{} each), {} spare; {} optical circuit \
+             switches; swap {}\n",
+            topology.slice_cubes(),
+            c.pod_cubes,
+            c.edge,
+            c.edge,
+            c.edge,
+            c.spares,
+            c.ocs_count(),
+            output::seconds(c.reconfigure_seconds())
+        )
+    });
     let wrap: Vec<&str> = topology.wraparound[..topology.ndims]
         .iter()
         .map(|&w| if w { "torus" } else { "mesh" })
@@ -63,6 +78,7 @@ pub fn topology(args: TopologyArgs) -> Result<()> {
          \x20 devices        {devices} chips, {cores} TensorCores, {hbm:.0} GiB HBM\n\
          \x20 hosts          {hosts}\n\
          \x20 links          {links} ({ici} ICI, {dcn} DCN)\n\
+         {cubes}\
          \x20 diameter       {diameter} hops\n\
          \x20 bisection      {bisection} (cut across {cut})\n\
          \x20 DCN bisection  {dcn_bisection}\n\

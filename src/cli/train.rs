@@ -69,7 +69,8 @@ pub struct TrainArgs {
     /// Where checkpoints go (a fresh temporary directory by default).
     #[arg(long, value_name = "DIR")]
     checkpoint_dir: Option<PathBuf>,
-    /// What to do when a step fails: rollback or redundant.
+    /// What to do when a step fails: rollback, redundant or spare-cube
+    /// (a cube-built pod with `cubes: (spares: N)`).
     #[arg(long, default_value = "rollback")]
     recovery: RecoveryPolicy,
     /// Simulated tick in milliseconds (default 0.01).
@@ -165,6 +166,8 @@ struct RecoveryRow {
     lost_devices: Vec<u32>,
     lost_steps: u64,
     recovery_seconds: f64,
+    /// `[failed, spare]` cubes swapped (spare-cube only).
+    swapped_cubes: Vec<[u32; 2]>,
 }
 
 #[derive(Serialize, Debug)]
@@ -246,12 +249,16 @@ pub fn train(args: TrainArgs) -> Result<()> {
         }
     }
     if !args.kill.is_empty()
-        && args.recovery == RecoveryPolicy::Rollback
+        && matches!(
+            args.recovery,
+            RecoveryPolicy::Rollback | RecoveryPolicy::SpareCube
+        )
         && args.checkpoint_every.is_none()
     {
         bail!(
-            "--kill with --recovery rollback needs --checkpoint-every SECONDS (a rollback \
-             restores the last checkpoint), or use --recovery redundant"
+            "--kill with --recovery {} needs --checkpoint-every SECONDS (it restores the last \
+             checkpoint), or use --recovery redundant",
+            args.recovery
         );
     }
     let mut _tempdir = None;
@@ -484,6 +491,7 @@ impl Outcome {
                     lost_devices: r.lost_devices.iter().map(|d| d.0).collect(),
                     lost_steps: r.lost_steps,
                     recovery_seconds: r.recovery_seconds,
+                    swapped_cubes: r.swapped_cubes.clone(),
                 })
                 .collect(),
             goodput: if simulated_seconds > 0.0 {
@@ -695,6 +703,9 @@ pub(super) fn print_report(r: &TrainReport, json: bool) -> Result<()> {
             rec.lost_steps,
             output::seconds(rec.recovery_seconds)
         );
+        for [failed, spare] in &rec.swapped_cubes {
+            text += &format!("    cube {failed} swapped for spare cube {spare}\n");
+        }
     }
     let ranks = if r.ranks > 1 {
         format!(" (merged from {} ranks)", r.ranks)

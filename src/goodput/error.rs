@@ -35,12 +35,21 @@ pub enum GoodputError {
         what: &'static str,
     },
     /// A recovery policy name that is not known.
-    #[error("unknown recovery policy `{name}` (known: rollback, redundant){note}")]
+    #[error("unknown recovery policy `{name}` (known: rollback, redundant, spare-cube){note}")]
     UnknownRecovery {
         /// What was given.
         name: String,
         /// Why a policy the issue tracker names is not available, if it is one.
         note: &'static str,
+    },
+    /// `--recovery spare-cube` on a pod with no spare cubes.
+    #[error(
+        "--recovery spare-cube needs spare cubes, and {pod} has none: give a v4 or v5p pod \
+         file `cubes: (spares: N)`, or use rollback or redundant"
+    )]
+    NoSpareCube {
+        /// The pod.
+        pod: String,
     },
     /// A failure unit name that is not known.
     #[error("unknown failure unit `{name}` (known: chip, host)")]

@@ -29,6 +29,11 @@ pub const DEFAULT_RESTART_SECONDS: f64 = 600.0;
 /// Infrastructure"; Jouppi et al., ISCA 2023).
 pub const DEFAULT_RECONFIGURE_SECONDS: f64 = 10.0;
 
+/// Hours until a failed cube is back in the spare pool (its failed tray
+/// replaced and the cube retested). An assumption: no publication gives
+/// TPU repair times; a day is the order of a hardware ticket's turnaround.
+pub const DEFAULT_CUBE_REPAIR_HOURS: f64 = 24.0;
+
 /// Optimizer-state slots per parameter unless told otherwise: Adam's two
 /// moments, the crate's default optimizer.
 pub const DEFAULT_OPTIMIZER_SLOTS: usize = 2;
@@ -63,12 +68,7 @@ pub fn parse_recovery(name: &str) -> Result<RecoveryPolicy, GoodputError> {
     match name {
         "rollback" => Ok(RecoveryPolicy::Rollback),
         "redundant" => Ok(RecoveryPolicy::Redundant),
-        "spare-cube" => Err(GoodputError::UnknownRecovery {
-            name: name.into(),
-            note: "; spare-cube needs the pod's cubes and optical circuit switches, which the \
-                   pod model does not have yet (the reconfiguration time is modeled by \
-                   --reconfigure-seconds under either policy)",
-        }),
+        "spare-cube" => Ok(RecoveryPolicy::SpareCube),
         other => Err(GoodputError::UnknownRecovery {
             name: other.into(),
             note: "",
@@ -121,6 +121,9 @@ pub struct Fleet {
     pub ici_bytes_per_s: f64,
     /// Latency of one ICI hop, seconds.
     pub ici_latency_seconds: f64,
+    /// Spare cubes of a cube-built pod (`cubes: (spares: N)` in its pod
+    /// file); `None` for a pod not built of cubes.
+    pub spare_cubes: Option<u32>,
 }
 
 impl Fleet {
@@ -149,6 +152,7 @@ impl Fleet {
             detect_seconds: topology.heartbeat_timeout_ns as f64 * 1e-9,
             ici_bytes_per_s: topology.ici.bytes_per_s,
             ici_latency_seconds: topology.ici.latency_ns as f64 * 1e-9,
+            spare_cubes: topology.cubes.map(|c| c.spares),
         };
         fleet.check()?;
         Ok(fleet)
@@ -175,6 +179,7 @@ impl Fleet {
             detect_seconds: DEFAULT_HEARTBEAT_TIMEOUT_NS as f64 * 1e-9,
             ici_bytes_per_s: spec.ici_bytes_per_s,
             ici_latency_seconds: spec.ici_latency_ns as f64 * 1e-9,
+            spare_cubes: None,
         };
         fleet.check()?;
         Ok(fleet)
@@ -216,6 +221,9 @@ pub struct GoodputConfig {
     pub restart_seconds: f64,
     /// [`DEFAULT_RECONFIGURE_SECONDS`] unless told otherwise.
     pub reconfigure_seconds: f64,
+    /// Under spare-cube, hours until a failed cube is a spare again
+    /// ([`DEFAULT_CUBE_REPAIR_HOURS`] unless told otherwise).
+    pub cube_repair_hours: f64,
     /// One training step, seconds (the CLI defaults to the pod's modeled
     /// sharded step).
     pub step_seconds: f64,
@@ -239,6 +247,7 @@ impl GoodputConfig {
             seed: 0,
             restart_seconds: DEFAULT_RESTART_SECONDS,
             reconfigure_seconds: DEFAULT_RECONFIGURE_SECONDS,
+            cube_repair_hours: DEFAULT_CUBE_REPAIR_HOURS,
             step_seconds,
             storage_bytes_per_s: None,
         }
@@ -291,6 +300,14 @@ pub struct Costs {
     /// Downtime of a redundant recovery: detect, restart, reconfigure,
     /// re-shard.
     pub redundant_seconds: f64,
+    /// Spare cubes (spare-cube only; 0 otherwise).
+    pub spare_cubes: u32,
+    /// Until a failed cube is a spare again, seconds.
+    pub cube_repair_seconds: f64,
+    /// Downtime of a spare-cube recovery while a spare is free: detect,
+    /// reconfigure the OCSes, read the checkpoint (the job keeps its slice,
+    /// so there is no restart); without a free spare it is a rollback.
+    pub spare_cube_seconds: f64,
 }
 
 /// A policy as its command-line name (`redundant`).
@@ -334,6 +351,24 @@ impl Costs {
         )?;
         non_negative("--restart-seconds", config.restart_seconds)?;
         non_negative("--reconfigure-seconds", config.reconfigure_seconds)?;
+        let spare_cube = config.recovery == RecoveryPolicy::SpareCube;
+        let spare_cubes = if spare_cube {
+            positive(
+                "--cube-repair-hours",
+                config.cube_repair_hours,
+                " (until a failed cube is a spare again)",
+            )?;
+            match fleet.spare_cubes {
+                Some(n) if n > 0 => n,
+                _ => {
+                    return Err(GoodputError::NoSpareCube {
+                        pod: fleet.name.clone(),
+                    });
+                }
+            }
+        } else {
+            0
+        };
         if let CheckpointInterval::Every(s) = config.checkpoint {
             positive("--checkpoint-every", s, " (seconds of training, or `auto`)")?;
         }
@@ -407,6 +442,9 @@ impl Costs {
             reshard_seconds,
             rollback_seconds: fixed + io_seconds,
             redundant_seconds: fixed + reshard_seconds,
+            spare_cubes,
+            cube_repair_seconds: config.cube_repair_hours * 3600.0,
+            spare_cube_seconds: fleet.detect_seconds + config.reconfigure_seconds + io_seconds,
         })
     }
 }

@@ -10,7 +10,9 @@
 //! the model's [`crate::sharding::RecoveryPolicy`]: a rollback loses the steps since the
 //! last checkpoint and reads it back; a redundant recovery loses none but
 //! pays a state copy to the ring successor every step, as the pod's sharded
-//! step does. [`interval::search_interval`] picks the checkpoint interval by
+//! step does; a spare-cube recovery loses the steps a rollback does but
+//! swaps the failed cube for a spare in the OCS reconfiguration time
+//! instead of restarting the job. [`interval::search_interval`] picks the checkpoint interval by
 //! simulation; `tests/goodput.rs` checks it against Young/Daly and the run
 //! against published goodput (`docs/goodput.md`).
 //!
@@ -25,9 +27,9 @@ pub mod timeline;
 
 pub use error::GoodputError;
 pub use inputs::{
-    CheckpointInterval, Costs, DEFAULT_OPTIMIZER_SLOTS, DEFAULT_RECONFIGURE_SECONDS,
-    DEFAULT_RESTART_SECONDS, FailureUnit, Fleet, GoodputConfig, modeled_step_seconds,
-    parse_recovery,
+    CheckpointInterval, Costs, DEFAULT_CUBE_REPAIR_HOURS, DEFAULT_OPTIMIZER_SLOTS,
+    DEFAULT_RECONFIGURE_SECONDS, DEFAULT_RESTART_SECONDS, FailureUnit, Fleet, GoodputConfig,
+    modeled_step_seconds, parse_recovery,
 };
 pub use interval::{IntervalSearch, search_interval, young_daly_seconds};
 pub use timeline::{Exposure, Plan, Tally, simulate_run};
@@ -71,6 +73,10 @@ pub struct GoodputReport {
     pub replication_seconds: f64,
     /// Redundant recoveries that lost both copies and rolled back.
     pub fallbacks_to_checkpoint: u64,
+    /// Failures a spare cube was swapped in for (spare-cube).
+    pub spare_swaps: u64,
+    /// Failures with no free spare cube, recovered by a rollback.
+    pub spare_shortfalls: u64,
     /// Steps between checkpoints (`None`: no checkpoints).
     pub checkpoint_interval_steps: Option<u64>,
     /// Seconds of training between checkpoints.
@@ -127,6 +133,8 @@ pub fn simulate(fleet: &Fleet, config: &GoodputConfig) -> Result<GoodputReport, 
         recovery_seconds: tally.recovery_seconds,
         replication_seconds: tally.replication_seconds,
         fallbacks_to_checkpoint: tally.fallbacks,
+        spare_swaps: tally.spare_swaps,
+        spare_shortfalls: tally.spare_shortfalls,
         checkpoint_interval_steps: steps_per_checkpoint,
         checkpoint_interval_seconds: steps_per_checkpoint.map(|n| n as f64 * step),
         young_daly_seconds: young_daly_seconds(

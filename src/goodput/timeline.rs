@@ -21,6 +21,13 @@
 //!   the job falls back to a rollback, when one failure takes down a device
 //!   and its ring successor (a host that drives both), or when a second
 //!   failure during the recovery hits a ring neighbour of a lost unit.
+//! * **SpareCube**: the failed unit's cube is swapped for a free spare:
+//!   the steps since the last checkpoint are lost as in a rollback, but
+//!   the job keeps its slice, so it detects, reconfigures the OCSes and
+//!   reads the checkpoint, with no restart. The failed cube is a spare
+//!   again after the repair time; a failure with no free spare is a
+//!   rollback (the job waits for a whole new slice). Spares themselves do
+//!   not fail (they run nothing).
 //! * A failure during a recovery restarts the recovery.
 //!
 //! The run ends at its horizon: steps completed since the last checkpoint
@@ -123,6 +130,10 @@ pub struct Tally {
     pub restarts: u64,
     /// Redundant recoveries that lost both copies and rolled back.
     pub fallbacks: u64,
+    /// Failures a spare cube was swapped in for (spare-cube).
+    pub spare_swaps: u64,
+    /// Failures with no free spare cube, recovered by a rollback.
+    pub spare_shortfalls: u64,
 }
 
 impl Tally {
@@ -138,6 +149,8 @@ impl Tally {
         self.replication_seconds += other.replication_seconds;
         self.restarts += other.restarts;
         self.fallbacks += other.fallbacks;
+        self.spare_swaps += other.spare_swaps;
+        self.spare_shortfalls += other.spare_shortfalls;
     }
 
     /// Steps that count: completed and not lost.
@@ -253,6 +266,39 @@ impl Run<'_> {
             self.costs.rollback_seconds - self.costs.checkpoint_read_seconds
         }
     }
+
+    fn spare_cube_seconds(&self) -> f64 {
+        if self.has_checkpoint {
+            self.costs.spare_cube_seconds
+        } else {
+            self.costs.spare_cube_seconds - self.costs.checkpoint_read_seconds
+        }
+    }
+}
+
+/// The spare cubes of a spare-cube run: how many, and when each cube out
+/// for repair is back.
+struct SparePool {
+    free: u32,
+    repairs: std::collections::VecDeque<f64>,
+    repair_seconds: f64,
+}
+
+impl SparePool {
+    /// Takes a spare at `at` for the failed cube (which goes for repair);
+    /// `false` when none is free.
+    fn take(&mut self, at: f64) -> bool {
+        while self.repairs.front().is_some_and(|&back| back <= at) {
+            self.repairs.pop_front();
+            self.free += 1;
+        }
+        if self.free == 0 {
+            return false;
+        }
+        self.free -= 1;
+        self.repairs.push_back(at + self.repair_seconds);
+        true
+    }
 }
 
 /// Simulates replicate `replicate` of a run: the same `(seed, replicate)`
@@ -279,6 +325,20 @@ pub fn simulate_run(exposure: &Exposure, costs: &Costs, plan: Plan, replicate: u
         has_checkpoint: false,
     };
     let redundant = plan.recovery == RecoveryPolicy::Redundant;
+    let spare_cube = plan.recovery == RecoveryPolicy::SpareCube;
+    let mut pool = SparePool {
+        free: costs.spare_cubes,
+        repairs: std::collections::VecDeque::new(),
+        repair_seconds: costs.cube_repair_seconds,
+    };
+    // Whether the recovery in progress has its spare (spare-cube).
+    let mut swapped = false;
+    let mut take_spare = |run: &mut Run, at: f64| {
+        let ok = pool.take(at);
+        run.tally.spare_swaps += u64::from(ok);
+        run.tally.spare_shortfalls += u64::from(!ok);
+        ok
+    };
     let mut now = 0.0;
     let mut next = failures.next();
     let mut episode: Vec<u32> = Vec::new();
@@ -297,10 +357,15 @@ pub fn simulate_run(exposure: &Exposure, costs: &Costs, plan: Plan, replicate: u
             run.tally.fallbacks += u64::from(redundant);
             run.roll_back();
         }
+        if spare_cube {
+            swapped = take_spare(&mut run, at);
+        }
         let mut start = at;
         next = failures.next();
         loop {
-            let duration = if copies_lost {
+            let duration = if spare_cube && swapped {
+                run.spare_cube_seconds()
+            } else if copies_lost {
                 run.rollback_seconds()
             } else {
                 costs.redundant_seconds
@@ -318,6 +383,11 @@ pub fn simulate_run(exposure: &Exposure, costs: &Costs, plan: Plan, replicate: u
                     run.roll_back();
                 }
                 episode.push(unit);
+                if spare_cube {
+                    // The new failure's cube needs a spare too; without
+                    // one the slice cannot be rewired and the job restarts.
+                    swapped = take_spare(&mut run, again) && swapped;
+                }
                 start = again;
                 next = failures.next();
                 continue;
@@ -352,7 +422,8 @@ mod tests {
     use crate::hardware::TpuGeneration;
 
     fn setup(recovery: RecoveryPolicy) -> (Exposure, Costs) {
-        let fleet = Fleet::blocks("t", 64, 4, TpuGeneration::V4).unwrap();
+        let mut fleet = Fleet::blocks("t", 64, 4, TpuGeneration::V4).unwrap();
+        fleet.spare_cubes = Some(2);
         let mut config = GoodputConfig::new(1_000_000_000, 64.0 * 3.0, 30.0, 2.0);
         config.recovery = recovery;
         let costs = Costs::derive(&fleet, &config).unwrap();
@@ -361,7 +432,11 @@ mod tests {
 
     #[test]
     fn every_second_of_the_run_is_accounted_once() {
-        for recovery in [RecoveryPolicy::Rollback, RecoveryPolicy::Redundant] {
+        for recovery in [
+            RecoveryPolicy::Rollback,
+            RecoveryPolicy::Redundant,
+            RecoveryPolicy::SpareCube,
+        ] {
             let (exposure, costs) = setup(recovery);
             for n in [None, Some(1), Some(37), Some(10_000)] {
                 let plan = Plan {

@@ -40,4 +40,25 @@ pub enum FaultError {
     /// A killed device cannot be resumed or paused.
     #[error("{0} was killed; it cannot be paused or resumed")]
     DeviceKilled(DeviceId),
+    /// A device of a pod not built of cubes was asked for its cube.
+    #[error("{0} is not in a cube: the pod file has no `cubes` (v4 and v5p pods only)")]
+    NotCubeBuilt(DeviceId),
+    /// More cubes failed than there are spares to swap in.
+    #[error(
+        "cube(s) {failed:?} failed and {spares} healthy spare cube(s) remain; a spare-cube \
+         recovery needs one per failed cube (add `cubes: (spares: N)` to the pod file, or \
+         recover with rollback)"
+    )]
+    NoSpareCube {
+        /// The failed cubes.
+        failed: Vec<u32>,
+        /// Healthy spares left.
+        spares: u32,
+    },
+    /// A cube to swap out is not part of a slice.
+    #[error("cube {cube} is not part of a slice; only a slice's cubes are swapped for spares")]
+    CubeNotInSlice {
+        /// The cube.
+        cube: u32,
+    },
 }

@@ -30,6 +30,7 @@
 //! in the same tick, every device's [`KnownFailures`] — the coordination
 //! service's error propagation to all tasks.
 
+pub mod cubes;
 mod error;
 
 pub use error::FaultError;
@@ -320,7 +321,7 @@ pub fn install(world: &mut World) {
     schedules.add_systems(Step, emit_heartbeats.in_set(StepSystems::Heartbeats));
     schedules.add_systems(
         Step,
-        (record_heartbeats, detect_failures)
+        (record_heartbeats, detect_failures, cubes::mark_failed_cubes)
             .chain()
             .in_set(StepSystems::FaultDetection),
     );

@@ -185,6 +185,20 @@ impl RankedPod {
     ) -> Result<RankedPod> {
         let layout = RankLayout::new(&topology, mailbox.ranks(), mailbox.rank())
             .map_err(crate::transport::TransportError::from)?;
+        if topology.cubes.is_some() && layout.ranks() > 1 {
+            // A cube's failure mark follows the coordination service's
+            // health view, which only rank 0 holds.
+            return Err(OptimError::Unsupported {
+                operation: format!(
+                    "splitting the cube-built pod `{}` over ranks",
+                    topology.name
+                ),
+                reason: "cube-built pods (`cubes`) run in one process for now: a cube's \
+                         failure follows the coordination service's view, which only rank 0 \
+                         holds"
+                    .into(),
+            });
+        }
         let mut pod = Pod::from_topology(topology)?;
         let start_digest = pod.world_sha256()?;
         localize(&mut pod.world, &layout);

@@ -180,6 +180,16 @@ pub enum ShardingError {
         /// What is wrong.
         reason: String,
     },
+    /// The spare-cube policy was chosen for a pod with no spare cubes.
+    #[error(
+        "--recovery spare-cube needs spare cubes, and {pod} has none: give the pod file \
+         `cubes: (spares: 1)` (v4 and v5p pods of whole 4x4x4 cubes), or use rollback or \
+         redundant"
+    )]
+    NoSpareCubes {
+        /// The pod.
+        pod: String,
+    },
     /// No policy could recover from a failure.
     #[error("recovery failed: {reason}")]
     Recovery {

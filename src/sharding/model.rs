@@ -95,6 +95,13 @@ pub enum RecoveryPolicy {
     /// promoted and the survivors re-shard, no step is lost. Losing a
     /// device and its successor together is unrecoverable.
     Redundant,
+    /// On a cube-built pod (`cubes: (spares: N)` in the pod file): swap
+    /// each failed cube for a spare through the optical circuit switches
+    /// (their reconfiguration time, [`crate::topology::CubeLayout`]), so
+    /// the slice keeps every device and its shape, and restart the step
+    /// from the newest periodic checkpoint, as a rollback does (the steps
+    /// since are lost). An error when no spare is left.
+    SpareCube,
 }
 
 impl std::str::FromStr for RecoveryPolicy {
@@ -103,8 +110,9 @@ impl std::str::FromStr for RecoveryPolicy {
         match s {
             "rollback" => Ok(RecoveryPolicy::Rollback),
             "redundant" => Ok(RecoveryPolicy::Redundant),
+            "spare-cube" => Ok(RecoveryPolicy::SpareCube),
             other => Err(format!(
-                "unknown recovery policy `{other}` (known: rollback, redundant)"
+                "unknown recovery policy `{other}` (known: rollback, redundant, spare-cube)"
             )),
         }
     }
@@ -115,6 +123,7 @@ impl std::fmt::Display for RecoveryPolicy {
         f.write_str(match self {
             RecoveryPolicy::Rollback => "rollback",
             RecoveryPolicy::Redundant => "redundant",
+            RecoveryPolicy::SpareCube => "spare-cube",
         })
     }
 }
@@ -136,6 +145,9 @@ pub struct RecoveryRecord {
     pub failed_at_ns: u64,
     /// Devices the model runs on afterwards.
     pub devices_after: usize,
+    /// Cubes swapped, `[failed, spare]` (spare-cube recoveries only).
+    #[serde(default)]
+    pub swapped_cubes: Vec<[u32; 2]>,
 }
 
 impl ShardedModel {
@@ -199,6 +211,7 @@ pub fn install_model<A: FloatElement>(
     model: ShardedModel,
     state: SlotValues<A>,
 ) -> Result<(), ShardingError> {
+    check_policy(world, model.recovery)?;
     if model_entity(world).is_some() {
         remove_model(world)?;
     }
@@ -262,6 +275,24 @@ pub fn install_model<A: FloatElement>(
         return Err(e.into());
     }
     world.spawn(model);
+    Ok(())
+}
+
+/// Whether the pod can apply `policy`: a spare-cube recovery needs a pod
+/// built of cubes with spares (checked before any work).
+fn check_policy(world: &World, policy: RecoveryPolicy) -> Result<(), ShardingError> {
+    if policy != RecoveryPolicy::SpareCube {
+        return Ok(());
+    }
+    let topology = world
+        .get_resource::<crate::topology::PodTopology>()
+        .map(|t| &t.0);
+    let spares = topology.and_then(|t| t.cubes).map_or(0, |c| c.spares);
+    if spares == 0 {
+        return Err(ShardingError::NoSpareCubes {
+            pod: topology.map_or_else(|| "the pod".to_string(), |t| t.name.clone()),
+        });
+    }
     Ok(())
 }
 

@@ -12,6 +12,12 @@
 //! latency ([`crate::hardware`]); a rollback first reads the checkpoint's
 //! parameters and state at
 //! [`crate::hardware::CHECKPOINT_READ_BYTES_PER_S_PER_HOST`] on every host.
+//!
+//! A spare-cube recovery ([`swap_cubes_after_loss`]) excludes nobody: the
+//! lost devices' cubes are swapped for spares ([`crate::health::cubes`]),
+//! so the model keeps its layout (every device, the torus plan) and is
+//! reinstalled with the checkpoint's state; its time is the checkpoint
+//! read, the OCS reconfiguration and the same shard transfer.
 
 use bevy_ecs::prelude::*;
 
@@ -21,6 +27,7 @@ use super::model::{
     RecoveryPolicy, RecoveryRecord, ShardedModel, SlotValues, model_of, replace_model,
 };
 use crate::clock::SimClock;
+use crate::health::cubes::swap_in_spares;
 use crate::health::{DeviceState, Excluded, Health};
 use crate::ir::FloatElement;
 use crate::memory::ShardSlot;
@@ -126,6 +133,7 @@ pub fn reshard_after_loss<A: FloatElement>(
         recovery_seconds,
         failed_at_ns,
         devices_after: layout.devices(),
+        swapped_cubes: Vec::new(),
     };
     let mut recoveries = model.recoveries.clone();
     recoveries.push(record.clone());
@@ -145,6 +153,71 @@ pub fn reshard_after_loss<A: FloatElement>(
             world.entity_mut(e).insert(Excluded);
         }
     }
+    Ok(record)
+}
+
+/// Swaps `cubes` (the lost devices' cubes) for spares and reinstalls the
+/// model on its own layout with `restored` (module docs). The spares must
+/// have been checked ([`crate::health::cubes::plan_swaps`]); on `Err` from
+/// the swap nothing changed, and if the reinstall fails the model is put
+/// back as it was (on the swapped cubes).
+pub fn swap_cubes_after_loss<A: FloatElement>(
+    world: &mut World,
+    lost: &[DeviceId],
+    cubes: &[u32],
+    restored: Restored<A>,
+    failed_step: u64,
+    failed_at_ns: u64,
+) -> Result<RecoveryRecord, ShardingError> {
+    let model = model_of(world).ok_or(ShardingError::NoModel)?.clone();
+    let topology = &world.resource::<PodTopology>().0;
+    let reconfigure_seconds = topology
+        .cubes
+        .ok_or_else(|| ShardingError::Recovery {
+            reason: format!("{} is not built of cubes", topology.name),
+        })?
+        .reconfigure_seconds();
+    let generation = topology.generation.spec();
+    let layout = model.layout.clone();
+    let shard_bytes = (model.slots.len() * layout.shard_elements() * layout.element_bytes()) as f64;
+    let reshard_seconds =
+        generation.ici_latency_ns as f64 * 1e-9 + shard_bytes / generation.ici_bytes_per_s;
+    let now = world.resource::<SimClock>().now_ns;
+    let swaps = swap_in_spares(world, cubes, now).map_err(|e| ShardingError::Recovery {
+        reason: e.to_string(),
+    })?;
+    let padded = layout.padded_elements();
+    let pad = |mut v: Vec<A>| {
+        v.truncate(layout.elements);
+        v.resize(padded, A::ZERO);
+        v
+    };
+    let params = pad(restored.params);
+    let state: Vec<Vec<A>> = restored.state.into_iter().map(pad).collect();
+    let recovery_seconds = restored.read_seconds + reconfigure_seconds + reshard_seconds;
+    let record = RecoveryRecord {
+        policy: RecoveryPolicy::SpareCube,
+        failed_step,
+        lost_devices: lost.to_vec(),
+        lost_steps: model
+            .steps_completed
+            .saturating_sub(restored.steps_completed),
+        recovery_seconds,
+        failed_at_ns,
+        devices_after: layout.devices(),
+        swapped_cubes: swaps.iter().map(|s| [s.failed, s.spare]).collect(),
+    };
+    let mut recoveries = model.recoveries.clone();
+    recoveries.push(record.clone());
+    let next = ShardedModel {
+        params: super::model::flat_tensor(params),
+        count: restored.count,
+        steps_completed: restored.steps_completed,
+        recoveries,
+        recovering_until_ns: now + (recovery_seconds * 1e9).ceil() as u64,
+        ..model
+    };
+    replace_model(world, next, SlotValues::Flat(state))?;
     Ok(record)
 }
 

@@ -8,11 +8,20 @@
 //!
 //! Every link is exactly one `<path class="link">` with a `<title>` naming
 //! its ends, kind and axis, so the picture can be checked against the pod.
+//!
+//! A cube-built pod ([`crate::topology::cubes`]) also shows its cubes: each
+//! cube's part of a plane is outlined (`<rect class="cube">`, titled with
+//! the cube and its place in the slice), a link over an optical circuit
+//! switch is drawn thicker and its title names the switch and the two
+//! cubes it joins, and a list under the header gives every cube's role
+//! (slice position, spare, retired, failed) — the OCS assignment.
 
 use super::{escape, open, pale};
 use crate::health::{DeviceState, Health};
 use crate::topology::Host;
-use crate::topology::{Device, Link, LinkKind, OnHost, PodTopology, TorusCoords};
+use crate::topology::{
+    Cube, CubeRole, Device, InCube, Link, LinkKind, OcsCircuit, OnHost, PodTopology, TorusCoords,
+};
 use bevy_ecs::prelude::*;
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -28,6 +37,7 @@ struct Line {
     kind: LinkKind,
     axis: Option<u8>,
     wraps: bool,
+    circuit: Option<OcsCircuit>,
 }
 
 fn axis_name(axis: u8) -> &'static str {
@@ -120,6 +130,7 @@ fn link_path(
 
 struct Placed {
     id: u32,
+    cube: Option<u32>,
     host: u32,
     slice: u32,
     xyz: [u32; 3],
@@ -137,11 +148,13 @@ pub fn topology_svg(world: &mut World) -> String {
         Option<&OnHost>,
         Option<&Health>,
         Option<&DeviceState>,
+        Option<&InCube>,
     )>();
     let mut placed: Vec<Placed> = devices
         .iter(world)
-        .map(|(device, coords, host, health, state)| Placed {
+        .map(|(device, coords, host, health, state, in_cube)| Placed {
             id: device.id.0,
+            cube: in_cube.map(|c| c.cube),
             host: host
                 .and_then(|h| hosts.get(world, h.0).ok())
                 .map_or(0, |h| h.index),
@@ -161,16 +174,18 @@ pub fn topology_svg(world: &mut World) -> String {
     let plane_w = dims[0].max(1) as f64 * cell;
     let plane_h = dims[1].max(1) as f64 * cell;
     // Planes (one per slice and z) in a near-square grid, in (slice, z) order.
+    let assignment = cube_assignment(world);
+    let header = HEADER + assignment.len() as f64 * 16.0;
     let planes = dims[2].max(1) * topology.slices.max(1);
     let columns = (planes as f64).sqrt().ceil().max(1.0) as u32;
     let rows = planes.div_ceil(columns);
     let width = (2.0 * MARGIN + columns as f64 * (plane_w + PLANE_GAP) + cell).max(720.0);
-    let height = HEADER + MARGIN + rows as f64 * (plane_h + PLANE_GAP) + cell;
+    let height = header + MARGIN + rows as f64 * (plane_h + PLANE_GAP) + cell;
     let origin = |slice: u32, z: u32| {
         let slot = slice * dims[2].max(1) + z;
         (
             MARGIN + cell + (slot % columns) as f64 * (plane_w + PLANE_GAP),
-            HEADER + cell / 2.0 + (slot / columns) as f64 * (plane_h + PLANE_GAP),
+            header + cell / 2.0 + (slot / columns) as f64 * (plane_h + PLANE_GAP),
         )
     };
     let center = |p: &Placed| {
@@ -202,6 +217,14 @@ pub fn topology_svg(world: &mut World) -> String {
             ""
         }
     );
+    for (i, line) in assignment.iter().enumerate() {
+        let _ = writeln!(
+            out,
+            "<text class=\"ocs-assignment\" x=\"{MARGIN}\" y=\"{:.1}\">{}</text>",
+            HEADER - 6.0 + i as f64 * 16.0,
+            escape(line)
+        );
+    }
     // Plane labels.
     for s in 0..topology.slices.max(1) {
         for z in 0..dims[2].max(1) {
@@ -236,6 +259,7 @@ pub fn topology_svg(world: &mut World) -> String {
             pale(*host as usize)
         );
     }
+    draw_cubes(&mut out, &placed, &cube_roles(world), &origin, cell);
     // Links.
     let by_entity: BTreeMap<Entity, usize> = {
         let mut q = world.query::<(Entity, &Device)>();
@@ -244,16 +268,17 @@ pub fn topology_svg(world: &mut World) -> String {
             .filter_map(|(e, d)| ids.get(&d.id.0).map(|&i| (e, i)))
             .collect()
     };
-    let mut links = world.query::<&Link>();
+    let mut links = world.query::<(&Link, Option<&OcsCircuit>)>();
     let mut lines: Vec<Line> = links
         .iter(world)
-        .filter_map(|l| {
+        .filter_map(|(l, circuit)| {
             Some(Line {
                 a: *by_entity.get(&l.a)?,
                 b: *by_entity.get(&l.b)?,
                 kind: l.kind,
                 axis: l.axis,
                 wraps: l.wraps,
+                circuit: circuit.copied(),
             })
         })
         .collect();
@@ -262,8 +287,14 @@ pub fn topology_svg(world: &mut World) -> String {
     for line in lines {
         let (pa, pb) = (&placed[line.a], &placed[line.b]);
         let (a, b) = (center(pa), center(pb));
+        let circuit = line.circuit.map_or_else(String::new, |c| {
+            format!(
+                ", via OCS {} (cube {} to cube {})",
+                c.ocs, c.cube_a, c.cube_b
+            )
+        });
         let title = format!(
-            "link {}–{}: {}{}{}",
+            "link {}–{}: {}{}{}{circuit}",
             pa.id,
             pb.id,
             match line.kind {
@@ -275,9 +306,20 @@ pub fn topology_svg(world: &mut World) -> String {
             if line.wraps { ", wraparound" } else { "" }
         );
         let (d, style) = link_path(&line, pa, pb, a, b, cell);
+        let optical = line.circuit.map_or_else(
+            || " class=\"link\"".to_string(),
+            |c| format!(" class=\"link\" data-ocs=\"{}\" stroke-width=\"2\"", c.ocs),
+        );
+        let style = if line.circuit.is_some() {
+            style
+                .replace("stroke-width=\"1\"", "")
+                .replace("stroke-width=\"1.2\"", "")
+        } else {
+            style.to_string()
+        };
         let _ = writeln!(
             out,
-            "<path class=\"link\" d=\"{d}\" {style}><title>{}</title></path>",
+            "<path{optical} d=\"{d}\" {style}><title>{}</title></path>",
             escape(&title)
         );
     }
@@ -294,12 +336,13 @@ pub fn topology_svg(world: &mut World) -> String {
         let [x, y, z] = p.xyz;
         let _ = write!(
             out,
-            "<rect x=\"{:.1}\" y=\"{:.1}\" width=\"{side:.1}\" height=\"{side:.1}\" fill=\"{fill}\" stroke=\"#222\" stroke-width=\"0.5\"><title>device {} ({x},{y},{z}) slice {} host {}: {}</title></rect>",
+            "<rect x=\"{:.1}\" y=\"{:.1}\" width=\"{side:.1}\" height=\"{side:.1}\" fill=\"{fill}\" stroke=\"#222\" stroke-width=\"0.5\"><title>device {} ({x},{y},{z}) slice {} host {}{}: {}</title></rect>",
             cx - side / 2.0,
             cy - side / 2.0,
             p.id,
             p.slice,
             p.host,
+            p.cube.map_or_else(String::new, |c| format!(" cube {c}")),
             p.status
         );
         if p.status == "failed" {
@@ -329,4 +372,83 @@ pub fn topology_svg(world: &mut World) -> String {
     }
     out.push_str("</svg>\n");
     out
+}
+
+/// Every cube's role, by index.
+fn cube_roles(world: &mut World) -> BTreeMap<u32, Cube> {
+    let mut q = world.query::<&Cube>();
+    q.iter(world).map(|c| (c.index, *c)).collect()
+}
+
+/// The OCS assignment as lines of text: the slices' cubes by position,
+/// then the spares, retired and unallocated cubes (counted, not listed).
+fn cube_assignment(world: &mut World) -> Vec<String> {
+    let roles = cube_roles(world);
+    if roles.is_empty() {
+        return Vec::new();
+    }
+    let mut lines = vec![format!(
+        "OCS assignment ({} cubes; thick links run over an optical circuit switch):",
+        roles.len()
+    )];
+    let mut unallocated = 0;
+    for cube in roles.values() {
+        let failed = cube.failed_at_ns.map_or_else(String::new, |t| {
+            format!(" (failed at {:.3} s)", t as f64 * 1e-9)
+        });
+        let role = match cube.role {
+            CubeRole::Slice { slice, position } => format!(
+                "slice {slice} position ({},{},{})",
+                position[0], position[1], position[2]
+            ),
+            CubeRole::Spare => "spare".to_string(),
+            CubeRole::Retired => "retired".to_string(),
+            CubeRole::Unallocated => {
+                unallocated += 1;
+                continue;
+            }
+        };
+        lines.push(format!("cube {}: {role}{failed}", cube.index));
+    }
+    if unallocated > 0 {
+        lines.push(format!(
+            "{unallocated} more cube(s) unallocated (other jobs)"
+        ));
+    }
+    lines
+}
+
+/// Outlines each cube's part of every plane (class `cube`).
+fn draw_cubes(
+    out: &mut String,
+    placed: &[Placed],
+    roles: &BTreeMap<u32, Cube>,
+    origin: &dyn Fn(u32, u32) -> (f64, f64),
+    cell: f64,
+) {
+    let mut boxes: BTreeMap<(u32, u32, u32), [u32; 4]> = BTreeMap::new();
+    for p in placed {
+        let Some(cube) = p.cube else { continue };
+        let b = boxes
+            .entry((cube, p.slice, p.xyz[2]))
+            .or_insert([p.xyz[0], p.xyz[1], p.xyz[0], p.xyz[1]]);
+        b[0] = b[0].min(p.xyz[0]);
+        b[1] = b[1].min(p.xyz[1]);
+        b[2] = b[2].max(p.xyz[0]);
+        b[3] = b[3].max(p.xyz[1]);
+    }
+    for ((cube, slice, z), [x0, y0, x1, y1]) in &boxes {
+        let (ox, oy) = origin(*slice, *z);
+        let failed = roles.get(cube).is_some_and(|c| c.failed_at_ns.is_some());
+        let stroke = if failed { "#d62728" } else { "#7b3294" };
+        let _ = writeln!(
+            out,
+            "<rect class=\"cube\" x=\"{:.1}\" y=\"{:.1}\" width=\"{:.1}\" height=\"{:.1}\" fill=\"none\" stroke=\"{stroke}\" stroke-width=\"1.5\" stroke-dasharray=\"6,3\"><title>cube {cube}{}</title></rect>",
+            ox + *x0 as f64 * cell - 2.0,
+            oy + *y0 as f64 * cell - 2.0,
+            (x1 - x0 + 1) as f64 * cell + 4.0,
+            (y1 - y0 + 1) as f64 * cell + 4.0,
+            if failed { " (failed)" } else { "" }
+        );
+    }
 }

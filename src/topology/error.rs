@@ -146,6 +146,14 @@ pub enum Problem {
         /// The value as written.
         given: String,
     },
+    /// A cube-built pod (`cubes`) that cannot be built: a generation without
+    /// optical circuit switches, a slice not made of whole cubes, more cubes
+    /// than the pod has.
+    #[error("{reason}")]
+    Cubes {
+        /// Why, with what would fit.
+        reason: String,
+    },
     /// A DCN fabric asked for, or configured, where there is none, or one
     /// too large to spawn.
     #[error("{reason}")]

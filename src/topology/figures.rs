@@ -31,6 +31,8 @@
 //!   improves: shorter paths and a wider cut with the same links.
 
 use super::components::{Device, Host, Link, PodTopology, TorusCoords};
+use super::cubes::{Cube, CubeRole, Ocs, OcsCircuit};
+use super::resolve::Topology;
 use super::schema::LinkKind;
 use bevy_ecs::prelude::*;
 use rayon::prelude::*;
@@ -84,6 +86,57 @@ pub struct TopologyFigures {
     pub hbm_bytes: u64,
     /// What the pod file was accepted with only a warning (a custom shape).
     pub warnings: Vec<String>,
+    /// The cubes and optical circuit switches of a cube-built pod, counted
+    /// from their entities; absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cubes: Option<CubeFigures>,
+}
+
+/// A cube-built pod's cubes and switches, counted from the entities.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CubeFigures {
+    /// Cube entities (the whole pod's).
+    pub pod_cubes: u32,
+    /// Cubes in the slices.
+    pub slice_cubes: u32,
+    /// Healthy spare cubes.
+    pub spare_cubes: u32,
+    /// Cubes swapped out after a failure.
+    pub retired_cubes: u32,
+    /// Cubes with a failed chip.
+    pub failed_cubes: u32,
+    /// Optical circuit switch entities.
+    pub ocs: u32,
+    /// Links that run over a switch (cross a cube face).
+    pub ocs_links: u32,
+    /// Time to swap a cube, seconds.
+    pub reconfigure_seconds: f64,
+}
+
+fn cube_figures(world: &mut World, topology: &Topology) -> Option<CubeFigures> {
+    let layout = topology.cubes?;
+    let mut cubes = world.query::<&Cube>();
+    let mut figures = CubeFigures {
+        pod_cubes: 0,
+        slice_cubes: 0,
+        spare_cubes: 0,
+        retired_cubes: 0,
+        failed_cubes: 0,
+        ocs: world.query::<&Ocs>().iter(world).count() as u32,
+        ocs_links: world.query::<&OcsCircuit>().iter(world).count() as u32,
+        reconfigure_seconds: layout.reconfigure_seconds(),
+    };
+    for cube in cubes.iter(world) {
+        figures.pod_cubes += 1;
+        figures.failed_cubes += u32::from(cube.failed_at_ns.is_some());
+        match cube.role {
+            CubeRole::Slice { .. } => figures.slice_cubes += 1,
+            CubeRole::Spare if cube.failed_at_ns.is_none() => figures.spare_cubes += 1,
+            CubeRole::Retired => figures.retired_cubes += 1,
+            _ => {}
+        }
+    }
+    Some(figures)
 }
 
 /// Computes [`TopologyFigures`] from the devices, hosts and links in `world`.
@@ -183,6 +236,7 @@ pub fn compute_figures(world: &mut World) -> TopologyFigures {
         alltoall_bytes_per_s,
         hbm_bytes: topology.hbm_bytes * n as u64,
         warnings: topology.warnings.clone(),
+        cubes: cube_figures(world, &topology),
     }
 }
 

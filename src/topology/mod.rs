@@ -7,6 +7,7 @@
 //! ([`spawn_topology`]).
 
 pub mod components;
+pub mod cubes;
 pub mod dot;
 pub mod error;
 pub mod figures;
@@ -16,9 +17,10 @@ pub mod schema;
 pub mod spawn;
 
 pub use components::*;
+pub use cubes::{Cube, CubeLayout, CubeRole, InCube, Ocs, OcsCircuit};
 pub use dot::to_dot;
 pub use error::{Problem, TopologyError};
-pub use figures::{TopologyFigures, compute_figures};
+pub use figures::{CubeFigures, TopologyFigures, compute_figures};
 pub use presets::{DEFAULT_PRESET, PRESETS, preset_names, preset_text};
 pub use resolve::{LinkParams, LinkSpec, Topology, parse_pod_file, parse_topology, resolve};
 pub use schema::{LinkKind, PodFile};

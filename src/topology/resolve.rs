@@ -4,11 +4,12 @@
 //! `serde_path_to_error` over ron's deserializer). Validation checks, in this
 //! order: name, generation, shape, slices, offered shape (or `custom`),
 //! wraparound, twist, host block, cores, link
-//! figures, tick and heartbeat (each within its documented range, the
+//! figures, cubes, tick and heartbeat (each within its documented range, the
 //! interval at least one tick, the timeout longer than the interval plus the
 //! control latency), explicit links, connectivity. The first
 //! violation is returned with the field it belongs to; no input panics.
 
+use super::cubes::{CubeLayout, check_layout, resolve_cubes};
 use super::error::{Problem, TopologyError};
 use super::schema::{DcnFigures, ExtraLink, LinkFigures, LinkKind, PodFile};
 use crate::hardware::{HardwareSpec, TpuGeneration, WraparoundRule, twisted_torus_edge};
@@ -122,6 +123,10 @@ pub struct Topology {
     pub dcn_fabric: Option<DcnFabric>,
     /// Links beyond the torus.
     pub extra_links: Vec<LinkSpec>,
+    /// The cubes and optical circuit switches of a cube-built pod; `None`
+    /// unless the pod file has `cubes` (see [`super::cubes`]).
+    #[serde(default)]
+    pub cubes: Option<CubeLayout>,
     /// Heartbeat interval, ns.
     pub heartbeat_interval_ns: u64,
     /// Silence before a device is failed, ns.
@@ -385,6 +390,9 @@ impl Topology {
                 ));
             }
         }
+        if let Some(layout) = &self.cubes {
+            check_layout(self, layout)?;
+        }
         let devices = chips as u32;
         if let Some(link) = self
             .extra_links
@@ -557,6 +565,7 @@ fn resolve_fields(file: &PodFile) -> Check<Topology> {
         "dcn.",
     )?;
     let dcn_fabric = resolve_fabric(&dcn_file, slices, spec)?;
+    let cubes = resolve_cubes(file.cubes.as_ref(), spec, &file.shape, dims, slices)?;
     let heartbeat = file.heartbeat.clone().unwrap_or_default();
     let tick_ns = millis_to_ns(
         file.tick_ms,
@@ -639,6 +648,7 @@ fn resolve_fields(file: &PodFile) -> Check<Topology> {
         dcn,
         dcn_fabric,
         extra_links: Vec::new(),
+        cubes,
         heartbeat_interval_ns,
         heartbeat_timeout_ns,
         tick_ns,

@@ -22,6 +22,9 @@
 //!     // with `slices` of 2 or more, also the DCN fabric's figures:
 //!     // dcn: (host_gb_per_s: 25.0, oversubscription: 1.0, fabric: true),
 //!     extra_links: [(a: 0, b: 15, kind: Dcn)],
+//!     // v4 and v5p only: the slice is made of 4x4x4 cubes joined by
+//!     // optical circuit switches, with spare cubes to swap in:
+//!     // cubes: (spares: 1, pod_cubes: 64, reconfigure_seconds: 10.0),
 //!     heartbeat: (interval_ms: 1000.0, timeout_ms: 10000.0),
 //!     tick_ms: 10.0,
 //! )
@@ -78,6 +81,11 @@ pub struct PodFile {
     /// Links beyond the torus: DCN between hosts or slices, or extra ICI.
     #[serde(default)]
     pub extra_links: Vec<ExtraLink>,
+    /// The pod is built of cubes joined by optical circuit switches (v4
+    /// and v5p): the slices are sets of cubes, the rest of the pod's cubes
+    /// are spares or other jobs'. See [`super::cubes`].
+    #[serde(default)]
+    pub cubes: Option<CubeOptions>,
     /// Heartbeat timing.
     #[serde(default)]
     pub heartbeat: Option<HeartbeatFigures>,
@@ -148,6 +156,23 @@ pub struct ExtraLink {
     /// Overrides the kind's latency, microseconds.
     #[serde(default)]
     pub latency_us: Option<f64>,
+}
+
+/// The cubes of a cube-built pod (`cubes: (...)`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CubeOptions {
+    /// Healthy cubes kept free to replace a failed one (default 0).
+    #[serde(default)]
+    pub spares: Option<u32>,
+    /// Cubes in the whole pod (default: the generation's full pod, 64 for
+    /// v4, 140 for v5p); the slices and spares must fit in it.
+    #[serde(default)]
+    pub pod_cubes: Option<u32>,
+    /// Seconds the optical circuit switches take to swap a cube (default
+    /// from [`crate::hardware::OcsSpec::reconfigure_seconds`], 10 s).
+    #[serde(default)]
+    pub reconfigure_seconds: Option<f64>,
 }
 
 /// Heartbeat interval and failure timeout.

@@ -4,7 +4,8 @@ use super::components::*;
 use super::resolve::Topology;
 use bevy_ecs::prelude::*;
 
-/// Spawns hosts, devices and links for `topology` and inserts the
+/// Spawns hosts, devices and links (and, for a cube-built pod, its cubes
+/// and optical circuit switches: [`super::cubes`]) for `topology` and inserts the
 /// [`PodTopology`] and [`DeviceIndex`] resources.
 ///
 /// Spawning is batched: v4-4096 (4096 chips, 12,288 links) spawns in a few
@@ -31,20 +32,27 @@ pub fn spawn_topology(world: &mut World, topology: &Topology) {
         }))
         .collect();
     let links = topology.links();
-    world.spawn_batch(links.into_iter().map(|spec| {
-        (
-            Link {
-                a: devices[spec.a as usize],
-                b: devices[spec.b as usize],
-                kind: spec.kind,
-                axis: spec.axis,
-                wraps: spec.wraps,
-                bytes_per_s: spec.params.bytes_per_s,
-                latency_ns: spec.params.latency_ns,
-            },
-            LinkTraffic::default(),
-        )
-    }));
+    let specs = topology.cubes.is_some().then(|| links.clone());
+    let link_entities: Vec<Entity> = world
+        .spawn_batch(links.into_iter().map(|spec| {
+            (
+                Link {
+                    a: devices[spec.a as usize],
+                    b: devices[spec.b as usize],
+                    kind: spec.kind,
+                    axis: spec.axis,
+                    wraps: spec.wraps,
+                    bytes_per_s: spec.params.bytes_per_s,
+                    latency_ns: spec.params.latency_ns,
+                },
+                LinkTraffic::default(),
+            )
+        }))
+        .collect();
+    if let Some(specs) = specs {
+        let links: Vec<(Entity, _)> = link_entities.into_iter().zip(specs).collect();
+        super::cubes::spawn_cubes(world, topology, &devices, &links);
+    }
     world.insert_resource(DeviceIndex(devices));
     world.insert_resource(PodTopology(topology.clone()));
 }
