@@ -41,6 +41,30 @@ pub fn grid_shard_ranges(dims: &[usize], len: usize) -> Vec<Range<usize>> {
     ranges
 }
 
+/// How many leading dimensions of `dims` have every line on one rank
+/// (`rank_of` by grid position): their passes move nothing between ranks,
+/// so a caller can fold them locally (a streamed [`ReduceGrid`] over the
+/// block) and run the ranked schedule from there
+/// ([`RankedGrid::reduce_scatter_from`]).
+pub fn local_prefix(dims: &[usize], rank_of: &[u32]) -> usize {
+    (0..dims.len())
+        .find(|&dim| {
+            lines(dims, dim)
+                .iter()
+                .any(|line| line.iter().any(|&p| rank_of[p] != rank_of[line[0]]))
+        })
+        .unwrap_or(dims.len())
+}
+
+/// Each position's range after the passes of dimensions `0..first_dim`.
+pub fn prefix_ranges(dims: &[usize], len: usize, first_dim: usize) -> Vec<Range<usize>> {
+    let mut ranges = vec![0..len; dims.iter().product()];
+    for dim in 0..first_dim.min(dims.len()) {
+        narrow(dims, dim, &mut ranges);
+    }
+    ranges
+}
+
 /// After a pass along `dim`, each position keeps its coordinate's chunk.
 fn narrow(dims: &[usize], dim: usize, ranges: &mut [Range<usize>]) {
     let n = dims[dim];
@@ -235,11 +259,24 @@ impl<T: Element> RankedGrid<'_, '_, T> {
         ctx: &RankContext,
         op: ReduceOp,
     ) -> Result<Vec<Range<usize>>, ClusterError> {
+        self.reduce_scatter_from(ctx, op, 0)
+    }
+
+    /// [`RankedGrid::reduce_scatter`] whose passes along dimensions
+    /// `0..first_dim` the caller has done already: each member's
+    /// `prefix_ranges(dims, len, first_dim)[p]` holds its partial (summed,
+    /// not yet divided for `Mean`), as those passes leave it.
+    pub fn reduce_scatter_from(
+        &mut self,
+        ctx: &RankContext,
+        op: ReduceOp,
+        first_dim: usize,
+    ) -> Result<Vec<Range<usize>>, ClusterError> {
         let len = self.check(ctx)?;
         let dims = self.grid.dims().to_vec();
-        let mut ranges = vec![0..len; self.grid.len()];
+        let mut ranges = prefix_ranges(&dims, len, first_dim);
         let mut round = 0u64;
-        for dim in 0..dims.len() {
+        for dim in first_dim.min(dims.len())..dims.len() {
             let n = dims[dim];
             let lines = lines(&dims, dim);
             for s in 0..n.saturating_sub(1) {
@@ -266,6 +303,18 @@ impl<T: Element> RankedGrid<'_, '_, T> {
     /// `grid_shard_ranges(dims, len)[p]` goes to every member, so every
     /// buffer ends with every owner's range.
     pub fn all_gather(&mut self, ctx: &RankContext) -> Result<(), ClusterError> {
+        self.all_gather_from(ctx, 0)
+    }
+
+    /// [`RankedGrid::all_gather`] without the passes along dimensions
+    /// `0..first_dim` (the last ones it would run): afterwards each member
+    /// holds `prefix_ranges(dims, len, first_dim)[p]`, which a caller whose
+    /// blocks along those dimensions are on one rank can assemble itself.
+    pub fn all_gather_from(
+        &mut self,
+        ctx: &RankContext,
+        first_dim: usize,
+    ) -> Result<(), ClusterError> {
         let len = self.check(ctx)?;
         let dims = self.grid.dims().to_vec();
         // The ranges before each dimension's reduce-scatter narrowed them.
@@ -276,7 +325,7 @@ impl<T: Element> RankedGrid<'_, '_, T> {
             narrow(&dims, dim, &mut ranges);
         }
         let mut round = 1 << 15;
-        for dim in (0..dims.len()).rev() {
+        for dim in (first_dim.min(dims.len())..dims.len()).rev() {
             let n = dims[dim];
             let lines = lines(&dims, dim);
             for s in 0..n.saturating_sub(1) {
@@ -523,6 +572,19 @@ mod tests {
                 prop_assert_eq!(got, want, "member {} after the all-gather", p);
             }
         }
+    }
+
+    #[test]
+    fn the_local_prefix_is_the_leading_dimensions_within_ranks() {
+        let by = |f: fn(usize) -> u32| -> Vec<u32> { (0..8).map(f).collect() };
+        // 2x2x2, position x + 2(y + 2z).
+        assert_eq!(local_prefix(&[2, 2, 2], &by(|p| (p / 4) as u32)), 2);
+        assert_eq!(local_prefix(&[2, 2, 2], &by(|p| (p / 2 % 2) as u32)), 1);
+        assert_eq!(local_prefix(&[2, 2, 2], &by(|p| (p % 2) as u32)), 0);
+        assert_eq!(local_prefix(&[2, 2, 2], &by(|_| 0)), 3);
+        let block = grid_shard_ranges(&[2, 2], 8);
+        let twice: Vec<_> = block.iter().chain(&block).cloned().collect();
+        assert_eq!(prefix_ranges(&[2, 2, 2], 8, 2), twice);
     }
 
     #[test]

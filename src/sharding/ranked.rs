@@ -31,11 +31,12 @@ use super::error::ShardingError;
 use super::gradients::GradientSource;
 use super::layout::ShardLayout;
 use crate::collectives::ReduceOp;
-use crate::collectives::ranked::RankedGrid;
+use crate::collectives::ranked::{RankedGrid, local_prefix, prefix_ranges};
 use crate::ir::FloatElement;
 use crate::memory::ShardSlot;
 use crate::topology::DeviceId;
 use crate::transport::cluster::{RankContext, data_frame, data_payload};
+use rayon::prelude::*;
 
 /// A marker on a [`ShardSlot`] another rank holds: this rank keeps the
 /// entity (so entity ids, heaps and the model's bookkeeping stay the same
@@ -61,6 +62,20 @@ pub fn declared_failed(
     participants: &[DeviceId],
 ) -> Result<BTreeSet<DeviceId>, ShardingError> {
     Ok(crate::health::declared_failed(world, participants)?)
+}
+
+/// The grid positions of the block of `pos` along the first `prefix`
+/// dimensions (in the block's own linear order), and `pos`'s index in it.
+fn block_of(
+    grid: &crate::collectives::ReduceGrid,
+    prefix: usize,
+    pos: usize,
+) -> (Vec<usize>, usize) {
+    // The leading dimensions vary fastest in `x + X·(y + Y·z)`: the block
+    // is the contiguous run of positions around `pos`.
+    let size: usize = grid.dims()[..prefix].iter().product();
+    let base = pos - pos % size;
+    ((base..base + size).collect(), pos % size)
 }
 
 /// The frame tag of a step's collective: the step, the bucket, the phase.
@@ -96,7 +111,9 @@ pub fn reduce_gradients<A: FloatElement>(
     let (grid, rank_of) = placement(layout, ctx);
     let me = ctx.layout.rank();
     let elements = layout.elements;
+    let prefix = local_prefix(grid.dims(), &rank_of);
     for (b, bucket) in layout.buckets.iter().enumerate() {
+        let pre = prefix_ranges(grid.dims(), bucket.padded_len, prefix);
         if source.is_reduced() {
             // Every replica holds the reduced gradient already: each rank
             // takes its devices' shards from it, with no traffic.
@@ -111,22 +128,36 @@ pub fn reduce_gradients<A: FloatElement>(
             }
             continue;
         }
-        let mut buffers: Vec<Option<Vec<A>>> = grid
-            .members()
+        // Leading dimensions whose lines stay on one rank are folded here,
+        // streamed from the source into each member's range after them
+        // (the order of ReduceGrid over that block); only the rest of the
+        // schedule crosses ranks. Untouched parts of the zeroed buffers are
+        // never paged in.
+        let mut buffers: Vec<Option<Vec<A>>> = rank_of
             .iter()
-            .zip(&rank_of)
-            .map(|(&member, &rank)| {
-                (rank == me).then(|| {
-                    let mut buf = vec![A::ZERO; bucket.padded_len];
-                    let replica = layout
-                        .replica_of(DeviceId(member as u32))
-                        .expect("the grid's members are the participants");
-                    let real = elements.saturating_sub(bucket.offset).min(buf.len());
-                    source.fill(replica, bucket.offset, &mut buf[..real]);
-                    buf
-                })
-            })
+            .map(|&rank| (rank == me).then(|| vec![A::ZERO; bucket.padded_len]))
             .collect();
+        buffers
+            .par_iter_mut()
+            .enumerate()
+            .filter_map(|(pos, b)| b.as_mut().map(|b| (pos, b)))
+            .for_each(|(pos, buf)| {
+                let range = pre[pos].clone();
+                let start = range.start;
+                let (block_grid, owner) = block_of(&grid, prefix, pos);
+                let mut fill = |member: usize, offset: usize, out: &mut [A]| {
+                    let device = grid.members()[block_grid[member]];
+                    let replica = layout
+                        .replica_of(DeviceId(device as u32))
+                        .expect("the grid's members are the participants");
+                    let from = bucket.offset + start + offset;
+                    let real = elements.saturating_sub(from).min(out.len());
+                    source.fill(replica, from, &mut out[..real]);
+                    out[real..].fill(A::ZERO);
+                };
+                let block = crate::collectives::ReduceGrid::torus(&grid.dims()[..prefix]);
+                block.reduce_for(owner, ReduceOp::Sum, &mut buf[range], &mut fill);
+            });
         let mut local: Vec<Option<&mut [A]>> = buffers
             .iter_mut()
             .map(|b| b.as_mut().map(|v| v.as_mut_slice()))
@@ -137,7 +168,7 @@ pub fn reduce_gradients<A: FloatElement>(
             local: &mut local,
             tag: tag(step, b, 0),
         }
-        .reduce_scatter(ctx, op)?;
+        .reduce_scatter_from(ctx, op, prefix)?;
         for (pos, &member) in grid.members().iter().enumerate() {
             let Some(values) = &buffers[pos] else {
                 continue;
@@ -172,11 +203,25 @@ pub fn gather_params<A: FloatElement>(
 ) -> Result<(), ShardingError> {
     let (grid, rank_of) = placement(layout, ctx);
     let me = ctx.layout.rank();
+    let prefix = local_prefix(grid.dims(), &rank_of);
     for (b, bucket) in layout.buckets.iter().enumerate() {
         let whole = bucket.offset..bucket.offset + bucket.padded_len;
+        let owned = crate::collectives::ranked::grid_shard_ranges(grid.dims(), bucket.padded_len);
+        // Each member starts with its own updated shard; the passes that
+        // cross ranks fill its range after the local dimensions, and this
+        // rank's members' ranges together are the whole bucket.
         let mut buffers: Vec<Option<Vec<A>>> = rank_of
             .iter()
-            .map(|&rank| (rank == me).then(|| params[whole.clone()].to_vec()))
+            .enumerate()
+            .map(|(pos, &rank)| {
+                (rank == me).then(|| {
+                    let mut buf = vec![A::ZERO; bucket.padded_len];
+                    let r = owned[pos].clone();
+                    buf[r.clone()]
+                        .copy_from_slice(&params[whole.start + r.start..whole.start + r.end]);
+                    buf
+                })
+            })
             .collect();
         let mut local: Vec<Option<&mut [A]>> = buffers
             .iter_mut()
@@ -188,9 +233,13 @@ pub fn gather_params<A: FloatElement>(
             local: &mut local,
             tag: tag(step, b, 1),
         }
-        .all_gather(ctx)?;
-        if let Some(values) = buffers.into_iter().flatten().next() {
-            params[whole].copy_from_slice(&values);
+        .all_gather_from(ctx, prefix)?;
+        let pre = prefix_ranges(grid.dims(), bucket.padded_len, prefix);
+        for (pos, values) in buffers.iter().enumerate() {
+            if let Some(values) = values {
+                let r = pre[pos].clone();
+                params[whole.start + r.start..whole.start + r.end].copy_from_slice(&values[r]);
+            }
         }
     }
     Ok(())
