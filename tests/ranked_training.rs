@@ -14,26 +14,12 @@ use optirs_tpu::sharding::ranked::HeldElsewhere;
 use optirs_tpu::sharding::{GradientSource, ParamSet, ShardingError, SyntheticGradients};
 use optirs_tpu::topology::{DeviceId, Topology, load_preset};
 use optirs_tpu::tpu::{ShardedOptimizer, ShardingConfig};
-use optirs_tpu::transport::cluster::{Mailbox, thread_mailboxes};
-use optirs_tpu::{OptimError, Optimizer, Pod, Result, TPUConfig};
+use optirs_tpu::{OptimError, Optimizer, Pod, TPUConfig};
 use proptest::prelude::*;
 
-/// Runs every rank on its own thread; rank `r`'s result at index `r`.
-fn on_ranks<T: Send>(
-    ranks: u32,
-    rank_main: impl Fn(Box<dyn Mailbox>) -> Result<T> + Sync,
-) -> Vec<Result<T>> {
-    std::thread::scope(|s| {
-        let handles: Vec<_> = thread_mailboxes(ranks)
-            .into_iter()
-            .map(|mailbox| {
-                let rank_main = &rank_main;
-                s.spawn(move || rank_main(Box::new(mailbox)))
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    })
-}
+#[path = "common/ranks.rs"]
+mod ranks_common;
+use ranks_common::on_ranks;
 
 fn model(sizes: &[usize]) -> ParamSet<f32> {
     let mut set = ParamSet::new();

@@ -3,15 +3,18 @@
 //! of the ranks' parts has the single-process `world_sha256`, for every
 //! preset and every rank count its hosts allow, with faults.
 
+use optirs_tpu::OptimError;
 use optirs_tpu::Pod;
 use optirs_tpu::health::Fault;
 use optirs_tpu::pod::ranks::RankedPod;
 use optirs_tpu::topology::{DeviceId, Topology, load_preset};
 use optirs_tpu::transport::ClusterError;
-use optirs_tpu::transport::cluster::{Mailbox, thread_mailboxes};
-use optirs_tpu::{OptimError, Result};
 use proptest::prelude::*;
 use std::time::{Duration, Instant};
+
+#[path = "common/ranks.rs"]
+mod ranks_common;
+use ranks_common::on_ranks;
 
 /// Faults at simulated times, ns.
 type Plan = Vec<(u64, Fault)>;
@@ -23,23 +26,6 @@ fn single(topology: &Topology, ticks: u64, plan: &Plan) -> String {
     }
     pod.run(ticks);
     pod.world_sha256().unwrap()
-}
-
-/// Runs every rank on its own thread; rank `r`'s result at index `r`.
-fn on_ranks<T: Send>(
-    ranks: u32,
-    rank_main: impl Fn(Box<dyn Mailbox>) -> Result<T> + Sync,
-) -> Vec<Result<T>> {
-    std::thread::scope(|s| {
-        let handles: Vec<_> = thread_mailboxes(ranks)
-            .into_iter()
-            .map(|mailbox| {
-                let rank_main = &rank_main;
-                s.spawn(move || rank_main(Box::new(mailbox)))
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    })
 }
 
 fn split(topology: &Topology, ranks: u32, ticks: u64, plan: &Plan) -> String {
