@@ -166,6 +166,39 @@ fn training_over_mpi_ranks_is_the_one_process_training() {
 }
 
 #[test]
+fn a_kill_in_split_training_recovers_from_redundant_copies_as_one_process_does() {
+    let args = [
+        "train",
+        "v4-8",
+        "--params",
+        "3000,77",
+        "--bucket-bytes",
+        "4096",
+        "--steps",
+        "4",
+        "--kill",
+        "6@0.00004",
+        "--recovery",
+        "redundant",
+        "--tick-ms",
+        "0.001",
+        "--json",
+    ];
+    let one = single(&args);
+    let out = output(mpirun().args(["-n", "2", BIN]).args(args));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (digest, report) = json_digest(&out.stdout);
+    assert_eq!(digest, one);
+    assert_eq!(report["failures"][0]["device"], 6, "{report}");
+    assert_eq!(report["recoveries"][0]["policy"], "redundant", "{report}");
+    assert_eq!(report["steps_completed"], 4);
+}
+
+#[test]
 fn split_training_refuses_what_it_does_not_do_and_mismatched_ranks() {
     let out = output(mpirun().args([
         "-n", "2", BIN, "train", "v4-8", "--params", "100", "--kill", "1@0.001",

@@ -475,3 +475,87 @@ fn the_pods_all_reduce_over_ranks_is_the_one_process_all_reduce() {
         }
     }
 }
+
+#[test]
+fn a_split_model_recovers_from_its_redundant_copies_as_one_process_does() {
+    use optirs_tpu::sharding::RecoveryPolicy;
+    let topology = Pod::from_ron_str(
+        "Pod(name: \"v4-8-fine\", generation: \"v4\", shape: \"2x2x2\", tick_ms: 0.001)",
+        "v4-8-fine",
+    )
+    .unwrap()
+    .topology()
+    .clone();
+    let sizes = [5000, 77];
+    let redundant = ShardingConfig {
+        bucket_bytes: 4096,
+        recovery: RecoveryPolicy::Redundant,
+        ..ShardingConfig::default()
+    };
+    // Step 2 fails on device 6's kill; the survivors re-shard from the
+    // copies and steps 2..4 complete on 7 devices.
+    let run = |opt: &mut dyn FnMut(u64) -> Result<u64, OptimError>| {
+        let mut outcomes = Vec::new();
+        for step in 1..=5 {
+            outcomes.push(opt(step).map_err(|e| e.to_string().len() > 0));
+        }
+        outcomes
+    };
+    let pod = Pod::from_topology(topology.clone()).unwrap();
+    let mut one = ShardedOptimizer::new(
+        Adam::new(1e-2f32),
+        config(&topology),
+        pod,
+        model(&sizes),
+        redundant,
+    )
+    .unwrap();
+    let one_outcomes = run(&mut |step| {
+        if step == 2 {
+            let now = one.pod().clock().now_ns;
+            one.pod_mut()
+                .schedule_fault(now + 1_000, Fault::KillDevice(DeviceId(6)));
+        }
+        let replicas = one.layout().unwrap().devices();
+        one.step(&grads(step, replicas)).map(|r| r.step)
+    });
+    assert!(one_outcomes[1].is_err(), "{one_outcomes:?}");
+    assert_eq!(one.recoveries().len(), 1);
+    let single = Outcome {
+        digest: one.pod_mut().world_sha256().unwrap(),
+        params: bits(&one.flat_params().unwrap()),
+    };
+    let ranked = on_ranks(2, |mailbox| {
+        let pod = RankedPod::new(topology.clone(), mailbox)?;
+        let mut opt = ShardedOptimizer::new_ranked(
+            Adam::new(1e-2f32),
+            config(&topology),
+            pod,
+            model(&sizes),
+            redundant,
+        )?;
+        let outcomes = run(&mut |step| {
+            if step == 2 {
+                let now = opt.pod().clock().now_ns;
+                opt.ranked_mut()
+                    .unwrap()
+                    .schedule_fault(now + 1_000, Fault::KillDevice(DeviceId(6)));
+            }
+            let replicas = opt.layout()?.devices();
+            opt.step(&grads(step, replicas)).map(|r| r.step)
+        });
+        let params = bits(&opt.flat_params()?);
+        let recoveries = opt.recoveries().len();
+        let merged = opt.ranked_mut().unwrap().gather()?.map(|w| w.sha256_hex());
+        Ok((outcomes, recoveries, merged, params))
+    });
+    for (rank, r) in ranked.into_iter().enumerate() {
+        let (outcomes, recoveries, merged, params) = r.unwrap();
+        assert_eq!(outcomes, one_outcomes, "rank {rank}");
+        assert_eq!(recoveries, 1, "rank {rank}");
+        assert_eq!(params, single.params, "rank {rank}'s parameters");
+        if rank == 0 {
+            assert_eq!(merged.as_deref(), Some(single.digest.as_str()));
+        }
+    }
+}

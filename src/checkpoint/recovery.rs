@@ -51,12 +51,30 @@ pub fn recover_sharded_model(world: &mut World) {
         return;
     }
     let (at_ns, cause, number) = (*at_ns, cause.clone(), step.number);
-    let lost = lost_devices(world);
-    let result = if crate::sharding::ranked::context(world).is_some() {
+    let ranks = crate::sharding::ranked::context(world);
+    let lost = match lost_devices(world) {
+        Ok(lost) => lost,
+        Err(ShardingError::Cluster(e)) => {
+            // The ranks cannot go on together; the split pod's step ends.
+            world
+                .resource_mut::<crate::transport::Network>()
+                .fail(crate::transport::TransportError::Cluster(e));
+            return;
+        }
+        Err(e) => {
+            if let Some(mut step) = world.get_resource_mut::<ShardedStep>() {
+                step.recovery = Some(Err(e.to_string()));
+            }
+            return;
+        }
+    };
+    let policy = model_of(world).map(|m| m.recovery);
+    let result = if ranks.is_some() && policy != Some(RecoveryPolicy::Redundant) {
         Err(format!(
-            "{cause}; a pod split over ranks does not re-shard its model yet (each rank holds \
-             only its devices' state): restart the job from its last checkpoint on the \
-             surviving hosts (`run --restore`)"
+            "{cause}; a model split over ranks recovers from its redundant copies only \
+             (`--recovery redundant`): rollback and spare-cube read periodic checkpoints of \
+             the whole world, which a split pod does not write; restart the job from its \
+             last split checkpoint on the surviving hosts"
         ))
     } else if lost.is_empty() {
         Err(format!(
@@ -70,6 +88,11 @@ pub fn recover_sharded_model(world: &mut World) {
         }
         .map_err(|e| e.to_string())
     };
+    // Every rank re-sharded alike from every rank's shards; each keeps its
+    // own devices' values.
+    if let (Some(ctx), Ok(_)) = (&ranks, &result) {
+        crate::sharding::ranked::hold_own_shards(world, &ctx.layout);
+    }
     if let Some(mut step) = world.get_resource_mut::<ShardedStep>() {
         step.recovery = Some(result);
     }

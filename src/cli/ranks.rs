@@ -142,8 +142,12 @@ pub fn train(args: TrainArgs, launch: Launch) -> Result<()> {
         let topology = checked_topology(&args, &sizes)?;
         let config = optirs_tpu::TPUConfig::for_pod(&topology);
         let timeout = Duration::from_secs_f64(args.rank_timeout);
+        let devices = topology.num_devices();
         let mut pod = RankedPod::with_timeout(topology, Box::new(mailbox), timeout)?;
         pod.handshake(&args.describe(&sizes))?;
+        for (at_ns, fault) in args.kills(devices)? {
+            pod.schedule_fault(at_ns, fault);
+        }
         let rank = pod.layout().rank();
         let mut opt = ShardedOptimizer::new_ranked(
             base_optimizer(&args)?,

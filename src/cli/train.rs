@@ -98,6 +98,28 @@ pub struct TrainArgs {
     json: bool,
 }
 
+impl TrainArgs {
+    /// `--kill`'s faults at their simulated times, each device checked
+    /// against the pod's `devices`.
+    pub(super) fn kills(&self, devices: u32) -> Result<Vec<(u64, Fault)>> {
+        self.kill
+            .iter()
+            .map(|&(device, seconds)| {
+                if device >= devices {
+                    bail!(
+                        "--kill: device {device} does not exist: {} has devices 0..{devices}",
+                        self.pod
+                    );
+                }
+                Ok((
+                    (seconds * 1e9).round() as u64,
+                    Fault::KillDevice(DeviceId(device)),
+                ))
+            })
+            .collect()
+    }
+}
+
 // Used by the `mpi` feature's split run.
 #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
 impl TrainArgs {
@@ -111,34 +133,40 @@ impl TrainArgs {
     pub(super) fn describe(&self, sizes: &[usize]) -> String {
         format!(
             "train {} with {} at lr {} for {} steps, tensors {sizes:?} in {}-byte buckets, \
-             {:?} reduction, seed {}, tick {:?} ms",
+             {:?} reduction, {} recovery, seed {}, tick {:?} ms, kills {:?}",
             self.pod,
             self.optimizer.to_ascii_lowercase(),
             self.lr,
             self.steps,
             self.bucket_bytes,
             self.reduction,
+            self.recovery,
             self.seed,
-            self.tick_ms
+            self.tick_ms,
+            self.kill
         )
     }
 
     /// Refuses what a run split over ranks does not do yet, before any
-    /// rank starts: a split pod does not re-shard its model after a loss,
-    /// so kills, periodic model checkpoints for rollback and traces are
-    /// one-process features for now.
+    /// rank starts: a split model recovers from its redundant copies only,
+    /// so kills under another policy, periodic model checkpoints for
+    /// rollback and traces are one-process features for now.
     pub(super) fn refuse_split_only(&self) -> Result<()> {
         let refused = [
-            (!self.kill.is_empty(), "--kill"),
+            (
+                !self.kill.is_empty() && self.recovery != RecoveryPolicy::Redundant,
+                "--kill",
+            ),
             (self.checkpoint_every.is_some(), "--checkpoint-every"),
             (self.trace.is_some(), "--trace"),
             (self.modeled_only, "--modeled-only"),
         ];
         if let Some((_, flag)) = refused.iter().find(|(given, _)| *given) {
             bail!(
-                "`train {flag}` runs as one process: a model split over MPI ranks does not \
-                 re-shard after a loss, checkpoint for rollback or write a trace yet; drop \
-                 {flag} or run without mpirun"
+                "`train {flag}` runs as one process: a model split over MPI ranks recovers \
+                 from a loss with `--recovery redundant` only, and does not write rollback \
+                 checkpoints or a trace yet; drop {flag} (or use `--kill` with `--recovery \
+                 redundant`), or run without mpirun"
             );
         }
         Ok(())
@@ -239,15 +267,7 @@ pub fn train(args: TrainArgs) -> Result<()> {
     }
     let topology = checked_topology(&args, &sizes)?;
     let mut pod = Pod::from_topology(topology)?;
-    let devices = pod.topology().num_devices();
-    for &(device, _) in &args.kill {
-        if device >= devices {
-            bail!(
-                "--kill: device {device} does not exist: {} has devices 0..{devices}",
-                args.pod
-            );
-        }
-    }
+    let kills = args.kills(pod.topology().num_devices())?;
     if !args.kill.is_empty()
         && matches!(
             args.recovery,
@@ -284,11 +304,8 @@ pub fn train(args: TrainArgs) -> Result<()> {
             .max(1.0) as u64;
         pod.enable_periodic_checkpoints(ticks, vec![dir], 3)?;
     }
-    for &(device, seconds) in &args.kill {
-        pod.schedule_fault(
-            (seconds * 1e9).round() as u64,
-            Fault::KillDevice(DeviceId(device)),
-        );
+    for (at_ns, fault) in kills {
+        pod.schedule_fault(at_ns, fault);
     }
     let config = TPUConfig::for_pod(pod.topology());
     let mut opt = ShardedOptimizer::new(

@@ -26,10 +26,8 @@ use crate::checkpoint::split::{self, SplitManifest, SplitPart};
 use crate::clock_sync::{ClockSync, DeviceClock};
 use crate::error::{OptimError, Result};
 use crate::health::{Health, Heartbeat, KnownFailures, LastHeard};
-use crate::memory::ShardSlot;
 use crate::monitor::{DeviceHistory, DeviceMetrics, HealthChecks, HeartbeatTally, LinkMetrics};
 use crate::persist::{SnapshotRegistry, WorldSnapshot};
-use crate::sharding::ranked::HeldElsewhere;
 use crate::topology::{Device, Link, Topology};
 use crate::transport::ClusterError;
 use crate::transport::cluster::{
@@ -69,23 +67,7 @@ fn localize(world: &mut World, layout: &RankLayout) {
     // A sharded model's state shards stay with their device's rank; the
     // others keep the entity (ids, heaps and bookkeeping alike on every
     // rank) with no values.
-    let slots: Vec<(Entity, crate::topology::DeviceId)> = world
-        .query::<(Entity, &ShardSlot)>()
-        .iter(world)
-        .map(|(e, s)| (e, s.device))
-        .collect();
-    for (entity, device) in slots {
-        if layout.is_local(device) {
-            continue;
-        }
-        let mut entity = world.entity_mut(entity);
-        let mut slot = entity.get_mut::<ShardSlot>().expect("queried");
-        let dtype = slot.tensor.dtype();
-        slot.tensor = crate::ir::Tensor::zeros(&crate::ir::TensorType::new(dtype, [0]));
-        entity.insert(HeldElsewhere {
-            rank: layout.rank_of_device(device),
-        });
-    }
+    crate::sharding::ranked::hold_own_shards(world, layout);
     world
         .resource_mut::<crate::transport::Transport>()
         .retain_senders(|from| layout.is_local(from));

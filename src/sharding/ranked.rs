@@ -316,3 +316,81 @@ pub fn refresh_remote_copies<A: FloatElement>(
 fn copy_tag(step: u64, owner: DeviceId, index: u32) -> u64 {
     (step << 24) ^ (u64::from(owner.0) << 8) ^ (u64::from(index) << 2) ^ 2
 }
+
+/// Marks the state shards other ranks hold as [`HeldElsewhere`] and drops
+/// their values here (after a model was installed alike on every rank:
+/// at start, on a restore, after a recovery's re-shard).
+pub fn hold_own_shards(world: &mut World, layout: &crate::transport::cluster::RankLayout) {
+    let slots: Vec<(Entity, DeviceId)> = world
+        .query_filtered::<(Entity, &ShardSlot), Without<HeldElsewhere>>()
+        .iter(world)
+        .map(|(e, s)| (e, s.device))
+        .collect();
+    for (entity, device) in slots {
+        if layout.is_local(device) {
+            continue;
+        }
+        let mut entity = world.entity_mut(entity);
+        let mut slot = entity.get_mut::<ShardSlot>().expect("queried");
+        let dtype = slot.tensor.dtype();
+        slot.tensor = crate::ir::Tensor::zeros(&crate::ir::TensorType::new(dtype, [0]));
+        entity.insert(HeldElsewhere {
+            rank: layout.rank_of_device(device),
+        });
+    }
+}
+
+/// Every rank's state shards (primaries and redundant copies) on every
+/// rank, each rank's own values sent once to each other rank: what a
+/// redundant recovery reads to rebuild the state a lost device held.
+pub fn all_slots<A: FloatElement>(
+    world: &mut World,
+    ctx: &RankContext,
+    step: u64,
+) -> Result<Vec<ShardSlot>, ShardingError> {
+    let me = ctx.layout.rank();
+    let held: Vec<ShardSlot> = world
+        .query_filtered::<&ShardSlot, Without<HeldElsewhere>>()
+        .iter(world)
+        .cloned()
+        .collect();
+    let wire: Vec<(u32, u32, String, u32, Vec<u8>)> = held
+        .iter()
+        .map(|s| {
+            let values =
+                super::model::flat_of::<A>(&s.tensor).map(|v| bytemuck::cast_slice(v).to_vec());
+            values.map(|v| (s.device.0, s.owner.0, s.name.clone(), s.index, v))
+        })
+        .collect::<Result<_, _>>()?;
+    let encoded = postcard::to_stdvec(&wire).expect("slots encode");
+    let tag = (step << 24) ^ 3;
+    for to in (0..ctx.layout.ranks()).filter(|&r| r != me) {
+        let mut frame = ctx.data_frame(tag, encoded.len())?;
+        frame.extend_from_slice(&encoded);
+        ctx.send_data(to, frame)?;
+    }
+    let mut all = held;
+    for from in (0..ctx.layout.ranks()).filter(|&r| r != me) {
+        let frame = ctx.receive_data(from, tag, "the state shards for a recovery")?;
+        let theirs: Vec<(u32, u32, String, u32, Vec<u8>)> =
+            postcard::from_bytes(data_payload(&frame)).map_err(|e| {
+                crate::transport::ClusterError::Protocol {
+                    rank: from,
+                    what: format!("state shards that do not decode ({e})"),
+                }
+            })?;
+        for (device, owner, name, index, bytes) in theirs {
+            let mut values = vec![A::ZERO; bytes.len() / std::mem::size_of::<A>()];
+            bytemuck::cast_slice_mut::<A, u8>(&mut values).copy_from_slice(&bytes);
+            all.push(ShardSlot {
+                device: DeviceId(device),
+                owner: DeviceId(owner),
+                name,
+                index,
+                tensor: super::model::flat_tensor(values),
+            });
+        }
+        ctx.recycle(frame);
+    }
+    Ok(all)
+}

@@ -28,27 +28,29 @@ use super::model::{
 };
 use crate::clock::SimClock;
 use crate::health::cubes::swap_in_spares;
-use crate::health::{DeviceState, Excluded, Health};
+use crate::health::{DeviceState, Excluded};
 use crate::ir::FloatElement;
 use crate::memory::ShardSlot;
 use crate::topology::{DeviceId, DeviceIndex, PodTopology};
 
-/// The participants of the model that are killed, paused or declared failed.
-pub fn lost_devices(world: &mut World) -> Vec<DeviceId> {
+/// The participants of the model that are killed, paused or declared
+/// failed (rank 0's declarations on a pod split over ranks).
+pub fn lost_devices(world: &mut World) -> Result<Vec<DeviceId>, ShardingError> {
     let Some(model) = model_of(world) else {
-        return Vec::new();
+        return Ok(Vec::new());
     };
     let participants = model.layout.participants.clone();
+    let declared = crate::health::declared_failed(world, &participants)?;
     let index = world.resource::<DeviceIndex>().clone();
-    participants
+    Ok(participants
         .into_iter()
         .filter(|&d| {
-            index.get(d).is_some_and(|e| {
-                !world.get::<DeviceState>(e).is_none_or(|s| s.is_running())
-                    || world.get::<Health>(e).is_some_and(|h| h.is_failed())
-            })
+            declared.contains(&d)
+                || index
+                    .get(d)
+                    .is_some_and(|e| !world.get::<DeviceState>(e).is_none_or(|s| s.is_running()))
         })
-        .collect()
+        .collect())
 }
 
 /// What a recovery installs.
@@ -233,9 +235,20 @@ pub fn state_from_copies<A: FloatElement>(
             reason: "the model keeps no redundant copies".into(),
         });
     }
-    let mut q = world.query::<&ShardSlot>();
-    let slots: Vec<&ShardSlot> = q.iter(world).collect();
-    let state = super::model::gather_slots(&model, &slots, lost)?;
+    // A split pod's ranks each hold their devices' shards: every rank
+    // takes every rank's, so all rebuild the same state.
+    let state = match super::ranked::context(world) {
+        Some(ctx) => {
+            let all = super::ranked::all_slots::<A>(world, &ctx, model.steps_completed + 1)?;
+            let slots: Vec<&ShardSlot> = all.iter().collect();
+            super::model::gather_slots(&model, &slots, lost)?
+        }
+        None => {
+            let mut q = world.query::<&ShardSlot>();
+            let slots: Vec<&ShardSlot> = q.iter(world).collect();
+            super::model::gather_slots(&model, &slots, lost)?
+        }
+    };
     Ok(Restored {
         params: model.flat_params::<A>()?.to_vec(),
         state,
