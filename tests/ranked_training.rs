@@ -497,7 +497,7 @@ fn a_split_model_recovers_from_its_redundant_copies_as_one_process_does() {
     let run = |opt: &mut dyn FnMut(u64) -> Result<u64, OptimError>| {
         let mut outcomes = Vec::new();
         for step in 1..=5 {
-            outcomes.push(opt(step).map_err(|e| e.to_string().len() > 0));
+            outcomes.push(opt(step).map_err(|e| !e.to_string().is_empty()));
         }
         outcomes
     };
