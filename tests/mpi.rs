@@ -199,11 +199,67 @@ fn a_kill_in_split_training_recovers_from_redundant_copies_as_one_process_does()
 }
 
 #[test]
+fn a_kill_in_split_training_rolls_back_to_the_split_checkpoint_as_one_process_does() {
+    let (one_dir, split_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let args = |dir: &std::path::Path| -> Vec<String> {
+        [
+            "train",
+            "v4-8",
+            "--params",
+            "3000,77",
+            "--bucket-bytes",
+            "4096",
+            "--steps",
+            "4",
+            "--kill",
+            "6@0.00007",
+            "--recovery",
+            "rollback",
+            "--checkpoint-every",
+            "0.00002",
+            "--tick-ms",
+            "0.001",
+            "--json",
+            "--checkpoint-dir",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .chain([dir.display().to_string()])
+        .collect()
+    };
+    let one_args = args(one_dir.path());
+    let one = single(&one_args.iter().map(String::as_str).collect::<Vec<_>>());
+    let out = output(mpirun().args(["-n", "2", BIN]).args(args(split_dir.path())));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (digest, report) = json_digest(&out.stdout);
+    assert_eq!(digest, one, "{report}");
+    assert_eq!(report["recoveries"][0]["policy"], "rollback", "{report}");
+    // The rollback read a split checkpoint: rank parts under a commit record.
+    let split = std::fs::read_dir(split_dir.path())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .any(|e| e.path().join("ranks.ron").is_file());
+    assert!(
+        split,
+        "no split checkpoint in {}",
+        split_dir.path().display()
+    );
+}
+
+#[test]
 fn split_training_refuses_what_it_does_not_do_and_mismatched_ranks() {
     let out = output(mpirun().args([
         "-n", "2", BIN, "train", "v4-8", "--params", "100", "--kill", "1@0.001",
     ]));
-    all_ranks_fail_with(&out, 2, "`train --kill` runs as one process");
+    all_ranks_fail_with(
+        &out,
+        2,
+        "--kill with --recovery rollback needs --checkpoint-every",
+    );
     let out = output(mpirun().args([
         "-n", "1", BIN, "train", "v4-8", "--params", "100", "--lr", "0.1", ":", "-n", "1", BIN,
         "train", "v4-8", "--params", "100", "--lr", "0.2",

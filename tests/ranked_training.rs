@@ -478,6 +478,18 @@ fn the_pods_all_reduce_over_ranks_is_the_one_process_all_reduce() {
 
 #[test]
 fn a_split_model_recovers_from_its_redundant_copies_as_one_process_does() {
+    recovers_as_one_process(optirs_tpu::sharding::RecoveryPolicy::Redundant);
+}
+
+#[test]
+fn a_split_model_rolls_back_to_its_split_checkpoint_as_one_process_does() {
+    recovers_as_one_process(optirs_tpu::sharding::RecoveryPolicy::Rollback);
+}
+
+/// Step 2 fails on device 6's kill; the survivors re-shard (from the
+/// copies, or from the last periodic checkpoint: split ones on the split
+/// pod) and the steps go on on 7 devices, as in one process.
+fn recovers_as_one_process(policy: optirs_tpu::sharding::RecoveryPolicy) {
     use optirs_tpu::sharding::RecoveryPolicy;
     let topology = Pod::from_ron_str(
         "Pod(name: \"v4-8-fine\", generation: \"v4\", shape: \"2x2x2\", tick_ms: 0.001)",
@@ -489,11 +501,16 @@ fn a_split_model_recovers_from_its_redundant_copies_as_one_process_does() {
     let sizes = [5000, 77];
     let redundant = ShardingConfig {
         bucket_bytes: 4096,
-        recovery: RecoveryPolicy::Redundant,
+        recovery: policy,
         ..ShardingConfig::default()
     };
-    // Step 2 fails on device 6's kill; the survivors re-shard from the
-    // copies and steps 2..4 complete on 7 devices.
+    let checkpoints = |pod: &mut Pod, root: &std::path::Path| {
+        if policy == RecoveryPolicy::Rollback {
+            pod.enable_periodic_checkpoints(20, vec![root.to_path_buf()], 3)
+                .unwrap();
+        }
+    };
+    let (one_root, split_root) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let run = |opt: &mut dyn FnMut(u64) -> Result<u64, OptimError>| {
         let mut outcomes = Vec::new();
         for step in 1..=5 {
@@ -510,6 +527,7 @@ fn a_split_model_recovers_from_its_redundant_copies_as_one_process_does() {
         redundant,
     )
     .unwrap();
+    checkpoints(one.pod_mut(), one_root.path());
     let one_outcomes = run(&mut |step| {
         if step == 2 {
             let now = one.pod().clock().now_ns;
@@ -534,6 +552,7 @@ fn a_split_model_recovers_from_its_redundant_copies_as_one_process_does() {
             model(&sizes),
             redundant,
         )?;
+        checkpoints(opt.pod_mut(), split_root.path());
         let outcomes = run(&mut |step| {
             if step == 2 {
                 let now = opt.pod().clock().now_ns;

@@ -5,6 +5,8 @@ use super::store::write_checkpoint;
 use crate::clock::{NextEvent, SimClock};
 use crate::persist::SnapshotRegistry;
 use crate::topology::PodTopology;
+use crate::transport::ClusterError;
+use crate::transport::cluster::RankContext;
 use bevy_ecs::prelude::*;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -42,6 +44,36 @@ pub fn write_periodic_checkpoint(world: &mut World) {
     let pod = world.resource::<PodTopology>().0.name.clone();
     let name = checkpoint_name(tick);
     let mut retention_problems = Vec::new();
+    if let Some(ctx) = world
+        .get_resource::<RankContext>()
+        .filter(|c| c.layout.ranks() > 1)
+        .cloned()
+    {
+        // A pod split over ranks writes split checkpoints, every rank its
+        // part (the roots must be one directory every rank sees).
+        let mut result = Ok(());
+        for root in &roots {
+            match super::split::save_split(world, &ctx, root, &name) {
+                Ok(_) => {
+                    if ctx.layout.runs_service() {
+                        retention_problems.extend(enforce_retention(root, keep, &name).problems);
+                    }
+                }
+                Err(ClusterError::Coordinator(reason)) => {
+                    result = Err(reason);
+                    break;
+                }
+                Err(lost) => {
+                    world
+                        .resource_mut::<crate::transport::Network>()
+                        .fail(crate::transport::TransportError::Cluster(lost));
+                    return;
+                }
+            }
+        }
+        record(world, result, retention_problems);
+        return;
+    }
     let result = world
         .resource_scope(|world, registry: Mut<SnapshotRegistry>| registry.capture(world, tick))
         .map_err(|e| e.to_string())
@@ -53,6 +85,10 @@ pub fn write_periodic_checkpoint(world: &mut World) {
             }
             Ok(())
         });
+    record(world, result, retention_problems);
+}
+
+fn record(world: &mut World, result: Result<(), String>, retention_problems: Vec<String>) {
     let mut config = world.resource_mut::<PeriodicCheckpoints>();
     config.retention_problems = retention_problems;
     match result {

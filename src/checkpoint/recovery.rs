@@ -69,12 +69,10 @@ pub fn recover_sharded_model(world: &mut World) {
         }
     };
     let policy = model_of(world).map(|m| m.recovery);
-    let result = if ranks.is_some() && policy != Some(RecoveryPolicy::Redundant) {
+    let result = if ranks.is_some() && policy == Some(RecoveryPolicy::SpareCube) {
         Err(format!(
-            "{cause}; a model split over ranks recovers from its redundant copies only \
-             (`--recovery redundant`): rollback and spare-cube read periodic checkpoints of \
-             the whole world, which a split pod does not write; restart the job from its \
-             last split checkpoint on the surviving hosts"
+            "{cause}; spare-cube recovery runs in one process (cube-built pods are not split \
+             over ranks)"
         ))
     } else if lost.is_empty() {
         Err(format!(
@@ -121,9 +119,50 @@ fn recover<A: FloatElement>(
     reshard_after_loss(world, lost, restored, number, at_ns)
 }
 
+/// [`newest_model`], read by rank 0 alone on a pod split over ranks and
+/// sent to the others, so every rank rolls back to the same state.
+fn from_checkpoint<A: FloatElement>(world: &mut World) -> Result<Restored<A>, ShardingError> {
+    let Some(ctx) = crate::sharding::ranked::context(world) else {
+        return newest_model(world);
+    };
+    type Wire = Result<(Vec<u8>, Vec<Vec<u8>>, i32, u64, f64), String>;
+    let bytes = |v: &[A]| bytemuck::cast_slice::<A, u8>(v).to_vec();
+    let mine: Wire = if ctx.layout.runs_service() {
+        newest_model::<A>(world)
+            .map(|r| {
+                let state = r.state.iter().map(|s| bytes(s)).collect();
+                (
+                    bytes(&r.params),
+                    state,
+                    r.count,
+                    r.steps_completed,
+                    r.read_seconds,
+                )
+            })
+            .map_err(|e| e.to_string())
+    } else {
+        Err(String::new())
+    };
+    let values = |b: &[u8]| {
+        let mut v = vec![A::ZERO; b.len() / std::mem::size_of::<A>()];
+        bytemuck::cast_slice_mut::<A, u8>(&mut v).copy_from_slice(b);
+        v
+    };
+    match ctx.broadcast_value(&mine)? {
+        Ok((params, state, count, steps_completed, read_seconds)) => Ok(Restored {
+            params: values(&params),
+            state: state.iter().map(|s| values(s)).collect(),
+            count,
+            steps_completed,
+            read_seconds,
+        }),
+        Err(reason) => Err(ShardingError::Recovery { reason }),
+    }
+}
+
 /// The newest verified periodic checkpoint's model (same tensors and
 /// element type as the live one).
-fn from_checkpoint<A: FloatElement>(world: &mut World) -> Result<Restored<A>, ShardingError> {
+fn newest_model<A: FloatElement>(world: &mut World) -> Result<Restored<A>, ShardingError> {
     let live = model_of(world).ok_or(ShardingError::NoModel)?.clone();
     let roots = world
         .get_resource::<PeriodicCheckpoints>()
@@ -157,8 +196,14 @@ fn from_checkpoint<A: FloatElement>(world: &mut World) -> Result<Restored<A>, Sh
     candidates.sort_by_key(|c| std::cmp::Reverse(c.0));
     for (_, path) in candidates {
         let registry = world.resource::<SnapshotRegistry>();
-        let snapshot = match verify_checkpoint(&path, registry) {
-            Ok((_, snapshot)) => snapshot,
+        // A pod split over ranks writes split checkpoints.
+        let read = if super::split::is_split_checkpoint(&path) {
+            super::split::read_any_checkpoint(&path, registry)
+        } else {
+            verify_checkpoint(&path, registry).map(|(_, snapshot)| snapshot)
+        };
+        let snapshot = match read {
+            Ok(snapshot) => snapshot,
             Err(e) => {
                 problems.push(e.to_string());
                 continue;

@@ -29,11 +29,13 @@ use crate::persist::{
     Column, FORMAT_VERSION, SnapshotError, SnapshotRegistry, StoredTensor, WorldSnapshot, hex,
 };
 use crate::topology::PodTopology;
-use crate::transport::cluster::RankLayout;
+use crate::transport::ClusterError;
+use crate::transport::cluster::{self, RankContext, RankLayout};
 use crate::transport::{
     DELIVERY_LOG_CAPACITY, StoredEnvelope, StoredTransport, merge_envelope_parts,
     merge_transport_parts,
 };
+use bevy_ecs::prelude::*;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::fs;
@@ -479,4 +481,84 @@ pub fn commit_split(
         sync_dir(root)
     };
     write().map_err(io_error(&target))
+}
+
+/// Writes this rank's part of a pod split over ranks into the split
+/// checkpoint `root/name`, together with every other rank (each calls it at
+/// the same point): rank 0 stages the directory, every rank writes its
+/// part as an ordinary atomic checkpoint, and rank 0 commits the record
+/// once every part is durable (Orbax's commit-marker pattern). Until then
+/// the parts sit in a temporary directory, so a save that fails anywhere
+/// leaves the committed checkpoints as they were. Every rank returns the
+/// same outcome (rank 0's verdict); rank 0 also gets the record.
+pub fn save_split(
+    world: &mut World,
+    ctx: &RankContext,
+    root: &Path,
+    name: &str,
+) -> Result<Option<SplitManifest>, ClusterError> {
+    let layout = &ctx.layout;
+    let staged = if layout.runs_service() {
+        stage_split(root, name)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    } else {
+        Ok(())
+    };
+    cluster::finish(&ctx.mailbox, layout, staged, ctx.timeout)?;
+    let staging = staging_dir(root, name);
+    let rank = layout.rank();
+    let pod = world.resource::<PodTopology>().0.name.clone();
+    let tick = world.resource::<crate::clock::SimClock>().tick;
+    let written: Result<String, String> = world
+        .resource_scope(|world, registry: Mut<SnapshotRegistry>| registry.capture(world, tick))
+        .map_err(|e| e.to_string())
+        .and_then(|part| write_split_part(&staging, rank, &pod, &part).map_err(|e| e.to_string()));
+    let report = postcard::to_stdvec(&written).expect("a report encodes");
+    let Some(reports) = cluster::gather_parts(&ctx.mailbox, layout, report, ctx.timeout)? else {
+        cluster::finish(&ctx.mailbox, layout, Ok(()), ctx.timeout)?;
+        return Ok(None);
+    };
+    let committed = manifest_of(layout, name, &pod, tick, &reports).and_then(|manifest| {
+        commit_split(root, &staging, &manifest).map_err(|e| e.to_string())?;
+        Ok(manifest)
+    });
+    if committed.is_err() {
+        let _ = fs::remove_dir_all(&staging);
+    }
+    let verdict = committed.as_ref().map(|_| ()).map_err(|e| e.clone());
+    cluster::finish(&ctx.mailbox, layout, verdict, ctx.timeout)?;
+    Ok(committed.ok())
+}
+
+/// The commit record of the parts the ranks reported writing, or why one
+/// could not be written.
+fn manifest_of(
+    layout: &RankLayout,
+    name: &str,
+    pod: &str,
+    tick: u64,
+    reports: &[Vec<u8>],
+) -> Result<SplitManifest, String> {
+    let mut parts = Vec::with_capacity(reports.len());
+    for (rank, report) in reports.iter().enumerate() {
+        let rank = rank as u32;
+        let written: Result<String, String> =
+            postcard::from_bytes(report).map_err(|e| format!("rank {rank}'s report: {e}"))?;
+        let digest =
+            written.map_err(|reason| format!("rank {rank} could not write its part: {reason}"))?;
+        parts.push(SplitPart {
+            rank,
+            hosts: layout.describe_hosts(rank),
+            dir: part_dir(rank),
+            manifest_sha256: digest,
+        });
+    }
+    Ok(SplitManifest {
+        format_version: crate::persist::FORMAT_VERSION,
+        name: name.to_string(),
+        pod: pod.to_string(),
+        tick,
+        parts,
+    })
 }

@@ -148,6 +148,7 @@ pub fn train(args: TrainArgs, launch: Launch) -> Result<()> {
         for (at_ns, fault) in args.kills(devices)? {
             pod.schedule_fault(at_ns, fault);
         }
+        let checkpoints = args.checkpoints(pod.pod().clock().tick_ns)?;
         let rank = pod.layout().rank();
         let mut opt = ShardedOptimizer::new_ranked(
             base_optimizer(&args)?,
@@ -156,6 +157,11 @@ pub fn train(args: TrainArgs, launch: Launch) -> Result<()> {
             super::train::model_of(&sizes)?,
             sharding_of(&args),
         )?;
+        if let Some((ticks, dir)) = checkpoints {
+            // Split checkpoints: every rank its part, rank 0 the record.
+            opt.pod_mut()
+                .enable_periodic_checkpoints(ticks, vec![dir], 3)?;
+        }
         let outcome = run_steps(&mut opt, &args, args.json() || rank != 0)?;
         let merged = opt.ranked_mut().expect("split").gather()?;
         let Some(merged) = merged else {

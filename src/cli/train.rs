@@ -128,12 +128,27 @@ impl TrainArgs {
         self.json
     }
 
+    /// Periodic checkpoints every `--checkpoint-every` seconds into
+    /// `--checkpoint-dir` on a pod at `tick_ns` ticks: (ticks, directory).
+    pub(super) fn checkpoints(&self, tick_ns: u64) -> Result<Option<(u64, PathBuf)>> {
+        let (Some(every), Some(dir)) = (self.checkpoint_every, &self.checkpoint_dir) else {
+            return Ok(None);
+        };
+        if !(every.is_finite() && every > 0.0) {
+            bail!("--checkpoint-every must be a positive number of seconds, got {every}");
+        }
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let ticks = ((every * 1e9) / tick_ns as f64).round().max(1.0) as u64;
+        Ok(Some((ticks, dir.clone())))
+    }
+
     /// Everything every rank of a split run must be given alike, for the
     /// start-up handshake.
     pub(super) fn describe(&self, sizes: &[usize]) -> String {
         format!(
             "train {} with {} at lr {} for {} steps, tensors {sizes:?} in {}-byte buckets, \
-             {:?} reduction, {} recovery, seed {}, tick {:?} ms, kills {:?}",
+             {:?} reduction, {} recovery, seed {}, tick {:?} ms, kills {:?}, checkpoints \
+             every {:?} s into {:?}",
             self.pod,
             self.optimizer.to_ascii_lowercase(),
             self.lr,
@@ -143,30 +158,44 @@ impl TrainArgs {
             self.recovery,
             self.seed,
             self.tick_ms,
-            self.kill
+            self.kill,
+            self.checkpoint_every,
+            self.checkpoint_dir
         )
     }
 
     /// Refuses what a run split over ranks does not do yet, before any
-    /// rank starts: a split model recovers from its redundant copies only,
-    /// so kills under another policy, periodic model checkpoints for
-    /// rollback and traces are one-process features for now.
+    /// rank starts: spare-cube recovery (cube pods run in one process),
+    /// periodic checkpoints without a directory every rank sees, traces.
     pub(super) fn refuse_split_only(&self) -> Result<()> {
         let refused = [
             (
-                !self.kill.is_empty() && self.recovery != RecoveryPolicy::Redundant,
-                "--kill",
+                self.recovery == RecoveryPolicy::SpareCube,
+                "--recovery spare-cube",
             ),
-            (self.checkpoint_every.is_some(), "--checkpoint-every"),
+            (
+                self.checkpoint_every.is_some() && self.checkpoint_dir.is_none(),
+                "--checkpoint-every without --checkpoint-dir",
+            ),
             (self.trace.is_some(), "--trace"),
             (self.modeled_only, "--modeled-only"),
         ];
         if let Some((_, flag)) = refused.iter().find(|(given, _)| *given) {
             bail!(
                 "`train {flag}` runs as one process: a model split over MPI ranks recovers \
-                 from a loss with `--recovery redundant` only, and does not write rollback \
-                 checkpoints or a trace yet; drop {flag} (or use `--kill` with `--recovery \
-                 redundant`), or run without mpirun"
+                 by rollback or from redundant copies, writes its periodic checkpoints into \
+                 one --checkpoint-dir every rank sees, and writes no trace yet; change \
+                 {flag}, or run without mpirun"
+            );
+        }
+        if !self.kill.is_empty()
+            && self.recovery == RecoveryPolicy::Rollback
+            && self.checkpoint_every.is_none()
+        {
+            bail!(
+                "--kill with --recovery rollback needs --checkpoint-every SECONDS and \
+                 --checkpoint-dir DIR (a rollback restores the last checkpoint), or use \
+                 --recovery redundant"
             );
         }
         Ok(())

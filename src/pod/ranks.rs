@@ -22,7 +22,7 @@
 //! allow).
 
 use super::Pod;
-use crate::checkpoint::split::{self, SplitManifest, SplitPart};
+use crate::checkpoint::split::{self, SplitManifest};
 use crate::clock_sync::{ClockSync, DeviceClock};
 use crate::error::{OptimError, Result};
 use crate::health::{Health, Heartbeat, KnownFailures, LastHeard};
@@ -425,71 +425,8 @@ impl RankedPod {
     /// disk, a lost rank) leaves the committed checkpoints as they were.
     /// Every rank returns the same outcome; rank 0 also gets the manifest.
     pub fn save_checkpoint(&mut self, root: &Path, name: &str) -> Result<Option<SplitManifest>> {
-        let staged = if self.layout.runs_service() {
-            split::stage_split(root, name)
-                .map(|_| ())
-                .map_err(|e| e.to_string())
-        } else {
-            Ok(())
-        };
-        cluster::finish(&self.mailbox, &self.layout, staged, self.timeout)
-            .map_err(cluster_error)?;
-        let staging = split::staging_dir(root, name);
-        let rank = self.layout.rank();
-        let pod_name = self.pod.topology().name.clone();
-        let written: std::result::Result<String, String> = self
-            .pod
-            .snapshot()
-            .map_err(|e| e.to_string())
-            .and_then(|part| {
-                split::write_split_part(&staging, rank, &pod_name, &part).map_err(|e| e.to_string())
-            });
-        let report = postcard::to_stdvec(&written).expect("a report encodes");
-        let gathered = cluster::gather_parts(&self.mailbox, &self.layout, report, self.timeout)
-            .map_err(cluster_error)?;
-        let Some(reports) = gathered else {
-            cluster::finish(&self.mailbox, &self.layout, Ok(()), self.timeout)
-                .map_err(cluster_error)?;
-            return Ok(None);
-        };
-        let committed = self.split_manifest(name, &reports).and_then(|manifest| {
-            split::commit_split(root, &staging, &manifest)?;
-            Ok(manifest)
-        });
-        if committed.is_err() {
-            let _ = std::fs::remove_dir_all(&staging);
-        }
-        let verdict = committed.as_ref().map(|_| ()).map_err(|e| e.to_string());
-        cluster::finish(&self.mailbox, &self.layout, verdict, self.timeout)
-            .map_err(cluster_error)?;
-        Ok(Some(committed?))
-    }
-
-    /// The commit record of the parts the ranks reported writing, or why
-    /// one could not.
-    fn split_manifest(&self, name: &str, reports: &[Vec<u8>]) -> Result<SplitManifest> {
-        let mut parts = Vec::with_capacity(reports.len());
-        for (rank, report) in reports.iter().enumerate() {
-            let rank = rank as u32;
-            let written: std::result::Result<String, String> = postcard::from_bytes(report)
-                .map_err(|e| OptimError::InvalidConfig(format!("rank {rank}'s report: {e}")))?;
-            let digest = written.map_err(|reason| {
-                OptimError::InvalidConfig(format!("rank {rank} could not write its part: {reason}"))
-            })?;
-            parts.push(SplitPart {
-                rank,
-                hosts: self.layout.describe_hosts(rank),
-                dir: split::part_dir(rank),
-                manifest_sha256: digest,
-            });
-        }
-        Ok(SplitManifest {
-            format_version: crate::persist::FORMAT_VERSION,
-            name: name.to_string(),
-            pod: self.pod.topology().name.clone(),
-            tick: self.pod.clock().tick,
-            parts,
-        })
+        let ctx = self.pod.world.resource::<RankContext>().clone();
+        split::save_split(&mut self.pod.world, &ctx, root, name).map_err(cluster_error)
     }
 
     /// Replaces the split pod's world with a checkpoint's (a split one,
