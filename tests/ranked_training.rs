@@ -578,3 +578,50 @@ fn recovers_as_one_process(policy: optirs_tpu::sharding::RecoveryPolicy) {
         }
     }
 }
+
+#[test]
+fn the_pods_ring_reduce_scatter_and_all_gather_over_ranks_are_the_one_process_ones() {
+    use optirs_tpu::collectives::ReduceOp;
+    for (preset, ranks) in [("v4-8", 2u32), ("v3-32", 4)] {
+        let topology = load_preset(preset).unwrap();
+        let n = topology.num_devices() as usize;
+        let len = 777;
+        let input = |d: usize| -> Vec<f32> {
+            (0..len)
+                .map(|i| ((d * 104_729 + i * 13) % 997) as f32 * 0.21 - 99.0)
+                .collect()
+        };
+        let mut one = Pod::from_topology(topology.clone()).unwrap();
+        let mut buffers: Vec<Vec<f32>> = (0..n).map(input).collect();
+        let (rs, ring) = one.reduce_scatter(&mut buffers, ReduceOp::Sum).unwrap();
+        let after_rs = buffers.clone();
+        let (ag, _) = one.all_gather(&mut buffers).unwrap();
+        let digest = one.world_sha256().unwrap();
+        let results = on_ranks(ranks, |mailbox| {
+            let mut pod = RankedPod::new(topology.clone(), mailbox)?;
+            let mut local: Vec<Option<Vec<f32>>> = (0..n)
+                .map(|d| pod.layout().is_local(DeviceId(d as u32)).then(|| input(d)))
+                .collect();
+            let (their_rs, their_ring) = pod.reduce_scatter(&mut local, ReduceOp::Sum)?;
+            let local_rs = local.clone();
+            let (their_ag, _) = pod.all_gather(&mut local)?;
+            let merged = pod.gather()?.map(|w| w.sha256_hex());
+            Ok((their_rs, their_ring, local_rs, their_ag, local, merged))
+        });
+        for (rank, r) in results.into_iter().enumerate() {
+            let (their_rs, their_ring, local_rs, their_ag, local, merged) = r.unwrap();
+            assert_eq!(their_ring, ring, "{preset}");
+            assert_eq!(their_rs.link_bytes, rs.link_bytes, "{preset}");
+            assert_eq!(their_ag.completes_at_ns, ag.completes_at_ns, "{preset}");
+            for d in 0..n {
+                if let (Some(a), Some(b)) = (&local_rs[d], &local[d]) {
+                    assert_eq!(bits(a), bits(&after_rs[d]), "{preset}: device {d} after RS");
+                    assert_eq!(bits(b), bits(&buffers[d]), "{preset}: device {d} after AG");
+                }
+            }
+            if rank == 0 {
+                assert_eq!(merged.as_deref(), Some(digest.as_str()), "{preset}");
+            }
+        }
+    }
+}

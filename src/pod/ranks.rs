@@ -313,30 +313,120 @@ impl RankedPod {
         local: &mut [Option<Vec<T>>],
         op: crate::collectives::ReduceOp,
     ) -> Result<crate::collectives::pod::CollectiveReport> {
-        use crate::collectives::ranked::RankedGrid;
         use crate::collectives::{
-            CollectiveError, ReduceGrid, torus_all_gather_traffic, torus_reduce_scatter_traffic,
+            ReduceGrid, torus_all_gather_traffic, torus_reduce_scatter_traffic,
         };
+        let shape = self.single_slice_torus("all-reduce")?;
+        let len = self.check_local(local)?;
+        let ndims = shape.dims().len() as u32;
+        let mut traffic = torus_reduce_scatter_traffic(&shape, len, T::BYTES);
+        traffic
+            .transfers
+            .extend(torus_all_gather_traffic(&shape, len, T::BYTES, ndims).transfers);
+        let grid = ReduceGrid::torus(shape.dims());
+        let members: Vec<usize> = (0..local.len()).collect();
+        self.ranked_collective(
+            crate::collectives::pod::CollectiveKind::AllReduce,
+            local,
+            &traffic,
+            &grid,
+            &members,
+            |ranked, ctx| {
+                ranked.reduce_scatter(ctx, op)?;
+                ranked.all_gather(ctx)
+            },
+        )
+    }
+
+    /// [`Pod::reduce_scatter`] with the devices' buffers spread over the
+    /// ranks (`local[d]` on device `d`'s rank, `None` elsewhere): along the
+    /// snake ring, position `i` (device `ring[i]`) ends with the reduction
+    /// of chunk `i`; its other elements keep their input values. The same
+    /// bits, report and merged world as in one process.
+    pub fn reduce_scatter<T: crate::collectives::Element>(
+        &mut self,
+        local: &mut [Option<Vec<T>>],
+        op: crate::collectives::ReduceOp,
+    ) -> Result<(crate::collectives::pod::CollectiveReport, Vec<usize>)> {
+        use crate::collectives::{ReduceGrid, chunk_range, ring_reduce_scatter_traffic};
+        let shape = self.single_slice_torus("reduce-scatter")?;
+        let len = self.check_local(local)?;
+        let ring = shape.snake_ring();
+        let traffic = ring_reduce_scatter_traffic(&ring, len, T::BYTES).routed_on(&shape);
+        let grid = ReduceGrid::ring(&ring);
+        let inputs: Vec<Option<Vec<T>>> = local.to_vec();
+        let report = self.ranked_collective(
+            crate::collectives::pod::CollectiveKind::ReduceScatter,
+            local,
+            &traffic,
+            &grid,
+            &ring,
+            |ranked, ctx| ranked.reduce_scatter(ctx, op).map(|_| ()),
+        )?;
+        // The ring leaves partial sums outside each owner's chunk; the
+        // collective leaves the inputs there.
+        let n = ring.len();
+        for (pos, &device) in ring.iter().enumerate() {
+            if let (Some(buffer), Some(input)) = (&mut local[device], &inputs[device]) {
+                let own = chunk_range(len, n, pos);
+                buffer[..own.start].copy_from_slice(&input[..own.start]);
+                buffer[own.end..].copy_from_slice(&input[own.end..]);
+            }
+        }
+        Ok((report, ring))
+    }
+
+    /// [`Pod::all_gather`] with the devices' buffers spread over the ranks:
+    /// along the snake ring, position `i` (device `ring[i]`) contributes
+    /// chunk `i` of its buffer and every device ends with every chunk.
+    pub fn all_gather<T: crate::collectives::Element>(
+        &mut self,
+        local: &mut [Option<Vec<T>>],
+    ) -> Result<(crate::collectives::pod::CollectiveReport, Vec<usize>)> {
+        use crate::collectives::{ReduceGrid, ring_all_gather_traffic};
+        let shape = self.single_slice_torus("all-gather")?;
+        let len = self.check_local(local)?;
+        let ring = shape.snake_ring();
+        let traffic = ring_all_gather_traffic(&ring, len, T::BYTES).routed_on(&shape);
+        let grid = ReduceGrid::ring(&ring);
+        let report = self.ranked_collective(
+            crate::collectives::pod::CollectiveKind::AllGather,
+            local,
+            &traffic,
+            &grid,
+            &ring,
+            |ranked, ctx| ranked.all_gather(ctx),
+        )?;
+        Ok((report, ring))
+    }
+
+    /// The pod's torus, refusing a multislice pod (whose hierarchical
+    /// collectives run in one process).
+    fn single_slice_torus(&self, what: &str) -> Result<crate::collectives::TorusShape> {
         let topology = self.pod.topology();
         if topology.slices > 1 {
             return Err(OptimError::Unsupported {
-                operation: "a hierarchical all-reduce over a multislice pod split over ranks"
-                    .into(),
-                reason: "split pods run the single-slice torus collective; run a multislice \
+                operation: format!("a hierarchical {what} over a multislice pod split over ranks"),
+                reason: "split pods run the single-slice collectives; run a multislice \
                          pod's collectives in one process (a split multislice model trains: \
                          `ShardedOptimizer::new_ranked`)"
                     .into(),
             });
         }
-        let shape = crate::collectives::pod::torus_of(topology)?;
-        let world = &mut self.pod.world;
-        let participants = crate::collectives::pod::check_participants(world, local.len())?;
+        Ok(crate::collectives::pod::torus_of(topology)?)
+    }
+
+    /// Checks that this rank was given exactly its devices' buffers, all
+    /// of one length; the length.
+    fn check_local<T>(&mut self, local: &[Option<Vec<T>>]) -> Result<usize> {
+        use crate::collectives::CollectiveError;
+        crate::collectives::pod::check_participants(&mut self.pod.world, local.len())?;
         let mut len = None;
         for (d, buffer) in local.iter().enumerate() {
             let device = crate::topology::DeviceId(d as u32);
             if buffer.is_some() != self.layout.is_local(device) {
                 return Err(OptimError::InvalidConfig(format!(
-                    "all_reduce on rank {}: {device} runs on rank {}, but this rank was {} \
+                    "a collective on rank {}: {device} runs on rank {}, but this rank was {} \
                      buffer for it (give exactly this rank's devices' buffers)",
                     self.layout.rank(),
                     self.layout.rank_of_device(device),
@@ -360,39 +450,56 @@ impl RankedPod {
                 len = Some(b.len());
             }
         }
-        let len = len.unwrap_or(0);
-        let ndims = shape.dims().len() as u32;
-        let mut traffic = torus_reduce_scatter_traffic(&shape, len, T::BYTES);
-        traffic
-            .transfers
-            .extend(torus_all_gather_traffic(&shape, len, T::BYTES, ndims).transfers);
+        Ok(len.unwrap_or(0))
+    }
+
+    /// Launches a collective of `traffic` (links charged, completion in
+    /// simulated time), moves the data with `run` over `grid` (whose
+    /// position `p` is device `members[p]`), and steps until it completes.
+    #[allow(clippy::too_many_arguments)]
+    fn ranked_collective<T: crate::collectives::Element>(
+        &mut self,
+        kind: crate::collectives::pod::CollectiveKind,
+        local: &mut [Option<Vec<T>>],
+        traffic: &crate::collectives::Traffic,
+        grid: &crate::collectives::ReduceGrid,
+        members: &[usize],
+        run: impl FnOnce(
+            &mut crate::collectives::ranked::RankedGrid<'_, '_, T>,
+            &RankContext,
+        ) -> std::result::Result<(), ClusterError>,
+    ) -> Result<crate::collectives::pod::CollectiveReport> {
+        let len = local.iter().flatten().next().map_or(0, Vec::len);
+        let participants =
+            crate::collectives::pod::check_participants(&mut self.pod.world, local.len())?;
         let report = crate::collectives::pod::launch(
-            world,
-            crate::collectives::pod::CollectiveKind::AllReduce,
+            &mut self.pod.world,
+            kind,
             (len * T::BYTES) as u64,
             participants,
-            &traffic,
+            traffic,
         )?;
-        let ctx = world.resource::<RankContext>().clone();
-        let grid = ReduceGrid::torus(shape.dims());
-        let rank_of: Vec<u32> = (0..local.len())
-            .map(|d| {
+        let ctx = self.pod.world.resource::<RankContext>().clone();
+        let rank_of: Vec<u32> = members
+            .iter()
+            .map(|&d| {
                 self.layout
                     .rank_of_device(crate::topology::DeviceId(d as u32))
             })
             .collect();
-        let mut slots: Vec<Option<&mut [T]>> = local
+        let mut by_device: Vec<Option<&mut [T]>> = local
             .iter_mut()
             .map(|b| b.as_mut().map(|v| v.as_mut_slice()))
             .collect();
-        let mut ranked = RankedGrid {
-            grid: &grid,
+        let mut slots: Vec<Option<&mut [T]>> =
+            members.iter().map(|&d| by_device[d].take()).collect();
+        let mut ranked = crate::collectives::ranked::RankedGrid {
+            grid,
             rank_of: &rank_of,
             local: &mut slots,
-            tag: report.launched_at_ns ^ 0x5a11,
+            tag: report.launched_at_ns ^ 0x5a11 ^ ((kind as u64) << 40),
         };
-        ranked.reduce_scatter(&ctx, op).map_err(cluster_error)?;
-        ranked.all_gather(&ctx).map_err(cluster_error)?;
+        run(&mut ranked, &ctx).map_err(cluster_error)?;
         loop {
             if crate::collectives::pod::poll_collective(self.pod.world(), &report)? {
                 return Ok(report);
