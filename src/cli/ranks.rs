@@ -148,7 +148,10 @@ pub fn train(args: TrainArgs, launch: Launch) -> Result<()> {
         for (at_ns, fault) in args.kills(devices)? {
             pod.schedule_fault(at_ns, fault);
         }
-        let checkpoints = args.checkpoints(pod.pod().clock().tick_ns)?;
+        // (Under mpirun --checkpoint-every comes with a --checkpoint-dir
+        // every rank sees: refused above otherwise, so no temporary one.)
+        let mut no_temporary = None;
+        let checkpoints = args.checkpoints(pod.pod().clock().tick_ns, &mut no_temporary)?;
         let rank = pod.layout().rank();
         let mut opt = ShardedOptimizer::new_ranked(
             base_optimizer(&args)?,

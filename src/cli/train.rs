@@ -99,6 +99,52 @@ pub struct TrainArgs {
 }
 
 impl TrainArgs {
+    /// Periodic checkpoints every `--checkpoint-every` seconds on a pod at
+    /// `tick_ns` ticks: (ticks, directory). The directory is
+    /// `--checkpoint-dir` (created), or a fresh temporary one kept alive in
+    /// `temporary` for the run.
+    pub(super) fn checkpoints(
+        &self,
+        tick_ns: u64,
+        temporary: &mut Option<tempfile::TempDir>,
+    ) -> Result<Option<(u64, PathBuf)>> {
+        let Some(every) = self.checkpoint_every else {
+            return Ok(None);
+        };
+        if !(every.is_finite() && every > 0.0) {
+            bail!("--checkpoint-every must be a positive number of seconds, got {every}");
+        }
+        let dir = match &self.checkpoint_dir {
+            Some(dir) => {
+                std::fs::create_dir_all(dir)
+                    .with_context(|| format!("creating {}", dir.display()))?;
+                dir.clone()
+            }
+            None => temporary.insert(tempfile::tempdir()?).path().to_path_buf(),
+        };
+        let ticks = ((every * 1e9) / tick_ns as f64).round().max(1.0) as u64;
+        Ok(Some((ticks, dir)))
+    }
+
+    /// Refuses `--kill` under a policy that restores the last checkpoint
+    /// when no checkpoints are written: the step could never recover.
+    pub(super) fn refuse_unrecoverable_kills(&self) -> Result<()> {
+        if !self.kill.is_empty()
+            && matches!(
+                self.recovery,
+                RecoveryPolicy::Rollback | RecoveryPolicy::SpareCube
+            )
+            && self.checkpoint_every.is_none()
+        {
+            bail!(
+                "--kill with --recovery {} needs --checkpoint-every SECONDS (it restores the \
+                 last checkpoint), or use --recovery redundant",
+                self.recovery
+            );
+        }
+        Ok(())
+    }
+
     /// `--kill`'s faults at their simulated times, each device checked
     /// against the pod's `devices`.
     pub(super) fn kills(&self, devices: u32) -> Result<Vec<(u64, Fault)>> {
@@ -126,20 +172,6 @@ impl TrainArgs {
     /// `--json`.
     pub(super) fn json(&self) -> bool {
         self.json
-    }
-
-    /// Periodic checkpoints every `--checkpoint-every` seconds into
-    /// `--checkpoint-dir` on a pod at `tick_ns` ticks: (ticks, directory).
-    pub(super) fn checkpoints(&self, tick_ns: u64) -> Result<Option<(u64, PathBuf)>> {
-        let (Some(every), Some(dir)) = (self.checkpoint_every, &self.checkpoint_dir) else {
-            return Ok(None);
-        };
-        if !(every.is_finite() && every > 0.0) {
-            bail!("--checkpoint-every must be a positive number of seconds, got {every}");
-        }
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        let ticks = ((every * 1e9) / tick_ns as f64).round().max(1.0) as u64;
-        Ok(Some((ticks, dir.clone())))
     }
 
     /// Everything every rank of a split run must be given alike, for the
@@ -188,17 +220,7 @@ impl TrainArgs {
                  {flag}, or run without mpirun"
             );
         }
-        if !self.kill.is_empty()
-            && self.recovery == RecoveryPolicy::Rollback
-            && self.checkpoint_every.is_none()
-        {
-            bail!(
-                "--kill with --recovery rollback needs --checkpoint-every SECONDS and \
-                 --checkpoint-dir DIR (a rollback restores the last checkpoint), or use \
-                 --recovery redundant"
-            );
-        }
-        Ok(())
+        self.refuse_unrecoverable_kills()
     }
 }
 
@@ -297,40 +319,9 @@ pub fn train(args: TrainArgs) -> Result<()> {
     let topology = checked_topology(&args, &sizes)?;
     let mut pod = Pod::from_topology(topology)?;
     let kills = args.kills(pod.topology().num_devices())?;
-    if !args.kill.is_empty()
-        && matches!(
-            args.recovery,
-            RecoveryPolicy::Rollback | RecoveryPolicy::SpareCube
-        )
-        && args.checkpoint_every.is_none()
-    {
-        bail!(
-            "--kill with --recovery {} needs --checkpoint-every SECONDS (it restores the last \
-             checkpoint), or use --recovery redundant",
-            args.recovery
-        );
-    }
+    args.refuse_unrecoverable_kills()?;
     let mut _tempdir = None;
-    if let Some(every) = args.checkpoint_every {
-        if !(every.is_finite() && every > 0.0) {
-            bail!("--checkpoint-every must be a positive number of seconds, got {every}");
-        }
-        let dir = match &args.checkpoint_dir {
-            Some(dir) => {
-                std::fs::create_dir_all(dir)
-                    .with_context(|| format!("creating {}", dir.display()))?;
-                dir.clone()
-            }
-            None => {
-                let t = tempfile::tempdir()?;
-                let p = t.path().to_path_buf();
-                _tempdir = Some(t);
-                p
-            }
-        };
-        let ticks = ((every * 1e9) / pod.clock().tick_ns as f64)
-            .round()
-            .max(1.0) as u64;
+    if let Some((ticks, dir)) = args.checkpoints(pod.clock().tick_ns, &mut _tempdir)? {
         pod.enable_periodic_checkpoints(ticks, vec![dir], 3)?;
     }
     for (at_ns, fault) in kills {

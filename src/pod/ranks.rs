@@ -317,7 +317,8 @@ impl RankedPod {
             ReduceGrid, torus_all_gather_traffic, torus_reduce_scatter_traffic,
         };
         let shape = self.single_slice_torus("all-reduce")?;
-        let len = self.check_local(local)?;
+        let checked = self.check_local(local)?;
+        let len = checked.len;
         let ndims = shape.dims().len() as u32;
         let mut traffic = torus_reduce_scatter_traffic(&shape, len, T::BYTES);
         traffic
@@ -328,6 +329,7 @@ impl RankedPod {
         self.ranked_collective(
             crate::collectives::pod::CollectiveKind::AllReduce,
             local,
+            checked,
             &traffic,
             &grid,
             &members,
@@ -350,7 +352,8 @@ impl RankedPod {
     ) -> Result<(crate::collectives::pod::CollectiveReport, Vec<usize>)> {
         use crate::collectives::{ReduceGrid, chunk_range, ring_reduce_scatter_traffic};
         let shape = self.single_slice_torus("reduce-scatter")?;
-        let len = self.check_local(local)?;
+        let checked = self.check_local(local)?;
+        let len = checked.len;
         let ring = shape.snake_ring();
         let traffic = ring_reduce_scatter_traffic(&ring, len, T::BYTES).routed_on(&shape);
         let grid = ReduceGrid::ring(&ring);
@@ -358,6 +361,7 @@ impl RankedPod {
         let report = self.ranked_collective(
             crate::collectives::pod::CollectiveKind::ReduceScatter,
             local,
+            checked,
             &traffic,
             &grid,
             &ring,
@@ -385,13 +389,15 @@ impl RankedPod {
     ) -> Result<(crate::collectives::pod::CollectiveReport, Vec<usize>)> {
         use crate::collectives::{ReduceGrid, ring_all_gather_traffic};
         let shape = self.single_slice_torus("all-gather")?;
-        let len = self.check_local(local)?;
+        let checked = self.check_local(local)?;
+        let len = checked.len;
         let ring = shape.snake_ring();
         let traffic = ring_all_gather_traffic(&ring, len, T::BYTES).routed_on(&shape);
         let grid = ReduceGrid::ring(&ring);
         let report = self.ranked_collective(
             crate::collectives::pod::CollectiveKind::AllGather,
             local,
+            checked,
             &traffic,
             &grid,
             &ring,
@@ -417,10 +423,11 @@ impl RankedPod {
     }
 
     /// Checks that this rank was given exactly its devices' buffers, all
-    /// of one length; the length.
-    fn check_local<T>(&mut self, local: &[Option<Vec<T>>]) -> Result<usize> {
+    /// of one length.
+    fn check_local<T>(&mut self, local: &[Option<Vec<T>>]) -> Result<CheckedBuffers> {
         use crate::collectives::CollectiveError;
-        crate::collectives::pod::check_participants(&mut self.pod.world, local.len())?;
+        let participants =
+            crate::collectives::pod::check_participants(&mut self.pod.world, local.len())?;
         let mut len = None;
         for (d, buffer) in local.iter().enumerate() {
             let device = crate::topology::DeviceId(d as u32);
@@ -450,7 +457,10 @@ impl RankedPod {
                 len = Some(b.len());
             }
         }
-        Ok(len.unwrap_or(0))
+        Ok(CheckedBuffers {
+            participants,
+            len: len.unwrap_or(0),
+        })
     }
 
     /// Launches a collective of `traffic` (links charged, completion in
@@ -461,6 +471,7 @@ impl RankedPod {
         &mut self,
         kind: crate::collectives::pod::CollectiveKind,
         local: &mut [Option<Vec<T>>],
+        checked: CheckedBuffers,
         traffic: &crate::collectives::Traffic,
         grid: &crate::collectives::ReduceGrid,
         members: &[usize],
@@ -469,14 +480,11 @@ impl RankedPod {
             &RankContext,
         ) -> std::result::Result<(), ClusterError>,
     ) -> Result<crate::collectives::pod::CollectiveReport> {
-        let len = local.iter().flatten().next().map_or(0, Vec::len);
-        let participants =
-            crate::collectives::pod::check_participants(&mut self.pod.world, local.len())?;
         let report = crate::collectives::pod::launch(
             &mut self.pod.world,
             kind,
-            (len * T::BYTES) as u64,
-            participants,
+            (checked.len * T::BYTES) as u64,
+            checked.participants,
             traffic,
         )?;
         let ctx = self.pod.world.resource::<RankContext>().clone();
@@ -518,6 +526,13 @@ impl RankedPod {
     pub(crate) fn pod_mut(&mut self) -> &mut Pod {
         &mut self.pod
     }
+}
+
+/// What [`RankedPod`]'s collectives checked of this rank's buffers: the
+/// participants and the buffers' one length.
+struct CheckedBuffers {
+    participants: Vec<crate::topology::DeviceId>,
+    len: usize,
 }
 
 fn cluster_error(error: ClusterError) -> OptimError {

@@ -23,8 +23,6 @@
 //! the whole step's schedule to the links (it is part of the scenario
 //! every rank holds), so the merged world is the one-process world.
 
-use std::collections::BTreeSet;
-
 use bevy_ecs::prelude::*;
 
 use super::error::ShardingError;
@@ -35,7 +33,7 @@ use crate::collectives::ranked::{RankedGrid, local_prefix, prefix_ranges};
 use crate::ir::FloatElement;
 use crate::memory::ShardSlot;
 use crate::topology::DeviceId;
-use crate::transport::cluster::{RankContext, data_frame, data_payload};
+use crate::transport::cluster::{RankContext, data_payload};
 use rayon::prelude::*;
 
 /// A marker on a [`ShardSlot`] another rank holds: this rank keeps the
@@ -53,15 +51,6 @@ pub fn context(world: &World) -> Option<RankContext> {
         .get_resource::<RankContext>()
         .filter(|c| c.layout.ranks() > 1)
         .cloned()
-}
-
-/// The participants the coordination service has declared failed: rank
-/// 0's view, on every rank ([`crate::health::declared_failed`]).
-pub fn declared_failed(
-    world: &World,
-    participants: &[DeviceId],
-) -> Result<BTreeSet<DeviceId>, ShardingError> {
-    Ok(crate::health::declared_failed(world, participants)?)
 }
 
 /// The grid positions of the block of `pos` along the first `prefix`
@@ -279,9 +268,9 @@ pub fn refresh_remote_copies<A: FloatElement>(
                 }
             })?;
             let slot = world.get::<ShardSlot>(primary).expect("queried");
-            let values = super::model::flat_of::<A>(&slot.tensor)?;
-            let mut frame = data_frame(copy_tag(step, owner, index), 0);
-            frame.extend_from_slice(bytemuck::cast_slice(values));
+            let values: &[u8] = bytemuck::cast_slice(super::model::flat_of::<A>(&slot.tensor)?);
+            let mut frame = ctx.data_frame(copy_tag(step, owner, index), values.len())?;
+            frame.extend_from_slice(values);
             ctx.send_data(to, frame)?;
         }
     }
@@ -308,6 +297,7 @@ pub fn refresh_remote_copies<A: FloatElement>(
                 .into());
             }
             bytes.copy_from_slice(payload);
+            ctx.recycle(frame);
         }
     }
     Ok(())

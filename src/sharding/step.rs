@@ -305,7 +305,7 @@ pub fn launch_step<'w, A: FloatElement>(
     let entities = participant_entities(world, &layout.participants)?;
     let now = world.resource::<SimClock>().now_ns;
     let ranks = super::ranked::context(world);
-    let declared = super::ranked::declared_failed(world, &layout.participants)?;
+    let declared = crate::health::declared_failed(world, &layout.participants)?;
     for (&entity, &id) in entities.iter().zip(&layout.participants) {
         if let Some(cause) = device_trouble(world, entity, id, u64::MAX, &declared) {
             return Err(ShardingError::Unavailable {
@@ -504,10 +504,10 @@ pub fn watch_sharded_step(world: &mut World) {
     let participants = model.layout.participants.clone();
     // Rank 0's detector is the only one that declares failures; a split
     // pod takes its list here, every tick a step is in flight.
-    let declared = match super::ranked::declared_failed(world, &participants) {
+    let declared = match crate::health::declared_failed(world, &participants) {
         Ok(declared) => declared,
         Err(e) => {
-            fail_ranks(world, e);
+            fail_ranks(world, e.into());
             return;
         }
     };

@@ -305,14 +305,6 @@ const DATA_MARK: u8 = 0xFF;
 /// keep the payload as aligned as the frame's allocation.
 const DATA_HEADER: usize = 16;
 
-/// A data frame of `payload_len` bytes for `tag`, its payload still to be
-/// written after [`DATA_HEADER`] bytes (so a sender copies its buffer once).
-pub fn data_frame(tag: u64, payload_len: usize) -> Vec<u8> {
-    let mut frame = Vec::with_capacity(DATA_HEADER + payload_len);
-    write_data_header(&mut frame, tag);
-    frame
-}
-
 fn write_data_header(frame: &mut Vec<u8>, tag: u64) {
     frame.clear();
     frame.push(DATA_MARK);
@@ -348,8 +340,10 @@ impl std::fmt::Debug for RankContext {
 }
 
 impl RankContext {
-    /// [`data_frame`] in a buffer the mailbox used before, when it has one
-    /// (no fresh pages for a collective's frames).
+    /// A data frame for `tag` with room for `payload_len` bytes of payload,
+    /// still to be appended after its header (so a sender copies its data
+    /// once), in a buffer the mailbox used before when it has one (no fresh
+    /// pages for a collective's frames).
     pub fn data_frame(&self, tag: u64, payload_len: usize) -> Result<Vec<u8>, ClusterError> {
         let mut frame = lock(&self.mailbox)?.spare_buffer(DATA_HEADER + payload_len);
         write_data_header(&mut frame, tag);
@@ -363,7 +357,8 @@ impl RankContext {
         }
     }
 
-    /// Sends a data frame made by [`data_frame`] to `to`, without waiting.
+    /// Sends a data frame made by [`RankContext::data_frame`] to `to`,
+    /// without waiting.
     pub fn send_data(&self, to: u32, frame: Vec<u8>) -> Result<(), ClusterError> {
         lock(&self.mailbox)?.send(to, frame)
     }
