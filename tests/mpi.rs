@@ -31,6 +31,23 @@ fn json_digest(stdout: &[u8]) -> (String, serde_json::Value) {
     (report["world_sha256"].as_str().unwrap().to_string(), report)
 }
 
+/// `mpirun -n ranks` of the binary with `args`, which must succeed
+/// (`what` and the ranks' stderr otherwise): the merged world's digest and
+/// the report.
+fn split_run<S: AsRef<std::ffi::OsStr>>(
+    ranks: u32,
+    args: impl IntoIterator<Item = S>,
+    what: &str,
+) -> (String, serde_json::Value) {
+    let out = output(mpirun().args(["-n", &ranks.to_string(), BIN]).args(args));
+    assert!(
+        out.status.success(),
+        "{what}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    json_digest(&out.stdout)
+}
+
 fn single(args: &[&str]) -> String {
     let out = Command::new(BIN).args(args).output().unwrap();
     assert!(
@@ -62,13 +79,7 @@ fn every_preset_over_mpi_ranks_is_the_one_process_world() {
             if ranks > hosts {
                 continue;
             }
-            let out = output(mpirun().args(["-n", &ranks.to_string(), BIN]).args(args));
-            assert!(
-                out.status.success(),
-                "{preset} on {ranks} ranks: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            let (digest, report) = json_digest(&out.stdout);
+            let (digest, report) = split_run(ranks, args, &format!("{preset} on {ranks} ranks"));
             assert_eq!(digest, one, "{preset} on {ranks} ranks");
             assert_eq!(report["ranks"], ranks, "{preset}");
         }
@@ -81,13 +92,7 @@ fn failures_over_ranks_are_detected_as_in_one_process() {
         "run", "v4-8", "--steps", "3000", "--kill", "6@0.5", "--json",
     ];
     let one = single(&args);
-    let out = output(mpirun().args(["-n", "2", BIN]).args(args));
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let (digest, report) = json_digest(&out.stdout);
+    let (digest, report) = split_run(2, args, "v4-8 with a kill on 2 ranks");
     assert_eq!(digest, one);
     let failures = report["failures"].as_array().unwrap();
     assert_eq!(failures.len(), 1, "{report}");
@@ -152,13 +157,7 @@ fn training_over_mpi_ranks_is_the_one_process_training() {
             "--json",
         ];
         let one = single(&args);
-        let out = output(mpirun().args(["-n", &ranks.to_string(), BIN]).args(args));
-        assert!(
-            out.status.success(),
-            "{preset} on {ranks} ranks: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let (digest, report) = json_digest(&out.stdout);
+        let (digest, report) = split_run(ranks, args, &format!("{preset} on {ranks} ranks"));
         assert_eq!(digest, one, "{preset} trained on {ranks} ranks");
         assert_eq!(report["ranks"], ranks, "{preset}");
         assert_eq!(report["steps_completed"], 3, "{preset}");
@@ -185,13 +184,7 @@ fn a_kill_in_split_training_recovers_from_redundant_copies_as_one_process_does()
         "--json",
     ];
     let one = single(&args);
-    let out = output(mpirun().args(["-n", "2", BIN]).args(args));
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let (digest, report) = json_digest(&out.stdout);
+    let (digest, report) = split_run(2, args, "a redundant recovery on 2 ranks");
     assert_eq!(digest, one);
     assert_eq!(report["failures"][0]["device"], 6, "{report}");
     assert_eq!(report["recoveries"][0]["policy"], "redundant", "{report}");
@@ -229,13 +222,7 @@ fn a_kill_in_split_training_rolls_back_to_the_split_checkpoint_as_one_process_do
     };
     let one_args = args(one_dir.path());
     let one = single(&one_args.iter().map(String::as_str).collect::<Vec<_>>());
-    let out = output(mpirun().args(["-n", "2", BIN]).args(args(split_dir.path())));
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let (digest, report) = json_digest(&out.stdout);
+    let (digest, report) = split_run(2, args(split_dir.path()), "a rollback on 2 ranks");
     assert_eq!(digest, one, "{report}");
     assert_eq!(report["recoveries"][0]["policy"], "rollback", "{report}");
     // The rollback read a split checkpoint: rank parts under a commit record.
