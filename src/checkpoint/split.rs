@@ -21,13 +21,11 @@
 use super::error::CheckpointError;
 use super::read::read;
 use super::store::{
-    MANIFEST, check_name, digested_body, io_error, remove_stale_temporaries, render_digested,
+    MANIFEST, check_name, io_error, parse_digested, remove_stale_temporaries, render_digested,
     render_manifest, sync_dir, verify_checkpoint, write_checkpoint,
 };
 use crate::memory::ShardSlot;
-use crate::persist::{
-    Column, FORMAT_VERSION, SnapshotError, SnapshotRegistry, StoredTensor, WorldSnapshot, hex,
-};
+use crate::persist::{Column, SnapshotError, SnapshotRegistry, StoredTensor, WorldSnapshot, hex};
 use crate::topology::PodTopology;
 use crate::transport::ClusterError;
 use crate::transport::cluster::{self, RankContext, RankLayout};
@@ -330,14 +328,10 @@ pub(super) fn parse_split(path: &Path, text: &[u8]) -> Result<SplitManifest, Che
         path: path.to_path_buf(),
         reason,
     };
-    let body = digested_body(path, text, SPLIT_DIGEST_PREFIX)?;
-    let manifest: SplitManifest = ron::from_str(body).map_err(|e| bad(e.to_string()))?;
-    if manifest.format_version != FORMAT_VERSION {
-        return Err(bad(format!(
-            "format version {} (this build reads {FORMAT_VERSION})",
-            manifest.format_version
-        )));
-    }
+    let manifest: SplitManifest =
+        parse_digested(path, text, SPLIT_DIGEST_PREFIX, |m: &SplitManifest| {
+            m.format_version
+        })?;
     for (i, part) in manifest.parts.iter().enumerate() {
         if part.rank != i as u32 || part.dir != part_dir(part.rank) {
             return Err(bad(format!(

@@ -151,7 +151,7 @@ pub(super) fn render_digested<T: Serialize>(value: &T, prefix: &str) -> String {
 
 /// The RON body of a record [`render_digested`] wrote, once its last line
 /// (`PREFIX<hex>`) matches the body's digest.
-pub(super) fn digested_body<'a>(
+fn digested_body<'a>(
     path: &Path,
     text: &'a [u8],
     prefix: &str,
@@ -180,20 +180,38 @@ pub(super) fn digested_body<'a>(
     Ok(body)
 }
 
+/// A record [`render_digested`] wrote, parsed once its digest line
+/// matches, and refused unless `format_version` of it is this build's.
+pub(super) fn parse_digested<T: serde::de::DeserializeOwned>(
+    path: &Path,
+    text: &[u8],
+    prefix: &str,
+    format_version: impl Fn(&T) -> u32,
+) -> Result<T, CheckpointError> {
+    let bad = |reason: String| CheckpointError::Manifest {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let body = digested_body(path, text, prefix)?;
+    let record: T = ron::from_str(body).map_err(|e| bad(e.to_string()))?;
+    let version = format_version(&record);
+    if version != FORMAT_VERSION {
+        return Err(bad(format!(
+            "format version {version} is not supported (this build reads version \
+             {FORMAT_VERSION})"
+        )));
+    }
+    Ok(record)
+}
+
 /// Parses a manifest, checking its self-digest first.
 pub fn parse_manifest(path: &Path, text: &[u8]) -> Result<Manifest, CheckpointError> {
     let bad = |reason: String| CheckpointError::Manifest {
         path: path.to_path_buf(),
         reason,
     };
-    let body = digested_body(path, text, DIGEST_PREFIX)?;
-    let manifest: Manifest = ron::from_str(body).map_err(|e| bad(e.to_string()))?;
-    if manifest.format_version != FORMAT_VERSION {
-        return Err(bad(format!(
-            "format version {} is not supported (this build reads version {FORMAT_VERSION})",
-            manifest.format_version
-        )));
-    }
+    let manifest: Manifest =
+        parse_digested(path, text, DIGEST_PREFIX, |m: &Manifest| m.format_version)?;
     for (i, file) in manifest.files.iter().enumerate() {
         check_name(&file.name)
             .map_err(|_| bad(format!("file name `{}` is not plain", file.name)))?;
