@@ -99,20 +99,6 @@ pub fn reshard_after_loss<A: FloatElement>(
     let layout = model
         .layout
         .reshard(survivors, ShardPlan::Ring { ring }, model.bucket_bytes)?;
-    let elements = layout.elements;
-    let padded = layout.padded_elements();
-    let mut params = restored.params;
-    params.truncate(elements);
-    params.resize(padded, A::ZERO);
-    let state: Vec<Vec<A>> = restored
-        .state
-        .into_iter()
-        .map(|mut v| {
-            v.truncate(elements);
-            v.resize(padded, A::ZERO);
-            v
-        })
-        .collect();
     let copies = if model.recovery == RecoveryPolicy::Redundant {
         2.0
     } else {
@@ -121,10 +107,7 @@ pub fn reshard_after_loss<A: FloatElement>(
     let generation = world.resource::<PodTopology>().0.generation.spec();
     let shard_bytes =
         (model.slots.len() * layout.shard_elements() * layout.element_bytes()) as f64 * copies;
-    let reshard_seconds =
-        generation.ici_latency_ns as f64 * 1e-9 + shard_bytes / generation.ici_bytes_per_s;
-    let recovery_seconds = restored.read_seconds + reshard_seconds;
-    let now = world.resource::<SimClock>().now_ns;
+    let recovery_seconds = restored.read_seconds + shard_transfer_seconds(generation, shard_bytes);
     let record = RecoveryRecord {
         policy: model.recovery,
         failed_step,
@@ -137,18 +120,7 @@ pub fn reshard_after_loss<A: FloatElement>(
         devices_after: layout.devices(),
         swapped_cubes: Vec::new(),
     };
-    let mut recoveries = model.recoveries.clone();
-    recoveries.push(record.clone());
-    let next = ShardedModel {
-        layout,
-        params: super::model::flat_tensor(params),
-        count: restored.count,
-        steps_completed: restored.steps_completed,
-        recoveries,
-        recovering_until_ns: now + (recovery_seconds * 1e9).ceil() as u64,
-        ..model.clone()
-    };
-    replace_model(world, next, SlotValues::Flat(state))?;
+    reinstall(world, model, layout, restored, &record)?;
     let index = world.resource::<DeviceIndex>().clone();
     for &d in lost {
         if let Some(e) = index.get(d) {
@@ -182,20 +154,11 @@ pub fn swap_cubes_after_loss<A: FloatElement>(
     let generation = topology.generation.spec();
     let layout = model.layout.clone();
     let shard_bytes = (model.slots.len() * layout.shard_elements() * layout.element_bytes()) as f64;
-    let reshard_seconds =
-        generation.ici_latency_ns as f64 * 1e-9 + shard_bytes / generation.ici_bytes_per_s;
+    let reshard_seconds = shard_transfer_seconds(generation, shard_bytes);
     let now = world.resource::<SimClock>().now_ns;
     let swaps = swap_in_spares(world, cubes, now).map_err(|e| ShardingError::Recovery {
         reason: e.to_string(),
     })?;
-    let padded = layout.padded_elements();
-    let pad = |mut v: Vec<A>| {
-        v.truncate(layout.elements);
-        v.resize(padded, A::ZERO);
-        v
-    };
-    let params = pad(restored.params);
-    let state: Vec<Vec<A>> = restored.state.into_iter().map(pad).collect();
     let recovery_seconds = restored.read_seconds + reconfigure_seconds + reshard_seconds;
     let record = RecoveryRecord {
         policy: RecoveryPolicy::SpareCube,
@@ -209,18 +172,48 @@ pub fn swap_cubes_after_loss<A: FloatElement>(
         devices_after: layout.devices(),
         swapped_cubes: swaps.iter().map(|s| [s.failed, s.spare]).collect(),
     };
+    reinstall(world, model, layout, restored, &record)?;
+    Ok(record)
+}
+
+/// The modeled time to move a device's new state shards (`bytes`) over
+/// one ICI link of the generation.
+fn shard_transfer_seconds(generation: &crate::hardware::HardwareSpec, bytes: f64) -> f64 {
+    generation.ici_latency_ns as f64 * 1e-9 + bytes / generation.ici_bytes_per_s
+}
+
+/// Installs `model` on `layout` with `restored`'s parameters, state and
+/// count (padded to the layout), `record` appended to its recoveries, and
+/// the next step held until the recovery's modeled time has passed. If it
+/// does not fit, the previous model is put back as it was.
+fn reinstall<A: FloatElement>(
+    world: &mut World,
+    model: ShardedModel,
+    layout: super::layout::ShardLayout,
+    restored: Restored<A>,
+    record: &RecoveryRecord,
+) -> Result<(), ShardingError> {
+    let padded = layout.padded_elements();
+    let pad = |mut v: Vec<A>| {
+        v.truncate(layout.elements);
+        v.resize(padded, A::ZERO);
+        v
+    };
+    let params = pad(restored.params);
+    let state: Vec<Vec<A>> = restored.state.into_iter().map(pad).collect();
+    let now = world.resource::<SimClock>().now_ns;
     let mut recoveries = model.recoveries.clone();
     recoveries.push(record.clone());
     let next = ShardedModel {
+        layout,
         params: super::model::flat_tensor(params),
         count: restored.count,
         steps_completed: restored.steps_completed,
         recoveries,
-        recovering_until_ns: now + (recovery_seconds * 1e9).ceil() as u64,
+        recovering_until_ns: now + (record.recovery_seconds * 1e9).ceil() as u64,
         ..model
     };
-    replace_model(world, next, SlotValues::Flat(state))?;
-    Ok(record)
+    replace_model(world, next, SlotValues::Flat(state))
 }
 
 /// The redundant policy's state: every survivor's primary shards, and the
