@@ -84,28 +84,45 @@ macro_rules! float_unary {
     }};
 }
 
+/// `op` on one `f32`.
+pub(crate) fn f32_unary(op: UnaryOp) -> KernelResult<fn(f32) -> f32> {
+    Ok(float_unary!(f32, op))
+}
+
+/// `op` on one `f64`.
+pub(crate) fn f64_unary(op: UnaryOp) -> KernelResult<fn(f64) -> f64> {
+    Ok(float_unary!(f64, op))
+}
+
+/// `op` on one `i32` (XLA's wrapping semantics).
+pub(crate) fn i32_unary(op: UnaryOp) -> KernelResult<fn(i32) -> i32> {
+    Ok(match op {
+        UnaryOp::Neg => |x: i32| x.wrapping_neg(),
+        UnaryOp::Abs => |x: i32| x.wrapping_abs(),
+        UnaryOp::Sign => |x: i32| x.signum(),
+        UnaryOp::Not => |x: i32| !x,
+        UnaryOp::Floor | UnaryOp::Ceil => |x| x,
+        _ => {
+            return Err(KernelError::new(format!("{op:?} is not defined for i32")));
+        }
+    })
+}
+
+/// `op` on one predicate.
+pub(crate) fn pred_unary(op: UnaryOp) -> KernelResult<fn(bool) -> bool> {
+    match op {
+        UnaryOp::Not => Ok(|x: bool| !x),
+        _ => Err(KernelError::new(format!("{op:?} is not defined for pred"))),
+    }
+}
+
 /// `op(x)` elementwise.
 pub fn unary(op: UnaryOp, x: &Tensor) -> KernelResult<Tensor> {
     Ok(match x {
-        Tensor::F32(a) => Tensor::F32(a.mapv(float_unary!(f32, op))),
-        Tensor::F64(a) => Tensor::F64(a.mapv(float_unary!(f64, op))),
-        Tensor::I32(a) => {
-            let f: fn(i32) -> i32 = match op {
-                UnaryOp::Neg => |x| x.wrapping_neg(),
-                UnaryOp::Abs => |x| x.wrapping_abs(),
-                UnaryOp::Sign => |x| x.signum(),
-                UnaryOp::Not => |x| !x,
-                UnaryOp::Floor | UnaryOp::Ceil => |x| x,
-                _ => {
-                    return Err(KernelError::new(format!("{op:?} is not defined for i32")));
-                }
-            };
-            Tensor::I32(a.mapv(f))
-        }
-        Tensor::Pred(a) => match op {
-            UnaryOp::Not => Tensor::Pred(a.mapv(|x| !x)),
-            _ => return Err(KernelError::new(format!("{op:?} is not defined for pred"))),
-        },
+        Tensor::F32(a) => Tensor::F32(a.mapv(f32_unary(op)?)),
+        Tensor::F64(a) => Tensor::F64(a.mapv(f64_unary(op)?)),
+        Tensor::I32(a) => Tensor::I32(a.mapv(i32_unary(op)?)),
+        Tensor::Pred(a) => Tensor::Pred(a.mapv(pred_unary(op)?)),
     })
 }
 
@@ -158,45 +175,57 @@ pub(crate) fn int_pow(base: i32, exp: i32) -> i32 {
     base.wrapping_pow(exp as u32)
 }
 
-/// `a op b` elementwise with numpy broadcasting; both operands have the same dtype.
-pub fn binary(op: BinaryOp, a: &Tensor, b: &Tensor) -> KernelResult<Tensor> {
-    Ok(match (a, b) {
-        (Tensor::F32(x), Tensor::F32(y)) => Tensor::F32(zip2(x, y, float_binary!(f32, op))?),
-        (Tensor::F64(x), Tensor::F64(y)) => Tensor::F64(zip2(x, y, float_binary!(f64, op))?),
-        (Tensor::I32(x), Tensor::I32(y)) => {
-            let f: fn(i32, i32) -> i32 = match op {
-                BinaryOp::Add => |a, b| a.wrapping_add(b),
-                BinaryOp::Sub => |a, b| a.wrapping_sub(b),
-                BinaryOp::Mul => |a, b| a.wrapping_mul(b),
-                BinaryOp::Div => |a, b| if b == 0 { -1 } else { a.wrapping_div(b) },
-                BinaryOp::Rem => |a, b| if b == 0 { a } else { a.wrapping_rem(b) },
-                BinaryOp::Max => |a, b| a.max(b),
-                BinaryOp::Min => |a, b| a.min(b),
-                BinaryOp::Pow => int_pow,
-                BinaryOp::And => |a, b| a & b,
-                BinaryOp::Or => |a, b| a | b,
-            };
-            Tensor::I32(zip2(x, y, f)?)
-        }
-        (Tensor::Pred(x), Tensor::Pred(y)) => {
-            let f: fn(bool, bool) -> bool = match op {
-                BinaryOp::And | BinaryOp::Min => |a, b| a & b,
-                BinaryOp::Or | BinaryOp::Max => |a, b| a | b,
-                _ => return Err(KernelError::new(format!("{op:?} is not defined for pred"))),
-            };
-            Tensor::Pred(zip2(x, y, f)?)
-        }
-        _ => {
-            return Err(KernelError::new(format!(
-                "operand dtypes differ: {} and {}",
-                a.dtype(),
-                b.dtype()
-            )));
-        }
+/// `op` on two `f32`s.
+pub(crate) fn f32_binary(op: BinaryOp) -> KernelResult<fn(f32, f32) -> f32> {
+    Ok(float_binary!(f32, op))
+}
+
+/// `op` on two `f64`s.
+pub(crate) fn f64_binary(op: BinaryOp) -> KernelResult<fn(f64, f64) -> f64> {
+    Ok(float_binary!(f64, op))
+}
+
+/// `op` on two `i32`s (XLA's wrapping and division-by-zero rules).
+pub(crate) fn i32_binary(op: BinaryOp) -> KernelResult<fn(i32, i32) -> i32> {
+    Ok(match op {
+        BinaryOp::Add => |a: i32, b: i32| a.wrapping_add(b),
+        BinaryOp::Sub => |a: i32, b: i32| a.wrapping_sub(b),
+        BinaryOp::Mul => |a: i32, b: i32| a.wrapping_mul(b),
+        BinaryOp::Div => |a: i32, b: i32| if b == 0 { -1 } else { a.wrapping_div(b) },
+        BinaryOp::Rem => |a: i32, b: i32| if b == 0 { a } else { a.wrapping_rem(b) },
+        BinaryOp::Max => |a: i32, b: i32| a.max(b),
+        BinaryOp::Min => |a: i32, b: i32| a.min(b),
+        BinaryOp::Pow => int_pow,
+        BinaryOp::And => |a: i32, b: i32| a & b,
+        BinaryOp::Or => |a: i32, b: i32| a | b,
     })
 }
 
-fn compare_fn<T: PartialOrd>(dir: CompareDir) -> fn(T, T) -> bool {
+/// `op` on two predicates.
+pub(crate) fn pred_binary(op: BinaryOp) -> KernelResult<fn(bool, bool) -> bool> {
+    Ok(match op {
+        BinaryOp::And | BinaryOp::Min => |a: bool, b: bool| a & b,
+        BinaryOp::Or | BinaryOp::Max => |a: bool, b: bool| a | b,
+        _ => return Err(KernelError::new(format!("{op:?} is not defined for pred"))),
+    })
+}
+
+/// `a op b` elementwise with numpy broadcasting; both operands have the same dtype.
+pub fn binary(op: BinaryOp, a: &Tensor, b: &Tensor) -> KernelResult<Tensor> {
+    Ok(match (a, b) {
+        (Tensor::F32(x), Tensor::F32(y)) => Tensor::F32(zip2(x, y, f32_binary(op)?)?),
+        (Tensor::F64(x), Tensor::F64(y)) => Tensor::F64(zip2(x, y, f64_binary(op)?)?),
+        (Tensor::I32(x), Tensor::I32(y)) => Tensor::I32(zip2(x, y, i32_binary(op)?)?),
+        (Tensor::Pred(x), Tensor::Pred(y)) => Tensor::Pred(zip2(x, y, pred_binary(op)?)?),
+        _ => return Err(operand_dtypes_differ(a.dtype(), b.dtype())),
+    })
+}
+
+pub(crate) fn operand_dtypes_differ(a: DType, b: DType) -> KernelError {
+    KernelError::new(format!("operand dtypes differ: {a} and {b}"))
+}
+
+pub(crate) fn compare_fn<T: PartialOrd>(dir: CompareDir) -> fn(T, T) -> bool {
     match dir {
         CompareDir::Eq => |a, b| a == b,
         CompareDir::Ne => |a, b| a != b,
@@ -258,21 +287,55 @@ pub fn select(pred: &Tensor, on_true: &Tensor, on_false: &Tensor) -> KernelResul
 pub fn convert(x: &Tensor, to: DType) -> Tensor {
     match (x, to) {
         (t, d) if t.dtype() == d => t.clone(),
-        (Tensor::Pred(a), DType::I32) => Tensor::I32(a.mapv(i32::from)),
-        (Tensor::Pred(a), DType::F32) => Tensor::F32(a.mapv(|v| f32::from(u8::from(v)))),
-        (Tensor::Pred(a), DType::F64) => Tensor::F64(a.mapv(|v| f64::from(u8::from(v)))),
-        (Tensor::I32(a), DType::Pred) => Tensor::Pred(a.mapv(|v| v != 0)),
-        (Tensor::I32(a), DType::F32) => Tensor::F32(a.mapv(|v| v as f32)),
-        (Tensor::I32(a), DType::F64) => Tensor::F64(a.mapv(f64::from)),
-        (Tensor::F32(a), DType::Pred) => Tensor::Pred(a.mapv(|v| v != 0.0)),
-        (Tensor::F32(a), DType::I32) => Tensor::I32(a.mapv(|v| v as i32)),
-        (Tensor::F32(a), DType::F64) => Tensor::F64(a.mapv(f64::from)),
-        (Tensor::F64(a), DType::Pred) => Tensor::Pred(a.mapv(|v| v != 0.0)),
-        (Tensor::F64(a), DType::I32) => Tensor::I32(a.mapv(|v| v as i32)),
-        (Tensor::F64(a), DType::F32) => Tensor::F32(a.mapv(|v| v as f32)),
+        (Tensor::Pred(a), DType::I32) => Tensor::I32(a.mapv(Cast::cast)),
+        (Tensor::Pred(a), DType::F32) => Tensor::F32(a.mapv(Cast::cast)),
+        (Tensor::Pred(a), DType::F64) => Tensor::F64(a.mapv(Cast::cast)),
+        (Tensor::I32(a), DType::Pred) => Tensor::Pred(a.mapv(Cast::cast)),
+        (Tensor::I32(a), DType::F32) => Tensor::F32(a.mapv(Cast::cast)),
+        (Tensor::I32(a), DType::F64) => Tensor::F64(a.mapv(Cast::cast)),
+        (Tensor::F32(a), DType::Pred) => Tensor::Pred(a.mapv(Cast::cast)),
+        (Tensor::F32(a), DType::I32) => Tensor::I32(a.mapv(Cast::cast)),
+        (Tensor::F32(a), DType::F64) => Tensor::F64(a.mapv(Cast::cast)),
+        (Tensor::F64(a), DType::Pred) => Tensor::Pred(a.mapv(Cast::cast)),
+        (Tensor::F64(a), DType::I32) => Tensor::I32(a.mapv(Cast::cast)),
+        (Tensor::F64(a), DType::F32) => Tensor::F32(a.mapv(Cast::cast)),
         (t, _) => t.clone(),
     }
 }
+
+/// One element's conversion, as [`convert`] defines it.
+pub(crate) trait Cast<T> {
+    fn cast(self) -> T;
+}
+
+macro_rules! cast {
+    ($from:ty => $to:ty, $f:expr) => {
+        impl Cast<$to> for $from {
+            #[inline(always)]
+            fn cast(self) -> $to {
+                let f: fn($from) -> $to = $f;
+                f(self)
+            }
+        }
+    };
+}
+
+cast!(bool => bool, |v| v);
+cast!(i32 => i32, |v| v);
+cast!(f32 => f32, |v| v);
+cast!(f64 => f64, |v| v);
+cast!(bool => i32, i32::from);
+cast!(bool => f32, |v| f32::from(u8::from(v)));
+cast!(bool => f64, |v| f64::from(u8::from(v)));
+cast!(i32 => bool, |v| v != 0);
+cast!(i32 => f32, |v| v as f32);
+cast!(i32 => f64, f64::from);
+cast!(f32 => bool, |v| v != 0.0);
+cast!(f32 => i32, |v| v as i32);
+cast!(f32 => f64, f64::from);
+cast!(f64 => bool, |v| v != 0.0);
+cast!(f64 => i32, |v| v as i32);
+cast!(f64 => f32, |v| v as f32);
 
 #[cfg(test)]
 mod tests {

@@ -9,6 +9,7 @@
 pub mod contraction;
 pub mod elementwise;
 pub mod reduce;
+pub mod scalar;
 pub mod structural;
 pub use crate::ir::tensor;
 pub use crate::ir::{KernelError, KernelResult, Tensor};

@@ -197,8 +197,17 @@ pub fn release_slot(world: &mut World, slot: Entity) -> Result<usize, MemoryErro
 
 /// Bytes the resident state occupies, as reserved (aligned).
 pub fn state_bytes(world: &mut World) -> usize {
-    let mut q = world.query_filtered::<&OptimizerSlot, With<ResidentBlock>>();
-    q.iter(world)
+    resident_state_bytes(&mut world.query_filtered(), world)
+}
+
+/// The resident state's slots, for a caller that keeps the query (building
+/// one costs more than a small step).
+pub type ResidentSlots = QueryState<&'static OptimizerSlot, With<ResidentBlock>>;
+
+/// [`state_bytes`] through a kept query.
+pub fn resident_state_bytes(query: &mut ResidentSlots, world: &World) -> usize {
+    query
+        .iter(world)
         .map(|s| tensor_bytes(s).max(1).next_multiple_of(ALIGNMENT))
         .sum()
 }

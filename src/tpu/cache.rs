@@ -45,6 +45,30 @@ impl ProgramKey {
             }),
         }
     }
+
+    /// Whether this is [`ProgramKey::new`] of the same arguments, without
+    /// building that key (a cached step looks its program up every time).
+    pub(super) fn matches<A>(
+        &self,
+        shape: &[usize],
+        dtype: DType,
+        optimizer: &str,
+        rule: Option<&dyn UpdateRule<A>>,
+        lr_at_run_time: bool,
+    ) -> bool {
+        if self.shape != shape || self.dtype != dtype || self.optimizer != optimizer {
+            return false;
+        }
+        let Some(rule) = rule else {
+            return self.hyper.is_empty();
+        };
+        let mut mine = self.hyper.iter();
+        rule.hyper_parameters()
+            .iter()
+            .filter(|h| !(lr_at_run_time && h.name == "learning_rate"))
+            .all(|h| mine.next() == Some(&(h.name, h.value.to_bits())))
+            && mine.next().is_none()
+    }
 }
 
 struct CacheEntry {
@@ -82,10 +106,13 @@ impl ProgramCache {
 
     /// The program for `key`, if cached (a hit, which makes it the most
     /// recently used); counts a miss otherwise.
-    pub(super) fn lookup(&mut self, key: &ProgramKey) -> Option<(Arc<Runtime>, u64, bool)> {
+    pub(super) fn lookup(
+        &mut self,
+        matches: impl Fn(&ProgramKey) -> bool,
+    ) -> Option<(Arc<Runtime>, u64, bool)> {
         self.clock += 1;
         let clock = self.clock;
-        match self.entries.iter_mut().find(|e| &e.key == key) {
+        match self.entries.iter_mut().find(|e| matches(&e.key)) {
             Some(e) => {
                 e.last_used = clock;
                 self.hits += 1;

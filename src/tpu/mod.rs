@@ -115,6 +115,7 @@ pub struct TPUOptimizer<O, A = f32> {
     /// Cached queries (building a query state costs more than a small step).
     counts: QueryState<(Entity, &'static mut OptimizerCount)>,
     slots: QueryState<&'static mut OptimizerSlot>,
+    resident_slots: hbm::ResidentSlots,
     /// The base's learning rate (bits) and the run-time learning-rate
     /// scalar its rule applies (`None`: the rule has none, or no rule).
     learning_rate: Option<(u64, Option<A>)>,
@@ -164,11 +165,13 @@ where
         let cache = ProgramCache::new(config.cache_capacity);
         let counts = place.world_mut().query();
         let slots = place.world_mut().query();
+        let resident_slots = place.world_mut().query_filtered();
         TPUOptimizer {
             base,
             config,
             counts,
             slots,
+            resident_slots,
             place,
             devices,
             cache,

@@ -11,12 +11,13 @@ use std::time::Instant;
 
 use bevy_ecs::prelude::*;
 use ndarray::{Array, ArrayD, Dimension, IxDyn};
+use smallvec::SmallVec;
 
 use crate::compiler;
 use crate::error::{OptimError, Result};
 use crate::exec::runtime::{Arg, CustomCallHandler, Element, RunOutput, Runtime};
 use crate::ir::Tensor;
-use crate::ir::{DType, TensorType};
+use crate::ir::TensorType;
 use crate::memory::Block;
 use crate::optimizers::OptimizerError;
 use crate::optimizers::{FloatElement, Optimizer};
@@ -121,16 +122,14 @@ where
         lr_at_run_time: bool,
     ) -> Result<(Arc<Runtime>, u64, bool)> {
         let rule = self.base.update_rule();
-        let key = ProgramKey::new(
-            shape,
-            <A as Element>::DTYPE,
-            self.base.name(),
-            rule,
-            lr_at_run_time,
-        );
-        if let Some(found) = self.cache.lookup(&key) {
+        let (dtype, name) = (<A as Element>::DTYPE, self.base.name());
+        if let Some(found) = self
+            .cache
+            .lookup(|k| k.matches(shape, dtype, name, rule, lr_at_run_time))
+        {
             return Ok(found);
         }
+        let key = ProgramKey::new(shape, dtype, name, rule, lr_at_run_time);
         let started = Instant::now();
         let ty = TensorType::new(<A as Element>::DTYPE, shape.to_vec());
         let mut world = compiler::compiler_world();
@@ -199,7 +198,10 @@ where
         // reserves the rest for its duration.
         let mut heap_bytes = runtime.executable().heap_bytes;
         if compiled_rule {
-            heap_bytes = heap_bytes.saturating_sub(hbm::state_bytes(self.place.world_mut()));
+            heap_bytes = heap_bytes.saturating_sub(hbm::resident_state_bytes(
+                &mut self.resident_slots,
+                self.place.world(),
+            ));
         }
         let reservation = self.reserve(heap_bytes, &runtime.executable().name)?;
         let started = Instant::now();
@@ -246,7 +248,7 @@ where
             })?;
             return Ok(outs.swap_remove(0));
         }
-        let mut slots: Vec<Mut<'_, OptimizerSlot>> = slot_query.iter_mut(world).collect();
+        let mut slots: SmallVec<[Mut<'_, OptimizerSlot>; 4]> = slot_query.iter_mut(world).collect();
         slots.sort_by_key(|s| s.index);
         let mut args = Vec::with_capacity(slots.len() + 3);
         args.push(params);
@@ -265,15 +267,9 @@ where
                 args.push(Arg::donated(a));
             }
         }
-        args.push(Arg::owned(Tensor::scalar(
-            DType::I32,
-            f64::from(next_count),
-        )));
-        if let Some(neg_lr) = neg_lr {
-            args.push(Arg::owned(Tensor::scalar(
-                <A as Element>::DTYPE,
-                neg_lr.as_f64(),
-            )));
+        args.push(Arg::scalar(&next_count));
+        if let Some(neg_lr) = &neg_lr {
+            args.push(Arg::scalar(neg_lr));
         }
         let outs = crate::memory::buffers::with_spare_outputs(spare_outputs, || {
             runtime.run(args, &mut handler)

@@ -139,6 +139,13 @@ where
         initial: &[A],
         shape: &[usize],
     ) -> Result<i32> {
+        // The usual case, a step of the state's own shape, reads the count
+        // in place (no copy of the stored shape).
+        if let Some((_, c)) = self.counts.iter(self.place.world()).next()
+            && c.shape == shape
+        {
+            return Ok(c.count.saturating_add(1));
+        }
         if let Some((e, c)) = self.count_state() {
             if rule_slots.is_empty() {
                 // No per-element state: any shape, like the base optimizer.

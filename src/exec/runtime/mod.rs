@@ -7,9 +7,14 @@
 //!   op set (float arithmetic, `sqrt`, compares, `select`, …: see
 //!   [`Runtime::native_loops`]): one Cranelift-generated loop per fusion
 //!   keeps each element's whole body in vector registers, like XLA's
-//!   per-fusion LLVM loops, over [`TASK`]-element ranges that rayon spreads
-//!   over the pool. [`Runtime::with_native_code`]`(false)` turns it off;
-//!   both paths agree bit for bit (`tests/native_loops.rs`).
+//!   per-fusion LLVM loops. [`Runtime::with_native_code`]`(false)` turns it
+//!   off; both paths agree bit for bit (`tests/native_loops.rs`).
+//! * **Loops are split over the pool** in ranges of at most [`TASK`]
+//!   elements; a loop of at least [`MIN_TASK`] elements per thread is cut so
+//!   that every thread gets an equal share.
+//! * **A prelude of scalars** (Adam's bias corrections) is evaluated on
+//!   plain values ([`crate::kernels::scalar`]), without building tensors:
+//!   at 1e3 elements, one-element arrays cost more than the loop.
 //! * **Other fused loops** run chunk by chunk: each body instruction is evaluated
 //!   over [`CHUNK`] elements into a chunk-sized scratch register (registers
 //!   are reused once their value is dead, so a kernel's working set stays in
@@ -47,7 +52,7 @@ use std::sync::Arc;
 
 use ndarray::{Array, ArrayD, Dimension, Ix2, IxDyn};
 use rayon::prelude::*;
-use smallvec::SmallVec;
+use smallvec::{SmallVec, smallvec};
 
 use crate::compiler::executable::{Arg as InstrArg, Executable, Instr, LoweredKernel, ValueRef};
 pub use crate::exec::error::ExecError;
@@ -61,6 +66,7 @@ pub use crate::ir::Element;
 use crate::ir::Tensor;
 use crate::ir::{DType, DotDims, Op, TensorType};
 use crate::kernels::evaluate;
+use crate::kernels::scalar::{self, Scalar, ScalarCell};
 
 /// Elements per chunk of a fused loop: 16 KiB of `f32` per register, so a
 /// handful of live registers stay in L1 and a dozen in L2. Paired runs at
@@ -68,8 +74,12 @@ use crate::kernels::evaluate;
 /// of 1024 (per-chunk overhead) and level with 16384; 256 was 2x slower.
 pub const CHUNK: usize = 4096;
 
-/// Elements per rayon task (a run of chunks on one thread).
+/// Elements per rayon task (a run of chunks on one thread), at most.
 pub const TASK: usize = 1 << 16;
+
+/// Elements per task, at least, when a loop is split over threads: below
+/// this, handing a range to another thread costs more than it saves.
+pub const MIN_TASK: usize = 1 << 14;
 
 /// The data address of a standard-layout tensor (making it standard first).
 fn tensor_ptr_mut(t: &mut Tensor) -> usize {
@@ -105,7 +115,9 @@ pub struct Arg<'a> {
     ty: TensorType,
     ptr: usize,
     writable: bool,
-    owned: Option<Tensor>,
+    /// Boxed: a run moves its arguments and slots around, and most hold
+    /// no tensor.
+    owned: Option<Box<Tensor>>,
     _borrow: PhantomData<&'a mut ()>,
 }
 
@@ -127,7 +139,19 @@ impl<'a> Arg<'a> {
             ty: t.tensor_type(),
             ptr,
             writable: true,
-            owned: Some(t),
+            owned: Some(Box::new(t)),
+            _borrow: PhantomData,
+        }
+    }
+
+    /// A read-only borrow of one rank-0 value (a step count, a learning
+    /// rate), without building a tensor.
+    pub fn scalar<T: Element>(v: &'a T) -> Arg<'a> {
+        Arg {
+            ty: TensorType::new(T::DTYPE, Vec::new()),
+            ptr: v as *const T as usize,
+            writable: false,
+            owned: None,
             _borrow: PhantomData,
         }
     }
@@ -231,7 +255,7 @@ struct Slot {
     ty: TensorType,
     ptr: usize,
     writable: bool,
-    owned: Option<Tensor>,
+    owned: Option<Box<Tensor>>,
     arg: Option<usize>,
 }
 
@@ -242,7 +266,7 @@ impl Slot {
             ty: t.tensor_type(),
             ptr,
             writable: true,
-            owned: Some(t),
+            owned: Some(Box::new(t)),
             arg: None,
         }
     }
@@ -250,7 +274,7 @@ impl Slot {
     /// The value as a tensor: borrowed when owned, copied from a borrow.
     fn tensor(&self) -> Cow<'_, Tensor> {
         match &self.owned {
-            Some(t) => Cow::Borrowed(t),
+            Some(t) => Cow::Borrowed(&**t),
             None => Cow::Owned(copy_raw(&self.ty, self.ptr)),
         }
     }
@@ -304,6 +328,9 @@ pub struct Runtime {
     loop_stats: Vec<Option<LoopPlanStats>>,
     /// Per kernel: its fused loop compiled to native code, when it could be.
     native: Arc<NativeLoops>,
+    /// Per kernel: whether its prelude is all scalars (evaluated without
+    /// allocating, [`crate::kernels::scalar`]).
+    scalar_prelude: Vec<bool>,
     /// Whether fused loops run as native code where they have it.
     use_native: bool,
     aliases: Vec<(usize, usize)>,
@@ -354,12 +381,21 @@ impl Runtime {
             })
             .collect();
         let native = Arc::new(native::compile(&loops));
+        let scalar_prelude = loops
+            .iter()
+            .zip(&plans)
+            .map(|(l, plan)| match (l, plan) {
+                (Some((kernel, types)), Some(plan)) => is_scalar_prelude(kernel, types, plan),
+                _ => false,
+            })
+            .collect();
         let chunk = exe.loop_chunk.clamp(1, CHUNK);
         Runtime {
             exe,
             plans,
             loop_stats,
             native,
+            scalar_prelude,
             use_native: true,
             aliases: aliases.to_vec(),
             chunk,
@@ -497,8 +533,8 @@ impl Runtime {
                     let slot = slots[b as usize].as_mut().ok_or_else(|| unwritten(b))?;
                     match (slot.arg, &mut slot.owned) {
                         (Some(a), None) => RunOutput::InArgument(a),
-                        (_, Some(t)) if again => RunOutput::Owned(t.clone()),
-                        (_, owned @ Some(_)) => RunOutput::Owned(owned.take().expect("some")),
+                        (_, Some(t)) if again => RunOutput::Owned((**t).clone()),
+                        (_, owned @ Some(_)) => RunOutput::Owned(*owned.take().expect("some")),
                         (None, None) => RunOutput::Owned(copy_raw(&slot.ty, slot.ptr)),
                     }
                 }
@@ -570,9 +606,28 @@ impl Runtime {
             kernel: kernel.name.clone(),
             message,
         };
-        // Prelude: whole tensors, once.
-        let mut prelude: Vec<Option<Tensor>> = vec![None; kernel.instrs.len()];
-        if !plan.prelude.is_empty() {
+        // Prelude: once per run, over scalars (no allocation) when it is all
+        // scalars, else over whole tensors.
+        let scalar_prelude = self.scalar_prelude[k] && !plan.prelude.is_empty();
+        let mut prelude: Vec<Option<Tensor>> = Vec::new();
+        let mut scalars: SmallVec<[Option<Scalar>; 32]> = SmallVec::new();
+        if scalar_prelude {
+            scalars.resize(kernel.instrs.len(), None);
+            for &p in &plan.prelude {
+                let instr = &kernel.instrs[p as usize];
+                let mut args: SmallVec<[Scalar; 4]> = SmallVec::new();
+                for a in &instr.args {
+                    args.push(match *a {
+                        InstrArg::Input(i) => read_scalar(exe, slots, kernel.inputs[i as usize])?,
+                        InstrArg::Local(l) => scalars[l as usize]
+                            .ok_or_else(|| kernel_err("a prelude value reads the loop".into()))?,
+                    });
+                }
+                let v = scalar::evaluate(&instr.op, &args).map_err(|e| kernel_err(e.0))?;
+                scalars[p as usize] = Some(v);
+            }
+        } else if !plan.prelude.is_empty() {
+            prelude.resize(kernel.instrs.len(), None);
             // Only the inputs the prelude reads (a borrowed input would be
             // copied to become a tensor).
             let mut inputs: Vec<Option<Cow<'_, Tensor>>> = vec![None; kernel.inputs.len()];
@@ -610,9 +665,12 @@ impl Runtime {
         for out in &plan.outputs {
             donated.push(false);
             if let Some(p) = out.prelude {
-                let t = prelude[p as usize]
-                    .clone()
-                    .ok_or_else(|| unwritten(out.buffer))?;
+                let t = if scalar_prelude {
+                    scalars[p as usize].map(Scalar::to_tensor)
+                } else {
+                    prelude[p as usize].clone()
+                }
+                .ok_or_else(|| unwritten(out.buffer))?;
                 dest.push((out.buffer, Slot::from_tensor(t)));
                 dest_ptr.push(0);
                 continue;
@@ -654,7 +712,7 @@ impl Runtime {
                         ty,
                         ptr,
                         writable: true,
-                        owned: Some(t),
+                        owned: Some(Box::new(t)),
                         arg: None,
                     }
                 }
@@ -687,7 +745,18 @@ impl Runtime {
                 }
             }
         }
-        let mut prelude_ptr = vec![0usize; kernel.instrs.len()];
+        // Scalars are read by address from cells that live until the loop
+        // ends (`cells` is not moved after the addresses are taken).
+        let mut prelude_ptr: SmallVec<[usize; 32]> = smallvec![0; kernel.instrs.len()];
+        let cells: SmallVec<[ScalarCell; 32]> = scalars
+            .iter()
+            .map(|s| s.map_or(ScalarCell([0; 8]), Scalar::to_cell))
+            .collect();
+        for (i, s) in scalars.iter().enumerate() {
+            if s.is_some() {
+                prelude_ptr[i] = cells[i].0.as_ptr() as usize;
+            }
+        }
         for (i, v) in prelude.iter_mut().enumerate() {
             if let Some(t) = v {
                 prelude_ptr[i] = tensor_ptr_mut(t);
@@ -699,7 +768,8 @@ impl Runtime {
         };
         let ran = match native {
             Some(native) => {
-                let mut table = Vec::with_capacity(native.table().len(dest_ptr.len()));
+                let mut table: SmallVec<[usize; 32]> =
+                    SmallVec::with_capacity(native.table().len(dest_ptr.len()));
                 native
                     .table()
                     .fill(&mut table, &in_ptr, &prelude_ptr, &dest_ptr);
@@ -756,6 +826,7 @@ impl Runtime {
         };
         ran.map_err(kernel_err)?;
         drop(copies);
+        drop(cells);
         for (b, slot) in dest {
             slots[b as usize] = Some(slot);
         }
@@ -763,24 +834,64 @@ impl Runtime {
     }
 }
 
-/// Runs `f(state, lo, hi)` over `[0, len)` in [`TASK`]-element ranges,
-/// spread over rayon's pool (inline when there is one task), each thread
-/// with its own `init()` state.
+/// Runs `f(state, lo, hi)` over `[0, len)` in ranges of at most [`TASK`]
+/// elements (whole chunks), spread over rayon's pool (inline when there is
+/// one task), each thread with its own `init()` state.
 fn run_tasks<S>(
     len: usize,
     init: impl Fn() -> S + Sync + Send,
     f: impl Fn(&mut S, usize, usize) -> Result<(), String> + Sync + Send,
 ) -> Result<(), String> {
-    let tasks = len.div_ceil(TASK).max(1);
+    let size = task_size(len, rayon::current_num_threads());
+    let tasks = len.div_ceil(size).max(1);
     if tasks == 1 {
         return f(&mut init(), 0, len);
     }
     (0..tasks)
         .into_par_iter()
         .try_for_each_init(init, |state, t| {
-            let lo = t * TASK;
-            f(state, lo, (lo + TASK).min(len))
+            let lo = t * size;
+            f(state, lo, (lo + size).min(len))
         })
+}
+
+/// Elements per task of a `len`-element loop over `threads` threads: at
+/// most [`TASK`], and small enough that every thread gets a share once the
+/// loop has [`MIN_TASK`] elements per thread (a 1e5-element step would
+/// otherwise be one 65536-element task and one of 34464).
+fn task_size(len: usize, threads: usize) -> usize {
+    let tasks = len.div_ceil(TASK).max(threads.min(len / MIN_TASK)).max(1);
+    len.div_ceil(tasks)
+        .next_multiple_of(CHUNK)
+        .clamp(CHUNK, TASK)
+}
+
+/// Whether every prelude instruction of a fused loop is an elementwise op
+/// on scalars (its inputs rank 0), so the prelude runs without tensors.
+fn is_scalar_prelude(kernel: &LoweredKernel, input_types: &[TensorType], plan: &FusedPlan) -> bool {
+    plan.prelude.iter().all(|&p| {
+        let instr = &kernel.instrs[p as usize];
+        instr.ty.dims.is_empty()
+            && scalar::is_scalar_op(&instr.op)
+            && instr.args.iter().all(|a| match *a {
+                InstrArg::Input(i) => input_types[i as usize].dims.is_empty(),
+                InstrArg::Local(l) => kernel.instrs[l as usize].ty.dims.is_empty(),
+            })
+    })
+}
+
+/// The value of a rank-0 kernel input, read where it lies.
+fn read_scalar(exe: &Executable, slots: &[Option<Slot>], r: ValueRef) -> Result<Scalar, ExecError> {
+    match r {
+        ValueRef::Constant(c) => Scalar::of(&exe.constants[c as usize]),
+        ValueRef::Buffer(b) => {
+            let s = slots[b as usize].as_ref().ok_or_else(|| unwritten(b))?;
+            // SAFETY: a slot's address holds its type's elements for as long
+            // as the slot is held; a rank-0 type has one.
+            (s.ty.dims.is_empty() && s.ptr != 0).then(|| unsafe { Scalar::read(s.ty.dtype, s.ptr) })
+        }
+    }
+    .ok_or_else(|| ExecError::Arguments("a scalar prelude input is not one element".into()))
 }
 
 fn unwritten(b: u32) -> ExecError {
@@ -857,5 +968,42 @@ fn matmul(args: &[&Tensor], dims: &DotDims) -> Option<Tensor> {
             (a.ncols() == b.nrows()).then(|| Tensor::F64(a.dot(&b).into_dyn()))
         }
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod task_tests {
+    use super::*;
+
+    #[test]
+    fn tasks_cover_the_loop_in_whole_chunks_and_share_it_out() {
+        for threads in [1, 2, 3, 8] {
+            for len in [
+                0,
+                1,
+                4095,
+                4096,
+                30_000,
+                100_000,
+                1 << 16,
+                1_000_000,
+                10_000_001,
+            ] {
+                let size = task_size(len, threads);
+                assert!(
+                    size > 0 && size <= TASK && size.is_multiple_of(CHUNK),
+                    "{len} {threads}"
+                );
+                let tasks = len.div_ceil(size);
+                if len >= threads * MIN_TASK {
+                    assert!(tasks >= threads, "{len} on {threads}: {tasks} tasks");
+                }
+                if len < 2 * MIN_TASK {
+                    assert!(tasks <= 1, "{len}: {tasks} tasks");
+                }
+            }
+        }
+        // 1e5 on two threads: two near-equal halves, not 65536 + 34464.
+        assert_eq!(task_size(100_000, 2), 53_248);
     }
 }
