@@ -14,11 +14,14 @@ Times, where `jax` and `optax` import:
 then runs `target/release/optirs-tpu bench optimizer --json` and
 `optirs-tpu collectives --json` (the 8-chip `v2-8` pod) for the same sizes
 and prints one table: ours, XLA, the in-place floor and the ratios, with the
-machine's load average before and after. Without jax the optirs-tpu figures
-are still printed, with a note that the XLA ones are skipped.
+machine's load average before and after. `--rounds` repeats both sides
+back to back; each ratio is then the median of the per-round ratios, with
+their range, so drift between the processes shows instead of being
+hidden. Without jax the optirs-tpu figures are still printed, with a note
+that the XLA ones are skipped.
 
     cargo build --release
-    python3 benches/xla_peer.py [--size 1e7] [--optimizer adam,sgd]
+    python3 benches/xla_peer.py [--size 1e7] [--optimizer adam,sgd] [--rounds 3]
 
 Not part of `cargo test` or CI: it is a benchmark.
 """
@@ -188,10 +191,16 @@ def main():
                         help="comma-separated optimizers (default adam,sgd)")
     parser.add_argument("--steps", type=int, default=21,
                         help="timed steps per figure, at least 20 (default 21)")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="rounds, each running XLA and optirs-tpu back to back; figures are "
+                             "medians over rounds, ratios the median of per-round ratios with "
+                             "their range (default 3)")
     parser.add_argument("--part", choices=["optimizer", "collectives"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.steps < 20:
         parser.error("--steps must be at least 20")
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     names = [n.strip().lower() for n in args.optimizer.split(",") if n.strip()]
 
     if args.part == "optimizer":
@@ -212,53 +221,77 @@ def main():
         have_xla = False
         print(f"note: {e}; XLA figures are skipped (pip install jax optax)")
 
-    xla_opt = xla_coll = None
-    if have_xla:
-        xla_opt = run_part("optimizer", args)
-    our_opt = [
-        ours(["bench", "optimizer", "--optimizer", n, "--size", str(args.size),
-              "--steps", str(args.steps), "--json"])
-        for n in names
-    ]
-    if have_xla:
-        flags = (os.environ.get("XLA_FLAGS", "") +
-                 f" --xla_force_host_platform_device_count={RANKS}").strip()
-        xla_coll = run_part("collectives", args, {"XLA_FLAGS": flags})
     sizes = ",".join(str(s) for s in COLLECTIVE_SIZES)
-    our_coll = {
-        op: ours(["collectives", "v2-8", "--op", op, "--sizes", sizes, "--json"])
-        for op in COLLECTIVE_OPS
-    }
+    flags = (os.environ.get("XLA_FLAGS", "") +
+             f" --xla_force_host_platform_device_count={RANKS}").strip()
+    rounds = []
+    for _ in range(args.rounds):
+        xla_opt = run_part("optimizer", args) if have_xla else None
+        our_opt = [
+            ours(["bench", "optimizer", "--optimizer", n, "--size", str(args.size),
+                  "--steps", str(args.steps), "--json"])
+            for n in names
+        ]
+        xla_coll = run_part("collectives", args, {"XLA_FLAGS": flags}) if have_xla else None
+        our_coll = {
+            op: ours(["collectives", "v2-8", "--op", op, "--sizes", sizes, "--json"])
+            for op in COLLECTIVE_OPS
+        }
+        rounds.append((xla_opt, our_opt, xla_coll, our_coll))
     load_after = os.getloadavg()
 
     def fmt_load(load):
         return " ".join(f"{x:.2f}" for x in load)
 
+    def median(values):
+        values = [v for v in values if v]
+        return statistics.median(values) if values else None
+
+    def ratios(pairs):
+        """Median of per-round ratios a/b, with their range."""
+        rs = sorted(a / b for a, b in pairs if a and b)
+        if not rs:
+            return "—"
+        mid = statistics.median(rs)
+        return f"{mid:.2f}×" if len(rs) == 1 else f"{mid:.2f}× ({rs[0]:.2f}–{rs[-1]:.2f})"
+
+    xla_of = lambda r, i: r[0][i]["step_seconds"] if r[0] else None  # noqa: E731
     versions = ""
-    if xla_opt:
-        versions = f" (jax {xla_opt[0]['jax']}, optax {xla_opt[0]['optax']})"
+    first_xla = next((r[0] for r in rounds if r[0]), None)
+    if first_xla:
+        versions = f" (jax {first_xla[0]['jax']}, optax {first_xla[0]['optax']})"
     print(f"\noptirs-tpu against XLA-CPU{versions}; {os.cpu_count()} CPUs; "
-          f"load average before {fmt_load(load_before)}, after {fmt_load(load_after)}\n")
+          f"load average before {fmt_load(load_before)}, after {fmt_load(load_after)}; "
+          f"{len(rounds)} round(s): medians over rounds, ratios per round (median and range)\n")
     print("| optimizer step | size | ours in place | ours fresh output | XLA (jit + donation) "
           "| floor | in place / XLA | in place / floor | XLA / floor |")
     print("|---|---|---|---|---|---|---|---|---|")
-    for i, o in enumerate(our_opt):
-        x = xla_opt[i]["step_seconds"] if xla_opt else None
-        print(f"| {o['optimizer']} | {fmt_size(o['size'])} | {ms(o['in_place_step_seconds'])} "
-              f"| {ms(o['step_seconds'])} | {ms(x) if x else 'skipped'} | {ms(o['floor_seconds'])} "
-              f"| {ratio(o['in_place_step_seconds'], x)} | {o['ratio_to_floor']:.2f}× "
-              f"| {ratio(x, o['floor_seconds'])} |")
+    for i, name in enumerate(names):
+        o = [r[1][i] for r in rounds]
+        x = [xla_of(r, i) for r in rounds]
+        inp = [v["in_place_step_seconds"] for v in o]
+        fl = [v["floor_seconds"] for v in o]
+        xm = median(x)
+        print(f"| {name} | {fmt_size(o[0]['size'])} | {ms(median(inp))} "
+              f"| {ms(median([v['step_seconds'] for v in o]))} | {ms(xm) if xm else 'skipped'} "
+              f"| {ms(median(fl))} | {ratios(zip(inp, x))} | {ratios(zip(inp, fl))} "
+              f"| {ratios(zip(x, fl))} |")
     print(f"\n| collective, {RANKS} ranks | bytes per rank | ours busbw | XLA busbw | ours / XLA |")
     print("|---|---|---|---|---|")
     for op in COLLECTIVE_OPS:
-        for row in our_coll[op]:
-            x = None
-            if xla_coll:
-                x = next((r["busbw_gbps"] for r in xla_coll
-                          if r["op"] == op and r["bytes"] == row["bytes"]), None)
-            xs = f"{x:.2f} GB/s" if x else "skipped"
-            print(f"| {op} | {row['bytes'] >> 20} MiB | {row['busbw_gbps']:.2f} GB/s | {xs} "
-                  f"| {ratio(row['busbw_gbps'], x)} |")
+        for k, row in enumerate(rounds[0][3][op]):
+            ours_bw = [r[3][op][k]["busbw_gbps"] for r in rounds]
+            xla_bw = []
+            for r in rounds:
+                x = None
+                if r[2]:
+                    x = next((c["busbw_gbps"] for c in r[2]
+                              if c["op"] == op and c["bytes"] == row["bytes"]), None)
+                xla_bw.append(x)
+            xm = median(xla_bw)
+            xs = f"{xm:.2f} GB/s" if xm else "skipped"
+            print(f"| {op} | {row['bytes'] >> 20} MiB | {median(ours_bw):.2f} GB/s | {xs} "
+                  f"| {ratios(zip(ours_bw, xla_bw))} |")
     print("\nfloor: the in-place streaming pass over the bytes the update must move "
           "(`bench optimizer`'s floor_seconds); ratios are of times for steps, of busbw "
           "for collectives (above 1× is faster for collectives, slower for steps).")
