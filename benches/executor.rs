@@ -7,7 +7,8 @@
 //! * `executor/{adam,sgd}_limit_*`: the hand-written single-pass loops of
 //!   `benches/optimizers.rs` (rayon over 64 Ki-element chunks, same threads,
 //!   same arithmetic, fresh outputs advised to use transparent huge pages).
-//! * `executor/small/*`: one cached `tpu_step` at 1e3 parameters.
+//! * `executor/small/*`: one cached `tpu_step` (and `tpu_step_in_place`) at
+//!   1e3 parameters.
 //!
 //! Bytes moved: SGD 12 B/element, Adam 28 B/element (reads plus writes).
 //!
@@ -123,6 +124,14 @@ fn small(c: &mut Criterion) {
     sgd.tpu_step(&params, &grads).unwrap();
     group.bench_function(BenchmarkId::new("sgd_tpu_step", SMALL), |b| {
         b.iter(|| black_box(sgd.tpu_step(&params, &grads).unwrap()))
+    });
+    // The documented fast path: params donated, nothing allocated.
+    let mut donated = params.clone();
+    group.bench_function(BenchmarkId::new("adam_tpu_step_in_place", SMALL), |b| {
+        b.iter(|| adam.tpu_step_in_place(&mut donated, &grads).unwrap())
+    });
+    group.bench_function(BenchmarkId::new("sgd_tpu_step_in_place", SMALL), |b| {
+        b.iter(|| sgd.tpu_step_in_place(&mut donated, &grads).unwrap())
     });
     group.finish();
 }
