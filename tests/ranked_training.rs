@@ -131,6 +131,16 @@ fn one_process<O: Optimizer<f32, IxDyn>>(
     }
 }
 
+/// What a rank reports: the merged world's digest (rank 0 only) and its
+/// parameters' bits.
+fn rank_outcome<O: Optimizer<f32, IxDyn>>(
+    opt: &mut ShardedOptimizer<O, f32>,
+) -> Result<(Option<String>, Vec<u32>)> {
+    let params = bits(&opt.flat_params()?);
+    let merged = opt.ranked_mut().expect("split").gather()?;
+    Ok((merged.map(|w| w.sha256_hex()), params))
+}
+
 fn split<O: Optimizer<f32, IxDyn> + Clone + Send + Sync>(
     optimizer: O,
     topology: &Topology,
@@ -153,9 +163,7 @@ fn split<O: Optimizer<f32, IxDyn> + Clone + Send + Sync>(
         for step in 1..=steps {
             opt.step(&grads(step, replicas))?;
         }
-        let params = bits(&opt.flat_params()?);
-        let merged = opt.ranked_mut().expect("split").gather()?;
-        Ok((merged.map(|w| w.sha256_hex()), params))
+        rank_outcome(&mut opt)
     })
     .into_iter()
     .map(|r| r.unwrap())
@@ -289,11 +297,7 @@ fn a_rank_reads_only_its_own_replicas_gradients() {
             };
             opt.step(&source)?;
         }
-        let params = bits(&opt.flat_params()?);
-        Ok((
-            opt.ranked_mut().unwrap().gather()?.map(|w| w.sha256_hex()),
-            params,
-        ))
+        rank_outcome(&mut opt)
     })
     .into_iter()
     .map(|r| r.unwrap())
@@ -407,11 +411,7 @@ fn a_split_training_checkpoint_restores_on_other_rank_counts_and_continues_bit_f
         let mut opt = build(RankedPod::new(topology.clone(), mailbox)?)?;
         opt.ranked_mut().unwrap().restore_checkpoint(&dir)?;
         opt.step(&grads(3, 32))?;
-        let params = bits(&opt.flat_params()?);
-        Ok((
-            opt.ranked_mut().unwrap().gather()?.map(|w| w.sha256_hex()),
-            params,
-        ))
+        rank_outcome(&mut opt)
     })
     .into_iter()
     .map(|r| r.unwrap())

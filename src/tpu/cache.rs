@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use crate::exec::runtime::Runtime;
 use crate::ir::DType;
-use crate::optimizers::UpdateRule;
+use crate::optimizers::{HyperParameter, UpdateRule};
 
 use super::CacheStats;
 
@@ -37,11 +37,7 @@ impl ProgramKey {
             dtype,
             optimizer: optimizer.to_owned(),
             hyper: rule.map_or_else(Vec::new, |r| {
-                r.hyper_parameters()
-                    .iter()
-                    .filter(|h| !(lr_at_run_time && h.name == "learning_rate"))
-                    .map(|h| (h.name, h.value.to_bits()))
-                    .collect()
+                keyed(&r.hyper_parameters(), lr_at_run_time).collect()
             }),
         }
     }
@@ -59,16 +55,23 @@ impl ProgramKey {
         if self.shape != shape || self.dtype != dtype || self.optimizer != optimizer {
             return false;
         }
-        let Some(rule) = rule else {
-            return self.hyper.is_empty();
-        };
-        let mut mine = self.hyper.iter();
-        rule.hyper_parameters()
-            .iter()
-            .filter(|h| !(lr_at_run_time && h.name == "learning_rate"))
-            .all(|h| mine.next() == Some(&(h.name, h.value.to_bits())))
-            && mine.next().is_none()
+        match rule {
+            Some(r) => keyed(&r.hyper_parameters(), lr_at_run_time).eq(self.hyper.iter().copied()),
+            None => self.hyper.is_empty(),
+        }
     }
+}
+
+/// The hyper-parameters a program depends on, as key entries: all but a
+/// learning rate passed at run time.
+fn keyed(
+    hyper: &[HyperParameter],
+    lr_at_run_time: bool,
+) -> impl Iterator<Item = (&'static str, u64)> + '_ {
+    hyper
+        .iter()
+        .filter(move |h| !(lr_at_run_time && h.name == "learning_rate"))
+        .map(|h| (h.name, h.value.to_bits()))
 }
 
 struct CacheEntry {

@@ -231,7 +231,7 @@ where
 
     /// Steps taken (0 before the first step and after a reset).
     pub fn step_count(&mut self) -> i32 {
-        self.count_state().map_or(0, |(_, c)| c.count)
+        self.stored_count()
     }
 
     /// The state slot `name` (e.g. Adam's `mu`), if the state exists.

@@ -124,12 +124,12 @@ where
     O: Optimizer<A, IxDyn>,
     A: FloatElement + Element,
 {
-    /// The step-count entity and a copy of its count, if the state exists.
-    pub(super) fn count_state(&mut self) -> Option<(Entity, OptimizerCount)> {
+    /// The steps the state has taken (0 without state).
+    pub(super) fn stored_count(&mut self) -> i32 {
         self.counts
             .iter(self.place.world())
             .next()
-            .map(|(e, c)| (e, c.clone()))
+            .map_or(0, |(_, c)| c.count)
     }
 
     /// Makes sure the state exists for `shape`; returns the next count.
@@ -139,29 +139,28 @@ where
         initial: &[A],
         shape: &[usize],
     ) -> Result<i32> {
-        // The usual case, a step of the state's own shape, reads the count
-        // in place (no copy of the stored shape).
-        if let Some((_, c)) = self.counts.iter(self.place.world()).next()
-            && c.shape == shape
-        {
-            return Ok(c.count.saturating_add(1));
-        }
-        if let Some((e, c)) = self.count_state() {
-            if rule_slots.is_empty() {
+        // The stored shape is copied only when it differs (every step reads
+        // this).
+        let existing = self
+            .counts
+            .iter(self.place.world())
+            .next()
+            .map(|(e, c)| (e, c.count, (c.shape != shape).then(|| c.shape.clone())));
+        if let Some((e, count, other_shape)) = existing {
+            if let Some(state) = other_shape {
+                if !rule_slots.is_empty() {
+                    return Err(OptimError::Optimizer(OptimizerError::StateShapeMismatch {
+                        optimizer: self.base.name().to_owned(),
+                        state,
+                        params: shape.to_vec(),
+                    }));
+                }
                 // No per-element state: any shape, like the base optimizer.
-                if c.shape != shape
-                    && let Some(mut stored) = self.place.world_mut().get_mut::<OptimizerCount>(e)
-                {
+                if let Some(mut stored) = self.place.world_mut().get_mut::<OptimizerCount>(e) {
                     stored.shape = shape.to_vec();
                 }
-            } else if c.shape != shape {
-                return Err(OptimError::Optimizer(OptimizerError::StateShapeMismatch {
-                    optimizer: self.base.name().to_owned(),
-                    state: c.shape,
-                    params: shape.to_vec(),
-                }));
             }
-            return Ok(c.count.saturating_add(1));
+            return Ok(count.saturating_add(1));
         }
         let world = self.place.world_mut();
         let mut spawned = Vec::with_capacity(rule_slots.len());
