@@ -88,7 +88,7 @@ impl Table {
     /// Fills `table` from the kernel's input, prelude and output addresses.
     pub(crate) fn fill(
         self,
-        table: &mut SmallVec<[usize; 32]>,
+        table: &mut SmallVec<[usize; 64]>,
         inputs: &[usize],
         prelude: &[usize],
         outputs: &[usize],

@@ -4,7 +4,9 @@ use super::error::Result;
 use crate::optimizers::kernel::{Target, Written, wrong_slot_count};
 use crate::optimizers::macros::impl_optimizer;
 use crate::optimizers::program::{Operand, ProgramBuilder, UpdateProgram};
-use crate::optimizers::{FloatElement, HyperParameter, OptimizerState, UpdateKind};
+use crate::optimizers::{
+    FloatElement, HyperParameter, HyperParameters, OptimizerState, UpdateKind,
+};
 
 /// Adagrad (Duchi et al.), optax's form:
 ///
@@ -108,8 +110,8 @@ impl<A: FloatElement> Adagrad<A> {
     }
 
     /// The hyper-parameters: `learning_rate`, `initial_accumulator_value`, `eps`.
-    pub fn hyper_parameters(&self) -> Vec<HyperParameter> {
-        vec![
+    pub fn hyper_parameters(&self) -> HyperParameters {
+        smallvec::smallvec![
             HyperParameter::new("learning_rate", self.learning_rate.as_f64()),
             HyperParameter::new("initial_accumulator_value", self.initial_accumulator_value),
             HyperParameter::new("eps", self.eps),

@@ -4,7 +4,9 @@ use super::error::Result;
 use crate::optimizers::kernel::{Target, Written, wrong_slot_count};
 use crate::optimizers::macros::impl_optimizer;
 use crate::optimizers::program::{Operand, ProgramBuilder, UpdateProgram};
-use crate::optimizers::{FloatElement, HyperParameter, OptimizerState, UpdateKind};
+use crate::optimizers::{
+    FloatElement, HyperParameter, HyperParameters, OptimizerState, UpdateKind,
+};
 
 /// Adam (Kingma & Ba) in optax's op order:
 ///
@@ -181,8 +183,8 @@ impl<A: FloatElement> Adam<A> {
     }
 
     /// The hyper-parameters: `learning_rate`, `b1`, `b2`, `eps`, `eps_root`.
-    pub fn hyper_parameters(&self) -> Vec<HyperParameter> {
-        vec![
+    pub fn hyper_parameters(&self) -> HyperParameters {
+        smallvec::smallvec![
             HyperParameter::new("learning_rate", self.learning_rate.as_f64()),
             HyperParameter::new("b1", self.b1),
             HyperParameter::new("b2", self.b2),

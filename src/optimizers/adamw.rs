@@ -5,7 +5,9 @@ use crate::optimizers::adam::AdamConstants;
 use crate::optimizers::kernel::{Target, Written, wrong_slot_count};
 use crate::optimizers::macros::impl_optimizer;
 use crate::optimizers::program::{Operand, ProgramBuilder, UpdateProgram};
-use crate::optimizers::{FloatElement, HyperParameter, OptimizerState, UpdateKind};
+use crate::optimizers::{
+    FloatElement, HyperParameter, HyperParameters, OptimizerState, UpdateKind,
+};
 
 /// Adam with decoupled weight decay (Loshchilov & Hutter), optax's order:
 /// the Adam direction `d` as in [`Adam`](crate::optimizers::Adam), then
@@ -116,8 +118,8 @@ impl<A: FloatElement> AdamW<A> {
 
     /// The hyper-parameters: `learning_rate`, `b1`, `b2`, `eps`, `eps_root`,
     /// `weight_decay`.
-    pub fn hyper_parameters(&self) -> Vec<HyperParameter> {
-        vec![
+    pub fn hyper_parameters(&self) -> HyperParameters {
+        smallvec::smallvec![
             HyperParameter::new("learning_rate", self.learning_rate.as_f64()),
             HyperParameter::new("b1", self.b1),
             HyperParameter::new("b2", self.b2),

@@ -76,7 +76,7 @@ macro_rules! impl_optimizer {
                 Self::KIND
             }
 
-            fn hyper_parameters(&self) -> Vec<$crate::optimizers::HyperParameter> {
+            fn hyper_parameters(&self) -> $crate::optimizers::HyperParameters {
                 $ty::hyper_parameters(self)
             }
 

@@ -62,8 +62,8 @@ pub use kernel::CHUNK;
 pub use momentum::{Momentum, MomentumConstants};
 pub use nesterov::{Nesterov, NesterovConstants};
 pub use optimizer::{
-    ElementOp, FloatElement, HyperParameter, Operand, Optimizer, OptimizerState, StateSlot,
-    UpdateKind, UpdateProgram, UpdateRule, check_same_shape,
+    ElementOp, FloatElement, HyperParameter, HyperParameters, Operand, Optimizer, OptimizerState,
+    StateSlot, UpdateKind, UpdateProgram, UpdateRule, check_same_shape,
 };
 pub use rmsprop::{RMSProp, RMSPropConstants};
 pub use sgd::{SGD, SgdConstants};

@@ -4,7 +4,9 @@ use super::error::Result;
 use crate::optimizers::kernel::{Target, Written, wrong_slot_count};
 use crate::optimizers::macros::impl_optimizer;
 use crate::optimizers::program::{Operand, ProgramBuilder, UpdateProgram};
-use crate::optimizers::{FloatElement, HyperParameter, OptimizerState, UpdateKind};
+use crate::optimizers::{
+    FloatElement, HyperParameter, HyperParameters, OptimizerState, UpdateKind,
+};
 
 /// Nesterov momentum (optax `trace(nesterov=True)`, the Sutskever/PyTorch
 /// form): `m = g + mu * m; d = g + mu * m` (with the new `m`);
@@ -50,8 +52,8 @@ impl<A: FloatElement> Nesterov<A> {
     }
 
     /// The hyper-parameters: `learning_rate`, `momentum`.
-    pub fn hyper_parameters(&self) -> Vec<HyperParameter> {
-        vec![
+    pub fn hyper_parameters(&self) -> HyperParameters {
+        smallvec::smallvec![
             HyperParameter::new("learning_rate", self.learning_rate.as_f64()),
             HyperParameter::new("momentum", self.momentum),
         ]

@@ -187,6 +187,10 @@ pub struct HyperParameter {
     pub value: f64,
 }
 
+/// An optimizer's hyper-parameters, inline: a cached step compares them
+/// with its program's key every time, without allocating.
+pub type HyperParameters = smallvec::SmallVec<[HyperParameter; 8]>;
+
 impl HyperParameter {
     pub(crate) const fn new(name: &'static str, value: f64) -> Self {
         Self { name, value }
@@ -235,7 +239,7 @@ pub trait UpdateRule<A> {
     fn update_kind(&self) -> UpdateKind;
 
     /// The hyper-parameters, learning rate first, as given (in `f64`).
-    fn hyper_parameters(&self) -> Vec<HyperParameter>;
+    fn hyper_parameters(&self) -> HyperParameters;
 
     /// The exact element-wise operations of the step with `count` (the
     /// incremented count: 1 for the first step), with its scalars.

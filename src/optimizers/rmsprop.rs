@@ -4,7 +4,9 @@ use super::error::Result;
 use crate::optimizers::kernel::{Target, Written, wrong_slot_count};
 use crate::optimizers::macros::impl_optimizer;
 use crate::optimizers::program::{Operand, ProgramBuilder, UpdateProgram};
-use crate::optimizers::{FloatElement, HyperParameter, OptimizerState, UpdateKind};
+use crate::optimizers::{
+    FloatElement, HyperParameter, HyperParameters, OptimizerState, UpdateKind,
+};
 
 /// RMSProp (Tieleman & Hinton), optax's default form: eps inside the
 /// square root, no bias correction, not centred, no momentum.
@@ -124,8 +126,8 @@ impl<A: FloatElement> RMSProp<A> {
     }
 
     /// The hyper-parameters: `learning_rate`, `decay`, `eps`, `initial_scale`.
-    pub fn hyper_parameters(&self) -> Vec<HyperParameter> {
-        vec![
+    pub fn hyper_parameters(&self) -> HyperParameters {
+        smallvec::smallvec![
             HyperParameter::new("learning_rate", self.learning_rate.as_f64()),
             HyperParameter::new("decay", self.decay),
             HyperParameter::new("eps", self.eps),

@@ -4,7 +4,9 @@ use super::error::Result;
 use crate::optimizers::kernel::{Target, Written, wrong_slot_count};
 use crate::optimizers::macros::impl_optimizer;
 use crate::optimizers::program::{Operand, ProgramBuilder, UpdateProgram};
-use crate::optimizers::{FloatElement, HyperParameter, OptimizerState, UpdateKind};
+use crate::optimizers::{
+    FloatElement, HyperParameter, HyperParameters, OptimizerState, UpdateKind,
+};
 
 /// Plain gradient descent: `u = (-lr) * g; p = p + u`.
 ///
@@ -38,8 +40,8 @@ impl<A: FloatElement> SGD<A> {
     }
 
     /// The hyper-parameters: `learning_rate`.
-    pub fn hyper_parameters(&self) -> Vec<HyperParameter> {
-        vec![HyperParameter::new(
+    pub fn hyper_parameters(&self) -> HyperParameters {
+        smallvec::smallvec![HyperParameter::new(
             "learning_rate",
             self.learning_rate.as_f64(),
         )]

@@ -79,6 +79,7 @@ mod step;
 mod world_state;
 
 use std::marker::PhantomData;
+use std::sync::Arc;
 
 use bevy_ecs::prelude::*;
 use ndarray::{Array, Dimension, IxDyn};
@@ -93,7 +94,9 @@ use crate::pod::Pod;
 
 pub use bench::{OptimizerBench, bench_optimizer};
 pub use config::{DEFAULT_CACHE_CAPACITY, TPUConfig, TPUVersion};
-pub use profile::{CacheStats, HbmSnapshot, MemoryEvent, MemoryEventKind, TpuProfile};
+pub use profile::{
+    CacheStats, HbmSnapshot, MEMORY_TIMELINE_CAPACITY, MemoryEvent, MemoryEventKind, TpuProfile,
+};
 pub use sharded::{ShardedOptimizer, ShardedStepReport, ShardingConfig};
 pub use world_state::tpu_registry;
 
@@ -120,7 +123,7 @@ pub struct TPUOptimizer<O, A = f32> {
     /// scalar its rule applies (`None`: the rule has none, or no rule).
     learning_rate: Option<(u64, Option<A>)>,
     /// Device names for the memory profile, formatted once.
-    device_labels: Vec<(Entity, Option<u32>, String)>,
+    device_labels: Vec<(Entity, Option<u32>, Arc<str>)>,
     /// Outputs handed back with [`TPUOptimizer::recycle`], which the next
     /// fresh-output steps write into.
     spare_outputs: Vec<crate::memory::buffers::SpareBuffer>,

@@ -5,6 +5,7 @@
 //! records reservations that happened, never planned ones.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use serde::Serialize;
 
@@ -41,8 +42,8 @@ pub enum MemoryEventKind {
 pub struct MemoryEvent {
     /// Reserve or release.
     pub kind: MemoryEventKind,
-    /// The device (`device 0 (v4)`).
-    pub device: String,
+    /// The device (`device 0 (v4)`), shared by its events.
+    pub device: Arc<str>,
     /// Bytes reserved or released.
     pub bytes: u64,
     /// Offset of the block in the device heap.

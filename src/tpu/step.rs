@@ -24,6 +24,10 @@ use crate::optimizers::{FloatElement, Optimizer};
 use crate::topology::Device;
 
 use super::cache::ProgramKey;
+
+/// A step's params shape, inline (a step at 1e3 elements is a few
+/// microseconds; an allocation is a noticeable part of it).
+type Shape = SmallVec<[usize; 4]>;
 use super::{HbmSnapshot, MemoryEvent, MemoryEventKind, TPUOptimizer, graph};
 use crate::memory::device as hbm;
 use crate::memory::{DeviceHeap, OptimizerSlot};
@@ -69,7 +73,7 @@ where
         grads: &Array<A, D>,
     ) -> Result<Array<A, D>> {
         crate::optimizers::check_same_shape(params, grads)?;
-        let shape = params.shape().to_vec();
+        let shape: Shape = SmallVec::from_slice(params.shape());
         let out = self.execute(&shape, Arg::view(params), Arg::view(grads))?;
         let t = match out {
             RunOutput::Owned(t) => t,
@@ -87,7 +91,7 @@ where
         grads: &Array<A, D>,
     ) -> Result<()> {
         crate::optimizers::check_same_shape(params, grads)?;
-        let shape = params.shape().to_vec();
+        let shape: Shape = SmallVec::from_slice(params.shape());
         let dim = params.raw_dim();
         let out = self.execute(&shape, Arg::donated(params), Arg::view(grads))?;
         if let RunOutput::Owned(t) = out {
@@ -187,11 +191,8 @@ where
         let (runtime, bytes, compiled_rule) = self.program(shape, neg_lr.is_some())?;
         let mut next_count = 0;
         if compiled_rule {
-            let (slots, initial) = match self.base.update_rule() {
-                Some(r) => (r.slot_names(), r.initial_slot_values()),
-                None => (&[][..], Vec::new()),
-            };
-            next_count = self.prepare_state(slots, &initial, shape)?;
+            let slots = self.base.update_rule().map_or(&[][..], |r| r.slot_names());
+            next_count = self.prepare_state(slots, shape)?;
         }
         // The plan's heap holds the state slots too (they are parameters,
         // updated in place); they are resident already, so the step
@@ -250,7 +251,7 @@ where
         }
         let mut slots: SmallVec<[Mut<'_, OptimizerSlot>; 4]> = slot_query.iter_mut(world).collect();
         slots.sort_by_key(|s| s.index);
-        let mut args = Vec::with_capacity(slots.len() + 3);
+        let mut args: SmallVec<[Arg<'_>; 8]> = SmallVec::new();
         args.push(params);
         args.push(grads);
         if let Some(s) = slots
@@ -272,7 +273,7 @@ where
             args.push(Arg::scalar(neg_lr));
         }
         let outs = crate::memory::buffers::with_spare_outputs(spare_outputs, || {
-            runtime.run(args, &mut handler)
+            runtime.run_args(args, &mut handler)
         })?;
         let mut outs = outs.into_iter();
         let first = outs.next().ok_or_else(|| {
@@ -326,7 +327,7 @@ where
         // The snapshot (two strings) only when it is the new peak: this
         // runs on every step.
         let snapshot = peak.then(|| HbmSnapshot {
-            device: name.clone(),
+            device: name.to_string(),
             program: holder.to_owned(),
             reserved_bytes: block.size as u64,
             used_bytes: used,
@@ -349,7 +350,7 @@ where
     /// `device 0 (v4)`, formatted once per device (keyed by entity and
     /// device id, so a world restored under the optimizer cannot make a
     /// label stale).
-    fn device_label(&mut self, device: Entity) -> String {
+    fn device_label(&mut self, device: Entity) -> Arc<str> {
         let id = self.place.world().get::<Device>(device).map(|d| d.id.0);
         if let Some((_, _, name)) = self
             .device_labels
@@ -358,7 +359,7 @@ where
         {
             return name.clone();
         }
-        let name = hbm::device_name(self.place.world(), device);
+        let name: Arc<str> = hbm::device_name(self.place.world(), device).into();
         self.device_labels.push((device, id, name.clone()));
         name
     }

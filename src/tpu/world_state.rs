@@ -136,7 +136,6 @@ where
     pub(super) fn prepare_state(
         &mut self,
         rule_slots: &[&'static str],
-        initial: &[A],
         shape: &[usize],
     ) -> Result<i32> {
         // The stored shape is copied only when it differs (every step reads
@@ -162,6 +161,11 @@ where
             }
             return Ok(count.saturating_add(1));
         }
+        let initial = self
+            .base
+            .update_rule()
+            .map(|r| r.initial_slot_values())
+            .unwrap_or_default();
         let world = self.place.world_mut();
         let mut spawned = Vec::with_capacity(rule_slots.len());
         for (i, name) in rule_slots.iter().enumerate() {

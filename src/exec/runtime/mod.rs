@@ -109,10 +109,54 @@ fn tensor_ptr(t: &Tensor) -> Option<usize> {
     }
 }
 
+/// The type of a run's value, kept inline: a step builds one per argument,
+/// and at 1e3 elements a heap-allocated shape per argument costs as much as
+/// the arithmetic.
+#[derive(Clone, Debug, PartialEq)]
+struct ValueType {
+    dtype: DType,
+    dims: SmallVec<[usize; 4]>,
+}
+
+impl ValueType {
+    fn new(dtype: DType, dims: &[usize]) -> ValueType {
+        ValueType {
+            dtype,
+            dims: SmallVec::from_slice(dims),
+        }
+    }
+
+    fn of(t: &Tensor) -> ValueType {
+        ValueType::new(t.dtype(), t.shape())
+    }
+
+    fn from_type(ty: &TensorType) -> ValueType {
+        ValueType::new(ty.dtype, &ty.dims)
+    }
+
+    fn element_count(&self) -> usize {
+        self.dims.iter().fold(1usize, |n, &d| n.saturating_mul(d))
+    }
+
+    /// Whether this is `ty` (compared element by element: the shapes are a
+    /// few words, shorter than a call to `memcmp`).
+    fn is(&self, ty: &TensorType) -> bool {
+        self.dtype == ty.dtype
+            && self.dims.len() == ty.dims.len()
+            && self.dims.iter().zip(&ty.dims).all(|(a, b)| a == b)
+    }
+}
+
+impl std::fmt::Display for ValueType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        TensorType::new(self.dtype, self.dims.to_vec()).fmt(f)
+    }
+}
+
 /// One argument of a run: where the value lives and whether the runtime may
 /// overwrite it.
 pub struct Arg<'a> {
-    ty: TensorType,
+    ty: ValueType,
     ptr: usize,
     writable: bool,
     /// Boxed: a run moves its arguments and slots around, and most hold
@@ -136,7 +180,7 @@ impl<'a> Arg<'a> {
     pub fn owned(mut t: Tensor) -> Arg<'static> {
         let ptr = tensor_ptr_mut(&mut t);
         Arg {
-            ty: t.tensor_type(),
+            ty: ValueType::of(&t),
             ptr,
             writable: true,
             owned: Some(Box::new(t)),
@@ -148,7 +192,7 @@ impl<'a> Arg<'a> {
     /// rate), without building a tensor.
     pub fn scalar<T: Element>(v: &'a T) -> Arg<'a> {
         Arg {
-            ty: TensorType::new(T::DTYPE, Vec::new()),
+            ty: ValueType::new(T::DTYPE, &[]),
             ptr: v as *const T as usize,
             writable: false,
             owned: None,
@@ -160,7 +204,7 @@ impl<'a> Arg<'a> {
     pub fn view<T: Element, D: Dimension>(a: &'a Array<T, D>) -> Arg<'a> {
         match a.as_slice() {
             Some(s) => Arg {
-                ty: TensorType::new(T::DTYPE, a.shape().to_vec()),
+                ty: ValueType::new(T::DTYPE, a.shape()),
                 ptr: s.as_ptr() as usize,
                 writable: false,
                 owned: None,
@@ -176,7 +220,7 @@ impl<'a> Arg<'a> {
     /// it ([`RunOutput::InArgument`]). A non-standard-layout array is copied
     /// instead, and the result comes back as a new tensor.
     pub fn donated<T: Element, D: Dimension>(a: &'a mut Array<T, D>) -> Arg<'a> {
-        let ty = TensorType::new(T::DTYPE, a.shape().to_vec());
+        let ty = ValueType::new(T::DTYPE, a.shape());
         match a.as_slice_mut() {
             Some(s) => Arg {
                 ty,
@@ -194,7 +238,7 @@ impl<'a> Arg<'a> {
     /// A read-only borrow of a flat slice, as a 1-D `[len]` argument.
     pub fn slice<T: Element>(s: &'a [T]) -> Arg<'a> {
         Arg {
-            ty: TensorType::new(T::DTYPE, vec![s.len()]),
+            ty: ValueType::new(T::DTYPE, &[s.len()]),
             ptr: s.as_ptr() as usize,
             writable: false,
             owned: None,
@@ -206,7 +250,7 @@ impl<'a> Arg<'a> {
     /// places over it are written into it.
     pub fn slice_mut<T: Element>(s: &'a mut [T]) -> Arg<'a> {
         Arg {
-            ty: TensorType::new(T::DTYPE, vec![s.len()]),
+            ty: ValueType::new(T::DTYPE, &[s.len()]),
             ptr: s.as_mut_ptr() as usize,
             writable: true,
             owned: None,
@@ -252,7 +296,7 @@ impl CustomCallHandler for NoCustomCalls {
 
 /// A value of the runtime: a tensor in a buffer slot.
 struct Slot {
-    ty: TensorType,
+    ty: ValueType,
     ptr: usize,
     writable: bool,
     owned: Option<Box<Tensor>>,
@@ -263,7 +307,7 @@ impl Slot {
     fn from_tensor(mut t: Tensor) -> Slot {
         let ptr = tensor_ptr_mut(&mut t);
         Slot {
-            ty: t.tensor_type(),
+            ty: ValueType::of(&t),
             ptr,
             writable: true,
             owned: Some(Box::new(t)),
@@ -280,8 +324,8 @@ impl Slot {
     }
 }
 
-fn copy_raw(ty: &TensorType, ptr: usize) -> Tensor {
-    fn copy<T: Element>(ty: &TensorType, ptr: usize) -> Tensor {
+fn copy_raw(ty: &ValueType, ptr: usize) -> Tensor {
+    fn copy<T: Element>(ty: &ValueType, ptr: usize) -> Tensor {
         let n = ty.element_count();
         // SAFETY: `ptr` addresses `n` initialised elements of `T` that the
         // run borrows for its whole duration (see `Arg`).
@@ -298,8 +342,8 @@ fn copy_raw(ty: &TensorType, ptr: usize) -> Tensor {
 
 /// A freshly allocated tensor of `ty` whose elements the caller writes
 /// before anyone reads them; `(tensor, data address)`.
-fn fresh(ty: &TensorType) -> (Tensor, usize) {
-    fn make<T: Element>(ty: &TensorType) -> (Tensor, usize) {
+fn fresh(ty: &ValueType) -> (Tensor, usize) {
+    fn make<T: Element>(ty: &ValueType) -> (Tensor, usize) {
         let n = ty.element_count();
         let mut v = crate::memory::output_buffer::<T>(n);
         // SAFETY: `fresh` is only called for the outputs of a fused loop,
@@ -331,6 +375,12 @@ pub struct Runtime {
     /// Per kernel: whether its prelude is all scalars (evaluated without
     /// allocating, [`crate::kernels::scalar`]).
     scalar_prelude: Vec<bool>,
+    /// Per constant: its value when it is one element (read by scalar
+    /// preludes on every run).
+    constant_scalars: Vec<Option<Scalar>>,
+    /// Per buffer: its type, parsed once (a fused loop's fresh outputs are
+    /// allocated by it on every run).
+    buffer_types: Vec<Option<ValueType>>,
     /// Whether fused loops run as native code where they have it.
     use_native: bool,
     aliases: Vec<(usize, usize)>,
@@ -390,12 +440,20 @@ impl Runtime {
             })
             .collect();
         let chunk = exe.loop_chunk.clamp(1, CHUNK);
+        let buffer_types = exe
+            .buffers
+            .iter()
+            .map(|b| TensorType::parse(&b.ty).as_ref().map(ValueType::from_type))
+            .collect();
+        let constant_scalars = exe.constants.iter().map(Scalar::of).collect();
         Runtime {
             exe,
             plans,
             loop_stats,
             native,
             scalar_prelude,
+            constant_scalars,
+            buffer_types,
             use_native: true,
             aliases: aliases.to_vec(),
             chunk,
@@ -482,7 +540,7 @@ impl Runtime {
         args: &[Tensor],
         calls: &mut dyn CustomCallHandler,
     ) -> Result<Vec<Tensor>, ExecError> {
-        let outs = self.run(args.iter().map(Arg::tensor).collect(), calls)?;
+        let outs = self.run_args(args.iter().map(Arg::tensor), calls)?;
         Ok(outs
             .into_iter()
             .map(|o| match o {
@@ -499,12 +557,24 @@ impl Runtime {
         args: Vec<Arg<'_>>,
         calls: &mut dyn CustomCallHandler,
     ) -> Result<Vec<RunOutput>, ExecError> {
+        self.run_args(args, calls)
+    }
+
+    /// [`Runtime::run`] over any list of arguments (a step passes an
+    /// inline one rather than allocate a `Vec` each time).
+    pub(crate) fn run_args<'a>(
+        &self,
+        args: impl IntoIterator<Item = Arg<'a>, IntoIter: ExactSizeIterator>,
+        calls: &mut dyn CustomCallHandler,
+    ) -> Result<Vec<RunOutput>, ExecError> {
         let exe = &*self.exe;
+        let args = args.into_iter();
         exe.check_argument_count(args.len())
             .map_err(ExecError::Arguments)?;
-        let mut slots: Vec<Option<Slot>> = (0..exe.buffers.len()).map(|_| None).collect();
+        let mut slots: SmallVec<[Option<Slot>; 16]> =
+            (0..exe.buffers.len()).map(|_| None).collect();
         for (i, (arg, ty)) in args.into_iter().zip(&exe.parameters).enumerate() {
-            if &arg.ty != ty {
+            if !arg.ty.is(ty) {
                 return Err(ExecError::Arguments(format!(
                     "argument {i} of `{}` must be {ty}, got {}",
                     exe.name, arg.ty
@@ -610,7 +680,7 @@ impl Runtime {
         // scalars, else over whole tensors.
         let scalar_prelude = self.scalar_prelude[k] && !plan.prelude.is_empty();
         let mut prelude: Vec<Option<Tensor>> = Vec::new();
-        let mut scalars: SmallVec<[Option<Scalar>; 32]> = SmallVec::new();
+        let mut scalars: SmallVec<[Option<Scalar>; 64]> = SmallVec::new();
         if scalar_prelude {
             scalars.resize(kernel.instrs.len(), None);
             for &p in &plan.prelude {
@@ -618,7 +688,9 @@ impl Runtime {
                 let mut args: SmallVec<[Scalar; 4]> = SmallVec::new();
                 for a in &instr.args {
                     args.push(match *a {
-                        InstrArg::Input(i) => read_scalar(exe, slots, kernel.inputs[i as usize])?,
+                        InstrArg::Input(i) => {
+                            read_scalar(&self.constant_scalars, slots, kernel.inputs[i as usize])?
+                        }
                         InstrArg::Local(l) => scalars[l as usize]
                             .ok_or_else(|| kernel_err("a prelude value reads the loop".into()))?,
                     });
@@ -658,8 +730,8 @@ impl Runtime {
             }
         }
         // Destinations: donated inputs taken over, or fresh buffers.
-        let mut dest: Vec<(u32, Slot)> = Vec::with_capacity(plan.outputs.len());
-        let mut dest_ptr: Vec<usize> = Vec::with_capacity(plan.outputs.len());
+        let mut dest: SmallVec<[(u32, Slot); 4]> = SmallVec::with_capacity(plan.outputs.len());
+        let mut dest_ptr: SmallVec<[usize; 4]> = SmallVec::with_capacity(plan.outputs.len());
         let mut donated_inputs: SmallVec<[(u32, usize); 4]> = SmallVec::new();
         let mut donated: SmallVec<[bool; 4]> = SmallVec::new();
         for out in &plan.outputs {
@@ -704,9 +776,14 @@ impl Runtime {
                     s
                 }
                 None => {
-                    let ty = &exe.buffers[out.buffer as usize];
-                    let ty = TensorType::parse(&ty.ty)
-                        .ok_or_else(|| kernel_err(format!("buffer type `{}`", ty.ty)))?;
+                    let ty = self.buffer_types[out.buffer as usize]
+                        .clone()
+                        .ok_or_else(|| {
+                            kernel_err(format!(
+                                "buffer type `{}`",
+                                exe.buffers[out.buffer as usize].ty
+                            ))
+                        })?;
                     let (t, ptr) = fresh(&ty);
                     Slot {
                         ty,
@@ -721,7 +798,7 @@ impl Runtime {
             dest.push((out.buffer, slot));
         }
         // Input addresses (donated inputs are read where they are written).
-        let mut in_ptr: SmallVec<[usize; 8]> = SmallVec::with_capacity(kernel.inputs.len());
+        let mut in_ptr: SmallVec<[usize; 32]> = SmallVec::with_capacity(kernel.inputs.len());
         // Constants are read where the executable keeps them (a copy only
         // for one not in standard layout).
         let mut copies: SmallVec<[Tensor; 2]> = SmallVec::new();
@@ -747,8 +824,8 @@ impl Runtime {
         }
         // Scalars are read by address from cells that live until the loop
         // ends (`cells` is not moved after the addresses are taken).
-        let mut prelude_ptr: SmallVec<[usize; 32]> = smallvec![0; kernel.instrs.len()];
-        let cells: SmallVec<[ScalarCell; 32]> = scalars
+        let mut prelude_ptr: SmallVec<[usize; 64]> = smallvec![0; kernel.instrs.len()];
+        let cells: SmallVec<[ScalarCell; 64]> = scalars
             .iter()
             .map(|s| s.map_or(ScalarCell([0; 8]), Scalar::to_cell))
             .collect();
@@ -768,7 +845,7 @@ impl Runtime {
         };
         let ran = match native {
             Some(native) => {
-                let mut table: SmallVec<[usize; 32]> =
+                let mut table: SmallVec<[usize; 64]> =
                     SmallVec::with_capacity(native.table().len(dest_ptr.len()));
                 native
                     .table()
@@ -881,9 +958,13 @@ fn is_scalar_prelude(kernel: &LoweredKernel, input_types: &[TensorType], plan: &
 }
 
 /// The value of a rank-0 kernel input, read where it lies.
-fn read_scalar(exe: &Executable, slots: &[Option<Slot>], r: ValueRef) -> Result<Scalar, ExecError> {
+fn read_scalar(
+    constants: &[Option<Scalar>],
+    slots: &[Option<Slot>],
+    r: ValueRef,
+) -> Result<Scalar, ExecError> {
     match r {
-        ValueRef::Constant(c) => Scalar::of(&exe.constants[c as usize]),
+        ValueRef::Constant(c) => constants.get(c as usize).copied().flatten(),
         ValueRef::Buffer(b) => {
             let s = slots[b as usize].as_ref().ok_or_else(|| unwritten(b))?;
             // SAFETY: a slot's address holds its type's elements for as long
