@@ -14,8 +14,12 @@
 //! `extern "C" fn(table: *const usize, lo: usize, hi: usize)` over elements
 //! `[lo, hi)`, where `table` holds the address of every kernel input, then
 //! of every instruction's prelude value, then of every output (see
-//! [`Table`]). It runs an unrolled vector loop, a one-step vector loop and a
-//! scalar loop for the tail. A step covers 4 elements when the body has
+//! [`Table`]), and after them a 16-byte vector of copies of every rank-0
+//! float the body reads ([`NativeLoop::fill_table`]): each step loads such a
+//! scalar as a whole vector, where splats held in registers across the loop
+//! left Adam's body too few of the 16 vector registers and were spilled on
+//! every iteration. It runs an unrolled vector loop, a one-step vector loop
+//! and a scalar loop for the tail. A step covers 4 elements when the body has
 //! `f32` values (one `f32x4` each; an `f64` value is two `f64x2`) and 2 in
 //! an all-`f64` body: Cranelift's 128-bit vectors. Within one step, every
 //! load happens before any store, so an output written over its donated
@@ -88,7 +92,7 @@ impl Table {
     /// Fills `table` from the kernel's input, prelude and output addresses.
     pub(crate) fn fill(
         self,
-        table: &mut SmallVec<[usize; 64]>,
+        table: &mut SmallVec<[usize; 96]>,
         inputs: &[usize],
         prelude: &[usize],
         outputs: &[usize],
@@ -134,6 +138,9 @@ impl Drop for NativeCode {
 pub(crate) struct NativeLoop {
     entry: LoopFn,
     table: Table,
+    /// Table entries of the rank-0 floats the body reads, with their float,
+    /// in the order of their splats ([`NativeLoop::fill_table`]).
+    scalars: Vec<(usize, Float)>,
     _code: Arc<NativeCode>,
 }
 
@@ -151,8 +158,43 @@ impl NativeLoop {
         unsafe { (self.entry)(table.as_ptr(), lo, hi) }
     }
 
-    pub(crate) fn table(&self) -> Table {
-        self.table
+    /// Fills `table` from the kernel's input, prelude and output addresses
+    /// ([`Table::fill`]), then appends, for each scalar the body reads, a
+    /// 16-byte vector of copies of its value: the loop loads it whole, so a
+    /// scalar costs one load per step and no broadcast.
+    ///
+    /// # Safety
+    /// Every scalar entry's address must point to a live value of its float.
+    pub(crate) unsafe fn fill_table(
+        &self,
+        table: &mut SmallVec<[usize; 96]>,
+        inputs: &[usize],
+        prelude: &[usize],
+        outputs: &[usize],
+    ) {
+        self.table.fill(table, inputs, prelude, outputs);
+        let base = table.len();
+        table.resize(base + 2 * self.scalars.len(), 0);
+        let (addresses, splats) = table.split_at_mut(base);
+        for (&(slot, f), splat) in self.scalars.iter().zip(splats.chunks_exact_mut(2)) {
+            let at = addresses[slot];
+            // SAFETY: the caller's contract.
+            let word = unsafe {
+                match f {
+                    Float::F32 => {
+                        let bits = u64::from((*(at as *const f32)).to_bits());
+                        bits | bits << 32
+                    }
+                    Float::F64 => (*(at as *const f64)).to_bits(),
+                }
+            };
+            splat.fill(word as usize);
+        }
+    }
+
+    /// Entries of the table [`NativeLoop::fill_table`] builds.
+    pub(crate) fn table_len(&self, outputs: usize) -> usize {
+        self.table.len(outputs) + 2 * self.scalars.len()
     }
 }
 
@@ -329,6 +371,9 @@ fn analyze(kernel: &LoweredKernel, input_types: &[TensorType]) -> Result<Body, S
     })
 }
 
+/// A loop's rank-0 float operands: (table entry, float), in splat order.
+type Scalars = Vec<(usize, Float)>;
+
 /// Per kernel: its compiled loop, why it has none (`Err`: the interpreter
 /// runs it), or `None` for a kernel that is not a fused loop.
 pub(crate) type NativeLoops = Vec<Option<Result<NativeLoop, String>>>;
@@ -348,7 +393,7 @@ pub(crate) fn compile(kernels: &[Option<(&LoweredKernel, Vec<TensorType>)>]) -> 
     let mut module = JITModule::new(JITBuilder::with_isa(isa.clone(), default_libcall_names()));
     let mut ctx = module.make_context();
     let mut fctx = FunctionBuilderContext::new();
-    let mut defined: Vec<(usize, cranelift_module::FuncId, Table)> = Vec::new();
+    let mut defined: Vec<(usize, cranelift_module::FuncId, Table, Scalars)> = Vec::new();
     for (k, kernel) in kernels.iter().enumerate() {
         let Some((kernel, input_types)) = kernel else {
             continue;
@@ -374,7 +419,7 @@ pub(crate) fn compile(kernels: &[Option<(&LoweredKernel, Vec<TensorType>)>]) -> 
         ctx.func.name = UserFuncName::user(0, id.as_u32());
         let table = Table::of(kernel);
         let config = module.target_config();
-        build_loop(
+        let scalars = build_loop(
             FunctionBuilder::new(&mut ctx.func, &mut fctx),
             kernel,
             input_types,
@@ -383,7 +428,7 @@ pub(crate) fn compile(kernels: &[Option<(&LoweredKernel, Vec<TensorType>)>]) -> 
             config,
         );
         match module.define_function(id, &mut ctx) {
-            Ok(()) => defined.push((k, id, table)),
+            Ok(()) => defined.push((k, id, table, scalars)),
             Err(e) => out[k] = Some(Err(format!("code generation: {e:?}"))),
         }
         module.clear_context(&mut ctx);
@@ -394,27 +439,28 @@ pub(crate) fn compile(kernels: &[Option<(&LoweredKernel, Vec<TensorType>)>]) -> 
         return out;
     }
     if let Err(e) = module.finalize_definitions() {
-        for (k, _, _) in defined {
+        for (k, ..) in defined {
             out[k] = Some(Err(format!("code generation: {e}")));
         }
         // SAFETY: finalization failed; no function pointer was taken.
         unsafe { module.free_memory() };
         return out;
     }
-    let entries: Vec<(usize, *const u8, Table)> = defined
-        .iter()
-        .map(|&(k, id, t)| (k, module.get_finalized_function(id), t))
+    let entries: Vec<(usize, *const u8, Table, Scalars)> = defined
+        .into_iter()
+        .map(|(k, id, t, scalars)| (k, module.get_finalized_function(id), t, scalars))
         .collect();
     let code = Arc::new(NativeCode {
         module: Some(module),
     });
-    for (k, entry, table) in entries {
+    for (k, entry, table, scalars) in entries {
         // SAFETY: the function was built with the `LoopFn` signature (three
         // pointer-sized arguments, no result) in the default call convention.
         let entry: LoopFn = unsafe { std::mem::transmute::<*const u8, LoopFn>(entry) };
         out[k] = Some(Ok(NativeLoop {
             entry,
             table,
+            scalars,
             _code: code.clone(),
         }));
     }
@@ -434,8 +480,12 @@ enum V {
 struct Hoisted {
     /// Per table entry: the base address of a stream.
     base: Vec<Option<Value>>,
-    /// Per table entry: a scalar, its splat, and its float.
-    scalar: Vec<Option<(Value, Value, Float)>>,
+    /// Per table entry: the float of a scalar and the table entry of its
+    /// splat, a vector's worth of copies after the addresses
+    /// ([`NativeLoop::fill_table`]).
+    scalar: Vec<Option<(Float, usize)>>,
+    /// The table's address.
+    tab: Value,
     /// Per table entry: the float of a stream.
     float: Vec<Option<Float>>,
 }
@@ -447,7 +497,7 @@ fn build_loop(
     body: &Body,
     table: Table,
     config: TargetFrontendConfig,
-) {
+) -> Vec<(usize, Float)> {
     let b = &mut fb;
     let ptr = config.pointer_type();
     let flags = MemFlagsData::new().with_notrap();
@@ -468,13 +518,19 @@ fn build_loop(
         let p = b.block_params(entry);
         (p[0], p[1], p[2])
     };
-    // Hoist every address and scalar the body reads out of the loops.
+    // Hoist every stream address the body reads out of the loops. Scalars
+    // are read from the table in every step instead: a load-and-broadcast
+    // from L1 costs a load port, while a dozen splats kept in registers
+    // across the loop leave too few of the 16 vector registers for the
+    // body, and Cranelift spills them on every iteration.
     let entries = table.len(kernel.outputs.len());
     let mut hoisted = Hoisted {
         base: vec![None; entries],
         scalar: vec![None; entries],
+        tab,
         float: vec![None; entries],
     };
+    let mut scalars: Vec<(usize, Float)> = Vec::new();
     // (table entry, whether it is a scalar, its dtype) of a non-body operand.
     let source = |a: &InstrArg| -> Option<(usize, bool, DType)> {
         match *a {
@@ -500,13 +556,12 @@ fn build_loop(
             if hoisted.base[slot].is_some() || hoisted.scalar[slot].is_some() {
                 continue;
             }
-            let addr = b.ins().load(ptr, flags, tab, (slot * 8) as i32);
             if scalar {
-                let s = b.ins().load(float.scalar(), flags, addr, 0);
-                let v = b.ins().splat(float.vector(), s);
-                hoisted.scalar[slot] = Some((s, v, float));
+                let splat = entries + 2 * scalars.len();
+                hoisted.scalar[slot] = Some((float, splat));
+                scalars.push((slot, float));
             } else {
-                hoisted.base[slot] = Some(addr);
+                hoisted.base[slot] = Some(b.ins().load(ptr, flags, tab, (slot * 8) as i32));
                 hoisted.float[slot] = Some(float);
             }
         }
@@ -545,6 +600,7 @@ fn build_loop(
     b.ins().return_(&[]);
     b.seal_all_blocks();
     fb.finalize(config);
+    scalars
 }
 
 /// Emits `while i + steps * stride <= hi { emit(i), emit(i + stride), …;
@@ -616,12 +672,22 @@ fn emit_step(
                 None => table.prelude(l),
             },
         };
-        if let Some((s, v, f)) = hoisted.scalar[slot] {
-            let parts = if vector { body.parts(f) } else { 1 };
-            return V::Float(f, smallvec![if vector { v } else { s }; parts]);
-        }
         if let Some(v) = &loaded[slot] {
             return v.clone();
+        }
+        if let Some((f, splat)) = hoisted.scalar[slot] {
+            let at = (splat * 8) as i32;
+            let v = if vector {
+                let v = b.ins().load(f.vector(), flags, hoisted.tab, at);
+                V::Float(f, smallvec![v; body.parts(f)])
+            } else {
+                V::Float(
+                    f,
+                    smallvec![b.ins().load(f.scalar(), flags, hoisted.tab, at)],
+                )
+            };
+            loaded[slot] = Some(v.clone());
+            return v;
         }
         let base = hoisted.base[slot].expect("every operand's address is hoisted");
         let f = hoisted.float[slot].expect("every stream has a float");

@@ -845,11 +845,12 @@ impl Runtime {
         };
         let ran = match native {
             Some(native) => {
-                let mut table: SmallVec<[usize; 64]> =
-                    SmallVec::with_capacity(native.table().len(dest_ptr.len()));
-                native
-                    .table()
-                    .fill(&mut table, &in_ptr, &prelude_ptr, &dest_ptr);
+                let mut table: SmallVec<[usize; 96]> =
+                    SmallVec::with_capacity(native.table_len(dest_ptr.len()));
+                // SAFETY: a scalar's input or prelude address points to its
+                // value (an argument, constant or cell held until the loop
+                // ends).
+                unsafe { native.fill_table(&mut table, &in_ptr, &prelude_ptr, &dest_ptr) };
                 run_tasks(
                     plan.len,
                     || (),
