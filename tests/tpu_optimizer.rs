@@ -564,6 +564,9 @@ fn bench_reports_the_documented_keys() {
         "floor_seconds",
         "ratio_to_floor",
         "fresh_ratio_to_floor",
+        "warm_in_place_step_seconds",
+        "warm_floor_seconds",
+        "warm_ratio_to_floor",
         "copy_seconds",
         "fresh_loop_seconds",
         "ratio_to_fresh_loop",
@@ -571,6 +574,8 @@ fn bench_reports_the_documented_keys() {
     ] {
         assert!(json.get(key).is_some(), "{key}");
     }
+    assert!(b.warm_in_place_step_seconds > 0.0 && b.warm_floor_seconds > 0.0);
+    assert!(b.warm_ratio_to_floor > 0.0);
     assert_eq!(b.bytes_per_step, 28 * 5000);
     assert!(b.step_seconds > 0.0 && b.in_place_step_seconds > 0.0 && b.compile_seconds > 0.0);
     assert!(b.floor_seconds > 0.0 && b.copy_seconds > 0.0 && b.fresh_loop_seconds > 0.0);

@@ -37,14 +37,17 @@ pub struct OptimizerArgs {
     /// available host memory.
     #[arg(long, default_value = "10000000", value_parser = parse_count)]
     size: usize,
-    /// Timed paired rounds (each runs every side once), at least 1.
+    /// Timed paired rounds (each runs every side once), at least 1; then as
+    /// many warm pairs (the in-place step and the floor, each timed on its
+    /// second pass in a row over its buffers).
     #[arg(long, default_value_t = 21, value_parser = clap::value_parser!(u64).range(1..))]
     steps: u64,
     /// Print one JSON object: optimizer, size, step_seconds (fresh output),
     /// in_place_step_seconds, floor_seconds, ratio_to_floor (in place),
-    /// fresh_ratio_to_floor, copy_seconds, fresh_loop_seconds,
-    /// ratio_to_fresh_loop, compile_seconds (and bytes_per_step and the
-    /// GB/s of each side).
+    /// fresh_ratio_to_floor, warm_in_place_step_seconds,
+    /// warm_floor_seconds, warm_ratio_to_floor, copy_seconds,
+    /// fresh_loop_seconds, ratio_to_fresh_loop, compile_seconds (and
+    /// bytes_per_step and the GB/s of each side).
     #[arg(long)]
     json: bool,
 }
