@@ -300,7 +300,7 @@ def main():
             xs = f"{xm:.2f} GB/s" if xm else "skipped"
             print(f"| {op} | {row['bytes'] >> 20} MiB | {median(ours_bw):.2f} GB/s | {xs} "
                   f"| {ratios(zip(ours_bw, xla_bw))} |")
-    print("\nsteps, floor: the passes after the first of four in a row over the same buffers, as "
+    print("\nsteps, floor: a run of passes in a row over the same buffers, as "
           "XLA's are (`bench optimizer`'s warm_in_place_step_seconds, warm_floor_seconds); "
           "floor: the in-place streaming pass over the bytes the update must move; ratios "
           "are of times for steps, of busbw for collectives (above 1× is faster for "

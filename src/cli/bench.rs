@@ -37,9 +37,8 @@ pub struct OptimizerArgs {
     /// available host memory.
     #[arg(long, default_value = "10000000", value_parser = parse_count)]
     size: usize,
-    /// Timed paired rounds (each runs every side once), at least 1; then as
-    /// many warm pairs (the in-place step and the floor, each timed on its
-    /// second pass in a row over its buffers).
+    /// Timed paired rounds (each runs every side once), at least 1; then the
+    /// in-place step and the floor as many times in a row each (warm).
     #[arg(long, default_value_t = 21, value_parser = clap::value_parser!(u64).range(1..))]
     steps: u64,
     /// Print one JSON object: optimizer, size, step_seconds (fresh output),

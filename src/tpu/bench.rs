@@ -63,16 +63,17 @@ pub struct OptimizerBench {
     pub floor_seconds: f64,
     /// Median of per-round `in_place_step / floor`.
     pub ratio_to_floor: f64,
-    /// Median seconds per in-place step run right after others on the
-    /// same buffers: how a training loop that only steps, or a peer timing
-    /// its step back to back (`benches/xla_peer.py`), sees it. The rounds
-    /// above run six sides in turn, so each finds its buffers evicted; on
-    /// a machine whose last-level cache holds the step's working set (here
-    /// 260 MiB of L3 against 80 MB for SGD at 1e7), the two differ.
+    /// Median seconds per in-place step in a run of `steps` back to back
+    /// on the same buffers (after one untimed): how a loop that only steps,
+    /// or a peer timing its step back to back (`benches/xla_peer.py`), sees
+    /// it. The rounds above run six sides in turn, so each finds its
+    /// buffers evicted; where the last-level cache holds the step's working
+    /// set (the reference machine's 260 MiB of L3 against 80 MB for SGD at
+    /// 1e7), the two differ.
     pub warm_in_place_step_seconds: f64,
-    /// Median seconds per floor pass run right after others.
+    /// Median seconds per floor pass in a run of `steps` back to back.
     pub warm_floor_seconds: f64,
-    /// Median of per-round `warm in-place step / warm floor`.
+    /// `warm_in_place_step_seconds / warm_floor_seconds`.
     pub warm_ratio_to_floor: f64,
     /// Median of per-round `step / floor` (the fresh-output path).
     pub fresh_ratio_to_floor: f64,
@@ -456,29 +457,22 @@ pub fn bench_optimizer(name: &str, size: usize, steps: usize) -> Result<Optimize
         fresh_vs_loop.push(t[0] / t[4]);
         recycled_vs_in_place.push(t[5] / t[1]);
     }
-    // Warm: each side runs WARM_PASSES times in a row over its buffers and
-    // the passes after the first are timed (one pass does not refill a
-    // victim last-level cache that the other side emptied).
-    const WARM_PASSES: usize = 4;
-    let (mut warm_in_place, mut warm_floor, mut warm_ratio) = (Vec::new(), Vec::new(), Vec::new());
-    for _ in 0..steps {
-        let mut step = Vec::with_capacity(WARM_PASSES);
-        for _ in 0..WARM_PASSES {
+    // Warm: like a peer's benchmark (and a loop that only steps), each side
+    // runs `steps + 1` times in a row over its own buffers, the first pass
+    // untimed. A few passes do not refill a shared victim cache that the
+    // other sides emptied; a run of them does.
+    let warm = |f: &mut dyn FnMut() -> Result<()>| -> Result<f64> {
+        f()?;
+        let mut times = Vec::with_capacity(steps);
+        for _ in 0..steps {
             let start = Instant::now();
-            in_place.tpu_step_in_place(&mut p_in_place, &g)?;
-            step.push(start.elapsed().as_secs_f64());
+            f()?;
+            times.push(start.elapsed().as_secs_f64());
         }
-        let mut pass = Vec::with_capacity(WARM_PASSES);
-        for _ in 0..WARM_PASSES {
-            let start = Instant::now();
-            floor.step(gs)?;
-            pass.push(start.elapsed().as_secs_f64());
-        }
-        let (step, pass) = (median(&mut step[1..]), median(&mut pass[1..]));
-        warm_in_place.push(step);
-        warm_floor.push(pass);
-        warm_ratio.push(step / pass);
-    }
+        Ok(median(&mut times))
+    };
+    let warm_in_place_step_seconds = warm(&mut || in_place.tpu_step_in_place(&mut p_in_place, &g))?;
+    let warm_floor_seconds = warm(&mut || floor.step(gs))?;
     black_box((&p_in_place, &floor.params, &floor.state, &copy_dst));
     let [
         step_seconds,
@@ -498,9 +492,9 @@ pub fn bench_optimizer(name: &str, size: usize, steps: usize) -> Result<Optimize
         recycled_ratio_to_in_place: median(&mut recycled_vs_in_place),
         floor_seconds,
         ratio_to_floor: median(&mut in_floor),
-        warm_in_place_step_seconds: median(&mut warm_in_place),
-        warm_floor_seconds: median(&mut warm_floor),
-        warm_ratio_to_floor: median(&mut warm_ratio),
+        warm_in_place_step_seconds,
+        warm_floor_seconds,
+        warm_ratio_to_floor: warm_in_place_step_seconds / warm_floor_seconds,
         fresh_ratio_to_floor: median(&mut fresh_floor),
         copy_seconds,
         fresh_loop_seconds,
