@@ -140,7 +140,7 @@ pub(crate) struct NativeLoop {
     table: Table,
     /// Table entries of the rank-0 floats the body reads, with their float,
     /// in the order of their splats ([`NativeLoop::fill_table`]).
-    scalars: Vec<(usize, Float)>,
+    scalars: Scalars,
     _code: Arc<NativeCode>,
 }
 
@@ -497,7 +497,7 @@ fn build_loop(
     body: &Body,
     table: Table,
     config: TargetFrontendConfig,
-) -> Vec<(usize, Float)> {
+) -> Scalars {
     let b = &mut fb;
     let ptr = config.pointer_type();
     let flags = MemFlagsData::new().with_notrap();
@@ -530,7 +530,7 @@ fn build_loop(
         tab,
         float: vec![None; entries],
     };
-    let mut scalars: Vec<(usize, Float)> = Vec::new();
+    let mut scalars = Scalars::new();
     // (table entry, whether it is a scalar, its dtype) of a non-body operand.
     let source = |a: &InstrArg| -> Option<(usize, bool, DType)> {
         match *a {

@@ -191,8 +191,7 @@ where
         let (runtime, bytes, compiled_rule) = self.program(shape, neg_lr.is_some())?;
         let mut next_count = 0;
         if compiled_rule {
-            let slots = self.base.update_rule().map_or(&[][..], |r| r.slot_names());
-            next_count = self.prepare_state(slots, shape)?;
+            next_count = self.prepare_state(shape)?;
         }
         // The plan's heap holds the state slots too (they are parameters,
         // updated in place); they are resident already, so the step

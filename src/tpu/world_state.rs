@@ -133,11 +133,8 @@ where
     }
 
     /// Makes sure the state exists for `shape`; returns the next count.
-    pub(super) fn prepare_state(
-        &mut self,
-        rule_slots: &[&'static str],
-        shape: &[usize],
-    ) -> Result<i32> {
+    pub(super) fn prepare_state(&mut self, shape: &[usize]) -> Result<i32> {
+        let rule_slots = self.base.update_rule().map_or(&[][..], |r| r.slot_names());
         // The stored shape is copied only when it differs (every step reads
         // this).
         let existing = self
