@@ -440,3 +440,70 @@ proptest! {
         }
     }
 }
+
+/// A case the property above found: a rank-0 fused loop `(exp(x),
+/// min(c + |x|, exp(x)))` wrote `exp(x)` straight over `x`, which the
+/// memory plan gave it, before `|x|` read `x` as a scalar.
+#[test]
+fn a_rank_0_loop_never_writes_over_an_input_it_reads_later() {
+    use Step::*;
+    let r = Recipe {
+        dtype: DType::F32,
+        steps: vec![
+            Reduce(0, 0),
+            Reduce(0, 19),
+            Unary(2, 32),
+            Slice(43),
+            Slice(0),
+            Constant(0, 0),
+            Parameter(0),
+            Unary(1, 2),
+            Unary(0, 28),
+            Unary(2, 6),
+            Parameter(0),
+            Parameter(0),
+            Parameter(0),
+            Parameter(0),
+            Binary(0, 6, 8),
+            Unary(0, 17),
+            Unary(0, 1),
+            Unary(0, 16),
+            Unary(0, 3),
+            Identity(61),
+            Unary(1, 50),
+            Binary(3, 6, 6),
+            Slice(43),
+            Concat(42, 57),
+            Binary(5, 40, 3),
+            Unary(4, 26),
+            Binary(5, 15, 36),
+            Unary(1, 15),
+            Reduce(1, 45),
+            Binary(5, 26, 33),
+            Unary(1, 1),
+            Parameter(1),
+            Binary(2, 17, 5),
+        ],
+        outputs: vec![57, 38, 25],
+    };
+    let mut oracle = World::new();
+    let (p0, params) = build(&mut oracle, &r);
+    let args = args_for(&params, 14542709034498777964);
+    let expected = interpret(&oracle, p0, &args).unwrap();
+    let mut world = xla::compiler_world();
+    let (p, _) = build(&mut world, &r);
+    let report = xla::compile(&mut world, p).unwrap();
+    let reference = report.executable.run(&args).unwrap();
+    assert!(
+        same_outputs(&expected, &reference),
+        "reference {reference:?}"
+    );
+    for chunk in 1..6 {
+        let runtime = Runtime::new(report.executable.clone()).with_chunk(chunk);
+        let got = runtime.run_tensors(&args, &mut NoCustomCalls).unwrap();
+        assert!(
+            expected.iter().zip(&got).all(|(x, y)| x.approx_eq(y, 1e-5)),
+            "chunk {chunk}: expected {expected:?}\ngot {got:?}"
+        );
+    }
+}

@@ -645,9 +645,9 @@ pub(super) fn verify_plan(
         // writes it).
         if let Some(w) = written[o] {
             let reads = |x: &BodyInstr| {
-                x.args
-                    .iter()
-                    .any(|a| matches!(*a, Src::Input(y) | Src::Dest(y) if y == d))
+                x.args.iter().any(
+                    |a| matches!(*a, Src::Input(y) | Src::InputScalar(y) | Src::Dest(y) if y == d),
+                )
             };
             if let Some(r) = (w + 1..plan.body.len()).find(|&r| reads(&plan.body[r])) {
                 return Err(bad(format!(
@@ -905,8 +905,19 @@ fn mark_direct_outputs(
                 .filter(|a| matches!(**a, Src::Input(x) if x == d))
                 .count()
         };
+        // A rank-0 loop reads its rank-0 inputs as scalars, from memory,
+        // whenever an instruction runs: the donor is read as such too.
+        let reads_scalar = |b: &BodyInstr, d: u32| {
+            b.args
+                .iter()
+                .any(|a| matches!(*a, Src::InputScalar(x) if x == d))
+        };
         if let Some(d) = out.donor {
-            if body[at + 1..].iter().any(|b| reads(b, d) > 0) {
+            if body[at + 1..]
+                .iter()
+                .any(|b| reads(b, d) > 0 || reads_scalar(b, d))
+                || reads_scalar(&body[at], d)
+            {
                 continue;
             }
             match reads(&body[at], d) {
