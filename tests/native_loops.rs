@@ -339,8 +339,88 @@ fn max_and_min_keep_the_kernels_rules_for_nan_and_signed_zero() {
     );
 }
 
-/// Every optimizer's compiled update is one native loop, in `f32` (RMSProp
-/// and Adagrad convert to `f64` for a correctly rounded `1/sqrt`) and `f64`.
+/// `f32` inputs where `rsqrt`'s special cases live: zeros, infinities,
+/// NaNs (quiet and signalling, both signs, with payloads), negatives,
+/// subnormals and the ends of the normal range.
+const RSQRT_SPECIAL: [u32; 16] = [
+    0x0000_0000,
+    0x8000_0000,
+    0x7f80_0000,
+    0xff80_0000,
+    0x7fc0_0000,
+    0x7fc1_2345,
+    0x7f80_0001,
+    0xffc0_0001,
+    0xbf80_0000,
+    0x8000_0001,
+    0x0000_0001,
+    0x007f_ffff,
+    0x0080_0000,
+    0x7f7f_ffff,
+    0x3f80_0001,
+    0x407f_ffff,
+];
+
+/// Runs the compiled `rsqrt` (native, `f32x4` and the scalar tail) over
+/// `xs` and checks every result against [`FloatElement::rsqrt`], the
+/// correctly rounded `1 / sqrt` (NaNs match any NaN).
+fn check_rsqrt(xs: Vec<f32>) {
+    use optirs_tpu::optimizers::FloatElement;
+    let n = xs.len();
+    let runtime = one_body(n, |b, x| b.unary(UnaryOp::Rsqrt, x));
+    assert_eq!(runtime.native_loops(), vec![Some(Ok(()))]);
+    let arg = Tensor::F32(ArrayD::from_shape_vec(IxDyn(&[n]), xs).unwrap());
+    let out = runtime
+        .run_tensors(std::slice::from_ref(&arg), &mut NoCustomCalls)
+        .unwrap();
+    let (Tensor::F32(xs), Tensor::F32(ys)) = (&arg, &out[0]) else {
+        panic!("rsqrt of f32 is f32");
+    };
+    let wrong: Vec<(u32, u32, u32)> = xs
+        .iter()
+        .zip(ys.iter())
+        .filter_map(|(&x, &y)| {
+            let want = x.rsqrt();
+            (y.to_bits() != want.to_bits() && !(y.is_nan() && want.is_nan()))
+                .then(|| (x.to_bits(), y.to_bits(), want.to_bits()))
+        })
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "{} of {n} wrong, first (x, got, want): {:08x?}",
+        wrong.len(),
+        &wrong[..wrong.len().min(8)]
+    );
+}
+
+/// Every finite `f32` is `4^k · m` with `m` in [1, 4), and `rsqrt(4^k · m)`
+/// is `2^-k · rsqrt(m)` in every rounding step of the native sequence, so
+/// [1, 4) (2^24 inputs) is the whole domain of finite values; the special
+/// values are run at both ends, in vector lanes and in the scalar tail.
+#[test]
+fn native_rsqrt_is_correctly_rounded_for_every_f32_in_one_to_four() {
+    let specials = RSQRT_SPECIAL.map(f32::from_bits);
+    let xs: Vec<f32> = specials
+        .iter()
+        .copied()
+        .chain((0x3f80_0000u32..0x4080_0000).map(f32::from_bits))
+        .chain(specials.iter().copied().take(7))
+        .collect();
+    check_rsqrt(xs);
+}
+
+/// All 2^32 `f32` bit patterns, 2^24 at a time (about a minute).
+#[test]
+#[ignore = "exhaustive; run with --ignored"]
+fn rsqrt_f32x4_matches_every_f32() {
+    for high in 0u32..256 {
+        let start = high << 24;
+        check_rsqrt((start..=start | 0x00ff_ffff).map(f32::from_bits).collect());
+    }
+}
+
+/// Every optimizer's compiled update is one native loop, in `f32` and
+/// `f64`.
 #[test]
 fn every_optimizer_update_runs_as_native_code() {
     use optirs_tpu::optimizers::{Adagrad, Adam, AdamW, Momentum, Nesterov, RMSProp, SGD};

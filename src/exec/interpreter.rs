@@ -19,7 +19,7 @@
 use smallvec::SmallVec;
 
 use crate::exec::loop_plan::{BodyInstr, FusedPlan, Src};
-use crate::ir::{BinaryOp, CompareDir, DType, Op, UnaryOp};
+use crate::ir::{BinaryOp, CompareDir, DType, FloatElement, Op, UnaryOp};
 use crate::kernels::elementwise::{float_max, float_min, int_pow};
 
 fn reg_mut(r: &mut Reg, n: usize) -> ChunkMut<'_> {
@@ -417,7 +417,7 @@ macro_rules! float_unary {
             UnaryOp::Exp => map1($a, $out, |x| x.exp()),
             UnaryOp::Log => map1($a, $out, |x| x.ln()),
             UnaryOp::Sqrt => map1($a, $out, |x| x.sqrt()),
-            UnaryOp::Rsqrt => map1($a, $out, |x| 1.0 / x.sqrt()),
+            UnaryOp::Rsqrt => map1($a, $out, |x| x.rsqrt()),
             UnaryOp::Tanh => map1($a, $out, |x| x.tanh()),
             UnaryOp::Logistic => map1($a, $out, |x| 1.0 / (1.0 + (-x).exp())),
             UnaryOp::Sin => map1($a, $out, |x| x.sin()),

@@ -26,11 +26,13 @@
 //! input (the same index) is correct.
 //!
 //! **Exactness.** Only ops whose native form rounds exactly like the shared
-//! kernels are compiled: `+ - * /`, `sqrt`, `rsqrt` (as `1 / sqrt`), `neg`,
-//! `abs`, `floor`, `ceil`, `sign`, `max`/`min` (with the kernels' NaN
-//! rules, built from compares), compares, `select`, `and`/`or`/`not` of
-//! predicates and conversions between `f32` and `f64`. Cranelift never
-//! contracts a multiply and an add into an FMA. A body with anything else
+//! kernels are compiled: `+ - * /`, `sqrt`, `rsqrt` (correctly rounded, see
+//! `Cx::rsqrt`), `neg`, `abs`, `floor`, `ceil`, `sign`, `max`/`min` (with
+//! the kernels' NaN rules, built from compares), compares, `select`,
+//! `and`/`or`/`not` of predicates and conversions between `f32` and `f64`.
+//! Cranelift never contracts a multiply and an add into an FMA; the only
+//! FMAs are those `rsqrt` is built from, checked bit for bit on every
+//! input. A body with anything else
 //! (transcendentals, integers, predicates read from or written to memory)
 //! is left to the interpreter, with the reason.
 
@@ -214,6 +216,24 @@ fn host_isa() -> Option<&'static OwnedTargetIsa> {
     })
     .as_ref()
 }
+
+/// Whether the host has fused multiply-add (the fast `f32` `rsqrt`).
+fn host_has_fma() -> bool {
+    static FMA: OnceLock<bool> = OnceLock::new();
+    *FMA.get_or_init(|| {
+        host_isa().is_some_and(|isa| {
+            isa.isa_flags()
+                .iter()
+                .any(|f| f.name == "has_fma" && f.as_bool() == Some(true))
+        })
+    })
+}
+
+/// The `f32` inputs of [`Cx::rsqrt_f32x4_fma`]: `[2^-64, 2^64]`, where none
+/// of its intermediate values is subnormal or overflows. Far wider than an
+/// optimizer's `nu + eps` or `s + eps` needs.
+const RSQRT_F32_FMA_RANGE: (f64, f64) = (1.0 / TWO_TO_64, TWO_TO_64);
+const TWO_TO_64: f64 = 18_446_744_073_709_551_616.0;
 
 /// Vectors per iteration of the main loop.
 const UNROLL: i64 = 2;
@@ -801,11 +821,7 @@ impl Cx {
             UnaryOp::Neg => b.ins().fneg(x),
             UnaryOp::Abs => b.ins().fabs(x),
             UnaryOp::Sqrt => b.ins().sqrt(x),
-            UnaryOp::Rsqrt => {
-                let one = self.constant(b, ty, 1.0);
-                let r = b.ins().sqrt(x);
-                b.ins().fdiv(one, r)
-            }
+            UnaryOp::Rsqrt => self.rsqrt(b, ty, x),
             UnaryOp::Floor => b.ins().floor(x),
             UnaryOp::Ceil => b.ins().ceil(x),
             UnaryOp::Sign => {
@@ -818,6 +834,95 @@ impl Cx {
             }
             _ => unreachable!("analyze admits only the unary ops above"),
         }
+    }
+
+    /// The correctly rounded `1 / sqrt(x)` of
+    /// [`FloatElement::rsqrt`](crate::ir::FloatElement::rsqrt).
+    ///
+    /// `f64` is `1 / sqrt`. `f32` is, by definition, that in `f64` rounded
+    /// once ([`Cx::rsqrt_via_f64`]); for an `f32x4` this is two `f64x2`
+    /// square roots and two divisions per four lanes, and twice RMSProp's
+    /// and Adagrad's streaming floor. Where the CPU has FMA, a vector whose
+    /// four lanes all lie in [2^-64, 2^64] takes [`Cx::rsqrt_f32x4_fma`]
+    /// instead, all in `f32` with the same bits; any other vector (a zero,
+    /// an infinity, a NaN, a negative, a value out of that range) branches
+    /// to the `f64` route.
+    fn rsqrt(&self, b: &mut FunctionBuilder<'_>, ty: Type, x: Value) -> Value {
+        if ty.lane_type() == types::F64 {
+            let one = self.constant(b, ty, 1.0);
+            let root = b.ins().sqrt(x);
+            return b.ins().fdiv(one, root);
+        }
+        if !self.vector || !host_has_fma() {
+            return self.rsqrt_via_f64(b, ty, x);
+        }
+        let low = self.constant(b, ty, RSQRT_F32_FMA_RANGE.0);
+        let high = self.constant(b, ty, RSQRT_F32_FMA_RANGE.1);
+        let above = b.ins().fcmp(FloatCC::GreaterThanOrEqual, x, low);
+        let below = b.ins().fcmp(FloatCC::LessThanOrEqual, x, high);
+        let inside = b.ins().band(above, below);
+        let all_inside = b.ins().vall_true(inside);
+        let (fast, slow, merge) = (b.create_block(), b.create_block(), b.create_block());
+        b.append_block_param(merge, ty);
+        b.ins().brif(all_inside, fast, &[], slow, &[]);
+        b.switch_to_block(fast);
+        let y = self.rsqrt_f32x4_fma(b, ty, x);
+        b.ins().jump(merge, &[BlockArg::Value(y)]);
+        b.switch_to_block(slow);
+        let y = self.rsqrt_via_f64(b, ty, x);
+        b.ins().jump(merge, &[BlockArg::Value(y)]);
+        b.switch_to_block(merge);
+        b.block_params(merge)[0]
+    }
+
+    /// `f32` `rsqrt` as its definition: `1 / sqrt` in `f64`, rounded once
+    /// (scalar, or each `f32x4` as two `f64x2`).
+    fn rsqrt_via_f64(&self, b: &mut FunctionBuilder<'_>, ty: Type, x: Value) -> Value {
+        let wide = self.convert(b, Float::F32, Float::F64, &[x]);
+        let one = self.constant(b, self.ty(Float::F64), 1.0);
+        let inverse: SmallVec<[Value; 2]> = wide
+            .iter()
+            .map(|&w| {
+                let root = b.ins().sqrt(w);
+                b.ins().fdiv(one, root)
+            })
+            .collect();
+        debug_assert_eq!(ty.lane_type(), types::F32);
+        self.convert(b, Float::F64, Float::F32, &inverse)[0]
+    }
+
+    /// Correctly rounded `f32x4` `rsqrt` for lanes in
+    /// [`RSQRT_F32_FMA_RANGE`], in `f32` with FMA:
+    ///
+    /// ```text
+    /// r = 1 / sqrt(x)                 // rounded twice: within one ulp
+    /// h = r·r;  l = fma(r, r, -h)     // r² = h + l exactly
+    /// e = fma(-l, x, fma(-h, x, 1))   // 1 - r²x
+    /// y = fma(r·e, fma(e, 3/8, 1/2), r)   // r·(1 + e/2 + 3e²/8), rounded once
+    /// ```
+    ///
+    /// Every rounding in it scales by exact powers of two across that
+    /// range (nothing is subnormal or overflows), so the `f32`s in [1, 4)
+    /// decide it: there, and over the whole range, it gives the bits of
+    /// the `f64` route for every input (`tests/native_loops.rs` checks
+    /// [1, 4) and, ignored, all 2^32 inputs; the sequence first differs at
+    /// 2^105 and below 2^-127). It is four lanes per divider op where the
+    /// `f64` route is two, and 9 vector ops against 13.
+    fn rsqrt_f32x4_fma(&self, b: &mut FunctionBuilder<'_>, ty: Type, x: Value) -> Value {
+        let one = self.constant(b, ty, 1.0);
+        let half = self.constant(b, ty, 0.5);
+        let three_eighths = self.constant(b, ty, 0.375);
+        let root = b.ins().sqrt(x);
+        let r = b.ins().fdiv(one, root);
+        let h = b.ins().fmul(r, r);
+        let minus_h = b.ins().fneg(h);
+        let l = b.ins().fma(r, r, minus_h);
+        let minus_x = b.ins().fneg(x);
+        let e = b.ins().fma(h, minus_x, one);
+        let e = b.ins().fma(l, minus_x, e);
+        let re = b.ins().fmul(r, e);
+        let series = b.ins().fma(e, three_eighths, half);
+        b.ins().fma(re, series, r)
     }
 
     fn binary(

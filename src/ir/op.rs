@@ -23,7 +23,9 @@ pub enum UnaryOp {
     Log,
     /// Square root.
     Sqrt,
-    /// `1 / sqrt(x)`.
+    /// `1 / sqrt(x)`, correctly rounded: one rounding, also for `f32`
+    /// ([`FloatElement::rsqrt`](crate::ir::FloatElement::rsqrt)), where
+    /// `1 / sqrt` in `f32` rounds twice.
     Rsqrt,
     /// Hyperbolic tangent.
     Tanh,

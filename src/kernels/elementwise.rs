@@ -5,7 +5,7 @@ use ndarray::{ArrayD, IxDyn, Zip};
 
 use super::tensor::Tensor;
 use super::{KernelError, KernelResult};
-use crate::ir::{BinaryOp, CompareDir, DType, UnaryOp};
+use crate::ir::{BinaryOp, CompareDir, DType, FloatElement, UnaryOp};
 
 /// The numpy broadcast of two shapes (trailing dimensions aligned, 1 stretches).
 pub fn broadcast_shapes(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
@@ -64,7 +64,7 @@ macro_rules! float_unary {
             UnaryOp::Exp => |x| x.exp(),
             UnaryOp::Log => |x| x.ln(),
             UnaryOp::Sqrt => |x| x.sqrt(),
-            UnaryOp::Rsqrt => |x| 1.0 / x.sqrt(),
+            UnaryOp::Rsqrt => |x| x.rsqrt(),
             UnaryOp::Tanh => |x| x.tanh(),
             UnaryOp::Logistic => |x| 1.0 / (1.0 + (-x).exp()),
             UnaryOp::Sin => |x| x.sin(),

@@ -20,9 +20,9 @@
 //!   [`FloatElement::pow_rounded`]; every other scalar must be the same for
 //!   every count, and the builder checks both against the program before it
 //!   accepts the rule (otherwise the optimizer runs as a custom call);
-//! * `rsqrt` on `f32` is computed in `f64` and rounded once (correctly
-//!   rounded, as [`FloatElement::rsqrt`]); `select(test > 0, ..)` is a
-//!   compare and a select.
+//! * `rsqrt` is the graph's own `rsqrt`, correctly rounded like
+//!   [`FloatElement::rsqrt`]; `select(test > 0, ..)` is a compare and a
+//!   select.
 //!
 //! [`build_custom_call_graph`] wraps an optimizer that has no rule:
 //! `custom_call("optirs.step", params, grads)`, run by the optimizer's own
@@ -216,16 +216,7 @@ pub fn build_update_graph<A: FloatElement + Element>(
             }
             ElementOp::Rsqrt(x) => {
                 let x = read(&values, x)?;
-                if dtype == DType::F64 {
-                    b.unary(UnaryOp::Rsqrt, x)
-                } else {
-                    // Correctly rounded: 1 / sqrt in f64, rounded once.
-                    let wide = b.node(crate::ir::Op::Convert(DType::F64), &[x]);
-                    let root = b.unary(UnaryOp::Sqrt, wide);
-                    let one64 = b.scalar(DType::F64, 1.0);
-                    let inv = b.div(one64, root);
-                    b.node(crate::ir::Op::Convert(dtype), &[inv])
-                }
+                b.unary(UnaryOp::Rsqrt, x)
             }
             ElementOp::SelectPositive {
                 test,
