@@ -858,13 +858,14 @@ impl Cx {
         }
         let low = self.constant(b, ty, RSQRT_F32_FMA_RANGE.0);
         let high = self.constant(b, ty, RSQRT_F32_FMA_RANGE.1);
-        let above = b.ins().fcmp(FloatCC::GreaterThanOrEqual, x, low);
-        let below = b.ins().fcmp(FloatCC::LessThanOrEqual, x, high);
-        let inside = b.ins().band(above, below);
-        let all_inside = b.ins().vall_true(inside);
+        // Unordered compares: a NaN lane is outside.
+        let under = b.ins().fcmp(FloatCC::UnorderedOrLessThan, x, low);
+        let over = b.ins().fcmp(FloatCC::UnorderedOrGreaterThan, x, high);
+        let outside = b.ins().bor(under, over);
+        let any_outside = b.ins().vany_true(outside);
         let (fast, slow, merge) = (b.create_block(), b.create_block(), b.create_block());
         b.append_block_param(merge, ty);
-        b.ins().brif(all_inside, fast, &[], slow, &[]);
+        b.ins().brif(any_outside, slow, &[], fast, &[]);
         b.switch_to_block(fast);
         let y = self.rsqrt_f32x4_fma(b, ty, x);
         b.ins().jump(merge, &[BlockArg::Value(y)]);
