@@ -88,7 +88,10 @@ fn chunks_by_index<'a, T>(slices: Vec<&'a mut [T]>) -> Vec<Vec<&'a mut [T]>> {
 
 /// Cuts chunk `c` (one slice per position, all of one length) into tasks of
 /// at most [`PIECE_ELEMS`] elements.
-fn pieces<'a, T>(c: usize, positions: Vec<&'a mut [T]>) -> Vec<(usize, Vec<&'a mut [T]>)> {
+pub(super) fn pieces<'a, T>(
+    c: usize,
+    positions: Vec<&'a mut [T]>,
+) -> Vec<(usize, Vec<&'a mut [T]>)> {
     let len = positions.first().map_or(0, |s| s.len());
     let count = len.div_ceil(PIECE_ELEMS).max(1);
     let mut tasks: Vec<(usize, Vec<&'a mut [T]>)> = (0..count)
@@ -173,7 +176,7 @@ fn reduce_one_chunk<T: Element>(
 }
 
 /// Runs `task` on every item, in parallel when the buffers are large.
-fn for_each_maybe_parallel<I, F>(items: Vec<I>, total_bytes: usize, task: F)
+pub(super) fn for_each_maybe_parallel<I, F>(items: Vec<I>, total_bytes: usize, task: F)
 where
     I: Send,
     F: Fn(I) + Send + Sync,

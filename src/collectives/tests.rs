@@ -900,3 +900,64 @@ fn invalid_multislice_shapes_are_descriptive_errors() {
         Err(CollectiveError::LengthMismatch { rank: 5, .. })
     ));
 }
+
+/// The fused torus all-reduce against the staged passes it replaces: the
+/// same values bit for bit, for every op and element type.
+fn check_fused_matches_staged<T: TestElement + PartialEq + std::fmt::Debug>(
+    shape: &TorusShape,
+    len: usize,
+    seed: u64,
+) {
+    let mut mix = Mix(seed);
+    let inputs: Vec<Vec<T>> = random_buffers(&mut mix, shape.device_count(), len);
+    for op in ReduceOp::ALL {
+        let mut fused = inputs.clone();
+        torus::torus_all_reduce_slices(
+            fused.iter_mut().map(Vec::as_mut_slice).collect(),
+            shape,
+            op,
+        );
+        let mut staged = inputs.clone();
+        torus::staged_torus_all_reduce(
+            staged.iter_mut().map(Vec::as_mut_slice).collect(),
+            shape,
+            op,
+        );
+        assert_eq!(
+            fused,
+            staged,
+            "{op:?} on {:?}, {len} elements",
+            shape.dims()
+        );
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    #[test]
+    fn fused_torus_all_reduce_matches_the_staged_passes(
+        (shape, len, seed) in torus_case(),
+        long in prop::option::weighted(0.25, 0usize..5000),
+    ) {
+        let len = long.unwrap_or(len);
+        check_fused_matches_staged::<f32>(&shape, len, seed);
+        check_fused_matches_staged::<f64>(&shape, len, seed);
+        check_fused_matches_staged::<i32>(&shape, len, seed);
+    }
+}
+
+/// Large enough for several slices and pieces per owner and for the
+/// parallel path (over `PARALLEL_MIN_BYTES`), on the bench's 4×2 torus and
+/// a 3D one.
+#[test]
+fn fused_torus_all_reduce_matches_the_staged_passes_in_parallel() {
+    for (dims, wrap) in [
+        (vec![4, 2], vec![true, false]),
+        (vec![2, 3, 2], vec![true, true, false]),
+    ] {
+        let shape = TorusShape::new(&dims, &wrap).unwrap();
+        let len = 150_001;
+        check_fused_matches_staged::<f32>(&shape, len, 7);
+    }
+}

@@ -7,7 +7,10 @@
 //! rings of dimension 0, then along dimension 1 on the shard each device now
 //! owns, and so on; then all-gather in reverse order. After dimension `d` a
 //! device with coordinate `k` along `d` owns chunk `k` of its previous shard,
-//! so all devices of a dimension-`d+1` ring own the same range. Every ring
+//! so all devices of a dimension-`d+1` ring own the same range. In process,
+//! the data moves in one pass that combines every element in exactly that
+//! schedule's order (`fused_torus_all_reduce`); the traffic record is the
+//! schedule's. Every ring
 //! hop joins physically adjacent devices; on a dimension without wraparound
 //! the ring's closing hop is routed back along the line (see
 //! [`Traffic`](super::Traffic): one record per link, `hops` = line length − 1).
@@ -19,9 +22,10 @@ use std::ops::Range;
 use serde::{Deserialize, Serialize};
 
 use super::CollectiveError;
-use super::element::{Element, ReduceOp};
+use super::element::{Element, ReduceOp, accumulate, accumulate_fused, divide_all};
 use super::ring::{
-    Epilogue, RingRoute, all_gather_rings, chunk_range, record_passes, reduce_scatter_rings,
+    Epilogue, RingRoute, SLICE_ELEMS, all_gather_rings, chunk_range, for_each_maybe_parallel,
+    pieces, record_passes, reduce_scatter_rings,
 };
 use super::traffic::{PhaseKind, Traffic};
 
@@ -223,31 +227,27 @@ fn line_slices<'a, T>(
 
 /// Multi-dimensional all-reduce over `slices` (one per device, indexed by
 /// device, all of equal length). Validation is the caller's.
+///
+/// The values are those of the staged algorithm (reduce-scatter along each
+/// dimension on the narrowed ranges, then all-gather in reverse), in its
+/// order of combination, and the traffic is that schedule's; the data moves
+/// in one pass ([`fused_torus_all_reduce`]).
 pub(crate) fn torus_all_reduce_slices<T: Element>(
-    mut slices: Vec<&mut [T]>,
+    slices: Vec<&mut [T]>,
     shape: &TorusShape,
     op: ReduceOp,
 ) -> Traffic {
     let len = slices.first().map_or(0, |s| s.len());
-    let device_count = shape.device_count();
     let ndims = shape.dims.len();
     let mut traffic = Traffic::default();
-    // ranges_before[d][dev]: the segment device `dev` reduces along dim d.
-    let mut ranges: Vec<Range<usize>> = vec![0..len; device_count];
-    let mut ranges_before: Vec<Vec<Range<usize>>> = Vec::with_capacity(ndims);
+    let mut ranges: Vec<Range<usize>> = vec![0..len; shape.device_count()];
     // passes[d]: every dimension-d ring with the segment length it reduces.
     let mut passes: Vec<Vec<(RingRoute, usize)>> = Vec::with_capacity(ndims);
     let mut order = 0u32;
     for dim in 0..ndims {
-        let lines = shape.lines(dim);
         let last = dim + 1 == ndims;
-        let epilogue = Epilogue {
-            divisor: (last && op == ReduceOp::Mean).then_some(device_count),
-            gather: last,
-        };
-        let mut slots: Vec<Option<&mut [T]>> = slices.iter_mut().map(|s| Some(&mut **s)).collect();
-        reduce_scatter_rings(line_slices(&mut slots, &lines, &ranges), op, epilogue);
-        let rings: Vec<(RingRoute, usize)> = lines
+        let rings: Vec<(RingRoute, usize)> = shape
+            .lines(dim)
             .iter()
             .map(|line| (shape.route(dim, line), ranges[line[0]].len()))
             .collect();
@@ -272,16 +272,12 @@ pub(crate) fn torus_all_reduce_slices<T: Element>(
         }
         passes.push(rings);
         order += 1;
-        ranges_before.push(ranges.clone());
         if !last {
             shape.narrow(dim, &mut ranges);
         }
     }
     order += 1;
     for dim in (0..ndims.saturating_sub(1)).rev() {
-        let lines = shape.lines(dim);
-        let mut slots: Vec<Option<&mut [T]>> = slices.iter_mut().map(|s| Some(&mut **s)).collect();
-        all_gather_rings(line_slices(&mut slots, &lines, &ranges_before[dim]));
         record_passes(
             &mut traffic,
             &passes[dim],
@@ -292,7 +288,159 @@ pub(crate) fn torus_all_reduce_slices<T: Element>(
         );
         order += 1;
     }
+    fused_torus_all_reduce(slices, shape, op);
     traffic
+}
+
+/// The torus all-reduce's data in one pass over every buffer: each owner's
+/// final range ([`torus_shard_ranges`]) is reduced slice by slice from
+/// every device's input, in the staged schedule's order ([`fold_level`]),
+/// and the result written to every device. The staged passes read every
+/// buffer once and then re-read and re-write the narrowed ranges along each
+/// further dimension and on the way back (on a 4×2 torus 1.5 reads and
+/// 1.25 writes of every buffer); this reads each once and writes each once,
+/// the shared-memory floor.
+fn fused_torus_all_reduce<T: Element>(slices: Vec<&mut [T]>, shape: &TorusShape, op: ReduceOp) {
+    let len = slices.first().map_or(0, |s| s.len());
+    let count = shape.device_count();
+    let owners = torus_shard_ranges(shape, len);
+    let mut by_start: Vec<usize> = (0..count).collect();
+    by_start.sort_by_key(|&o| (owners[o].start, owners[o].end));
+    debug_assert_eq!(owners.iter().map(|r| r.len()).sum::<usize>(), len);
+    let mut rests = slices;
+    let mut tasks = Vec::with_capacity(count);
+    for &o in &by_start {
+        let take = owners[o].len();
+        let views: Vec<&mut [T]> = rests
+            .iter_mut()
+            .map(|rest| {
+                let (head, tail) = std::mem::take(rest).split_at_mut(take);
+                *rest = tail;
+                head
+            })
+            .collect();
+        tasks.extend(pieces(o, views));
+    }
+    let divisor = (op == ReduceOp::Mean).then_some(count);
+    for_each_maybe_parallel(tasks, len * count * T::BYTES, |(owner, mut views)| {
+        reduce_for_owner(shape, op, divisor, owner, &mut views);
+    });
+}
+
+/// Elements per slice of the fused all-reduce: 32 KiB of `f32` per device.
+/// Each slice reads every device's piece once and writes every device's
+/// once, 2 × devices streams at a time; on the 2-core reference machine
+/// (8 devices, `optirs-tpu collectives v2-8 --op all-reduce`) 2048 elements
+/// ran 16 MiB per rank in 12.8–16.3 ms, 8192 in 8.0–10.2 ms and 16384 in
+/// 7.8–7.9 ms, paired in one session.
+const FUSED_SLICE_ELEMS: usize = 4 * SLICE_ELEMS;
+
+/// Reduces `views` (one piece of `owner`'s final range, per device) and
+/// writes the result to every device, [`FUSED_SLICE_ELEMS`] at a time.
+fn reduce_for_owner<T: Element>(
+    shape: &TorusShape,
+    op: ReduceOp,
+    divisor: Option<usize>,
+    owner: usize,
+    views: &mut [&mut [T]],
+) {
+    let len = views.first().map_or(0, |v| v.len());
+    let top = shape.dims.len() - 1;
+    // One slice of scratch per dimension: the partial of that level.
+    let mut scratch = vec![T::ZERO; shape.dims.len() * FUSED_SLICE_ELEMS];
+    let mut start = 0;
+    while start < len {
+        let end = (start + FUSED_SLICE_ELEMS).min(len);
+        fold_level(shape, op, top, owner, views, start..end, &mut scratch);
+        let acc = &mut scratch[top * FUSED_SLICE_ELEMS..][..end - start];
+        if let Some(divisor) = divisor {
+            divide_all(acc, divisor);
+        }
+        for view in views.iter_mut() {
+            view[start..end].copy_from_slice(acc);
+        }
+        start = end;
+    }
+}
+
+/// Writes to `scratch[dim·FUSED_SLICE_ELEMS..]` what device `m` holds on `range`
+/// after the staged reduce-scatter along dimensions `0..=dim`: along its
+/// dimension-`dim` line, the partial of the member after `m` (level
+/// `dim − 1`, or its input for dimension 0), combined with each next
+/// member's in ring order and `m`'s own last, as `reduce_one_chunk` does
+/// for the chunk `m` owns.
+fn fold_level<T: Element>(
+    shape: &TorusShape,
+    op: ReduceOp,
+    dim: usize,
+    m: usize,
+    views: &[&mut [T]],
+    range: Range<usize>,
+    scratch: &mut [T],
+) {
+    let n = shape.dims[dim];
+    let stride = shape.stride(dim);
+    let position = (m / stride) % n;
+    let base = m - position * stride;
+    // The member `k` places after `m` along the line (`k = n` is `m`).
+    let member = |k: usize| base + ((position + k) % n) * stride;
+    let width = range.len();
+    let (lower, level) = scratch.split_at_mut(dim * FUSED_SLICE_ELEMS);
+    let acc = &mut level[..width];
+    if dim == 0 {
+        let at = |k: usize| &views[member(k)][range.clone()];
+        acc.copy_from_slice(at(1));
+        let mut j = 2;
+        while j + 3 <= n {
+            accumulate_fused(op, acc, [at(j), at(j + 1), at(j + 2), at(j + 3)]);
+            j += 4;
+        }
+        while j <= n {
+            accumulate(op, acc, at(j));
+            j += 1;
+        }
+        return;
+    }
+    let below = (dim - 1) * FUSED_SLICE_ELEMS;
+    fold_level(shape, op, dim - 1, member(1), views, range.clone(), lower);
+    acc.copy_from_slice(&lower[below..below + width]);
+    for k in 2..=n {
+        fold_level(shape, op, dim - 1, member(k), views, range.clone(), lower);
+        accumulate(op, acc, &lower[below..below + width]);
+    }
+}
+
+/// The staged all-reduce the fused pass replaces, kept to check it against.
+#[cfg(test)]
+pub(crate) fn staged_torus_all_reduce<T: Element>(
+    mut slices: Vec<&mut [T]>,
+    shape: &TorusShape,
+    op: ReduceOp,
+) {
+    let len = slices.first().map_or(0, |s| s.len());
+    let device_count = shape.device_count();
+    let ndims = shape.dims.len();
+    let mut ranges: Vec<Range<usize>> = vec![0..len; device_count];
+    let mut ranges_before: Vec<Vec<Range<usize>>> = Vec::with_capacity(ndims);
+    for dim in 0..ndims {
+        let lines = shape.lines(dim);
+        let last = dim + 1 == ndims;
+        let epilogue = Epilogue {
+            divisor: (last && op == ReduceOp::Mean).then_some(device_count),
+            gather: last,
+        };
+        let mut slots: Vec<Option<&mut [T]>> = slices.iter_mut().map(|s| Some(&mut **s)).collect();
+        reduce_scatter_rings(line_slices(&mut slots, &lines, &ranges), op, epilogue);
+        ranges_before.push(ranges.clone());
+        if !last {
+            shape.narrow(dim, &mut ranges);
+        }
+    }
+    for dim in (0..ndims.saturating_sub(1)).rev() {
+        let lines = shape.lines(dim);
+        let mut slots: Vec<Option<&mut [T]>> = slices.iter_mut().map(|s| Some(&mut **s)).collect();
+        all_gather_rings(line_slices(&mut slots, &lines, &ranges_before[dim]));
+    }
 }
 
 /// The range of a `len`-element buffer each device owns after
