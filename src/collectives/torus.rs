@@ -327,16 +327,8 @@ fn fused_torus_all_reduce<T: Element>(slices: Vec<&mut [T]>, shape: &TorusShape,
     });
 }
 
-/// Elements per slice of the fused all-reduce: 32 KiB of `f32` per device.
-/// Each slice reads every device's piece once and writes every device's
-/// once, 2 × devices streams at a time; on the 2-core reference machine
-/// (8 devices, `optirs-tpu collectives v2-8 --op all-reduce`) 2048 elements
-/// ran 16 MiB per rank in 12.8–16.3 ms, 8192 in 8.0–10.2 ms and 16384 in
-/// 7.8–7.9 ms, paired in one session.
-const FUSED_SLICE_ELEMS: usize = 4 * SLICE_ELEMS;
-
 /// Reduces `views` (one piece of `owner`'s final range, per device) and
-/// writes the result to every device, [`FUSED_SLICE_ELEMS`] at a time.
+/// writes the result to every device, [`SLICE_ELEMS`] at a time.
 fn reduce_for_owner<T: Element>(
     shape: &TorusShape,
     op: ReduceOp,
@@ -347,12 +339,12 @@ fn reduce_for_owner<T: Element>(
     let len = views.first().map_or(0, |v| v.len());
     let top = shape.dims.len() - 1;
     // One slice of scratch per dimension: the partial of that level.
-    let mut scratch = vec![T::ZERO; shape.dims.len() * FUSED_SLICE_ELEMS];
+    let mut scratch = vec![T::ZERO; shape.dims.len() * SLICE_ELEMS];
     let mut start = 0;
     while start < len {
-        let end = (start + FUSED_SLICE_ELEMS).min(len);
+        let end = (start + SLICE_ELEMS).min(len);
         fold_level(shape, op, top, owner, views, start..end, &mut scratch);
-        let acc = &mut scratch[top * FUSED_SLICE_ELEMS..][..end - start];
+        let acc = &mut scratch[top * SLICE_ELEMS..][..end - start];
         if let Some(divisor) = divisor {
             divide_all(acc, divisor);
         }
@@ -363,7 +355,7 @@ fn reduce_for_owner<T: Element>(
     }
 }
 
-/// Writes to `scratch[dim·FUSED_SLICE_ELEMS..]` what device `m` holds on `range`
+/// Writes to `scratch[dim·SLICE_ELEMS..]` what device `m` holds on `range`
 /// after the staged reduce-scatter along dimensions `0..=dim`: along its
 /// dimension-`dim` line, the partial of the member after `m` (level
 /// `dim − 1`, or its input for dimension 0), combined with each next
@@ -385,7 +377,7 @@ fn fold_level<T: Element>(
     // The member `k` places after `m` along the line (`k = n` is `m`).
     let member = |k: usize| base + ((position + k) % n) * stride;
     let width = range.len();
-    let (lower, level) = scratch.split_at_mut(dim * FUSED_SLICE_ELEMS);
+    let (lower, level) = scratch.split_at_mut(dim * SLICE_ELEMS);
     let acc = &mut level[..width];
     if dim == 0 {
         let at = |k: usize| &views[member(k)][range.clone()];
@@ -401,7 +393,7 @@ fn fold_level<T: Element>(
         }
         return;
     }
-    let below = (dim - 1) * FUSED_SLICE_ELEMS;
+    let below = (dim - 1) * SLICE_ELEMS;
     fold_level(shape, op, dim - 1, member(1), views, range.clone(), lower);
     acc.copy_from_slice(&lower[below..below + width]);
     for k in 2..=n {
