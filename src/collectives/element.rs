@@ -98,25 +98,77 @@ pub(crate) fn accumulate<T: Element>(op: ReduceOp, acc: &mut [T], x: &[T]) {
     }
 }
 
-/// `acc[i] = op(…op(op(acc[i], xs[0][i]), xs[1][i])…, xs[K−1][i])`: `K`
-/// sequential [`accumulate`] calls fused into one pass over `acc`, with the
-/// same association order (so the same float results).
-#[inline]
-pub(crate) fn accumulate_fused<T: Element, const K: usize>(
+/// Operands [`combine_in_order`] combines in one pass.
+const COMBINE_WIDTH: usize = 8;
+
+/// `acc[i] = op(…op(op(first[i], rest[0][i]), rest[1][i])…)`: `first`
+/// copied, then every operand of `rest` combined in order, exactly as a
+/// copy and one [`accumulate`] per operand (the same association, so the
+/// same float results), but in `1 + ⌈(rest.len() − 7) / 8⌉` passes over
+/// `acc` instead of `1 + rest.len()`: the copy and the first seven operands
+/// in one, then eight at a time.
+pub(crate) fn combine_in_order<T: Element>(
     op: ReduceOp,
     acc: &mut [T],
+    first: &[T],
+    rest: &[&[T]],
+) {
+    let (head, tail) = rest.split_at(rest.len().min(COMBINE_WIDTH - 1));
+    combine_pass(op, acc, Some(first), head);
+    for group in tail.chunks(COMBINE_WIDTH) {
+        combine_pass(op, acc, None, group);
+    }
+}
+
+/// One pass of [`combine_in_order`] over at most [`COMBINE_WIDTH`]
+/// operands, starting from `init` (or from `acc` itself).
+fn combine_pass<T: Element>(op: ReduceOp, acc: &mut [T], init: Option<&[T]>, xs: &[&[T]]) {
+    macro_rules! with_width {
+        ($($k:literal)*) => {
+            match xs.len() {
+                $($k => {
+                    let xs: [&[T]; $k] = xs.try_into().expect("the width matched");
+                    fused_from(op, acc, init, xs)
+                })*
+                _ => unreachable!("at most COMBINE_WIDTH operands per pass"),
+            }
+        };
+    }
+    with_width!(0 1 2 3 4 5 6 7 8);
+}
+
+/// `acc[i] = op(…op(start[i], xs[0][i])…, xs[K−1][i])` with `start` the
+/// `init` slice or `acc` itself.
+#[inline]
+fn fused_from<T: Element, const K: usize>(
+    op: ReduceOp,
+    acc: &mut [T],
+    init: Option<&[T]>,
     xs: [&[T]; K],
 ) {
     let len = acc.len();
     let xs = xs.map(|x| &x[..len]);
     macro_rules! fused {
         ($f:expr) => {
-            for (i, a) in acc.iter_mut().enumerate() {
-                let mut v = *a;
-                for x in &xs {
-                    v = $f(v, x[i]);
+            match init {
+                Some(init) => {
+                    for ((a, &v0), i) in acc.iter_mut().zip(&init[..len]).zip(0..) {
+                        let mut v = v0;
+                        for x in &xs {
+                            v = $f(v, x[i]);
+                        }
+                        *a = v;
+                    }
                 }
-                *a = v;
+                None => {
+                    for (i, a) in acc.iter_mut().enumerate() {
+                        let mut v = *a;
+                        for x in &xs {
+                            v = $f(v, x[i]);
+                        }
+                        *a = v;
+                    }
+                }
             }
         };
     }

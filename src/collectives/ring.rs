@@ -28,7 +28,9 @@ use std::ops::Range;
 
 use rayon::prelude::*;
 
-use super::element::{Element, ReduceOp, accumulate, accumulate_fused, divide_all};
+use smallvec::SmallVec;
+
+use super::element::{Element, ReduceOp, combine_in_order, divide_all};
 use super::traffic::{Phase, PhaseKind, Traffic, Transfer};
 
 /// Elements per pipelined slice: 32 KiB of `f32`, 64 KiB of `f64`. The
@@ -155,16 +157,10 @@ fn reduce_one_chunk<T: Element>(
         // The message leaves position c+1, is combined at c+2, …, c+n−1,
         // and is finished at c, which owns the chunk (for n = 1 the copy is
         // the rank's own data and only the epilogue remains).
-        acc.copy_from_slice(&positions[(c + 1) % n][start..end]);
-        let at = |j: usize| &positions[(c + j) % n][start..end];
-        let mut j = 2;
-        while j + 3 <= n {
-            accumulate_fused(op, acc, [at(j), at(j + 1), at(j + 2), at(j + 3)]);
-            j += 4;
-        }
-        while j <= n {
-            accumulate(op, acc, at(j));
-            j += 1;
+        {
+            let at = |j: usize| &positions[(c + j) % n][start..end];
+            let rest: SmallVec<[&[T]; 16]> = (2..=n).map(at).collect();
+            combine_in_order(op, acc, at(1), &rest);
         }
         if let Some(divisor) = epilogue.divisor {
             divide_all(acc, divisor);

@@ -528,21 +528,28 @@ fn nccl_style_rows_have_the_documented_keys_and_no_wrong_elements() {
 }
 
 #[test]
-fn fused_accumulation_is_bitwise_the_sequential_one() {
-    use super::element::{accumulate, accumulate_fused};
-    let mut mix = Mix(7);
-    let xs: Vec<Vec<f32>> = (0..5)
-        .map(|_| (0..1000).map(|_| f32::random(&mut mix) * 1e3).collect())
+fn combining_in_order_is_bitwise_a_copy_and_sequential_accumulation() {
+    use super::element::{accumulate, combine_in_order};
+    let mut mix = Mix(11);
+    let xs: Vec<Vec<f32>> = (0..21)
+        .map(|_| (0..333).map(|_| f32::random(&mut mix) * 1e3).collect())
         .collect();
     for op in ReduceOp::ALL {
-        let mut sequential = xs[0].clone();
-        for x in &xs[1..] {
-            accumulate(op, &mut sequential, x);
+        for count in 0..xs.len() {
+            let mut sequential = xs[0].clone();
+            for x in &xs[1..=count] {
+                accumulate(op, &mut sequential, x);
+            }
+            let rest: Vec<&[f32]> = xs[1..=count].iter().map(Vec::as_slice).collect();
+            let mut combined = vec![0.0; 333];
+            combine_in_order(op, &mut combined, &xs[0], &rest);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits(&sequential),
+                bits(&combined),
+                "{op:?}, {count} operands"
+            );
         }
-        let mut fused = xs[0].clone();
-        accumulate_fused(op, &mut fused, [&xs[1], &xs[2], &xs[3], &xs[4]]);
-        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(&sequential), bits(&fused), "{op:?}");
     }
 }
 

@@ -22,7 +22,9 @@ use std::ops::Range;
 use serde::{Deserialize, Serialize};
 
 use super::CollectiveError;
-use super::element::{Element, ReduceOp, accumulate, accumulate_fused, divide_all};
+use smallvec::SmallVec;
+
+use super::element::{Element, ReduceOp, accumulate, combine_in_order, divide_all};
 use super::ring::{
     Epilogue, RingRoute, SLICE_ELEMS, all_gather_rings, chunk_range, for_each_maybe_parallel,
     pieces, record_passes, reduce_scatter_rings,
@@ -381,16 +383,8 @@ fn fold_level<T: Element>(
     let acc = &mut level[..width];
     if dim == 0 {
         let at = |k: usize| &views[member(k)][range.clone()];
-        acc.copy_from_slice(at(1));
-        let mut j = 2;
-        while j + 3 <= n {
-            accumulate_fused(op, acc, [at(j), at(j + 1), at(j + 2), at(j + 3)]);
-            j += 4;
-        }
-        while j <= n {
-            accumulate(op, acc, at(j));
-            j += 1;
-        }
+        let rest: SmallVec<[&[T]; 16]> = (2..=n).map(at).collect();
+        combine_in_order(op, acc, at(1), &rest);
         return;
     }
     let below = (dim - 1) * SLICE_ELEMS;
