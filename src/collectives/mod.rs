@@ -76,7 +76,8 @@ pub use ring::{
 };
 pub use streamed::ReduceGrid;
 pub use torus::{
-    TorusShape, torus_all_gather_traffic, torus_reduce_scatter_traffic, torus_shard_ranges,
+    TorusShape, torus_all_gather_traffic, torus_all_reduce_traffic, torus_reduce_scatter_traffic,
+    torus_shard_ranges,
 };
 pub use traffic::{
     LinkModel, PassSummary, Phase, PhaseKind, TimedTransfer, Traffic, Transfer, pass_name,

@@ -908,8 +908,9 @@ fn invalid_multislice_shapes_are_descriptive_errors() {
     ));
 }
 
-/// The fused torus all-reduce against the staged passes it replaces: the
-/// same values bit for bit, for every op and element type.
+/// The fused torus all-reduce against the staged passes it replaced (the
+/// torus reduce-scatter, then the all-gather that undoes it): the same
+/// values bit for bit, for every op and element type.
 fn check_fused_matches_staged<T: TestElement + PartialEq + std::fmt::Debug>(
     shape: &TorusShape,
     len: usize,
@@ -925,11 +926,12 @@ fn check_fused_matches_staged<T: TestElement + PartialEq + std::fmt::Debug>(
             op,
         );
         let mut staged = inputs.clone();
-        torus::staged_torus_all_reduce(
+        torus::torus_reduce_scatter_slices(
             staged.iter_mut().map(Vec::as_mut_slice).collect(),
             shape,
             op,
         );
+        torus::torus_all_gather_slices(staged.iter_mut().map(Vec::as_mut_slice).collect(), shape);
         assert_eq!(
             fused,
             staged,

@@ -240,57 +240,19 @@ pub(crate) fn torus_all_reduce_slices<T: Element>(
     op: ReduceOp,
 ) -> Traffic {
     let len = slices.first().map_or(0, |s| s.len());
-    let ndims = shape.dims.len();
-    let mut traffic = Traffic::default();
-    let mut ranges: Vec<Range<usize>> = vec![0..len; shape.device_count()];
-    // passes[d]: every dimension-d ring with the segment length it reduces.
-    let mut passes: Vec<Vec<(RingRoute, usize)>> = Vec::with_capacity(ndims);
-    let mut order = 0u32;
-    for dim in 0..ndims {
-        let last = dim + 1 == ndims;
-        let rings: Vec<(RingRoute, usize)> = shape
-            .lines(dim)
-            .iter()
-            .map(|line| (shape.route(dim, line), ranges[line[0]].len()))
-            .collect();
-        let dim_tag = dim as u32;
-        record_passes(
-            &mut traffic,
-            &rings,
-            PhaseKind::ReduceScatter,
-            order,
-            dim_tag,
-            T::BYTES,
-        );
-        if last {
-            record_passes(
-                &mut traffic,
-                &rings,
-                PhaseKind::AllGather,
-                order + 1,
-                dim_tag,
-                T::BYTES,
-            );
-        }
-        passes.push(rings);
-        order += 1;
-        if !last {
-            shape.narrow(dim, &mut ranges);
-        }
-    }
-    order += 1;
-    for dim in (0..ndims.saturating_sub(1)).rev() {
-        record_passes(
-            &mut traffic,
-            &passes[dim],
-            PhaseKind::AllGather,
-            order,
-            dim as u32,
-            T::BYTES,
-        );
-        order += 1;
-    }
     fused_torus_all_reduce(slices, shape, op);
+    torus_all_reduce_traffic(shape, len, T::BYTES)
+}
+
+/// The traffic of a torus all-reduce of `len` elements, without moving
+/// data: [`torus_reduce_scatter_traffic`] (orders `0..dims`), then
+/// [`torus_all_gather_traffic`] from order `dims`.
+pub fn torus_all_reduce_traffic(shape: &TorusShape, len: usize, elem_bytes: usize) -> Traffic {
+    let mut traffic = torus_reduce_scatter_traffic(shape, len, elem_bytes);
+    let dims = shape.dims.len() as u32;
+    traffic
+        .transfers
+        .extend(torus_all_gather_traffic(shape, len, elem_bytes, dims).transfers);
     traffic
 }
 
@@ -393,39 +355,6 @@ fn fold_level<T: Element>(
     for k in 2..=n {
         fold_level(shape, op, dim - 1, member(k), views, range.clone(), lower);
         accumulate(op, acc, &lower[below..below + width]);
-    }
-}
-
-/// The staged all-reduce the fused pass replaces, kept to check it against.
-#[cfg(test)]
-pub(crate) fn staged_torus_all_reduce<T: Element>(
-    mut slices: Vec<&mut [T]>,
-    shape: &TorusShape,
-    op: ReduceOp,
-) {
-    let len = slices.first().map_or(0, |s| s.len());
-    let device_count = shape.device_count();
-    let ndims = shape.dims.len();
-    let mut ranges: Vec<Range<usize>> = vec![0..len; device_count];
-    let mut ranges_before: Vec<Vec<Range<usize>>> = Vec::with_capacity(ndims);
-    for dim in 0..ndims {
-        let lines = shape.lines(dim);
-        let last = dim + 1 == ndims;
-        let epilogue = Epilogue {
-            divisor: (last && op == ReduceOp::Mean).then_some(device_count),
-            gather: last,
-        };
-        let mut slots: Vec<Option<&mut [T]>> = slices.iter_mut().map(|s| Some(&mut **s)).collect();
-        reduce_scatter_rings(line_slices(&mut slots, &lines, &ranges), op, epilogue);
-        ranges_before.push(ranges.clone());
-        if !last {
-            shape.narrow(dim, &mut ranges);
-        }
-    }
-    for dim in (0..ndims.saturating_sub(1)).rev() {
-        let lines = shape.lines(dim);
-        let mut slots: Vec<Option<&mut [T]>> = slices.iter_mut().map(|s| Some(&mut **s)).collect();
-        all_gather_rings(line_slices(&mut slots, &lines, &ranges_before[dim]));
     }
 }
 

@@ -313,17 +313,10 @@ impl RankedPod {
         local: &mut [Option<Vec<T>>],
         op: crate::collectives::ReduceOp,
     ) -> Result<crate::collectives::pod::CollectiveReport> {
-        use crate::collectives::{
-            ReduceGrid, torus_all_gather_traffic, torus_reduce_scatter_traffic,
-        };
+        use crate::collectives::{ReduceGrid, torus_all_reduce_traffic};
         let shape = self.single_slice_torus("all-reduce")?;
         let checked = self.check_local(local)?;
-        let len = checked.len;
-        let ndims = shape.dims().len() as u32;
-        let mut traffic = torus_reduce_scatter_traffic(&shape, len, T::BYTES);
-        traffic
-            .transfers
-            .extend(torus_all_gather_traffic(&shape, len, T::BYTES, ndims).transfers);
+        let traffic = torus_all_reduce_traffic(&shape, checked.len, T::BYTES);
         let grid = ReduceGrid::torus(shape.dims());
         let members: Vec<usize> = (0..local.len()).collect();
         self.ranked_collective(
