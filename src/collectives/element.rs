@@ -67,54 +67,22 @@ impl ReduceOp {
     }
 }
 
-/// `acc[i] = op(acc[i], x[i])` for the combining part of `op` (`Mean` sums).
-///
-/// The `match` sits outside the loops so each loop is a plain element-wise
-/// kernel the compiler vectorizes, with AVX2 where the CPU has it. Every
-/// element sees the same operations in the same order at any vector width,
-/// so the results are the same bits either way.
+/// `acc[i] = op(acc[i], x[i])` for the combining part of `op` (`Mean` sums):
+/// one pass of [`combine_in_order`]'s loop with one operand, so it runs on
+/// the same AVX2 build where the CPU has it. Every element sees the same
+/// operations in the same order at any vector width, so the results are
+/// the same bits either way.
 #[inline]
 pub(crate) fn accumulate<T: Element>(op: ReduceOp, acc: &mut [T], x: &[T]) {
     debug_assert_eq!(acc.len(), x.len());
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: AVX2 was detected on this CPU.
-        unsafe { accumulate_avx2(op, acc, x) };
-        return;
-    }
-    accumulate_portable(op, acc, x);
+    fused_from(op, acc, None, [x]);
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn accumulate_avx2<T: Element>(op: ReduceOp, acc: &mut [T], x: &[T]) {
-    accumulate_portable(op, acc, x);
-}
-
-#[inline(always)]
+/// [`accumulate`] as compiled for the target alone, the reference the wide
+/// build is tested against.
+#[cfg(test)]
 pub(super) fn accumulate_portable<T: Element>(op: ReduceOp, acc: &mut [T], x: &[T]) {
-    match op {
-        ReduceOp::Sum | ReduceOp::Mean => {
-            for (a, &b) in acc.iter_mut().zip(x) {
-                *a = T::add(*a, b);
-            }
-        }
-        ReduceOp::Product => {
-            for (a, &b) in acc.iter_mut().zip(x) {
-                *a = T::mul(*a, b);
-            }
-        }
-        ReduceOp::Max => {
-            for (a, &b) in acc.iter_mut().zip(x) {
-                *a = T::max(*a, b);
-            }
-        }
-        ReduceOp::Min => {
-            for (a, &b) in acc.iter_mut().zip(x) {
-                *a = T::min(*a, b);
-            }
-        }
-    }
+    fused_from_portable(op, acc, None, [x]);
 }
 
 /// Operands [`combine_in_order`] combines in one pass.
@@ -141,7 +109,7 @@ pub(crate) fn combine_in_order<T: Element>(
 
 /// One pass of [`combine_in_order`] over at most [`COMBINE_WIDTH`]
 /// operands, starting from `init` (or from `acc` itself). Compiled for
-/// AVX2 where the CPU has it, as [`accumulate`] is. On the 2-core reference
+/// AVX2 where the CPU has it ([`fused_from`]). On the 2-core reference
 /// machine (`optirs-tpu collectives v2-8 --op reduce-scatter`, paired runs)
 /// that took a 4 MiB-per-rank reduce-scatter (32 MiB in all, the size of
 /// the L3) from 0.97–1.30 ms to 0.84–1.27 ms. At 16 MiB per rank the pass
@@ -162,7 +130,8 @@ fn combine_pass<T: Element>(op: ReduceOp, acc: &mut [T], init: Option<&[T]>, xs:
 }
 
 /// `acc[i] = op(…op(start[i], xs[0][i])…, xs[K−1][i])` with `start` the
-/// `init` slice or `acc` itself.
+/// `init` slice or `acc` itself. The `match` on `op` sits outside the loops
+/// so each is a plain element-wise kernel the compiler vectorizes.
 #[inline]
 fn fused_from<T: Element, const K: usize>(
     op: ReduceOp,
