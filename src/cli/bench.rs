@@ -1,5 +1,6 @@
 //! `optirs-tpu bench`: wall-clock benchmarks of the engine's schedules.
 
+use super::parse::parse_count;
 use super::{output, progress};
 use anyhow::Result;
 use clap::builder::PossibleValuesParser;
@@ -74,35 +75,6 @@ pub fn bench(args: BenchArgs) -> Result<()> {
     }
 }
 
-/// A positive count written as digits (`_` separators allowed) or in exact
-/// scientific notation: `10000000`, `10_000_000`, `1e7`, `2.5e6`.
-pub(super) fn parse_count(text: &str) -> Result<usize, String> {
-    let bad = || format!("`{text}` is not a positive whole number like 4096, 10_000_000 or 1e7");
-    let digits: String = text.trim().chars().filter(|&c| c != '_').collect();
-    let value = match digits.split_once(['e', 'E']) {
-        None => digits.parse::<u128>().map_err(|_| bad())?,
-        Some((mantissa, exponent)) => {
-            let exponent: u32 = exponent.parse().map_err(|_| bad())?;
-            let (whole, fraction) = mantissa.split_once('.').unwrap_or((mantissa, ""));
-            if whole.is_empty() && fraction.is_empty() {
-                return Err(bad());
-            }
-            let shift = exponent
-                .checked_sub(fraction.len() as u32)
-                .ok_or_else(|| format!("`{text}` is not a whole number"))?;
-            let mantissa: u128 = format!("{whole}{fraction}").parse().map_err(|_| bad())?;
-            10u128
-                .checked_pow(shift)
-                .and_then(|scale| mantissa.checked_mul(scale))
-                .ok_or_else(|| format!("`{text}` is too large"))?
-        }
-    };
-    if value == 0 {
-        return Err(bad());
-    }
-    usize::try_from(value).map_err(|_| format!("`{text}` is too large"))
-}
-
 fn optimizer(args: OptimizerArgs) -> Result<()> {
     let steps = usize::try_from(args.steps)?;
     let bench = optirs_tpu::tpu::bench_optimizer(&args.optimizer, args.size, steps)?;
@@ -171,23 +143,4 @@ fn render(bench: &ScheduleBench, compile_runs: usize) -> String {
 /// `optirs_tpu::health::emit_heartbeats` → `health::emit_heartbeats`.
 fn short_name(name: &str) -> &str {
     name.strip_prefix("optirs_tpu::").unwrap_or(name)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::parse_count;
-
-    #[test]
-    fn counts_accept_digits_separators_and_exact_scientific_notation() {
-        assert_eq!(parse_count("4096"), Ok(4096));
-        assert_eq!(parse_count("10_000_000"), Ok(10_000_000));
-        assert_eq!(parse_count("1e7"), Ok(10_000_000));
-        assert_eq!(parse_count("2.5e6"), Ok(2_500_000));
-        assert_eq!(parse_count("1e11"), Ok(100_000_000_000));
-        for bad in [
-            "0", "0e3", "-1", "1.5", "2.55e1", "e5", "1e", "lots", "1e40",
-        ] {
-            assert!(parse_count(bad).is_err(), "{bad}");
-        }
-    }
 }

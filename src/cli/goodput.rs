@@ -1,8 +1,8 @@
 //! `optirs-tpu goodput`: a long training run's goodput through failures,
 //! simulated as a seeded discrete-event timeline (`optirs_tpu::goodput`).
 
-use super::bench::parse_count;
 use super::output;
+use super::parse::parse_count;
 use anyhow::Result;
 use clap::Args;
 use clap::builder::PossibleValuesParser;

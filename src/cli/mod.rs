@@ -6,6 +6,7 @@ mod collectives;
 mod compile;
 mod goodput;
 mod output;
+mod parse;
 mod progress;
 mod ranks;
 mod run;
@@ -83,7 +84,7 @@ pub fn main() -> ExitCode {
         Err(error) if output::is_broken_pipe(&error) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("error: {}", output::error_message(&error));
-            ExitCode::from(1)
+            ExitCode::from(if parse::is_usage(&error) { 2 } else { 1 })
         }
     }
 }

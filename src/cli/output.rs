@@ -121,6 +121,29 @@ pub fn seconds(value: f64) -> String {
     }
 }
 
+/// Formats a byte count with a binary unit: `1.27 TiB`, `512 B`.
+pub fn bytes(value: u64) -> String {
+    let units = [
+        (1u64 << 50, "PiB"),
+        (1 << 40, "TiB"),
+        (1 << 30, "GiB"),
+        (1 << 20, "MiB"),
+        (1 << 10, "KiB"),
+    ];
+    for (scale, unit) in units {
+        if value >= scale {
+            return format!("{:.2} {unit}", value as f64 / scale as f64);
+        }
+    }
+    format!("{value} B")
+}
+
+/// `1 step`, `2 steps`: the count and the word in the right number
+/// (`plural(n, "step", "steps")`).
+pub fn plural(count: u64, one: &str, many: &str) -> String {
+    format!("{count} {}", if count == 1 { one } else { many })
+}
+
 #[cfg(test)]
 mod tests {
     use super::error_message;
@@ -147,5 +170,15 @@ mod tests {
         );
         let plain = anyhow::anyhow!("root").context("middle").context("outer");
         assert_eq!(error_message(&plain), "outer: middle: root");
+    }
+
+    #[test]
+    fn sizes_and_counts_read_as_a_person_writes_them() {
+        use super::{bytes, plural};
+        assert_eq!(bytes(512), "512 B");
+        assert_eq!(bytes(1_400_156_250_112), "1.27 TiB");
+        assert_eq!(bytes(10 << 20), "10.00 MiB");
+        assert_eq!(plural(1, "step", "steps"), "1 step");
+        assert_eq!(plural(0, "step", "steps"), "0 steps");
     }
 }

@@ -1,5 +1,6 @@
 //! `optirs-tpu run`: step a pod.
 
+use super::parse::parse_timed_device;
 use super::{output, progress};
 use anyhow::{Result, bail};
 use clap::Args;
@@ -154,24 +155,6 @@ impl RunArgs {
         }
         Ok(plan)
     }
-}
-
-/// Parses `5@3.5` into device 5 at 3.5 s.
-pub(super) fn parse_timed_device(text: &str) -> Result<(u32, f64), String> {
-    let (device, seconds) = text
-        .split_once('@')
-        .ok_or_else(|| format!("`{text}` is not DEVICE@SECONDS (e.g. 5@3.5)"))?;
-    let device = device
-        .trim()
-        .parse::<u32>()
-        .map_err(|_| format!("`{device}` is not a device id"))?;
-    let seconds = seconds
-        .trim()
-        .parse::<f64>()
-        .ok()
-        .filter(|s| s.is_finite() && *s >= 0.0 && *s < 1e9)
-        .ok_or_else(|| format!("`{seconds}` is not a time in seconds"))?;
-    Ok((device, seconds))
 }
 
 /// One detected failure, in seconds.

@@ -1,8 +1,11 @@
 //! `optirs-tpu train`: a model's optimizer sharded over a pod, stepped in
 //! simulated time with seeded synthetic gradients, through failures.
 
-use super::bench::parse_count;
-use super::run::parse_timed_device;
+use super::parse::number;
+use super::parse::{
+    parse_count, parse_count_u64, parse_finite, parse_positive, parse_seconds, parse_timed_device,
+    usage,
+};
 use super::{output, progress};
 use anyhow::{Context, Result, bail};
 use clap::Args;
@@ -45,14 +48,15 @@ pub struct TrainArgs {
           value_parser = PossibleValuesParser::new(optirs_tpu::optimizers::NAMES))]
     optimizer: String,
     /// Learning rate.
-    #[arg(long, default_value_t = 1e-3)]
+    #[arg(long, default_value_t = 1e-3, value_parser = parse_finite,
+          allow_negative_numbers = true)]
     lr: f64,
     /// The model's tensor sizes in elements, comma-separated (the default
     /// is the bundled 16.8 M-parameter transformer block).
     #[arg(long, value_delimiter = ',', value_name = "N[,N...]", value_parser = parse_count)]
     params: Vec<usize>,
     /// Steps to complete (lost steps are redone).
-    #[arg(long, default_value_t = 20, value_parser = parse_steps)]
+    #[arg(long, default_value_t = 20, value_parser = parse_count_u64)]
     steps: u64,
     /// Bucket size in bytes.
     #[arg(long, default_value_t = DEFAULT_BUCKET_BYTES, value_parser = parse_count)]
@@ -64,7 +68,7 @@ pub struct TrainArgs {
     #[arg(long, value_name = "DEVICE@SECONDS", value_parser = parse_timed_device)]
     kill: Vec<(u32, f64)>,
     /// Write a periodic checkpoint every this many simulated seconds.
-    #[arg(long, value_name = "SECONDS")]
+    #[arg(long, value_name = "SECONDS", value_parser = parse_seconds)]
     checkpoint_every: Option<f64>,
     /// Where checkpoints go (a fresh temporary directory by default).
     #[arg(long, value_name = "DIR")]
@@ -74,7 +78,7 @@ pub struct TrainArgs {
     #[arg(long, default_value = "rollback")]
     recovery: RecoveryPolicy,
     /// Simulated tick in milliseconds (default 0.01).
-    #[arg(long, value_name = "MS")]
+    #[arg(long, value_name = "MS", value_parser = parse_tick_ms)]
     tick_ms: Option<f64>,
     /// Seed of the synthetic gradients.
     #[arg(long, default_value_t = 0)]
@@ -224,11 +228,6 @@ impl TrainArgs {
     }
 }
 
-/// [`parse_count`] for a count of steps.
-fn parse_steps(text: &str) -> Result<u64, String> {
-    parse_count(text).map(|n| n as u64)
-}
-
 #[derive(Serialize, Debug, Clone)]
 struct FailureRow {
     step: u64,
@@ -289,6 +288,21 @@ fn median(mut v: Vec<f64>) -> f64 {
     } else {
         (v[n / 2 - 1] + v[n / 2]) / 2.0
     }
+}
+
+/// A tick in milliseconds, within the bounds a pod file's tick has.
+fn parse_tick_ms(text: &str) -> Result<f64, String> {
+    let ms = parse_positive(
+        text,
+        optirs_tpu::topology::resolve::MAX_TICK_NS as f64 * 1e-6,
+    )?;
+    if ms * 1e6 < optirs_tpu::topology::resolve::MIN_TICK_NS as f64 {
+        return Err(format!(
+            "`{text}` ms is shorter than the shortest tick a pod file may have ({} ns)",
+            optirs_tpu::topology::resolve::MIN_TICK_NS
+        ));
+    }
+    Ok(ms)
 }
 
 pub(super) fn model_of(sizes: &[usize]) -> Result<ParamSet<f32>> {
@@ -369,21 +383,18 @@ pub(super) fn checked_topology(
              optimizer state, but {available} bytes are available; train a smaller model"
         );
     }
-    if args.steps == 0 {
-        bail!("--steps is 0; train at least one step");
-    }
-    if args.bucket_bytes == 0 {
-        bail!("--bucket-bytes is 0; a bucket holds at least one element (4 bytes)");
-    }
-    if !(args.lr.is_finite()) {
-        bail!("--lr must be a finite number");
-    }
     let mut topology = load_topology(&args.pod)?;
     let tick_ms = args.tick_ms.unwrap_or(DEFAULT_TRAIN_TICK_MS);
-    if !(tick_ms.is_finite() && tick_ms > 0.0 && tick_ms <= 1e6) {
-        bail!("--tick-ms must be a positive number of milliseconds, got {tick_ms}");
-    }
     topology.tick_ns = ((tick_ms * 1e6).round() as u64).max(1);
+    if topology.tick_ns > topology.heartbeat_interval_ns {
+        return Err(usage(format!(
+            "--tick-ms {} is longer than {}'s heartbeat interval ({} ms): a tick must not \
+             skip a heartbeat, as in a pod file",
+            number(tick_ms),
+            topology.name,
+            number(topology.heartbeat_interval_ns as f64 * 1e-6)
+        )));
+    }
     Ok(topology)
 }
 
@@ -692,16 +703,16 @@ pub(super) fn print_report(r: &TrainReport, json: bool) -> Result<()> {
         return output::print_json(r);
     }
     let mut text = format!(
-        "trained {} ({} parameters in {} tensors, {} buckets) with {} on {} ({} devices)\n\
-         {} steps completed ({} attempted); step {} modeled, {} wall per step; compile {}\n",
+        "trained {} ({} in {}, {}) with {} on {} ({})\n\
+         {} completed ({} attempted); step {} modeled, {} wall per step; compile {}\n",
         "the model",
-        r.params,
-        r.tensors,
-        r.buckets,
+        output::plural(r.params as u64, "parameter", "parameters"),
+        output::plural(r.tensors as u64, "tensor", "tensors"),
+        output::plural(r.buckets as u64, "bucket", "buckets"),
         r.optimizer,
         r.pod,
-        r.devices,
-        r.steps_completed,
+        output::plural(u64::from(r.devices), "device", "devices"),
+        output::plural(r.steps_completed, "step", "steps"),
         r.steps_attempted,
         output::seconds(r.step_modeled_seconds),
         output::seconds(r.wall_seconds_per_step),
@@ -722,8 +733,9 @@ pub(super) fn print_report(r: &TrainReport, json: bool) -> Result<()> {
         );
     }
     text += &format!(
-        "HBM per device (max) {} bytes; links moved {} bytes\n",
-        r.hbm_bytes_per_device, r.link_bytes
+        "HBM per device (max) {}; links moved {}\n",
+        output::bytes(r.hbm_bytes_per_device),
+        output::bytes(r.link_bytes)
     );
     for f in &r.failures {
         text += &format!(
@@ -733,11 +745,11 @@ pub(super) fn print_report(r: &TrainReport, json: bool) -> Result<()> {
     }
     for rec in &r.recoveries {
         text += &format!(
-            "  recovered by {} from step {}: lost devices {:?}, {} steps lost, {} modeled\n",
+            "  recovered by {} from step {}: lost devices {:?}, {} lost, {} modeled\n",
             rec.policy,
             rec.failed_step,
             rec.lost_devices,
-            rec.lost_steps,
+            output::plural(rec.lost_steps, "step", "steps"),
             output::seconds(rec.recovery_seconds)
         );
         for [failed, spare] in &rec.swapped_cubes {

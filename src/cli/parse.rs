@@ -1,0 +1,218 @@
+//! One parser per kind of value on the command line, shared by every
+//! command, and the error that marks a bad value (exit code 2).
+//!
+//! A value clap parses with one of these is refused before the command
+//! starts; a value that can only be checked later (against the pod, say)
+//! is refused with [`usage`], which `main` maps to the same exit code.
+
+use std::fmt;
+
+/// A value on the command line that cannot be used: exit code 2, like a
+/// value clap refuses.
+#[derive(Debug)]
+pub struct UsageError(pub String);
+
+impl fmt::Display for UsageError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UsageError {}
+
+/// A [`UsageError`] as an `anyhow::Error`, for `return Err(usage(..))`.
+pub fn usage(message: impl Into<String>) -> anyhow::Error {
+    anyhow::Error::new(UsageError(message.into()))
+}
+
+/// Whether the error (or a cause) is a bad command-line value.
+pub fn is_usage(error: &anyhow::Error) -> bool {
+    error.chain().any(|cause| cause.is::<UsageError>())
+}
+
+/// A positive whole number: `4096`, `10_000_000`, `1e7`, `2.5e6`.
+pub fn parse_count(text: &str) -> Result<usize, String> {
+    let bad = || format!("`{text}` is not a positive whole number like 4096, 10_000_000 or 1e7");
+    let digits: String = text.trim().chars().filter(|&c| c != '_').collect();
+    let value = match digits.split_once(['e', 'E']) {
+        None => digits.parse::<u128>().map_err(|_| bad())?,
+        Some((mantissa, exponent)) => {
+            let exponent: u32 = exponent.parse().map_err(|_| bad())?;
+            let (whole, fraction) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+            if whole.is_empty() && fraction.is_empty() {
+                return Err(bad());
+            }
+            let shift = exponent
+                .checked_sub(fraction.len() as u32)
+                .ok_or_else(|| format!("`{text}` is not a whole number"))?;
+            let mantissa: u128 = format!("{whole}{fraction}").parse().map_err(|_| bad())?;
+            10u128
+                .checked_pow(shift)
+                .and_then(|scale| mantissa.checked_mul(scale))
+                .ok_or_else(|| format!("`{text}` is too large"))?
+        }
+    };
+    if value == 0 {
+        return Err(bad());
+    }
+    usize::try_from(value).map_err(|_| format!("`{text}` is too large"))
+}
+
+/// [`parse_count`] as a `u64` (steps, ticks).
+pub fn parse_count_u64(text: &str) -> Result<u64, String> {
+    parse_count(text).map(|n| n as u64)
+}
+
+/// The longest duration or time any command takes: 10^9 s (about 32
+/// years). Past it a simulated clock in nanoseconds loses its meaning.
+pub const MAX_SECONDS: f64 = 1e9;
+
+/// A duration in seconds: finite, above 0, at most [`MAX_SECONDS`]
+/// (`0.5`, `1e-3`, `3600`).
+pub fn parse_seconds(text: &str) -> Result<f64, String> {
+    let value: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{text}` is not a number of seconds"))?;
+    if !(value.is_finite() && value > 0.0 && value <= MAX_SECONDS) {
+        return Err(format!(
+            "`{text}` is not a duration: give seconds above 0 and at most {}",
+            number(MAX_SECONDS)
+        ));
+    }
+    Ok(value)
+}
+
+/// A point in simulated time, seconds from the start: finite, at least 0,
+/// below [`MAX_SECONDS`].
+pub fn parse_instant(text: &str) -> Result<f64, String> {
+    let value: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{text}` is not a time in seconds"))?;
+    if !(value.is_finite() && (0.0..MAX_SECONDS).contains(&value)) {
+        return Err(format!(
+            "`{text}` is not a time: give seconds from 0 up to {}",
+            number(MAX_SECONDS)
+        ));
+    }
+    Ok(value)
+}
+
+/// A positive finite number in any unit (hours, days, bytes per second):
+/// above 0 and at most `max`.
+pub fn parse_positive(text: &str, max: f64) -> Result<f64, String> {
+    let value: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{text}` is not a number"))?;
+    if !(value.is_finite() && value > 0.0 && value <= max) {
+        return Err(format!(
+            "`{text}` is out of range: give a number above 0 and at most {}",
+            number(max)
+        ));
+    }
+    Ok(value)
+}
+
+/// A finite number (a learning rate: any sign, not NaN or infinite).
+pub fn parse_finite(text: &str) -> Result<f64, String> {
+    text.trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|v| v.is_finite())
+        .ok_or_else(|| format!("`{text}` is not a finite number"))
+}
+
+/// `DEVICE@SECONDS`: device 5 at 3.5 s is `5@3.5`.
+pub fn parse_timed_device(text: &str) -> Result<(u32, f64), String> {
+    let (device, seconds) = text
+        .split_once('@')
+        .ok_or_else(|| format!("`{text}` is not DEVICE@SECONDS (e.g. 5@3.5)"))?;
+    let device = device
+        .trim()
+        .parse::<u32>()
+        .map_err(|_| format!("`{device}` is not a device id"))?;
+    Ok((device, parse_instant(seconds)?))
+}
+
+/// A number for a person: plain digits in the usual range, scientific
+/// notation outside it (`1.8e19`, `2.2e-308`), never `-0`.
+pub fn number(value: f64) -> String {
+    if value == 0.0 {
+        return "0".into();
+    }
+    if !value.is_finite() {
+        return value.to_string();
+    }
+    let magnitude = value.abs();
+    if (1e-3..1e9).contains(&magnitude) {
+        let text = format!("{value:.6}");
+        let text = text.trim_end_matches('0').trim_end_matches('.');
+        return text.to_string();
+    }
+    let text = format!("{value:.2e}");
+    // 1.80e19 -> 1.8e19
+    match text.split_once('e') {
+        Some((mantissa, exponent)) => {
+            let mantissa = mantissa.trim_end_matches('0').trim_end_matches('.');
+            format!("{mantissa}e{exponent}")
+        }
+        None => text,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_take_digits_underscores_and_exponents() {
+        assert_eq!(parse_count("4096"), Ok(4096));
+        assert_eq!(parse_count("10_000_000"), Ok(10_000_000));
+        assert_eq!(parse_count("1e7"), Ok(10_000_000));
+        assert_eq!(parse_count("2.5e6"), Ok(2_500_000));
+        assert_eq!(parse_count("1e11"), Ok(100_000_000_000));
+        assert_eq!(parse_count_u64("1e3"), Ok(1000));
+        for bad in [
+            "0", "0e3", "-1", "1.5", "abc", "", "e7", "1e", "2.55e1", "1e40",
+        ] {
+            assert!(parse_count(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn durations_are_positive_finite_and_bounded() {
+        assert_eq!(parse_seconds("0.5"), Ok(0.5));
+        assert_eq!(parse_seconds("1e-9"), Ok(1e-9));
+        for bad in ["0", "-1", "nan", "inf", "1e300", "x", ""] {
+            assert!(parse_seconds(bad).is_err(), "{bad}");
+        }
+        assert_eq!(parse_instant("0"), Ok(0.0));
+        for bad in ["-0.1", "nan", "1e300"] {
+            assert!(parse_instant(bad).is_err(), "{bad}");
+        }
+        assert_eq!(parse_timed_device("5@3.5"), Ok((5, 3.5)));
+        assert!(parse_timed_device("5@nan").is_err());
+        assert!(parse_finite("nan").is_err());
+        assert!(parse_positive("0", 10.0).is_err());
+        assert!(parse_positive("11", 10.0).is_err());
+    }
+
+    #[test]
+    fn numbers_read_as_a_person_writes_them() {
+        assert_eq!(number(1.8446744073709552e19), "1.84e19");
+        assert_eq!(number(2.2250738585072014e-308), "2.23e-308");
+        assert_eq!(number(-0.0), "0");
+        assert_eq!(number(600.0), "600");
+        assert_eq!(number(0.25), "0.25");
+        assert_eq!(number(1e9), "1e9");
+    }
+
+    #[test]
+    fn usage_errors_are_found_through_context() {
+        let error = usage("bad").context("outer");
+        assert!(is_usage(&error));
+        assert!(!is_usage(&anyhow::anyhow!("runtime")));
+    }
+}
