@@ -70,17 +70,12 @@ pub const MAX_SECONDS: f64 = 1e9;
 /// A duration in seconds: finite, above 0, at most [`MAX_SECONDS`]
 /// (`0.5`, `1e-3`, `3600`).
 pub fn parse_seconds(text: &str) -> Result<f64, String> {
-    let value: f64 = text
-        .trim()
-        .parse()
-        .map_err(|_| format!("`{text}` is not a number of seconds"))?;
-    if !(value.is_finite() && value > 0.0 && value <= MAX_SECONDS) {
-        return Err(format!(
+    parse_positive(text, MAX_SECONDS).map_err(|_| {
+        format!(
             "`{text}` is not a duration: give seconds above 0 and at most {}",
             number(MAX_SECONDS)
-        ));
-    }
-    Ok(value)
+        )
+    })
 }
 
 /// A point in simulated time, seconds from the start: finite, at least 0,
