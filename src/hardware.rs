@@ -73,6 +73,16 @@ const GB: f64 = 1e9;
 /// Bytes per second one host reads a checkpoint at (\[storage\]).
 pub const CHECKPOINT_READ_BYTES_PER_S_PER_HOST: f64 = GB;
 
+/// Seconds to write or to read back a checkpoint of `bytes` on a pod of
+/// `hosts` hosts: every host streams its share at
+/// [`CHECKPOINT_READ_BYTES_PER_S_PER_HOST`] (writes are taken as fast as
+/// reads). The one checkpoint cost: `goodput`, `train` and the rollback
+/// read all call it, so the two commands charge a checkpoint the same.
+/// `hosts` is at least 1 (a pod has a host); 0 is taken as 1.
+pub fn checkpoint_io_seconds(bytes: f64, hosts: u32) -> f64 {
+    bytes / (f64::from(hosts.max(1)) * CHECKPOINT_READ_BYTES_PER_S_PER_HOST)
+}
+
 /// The optical circuit switches of a cube-built generation (\[ocs\]).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct OcsSpec {
@@ -525,6 +535,14 @@ impl FromStr for TpuGeneration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_checkpoint_costs_its_bytes_over_every_hosts_stream() {
+        // 12 GB over 4 hosts at 1 GB/s each: 3 s.
+        assert_eq!(checkpoint_io_seconds(12e9, 4), 3.0);
+        assert_eq!(checkpoint_io_seconds(12e9, 0), 12.0);
+        assert_eq!(checkpoint_io_seconds(0.0, 4), 0.0);
+    }
 
     #[test]
     fn names_round_trip() {
