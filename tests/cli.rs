@@ -713,10 +713,10 @@ fn goodput_simulates_a_run_and_refuses_bad_input() {
         (
             "--mtbf-hours",
             "0",
-            1,
-            "--mtbf-hours must be a positive number",
+            2,
+            "not a mean time between failures",
         ),
-        ("--days", "-2", 1, "--days must be a positive number"),
+        ("--days", "-2", 2, "not a run length"),
         ("--model-params", "0", 2, "not a positive whole number"),
         (
             "--recovery",
