@@ -710,12 +710,7 @@ fn goodput_simulates_a_run_and_refuses_bad_input() {
     );
 
     for (flag, value, code, message) in [
-        (
-            "--mtbf-hours",
-            "0",
-            2,
-            "not a mean time between failures",
-        ),
+        ("--mtbf-hours", "0", 2, "not a mean time between failures"),
         ("--days", "-2", 2, "not a run length"),
         ("--model-params", "0", 2, "not a positive whole number"),
         (

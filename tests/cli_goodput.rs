@@ -126,7 +126,11 @@ fn every_bad_value_exits_2_with_one_readable_line() {
         ("--step-seconds", "1e300", "is not a duration"),
         // Valid alone, more steps than a run counts.
         ("--step-seconds", "1e-300", "steps a run counts"),
-        ("--checkpoint-every", "0", "is not a positive number of seconds"),
+        (
+            "--checkpoint-every",
+            "0",
+            "is not a positive number of seconds",
+        ),
         (
             "--checkpoint-every",
             "1e300",
@@ -222,7 +226,10 @@ fn json_names_simulated_time_and_host_time_apart() {
     .iter()
     .map(|k| report[k].as_f64().unwrap())
     .sum();
-    assert!((accounted - simulated).abs() < 1e-6 * simulated, "{accounted}");
+    assert!(
+        (accounted - simulated).abs() < 1e-6 * simulated,
+        "{accounted}"
+    );
 }
 
 /// `rollback 620.047 s = detect 10.000 s + restart 600.000 s + ...`: the
@@ -294,14 +301,24 @@ fn text_adds_up_and_reads_as_a_person_writes() {
     let line = out.lines().find(|l| l.contains("restarts")).unwrap();
     let (total, parts) = breakdown(line, "rollback");
     let names: Vec<&str> = parts.iter().map(|p| p.0.as_str()).collect();
-    assert_eq!(names, ["detect", "restart", "reconfigure", "read"], "{line}");
+    assert_eq!(
+        names,
+        ["detect", "restart", "reconfigure", "read"],
+        "{line}"
+    );
     let sum: f64 = parts.iter().map(|p| p.1).sum();
     // Each part and the total are shown to the millisecond.
     assert!((sum - total).abs() < 2e-3, "{line}: {sum} vs {total}");
     // The read is the checkpoint's bytes over one host's 1 GB/s: 12 s.
     assert!((parts[3].1 - 12.0).abs() < 1e-3, "{line}");
-    assert!(line.contains("no read before the first checkpoint"), "{line}");
-    assert!(out.contains("simulated in") && out.contains("host time"), "{out}");
+    assert!(
+        line.contains("no read before the first checkpoint"),
+        "{line}"
+    );
+    assert!(
+        out.contains("simulated in") && out.contains("host time"),
+        "{out}"
+    );
     assert!(longest_digit_run(&out) <= 10, "{out}");
 
     let one_day = text(&optirs(&[
@@ -356,7 +373,10 @@ fn auto_never_does_worse_than_never() {
     assert!(search["goodput"].as_f64().unwrap() >= search["never_goodput"].as_f64().unwrap());
 
     let shown = text(&optirs(&args("auto")[..12]));
-    assert!(shown.contains("never (auto: no checkpoints did best"), "{shown}");
+    assert!(
+        shown.contains("never (auto: no checkpoints did best"),
+        "{shown}"
+    );
 }
 
 #[test]
@@ -387,12 +407,17 @@ fn async_checkpoints_block_only_for_the_host_copy() {
     let write = costs["checkpoint_write_seconds"].as_f64().unwrap();
     assert!((write - 75.0).abs() < 1e-9, "{write}");
     assert_eq!(
-        sync["costs"]["checkpoint_blocking_seconds"].as_f64().unwrap(),
+        sync["costs"]["checkpoint_blocking_seconds"]
+            .as_f64()
+            .unwrap(),
         write
     );
     let copy = costs["host_copy_seconds"].as_f64().unwrap();
     assert_eq!(costs["checkpoint_blocking_seconds"].as_f64().unwrap(), copy);
-    assert_eq!(costs["checkpoint_background_seconds"].as_f64().unwrap(), write);
+    assert_eq!(
+        costs["checkpoint_background_seconds"].as_f64().unwrap(),
+        write
+    );
     // 1.2 TB over 64 chips' host links.
     let expected = 1.2e12 / (64.0 * optirs_tpu::hardware::HOST_COPY_BYTES_PER_S_PER_CHIP);
     assert!((copy - expected).abs() < 1e-9 * expected, "{copy}");
@@ -453,5 +478,8 @@ fn spare_cube_without_a_free_spare_rolls_back_and_says_so() {
     let sum: f64 = parts.iter().map(|p| p.1).sum();
     assert!((sum - total).abs() < 2e-3, "{line}");
     assert!(line.contains("without a free spare rollback"), "{line}");
-    assert!(shown.contains("found no free spare and rolled back"), "{shown}");
+    assert!(
+        shown.contains("found no free spare and rolled back"),
+        "{shown}"
+    );
 }

@@ -582,7 +582,10 @@ fn the_checkpoint_cost_is_the_shared_one() {
         r.costs.checkpoint_write_seconds,
         optirs_tpu::hardware::checkpoint_io_seconds(bytes, fleet.hosts)
     );
-    assert_eq!(r.costs.checkpoint_read_seconds, r.costs.checkpoint_write_seconds);
+    assert_eq!(
+        r.costs.checkpoint_read_seconds,
+        r.costs.checkpoint_write_seconds
+    );
 }
 
 #[test]

@@ -97,9 +97,7 @@ pub struct GoodputArgs {
 /// `--mtbf-hours`: hours above 0.
 fn parse_mtbf_hours(text: &str) -> Result<f64, String> {
     parse_positive(text, f64::MAX).map_err(|_| {
-        format!(
-            "`{text}` is not a mean time between failures: give hours above 0 (e.g. 50000)"
-        )
+        format!("`{text}` is not a mean time between failures: give hours above 0 (e.g. 50000)")
     })
 }
 
@@ -134,7 +132,7 @@ fn parse_bandwidth(text: &str) -> Result<f64, String> {
 /// [`parse_seconds`] takes.
 fn parse_seconds_or_zero(text: &str) -> Result<f64, String> {
     match text.trim().parse::<f64>() {
-        Ok(v) if v == 0.0 => Ok(0.0),
+        Ok(0.0) => Ok(0.0), // -0 too: a float pattern compares with ==
         _ => parse_seconds(text).map_err(|_| {
             format!(
                 "`{text}` is not a duration: give seconds from 0 up to {}",
@@ -149,12 +147,14 @@ fn parse_interval(text: &str) -> Result<CheckpointInterval, String> {
     match text.trim() {
         "auto" => Ok(CheckpointInterval::Auto),
         "never" => Ok(CheckpointInterval::Never),
-        other => parse_seconds(other).map(CheckpointInterval::Every).map_err(|_| {
-            format!(
-                "`{text}` is not a positive number of seconds (at most {}), `auto` or `never`",
-                number(MAX_SECONDS)
-            )
-        }),
+        other => parse_seconds(other)
+            .map(CheckpointInterval::Every)
+            .map_err(|_| {
+                format!(
+                    "`{text}` is not a positive number of seconds (at most {}), `auto` or `never`",
+                    number(MAX_SECONDS)
+                )
+            }),
     }
 }
 
@@ -193,15 +193,19 @@ pub fn goodput(args: GoodputArgs) -> Result<()> {
     let step_source = match args.step_seconds {
         Some(_) => "--step-seconds",
         None => {
-            config.step_seconds = modeled_step_seconds(&topology, config.model_params, slots)
-                .map_err(refused)?;
+            config.step_seconds =
+                modeled_step_seconds(&topology, config.model_params, slots).map_err(refused)?;
             "modeled sharded optimizer step"
         }
     };
     Costs::derive(&fleet, &config).map_err(refused)?;
     // Only `auto` runs many simulations (a fixed interval is one run).
     let searches = u64::from(config.checkpoint == CheckpointInterval::Auto);
-    let bar = progress::bar(searches, args.json, "goodput: choosing the checkpoint interval");
+    let bar = progress::bar(
+        searches,
+        args.json,
+        "goodput: choosing the checkpoint interval",
+    );
     let report = simulate_with_progress(&fleet, &config, &|done, planned| {
         bar.set_length(planned as u64);
         bar.set_position(done as u64);
@@ -368,14 +372,15 @@ fn text(r: &GoodputReport, step_source: &str, host_seconds: f64) -> String {
             secs(c.replication_seconds_per_step),
         );
     }
-    out += &format!(
-        "simulated in {} of host time\n",
-        secs(host_seconds)
-    );
+    out += &format!("simulated in {} of host time\n", secs(host_seconds));
     out
 }
 
 /// `1 day`, `0.5 days`, `54 days`.
 fn plural_f64(value: f64, one: &str, many: &str) -> String {
-    format!("{} {}", number(value), if value == 1.0 { one } else { many })
+    format!(
+        "{} {}",
+        number(value),
+        if value == 1.0 { one } else { many }
+    )
 }

@@ -288,7 +288,7 @@ impl GoodputConfig {
                 self.cube_repair_hours,
                 " (until a failed cube is a spare again)",
             )?;
-            if !fleet.spare_cubes.is_some_and(|n| n > 0) {
+            if fleet.spare_cubes.unwrap_or(0) == 0 {
                 return Err(GoodputError::NoSpareCube {
                     pod: fleet.name.clone(),
                 });

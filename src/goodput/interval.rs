@@ -149,7 +149,8 @@ pub fn search_interval_with_progress(
             steps_per_checkpoint: steps,
             ..plan
         };
-        let goodput = simulate_replicates(exposure, costs, plan, replicates).goodput(costs.step_seconds);
+        let goodput =
+            simulate_replicates(exposure, costs, plan, replicates).goodput(costs.step_seconds);
         let finished = done.fetch_add(1, Ordering::Relaxed) + 1;
         progress(finished, planned.load(Ordering::Relaxed).max(finished));
         goodput
