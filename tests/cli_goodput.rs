@@ -144,6 +144,17 @@ fn every_bad_value_exits_2_with_one_readable_line() {
         ("--restart-seconds", "-1", "is not a duration"),
         ("--reconfigure-seconds", "nan", "is not a duration"),
         ("--cube-repair-hours", "0", "is not a repair time"),
+        // Accepted and ignored would mislead: repairs matter to spare-cube only.
+        (
+            "--cube-repair-hours",
+            "48",
+            "applies to --recovery spare-cube only",
+        ),
+        (
+            "--checkpoint-every",
+            "never --async-checkpoint",
+            "--async-checkpoint needs checkpoints",
+        ),
         ("--storage-bytes-per-s", "0", "is not a bandwidth"),
         ("--model-params", "0", "not a positive whole number"),
         ("--recovery", "sometimes", "unknown recovery policy"),
@@ -152,10 +163,13 @@ fn every_bad_value_exits_2_with_one_readable_line() {
     ];
     for &(flag, value, message) in cases {
         let mut args: Vec<&str> = base.to_vec();
+        let mut words = value.split(' ');
+        let value = words.next().unwrap();
         match args.iter().position(|a| *a == flag) {
             Some(i) => args[i + 1] = value,
             None => args.extend([flag, value]),
         }
+        args.extend(words);
         let out = optirs(&args);
         let err = stderr(&out);
         assert_eq!(out.status.code(), Some(2), "{flag} {value}: {err}");

@@ -81,10 +81,11 @@ pub struct GoodputArgs {
     #[arg(long, value_name = "S", default_value_t = DEFAULT_RECONFIGURE_SECONDS,
           allow_negative_numbers = true, value_parser = parse_seconds_or_zero)]
     reconfigure_seconds: f64,
-    /// Under spare-cube, hours until a failed cube is a spare again.
-    #[arg(long, value_name = "H", default_value_t = DEFAULT_CUBE_REPAIR_HOURS,
-          allow_negative_numbers = true, value_parser = parse_repair_hours)]
-    cube_repair_hours: f64,
+    /// Under spare-cube (only), hours until a failed cube is a spare again
+    /// [default: 24].
+    #[arg(long, value_name = "H", allow_negative_numbers = true,
+          value_parser = parse_repair_hours)]
+    cube_repair_hours: Option<f64>,
     /// Aggregate checkpoint storage bandwidth, bytes per second (default
     /// 1 GB/s per host).
     #[arg(long, value_name = "B", allow_negative_numbers = true, value_parser = parse_bandwidth)]
@@ -158,6 +159,23 @@ fn parse_interval(text: &str) -> Result<CheckpointInterval, String> {
     }
 }
 
+/// Refuses an option the run would not use: accepting it silently would
+/// let a user believe it changed the figures.
+fn refuse_ignored(args: &GoodputArgs) -> Result<()> {
+    if args.cube_repair_hours.is_some() && args.recovery != RecoveryPolicy::SpareCube {
+        return Err(usage(format!(
+            "--cube-repair-hours applies to --recovery spare-cube only, and this run is {}",
+            args.recovery
+        )));
+    }
+    if args.async_checkpoint && args.checkpoint_every == CheckpointInterval::Never {
+        return Err(usage(
+            "--async-checkpoint needs checkpoints, and --checkpoint-every is never",
+        ));
+    }
+    Ok(())
+}
+
 /// A refusal of the library's input checks: nothing was simulated, and
 /// the input is what has to change, so it is a usage error (exit 2).
 fn refused(error: GoodputError) -> anyhow::Error {
@@ -186,7 +204,8 @@ pub fn goodput(args: GoodputArgs) -> Result<()> {
     config.seed = args.seed;
     config.restart_seconds = args.restart_seconds;
     config.reconfigure_seconds = args.reconfigure_seconds;
-    config.cube_repair_hours = args.cube_repair_hours;
+    config.cube_repair_hours = args.cube_repair_hours.unwrap_or(DEFAULT_CUBE_REPAIR_HOURS);
+    refuse_ignored(&args)?;
     config.storage_bytes_per_s = args.storage_bytes_per_s;
     // Everything but the step is checked before the step is modeled.
     config.check(&fleet).map_err(refused)?;
