@@ -184,6 +184,7 @@ fn refused(error: GoodputError) -> anyhow::Error {
 
 pub fn goodput(args: GoodputArgs) -> Result<()> {
     let started = Instant::now();
+    refuse_ignored(&args)?;
     let slots = optirs_tpu::optimizers::by_name(&args.optimizer, 1e-3f32)
         .map_err(OptimError::from)?
         .update_rule()
@@ -205,7 +206,6 @@ pub fn goodput(args: GoodputArgs) -> Result<()> {
     config.restart_seconds = args.restart_seconds;
     config.reconfigure_seconds = args.reconfigure_seconds;
     config.cube_repair_hours = args.cube_repair_hours.unwrap_or(DEFAULT_CUBE_REPAIR_HOURS);
-    refuse_ignored(&args)?;
     config.storage_bytes_per_s = args.storage_bytes_per_s;
     // Everything but the step is checked before the step is modeled.
     config.check(&fleet).map_err(refused)?;
