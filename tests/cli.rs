@@ -630,7 +630,8 @@ fn train_trace_is_a_perfetto_file_with_every_device() {
         "--trace",
         trace.to_str().unwrap(),
     ]);
-    assert_eq!(again.status.code(), Some(1));
+    // An output path that exists is a bad value, refused before any work.
+    assert_eq!(again.status.code(), Some(2));
 }
 
 /// A binary without the `mpi` feature started as one of several MPI ranks
