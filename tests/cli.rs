@@ -466,7 +466,10 @@ fn errors_do_not_repeat_their_cause() {
     let out = optirs(&["run", "--steps", "1", "--trace", missing.to_str().unwrap()]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
-    assert!(stderr.contains("no/such/dir") && stderr.contains("does not exist"), "{stderr}");
+    assert!(
+        stderr.contains("no/such/dir") && stderr.contains("does not exist"),
+        "{stderr}"
+    );
 }
 
 #[test]

@@ -52,7 +52,14 @@ fn every_bad_value_of_run_exits_2_naming_the_flag_and_value() {
     }
     for value in ["0", "-1", "nan", "inf", "1e300"] {
         refused(
-            &["run", "v4-8", "--checkpoint-every", value, "--checkpoint-dir", "d"],
+            &[
+                "run",
+                "v4-8",
+                "--checkpoint-every",
+                value,
+                "--checkpoint-dir",
+                "d",
+            ],
             &["--checkpoint-every", value],
         );
         refused(
@@ -116,7 +123,11 @@ fn run_counts_steps_like_train_and_checkpoints_every_simulated_seconds() {
     names.sort();
     assert_eq!(
         names,
-        ["tick-000000000030", "tick-000000000060", "tick-000000000090"]
+        [
+            "tick-000000000030",
+            "tick-000000000060",
+            "tick-000000000090"
+        ]
     );
 }
 
@@ -140,9 +151,17 @@ fn run_restore_takes_the_pod_from_the_checkpoint() {
         String::from_utf8_lossy(&out.stderr)
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(stdout.contains("at tick 100") && stdout.contains("KiB"), "{stdout}");
+    assert!(
+        stdout.contains("at tick 100") && stdout.contains("KiB"),
+        "{stdout}"
+    );
     let continued = json(&optirs(&[
-        "run", "--restore", saved, "--steps", "50", "--json",
+        "run",
+        "--restore",
+        saved,
+        "--steps",
+        "50",
+        "--json",
     ]));
     assert_eq!(continued["pod"], "v4-8");
     assert_eq!(continued["ticks"], 150);
@@ -157,6 +176,20 @@ fn run_restore_takes_the_pod_from_the_checkpoint() {
         &["checkpoint", "restore", saved, "--steps", "-1"],
         &["--steps", "-1"],
     );
+    let fresh = root.path().join("fresh");
+    refused(
+        &[
+            "checkpoint",
+            "save",
+            "v4-8",
+            "--steps",
+            "1e15",
+            "--out",
+            fresh.to_str().unwrap(),
+        ],
+        &["--steps 1e15", "1e13 s of simulated time"],
+    );
+    assert!(!fresh.exists());
 }
 
 #[test]

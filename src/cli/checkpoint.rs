@@ -1,8 +1,8 @@
 //! `optirs-tpu checkpoint ...`: save, verify, restore, list and inspect.
 
 use super::parse::{parse_count_or_zero, usage};
+use super::run::{check_ticks, print_report, step_and_report};
 use super::{output, progress};
-use super::run::{print_report, step_and_report};
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
 use optirs_tpu::Pod;
@@ -96,6 +96,7 @@ pub fn checkpoint(args: CheckpointArgs) -> Result<()> {
             }
             output::check_dir("--out", &out)?;
             let mut pod = Pod::load(&pod)?;
+            check_ticks("--steps", steps, pod.clock().tick_ns)?;
             let bar = progress::bar(steps, false, "run");
             let mut done = 0;
             while done < steps {
@@ -149,6 +150,7 @@ pub fn checkpoint(args: CheckpointArgs) -> Result<()> {
             let start = Instant::now();
             let snapshot = optirs_tpu::checkpoint::split::read_any_checkpoint(&dir, &registry)?;
             let mut pod = Pod::from_snapshot(&snapshot)?;
+            check_ticks("--steps", steps, pod.clock().tick_ns)?;
             let report = step_and_report(&mut pod, steps, start.elapsed().as_secs_f64(), json)?;
             print_report(&report, json)
         }

@@ -283,6 +283,20 @@ mod tests {
     }
 
     #[test]
+    fn zeros_and_huge_times_read_plainly() {
+        use super::{seconds, unsign_zeros};
+        assert_eq!(seconds(1.8446744073709552e19), "1.84e19 s");
+        assert_eq!(seconds(-0.0), "0 ns");
+        assert_eq!(seconds(1e-12), "0 ns");
+        assert_eq!(seconds(0.25), "250.000 ms");
+        let json = r#"{"a": -0.0, "b": [-0.0, -0.05, -0.0e1], "c": "x -0.0 y", "d": -10.0}"#;
+        assert_eq!(
+            unsign_zeros(json),
+            r#"{"a": 0.0, "b": [0.0, -0.05, -0.0e1], "c": "x -0.0 y", "d": -10.0}"#
+        );
+    }
+
+    #[test]
     fn sizes_and_counts_read_as_a_person_writes_them() {
         use super::{bytes, plural};
         assert_eq!(bytes(512), "512 B");

@@ -142,9 +142,8 @@ pub fn parse_count_or_zero(text: &str) -> Result<u64, String> {
     if zero && parse_count(&text.replacen('0', "1", 1)).is_ok() {
         return Ok(0);
     }
-    parse_count_u64(text).map_err(|_| {
-        format!("`{text}` is not a whole number like 0, 4096, 10_000_000 or 1e7")
-    })
+    parse_count_u64(text)
+        .map_err(|_| format!("`{text}` is not a whole number like 0, 4096, 10_000_000 or 1e7"))
 }
 
 /// `A-B@SECONDS`: the link between devices 3 and 7 at 2.5 s is `3-7@2.5`.
@@ -159,7 +158,9 @@ pub fn parse_timed_link(text: &str) -> Result<(u32, u32, f64), String> {
     };
     let (a, b) = (device(a)?, device(b)?);
     if a == b {
-        return Err(format!("`{text}` names device {a} twice: a link joins two devices"));
+        return Err(format!(
+            "`{text}` names device {a} twice: a link joins two devices"
+        ));
     }
     Ok((a, b, parse_instant(seconds)?))
 }

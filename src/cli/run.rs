@@ -1,8 +1,8 @@
 //! `optirs-tpu run`: step a pod.
 
 use super::parse::{
-    MAX_SECONDS, number, parse_count, parse_count_u64, parse_positive, parse_seconds, parse_timed_device,
-    parse_timed_link, usage,
+    MAX_SECONDS, number, parse_count, parse_count_u64, parse_positive, parse_seconds,
+    parse_timed_device, parse_timed_link, usage,
 };
 use super::{output, progress};
 use anyhow::{Result, bail};
@@ -157,21 +157,9 @@ impl RunArgs {
         Ok(())
     }
 
-    /// Refuses a run longer than [`MAX_SECONDS`] of simulated time: the
-    /// bound every duration on the command line has.
+    /// Refuses a run longer than [`MAX_SECONDS`] of simulated time.
     pub(super) fn check_length(&self, tick_ns: u64) -> Result<()> {
-        let seconds = self.steps as f64 * tick_ns as f64 * 1e-9;
-        if seconds > MAX_SECONDS {
-            return Err(usage(format!(
-                "--steps {}: that many ticks of {} is {} of simulated time, more than the {} \
-                 a run may cover",
-                number(self.steps as f64),
-                output::seconds(tick_ns as f64 * 1e-9),
-                output::seconds(seconds),
-                output::seconds(MAX_SECONDS)
-            )));
-        }
-        Ok(())
+        check_ticks("--steps", self.steps, tick_ns)
     }
 
     /// `--checkpoint-every` in ticks of `tick_ns`, refused unless it is a
@@ -235,14 +223,29 @@ impl RunArgs {
                         "--cut {a}-{b}: {name} has no link between device {a} and device {b}"
                     )));
                 }
-                plan.push((
-                    at_ns(seconds),
-                    Fault::CutLink(DeviceId(a), DeviceId(b)),
-                ));
+                plan.push((at_ns(seconds), Fault::CutLink(DeviceId(a), DeviceId(b))));
             }
         }
         Ok(plan)
     }
+}
+
+/// Refuses `flag`'s `ticks` of `tick_ns` when they would cover more than
+/// [`MAX_SECONDS`] of simulated time: the bound every duration on the
+/// command line has.
+pub(super) fn check_ticks(flag: &str, ticks: u64, tick_ns: u64) -> Result<()> {
+    let seconds = ticks as f64 * tick_ns as f64 * 1e-9;
+    if seconds > MAX_SECONDS {
+        return Err(usage(format!(
+            "{flag} {}: that many ticks of {} is {} of simulated time, more than the {} a \
+             run may cover",
+            number(ticks as f64),
+            output::seconds(tick_ns as f64 * 1e-9),
+            output::seconds(seconds),
+            output::seconds(MAX_SECONDS)
+        )));
+    }
+    Ok(())
 }
 
 /// One detected failure, in seconds.
@@ -489,7 +492,12 @@ pub(super) fn report_after(
         simulated_seconds: pod.clock().now_seconds(),
         build_seconds,
         wall_seconds,
-        wall_ns_per_tick: wall_seconds * 1e9 / steps.max(1) as f64,
+        // No ticks, no time per tick.
+        wall_ns_per_tick: if steps == 0 {
+            0.0
+        } else {
+            wall_seconds * 1e9 / steps as f64
+        },
         failures: pod
             .failures()
             .iter()
@@ -519,9 +527,9 @@ pub fn print_report(report: &RunReport, json: bool) -> Result<()> {
             || "no injected fault".to_string(),
             |s| format!("silent since {}", output::seconds(s)),
         );
-        let latency = row.detection_latency_s.map_or_else(String::new, |s| {
-            format!(" ({} later)", output::seconds(s))
-        });
+        let latency = row
+            .detection_latency_s
+            .map_or_else(String::new, |s| format!(" ({} later)", output::seconds(s)));
         failures += &format!(
             "  device {:>5} failed: {injected}, detected at {}{latency}\n",
             row.device,
