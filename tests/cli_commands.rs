@@ -329,3 +329,42 @@ fn collectives_and_bench_take_the_shared_counts() {
     ]));
     assert_eq!(bench["steps"], 10);
 }
+
+#[test]
+fn run_trace_marks_each_injected_fault_where_it_struck() {
+    let root = tempfile::tempdir().unwrap();
+    let path = root.path().join("run.json");
+    let out = optirs(&[
+        "run",
+        "v4-8",
+        "--steps",
+        "1500",
+        "--kill",
+        "5@1",
+        "--cut",
+        "0-1@0.5",
+        "--trace",
+        path.to_str().unwrap(),
+        "--json",
+    ]);
+    json(&out);
+    let trace: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let events = trace["traceEvents"].as_array().unwrap();
+    let marker = |name: &str| {
+        events
+            .iter()
+            .find(|e| e["ph"] == "i" && e["name"] == name)
+            .unwrap_or_else(|| panic!("no `{name}` marker"))
+            .clone()
+    };
+    assert_eq!(marker("kill device 5")["ts"].as_f64(), Some(1e6));
+    assert_eq!(marker("cut link 0-1")["ts"].as_f64(), Some(5e5));
+    // The detection span still runs from the fault to its detection.
+    assert!(
+        events
+            .iter()
+            .any(|e| e["name"] == "failure (fault → detection)" && e["ts"].as_f64() == Some(1e6)),
+        "no failure span from the kill"
+    );
+}

@@ -14,7 +14,7 @@ use optirs_tpu::topology::{DEFAULT_PRESET, DeviceId, Topology};
 use optirs_tpu::xla::backend::profiling_integration::ProfilingIntegration;
 use serde::Serialize;
 use std::collections::VecDeque;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 /// Wall-clock step times `run` keeps for its report: the newest this many
@@ -328,7 +328,8 @@ pub fn run(args: RunArgs) -> Result<()> {
         pod.enable_periodic_checkpoints(every, vec![dir.clone()], args.keep_checkpoints)?;
     }
     let build_seconds = build_start.elapsed().as_secs_f64();
-    for (at_ns, fault) in args.faults(pod.topology())? {
+    let plan = args.faults(pod.topology())?;
+    for &(at_ns, fault) in &plan {
         pod.schedule_fault(at_ns, fault);
     }
     check_faults_apply(&mut pod, args.steps)?;
@@ -381,9 +382,47 @@ pub fn run(args: RunArgs) -> Result<()> {
     let mut report = report_after(&mut pod, args.steps, build_seconds, wall_seconds, step_wall)?;
     report.skipped_ticks = skipped;
     if let (Some(profiler), Some(path)) = (&profiler, &args.trace) {
-        profiler.write_trace(path)?;
+        write_trace(profiler, path, &plan)?;
     }
     print_report(&report, args.json)
+}
+
+/// Writes the run's trace with a marker across the devices at each
+/// injected fault (`kill device 5`, `cut link 0-1`), so the fault shows
+/// where it struck, not only where it was detected. Without faults the
+/// profiler streams its events; with them the trace is built whole first.
+fn write_trace(profiler: &ProfilingIntegration, path: &Path, plan: &[(u64, Fault)]) -> Result<()> {
+    if plan.is_empty() {
+        return Ok(profiler.write_trace(path)?);
+    }
+    let mut trace = profiler.trace_json();
+    if let Some(events) = trace["traceEvents"].as_array_mut() {
+        events.extend(
+            plan.iter()
+                .map(|&(at_ns, fault)| fault_marker(at_ns, fault)),
+        );
+    }
+    output::write_new("--trace", path, &serde_json::to_string(&trace)?)
+}
+
+/// A process-wide instant on the devices' (simulated-time) tracks.
+fn fault_marker(at_ns: u64, fault: Fault) -> serde_json::Value {
+    let name = match fault {
+        Fault::KillDevice(d) => format!("kill device {}", d.0),
+        Fault::PauseDevice(d) => format!("pause device {}", d.0),
+        Fault::CutLink(a, b) => format!("cut link {}-{}", a.0, b.0),
+        other => format!("{other:?}"),
+    };
+    serde_json::json!({
+        "name": name,
+        "cat": "fault",
+        "ph": "i",
+        "s": "p",
+        "ts": at_ns as f64 / 1e3,
+        "pid": optirs_tpu::xla::backend::profiling_integration::pid::DEVICES,
+        "tid": 0,
+        "args": {"at_seconds": at_ns as f64 * 1e-9},
+    })
 }
 
 /// Stops the run once a periodic checkpoint has failed, instead of
