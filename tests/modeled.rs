@@ -213,7 +213,14 @@ fn modeled_only_refuses_what_it_cannot_model() {
 #[test]
 fn modeled_only_models_every_step_asked_for() {
     let one = json(&["train", "v4-8", "--modeled-only", "--steps", "1", "--json"]);
-    let many = json(&["train", "v4-8", "--modeled-only", "--steps", "1000", "--json"]);
+    let many = json(&[
+        "train",
+        "v4-8",
+        "--modeled-only",
+        "--steps",
+        "1000",
+        "--json",
+    ]);
     assert_eq!(many["steps"], 1000);
     assert!(close(
         f(&many["simulated_seconds"]),
@@ -242,27 +249,24 @@ fn the_twisted_torus_moves_no_more_bytes_than_the_plain_one() {
     let devices = 128u64;
     // A real run: 65,536 parameters split evenly over 128 devices.
     let params = 65_536u64;
-    let run = |pod: &str| {
-        json(&[
-            "train",
-            pod,
-            "--params",
-            "65536",
-            "--steps",
-            "2",
-            "--json",
-        ])
-    };
+    let run = |pod: &str| json(&["train", pod, "--params", "65536", "--steps", "2", "--json"]);
     let (twisted, untwisted) = (run(TWISTED), run(&plain));
     let per_device = |r: &serde_json::Value| r["link_bytes"].as_u64().unwrap() / 2 / devices;
     let ideal = 2 * (devices - 1) * params * 4 / devices;
-    assert_eq!(per_device(&twisted), ideal, "exactly 2(N−1)/N × model bytes");
+    assert_eq!(
+        per_device(&twisted),
+        ideal,
+        "exactly 2(N−1)/N × model bytes"
+    );
     assert_eq!(per_device(&twisted), per_device(&untwisted));
     let (t, p) = (
         f(&twisted["step_modeled_seconds"]),
         f(&untwisted["step_modeled_seconds"]),
     );
-    assert!(t <= p * (1.0 + TIME_TOLERANCE), "twisted {t} s, plain {p} s");
+    assert!(
+        t <= p * (1.0 + TIME_TOLERANCE),
+        "twisted {t} s, plain {p} s"
+    );
 
     // The model, 1e6 parameters, in closed form: within 0.01 % of
     // 2(N−1)/N × 4 MB (the buckets are padded to a multiple of 128).
@@ -289,7 +293,10 @@ fn the_twisted_torus_moves_no_more_bytes_than_the_plain_one() {
         f(&twisted["step_modeled_seconds"]),
         f(&untwisted["step_modeled_seconds"]),
     );
-    assert!(t <= p * (1.0 + TIME_TOLERANCE), "twisted {t} s, plain {p} s");
+    assert!(
+        t <= p * (1.0 + TIME_TOLERANCE),
+        "twisted {t} s, plain {p} s"
+    );
 
     // No faster than `topology`'s all-reduce bandwidth allows: the bytes
     // over the sum of every link's bandwidth both ways, the same figure for

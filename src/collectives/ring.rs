@@ -456,8 +456,14 @@ mod tests {
                     } else {
                         (from..n).collect()
                     };
-                    assert!(held[from][c].is_superset(&side), "n={n} s={s} {from}->{to} c={c}");
-                    assert!(used.insert((from, to, c)), "chunk {c} sent twice on {from}->{to}");
+                    assert!(
+                        held[from][c].is_superset(&side),
+                        "n={n} s={s} {from}->{to} c={c}"
+                    );
+                    assert!(
+                        used.insert((from, to, c)),
+                        "chunk {c} sent twice on {from}->{to}"
+                    );
                     arriving.push((to, c, side));
                 }
                 for (to, c, side) in arriving {
@@ -485,7 +491,10 @@ mod tests {
                 for (from, to, c) in RingRoute::line_messages(n, s, PhaseKind::AllGather) {
                     assert_eq!(from.abs_diff(to), 1);
                     assert!(links.insert((from, to)), "n={n} s={s}: a link used twice");
-                    assert!(held[from].contains(&c), "n={n} s={s}: {from} lacks chunk {c}");
+                    assert!(
+                        held[from].contains(&c),
+                        "n={n} s={s}: {from} lacks chunk {c}"
+                    );
                     arriving.push((to, c));
                     messages_total += 1;
                 }

@@ -385,7 +385,10 @@ fn a_mesh_dimension_runs_two_way_lines_at_a_ring_s_bytes_and_time() {
     let traffic = torus_all_reduce(&mut buffers, &mesh, ReduceOp::Sum).unwrap();
     assert!(buffers.iter().all(|b| b.iter().all(|&x| x == 8)));
     assert_links_adjacent(&mesh, &traffic);
-    assert!(traffic.transfers.iter().all(|t| t.hops == 1), "no routed message");
+    assert!(
+        traffic.transfers.iter().all(|t| t.hops == 1),
+        "no routed message"
+    );
     // Along x the chunks of 0's line flow both ways: 0 → 1 carries chunks
     // 1, 2, 3 (reduce-scatter) and 0 (all-gather); 1 → 0 carries chunk 0
     // (reduce-scatter) and 1, 2, 3 (all-gather): 16 elements of 4 bytes each.

@@ -207,18 +207,11 @@ pub fn modeled_step_with_recovery(
         let mut rs = Vec::with_capacity(4);
         let mut bytes = 0u64;
         let mut segment = len;
-        for d in 0..dims.len() {
-            let (seconds, moved) = pass(
-                dims[d],
-                chips / dims[d] * slices,
-                segment,
-                elem,
-                alpha,
-                beta,
-            );
+        for (d, &n) in dims.iter().enumerate() {
+            let (seconds, moved) = pass(n, chips / n * slices, segment, elem, alpha, beta);
             rs.push((StepPhase::ReduceScatter { axis: d as u32 }, seconds));
             bytes += 2 * moved;
-            segment /= dims[d];
+            segment /= n;
         }
         if let Some((_, rail)) = dcn {
             // One exchange: every host sends each other slice the chunk of
@@ -304,7 +297,10 @@ mod tests {
         // One link on the v5e torus: α + 80 KB / β.
         let ici = &topology.ici;
         let expected = ici.latency_ns as f64 * 1e-9 + 80_000.0 / ici.bytes_per_s;
-        assert!((replicate - expected).abs() <= 1e-15, "{replicate} vs {expected}");
+        assert!(
+            (replicate - expected).abs() <= 1e-15,
+            "{replicate} vs {expected}"
+        );
         // 16 messages of 80 KB, one link each.
         assert_eq!(redundant.link_bytes - rollback.link_bytes, 16 * 80_000);
         assert!(
@@ -338,10 +334,13 @@ mod tests {
         )
         .unwrap();
         let spare = adam(&cubes, 1 << 14, RecoveryPolicy::SpareCube);
-        assert_eq!(spare, ModeledStep {
-            recovery: RecoveryPolicy::SpareCube,
-            ..adam(&cubes, 1 << 14, RecoveryPolicy::Rollback)
-        });
+        assert_eq!(
+            spare,
+            ModeledStep {
+                recovery: RecoveryPolicy::SpareCube,
+                ..adam(&cubes, 1 << 14, RecoveryPolicy::Rollback)
+            }
+        );
     }
 
     #[test]
@@ -371,6 +370,9 @@ mod tests {
             "m.ron",
         )
         .unwrap();
-        assert_eq!(adam(&mesh, params, RecoveryPolicy::Rollback).link_bytes, p.link_bytes);
+        assert_eq!(
+            adam(&mesh, params, RecoveryPolicy::Rollback).link_bytes,
+            p.link_bytes
+        );
     }
 }
