@@ -278,19 +278,31 @@ pub fn install_model<A: FloatElement>(
     Ok(())
 }
 
-/// Whether the pod can apply `policy`: a spare-cube recovery needs a pod
-/// built of cubes with spares (checked before any work).
+/// Whether the pod can apply `policy` ([`check_recovery_policy`] on its
+/// topology), checked before any work.
 fn check_policy(world: &World, policy: RecoveryPolicy) -> Result<(), ShardingError> {
-    if policy != RecoveryPolicy::SpareCube {
-        return Ok(());
-    }
     let topology = world
         .get_resource::<crate::topology::PodTopology>()
         .map(|t| &t.0);
-    let spares = topology.and_then(|t| t.cubes).map_or(0, |c| c.spares);
-    if spares == 0 {
+    match topology {
+        Some(topology) => check_recovery_policy(topology, policy),
+        None if policy == RecoveryPolicy::SpareCube => Err(ShardingError::NoSpareCubes {
+            pod: "the pod".to_string(),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// Whether a pod of `topology` can apply `policy`: a spare-cube recovery
+/// needs a pod built of cubes with spares. The one check a real model and
+/// the closed-form step ([`super::modeled`]) both apply.
+pub fn check_recovery_policy(
+    topology: &crate::topology::Topology,
+    policy: RecoveryPolicy,
+) -> Result<(), ShardingError> {
+    if policy == RecoveryPolicy::SpareCube && topology.cubes.map_or(0, |c| c.spares) == 0 {
         return Err(ShardingError::NoSpareCubes {
-            pod: topology.map_or_else(|| "the pod".to_string(), |t| t.name.clone()),
+            pod: topology.name.clone(),
         });
     }
     Ok(())
