@@ -118,3 +118,9 @@ pub enum CheckpointError {
         error: SnapshotError,
     },
 }
+
+impl From<CheckpointError> for crate::error::OptimError {
+    fn from(error: CheckpointError) -> Self {
+        crate::error::OptimError::new(crate::error::ErrorKind::Checkpoint, error)
+    }
+}

@@ -6,7 +6,6 @@ use super::parse::parse_count;
 use anyhow::Result;
 use clap::Args;
 use clap::builder::PossibleValuesParser;
-use optirs_tpu::OptimError;
 use optirs_tpu::goodput::{
     CheckpointInterval, DEFAULT_CUBE_REPAIR_HOURS, DEFAULT_RECONFIGURE_SECONDS,
     DEFAULT_RESTART_SECONDS, FailureUnit, Fleet, GoodputConfig, GoodputReport,
@@ -84,8 +83,7 @@ pub struct GoodputArgs {
 
 pub fn goodput(args: GoodputArgs) -> Result<()> {
     let started = Instant::now();
-    let slots = optirs_tpu::optimizers::by_name(&args.optimizer, 1e-3f32)
-        .map_err(OptimError::from)?
+    let slots = optirs_tpu::optimizers::by_name(&args.optimizer, 1e-3f32)?
         .update_rule()
         .map_or(0, |r| r.slot_names().len());
     let topology = load_topology(&args.pod)?;

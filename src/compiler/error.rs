@@ -135,3 +135,9 @@ impl CompileError {
         }
     }
 }
+
+impl From<CompileError> for crate::error::OptimError {
+    fn from(error: CompileError) -> Self {
+        crate::error::OptimError::new(crate::error::ErrorKind::Compile, error)
+    }
+}

@@ -263,3 +263,9 @@ pub enum Problem {
         timeout_ms: f64,
     },
 }
+
+impl From<TopologyError> for crate::error::OptimError {
+    fn from(error: TopologyError) -> Self {
+        crate::error::OptimError::new(crate::error::ErrorKind::Topology, error)
+    }
+}
