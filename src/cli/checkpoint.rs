@@ -150,7 +150,9 @@ pub fn checkpoint(args: CheckpointArgs) -> Result<()> {
         }
         CheckpointCommand::Inspect { dir } => {
             let (manifest, snapshot) = verify_checkpoint(&dir, &registry)?;
-            let header = std::fs::read_to_string(dir.join(optirs_tpu::checkpoint::MANIFEST))?;
+            // The manifest verified above, read again for its text.
+            let manifest_path = dir.join(optirs_tpu::checkpoint::MANIFEST);
+            let header = optirs_tpu::files::read_text(&manifest_path, 1 << 20, "a manifest")?;
             output::print_text(&format!(
                 "// {}\n{header}\n{}",
                 manifest.name,
