@@ -6,7 +6,8 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
 use optirs_tpu::Pod;
 use optirs_tpu::checkpoint::{
-    engine_registry, list_checkpoints, verify_checkpoint, write_checkpoint,
+    check_new_checkpoint, check_storage_root, engine_registry, list_checkpoints, verify_checkpoint,
+    write_checkpoint,
 };
 use optirs_tpu::topology::DEFAULT_PRESET;
 use std::path::{Path, PathBuf};
@@ -84,10 +85,12 @@ pub fn checkpoint(args: CheckpointArgs) -> Result<()> {
     let registry = engine_registry();
     match args.command {
         CheckpointCommand::Save { pod, steps, out } => {
+            // Where it goes is checked before the pod runs.
+            let (root, name) = split_dir(&out)?;
+            check_new_checkpoint(&root, &name)?;
             let mut pod = Pod::load(&pod)?;
             pod.run(steps);
             let snapshot = pod.snapshot()?;
-            let (root, name) = split_dir(&out)?;
             let manifest =
                 write_checkpoint(&root, &name, &pod.topology().name, &snapshot, &mut |_| {
                     Ok(())
@@ -133,6 +136,9 @@ pub fn checkpoint(args: CheckpointArgs) -> Result<()> {
             print_report(&report, json)
         }
         CheckpointCommand::List { root, json } => {
+            if !check_storage_root(&root)?.exists {
+                bail!("{}: no such storage root", root.display());
+            }
             let listings = list_checkpoints(&root, &registry)?;
             if json {
                 return output::print_json(&listings);
