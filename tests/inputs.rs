@@ -231,7 +231,17 @@ fn a_storage_root_given_as_a_checkpoint_names_its_newest() {
         &["checkpoint", "verify", s(&empty)],
         &["not a checkpoint: it has no `manifest.ron`"],
     );
-    drop(ck);
+    // A split checkpoint whose commit record is a pipe is refused naming
+    // it, not taken for a storage root because of its parts.
+    let split = root.path().join("split");
+    std::fs::create_dir(&split).unwrap();
+    std::fs::rename(&ck, split.join("rank-0")).unwrap();
+    let record = split.join(optirs_tpu::checkpoint::split::SPLIT_MANIFEST);
+    mkfifo(&record);
+    refused(
+        &["checkpoint", "verify", s(&split)],
+        &["ranks.ron", "is a named pipe, not a regular file"],
+    );
 }
 
 #[test]

@@ -483,6 +483,18 @@ pub(super) fn prepare_target(root: &Path, name: &str) -> Result<PathBuf, Checkpo
 /// Why `dir`, a directory without a manifest, is not a checkpoint: it is a
 /// storage root (naming its newest checkpoint), or it is not one at all.
 fn not_a_checkpoint(dir: &Path) -> CheckpointError {
+    // A split pod's commit record that is not a regular file (its parts
+    // would make the directory look like a storage root).
+    let record = dir.join(SPLIT_MANIFEST);
+    if let Ok(metadata) = fs::symlink_metadata(&record)
+        && !metadata.is_file()
+    {
+        return CheckpointError::NotRegular {
+            path: record,
+            found: kind_of(&metadata.file_type()),
+            expected: "a regular file",
+        };
+    }
     match check_storage_root(dir) {
         Ok(root) if !root.checkpoints.is_empty() => CheckpointError::StorageRoot {
             path: dir.to_path_buf(),
