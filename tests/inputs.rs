@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use optirs_tpu::checkpoint::{CheckpointError, check_storage_root};
+use optirs_tpu::checkpoint::{CheckpointError, check_storage_root, write_checkpoint};
 
 /// Longer than any of these commands takes in a debug build; a command
 /// still running then is blocked on its input.
@@ -247,23 +247,39 @@ fn a_storage_root_given_as_a_checkpoint_names_its_newest() {
 #[test]
 fn saving_over_something_that_is_not_a_checkpoint_says_what_is_there() {
     let (root, ck) = saved_checkpoint();
-    refused(
-        &["checkpoint", "save", "v4-8", "--out", s(&ck)],
-        &["a checkpoint with this name exists"],
-    );
+    let snapshot = optirs_tpu::Pod::from_preset("v4-8")
+        .unwrap()
+        .snapshot()
+        .unwrap();
+    let save = |name: &str| {
+        write_checkpoint(root.path(), name, "v4-8", &snapshot, &mut |_| Ok(()))
+            .unwrap_err()
+            .to_string()
+    };
+    assert!(save("ck").contains("a checkpoint with this name exists"));
     let other = root.path().join("notes");
     std::fs::create_dir(&other).unwrap();
     std::fs::write(other.join("a.txt"), "x").unwrap();
-    refused(
-        &["checkpoint", "save", "v4-8", "--out", s(&other)],
-        &["notes", "exists and is a directory without a manifest"],
+    let message = save("notes");
+    assert!(
+        message.contains("notes: exists and is a directory without a manifest, not a checkpoint"),
+        "{message}"
     );
-    let file = root.path().join("file");
-    std::fs::write(&file, "x").unwrap();
-    refused(
-        &["checkpoint", "save", "v4-8", "--out", s(&file)],
-        &["exists and is a regular file, not a checkpoint"],
+    std::fs::write(root.path().join("file"), "x").unwrap();
+    let message = save("file");
+    assert!(
+        message.contains("exists and is a regular file, not a checkpoint"),
+        "{message}"
     );
+    // The command line refuses any existing --out before the pod runs.
+    let output = optirs(&["checkpoint", "save", "v4-8", "--out", s(&other)]);
+    assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("already exists"),
+        "{}",
+        stderr(&output)
+    );
+    drop(ck);
 }
 
 #[test]
@@ -271,12 +287,17 @@ fn a_storage_root_that_is_a_file_is_refused_before_any_work() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("store");
     std::fs::write(&file, "x").unwrap();
-    let expected = ["store", "is a regular file, not a directory"];
-    refused(
-        &["checkpoint", "save", "v4-8", "--out", s(&file.join("ck"))],
-        &expected,
+    let output = optirs(&["checkpoint", "save", "v4-8", "--out", s(&file.join("ck"))]);
+    assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("store is not a directory"),
+        "{}",
+        stderr(&output)
     );
-    refused(&["checkpoint", "list", s(&file)], &expected);
+    refused(
+        &["checkpoint", "list", s(&file)],
+        &["store", "is a regular file, not a directory"],
+    );
     let error = check_storage_root(&file.join("deeper/still")).unwrap_err();
     assert!(
         matches!(&error, CheckpointError::RootNotDirectory { path, .. } if path == &file),

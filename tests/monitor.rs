@@ -471,7 +471,7 @@ fn svg_and_dot_exports_refuse_an_existing_file() {
     ];
     for (args, flag) in refused {
         let out = optirs(&args);
-        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(
             stderr.contains(&format!(
@@ -486,7 +486,7 @@ fn svg_and_dot_exports_refuse_an_existing_file() {
         );
     }
     let out = optirs(&["compile", program, "--svg", fresh, "--memory-svg", fresh]);
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stderr.contains("--svg and --memory-svg both name"),

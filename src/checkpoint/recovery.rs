@@ -27,7 +27,7 @@ use bevy_ecs::prelude::*;
 
 use super::periodic::PeriodicCheckpoints;
 use super::store::{list_checkpoints, verify_checkpoint};
-use crate::hardware::CHECKPOINT_READ_BYTES_PER_S_PER_HOST;
+use crate::hardware::checkpoint_io_seconds;
 use crate::health::cubes::{cubes_of, plan_swaps};
 use crate::ir::{DType, FloatElement};
 use crate::persist::SnapshotRegistry;
@@ -175,7 +175,7 @@ fn newest_model<A: FloatElement>(world: &mut World) -> Result<Restored<A>, Shard
                 .into(),
         });
     }
-    let hosts = world.resource::<PodTopology>().0.num_hosts().max(1) as f64;
+    let hosts = world.resource::<PodTopology>().0.num_hosts();
     let registry = world.resource::<SnapshotRegistry>();
     let mut candidates = Vec::new();
     let mut problems = Vec::new();
@@ -230,7 +230,7 @@ fn newest_model<A: FloatElement>(world: &mut World) -> Result<Restored<A>, Shard
             state,
             count: model.count,
             steps_completed: model.steps_completed,
-            read_seconds: bytes / (hosts * CHECKPOINT_READ_BYTES_PER_S_PER_HOST),
+            read_seconds: checkpoint_io_seconds(bytes, hosts),
         });
     }
     Err(ShardingError::Recovery {

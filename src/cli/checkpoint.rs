@@ -1,7 +1,8 @@
 //! `optirs-tpu checkpoint ...`: save, verify, restore, list and inspect.
 
-use super::output;
-use super::run::{print_report, step_and_report};
+use super::parse::{parse_count_or_zero, usage};
+use super::run::{check_ticks, print_report, step_and_report};
+use super::{output, progress};
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
 use optirs_tpu::Pod;
@@ -26,8 +27,9 @@ enum CheckpointCommand {
         /// A preset name or a pod file path.
         #[arg(default_value = DEFAULT_PRESET)]
         pod: String,
-        /// Ticks to run before saving.
-        #[arg(long, default_value_t = 0)]
+        /// Ticks to run before saving: `0`, `100` or `1e3`.
+        #[arg(long, default_value_t = 0, value_parser = parse_count_or_zero,
+          allow_negative_numbers = true)]
         steps: u64,
         /// The checkpoint directory to create (its parent is the storage root).
         #[arg(long, value_name = "DIR")]
@@ -42,8 +44,9 @@ enum CheckpointCommand {
     Restore {
         /// The checkpoint directory.
         dir: PathBuf,
-        /// Ticks to run after restoring.
-        #[arg(long, default_value_t = 0)]
+        /// Ticks to run after restoring: `0`, `100` or `1e3`.
+        #[arg(long, default_value_t = 0, value_parser = parse_count_or_zero,
+          allow_negative_numbers = true)]
         steps: u64,
         /// Print one JSON object (the keys of `run --json`).
         #[arg(long)]
@@ -86,10 +89,27 @@ pub fn checkpoint(args: CheckpointArgs) -> Result<()> {
     match args.command {
         CheckpointCommand::Save { pod, steps, out } => {
             // Where it goes is checked before the pod runs.
+            if out.symlink_metadata().is_ok() {
+                return Err(usage(format!(
+                    "--out {} already exists: a checkpoint is written to a new directory; \
+                     choose a new path or remove it",
+                    out.display()
+                )));
+            }
+            output::check_dir("--out", &out)?;
             let (root, name) = split_dir(&out)?;
             check_new_checkpoint(&root, &name)?;
             let mut pod = Pod::load(&pod)?;
-            pod.run(steps);
+            check_ticks("--steps", steps, pod.clock().tick_ns)?;
+            let bar = progress::bar(steps, false, "run");
+            let mut done = 0;
+            while done < steps {
+                let chunk = (steps - done).min(64);
+                pod.run(chunk);
+                done += chunk;
+                bar.set_position(done);
+            }
+            bar.finish_and_clear();
             let snapshot = pod.snapshot()?;
             let manifest =
                 write_checkpoint(&root, &name, &pod.topology().name, &snapshot, &mut |_| {
@@ -97,10 +117,11 @@ pub fn checkpoint(args: CheckpointArgs) -> Result<()> {
                 })?;
             let bytes: u64 = manifest.files.iter().map(|f| f.bytes).sum();
             output::print_text(&format!(
-                "saved {} at tick {} ({} entities, {bytes} bytes) to {}\n",
+                "saved {} at tick {} ({}, {}) to {}\n",
                 manifest.pod,
                 manifest.tick,
-                manifest.entities,
+                output::plural(u64::from(manifest.entities), "entity", "entities"),
+                output::bytes(bytes),
                 out.display()
             ))
         }
@@ -132,7 +153,8 @@ pub fn checkpoint(args: CheckpointArgs) -> Result<()> {
             let start = Instant::now();
             let snapshot = optirs_tpu::checkpoint::split::read_any_checkpoint(&dir, &registry)?;
             let mut pod = Pod::from_snapshot(&snapshot)?;
-            let report = step_and_report(&mut pod, steps, start.elapsed().as_secs_f64())?;
+            check_ticks("--steps", steps, pod.clock().tick_ns)?;
+            let report = step_and_report(&mut pod, steps, start.elapsed().as_secs_f64(), json)?;
             print_report(&report, json)
         }
         CheckpointCommand::List { root, json } => {
