@@ -7,7 +7,8 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
 use optirs_tpu::Pod;
 use optirs_tpu::checkpoint::{
-    engine_registry, list_checkpoints, verify_checkpoint, write_checkpoint,
+    check_new_checkpoint, check_storage_root, engine_registry, list_checkpoints, verify_checkpoint,
+    write_checkpoint,
 };
 use optirs_tpu::topology::DEFAULT_PRESET;
 use std::path::{Path, PathBuf};
@@ -87,6 +88,7 @@ pub fn checkpoint(args: CheckpointArgs) -> Result<()> {
     let registry = engine_registry();
     match args.command {
         CheckpointCommand::Save { pod, steps, out } => {
+            // Where it goes is checked before the pod runs.
             if out.symlink_metadata().is_ok() {
                 return Err(usage(format!(
                     "--out {} already exists: a checkpoint is written to a new directory; \
@@ -95,6 +97,8 @@ pub fn checkpoint(args: CheckpointArgs) -> Result<()> {
                 )));
             }
             output::check_dir("--out", &out)?;
+            let (root, name) = split_dir(&out)?;
+            check_new_checkpoint(&root, &name)?;
             let mut pod = Pod::load(&pod)?;
             check_ticks("--steps", steps, pod.clock().tick_ns)?;
             let bar = progress::bar(steps, false, "run");
@@ -107,7 +111,6 @@ pub fn checkpoint(args: CheckpointArgs) -> Result<()> {
             }
             bar.finish_and_clear();
             let snapshot = pod.snapshot()?;
-            let (root, name) = split_dir(&out)?;
             let manifest =
                 write_checkpoint(&root, &name, &pod.topology().name, &snapshot, &mut |_| {
                     Ok(())
@@ -155,6 +158,9 @@ pub fn checkpoint(args: CheckpointArgs) -> Result<()> {
             print_report(&report, json)
         }
         CheckpointCommand::List { root, json } => {
+            if !check_storage_root(&root)?.exists {
+                bail!("{}: no such storage root", root.display());
+            }
             let listings = list_checkpoints(&root, &registry)?;
             if json {
                 return output::print_json(&listings);
@@ -172,7 +178,9 @@ pub fn checkpoint(args: CheckpointArgs) -> Result<()> {
         }
         CheckpointCommand::Inspect { dir } => {
             let (manifest, snapshot) = verify_checkpoint(&dir, &registry)?;
-            let header = std::fs::read_to_string(dir.join(optirs_tpu::checkpoint::MANIFEST))?;
+            // The manifest verified above, read again for its text.
+            let manifest_path = dir.join(optirs_tpu::checkpoint::MANIFEST);
+            let header = optirs_tpu::files::read_text(&manifest_path, 1 << 20, "a manifest")?;
             output::print_text(&format!(
                 "// {}\n{header}\n{}",
                 manifest.name,

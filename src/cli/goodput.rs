@@ -11,7 +11,6 @@ use super::progress;
 use anyhow::Result;
 use clap::Args;
 use clap::builder::PossibleValuesParser;
-use optirs_tpu::OptimError;
 use optirs_tpu::goodput::{
     CheckpointInterval, Costs, DEFAULT_CUBE_REPAIR_HOURS, DEFAULT_RECONFIGURE_SECONDS,
     DEFAULT_RESTART_SECONDS, FailureUnit, Fleet, GoodputConfig, GoodputError, GoodputReport,
@@ -185,8 +184,7 @@ fn refused(error: GoodputError) -> anyhow::Error {
 pub fn goodput(args: GoodputArgs) -> Result<()> {
     let started = Instant::now();
     refuse_ignored(&args)?;
-    let slots = optirs_tpu::optimizers::by_name(&args.optimizer, 1e-3f32)
-        .map_err(OptimError::from)?
+    let slots = optirs_tpu::optimizers::by_name(&args.optimizer, 1e-3f32)?
         .update_rule()
         .map_or(0, |r| r.slot_names().len());
     let topology = load_topology(&args.pod)?;

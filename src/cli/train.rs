@@ -400,10 +400,10 @@ pub(super) fn checked_topology(
 
 /// The optimizer `--optimizer` and `--lr` name.
 pub(super) fn base_optimizer(args: &TrainArgs) -> Result<Base> {
-    Ok(
-        optirs_tpu::optimizers::by_name(&args.optimizer, args.lr as f32)
-            .map_err(OptimError::from)?,
-    )
+    Ok(optirs_tpu::optimizers::by_name(
+        &args.optimizer,
+        args.lr as f32,
+    )?)
 }
 
 /// The optimizer `train` shards.
@@ -463,15 +463,16 @@ pub(super) fn run_steps(
                 reports.push(report);
                 bar.set_position(opt.steps_completed());
             }
-            Err(OptimError::Sharding(ShardingError::StepFailed {
-                step,
-                phase,
-                at_ns,
-                cause,
-            })) => {
-                failures.push(failure_row(step, phase, at_ns, &cause));
-            }
-            Err(e) => return Err(e.into()),
+            Err(e) => match e.downcast::<ShardingError>() {
+                Ok(ShardingError::StepFailed {
+                    step,
+                    phase,
+                    at_ns,
+                    cause,
+                }) => failures.push(failure_row(step, phase, at_ns, &cause)),
+                Ok(other) => return Err(OptimError::from(other).into()),
+                Err(e) => return Err(e.into()),
+            },
         }
     }
     let wall_seconds = started.elapsed().as_secs_f64();

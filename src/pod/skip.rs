@@ -115,10 +115,11 @@ impl Pod {
     ///
     /// The `Step` schedule is built first, so systems a host added through
     /// [`Pod::world_mut`] are counted (and fall back to single ticks), and
-    /// an ambiguous schedule is [`OptimError::Schedule`] before any tick
+    /// an ambiguous schedule is an error of kind
+    /// [`ErrorKind::Schedule`](crate::error::ErrorKind::Schedule) before any tick
     /// instead of a panic.
     pub fn run_skipping(&mut self, ticks: u64) -> Result<SkipStats> {
-        crate::schedule::build(&mut self.world, Step).map_err(OptimError::Schedule)?;
+        crate::schedule::build(&mut self.world, Step).map_err(OptimError::schedule)?;
         let mut stats = SkipStats::default();
         let mut remaining = ticks;
         while remaining > 0 {
