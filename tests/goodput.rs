@@ -690,3 +690,32 @@ proptest! {
         prop_assert!((0.0..=1.0).contains(&r.goodput));
     }
 }
+
+#[test]
+fn the_default_step_under_redundant_recovery_pays_for_its_copies() {
+    use optirs_tpu::goodput::modeled_step_seconds;
+    let pod = optirs_tpu::topology::load_topology("v5e-16").unwrap();
+    let rollback = modeled_step_seconds(&pod, 1_000_000_000, 2, RecoveryPolicy::Rollback).unwrap();
+    let spare = modeled_step_seconds(&pod, 1_000_000_000, 2, RecoveryPolicy::SpareCube).unwrap();
+    let redundant =
+        modeled_step_seconds(&pod, 1_000_000_000, 2, RecoveryPolicy::Redundant).unwrap();
+    // The same figures `train --modeled-only` reports for the same policy.
+    let tensors = vec![("param0".to_string(), vec![1_000_000_000usize])];
+    let step = |recovery| {
+        optirs_tpu::sharding::modeled::modeled_step_with_recovery(
+            &pod,
+            &tensors,
+            optirs_tpu::ir::DType::F32,
+            2,
+            optirs_tpu::sharding::DEFAULT_BUCKET_BYTES,
+            recovery,
+        )
+        .unwrap()
+        .timeline
+        .step_seconds
+    };
+    assert_eq!(rollback, spare);
+    assert_eq!(rollback, step(RecoveryPolicy::Rollback));
+    assert_eq!(redundant, step(RecoveryPolicy::Redundant));
+    assert!(redundant > rollback, "{redundant} s vs {rollback} s");
+}

@@ -211,7 +211,8 @@ pub fn goodput(args: GoodputArgs) -> Result<()> {
         Some(_) => "--step-seconds",
         None => {
             config.step_seconds =
-                modeled_step_seconds(&topology, config.model_params, slots).map_err(refused)?;
+                modeled_step_seconds(&topology, config.model_params, slots, config.recovery)
+                    .map_err(refused)?;
             "modeled sharded optimizer step"
         }
     };

@@ -555,10 +555,14 @@ const MODELED_TENSOR_ELEMENTS: u64 = 1 << 30;
 /// reduce-scatter, the update and the all-gather in closed form). It is
 /// the step the crate models; a real step's forward and backward passes
 /// are not in it (give the whole step's time as `step_seconds` instead).
+/// Under `recovery` redundant the step also copies every state shard to
+/// its partner, as a real redundant step does; rollback and spare-cube cost
+/// nothing per step.
 pub fn modeled_step_seconds(
     topology: &Topology,
     params: u64,
     slots: usize,
+    recovery: RecoveryPolicy,
 ) -> Result<f64, GoodputError> {
     if params == 0 {
         return Err(GoodputError::NoParameters);
@@ -569,12 +573,19 @@ pub fn modeled_step_seconds(
             (format!("param{i}"), vec![n as usize])
         })
         .collect();
-    crate::sharding::modeled::modeled_step(
+    // Spare-cube's per-step cost is rollback's; its cube check belongs to
+    // the failure model, which falls back to rollback without a spare.
+    let per_step = match recovery {
+        RecoveryPolicy::Redundant => RecoveryPolicy::Redundant,
+        RecoveryPolicy::Rollback | RecoveryPolicy::SpareCube => RecoveryPolicy::Rollback,
+    };
+    crate::sharding::modeled::modeled_step_with_recovery(
         topology,
         &tensors,
         crate::ir::DType::F32,
         slots,
         DEFAULT_BUCKET_BYTES,
+        per_step,
     )
     .map(|step| step.timeline.step_seconds)
     .map_err(|e| GoodputError::Step {
