@@ -343,7 +343,27 @@ pub(super) fn model_of(sizes: &[usize]) -> Result<ParamSet<f32>> {
 }
 
 pub fn train(args: TrainArgs) -> Result<()> {
+    if args.resume.is_some() {
+        if args.modeled_only {
+            return Err(usage(
+                "--modeled-only models one step: --resume needs a real run".to_string(),
+            ));
+        }
+        if args.checkpoint_every.is_none() {
+            return Err(usage(
+                "--resume continues a run that writes checkpoints: give the run's \
+                 --checkpoint-every SECONDS too"
+                    .to_string(),
+            ));
+        }
+    }
     if let Some(launch) = super::ranks::launched()?.filter(|l| l.size > 1) {
+        if args.resume.is_some() {
+            bail!(
+                "`train --resume` runs as one process: a training run split over MPI ranks \
+                 does not resume from its split checkpoints yet; resume without mpirun"
+            );
+        }
         return super::ranks::train(args, launch);
     }
     output::refuse_existing(&[("--trace", args.trace.as_deref())])?;
@@ -355,13 +375,6 @@ pub fn train(args: TrainArgs) -> Result<()> {
     let mut pod = Pod::from_topology(topology)?;
     let kills = args.kills(pod.topology().num_devices())?;
     args.refuse_unrecoverable_kills()?;
-    if args.resume.is_some() && args.checkpoint_every.is_none() {
-        return Err(usage(
-            "--resume continues a run that writes checkpoints: give the run's \
-             --checkpoint-every SECONDS too"
-                .to_string(),
-        ));
-    }
     for &(at_ns, fault) in &kills {
         pod.schedule_fault(at_ns, fault);
     }
