@@ -486,3 +486,68 @@ fn a_spare_cube_run_with_no_free_spare_rolls_back_onto_the_survivors() {
     assert!(note.contains("no spare cube"), "{note}");
     assert_eq!(report["devices_at_end"], 126);
 }
+
+/// Sends `signal` to a long `train` once it has written a checkpoint into
+/// its temporary directory, and checks that it stops and removes it.
+#[cfg(target_os = "linux")]
+fn stop_with(signal: &str) {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_optirs-tpu"))
+        .args([
+            "train",
+            "v4-8",
+            "--params",
+            "20000",
+            "--steps",
+            "1000000",
+            "--checkpoint-every",
+            "0.00001",
+        ])
+        .env("TMPDIR", tmp.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let has_checkpoint = || {
+        std::fs::read_dir(tmp.path()).unwrap().flatten().any(|run| {
+            std::fs::read_dir(run.path()).is_ok_and(|mut d| {
+                d.any(|e| e.is_ok_and(|e| e.file_name().to_string_lossy().starts_with("tick-")))
+            })
+        })
+    };
+    let started = std::time::Instant::now();
+    while !has_checkpoint() {
+        assert!(started.elapsed().as_secs() < 120, "no checkpoint written");
+        assert!(child.try_wait().unwrap().is_none(), "train ended early");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let status = Command::new("kill")
+        .args([&format!("-{signal}"), &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(started.elapsed().as_secs() < 240, "train did not stop");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("stopped by a signal"), "{stderr}");
+    let left: Vec<_> = std::fs::read_dir(tmp.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn sigterm_and_sigint_stop_train_at_a_step_boundary_and_leave_no_temporary_checkpoints() {
+    stop_with("TERM");
+    stop_with("INT");
+}

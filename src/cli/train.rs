@@ -375,6 +375,7 @@ pub fn train(args: TrainArgs) -> Result<()> {
     let mut pod = Pod::from_topology(topology)?;
     let kills = args.kills(pod.topology().num_devices())?;
     args.refuse_unrecoverable_kills()?;
+    super::interrupt::install();
     for &(at_ns, fault) in &kills {
         pod.schedule_fault(at_ns, fault);
     }
@@ -588,6 +589,16 @@ fn run_steps_from(
     let mut recovering = false;
     let max_attempts = args.steps.saturating_mul(4).saturating_add(devices as u64);
     while opt.steps_completed() < args.steps {
+        if super::interrupt::requested() {
+            bar.finish_and_clear();
+            bail!(
+                "stopped by a signal at a step boundary with {} of {} steps completed, at {} \
+                 simulated (a --checkpoint-dir run continues with --resume)",
+                opt.steps_completed(),
+                args.steps,
+                output::seconds(opt.pod().clock().now_seconds())
+            );
+        }
         attempts += 1;
         if attempts > max_attempts {
             bail!(
