@@ -349,6 +349,8 @@ impl Pod {
 
     /// Steps until `done` holds (checked before each tick) or `max_ticks`
     /// ticks have run. Returns the ticks run when `done` held, or `None`.
+    /// Each [`Pod::step`] counts, including one that ends at an exact stop
+    /// inside a tick.
     pub fn run_until(
         &mut self,
         max_ticks: u64,
