@@ -551,3 +551,32 @@ fn sigterm_and_sigint_stop_train_at_a_step_boundary_and_leave_no_temporary_check
     stop_with("TERM");
     stop_with("INT");
 }
+
+#[test]
+fn a_kill_on_a_tick_boundary_inside_a_step_fails_that_step_at_every_tick() {
+    // Step 3 of this model runs from 14.326 µs to 21.489 µs; the kill at
+    // 20 µs is on the 10 µs tick grid, one boundary after the launch.
+    let mut seen = Vec::new();
+    for tick_ms in ["0.001", "0.003", "0.01", "0.02"] {
+        let report = json(&optirs(&[
+            "train",
+            "v4-8",
+            "--params",
+            "1000",
+            "--steps",
+            "4",
+            "--kill",
+            "3@0.00002",
+            "--recovery",
+            "redundant",
+            "--tick-ms",
+            tick_ms,
+            "--json",
+        ]));
+        let f = &report["failures"][0];
+        assert_eq!(f["step"], 3, "--tick-ms {tick_ms}: {f}");
+        assert_eq!(f["at_seconds"], 2e-5, "--tick-ms {tick_ms}: {f}");
+        seen.push((report["time_ns"].clone(), f["phase"].clone()));
+    }
+    assert!(seen.windows(2).all(|w| w[0] == w[1]), "{seen:?}");
+}

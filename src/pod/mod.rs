@@ -417,10 +417,11 @@ impl Pod {
     /// last tick, aimed at a device killed before them, or naming a device
     /// or link the pod does not have.
     pub fn faults_that_cannot_apply(&mut self, ticks: u64) -> Vec<health::UnappliableFault> {
+        // `ticks` more boundaries on the tick grid (now may be off it).
         let clock = self.clock();
-        let end_ns = clock
-            .now_ns
-            .saturating_add(ticks.saturating_mul(clock.tick_ns));
+        let end_ns = (clock.now_ns / clock.tick_ns.max(1))
+            .saturating_add(ticks)
+            .saturating_mul(clock.tick_ns);
         health::faults_that_cannot_apply(&mut self.world, end_ns)
     }
 

@@ -98,10 +98,12 @@ impl Pod {
             crate::health::next_event,
             crate::clock_sync::systems::next_event,
         ];
-        // An event due by the next tick leaves nothing to skip: stop there
-        // too, before the scans over every device.
+        // An event due by the next tick boundary leaves nothing to skip:
+        // stop there too, before the scans over every device. (The next
+        // boundary, not now + one tick: after an exact stop inside a tick
+        // the boundary is nearer, and an event before it must be seen.)
         let clock = *self.clock();
-        let next_tick_ns = clock.now_ns.saturating_add(clock.tick_ns);
+        let next_tick_ns = clock.next_boundary_ns();
         let mut next = NextEvent::Never;
         for domain in domains {
             next = next.min(domain(&mut self.world));
