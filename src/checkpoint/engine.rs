@@ -73,6 +73,16 @@ pub const NOT_PERSISTED: &[(&str, &str)] = &[
          step, and a restored pod has no step in flight",
     ),
     (
+        "StartingModel",
+        "the run's initial model, kept in memory by the host for a rollback before the first \
+         checkpoint; a checkpoint holds the model itself",
+    ),
+    (
+        "ExactStops",
+        "the clock's exact-stop sources are code that reads the world, and the host's target \
+         lasts one call",
+    ),
+    (
         "PeriodicCheckpoints",
         "host configuration: a restored pod keeps the host's current checkpoint settings",
     ),

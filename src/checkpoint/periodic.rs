@@ -36,8 +36,11 @@ pub fn write_periodic_checkpoint(world: &mut World) {
     let Some(config) = world.get_resource::<PeriodicCheckpoints>() else {
         return;
     };
-    let tick = world.resource::<SimClock>().tick;
-    if config.every_ticks == 0 || !tick.is_multiple_of(config.every_ticks) {
+    let clock = *world.resource::<SimClock>();
+    let tick = clock.tick;
+    // Written at the boundary that ends the tick, not again at an exact
+    // stop later inside the next one.
+    if config.every_ticks == 0 || !tick.is_multiple_of(config.every_ticks) || !clock.at_boundary() {
         return;
     }
     let (roots, keep) = (config.roots.clone(), config.max_checkpoints.max(1));
@@ -111,9 +114,5 @@ pub fn next_periodic_checkpoint(world: &World) -> NextEvent {
     }
     let clock = world.resource::<SimClock>();
     let next_tick = (clock.tick / config.every_ticks + 1).saturating_mul(config.every_ticks);
-    NextEvent::At(
-        (next_tick - clock.tick)
-            .saturating_mul(clock.tick_ns)
-            .saturating_add(clock.now_ns),
-    )
+    NextEvent::At(next_tick.saturating_mul(clock.tick_ns))
 }

@@ -6,7 +6,9 @@
 //!   pod's [`PeriodicCheckpoints`], newest tick first, each verified byte
 //!   for byte; corrupt ones are skipped) that holds the same model, and
 //!   takes its parameters, state and count; the steps completed since are
-//!   lost. Only the model rolls back: the pod's time, health and the
+//!   lost; before the first checkpoint it restarts from the model as the
+//!   run began ([`crate::sharding::model::StartingModel`], in memory, if
+//!   the host kept it). Only the model rolls back: the pod's time, health and the
 //!   failure stay as they are, which is what a training job restarting on
 //!   the surviving hosts sees. These are the checkpoints
 //!   `FaultToleranceManager` lists and restores.
@@ -16,7 +18,9 @@
 //!   device's cube (an error before any work otherwise), then reads the
 //!   newest checkpoint as a rollback does and swaps the cubes
 //!   ([`crate::sharding::recovery::swap_cubes_after_loss`]): the model
-//!   keeps every device and its layout.
+//!   keeps every device and its layout. With no spare free it falls back
+//!   to a rollback onto the survivors, as `goodput` models it (the record
+//!   names the policy that ran).
 //!
 //! What happened is in [`ShardedStep::recovery`] and, on success, appended
 //! to the model's `recoveries`. A failure no policy can survive (no lost
@@ -27,7 +31,6 @@ use bevy_ecs::prelude::*;
 
 use super::periodic::PeriodicCheckpoints;
 use super::store::{list_checkpoints, verify_checkpoint};
-use crate::hardware::checkpoint_io_seconds;
 use crate::health::cubes::{cubes_of, plan_swaps};
 use crate::ir::{DType, FloatElement};
 use crate::persist::SnapshotRegistry;
@@ -111,9 +114,27 @@ fn recover<A: FloatElement>(
                 reason: e.to_string(),
             };
             let cubes = cubes_of(world, lost).map_err(refuse)?;
-            plan_swaps(world, &cubes).map_err(refuse)?;
-            let restored = from_checkpoint::<A>(world)?;
-            return swap_cubes_after_loss(world, lost, &cubes, restored, number, at_ns);
+            match plan_swaps(world, &cubes) {
+                Ok(_) => {
+                    let restored = from_checkpoint::<A>(world)?;
+                    return swap_cubes_after_loss(world, lost, &cubes, restored, number, at_ns);
+                }
+                // No free spare: the job restarts on the survivors, a
+                // rollback, as `goodput` models a spare-cube run then (the
+                // record's policy says which ran).
+                Err(crate::health::FaultError::NoSpareCube { .. }) => {
+                    let restored = from_checkpoint::<A>(world)?;
+                    let mut record = reshard_after_loss(world, lost, restored, number, at_ns)?;
+                    record.policy = RecoveryPolicy::Rollback;
+                    if let Some(mut model) = crate::sharding::model::model_mut(world)
+                        && let Some(last) = model.recoveries.last_mut()
+                    {
+                        last.policy = RecoveryPolicy::Rollback;
+                    }
+                    return Ok(record);
+                }
+                Err(e) => return Err(refuse(e)),
+            }
         }
     };
     reshard_after_loss(world, lost, restored, number, at_ns)
@@ -223,14 +244,33 @@ fn newest_model<A: FloatElement>(world: &mut World) -> Result<Restored<A>, Shard
             continue;
         }
         let state = crate::sharding::model::gather_state::<A>(&mut scratch)?;
-        let bytes = (model.layout.elements * model.layout.element_bytes()) as f64
-            * (1 + model.slots.len()) as f64;
         return Ok(Restored {
             params: model.flat_params::<A>()?.to_vec(),
             state,
             count: model.count,
             steps_completed: model.steps_completed,
-            read_seconds: checkpoint_io_seconds(bytes, hosts),
+            read_seconds: model.checkpoint_io_seconds(hosts),
+        });
+    }
+    if problems.is_empty()
+        && let Some(start) = world.get_resource::<crate::sharding::model::StartingModel>()
+    {
+        // Before the first checkpoint: back to the start, from memory.
+        let elements = live.layout.elements;
+        let flat = |t: &crate::ir::Tensor| -> Result<Vec<A>, ShardingError> {
+            let v = A::array_ref(t).and_then(|a| a.as_slice()).ok_or_else(|| {
+                ShardingError::InvalidState {
+                    reason: "the starting model holds another element type".into(),
+                }
+            })?;
+            Ok(v[..elements.min(v.len())].to_vec())
+        };
+        return Ok(Restored {
+            params: flat(&start.params)?,
+            state: start.state.iter().map(flat).collect::<Result<_, _>>()?,
+            count: start.count,
+            steps_completed: start.steps_completed,
+            read_seconds: 0.0,
         });
     }
     Err(ShardingError::Recovery {

@@ -5,6 +5,7 @@ mod checkpoint;
 mod collectives;
 mod compile;
 mod goodput;
+mod interrupt;
 mod output;
 mod parse;
 mod progress;

@@ -12,11 +12,13 @@ use clap::Args;
 use clap::builder::PossibleValuesParser;
 use ndarray::{ArrayD, IxDyn};
 use optirs_tpu::health::Fault;
+use optirs_tpu::sharding::ledger::{TimeKind, TimeLedger, TimeParts};
 use optirs_tpu::sharding::{
-    DEFAULT_BUCKET_BYTES, ParamSet, RecoveryPolicy, Reduction, ShardingError, StepPhase,
-    SyntheticGradients,
+    DEFAULT_BUCKET_BYTES, ParamSet, RecoveryPolicy, Reduction, ShardedStep, ShardingError,
+    StepPhase, SyntheticGradients,
 };
 use optirs_tpu::topology::{DEFAULT_PRESET, DeviceId, load_topology};
+use optirs_tpu::tpu::sharded::{CheckpointWrite, Resumed, WriteOutcome};
 use optirs_tpu::tpu::{ShardedOptimizer, ShardedStepReport, ShardingConfig};
 use optirs_tpu::{OptimError, Pod, TPUConfig};
 use serde::Serialize;
@@ -73,6 +75,12 @@ pub struct TrainArgs {
     /// Where checkpoints go (a fresh temporary directory by default).
     #[arg(long, value_name = "DIR")]
     checkpoint_dir: Option<PathBuf>,
+    /// Continue the run whose checkpoints are in DIR from its newest
+    /// verified one, to `--steps` steps in all (the same arguments as the
+    /// run; its checkpoints go on into DIR unless `--checkpoint-dir`
+    /// says otherwise).
+    #[arg(long, value_name = "DIR")]
+    resume: Option<PathBuf>,
     /// What to do when a step fails: rollback, redundant or spare-cube
     /// (a cube-built pod with `cubes: (spares: N)`).
     #[arg(long, default_value = "rollback")]
@@ -246,6 +254,9 @@ struct RecoveryRow {
     recovery_seconds: f64,
     /// `[failed, spare]` cubes swapped (spare-cube only).
     swapped_cubes: Vec<[u32; 2]>,
+    /// Why the policy that ran is not the one asked for, if it is not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    note: Option<String>,
 }
 
 #[derive(Serialize, Debug)]
@@ -266,8 +277,18 @@ pub(super) struct TrainReport {
     link_bytes: u64,
     failures: Vec<FailureRow>,
     recoveries: Vec<RecoveryRow>,
+    /// Productive step time over simulated time, each step's own.
     goodput: f64,
     simulated_seconds: f64,
+    /// Where the simulated time went.
+    time: TimeReport,
+    /// The same, in nanoseconds: the parts add up to `total_ns` exactly.
+    time_ns: TimeParts,
+    /// Checkpoint writes at step boundaries (none in a split run, whose
+    /// periodic checkpoints take no simulated time).
+    checkpoints: Option<CheckpointsReport>,
+    /// The checkpoint this run resumed from.
+    resumed_from: Option<ResumedRow>,
     tick_ns: u64,
     wall_seconds: f64,
     wall_seconds_per_step: f64,
@@ -322,7 +343,27 @@ pub(super) fn model_of(sizes: &[usize]) -> Result<ParamSet<f32>> {
 }
 
 pub fn train(args: TrainArgs) -> Result<()> {
+    if args.resume.is_some() {
+        if args.modeled_only {
+            return Err(usage(
+                "--modeled-only models one step: --resume needs a real run".to_string(),
+            ));
+        }
+        if args.checkpoint_every.is_none() {
+            return Err(usage(
+                "--resume continues a run that writes checkpoints: give the run's \
+                 --checkpoint-every SECONDS too"
+                    .to_string(),
+            ));
+        }
+    }
     if let Some(launch) = super::ranks::launched()?.filter(|l| l.size > 1) {
+        if args.resume.is_some() {
+            bail!(
+                "`train --resume` runs as one process: a training run split over MPI ranks \
+                 does not resume from its split checkpoints yet; resume without mpirun"
+            );
+        }
         return super::ranks::train(args, launch);
     }
     output::refuse_existing(&[("--trace", args.trace.as_deref())])?;
@@ -334,11 +375,8 @@ pub fn train(args: TrainArgs) -> Result<()> {
     let mut pod = Pod::from_topology(topology)?;
     let kills = args.kills(pod.topology().num_devices())?;
     args.refuse_unrecoverable_kills()?;
-    let mut _tempdir = None;
-    if let Some((ticks, dir)) = args.checkpoints(pod.clock().tick_ns, &mut _tempdir)? {
-        pod.enable_periodic_checkpoints(ticks, vec![dir], 3)?;
-    }
-    for (at_ns, fault) in kills {
+    super::interrupt::install();
+    for &(at_ns, fault) in &kills {
         pod.schedule_fault(at_ns, fault);
     }
     let config = TPUConfig::for_pod(pod.topology());
@@ -349,13 +387,100 @@ pub fn train(args: TrainArgs) -> Result<()> {
         model_of(&sizes)?,
         sharding_of(&args),
     )?;
-    let outcome = run_steps(&mut opt, &args, args.json)?;
+    let mut _tempdir = None;
+    let dir = match (&args.checkpoint_dir, &args.resume) {
+        // A resumed run writes on into the directory it resumed from.
+        (None, Some(resume)) => args.checkpoint_every.map(|_| resume.clone()),
+        _ => args.checkpoints(1, &mut _tempdir)?.map(|(_, dir)| dir),
+    };
+    if let (Some(dir), Some(every)) = (dir, args.checkpoint_every) {
+        let every_ns = ((every * 1e9).round() as u64).max(1);
+        if args.resume.is_none() {
+            opt.check_checkpoint_root(&dir)?;
+            refuse_earlier_run(&dir)?;
+        }
+        opt.enable_step_checkpoints(every_ns, dir, 3)?;
+    }
+    let resumed = match &args.resume {
+        Some(dir) => {
+            let resumed = opt.resume(dir)?;
+            refuse_other_faults(&mut opt, &kills, resumed.at_ns)?;
+            Some(resumed)
+        }
+        None => None,
+    };
+    let start_ns = resumed.as_ref().map(|r| r.at_ns);
+    let outcome = run_steps_from(&mut opt, &args, args.json, start_ns, resumed)?;
     if let Some(path) = &args.trace {
         write_trace(path, &outcome.reports)?;
     }
     let world_sha256 = opt.pod_mut().world_sha256()?;
     let report = outcome.report(&opt, &args, world_sha256, 1)?;
     print_report(&report, args.json)
+}
+
+/// Refuses to start a fresh run in a directory holding this model's
+/// checkpoints of an earlier run: rollback would restore them and
+/// retention would keep them over this run's.
+fn refuse_earlier_run(dir: &std::path::Path) -> Result<()> {
+    let registry = optirs_tpu::checkpoint::engine_registry();
+    let listings = optirs_tpu::checkpoint::list_checkpoints(dir, &registry)?;
+    if let Some(newest) = listings.iter().find(|l| l.problem.is_none()) {
+        bail!(
+            "{} already holds checkpoints of this model from an earlier run (the newest is \
+             {}): continue that run with --resume {}, or use an empty --checkpoint-dir",
+            dir.display(),
+            newest.path.display(),
+            dir.display()
+        );
+    }
+    Ok(())
+}
+
+/// Refuses `--kill`s that are not the resumed run's faults still to come
+/// (the checkpoint carries them): a resumed run is the same run.
+fn refuse_other_faults(
+    opt: &mut ShardedOptimizer<Base>,
+    kills: &[(u64, Fault)],
+    resumed_at_ns: u64,
+) -> Result<()> {
+    let plan = opt
+        .pod()
+        .world()
+        .resource::<optirs_tpu::health::FaultPlan>();
+    let mut pending: Vec<(u64, Fault)> = plan.pending.iter().map(|f| (f.at_ns, f.fault)).collect();
+    let mut given: Vec<(u64, Fault)> = kills
+        .iter()
+        .copied()
+        .filter(|&(at, _)| at > resumed_at_ns)
+        .collect();
+    let key = |f: &(u64, Fault)| format!("{f:?}");
+    pending.sort_by_key(key);
+    given.sort_by_key(key);
+    if pending != given {
+        let show = |v: &[(u64, Fault)]| {
+            let list: Vec<String> = v
+                .iter()
+                .map(|(at, f)| match f {
+                    Fault::KillDevice(d) => format!("{}@{}", d.0, number(*at as f64 * 1e-9)),
+                    other => format!("{other:?}@{}", number(*at as f64 * 1e-9)),
+                })
+                .collect();
+            if list.is_empty() {
+                "none".to_string()
+            } else {
+                list.join(", ")
+            }
+        };
+        return Err(usage(format!(
+            "--resume: the run's checkpoint at {} s has kills still to come: {}; the command \
+             line gives {}. Resume with the run's own --kill arguments",
+            number(resumed_at_ns as f64 * 1e-9),
+            show(&pending),
+            show(&given)
+        )));
+    }
+    Ok(())
 }
 
 /// The model's tensor sizes: `--params`, or the bundled default.
@@ -424,25 +549,56 @@ pub(super) struct Outcome {
     failures: Vec<FailureRow>,
     attempts: u64,
     wall_seconds: f64,
-    start_ns: u64,
+    ledger: TimeLedger,
+    writes: Vec<CheckpointWrite>,
+    resumed: Option<Resumed>,
 }
 
 /// Steps until `--steps` steps completed (a failed step is retried after
 /// its recovery); `quiet` hides the progress bar.
+#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
 pub(super) fn run_steps(
     opt: &mut ShardedOptimizer<Base>,
     args: &TrainArgs,
     quiet: bool,
 ) -> Result<Outcome> {
+    run_steps_from(opt, args, quiet, None, None)
+}
+
+/// [`run_steps`] whose time is counted from `start_ns` (the resumed
+/// checkpoint's time; now by default), writing a checkpoint at every step
+/// boundary where one is due; each stretch of simulated time is charged
+/// to the ledger.
+fn run_steps_from(
+    opt: &mut ShardedOptimizer<Base>,
+    args: &TrainArgs,
+    quiet: bool,
+    start_ns: Option<u64>,
+    resumed: Option<Resumed>,
+) -> Result<Outcome> {
     let devices = opt.pod().topology().num_devices();
-    let start_ns = opt.pod().clock().now_ns;
+    let mut ledger = TimeLedger::starting_at(start_ns.unwrap_or(opt.pod().clock().now_ns));
+    // A resumed run waited out its checkpoint's write, as the run did.
+    ledger.charge(TimeKind::CheckpointWrite, opt.pod().clock().now_ns);
     let bar = progress::bar(args.steps, quiet, "train");
     let started = Instant::now();
     let mut reports: Vec<ShardedStepReport> = Vec::new();
     let mut failures = Vec::new();
+    let mut writes = Vec::new();
     let mut attempts = 0u64;
+    let mut recovering = false;
     let max_attempts = args.steps.saturating_mul(4).saturating_add(devices as u64);
     while opt.steps_completed() < args.steps {
+        if super::interrupt::requested() {
+            bar.finish_and_clear();
+            bail!(
+                "stopped by a signal at a step boundary with {} of {} steps completed, at {} \
+                 simulated (a --checkpoint-dir run continues with --resume)",
+                opt.steps_completed(),
+                args.steps,
+                output::seconds(opt.pod().clock().now_seconds())
+            );
+        }
         attempts += 1;
         if attempts > max_attempts {
             bail!(
@@ -458,10 +614,22 @@ pub(super) fn run_steps(
             replicas,
             scale: 1e-2,
         };
+        let wait = if recovering {
+            TimeKind::Recovery
+        } else {
+            TimeKind::Other
+        };
         match opt.step(&grads) {
             Ok(report) => {
+                ledger.charge(wait, report.launched_at_ns);
+                ledger.step_completed(report.step, report.launched_at_ns, report.completed_at_ns);
+                recovering = false;
                 reports.push(report);
                 bar.set_position(opt.steps_completed());
+                if let Some(write) = opt.checkpoint_if_due()? {
+                    ledger.charge(TimeKind::CheckpointWrite, write.ended_at_ns);
+                    writes.push(write);
+                }
             }
             Err(e) => match e.downcast::<ShardingError>() {
                 Ok(ShardingError::StepFailed {
@@ -469,12 +637,24 @@ pub(super) fn run_steps(
                     phase,
                     at_ns,
                     cause,
-                }) => failures.push(failure_row(step, phase, at_ns, &cause)),
+                }) => {
+                    let launched_at_ns = opt
+                        .pod()
+                        .world()
+                        .get_resource::<ShardedStep>()
+                        .map_or(at_ns, |s| s.launched_at_ns);
+                    ledger.charge(wait, launched_at_ns);
+                    ledger.charge(TimeKind::CutOffStep, at_ns);
+                    ledger.rolled_back_to(opt.steps_completed());
+                    recovering = true;
+                    failures.push(failure_row(step, phase, at_ns, &cause));
+                }
                 Ok(other) => return Err(OptimError::from(other).into()),
                 Err(e) => return Err(e.into()),
             },
         }
     }
+    ledger.charge(TimeKind::Other, opt.pod().clock().now_ns);
     let wall_seconds = started.elapsed().as_secs_f64();
     bar.finish_and_clear();
     Ok(Outcome {
@@ -482,8 +662,41 @@ pub(super) fn run_steps(
         failures,
         attempts,
         wall_seconds,
-        start_ns,
+        ledger,
+        writes,
+        resumed,
     })
+}
+
+/// Where the run's simulated time went, seconds (the parts add up to
+/// `simulated_seconds`; `time_ns` has them exactly).
+#[derive(Serialize, Debug)]
+struct TimeReport {
+    productive_seconds: f64,
+    undone_steps_seconds: f64,
+    cut_off_steps_seconds: f64,
+    checkpoint_write_seconds: f64,
+    recovery_seconds: f64,
+    other_seconds: f64,
+}
+
+/// The run's checkpoint writes at step boundaries.
+#[derive(Serialize, Debug)]
+struct CheckpointsReport {
+    /// One write (or a rollback's read), modeled seconds.
+    io_seconds: f64,
+    written: usize,
+    /// Writes a lost device cut short: nothing reached disk.
+    voided: usize,
+    retention_problems: Vec<String>,
+}
+
+/// The checkpoint a resumed run started from.
+#[derive(Serialize, Debug)]
+struct ResumedRow {
+    path: String,
+    steps_completed: u64,
+    at_seconds: f64,
 }
 
 impl Outcome {
@@ -497,7 +710,8 @@ impl Outcome {
         ranks: u32,
     ) -> Result<TrainReport> {
         let reports = &self.reports;
-        let simulated_seconds = (opt.pod().clock().now_ns - self.start_ns) as f64 * 1e-9;
+        let parts = self.ledger.parts();
+        let simulated_seconds = parts.total_ns as f64 * 1e-9;
         let step_modeled_seconds = median(reports.iter().map(|r| r.modeled_seconds).collect());
         let mut phase_samples: BTreeMap<String, Vec<f64>> = BTreeMap::new();
         for r in reports {
@@ -509,8 +723,32 @@ impl Outcome {
             .into_iter()
             .map(|(k, v)| (k, median(v)))
             .collect();
-        let useful: f64 = step_modeled_seconds * opt.steps_completed() as f64;
         let layout = opt.layout()?.clone();
+        let seconds = |ns: u64| ns as f64 * 1e-9;
+        let checkpoints = if self.writes.is_empty() && opt.ranked().is_some() {
+            None
+        } else {
+            let voided = self
+                .writes
+                .iter()
+                .filter(|w| matches!(w.outcome, WriteOutcome::Voided { .. }))
+                .count();
+            Some(CheckpointsReport {
+                io_seconds: opt.checkpoint_seconds()?,
+                written: self.writes.len() - voided,
+                voided,
+                retention_problems: self
+                    .writes
+                    .iter()
+                    .flat_map(|w| match &w.outcome {
+                        WriteOutcome::Written {
+                            retention_problems, ..
+                        } => retention_problems.clone(),
+                        WriteOutcome::Voided { .. } => Vec::new(),
+                    })
+                    .collect(),
+            })
+        };
         Ok(TrainReport {
             pod: opt.pod().topology().name.clone(),
             devices: opt.pod().topology().num_devices(),
@@ -541,14 +779,32 @@ impl Outcome {
                     lost_steps: r.lost_steps,
                     recovery_seconds: r.recovery_seconds,
                     swapped_cubes: r.swapped_cubes.clone(),
+                    note: (args.recovery == RecoveryPolicy::SpareCube
+                        && r.policy == RecoveryPolicy::Rollback)
+                        .then(|| {
+                            "no spare cube was free: rolled back onto the survivors, as \
+                             `goodput` models it"
+                                .to_string()
+                        }),
                 })
                 .collect(),
-            goodput: if simulated_seconds > 0.0 {
-                useful / simulated_seconds
-            } else {
-                0.0
-            },
+            goodput: parts.goodput(),
             simulated_seconds,
+            time: TimeReport {
+                productive_seconds: seconds(parts.productive_ns),
+                undone_steps_seconds: seconds(parts.undone_ns),
+                cut_off_steps_seconds: seconds(parts.cut_off_ns),
+                checkpoint_write_seconds: seconds(parts.checkpoint_write_ns),
+                recovery_seconds: seconds(parts.recovery_ns),
+                other_seconds: seconds(parts.other_ns),
+            },
+            time_ns: parts,
+            checkpoints,
+            resumed_from: self.resumed.as_ref().map(|r| ResumedRow {
+                path: r.path.display().to_string(),
+                steps_completed: r.steps_completed,
+                at_seconds: r.at_ns as f64 * 1e-9,
+            }),
             tick_ns: opt.pod().clock().tick_ns,
             wall_seconds: self.wall_seconds,
             wall_seconds_per_step: self.wall_seconds / self.attempts.max(1) as f64,

@@ -226,6 +226,11 @@ impl Pod {
         spawn_topology(&mut world, &topology);
         transport::install(&mut world);
         health::install(&mut world);
+        // A scheduled fault happens at its own time, inside a tick if need be.
+        crate::clock::register_exact_stop(&mut world, |w| {
+            w.get_resource::<health::FaultPlan>()
+                .and_then(|plan| plan.pending.first().map(|f| f.at_ns))
+        });
         crate::monitor::install(&mut world);
         barrier::install(&mut world);
         crate::collectives::pod::install(&mut world);
@@ -333,15 +338,20 @@ impl Pod {
         self.world.run_schedule(Step);
     }
 
-    /// Runs `ticks` ticks.
+    /// Runs until the clock has crossed `ticks` more tick boundaries (a
+    /// tick that ends at an exact stop inside it, such as a scheduled
+    /// fault or a step's modeled end, is followed by the rest of the tick).
     pub fn run(&mut self, ticks: u64) {
-        for _ in 0..ticks {
+        let target = self.clock().tick.saturating_add(ticks);
+        while self.clock().tick < target {
             self.step();
         }
     }
 
     /// Steps until `done` holds (checked before each tick) or `max_ticks`
     /// ticks have run. Returns the ticks run when `done` held, or `None`.
+    /// Each [`Pod::step`] counts, including one that ends at an exact stop
+    /// inside a tick.
     pub fn run_until(
         &mut self,
         max_ticks: u64,
@@ -408,10 +418,11 @@ impl Pod {
     /// last tick, aimed at a device killed before them, or naming a device
     /// or link the pod does not have.
     pub fn faults_that_cannot_apply(&mut self, ticks: u64) -> Vec<health::UnappliableFault> {
+        // `ticks` more boundaries on the tick grid (now may be off it).
         let clock = self.clock();
-        let end_ns = clock
-            .now_ns
-            .saturating_add(ticks.saturating_mul(clock.tick_ns));
+        let end_ns = (clock.now_ns / clock.tick_ns.max(1))
+            .saturating_add(ticks)
+            .saturating_mul(clock.tick_ns);
         health::faults_that_cannot_apply(&mut self.world, end_ns)
     }
 
@@ -576,6 +587,17 @@ impl Pod {
             .world
             .resource_scope(|world, registry: Mut<SnapshotRegistry>| {
                 registry.capture(world, tick)
+            })?)
+    }
+
+    /// [`Pod::snapshot`] recorded under tick `label` instead of the
+    /// clock's (checkpoints written twice in one tick keep distinct,
+    /// ordered labels); the world captured is the same.
+    pub fn snapshot_labeled(&mut self, label: u64) -> Result<WorldSnapshot> {
+        Ok(self
+            .world
+            .resource_scope(|world, registry: Mut<SnapshotRegistry>| {
+                registry.capture(world, label)
             })?)
     }
 

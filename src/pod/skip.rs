@@ -44,7 +44,7 @@
 //! ```
 
 use super::Pod;
-use crate::clock::{NextEvent, SimClock, jump_clock};
+use crate::clock::{ExactStops, NextEvent, SimClock, jump_clock};
 use crate::error::{OptimError, Result};
 use crate::schedule::Step;
 use bevy_ecs::prelude::World;
@@ -53,8 +53,11 @@ use bevy_ecs::schedule::Schedules;
 /// How a [`Pod::run_skipping`] run spent its ticks.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SkipStats {
-    /// Ticks run through the `Step` schedule.
+    /// Ticks run through the `Step` schedule to their boundary.
     pub stepped: u64,
+    /// Runs of the `Step` schedule that ended at an exact stop inside a
+    /// tick (a scheduled fault, a step's modeled end, the host's target).
+    pub stops: u64,
     /// Idle ticks jumped over.
     pub skipped: u64,
     /// Jumps (runs of consecutive skipped ticks).
@@ -62,7 +65,7 @@ pub struct SkipStats {
 }
 
 impl SkipStats {
-    /// Ticks the clock advanced: stepped plus skipped.
+    /// Tick boundaries the clock crossed: stepped plus skipped.
     pub fn ticks(&self) -> u64 {
         self.stepped + self.skipped
     }
@@ -95,10 +98,12 @@ impl Pod {
             crate::health::next_event,
             crate::clock_sync::systems::next_event,
         ];
-        // An event due by the next tick leaves nothing to skip: stop there
-        // too, before the scans over every device.
+        // An event due by the next tick boundary leaves nothing to skip:
+        // stop there too, before the scans over every device. (The next
+        // boundary, not now + one tick: after an exact stop inside a tick
+        // the boundary is nearer, and an event before it must be seen.)
         let clock = *self.clock();
-        let next_tick_ns = clock.now_ns.saturating_add(clock.tick_ns);
+        let next_tick_ns = clock.next_boundary_ns();
         let mut next = NextEvent::Never;
         for domain in domains {
             next = next.min(domain(&mut self.world));
@@ -121,20 +126,64 @@ impl Pod {
     pub fn run_skipping(&mut self, ticks: u64) -> Result<SkipStats> {
         crate::schedule::build(&mut self.world, Step).map_err(OptimError::schedule)?;
         let mut stats = SkipStats::default();
-        let mut remaining = ticks;
-        while remaining > 0 {
+        let target = self.clock().tick.saturating_add(ticks);
+        while self.clock().tick < target {
+            let remaining = target - self.clock().tick;
             let idle = self.next_event().idle_ticks(self.clock(), remaining);
             if idle > 0 && jump_clock(&mut self.world.resource_mut::<SimClock>(), idle) {
                 stats.skipped += idle;
                 stats.jumps += 1;
-                remaining -= idle;
             }
-            if remaining > 0 {
-                self.step();
-                stats.stepped += 1;
-                remaining -= 1;
+            if self.clock().tick < target {
+                self.step_counted(&mut stats);
             }
         }
+        Ok(stats)
+    }
+
+    /// One run of the `Step` schedule, counted in `stats` as a tick or as
+    /// an exact stop inside one.
+    fn step_counted(&mut self, stats: &mut SkipStats) {
+        let tick = self.clock().tick;
+        self.step();
+        if self.clock().tick == tick {
+            stats.stops += 1;
+        } else {
+            stats.stepped += 1;
+        }
+    }
+
+    /// Advances the pod to simulated time `until_ns` exactly (the last tick
+    /// ends there, on a boundary or not), or until `done` holds (checked
+    /// before each tick), jumping over idle ticks as
+    /// [`Pod::run_skipping`] does. While the host only waits (a checkpoint
+    /// write, a recovery, a cube swap) this costs the ticks where something
+    /// happens, not every tick of the wait. Returns how the ticks were spent.
+    pub fn advance_until(
+        &mut self,
+        until_ns: u64,
+        mut done: impl FnMut(&World) -> bool,
+    ) -> Result<SkipStats> {
+        crate::schedule::build(&mut self.world, Step).map_err(OptimError::schedule)?;
+        let mut stats = SkipStats::default();
+        let previous = self.world.resource::<ExactStops>().host_ns;
+        self.world.resource_mut::<ExactStops>().host_ns = Some(until_ns);
+        while self.clock().now_ns < until_ns && !done(&self.world) {
+            let clock = *self.clock();
+            // Whole ticks that end no later than the target.
+            let limit = (until_ns / clock.tick_ns.max(1))
+                .saturating_sub(clock.now_ns / clock.tick_ns.max(1));
+            let idle = self.next_event().idle_ticks(&clock, limit);
+            if idle > 0 && jump_clock(&mut self.world.resource_mut::<SimClock>(), idle) {
+                stats.skipped += idle;
+                stats.jumps += 1;
+                if self.clock().now_ns >= until_ns {
+                    break;
+                }
+            }
+            self.step_counted(&mut stats);
+        }
+        self.world.resource_mut::<ExactStops>().host_ns = previous;
         Ok(stats)
     }
 }

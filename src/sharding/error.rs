@@ -190,6 +190,27 @@ pub enum ShardingError {
         /// The pod.
         pod: String,
     },
+    /// A checkpoint directory holds another run's model.
+    #[error(
+        "{path} holds a checkpoint of another run: {theirs}; this run is {ours}. Use another \
+         checkpoint directory (or remove that one)"
+    )]
+    OtherRun {
+        /// The checkpoint.
+        path: std::path::PathBuf,
+        /// Its model and pod.
+        theirs: String,
+        /// This run's.
+        ours: String,
+    },
+    /// Nothing to resume from.
+    #[error("{root} holds no verified checkpoint to resume from{problems}")]
+    NothingToResume {
+        /// The directory.
+        root: std::path::PathBuf,
+        /// `: ` and why each checkpoint there does not verify, or empty.
+        problems: String,
+    },
     /// No policy could recover from a failure.
     #[error("recovery failed: {reason}")]
     Recovery {

@@ -30,6 +30,7 @@
 pub mod error;
 pub mod gradients;
 pub mod layout;
+pub mod ledger;
 pub mod model;
 pub mod modeled;
 pub mod params;
@@ -62,6 +63,8 @@ pub const DEFAULT_BUCKET_BYTES: usize = 25 << 20;
 /// [`step::release_step_memory`] in `Coalesce`. They do nothing while the
 /// pod holds no model, and insert nothing until a model exists.
 pub fn install(world: &mut World) {
+    crate::clock::register_exact_stop(world, step_ends);
+    crate::clock::register_exact_stop(world, recovery_ends);
     world.resource_mut::<Schedules>().add_systems(
         Step,
         (
@@ -74,20 +77,42 @@ pub fn install(world: &mut World) {
     );
 }
 
+/// The modeled end of the step in flight: the clock stops there, so the
+/// step completes at its own nanosecond, not at the next tick boundary.
+fn step_ends(world: &World) -> Option<u64> {
+    world
+        .get_resource::<ShardedStep>()
+        .filter(|s| s.is_pending())
+        .map(|s| s.completes_at_ns)
+}
+
+/// The end of a recovery in progress (the next step may start then).
+fn recovery_ends(world: &World) -> Option<u64> {
+    model_of(world).map(|m| m.recovering_until_ns)
+}
+
 /// When the sharded step's systems (and its recovery) next change the
-/// world: never without a step or once a finished step was released (and,
-/// if it failed, recovered); unknown (every tick) while a step is pending,
+/// world: a pending step's modeled end (unknown if a participant or a
+/// link it uses is already in trouble, which fails it at the next tick);
+/// never without a step or once a finished step was released (and, if it
+/// failed, recovered); unknown (every tick) while a finished step is
 /// unreleased or waiting for recovery.
-pub fn next_event(world: &World) -> crate::clock::NextEvent {
+pub fn next_event(world: &mut World) -> crate::clock::NextEvent {
     use crate::clock::NextEvent;
-    match world.get_resource::<ShardedStep>() {
-        None => NextEvent::Never,
-        Some(step) if step.is_pending() || !step.released => NextEvent::Unknown,
-        Some(step)
-            if matches!(step.outcome, StepOutcome::Failed { .. }) && step.recovery.is_none() =>
-        {
+    let Some(step) = world.get_resource::<ShardedStep>() else {
+        return NextEvent::Never;
+    };
+    if step.is_pending() {
+        return if step::in_trouble(world) {
             NextEvent::Unknown
-        }
-        Some(_) => NextEvent::Never,
+        } else {
+            NextEvent::At(step.completes_at_ns)
+        };
     }
+    if !step.released
+        || (matches!(step.outcome, StepOutcome::Failed { .. }) && step.recovery.is_none())
+    {
+        return NextEvent::Unknown;
+    }
+    NextEvent::Never
 }

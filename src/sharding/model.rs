@@ -151,6 +151,46 @@ pub struct RecoveryRecord {
 }
 
 impl ShardedModel {
+    /// Bytes a checkpoint of the model writes and a rollback reads back:
+    /// the parameters and every optimizer-state slot.
+    pub fn checkpoint_bytes(&self) -> u64 {
+        (self.layout.elements * self.layout.element_bytes()) as u64 * (1 + self.slots.len() as u64)
+    }
+
+    /// Simulated seconds to write (or read back) a checkpoint of the
+    /// model on a pod of `hosts` hosts: its bytes at
+    /// [`crate::hardware::CHECKPOINT_READ_BYTES_PER_S_PER_HOST`] on every
+    /// host, the figure `goodput` charges for each write and read.
+    pub fn checkpoint_io_seconds(&self, hosts: u32) -> f64 {
+        crate::hardware::checkpoint_io_seconds(self.checkpoint_bytes() as f64, hosts)
+    }
+
+    /// `adam over 2 tensors [100000, 17] of f32, 26214400-byte buckets,
+    /// mean reduction, rollback recovery`: the model in errors that
+    /// compare two of them.
+    pub fn describe(&self) -> String {
+        let sizes: Vec<String> = self
+            .layout
+            .tensors
+            .iter()
+            .map(|t| format!("{}{:?}", t.name, t.shape))
+            .collect();
+        format!(
+            "{} over {} of {} ({}), {}-byte buckets, {:?} reduction, {} recovery",
+            self.optimizer,
+            if sizes.len() == 1 {
+                "1 tensor".to_string()
+            } else {
+                format!("{} tensors", sizes.len())
+            },
+            self.layout.dtype,
+            sizes.join(", "),
+            self.bucket_bytes,
+            self.reduction,
+            self.recovery
+        )
+    }
+
     /// The parameters as a [`ParamSet`] (a copy).
     pub fn param_set<A: FloatElement>(&self) -> Result<ParamSet<A>, ShardingError> {
         let flat = flat_of::<A>(&self.params)?;
@@ -377,6 +417,37 @@ fn put_back(world: &mut World, taken: Option<TakenModel>) -> Result<(), Sharding
     world.spawn(taken.model);
     reserve_shards(world)?;
     Ok(())
+}
+
+/// The model as the run started (parameters, every slot's flat padded
+/// state, count), kept in memory so that a rollback before the first
+/// checkpoint restarts from it, as a job restarting from its
+/// initialization would. Not state: the host captures it when it turns
+/// checkpoints on.
+#[derive(Resource, Debug, Clone)]
+pub struct StartingModel {
+    /// Flat padded parameters.
+    pub params: Tensor,
+    /// Per slot, the flat padded state.
+    pub state: Vec<Tensor>,
+    /// optax's count.
+    pub count: i32,
+    /// Completed steps it corresponds to.
+    pub steps_completed: u64,
+}
+
+impl StartingModel {
+    /// Captures the world's model as it is now.
+    pub fn capture<A: FloatElement>(world: &mut World) -> Result<StartingModel, ShardingError> {
+        let model = model_of(world).ok_or(ShardingError::NoModel)?.clone();
+        let state = gather_state::<A>(world)?;
+        Ok(StartingModel {
+            params: model.params.clone(),
+            state: state.into_iter().map(flat_tensor).collect(),
+            count: model.count,
+            steps_completed: model.steps_completed,
+        })
+    }
 }
 
 /// The state a model is installed with.

@@ -53,6 +53,22 @@ pub fn lost_devices(world: &mut World) -> Result<Vec<DeviceId>, ShardingError> {
         .collect())
 }
 
+/// The first participant of the model (in layout order) that this
+/// process sees killed, paused or declared failed: a wait with no step in
+/// flight (a checkpoint write) is cut short by it.
+pub fn lost_participant(world: &World) -> Option<DeviceId> {
+    let model = model_of(world)?;
+    let index = world.resource::<DeviceIndex>();
+    model.layout.participants.iter().copied().find(|&d| {
+        index.get(d).is_some_and(|e| {
+            world.get::<DeviceState>(e).is_some_and(|s| !s.is_running())
+                || world
+                    .get::<crate::health::Health>(e)
+                    .is_some_and(|h| h.is_failed())
+        })
+    })
+}
+
 /// What a recovery installs.
 #[derive(Debug, Clone)]
 pub struct Restored<A> {

@@ -119,6 +119,34 @@ pub struct ShardedStep {
 }
 
 impl ShardedStep {
+    /// Step `number`, failed at its launch at `now_ns` because of `cause`:
+    /// nothing reserved, charged or changed, released, awaiting recovery.
+    fn failed_at_launch(number: u64, now_ns: u64, cause: FailureCause) -> ShardedStep {
+        ShardedStep {
+            number,
+            launched_at_ns: now_ns,
+            completes_at_ns: now_ns,
+            timeline: StepTimeline::default(),
+            outcome: StepOutcome::Failed {
+                at_ns: now_ns,
+                phase: StepPhase::Launch,
+                cause,
+            },
+            link_bytes: 0,
+            hbm_bytes: Vec::new(),
+            released: true,
+            release_errors: 0,
+            recovery: None,
+            links: Vec::new(),
+            transient: Vec::new(),
+            reduced: flat_tensor::<f32>(Vec::new()),
+            programs: Vec::new(),
+            program_of_bucket: Vec::new(),
+            learning_rate: None,
+            next_count: 0,
+        }
+    }
+
     /// Whether the step is still in flight.
     pub fn is_pending(&self) -> bool {
         self.outcome == StepOutcome::Pending
@@ -308,10 +336,11 @@ pub fn launch_step<'w, A: FloatElement>(
     let declared = crate::health::declared_failed(world, &layout.participants)?;
     for (&entity, &id) in entities.iter().zip(&layout.participants) {
         if let Some(cause) = device_trouble(world, entity, id, u64::MAX, &declared) {
-            return Err(ShardingError::Unavailable {
-                step: number,
-                cause,
-            });
+            // Lost before launch (at the previous step's end, or in a
+            // wait): the step fails at once, with nothing reserved, and
+            // the recovery policy handles it like any failed step.
+            world.insert_resource(ShardedStep::failed_at_launch(number, now, cause));
+            return Ok(world.resource::<ShardedStep>());
         }
     }
     // One program and one traffic record per distinct bucket length.
@@ -490,6 +519,29 @@ fn reduce_gradients<A: FloatElement>(
         grid.reduce_for(positions[r], op, out, &mut fill);
     });
     reduced
+}
+
+/// Whether the step in flight has a participant killed, paused or
+/// declared failed (by this process's detector), or a link cut: the next
+/// tick's [`watch_sharded_step`] fails it.
+pub(super) fn in_trouble(world: &World) -> bool {
+    let (Some(step), Some(model)) = (world.get_resource::<ShardedStep>(), model_of(world)) else {
+        return false;
+    };
+    let index = world.resource::<DeviceIndex>();
+    let device_down = model.layout.participants.iter().any(|&id| {
+        index.get(id).is_some_and(|e| {
+            world.get::<DeviceState>(e).is_some_and(|s| !s.is_running())
+                || world
+                    .get::<crate::health::Health>(e)
+                    .is_some_and(|h| h.is_failed())
+        })
+    });
+    device_down
+        || step
+            .links
+            .iter()
+            .any(|&e| world.get::<LinkState>(e).is_some_and(|s| !s.up))
 }
 
 /// Fails the step in flight when a participant is killed (before the

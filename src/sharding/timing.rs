@@ -32,6 +32,9 @@ use crate::collectives::{DCN_AXIS, LinkModel, PhaseKind, Traffic, pass_name};
 /// A phase of a sharded step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 pub enum StepPhase {
+    /// Before any work: a participant was lost by the time the step was
+    /// to start (at the previous step's end, or during a wait).
+    Launch,
     /// Reduce-scatter of the gradients along one axis (ring: axis 0).
     ReduceScatter {
         /// Torus axis.
@@ -55,6 +58,7 @@ impl StepPhase {
     /// `reduce_scatter.dcn` and `all_gather.dcn`.
     pub fn key(&self) -> String {
         match self {
+            StepPhase::Launch => "launch".into(),
             StepPhase::ReduceScatter { axis } => pass_name(PhaseKind::ReduceScatter, *axis),
             StepPhase::Update => "update".into(),
             StepPhase::AllGather { axis } => pass_name(PhaseKind::AllGather, *axis),
@@ -80,6 +84,7 @@ impl std::fmt::Display for StepPhase {
             StepPhase::AllGather { axis: DCN_AXIS } => {
                 write!(f, "the all-gather across slices (DCN)")
             }
+            StepPhase::Launch => write!(f, "the launch"),
             StepPhase::ReduceScatter { axis } => write!(f, "the reduce-scatter along axis {axis}"),
             StepPhase::Update => write!(f, "the update"),
             StepPhase::AllGather { axis } => write!(f, "the all-gather along axis {axis}"),

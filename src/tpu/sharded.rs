@@ -26,9 +26,11 @@
 
 use std::collections::BTreeMap;
 use std::marker::PhantomData;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
+use bevy_ecs::world::World;
 use ndarray::IxDyn;
 use serde::Serialize;
 
@@ -114,7 +116,60 @@ pub struct ShardedOptimizer<O, A = f32> {
     pod: Driver,
     programs: BTreeMap<usize, ShardProgram>,
     compile_seconds: f64,
+    checkpoints: Option<StepCheckpoints>,
     _element: PhantomData<fn() -> A>,
+}
+
+/// Checkpoints written at step boundaries ([`ShardedOptimizer::enable_step_checkpoints`]).
+#[derive(Debug, Clone)]
+struct StepCheckpoints {
+    every_ns: u64,
+    root: PathBuf,
+    keep: usize,
+    /// When the last write started (or the run did), ns.
+    last_started_ns: u64,
+    /// The tick label of the newest checkpoint written.
+    last_label: Option<u64>,
+}
+
+/// One checkpoint write at a step boundary.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CheckpointWrite {
+    /// The model was captured, and the write began, ns.
+    pub started_at_ns: u64,
+    /// The write ended (its modeled end, or the loss that voided it), ns.
+    pub ended_at_ns: u64,
+    /// Where it went.
+    pub outcome: WriteOutcome,
+}
+
+/// How a checkpoint write ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum WriteOutcome {
+    /// On disk, verified by its manifest.
+    Written {
+        /// The checkpoint's directory.
+        path: PathBuf,
+        /// What retention could not do (each names the path).
+        retention_problems: Vec<String>,
+    },
+    /// A device of the model was lost before the write's end: nothing
+    /// reached disk.
+    Voided {
+        /// The device lost.
+        device: DeviceId,
+    },
+}
+
+/// The checkpoint a run resumed from ([`ShardedOptimizer::resume`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Resumed {
+    /// Its directory.
+    pub path: PathBuf,
+    /// The steps it holds.
+    pub steps_completed: u64,
+    /// Its simulated time, ns.
+    pub at_ns: u64,
 }
 
 impl<O, A> std::fmt::Debug for ShardedOptimizer<O, A> {
@@ -161,25 +216,21 @@ impl Driver {
         self.pod().clock()
     }
 
-    /// One tick (in lockstep with the other ranks when split).
-    fn step(&mut self) -> Result<()> {
+    /// Advances to simulated time `until_ns` exactly, or until `done`
+    /// holds; in one process idle ticks are skipped (bit for bit the same
+    /// world), so waiting out a long recovery — a cube swap's seconds at
+    /// microsecond ticks — costs only the ticks where something happens.
+    /// A split pod steps every tick in lockstep (its exact stops, a step's
+    /// end or a recovery's, are the same on every rank).
+    fn advance_until(&mut self, until_ns: u64, done: impl Fn(&World) -> bool) -> Result<()> {
         match self {
-            Driver::One(pod) => {
-                pod.step();
+            Driver::One(pod) => pod.advance_until(until_ns, done).map(|_| ()),
+            Driver::Ranked(ranked) => {
+                while ranked.pod().clock().now_ns < until_ns && !done(ranked.pod().world()) {
+                    ranked.step()?;
+                }
                 Ok(())
             }
-            Driver::Ranked(ranked) => ranked.step(),
-        }
-    }
-
-    /// `ticks` ticks; in one process idle ticks are skipped (bit for bit
-    /// the same world), so waiting out a long recovery — a cube swap's
-    /// seconds at microsecond ticks — costs only the ticks where something
-    /// happens.
-    fn run(&mut self, ticks: u64) -> Result<()> {
-        match self {
-            Driver::One(pod) => pod.run_skipping(ticks).map(|_| ()),
-            Driver::Ranked(_) => (0..ticks).try_for_each(|_| self.step()),
         }
     }
 
@@ -386,6 +437,7 @@ where
             pod: driver,
             programs: BTreeMap::new(),
             compile_seconds: 0.0,
+            checkpoints: None,
             _element: PhantomData,
         };
         opt.compile_programs()?;
@@ -444,7 +496,21 @@ where
             learning_rate,
         };
         let launched = launch_step(self.pod.world_mut(), request)?;
-        let (number, completes_at_ns) = (launched.number, launched.completes_at_ns);
+        let (number, completes_at_ns, failed_at_launch) = (
+            launched.number,
+            launched.completes_at_ns,
+            !launched.is_pending(),
+        );
+        if failed_at_launch {
+            // Failed at launch: the recovery policy runs now, as the
+            // `Recovery` set would after a failure in flight.
+            crate::checkpoint::recover_sharded_model(self.pod.world_mut());
+        }
+        let pending = |w: &World| {
+            w.get_resource::<ShardedStep>()
+                .is_none_or(|s| s.is_pending())
+        };
+        self.pod.advance_until(completes_at_ns, |w| !pending(w))?;
         loop {
             let world = self.pod.world();
             let step = world
@@ -452,8 +518,10 @@ where
                 .ok_or(ShardingError::NoModel)?;
             match &step.outcome {
                 StepOutcome::Pending => {
+                    // Due now: its systems complete it in the next run of
+                    // the schedule, at this same time.
                     let clock = self.pod.clock();
-                    if clock.now_ns > completes_at_ns.saturating_add(clock.tick_ns) {
+                    if clock.now_ns > completes_at_ns {
                         return Err(ShardingError::Stalled {
                             step: number,
                             completes_at_ns,
@@ -461,7 +529,8 @@ where
                         }
                         .into());
                     }
-                    self.pod.step()?;
+                    self.pod
+                        .advance_until(completes_at_ns.saturating_add(1), |w| !pending(w))?;
                 }
                 StepOutcome::Completed { at_ns } => {
                     let model = self.model()?;
@@ -514,9 +583,7 @@ where
     /// time has passed).
     fn wait_for_recovery(&mut self) -> Result<()> {
         let until = self.model()?.recovering_until_ns;
-        let tick = self.pod.clock().tick_ns.max(1);
-        let ticks = until.saturating_sub(self.pod.clock().now_ns).div_ceil(tick);
-        self.pod.run(ticks)
+        self.pod.advance_until(until, |_| false)
     }
 
     /// Every recovery so far (policy, lost devices and steps, modeled
@@ -656,6 +723,187 @@ where
         self.compile_programs()
     }
 
+    /// Writes a checkpoint of the whole pod into `root` at the end of a
+    /// step ([`ShardedOptimizer::checkpoint_if_due`]) once `every_ns` of
+    /// simulated time have passed since the last write began, keeping the
+    /// newest `keep`. A write costs simulated time, the model's bytes over
+    /// the storage bandwidth ([`ShardedModel::checkpoint_io_seconds`]), and
+    /// the model waits for it; the pod's rollback reads these checkpoints
+    /// (and, before the first, the model as it is now, kept in memory).
+    /// One process only (a split pod writes split periodic checkpoints).
+    pub fn enable_step_checkpoints(
+        &mut self,
+        every_ns: u64,
+        root: PathBuf,
+        keep: usize,
+    ) -> Result<()> {
+        self.pod.whole("checkpoints at step boundaries")?;
+        if every_ns == 0 || keep == 0 {
+            return Err(OptimError::invalid_config(
+                "checkpoints at step boundaries need an interval of at least 1 ns and keep >= 1",
+            ));
+        }
+        // The `Recovery` set's rollback reads the roots from here; the
+        // periodic system stays off (`every_ticks` 0).
+        self.pod
+            .world_mut()
+            .insert_resource(crate::checkpoint::PeriodicCheckpoints {
+                every_ticks: 0,
+                roots: vec![root.clone()],
+                max_checkpoints: keep,
+                written: 0,
+                last_error: None,
+                retention_problems: Vec::new(),
+            });
+        let start = crate::sharding::model::StartingModel::capture::<A>(self.pod.world_mut())?;
+        self.pod.world_mut().insert_resource(start);
+        self.checkpoints = Some(StepCheckpoints {
+            every_ns,
+            root,
+            keep,
+            last_started_ns: self.pod.clock().now_ns,
+            last_label: None,
+        });
+        Ok(())
+    }
+
+    /// Simulated seconds one checkpoint write (or read) of the model takes
+    /// on this pod.
+    pub fn checkpoint_seconds(&self) -> Result<f64> {
+        let hosts = self.pod.pod().topology().num_hosts();
+        Ok(self.model()?.checkpoint_io_seconds(hosts))
+    }
+
+    /// At a step boundary: writes a checkpoint if one is due
+    /// ([`ShardedOptimizer::enable_step_checkpoints`]). The model is
+    /// captured now; the pod advances to the write's modeled end (skipping
+    /// idle ticks), and only then does the checkpoint reach disk. A device
+    /// of the model lost before that voids the write. A disk error is an
+    /// `Err` naming the path.
+    pub fn checkpoint_if_due(&mut self) -> Result<Option<CheckpointWrite>> {
+        let Some(config) = &self.checkpoints else {
+            return Ok(None);
+        };
+        let now = self.pod.clock().now_ns;
+        if now.saturating_sub(config.last_started_ns) < config.every_ns {
+            return Ok(None);
+        }
+        // Two writes ending in one tick get consecutive labels, so the
+        // newest is always the one rollback and retention take.
+        let tick = self.pod.clock().tick;
+        let label = config.last_label.map_or(tick, |l| tick.max(l + 1));
+        let (root, keep) = (config.root.clone(), config.keep);
+        let seconds = self.checkpoint_seconds()?;
+        let snapshot = self.pod.pod_mut().snapshot_labeled(label)?;
+        if let Some(c) = &mut self.checkpoints {
+            c.last_started_ns = now;
+        }
+        let ends_at = now.saturating_add((seconds * 1e9).ceil() as u64);
+        self.pod.advance_until(ends_at, |w| {
+            crate::sharding::recovery::lost_participant(w).is_some()
+        })?;
+        let ended_at_ns = self.pod.clock().now_ns;
+        if let Some(device) = crate::sharding::recovery::lost_participant(self.pod.world()) {
+            return Ok(Some(CheckpointWrite {
+                started_at_ns: now,
+                ended_at_ns,
+                outcome: WriteOutcome::Voided { device },
+            }));
+        }
+        let name = crate::checkpoint::checkpoint_name(label);
+        let pod_name = self.pod.pod().topology().name.clone();
+        crate::checkpoint::write_checkpoint(&root, &name, &pod_name, &snapshot, &mut |_| Ok(()))?;
+        let retention = crate::checkpoint::enforce_retention(&root, keep, &name);
+        if let Some(c) = &mut self.checkpoints {
+            c.last_label = Some(label);
+        }
+        Ok(Some(CheckpointWrite {
+            started_at_ns: now,
+            ended_at_ns,
+            outcome: WriteOutcome::Written {
+                path: root.join(name),
+                retention_problems: retention.problems,
+            },
+        }))
+    }
+
+    /// Refuses a checkpoint root that holds another model's checkpoints
+    /// (other tensors, element type, optimizer, reduction, buckets,
+    /// recovery policy, or another pod), naming both, before any step: a
+    /// run must not mix its checkpoints with another's, nor let retention
+    /// delete its own for them. Checkpoints that do not verify are left to
+    /// rollback, which skips them.
+    pub fn check_checkpoint_root(&self, root: &Path) -> Result<()> {
+        if !root.exists() {
+            return Ok(());
+        }
+        let ours = self.model()?;
+        let our_pod = self.pod.pod().topology().name.clone();
+        let registry = self.pod.world().resource::<SnapshotRegistry>();
+        for listing in crate::checkpoint::list_checkpoints(root, registry)? {
+            if listing.problem.is_some() {
+                continue;
+            }
+            let (manifest, snapshot) =
+                crate::checkpoint::verify_checkpoint(&listing.path, registry)?;
+            let theirs = model_in(registry, &snapshot)?;
+            let same = theirs.as_ref().is_some_and(|m| same_model(m, ours));
+            if !same || manifest.pod != our_pod {
+                let held = theirs.map_or_else(|| "no sharded model".to_string(), |m| m.describe());
+                return Err(ShardingError::OtherRun {
+                    path: listing.path.clone(),
+                    theirs: format!("{held} on {}", manifest.pod),
+                    ours: format!("{} on {our_pod}", ours.describe()),
+                }
+                .into());
+            }
+        }
+        Ok(())
+    }
+
+    /// Continues a run from the newest verified checkpoint in `root`: the
+    /// whole pod (model, state, count, clock, health, faults still to
+    /// come) is restored, then the pod waits out that checkpoint's write as
+    /// the run did, so the run goes on bit for bit as if never stopped.
+    /// Checkpoints are then written as before (enable them first). Another
+    /// model's checkpoint is refused ([`ShardedOptimizer::check_checkpoint_root`]).
+    pub fn resume(&mut self, root: &Path) -> Result<Resumed> {
+        self.pod.whole("resuming from a checkpoint")?;
+        self.check_checkpoint_root(root)?;
+        let registry = self.pod.world().resource::<SnapshotRegistry>();
+        let listings = crate::checkpoint::list_checkpoints(root, registry)?;
+        let Some(newest) = listings.iter().find(|l| l.problem.is_none()) else {
+            let problems: Vec<String> = listings.iter().filter_map(|l| l.problem.clone()).collect();
+            return Err(ShardingError::NothingToResume {
+                root: root.to_path_buf(),
+                problems: if problems.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {}", problems.join("; "))
+                },
+            }
+            .into());
+        };
+        let path = newest.path.clone();
+        let (_, snapshot) = crate::checkpoint::verify_checkpoint(&path, registry)?;
+        self.restore(&snapshot)?;
+        let now = self.pod.clock().now_ns;
+        let seconds = self.checkpoint_seconds()?;
+        if let Some(c) = &mut self.checkpoints {
+            c.last_started_ns = now;
+            c.last_label = Some(snapshot.tick);
+        }
+        let ends_at = now.saturating_add((seconds * 1e9).ceil() as u64);
+        self.pod.advance_until(ends_at, |w| {
+            crate::sharding::recovery::lost_participant(w).is_some()
+        })?;
+        Ok(Resumed {
+            path,
+            steps_completed: self.steps_completed(),
+            at_ns: now,
+        })
+    }
+
     /// The pod (this rank's part of it when split over ranks).
     pub fn pod(&self) -> &Pod {
         self.pod.pod()
@@ -704,6 +952,26 @@ where
     pub fn base(&self) -> &O {
         &self.base
     }
+}
+
+/// The sharded model a snapshot holds, if any.
+fn model_in(registry: &SnapshotRegistry, snapshot: &WorldSnapshot) -> Result<Option<ShardedModel>> {
+    let mut scratch = World::new();
+    registry.restore(&mut scratch, snapshot)?;
+    Ok(model_of(&scratch).cloned())
+}
+
+/// Whether two models are the same run's: what a checkpoint restores into
+/// must have the same tensors, element type, optimizer, reduction, buckets
+/// and recovery policy.
+fn same_model(a: &ShardedModel, b: &ShardedModel) -> bool {
+    a.layout.tensors == b.layout.tensors
+        && a.layout.dtype == b.layout.dtype
+        && a.optimizer == b.optimizer
+        && a.slots == b.slots
+        && a.reduction == b.reduction
+        && a.bucket_bytes == b.bucket_bytes
+        && a.recovery == b.recovery
 }
 
 /// The fused update of `rule` over a flat shard of `len` elements, its
