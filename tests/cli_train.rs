@@ -283,10 +283,12 @@ fn a_recovery_is_reported_with_parts_that_add_up() {
     assert!(!text.contains("1 steps"), "{text}");
 }
 
+/// One track's spans: (start µs, end µs, name).
+type Spans = Vec<(f64, f64, String)>;
+
 /// Per (pid, tid), the complete spans in time order never overlap.
 fn assert_no_overlap(events: &[serde_json::Value]) {
-    let mut tracks: std::collections::BTreeMap<(i64, i64), Vec<(f64, f64, String)>> =
-        Default::default();
+    let mut tracks: std::collections::BTreeMap<(i64, i64), Spans> = Default::default();
     for e in events.iter().filter(|e| e["ph"] == "X") {
         let ts = e["ts"].as_f64().unwrap();
         let dur = e["dur"].as_f64().unwrap();
