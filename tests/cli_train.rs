@@ -161,6 +161,21 @@ fn learning_rates_outside_f32_are_refused() {
 }
 
 #[test]
+fn a_seed_reads_as_a_count_does_and_zero_is_a_seed() {
+    let digest = |seed: &str| {
+        let out = run(&with(&["--seed", seed, "--json"]));
+        assert!(out.status.success(), "--seed {seed}: {}", stderr(&out));
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        report["world_sha256"].as_str().unwrap().to_string()
+    };
+    assert_eq!(digest("1e3"), digest("1000"));
+    assert_ne!(digest("0"), digest("1000"));
+    for bad in ["-1", "nan", "1.5"] {
+        assert_usage(&run(&with(&["--seed", bad])), "is not a seed");
+    }
+}
+
+#[test]
 fn every_bad_value_of_every_flag_exits_2_with_one_line() {
     for (flag, value) in [
         ("--params", "0"),

@@ -55,13 +55,16 @@ pub struct TrainArgs {
     lr: f64,
     /// The model's tensor sizes in elements, comma-separated (the default
     /// is the bundled 16.8 M-parameter transformer block).
-    #[arg(long, value_delimiter = ',', value_name = "N[,N...]", value_parser = parse_count)]
+    #[arg(long, value_delimiter = ',', value_name = "N[,N...]", value_parser = parse_count,
+          allow_negative_numbers = true)]
     params: Vec<usize>,
     /// Steps to complete (lost steps are redone).
-    #[arg(long, default_value_t = 20, value_parser = parse_count_u64)]
+    #[arg(long, default_value_t = 20, value_parser = parse_count_u64,
+          allow_negative_numbers = true)]
     steps: u64,
     /// Bucket size in bytes.
-    #[arg(long, default_value_t = DEFAULT_BUCKET_BYTES, value_parser = parse_count)]
+    #[arg(long, default_value_t = DEFAULT_BUCKET_BYTES, value_parser = parse_count,
+          allow_negative_numbers = true)]
     bucket_bytes: usize,
     /// Gradient reduction: mean or sum.
     #[arg(long, default_value = "mean")]
@@ -73,7 +76,8 @@ pub struct TrainArgs {
     kill: Vec<(u32, f64)>,
     /// Write a periodic checkpoint every this many simulated seconds
     /// (needed by rollback and spare-cube recovery).
-    #[arg(long, value_name = "SECONDS", value_parser = parse_seconds)]
+    #[arg(long, value_name = "SECONDS", value_parser = parse_seconds,
+          allow_negative_numbers = true)]
     checkpoint_every: Option<f64>,
     /// Where the periodic checkpoints go: a directory, created if missing
     /// (only with --checkpoint-every; a fresh temporary directory by
@@ -86,10 +90,13 @@ pub struct TrainArgs {
     recovery: RecoveryPolicy,
     /// Simulated tick in milliseconds (default 0.01), within a pod file's
     /// bounds and at most the pod's heartbeat interval.
-    #[arg(long, value_name = "MS", value_parser = parse_tick_ms)]
+    #[arg(long, value_name = "MS", value_parser = parse_tick_ms,
+          allow_negative_numbers = true)]
     tick_ms: Option<f64>,
-    /// Seed of the synthetic gradients.
-    #[arg(long, default_value_t = 0)]
+    /// Seed of the synthetic gradients: a whole number from 0 (`1e3`
+    /// reads as 1000, as every count does).
+    #[arg(long, default_value_t = 0, value_parser = parse_seed,
+          allow_negative_numbers = true)]
     seed: u64,
     /// Write a Chrome/Perfetto trace in simulated time: the run's steps,
     /// failed steps, waits, recoveries (by part) and checkpoint writes,
@@ -456,6 +463,19 @@ fn parse_learning_rate(text: &str) -> Result<f64, String> {
         ));
     }
     Ok(lr)
+}
+
+/// A seed: 0, or any whole number [`parse_count_u64`] reads.
+fn parse_seed(text: &str) -> Result<u64, String> {
+    if text.trim() == "0" {
+        return Ok(0);
+    }
+    parse_count_u64(text).map_err(|_| {
+        format!(
+            "`{text}` is not a seed: give a whole number from 0 to {}",
+            u64::MAX
+        )
+    })
 }
 
 /// A tick in milliseconds, within the bounds a pod file's tick has.
