@@ -672,7 +672,7 @@ pub(super) fn run_steps(
                 at_ns,
                 cause,
             })) => {
-                failures.push(failure_row(opt, step, phase, at_ns, &cause));
+                failures.push(failure_row(opt, &args.kill, step, phase, at_ns, &cause));
             }
             Err(e) => return Err(e.into()),
         }
@@ -830,10 +830,12 @@ fn modeled_only(args: &TrainArgs, sizes: &[usize]) -> Result<()> {
 
 /// A failed attempt as the report and the trace show it: when it was
 /// launched (the pod's step resource still holds the failed step) and,
-/// for a killed device, when it died (the world's ground truth), so the
-/// wait until the step saw it shows.
+/// for a killed device, when it died (the world's ground truth; after a
+/// cube swap has revived the device's id, the `kills` entry that was due),
+/// so the wait until the step saw it shows.
 fn failure_row(
     opt: &ShardedOptimizer<Base>,
+    kills: &[(u32, f64)],
     step: u64,
     phase: StepPhase,
     at_ns: u64,
@@ -851,6 +853,15 @@ fn failure_row(
         .and_then(|e| pod.world().get::<DeviceState>(e).copied())
         .and_then(|state| match state {
             DeviceState::Killed { at_ns } => Some(at_ns),
+            _ => None,
+        })
+        .or_else(|| match cause {
+            optirs_tpu::sharding::FailureCause::DeviceKilled(d) => kills
+                .iter()
+                .map(|&(device, seconds)| (device, (seconds * 1e9).round() as u64))
+                .filter(|&(device, due)| device == d.0 && due <= at_ns)
+                .map(|(_, due)| due)
+                .max(),
             _ => None,
         });
     FailureRow {
@@ -1328,4 +1339,189 @@ pub(super) fn print_report(r: &TrainReport, json: bool) -> Result<()> {
         r.world_sha256
     );
     output::print_text(&text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use optirs_tpu::sharding::Span;
+
+    fn step(number: u64, launched_at_ns: u64, modeled_seconds: f64) -> ShardedStepReport {
+        let half = modeled_seconds / 2.0;
+        ShardedStepReport {
+            step: number,
+            launched_at_ns,
+            completed_at_ns: launched_at_ns + (modeled_seconds * 1e9).ceil() as u64,
+            modeled_seconds,
+            phases: BTreeMap::new(),
+            link_bytes: 0,
+            hbm_bytes_per_device: vec![(0, 1), (1, 1)],
+            buckets: 1,
+            wall_seconds: 0.0,
+            spans: vec![
+                Span {
+                    bucket: 0,
+                    phase: StepPhase::ReduceScatter { axis: 0 },
+                    start_seconds: 0.0,
+                    end_seconds: half,
+                },
+                Span {
+                    bucket: 0,
+                    phase: StepPhase::Update,
+                    start_seconds: half,
+                    end_seconds: modeled_seconds,
+                },
+            ],
+        }
+    }
+
+    /// A spare-cube run drawn by hand: steps 1 and 2, step 3 killed, a
+    /// recovery of three parts that rolls back step 2, steps 2 and 3 again.
+    #[test]
+    fn the_trace_accounts_for_every_second_and_marks_undone_steps() {
+        let us = 1_000u64;
+        let reports = [
+            step(1, 0, 8e-6),
+            step(2, 10 * us, 8e-6),
+            step(2, 1_100 * us, 8e-6),
+            step(3, 1_110 * us, 8e-6),
+        ];
+        let failures = [FailureRow {
+            step: 3,
+            device: Some(1),
+            launched_at_seconds: 20e-6,
+            killed_at_seconds: Some(23e-6),
+            at_seconds: 25e-6,
+            phase: "update".into(),
+            cause: "device 1 was killed".into(),
+        }];
+        let recoveries = [RecoveryRow {
+            policy: "spare-cube".into(),
+            failed_step: 3,
+            lost_devices: vec![1],
+            lost_steps: 1,
+            started_at_seconds: 25e-6,
+            recovery_seconds: 1070e-6,
+            read_seconds: 50e-6,
+            reconfigure_seconds: 1000e-6,
+            reshard_seconds: 20e-6,
+            swapped_cubes: vec![[0, 1]],
+        }];
+        let writes = [(10 * us, 0.0)];
+        let input = TraceInput {
+            reports: &reports,
+            failures: &failures,
+            recoveries: &recoveries,
+            checkpoint_writes: &writes,
+            devices: 2,
+            tick_ns: 10 * us,
+            end_ns: 1_120 * us,
+        };
+        let trace = trace_of(&input);
+        let events = trace["traceEvents"].as_array().unwrap();
+        let on = |tid: u32| -> Vec<&serde_json::Value> {
+            let mut spans: Vec<_> = events
+                .iter()
+                .filter(|e| e["ph"] == "X" && e["pid"] == 2 && e["tid"] == tid)
+                .collect();
+            spans.sort_by(|a, b| {
+                a["ts"]
+                    .as_f64()
+                    .unwrap()
+                    .total_cmp(&b["ts"].as_f64().unwrap())
+            });
+            spans
+        };
+        // The timeline runs from 0 to the end without a hole or overlap.
+        let timeline = on(track::TIMELINE);
+        let mut at = 0.0;
+        for e in &timeline {
+            let ts = e["ts"].as_f64().unwrap();
+            assert!((ts - at).abs() < 1e-6, "{e} starts at {ts}, not {at}");
+            at = ts + e["dur"].as_f64().unwrap();
+        }
+        assert!((at - 1120.0).abs() < 1e-6, "ends at {at}");
+        let names: Vec<&str> = timeline
+            .iter()
+            .map(|e| e["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "step 1",
+                "waiting for the tick",
+                "step 2 (undone by a rollback)",
+                "waiting for the tick",
+                "step 3 failed: device 1 was killed",
+                "recovery (spare-cube)",
+                "waiting for the tick",
+                "step 2",
+                "waiting for the tick",
+                "step 3",
+                "waiting for the tick",
+            ]
+        );
+        // The recovery's parts, in order, add up to it.
+        let parts = on(track::RECOVERY_PARTS);
+        let names: Vec<&str> = parts.iter().map(|e| e["name"].as_str().unwrap()).collect();
+        assert_eq!(names, ["checkpoint read", "cube swap", "re-shard"]);
+        assert_eq!(parts[0]["ts"].as_f64().unwrap(), 25.0);
+        let sum: f64 = parts.iter().map(|e| e["dur"].as_f64().unwrap()).sum();
+        assert!((sum - 1070.0).abs() < 1e-6);
+        // The kill and the wait until the step saw it.
+        let detection = on(track::FAULTS);
+        assert_eq!(detection[0]["name"], "detection wait");
+        assert!((detection[0]["ts"].as_f64().unwrap() - 23.0).abs() < 1e-9);
+        assert!((detection[0]["dur"].as_f64().unwrap() - 2.0).abs() < 1e-9);
+        assert_eq!(on(track::CHECKPOINTS).len(), 1);
+        // Each device's phases, per bucket.
+        for device in 0..2 {
+            assert_eq!(
+                events
+                    .iter()
+                    .filter(|e| e["pid"] == device && e["ph"] == "X")
+                    .count(),
+                reports.len() * 2
+            );
+        }
+    }
+
+    #[test]
+    fn phases_read_in_the_order_the_step_runs_them() {
+        let phases: BTreeMap<String, f64> = [
+            "all_gather.axis0",
+            "all_gather.axis1",
+            "all_gather.dcn",
+            "exposed_communication",
+            "reduce_scatter.axis0",
+            "reduce_scatter.axis1",
+            "reduce_scatter.dcn",
+            "replicate_state",
+            "update",
+        ]
+        .into_iter()
+        .map(|k| (k.to_string(), 1.0))
+        .collect();
+        let order: Vec<&str> = phases_in_execution_order(&phases)
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect();
+        assert_eq!(
+            order,
+            [
+                "reduce_scatter.axis0",
+                "reduce_scatter.axis1",
+                "reduce_scatter.dcn",
+                "update",
+                "all_gather.dcn",
+                "all_gather.axis1",
+                "all_gather.axis0",
+                "replicate_state",
+                "exposed_communication",
+            ]
+        );
+        assert_eq!(devices_text(&[]), "no device");
+        assert_eq!(devices_text(&[5]), "device 5");
+        assert_eq!(devices_text(&[1, 2, 3]), "devices 1, 2 and 3");
+    }
 }
