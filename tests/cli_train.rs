@@ -143,6 +143,12 @@ fn a_kill_after_the_run_ended_is_an_error_naming_it_and_the_end() {
 }
 
 #[test]
+fn a_checkpoint_interval_shorter_than_a_tick_is_refused() {
+    let out = run(&with(&["--checkpoint-every", "1e-9"]));
+    assert_usage(&out, "shorter than the 10.000 µs tick");
+}
+
+#[test]
 fn a_kill_without_checkpoints_under_rollback_is_a_bad_value() {
     let out = run(&with(&["--kill", "3@0.0001"]));
     assert_usage(&out, "needs --checkpoint-every");

@@ -75,7 +75,8 @@ pub struct TrainArgs {
     #[arg(long, value_name = "DEVICE@SECONDS", value_parser = parse_timed_device)]
     kill: Vec<(u32, f64)>,
     /// Write a periodic checkpoint every this many simulated seconds
-    /// (needed by rollback and spare-cube recovery).
+    /// (needed by rollback and spare-cube recovery), rounded to whole
+    /// ticks; at least one tick.
     #[arg(long, value_name = "SECONDS", value_parser = parse_seconds,
           allow_negative_numbers = true)]
     checkpoint_every: Option<f64>,
@@ -132,8 +133,15 @@ impl TrainArgs {
         let Some(every) = self.checkpoint_every else {
             return Ok(None);
         };
-        if !(every.is_finite() && every > 0.0) {
-            bail!("--checkpoint-every must be a positive number of seconds, got {every}");
+        let tick_seconds = tick_ns as f64 * 1e-9;
+        if every < tick_seconds {
+            return Err(usage(format!(
+                "--checkpoint-every {} is shorter than the {} tick the pod runs at, and \
+                 checkpoints are written on ticks: give at least {}",
+                number(every),
+                output::seconds(tick_seconds),
+                number(tick_seconds)
+            )));
         }
         let dir = match &self.checkpoint_dir {
             Some(dir) => {
