@@ -426,3 +426,12 @@ fn the_trace_marks_the_failed_step_its_recovery_by_part_waits_and_checkpoint_wri
         );
     }
 }
+
+#[test]
+fn a_model_too_large_for_this_host_is_refused_in_binary_units() {
+    let out = optirs(&["train", "v4-8", "--params", "1e12"]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("18.19 TiB on this host"), "{err}");
+    assert!(!err.contains("20000000000000"), "{err}");
+}

@@ -589,9 +589,12 @@ pub(super) fn checked_topology(
     let host_bytes = total.saturating_mul(4 * 5);
     let available = optirs_tpu::tpu::bench::host_memory_budget();
     if host_bytes > available {
+        let readable = |bytes: u128| output::bytes(u64::try_from(bytes).unwrap_or(u64::MAX));
         bail!(
-            "--params totals {total} parameters, about {host_bytes} bytes on this host with \
-             optimizer state, but {available} bytes are available; train a smaller model"
+            "--params totals {total} parameters, about {} on this host with optimizer state, \
+             but {} is available; train a smaller model (or --modeled-only)",
+            readable(host_bytes),
+            readable(available)
         );
     }
     let mut topology = load_topology(&args.pod)?;
