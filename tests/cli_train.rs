@@ -229,6 +229,7 @@ fn the_text_report_lists_phases_in_execution_order_and_reads_as_a_person_writes(
         "4096",
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
+    assert!(out.stderr.is_empty(), "no spinner or bar off a terminal");
     let text = stdout(&out);
     let position = |key: &str| {
         text.find(&format!("  {key} "))

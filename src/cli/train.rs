@@ -62,7 +62,8 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 20, value_parser = parse_count_u64,
           allow_negative_numbers = true)]
     steps: u64,
-    /// Bucket size in bytes.
+    /// Bucket size in bytes (25 MiB by default): the model's tensors are
+    /// packed into buckets whose collectives and updates overlap.
     #[arg(long, default_value_t = DEFAULT_BUCKET_BYTES, value_parser = parse_count,
           allow_negative_numbers = true)]
     bucket_bytes: usize,
