@@ -302,6 +302,10 @@ fn a_recovery_is_reported_with_parts_that_add_up() {
         "{text}"
     );
     assert!(text.contains("lost device 5,"), "{text}");
+    assert!(
+        text.contains("% in steps that count") && text.contains("% recovering"),
+        "where the time went: {text}"
+    );
     assert!(!text.contains("1 steps"), "{text}");
 }
 

@@ -1264,6 +1264,37 @@ fn devices_text(devices: &[u32]) -> String {
     }
 }
 
+/// Where the simulated time of a run with failures went, as shares that
+/// add up to it: the steps that count (the goodput), the failed attempts,
+/// the recoveries, and the rest (steps a rollback undid, waits for ticks,
+/// detection and checkpoint writes). Empty for a run without failures,
+/// or if the parts exceed the whole (nothing left to say honestly).
+fn time_breakdown(r: &TrainReport) -> String {
+    if r.failures.is_empty() || r.simulated_seconds <= 0.0 {
+        return String::new();
+    }
+    let share = |seconds: f64| seconds / r.simulated_seconds;
+    let failed = share(
+        r.failures
+            .iter()
+            .map(|f| f.at_seconds - f.launched_at_seconds)
+            .sum(),
+    );
+    let recovering = share(r.recoveries.iter().map(|rec| rec.recovery_seconds).sum());
+    let rest = 1.0 - r.goodput - failed - recovering;
+    if rest < -1e-9 {
+        return String::new();
+    }
+    format!(
+        "time: {:.1} % in steps that count, {:.1} % in failed steps, {:.1} % recovering, \
+         {:.1} % in undone steps and waits\n",
+        r.goodput * 100.0,
+        failed * 100.0,
+        recovering * 100.0,
+        rest.max(0.0) * 100.0
+    )
+}
+
 pub(super) fn print_report(r: &TrainReport, json: bool) -> Result<()> {
     if json {
         return output::print_json(r);
@@ -1337,6 +1368,7 @@ pub(super) fn print_report(r: &TrainReport, json: bool) -> Result<()> {
             text += &format!("    cube {failed} swapped for spare cube {spare}\n");
         }
     }
+    text += &time_breakdown(r);
     let ranks = if r.ranks > 1 {
         format!(" (merged from {} ranks)", r.ranks)
     } else {
