@@ -565,7 +565,7 @@ fn train_reports_a_sharded_run_and_refuses_bad_input() {
         "--recovery",
         "redundant",
     ]);
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("device 99 does not exist"));
     let out = optirs(&["train", "v4-8", "--kill", "1@0.001"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("--checkpoint-every"));

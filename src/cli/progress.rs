@@ -27,18 +27,19 @@ pub fn bar(total: u64, json: bool, what: &str) -> ProgressBar {
     bar
 }
 
-/// A spinner with the elapsed time, for work that cannot say how far it
-/// got (one library call); hidden when progress should not show. It
-/// redraws itself from its own thread until finished.
-pub fn spinner(json: bool, what: &str) -> ProgressBar {
+/// A spinner with `message` for a long part that has no count (building a
+/// large pod, compiling), drawn on stderr when it is a terminal and the
+/// output is not JSON; cleared when done or dropped (an error on the way
+/// leaves no stale line).
+pub fn spinner(json: bool, message: &str) -> ProgressBar {
     if !visible(json) {
         return ProgressBar::hidden();
     }
-    let spinner = ProgressBar::new_spinner();
+    let spinner = ProgressBar::new_spinner().with_finish(indicatif::ProgressFinish::AndClear);
     if let Ok(style) = ProgressStyle::with_template("{spinner} {msg} ({elapsed})") {
         spinner.set_style(style);
     }
-    spinner.set_message(what.to_string());
+    spinner.set_message(message.to_string());
     spinner.enable_steady_tick(std::time::Duration::from_millis(120));
     spinner
 }

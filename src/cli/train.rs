@@ -11,11 +11,11 @@ use anyhow::{Context, Result, bail};
 use clap::Args;
 use clap::builder::PossibleValuesParser;
 use ndarray::{ArrayD, IxDyn};
-use optirs_tpu::health::Fault;
+use optirs_tpu::health::{DeviceState, Fault};
 use optirs_tpu::sharding::ledger::{TimeKind, TimeLedger, TimeParts};
 use optirs_tpu::sharding::{
-    DEFAULT_BUCKET_BYTES, ParamSet, RecoveryPolicy, Reduction, ShardedStep, ShardingError,
-    StepPhase, SyntheticGradients,
+    DEFAULT_BUCKET_BYTES, ParamSet, RecoveryPolicy, RecoveryRecord, Reduction, ShardedStep,
+    ShardingError, StepPhase, SyntheticGradients,
 };
 use optirs_tpu::topology::{DEFAULT_PRESET, DeviceId, load_topology};
 use optirs_tpu::tpu::sharded::{CheckpointWrite, Resumed, WriteOutcome};
@@ -24,7 +24,7 @@ use optirs_tpu::{OptimError, Pod, TPUConfig};
 use serde::Serialize;
 use serde_json::json;
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 /// The bundled default model: the tensors of one transformer block of
@@ -49,30 +49,42 @@ pub struct TrainArgs {
     #[arg(long, default_value = "adam", ignore_case = true,
           value_parser = PossibleValuesParser::new(optirs_tpu::optimizers::NAMES))]
     optimizer: String,
-    /// Learning rate.
-    #[arg(long, default_value_t = 1e-3, value_parser = parse_finite,
+    /// Learning rate: any sign, representable as an f32 (the update runs
+    /// in f32).
+    #[arg(long, default_value_t = 1e-3, value_parser = parse_learning_rate,
           allow_negative_numbers = true)]
     lr: f64,
     /// The model's tensor sizes in elements, comma-separated (the default
     /// is the bundled 16.8 M-parameter transformer block).
-    #[arg(long, value_delimiter = ',', value_name = "N[,N...]", value_parser = parse_count)]
+    #[arg(long, value_delimiter = ',', value_name = "N[,N...]", value_parser = parse_count,
+          allow_negative_numbers = true)]
     params: Vec<usize>,
     /// Steps to complete (lost steps are redone).
-    #[arg(long, default_value_t = 20, value_parser = parse_count_u64)]
+    #[arg(long, default_value_t = 20, value_parser = parse_count_u64,
+          allow_negative_numbers = true)]
     steps: u64,
-    /// Bucket size in bytes.
-    #[arg(long, default_value_t = DEFAULT_BUCKET_BYTES, value_parser = parse_count)]
+    /// Bucket size in bytes (25 MiB by default): the model's tensors are
+    /// packed into buckets whose collectives and updates overlap.
+    #[arg(long, default_value_t = DEFAULT_BUCKET_BYTES, value_parser = parse_count,
+          allow_negative_numbers = true)]
     bucket_bytes: usize,
     /// Gradient reduction: mean or sum.
     #[arg(long, default_value = "mean")]
     reduction: Reduction,
-    /// Kill a device at a simulated time: `DEVICE@SECONDS` (repeatable).
+    /// Kill a device at a simulated time, seconds from the start:
+    /// `DEVICE@SECONDS` (repeatable, each device at most once). A kill due
+    /// after the run ends is an error once the run shows its end.
     #[arg(long, value_name = "DEVICE@SECONDS", value_parser = parse_timed_device)]
     kill: Vec<(u32, f64)>,
-    /// Write a periodic checkpoint every this many simulated seconds.
-    #[arg(long, value_name = "SECONDS", value_parser = parse_seconds)]
+    /// Write a periodic checkpoint every this many simulated seconds
+    /// (needed by rollback and spare-cube recovery), rounded to whole
+    /// ticks; at least one tick.
+    #[arg(long, value_name = "SECONDS", value_parser = parse_seconds,
+          allow_negative_numbers = true)]
     checkpoint_every: Option<f64>,
-    /// Where checkpoints go (a fresh temporary directory by default).
+    /// Where the periodic checkpoints go: a directory, created if missing
+    /// (only with --checkpoint-every; a fresh temporary directory by
+    /// default).
     #[arg(long, value_name = "DIR")]
     checkpoint_dir: Option<PathBuf>,
     /// Continue the run whose checkpoints are in DIR from its newest
@@ -85,14 +97,20 @@ pub struct TrainArgs {
     /// (a cube-built pod with `cubes: (spares: N)`).
     #[arg(long, default_value = "rollback")]
     recovery: RecoveryPolicy,
-    /// Simulated tick in milliseconds (default 0.01).
-    #[arg(long, value_name = "MS", value_parser = parse_tick_ms)]
+    /// Simulated tick in milliseconds (default 0.01), within a pod file's
+    /// bounds and at most the pod's heartbeat interval.
+    #[arg(long, value_name = "MS", value_parser = parse_tick_ms,
+          allow_negative_numbers = true)]
     tick_ms: Option<f64>,
-    /// Seed of the synthetic gradients.
-    #[arg(long, default_value_t = 0)]
+    /// Seed of the synthetic gradients: a whole number from 0 (`1e3`
+    /// reads as 1000, as every count does).
+    #[arg(long, default_value_t = 0, value_parser = parse_seed,
+          allow_negative_numbers = true)]
     seed: u64,
-    /// Write a Chrome/Perfetto trace of every device's compute and
-    /// communication per bucket, in simulated time. Never overwrites.
+    /// Write a Chrome/Perfetto trace in simulated time: the run's steps,
+    /// failed steps, waits, recoveries (by part) and checkpoint writes,
+    /// and every device's compute and communication per bucket. Never
+    /// overwrites; checked before the run.
     #[arg(long, value_name = "FILE")]
     trace: Option<PathBuf>,
     /// Model the step only, in closed form, without data or a pod in
@@ -123,8 +141,15 @@ impl TrainArgs {
         let Some(every) = self.checkpoint_every else {
             return Ok(None);
         };
-        if !(every.is_finite() && every > 0.0) {
-            bail!("--checkpoint-every must be a positive number of seconds, got {every}");
+        let tick_seconds = tick_ns as f64 * 1e-9;
+        if every < tick_seconds {
+            return Err(usage(format!(
+                "--checkpoint-every {} is shorter than the {} tick the pod runs at, and \
+                 checkpoints are written on ticks: give at least {}",
+                number(every),
+                output::seconds(tick_seconds),
+                number(tick_seconds)
+            )));
         }
         let dir = match &self.checkpoint_dir {
             Some(dir) => {
@@ -138,6 +163,48 @@ impl TrainArgs {
         Ok(Some((ticks, dir)))
     }
 
+    /// Refuses, before any work, what the command line alone shows the
+    /// run cannot honour: an export path that exists or whose directory
+    /// does not, `--checkpoint-dir` without `--checkpoint-every` (it would
+    /// do nothing) or naming a file, a device killed twice, and kills no
+    /// checkpoint can recover.
+    pub(super) fn refuse_unusable(&self) -> Result<()> {
+        output::refuse_existing(&[("--trace", self.trace.as_deref())])?;
+        if let Some(trace) = &self.trace {
+            refuse_missing_parent("--trace", trace)?;
+        }
+        if let Some(dir) = &self.checkpoint_dir {
+            if self.checkpoint_every.is_none() {
+                return Err(usage(format!(
+                    "--checkpoint-dir {} does nothing without --checkpoint-every SECONDS: \
+                     give the interval, or drop --checkpoint-dir",
+                    dir.display()
+                )));
+            }
+            refuse_non_directory("--checkpoint-dir", dir)?;
+        }
+        self.refuse_repeated_kills()?;
+        self.refuse_unrecoverable_kills()
+    }
+
+    /// Refuses a device named by two `--kill`s: a device dies once (the
+    /// second kill could never apply, as `run` says).
+    fn refuse_repeated_kills(&self) -> Result<()> {
+        let mut kills = self.kill.clone();
+        kills.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)));
+        for pair in kills.windows(2) {
+            let ((device, first), (_, second)) = (pair[0], pair[1]);
+            if pair[0].0 == pair[1].0 {
+                return Err(usage(format!(
+                    "--kill {device}@{first} and --kill {device}@{second}: device {device} is \
+                     killed at {} first, and a device dies once; keep one of them",
+                    output::seconds(first)
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// Refuses `--kill` under a policy that restores the last checkpoint
     /// when no checkpoints are written: the step could never recover.
     pub(super) fn refuse_unrecoverable_kills(&self) -> Result<()> {
@@ -148,11 +215,11 @@ impl TrainArgs {
             )
             && self.checkpoint_every.is_none()
         {
-            bail!(
+            return Err(usage(format!(
                 "--kill with --recovery {} needs --checkpoint-every SECONDS (it restores the \
                  last checkpoint), or use --recovery redundant",
                 self.recovery
-            );
+            )));
         }
         Ok(())
     }
@@ -164,10 +231,11 @@ impl TrainArgs {
             .iter()
             .map(|&(device, seconds)| {
                 if device >= devices {
-                    bail!(
-                        "--kill: device {device} does not exist: {} has devices 0..{devices}",
+                    return Err(usage(format!(
+                        "--kill {device}@{seconds}: device {device} does not exist: {} has \
+                         devices 0..{devices}",
                         self.pod
-                    );
+                    )));
                 }
                 Ok((
                     (seconds * 1e9).round() as u64,
@@ -176,6 +244,91 @@ impl TrainArgs {
             })
             .collect()
     }
+
+    /// Refuses, after the run, the `--kill`s still pending in the pod's
+    /// fault plan: due after the run's simulated end, they never happened
+    /// (a run's end is only known once it has run). Each is named with the
+    /// end.
+    pub(super) fn refuse_kills_that_never_happened(&self, pod: &mut Pod) -> Result<()> {
+        let end_ns = pod.clock().now_ns;
+        let missed: Vec<String> = pod
+            .faults_that_cannot_apply(0)
+            .iter()
+            .filter_map(|f| match f.scheduled.fault {
+                Fault::KillDevice(DeviceId(device)) if f.scheduled.at_ns > end_ns => {
+                    let asked = self
+                        .kill
+                        .iter()
+                        .find(|&&(d, s)| {
+                            d == device && (s * 1e9).round() as u64 == f.scheduled.at_ns
+                        })
+                        .map_or(f.scheduled.at_ns as f64 * 1e-9, |&(_, s)| s);
+                    Some(format!("--kill {device}@{asked}"))
+                }
+                _ => None,
+            })
+            .collect();
+        if missed.is_empty() {
+            return Ok(());
+        }
+        let (was, it) = if missed.len() == 1 {
+            ("it was", "it")
+        } else {
+            ("they were", "them")
+        };
+        bail!(
+            "{} never happened: the run ended at {} of simulated time, before {was} due; \
+             give a time within the run (the report above is of a run without {it})",
+            missed.join(" and "),
+            output::seconds(end_ns as f64 * 1e-9),
+        )
+    }
+}
+
+/// Refuses an output file whose directory does not exist (or is not a
+/// directory), before any work: the write at the end would fail.
+fn refuse_missing_parent(flag: &str, path: &Path) -> Result<()> {
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    match std::fs::metadata(parent) {
+        Ok(meta) if meta.is_dir() => Ok(()),
+        Ok(_) => Err(usage(format!(
+            "{flag} {}: {} is a file, not a directory",
+            path.display(),
+            parent.display()
+        ))),
+        Err(_) => Err(usage(format!(
+            "{flag} {}: the directory {} does not exist",
+            path.display(),
+            parent.display()
+        ))),
+    }
+}
+
+/// Refuses a directory flag naming something that is not a directory, or
+/// that cannot be created because a file stands where one of its parents
+/// should be.
+fn refuse_non_directory(flag: &str, dir: &Path) -> Result<()> {
+    for existing in dir.ancestors().filter(|a| !a.as_os_str().is_empty()) {
+        let Ok(meta) = std::fs::metadata(existing) else {
+            continue;
+        };
+        if meta.is_dir() {
+            return Ok(());
+        }
+        return Err(usage(if existing == dir {
+            format!("{flag} {}: is a file, not a directory", dir.display())
+        } else {
+            format!(
+                "{flag} {}: cannot be created: {} is a file, not a directory",
+                dir.display(),
+                existing.display()
+            )
+        }));
+    }
+    Ok(())
 }
 
 // Used by the `mpi` feature's split run.
@@ -232,7 +385,7 @@ impl TrainArgs {
                  {flag}, or run without mpirun"
             );
         }
-        self.refuse_unrecoverable_kills()
+        self.refuse_unusable()
     }
 }
 
@@ -240,6 +393,11 @@ impl TrainArgs {
 struct FailureRow {
     step: u64,
     device: Option<u32>,
+    /// When the failed attempt was launched.
+    launched_at_seconds: f64,
+    /// When the device was killed (a kill's failure only).
+    killed_at_seconds: Option<f64>,
+    /// When the step saw the failure and stopped.
     at_seconds: f64,
     phase: String,
     cause: String,
@@ -251,7 +409,16 @@ struct RecoveryRow {
     failed_step: u64,
     lost_devices: Vec<u32>,
     lost_steps: u64,
+    /// When the recovery started (the failure seen).
+    started_at_seconds: f64,
+    /// The sum of the three parts below.
     recovery_seconds: f64,
+    /// Reading the checkpoint restored (rollback, spare-cube).
+    read_seconds: f64,
+    /// The optical switches swapping cubes (spare-cube).
+    reconfigure_seconds: f64,
+    /// Moving the new state shards to their devices.
+    reshard_seconds: f64,
     /// `[failed, spare]` cubes swapped (spare-cube only).
     swapped_cubes: Vec<[u32; 2]>,
     /// Why the policy that ran is not the one asked for, if it is not.
@@ -311,6 +478,35 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
+/// A learning rate: finite, and still itself in f32, where the update
+/// runs (`1e300` would be infinite there and `1e-300` zero).
+fn parse_learning_rate(text: &str) -> Result<f64, String> {
+    let lr = parse_finite(text)?;
+    let single = lr as f32;
+    if single.is_infinite() || (lr != 0.0 && single == 0.0) {
+        return Err(format!(
+            "`{text}` is outside the f32 range the update runs in: give a learning rate \
+             between {} and {} in magnitude, or 0",
+            number(f64::from(f32::from_bits(1))),
+            number(f64::from(f32::MAX))
+        ));
+    }
+    Ok(lr)
+}
+
+/// A seed: 0, or any whole number [`parse_count_u64`] reads.
+fn parse_seed(text: &str) -> Result<u64, String> {
+    if text.trim() == "0" {
+        return Ok(0);
+    }
+    parse_count_u64(text).map_err(|_| {
+        format!(
+            "`{text}` is not a seed: give a whole number from 0 to {}",
+            u64::MAX
+        )
+    })
+}
+
 /// A tick in milliseconds, within the bounds a pod file's tick has.
 fn parse_tick_ms(text: &str) -> Result<f64, String> {
     let ms = parse_positive(
@@ -366,20 +562,21 @@ pub fn train(args: TrainArgs) -> Result<()> {
         }
         return super::ranks::train(args, launch);
     }
-    output::refuse_existing(&[("--trace", args.trace.as_deref())])?;
+    args.refuse_unusable()?;
     let sizes = model_sizes(&args);
     if args.modeled_only {
         return modeled_only(&args, &sizes);
     }
+    let building = progress::spinner(args.json, &format!("building the pod {}", args.pod));
     let topology = checked_topology(&args, &sizes)?;
     let mut pod = Pod::from_topology(topology)?;
     let kills = args.kills(pod.topology().num_devices())?;
-    args.refuse_unrecoverable_kills()?;
     super::interrupt::install();
     for &(at_ns, fault) in &kills {
         pod.schedule_fault(at_ns, fault);
     }
     let config = TPUConfig::for_pod(pod.topology());
+    building.set_message(compiling_message(&sizes, pod.topology().num_devices()));
     let mut opt = ShardedOptimizer::new(
         base_optimizer(&args)?,
         config,
@@ -410,13 +607,27 @@ pub fn train(args: TrainArgs) -> Result<()> {
         None => None,
     };
     let start_ns = resumed.as_ref().map(|r| r.at_ns);
+    building.finish_and_clear();
     let outcome = run_steps_from(&mut opt, &args, args.json, start_ns, resumed)?;
-    if let Some(path) = &args.trace {
-        write_trace(path, &outcome.reports)?;
-    }
     let world_sha256 = opt.pod_mut().world_sha256()?;
     let report = outcome.report(&opt, &args, world_sha256, 1)?;
-    print_report(&report, args.json)
+    if let Some(path) = &args.trace {
+        let writes = outcome.checkpoint_write_spans();
+        let end_ns = opt.pod().clock().now_ns;
+        write_trace(path, &report.trace_input(&outcome.reports, &writes, end_ns))?;
+    }
+    print_report(&report, args.json)?;
+    args.refuse_kills_that_never_happened(opt.pod_mut())
+}
+
+/// What the spinner says while the model is placed: its shards on every
+/// device and its update compiled.
+fn compiling_message(sizes: &[usize], devices: u32) -> String {
+    let params: u128 = sizes.iter().map(|&n| n as u128).sum();
+    format!(
+        "sharding {params} parameters over {} and compiling the update",
+        output::plural(u64::from(devices), "device", "devices")
+    )
 }
 
 /// Refuses to start a fresh run in a directory holding this model's
@@ -503,9 +714,12 @@ pub(super) fn checked_topology(
     let host_bytes = total.saturating_mul(4 * 5);
     let available = optirs_tpu::tpu::bench::host_memory_budget();
     if host_bytes > available {
+        let readable = |bytes: u128| output::bytes(u64::try_from(bytes).unwrap_or(u64::MAX));
         bail!(
-            "--params totals {total} parameters, about {host_bytes} bytes on this host with \
-             optimizer state, but {available} bytes are available; train a smaller model"
+            "--params totals {total} parameters, about {} on this host with optimizer state, \
+             but {} is available; train a smaller model (or --modeled-only)",
+            readable(host_bytes),
+            readable(available)
         );
     }
     let mut topology = load_topology(&args.pod)?;
@@ -647,7 +861,7 @@ fn run_steps_from(
                     ledger.charge(TimeKind::CutOffStep, at_ns);
                     ledger.rolled_back_to(opt.steps_completed());
                     recovering = true;
-                    failures.push(failure_row(step, phase, at_ns, &cause));
+                    failures.push(failure_row(opt, &args.kill, step, phase, at_ns, &cause));
                 }
                 Ok(other) => return Err(OptimError::from(other).into()),
                 Err(e) => return Err(e.into()),
@@ -700,6 +914,17 @@ struct ResumedRow {
 }
 
 impl Outcome {
+    /// The run's checkpoint writes as (start ns, seconds), for the trace.
+    fn checkpoint_write_spans(&self) -> Vec<(u64, f64)> {
+        self.writes
+            .iter()
+            .map(|w| {
+                let ns = w.ended_at_ns.saturating_sub(w.started_at_ns);
+                (w.started_at_ns, ns as f64 * 1e-9)
+            })
+            .collect()
+    }
+
     /// The report of the run, with the world's digest (a split run's is
     /// the merged world's) and the rank count.
     pub(super) fn report(
@@ -773,12 +998,6 @@ impl Outcome {
                 .recoveries()
                 .iter()
                 .map(|r| RecoveryRow {
-                    policy: r.policy.to_string(),
-                    failed_step: r.failed_step,
-                    lost_devices: r.lost_devices.iter().map(|d| d.0).collect(),
-                    lost_steps: r.lost_steps,
-                    recovery_seconds: r.recovery_seconds,
-                    swapped_cubes: r.swapped_cubes.clone(),
                     note: (args.recovery == RecoveryPolicy::SpareCube
                         && r.policy == RecoveryPolicy::Rollback)
                         .then(|| {
@@ -786,6 +1005,7 @@ impl Outcome {
                              `goodput` models it"
                                 .to_string()
                         }),
+                    ..recovery_row(r)
                 })
                 .collect(),
             goodput: parts.goodput(),
@@ -923,66 +1143,442 @@ fn modeled_only(args: &TrainArgs, sizes: &[usize]) -> Result<()> {
     output::print_text(&text)
 }
 
+/// A failed attempt as the report and the trace show it: when it was
+/// launched (the pod's step resource still holds the failed step) and,
+/// for a killed device, when it died (the world's ground truth; after a
+/// cube swap has revived the device's id, the `kills` entry that was due),
+/// so the wait until the step saw it shows.
 fn failure_row(
+    opt: &ShardedOptimizer<Base>,
+    kills: &[(u32, f64)],
     step: u64,
     phase: StepPhase,
     at_ns: u64,
     cause: &optirs_tpu::sharding::FailureCause,
 ) -> FailureRow {
+    let pod = opt.pod();
+    let launched_at_ns = pod
+        .world()
+        .get_resource::<ShardedStep>()
+        .filter(|s| s.number == step)
+        .map_or(at_ns, |s| s.launched_at_ns);
+    let fault_at_ns = cause
+        .device()
+        .and_then(|d| pod.device_entity(d.0).ok())
+        .and_then(|e| pod.world().get::<DeviceState>(e).copied())
+        .and_then(|state| match state {
+            DeviceState::Killed { at_ns } => Some(at_ns),
+            _ => None,
+        })
+        .or_else(|| match cause {
+            optirs_tpu::sharding::FailureCause::DeviceKilled(d) => kills
+                .iter()
+                .map(|&(device, seconds)| (device, (seconds * 1e9).round() as u64))
+                .filter(|&(device, due)| device == d.0 && due <= at_ns)
+                .map(|(_, due)| due)
+                .max(),
+            _ => None,
+        });
     FailureRow {
         step,
         device: cause.device().map(|d| d.0),
+        launched_at_seconds: launched_at_ns as f64 * 1e-9,
+        killed_at_seconds: fault_at_ns.map(|ns| ns as f64 * 1e-9),
         at_seconds: at_ns as f64 * 1e-9,
         phase: phase.key(),
         cause: cause.to_string(),
     }
 }
 
-/// Every device's spans per bucket, in simulated time (µs), one process
-/// per device with a compute and a communication thread.
-fn write_trace(path: &std::path::Path, reports: &[ShardedStepReport]) -> Result<()> {
-    let mut events = Vec::new();
-    let devices: Vec<u32> = reports
+/// A recovery as the report shows it, its time broken into the parts
+/// that add up to it.
+fn recovery_row(r: &RecoveryRecord) -> RecoveryRow {
+    RecoveryRow {
+        policy: r.policy.to_string(),
+        failed_step: r.failed_step,
+        lost_devices: r.lost_devices.iter().map(|d| d.0).collect(),
+        lost_steps: r.lost_steps,
+        started_at_seconds: r.failed_at_ns as f64 * 1e-9,
+        recovery_seconds: r.recovery_seconds,
+        read_seconds: r.read_seconds,
+        reconfigure_seconds: r.reconfigure_seconds,
+        reshard_seconds: r.reshard_seconds,
+        swapped_cubes: r.swapped_cubes.clone(),
+        note: None,
+    }
+}
+
+impl TrainReport {
+    /// The trace of this run: its steps' `reports` (the report keeps no
+    /// spans) and the periodic checkpoint `writes` with it.
+    fn trace_input<'a>(
+        &'a self,
+        reports: &'a [ShardedStepReport],
+        writes: &'a [(u64, f64)],
+        end_ns: u64,
+    ) -> TraceInput<'a> {
+        TraceInput {
+            reports,
+            failures: &self.failures,
+            recoveries: &self.recoveries,
+            checkpoint_writes: writes,
+            devices: self.devices,
+            tick_ns: self.tick_ns,
+            end_ns,
+        }
+    }
+}
+
+/// What a train trace draws: the steps, the failed attempts, the
+/// recoveries and checkpoint writes, in simulated time.
+struct TraceInput<'a> {
+    reports: &'a [ShardedStepReport],
+    failures: &'a [FailureRow],
+    recoveries: &'a [RecoveryRow],
+    checkpoint_writes: &'a [(u64, f64)],
+    devices: u32,
+    tick_ns: u64,
+    /// The run's simulated end: the timeline is drawn up to it.
+    end_ns: u64,
+}
+
+/// The run's tracks: one process "run" above the devices, whose threads
+/// never hold overlapping spans (Perfetto nests or drops those).
+mod track {
+    /// Steps, failed steps, recoveries and the waits between them: every
+    /// simulated second of the run is in exactly one span here.
+    pub const TIMELINE: u32 = 0;
+    /// Kills and the wait until the step saw them.
+    pub const FAULTS: u32 = 1;
+    /// A recovery's parts, one after another.
+    pub const RECOVERY_PARTS: u32 = 2;
+    /// Periodic checkpoint writes.
+    pub const CHECKPOINTS: u32 = 3;
+}
+
+/// A complete ("X") span in simulated seconds, on the trace's µs clock.
+fn span(
+    name: impl Into<String>,
+    cat: &str,
+    pid: u32,
+    tid: u32,
+    start_s: f64,
+    seconds: f64,
+    args: serde_json::Value,
+) -> serde_json::Value {
+    json!({
+        "ph": "X",
+        "name": name.into(),
+        "cat": cat,
+        "pid": pid,
+        "tid": tid,
+        "ts": start_s * 1e6,
+        "dur": seconds.max(0.0) * 1e6,
+        "args": args,
+    })
+}
+
+/// The Chrome/Perfetto trace of a run (see [`TraceInput`], [`track`]):
+/// a "run" process (pid = the device count, shown first) and one process
+/// per device with a compute, a communication and (multislice) a DCN
+/// thread, per bucket.
+fn trace_of(input: &TraceInput<'_>) -> serde_json::Value {
+    let run = input.devices;
+    let mut events = vec![
+        json!({"ph": "M", "name": "process_name", "pid": run, "args": {"name": "run"}}),
+        json!({"ph": "M", "name": "process_sort_index", "pid": run, "args": {"sort_index": -1}}),
+    ];
+    for (tid, name) in [
+        (track::TIMELINE, "steps, failures, recoveries, waits"),
+        (track::FAULTS, "faults and detection"),
+        (track::RECOVERY_PARTS, "recovery parts"),
+        (track::CHECKPOINTS, "checkpoint writes"),
+    ] {
+        events.push(json!({"ph": "M", "name": "thread_name", "pid": run, "tid": tid, "args": {"name": name}}));
+    }
+    // The run's timeline: spans in time order, the gaps between them
+    // drawn as waits.
+    let mut timeline: Vec<serde_json::Value> = Vec::new();
+    for r in input.reports {
+        let start = r.launched_at_ns as f64 * 1e-9;
+        // A step a later rollback took back: its time bought nothing.
+        let undone = input.recoveries.iter().any(|rec| {
+            r.completed_at_ns as f64 * 1e-9 <= rec.started_at_seconds
+                && r.step < rec.failed_step
+                && r.step + rec.lost_steps >= rec.failed_step
+        });
+        timeline.push(span(
+            if undone {
+                format!("step {} (undone by a rollback)", r.step)
+            } else {
+                format!("step {}", r.step)
+            },
+            "step",
+            run,
+            track::TIMELINE,
+            start,
+            r.modeled_seconds,
+            json!({
+                "step": r.step,
+                "undone": undone,
+                "modeled_seconds": r.modeled_seconds,
+                "devices": r.hbm_bytes_per_device.len(),
+            }),
+        ));
+    }
+    for f in input.failures {
+        timeline.push(span(
+            format!("step {} failed: {}", f.step, f.cause),
+            "failure",
+            run,
+            track::TIMELINE,
+            f.launched_at_seconds,
+            f.at_seconds - f.launched_at_seconds,
+            json!({"step": f.step, "failed": true, "cause": f.cause, "phase": f.phase, "device": f.device}),
+        ));
+        if let Some(killed) = f.killed_at_seconds {
+            let device = f.device.map_or_else(String::new, |d| format!(" {d}"));
+            events.push(json!({
+                "ph": "i", "s": "p", "name": format!("device{device} killed"), "cat": "failure",
+                "pid": run, "tid": track::FAULTS, "ts": killed * 1e6,
+                "args": {"device": f.device},
+            }));
+            if let Some(d) = f.device {
+                events.push(json!({
+                    "ph": "i", "s": "t", "name": "killed", "cat": "failure",
+                    "pid": d, "tid": 0, "ts": killed * 1e6,
+                }));
+            }
+            events.push(span(
+                "detection wait",
+                "wait",
+                run,
+                track::FAULTS,
+                killed,
+                f.at_seconds - killed,
+                json!({"step": f.step, "cause": f.cause}),
+            ));
+        }
+    }
+    for rec in input.recoveries {
+        let start = rec.started_at_seconds;
+        timeline.push(span(
+            format!("recovery ({})", rec.policy),
+            "recovery",
+            run,
+            track::TIMELINE,
+            start,
+            rec.recovery_seconds,
+            json!({
+                "failed_step": rec.failed_step,
+                "lost_devices": rec.lost_devices,
+                "lost_steps": rec.lost_steps,
+                "swapped_cubes": rec.swapped_cubes,
+            }),
+        ));
+        let mut at = start;
+        for (name, seconds) in recovery_parts(rec) {
+            events.push(span(
+                name,
+                "recovery",
+                run,
+                track::RECOVERY_PARTS,
+                at,
+                seconds,
+                json!({"failed_step": rec.failed_step}),
+            ));
+            at += seconds;
+        }
+    }
+    timeline.sort_by(|a, b| {
+        a["ts"]
+            .as_f64()
+            .unwrap_or(0.0)
+            .total_cmp(&b["ts"].as_f64().unwrap_or(0.0))
+    });
+    // A gap up to a tick is the pod waiting for the tick that ends what
+    // came before; a longer one is idle time.
+    let wait = |from_us: f64, to_us: f64, before: &serde_json::Value| {
+        let seconds = (to_us - from_us) * 1e-6;
+        let name = if seconds <= input.tick_ns as f64 * 1e-9 + 1e-12 {
+            "waiting for the tick"
+        } else {
+            "idle"
+        };
+        span(
+            name,
+            "wait",
+            run,
+            track::TIMELINE,
+            from_us * 1e-6,
+            seconds,
+            json!({"before": before}),
+        )
+    };
+    let mut free_at: Option<f64> = None;
+    for event in timeline {
+        let (ts, dur) = (
+            event["ts"].as_f64().unwrap_or(0.0),
+            event["dur"].as_f64().unwrap_or(0.0),
+        );
+        if let Some(free) = free_at.filter(|&free| ts > free) {
+            events.push(wait(free, ts, &event["name"]));
+        }
+        free_at = Some(free_at.map_or(ts + dur, |free: f64| free.max(ts + dur)));
+        events.push(event);
+    }
+    let end_us = input.end_ns as f64 * 1e-3;
+    if let Some(free) = free_at.filter(|&free| end_us > free) {
+        events.push(wait(free, end_us, &json!("the end of the run")));
+    }
+    for &(at_ns, seconds) in input.checkpoint_writes {
+        events.push(span(
+            "checkpoint write",
+            "checkpoint",
+            run,
+            track::CHECKPOINTS,
+            at_ns as f64 * 1e-9,
+            seconds,
+            json!({}),
+        ));
+    }
+    // Every device's phases per bucket.
+    let devices: Vec<u32> = input
+        .reports
         .first()
         .map(|r| r.hbm_bytes_per_device.iter().map(|&(d, _)| d).collect())
         .unwrap_or_default();
+    let dcn = input
+        .reports
+        .iter()
+        .any(|r| r.spans.iter().any(|s| s.phase.is_dcn()));
     for &d in &devices {
         events.push(json!({"ph": "M", "name": "process_name", "pid": d, "args": {"name": format!("device {d}")}}));
         events.push(json!({"ph": "M", "name": "thread_name", "pid": d, "tid": 0, "args": {"name": "compute"}}));
         events.push(json!({"ph": "M", "name": "thread_name", "pid": d, "tid": 1, "args": {"name": "communication"}}));
-        if reports
-            .first()
-            .is_some_and(|r| r.spans.iter().any(|s| s.phase.is_dcn()))
-        {
+        if dcn {
             events.push(json!({"ph": "M", "name": "thread_name", "pid": d, "tid": 2, "args": {"name": "DCN (across slices)"}}));
         }
     }
-    for r in reports {
+    for r in input.reports {
         let devices: Vec<u32> = r.hbm_bytes_per_device.iter().map(|&(d, _)| d).collect();
-        for span in &r.spans {
-            let (tid, cat) = if span.phase == StepPhase::Update {
+        for s in &r.spans {
+            let (tid, cat) = if s.phase == StepPhase::Update {
                 (0, "compute")
-            } else if span.phase.is_dcn() {
+            } else if s.phase.is_dcn() {
                 (2, "dcn")
             } else {
                 (1, "communication")
             };
             for &d in &devices {
-                events.push(json!({
-                    "ph": "X",
-                    "name": format!("{} bucket {}", span.phase.key(), span.bucket),
-                    "cat": cat,
-                    "pid": d,
-                    "tid": tid,
-                    "ts": r.launched_at_ns as f64 * 1e-3 + span.start_seconds * 1e6,
-                    "dur": (span.end_seconds - span.start_seconds) * 1e6,
-                    "args": {"step": r.step},
-                }));
+                events.push(span(
+                    format!("{} bucket {}", s.phase.key(), s.bucket),
+                    cat,
+                    d,
+                    tid,
+                    r.launched_at_ns as f64 * 1e-9 + s.start_seconds,
+                    s.end_seconds - s.start_seconds,
+                    json!({"step": r.step}),
+                ));
             }
         }
     }
-    let trace = json!({"traceEvents": events, "displayTimeUnit": "ns"});
-    output::write_new("--trace", path, &serde_json::to_string(&trace)?)
+    json!({"traceEvents": events, "displayTimeUnit": "ns"})
+}
+
+/// Writes the run's trace ([`trace_of`]) into a new file.
+fn write_trace(path: &Path, input: &TraceInput<'_>) -> Result<()> {
+    output::write_new("--trace", path, &serde_json::to_string(&trace_of(input))?)
+}
+
+/// A recovery's parts in the order they run, each with its seconds; they
+/// add up to its `recovery_seconds`. Parts that take no time are left out.
+fn recovery_parts(rec: &RecoveryRow) -> Vec<(&'static str, f64)> {
+    [
+        ("checkpoint read", rec.read_seconds),
+        ("cube swap", rec.reconfigure_seconds),
+        ("re-shard", rec.reshard_seconds),
+    ]
+    .into_iter()
+    .filter(|&(_, seconds)| seconds > 0.0)
+    .collect()
+}
+
+/// Where a phase runs in a step: the reduce-scatter passes (axes in
+/// order, then across slices), the update, the all-gather passes (the
+/// reverse), the state replication; `exposed_communication`, a summary,
+/// last.
+fn execution_rank(key: &str) -> (u8, i64) {
+    let axis = |pass: &str| -> i64 {
+        match pass {
+            "dcn" => i64::from(u32::MAX),
+            other => other
+                .strip_prefix("axis")
+                .and_then(|n| n.parse::<i64>().ok())
+                .unwrap_or(i64::from(u32::MAX) - 1),
+        }
+    };
+    if let Some(pass) = key.strip_prefix("reduce_scatter.") {
+        (0, axis(pass))
+    } else if key == "update" {
+        (1, 0)
+    } else if let Some(pass) = key.strip_prefix("all_gather.") {
+        (2, -axis(pass))
+    } else if key == "replicate_state" {
+        (3, 0)
+    } else if key == "exposed_communication" {
+        (5, 0)
+    } else {
+        (4, 0)
+    }
+}
+
+/// The report's phases in the step's execution order ([`execution_rank`]).
+fn phases_in_execution_order(phases: &BTreeMap<String, f64>) -> Vec<(&str, f64)> {
+    let mut ordered: Vec<(&str, f64)> = phases.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+    ordered.sort_by_key(|&(k, _)| execution_rank(k));
+    ordered
+}
+
+/// `device 5`, `devices 5 and 6`, `devices 1, 2 and 3`, `no device`.
+fn devices_text(devices: &[u32]) -> String {
+    let ids: Vec<String> = devices.iter().map(u32::to_string).collect();
+    match ids.as_slice() {
+        [] => "no device".into(),
+        [one] => format!("device {one}"),
+        [init @ .., last] => format!("devices {} and {last}", init.join(", ")),
+    }
+}
+
+/// Where the simulated time of a run with failures went, as shares that
+/// add up to it: the steps that count (the goodput), the failed attempts,
+/// the recoveries, and the rest (steps a rollback undid, waits for ticks,
+/// detection and checkpoint writes). Empty for a run without failures,
+/// or if the parts exceed the whole (nothing left to say honestly).
+fn time_breakdown(r: &TrainReport) -> String {
+    if r.failures.is_empty() || r.simulated_seconds <= 0.0 {
+        return String::new();
+    }
+    let share = |seconds: f64| seconds / r.simulated_seconds;
+    let failed = share(
+        r.failures
+            .iter()
+            .map(|f| f.at_seconds - f.launched_at_seconds)
+            .sum(),
+    );
+    let recovering = share(r.recoveries.iter().map(|rec| rec.recovery_seconds).sum());
+    let rest = 1.0 - r.goodput - failed - recovering;
+    if rest < -1e-9 {
+        return String::new();
+    }
+    format!(
+        "time: {:.1} % in steps that count, {:.1} % in failed steps, {:.1} % recovering, \
+         {:.1} % in undone steps and waits\n",
+        r.goodput * 100.0,
+        failed * 100.0,
+        recovering * 100.0,
+        rest.max(0.0) * 100.0
+    )
 }
 
 pub(super) fn print_report(r: &TrainReport, json: bool) -> Result<()> {
@@ -1005,8 +1601,8 @@ pub(super) fn print_report(r: &TrainReport, json: bool) -> Result<()> {
         output::seconds(r.wall_seconds_per_step),
         output::seconds(r.compile_seconds),
     );
-    for (k, v) in &r.phases {
-        text += &format!("  {k:<24} {}\n", output::seconds(*v));
+    for (k, v) in phases_in_execution_order(&r.phases) {
+        text += &format!("  {k:<24} {}\n", output::seconds(v));
     }
     let dcn: f64 = ["reduce_scatter.dcn", "all_gather.dcn"]
         .iter()
@@ -1025,36 +1621,238 @@ pub(super) fn print_report(r: &TrainReport, json: bool) -> Result<()> {
         output::bytes(r.link_bytes)
     );
     for f in &r.failures {
+        let seen = f.killed_at_seconds.map_or_else(String::new, |killed| {
+            format!(
+                " (killed at {}, seen {} later)",
+                output::seconds(killed),
+                output::seconds(f.at_seconds - killed)
+            )
+        });
         text += &format!(
-            "  step {} failed at {:.6} s during {}: {}\n",
-            f.step, f.at_seconds, f.phase, f.cause
+            "  step {} failed at {} during {}: {}{seen}\n",
+            f.step,
+            output::seconds(f.at_seconds),
+            f.phase,
+            f.cause
         );
     }
     for rec in &r.recoveries {
+        let parts: Vec<String> = recovery_parts(rec)
+            .iter()
+            .map(|(name, seconds)| format!("{name} {}", output::seconds(*seconds)))
+            .collect();
         text += &format!(
-            "  recovered by {} from step {}: lost devices {:?}, {} lost, {} modeled\n",
+            "  recovered by {} from step {} in {} modeled ({}): lost {}, {} lost\n",
             rec.policy,
             rec.failed_step,
-            rec.lost_devices,
+            output::seconds(rec.recovery_seconds),
+            parts.join(" + "),
+            devices_text(&rec.lost_devices),
             output::plural(rec.lost_steps, "step", "steps"),
-            output::seconds(rec.recovery_seconds)
         );
         for [failed, spare] in &rec.swapped_cubes {
             text += &format!("    cube {failed} swapped for spare cube {spare}\n");
         }
     }
+    text += &time_breakdown(r);
     let ranks = if r.ranks > 1 {
         format!(" (merged from {} ranks)", r.ranks)
     } else {
         String::new()
     };
     text += &format!(
-        "goodput {:.1} % of {} simulated ({} devices at the end); {} wall\nworld sha256 {}{ranks}\n",
+        "goodput {:.1} % of {} simulated ({} at the end); {} wall\nworld sha256 {}{ranks}\n",
         r.goodput * 100.0,
         output::seconds(r.simulated_seconds),
-        r.devices_at_end,
+        output::plural(r.devices_at_end as u64, "device", "devices"),
         output::seconds(r.wall_seconds),
         r.world_sha256
     );
     output::print_text(&text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use optirs_tpu::sharding::Span;
+
+    fn step(number: u64, launched_at_ns: u64, modeled_seconds: f64) -> ShardedStepReport {
+        let half = modeled_seconds / 2.0;
+        ShardedStepReport {
+            step: number,
+            launched_at_ns,
+            completed_at_ns: launched_at_ns + (modeled_seconds * 1e9).ceil() as u64,
+            modeled_seconds,
+            phases: BTreeMap::new(),
+            link_bytes: 0,
+            hbm_bytes_per_device: vec![(0, 1), (1, 1)],
+            buckets: 1,
+            wall_seconds: 0.0,
+            spans: vec![
+                Span {
+                    bucket: 0,
+                    phase: StepPhase::ReduceScatter { axis: 0 },
+                    start_seconds: 0.0,
+                    end_seconds: half,
+                },
+                Span {
+                    bucket: 0,
+                    phase: StepPhase::Update,
+                    start_seconds: half,
+                    end_seconds: modeled_seconds,
+                },
+            ],
+        }
+    }
+
+    /// A spare-cube run drawn by hand: steps 1 and 2, step 3 killed, a
+    /// recovery of three parts that rolls back step 2, steps 2 and 3 again.
+    #[test]
+    fn the_trace_accounts_for_every_second_and_marks_undone_steps() {
+        let us = 1_000u64;
+        let reports = [
+            step(1, 0, 8e-6),
+            step(2, 10 * us, 8e-6),
+            step(2, 1_100 * us, 8e-6),
+            step(3, 1_110 * us, 8e-6),
+        ];
+        let failures = [FailureRow {
+            step: 3,
+            device: Some(1),
+            launched_at_seconds: 20e-6,
+            killed_at_seconds: Some(23e-6),
+            at_seconds: 25e-6,
+            phase: "update".into(),
+            cause: "device 1 was killed".into(),
+        }];
+        let recoveries = [RecoveryRow {
+            policy: "spare-cube".into(),
+            failed_step: 3,
+            lost_devices: vec![1],
+            lost_steps: 1,
+            started_at_seconds: 25e-6,
+            recovery_seconds: 1070e-6,
+            read_seconds: 50e-6,
+            reconfigure_seconds: 1000e-6,
+            reshard_seconds: 20e-6,
+            swapped_cubes: vec![[0, 1]],
+            note: None,
+        }];
+        let writes = [(10 * us, 0.0)];
+        let input = TraceInput {
+            reports: &reports,
+            failures: &failures,
+            recoveries: &recoveries,
+            checkpoint_writes: &writes,
+            devices: 2,
+            tick_ns: 10 * us,
+            end_ns: 1_120 * us,
+        };
+        let trace = trace_of(&input);
+        let events = trace["traceEvents"].as_array().unwrap();
+        let on = |tid: u32| -> Vec<&serde_json::Value> {
+            let mut spans: Vec<_> = events
+                .iter()
+                .filter(|e| e["ph"] == "X" && e["pid"] == 2 && e["tid"] == tid)
+                .collect();
+            spans.sort_by(|a, b| {
+                a["ts"]
+                    .as_f64()
+                    .unwrap()
+                    .total_cmp(&b["ts"].as_f64().unwrap())
+            });
+            spans
+        };
+        // The timeline runs from 0 to the end without a hole or overlap.
+        let timeline = on(track::TIMELINE);
+        let mut at = 0.0;
+        for e in &timeline {
+            let ts = e["ts"].as_f64().unwrap();
+            assert!((ts - at).abs() < 1e-6, "{e} starts at {ts}, not {at}");
+            at = ts + e["dur"].as_f64().unwrap();
+        }
+        assert!((at - 1120.0).abs() < 1e-6, "ends at {at}");
+        let names: Vec<&str> = timeline
+            .iter()
+            .map(|e| e["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "step 1",
+                "waiting for the tick",
+                "step 2 (undone by a rollback)",
+                "waiting for the tick",
+                "step 3 failed: device 1 was killed",
+                "recovery (spare-cube)",
+                "waiting for the tick",
+                "step 2",
+                "waiting for the tick",
+                "step 3",
+                "waiting for the tick",
+            ]
+        );
+        // The recovery's parts, in order, add up to it.
+        let parts = on(track::RECOVERY_PARTS);
+        let names: Vec<&str> = parts.iter().map(|e| e["name"].as_str().unwrap()).collect();
+        assert_eq!(names, ["checkpoint read", "cube swap", "re-shard"]);
+        assert_eq!(parts[0]["ts"].as_f64().unwrap(), 25.0);
+        let sum: f64 = parts.iter().map(|e| e["dur"].as_f64().unwrap()).sum();
+        assert!((sum - 1070.0).abs() < 1e-6);
+        // The kill and the wait until the step saw it.
+        let detection = on(track::FAULTS);
+        assert_eq!(detection[0]["name"], "detection wait");
+        assert!((detection[0]["ts"].as_f64().unwrap() - 23.0).abs() < 1e-9);
+        assert!((detection[0]["dur"].as_f64().unwrap() - 2.0).abs() < 1e-9);
+        assert_eq!(on(track::CHECKPOINTS).len(), 1);
+        // Each device's phases, per bucket.
+        for device in 0..2 {
+            assert_eq!(
+                events
+                    .iter()
+                    .filter(|e| e["pid"] == device && e["ph"] == "X")
+                    .count(),
+                reports.len() * 2
+            );
+        }
+    }
+
+    #[test]
+    fn phases_read_in_the_order_the_step_runs_them() {
+        let phases: BTreeMap<String, f64> = [
+            "all_gather.axis0",
+            "all_gather.axis1",
+            "all_gather.dcn",
+            "exposed_communication",
+            "reduce_scatter.axis0",
+            "reduce_scatter.axis1",
+            "reduce_scatter.dcn",
+            "replicate_state",
+            "update",
+        ]
+        .into_iter()
+        .map(|k| (k.to_string(), 1.0))
+        .collect();
+        let order: Vec<&str> = phases_in_execution_order(&phases)
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect();
+        assert_eq!(
+            order,
+            [
+                "reduce_scatter.axis0",
+                "reduce_scatter.axis1",
+                "reduce_scatter.dcn",
+                "update",
+                "all_gather.dcn",
+                "all_gather.axis1",
+                "all_gather.axis0",
+                "replicate_state",
+                "exposed_communication",
+            ]
+        );
+        assert_eq!(devices_text(&[]), "no device");
+        assert_eq!(devices_text(&[5]), "device 5");
+        assert_eq!(devices_text(&[1, 2, 3]), "devices 1, 2 and 3");
+    }
 }

@@ -139,8 +139,19 @@ pub struct RecoveryRecord {
     pub lost_devices: Vec<DeviceId>,
     /// Completed steps undone (a rollback's steps since its checkpoint).
     pub lost_steps: u64,
-    /// Modeled recovery time, seconds (module docs of `recovery`).
+    /// Modeled recovery time, seconds (module docs of `recovery`): the sum
+    /// of `read_seconds`, `reconfigure_seconds` and `reshard_seconds`.
     pub recovery_seconds: f64,
+    /// Of it, reading the checkpoint restored (0 from redundant copies).
+    #[serde(default)]
+    pub read_seconds: f64,
+    /// Of it, the optical switches' reconfiguration that swaps cubes
+    /// (spare-cube only).
+    #[serde(default)]
+    pub reconfigure_seconds: f64,
+    /// Of it, moving the new state shards to their devices.
+    #[serde(default)]
+    pub reshard_seconds: f64,
     /// When the failure was seen, ns.
     pub failed_at_ns: u64,
     /// Devices the model runs on afterwards.

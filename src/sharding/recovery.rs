@@ -123,7 +123,8 @@ pub fn reshard_after_loss<A: FloatElement>(
     let generation = world.resource::<PodTopology>().0.generation.spec();
     let shard_bytes =
         (model.slots.len() * layout.shard_elements() * layout.element_bytes()) as f64 * copies;
-    let recovery_seconds = restored.read_seconds + shard_transfer_seconds(generation, shard_bytes);
+    let reshard_seconds = shard_transfer_seconds(generation, shard_bytes);
+    let recovery_seconds = restored.read_seconds + reshard_seconds;
     let record = RecoveryRecord {
         policy: model.recovery,
         failed_step,
@@ -132,6 +133,9 @@ pub fn reshard_after_loss<A: FloatElement>(
             .steps_completed
             .saturating_sub(restored.steps_completed),
         recovery_seconds,
+        read_seconds: restored.read_seconds,
+        reconfigure_seconds: 0.0,
+        reshard_seconds,
         failed_at_ns,
         devices_after: layout.devices(),
         swapped_cubes: Vec::new(),
@@ -184,6 +188,9 @@ pub fn swap_cubes_after_loss<A: FloatElement>(
             .steps_completed
             .saturating_sub(restored.steps_completed),
         recovery_seconds,
+        read_seconds: restored.read_seconds,
+        reconfigure_seconds,
+        reshard_seconds,
         failed_at_ns,
         devices_after: layout.devices(),
         swapped_cubes: swaps.iter().map(|s| [s.failed, s.spare]).collect(),
