@@ -143,9 +143,19 @@ fn a_kill_after_the_run_ended_is_an_error_naming_it_and_the_end() {
 }
 
 #[test]
-fn a_checkpoint_interval_shorter_than_a_tick_is_refused() {
-    let out = run(&with(&["--checkpoint-every", "1e-9"]));
-    assert_usage(&out, "shorter than the 10.000 µs tick");
+fn a_checkpoint_interval_shorter_than_a_tick_writes_at_every_step_boundary() {
+    // Time is exact: a write is due at the first step boundary after its
+    // interval, whatever the tick, and each costs its modeled time.
+    let out = run(&with(&["--checkpoint-every", "1e-9", "--json"]));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["checkpoints"]["written"], 3, "{report}");
+    let io = report["checkpoints"]["io_seconds"].as_f64().unwrap();
+    let written_ns = report["time_ns"]["checkpoint_write_ns"].as_u64().unwrap();
+    assert_eq!(written_ns, 3 * (io * 1e9).round() as u64, "{report}");
+    let total = report["time_ns"]["total_ns"].as_u64().unwrap();
+    let productive = report["time_ns"]["productive_ns"].as_u64().unwrap();
+    assert_eq!(productive + written_ns, total, "{report}");
 }
 
 #[test]
@@ -255,9 +265,9 @@ fn a_recovery_is_reported_with_parts_that_add_up() {
         "--params",
         "100000",
         "--steps",
-        "6",
+        "30",
         "--kill",
-        "5@0.00016",
+        "5@0.001",
         "--checkpoint-every",
         "0.0001",
         "--json",
@@ -290,9 +300,9 @@ fn a_recovery_is_reported_with_parts_that_add_up() {
         "--params",
         "100000",
         "--steps",
-        "6",
+        "30",
         "--kill",
-        "5@0.00016",
+        "5@0.001",
         "--checkpoint-every",
         "0.0001",
     ]);
@@ -348,9 +358,9 @@ fn the_trace_marks_the_failed_step_its_recovery_by_part_waits_and_checkpoint_wri
         "--params",
         "100000",
         "--steps",
-        "6",
+        "30",
         "--kill",
-        "5@0.00016",
+        "5@0.001",
         "--checkpoint-every",
         "0.0001",
         "--trace",

@@ -141,16 +141,6 @@ impl TrainArgs {
         let Some(every) = self.checkpoint_every else {
             return Ok(None);
         };
-        let tick_seconds = tick_ns as f64 * 1e-9;
-        if every < tick_seconds {
-            return Err(usage(format!(
-                "--checkpoint-every {} is shorter than the {} tick the pod runs at, and \
-                 checkpoints are written on ticks: give at least {}",
-                number(every),
-                output::seconds(tick_seconds),
-                number(tick_seconds)
-            )));
-        }
         let dir = match &self.checkpoint_dir {
             Some(dir) => {
                 std::fs::create_dir_all(dir)
@@ -1390,6 +1380,19 @@ fn trace_of(input: &TraceInput<'_>) -> serde_json::Value {
             at += seconds;
         }
     }
+    // A checkpoint write stops training (it is synchronous): the timeline
+    // shows it where it happened, and its own track below too.
+    for &(at_ns, seconds) in input.checkpoint_writes {
+        timeline.push(span(
+            "checkpoint write",
+            "checkpoint",
+            run,
+            track::TIMELINE,
+            at_ns as f64 * 1e-9,
+            seconds,
+            json!({}),
+        ));
+    }
     timeline.sort_by(|a, b| {
         a["ts"]
             .as_f64()
@@ -1550,35 +1553,33 @@ fn devices_text(devices: &[u32]) -> String {
     }
 }
 
-/// Where the simulated time of a run with failures went, as shares that
-/// add up to it: the steps that count (the goodput), the failed attempts,
-/// the recoveries, and the rest (steps a rollback undid, waits for ticks,
-/// detection and checkpoint writes). Empty for a run without failures,
-/// or if the parts exceed the whole (nothing left to say honestly).
+/// Where the simulated time of a run went, from the run's time ledger
+/// (every nanosecond charged once, so the shares add up to 100 %): the
+/// steps that count (the goodput), steps a rollback undid, steps cut off
+/// by a failure, checkpoint writes, recoveries and the rest. Empty for a
+/// run that spent all its time in steps that count.
 fn time_breakdown(r: &TrainReport) -> String {
-    if r.failures.is_empty() || r.simulated_seconds <= 0.0 {
+    let t = &r.time_ns;
+    if t.total_ns == 0 || t.productive_ns == t.total_ns {
         return String::new();
     }
-    let share = |seconds: f64| seconds / r.simulated_seconds;
-    let failed = share(
-        r.failures
-            .iter()
-            .map(|f| f.at_seconds - f.launched_at_seconds)
-            .sum(),
-    );
-    let recovering = share(r.recoveries.iter().map(|rec| rec.recovery_seconds).sum());
-    let rest = 1.0 - r.goodput - failed - recovering;
-    if rest < -1e-9 {
-        return String::new();
+    let share = |ns: u64| ns as f64 / t.total_ns as f64 * 100.0;
+    let mut parts = vec![format!(
+        "{:.1} % in steps that count",
+        share(t.productive_ns)
+    )];
+    for (ns, what) in [
+        (t.undone_ns, "in steps a rollback undid"),
+        (t.cut_off_ns, "in failed steps"),
+        (t.checkpoint_write_ns, "writing checkpoints"),
+        (t.recovery_ns, "recovering"),
+        (t.other_ns, "waiting"),
+    ] {
+        if ns > 0 {
+            parts.push(format!("{:.1} % {what}", share(ns)));
+        }
     }
-    format!(
-        "time: {:.1} % in steps that count, {:.1} % in failed steps, {:.1} % recovering, \
-         {:.1} % in undone steps and waits\n",
-        r.goodput * 100.0,
-        failed * 100.0,
-        recovering * 100.0,
-        rest.max(0.0) * 100.0
-    )
+    format!("time: {}\n", parts.join(", "))
 }
 
 pub(super) fn print_report(r: &TrainReport, json: bool) -> Result<()> {
