@@ -1,128 +1,241 @@
-//! The crate's error type.
+//! The crate's one error type.
 //!
-//! Each domain owns a `thiserror` enum that names the offending element
-//! (a file and line, a device, a node); [`OptimError`] wraps them so the
-//! facade types (`TPUOptimizer`, `Pod`) return one error type.
+//! Each domain owns a `thiserror` enum that names the offending element (a
+//! file and line, a device, a node): `TopologyError`, `MemoryError`,
+//! `OptimizerError`, `ShardingError`, ... [`OptimError`] carries any one
+//! of them whole, with its [`ErrorKind`], the way [`std::io::Error`]
+//! carries any error: it lives in the bottom layer, so every layer —
+//! the optimizers' [`Optimizer::step`](crate::Optimizer::step) included —
+//! returns the same type, and generic code over optimizers returns it
+//! unchanged. Each domain converts its own error into it (`?` does), and
+//! the domain error comes back with [`OptimError::downcast_ref`] or
+//! [`OptimError::downcast`]:
+//!
+//! ```
+//! use ndarray::Array1;
+//! use optirs_tpu::error::{ErrorKind, OptimError};
+//! use optirs_tpu::optimizers::{OptimizerError, SGD};
+//! use optirs_tpu::Optimizer;
+//!
+//! let mut sgd = SGD::new(0.1f32);
+//! let err: OptimError = sgd.step(&Array1::zeros(3), &Array1::zeros(2)).unwrap_err();
+//! assert_eq!(err.kind(), ErrorKind::Optimizer);
+//! assert!(matches!(
+//!     err.downcast_ref::<OptimizerError>(),
+//!     Some(OptimizerError::ShapeMismatch { .. })
+//! ));
+//! ```
+
+use std::error::Error as StdError;
+use std::fmt;
 
 use thiserror::Error;
 
 /// Result alias used across the crate.
 pub type Result<T, E = OptimError> = std::result::Result<T, E>;
 
-/// Every error the engine returns.
-#[derive(Debug, Error)]
+/// Which domain an error comes from (what [`OptimError::kind`] says). The
+/// error itself is the domain's own type, reachable by downcasting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
-pub enum OptimError {
-    /// A configuration value is out of range or inconsistent.
-    #[error("invalid configuration: {0}")]
-    InvalidConfig(String),
-    /// The operation needs a vendor TPU runtime, which this engine never links.
-    #[error("{operation} is not supported: {reason}")]
-    Unsupported {
-        /// What was asked for.
-        operation: String,
-        /// Why it cannot be done here.
-        reason: String,
-    },
-    /// A pod file could not be read, parsed or accepted.
-    #[error(transparent)]
-    Topology(Box<crate::topology::TopologyError>),
-    /// A fault could not be injected.
-    #[error(transparent)]
-    Fault(#[from] crate::health::FaultError),
-    /// A collective could not run, or failed before it completed.
-    #[error(transparent)]
-    Collective(#[from] crate::collectives::CollectiveError),
-    /// A barrier request was refused.
-    #[error(transparent)]
-    Barrier(#[from] crate::barrier::BarrierError),
-    /// A message could not be sent.
-    #[error(transparent)]
-    Transport(#[from] crate::transport::TransportError),
-    /// A world snapshot could not be taken or restored.
-    #[error(transparent)]
-    Snapshot(#[from] crate::persist::SnapshotError),
-    /// A checkpoint on disk could not be written, verified or restored.
-    #[error(transparent)]
-    Checkpoint(#[from] crate::checkpoint::CheckpointError),
-    /// A schedule could not be built (for instance, an ambiguous system order).
-    #[error("schedule build failed: {0}")]
-    Schedule(String),
+pub enum ErrorKind {
+    /// A configuration value is out of range or inconsistent ([`InvalidConfig`]).
+    InvalidConfig,
+    /// The operation needs a vendor TPU runtime, which this engine never
+    /// links, or is refused by design ([`Unsupported`]).
+    Unsupported,
+    /// A schedule could not be built, e.g. an ambiguous system order
+    /// ([`ScheduleError`]).
+    Schedule,
+    /// An input file could not be read (`files::InputError`).
+    Io,
+    /// A pod file could not be read, parsed or accepted (`TopologyError`).
+    Topology,
+    /// A device's HBM cannot hold what was asked, or a device has no heap
+    /// (`MemoryError`).
+    Memory,
+    /// A message could not be sent, or a rank of a split pod failed
+    /// (`TransportError`).
+    Transport,
     /// An optimizer step was refused: params and grads of different
-    /// shapes, state built for another shape, or an invalid state.
-    #[error(transparent)]
-    Optimizer(crate::optimizers::OptimizerError),
-    /// Reading or writing a file failed.
-    #[error("{path}: {source}")]
-    Io {
-        /// The file or directory involved.
-        path: std::path::PathBuf,
-        /// The underlying I/O error.
-        #[source]
-        source: std::io::Error,
-    },
-    /// A program could not be compiled or executed.
-    #[error(transparent)]
-    Compile(#[from] crate::compiler::CompileError),
-    /// A compiled program failed while running.
-    #[error(transparent)]
-    Exec(#[from] crate::exec::runtime::ExecError),
-    /// A device's HBM cannot hold a program's planned buffers or the
-    /// optimizer state, or a device has no heap.
-    #[error(transparent)]
-    Memory(#[from] crate::memory::MemoryError),
+    /// shapes, state built for another shape, an invalid state
+    /// (`OptimizerError`).
+    Optimizer,
+    /// A fault could not be injected, or a device is down (`FaultError`).
+    Fault,
+    /// A collective could not run, or failed before it completed
+    /// (`CollectiveError`).
+    Collective,
+    /// A barrier request was refused (`BarrierError`).
+    Barrier,
+    /// A world snapshot could not be taken or restored (`SnapshotError`).
+    Snapshot,
+    /// A checkpoint on disk could not be written, verified or restored
+    /// (`CheckpointError`).
+    Checkpoint,
+    /// A program could not be compiled (`CompileError`).
+    Compile,
+    /// A compiled program failed while running (`ExecError`).
+    Exec,
     /// A sharded model could not be built or stepped, or a step failed in
-    /// flight (naming the device or link and the phase).
-    #[error(transparent)]
-    Sharding(crate::sharding::ShardingError),
+    /// flight (`ShardingError`).
+    Sharding,
 }
 
-/// A sharding error that only passes on another domain's error comes back
-/// as that domain's variant (a link cut at launch is a `Collective` error,
-/// out of HBM a `Memory` one).
-impl From<crate::sharding::ShardingError> for OptimError {
-    fn from(error: crate::sharding::ShardingError) -> Self {
-        use crate::sharding::ShardingError as S;
-        match error {
-            S::Fault(e) => OptimError::Fault(e),
-            S::Collective(e) => OptimError::Collective(e),
-            S::Memory(e) => OptimError::Memory(e),
-            S::Exec(e) => OptimError::Exec(e),
-            S::Cluster(e) => OptimError::Transport(crate::transport::TransportError::Cluster(e)),
-            other => OptimError::Sharding(other),
+/// Every error the engine returns: a [`ErrorKind`] and the domain's own
+/// error, kept whole (never flattened into a string).
+///
+/// `Display` is the domain error's message. As with [`std::io::Error`],
+/// [`source`](StdError::source) is the domain error's own source (its
+/// message is already this one's); the domain error itself is
+/// [`OptimError::get_ref`] / [`OptimError::downcast_ref`].
+pub struct OptimError {
+    kind: ErrorKind,
+    error: Box<dyn StdError + Send + Sync + 'static>,
+}
+
+impl OptimError {
+    /// Wraps `error` as an error of `kind`. Domains call this in their
+    /// `From` conversions.
+    pub fn new(kind: ErrorKind, error: impl Into<Box<dyn StdError + Send + Sync>>) -> Self {
+        OptimError {
+            kind,
+            error: error.into(),
         }
+    }
+
+    /// A configuration value out of range or inconsistent.
+    pub fn invalid_config(reason: impl Into<String>) -> Self {
+        OptimError::new(ErrorKind::InvalidConfig, InvalidConfig(reason.into()))
+    }
+
+    /// An operation this engine does not do, and why.
+    pub fn unsupported(operation: impl Into<String>, reason: impl Into<String>) -> Self {
+        OptimError::new(
+            ErrorKind::Unsupported,
+            Unsupported {
+                operation: operation.into(),
+                reason: reason.into(),
+            },
+        )
+    }
+
+    /// A schedule that could not be built (bevy's message).
+    pub fn schedule(message: impl Into<String>) -> Self {
+        OptimError::new(ErrorKind::Schedule, ScheduleError(message.into()))
+    }
+
+    /// Which domain the error comes from.
+    pub fn kind(&self) -> ErrorKind {
+        self.kind
+    }
+
+    /// The domain's error.
+    pub fn get_ref(&self) -> &(dyn StdError + Send + Sync + 'static) {
+        &*self.error
+    }
+
+    /// Whether the domain's error is an `E`.
+    pub fn is<E: StdError + 'static>(&self) -> bool {
+        self.error.is::<E>()
+    }
+
+    /// The domain's error as an `E`, if it is one.
+    pub fn downcast_ref<E: StdError + 'static>(&self) -> Option<&E> {
+        self.error.downcast_ref::<E>()
+    }
+
+    /// The domain's error as an `E`, or this error back if it is not one.
+    pub fn downcast<E: StdError + Send + Sync + 'static>(self) -> Result<E, OptimError> {
+        let kind = self.kind;
+        self.error
+            .downcast::<E>()
+            .map(|e| *e)
+            .map_err(|error| OptimError { kind, error })
+    }
+
+    /// The domain's error, boxed.
+    pub fn into_inner(self) -> Box<dyn StdError + Send + Sync + 'static> {
+        self.error
     }
 }
 
-impl From<crate::topology::TopologyError> for OptimError {
-    fn from(error: crate::topology::TopologyError) -> Self {
-        OptimError::Topology(Box::new(error))
+impl fmt::Display for OptimError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.error, f)
     }
 }
 
-/// A wrapped failure of a wrapping optimizer (such as `TPUOptimizer`
-/// through the [`crate::Optimizer`] trait) comes back as the error it was.
-impl From<crate::optimizers::OptimizerError> for OptimError {
-    fn from(error: crate::optimizers::OptimizerError) -> Self {
-        match error {
-            crate::optimizers::OptimizerError::Backend(source) => {
-                match source.downcast::<OptimError>() {
-                    Ok(inner) => *inner,
-                    Err(source) => {
-                        OptimError::Optimizer(crate::optimizers::OptimizerError::Backend(source))
-                    }
-                }
-            }
-            other => OptimError::Optimizer(other),
-        }
+impl fmt::Debug for OptimError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OptimError")
+            .field("kind", &self.kind)
+            .field("error", &self.error)
+            .finish()
     }
 }
 
-impl From<OptimError> for crate::optimizers::OptimizerError {
-    fn from(error: OptimError) -> Self {
-        match error {
-            OptimError::Optimizer(inner) => inner,
-            other => crate::optimizers::OptimizerError::Backend(Box::new(other)),
-        }
+impl StdError for OptimError {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        self.error.source()
+    }
+}
+
+/// A configuration value is out of range or inconsistent.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("invalid configuration: {0}")]
+pub struct InvalidConfig(pub String);
+
+/// An operation this engine does not do: it needs a vendor TPU runtime, or
+/// it is refused by design.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("{operation} is not supported: {reason}")]
+pub struct Unsupported {
+    /// What was asked for.
+    pub operation: String,
+    /// Why it cannot be done here.
+    pub reason: String,
+}
+
+/// A schedule could not be built (for instance, an ambiguous system order).
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("schedule build failed: {0}")]
+pub struct ScheduleError(pub String);
+
+impl From<InvalidConfig> for OptimError {
+    fn from(error: InvalidConfig) -> Self {
+        OptimError::new(ErrorKind::InvalidConfig, error)
+    }
+}
+
+impl From<Unsupported> for OptimError {
+    fn from(error: Unsupported) -> Self {
+        OptimError::new(ErrorKind::Unsupported, error)
+    }
+}
+
+impl From<ScheduleError> for OptimError {
+    fn from(error: ScheduleError) -> Self {
+        OptimError::new(ErrorKind::Schedule, error)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_domain_error_is_kept_whole_and_comes_back() {
+        let err = OptimError::unsupported("live migration", "it needs a vendor runtime");
+        assert_eq!(err.kind(), ErrorKind::Unsupported);
+        assert_eq!(
+            err.to_string(),
+            "live migration is not supported: it needs a vendor runtime"
+        );
+        assert!(err.is::<Unsupported>());
+        assert!(err.downcast_ref::<InvalidConfig>().is_none());
+        let err = err.downcast::<InvalidConfig>().unwrap_err();
+        let back = err.downcast::<Unsupported>().unwrap();
+        assert_eq!(back.operation, "live migration");
     }
 }

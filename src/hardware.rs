@@ -40,6 +40,12 @@
 //!   ([`CHECKPOINT_READ_BYTES_PER_S_PER_HOST`]), the order of a Persistent
 //!   Disk or Cloud Storage read stream per VM; an assumption, not a TPU
 //!   figure.
+//! - \[hostcopy\]: a chip's device-to-host copy at 15.75 GB/s
+//!   ([`HOST_COPY_BYTES_PER_S_PER_CHIP`]): TPU v4's host interface is PCIe
+//!   Gen3 x16 (Cloud TPU v4 documentation), 8 GT/s x 16 lanes with
+//!   128b/130b coding, each way. Taken for every generation, an assumption
+//!   (later hosts may have faster links; none is published per chip), and
+//!   as the copy's whole cost (the host's memory is not the bottleneck).
 //! - \[nic\]: DCN bandwidth per host, each way. v5p: 50 Gbit/s per chip
 //!   (\[v5p\]) times 4 chips per host; v5e: 6.4 Tbit/s of data-center network
 //!   per 256-chip pod (\[v5e\]) over 32 hosts, 200 Gbit/s; v6e is taken as
@@ -72,6 +78,21 @@ const GB: f64 = 1e9;
 
 /// Bytes per second one host reads a checkpoint at (\[storage\]).
 pub const CHECKPOINT_READ_BYTES_PER_S_PER_HOST: f64 = GB;
+
+/// Bytes per second one chip copies its share of a checkpoint from HBM to
+/// its host's memory at (\[hostcopy\]): what an asynchronous checkpoint
+/// blocks training for.
+pub const HOST_COPY_BYTES_PER_S_PER_CHIP: f64 = 15.75 * GB;
+
+/// Seconds to write or to read back a checkpoint of `bytes` on a pod of
+/// `hosts` hosts: every host streams its share at
+/// [`CHECKPOINT_READ_BYTES_PER_S_PER_HOST`] (writes are taken as fast as
+/// reads). The one checkpoint cost: `goodput`, `train` and the rollback
+/// read all call it, so the two commands charge a checkpoint the same.
+/// `hosts` is at least 1 (a pod has a host); 0 is taken as 1.
+pub fn checkpoint_io_seconds(bytes: f64, hosts: u32) -> f64 {
+    bytes / (f64::from(hosts.max(1)) * CHECKPOINT_READ_BYTES_PER_S_PER_HOST)
+}
 
 /// The optical circuit switches of a cube-built generation (\[ocs\]).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -525,6 +546,14 @@ impl FromStr for TpuGeneration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_checkpoint_costs_its_bytes_over_every_hosts_stream() {
+        // 12 GB over 4 hosts at 1 GB/s each: 3 s.
+        assert_eq!(checkpoint_io_seconds(12e9, 4), 3.0);
+        assert_eq!(checkpoint_io_seconds(12e9, 0), 12.0);
+        assert_eq!(checkpoint_io_seconds(0.0, 4), 0.0);
+    }
 
     #[test]
     fn names_round_trip() {

@@ -12,8 +12,8 @@
 //!
 //! | layer | modules | what lives there |
 //! |---|---|---|
-//! | 0 core | `hardware`, `rng`, `schedule` | per-generation figures with their sources; the seeded random stream; the `Step` and `Compile` schedules and their ordered sets |
-//! | 1 time | `clock` | simulated time, the only time systems read |
+//! | 0 core | `hardware`, `rng`, `schedule`, `error` | per-generation figures with their sources; the seeded random stream; the `Step` and `Compile` schedules and their ordered sets; `OptimError`, the one error type every layer returns |
+//! | 1 time, input files | `clock`, `files` | simulated time, the only time systems read; input files opened only when they are regular files, within a size limit |
 //! | 2 vocabulary | `ir` | the one `DType`, tensor types, the op set, `Tensor` |
 //! | 3 codecs and kernels | `persist`, `kernels` | how components become snapshot columns; the kernels constant folding, the interpreter and executables share |
 //! | 4 topology | `topology` | RON pod files, presets, device/host/link entities, derived figures |
@@ -25,18 +25,19 @@
 //! | 10 execution | `exec` | the fast runtime: native (Cranelift) and interpreted fused loops |
 //! | 11 sharded training | `sharding` | a whole model's optimizer sharded over the pod: parameter sets, buckets, per-device state shards, the data-parallel step as work of the `Collectives`, `Execute` and `Coalesce` sets |
 //! | 12 checkpoints, goodput | `checkpoint`, `goodput` | the registry of everything the engine persists; manifests, files, verification, periodic checkpoints; a long run's goodput through failures, checkpoints and recoveries as a discrete-event timeline |
-//! | 13 errors | `error` | `OptimError`, wrapping each domain's own error without flattening it |
-//! | 14 assembly | `pod` | `Pod`: the world, the install order of every domain, the host API |
-//! | 15 profiling | `profile` | counters, Chrome/Perfetto traces, per-system timing |
-//! | 16 seed facades | `tpu`, `coordination`, `fault_tolerance`, `xla` | `TPUOptimizer`, `PodCoordinator`, `FaultToleranceManager`, the seed's compiler paths |
-//! | 17 facades over facades | `pod_coordination` | `TPUPodCoordinator` over `PodCoordinator`; the seed's clock-sync path |
-//! | 18 binary | `cli` | the command line (part of the `optirs-tpu` binary, not the library) |
+//! | 13 assembly | `pod` | `Pod`: the world, the install order of every domain, the host API |
+//! | 14 profiling | `profile` | counters, Chrome/Perfetto traces, per-system timing |
+//! | 15 seed facades | `tpu`, `coordination`, `fault_tolerance`, `xla` | `TPUOptimizer`, `PodCoordinator`, `FaultToleranceManager`, the seed's compiler paths |
+//! | 16 facades over facades | `pod_coordination` | `TPUPodCoordinator` over `PodCoordinator`; the seed's clock-sync path |
+//! | 17 binary | `cli` | the command line (part of the `optirs-tpu` binary, not the library) |
 //!
 //! Errors are leaves: each domain's error enum (`TopologyError`,
 //! `MemoryError`, `TransportError`, `FaultError`, `BarrierError`,
 //! `CollectiveError`, `OptimizerError`, `CompileError`, `ExecError`, `SnapshotError`,
-//! `CheckpointError`) imports nothing but the bottom layers' ids, and
-//! [`OptimError`] wraps each one whole. Domains expose world functions
+//! `CheckpointError`, `ShardingError`) imports nothing but the bottom
+//! layers' ids, and converts itself into [`OptimError`] (layer 0, an
+//! `ErrorKind` and the domain error kept whole, as `std::io::Error` carries
+//! any error), so every layer returns the one error type. Domains expose world functions
 //! (`barrier::create_barrier`, `collectives::pod::launch_all_reduce`,
 //! `clock_sync::set_device_clock`); [`Pod`] wraps them, and only `pod/`
 //! holds `impl Pod`. Systems order themselves against the sets of
@@ -64,6 +65,7 @@ pub mod coordination;
 pub mod error;
 pub mod exec;
 pub mod fault_tolerance;
+pub mod files;
 pub mod goodput;
 pub mod hardware;
 pub mod health;

@@ -2,17 +2,18 @@
 //! flips, truncation, crashes at every write point, retention, replication,
 //! rollback and recovery.
 
+use optirs_tpu::Pod;
 use optirs_tpu::checkpoint::{
     MANIFEST, SnapshotRegistry, TENSOR_FILE, WORLD_FILE, WritePoint, list_checkpoints,
     verify_checkpoint, write_checkpoint,
 };
+use optirs_tpu::error::ErrorKind;
 use optirs_tpu::exec::kernels::Tensor;
 use optirs_tpu::fault_tolerance::{RecoveryPolicy, checkpoint_name};
 use optirs_tpu::health::Fault;
 use optirs_tpu::schedule::Compile;
 use optirs_tpu::topology::DeviceId;
 use optirs_tpu::xla::{DType, GraphBuilder, TensorType};
-use optirs_tpu::{OptimError, Pod};
 
 #[path = "common/checkpoint.rs"]
 mod checkpoint_helpers;
@@ -138,7 +139,10 @@ fn flipped_bits_and_truncations_of_the_world_are_rejected_before_restore() {
     }
     std::fs::remove_file(&manifest_path).unwrap();
     let error = verify(&pod, &info.paths[0]).unwrap_err();
-    assert!(error.contains("manifest.ron: missing"), "{error}");
+    assert!(
+        error.contains("not a checkpoint: it has no `manifest.ron`"),
+        "{error}"
+    );
     std::fs::write(&manifest_path, &manifest).unwrap();
     std::fs::remove_file(&path).unwrap();
     let error = verify(&pod, &info.paths[0]).unwrap_err();
@@ -337,7 +341,7 @@ fn migration_is_refused_but_recovery_goes_on() {
     let dir = tempfile::tempdir().unwrap();
     let ft = manager(vec![dir.path().into()], 5, RecoveryPolicy::RollBack);
     let error = ft.migrate_workload(DeviceId(1), DeviceId(2)).unwrap_err();
-    assert!(matches!(error, OptimError::Unsupported { .. }), "{error}");
+    assert!(error.kind() == ErrorKind::Unsupported, "{error}");
     assert!(error.to_string().contains("TPU runtime"), "{error}");
 
     let mut pod = Pod::from_preset("v4-8").unwrap();

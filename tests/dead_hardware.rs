@@ -4,7 +4,6 @@
 use ndarray::Array1;
 use optirs_tpu::collectives::ReduceOp;
 use optirs_tpu::collectives::pod::CollectiveOutcome;
-use optirs_tpu::error::OptimError;
 use optirs_tpu::health::FaultError;
 use optirs_tpu::optimizers::Adam;
 use optirs_tpu::topology::DeviceId;
@@ -32,8 +31,8 @@ fn a_step_on_a_killed_and_failed_device_is_an_error_naming_it() {
     let error = opt.tpu_step(&p, &p).unwrap_err();
     assert!(
         matches!(
-            error,
-            OptimError::Fault(FaultError::DeviceDead {
+            error.downcast_ref::<FaultError>(),
+            Some(FaultError::DeviceDead {
                 device: DeviceId(0),
                 ..
             })
@@ -51,8 +50,8 @@ fn a_step_on_a_killed_and_failed_device_is_an_error_naming_it() {
     let error = opt.tpu_step(&p, &p).unwrap_err();
     assert!(
         matches!(
-            error,
-            OptimError::Fault(FaultError::DeviceFailed {
+            error.downcast_ref::<FaultError>(),
+            Some(FaultError::DeviceFailed {
                 device: DeviceId(0),
                 ..
             })

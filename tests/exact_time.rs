@@ -14,7 +14,7 @@ use optirs_tpu::sharding::{
 use optirs_tpu::topology::{DeviceId, load_preset};
 use optirs_tpu::tpu::sharded::{CheckpointWrite, WriteOutcome};
 use optirs_tpu::tpu::{ShardedOptimizer, ShardingConfig};
-use optirs_tpu::{OptimError, Pod, TPUConfig};
+use optirs_tpu::{Pod, TPUConfig};
 use proptest::prelude::*;
 
 fn optirs(args: &[&str]) -> Output {
@@ -196,19 +196,22 @@ fn run(policy: RecoveryPolicy, kill_ns: Option<u64>, root: &std::path::Path) -> 
                     writes.push(w);
                 }
             }
-            Err(OptimError::Sharding(ShardingError::StepFailed { at_ns, phase, .. })) => {
-                let launched = opt
-                    .pod()
-                    .world()
-                    .get_resource::<ShardedStep>()
-                    .map_or(at_ns, |s| s.launched_at_ns);
-                ledger.charge(wait, launched);
-                ledger.charge(TimeKind::CutOffStep, at_ns);
-                ledger.rolled_back_to(opt.steps_completed());
-                recovering = true;
-                phases.push(phase);
-            }
-            Err(e) => panic!("kill at {kill_ns:?} under {policy}: {e}"),
+            Err(e) => match e.downcast::<ShardingError>() {
+                Ok(ShardingError::StepFailed { at_ns, phase, .. }) => {
+                    let launched = opt
+                        .pod()
+                        .world()
+                        .get_resource::<ShardedStep>()
+                        .map_or(at_ns, |s| s.launched_at_ns);
+                    ledger.charge(wait, launched);
+                    ledger.charge(TimeKind::CutOffStep, at_ns);
+                    ledger.rolled_back_to(opt.steps_completed());
+                    recovering = true;
+                    phases.push(phase);
+                }
+                Ok(other) => panic!("kill at {kill_ns:?} under {policy}: {other}"),
+                Err(e) => panic!("kill at {kill_ns:?} under {policy}: {e}"),
+            },
         }
     }
     ledger.charge(TimeKind::Other, opt.pod().clock().now_ns);

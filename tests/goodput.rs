@@ -65,12 +65,12 @@ fn every_simulated_second_is_accounted_once() {
             config.checkpoint = checkpoint;
             let r = simulate(&fleet, &config).unwrap();
             assert!(
-                (accounted(&r) - r.wall_seconds).abs() < 1e-6 * r.wall_seconds,
+                (accounted(&r) - r.simulated_seconds).abs() < 1e-6 * r.simulated_seconds,
                 "{recovery} {checkpoint:?}: {} accounted of {}",
                 accounted(&r),
-                r.wall_seconds
+                r.simulated_seconds
             );
-            assert!((r.goodput - r.productive_seconds / r.wall_seconds).abs() < 1e-12);
+            assert!((r.goodput - r.productive_seconds / r.simulated_seconds).abs() < 1e-12);
             // 20 days at a failure every 3 h: 160 expected.
             assert!((100..230).contains(&r.restarts), "{}", r.restarts);
         }
@@ -326,12 +326,20 @@ fn bad_input_is_refused_before_any_work_with_a_clear_error() {
         ),
         (
             GoodputConfig {
-                days: 1e12,
+                days: 1000.0,
                 mtbf_hours: 1e30,
-                step_seconds: 1e-3,
+                step_seconds: 1e-9,
                 ..small_config()
             },
-            "steps a run counts",
+            "1000 days of 1e-9 s steps is more than the 1e15 steps a run counts",
+        ),
+        (
+            GoodputConfig {
+                days: 1e12,
+                mtbf_hours: 1e30,
+                ..small_config()
+            },
+            "--days 1e12 is longer than the 10000 days a run simulates",
         ),
         (
             GoodputConfig {
@@ -396,7 +404,7 @@ fn spare_cube_swaps_in_the_reconfiguration_time_instead_of_restarting() {
         s.goodput,
         r.goodput
     );
-    assert!((accounted(&s) - s.wall_seconds).abs() < 1e-6 * s.wall_seconds);
+    assert!((accounted(&s) - s.simulated_seconds).abs() < 1e-6 * s.simulated_seconds);
     // A single spare out for repair for a month: the first failure takes
     // it, every later one waits for a whole restart.
     let mut slow = spare.clone();
@@ -419,4 +427,295 @@ fn spare_cube_without_spares_is_refused_before_any_work() {
     config.cube_repair_hours = 0.0;
     let error = simulate(&cube_fleet(1), &config).unwrap_err().to_string();
     assert!(error.contains("--cube-repair-hours"), "{error}");
+}
+
+// ---- Checkpoints that cost what they cost, synchronous and asynchronous ----
+
+use optirs_tpu::goodput::{Costs, Exposure, Plan, Tally, simulate_failures};
+use proptest::prelude::*;
+
+/// Costs with round figures: 1 s steps, detection 1 s, restart 100 s, no
+/// reconfiguration, a 2 s read; `write` s writes, and an asynchronous
+/// `copy` s host copy when `copy` is given.
+fn round_costs(write: f64, copy: Option<f64>) -> (Exposure, Costs) {
+    let fleet = Fleet::blocks("round", 8, 4, TpuGeneration::V4).unwrap();
+    let mut config = GoodputConfig::new(1_000_000, 1e6, 1.0, 1.0);
+    config.restart_seconds = 100.0;
+    config.reconfigure_seconds = 0.0;
+    let mut costs = Costs::derive(&fleet, &config).unwrap();
+    costs.detect_seconds = 1.0;
+    costs.checkpoint_write_seconds = write;
+    costs.checkpoint_read_seconds = 2.0;
+    costs.rollback_seconds = 1.0 + 100.0 + 0.0 + 2.0;
+    match copy {
+        Some(copy) => {
+            costs.host_copy_seconds = copy;
+            costs.checkpoint_blocking_seconds = copy;
+            costs.checkpoint_background_seconds = write;
+        }
+        None => {
+            costs.checkpoint_blocking_seconds = write;
+            costs.checkpoint_background_seconds = 0.0;
+        }
+    }
+    (Exposure::new(&fleet, FailureUnit::Chip), costs)
+}
+
+fn plan(steps: u64, horizon: f64) -> Plan {
+    Plan {
+        steps_per_checkpoint: Some(steps),
+        recovery: RecoveryPolicy::Rollback,
+        horizon_seconds: horizon,
+        seed: 0,
+    }
+}
+
+fn tally_accounted(t: &Tally, costs: &Costs) -> f64 {
+    t.steps_done as f64 * costs.step_seconds
+        + t.replication_seconds
+        + t.void_step_seconds
+        + t.checkpoint_seconds
+        + t.recovery_seconds
+}
+
+#[test]
+fn without_failures_a_checkpoint_costs_its_wait_in_closed_form() {
+    // 10 steps of 1 s between checkpoints, 100 whole cycles.
+    let (n, cycles) = (10u64, 100u64);
+    // Synchronous, a 0.5 s write: cycles of 10.5 s.
+    let (exposure, costs) = round_costs(0.5, None);
+    let t = simulate_failures(&exposure, &costs, plan(n, cycles as f64 * 10.5), []);
+    assert_eq!(t.steps_done, n * cycles);
+    assert_eq!(t.checkpoints, cycles);
+    assert!((t.goodput(1.0) - 10.0 / 10.5).abs() < 1e-12);
+    // Asynchronous, a 0.25 s copy and a 4 s write that the 10 s of steps
+    // hide: cycles of 10.25 s, no wait.
+    let (exposure, costs) = round_costs(4.0, Some(0.25));
+    let t = simulate_failures(&exposure, &costs, plan(n, cycles as f64 * 10.25), []);
+    assert_eq!(t.steps_done, n * cycles);
+    assert!((t.goodput(1.0) - 10.0 / 10.25).abs() < 1e-12);
+    assert_eq!(t.checkpoint_wait_seconds, 0.0);
+    // The last write is still in flight at the end: 99 finished.
+    assert_eq!(t.checkpoints, cycles - 1);
+    // A 20 s write outlasts the 10 s of steps: each snapshot waits 10 s
+    // for the previous write, cycles of 20.25 s.
+    let (exposure, costs) = round_costs(20.0, Some(0.25));
+    let horizon = 0.25 + cycles as f64 * 20.25 - 10.0;
+    let t = simulate_failures(&exposure, &costs, plan(n, horizon), []);
+    assert_eq!(t.steps_done, n * cycles);
+    assert!(
+        (t.checkpoint_wait_seconds - 10.0 * (cycles - 1) as f64).abs() < 1e-9,
+        "{t:?}"
+    );
+    assert!((tally_accounted(&t, &costs) - horizon).abs() < 1e-9);
+}
+
+#[test]
+fn a_failure_during_the_background_write_rolls_back_to_the_checkpoint_before() {
+    // 10 steps, a 0.25 s copy (snapshot at 10.25 s), a 4 s write that
+    // finishes at 14.25 s.
+    let (exposure, costs) = round_costs(4.0, Some(0.25));
+    // Training resumes at 114 s after the failure at 13 s; 80 cycles of
+    // 10.25 s follow, so the run ends on a cycle's end.
+    let horizon = 114.0 + 80.0 * 10.25;
+    // At 13 s the write is in flight: the rollback goes to the start,
+    // losing the 10 steps before the snapshot and the 2 after it, and
+    // there is nothing to read.
+    let cut = simulate_failures(&exposure, &costs, plan(10, horizon), [(13.0, 0)]);
+    assert_eq!(cut.lost_steps, 12);
+    assert_eq!(cut.writes_cut, 1);
+    assert_eq!(cut.void_step_seconds, 0.75);
+    assert_eq!(cut.recovery_seconds, 101.0, "detect + restart, no read");
+    // At 15 s it has finished: 4 steps since the snapshot are lost, and
+    // the checkpoint is read back.
+    let done = simulate_failures(&exposure, &costs, plan(10, horizon), [(15.0, 0)]);
+    assert_eq!(done.lost_steps, 4);
+    assert_eq!(done.writes_cut, 0);
+    assert_eq!(done.recovery_seconds, 103.0, "detect + restart + read");
+    // Synchronous, the same 4 s write: training waits for it, and a
+    // failure at 13 s cuts it off with 3 s spent.
+    let (exposure, sync_costs) = round_costs(4.0, None);
+    let sync = simulate_failures(&exposure, &sync_costs, plan(10, horizon), [(13.0, 0)]);
+    assert_eq!(sync.lost_steps, 10);
+    for (t, c) in [(&cut, &costs), (&done, &costs), (&sync, &sync_costs)] {
+        assert!((tally_accounted(t, c) - horizon).abs() < 1e-9, "{t:?}");
+    }
+}
+
+#[test]
+fn async_checkpoints_cost_the_host_copy_and_raise_goodput() {
+    // Gemini's inputs (see above): a 150 s write of 12 TB at 80 GB/s.
+    let fleet = Fleet::blocks("gemini-2x4096", 8192, 4, TpuGeneration::V4).unwrap();
+    let mtbf_hours = 54.0 * 24.0 / 419.0 * 16_384.0;
+    let mut config = GoodputConfig::new(1_000_000_000_000, mtbf_hours, 54.0, 10.0);
+    config.storage_bytes_per_s = Some(8e10);
+    config.seed = 2023;
+    config.checkpoint = CheckpointInterval::Every(1800.0);
+    let sync = simulate(&fleet, &config).unwrap();
+    config.async_checkpoint = true;
+    let asynchronous = simulate(&fleet, &config).unwrap();
+    let c = &asynchronous.costs;
+    let copy = 12e12 / (8192.0 * optirs_tpu::hardware::HOST_COPY_BYTES_PER_S_PER_CHIP);
+    assert!((c.host_copy_seconds - copy).abs() < 1e-9 * copy);
+    assert_eq!(c.checkpoint_blocking_seconds, c.host_copy_seconds);
+    assert_eq!(c.checkpoint_background_seconds, 150.0);
+    assert_eq!(sync.costs.checkpoint_blocking_seconds, 150.0);
+    assert!(
+        asynchronous.goodput > sync.goodput + 0.02,
+        "{} vs {}",
+        asynchronous.goodput,
+        sync.goodput
+    );
+    assert!(asynchronous.checkpoint_writes_cut > 0, "{asynchronous:?}");
+    for r in [&sync, &asynchronous] {
+        assert!((accounted(r) - r.simulated_seconds).abs() < 1e-6 * r.simulated_seconds);
+    }
+}
+
+#[test]
+fn the_checkpoint_cost_is_the_shared_one() {
+    let fleet = small_fleet();
+    let config = small_config();
+    let r = simulate(&fleet, &config).unwrap();
+    let bytes = 1e9 * 12.0;
+    assert_eq!(
+        r.costs.checkpoint_write_seconds,
+        optirs_tpu::hardware::checkpoint_io_seconds(bytes, fleet.hosts)
+    );
+    assert_eq!(
+        r.costs.checkpoint_read_seconds,
+        r.costs.checkpoint_write_seconds
+    );
+}
+
+#[test]
+fn auto_is_never_worse_than_never_on_a_run_shorter_than_a_restart() {
+    // 8.64 s of 1 s steps with a 6 s checkpoint (12 GB over v5e-16's 2 hosts).
+    let fleet = Fleet::from_topology(&load_preset("v5e-16").unwrap()).unwrap();
+    let mut config = GoodputConfig::new(1_000_000_000, 1000.0, 0.0001, 1.0);
+    let auto = simulate(&fleet, &config).unwrap();
+    config.checkpoint = CheckpointInterval::Never;
+    let never = simulate(&fleet, &config).unwrap();
+    assert_eq!(auto.checkpoint_interval_steps, None);
+    assert_eq!(auto.goodput, never.goodput);
+    let search = auto.search.unwrap();
+    assert_eq!(search.goodput, search.never_goodput);
+}
+
+fn policy() -> impl Strategy<Value = RecoveryPolicy> {
+    prop_oneof![
+        Just(RecoveryPolicy::Rollback),
+        Just(RecoveryPolicy::Redundant),
+        Just(RecoveryPolicy::SpareCube),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// Whatever the inputs: goodput in [0, 1], every simulated second
+    /// accounted once, and each recovery's parts adding up to it.
+    #[test]
+    fn goodput_is_a_share_and_every_second_is_accounted(
+        chips_log in 2u32..10,
+        pod_mtbf_hours in 0.2f64..500.0,
+        days in 0.01f64..20.0,
+        step in 0.05f64..30.0,
+        interval in prop::option::of(1.0f64..20_000.0),
+        recovery in policy(),
+        asynchronous in any::<bool>(),
+        params_log in 6u32..12,
+        restart in 0.0f64..2000.0,
+        seed in 0u64..1000,
+    ) {
+        let chips = 1u32 << chips_log;
+        let mut fleet = Fleet::blocks("p", chips, 4, TpuGeneration::V4).unwrap();
+        fleet.spare_cubes = Some(2);
+        let mut config = GoodputConfig::new(
+            10u64.pow(params_log),
+            pod_mtbf_hours * f64::from(chips),
+            days,
+            step,
+        );
+        prop_assume!(days * 86_400.0 >= step);
+        config.checkpoint = interval.map_or(CheckpointInterval::Never, CheckpointInterval::Every);
+        config.recovery = recovery;
+        config.async_checkpoint = asynchronous;
+        config.restart_seconds = restart;
+        config.seed = seed;
+        let r = simulate(&fleet, &config).unwrap();
+        prop_assert!((0.0..=1.0).contains(&r.goodput), "{}", r.goodput);
+        let total = accounted(&r);
+        prop_assert!(
+            (total - r.simulated_seconds).abs() <= 1e-9 * r.simulated_seconds,
+            "{} accounted of {}", total, r.simulated_seconds
+        );
+        prop_assert!(r.checkpoint_wait_seconds <= r.checkpoint_seconds);
+        prop_assert!(r.lost_steps == 0 || recovery != RecoveryPolicy::Redundant || r.fallbacks_to_checkpoint > 0);
+        let c = &r.costs;
+        for (policy, downtime) in [
+            (RecoveryPolicy::Rollback, c.rollback_seconds),
+            (RecoveryPolicy::Redundant, c.redundant_seconds),
+            (RecoveryPolicy::SpareCube, c.spare_cube_seconds),
+        ] {
+            let parts = c.recovery_parts(policy, true);
+            let sum = parts.iter().fold(0.0, |s, p| s + p.1);
+            prop_assert_eq!(sum, downtime, "{:?}", parts);
+        }
+        let blocking = if asynchronous { c.host_copy_seconds } else { c.checkpoint_write_seconds };
+        prop_assert_eq!(c.checkpoint_blocking_seconds, blocking);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(6))]
+
+    /// `auto` is never worse than `never` on the search's replicates.
+    #[test]
+    fn auto_is_never_worse_than_never(
+        pod_mtbf_hours in 0.5f64..200.0,
+        days in 0.0001f64..3.0,
+        step in 0.5f64..20.0,
+        asynchronous in any::<bool>(),
+        seed in 0u64..100,
+    ) {
+        let fleet = Fleet::blocks("p", 64, 4, TpuGeneration::V4).unwrap();
+        let mut config = GoodputConfig::new(1_000_000_000, pod_mtbf_hours * 64.0, days, step);
+        prop_assume!(days * 86_400.0 >= step);
+        config.async_checkpoint = asynchronous;
+        config.seed = seed;
+        let r = simulate(&fleet, &config).unwrap();
+        let search = r.search.unwrap();
+        prop_assert!(search.goodput >= search.never_goodput, "{:?}", search);
+        prop_assert!((0.0..=1.0).contains(&r.goodput));
+    }
+}
+
+#[test]
+fn the_default_step_under_redundant_recovery_pays_for_its_copies() {
+    use optirs_tpu::goodput::modeled_step_seconds;
+    let pod = optirs_tpu::topology::load_topology("v5e-16").unwrap();
+    let rollback = modeled_step_seconds(&pod, 1_000_000_000, 2, RecoveryPolicy::Rollback).unwrap();
+    let spare = modeled_step_seconds(&pod, 1_000_000_000, 2, RecoveryPolicy::SpareCube).unwrap();
+    let redundant =
+        modeled_step_seconds(&pod, 1_000_000_000, 2, RecoveryPolicy::Redundant).unwrap();
+    // The same figures `train --modeled-only` reports for the same policy.
+    let tensors = vec![("param0".to_string(), vec![1_000_000_000usize])];
+    let step = |recovery| {
+        optirs_tpu::sharding::modeled::modeled_step_with_recovery(
+            &pod,
+            &tensors,
+            optirs_tpu::ir::DType::F32,
+            2,
+            optirs_tpu::sharding::DEFAULT_BUCKET_BYTES,
+            recovery,
+        )
+        .unwrap()
+        .timeline
+        .step_seconds
+    };
+    assert_eq!(rollback, spare);
+    assert_eq!(rollback, step(RecoveryPolicy::Rollback));
+    assert_eq!(redundant, step(RecoveryPolicy::Redundant));
+    assert!(redundant > rollback, "{redundant} s vs {rollback} s");
 }

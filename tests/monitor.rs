@@ -145,21 +145,15 @@ fn trace_is_chrome_json_with_sane_monotonic_tracks() {
 }
 
 #[test]
-fn memory_export_has_allocations_releases_and_a_peak() {
+fn memory_export_of_a_run_that_reserved_nothing_is_empty_and_never_overwrites() {
     let profiler = profiled_run();
     let memory = profiler.memory();
-    let allocs = memory.events.iter().filter(|e| e.kind == "alloc").count();
-    let frees = memory.events.iter().filter(|e| e.kind == "free").count();
+    // The run compiled and executed a program off the pod's devices: no
+    // device memory was reserved, so there is nothing to export.
     assert!(
-        allocs > 0 && allocs == frees,
-        "{allocs} allocs, {frees} frees"
+        memory.events.is_empty() && memory.peaks.is_empty(),
+        "{memory:?}"
     );
-    let peak = &memory.peaks[0];
-    assert_eq!(
-        peak.live_bytes,
-        peak.buffers.iter().map(|b| b.2).sum::<usize>()
-    );
-    assert!(peak.live_bytes <= peak.heap_bytes);
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("memory.json");
     profiler.write_memory(&path).unwrap();
@@ -477,7 +471,7 @@ fn svg_and_dot_exports_refuse_an_existing_file() {
     ];
     for (args, flag) in refused {
         let out = optirs(&args);
-        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(
             stderr.contains(&format!(
@@ -492,7 +486,7 @@ fn svg_and_dot_exports_refuse_an_existing_file() {
         );
     }
     let out = optirs(&["compile", program, "--svg", fresh, "--memory-svg", fresh]);
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stderr.contains("--svg and --memory-svg both name"),

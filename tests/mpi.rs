@@ -394,7 +394,7 @@ fn a_checkpoint_written_by_four_ranks_restores_on_two_ranks_and_one_process() {
                 "--kill",
                 "9@0.5",
                 "--checkpoint-every",
-                "100",
+                "1",
                 "--checkpoint-dir",
                 dir,
                 "--keep-checkpoints",
@@ -461,7 +461,7 @@ fn a_killed_rank_leaves_the_last_committed_checkpoint_valid() {
     let dir = root.path().to_str().unwrap().to_string();
     let extra = [
         "--checkpoint-every",
-        "50",
+        "0.5",
         "--checkpoint-dir",
         &dir,
         "--keep-checkpoints",

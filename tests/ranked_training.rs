@@ -327,11 +327,9 @@ fn a_device_killed_in_flight_fails_the_step_alike_on_every_rank() {
         (first, second, opt.pod_mut().world_sha256().unwrap())
     };
     let (first, second, digest) = run_one();
-    let failed_on = |e: &OptimError| match e {
-        OptimError::Sharding(ShardingError::Unrecoverable { step, cause, .. })
-        | OptimError::Sharding(ShardingError::StepFailed { step, cause, .. }) => {
-            Some((*step, cause.to_string()))
-        }
+    let failed_on = |e: &OptimError| match e.downcast_ref::<ShardingError>() {
+        Some(ShardingError::Unrecoverable { step, cause, .. })
+        | Some(ShardingError::StepFailed { step, cause, .. }) => Some((*step, cause.to_string())),
         _ => None,
     };
     assert_eq!(first.as_ref().ok(), Some(&1));

@@ -3,7 +3,6 @@
 //! of the ranks' parts has the single-process `world_sha256`, for every
 //! preset and every rank count its hosts allow, with faults.
 
-use optirs_tpu::OptimError;
 use optirs_tpu::Pod;
 use optirs_tpu::health::Fault;
 use optirs_tpu::pod::ranks::RankedPod;
@@ -236,8 +235,8 @@ fn a_rank_that_stops_answering_is_named_with_its_hosts_and_nobody_hangs() {
         let error = result.unwrap_err();
         assert!(
             matches!(
-                &error,
-                OptimError::Transport(optirs_tpu::transport::TransportError::Cluster(
+                error.downcast_ref::<optirs_tpu::transport::TransportError>(),
+                Some(optirs_tpu::transport::TransportError::Cluster(
                     ClusterError::RankLost { rank: 2, .. }
                 ))
             ),

@@ -9,12 +9,13 @@ use optirs_tpu::collectives::{
     reduce_scatter, torus_all_reduce, torus_reduce_scatter, torus_reduce_scatter_traffic,
     torus_shard_ranges,
 };
+use optirs_tpu::error::ErrorKind;
 use optirs_tpu::health::Fault;
 use optirs_tpu::sharding::{
     ParamSet, Reduction, ShardLayout, ShardPlan, ShardingError, SyntheticGradients,
 };
 use optirs_tpu::tpu::{ShardedOptimizer, ShardingConfig};
-use optirs_tpu::{OptimError, Pod, TPUConfig, TPUOptimizer, TPUVersion};
+use optirs_tpu::{Pod, TPUConfig, TPUOptimizer, TPUVersion};
 use proptest::prelude::*;
 
 fn values(seed: u64, n: usize) -> Vec<f32> {
@@ -457,7 +458,7 @@ fn out_of_hbm_names_the_device_and_what_asked() {
     )
     .unwrap_err();
     let text = err.to_string();
-    assert!(matches!(err, OptimError::Memory(_)), "{text}");
+    assert!(err.kind() == ErrorKind::Memory, "{text}");
     assert!(
         text.contains("device 0") && text.contains("the model's parameters needs 16000 bytes"),
         "{text}"
@@ -522,7 +523,9 @@ fn a_device_killed_in_flight_fails_the_step_and_changes_nothing() {
         .step_replicas(&replica_grads(&layout, &sizes, 2))
         .unwrap_err();
     // No checkpoints to roll back to: the failure is reported as unrecoverable.
-    let OptimError::Sharding(ShardingError::Unrecoverable { step, cause, .. }) = &err else {
+    let Some(ShardingError::Unrecoverable { step, cause, .. }) =
+        err.downcast_ref::<ShardingError>()
+    else {
         panic!("{err}");
     };
     assert_eq!(*step, 2);
@@ -715,7 +718,10 @@ fn redundant_shards_survive_a_killed_device_without_losing_a_step() {
         .step_replicas(&replica_grads(&layout, &sizes, 2))
         .unwrap_err();
     assert!(
-        matches!(err, OptimError::Sharding(ShardingError::StepFailed { .. })),
+        matches!(
+            err.downcast_ref::<ShardingError>(),
+            Some(ShardingError::StepFailed { .. })
+        ),
         "{err}"
     );
     let recoveries = sharded.recoveries();
@@ -757,8 +763,8 @@ fn redundant_shards_survive_a_killed_device_without_losing_a_step() {
         .unwrap_err();
     assert!(
         matches!(
-            err,
-            OptimError::Sharding(ShardingError::Unrecoverable { .. })
+            err.downcast_ref::<ShardingError>(),
+            Some(ShardingError::Unrecoverable { .. })
         ),
         "{err}"
     );
@@ -802,7 +808,10 @@ fn rollback_restores_the_last_checkpoint_and_counts_lost_steps() {
         .step_replicas(&replica_grads(&layout, &sizes, 7))
         .unwrap_err();
     assert!(
-        matches!(err, OptimError::Sharding(ShardingError::StepFailed { .. })),
+        matches!(
+            err.downcast_ref::<ShardingError>(),
+            Some(ShardingError::StepFailed { .. })
+        ),
         "{err}"
     );
     let r = &sharded.recoveries()[0];
@@ -1066,8 +1075,8 @@ fn a_cut_link_fails_the_step_naming_the_link() {
     let text = err.to_string();
     assert!(
         matches!(
-            err,
-            OptimError::Sharding(ShardingError::Unrecoverable { .. })
+            err.downcast_ref::<ShardingError>(),
+            Some(ShardingError::Unrecoverable { .. })
         ),
         "{text}"
     );
@@ -1081,7 +1090,7 @@ fn a_cut_link_fails_the_step_naming_the_link() {
     let err = opt
         .step_replicas(&replica_grads(&layout, &sizes, 1))
         .unwrap_err();
-    assert!(matches!(err, OptimError::Collective(_)), "{err}");
+    assert!(err.kind() == ErrorKind::Collective, "{err}");
 }
 
 #[test]
@@ -1292,7 +1301,8 @@ fn a_paused_device_fails_the_step_and_is_recovered_around() {
     let err = opt
         .step_replicas(&replica_grads(&layout, &sizes, 1))
         .unwrap_err();
-    let OptimError::Sharding(ShardingError::StepFailed { cause, phase, .. }) = &err else {
+    let Some(ShardingError::StepFailed { cause, phase, .. }) = err.downcast_ref::<ShardingError>()
+    else {
         panic!("{err}");
     };
     assert_eq!(

@@ -3,7 +3,6 @@
 //! opaque optimizers, HBM reservations, profile and checkpoints.
 
 use ndarray::{Array, Array1, Array2, ArrayD, IxDyn};
-use optirs_tpu::error::OptimError;
 use optirs_tpu::optimizers::OptimizerError;
 use optirs_tpu::optimizers::{Adagrad, Adam, AdamW, Momentum, Nesterov, RMSProp, SGD};
 use optirs_tpu::tpu::{MemoryEventKind, bench_optimizer};
@@ -255,8 +254,8 @@ fn shape_mismatches_are_errors() {
     let err = opt.tpu_step(&p, &g).unwrap_err();
     assert!(
         matches!(
-            err,
-            OptimError::Optimizer(OptimizerError::ShapeMismatch { .. })
+            err.downcast_ref::<OptimizerError>(),
+            Some(OptimizerError::ShapeMismatch { .. })
         ),
         "{err}"
     );
@@ -266,8 +265,8 @@ fn shape_mismatches_are_errors() {
     let err = opt.tpu_step(&other, &other).unwrap_err();
     assert!(
         matches!(
-            err,
-            OptimError::Optimizer(OptimizerError::StateShapeMismatch { .. })
+            err.downcast_ref::<OptimizerError>(),
+            Some(OptimizerError::StateShapeMismatch { .. })
         ),
         "{err}"
     );
@@ -454,8 +453,8 @@ fn out_of_hbm_names_the_device_and_the_bytes() {
     let msg = err.to_string();
     assert!(
         matches!(
-            err,
-            OptimError::Memory(optirs_tpu::memory::MemoryError::OutOfDeviceMemory(_))
+            err.downcast_ref::<optirs_tpu::memory::MemoryError>(),
+            Some(optirs_tpu::memory::MemoryError::OutOfDeviceMemory(_))
         ),
         "{msg}"
     );

@@ -51,3 +51,9 @@ pub enum BarrierError {
     #[error("{0} is not running and cannot arrive")]
     DeviceNotRunning(DeviceId),
 }
+
+impl From<BarrierError> for crate::error::OptimError {
+    fn from(error: BarrierError) -> Self {
+        crate::error::OptimError::new(crate::error::ErrorKind::Barrier, error)
+    }
+}

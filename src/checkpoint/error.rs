@@ -26,6 +26,50 @@ pub enum CheckpointError {
         /// The checkpoint directory.
         path: PathBuf,
     },
+    /// The path to write a checkpoint to is taken by something that is not
+    /// a checkpoint (a directory of other files, a regular file, ...).
+    #[error(
+        "{path}: exists and is {found}, not a checkpoint; a checkpoint is never written over \
+         anything: choose a new name"
+    )]
+    Occupied {
+        /// The path asked for.
+        path: PathBuf,
+        /// What is there (`a directory without a manifest`, `a regular file`).
+        found: &'static str,
+    },
+    /// A storage root (or a directory on the way to it) exists and is not a
+    /// directory.
+    #[error("{path}: is {found}, not a directory (a storage root is a directory of checkpoints)")]
+    RootNotDirectory {
+        /// The entry that is not a directory.
+        path: PathBuf,
+        /// What it is (`a regular file`, `a named pipe`, ...).
+        found: &'static str,
+    },
+    /// A directory asked for as one checkpoint is a storage root: it holds
+    /// checkpoints instead of being one.
+    #[error(
+        "{path}: is a storage root holding {count} {noun}, not a checkpoint; the newest is \
+         {newest}",
+        noun = if *count == 1 { "checkpoint" } else { "checkpoints" },
+        newest = newest.display()
+    )]
+    StorageRoot {
+        /// The directory given.
+        path: PathBuf,
+        /// Checkpoints under it (directories with a manifest that parses).
+        count: usize,
+        /// The newest of them (by recorded tick).
+        newest: PathBuf,
+    },
+    /// A directory asked for as a checkpoint holds no manifest and no
+    /// checkpoints.
+    #[error("{path}: not a checkpoint: it has no `manifest.ron`")]
+    NotACheckpoint {
+        /// The directory given.
+        path: PathBuf,
+    },
     /// The checkpoint directory does not exist.
     #[error("{path}: no such checkpoint directory")]
     NoDirectory {
@@ -117,4 +161,10 @@ pub enum CheckpointError {
         /// Why.
         error: SnapshotError,
     },
+}
+
+impl From<CheckpointError> for crate::error::OptimError {
+    fn from(error: CheckpointError) -> Self {
+        crate::error::OptimError::new(crate::error::ErrorKind::Checkpoint, error)
+    }
 }

@@ -26,8 +26,8 @@ pub use periodic::{PeriodicCheckpoints, next_periodic_checkpoint, write_periodic
 pub use recovery::recover_sharded_model;
 pub use retention::{RetentionReport, checkpoint_name, enforce_retention};
 pub use store::{
-    CheckpointListing, FileEntry, MANIFEST, Manifest, WORLD_FILE, WritePoint, check_name,
-    list_checkpoints, parse_manifest, remove_stale_temporaries, render_manifest, verify_checkpoint,
-    write_checkpoint,
+    CheckpointListing, FileEntry, MANIFEST, Manifest, StorageRoot, WORLD_FILE, WritePoint,
+    check_name, check_new_checkpoint, check_storage_root, list_checkpoints, parse_manifest,
+    remove_stale_temporaries, render_manifest, verify_checkpoint, write_checkpoint,
 };
 pub use tensor_file::TENSOR_FILE;

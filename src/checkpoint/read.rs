@@ -13,12 +13,13 @@ use super::error::CheckpointError;
 use super::hashed_io::read_hashed;
 use super::store::{FileEntry, io_error};
 use super::tensor_file;
+use crate::files::{self, InputError, Links};
 use crate::persist::Landing;
 use crate::persist::StoredTensor;
 use crate::persist::hex;
 use sha2::digest::Output;
 use sha2::{Digest, Sha256};
-use std::fs::{self, File, FileType};
+use std::fs::{File, FileType};
 use std::io::{self, Read};
 use std::path::Path;
 use std::sync::Arc;
@@ -26,46 +27,8 @@ use std::sync::Arc;
 /// A manifest is a few hundred bytes; one larger than this is not read.
 pub(super) const MAX_MANIFEST_BYTES: u64 = 1 << 20;
 
-fn not_found_or_io(path: &Path) -> impl FnOnce(io::Error) -> CheckpointError + '_ {
-    move |error| {
-        if error.kind() == io::ErrorKind::NotFound {
-            CheckpointError::Missing {
-                path: path.to_path_buf(),
-            }
-        } else {
-            CheckpointError::Io {
-                path: path.to_path_buf(),
-                error,
-            }
-        }
-    }
-}
-
 /// What a file system entry is, in words, for errors.
-pub(super) fn kind_of(file_type: &FileType) -> &'static str {
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::FileTypeExt;
-        if file_type.is_fifo() {
-            return "a named pipe";
-        }
-        if file_type.is_socket() {
-            return "a socket";
-        }
-        if file_type.is_block_device() || file_type.is_char_device() {
-            return "a device";
-        }
-    }
-    if file_type.is_symlink() {
-        "a symbolic link"
-    } else if file_type.is_dir() {
-        "a directory"
-    } else if file_type.is_file() {
-        "a regular file"
-    } else {
-        "not a regular file"
-    }
-}
+pub(super) use crate::files::kind_of;
 
 /// Refuses anything but a regular file.
 pub(super) fn check_regular(path: &Path, file_type: &FileType) -> Result<(), CheckpointError> {
@@ -80,33 +43,29 @@ pub(super) fn check_regular(path: &Path, file_type: &FileType) -> Result<(), Che
     }
 }
 
+/// A checkpoint file that cannot be opened, as a checkpoint error.
+fn from_input(error: InputError) -> CheckpointError {
+    match error {
+        InputError::Missing { path } => CheckpointError::Missing { path },
+        InputError::NotRegular { path, found } => CheckpointError::NotRegular {
+            path,
+            found,
+            expected: "a regular file",
+        },
+        InputError::Io { path, error } => CheckpointError::Io { path, error },
+        other => CheckpointError::Io {
+            path: other.path().to_path_buf(),
+            error: io::Error::other(other.to_string()),
+        },
+    }
+}
+
 /// Opens `path` for reading if, and only if, it is a regular file: its
 /// metadata is checked without following a link, the open neither follows
-/// a link nor blocks, and the opened file is checked again.
+/// a link nor blocks, and the opened file is checked again
+/// ([`crate::files::open_regular`]).
 pub(super) fn open_regular(path: &Path) -> Result<File, CheckpointError> {
-    let metadata = fs::symlink_metadata(path).map_err(not_found_or_io(path))?;
-    check_regular(path, &metadata.file_type())?;
-    let mut options = fs::OpenOptions::new();
-    options.read(true);
-    #[cfg(target_os = "linux")]
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        options.custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK);
-    }
-    let file = options.open(path).map_err(|error| {
-        // ELOOP: the entry became a link after the check.
-        #[cfg(target_os = "linux")]
-        if error.raw_os_error() == Some(libc::ELOOP) {
-            return CheckpointError::NotRegular {
-                path: path.to_path_buf(),
-                found: "a symbolic link",
-                expected: "a regular file",
-            };
-        }
-        not_found_or_io(path)(error)
-    })?;
-    check_regular(path, &file.metadata().map_err(io_error(path))?.file_type())?;
-    Ok(file)
+    files::open_regular(path, Links::Refuse).map_err(from_input)
 }
 
 /// Reads a small file (the manifest) whole: a regular file of at most

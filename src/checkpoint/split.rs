@@ -21,8 +21,8 @@
 use super::error::CheckpointError;
 use super::read::read;
 use super::store::{
-    MANIFEST, check_name, io_error, parse_digested, remove_stale_temporaries, render_digested,
-    render_manifest, sync_dir, verify_checkpoint, write_checkpoint,
+    MANIFEST, io_error, parse_digested, remove_stale_temporaries, render_digested, render_manifest,
+    sync_dir, verify_checkpoint, write_checkpoint,
 };
 use crate::memory::ShardSlot;
 use crate::persist::{Column, SnapshotError, SnapshotRegistry, StoredTensor, WorldSnapshot, hex};
@@ -419,12 +419,7 @@ pub fn read_any_checkpoint(
 /// temporaries from crashed saves removed, and an empty staging directory
 /// (returned) that every rank writes its part into.
 pub fn stage_split(root: &Path, name: &str) -> Result<PathBuf, CheckpointError> {
-    check_name(name)?;
-    fs::create_dir_all(root).map_err(io_error(root))?;
-    let target = root.join(name);
-    if fs::symlink_metadata(&target).is_ok() {
-        return Err(CheckpointError::Exists { path: target });
-    }
+    super::store::prepare_target(root, name)?;
     remove_stale_temporaries(root);
     let staging = staging_dir(root, name);
     fs::create_dir_all(&staging).map_err(io_error(&staging))?;

@@ -303,12 +303,7 @@ pub fn write_checkpoint(
     snapshot: &WorldSnapshot,
     hook: &mut dyn FnMut(&WritePoint) -> io::Result<()>,
 ) -> Result<Manifest, CheckpointError> {
-    check_name(name)?;
-    fs::create_dir_all(root).map_err(io_error(root))?;
-    let target = root.join(name);
-    if fs::symlink_metadata(&target).is_ok() {
-        return Err(CheckpointError::Exists { path: target });
-    }
+    let target = prepare_target(root, name)?;
     remove_stale_temporaries(root);
     hook(&WritePoint::CreateTemp).map_err(io_error(root))?;
     let temp = tempfile::Builder::new()
@@ -358,6 +353,158 @@ pub fn write_checkpoint(
     hook(&WritePoint::SyncRoot).map_err(io_error(root))?;
     sync_dir(root).map_err(io_error(root))?;
     Ok(manifest)
+}
+
+/// Checks that `root` can be a storage root: it is a directory, or it does
+/// not exist and no entry on the way to it is anything but a directory.
+fn check_root_path(root: &Path) -> Result<bool, CheckpointError> {
+    for (depth, path) in root.ancestors().enumerate() {
+        if path.as_os_str().is_empty() {
+            continue;
+        }
+        match fs::metadata(path) {
+            Ok(metadata) if metadata.is_dir() => return Ok(depth == 0),
+            Ok(metadata) => {
+                return Err(CheckpointError::RootNotDirectory {
+                    path: path.to_path_buf(),
+                    found: kind_of(&metadata.file_type()),
+                });
+            }
+            // Not there, or under a file: an ancestor says which.
+            Err(error)
+                if matches!(
+                    error.kind(),
+                    io::ErrorKind::NotFound | io::ErrorKind::NotADirectory
+                ) =>
+            {
+                continue;
+            }
+            Err(error) => return Err(io_error(path)(error)),
+        }
+    }
+    Ok(false)
+}
+
+/// A storage root as [`check_storage_root`] found it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct StorageRoot {
+    /// The root.
+    pub path: PathBuf,
+    /// Whether it exists yet (a save creates it).
+    pub exists: bool,
+    /// Its checkpoints (directories whose manifest, or split commit
+    /// record, parses), newest recorded tick first: (name, tick).
+    pub checkpoints: Vec<(String, u64)>,
+}
+
+impl StorageRoot {
+    /// The newest checkpoint's path, if there is one.
+    pub fn newest(&self) -> Option<PathBuf> {
+        self.checkpoints
+            .first()
+            .map(|(name, _)| self.path.join(name))
+    }
+}
+
+/// Checks a storage root before any work is done: a path that is (or runs
+/// through) a regular file, a pipe or a device is an error naming it, and a
+/// directory is listed — how many checkpoints it holds, the newest first
+/// (by their manifests, not verified: [`list_checkpoints`] verifies). A
+/// root that does not exist yet is fine: a save creates it.
+pub fn check_storage_root(root: &Path) -> Result<StorageRoot, CheckpointError> {
+    let exists = check_root_path(root)?;
+    let mut checkpoints = Vec::new();
+    if exists {
+        for entry in fs::read_dir(root).map_err(io_error(root))? {
+            let entry = entry.map_err(io_error(root))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with('.') || !entry.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
+            if let Some(tick) = recorded_tick(&entry.path()) {
+                checkpoints.push((name, tick));
+            }
+        }
+    }
+    checkpoints.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| b.0.cmp(&a.0)));
+    Ok(StorageRoot {
+        path: root.to_path_buf(),
+        exists,
+        checkpoints,
+    })
+}
+
+/// The tick the manifest (or split commit record) in `dir` records, if it
+/// parses: whether `dir` is a checkpoint, without reading its data.
+fn recorded_tick(dir: &Path) -> Option<u64> {
+    let split = dir.join(SPLIT_MANIFEST);
+    if let Ok(text) = read(&split) {
+        return parse_split(&split, &text).ok().map(|m| m.tick);
+    }
+    let path = dir.join(MANIFEST);
+    parse_manifest(&path, &read(&path).ok()?)
+        .ok()
+        .map(|m| m.tick)
+}
+
+/// Checks, creating nothing, that checkpoint `name` can be written under
+/// `root`: a plain name, a root that is a directory or can be created, and
+/// nothing at the target (a checkpoint there is [`CheckpointError::Exists`],
+/// anything else [`CheckpointError::Occupied`]). Returns the target path.
+/// A command calls it before any work; the save checks again.
+pub fn check_new_checkpoint(root: &Path, name: &str) -> Result<PathBuf, CheckpointError> {
+    check_name(name)?;
+    check_root_path(root)?;
+    let target = root.join(name);
+    let Ok(metadata) = fs::symlink_metadata(&target) else {
+        return Ok(target);
+    };
+    if metadata.is_dir() && recorded_tick(&target).is_some() {
+        return Err(CheckpointError::Exists { path: target });
+    }
+    let found = if metadata.is_dir() {
+        "a directory without a manifest"
+    } else {
+        kind_of(&metadata.file_type())
+    };
+    Err(CheckpointError::Occupied {
+        path: target,
+        found,
+    })
+}
+
+/// [`check_new_checkpoint`], then creates the root.
+pub(super) fn prepare_target(root: &Path, name: &str) -> Result<PathBuf, CheckpointError> {
+    let target = check_new_checkpoint(root, name)?;
+    fs::create_dir_all(root).map_err(io_error(root))?;
+    Ok(target)
+}
+
+/// Why `dir`, a directory without a manifest, is not a checkpoint: it is a
+/// storage root (naming its newest checkpoint), or it is not one at all.
+fn not_a_checkpoint(dir: &Path) -> CheckpointError {
+    // A split pod's commit record that is not a regular file (its parts
+    // would make the directory look like a storage root).
+    let record = dir.join(SPLIT_MANIFEST);
+    if let Ok(metadata) = fs::symlink_metadata(&record)
+        && !metadata.is_file()
+    {
+        return CheckpointError::NotRegular {
+            path: record,
+            found: kind_of(&metadata.file_type()),
+            expected: "a regular file",
+        };
+    }
+    match check_storage_root(dir) {
+        Ok(root) if !root.checkpoints.is_empty() => CheckpointError::StorageRoot {
+            path: dir.to_path_buf(),
+            count: root.checkpoints.len(),
+            newest: root.newest().unwrap_or_default(),
+        },
+        _ => CheckpointError::NotACheckpoint {
+            path: dir.to_path_buf(),
+        },
+    }
 }
 
 /// Checks that `dir` is a directory (not a link to one).
@@ -414,7 +561,11 @@ pub fn verify_checkpoint(
 ) -> Result<(Manifest, WorldSnapshot), CheckpointError> {
     check_directory(dir)?;
     let manifest_path = dir.join(MANIFEST);
-    let manifest = parse_manifest(&manifest_path, &read(&manifest_path)?)?;
+    let text = match read(&manifest_path) {
+        Err(CheckpointError::Missing { .. }) => return Err(not_a_checkpoint(dir)),
+        other => other?,
+    };
+    let manifest = parse_manifest(&manifest_path, &text)?;
     check_contents(dir, &manifest)?;
     let mut world_bytes = None;
     let mut tensors = None;

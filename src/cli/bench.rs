@@ -1,6 +1,6 @@
 //! `optirs-tpu bench`: wall-clock benchmarks of the engine's schedules.
 
-use super::parse::parse_count;
+use super::parse::{parse_count, parse_count_u64};
 use super::{output, progress};
 use anyhow::Result;
 use clap::builder::PossibleValuesParser;
@@ -36,11 +36,13 @@ pub struct OptimizerArgs {
     /// Parameters (f32), at least 1: `10000000`, `10_000_000` or `1e7`.
     /// Refused before any allocation when the buffers would not fit in the
     /// available host memory.
-    #[arg(long, default_value = "10000000", value_parser = parse_count)]
+    #[arg(long, default_value = "10000000", value_parser = parse_count,
+          allow_negative_numbers = true)]
     size: usize,
     /// Timed paired rounds (each runs every side once), at least 1; then the
     /// in-place step and the floor as many times in a row each (warm).
-    #[arg(long, default_value_t = 21, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, default_value_t = 21, value_parser = parse_count_u64,
+          allow_negative_numbers = true)]
     steps: u64,
     /// Print one JSON object: optimizer, size, step_seconds (fresh output),
     /// in_place_step_seconds, floor_seconds, ratio_to_floor (in place),
@@ -57,11 +59,14 @@ pub struct ScheduleArgs {
     /// A preset name (see `optirs-tpu presets`) or a pod file path.
     #[arg(default_value = DEFAULT_PRESET)]
     pod: String,
-    /// `Step` ticks to time.
-    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
+    /// `Step` ticks to time, at least 1: `1000` or `1e3`.
+    #[arg(long, default_value_t = 1000, value_parser = parse_count_u64,
+          allow_negative_numbers = true)]
     steps: u64,
-    /// Times each bundled program is compiled for the `Compile` rows.
-    #[arg(long, default_value_t = 5)]
+    /// Times each bundled program is compiled for the `Compile` rows, at
+    /// least 1.
+    #[arg(long, default_value_t = 5, value_parser = parse_count,
+          allow_negative_numbers = true)]
     compile_runs: usize,
     /// Print one JSON object: {pod, steps, systems: [{name, set, mean_ns, p50_ns, p99_ns, ..}]}.
     #[arg(long)]
@@ -77,7 +82,10 @@ pub fn bench(args: BenchArgs) -> Result<()> {
 
 fn optimizer(args: OptimizerArgs) -> Result<()> {
     let steps = usize::try_from(args.steps)?;
-    let bench = optirs_tpu::tpu::bench_optimizer(&args.optimizer, args.size, steps)?;
+    let spinner = progress::spinner(args.json, "bench optimizer");
+    let bench = optirs_tpu::tpu::bench_optimizer(&args.optimizer, args.size, steps);
+    spinner.finish_and_clear();
+    let bench = bench?;
     if args.json {
         return output::print_json(&bench);
     }

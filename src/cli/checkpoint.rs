@@ -1,12 +1,14 @@
 //! `optirs-tpu checkpoint ...`: save, verify, restore, list and inspect.
 
-use super::output;
-use super::run::{print_report, step_and_report};
+use super::parse::{parse_count_or_zero, usage};
+use super::run::{check_ticks, print_report, step_and_report};
+use super::{output, progress};
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
 use optirs_tpu::Pod;
 use optirs_tpu::checkpoint::{
-    engine_registry, list_checkpoints, verify_checkpoint, write_checkpoint,
+    check_new_checkpoint, check_storage_root, engine_registry, list_checkpoints, verify_checkpoint,
+    write_checkpoint,
 };
 use optirs_tpu::topology::DEFAULT_PRESET;
 use std::path::{Path, PathBuf};
@@ -25,8 +27,9 @@ enum CheckpointCommand {
         /// A preset name or a pod file path.
         #[arg(default_value = DEFAULT_PRESET)]
         pod: String,
-        /// Ticks to run before saving.
-        #[arg(long, default_value_t = 0)]
+        /// Ticks to run before saving: `0`, `100` or `1e3`.
+        #[arg(long, default_value_t = 0, value_parser = parse_count_or_zero,
+          allow_negative_numbers = true)]
         steps: u64,
         /// The checkpoint directory to create (its parent is the storage root).
         #[arg(long, value_name = "DIR")]
@@ -41,8 +44,9 @@ enum CheckpointCommand {
     Restore {
         /// The checkpoint directory.
         dir: PathBuf,
-        /// Ticks to run after restoring.
-        #[arg(long, default_value_t = 0)]
+        /// Ticks to run after restoring: `0`, `100` or `1e3`.
+        #[arg(long, default_value_t = 0, value_parser = parse_count_or_zero,
+          allow_negative_numbers = true)]
         steps: u64,
         /// Print one JSON object (the keys of `run --json`).
         #[arg(long)]
@@ -84,20 +88,40 @@ pub fn checkpoint(args: CheckpointArgs) -> Result<()> {
     let registry = engine_registry();
     match args.command {
         CheckpointCommand::Save { pod, steps, out } => {
-            let mut pod = Pod::load(&pod)?;
-            pod.run(steps);
-            let snapshot = pod.snapshot()?;
+            // Where it goes is checked before the pod runs.
+            if out.symlink_metadata().is_ok() {
+                return Err(usage(format!(
+                    "--out {} already exists: a checkpoint is written to a new directory; \
+                     choose a new path or remove it",
+                    out.display()
+                )));
+            }
+            output::check_dir("--out", &out)?;
             let (root, name) = split_dir(&out)?;
+            check_new_checkpoint(&root, &name)?;
+            let mut pod = Pod::load(&pod)?;
+            check_ticks("--steps", steps, pod.clock().tick_ns)?;
+            let bar = progress::bar(steps, false, "run");
+            let mut done = 0;
+            while done < steps {
+                let chunk = (steps - done).min(64);
+                pod.run(chunk);
+                done += chunk;
+                bar.set_position(done);
+            }
+            bar.finish_and_clear();
+            let snapshot = pod.snapshot()?;
             let manifest =
                 write_checkpoint(&root, &name, &pod.topology().name, &snapshot, &mut |_| {
                     Ok(())
                 })?;
             let bytes: u64 = manifest.files.iter().map(|f| f.bytes).sum();
             output::print_text(&format!(
-                "saved {} at tick {} ({} entities, {bytes} bytes) to {}\n",
+                "saved {} at tick {} ({}, {}) to {}\n",
                 manifest.pod,
                 manifest.tick,
-                manifest.entities,
+                output::plural(u64::from(manifest.entities), "entity", "entities"),
+                output::bytes(bytes),
                 out.display()
             ))
         }
@@ -129,10 +153,14 @@ pub fn checkpoint(args: CheckpointArgs) -> Result<()> {
             let start = Instant::now();
             let snapshot = optirs_tpu::checkpoint::split::read_any_checkpoint(&dir, &registry)?;
             let mut pod = Pod::from_snapshot(&snapshot)?;
-            let report = step_and_report(&mut pod, steps, start.elapsed().as_secs_f64())?;
+            check_ticks("--steps", steps, pod.clock().tick_ns)?;
+            let report = step_and_report(&mut pod, steps, start.elapsed().as_secs_f64(), json)?;
             print_report(&report, json)
         }
         CheckpointCommand::List { root, json } => {
+            if !check_storage_root(&root)?.exists {
+                bail!("{}: no such storage root", root.display());
+            }
             let listings = list_checkpoints(&root, &registry)?;
             if json {
                 return output::print_json(&listings);
@@ -150,7 +178,9 @@ pub fn checkpoint(args: CheckpointArgs) -> Result<()> {
         }
         CheckpointCommand::Inspect { dir } => {
             let (manifest, snapshot) = verify_checkpoint(&dir, &registry)?;
-            let header = std::fs::read_to_string(dir.join(optirs_tpu::checkpoint::MANIFEST))?;
+            // The manifest verified above, read again for its text.
+            let manifest_path = dir.join(optirs_tpu::checkpoint::MANIFEST);
+            let header = optirs_tpu::files::read_text(&manifest_path, 1 << 20, "a manifest")?;
             output::print_text(&format!(
                 "// {}\n{header}\n{}",
                 manifest.name,

@@ -2,7 +2,8 @@
 //! hierarchically over a multislice pod (ICI inside each slice, DCN
 //! across), with each pass's bytes and modeled time.
 
-use super::output;
+use super::parse::{parse_count, usage};
+use super::{output, progress};
 use anyhow::{Result, bail};
 use clap::Args;
 use optirs_tpu::Pod;
@@ -31,7 +32,8 @@ pub struct CollectivesArgs {
     #[arg(long, default_value = "all_reduce")]
     op: BenchOp,
     /// Bytes per rank, comma-separated; K, M and G suffixes are powers of 2.
-    #[arg(long, value_delimiter = ',', value_parser = parse_size, default_value = "4K,64K,1M,4M")]
+    #[arg(long, value_delimiter = ',', value_parser = parse_size,
+          allow_negative_numbers = true, default_value = "4K,64K,1M,4M")]
     sizes: Vec<usize>,
     /// Print a JSON list of rows.
     #[arg(long)]
@@ -42,7 +44,9 @@ pub struct CollectivesArgs {
     trace: Option<PathBuf>,
 }
 
-/// `64K` → 65536.
+/// `64K` → 65536: a positive whole number of bytes (digits, `_`, an
+/// exponent: the count parser every command uses) with an optional K, M or
+/// G suffix (powers of 2), a whole number of f32 elements.
 fn parse_size(text: &str) -> Result<usize, String> {
     let text = text.trim();
     let (digits, scale) = match text.chars().last() {
@@ -51,15 +55,16 @@ fn parse_size(text: &str) -> Result<usize, String> {
         Some('G' | 'g') => (&text[..text.len() - 1], 1 << 30),
         _ => (text, 1),
     };
-    let value: usize = digits
-        .parse()
-        .map_err(|_| format!("`{text}` is not a size like 4096, 64K or 1M"))?;
+    let value = parse_count(digits).map_err(|_| {
+        format!("`{text}` is not a size in bytes above 0, like 4096, 1e6, 64K or 1M")
+    })?;
     let bytes = value
         .checked_mul(scale)
         .ok_or_else(|| format!("`{text}` is too large"))?;
     if bytes % 4 != 0 {
         return Err(format!(
-            "{bytes} bytes is not a whole number of f32 elements"
+            "`{text}` ({}) is not a whole number of f32 elements (4 bytes each)",
+            output::plural(bytes as u64, "byte", "bytes")
         ));
     }
     Ok(bytes)
@@ -78,7 +83,9 @@ pub fn collectives(args: CollectivesArgs) -> Result<()> {
         topology.ici.latency_ns as f64 * 1e-9,
         topology.ici.bytes_per_s,
     )?;
-    let rows = run_nccl_style_torus(args.op, &shape, &args.sizes, model)?;
+    let rows = each_size(&args, |size| {
+        run_nccl_style_torus(args.op, &shape, &[size], model)
+    })?;
     if let Some(path) = &args.trace {
         write_trace(path, &args, &rows, &|_| Vec::new())?;
     }
@@ -98,14 +105,35 @@ pub fn collectives(args: CollectivesArgs) -> Result<()> {
     ))
 }
 
+/// The rows of every `--sizes` entry, one size at a time, with a progress
+/// bar on a terminal (a large size on a large pod takes a while).
+fn each_size<E>(
+    args: &CollectivesArgs,
+    mut one: impl FnMut(usize) -> std::result::Result<Vec<BenchRow>, E>,
+) -> Result<Vec<BenchRow>>
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
+    let bar = progress::bar(args.sizes.len() as u64, args.json, "collectives");
+    let mut rows = Vec::with_capacity(args.sizes.len());
+    for (done, &size) in args.sizes.iter().enumerate() {
+        bar.set_message(format!("{} {}", args.op, output::bytes(size as u64)));
+        rows.extend(one(size)?);
+        bar.set_position(done as u64 + 1);
+    }
+    bar.finish_and_clear();
+    Ok(rows)
+}
+
 fn check_memory(ranks: u128, sizes: &[usize]) -> Result<()> {
     if let Some(&largest) = sizes.iter().max() {
         let needed = 2 * ranks * largest as u128;
         if needed > MAX_BENCH_BYTES {
             bail!(
-                "{} ranks x {largest} bytes needs {:.1} GiB of host memory for inputs and buffers; \
-                 the limit is {} GiB: use smaller --sizes or a smaller pod",
+                "{} ranks x {largest} bytes ({}) needs {:.1} GiB of host memory for inputs and \
+                 buffers; the limit is {} GiB: use smaller --sizes or a smaller pod",
                 ranks,
+                output::bytes(largest as u64),
                 needed as f64 / (1u64 << 30) as f64,
                 MAX_BENCH_BYTES >> 30
             );
@@ -135,12 +163,11 @@ fn multislice(args: CollectivesArgs, mut pod: Pod) -> Result<()> {
     let topology = pod.topology().clone();
     let shape = pod.multislice_shape()?;
     if args.op == BenchOp::Broadcast {
-        bail!(
-            "broadcast across slices is not built: {} has {} slices; use all_reduce, \
-             reduce_scatter or all_gather (hierarchical), or a one-slice pod",
-            topology.name,
-            topology.slices
-        );
+        return Err(usage(format!(
+            "--op broadcast: broadcast across slices is not built: {} has {} slices; use \
+             all_reduce, reduce_scatter or all_gather (hierarchical), or a one-slice pod",
+            topology.name, topology.slices
+        )));
     }
     check_memory(shape.device_count() as u128, &args.sizes)?;
     // Every hop of the largest size's schedule is a link entity of the pod
@@ -151,7 +178,9 @@ fn multislice(args: CollectivesArgs, mut pod: Pod) -> Result<()> {
         &multislice_traffic(args.op, &shape, largest.max(shape.device_count())),
     )?;
     let link = |s: usize, d: usize| charge.model(s, d);
-    let rows = run_nccl_style_multislice(args.op, &shape, &args.sizes, &link)?;
+    let rows = each_size(&args, |size| {
+        run_nccl_style_multislice(args.op, &shape, &[size], &link)
+    })?;
     if let Some(path) = &args.trace {
         write_trace(path, &args, &rows, &|row| row.passes.clone())?;
     }
@@ -208,10 +237,10 @@ fn multislice(args: CollectivesArgs, mut pod: Pod) -> Result<()> {
             .iter()
             .map(|p| {
                 format!(
-                    "{} {} {} B {:.1} us",
+                    "{} {} {} {:.1} us",
                     p.name,
                     if p.is_dcn() { "DCN" } else { "ICI" },
-                    p.bytes,
+                    output::bytes(p.bytes),
                     p.seconds() * 1e6
                 )
             })

@@ -1,16 +1,20 @@
 //! `optirs-tpu goodput`: a long training run's goodput through failures,
 //! simulated as a seeded discrete-event timeline (`optirs_tpu::goodput`).
+//!
+//! Every value is checked by its parser (exit 2), then every combination
+//! the library refuses (too many failures, no spare cube, a run shorter
+//! than a step) is a usage error too: nothing has been simulated then.
 
-use super::output;
-use super::parse::parse_count;
+use super::output::{self, plural};
+use super::parse::{MAX_SECONDS, number, parse_count, parse_positive, parse_seconds, usage};
+use super::progress;
 use anyhow::Result;
 use clap::Args;
 use clap::builder::PossibleValuesParser;
-use optirs_tpu::OptimError;
 use optirs_tpu::goodput::{
-    CheckpointInterval, DEFAULT_CUBE_REPAIR_HOURS, DEFAULT_RECONFIGURE_SECONDS,
-    DEFAULT_RESTART_SECONDS, FailureUnit, Fleet, GoodputConfig, GoodputReport,
-    modeled_step_seconds, parse_recovery, simulate,
+    CheckpointInterval, Costs, DEFAULT_CUBE_REPAIR_HOURS, DEFAULT_RECONFIGURE_SECONDS,
+    DEFAULT_RESTART_SECONDS, FailureUnit, Fleet, GoodputConfig, GoodputError, GoodputReport,
+    MAX_DAYS, modeled_step_seconds, parse_recovery, simulate_with_progress,
 };
 use optirs_tpu::sharding::RecoveryPolicy;
 use optirs_tpu::topology::{DEFAULT_PRESET, load_topology};
@@ -27,27 +31,34 @@ pub struct GoodputArgs {
     /// Mean time between failures of one failure unit (one chip, or one
     /// host with --failure-unit host), hours. The pod fails every
     /// MTBF / units on average.
-    #[arg(long, value_name = "H", allow_negative_numbers = true)]
+    #[arg(long, value_name = "H", allow_negative_numbers = true, value_parser = parse_mtbf_hours)]
     mtbf_hours: f64,
-    /// Simulated wall time, days.
-    #[arg(long, value_name = "D", allow_negative_numbers = true)]
+    /// Simulated time, days (at most 10000).
+    #[arg(long, value_name = "D", allow_negative_numbers = true, value_parser = parse_days)]
     days: f64,
     /// What one failure takes down: chip or host.
     #[arg(long, default_value = "chip")]
     failure_unit: FailureUnit,
     /// Seconds of training between checkpoints, `auto` (chosen by
-    /// simulation) or `never`.
+    /// simulation; never worse than `never`) or `never`.
     #[arg(
         long,
         value_name = "SECONDS|auto|never",
         default_value = "auto",
-        allow_negative_numbers = true
+        allow_negative_numbers = true,
+        value_parser = parse_interval
     )]
     checkpoint_every: CheckpointInterval,
+    /// Asynchronous checkpoints (Orbax's async save): training waits only
+    /// for the device-to-host copy; the write to storage overlaps the
+    /// steps after it.
+    #[arg(long)]
+    async_checkpoint: bool,
     /// rollback (to the last checkpoint), redundant (state copies on each
     /// device's ring successor) or spare-cube (swap the failed cube for a
     /// spare, then roll back, with no job restart; a pod file with
-    /// `cubes: (spares: N)`).
+    /// `cubes: (spares: N)`; a failure that finds no free spare is
+    /// recovered by a rollback).
     #[arg(long, default_value = "rollback", value_parser = parse_recovery)]
     recovery: RecoveryPolicy,
     /// Seed of the failure times and of which unit fails.
@@ -59,33 +70,121 @@ pub struct GoodputArgs {
     optimizer: String,
     /// One training step, seconds (default: the pod's modeled sharded
     /// optimizer step, which has no forward or backward pass in it).
-    #[arg(long, value_name = "S", allow_negative_numbers = true)]
+    #[arg(long, value_name = "S", allow_negative_numbers = true, value_parser = parse_seconds)]
     step_seconds: Option<f64>,
-    /// Job restart after a failure is detected, seconds.
+    /// Job restart after a failure is detected, seconds (0 or more).
     #[arg(long, value_name = "S", default_value_t = DEFAULT_RESTART_SECONDS,
-          allow_negative_numbers = true)]
+          allow_negative_numbers = true, value_parser = parse_seconds_or_zero)]
     restart_seconds: f64,
-    /// Swapping the failed unit for a spare, seconds.
+    /// Swapping the failed unit for a spare, seconds (0 or more).
     #[arg(long, value_name = "S", default_value_t = DEFAULT_RECONFIGURE_SECONDS,
-          allow_negative_numbers = true)]
+          allow_negative_numbers = true, value_parser = parse_seconds_or_zero)]
     reconfigure_seconds: f64,
-    /// Under spare-cube, hours until a failed cube is a spare again.
-    #[arg(long, value_name = "H", default_value_t = DEFAULT_CUBE_REPAIR_HOURS,
-          allow_negative_numbers = true)]
-    cube_repair_hours: f64,
+    /// Under spare-cube (only), hours until a failed cube is a spare again
+    /// [default: 24].
+    #[arg(long, value_name = "H", allow_negative_numbers = true,
+          value_parser = parse_repair_hours)]
+    cube_repair_hours: Option<f64>,
     /// Aggregate checkpoint storage bandwidth, bytes per second (default
     /// 1 GB/s per host).
-    #[arg(long, value_name = "B", allow_negative_numbers = true)]
+    #[arg(long, value_name = "B", allow_negative_numbers = true, value_parser = parse_bandwidth)]
     storage_bytes_per_s: Option<f64>,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
 }
 
+/// `--mtbf-hours`: hours above 0.
+fn parse_mtbf_hours(text: &str) -> Result<f64, String> {
+    parse_positive(text, f64::MAX).map_err(|_| {
+        format!("`{text}` is not a mean time between failures: give hours above 0 (e.g. 50000)")
+    })
+}
+
+/// `--days`: above 0 and at most [`MAX_DAYS`].
+fn parse_days(text: &str) -> Result<f64, String> {
+    parse_positive(text, MAX_DAYS).map_err(|_| {
+        format!(
+            "`{text}` is not a run length: give days above 0 and at most {}",
+            number(MAX_DAYS)
+        )
+    })
+}
+
+/// `--cube-repair-hours`: above 0 and within the longest run.
+fn parse_repair_hours(text: &str) -> Result<f64, String> {
+    parse_positive(text, MAX_DAYS * 24.0).map_err(|_| {
+        format!(
+            "`{text}` is not a repair time: give hours above 0 and at most {}",
+            number(MAX_DAYS * 24.0)
+        )
+    })
+}
+
+/// `--storage-bytes-per-s`: a bandwidth above 0.
+fn parse_bandwidth(text: &str) -> Result<f64, String> {
+    parse_positive(text, f64::MAX).map_err(|_| {
+        format!("`{text}` is not a bandwidth: give bytes per second above 0 (e.g. 2e12)")
+    })
+}
+
+/// A duration that may be 0 (a restart that costs nothing): `0`, or what
+/// [`parse_seconds`] takes.
+fn parse_seconds_or_zero(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(0.0) => Ok(0.0), // -0 too: a float pattern compares with ==
+        _ => parse_seconds(text).map_err(|_| {
+            format!(
+                "`{text}` is not a duration: give seconds from 0 up to {}",
+                number(MAX_SECONDS)
+            )
+        }),
+    }
+}
+
+/// `--checkpoint-every`: `auto`, `never`, or a duration ([`parse_seconds`]).
+fn parse_interval(text: &str) -> Result<CheckpointInterval, String> {
+    match text.trim() {
+        "auto" => Ok(CheckpointInterval::Auto),
+        "never" => Ok(CheckpointInterval::Never),
+        other => parse_seconds(other)
+            .map(CheckpointInterval::Every)
+            .map_err(|_| {
+                format!(
+                    "`{text}` is not a positive number of seconds (at most {}), `auto` or `never`",
+                    number(MAX_SECONDS)
+                )
+            }),
+    }
+}
+
+/// Refuses an option the run would not use: accepting it silently would
+/// let a user believe it changed the figures.
+fn refuse_ignored(args: &GoodputArgs) -> Result<()> {
+    if args.cube_repair_hours.is_some() && args.recovery != RecoveryPolicy::SpareCube {
+        return Err(usage(format!(
+            "--cube-repair-hours applies to --recovery spare-cube only, and this run is {}",
+            args.recovery
+        )));
+    }
+    if args.async_checkpoint && args.checkpoint_every == CheckpointInterval::Never {
+        return Err(usage(
+            "--async-checkpoint needs checkpoints, and --checkpoint-every is never",
+        ));
+    }
+    Ok(())
+}
+
+/// A refusal of the library's input checks: nothing was simulated, and
+/// the input is what has to change, so it is a usage error (exit 2).
+fn refused(error: GoodputError) -> anyhow::Error {
+    usage(error.to_string())
+}
+
 pub fn goodput(args: GoodputArgs) -> Result<()> {
     let started = Instant::now();
-    let slots = optirs_tpu::optimizers::by_name(&args.optimizer, 1e-3f32)
-        .map_err(OptimError::from)?
+    refuse_ignored(&args)?;
+    let slots = optirs_tpu::optimizers::by_name(&args.optimizer, 1e-3f32)?
         .update_rule()
         .map_or(0, |r| r.slot_names().len());
     let topology = load_topology(&args.pod)?;
@@ -94,134 +193,212 @@ pub fn goodput(args: GoodputArgs) -> Result<()> {
         args.model_params as u64,
         args.mtbf_hours,
         args.days,
-        args.step_seconds.unwrap_or(f64::MIN_POSITIVE),
+        args.step_seconds.unwrap_or(0.0),
     );
     config.optimizer_slots = slots;
     config.failure_unit = args.failure_unit;
     config.checkpoint = args.checkpoint_every;
+    config.async_checkpoint = args.async_checkpoint;
     config.recovery = args.recovery;
     config.seed = args.seed;
     config.restart_seconds = args.restart_seconds;
     config.reconfigure_seconds = args.reconfigure_seconds;
-    config.cube_repair_hours = args.cube_repair_hours;
+    config.cube_repair_hours = args.cube_repair_hours.unwrap_or(DEFAULT_CUBE_REPAIR_HOURS);
     config.storage_bytes_per_s = args.storage_bytes_per_s;
-    // Every input is checked (with a placeholder step) before the step is
-    // modeled, so bad input is refused before any work.
-    optirs_tpu::goodput::Costs::derive(&fleet, &config)?;
+    // Everything but the step is checked before the step is modeled.
+    config.check(&fleet).map_err(refused)?;
     let step_source = match args.step_seconds {
         Some(_) => "--step-seconds",
         None => {
-            config.step_seconds = modeled_step_seconds(&topology, config.model_params, slots)?;
+            config.step_seconds =
+                modeled_step_seconds(&topology, config.model_params, slots, config.recovery)
+                    .map_err(refused)?;
             "modeled sharded optimizer step"
         }
     };
-    let report = simulate(&fleet, &config)?;
-    let wall = started.elapsed().as_secs_f64();
+    Costs::derive(&fleet, &config).map_err(refused)?;
+    // Only `auto` runs many simulations (a fixed interval is one run).
+    let searches = u64::from(config.checkpoint == CheckpointInterval::Auto);
+    let bar = progress::bar(
+        searches,
+        args.json,
+        "goodput: choosing the checkpoint interval",
+    );
+    let report = simulate_with_progress(&fleet, &config, &|done, planned| {
+        bar.set_length(planned as u64);
+        bar.set_position(done as u64);
+    })
+    .map_err(refused)?;
+    bar.finish_and_clear();
+    let host_seconds = started.elapsed().as_secs_f64();
     if args.json {
         let mut value = serde_json::to_value(&report)?;
         value["step_source"] = step_source.into();
-        value["wall_clock_seconds"] = wall.into();
+        value["wall_seconds"] = host_seconds.into();
         return output::print_json(&value);
     }
-    output::print_text(&text(&report, step_source, wall))
+    output::print_text(&text(&report, step_source, host_seconds))
 }
 
-fn hours(seconds: f64) -> String {
-    format!("{:.2} h", seconds / 3600.0)
+/// A span of simulated time: seconds below an hour, hours above (written
+/// readably however long: `6.25e298 h`).
+fn span(seconds: f64) -> String {
+    if seconds == 0.0 {
+        "0 s".into()
+    } else if seconds < 3600.0 {
+        secs(seconds)
+    } else {
+        format!("{} h", number((seconds / 3600.0 * 100.0).round() / 100.0))
+    }
 }
 
-fn text(r: &GoodputReport, step_source: &str, wall: f64) -> String {
+/// Seconds with a unit suited to their size, written readably when huge
+/// (a 10^20-byte checkpoint's write: `1e11 s`).
+fn secs(value: f64) -> String {
+    if value >= 1e6 {
+        format!("{} s", number(value.round()))
+    } else {
+        output::seconds(value)
+    }
+}
+
+/// `rollback 620.047 s = detect 10.000 s + restart 600.000 s + ...`: one
+/// recovery's downtime and the parts it is the sum of.
+fn breakdown(costs: &Costs, recovery: RecoveryPolicy, name: &str) -> String {
+    let parts = costs.recovery_parts(recovery, true);
+    let total: f64 = parts.iter().map(|p| p.1).sum();
+    let terms: Vec<String> = parts
+        .iter()
+        .map(|(what, s)| format!("{what} {}", secs(*s)))
+        .collect();
+    format!("{name} {} = {}", secs(total), terms.join(" + "))
+}
+
+fn text(r: &GoodputReport, step_source: &str, host_seconds: f64) -> String {
     let c = &r.costs;
     let unit = match r.config.failure_unit {
         FailureUnit::Chip => "chip",
         FailureUnit::Host => "host",
     };
     let mut out = format!(
-        "goodput {:.2}% over {} days on {} ({} chips, {} hosts), {}: {unit} MTBF {} h, \
-         the pod fails every {} (seed {})\n",
+        "goodput {:.2}% over {} on {} ({}, {}), {}: {unit} MTBF {} h, the pod fails every {} \
+         (seed {})\n",
         100.0 * r.goodput,
-        r.config.days,
+        plural_f64(r.config.days, "day", "days"),
         r.pod,
-        r.chips,
-        r.hosts,
+        plural(u64::from(r.chips), "chip", "chips"),
+        plural(u64::from(r.hosts), "host", "hosts"),
         r.config.recovery,
-        r.config.mtbf_hours,
-        hours(c.system_mtbf_seconds),
+        number(r.config.mtbf_hours),
+        span(c.system_mtbf_seconds),
         r.config.seed,
     );
     out += &format!(
-        "  productive     {} ({} steps of {}, {step_source})\n",
-        hours(r.productive_seconds),
-        r.steps_completed,
-        output::seconds(c.step_seconds),
+        "  productive     {} ({} of {}, {step_source})\n",
+        span(r.productive_seconds),
+        plural(r.steps_completed, "step", "steps"),
+        secs(c.step_seconds),
     );
     out += &format!(
-        "  lost           {} steps; {} in lost and cut-off steps\n",
-        r.lost_steps,
-        hours(r.lost_seconds),
+        "  lost           {}; {} in lost and cut-off steps\n",
+        plural(r.lost_steps, "step", "steps"),
+        span(r.lost_seconds),
     );
     let interval = match (r.checkpoint_interval_seconds, &r.search) {
-        (None, _) => "never".to_string(),
-        (Some(s), Some(search)) => format!(
-            "every {} (auto: {} intervals x {} replicates)",
-            output::seconds(s),
+        (None, Some(search)) => format!(
+            "never (auto: no checkpoints did best, {:.2}% against {} intervals x {})",
+            100.0 * search.never_goodput,
             search.candidates,
-            search.replicates
+            plural(search.replicates, "replicate", "replicates"),
         ),
-        (Some(s), None) => format!("every {}", output::seconds(s)),
+        (None, None) => "never".to_string(),
+        (Some(s), Some(search)) => format!(
+            "every {} (auto: {} intervals x {})",
+            span(s),
+            search.candidates,
+            plural(search.replicates, "replicate", "replicates"),
+        ),
+        (Some(s), None) => format!("every {}", span(s)),
     };
-    out += &format!(
-        "  checkpoints    {} {interval}; {} writing ({} each: {:.3e} bytes at {}); \
-         Young/Daly {}\n",
-        r.checkpoints,
-        hours(r.checkpoint_seconds),
-        output::seconds(c.checkpoint_write_seconds),
-        c.checkpoint_bytes,
-        output::bytes_per_s(c.storage_bytes_per_s),
-        output::seconds(r.young_daly_seconds),
-    );
-    let each = if r.config.recovery == RecoveryPolicy::Redundant {
+    let size = output::bytes(c.checkpoint_bytes as u64);
+    let cost = if r.config.async_checkpoint {
         format!(
-            "redundant {} (+ re-shard {})",
-            output::seconds(c.redundant_seconds),
-            output::seconds(c.reshard_seconds)
-        )
-    } else if r.config.recovery == RecoveryPolicy::SpareCube {
-        format!(
-            "spare cube {}, no restart; without a free spare rollback {}",
-            output::seconds(c.spare_cube_seconds),
-            output::seconds(c.rollback_seconds)
+            "asynchronous: training waits {} for the host copy of {size}, the {} write at {} \
+             overlaps training",
+            secs(c.host_copy_seconds),
+            secs(c.checkpoint_write_seconds),
+            output::bytes_per_s(c.storage_bytes_per_s),
         )
     } else {
-        format!("rollback {}", output::seconds(c.rollback_seconds))
+        format!(
+            "{} each: {size} at {}",
+            secs(c.checkpoint_write_seconds),
+            output::bytes_per_s(c.storage_bytes_per_s),
+        )
     };
     out += &format!(
-        "  restarts       {}; {} recovering ({each}: detect {}, restart {}, reconfigure {}); \
-         {} fell back to a checkpoint\n",
+        "  checkpoints    {} {interval}; {} waiting ({cost}); Young/Daly {}\n",
+        r.checkpoints,
+        span(r.checkpoint_seconds),
+        span(r.young_daly_seconds),
+    );
+    if r.config.async_checkpoint && (r.checkpoint_wait_seconds > 0.0 || r.checkpoint_writes_cut > 0)
+    {
+        out += &format!(
+            "                 {} waiting for the previous write; {} cut off by a failure\n",
+            span(r.checkpoint_wait_seconds),
+            plural(r.checkpoint_writes_cut, "write", "writes"),
+        );
+    }
+    let first_read = "; no read before the first checkpoint";
+    let each = match r.config.recovery {
+        RecoveryPolicy::Redundant => format!(
+            "{}; a fallback to a checkpoint is a {}{first_read}",
+            breakdown(c, RecoveryPolicy::Redundant, "redundant"),
+            breakdown(c, RecoveryPolicy::Rollback, "rollback"),
+        ),
+        RecoveryPolicy::SpareCube => format!(
+            "{}, no restart; without a free spare {}{first_read}",
+            breakdown(c, RecoveryPolicy::SpareCube, "spare cube"),
+            breakdown(c, RecoveryPolicy::Rollback, "rollback"),
+        ),
+        _ => format!(
+            "{}{first_read}",
+            breakdown(c, RecoveryPolicy::Rollback, "rollback")
+        ),
+    };
+    out += &format!(
+        "  restarts       {}; {} recovering (each: {each}); {} fell back to a checkpoint\n",
         r.restarts,
-        hours(r.recovery_seconds),
-        output::seconds(c.detect_seconds),
-        output::seconds(c.restart_seconds),
-        output::seconds(c.reconfigure_seconds),
+        span(r.recovery_seconds),
         r.fallbacks_to_checkpoint,
     );
     if r.config.recovery == RecoveryPolicy::SpareCube {
         out += &format!(
-            "  spare cubes    {} swapped in, {} failures found no free spare ({} spares, \
+            "  spare cubes    {} swapped in, {} found no free spare and rolled back ({}, \
              each back after {})\n",
             r.spare_swaps,
-            r.spare_shortfalls,
-            c.spare_cubes,
-            hours(c.cube_repair_seconds),
+            plural(r.spare_shortfalls, "failure", "failures"),
+            plural(u64::from(c.spare_cubes), "spare", "spares"),
+            span(c.cube_repair_seconds),
         );
     }
     if r.replication_seconds > 0.0 {
         out += &format!(
             "  replication    {} ({} per step)\n",
-            hours(r.replication_seconds),
-            output::seconds(c.replication_seconds_per_step),
+            span(r.replication_seconds),
+            secs(c.replication_seconds_per_step),
         );
     }
-    out += &format!("simulated in {}\n", output::seconds(wall));
+    out += &format!("simulated in {} of host time\n", secs(host_seconds));
     out
+}
+
+/// `1 day`, `0.5 days`, `54 days`.
+fn plural_f64(value: f64, one: &str, many: &str) -> String {
+    format!(
+        "{} {}",
+        number(value),
+        if value == 1.0 { one } else { many }
+    )
 }

@@ -1,16 +1,51 @@
 //! Writing results: JSON or human text to stdout, files where asked.
 
+use super::parse::{number, usage};
 use anyhow::{Context, Result, bail};
 use serde::Serialize;
 use std::io::Write;
 use std::path::Path;
 
-/// Prints `value` as one JSON object on stdout.
+/// Prints `value` as one JSON object on stdout, with every `-0.0` written
+/// as `0.0`: a sign on zero is an artefact of the arithmetic (a negated or
+/// rounded nothing), never a figure a reader should see.
 pub fn print_json(value: &impl Serialize) -> Result<()> {
+    let text = unsign_zeros(&serde_json::to_string_pretty(value)?);
     let mut stdout = std::io::stdout().lock();
-    serde_json::to_writer_pretty(&mut stdout, value)?;
+    stdout.write_all(text.as_bytes())?;
     writeln!(stdout)?;
     Ok(())
+}
+
+/// JSON text with each number token `-0.0` (how serde_json writes a
+/// negative zero) turned into `0.0`; strings are left as they are.
+fn unsign_zeros(json: &str) -> String {
+    let bytes = json.as_bytes();
+    let mut out = String::with_capacity(json.len());
+    let (mut in_string, mut escaped) = (false, false);
+    let mut start = 0;
+    for (i, &b) in bytes.iter().enumerate() {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+        } else if b == b'"' {
+            in_string = true;
+        } else if b == b'-'
+            && bytes[i + 1..].starts_with(b"0.0")
+            && !bytes
+                .get(i + 4)
+                .is_some_and(|c| c.is_ascii_digit() || matches!(c, b'e' | b'E' | b'.'))
+        {
+            out.push_str(&json[start..i]);
+            start = i + 1;
+        }
+    }
+    out.push_str(&json[start..]);
+    out
 }
 
 /// Prints text on stdout.
@@ -23,27 +58,94 @@ pub fn print_text(text: &str) -> Result<()> {
 /// An export a command was asked for: its flag (`--svg`) and path.
 pub type Export<'a> = (&'static str, Option<&'a Path>);
 
-/// Refuses, before any work is done, an export path that exists or that
-/// two flags share: exports never overwrite a file (the same rule as
-/// `run --trace` and the profiling exports).
+/// Refuses, before any work is done, an export path a command could not
+/// write at the end: one that exists (exports never overwrite a file), that
+/// two flags share, whose directory does not exist, or where this process
+/// cannot create a file. Each is a bad command-line value (exit code 2).
 pub fn refuse_existing(exports: &[Export<'_>]) -> Result<()> {
     let given: Vec<(&str, &Path)> = exports
         .iter()
         .filter_map(|&(flag, path)| path.map(|p| (flag, p)))
         .collect();
     for (i, &(flag, path)) in given.iter().enumerate() {
-        if path.exists() {
-            bail!(
-                "{} already exists; {flag} never overwrites a file: choose a new path or remove it",
-                path.display()
-            );
-        }
         if let Some((other, _)) = given[..i].iter().find(|(_, p)| *p == path) {
-            bail!(
+            return Err(usage(format!(
                 "{other} and {flag} both name {}: each export needs its own file",
                 path.display()
-            );
+            )));
         }
+        check_new_file(flag, path)?;
+    }
+    Ok(())
+}
+
+/// Refuses `path` for `flag` unless a new file can be created there: it
+/// does not exist yet, its directory does, and a file can be created in
+/// that directory (tried with a probe file that is removed at once).
+pub fn check_new_file(flag: &str, path: &Path) -> Result<()> {
+    if path.symlink_metadata().is_ok() {
+        return Err(usage(format!(
+            "{} already exists; {flag} never overwrites a file: choose a new path or remove it",
+            path.display()
+        )));
+    }
+    let parent = match path.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent,
+        _ => Path::new("."),
+    };
+    if !parent.is_dir() {
+        return Err(usage(format!(
+            "{flag} {}: the directory {} does not exist",
+            path.display(),
+            parent.display()
+        )));
+    }
+    if let Err(error) = tempfile::Builder::new()
+        .prefix(".optirs-tpu-probe-")
+        .tempfile_in(parent)
+    {
+        return Err(usage(format!(
+            "{flag} {}: cannot create a file in {}: {}",
+            path.display(),
+            parent.display(),
+            std::io::Error::from(error.kind())
+        )));
+    }
+    Ok(())
+}
+
+/// Refuses `dir` for `flag` (a directory a command writes into, created
+/// if missing) unless files can be created in it: it is a directory or
+/// does not exist yet, and the nearest existing directory on its path
+/// takes a new file (tried with a probe file that is removed at once).
+pub fn check_dir(flag: &str, dir: &Path) -> Result<()> {
+    if dir.exists() && !dir.is_dir() {
+        return Err(usage(format!(
+            "{flag} {}: exists and is not a directory",
+            dir.display()
+        )));
+    }
+    let existing = dir
+        .ancestors()
+        .find(|a| !a.as_os_str().is_empty() && a.exists())
+        .unwrap_or(Path::new("."));
+    if !existing.is_dir() {
+        return Err(usage(format!(
+            "{flag} {}: {} is not a directory",
+            dir.display(),
+            existing.display()
+        )));
+    }
+    if let Err(error) = tempfile::Builder::new()
+        .prefix(".optirs-tpu-probe-")
+        .tempfile_in(existing)
+    {
+        return Err(usage(format!(
+            "{flag} {}: cannot create a file in {}: {}",
+            dir.display(),
+            existing.display(),
+            std::io::Error::from(error.kind())
+        )));
     }
     Ok(())
 }
@@ -99,23 +201,31 @@ pub fn is_broken_pipe(error: &anyhow::Error) -> bool {
 
 /// Formats a byte rate with a decimal unit: `1.60 TB/s`.
 pub fn bytes_per_s(value: f64) -> String {
+    if value >= 1e18 {
+        return format!("{} PB/s", number(value / 1e15));
+    }
     let units = [(1e15, "PB/s"), (1e12, "TB/s"), (1e9, "GB/s"), (1e6, "MB/s")];
     for (scale, unit) in units {
         if value >= scale {
             return format!("{:.2} {unit}", value / scale);
         }
     }
-    format!("{value:.0} B/s")
+    format!("{:.0} B/s", value.max(0.0))
 }
 
-/// Formats seconds with a unit suited to their size.
+/// Formats seconds with a unit suited to their size; beyond a billion
+/// seconds in scientific notation (`1.84e19 s`), never `-0`.
 pub fn seconds(value: f64) -> String {
-    if value >= 1.0 {
+    if !value.is_finite() || value.abs() >= 1e9 {
+        format!("{} s", number(value))
+    } else if value.abs() >= 1.0 {
         format!("{value:.3} s")
-    } else if value >= 1e-3 {
+    } else if value.abs() >= 1e-3 {
         format!("{:.3} ms", value * 1e3)
-    } else if value >= 1e-6 {
+    } else if value.abs() >= 1e-6 {
         format!("{:.3} µs", value * 1e6)
+    } else if (value * 1e9).abs() < 0.5 {
+        "0 ns".to_string()
     } else {
         format!("{:.0} ns", value * 1e9)
     }
@@ -170,6 +280,20 @@ mod tests {
         );
         let plain = anyhow::anyhow!("root").context("middle").context("outer");
         assert_eq!(error_message(&plain), "outer: middle: root");
+    }
+
+    #[test]
+    fn zeros_and_huge_times_read_plainly() {
+        use super::{seconds, unsign_zeros};
+        assert_eq!(seconds(1.8446744073709552e19), "1.84e19 s");
+        assert_eq!(seconds(-0.0), "0 ns");
+        assert_eq!(seconds(1e-12), "0 ns");
+        assert_eq!(seconds(0.25), "250.000 ms");
+        let json = r#"{"a": -0.0, "b": [-0.0, -0.05, -0.0e1], "c": "x -0.0 y", "d": -10.0}"#;
+        assert_eq!(
+            unsign_zeros(json),
+            r#"{"a": 0.0, "b": [0.0, -0.05, -0.0e1], "c": "x -0.0 y", "d": -10.0}"#
+        );
     }
 
     #[test]

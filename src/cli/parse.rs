@@ -131,6 +131,40 @@ pub fn parse_timed_device(text: &str) -> Result<(u32, f64), String> {
     Ok((device, parse_instant(seconds)?))
 }
 
+/// A whole number that may be 0 (ticks to run before a save): `0`,
+/// `4096`, `1e3`, with [`parse_count`]'s rules otherwise.
+pub fn parse_count_or_zero(text: &str) -> Result<u64, String> {
+    let zero = text
+        .trim()
+        .split(['e', 'E'])
+        .next()
+        .is_some_and(|m| !m.is_empty() && m.chars().all(|c| matches!(c, '0' | '_' | '.')));
+    if zero && parse_count(&text.replacen('0', "1", 1)).is_ok() {
+        return Ok(0);
+    }
+    parse_count_u64(text)
+        .map_err(|_| format!("`{text}` is not a whole number like 0, 4096, 10_000_000 or 1e7"))
+}
+
+/// `A-B@SECONDS`: the link between devices 3 and 7 at 2.5 s is `3-7@2.5`.
+pub fn parse_timed_link(text: &str) -> Result<(u32, u32, f64), String> {
+    let bad = || format!("`{text}` is not DEVICE-DEVICE@SECONDS (e.g. 3-7@2.5)");
+    let (pair, seconds) = text.split_once('@').ok_or_else(bad)?;
+    let (a, b) = pair.split_once('-').ok_or_else(bad)?;
+    let device = |d: &str| {
+        d.trim()
+            .parse::<u32>()
+            .map_err(|_| format!("`{d}` is not a device id (in `{text}`)"))
+    };
+    let (a, b) = (device(a)?, device(b)?);
+    if a == b {
+        return Err(format!(
+            "`{text}` names device {a} twice: a link joins two devices"
+        ));
+    }
+    Ok((a, b, parse_instant(seconds)?))
+}
+
 /// A number for a person: plain digits in the usual range, scientific
 /// notation outside it (`1.8e19`, `2.2e-308`), never `-0`.
 pub fn number(value: f64) -> String {
@@ -192,6 +226,21 @@ mod tests {
         assert!(parse_finite("nan").is_err());
         assert!(parse_positive("0", 10.0).is_err());
         assert!(parse_positive("11", 10.0).is_err());
+    }
+
+    #[test]
+    fn zero_counts_and_timed_links() {
+        assert_eq!(parse_count_or_zero("0"), Ok(0));
+        assert_eq!(parse_count_or_zero("0e3"), Ok(0));
+        assert_eq!(parse_count_or_zero("1e3"), Ok(1000));
+        assert_eq!(parse_count_or_zero("12"), Ok(12));
+        for bad in ["-1", "-0", "nan", "1.5", "", "0x", "1e40"] {
+            assert!(parse_count_or_zero(bad).is_err(), "{bad}");
+        }
+        assert_eq!(parse_timed_link("3-7@2.5"), Ok((3, 7, 2.5)));
+        for bad in ["3-3@1", "3@1", "3-7", "a-7@1", "3-7@nan", "3-7@-1"] {
+            assert!(parse_timed_link(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -181,23 +181,37 @@ pub fn run(args: RunArgs, launch: Launch) -> Result<()> {
     use optirs_tpu::pod::ranks::RankedPod;
     use std::time::{Duration, Instant};
     if args.trace().is_some() {
-        bail!("--trace is for one process: a trace of a pod split over ranks is not written yet");
+        return Err(super::parse::usage(
+            "--trace is for one process: a trace of a pod split over ranks is not written yet",
+        ));
     }
     on_mpi(launch, |mailbox| {
         let build_start = Instant::now();
-        let topology = optirs_tpu::topology::load_topology(args.pod())?;
-        let devices = topology.num_devices();
+        let topology = match (args.pod_spec(), &args.restore) {
+            // The checkpoint names its pod.
+            (None, Some(dir)) => {
+                let registry = optirs_tpu::checkpoint::engine_registry();
+                let snapshot = optirs_tpu::checkpoint::split::read_any_checkpoint(dir, &registry)?;
+                let topology: optirs_tpu::topology::PodTopology =
+                    registry.decode_resource(&snapshot, "topology.PodTopology")?;
+                topology.0
+            }
+            (spec, _) => optirs_tpu::topology::load_topology(
+                spec.unwrap_or(optirs_tpu::topology::DEFAULT_PRESET),
+            )?,
+        };
+        args.check_length(topology.tick_ns)?;
+        let plan = args.faults(&topology)?;
+        let every = args.checkpoint_ticks(topology.tick_ns)?;
         let timeout = Duration::from_secs_f64(args.rank_timeout);
         let mut pod = RankedPod::with_timeout(topology, Box::new(mailbox), timeout)?;
         if let Some(dir) = &args.restore {
             pod.restore_checkpoint(dir)?;
         }
-        let plan = args.faults(devices)?;
         pod.handshake(&format!(
-            "{} ticks, faults {plan:?}, checkpoints every {:?} ticks into {:?} keeping {}, \
+            "{} ticks, faults {plan:?}, checkpoints every {every:?} ticks into {:?} keeping {}, \
              restored from {:?}",
             args.steps(),
-            args.checkpoint_every,
             args.checkpoint_dir,
             args.keep_checkpoints,
             args.restore
@@ -215,13 +229,13 @@ pub fn run(args: RunArgs, launch: Launch) -> Result<()> {
         for done in 1..=args.steps() {
             let tick = Instant::now();
             pod.step()?;
-            if let (Some(every), Some(root)) = (args.checkpoint_every, &args.checkpoint_dir) {
+            if let (Some(every), Some(root)) = (every, &args.checkpoint_dir) {
                 let now = pod.pod().clock().tick;
                 if now % every == 0 {
                     let name = optirs_tpu::checkpoint::checkpoint_name(now);
                     pod.save_checkpoint(root, &name)?;
                     if rank == 0 {
-                        let keep = args.keep_checkpoints as usize;
+                        let keep = args.keep_checkpoints;
                         let report = optirs_tpu::checkpoint::enforce_retention(root, keep, &name);
                         if let Some(problem) = report.problems.first() {
                             bail!("checkpoint retention: {problem}");

@@ -525,10 +525,10 @@ pub(super) fn checked_topology(
 
 /// The optimizer `--optimizer` and `--lr` name.
 pub(super) fn base_optimizer(args: &TrainArgs) -> Result<Base> {
-    Ok(
-        optirs_tpu::optimizers::by_name(&args.optimizer, args.lr as f32)
-            .map_err(OptimError::from)?,
-    )
+    Ok(optirs_tpu::optimizers::by_name(
+        &args.optimizer,
+        args.lr as f32,
+    )?)
 }
 
 /// The optimizer `train` shards.
@@ -631,24 +631,27 @@ fn run_steps_from(
                     writes.push(write);
                 }
             }
-            Err(OptimError::Sharding(ShardingError::StepFailed {
-                step,
-                phase,
-                at_ns,
-                cause,
-            })) => {
-                let launched_at_ns = opt
-                    .pod()
-                    .world()
-                    .get_resource::<ShardedStep>()
-                    .map_or(at_ns, |s| s.launched_at_ns);
-                ledger.charge(wait, launched_at_ns);
-                ledger.charge(TimeKind::CutOffStep, at_ns);
-                ledger.rolled_back_to(opt.steps_completed());
-                recovering = true;
-                failures.push(failure_row(step, phase, at_ns, &cause));
-            }
-            Err(e) => return Err(e.into()),
+            Err(e) => match e.downcast::<ShardingError>() {
+                Ok(ShardingError::StepFailed {
+                    step,
+                    phase,
+                    at_ns,
+                    cause,
+                }) => {
+                    let launched_at_ns = opt
+                        .pod()
+                        .world()
+                        .get_resource::<ShardedStep>()
+                        .map_or(at_ns, |s| s.launched_at_ns);
+                    ledger.charge(wait, launched_at_ns);
+                    ledger.charge(TimeKind::CutOffStep, at_ns);
+                    ledger.rolled_back_to(opt.steps_completed());
+                    recovering = true;
+                    failures.push(failure_row(step, phase, at_ns, &cause));
+                }
+                Ok(other) => return Err(OptimError::from(other).into()),
+                Err(e) => return Err(e.into()),
+            },
         }
     }
     ledger.charge(TimeKind::Other, opt.pod().clock().now_ns);
@@ -812,48 +815,69 @@ impl Outcome {
     }
 }
 
-/// `--modeled-only`: the closed-form step of the model on the pod.
+/// `--modeled-only`: the closed-form step of the model on the pod under
+/// `--recovery` (the redundant copies' HBM and `replicate_state` time),
+/// after the checks a real run makes before its first step, with its
+/// messages; then what one closed-form, failure-free step cannot model is
+/// refused.
 fn modeled_only(args: &TrainArgs, sizes: &[usize]) -> Result<()> {
     if let Some(i) = sizes.iter().position(|&n| n == 0) {
         bail!("--params: tensor {i} has 0 elements; every tensor needs at least one");
     }
-    if args.trace.is_some() || !args.kill.is_empty() || args.checkpoint_every.is_some() {
-        bail!(
-            "--modeled-only models one step: --trace, --kill and --checkpoint-every need a real run"
-        );
-    }
-    let base = optirs_tpu::optimizers::by_name(&args.optimizer, args.lr as f32)
-        .map_err(OptimError::from)?;
+    let base = base_optimizer(args)?;
     let slots = base.update_rule().map_or(0, |r| r.slot_names().len());
     let started = Instant::now();
-    let topology = load_topology(&args.pod)?;
+    // The closed form holds no model on this host, so the host-memory
+    // check is given none; the pod and `--tick-ms` are checked as a real
+    // run checks them.
+    let topology = checked_topology(args, &[])?;
     let loaded = started.elapsed().as_secs_f64();
+    args.kills(topology.num_devices())?;
+    args.refuse_unrecoverable_kills()?;
     let tensors: Vec<(String, Vec<usize>)> = sizes
         .iter()
         .enumerate()
         .map(|(i, &n)| (format!("param{i}"), vec![n]))
         .collect();
     let started = Instant::now();
-    let step = optirs_tpu::sharding::modeled::modeled_step(
+    let step = optirs_tpu::sharding::modeled::modeled_step_with_recovery(
         &topology,
         &tensors,
         optirs_tpu::ir::DType::F32,
         slots,
         args.bucket_bytes,
-    )?;
+        args.recovery,
+    )
+    .map_err(OptimError::from)?;
     let wall_seconds = started.elapsed().as_secs_f64();
+    if args.trace.is_some()
+        || !args.kill.is_empty()
+        || args.checkpoint_every.is_some()
+        || args.checkpoint_dir.is_some()
+    {
+        return Err(usage(
+            "--modeled-only models failure-free steps in closed form: --trace, --kill, \
+             --checkpoint-every and --checkpoint-dir need a real run (drop --modeled-only)",
+        ));
+    }
+    let fits = step.hbm_bytes_per_device <= topology.hbm_bytes;
+    // Failure-free steps one after another: no checkpoint, no recovery.
+    let simulated_seconds = step.timeline.step_seconds * args.steps as f64;
     let report = json!({
         "pod": topology.name,
         "devices": step.devices,
         "optimizer": args.optimizer.to_ascii_lowercase(),
+        "recovery": args.recovery.to_string(),
         "params": sizes.iter().map(|&n| n as u128).sum::<u128>(),
         "buckets": step.buckets,
         "bucket_bytes": args.bucket_bytes,
+        "steps": args.steps,
         "step_modeled_seconds": step.timeline.step_seconds,
+        "simulated_seconds": simulated_seconds,
         "phases": step.timeline.phases,
         "hbm_bytes_per_device": step.hbm_bytes_per_device,
         "hbm_capacity_bytes": topology.hbm_bytes,
-        "fits_in_hbm": step.hbm_bytes_per_device <= topology.hbm_bytes,
+        "fits_in_hbm": fits,
         "link_bytes": step.link_bytes,
         "topology_seconds": loaded,
         "wall_seconds": wall_seconds,
@@ -862,30 +886,39 @@ fn modeled_only(args: &TrainArgs, sizes: &[usize]) -> Result<()> {
         return output::print_json(&report);
     }
     let mut text = format!(
-        "modeled {} parameters with {} on {} ({} devices, {} buckets): step {} \
+        "modeled {} parameters with {} on {} ({}, {}), {} recovery: step {}, {} for {} \
          (modeled in {} wall)\n",
         report["params"],
         report["optimizer"].as_str().unwrap_or(""),
         topology.name,
-        step.devices,
-        step.buckets,
+        output::plural(step.devices as u64, "device", "devices"),
+        output::plural(step.buckets as u64, "bucket", "buckets"),
+        args.recovery,
         output::seconds(step.timeline.step_seconds),
+        output::seconds(simulated_seconds),
+        output::plural(args.steps, "step", "steps"),
         output::seconds(wall_seconds),
     );
     for (k, v) in &step.timeline.phases {
         text += &format!("  {k:<24} {}\n", output::seconds(*v));
     }
     text += &format!(
-        "HBM per device {} bytes of {} ({}); links move {} bytes per step\n",
-        step.hbm_bytes_per_device,
-        topology.hbm_bytes,
-        if step.hbm_bytes_per_device <= topology.hbm_bytes {
-            "fits"
-        } else {
-            "does not fit: every replica holds all parameters and gradients (weight-update \
-             sharding shards the optimizer state only)"
+        "HBM per device {} of {} ({}); links move {} per step\n",
+        output::bytes(step.hbm_bytes_per_device),
+        output::bytes(topology.hbm_bytes),
+        match (fits, args.recovery) {
+            (true, _) => "fits",
+            (false, RecoveryPolicy::Redundant) => {
+                "does not fit: every replica holds all parameters and gradients (weight-update \
+                 sharding shards the optimizer state only), and the redundant policy keeps a \
+                 second copy of each device's state shards"
+            }
+            (false, _) => {
+                "does not fit: every replica holds all parameters and gradients (weight-update \
+                 sharding shards the optimizer state only)"
+            }
         },
-        step.link_bytes
+        output::bytes(step.link_bytes)
     );
     output::print_text(&text)
 }

@@ -194,3 +194,9 @@ pub enum CollectiveError {
     #[error("collective entity no longer exists (the world was restored)")]
     Vanished,
 }
+
+impl From<CollectiveError> for crate::error::OptimError {
+    fn from(error: CollectiveError) -> Self {
+        crate::error::OptimError::new(crate::error::ErrorKind::Collective, error)
+    }
+}

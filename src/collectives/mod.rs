@@ -220,11 +220,12 @@ pub fn broadcast<T: Element, B: AsMut<[T]>>(
 ///
 /// After dimension `d` the device with coordinate `k` along `d` owns chunk
 /// `k` of its previous shard, so every ring of dimension `d+1` reduces one
-/// range. All ring hops join adjacent devices, except on a dimension
-/// without wraparound: there the ring's closing hop is routed back along
-/// the line, one [`Transfer`] per link with `hops` = extent − 1, over the
-/// reverse direction of the links the forward hops use (so it shares no
-/// directed link with them).
+/// range. Every message joins adjacent devices (`hops` = 1): a dimension
+/// without wraparound (a mesh axis, a twisted torus's axis) runs each line
+/// two ways, partials flowing from both ends to each chunk's owner, at a
+/// ring's steps and bytes, `2(N−1)/N` of the buffer per device in all.
+/// The values are combined in the ring's order on every dimension (module
+/// `torus`).
 pub fn torus_all_reduce<T: Element, B: AsMut<[T]>>(
     buffers: &mut [B],
     shape: &TorusShape,

@@ -237,12 +237,14 @@ pub fn torus_of(topology: &Topology) -> Result<TorusShape, CollectiveError> {
     slice_torus(topology)
 }
 
-/// One slice's torus, whatever the slice count.
-fn slice_torus(topology: &Topology) -> Result<TorusShape, CollectiveError> {
+/// One slice's torus, whatever the slice count: the shape every
+/// collective, the sharded step and its closed form lay their rings on.
+pub fn slice_torus(topology: &Topology) -> Result<TorusShape, CollectiveError> {
     let n = topology.ndims;
     let dims: Vec<usize> = topology.dims[..n].iter().map(|&d| d as usize).collect();
-    // A twisted wraparound link does not close its axis's ring, so the rings
-    // run as lines along a twisted axis, over links that exist.
+    // A twisted wraparound link does not close its axis's ring (it lands in
+    // another plane), so a twisted axis runs two-way lines over the links
+    // that exist, at a ring's bytes and steps (`RingRoute::two_way_line`).
     let wrap: Vec<bool> = (0..n)
         .map(|a| topology.wraparound[a] && topology.dims[a] >= 3 && topology.twist[a] == [0; 3])
         .collect();

@@ -222,12 +222,15 @@ pub(crate) fn broadcast_ring<T: Element>(mut positions: Vec<&mut [T]>, root: usi
     for_each_maybe_parallel(positions, total_bytes, |dst| dst.copy_from_slice(src));
 }
 
-/// A ring's devices in ring order and the links each hop uses.
+/// A ring's devices in ring order and the links each hop uses, or a line
+/// of devices run two ways ([`RingRoute::two_way_line`]).
 #[derive(Debug, Clone)]
 pub(crate) struct RingRoute {
     /// `hops[i]` is the chain of adjacent device pairs that carries a message
-    /// from position `i` to position `i+1 mod n`.
+    /// from position `i` to position `i+1 mod n` (empty for a line).
     pub hops: Vec<Vec<(usize, usize)>>,
+    /// The devices of a two-way line, in line order.
+    line: Option<Vec<usize>>,
 }
 
 impl RingRoute {
@@ -238,25 +241,50 @@ impl RingRoute {
         let hops = (0..n)
             .map(|i| vec![(devices[i], devices[(i + 1) % n])])
             .collect();
-        Self { hops }
+        Self { hops, line: None }
     }
 
-    /// A ring laid on a line of devices without wraparound: the closing hop
-    /// from the last device back to the first travels back along the line,
-    /// over the reverse direction of the links the ring uses forward.
-    pub fn line(devices: &[usize]) -> Self {
-        let n = devices.len();
-        let mut hops: Vec<Vec<(usize, usize)>> = (0..n.saturating_sub(1))
-            .map(|i| vec![(devices[i], devices[i + 1])])
-            .collect();
-        if n >= 2 {
-            hops.push((1..n).rev().map(|k| (devices[k], devices[k - 1])).collect());
+    /// A line of devices without a link closing it (a mesh axis, or a
+    /// twisted torus's axis whose wraparound lands in another plane), run
+    /// two ways instead of as a ring: in a reduce-scatter, chunk `j`'s
+    /// partial flows right from position 0 and left from position `n−1`,
+    /// combined at each position it passes, and both arrive at `j`; an
+    /// all-gather sends each chunk both ways from its owner. Each direction
+    /// of each link carries at most one chunk per step, in the `n − 1` steps
+    /// of a ring, and the line moves a ring's bytes, `(n−1)·len` per pass
+    /// ([`record_passes`] has the schedule).
+    pub fn two_way_line(devices: &[usize]) -> Self {
+        Self {
+            hops: Vec::new(),
+            line: Some(devices.to_vec()),
         }
-        Self { hops }
     }
 
+    /// Positions (devices on the ring or line).
     fn len(&self) -> usize {
-        self.hops.len()
+        self.line.as_ref().map_or(self.hops.len(), Vec::len)
+    }
+
+    /// The messages of step `s` of a two-way line's pass: `(from, to,
+    /// chunk)` by line position. Reduce-scatter: rightwards, position `i ≤
+    /// s` sends chunk `n−1−s+i`; leftwards the mirror image. All-gather:
+    /// rightwards, position `i ≥ s` forwards chunk `i−s`; leftwards the
+    /// mirror image.
+    fn line_messages(n: usize, s: usize, kind: PhaseKind) -> Vec<(usize, usize, usize)> {
+        let mirror = |p: usize| n - 1 - p;
+        let senders: Vec<(usize, usize)> = match kind {
+            PhaseKind::ReduceScatter => (0..=s).map(|i| (i, n - 1 - s + i)).collect(),
+            _ => (s..n - 1).map(|i| (i, i - s)).collect(),
+        };
+        senders
+            .iter()
+            .map(|&(i, c)| (i, i + 1, c))
+            .chain(
+                senders
+                    .iter()
+                    .map(|&(i, c)| (mirror(i), mirror(i + 1), mirror(c))),
+            )
+            .collect()
     }
 
     fn push_message(&self, traffic: &mut Traffic, from: usize, bytes: u64, phase: Phase) {
@@ -359,6 +387,21 @@ pub(crate) fn record_passes(
             if s + 1 >= n {
                 continue;
             }
+            if let Some(devices) = &route.line {
+                for (from, to, chunk) in RingRoute::line_messages(n, s, kind) {
+                    let bytes = (chunk_range(*len, n, chunk).len() * elem_bytes) as u64;
+                    if bytes > 0 {
+                        traffic.transfers.push(Transfer {
+                            src: devices[from],
+                            dst: devices[to],
+                            bytes,
+                            hops: 1,
+                            phase,
+                        });
+                    }
+                }
+                continue;
+            }
             for i in 0..n {
                 let chunk = match kind {
                     PhaseKind::ReduceScatter => (i + 2 * n - 1 - s) % n,
@@ -381,4 +424,86 @@ pub const BROADCAST_CHUNK_BYTES: usize = 512 * 1024;
 pub fn broadcast_chunks(n: usize, len: usize, elem_bytes: usize) -> usize {
     let by_size = (len * elem_bytes).div_ceil(BROADCAST_CHUNK_BYTES);
     n.max(by_size).min(len)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeSet;
+
+    /// Plays a two-way line's reduce-scatter with sets of contributors: a
+    /// message carries only what its sender holds for that chunk (its own
+    /// value and what reached it in earlier steps from the side it comes
+    /// from), and every owner ends with every position's contribution.
+    #[test]
+    fn a_two_way_line_reduce_scatter_brings_every_contribution_to_each_owner() {
+        for n in 3..=9 {
+            // held[p][c]: contributions position p holds for chunk c.
+            let mut held: Vec<Vec<BTreeSet<usize>>> = (0..n)
+                .map(|p| (0..n).map(|_| BTreeSet::from([p])).collect())
+                .collect();
+            let mut used: BTreeSet<(usize, usize, usize)> = BTreeSet::new();
+            for s in 0..n - 1 {
+                let messages = RingRoute::line_messages(n, s, PhaseKind::ReduceScatter);
+                let mut links = BTreeSet::new();
+                let mut arriving = Vec::new();
+                for (from, to, c) in messages {
+                    assert_eq!(from.abs_diff(to), 1, "n={n} s={s}: not a link");
+                    assert!(links.insert((from, to)), "n={n} s={s}: a link used twice");
+                    // What it sends comes only from its own side of the line.
+                    let side: BTreeSet<usize> = if to > from {
+                        (0..=from).collect()
+                    } else {
+                        (from..n).collect()
+                    };
+                    assert!(
+                        held[from][c].is_superset(&side),
+                        "n={n} s={s} {from}->{to} c={c}"
+                    );
+                    assert!(
+                        used.insert((from, to, c)),
+                        "chunk {c} sent twice on {from}->{to}"
+                    );
+                    arriving.push((to, c, side));
+                }
+                for (to, c, side) in arriving {
+                    held[to][c].extend(side);
+                }
+            }
+            for (j, chunks) in held.iter().enumerate() {
+                assert_eq!(chunks[j].len(), n, "n={n}: owner {j} misses contributions");
+            }
+            // A ring's bytes: n·(n−1) chunk messages in all.
+            assert_eq!(used.len(), n * (n - 1));
+        }
+    }
+
+    /// Plays a two-way line's all-gather: a position forwards only a chunk
+    /// it holds, and every position ends with every chunk.
+    #[test]
+    fn a_two_way_line_all_gather_delivers_every_chunk_everywhere() {
+        for n in 3..=9 {
+            let mut held: Vec<BTreeSet<usize>> = (0..n).map(|p| BTreeSet::from([p])).collect();
+            let mut messages_total = 0;
+            for s in 0..n - 1 {
+                let mut links = BTreeSet::new();
+                let mut arriving = Vec::new();
+                for (from, to, c) in RingRoute::line_messages(n, s, PhaseKind::AllGather) {
+                    assert_eq!(from.abs_diff(to), 1);
+                    assert!(links.insert((from, to)), "n={n} s={s}: a link used twice");
+                    assert!(
+                        held[from].contains(&c),
+                        "n={n} s={s}: {from} lacks chunk {c}"
+                    );
+                    arriving.push((to, c));
+                    messages_total += 1;
+                }
+                for (to, c) in arriving {
+                    assert!(held[to].insert(c), "n={n}: chunk {c} reached {to} twice");
+                }
+            }
+            assert!(held.iter().all(|h| h.len() == n), "n={n}");
+            assert_eq!(messages_total, n * (n - 1));
+        }
+    }
 }

@@ -379,22 +379,57 @@ fn a_slow_link_slows_every_step_it_carries() {
 }
 
 #[test]
-fn mesh_dimension_routes_the_closing_hop_back_along_the_line() {
-    let shape = TorusShape::new(&[4, 2], &[false, false]).unwrap();
+fn a_mesh_dimension_runs_two_way_lines_at_a_ring_s_bytes_and_time() {
+    let mesh = TorusShape::new(&[4, 2], &[false, false]).unwrap();
     let mut buffers = vec![vec![1i32; 64]; 8];
-    let traffic = torus_all_reduce(&mut buffers, &shape, ReduceOp::Sum).unwrap();
+    let traffic = torus_all_reduce(&mut buffers, &mesh, ReduceOp::Sum).unwrap();
     assert!(buffers.iter().all(|b| b.iter().all(|&x| x == 8)));
-    assert_links_adjacent(&shape, &traffic);
-    // Along x (extent 4) the hop 3 → 0 crosses 3 links: 3→2, 2→1, 1→0.
-    let closing: Vec<&Transfer> = traffic.transfers.iter().filter(|t| t.hops == 3).collect();
-    assert!(!closing.is_empty());
-    assert!(closing.iter().any(|t| (t.src, t.dst) == (3, 2)));
-    assert!(closing.iter().any(|t| (t.src, t.dst) == (1, 0)));
+    assert_links_adjacent(&mesh, &traffic);
+    assert!(
+        traffic.transfers.iter().all(|t| t.hops == 1),
+        "no routed message"
+    );
+    // Along x the chunks of 0's line flow both ways: 0 → 1 carries chunks
+    // 1, 2, 3 (reduce-scatter) and 0 (all-gather); 1 → 0 carries chunk 0
+    // (reduce-scatter) and 1, 2, 3 (all-gather): 16 elements of 4 bytes each.
+    let links = traffic.per_link();
+    assert_eq!(links[&(0, 1)], 4 * 16 * 4);
+    assert_eq!(links[&(1, 0)], 4 * 16 * 4);
     let wrapped = TorusShape::new(&[4, 2], &[true, false]).unwrap();
     let mut buffers = vec![vec![1i32; 64]; 8];
-    let wrapped_traffic = torus_all_reduce(&mut buffers, &wrapped, ReduceOp::Sum).unwrap();
+    let ring_traffic = torus_all_reduce(&mut buffers, &wrapped, ReduceOp::Sum).unwrap();
+    assert_eq!(traffic.total_bytes(), ring_traffic.total_bytes());
     let model = LinkModel::new(1e-6, 45e9).unwrap();
-    assert!(traffic.modeled_seconds(&model) > wrapped_traffic.modeled_seconds(&model));
+    assert_eq!(
+        traffic.modeled_seconds(&model),
+        ring_traffic.modeled_seconds(&model)
+    );
+}
+
+proptest! {
+    /// Whatever the wraparound, a torus all-reduce moves `2(N−1)/N` of the
+    /// buffer per device over single links, with a ring's steps.
+    #[test]
+    fn lines_move_what_rings_move((shape, len, _seed) in torus_case()) {
+        let ring = TorusShape::new(shape.dims(), &vec![true; shape.dims().len()]).unwrap();
+        let with_lines = torus_all_reduce_traffic(&shape, len, 4);
+        let with_rings = torus_all_reduce_traffic(&ring, len, 4);
+        prop_assert!(with_lines.transfers.iter().all(|t| t.hops == 1));
+        prop_assert_eq!(with_lines.total_bytes(), with_rings.total_bytes());
+        let model = LinkModel::new(1e-6, 45e9).unwrap();
+        let (a, b) = (with_lines.modeled_seconds(&model), with_rings.modeled_seconds(&model));
+        prop_assert!((a - b).abs() <= 1e-12 * a.max(b), "{a} vs {b}");
+        let n = shape.device_count();
+        if len % n == 0 {
+            // Over all N devices: 2(N−1)/N of the buffer each.
+            prop_assert_eq!(with_lines.total_bytes(), 2 * (n as u64 - 1) * len as u64 * 4);
+        }
+        // One message per directed link per step.
+        let mut seen = std::collections::BTreeSet::new();
+        for t in &with_lines.transfers {
+            prop_assert!(seen.insert((t.phase, t.src, t.dst)), "{:?} twice", t);
+        }
+    }
 }
 
 #[test]

@@ -10,12 +10,18 @@
 //! so all devices of a dimension-`d+1` ring own the same range. In process,
 //! the data moves in one pass that combines every element in exactly that
 //! schedule's order (`fused_torus_all_reduce`); the traffic record is the
-//! schedule's. Every ring
-//! hop joins physically adjacent devices; on a dimension without wraparound
-//! the ring's closing hop is routed back along the line (see
-//! [`Traffic`](super::Traffic): one record per link, `hops` = line length − 1).
-//! That route uses the reverse direction of links the forward hops use, so
-//! it shares no directed link with them.
+//! schedule's. Every
+//! message joins physically adjacent devices. A dimension without
+//! wraparound (a mesh axis, or a twisted torus's axis, whose wraparound
+//! link lands in another plane) runs each line two ways
+//! ([`RingRoute::two_way_line`]): partials flow from both ends towards
+//! each chunk's owner, so the pass takes a ring's `n − 1` steps and moves
+//! a ring's bytes, where a ring laid on the line would send its closing
+//! message back over all `n − 1` links every step. The values are still
+//! combined in the ring's order (the one order every path of the crate
+//! shares, [`super::ReduceGrid`]): for floats the two-way schedule's own
+//! association of the same terms would round differently, for integers
+//! the result is the same.
 
 use std::ops::Range;
 
@@ -197,7 +203,7 @@ impl TorusShape {
         if self.wraparound[dim] || devices.len() <= 2 {
             RingRoute::neighbours(devices)
         } else {
-            RingRoute::line(devices)
+            RingRoute::two_way_line(devices)
         }
     }
 }

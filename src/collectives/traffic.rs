@@ -4,9 +4,10 @@
 //! traversal, tagged with the [`Phase`] (kind, torus dimension, ring step) it
 //! belongs to. The pod charges each record to the channel between `src` and
 //! `dst`; those two devices are always physically adjacent. A transfer whose
-//! logical route spans several links (the closing hop of a ring laid on a
-//! mesh dimension without wraparound) appears once per link, each record
-//! carrying the route length in `hops`.
+//! logical route spans several links (a hop of a ring whose members are not
+//! all neighbours, such as the closing hop of a snake ring over a mesh,
+//! [`Traffic::routed_on`]) appears once per link, each record carrying the
+//! route length in `hops`.
 //!
 //! Transfers of zero bytes (empty chunks when a buffer has fewer elements
 //! than ranks) are not recorded.

@@ -2,21 +2,15 @@
 //! node as `node %add.3 (f32[8,128]): ...` and, for files, the file
 //! (`adam.ron: node %c: ...`) and where known the line, column and field.
 
-use std::path::PathBuf;
-
 /// A program could not be loaded, verified, compiled or executed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum CompileError {
-    /// The program file could not be read.
-    #[error("{path}: {source}")]
-    Io {
-        /// The file.
-        path: PathBuf,
-        /// The I/O error.
-        #[source]
-        source: std::io::Error,
-    },
+    /// The program file could not be read: missing, not a regular file
+    /// (a named pipe, a device, a directory), larger than a program file
+    /// may be, or unreadable. The message names the file.
+    #[error("{0}")]
+    Read(crate::files::InputError),
     /// The RON text is malformed or has a field of the wrong type.
     #[error("{file}:{line}:{column}: {message}{}", if field.is_empty() || field == "." { String::new() } else { format!(" (in `{field}`)") })]
     Parse {
@@ -117,7 +111,7 @@ impl CompileError {
     /// (read and parse errors carry their path, line and column).
     pub fn in_file(self, file: &str) -> CompileError {
         match self {
-            e @ (CompileError::Io { .. }
+            e @ (CompileError::Read(_)
             | CompileError::Parse { .. }
             | CompileError::InFile { .. }) => e,
             e => CompileError::InFile {
@@ -133,5 +127,11 @@ impl CompileError {
             CompileError::InFile { error, .. } => error.without_file(),
             e => e,
         }
+    }
+}
+
+impl From<CompileError> for crate::error::OptimError {
+    fn from(error: CompileError) -> Self {
+        crate::error::OptimError::new(crate::error::ErrorKind::Compile, error)
     }
 }

@@ -201,14 +201,16 @@ pub fn compile_program_file_with(
     compile_file(&mut world, path)
 }
 
+/// The largest program file read (a program with large constants inline
+/// is a few megabytes).
+pub const MAX_PROGRAM_FILE_BYTES: u64 = 64 << 20;
+
 /// Reads, spawns and compiles a RON program file in `world` (which has the
 /// compiler installed), naming the file in every error as the pod loader
 /// does (`FILE: node %c: ...`).
 pub fn compile_file(world: &mut World, path: &Path) -> Result<CompileReport, CompileError> {
-    let text = std::fs::read_to_string(path).map_err(|source| CompileError::Io {
-        path: path.to_owned(),
-        source,
-    })?;
+    let text = crate::files::read_text(path, MAX_PROGRAM_FILE_BYTES, "a program file")
+        .map_err(CompileError::Read)?;
     let file = path.display().to_string();
     load_program_str(world, &file, &text)
         .and_then(|p| compile(world, p))

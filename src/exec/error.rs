@@ -25,3 +25,9 @@ pub enum ExecError {
         message: String,
     },
 }
+
+impl From<ExecError> for crate::error::OptimError {
+    fn from(error: ExecError) -> Self {
+        crate::error::OptimError::new(crate::error::ErrorKind::Exec, error)
+    }
+}

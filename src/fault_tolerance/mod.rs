@@ -123,13 +123,13 @@ impl FaultToleranceManager {
     /// Checks the configuration; the roots are created on first write.
     pub fn new(config: FaultToleranceConfig) -> Result<FaultToleranceManager> {
         if config.storage_roots.is_empty() {
-            return Err(OptimError::InvalidConfig(
-                "fault tolerance needs at least one storage root".into(),
+            return Err(OptimError::invalid_config(
+                "fault tolerance needs at least one storage root",
             ));
         }
         if config.max_checkpoints == 0 {
-            return Err(OptimError::InvalidConfig(
-                "max_checkpoints must be at least 1".into(),
+            return Err(OptimError::invalid_config(
+                "max_checkpoints must be at least 1",
             ));
         }
         Ok(FaultToleranceManager { config })
@@ -251,12 +251,12 @@ impl FaultToleranceManager {
     /// Live migration of a running workload between chips needs a TPU
     /// runtime; this engine never links one, so it is always an error.
     pub fn migrate_workload(&self, from: DeviceId, to: DeviceId) -> Result<()> {
-        Err(OptimError::Unsupported {
+        Err(OptimError::from(crate::error::Unsupported {
             operation: format!("migrating the workload of {from} to {to}"),
             reason: "live migration moves device memory and execution state, which needs a \
                      vendor TPU runtime; roll back to a checkpoint or exclude the device instead"
                 .into(),
-        })
+        }))
     }
 
     /// Reacts to the devices the detector has declared failed, by the

@@ -3,12 +3,36 @@
 
 use thiserror::Error;
 
+/// A number for a person, as the command line prints them: plain digits in
+/// the usual range, scientific notation outside it (`1.8e19`, `2.2e-308`),
+/// never `-0`, so a message never spells out hundreds of digits.
+pub fn readable(value: f64) -> String {
+    if value == 0.0 {
+        return "0".into();
+    }
+    if !value.is_finite() {
+        return value.to_string();
+    }
+    if (1e-3..1e9).contains(&value.abs()) {
+        let text = format!("{value:.6}");
+        return text.trim_end_matches('0').trim_end_matches('.').to_string();
+    }
+    let text = format!("{value:.2e}");
+    match text.split_once('e') {
+        Some((mantissa, exponent)) => {
+            let mantissa = mantissa.trim_end_matches('0').trim_end_matches('.');
+            format!("{mantissa}e{exponent}")
+        }
+        None => text,
+    }
+}
+
 /// A goodput input that cannot be simulated.
 #[derive(Debug, Clone, PartialEq, Error)]
 #[non_exhaustive]
 pub enum GoodputError {
     /// An input that must be a positive, finite number is not.
-    #[error("{name} must be a positive number, got {value}{hint}")]
+    #[error("{name} must be a positive number, got {}{hint}", readable(*.value))]
     NotPositive {
         /// The input's name as the user gave it (`--mtbf-hours`).
         name: &'static str,
@@ -18,7 +42,7 @@ pub enum GoodputError {
         hint: &'static str,
     },
     /// An input that must be zero or more (a time) is negative or not finite.
-    #[error("{name} must be zero or a positive number of seconds, got {value}")]
+    #[error("{name} must be zero or a positive number of seconds, got {}", readable(*.value))]
     Negative {
         /// The input's name.
         name: &'static str,
@@ -63,10 +87,23 @@ pub enum GoodputError {
         /// What was given.
         text: String,
     },
+    /// A run longer than a simulation covers.
+    #[error(
+        "--days {} is longer than the {} days a run simulates (about 27 years)",
+        readable(*.days), readable(*.limit)
+    )]
+    TooLong {
+        /// Simulated days.
+        days: f64,
+        /// The limit.
+        limit: f64,
+    },
     /// The run would draw more failures than a simulation should hold.
     #[error(
-        "{days} days at one failure every {system_mtbf_seconds:.3} s is about {expected:.0} \
-         failures, more than the {limit} a run simulates; give a longer --mtbf-hours or fewer --days"
+        "{} days at one failure every {} s is about {} failures, more than the {} a run \
+         simulates; give a longer --mtbf-hours or fewer --days",
+        readable(*.days), readable(*.system_mtbf_seconds), readable(.expected.round()),
+        readable(*.limit as f64)
     )]
     TooManyFailures {
         /// Simulated days.
@@ -80,8 +117,9 @@ pub enum GoodputError {
     },
     /// The run holds more steps than a simulation counts.
     #[error(
-        "{days} days of {step_seconds} s steps is more than the {limit} steps a run counts; \
-         give a longer --step-seconds or fewer --days"
+        "{} days of {} s steps is more than the {} steps a run counts; give a longer \
+         --step-seconds (the whole training step) or fewer --days",
+        readable(*.days), readable(*.step_seconds), readable(*.limit as f64)
     )]
     TooManySteps {
         /// Simulated days.
@@ -92,7 +130,10 @@ pub enum GoodputError {
         limit: u64,
     },
     /// The run is shorter than one training step.
-    #[error("{days} days is shorter than one {step_seconds} s step; simulate at least one step")]
+    #[error(
+        "{} days is shorter than one {} s step; simulate at least one step",
+        readable(*.days), readable(*.step_seconds)
+    )]
     ShorterThanAStep {
         /// Simulated days.
         days: f64,
@@ -105,4 +146,29 @@ pub enum GoodputError {
         /// Why.
         reason: String,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_in_messages_read_as_a_person_writes_them() {
+        assert_eq!(readable(1.8446744073709552e19), "1.84e19");
+        assert_eq!(readable(f64::MIN_POSITIVE), "2.23e-308");
+        assert_eq!(readable(-0.0), "0");
+        assert_eq!(readable(600.0), "600");
+        assert_eq!(readable(0.25), "0.25");
+        assert_eq!(readable(1e15), "1e15");
+        let error = GoodputError::TooManySteps {
+            days: 1e300,
+            step_seconds: f64::MIN_POSITIVE,
+            limit: 1_000_000_000_000_000,
+        };
+        assert_eq!(
+            error.to_string(),
+            "1e300 days of 2.23e-308 s steps is more than the 1e15 steps a run counts; give a \
+             longer --step-seconds (the whole training step) or fewer --days"
+        );
+    }
 }

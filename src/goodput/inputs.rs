@@ -9,7 +9,10 @@ use serde::Serialize;
 
 use super::error::GoodputError;
 use crate::collectives::TorusShape;
-use crate::hardware::{CHECKPOINT_READ_BYTES_PER_S_PER_HOST, TpuGeneration};
+use crate::hardware::{
+    CHECKPOINT_READ_BYTES_PER_S_PER_HOST, HOST_COPY_BYTES_PER_S_PER_CHIP, TpuGeneration,
+    checkpoint_io_seconds,
+};
 use crate::sharding::{DEFAULT_BUCKET_BYTES, RecoveryPolicy};
 use crate::topology::Topology;
 use crate::topology::resolve::DEFAULT_HEARTBEAT_TIMEOUT_NS;
@@ -230,6 +233,10 @@ pub struct GoodputConfig {
     /// Aggregate checkpoint storage bandwidth, bytes per second; `None`:
     /// [`CHECKPOINT_READ_BYTES_PER_S_PER_HOST`] on every host.
     pub storage_bytes_per_s: Option<f64>,
+    /// Asynchronous checkpoints (Orbax's async save): training waits only
+    /// for the device-to-host copy, and the write to storage overlaps the
+    /// steps that follow. `false`: training waits for the whole write.
+    pub async_checkpoint: bool,
 }
 
 impl GoodputConfig {
@@ -250,6 +257,72 @@ impl GoodputConfig {
             cube_repair_hours: DEFAULT_CUBE_REPAIR_HOURS,
             step_seconds,
             storage_bytes_per_s: None,
+            async_checkpoint: false,
+        }
+    }
+
+    /// Checks every input that does not depend on the step's length, so a
+    /// caller that models the step can refuse bad input before modeling it
+    /// ([`Costs::derive`] checks these again, and the step).
+    pub fn check(&self, fleet: &Fleet) -> Result<(), GoodputError> {
+        positive(
+            "--mtbf-hours",
+            self.mtbf_hours,
+            " (the mean time between failures of one chip or host, e.g. 50000)",
+        )?;
+        positive("--days", self.days, " (the simulated run's length)")?;
+        if self.days > MAX_DAYS {
+            return Err(GoodputError::TooLong {
+                days: self.days,
+                limit: MAX_DAYS,
+            });
+        }
+        if self.model_params == 0 {
+            return Err(GoodputError::NoParameters);
+        }
+        non_negative("--restart-seconds", self.restart_seconds)?;
+        non_negative("--reconfigure-seconds", self.reconfigure_seconds)?;
+        if self.recovery == RecoveryPolicy::SpareCube {
+            positive(
+                "--cube-repair-hours",
+                self.cube_repair_hours,
+                " (until a failed cube is a spare again)",
+            )?;
+            if fleet.spare_cubes.unwrap_or(0) == 0 {
+                return Err(GoodputError::NoSpareCube {
+                    pod: fleet.name.clone(),
+                });
+            }
+        }
+        if let CheckpointInterval::Every(s) = self.checkpoint {
+            positive("--checkpoint-every", s, " (seconds of training, or `auto`)")?;
+        }
+        if let Some(bw) = self.storage_bytes_per_s {
+            positive(
+                "--storage-bytes-per-s",
+                bw,
+                " (aggregate checkpoint bandwidth)",
+            )?;
+        }
+        fleet.check()?;
+        let system_mtbf_seconds = self.mtbf_hours * 3600.0 / f64::from(self.units(fleet));
+        let expected = self.days * 86_400.0 / system_mtbf_seconds;
+        if expected > MAX_FAILURES as f64 {
+            return Err(GoodputError::TooManyFailures {
+                days: self.days,
+                system_mtbf_seconds,
+                expected,
+                limit: MAX_FAILURES,
+            });
+        }
+        Ok(())
+    }
+
+    /// Failure units of `fleet` under this configuration.
+    fn units(&self, fleet: &Fleet) -> u32 {
+        match self.failure_unit {
+            FailureUnit::Chip => fleet.chips,
+            FailureUnit::Host => fleet.hosts,
         }
     }
 }
@@ -258,6 +331,10 @@ impl GoodputConfig {
 /// seconds on a year-long run; a 54-day run of 16,384 chips with a failure
 /// every 3 h has about 430).
 pub const MAX_FAILURES: u64 = 50_000_000;
+
+/// The longest run simulated, days: about 27 years, so that the run's
+/// seconds stay under the 10^9 any command's time is bounded by.
+pub const MAX_DAYS: f64 = 10_000.0;
 
 /// The most steps one run counts (54 days of 1 µs steps is 4.7e12), so
 /// that step counts never overflow.
@@ -282,10 +359,24 @@ pub struct Costs {
     pub checkpoint_bytes: f64,
     /// Aggregate storage bandwidth, bytes per second.
     pub storage_bytes_per_s: f64,
-    /// Writing one checkpoint (training waits for it), seconds.
+    /// Writing one checkpoint to storage, seconds
+    /// ([`crate::hardware::checkpoint_io_seconds`] unless the bandwidth is
+    /// given).
     pub checkpoint_write_seconds: f64,
-    /// Reading one back after a rollback, seconds.
+    /// Reading one back after a rollback, seconds (as the write).
     pub checkpoint_read_seconds: f64,
+    /// Copying one checkpoint from device HBM to host memory, every chip
+    /// its share at [`HOST_COPY_BYTES_PER_S_PER_CHIP`], seconds: what an
+    /// asynchronous checkpoint blocks training for.
+    pub host_copy_seconds: f64,
+    /// What training waits for per checkpoint, besides a previous write
+    /// still in flight: the write (synchronous) or the host copy
+    /// (asynchronous), seconds.
+    pub checkpoint_blocking_seconds: f64,
+    /// The storage write that overlaps training (asynchronous; 0 when
+    /// synchronous), seconds. The checkpoint is usable for a rollback only
+    /// once it has finished.
+    pub checkpoint_background_seconds: f64,
     /// Failure to detection, seconds.
     pub detect_seconds: f64,
     /// Restart, seconds.
@@ -335,66 +426,19 @@ impl Costs {
     /// Checks every input and derives the costs; the run does no work
     /// unless this succeeds.
     pub fn derive(fleet: &Fleet, config: &GoodputConfig) -> Result<Costs, GoodputError> {
-        positive(
-            "--mtbf-hours",
-            config.mtbf_hours,
-            " (the mean time between failures of one chip or host, e.g. 50000)",
-        )?;
-        positive("--days", config.days, " (the simulated run's length)")?;
-        if config.model_params == 0 {
-            return Err(GoodputError::NoParameters);
-        }
+        config.check(fleet)?;
         positive(
             "--step-seconds",
             config.step_seconds,
             " (one training step)",
         )?;
-        non_negative("--restart-seconds", config.restart_seconds)?;
-        non_negative("--reconfigure-seconds", config.reconfigure_seconds)?;
-        let spare_cube = config.recovery == RecoveryPolicy::SpareCube;
-        let spare_cubes = if spare_cube {
-            positive(
-                "--cube-repair-hours",
-                config.cube_repair_hours,
-                " (until a failed cube is a spare again)",
-            )?;
-            match fleet.spare_cubes {
-                Some(n) if n > 0 => n,
-                _ => {
-                    return Err(GoodputError::NoSpareCube {
-                        pod: fleet.name.clone(),
-                    });
-                }
-            }
-        } else {
-            0
+        let spare_cubes = match config.recovery {
+            RecoveryPolicy::SpareCube => fleet.spare_cubes.unwrap_or(0),
+            _ => 0,
         };
-        if let CheckpointInterval::Every(s) = config.checkpoint {
-            positive("--checkpoint-every", s, " (seconds of training, or `auto`)")?;
-        }
-        if let Some(bw) = config.storage_bytes_per_s {
-            positive(
-                "--storage-bytes-per-s",
-                bw,
-                " (aggregate checkpoint bandwidth)",
-            )?;
-        }
-        fleet.check()?;
-        let units = match config.failure_unit {
-            FailureUnit::Chip => fleet.chips,
-            FailureUnit::Host => fleet.hosts,
-        };
+        let units = config.units(fleet);
         let system_mtbf_seconds = config.mtbf_hours * 3600.0 / f64::from(units);
         let horizon = config.days * 86_400.0;
-        let expected = horizon / system_mtbf_seconds;
-        if expected > MAX_FAILURES as f64 {
-            return Err(GoodputError::TooManyFailures {
-                days: config.days,
-                system_mtbf_seconds,
-                expected,
-                limit: MAX_FAILURES,
-            });
-        }
         if horizon / config.step_seconds > MAX_STEPS as f64 {
             return Err(GoodputError::TooManySteps {
                 days: config.days,
@@ -411,10 +455,21 @@ impl Costs {
         let slots = config.optimizer_slots as f64;
         let params = config.model_params as f64;
         let checkpoint_bytes = params * ELEMENT_BYTES * (1.0 + slots);
-        let storage_bytes_per_s = config
-            .storage_bytes_per_s
-            .unwrap_or(f64::from(fleet.hosts) * CHECKPOINT_READ_BYTES_PER_S_PER_HOST);
-        let io_seconds = checkpoint_bytes / storage_bytes_per_s;
+        let (storage_bytes_per_s, io_seconds) = match config.storage_bytes_per_s {
+            Some(bw) => (bw, checkpoint_bytes / bw),
+            None => (
+                f64::from(fleet.hosts) * CHECKPOINT_READ_BYTES_PER_S_PER_HOST,
+                checkpoint_io_seconds(checkpoint_bytes, fleet.hosts),
+            ),
+        };
+        let host_copy_seconds =
+            checkpoint_bytes / (f64::from(fleet.chips) * HOST_COPY_BYTES_PER_S_PER_CHIP);
+        let (checkpoint_blocking_seconds, checkpoint_background_seconds) =
+            if config.async_checkpoint {
+                (host_copy_seconds, io_seconds)
+            } else {
+                (io_seconds, 0.0)
+            };
         // Each device's state shards: slots × params / chips elements, sent
         // as one message per bucket (as the pod's `replicate_state` does).
         let shard_bytes = slots * params / f64::from(fleet.chips) * ELEMENT_BYTES;
@@ -426,7 +481,9 @@ impl Costs {
             0.0
         };
         let reshard_seconds = fleet.ici_latency_seconds + 2.0 * shard_bytes / fleet.ici_bytes_per_s;
-        let fixed = fleet.detect_seconds + config.restart_seconds + config.reconfigure_seconds;
+        let parts = |restart: f64, last: f64| {
+            fleet.detect_seconds + restart + config.reconfigure_seconds + last
+        };
         Ok(Costs {
             units,
             system_mtbf_seconds,
@@ -436,16 +493,55 @@ impl Costs {
             storage_bytes_per_s,
             checkpoint_write_seconds: io_seconds,
             checkpoint_read_seconds: io_seconds,
+            host_copy_seconds,
+            checkpoint_blocking_seconds,
+            checkpoint_background_seconds,
             detect_seconds: fleet.detect_seconds,
             restart_seconds: config.restart_seconds,
             reconfigure_seconds: config.reconfigure_seconds,
             reshard_seconds,
-            rollback_seconds: fixed + io_seconds,
-            redundant_seconds: fixed + reshard_seconds,
+            rollback_seconds: parts(config.restart_seconds, io_seconds),
+            redundant_seconds: parts(config.restart_seconds, reshard_seconds),
             spare_cubes,
             cube_repair_seconds: config.cube_repair_hours * 3600.0,
-            spare_cube_seconds: fleet.detect_seconds + config.reconfigure_seconds + io_seconds,
+            spare_cube_seconds: parts(0.0, io_seconds),
         })
+    }
+
+    /// One recovery's parts under `recovery`, in the order they happen, as
+    /// (what, seconds); their sum, in this order, is the policy's downtime
+    /// ([`Costs::rollback_seconds`], [`Costs::redundant_seconds`],
+    /// [`Costs::spare_cube_seconds`]). `with_read`: a checkpoint exists to
+    /// read (a rollback before the first one reads nothing).
+    pub fn recovery_parts(
+        &self,
+        recovery: RecoveryPolicy,
+        with_read: bool,
+    ) -> Vec<(&'static str, f64)> {
+        let read = if with_read {
+            self.checkpoint_read_seconds
+        } else {
+            0.0
+        };
+        match recovery {
+            RecoveryPolicy::Redundant => vec![
+                ("detect", self.detect_seconds),
+                ("restart", self.restart_seconds),
+                ("reconfigure", self.reconfigure_seconds),
+                ("re-shard", self.reshard_seconds),
+            ],
+            RecoveryPolicy::SpareCube => vec![
+                ("detect", self.detect_seconds),
+                ("reconfigure", self.reconfigure_seconds),
+                ("read", read),
+            ],
+            _ => vec![
+                ("detect", self.detect_seconds),
+                ("restart", self.restart_seconds),
+                ("reconfigure", self.reconfigure_seconds),
+                ("read", read),
+            ],
+        }
     }
 }
 
@@ -459,10 +555,14 @@ const MODELED_TENSOR_ELEMENTS: u64 = 1 << 30;
 /// reduce-scatter, the update and the all-gather in closed form). It is
 /// the step the crate models; a real step's forward and backward passes
 /// are not in it (give the whole step's time as `step_seconds` instead).
+/// Under `recovery` redundant the step also copies every state shard to
+/// its partner, as a real redundant step does; rollback and spare-cube cost
+/// nothing per step.
 pub fn modeled_step_seconds(
     topology: &Topology,
     params: u64,
     slots: usize,
+    recovery: RecoveryPolicy,
 ) -> Result<f64, GoodputError> {
     if params == 0 {
         return Err(GoodputError::NoParameters);
@@ -473,12 +573,19 @@ pub fn modeled_step_seconds(
             (format!("param{i}"), vec![n as usize])
         })
         .collect();
-    crate::sharding::modeled::modeled_step(
+    // Spare-cube's per-step cost is rollback's; its cube check belongs to
+    // the failure model, which falls back to rollback without a spare.
+    let per_step = match recovery {
+        RecoveryPolicy::Redundant => RecoveryPolicy::Redundant,
+        RecoveryPolicy::Rollback | RecoveryPolicy::SpareCube => RecoveryPolicy::Rollback,
+    };
+    crate::sharding::modeled::modeled_step_with_recovery(
         topology,
         &tensors,
         crate::ir::DType::F32,
         slots,
         DEFAULT_BUCKET_BYTES,
+        per_step,
     )
     .map(|step| step.timeline.step_seconds)
     .map_err(|e| GoodputError::Step {

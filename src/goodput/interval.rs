@@ -9,7 +9,12 @@
 //! run finds the best region; a fine grid (ratio [`FINE_RATIO`]) around it
 //! is fitted with a parabola in log-interval, whose vertex is the answer
 //! (the simulated waste is flat near its minimum, and the fit averages
-//! the noise of many points instead of trusting one).
+//! the noise of many points instead of trusting one); the vertex is scored
+//! on the same replicates for the figure reported. Writing no
+//! checkpoints is a candidate as well, so `auto` is never worse than
+//! `never` on the same replicates.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use rayon::prelude::*;
 use serde::Serialize;
@@ -39,12 +44,16 @@ pub fn young_daly_seconds(checkpoint_seconds: f64, system_mtbf_seconds: f64) -> 
 /// What the search found.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct IntervalSearch {
-    /// The chosen interval, steps.
-    pub steps: u64,
-    /// The chosen interval, seconds of training.
-    pub seconds: f64,
-    /// The best simulated goodput on the search's replicates.
+    /// The chosen interval, steps (`None`: never checkpoint, which did
+    /// best).
+    pub steps: Option<u64>,
+    /// The chosen interval, seconds of training (`None`: never).
+    pub seconds: Option<f64>,
+    /// The chosen plan's goodput on the search's replicates.
     pub goodput: f64,
+    /// Goodput with no checkpoints on the same replicates: `goodput` is
+    /// never below it (`never` is a candidate).
+    pub never_goodput: f64,
     /// Intervals simulated.
     pub candidates: usize,
     /// Replicates per candidate.
@@ -110,52 +119,89 @@ fn parabola_vertex(points: &[(f64, f64)]) -> Option<f64> {
 }
 
 /// Searches the interval (in steps) with the best simulated goodput for
-/// `plan`'s run (its `steps_per_checkpoint` is ignored).
+/// `plan`'s run (its `steps_per_checkpoint` is ignored). Writing no
+/// checkpoints at all is a candidate too: on a run shorter than a restart,
+/// or with failures so rare that a checkpoint costs more than it saves, it
+/// wins, so `auto` never does worse than `never` on the search's
+/// replicates.
 pub fn search_interval(exposure: &Exposure, costs: &Costs, plan: Plan) -> IntervalSearch {
+    search_interval_with_progress(exposure, costs, plan, &|_, _| {})
+}
+
+/// [`search_interval`], calling `progress(done, planned)` after each
+/// candidate is simulated (from any thread): `planned` grows once the fine
+/// grid is known.
+pub fn search_interval_with_progress(
+    exposure: &Exposure,
+    costs: &Costs,
+    plan: Plan,
+    progress: &(dyn Fn(usize, usize) + Sync),
+) -> IntervalSearch {
     let step = costs.step_seconds + costs.replication_seconds_per_step;
     let expected = plan.horizon_seconds / costs.system_mtbf_seconds;
     let replicates =
         ((SEARCH_FAILURES / expected.max(1e-9)).ceil() as u64).clamp(1, MAX_SEARCH_REPLICATES);
     let most = (plan.horizon_seconds / step).floor().max(1.0);
-    let score = |n: u64| {
+    let done = AtomicUsize::new(0);
+    let planned = AtomicUsize::new(0);
+    let goodput_of = |steps: Option<u64>| {
         let plan = Plan {
-            steps_per_checkpoint: Some(n),
+            steps_per_checkpoint: steps,
             ..plan
         };
-        let tally = simulate_replicates(exposure, costs, plan, replicates);
-        (n, tally.goodput(costs.step_seconds))
+        let goodput =
+            simulate_replicates(exposure, costs, plan, replicates).goodput(costs.step_seconds);
+        let finished = done.fetch_add(1, Ordering::Relaxed) + 1;
+        progress(finished, planned.load(Ordering::Relaxed).max(finished));
+        goodput
     };
+    let score = |n: u64| (n, goodput_of(Some(n)));
     let best_of = |scored: &[(u64, f64)]| {
         scored
             .iter()
             .copied()
             .fold((1, f64::NEG_INFINITY), |b, s| if s.1 > b.1 { s } else { b })
     };
-    let coarse: Vec<(u64, f64)> = grid(1.0, most, COARSE_RATIO)
-        .into_par_iter()
-        .map(score)
-        .collect();
+    let coarse_grid = grid(1.0, most, COARSE_RATIO);
+    // The coarse grid, `never` and the vertex's own score; the fine grid
+    // is added once known.
+    planned.store(coarse_grid.len() + 2, Ordering::Relaxed);
+    let never_goodput = goodput_of(None);
+    let coarse: Vec<(u64, f64)> = coarse_grid.into_par_iter().map(score).collect();
     let (best, _) = best_of(&coarse);
     let span = COARSE_RATIO.powi(FINE_SPAN);
     let lo = (best as f64 / span).max(1.0);
     let hi = (best as f64 * span).min(most);
-    let fine: Vec<(u64, f64)> = grid(lo, hi, FINE_RATIO)
-        .into_par_iter()
-        .map(score)
-        .collect();
+    let fine_grid = grid(lo, hi, FINE_RATIO);
+    planned.fetch_add(fine_grid.len(), Ordering::Relaxed);
+    let fine: Vec<(u64, f64)> = fine_grid.into_par_iter().map(score).collect();
     let (fine_best, fine_goodput) = best_of(&fine);
     let points: Vec<(f64, f64)> = fine.iter().map(|&(n, g)| ((n as f64).ln(), g)).collect();
     // The fit maximizes goodput: a parabola of the waste, 1 − goodput.
     let waste: Vec<(f64, f64)> = points.iter().map(|&(x, g)| (x, 1.0 - g)).collect();
-    let steps = parabola_vertex(&waste)
+    let fitted = parabola_vertex(&waste)
         .map(f64::exp)
         .filter(|&n| n >= lo && n <= hi)
-        .map_or(fine_best, |n| n.round().max(1.0) as u64);
+        .map(|n| n.round().max(1.0) as u64);
+    // The fitted vertex (when the fit has one in range) is the answer, and
+    // its own score is the one reported and compared with `never`.
+    let (steps, goodput) = match fitted {
+        Some(n) if n != fine_best => (n, goodput_of(Some(n))),
+        _ => (fine_best, fine_goodput),
+    };
+    let (steps, goodput) = if goodput > never_goodput {
+        (Some(steps), goodput)
+    } else if fine_goodput > never_goodput {
+        (Some(fine_best), fine_goodput)
+    } else {
+        (None, never_goodput)
+    };
     IntervalSearch {
         steps,
-        seconds: steps as f64 * step,
-        goodput: fine_goodput,
-        candidates: coarse.len() + fine.len(),
+        seconds: steps.map(|n| n as f64 * step),
+        goodput,
+        never_goodput,
+        candidates: done.load(Ordering::Relaxed),
         replicates,
         failures_per_candidate: (expected * replicates as f64).round() as u64,
     }

@@ -11,10 +11,18 @@
 //!
 //! * A step takes `step + replication` seconds (replication is 0 under
 //!   rollback); a step in flight at a failure is void.
-//! * A checkpoint is written after every `n` completed steps and training
-//!   waits for it; one still being written at a failure is void.
-//! * **Rollback**: the steps completed since the last checkpoint written
-//!   are lost; the job detects, restarts, reconfigures and reads the
+//! * A checkpoint is taken after every `n` completed steps. Synchronous:
+//!   training waits for its write, and one still being written at a
+//!   failure is void. Asynchronous (Orbax's async save): training waits
+//!   only for the device-to-host copy; the write to storage runs in the
+//!   background while training goes on, and the checkpoint can be rolled
+//!   back to only once that write has finished. A failure cuts a write in
+//!   flight off (the job's host memory goes with it), so a rollback then
+//!   goes to the checkpoint before. A snapshot due while the previous
+//!   write is still in flight waits for it (one save at a time), and that
+//!   wait is checkpoint time.
+//! * **Rollback**: the steps completed since the last checkpoint whose
+//!   write finished are lost; the job detects, restarts, reconfigures and reads the
 //!   checkpoint (nothing to read before the first checkpoint).
 //! * **Redundant**: no step is lost; the job detects, restarts,
 //!   reconfigures and re-shards from the copies. The copies are lost, and
@@ -100,7 +108,7 @@ pub struct Plan {
     pub steps_per_checkpoint: Option<u64>,
     /// The recovery policy.
     pub recovery: RecoveryPolicy,
-    /// Simulated wall time, seconds.
+    /// Simulated time, seconds.
     pub horizon_seconds: f64,
     /// The seed.
     pub seed: u64,
@@ -109,8 +117,8 @@ pub struct Plan {
 /// Sums over one or more runs.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Tally {
-    /// Simulated wall time, seconds.
-    pub wall_seconds: f64,
+    /// Simulated time, seconds.
+    pub simulated_seconds: f64,
     /// Steps completed (including those a rollback later lost).
     pub steps_done: u64,
     /// Completed steps a rollback lost.
@@ -118,10 +126,17 @@ pub struct Tally {
     /// Time in steps that never completed (in flight at a failure or at the
     /// end), seconds.
     pub void_step_seconds: f64,
-    /// Checkpoints written.
+    /// Checkpoints written to the end (usable for a rollback).
     pub checkpoints: u64,
-    /// Time writing checkpoints, including one cut off by a failure, seconds.
+    /// Asynchronous writes a failure cut off before they finished.
+    pub writes_cut: u64,
+    /// Time training waited for checkpoints (the write, or the host copy
+    /// and any previous write still in flight), including a wait a failure
+    /// cut off, seconds.
     pub checkpoint_seconds: f64,
+    /// Of `checkpoint_seconds`, time waiting for the previous asynchronous
+    /// write to finish before the next copy could start, seconds.
+    pub checkpoint_wait_seconds: f64,
     /// Time from failures until training resumed, seconds.
     pub recovery_seconds: f64,
     /// Time copying state to ring successors, seconds.
@@ -139,12 +154,14 @@ pub struct Tally {
 impl Tally {
     /// Adds `other` into `self`.
     pub fn add(&mut self, other: &Tally) {
-        self.wall_seconds += other.wall_seconds;
+        self.simulated_seconds += other.simulated_seconds;
         self.steps_done += other.steps_done;
         self.lost_steps += other.lost_steps;
         self.void_step_seconds += other.void_step_seconds;
         self.checkpoints += other.checkpoints;
+        self.writes_cut += other.writes_cut;
         self.checkpoint_seconds += other.checkpoint_seconds;
+        self.checkpoint_wait_seconds += other.checkpoint_wait_seconds;
         self.recovery_seconds += other.recovery_seconds;
         self.replication_seconds += other.replication_seconds;
         self.restarts += other.restarts;
@@ -158,9 +175,13 @@ impl Tally {
         self.steps_done - self.lost_steps
     }
 
-    /// Productive time over wall time.
+    /// Productive time over simulated time, in [0, 1].
     pub fn goodput(&self, step_seconds: f64) -> f64 {
-        self.productive_steps() as f64 * step_seconds / self.wall_seconds
+        if self.simulated_seconds > 0.0 {
+            (self.productive_steps() as f64 * step_seconds / self.simulated_seconds).clamp(0.0, 1.0)
+        } else {
+            0.0
+        }
     }
 }
 
@@ -174,8 +195,10 @@ struct Failures {
     units: u32,
 }
 
-impl Failures {
-    fn next(&mut self) -> (f64, u32) {
+impl Iterator for Failures {
+    type Item = (f64, u32);
+
+    fn next(&mut self) -> Option<(f64, u32)> {
         let key = [self.replicate, self.index];
         let bits = self.rng.bits(stream::FAILURE_TIME, key);
         // Uniform in (0, 1]: never ln(0).
@@ -185,16 +208,29 @@ impl Failures {
             .rng
             .up_to(u64::from(self.units - 1), stream::FAILURE_UNIT, key) as u32;
         self.index += 1;
-        (self.at, unit)
+        Some((self.at, unit))
     }
 }
 
+/// Where a run's training stands between failures. A checkpoint is a
+/// snapshot (the state copied out at a step boundary) and then its write;
+/// it can be rolled back to once the write has finished (at once when
+/// training waits for the write).
 struct Run<'a> {
     costs: &'a Costs,
     plan: Plan,
     tally: Tally,
-    /// Steps completed since the last checkpoint (or the start).
-    pending: u64,
+    /// Steps completed since the latest snapshot (or the start, or the
+    /// restore): the next checkpoint is due when this reaches the interval.
+    since_snapshot: u64,
+    /// Steps between the last finished checkpoint (or the start) and the
+    /// latest snapshot, when that snapshot's write is in flight or was cut
+    /// off; 0 once it has finished. A rollback loses these and
+    /// `since_snapshot`.
+    before_snapshot: u64,
+    /// Seconds left of the write in flight in the background (0: none).
+    write_left: f64,
+    /// A finished checkpoint exists to roll back to.
     has_checkpoint: bool,
 }
 
@@ -204,66 +240,130 @@ impl Run<'_> {
         self.tally.replication_seconds += steps as f64 * self.costs.replication_seconds_per_step;
     }
 
-    /// Trains for `seconds` with no failure, starting `pending` steps into
-    /// the checkpoint interval; what is in flight at the end is void.
-    fn train(&mut self, mut seconds: f64) {
-        let step = self.costs.step_seconds + self.costs.replication_seconds_per_step;
-        let write = self.costs.checkpoint_write_seconds;
-        let Some(n) = self.plan.steps_per_checkpoint else {
-            let k = (seconds / step).floor() as u64;
-            self.complete(k);
-            self.pending += k;
-            self.tally.void_step_seconds += (seconds - k as f64 * step).max(0.0);
-            return;
-        };
-        let mut to_checkpoint = n - self.pending;
-        loop {
-            let steps_time = to_checkpoint as f64 * step;
-            if seconds < steps_time {
-                let k = ((seconds / step).floor() as u64).min(to_checkpoint);
-                self.complete(k);
-                self.pending += k;
-                self.tally.void_step_seconds += (seconds - k as f64 * step).max(0.0);
-                return;
+    /// The write in flight has finished: its snapshot can be rolled back to.
+    fn finish_write(&mut self) {
+        self.before_snapshot = 0;
+        self.write_left = 0.0;
+        self.has_checkpoint = true;
+        self.tally.checkpoints += 1;
+    }
+
+    /// Runs the background write for `seconds` of training; it finishes if
+    /// it needed no more.
+    fn write_during(&mut self, seconds: f64) {
+        if self.write_left > 0.0 {
+            if self.write_left <= seconds {
+                self.finish_write();
+            } else {
+                self.write_left -= seconds;
             }
-            self.complete(to_checkpoint);
-            self.pending = n;
-            seconds -= steps_time;
-            if seconds < write {
-                self.tally.checkpoint_seconds += seconds;
-                return;
-            }
-            seconds -= write;
-            self.commit_checkpoints(1);
-            // Whole intervals in closed form, then the remainder.
-            let cycle = n as f64 * step + write;
-            let k = (seconds / cycle).floor() as u64;
-            if k > 0 {
-                self.complete(k * n);
-                self.commit_checkpoints(k);
-                seconds = (seconds - k as f64 * cycle).max(0.0);
-            }
-            to_checkpoint = n;
         }
     }
 
-    fn commit_checkpoints(&mut self, k: u64) {
-        self.pending = 0;
-        self.has_checkpoint = true;
-        self.tally.checkpoints += k;
-        self.tally.checkpoint_seconds += k as f64 * self.costs.checkpoint_write_seconds;
+    /// Trains for `seconds` with no failure, from where the run stands;
+    /// what is in flight at the end is void.
+    fn train(&mut self, seconds: f64) {
+        let step = self.costs.step_seconds + self.costs.replication_seconds_per_step;
+        let Some(n) = self.plan.steps_per_checkpoint else {
+            let k = (seconds / step).floor() as u64;
+            self.complete(k);
+            self.since_snapshot += k;
+            self.tally.void_step_seconds += (seconds - k as f64 * step).max(0.0);
+            return;
+        };
+        let blocking = self.costs.checkpoint_blocking_seconds;
+        let background = self.costs.checkpoint_background_seconds;
+        let mut left = seconds;
+        loop {
+            // Steps until the next checkpoint is due.
+            let due_steps = n - self.since_snapshot;
+            let due = due_steps as f64 * step;
+            if left < due {
+                let k = ((left / step).floor() as u64).min(due_steps);
+                self.complete(k);
+                self.since_snapshot += k;
+                self.tally.void_step_seconds += (left - k as f64 * step).max(0.0);
+                self.write_during(left);
+                return;
+            }
+            self.complete(due_steps);
+            self.since_snapshot = n;
+            left -= due;
+            self.write_during(due);
+            // The previous write still in flight: the next snapshot waits
+            // for it (Orbax finishes one save before starting the next).
+            if self.write_left > 0.0 {
+                let wait = self.write_left;
+                if left < wait {
+                    self.tally.checkpoint_seconds += left;
+                    self.tally.checkpoint_wait_seconds += left;
+                    self.write_left -= left;
+                    return;
+                }
+                left -= wait;
+                self.tally.checkpoint_seconds += wait;
+                self.tally.checkpoint_wait_seconds += wait;
+                self.finish_write();
+            }
+            if left < blocking {
+                self.tally.checkpoint_seconds += left;
+                return;
+            }
+            left -= blocking;
+            self.tally.checkpoint_seconds += blocking;
+            self.snapshot(background);
+            // Whole cycles in closed form: `n` steps, a wait for the write
+            // if it outlasts them, the next snapshot.
+            let wait = (background - n as f64 * step).max(0.0);
+            let cycle = n as f64 * step + wait + blocking;
+            let k = (left / cycle).floor() as u64;
+            if k > 0 {
+                self.complete(k * n);
+                self.tally.checkpoints += k;
+                self.tally.checkpoint_seconds += k as f64 * (wait + blocking);
+                self.tally.checkpoint_wait_seconds += k as f64 * wait;
+                self.has_checkpoint = true;
+                // Each cycle's write finished and the next snapshot's began.
+                self.before_snapshot = if background > 0.0 { n } else { 0 };
+                left = (left - k as f64 * cycle).max(0.0);
+            }
+        }
     }
 
+    /// The state is copied out after `since_snapshot` steps; its write
+    /// takes `background` seconds more (0: it is finished already).
+    fn snapshot(&mut self, background: f64) {
+        self.before_snapshot += self.since_snapshot;
+        self.since_snapshot = 0;
+        if background > 0.0 {
+            self.write_left = background;
+        } else {
+            self.finish_write();
+        }
+    }
+
+    /// A failure: a write in flight is lost with the job's host memory.
+    fn cut_write(&mut self) {
+        if self.write_left > 0.0 {
+            self.write_left = 0.0;
+            self.tally.writes_cut += 1;
+        }
+    }
+
+    /// Back to the last finished checkpoint (or the start).
     fn roll_back(&mut self) {
-        self.tally.lost_steps += self.pending;
-        self.pending = 0;
+        self.tally.lost_steps += self.before_snapshot + self.since_snapshot;
+        self.before_snapshot = 0;
+        self.since_snapshot = 0;
     }
 
+    /// A rollback's downtime: its parts, the read only if there is a
+    /// checkpoint to read.
     fn rollback_seconds(&self) -> f64 {
         if self.has_checkpoint {
             self.costs.rollback_seconds
         } else {
-            self.costs.rollback_seconds - self.costs.checkpoint_read_seconds
+            self.costs.detect_seconds + self.costs.restart_seconds + self.costs.reconfigure_seconds
         }
     }
 
@@ -271,7 +371,7 @@ impl Run<'_> {
         if self.has_checkpoint {
             self.costs.spare_cube_seconds
         } else {
-            self.costs.spare_cube_seconds - self.costs.checkpoint_read_seconds
+            self.costs.detect_seconds + self.costs.reconfigure_seconds
         }
     }
 }
@@ -305,8 +405,7 @@ impl SparePool {
 /// draws the same failures whatever the plan's interval, so runs that
 /// differ only in their interval are compared on the same failures.
 pub fn simulate_run(exposure: &Exposure, costs: &Costs, plan: Plan, replicate: u64) -> Tally {
-    let horizon = plan.horizon_seconds;
-    let mut failures = Failures {
+    let failures = Failures {
         rng: SimRng::new(plan.seed),
         replicate,
         index: 0,
@@ -314,14 +413,38 @@ pub fn simulate_run(exposure: &Exposure, costs: &Costs, plan: Plan, replicate: u
         mtbf: costs.system_mtbf_seconds,
         units: exposure.units,
     };
+    simulate_failures(exposure, costs, plan, failures)
+}
+
+/// Simulates a run through the given failures, `(seconds from the start,
+/// failed unit)` in time order (a unit is taken modulo the exposure's
+/// units); when they run out, no more fail. What
+/// [`simulate_run`] does with its drawn failures, for a timeline chosen by
+/// hand (a failure in the middle of a write, say).
+pub fn simulate_failures(
+    exposure: &Exposure,
+    costs: &Costs,
+    plan: Plan,
+    failures: impl IntoIterator<Item = (f64, u32)>,
+) -> Tally {
+    let horizon = plan.horizon_seconds;
+    let mut failures = failures.into_iter();
+    let units = exposure.units.max(1);
+    let mut draw = move || {
+        failures
+            .next()
+            .map_or((f64::INFINITY, 0), |(at, unit)| (at, unit % units))
+    };
     let mut run = Run {
         costs,
         plan,
         tally: Tally {
-            wall_seconds: horizon,
+            simulated_seconds: horizon,
             ..Tally::default()
         },
-        pending: 0,
+        since_snapshot: 0,
+        before_snapshot: 0,
+        write_left: 0.0,
         has_checkpoint: false,
     };
     let redundant = plan.recovery == RecoveryPolicy::Redundant;
@@ -340,7 +463,7 @@ pub fn simulate_run(exposure: &Exposure, costs: &Costs, plan: Plan, replicate: u
         ok
     };
     let mut now = 0.0;
-    let mut next = failures.next();
+    let mut next = draw();
     let mut episode: Vec<u32> = Vec::new();
     while now < horizon {
         let (at, unit) = next;
@@ -348,7 +471,8 @@ pub fn simulate_run(exposure: &Exposure, costs: &Costs, plan: Plan, replicate: u
             run.train(horizon - now);
             break;
         }
-        run.train(at - now);
+        run.train((at - now).max(0.0));
+        run.cut_write();
         run.tally.restarts += 1;
         episode.clear();
         episode.push(unit);
@@ -360,8 +484,8 @@ pub fn simulate_run(exposure: &Exposure, costs: &Costs, plan: Plan, replicate: u
         if spare_cube {
             swapped = take_spare(&mut run, at);
         }
-        let mut start = at;
-        next = failures.next();
+        let mut start = at.max(now);
+        next = draw();
         loop {
             let duration = if spare_cube && swapped {
                 run.spare_cube_seconds()
@@ -372,6 +496,7 @@ pub fn simulate_run(exposure: &Exposure, costs: &Costs, plan: Plan, replicate: u
             };
             let (again, unit) = next;
             if again < start + duration && again < horizon {
+                let again = again.max(start);
                 run.tally.recovery_seconds += again - start;
                 run.tally.restarts += 1;
                 if !copies_lost
@@ -389,7 +514,7 @@ pub fn simulate_run(exposure: &Exposure, costs: &Costs, plan: Plan, replicate: u
                     swapped = take_spare(&mut run, again) && swapped;
                 }
                 start = again;
-                next = failures.next();
+                next = draw();
                 continue;
             }
             let end = (start + duration).min(horizon);
@@ -452,9 +577,9 @@ mod tests {
                     + t.recovery_seconds
                     + t.replication_seconds;
                 assert!(
-                    (sum - t.wall_seconds).abs() < 1e-6 * t.wall_seconds,
+                    (sum - t.simulated_seconds).abs() < 1e-6 * t.simulated_seconds,
                     "{recovery} {n:?}: {sum} vs {}",
-                    t.wall_seconds
+                    t.simulated_seconds
                 );
                 assert!(t.restarts > 100, "{t:?}");
             }

@@ -62,3 +62,9 @@ pub enum FaultError {
         cube: u32,
     },
 }
+
+impl From<FaultError> for crate::error::OptimError {
+    fn from(error: FaultError) -> Self {
+        crate::error::OptimError::new(crate::error::ErrorKind::Fault, error)
+    }
+}

@@ -80,8 +80,11 @@ fn set_state(world: &mut World, id: DeviceId, state: DeviceState) -> Result<(), 
     if matches!(*current, DeviceState::Killed { .. }) {
         return Err(FaultError::DeviceKilled(id));
     }
+    // A device is dated from when it went silent: killing a paused device
+    // keeps the pause's time, so detection latency counts from then.
+    let was_running = current.is_running();
     *current = state;
-    if !state.is_running() {
+    if was_running && !state.is_running() {
         world
             .get_mut::<InjectedFault>(entity)
             .expect("devices record injected faults")

@@ -1,6 +1,6 @@
 //! Device HBM as the monitor sees it: every reservation and release goes
 //! through here, so a device's [`HbmUsage`] always equals the bytes in use
-//! in its [`DeviceHeap`].
+//! in its [`DeviceHeap`], and a profiler's [`super::journal`] sees them all.
 //!
 //! Two kinds of reservation share a heap: the optimizer state (one block
 //! per [`OptimizerSlot`], held for as long as the slot exists, recorded in
@@ -72,6 +72,7 @@ pub fn reserve(
     match heap.0.alloc(bytes) {
         Ok(block) => {
             publish(world, device);
+            super::journal::record_reserve(world, device, block, purpose);
             Ok(block)
         }
         Err(_) => {
@@ -107,6 +108,7 @@ pub fn release(world: &mut World, device: Entity, offset: usize) -> Result<usize
     }
     let released = before - heap.0.used_bytes();
     publish(world, device);
+    super::journal::record_release(world, device, offset, released);
     Ok(released)
 }
 
@@ -229,6 +231,9 @@ pub fn rebuild_heaps(world: &mut World) -> Result<(), MemoryError> {
     let devices: Vec<(Entity, u64)> = q.iter(world).map(|(e, c)| (e, c.0)).collect();
     for &(device, capacity) in &devices {
         let bytes = usize::try_from(capacity).unwrap_or(usize::MAX);
+        if world.get::<DeviceHeap>(device).is_some() {
+            super::journal::record_rebuild(world, device);
+        }
         world
             .entity_mut(device)
             .insert(DeviceHeap(Heap::new(bytes, ALIGNMENT)));

@@ -49,3 +49,9 @@ pub enum MemoryError {
     #[error("the optimizer has no device 0 to hold its state")]
     NoStateDevice,
 }
+
+impl From<MemoryError> for crate::error::OptimError {
+    fn from(error: MemoryError) -> Self {
+        crate::error::OptimError::new(crate::error::ErrorKind::Memory, error)
+    }
+}

@@ -3,8 +3,13 @@
 
 use thiserror::Error;
 
-/// Result alias of the optimizers.
-pub type Result<T, E = OptimizerError> = std::result::Result<T, E>;
+/// Result alias of the optimizers: they return the crate's one error type
+/// ([`OptimError`](crate::error::OptimError), kind `Optimizer`, holding an
+/// [`OptimizerError`]), so generic code over [`crate::Optimizer`] returns
+/// what `step` returns, unchanged, and a wrapping optimizer
+/// (`TPUOptimizer`) passes on its compile, memory or execution errors as
+/// they are.
+pub type Result<T, E = crate::error::OptimError> = std::result::Result<T, E>;
 
 /// An optimizer step or state change was refused.
 #[derive(Debug, Error)]
@@ -49,9 +54,10 @@ pub enum OptimizerError {
         /// The names there are.
         known: String,
     },
-    /// A wrapping optimizer (such as `TPUOptimizer`) failed below the
-    /// rule — compiling, reserving device memory, executing. The source keeps
-    /// its type: `OptimError::from` gives the original error back.
-    #[error(transparent)]
-    Backend(Box<dyn std::error::Error + Send + Sync + 'static>),
+}
+
+impl From<OptimizerError> for crate::error::OptimError {
+    fn from(error: OptimizerError) -> Self {
+        crate::error::OptimError::new(crate::error::ErrorKind::Optimizer, error)
+    }
 }

@@ -20,6 +20,7 @@ use ndarray::{Array, ArrayD, Dimension, IxDyn};
 use rayon::prelude::*;
 
 use super::error::{OptimizerError, Result};
+use crate::error::OptimError;
 use crate::memory::output_buffer;
 use crate::optimizers::{FloatElement, OptimizerState, StateSlot, check_same_shape};
 
@@ -193,11 +194,12 @@ pub(crate) fn next_count<A>(state: &Option<OptimizerState<A>>) -> i32 {
     state.as_ref().map_or(0, |s| s.count).saturating_add(1)
 }
 
-fn invalid_state(optimizer: &str, reason: impl Into<String>) -> OptimizerError {
+fn invalid_state(optimizer: &str, reason: impl Into<String>) -> OptimError {
     OptimizerError::InvalidState {
         optimizer: optimizer.to_string(),
         reason: reason.into(),
     }
+    .into()
 }
 
 /// The state for params of `shape`: created with `initial` values on first
@@ -216,7 +218,8 @@ fn prepare_state<'s, A: FloatElement>(
             optimizer: name.to_string(),
             state: existing.to_vec(),
             params: shape.to_vec(),
-        });
+        }
+        .into());
     }
     Ok(state.get_or_insert_with(|| OptimizerState {
         count: 0,
@@ -380,6 +383,6 @@ pub(crate) fn validate_state<A: FloatElement>(
 
 /// The error a kernel returns when it is handed the wrong number of slots
 /// (unreachable through the public API, which validates states).
-pub(crate) fn wrong_slot_count(name: &str, expected: usize, got: usize) -> OptimizerError {
+pub(crate) fn wrong_slot_count(name: &str, expected: usize, got: usize) -> OptimError {
     invalid_state(name, format!("expected {expected} state slots, got {got}"))
 }

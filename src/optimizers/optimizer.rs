@@ -272,6 +272,7 @@ pub fn check_same_shape<A, D: Dimension>(params: &Array<A, D>, grads: &Array<A, 
         Err(OptimizerError::ShapeMismatch {
             params: params.shape().to_vec(),
             grads: grads.shape().to_vec(),
-        })
+        }
+        .into())
     }
 }

@@ -46,7 +46,7 @@ fn shape_mismatch_between_params_and_grads_is_an_error() {
         let grads = Array2::<f32>::zeros((3, 2));
         let err = Optimizer::step(opt.as_mut(), &params, &grads).unwrap_err();
         assert!(
-            matches!(&err, OptimizerError::ShapeMismatch { params, grads } if params == &[2, 3] && grads == &[3, 2]),
+            matches!(err.downcast_ref::<OptimizerError>(), Some(OptimizerError::ShapeMismatch { params, grads }) if params == &[2, 3] && grads == &[3, 2]),
             "{err}"
         );
         assert!(err.to_string().contains("[2, 3]"), "{err}");
@@ -63,7 +63,10 @@ fn state_is_keyed_by_the_first_shape_until_reset() {
         .step(&Array1::<f32>::ones(5), &Array1::<f32>::ones(5))
         .unwrap_err();
     assert!(
-        matches!(err, OptimizerError::StateShapeMismatch { .. }),
+        matches!(
+            err.downcast_ref::<OptimizerError>(),
+            Some(OptimizerError::StateShapeMismatch { .. })
+        ),
         "{err}"
     );
     assert!(
@@ -253,24 +256,30 @@ fn set_state_validates_names_shapes_and_count() {
         slots: vec![slot("nu", 3), slot("mu", 3)],
     };
     assert!(matches!(
-        adam.set_state(bad_names),
-        Err(OptimizerError::InvalidState { .. })
+        adam.set_state(bad_names)
+            .unwrap_err()
+            .downcast_ref::<OptimizerError>(),
+        Some(OptimizerError::InvalidState { .. })
     ));
     let bad_shapes = OptimizerState {
         count: 0,
         slots: vec![slot("mu", 3), slot("nu", 4)],
     };
     assert!(matches!(
-        adam.set_state(bad_shapes),
-        Err(OptimizerError::InvalidState { .. })
+        adam.set_state(bad_shapes)
+            .unwrap_err()
+            .downcast_ref::<OptimizerError>(),
+        Some(OptimizerError::InvalidState { .. })
     ));
     let bad_count = OptimizerState {
         count: -1,
         slots: vec![slot("mu", 3), slot("nu", 3)],
     };
     assert!(matches!(
-        adam.set_state(bad_count),
-        Err(OptimizerError::InvalidState { .. })
+        adam.set_state(bad_count)
+            .unwrap_err()
+            .downcast_ref::<OptimizerError>(),
+        Some(OptimizerError::InvalidState { .. })
     ));
     assert!(adam.state().is_none());
 

@@ -92,3 +92,9 @@ pub enum SnapshotError {
         reason: String,
     },
 }
+
+impl From<SnapshotError> for crate::error::OptimError {
+    fn from(error: SnapshotError) -> Self {
+        crate::error::OptimError::new(crate::error::ErrorKind::Snapshot, error)
+    }
+}

@@ -246,7 +246,7 @@ impl Pod {
             ),
         );
         for label in [Step.intern(), Compile.intern()] {
-            crate::schedule::build(&mut world, label).map_err(OptimError::Schedule)?;
+            crate::schedule::build(&mut world, label).map_err(OptimError::schedule)?;
         }
         let engine_systems = world
             .resource::<Schedules>()
@@ -274,7 +274,8 @@ impl Pod {
     /// [`StepSystems`] sets, and each other) and builds it at once. A batch
     /// that makes the schedule ambiguous (two systems with conflicting data
     /// access and no order between them) or otherwise unbuildable is taken
-    /// out again and refused with [`OptimError::Schedule`], whose message
+    /// out again and refused with an error of kind
+    /// [`ErrorKind::Schedule`](crate::error::ErrorKind::Schedule), whose message
     /// names both systems; the pod keeps its previous schedule and steps as
     /// before.
     ///
@@ -310,8 +311,8 @@ impl Pod {
             Ok(()) => Ok(()),
             Err(message) => {
                 crate::schedule::remove_host_systems(&mut self.world, Step, set)
-                    .map_err(OptimError::Schedule)?;
-                Err(OptimError::Schedule(message))
+                    .map_err(OptimError::schedule)?;
+                Err(OptimError::schedule(message))
             }
         }
     }
@@ -323,7 +324,7 @@ impl Pod {
     /// ambiguous pair.
     pub fn validate_schedules(&mut self) -> Result<()> {
         for label in [Step.intern(), Compile.intern()] {
-            crate::schedule::build(&mut self.world, label).map_err(OptimError::Schedule)?;
+            crate::schedule::build(&mut self.world, label).map_err(OptimError::schedule)?;
         }
         Ok(())
     }
@@ -430,7 +431,7 @@ impl Pod {
         self.world
             .resource::<DeviceIndex>()
             .get(DeviceId(device))
-            .ok_or(OptimError::Fault(health::FaultError::UnknownDevice(
+            .ok_or(OptimError::from(health::FaultError::UnknownDevice(
                 DeviceId(device),
             )))
     }
@@ -642,9 +643,8 @@ impl Pod {
         max_checkpoints: usize,
     ) -> Result<()> {
         if every_ticks == 0 || roots.is_empty() || max_checkpoints == 0 {
-            return Err(OptimError::InvalidConfig(
-                "periodic checkpoints need every_ticks >= 1, a root and max_checkpoints >= 1"
-                    .into(),
+            return Err(OptimError::invalid_config(
+                "periodic checkpoints need every_ticks >= 1, a root and max_checkpoints >= 1",
             ));
         }
         self.world.insert_resource(PeriodicCheckpoints {

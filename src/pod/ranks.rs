@@ -170,7 +170,7 @@ impl RankedPod {
         if topology.cubes.is_some() && layout.ranks() > 1 {
             // A cube's failure mark follows the coordination service's
             // health view, which only rank 0 holds.
-            return Err(OptimError::Unsupported {
+            return Err(OptimError::from(crate::error::Unsupported {
                 operation: format!(
                     "splitting the cube-built pod `{}` over ranks",
                     topology.name
@@ -179,7 +179,7 @@ impl RankedPod {
                          failure follows the coordination service's view, which only rank 0 \
                          holds"
                     .into(),
-            });
+            }));
         }
         let mut pod = Pod::from_topology(topology)?;
         let start_digest = pod.world_sha256()?;
@@ -410,13 +410,13 @@ impl RankedPod {
     fn single_slice_torus(&self, what: &str) -> Result<crate::collectives::TorusShape> {
         let topology = self.pod.topology();
         if topology.slices > 1 {
-            return Err(OptimError::Unsupported {
+            return Err(OptimError::from(crate::error::Unsupported {
                 operation: format!("a hierarchical {what} over a multislice pod split over ranks"),
                 reason: "split pods run the single-slice collectives; run a multislice \
                          pod's collectives in one process (a split multislice model trains: \
                          `ShardedOptimizer::new_ranked`)"
                     .into(),
-            });
+            }));
         }
         Ok(crate::collectives::pod::torus_of(topology)?)
     }
@@ -431,7 +431,7 @@ impl RankedPod {
         for (d, buffer) in local.iter().enumerate() {
             let device = crate::topology::DeviceId(d as u32);
             if buffer.is_some() != self.layout.is_local(device) {
-                return Err(OptimError::InvalidConfig(format!(
+                return Err(OptimError::invalid_config(format!(
                     "a collective on rank {}: {device} runs on rank {}, but this rank was {} \
                      buffer for it (give exactly this rank's devices' buffers)",
                     self.layout.rank(),

@@ -120,10 +120,11 @@ impl Pod {
     ///
     /// The `Step` schedule is built first, so systems a host added through
     /// [`Pod::world_mut`] are counted (and fall back to single ticks), and
-    /// an ambiguous schedule is [`OptimError::Schedule`] before any tick
+    /// an ambiguous schedule is an error of kind
+    /// [`ErrorKind::Schedule`](crate::error::ErrorKind::Schedule) before any tick
     /// instead of a panic.
     pub fn run_skipping(&mut self, ticks: u64) -> Result<SkipStats> {
-        crate::schedule::build(&mut self.world, Step).map_err(OptimError::Schedule)?;
+        crate::schedule::build(&mut self.world, Step).map_err(OptimError::schedule)?;
         let mut stats = SkipStats::default();
         let target = self.clock().tick.saturating_add(ticks);
         while self.clock().tick < target {
@@ -163,7 +164,7 @@ impl Pod {
         until_ns: u64,
         mut done: impl FnMut(&World) -> bool,
     ) -> Result<SkipStats> {
-        crate::schedule::build(&mut self.world, Step).map_err(OptimError::Schedule)?;
+        crate::schedule::build(&mut self.world, Step).map_err(OptimError::schedule)?;
         let mut stats = SkipStats::default();
         let previous = self.world.resource::<ExactStops>().host_ns;
         self.world.resource_mut::<ExactStops>().host_ns = Some(until_ns);

@@ -15,11 +15,13 @@
 //! Wall-clock and simulated times are separate processes: they are different
 //! clocks, and Perfetto shows them one above the other.
 //!
-//! The memory export lists the allocations and releases of every compiled
-//! program's buffers (from its `MemoryPlan`, in plan steps: a buffer is
-//! allocated at the step that defines it and released after its last use)
-//! and a snapshot of the live buffers at the peak. It is empty until a
-//! program has been compiled.
+//! The memory export lists the device-memory reservations and releases the
+//! pod's runs really made (optimizer state, a step's buffers, a sharded
+//! model's shards; each with its simulated time, holder, offset and size),
+//! and each device's heap at its highest use, snapshotted while the
+//! reservation that reached it was held. Compiling reserves nothing, so the
+//! export is empty until something has run (a compiled program's planned
+//! buffers are in its `CompileReport`, not here).
 //!
 //! Exports go to the path the caller gives and never replace a file: an
 //! existing path is refused with [`ProfilingError::Exists`].
@@ -29,6 +31,7 @@ use crate::collectives::pod::{Collective, CollectiveOutcome};
 use crate::compiler::CompileReport;
 use crate::compiler::executable::KernelTiming;
 use crate::error::Result;
+use crate::memory::journal::{self, HbmEvent, HbmPeak};
 use crate::pod::Pod;
 use crate::topology::DeviceId;
 use crate::transport::{Inbox, Payload};
@@ -101,112 +104,35 @@ pub struct Counters {
     pub kernels_executed: u64,
 }
 
-/// A buffer event of the memory export.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct MemoryEvent {
-    /// The program.
-    pub program: String,
-    /// The value the buffer holds.
-    pub value: String,
-    /// `"alloc"` or `"free"`.
-    pub kind: &'static str,
-    /// Plan step (kernel position) of the event.
-    pub step: u32,
-    /// Offset in the program's heap.
-    pub offset: usize,
-    /// Bytes.
-    pub size: usize,
-}
-
-/// The live buffers of one program at its peak.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct PeakSnapshot {
-    /// The program.
-    pub program: String,
-    /// Plan step of the peak.
-    pub step: u32,
-    /// Bytes live at that step (overlapping in-place buffers counted once).
-    pub live_bytes: usize,
-    /// Heap size the plan needs (peak offset + size).
-    pub heap_bytes: usize,
-    /// The live buffers: (value, offset, size).
-    pub buffers: Vec<(String, usize, usize)>,
-}
-
-/// Allocations, releases and peaks of every compiled program.
+/// What device memory did while the profiler watched: every reservation
+/// and release a run made (from the pod's [`crate::memory::journal`]), and
+/// each device's heap at its highest use.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct MemoryExport {
-    /// Events in program, then step order (a step's frees before its allocs).
-    pub events: Vec<MemoryEvent>,
-    /// One peak per program.
-    pub peaks: Vec<PeakSnapshot>,
+    /// Reservations, releases and heap rebuilds, in the order they happened.
+    pub events: Vec<HbmEvent>,
+    /// Each device's heap at its highest use, taken while the reservation
+    /// that reached it was held.
+    pub peaks: Vec<HbmPeak>,
+    /// Events the pod dropped because the profiler did not look in time.
+    pub dropped: u64,
 }
 
 impl MemoryExport {
-    /// Adds a compiled program's plan.
-    pub fn add_program(&mut self, report: &CompileReport) {
-        let mut events = Vec::new();
-        for b in &report.buffers {
-            for (kind, step) in [("alloc", b.live.0), ("free", b.live.1 + 1)] {
-                events.push(MemoryEvent {
-                    program: report.program.clone(),
-                    value: b.value.clone(),
-                    kind,
-                    step,
-                    offset: b.offset,
-                    size: b.size,
-                });
+    /// Takes the events the pod recorded since the last look, and its peaks.
+    fn take_from(&mut self, world: &mut World) {
+        journal::enable(world);
+        self.events.extend(journal::take_events(world));
+        let recorded = world.resource::<journal::HbmJournal>();
+        self.dropped = recorded.dropped();
+        for peak in recorded.peaks() {
+            match self.peaks.iter_mut().find(|p| p.device == peak.device) {
+                Some(known) if known.used_bytes >= peak.used_bytes => {}
+                Some(known) => *known = peak.clone(),
+                None => self.peaks.push(peak.clone()),
             }
         }
-        events.sort_by_key(|e| (e.step, e.kind == "alloc", e.offset));
-        let peak = report
-            .buffers
-            .iter()
-            .flat_map(|b| [b.live.0, b.live.1])
-            .map(|step| {
-                let live = occupied_bytes(
-                    report
-                        .buffers
-                        .iter()
-                        .filter(|b| b.live.0 <= step && step <= b.live.1)
-                        .map(|b| (b.offset, b.size)),
-                );
-                (live, std::cmp::Reverse(step))
-            })
-            .max();
-        if let Some((live_bytes, std::cmp::Reverse(step))) = peak {
-            self.peaks.push(PeakSnapshot {
-                program: report.program.clone(),
-                step,
-                live_bytes,
-                heap_bytes: report.memory.peak_bytes,
-                buffers: report
-                    .buffers
-                    .iter()
-                    .filter(|b| b.live.0 <= step && step <= b.live.1)
-                    .map(|b| (b.value.clone(), b.offset, b.size))
-                    .collect(),
-            });
-        }
-        self.events.extend(events);
     }
-}
-
-/// Bytes covered by the union of `(offset, size)` ranges: a buffer that
-/// reuses its input in place shares the input's bytes in the step where one
-/// ends and the other begins, and is counted once.
-pub fn occupied_bytes(ranges: impl Iterator<Item = (usize, usize)>) -> usize {
-    let mut ranges: Vec<(usize, usize)> = ranges.map(|(o, s)| (o, o + s)).collect();
-    ranges.sort_unstable();
-    let (mut total, mut reach) = (0, 0);
-    for (start, end) in ranges {
-        let start = start.max(reach);
-        if end > start {
-            total += end - start;
-            reach = end;
-        }
-    }
-    total
 }
 
 /// The profiler of one pod: build the pod through it, then step and
@@ -269,8 +195,11 @@ impl ProfilingIntegration {
 
     /// Builds a pod whose systems report their runs to this profiler
     /// (`|| Pod::load("v4-8")`).
+    /// Its device memory is recorded from then on.
     pub fn build_pod(&self, build: impl FnOnce() -> Result<Pod>) -> Result<Pod> {
-        self.timer.scope(build)
+        let mut pod = self.timer.scope(build)?;
+        journal::enable(pod.world_mut());
+        Ok(pod)
     }
 
     /// The counters so far.
@@ -380,9 +309,13 @@ impl ProfilingIntegration {
     }
 
     /// Records what the world shows since the last look: messages delivered
-    /// this tick, collectives that finished, failures detected. Call it after
-    /// driving the pod directly.
+    /// this tick, collectives that finished, failures detected, device
+    /// memory reserved and released. Call it after driving the pod directly
+    /// (a `TPUOptimizer` on it: `observe(opt.pod_mut()..)`); on a pod not
+    /// built through [`ProfilingIntegration::build_pod`], device memory is
+    /// recorded from the first call on.
     pub fn observe(&mut self, pod: &mut Pod) {
+        self.memory.take_from(pod.world_mut());
         let messages = pod.world().resource::<Inbox>().messages.clone();
         for m in messages {
             match m.payload {
@@ -463,7 +396,7 @@ impl ProfilingIntegration {
     }
 
     /// Compiles RON program text in the pod's world, recording the compile
-    /// systems, the passes and the memory plan.
+    /// systems and the passes (compiling reserves no device memory).
     pub fn compile_program_str(
         &mut self,
         pod: &mut Pod,
@@ -506,7 +439,6 @@ impl ProfilingIntegration {
             ));
             at += dur;
         }
-        self.memory.add_program(&report);
         Ok(report)
     }
 
@@ -628,16 +560,4 @@ fn write_new(path: &Path, value: &impl Serialize) -> std::result::Result<(), Pro
     serde_json::to_writer(&mut writer, value).map_err(|e| io(e.into()))?;
     writer.flush().map_err(io)?;
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::occupied_bytes;
-
-    #[test]
-    fn overlapping_ranges_count_once() {
-        assert_eq!(occupied_bytes([(0, 10), (5, 10), (40, 4)].into_iter()), 19);
-        assert_eq!(occupied_bytes([(0, 10), (2, 3)].into_iter()), 10);
-        assert_eq!(occupied_bytes(std::iter::empty()), 0);
-    }
 }

@@ -244,3 +244,20 @@ pub enum ShardingError {
     #[error(transparent)]
     Exec(#[from] ExecError),
 }
+
+/// A sharding error that only passes on another domain's error comes back
+/// as that domain's (a link cut at launch is a `Collective` error, out of
+/// HBM a `Memory` one).
+impl From<ShardingError> for crate::error::OptimError {
+    fn from(error: ShardingError) -> Self {
+        use crate::error::{ErrorKind, OptimError};
+        match error {
+            ShardingError::Fault(e) => e.into(),
+            ShardingError::Collective(e) => e.into(),
+            ShardingError::Memory(e) => e.into(),
+            ShardingError::Exec(e) => e.into(),
+            ShardingError::Cluster(e) => e.into(),
+            other => OptimError::new(ErrorKind::Sharding, other),
+        }
+    }
+}

@@ -158,12 +158,11 @@ impl ShardedModel {
     }
 
     /// Simulated seconds to write (or read back) a checkpoint of the
-    /// model on a pod of `hosts` hosts: its bytes at
-    /// [`crate::hardware::CHECKPOINT_READ_BYTES_PER_S_PER_HOST`] on every
-    /// host, the figure `goodput` charges for each write and read.
+    /// model on a pod of `hosts` hosts: its bytes through
+    /// [`crate::hardware::checkpoint_io_seconds`], the cost `goodput`
+    /// charges for each write and read.
     pub fn checkpoint_io_seconds(&self, hosts: u32) -> f64 {
-        self.checkpoint_bytes() as f64
-            / (f64::from(hosts.max(1)) * crate::hardware::CHECKPOINT_READ_BYTES_PER_S_PER_HOST)
+        crate::hardware::checkpoint_io_seconds(self.checkpoint_bytes() as f64, hosts)
     }
 
     /// `adam over 2 tensors [100000, 17] of f32, 26214400-byte buckets,
@@ -319,19 +318,31 @@ pub fn install_model<A: FloatElement>(
     Ok(())
 }
 
-/// Whether the pod can apply `policy`: a spare-cube recovery needs a pod
-/// built of cubes with spares (checked before any work).
+/// Whether the pod can apply `policy` ([`check_recovery_policy`] on its
+/// topology), checked before any work.
 fn check_policy(world: &World, policy: RecoveryPolicy) -> Result<(), ShardingError> {
-    if policy != RecoveryPolicy::SpareCube {
-        return Ok(());
-    }
     let topology = world
         .get_resource::<crate::topology::PodTopology>()
         .map(|t| &t.0);
-    let spares = topology.and_then(|t| t.cubes).map_or(0, |c| c.spares);
-    if spares == 0 {
+    match topology {
+        Some(topology) => check_recovery_policy(topology, policy),
+        None if policy == RecoveryPolicy::SpareCube => Err(ShardingError::NoSpareCubes {
+            pod: "the pod".to_string(),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// Whether a pod of `topology` can apply `policy`: a spare-cube recovery
+/// needs a pod built of cubes with spares. The one check a real model and
+/// the closed-form step ([`super::modeled`]) both apply.
+pub fn check_recovery_policy(
+    topology: &crate::topology::Topology,
+    policy: RecoveryPolicy,
+) -> Result<(), ShardingError> {
+    if policy == RecoveryPolicy::SpareCube && topology.cubes.map_or(0, |c| c.spares) == 0 {
         return Err(ShardingError::NoSpareCubes {
-            pod: topology.map_or_else(|| "the pod".to_string(), |t| t.name.clone()),
+            pod: topology.name.clone(),
         });
     }
     Ok(())

@@ -7,11 +7,14 @@
 //! of `L` elements (a multiple of the device count) runs one pass per axis
 //! `d`: every line of `n_d` devices reduces a segment of
 //! `L_d = L / (n₀ ⋯ n_{d−1})` elements in `n_d − 1` steps, each moving a
-//! `L_d / n_d`-element chunk between neighbours. A step lasts
-//! `α + chunk_bytes / β` on a ring; on a line without wraparound (more
-//! than two devices) the ring's closing message crosses all `n_d − 1`
-//! links, so the step lasts `(n_d − 1)·α + chunk_bytes / β`. The
-//! all-gather mirrors it.
+//! `L_d / n_d`-element chunk between neighbours: a step lasts
+//! `α + chunk_bytes / β` and the line's links carry `n_d·(n_d − 1)`
+//! chunks. That holds on a ring and on a line without wraparound alike (a
+//! mesh axis, or a twisted torus's axis): a line runs two ways, its
+//! partials flowing from both ends to each chunk's owner, never more than
+//! one chunk per link direction per step
+//! ([`crate::collectives::torus_reduce_scatter_traffic`]). The all-gather
+//! mirrors it.
 //!
 //! On a multislice pod of `S` slices of `C` chips, after the slice's axes
 //! each device holds `L / C` elements, and one DCN exchange follows: every
@@ -20,16 +23,27 @@
 //! lasts `α_dcn + h·L/(C·S)·elem / β_rail` (`β_rail` = the host's NIC
 //! bandwidth / (S − 1) / oversubscription, [`Topology::fabric_link_params`]).
 //!
+//! Under the redundant recovery policy every device also sends its new
+//! state shards of each bucket, `slots · L / N · elem` bytes, to its
+//! successor on the snake ring after the bucket's all-gather
+//! (`replicate_state`): one message each, routed, so the pass lasts
+//! `h·α + bytes / β` for the longest route `h` (one link but where the
+//! ring closes over a mesh axis), and each device holds a second copy of
+//! its predecessor's shards in HBM. Rollback and spare-cube cost nothing
+//! per step; their cost is the recovery's.
+//!
 //! These are the traffic records'
 //! [`crate::collectives::Traffic::timeline`] figures for uniform links
-//! (`tests/sharding.rs` compares the two), and the update and the
-//! overlap are [`super::timing`]'s.
+//! (`tests/sharding.rs` and `tests/modeled.rs` compare the two), and the
+//! update and the overlap are [`super::timing`]'s.
 
 use serde::Serialize;
 
 use super::error::ShardingError;
 use super::layout::{ShardLayout, ShardPlan};
+use super::model::{RecoveryPolicy, check_recovery_policy};
 use super::timing::{BucketCost, StepPhase, StepTimeline, schedule};
+use crate::collectives::pod::slice_torus;
 use crate::collectives::{DCN_AXIS, TorusShape};
 use crate::ir::DType;
 use crate::topology::{DeviceId, Topology};
@@ -41,50 +55,37 @@ pub struct ModeledStep {
     pub timeline: StepTimeline,
     /// Bytes over every link.
     pub link_bytes: u64,
-    /// HBM per device: its parameter replica, its state shards, its
-    /// gradient buffer.
+    /// HBM per device: its parameter replica, its state shards (and,
+    /// under the redundant policy, its predecessor's copies), its gradient
+    /// buffer.
     pub hbm_bytes_per_device: u64,
+    /// The recovery policy whose per-step costs are in the figures.
+    pub recovery: RecoveryPolicy,
     /// Buckets.
     pub buckets: usize,
     /// Devices.
     pub devices: usize,
 }
 
-/// One axis pass of `len` elements: (seconds, link bytes).
-fn pass(
-    n: usize,
-    lines: usize,
-    len: usize,
-    wrap: bool,
-    elem: usize,
-    alpha: f64,
-    beta: f64,
-) -> (f64, u64) {
+/// One axis pass of `len` elements over `lines` rings or two-way lines of
+/// `n` devices: (seconds, link bytes).
+fn pass(n: usize, lines: usize, len: usize, elem: usize, alpha: f64, beta: f64) -> (f64, u64) {
     if n < 2 {
         return (0.0, 0);
     }
     let chunk = (len / n * elem) as u64;
-    let routed_back = !(wrap && n >= 3) && n > 2;
-    let step = if routed_back {
-        (n - 1) as f64 * alpha + chunk as f64 / beta
-    } else {
-        alpha + chunk as f64 / beta
-    };
-    let per_step_bytes = if routed_back {
-        2 * (n as u64 - 1) * chunk
-    } else {
-        n as u64 * chunk
-    };
+    let step = alpha + chunk as f64 / beta;
     (
         (n - 1) as f64 * step,
-        lines as u64 * (n as u64 - 1) * per_step_bytes,
+        lines as u64 * (n as u64 - 1) * n as u64 * chunk,
     )
 }
 
 /// The modeled step of a model with `tensors` (names and shapes) of
 /// `dtype` and an optimizer with `slots` state slots, sharded over every
 /// device of `topology` in buckets of `bucket_bytes` (on a multislice pod,
-/// hierarchically: the slice's axes over ICI, then one DCN exchange).
+/// hierarchically: the slice's axes over ICI, then one DCN exchange),
+/// under the default recovery policy (rollback: no per-step cost).
 pub fn modeled_step(
     topology: &Topology,
     tensors: &[(String, Vec<usize>)],
@@ -92,12 +93,55 @@ pub fn modeled_step(
     slots: usize,
     bucket_bytes: usize,
 ) -> Result<ModeledStep, ShardingError> {
-    let n = topology.ndims;
+    modeled_step_with_recovery(
+        topology,
+        tensors,
+        dtype,
+        slots,
+        bucket_bytes,
+        RecoveryPolicy::Rollback,
+    )
+}
+
+/// Each device's redundant-copy message on the snake ring the model's
+/// layout uses ([`ShardLayout::peers`]): (longest route in links, links
+/// summed over one slice's messages).
+fn replication_routes(shape: &TorusShape) -> (u32, u64) {
+    let ring = shape.snake_ring();
+    if ring.len() < 2 {
+        return (0, 0);
+    }
+    let mut longest = 0u32;
+    let mut links = 0u64;
+    for (at, &device) in ring.iter().enumerate() {
+        // A message to a neighbour is one record; a longer route one per link.
+        let hops = shape.path(device, ring[(at + 1) % ring.len()]).len().max(1);
+        longest = longest.max(hops as u32);
+        links += hops as u64;
+    }
+    (longest, links)
+}
+
+/// [`modeled_step`] under `recovery`: the redundant policy's copies cost
+/// HBM and a `replicate_state` pass per bucket (module docs); a policy the
+/// pod cannot apply (spare-cube without spare cubes) is the error building
+/// the real model gives.
+pub fn modeled_step_with_recovery(
+    topology: &Topology,
+    tensors: &[(String, Vec<usize>)],
+    dtype: DType,
+    slots: usize,
+    bucket_bytes: usize,
+    recovery: RecoveryPolicy,
+) -> Result<ModeledStep, ShardingError> {
+    check_recovery_policy(topology, recovery)?;
     let slices = topology.slices as usize;
-    let mut dims: Vec<usize> = topology.dims[..n].iter().map(|&d| d as usize).collect();
-    let mut wrap: Vec<bool> = (0..n)
-        .map(|a| topology.wraparound[a] && topology.dims[a] >= 3 && topology.twist[a] == [0; 3])
-        .collect();
+    // The slice's rings and lines as the collectives lay them.
+    let slice = slice_torus(topology).map_err(|e| ShardingError::Devices {
+        reason: e.to_string(),
+    })?;
+    let mut dims = slice.dims().to_vec();
+    let mut wrap = slice.wraparound().to_vec();
     // A multislice pod: the slice padded to 3 axes, then the DCN pass.
     let dcn = if slices > 1 {
         let fabric = topology.dcn_fabric.ok_or_else(|| ShardingError::Devices {
@@ -147,6 +191,13 @@ pub fn modeled_step(
         topology.ici.bytes_per_s,
     );
     let hbm_per_s = topology.generation.spec().hbm_bytes_per_s;
+    let redundant = recovery == RecoveryPolicy::Redundant && devices > 1;
+    let (replication_hops, replication_links) = if redundant {
+        let (hops, links) = replication_routes(&shape);
+        (hops, links * slices as u64)
+    } else {
+        (0, 0)
+    };
     let mut lengths: Vec<usize> = layout.buckets.iter().map(|b| b.padded_len).collect();
     lengths.sort_unstable();
     lengths.dedup();
@@ -156,19 +207,11 @@ pub fn modeled_step(
         let mut rs = Vec::with_capacity(4);
         let mut bytes = 0u64;
         let mut segment = len;
-        for d in 0..dims.len() {
-            let (seconds, moved) = pass(
-                dims[d],
-                chips / dims[d] * slices,
-                segment,
-                wrap[d],
-                elem,
-                alpha,
-                beta,
-            );
+        for (d, &n) in dims.iter().enumerate() {
+            let (seconds, moved) = pass(n, chips / n * slices, segment, elem, alpha, beta);
             rs.push((StepPhase::ReduceScatter { axis: d as u32 }, seconds));
             bytes += 2 * moved;
-            segment /= dims[d];
+            segment /= n;
         }
         if let Some((_, rail)) = dcn {
             // One exchange: every host sends each other slice the chunk of
@@ -179,7 +222,7 @@ pub fn modeled_step(
             let hosts = (chips / chips_per_host.max(1) * slices) as u64;
             bytes += 2 * hosts * (slices as u64 - 1) * chunk;
         }
-        let ag: Vec<(StepPhase, f64)> = rs
+        let mut ag: Vec<(StepPhase, f64)> = rs
             .iter()
             .rev()
             .map(|&(p, s)| match p {
@@ -190,6 +233,15 @@ pub fn modeled_step(
             .collect();
         let rs = rs.into_iter().filter(|&(_, s)| s > 0.0).collect();
         let shard = len / devices;
+        if redundant {
+            // After the bucket's all-gather, on the same stream.
+            let copy = (slots * shard * elem) as u64;
+            ag.push((
+                StepPhase::ReplicateState,
+                f64::from(replication_hops) * alpha + copy as f64 / beta,
+            ));
+            bytes += copy * replication_links;
+        }
         costs.push(BucketCost {
             reduce_scatter: rs,
             update: ((3 + 2 * slots) * shard * elem) as f64 / hbm_per_s,
@@ -208,13 +260,119 @@ pub fn modeled_step(
         .map(|b| bytes_per_length[lengths.binary_search(&b.padded_len).unwrap_or(0)])
         .sum();
     let align = |b: usize| (b.max(1)).next_multiple_of(crate::memory::ALIGNMENT) as u64;
-    let hbm =
-        2 * align(layout.elements * elem) + slots as u64 * align(layout.shard_elements() * elem);
+    let copies = if redundant { 2 } else { 1 };
+    let hbm = 2 * align(layout.elements * elem)
+        + copies * slots as u64 * align(layout.shard_elements() * elem);
     Ok(ModeledStep {
         timeline: schedule(&per_bucket),
         link_bytes,
         hbm_bytes_per_device: hbm,
+        recovery,
         buckets: layout.buckets.len(),
         devices,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::topology::{load_preset, parse_topology};
+
+    fn adam(topology: &Topology, params: usize, recovery: RecoveryPolicy) -> ModeledStep {
+        let tensors = vec![("w".to_string(), vec![params])];
+        modeled_step_with_recovery(topology, &tensors, DType::F32, 2, 1 << 20, recovery).unwrap()
+    }
+
+    #[test]
+    fn redundant_copies_cost_a_second_state_copy_and_a_replication_pass() {
+        let topology = load_preset("v5e-16").unwrap();
+        let rollback = adam(&topology, 160_000, RecoveryPolicy::Rollback);
+        let redundant = adam(&topology, 160_000, RecoveryPolicy::Redundant);
+        // Two slots of 10,000 elements per device (one bucket of 640 KB).
+        assert_eq!(
+            redundant.hbm_bytes_per_device - rollback.hbm_bytes_per_device,
+            2 * 40_000
+        );
+        let replicate = redundant.timeline.phases["replicate_state"];
+        // One link on the v5e torus: α + 80 KB / β.
+        let ici = &topology.ici;
+        let expected = ici.latency_ns as f64 * 1e-9 + 80_000.0 / ici.bytes_per_s;
+        assert!(
+            (replicate - expected).abs() <= 1e-15,
+            "{replicate} vs {expected}"
+        );
+        // 16 messages of 80 KB, one link each.
+        assert_eq!(redundant.link_bytes - rollback.link_bytes, 16 * 80_000);
+        assert!(
+            (redundant.timeline.step_seconds - rollback.timeline.step_seconds - replicate).abs()
+                <= 1e-15
+        );
+        assert!(!rollback.timeline.phases.contains_key("replicate_state"));
+        assert_eq!(
+            adam(&topology, 160_000, RecoveryPolicy::Redundant).recovery,
+            RecoveryPolicy::Redundant
+        );
+    }
+
+    #[test]
+    fn spare_cube_without_spares_is_the_error_a_real_model_gives() {
+        let topology = load_preset("v5e-16").unwrap();
+        let tensors = vec![("w".to_string(), vec![1000])];
+        let err = modeled_step_with_recovery(
+            &topology,
+            &tensors,
+            DType::F32,
+            2,
+            1 << 20,
+            RecoveryPolicy::SpareCube,
+        )
+        .unwrap_err();
+        assert!(matches!(err, ShardingError::NoSpareCubes { .. }), "{err}");
+        let cubes = parse_topology(
+            "Pod(name: \"c\", generation: \"v4\", shape: \"4x4x8\", cubes: (spares: 1))",
+            "c.ron",
+        )
+        .unwrap();
+        let spare = adam(&cubes, 1 << 14, RecoveryPolicy::SpareCube);
+        assert_eq!(
+            spare,
+            ModeledStep {
+                recovery: RecoveryPolicy::SpareCube,
+                ..adam(&cubes, 1 << 14, RecoveryPolicy::Rollback)
+            }
+        );
+    }
+
+    #[test]
+    fn a_twisted_axis_runs_two_way_lines_at_the_plain_torus_s_cost() {
+        let plain = parse_topology(
+            "Pod(name: \"p\", generation: \"v4\", shape: \"4x4x8\")",
+            "p.ron",
+        )
+        .unwrap();
+        let twisted = parse_topology(
+            "Pod(name: \"t\", generation: \"v4\", shape: \"4x4x8\", twist: \"twisted\")",
+            "t.ron",
+        )
+        .unwrap();
+        let params = 128 * 1000;
+        let (p, t) = (
+            adam(&plain, params, RecoveryPolicy::Rollback),
+            adam(&twisted, params, RecoveryPolicy::Rollback),
+        );
+        // 2(N−1)/N of the model per device: 2 · 127 · 512 KB over all links.
+        assert_eq!(t.link_bytes, 2 * 127 * params as u64 * 4);
+        assert_eq!(t.link_bytes, p.link_bytes);
+        assert!((t.timeline.step_seconds - p.timeline.step_seconds).abs() <= 1e-15);
+        // A mesh line costs what a ring does too.
+        let mesh = parse_topology(
+            "Pod(name: \"m\", generation: \"v4\", shape: \"4x4x8\", wraparound: [false, false, false])",
+            "m.ron",
+        )
+        .unwrap();
+        assert_eq!(
+            adam(&mesh, params, RecoveryPolicy::Rollback).link_bytes,
+            p.link_bytes
+        );
+    }
 }

@@ -1,6 +1,5 @@
 //! Errors from loading and validating pod files.
 
-use std::path::PathBuf;
 use thiserror::Error;
 
 /// A pod file that could not be read, parsed or accepted.
@@ -11,15 +10,11 @@ use thiserror::Error;
 #[derive(Debug, Error)]
 #[non_exhaustive]
 pub enum TopologyError {
-    /// The file could not be read.
-    #[error("cannot read pod file {path}: {source}")]
-    Read {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        #[source]
-        source: std::io::Error,
-    },
+    /// The file could not be read: missing, not a regular file (a named
+    /// pipe, a device, a directory), larger than a pod file may be, or
+    /// unreadable. The message names the file.
+    #[error("cannot read pod file {0}")]
+    Read(crate::files::InputError),
     /// The text is not a well-formed pod file.
     #[error("{origin}:{line}:{column}: in `{field}`: {message}")]
     Syntax {
@@ -262,4 +257,10 @@ pub enum Problem {
         /// Timeout.
         timeout_ms: f64,
     },
+}
+
+impl From<TopologyError> for crate::error::OptimError {
+    fn from(error: TopologyError) -> Self {
+        crate::error::OptimError::new(crate::error::ErrorKind::Topology, error)
+    }
 }

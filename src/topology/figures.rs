@@ -202,7 +202,9 @@ pub fn compute_figures(world: &mut World) -> TopologyFigures {
             (coords[a as usize][3] < slice_cut) != (coords[b as usize][3] < slice_cut)
         })
         .map(|&(_, _, bandwidth)| bandwidth)
-        .sum();
+        // Not `sum()`: an empty f64 sum is -0.0, which `--json` printed
+        // for every one-slice pod.
+        .fold(0.0, |total, bandwidth| total + bandwidth);
     let alltoall_bytes_per_s = match mean_hops {
         Some(hops) => {
             let capacity_bound = allreduce / hops;

@@ -28,12 +28,15 @@ pub use spawn::spawn_topology;
 
 use std::path::Path;
 
-/// Reads and validates a pod file.
+/// The largest pod file read: an explicit link list of a 4,096-chip pod is
+/// about a megabyte.
+pub const MAX_POD_FILE_BYTES: u64 = 16 << 20;
+
+/// Reads and validates a pod file: a regular file of at most
+/// [`MAX_POD_FILE_BYTES`] (a named pipe or a device is refused unopened).
 pub fn load_topology_file(path: &Path) -> Result<Topology, TopologyError> {
-    let text = std::fs::read_to_string(path).map_err(|source| TopologyError::Read {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let text = crate::files::read_text(path, MAX_POD_FILE_BYTES, "a pod file")
+        .map_err(TopologyError::Read)?;
     parse_topology(&text, &path.display().to_string())
 }
 

@@ -174,7 +174,7 @@ fn optimizer_named(name: &str) -> Result<(UpdateKind, Box<dyn Optimizer<f32, IxD
     let kind = opt
         .update_rule()
         .map(|r| r.update_kind())
-        .ok_or_else(|| OptimError::InvalidConfig(format!("`{name}` has no update rule")))?;
+        .ok_or_else(|| OptimError::invalid_config(format!("`{name}` has no update rule")))?;
     Ok((kind, opt))
 }
 
@@ -315,7 +315,7 @@ impl Floor {
                     }
                 }),
             more => {
-                return Err(OptimError::InvalidConfig(format!(
+                return Err(OptimError::invalid_config(format!(
                     "the floor kernel covers up to 2 state slots, not {}",
                     more.len()
                 )));
@@ -337,7 +337,7 @@ fn check_host_memory(name: &str, slots: usize, size: usize, budget: u128) -> Res
     let needed = bench_host_bytes(slots, size);
     if needed > budget {
         let gib = |b: u128| b as f64 / (1u64 << 30) as f64;
-        return Err(OptimError::InvalidConfig(format!(
+        return Err(OptimError::invalid_config(format!(
             "{name} on {size} f32 parameters needs {:.1} GiB of host memory for params, \
              grads, state and outputs; {:.1} GiB is available: use a smaller size",
             gib(needed),
@@ -389,7 +389,7 @@ pub fn host_memory_budget() -> u128 {
 /// ([`bench_host_bytes`]) do not fit in [`host_memory_budget`].
 pub fn bench_optimizer(name: &str, size: usize, steps: usize) -> Result<OptimizerBench> {
     if size == 0 || steps == 0 {
-        return Err(OptimError::InvalidConfig(format!(
+        return Err(OptimError::invalid_config(format!(
             "size ({size}) and steps ({steps}) must be positive"
         )));
     }

@@ -54,7 +54,7 @@ impl TPUConfig {
     pub fn validate(&self) -> Result<usize> {
         let spec = self.tpu_version.spec();
         let per_chip = spec.cores_per_chip as usize;
-        let invalid = |m: String| Err(OptimError::InvalidConfig(m));
+        let invalid = |m: String| Err(OptimError::invalid_config(m));
         if self.num_cores == 0 {
             return invalid("num_cores is 0; a TPU optimizer needs at least one core".into());
         }

@@ -327,10 +327,9 @@ where
         sharding: ShardingConfig,
     ) -> Result<ShardedOptimizer<O, A>> {
         if matches!(self.place, Place::Own(_)) {
-            return Err(crate::error::OptimError::InvalidConfig(
+            return Err(crate::error::OptimError::invalid_config(
                 "this optimizer runs on its own devices; build it with TPUOptimizer::on_pod to \
-                 shard a model over a pod"
-                    .into(),
+                 shard a model over a pod",
             ));
         }
         self.drop_state();
@@ -365,7 +364,7 @@ where
         params: &Array<A, D>,
         grads: &Array<A, D>,
     ) -> crate::optimizers::Result<Array<A, D>> {
-        Ok(self.tpu_step(params, grads)?)
+        self.tpu_step(params, grads)
     }
 
     fn step_in_place(
@@ -373,7 +372,7 @@ where
         params: &mut Array<A, D>,
         grads: &Array<A, D>,
     ) -> crate::optimizers::Result<()> {
-        Ok(self.tpu_step_in_place(params, grads)?)
+        self.tpu_step_in_place(params, grads)
     }
 
     fn learning_rate(&self) -> A {

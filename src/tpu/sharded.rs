@@ -248,7 +248,7 @@ impl Driver {
     fn whole(&self, operation: &str) -> Result<()> {
         match self {
             Driver::One(_) => Ok(()),
-            Driver::Ranked(ranked) => Err(OptimError::Unsupported {
+            Driver::Ranked(ranked) => Err(OptimError::from(crate::error::Unsupported {
                 operation: format!("{operation} of a sharded optimizer split over ranks"),
                 reason: format!(
                     "rank {} holds only its devices' state shards; gather the world on rank 0 \
@@ -256,7 +256,7 @@ impl Driver {
                      (`ranked_mut().save_checkpoint(..)`)",
                     ranked.layout().rank()
                 ),
-            }),
+            })),
         }
     }
 }
@@ -367,7 +367,7 @@ where
         let chips = config.validate()?;
         let topology = pod.topology();
         if topology.generation != config.tpu_version {
-            return Err(OptimError::InvalidConfig(format!(
+            return Err(OptimError::invalid_config(format!(
                 "the optimizer is configured for {}, but {} is a {} pod",
                 config.tpu_version, topology.name, topology.generation
             )));
@@ -375,7 +375,7 @@ where
         let devices = topology.num_devices() as usize;
         if chips != devices {
             let per_chip = config.tpu_version.spec().cores_per_chip as usize;
-            return Err(OptimError::InvalidConfig(format!(
+            return Err(OptimError::invalid_config(format!(
                 "num_cores = {} names {chips} chips, but a sharded model spans every chip of \
                  {} ({devices} chips): use num_cores = {}",
                 config.num_cores,
@@ -739,9 +739,8 @@ where
     ) -> Result<()> {
         self.pod.whole("checkpoints at step boundaries")?;
         if every_ns == 0 || keep == 0 {
-            return Err(OptimError::InvalidConfig(
-                "checkpoints at step boundaries need an interval of at least 1 ns and keep >= 1"
-                    .into(),
+            return Err(OptimError::invalid_config(
+                "checkpoints at step boundaries need an interval of at least 1 ns and keep >= 1",
             ));
         }
         // The `Recovery` set's rollback reads the roots from here; the
@@ -984,7 +983,7 @@ pub fn compile_update<A: FloatElement + Element>(
 ) -> Result<Arc<Runtime>> {
     let mut world = compiler::compiler_world();
     let program = graph::build_update_graph(&mut world, rule, &[len]).map_err(|e| {
-        OptimError::Sharding(ShardingError::InvalidState {
+        OptimError::from(ShardingError::InvalidState {
             reason: format!("the update rule has no graph: {}", e.0),
         })
     })?;

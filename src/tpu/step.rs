@@ -257,7 +257,7 @@ where
             .iter()
             .find(|s| s.tensor.dtype() != <A as Element>::DTYPE)
         {
-            return Err(OptimError::Optimizer(OptimizerError::InvalidState {
+            return Err(OptimError::from(OptimizerError::InvalidState {
                 optimizer: base_name(handler.base),
                 reason: format!("slot `{}` does not hold {}", s.name, <A as Element>::DTYPE),
             }));
@@ -276,7 +276,7 @@ where
         })?;
         let mut outs = outs.into_iter();
         let first = outs.next().ok_or_else(|| {
-            OptimError::Optimizer(OptimizerError::InvalidState {
+            OptimError::from(OptimizerError::InvalidState {
                 optimizer: "tpu".into(),
                 reason: "the program returned no params".into(),
             })
@@ -294,9 +294,7 @@ where
             return Ok(None);
         }
         let Some(&device) = self.devices.first() else {
-            return Err(OptimError::InvalidConfig(
-                "the optimizer has no device".into(),
-            ));
+            return Err(OptimError::invalid_config("the optimizer has no device"));
         };
         let world = self.place.world_mut();
         let block = hbm::reserve(
@@ -391,7 +389,7 @@ fn base_name<A, O: Optimizer<A, IxDyn>>(o: &O) -> String {
 fn into_array<A: Element, D: Dimension>(t: Tensor, dim: D) -> Result<Array<A, D>> {
     let ty = t.tensor_type();
     let a = A::from_tensor(t).map_err(|t| {
-        OptimError::Optimizer(OptimizerError::InvalidState {
+        OptimError::from(OptimizerError::InvalidState {
             optimizer: "tpu".into(),
             reason: format!(
                 "the program returned {}, expected {}",
@@ -401,7 +399,7 @@ fn into_array<A: Element, D: Dimension>(t: Tensor, dim: D) -> Result<Array<A, D>
         })
     })?;
     a.into_shape_with_order(dim).map_err(|e| {
-        OptimError::Optimizer(OptimizerError::InvalidState {
+        OptimError::from(OptimizerError::InvalidState {
             optimizer: "tpu".into(),
             reason: format!("the program returned {ty}: {e}"),
         })

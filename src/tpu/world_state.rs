@@ -63,7 +63,7 @@ pub(super) fn own_devices(config: &TPUConfig, chips: usize) -> Result<(World, Ve
     let spec = config.tpu_version.spec();
     let hbm = config.hbm_bytes.unwrap_or(spec.hbm_bytes);
     let capacity = usize::try_from(hbm).map_err(|_| {
-        OptimError::InvalidConfig(format!("hbm_bytes = {hbm} does not fit this host"))
+        OptimError::invalid_config(format!("hbm_bytes = {hbm} does not fit this host"))
     })?;
     let mut world = World::new();
     let devices = (0..chips as u32)
@@ -92,13 +92,13 @@ pub(super) fn own_devices(config: &TPUConfig, chips: usize) -> Result<(World, Ve
 pub(super) fn pod_devices(config: &TPUConfig, chips: usize, pod: &mut Pod) -> Result<Vec<Entity>> {
     let topology = pod.topology();
     if topology.generation != config.tpu_version {
-        return Err(OptimError::InvalidConfig(format!(
+        return Err(OptimError::invalid_config(format!(
             "the optimizer is configured for {}, but {} is a {} pod",
             config.tpu_version, topology.name, topology.generation
         )));
     }
     if chips > topology.num_devices() as usize {
-        return Err(OptimError::InvalidConfig(format!(
+        return Err(OptimError::invalid_config(format!(
             "num_cores = {} needs {chips} chips, but {} has {}",
             config.num_cores,
             topology.name,
@@ -145,7 +145,7 @@ where
         if let Some((e, count, other_shape)) = existing {
             if let Some(state) = other_shape {
                 if !rule_slots.is_empty() {
-                    return Err(OptimError::Optimizer(OptimizerError::StateShapeMismatch {
+                    return Err(OptimError::from(OptimizerError::StateShapeMismatch {
                         optimizer: self.base.name().to_owned(),
                         state,
                         params: shape.to_vec(),

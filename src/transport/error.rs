@@ -79,3 +79,16 @@ pub enum ClusterError {
     #[error("the message layer failed: {0}")]
     Transport(String),
 }
+
+impl From<TransportError> for crate::error::OptimError {
+    fn from(error: TransportError) -> Self {
+        crate::error::OptimError::new(crate::error::ErrorKind::Transport, error)
+    }
+}
+
+/// A split pod's rank failure is a transport error.
+impl From<ClusterError> for crate::error::OptimError {
+    fn from(error: ClusterError) -> Self {
+        TransportError::Cluster(error).into()
+    }
+}
