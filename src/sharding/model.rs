@@ -169,9 +169,9 @@ impl ShardedModel {
     }
 
     /// Simulated seconds to write (or read back) a checkpoint of the
-    /// model on a pod of `hosts` hosts: its bytes at
-    /// [`crate::hardware::CHECKPOINT_READ_BYTES_PER_S_PER_HOST`] on every
-    /// host, the figure `goodput` charges for each write and read.
+    /// model on a pod of `hosts` hosts: its bytes through
+    /// [`crate::hardware::checkpoint_io_seconds`], the cost `goodput`
+    /// charges for each write and read.
     pub fn checkpoint_io_seconds(&self, hosts: u32) -> f64 {
         crate::hardware::checkpoint_io_seconds(self.checkpoint_bytes() as f64, hosts)
     }
