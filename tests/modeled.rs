@@ -190,7 +190,12 @@ fn modeled_only_refuses_what_it_cannot_model() {
     for extra in [
         vec!["--recovery", "redundant", "--kill", "3@0.001"],
         vec!["--checkpoint-every", "0.001"],
-        vec!["--checkpoint-dir", checkpoints.to_str().unwrap()],
+        vec![
+            "--checkpoint-every",
+            "0.001",
+            "--checkpoint-dir",
+            checkpoints.to_str().unwrap(),
+        ],
         vec!["--trace", trace.to_str().unwrap()],
     ] {
         let args = [

@@ -355,6 +355,18 @@ impl TrainArgs {
     /// rank starts: spare-cube recovery (cube pods run in one process),
     /// periodic checkpoints without a directory every rank sees, traces.
     pub(super) fn refuse_split_only(&self) -> Result<()> {
+        if self.checkpoint_every.is_some() {
+            // One process writes at step boundaries and charges each write
+            // its modeled time; a split run cannot yet, and a run whose
+            // writes cost nothing would report a goodput one process
+            // would not.
+            bail!(
+                "`train --checkpoint-every` runs as one process: its checkpoints are written at \
+                 step boundaries and cost their modeled write time, which a model split over \
+                 MPI ranks does not do yet; run without mpirun, or use --recovery redundant \
+                 (no checkpoints) under mpirun"
+            );
+        }
         let refused = [
             (
                 self.recovery == RecoveryPolicy::SpareCube,
@@ -1739,7 +1751,8 @@ mod tests {
             swapped_cubes: vec![[0, 1]],
             note: None,
         }];
-        let writes = [(10 * us, 0.0)];
+        // A write after step 1, up to step 2's launch.
+        let writes = [(9 * us, 1e-6)];
         let input = TraceInput {
             reports: &reports,
             failures: &failures,
@@ -1782,6 +1795,7 @@ mod tests {
             [
                 "step 1",
                 "waiting for the tick",
+                "checkpoint write",
                 "step 2 (undone by a rollback)",
                 "waiting for the tick",
                 "step 3 failed: device 1 was killed",
