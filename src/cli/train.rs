@@ -1575,11 +1575,16 @@ fn time_breakdown(r: &TrainReport) -> String {
     if t.total_ns == 0 || t.productive_ns == t.total_ns {
         return String::new();
     }
-    let share = |ns: u64| ns as f64 / t.total_ns as f64 * 100.0;
-    let mut parts = vec![format!(
-        "{:.1} % in steps that count",
-        share(t.productive_ns)
-    )];
+    // A share that rounds to 0.0 % but is not 0 reads "<0.1 %".
+    let share = |ns: u64| {
+        let percent = ns as f64 / t.total_ns as f64 * 100.0;
+        if ns > 0 && percent < 0.05 {
+            "<0.1".to_string()
+        } else {
+            format!("{percent:.1}")
+        }
+    };
+    let mut parts = vec![format!("{} % in steps that count", share(t.productive_ns))];
     for (ns, what) in [
         (t.undone_ns, "in steps a rollback undid"),
         (t.cut_off_ns, "in failed steps"),
@@ -1588,7 +1593,7 @@ fn time_breakdown(r: &TrainReport) -> String {
         (t.other_ns, "waiting"),
     ] {
         if ns > 0 {
-            parts.push(format!("{:.1} % {what}", share(ns)));
+            parts.push(format!("{} % {what}", share(ns)));
         }
     }
     format!("time: {}\n", parts.join(", "))
