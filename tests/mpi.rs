@@ -192,37 +192,82 @@ fn a_kill_in_split_training_recovers_from_redundant_copies_as_one_process_does()
 }
 
 #[test]
-fn split_training_refuses_checkpoints_it_cannot_charge_as_one_process_does() {
-    // One process writes train's checkpoints at step boundaries, each
-    // costing its modeled time; a split run cannot yet, so it refuses
-    // them instead of reporting a goodput without the writes.
+fn split_training_refuses_a_checkpoint_directory_of_another_model() {
     let dir = tempfile::tempdir().unwrap();
-    let out = output(mpirun().args(["-n", "2", BIN]).args([
-        "train",
-        "v4-8",
-        "--params",
-        "3000,77",
+    let ck = dir.path().to_str().unwrap();
+    let common = [
         "--steps",
-        "4",
-        "--kill",
-        "6@0.00007",
-        "--recovery",
-        "rollback",
+        "8",
         "--checkpoint-every",
         "0.00002",
         "--checkpoint-dir",
-        dir.path().to_str().unwrap(),
-    ]));
+        ck,
+    ];
+    let first = Command::new(BIN)
+        .args(["train", "v4-8", "--params", "3000", "--json"])
+        .args(common)
+        .output()
+        .unwrap();
+    assert!(
+        first.status.success(),
+        "{}",
+        String::from_utf8_lossy(&first.stderr)
+    );
+    let out = output(
+        mpirun()
+            .args([
+                "-n", "2", BIN, "train", "v4-8", "--params", "5000", "--json",
+            ])
+            .args(common),
+    );
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("another run"), "{stderr}");
+}
+
+#[test]
+fn a_kill_in_split_training_rolls_back_to_the_split_checkpoint_as_one_process_does() {
+    let (one_dir, split_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let args = |dir: &std::path::Path| -> Vec<String> {
+        [
+            "train",
+            "v4-8",
+            "--params",
+            "3000,77",
+            "--bucket-bytes",
+            "4096",
+            "--steps",
+            "4",
+            "--kill",
+            "6@0.00007",
+            "--recovery",
+            "rollback",
+            "--checkpoint-every",
+            "0.00002",
+            "--tick-ms",
+            "0.001",
+            "--json",
+            "--checkpoint-dir",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .chain([dir.display().to_string()])
+        .collect()
+    };
+    let one_args = args(one_dir.path());
+    let one = single(&one_args.iter().map(String::as_str).collect::<Vec<_>>());
+    let (digest, report) = split_run(2, args(split_dir.path()), "a rollback on 2 ranks");
+    assert_eq!(digest, one, "{report}");
+    assert_eq!(report["recoveries"][0]["policy"], "rollback", "{report}");
+    // The rollback read a split checkpoint: rank parts under a commit record.
+    let split = std::fs::read_dir(split_dir.path())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .any(|e| e.path().join("ranks.ron").is_file());
     assert!(
-        stderr.contains("`train --checkpoint-every` runs as one process"),
-        "{stderr}"
-    );
-    assert_eq!(
-        std::fs::read_dir(dir.path()).unwrap().count(),
-        0,
-        "nothing written"
+        split,
+        "no split checkpoint in {}",
+        split_dir.path().display()
     );
 }
 

@@ -486,6 +486,20 @@ pub fn save_split(
     root: &Path,
     name: &str,
 ) -> Result<Option<SplitManifest>, ClusterError> {
+    let tick = world.resource::<crate::clock::SimClock>().tick;
+    save_split_labeled(world, ctx, root, name, tick)
+}
+
+/// [`save_split`] with the checkpoint labeled `label` instead of the
+/// current tick (a sharded optimizer labels two writes in one tick apart,
+/// as one process does).
+pub fn save_split_labeled(
+    world: &mut World,
+    ctx: &RankContext,
+    root: &Path,
+    name: &str,
+    label: u64,
+) -> Result<Option<SplitManifest>, ClusterError> {
     let layout = &ctx.layout;
     let staged = if layout.runs_service() {
         stage_split(root, name)
@@ -498,7 +512,7 @@ pub fn save_split(
     let staging = staging_dir(root, name);
     let rank = layout.rank();
     let pod = world.resource::<PodTopology>().0.name.clone();
-    let tick = world.resource::<crate::clock::SimClock>().tick;
+    let tick = label;
     let written: Result<String, String> = world
         .resource_scope(|world, registry: Mut<SnapshotRegistry>| registry.capture(world, tick))
         .map_err(|e| e.to_string())

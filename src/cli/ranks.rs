@@ -151,7 +151,7 @@ pub fn train(args: TrainArgs, launch: Launch) -> Result<()> {
         // (Under mpirun --checkpoint-every comes with a --checkpoint-dir
         // every rank sees: refused above otherwise, so no temporary one.)
         let mut no_temporary = None;
-        let checkpoints = args.checkpoints(pod.pod().clock().tick_ns, &mut no_temporary)?;
+        let checkpoints = args.checkpoints(1, &mut no_temporary)?;
         let rank = pod.layout().rank();
         let mut opt = ShardedOptimizer::new_ranked(
             base_optimizer(&args)?,
@@ -160,10 +160,16 @@ pub fn train(args: TrainArgs, launch: Launch) -> Result<()> {
             super::train::model_of(&sizes)?,
             sharding_of(&args),
         )?;
-        if let Some((ticks, dir)) = checkpoints {
-            // Split checkpoints: every rank its part, rank 0 the record.
-            opt.pod_mut()
-                .enable_periodic_checkpoints(ticks, vec![dir], 3)?;
+        // (At a 1 ns "tick", the interval comes back in ns.)
+        if let Some((every_ns, dir)) = checkpoints {
+            // Another model's checkpoints there are refused before any
+            // step, naming both, as in one process (every rank reads the
+            // same directory, so every rank refuses alike).
+            opt.check_checkpoint_root(&dir)?;
+            // Split checkpoints at step boundaries, each costing its
+            // modeled write time, as one process writes them: every rank
+            // its part, rank 0 the record.
+            opt.enable_step_checkpoints(every_ns, dir, 3)?;
         }
         let outcome = run_steps(&mut opt, &args, args.json() || rank != 0)?;
         let merged = opt.ranked_mut().expect("split").gather()?;

@@ -355,18 +355,6 @@ impl TrainArgs {
     /// rank starts: spare-cube recovery (cube pods run in one process),
     /// periodic checkpoints without a directory every rank sees, traces.
     pub(super) fn refuse_split_only(&self) -> Result<()> {
-        if self.checkpoint_every.is_some() {
-            // One process writes at step boundaries and charges each write
-            // its modeled time; a split run cannot yet, and a run whose
-            // writes cost nothing would report a goodput one process
-            // would not.
-            bail!(
-                "`train --checkpoint-every` runs as one process: its checkpoints are written at \
-                 step boundaries and cost their modeled write time, which a model split over \
-                 MPI ranks does not do yet; run without mpirun, or use --recovery redundant \
-                 (no checkpoints) under mpirun"
-            );
-        }
         let refused = [
             (
                 self.recovery == RecoveryPolicy::SpareCube,

@@ -550,6 +550,19 @@ impl RankedPod {
         split::save_split(&mut self.pod.world, &ctx, root, name).map_err(cluster_error)
     }
 
+    /// [`RankedPod::save_checkpoint`] labeled `label` rather than the
+    /// current tick.
+    pub fn save_checkpoint_labeled(
+        &mut self,
+        root: &Path,
+        name: &str,
+        label: u64,
+    ) -> Result<Option<SplitManifest>> {
+        let ctx = self.pod.world.resource::<RankContext>().clone();
+        split::save_split_labeled(&mut self.pod.world, &ctx, root, name, label)
+            .map_err(cluster_error)
+    }
+
     /// Replaces the split pod's world with a checkpoint's (a split one,
     /// written with any rank count, or one process's): rank 0 verifies
     /// every byte and merges the parts, then every rank takes the same

@@ -449,9 +449,18 @@ pub struct StartingModel {
 
 impl StartingModel {
     /// Captures the world's model as it is now.
+    /// On a pod split over ranks every rank takes every rank's shards
+    /// (each holds only its own devices'), so all capture the same model.
     pub fn capture<A: FloatElement>(world: &mut World) -> Result<StartingModel, ShardingError> {
         let model = model_of(world).ok_or(ShardingError::NoModel)?.clone();
-        let state = gather_state::<A>(world)?;
+        let state = match super::ranked::context(world) {
+            Some(ctx) => {
+                let all = super::ranked::all_slots::<A>(world, &ctx, model.steps_completed)?;
+                let slots: Vec<&ShardSlot> = all.iter().collect();
+                gather_slots(&model, &slots, &[])?
+            }
+            None => gather_state::<A>(world)?,
+        };
         Ok(StartingModel {
             params: model.params.clone(),
             state: state.into_iter().map(flat_tensor).collect(),

@@ -226,10 +226,23 @@ impl Driver {
         match self {
             Driver::One(pod) => pod.advance_until(until_ns, done).map(|_| ()),
             Driver::Ranked(ranked) => {
-                while ranked.pod().clock().now_ns < until_ns && !done(ranked.pod().world()) {
-                    ranked.step()?;
+                // The host's target is an exact stop, as in one process:
+                // the last tick ends at `until_ns`, on a boundary or not.
+                fn set_target(ranked: &mut RankedPod, target: Option<u64>) -> Option<u64> {
+                    let world = ranked.pod_mut().world_mut();
+                    let mut stops = world.resource_mut::<crate::clock::ExactStops>();
+                    std::mem::replace(&mut stops.host_ns, target)
                 }
-                Ok(())
+                let previous = set_target(ranked, Some(until_ns));
+                let mut stepped = Ok(());
+                while ranked.pod().clock().now_ns < until_ns && !done(ranked.pod().world()) {
+                    stepped = ranked.step().map(|_| ());
+                    if stepped.is_err() {
+                        break;
+                    }
+                }
+                set_target(ranked, previous);
+                stepped
             }
         }
     }
@@ -737,7 +750,6 @@ where
         root: PathBuf,
         keep: usize,
     ) -> Result<()> {
-        self.pod.whole("checkpoints at step boundaries")?;
         if every_ns == 0 || keep == 0 {
             return Err(OptimError::invalid_config(
                 "checkpoints at step boundaries need an interval of at least 1 ns and keep >= 1",
@@ -794,6 +806,9 @@ where
         let label = config.last_label.map_or(tick, |l| tick.max(l + 1));
         let (root, keep) = (config.root.clone(), config.keep);
         let seconds = self.checkpoint_seconds()?;
+        if let Driver::Ranked(_) = self.pod {
+            return self.split_checkpoint(now, label, seconds, root, keep);
+        }
         let snapshot = self.pod.pod_mut().snapshot_labeled(label)?;
         if let Some(c) = &mut self.checkpoints {
             c.last_started_ns = now;
@@ -823,6 +838,69 @@ where
             outcome: WriteOutcome::Written {
                 path: root.join(name),
                 retention_problems: retention.problems,
+            },
+        }))
+    }
+
+    /// [`ShardedOptimizer::checkpoint_if_due`] on a pod split over ranks:
+    /// every rank writes its part of the world as it is now (rank 0 the
+    /// commit record), then the ranks wait out the write's modeled time in
+    /// lockstep. A loss before its end voids the write: rank 0 removes the
+    /// checkpoint, so rollback and retention never see it, as in one
+    /// process. The loss is read from the scenario every rank holds alike
+    /// (device liveness), so every rank stops and decides together.
+    fn split_checkpoint(
+        &mut self,
+        now: u64,
+        label: u64,
+        seconds: f64,
+        root: PathBuf,
+        keep: usize,
+    ) -> Result<Option<CheckpointWrite>> {
+        let name = crate::checkpoint::checkpoint_name(label);
+        let Driver::Ranked(ranked) = &mut self.pod else {
+            return Err(OptimError::invalid_config(
+                "a split checkpoint needs a split pod",
+            ));
+        };
+        let service = ranked.layout().runs_service();
+        ranked.save_checkpoint_labeled(&root, &name, label)?;
+        if let Some(c) = &mut self.checkpoints {
+            c.last_started_ns = now;
+        }
+        let ends_at = now.saturating_add((seconds * 1e9).ceil() as u64);
+        self.pod
+            .advance_until(ends_at, |w| lost_in_scenario(w).is_some())?;
+        let ended_at_ns = self.pod.clock().now_ns;
+        if let Some(device) = lost_in_scenario(self.pod.world()) {
+            if service {
+                std::fs::remove_dir_all(root.join(&name)).map_err(|e| {
+                    OptimError::invalid_config(format!(
+                        "removing the voided checkpoint {}: {e}",
+                        root.join(&name).display()
+                    ))
+                })?;
+            }
+            return Ok(Some(CheckpointWrite {
+                started_at_ns: now,
+                ended_at_ns,
+                outcome: WriteOutcome::Voided { device },
+            }));
+        }
+        let retention_problems = if service {
+            crate::checkpoint::enforce_retention(&root, keep, &name).problems
+        } else {
+            Vec::new()
+        };
+        if let Some(c) = &mut self.checkpoints {
+            c.last_label = Some(label);
+        }
+        Ok(Some(CheckpointWrite {
+            started_at_ns: now,
+            ended_at_ns,
+            outcome: WriteOutcome::Written {
+                path: root.join(name),
+                retention_problems,
             },
         }))
     }
@@ -995,4 +1073,20 @@ pub fn compile_update<A: FloatElement + Element>(
         report.executable.clone(),
         &aliases,
     )))
+}
+
+/// A participant of the model that the scenario has stopped (killed or
+/// paused): the part of [`crate::sharding::recovery::lost_participant`]
+/// every rank of a split pod holds alike (a `Health` verdict lives on
+/// rank 0 only).
+fn lost_in_scenario(world: &World) -> Option<DeviceId> {
+    let model = crate::sharding::model_of(world)?;
+    let index = world.resource::<crate::topology::DeviceIndex>();
+    model.layout.participants.iter().copied().find(|&d| {
+        index.get(d).is_some_and(|e| {
+            world
+                .get::<crate::health::DeviceState>(e)
+                .is_some_and(|s| !s.is_running())
+        })
+    })
 }
