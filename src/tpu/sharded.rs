@@ -869,10 +869,11 @@ where
             c.last_started_ns = now;
         }
         let ends_at = now.saturating_add((seconds * 1e9).ceil() as u64);
-        self.pod
-            .advance_until(ends_at, |w| lost_in_scenario(w).is_some())?;
+        self.pod.advance_until(ends_at, |w| {
+            crate::sharding::recovery::stopped_participant(w).is_some()
+        })?;
         let ended_at_ns = self.pod.clock().now_ns;
-        if let Some(device) = lost_in_scenario(self.pod.world()) {
+        if let Some(device) = crate::sharding::recovery::stopped_participant(self.pod.world()) {
             if service {
                 std::fs::remove_dir_all(root.join(&name)).map_err(|e| {
                     OptimError::invalid_config(format!(
@@ -1073,20 +1074,4 @@ pub fn compile_update<A: FloatElement + Element>(
         report.executable.clone(),
         &aliases,
     )))
-}
-
-/// A participant of the model that the scenario has stopped (killed or
-/// paused): the part of [`crate::sharding::recovery::lost_participant`]
-/// every rank of a split pod holds alike (a `Health` verdict lives on
-/// rank 0 only).
-fn lost_in_scenario(world: &World) -> Option<DeviceId> {
-    let model = crate::sharding::model_of(world)?;
-    let index = world.resource::<crate::topology::DeviceIndex>();
-    model.layout.participants.iter().copied().find(|&d| {
-        index.get(d).is_some_and(|e| {
-            world
-                .get::<crate::health::DeviceState>(e)
-                .is_some_and(|s| !s.is_running())
-        })
-    })
 }
