@@ -33,6 +33,9 @@
 //! [`Runtime::loop_plans`](crate::exec::runtime::Runtime::loop_plans)
 //! (printed by `optirs-tpu compile`).
 //!
+//! The steps are in `plan`, the verifier in `verify`, one function per
+//! rule below.
+//!
 //! **Invariants**, checked by `verify_plan` after planning in debug builds
 //! and tests (never in release):
 //! * the prelude is the kernel's prelude instructions and the body its loop
