@@ -21,7 +21,7 @@ fn step_with_coordination(c: &mut Criterion) {
             .timeout(SimDuration::from_nanos(u64::MAX / 2))
             .auto_arrive(),
     )
-        .unwrap();
+    .unwrap();
     pod.run(5);
     group.bench_function("v4-4096/heartbeats+detection+barrier", |b| {
         b.iter(|| pod.step())

@@ -494,7 +494,10 @@ mod duration_tests {
             SimDuration::from_secs(1) + SimDuration::from_millis(1),
             SimDuration::from_micros(1_001_000)
         );
-        assert_eq!(SimDuration::MAX + SimDuration::from_nanos(1), SimDuration::MAX);
+        assert_eq!(
+            SimDuration::MAX + SimDuration::from_nanos(1),
+            SimDuration::MAX
+        );
         assert_eq!(
             SimDuration::ZERO.saturating_sub(SimDuration::from_nanos(1)),
             SimDuration::ZERO
@@ -532,7 +535,10 @@ mod duration_tests {
         assert_eq!(SimDuration::from_secs(3).to_string(), "3 s");
         assert_eq!(SimDuration::ZERO.to_string(), "0 s");
         assert_eq!(SimDuration::from_millis(250).to_string(), "0.25 s");
-        assert_eq!(SimDuration::from_nanos(1_000_000_001).to_string(), "1.000000001 s");
+        assert_eq!(
+            SimDuration::from_nanos(1_000_000_001).to_string(),
+            "1.000000001 s"
+        );
         assert_eq!(format!("{:.3}", SimDuration::from_micros(1_500)), "0.002 s");
         assert_eq!(Ticks(5).to_string(), "5 ticks");
     }

@@ -43,7 +43,9 @@ fn a_fault_scheduled_in_seconds_is_the_fault_scheduled_in_nanoseconds() {
     assert_eq!(record.detected_at().as_nanos(), record.detected_at_ns);
     assert_eq!(
         record.detection_delay(),
-        Some(SimDuration::from_nanos(record.detected_at_ns - 3_000_000_000))
+        Some(SimDuration::from_nanos(
+            record.detected_at_ns - 3_000_000_000
+        ))
     );
     let health = typed.health(DeviceId(5)).unwrap();
     assert_eq!(health.detected_at(), Some(record.detected_at()));
@@ -56,7 +58,10 @@ fn a_fault_scheduled_in_seconds_is_the_fault_scheduled_in_nanoseconds() {
 #[test]
 fn a_scheduled_fault_and_the_clock_read_as_durations() {
     let mut pod = pod();
-    pod.schedule_fault(SimDuration::from_millis(1_500), Fault::PauseDevice(DeviceId(2)));
+    pod.schedule_fault(
+        SimDuration::from_millis(1_500),
+        Fault::PauseDevice(DeviceId(2)),
+    );
     let plan = pod.world().resource::<optirs_tpu::health::FaultPlan>();
     assert_eq!(plan.pending[0].at(), SimDuration::from_millis(1_500));
     assert_eq!(plan.pending[0].at_ns, 1_500_000_000);
@@ -117,9 +122,7 @@ fn device_ids_are_taken_typed_or_bare() {
         typed.send_data(DeviceId(0), DeviceId(5), 1 << 20).unwrap(),
         bare.send_data(0, 5, 1 << 20).unwrap()
     );
-    typed
-        .set_device_clock(DeviceId(3), -2_000, 1.5)
-        .unwrap();
+    typed.set_device_clock(DeviceId(3), -2_000, 1.5).unwrap();
     bare.set_device_clock(3, -2_000, 1.5).unwrap();
     typed.kill_device(DeviceId(7)).unwrap();
     bare.kill_device(7).unwrap();
@@ -162,7 +165,10 @@ fn a_barrier_spec_is_the_positional_barrier() {
     );
     assert_eq!(a, b);
     assert!(matches!(a, BarrierOutcome::Completed { .. }));
-    assert_eq!(spec.world_sha256().unwrap(), positional.world_sha256().unwrap());
+    assert_eq!(
+        spec.world_sha256().unwrap(),
+        positional.world_sha256().unwrap()
+    );
     assert!(a.finished_at().is_some());
     assert_eq!(BarrierOutcome::Pending.finished_at(), None);
 }
@@ -187,7 +193,9 @@ fn a_named_barrier_is_every_device_arrived_at_by_the_host_with_the_default_timeo
     assert_eq!(failure.stragglers.len(), 16);
     // A std duration is a timeout too, and a spec from a String is its name.
     let again = pod
-        .create_barrier(BarrierSpec::from("manual".to_string()).timeout(std::time::Duration::from_millis(20)))
+        .create_barrier(
+            BarrierSpec::from("manual".to_string()).timeout(std::time::Duration::from_millis(20)),
+        )
         .unwrap();
     assert_eq!(again, id);
     let BarrierOutcome::Failed(failure) = pod.wait_for_barrier(again).unwrap() else {
@@ -214,12 +222,19 @@ fn a_param_set_from_an_iterator_is_the_set_built_tensor_by_tensor() {
     let w = ArrayD::from_elem(IxDyn(&[4, 3]), 0.5f32);
     let b = ArrayD::from_elem(IxDyn(&[3]), -1.0f32);
     let from_iter = ParamSet::try_from_iter([("w", w.clone()), ("b", b.clone())]).unwrap();
-    let chained = ParamSet::new().with("w", w.clone()).unwrap().with("b", b).unwrap();
+    let chained = ParamSet::new()
+        .with("w", w.clone())
+        .unwrap()
+        .with("b", b)
+        .unwrap();
     assert_eq!(from_iter, chained);
     // Owned names and a transposed (non-standard layout) tensor.
     let transposed = ParamSet::try_from_iter(vec![(String::from("wt"), w.t().to_owned())]).unwrap();
     assert_eq!(transposed.get("wt").unwrap().shape(), &[3, 4]);
-    assert_eq!(transposed.to_flat(), w.t().iter().copied().collect::<Vec<_>>());
+    assert_eq!(
+        transposed.to_flat(),
+        w.t().iter().copied().collect::<Vec<_>>()
+    );
 }
 
 #[test]

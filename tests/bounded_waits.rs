@@ -2,9 +2,7 @@
 //! a coordinator synchronizes again after a failure.
 
 use optirs_tpu::Pod;
-use optirs_tpu::barrier::{
-    BarrierFailureReason, BarrierOutcome, BarrierSpec, DEFAULT_TIMEOUT_NS,
-};
+use optirs_tpu::barrier::{BarrierFailureReason, BarrierOutcome, BarrierSpec, DEFAULT_TIMEOUT_NS};
 use optirs_tpu::coordination::{CoordinationError, PodConfig, PodCoordinator};
 use optirs_tpu::topology::DeviceId;
 
@@ -40,7 +38,9 @@ fn stragglers_are_only_the_devices_that_never_arrived() {
     assert!(pod.health(5).unwrap().is_failed());
     // Every device is a participant, and device 5 is known failed: the
     // barrier fails at once, while the other arrivals are in flight.
-    let id = pod.create_barrier(BarrierSpec::named("again").auto_arrive()).unwrap();
+    let id = pod
+        .create_barrier(BarrierSpec::named("again").auto_arrive())
+        .unwrap();
     let BarrierOutcome::Failed(failure) = pod.wait_for_barrier(id).unwrap() else {
         panic!("a barrier over a failed device fails");
     };

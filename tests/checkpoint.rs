@@ -4,8 +4,8 @@
 use bevy_ecs::entity::Entity;
 use optirs_tpu::Pod;
 use optirs_tpu::barrier::BarrierSpec;
-use optirs_tpu::clock::SimDuration;
 use optirs_tpu::checkpoint::{NOT_PERSISTED, SnapshotRegistry, WorldSnapshot};
+use optirs_tpu::clock::SimDuration;
 use optirs_tpu::exec::kernels::Tensor;
 use optirs_tpu::health::Fault;
 use optirs_tpu::schedule::Compile;
@@ -85,7 +85,9 @@ fn busy_pod() -> Pod {
         .unwrap();
     pod.schedule_fault(SimDuration::from_secs(2), Fault::KillDevice(DeviceId(9)));
     pod.schedule_fault(SimDuration::from_secs(20), Fault::PauseDevice(DeviceId(4)));
-    let done = pod.create_barrier(BarrierSpec::named("done").auto_arrive()).unwrap();
+    let done = pod
+        .create_barrier(BarrierSpec::named("done").auto_arrive())
+        .unwrap();
     pod.wait_for_barrier(done).unwrap();
     pod.run(1_300);
     pod.create_barrier(
@@ -93,7 +95,7 @@ fn busy_pod() -> Pod {
             .timeout(SimDuration::from_secs(60))
             .auto_arrive(),
     )
-        .unwrap();
+    .unwrap();
     pod.inject(Fault::CutLink(DeviceId(5), DeviceId(6)))
         .unwrap();
     pod.send_data(0, 10, 1 << 30).unwrap();

@@ -151,7 +151,9 @@ fn a_barrier_completes_when_everyone_arrives() {
         "{outcome:?}"
     );
     // The name can be reused: the next generation starts pending.
-    let again = pod.create_barrier(BarrierSpec::named("step-0").auto_arrive()).unwrap();
+    let again = pod
+        .create_barrier(BarrierSpec::named("step-0").auto_arrive())
+        .unwrap();
     assert_eq!(again, id);
     assert_eq!(pod.barrier_outcome(id), Some(&BarrierOutcome::Pending));
     assert!(matches!(
@@ -164,7 +166,9 @@ fn a_barrier_completes_when_everyone_arrives() {
 fn a_barrier_with_a_dead_participant_fails_and_names_it() {
     let mut pod = v5e16();
     pod.kill_device(7).unwrap();
-    let id = pod.create_barrier(BarrierSpec::named("sync").auto_arrive()).unwrap();
+    let id = pod
+        .create_barrier(BarrierSpec::named("sync").auto_arrive())
+        .unwrap();
     let BarrierOutcome::Failed(failure) = pod.wait_for_barrier(id).unwrap() else {
         panic!("a barrier with a dead participant must fail");
     };

@@ -41,7 +41,9 @@ fn profiled_run() -> ProfilingIntegration {
         profiler.memory().events.is_empty(),
         "empty until something ran"
     );
-    let barrier = pod.create_barrier(BarrierSpec::named("start").auto_arrive()).unwrap();
+    let barrier = pod
+        .create_barrier(BarrierSpec::named("start").auto_arrive())
+        .unwrap();
     let mut buffers: Vec<Vec<f32>> = (0..8).map(|i| vec![i as f32; 1 << 12]).collect();
     let collective = pod.launch_all_reduce(&mut buffers, ReduceOp::Sum).unwrap();
     pod.schedule_fault(SimDuration::from_secs(1), Fault::KillDevice(DeviceId(3)));
