@@ -4,6 +4,8 @@
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use optirs_tpu::Pod;
+use optirs_tpu::barrier::BarrierSpec;
+use optirs_tpu::clock::SimDuration;
 use optirs_tpu::coordination::{PodConfig, PodCoordinator};
 use optirs_tpu::health::Fault;
 use optirs_tpu::topology::DeviceId;
@@ -14,8 +16,12 @@ fn step_with_coordination(c: &mut Criterion) {
     // (one participant is paused, the deadline is far away).
     let mut pod = Pod::from_preset("v4-4096").unwrap();
     pod.inject(Fault::PauseDevice(DeviceId(4095))).unwrap();
-    pod.create_barrier("pending", None, Some(u64::MAX / 2), true)
-        .unwrap();
+    pod.create_barrier(
+        BarrierSpec::named("pending")
+            .timeout(SimDuration::from_nanos(u64::MAX / 2))
+            .auto_arrive(),
+    )
+    .unwrap();
     pod.run(5);
     group.bench_function("v4-4096/heartbeats+detection+barrier", |b| {
         b.iter(|| pod.step())

@@ -10,6 +10,7 @@
 //! ```
 
 use ndarray::{Array1, Array2, ArrayD, IxDyn, s};
+use optirs_tpu::clock::SimDuration;
 use optirs_tpu::health::Fault;
 use optirs_tpu::optimizers::Adam;
 use optirs_tpu::sharding::{ParamSet, RecoveryPolicy, SyntheticGradients};
@@ -56,9 +57,10 @@ fn main() -> Result<(), OptimError> {
         "Pod(name: \"v5e-16\", generation: \"v5e\", shape: \"4x4\", tick_ms: 0.01)",
         "sharded_training",
     )?;
-    let params = ParamSet::new()
-        .with("w", ArrayD::zeros(IxDyn(&[FEATURES])))?
-        .with("b", ArrayD::zeros(IxDyn(&[1])))?;
+    let params = ParamSet::try_from_iter([
+        ("w", ArrayD::zeros(IxDyn(&[FEATURES]))),
+        ("b", ArrayD::zeros(IxDyn(&[1]))),
+    ])?;
     let config = TPUConfig {
         tpu_version: TPUVersion::V5e,
         num_cores: 16,
@@ -78,7 +80,7 @@ fn main() -> Result<(), OptimError> {
         // Each replica: the gradient of the mean squared error on its
         // strided slice of the samples.
         let replicas = opt.layout()?.devices();
-        let grads: Vec<ParamSet<f32>> = (0..replicas)
+        let grads = (0..replicas)
             .map(|r| {
                 let xs = x.slice(s![r..;replicas, ..]);
                 let ys = y.slice(s![r..;replicas]);
@@ -86,16 +88,16 @@ fn main() -> Result<(), OptimError> {
                 let n = residual.len() as f32;
                 let gw = xs.t().dot(&residual) * (2.0 / n);
                 let gb = residual.sum() * 2.0 / n;
-                ParamSet::new()
-                    .with("w", gw.into_dyn())
-                    .and_then(|p| p.with("b", ArrayD::from_elem(IxDyn(&[1]), gb)))
-                    .expect("the model's tensors")
+                ParamSet::try_from_iter([
+                    ("w", gw.into_dyn()),
+                    ("b", ArrayD::from_elem(IxDyn(&[1]), gb)),
+                ])
             })
-            .collect();
+            .collect::<Result<Vec<_>, _>>()?;
         if opt.steps_completed() == 30 && !killed {
-            let now = opt.pod().clock().now_ns;
+            let at = opt.pod().clock().now() + SimDuration::from_micros(20);
             opt.pod_mut()
-                .schedule_fault(now + 20_000, Fault::KillDevice(DeviceId(6)));
+                .schedule_fault(at, Fault::KillDevice(DeviceId(6)));
             killed = true;
         }
         match opt.step_replicas(&grads) {

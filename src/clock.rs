@@ -5,6 +5,195 @@ use crate::schedule::{Step, StepSystems};
 use bevy_ecs::prelude::*;
 use bevy_ecs::schedule::Schedules;
 use serde::{Deserialize, Serialize};
+use std::fmt;
+use thiserror::Error;
+
+/// A span of simulated time, or a time since the pod started (the clock
+/// starts at zero, so the two are the same number): whole nanoseconds,
+/// the unit every system counts in, so converting never rounds.
+///
+/// Host calls that take a time (`Pod::schedule_fault`, `Pod::advance_until`,
+/// a barrier's timeout) take `impl Into<SimDuration>`: a bare `u64` is still
+/// accepted and means nanoseconds, as it did before the type existed, but
+/// `SimDuration::from_secs(3)` says what it is at the call site.
+/// Records keep their `u64` nanosecond fields (they are persisted and
+/// printed as such) and offer typed accessors.
+///
+/// The integer constructors saturate at [`SimDuration::MAX`] (about 584
+/// years), as the engine's own deadline arithmetic does;
+/// [`SimDuration::from_secs_f64`] refuses what has no nanosecond value.
+/// Serialized as the integer nanoseconds.
+///
+/// ```
+/// use optirs_tpu::clock::SimDuration;
+///
+/// assert_eq!(SimDuration::from_millis(250).as_nanos(), 250_000_000);
+/// assert_eq!(SimDuration::from_secs_f64(1.5)?, SimDuration::from_millis(1_500));
+/// assert!(SimDuration::from_secs_f64(-1.0).is_err());
+/// assert_eq!(SimDuration::from_micros(2_500).to_string(), "0.0025 s");
+/// # Ok::<(), optirs_tpu::clock::SimDurationError>(())
+/// ```
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+#[serde(transparent)]
+pub struct SimDuration(u64);
+
+impl SimDuration {
+    /// No time.
+    pub const ZERO: SimDuration = SimDuration(0);
+    /// The longest time the clock can count.
+    pub const MAX: SimDuration = SimDuration(u64::MAX);
+
+    /// `nanos` nanoseconds.
+    pub const fn from_nanos(nanos: u64) -> SimDuration {
+        SimDuration(nanos)
+    }
+
+    /// `micros` microseconds, saturating at [`SimDuration::MAX`].
+    pub const fn from_micros(micros: u64) -> SimDuration {
+        SimDuration(micros.saturating_mul(1_000))
+    }
+
+    /// `millis` milliseconds, saturating at [`SimDuration::MAX`].
+    pub const fn from_millis(millis: u64) -> SimDuration {
+        SimDuration(millis.saturating_mul(1_000_000))
+    }
+
+    /// `secs` seconds, saturating at [`SimDuration::MAX`].
+    pub const fn from_secs(secs: u64) -> SimDuration {
+        SimDuration(secs.saturating_mul(1_000_000_000))
+    }
+
+    /// `secs` seconds, rounded to the nearest nanosecond. NaN, infinities,
+    /// negative times and times past [`SimDuration::MAX`] have no
+    /// nanosecond count and are refused.
+    pub fn from_secs_f64(secs: f64) -> Result<SimDuration, SimDurationError> {
+        if !secs.is_finite() {
+            return Err(SimDurationError::NotFinite(secs));
+        }
+        if secs < 0.0 {
+            return Err(SimDurationError::Negative(secs));
+        }
+        let nanos = (secs * 1e9).round();
+        // 2^64 is exact as an f64; anything at or past it does not fit.
+        if nanos >= 18_446_744_073_709_551_616.0 {
+            return Err(SimDurationError::TooLong(secs));
+        }
+        Ok(SimDuration(nanos as u64))
+    }
+
+    /// Whole nanoseconds.
+    pub const fn as_nanos(self) -> u64 {
+        self.0
+    }
+
+    /// Seconds, as the engine's reports print them (`ns * 1e-9`).
+    pub fn as_secs_f64(self) -> f64 {
+        self.0 as f64 * 1e-9
+    }
+
+    /// `self + other`, saturating at [`SimDuration::MAX`].
+    pub const fn saturating_add(self, other: SimDuration) -> SimDuration {
+        SimDuration(self.0.saturating_add(other.0))
+    }
+
+    /// `self - other`, or zero when `other` is longer.
+    pub const fn saturating_sub(self, other: SimDuration) -> SimDuration {
+        SimDuration(self.0.saturating_sub(other.0))
+    }
+}
+
+/// Saturates at [`SimDuration::MAX`] rather than panicking, as the
+/// engine's deadline arithmetic does.
+impl std::ops::Add for SimDuration {
+    type Output = SimDuration;
+
+    fn add(self, other: SimDuration) -> SimDuration {
+        self.saturating_add(other)
+    }
+}
+
+/// A bare `u64` is nanoseconds: what every host call took before
+/// [`SimDuration`], so those calls keep their meaning.
+impl From<u64> for SimDuration {
+    fn from(nanos: u64) -> SimDuration {
+        SimDuration(nanos)
+    }
+}
+
+/// Saturates at [`SimDuration::MAX`] (a `Duration` holds about 2^64 s).
+impl From<std::time::Duration> for SimDuration {
+    fn from(duration: std::time::Duration) -> SimDuration {
+        SimDuration(u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX))
+    }
+}
+
+impl From<SimDuration> for std::time::Duration {
+    fn from(duration: SimDuration) -> std::time::Duration {
+        std::time::Duration::from_nanos(duration.0)
+    }
+}
+
+/// Seconds with every nonzero decimal (`3 s`, `0.25 s`, `1.000000001 s`),
+/// exact; with a precision (`{:.3}`), rounded as the engine's reports
+/// print times.
+impl fmt::Display for SimDuration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(precision) = f.precision() {
+            return write!(f, "{:.*} s", precision, self.as_secs_f64());
+        }
+        let (secs, nanos) = (self.0 / 1_000_000_000, self.0 % 1_000_000_000);
+        if nanos == 0 {
+            return write!(f, "{secs} s");
+        }
+        let fraction = format!("{nanos:09}");
+        write!(f, "{secs}.{} s", fraction.trim_end_matches('0'))
+    }
+}
+
+/// A time in seconds that has no [`SimDuration`].
+#[derive(Debug, Clone, Copy, PartialEq, Error)]
+#[non_exhaustive]
+pub enum SimDurationError {
+    /// NaN or an infinity.
+    #[error("a simulated time must be a finite number of seconds, not {0}")]
+    NotFinite(f64),
+    /// Before the pod started.
+    #[error("a simulated time cannot be negative ({0} s)")]
+    Negative(f64),
+    /// Past what a `u64` of nanoseconds counts (about 584 years).
+    #[error("{0} s is past the longest simulated time (about 584 years)")]
+    TooLong(f64),
+}
+
+impl From<SimDurationError> for crate::error::OptimError {
+    fn from(error: SimDurationError) -> Self {
+        crate::error::OptimError::new(crate::error::ErrorKind::InvalidConfig, error)
+    }
+}
+
+/// A count of ticks (a bound on how many [`Pod::step`](crate::Pod::step)s
+/// a call may run), kept apart from [`SimDuration`] at the call site:
+/// `pod.run_until(Ticks(500), …)` is a step budget, not a time. A bare
+/// `u64` converts, for calls written before the type existed.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+#[serde(transparent)]
+pub struct Ticks(pub u64);
+
+impl From<u64> for Ticks {
+    fn from(ticks: u64) -> Ticks {
+        Ticks(ticks)
+    }
+}
+
+impl fmt::Display for Ticks {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} ticks", self.0)
+    }
+}
 
 /// The pod's simulated clock.
 #[derive(Resource, Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -30,6 +219,16 @@ impl SimClock {
     /// Simulated time in seconds.
     pub fn now_seconds(&self) -> f64 {
         self.now_ns as f64 * 1e-9
+    }
+
+    /// Simulated time since the pod started.
+    pub fn now(&self) -> SimDuration {
+        SimDuration(self.now_ns)
+    }
+
+    /// Simulated time per tick.
+    pub fn tick_length(&self) -> SimDuration {
+        SimDuration(self.tick_ns)
     }
 }
 
@@ -267,5 +466,97 @@ mod tests {
         assert_eq!(jumped, ticked);
         assert!(!jump_clock(&mut jumped, u64::MAX));
         assert_eq!(jumped, ticked);
+    }
+}
+
+#[cfg(test)]
+mod duration_tests {
+    use super::*;
+
+    #[test]
+    fn constructors_count_nanoseconds_and_saturate() {
+        assert_eq!(SimDuration::from_secs(3).as_nanos(), 3_000_000_000);
+        assert_eq!(SimDuration::from_millis(7).as_nanos(), 7_000_000);
+        assert_eq!(SimDuration::from_micros(7).as_nanos(), 7_000);
+        assert_eq!(SimDuration::from_nanos(7).as_nanos(), 7);
+        assert_eq!(SimDuration::from(7u64), SimDuration::from_nanos(7));
+        assert_eq!(SimDuration::from_secs(u64::MAX), SimDuration::MAX);
+        assert_eq!(
+            SimDuration::from(std::time::Duration::from_secs(u64::MAX)),
+            SimDuration::MAX
+        );
+        assert_eq!(
+            SimDuration::from(std::time::Duration::from_millis(10)),
+            SimDuration::from_millis(10)
+        );
+        assert_eq!(SimDuration::from_secs(2).as_secs_f64(), 2.0);
+        assert_eq!(
+            SimDuration::from_secs(1) + SimDuration::from_millis(1),
+            SimDuration::from_micros(1_001_000)
+        );
+        assert_eq!(
+            SimDuration::MAX + SimDuration::from_nanos(1),
+            SimDuration::MAX
+        );
+        assert_eq!(
+            SimDuration::ZERO.saturating_sub(SimDuration::from_nanos(1)),
+            SimDuration::ZERO
+        );
+    }
+
+    #[test]
+    fn seconds_as_f64_are_refused_without_a_nanosecond_count() {
+        assert_eq!(
+            SimDuration::from_secs_f64(0.25),
+            Ok(SimDuration::from_millis(250))
+        );
+        assert_eq!(SimDuration::from_secs_f64(0.0), Ok(SimDuration::ZERO));
+        assert!(matches!(
+            SimDuration::from_secs_f64(f64::NAN),
+            Err(SimDurationError::NotFinite(_))
+        ));
+        assert_eq!(
+            SimDuration::from_secs_f64(f64::INFINITY),
+            Err(SimDurationError::NotFinite(f64::INFINITY))
+        );
+        assert_eq!(
+            SimDuration::from_secs_f64(-0.5),
+            Err(SimDurationError::Negative(-0.5))
+        );
+        assert_eq!(
+            SimDuration::from_secs_f64(1e11),
+            Err(SimDurationError::TooLong(1e11))
+        );
+        assert!(SimDuration::from_secs_f64(1.8e10).is_ok());
+    }
+
+    #[test]
+    fn display_is_exact_seconds_or_rounded_with_a_precision() {
+        assert_eq!(SimDuration::from_secs(3).to_string(), "3 s");
+        assert_eq!(SimDuration::ZERO.to_string(), "0 s");
+        assert_eq!(SimDuration::from_millis(250).to_string(), "0.25 s");
+        assert_eq!(
+            SimDuration::from_nanos(1_000_000_001).to_string(),
+            "1.000000001 s"
+        );
+        assert_eq!(format!("{:.3}", SimDuration::from_micros(1_500)), "0.002 s");
+        assert_eq!(Ticks(5).to_string(), "5 ticks");
+    }
+
+    #[test]
+    fn serialized_as_the_integer_nanoseconds() {
+        let json = serde_json::to_string(&SimDuration::from_millis(3)).unwrap();
+        assert_eq!(json, "3000000");
+        let back: SimDuration = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, SimDuration::from_millis(3));
+        assert_eq!(serde_json::to_string(&Ticks(4)).unwrap(), "4");
+    }
+
+    #[test]
+    fn the_clock_reads_as_durations() {
+        let mut clock = SimClock::new(10);
+        clock.advance(None);
+        assert_eq!(clock.now(), SimDuration::from_nanos(10));
+        assert_eq!(clock.tick_length(), SimDuration::from_nanos(10));
     }
 }

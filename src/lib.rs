@@ -13,7 +13,7 @@
 //! | layer | modules | what lives there |
 //! |---|---|---|
 //! | 0 core | `hardware`, `rng`, `schedule`, `error` | per-generation figures with their sources; the seeded random stream; the `Step` and `Compile` schedules and their ordered sets; `OptimError`, the one error type every layer returns |
-//! | 1 time, input files | `clock`, `files` | simulated time, the only time systems read; input files opened only when they are regular files, within a size limit |
+//! | 1 time, input files | `clock`, `files` | simulated time, the only time systems read, and the host's typed times (`SimDuration`) and step budgets (`Ticks`); input files opened only when they are regular files, within a size limit |
 //! | 2 vocabulary | `ir` | the one `DType`, tensor types, the op set, `Tensor` |
 //! | 3 codecs and kernels | `persist`, `kernels` | how components become snapshot columns; the kernels constant folding, the interpreter and executables share |
 //! | 4 topology | `topology` | RON pod files, presets, device/host/link entities, derived figures |

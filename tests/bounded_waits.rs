@@ -2,7 +2,7 @@
 //! a coordinator synchronizes again after a failure.
 
 use optirs_tpu::Pod;
-use optirs_tpu::barrier::{BarrierFailureReason, BarrierOutcome, DEFAULT_TIMEOUT_NS};
+use optirs_tpu::barrier::{BarrierFailureReason, BarrierOutcome, BarrierSpec, DEFAULT_TIMEOUT_NS};
 use optirs_tpu::coordination::{CoordinationError, PodConfig, PodCoordinator};
 use optirs_tpu::topology::DeviceId;
 
@@ -11,7 +11,7 @@ fn a_barrier_without_a_timeout_fails_at_the_default_deadline() {
     let mut pod = Pod::from_preset("v5e-16").unwrap();
     let start = pod.clock().now_ns;
     let id = pod
-        .create_barrier("manual", Some(vec![DeviceId(0), DeviceId(1)]), None, false)
+        .create_barrier(BarrierSpec::named("manual").participants([0, 1]))
         .unwrap();
     // Device 1 is healthy but never arrives: the wait must still end.
     pod.arrive(id, 0).unwrap();
@@ -38,7 +38,9 @@ fn stragglers_are_only_the_devices_that_never_arrived() {
     assert!(pod.health(5).unwrap().is_failed());
     // Every device is a participant, and device 5 is known failed: the
     // barrier fails at once, while the other arrivals are in flight.
-    let id = pod.create_barrier("again", None, None, true).unwrap();
+    let id = pod
+        .create_barrier(BarrierSpec::named("again").auto_arrive())
+        .unwrap();
     let BarrierOutcome::Failed(failure) = pod.wait_for_barrier(id).unwrap() else {
         panic!("a barrier over a failed device fails");
     };

@@ -3,7 +3,9 @@
 
 use bevy_ecs::entity::Entity;
 use optirs_tpu::Pod;
+use optirs_tpu::barrier::BarrierSpec;
 use optirs_tpu::checkpoint::{NOT_PERSISTED, SnapshotRegistry, WorldSnapshot};
+use optirs_tpu::clock::SimDuration;
 use optirs_tpu::exec::kernels::Tensor;
 use optirs_tpu::health::Fault;
 use optirs_tpu::schedule::Compile;
@@ -81,13 +83,19 @@ fn busy_pod() -> Pod {
         .unwrap();
     pod.inject(Fault::LinkJitter(DeviceId(0), DeviceId(1), 5_000))
         .unwrap();
-    pod.schedule_fault(2_000_000_000, Fault::KillDevice(DeviceId(9)));
-    pod.schedule_fault(20_000_000_000, Fault::PauseDevice(DeviceId(4)));
-    let done = pod.create_barrier("done", None, None, true).unwrap();
+    pod.schedule_fault(SimDuration::from_secs(2), Fault::KillDevice(DeviceId(9)));
+    pod.schedule_fault(SimDuration::from_secs(20), Fault::PauseDevice(DeviceId(4)));
+    let done = pod
+        .create_barrier(BarrierSpec::named("done").auto_arrive())
+        .unwrap();
     pod.wait_for_barrier(done).unwrap();
     pod.run(1_300);
-    pod.create_barrier("pending", None, Some(60_000_000_000), true)
-        .unwrap();
+    pod.create_barrier(
+        BarrierSpec::named("pending")
+            .timeout(SimDuration::from_secs(60))
+            .auto_arrive(),
+    )
+    .unwrap();
     pod.inject(Fault::CutLink(DeviceId(5), DeviceId(6)))
         .unwrap();
     pod.send_data(0, 10, 1 << 30).unwrap();
@@ -299,7 +307,8 @@ proptest! {
         original.set_seed(seed);
         original.inject(Fault::DeviceJitter(DeviceId(kill), 3_000_000_000)).unwrap();
         original.schedule_fault(kill_at_ms * 1_000_000, Fault::KillDevice(DeviceId(kill)));
-        original.create_barrier("b", None, None, true).unwrap();
+        original
+            .create_barrier(BarrierSpec::named("b").auto_arrive()).unwrap();
         original.compile_program_file("assets/programs/mlp.ron").unwrap();
         original.run(before);
         let snapshot = original.snapshot().unwrap();

@@ -3,10 +3,12 @@
 //! rollback and recovery.
 
 use optirs_tpu::Pod;
+use optirs_tpu::barrier::BarrierSpec;
 use optirs_tpu::checkpoint::{
     MANIFEST, SnapshotRegistry, TENSOR_FILE, WORLD_FILE, WritePoint, list_checkpoints,
     verify_checkpoint, write_checkpoint,
 };
+use optirs_tpu::clock::SimDuration;
 use optirs_tpu::error::ErrorKind;
 use optirs_tpu::exec::kernels::Tensor;
 use optirs_tpu::fault_tolerance::{RecoveryPolicy, checkpoint_name};
@@ -21,8 +23,10 @@ use checkpoint_helpers::{manager, verify};
 
 fn pod_with_history() -> Pod {
     let mut pod = Pod::from_preset("v4-8").unwrap();
-    pod.schedule_fault(1_000_000_000, Fault::KillDevice(DeviceId(2)));
-    let id = pod.create_barrier("b", None, None, true).unwrap();
+    pod.schedule_fault(SimDuration::from_secs(1), Fault::KillDevice(DeviceId(2)));
+    let id = pod
+        .create_barrier(BarrierSpec::named("b").auto_arrive())
+        .unwrap();
     pod.wait_for_barrier(id).unwrap();
     pod.run(50);
     // A compiled program whose constants go to the tensor file: an f32
@@ -381,7 +385,9 @@ fn migration_is_refused_but_recovery_goes_on() {
     pod.run(1_200);
     let report = ft.recover(&mut pod);
     assert_eq!(report.excluded, vec![DeviceId(6)]);
-    let id = pod.create_barrier("after", None, None, true).unwrap();
+    let id = pod
+        .create_barrier(BarrierSpec::named("after").auto_arrive())
+        .unwrap();
     assert!(matches!(
         pod.wait_for_barrier(id).unwrap(),
         optirs_tpu::barrier::BarrierOutcome::Completed { .. }

@@ -1,7 +1,8 @@
 //! Heartbeats, fault detection, barriers and transport in simulated time.
 
 use optirs_tpu::Pod;
-use optirs_tpu::barrier::{BarrierFailureReason, BarrierOutcome};
+use optirs_tpu::barrier::{BarrierFailureReason, BarrierOutcome, BarrierSpec};
+use optirs_tpu::clock::{SimDuration, Ticks};
 use optirs_tpu::health::{Fault, Health, KnownFailures};
 use optirs_tpu::topology::{DeviceId, Link, LinkTraffic};
 use proptest::prelude::*;
@@ -19,8 +20,8 @@ fn a_killed_device_is_detected_within_the_timeout_and_everyone_learns_at_once() 
         pod.topology().heartbeat_interval_ns,
         pod.topology().heartbeat_timeout_ns,
     );
-    pod.schedule_fault(3 * SECOND, Fault::KillDevice(DeviceId(5)));
-    let ticks = pod.run_until(5_000, |world| {
+    pod.schedule_fault(SimDuration::from_secs(3), Fault::KillDevice(DeviceId(5)));
+    let ticks = pod.run_until(Ticks(5_000), |world| {
         !world
             .resource::<optirs_tpu::health::FailureLog>()
             .records
@@ -138,7 +139,11 @@ proptest! {
 fn a_barrier_completes_when_everyone_arrives() {
     let mut pod = v5e16();
     let id = pod
-        .create_barrier("step-0", None, Some(30 * SECOND), true)
+        .create_barrier(
+            BarrierSpec::named("step-0")
+                .timeout(SimDuration::from_secs(30))
+                .auto_arrive(),
+        )
         .unwrap();
     let outcome = pod.wait_for_barrier(id).unwrap();
     assert!(
@@ -146,7 +151,9 @@ fn a_barrier_completes_when_everyone_arrives() {
         "{outcome:?}"
     );
     // The name can be reused: the next generation starts pending.
-    let again = pod.create_barrier("step-0", None, None, true).unwrap();
+    let again = pod
+        .create_barrier(BarrierSpec::named("step-0").auto_arrive())
+        .unwrap();
     assert_eq!(again, id);
     assert_eq!(pod.barrier_outcome(id), Some(&BarrierOutcome::Pending));
     assert!(matches!(
@@ -159,7 +166,9 @@ fn a_barrier_completes_when_everyone_arrives() {
 fn a_barrier_with_a_dead_participant_fails_and_names_it() {
     let mut pod = v5e16();
     pod.kill_device(7).unwrap();
-    let id = pod.create_barrier("sync", None, None, true).unwrap();
+    let id = pod
+        .create_barrier(BarrierSpec::named("sync").auto_arrive())
+        .unwrap();
     let BarrierOutcome::Failed(failure) = pod.wait_for_barrier(id).unwrap() else {
         panic!("a barrier with a dead participant must fail");
     };
@@ -186,7 +195,11 @@ fn a_barrier_past_its_deadline_fails_naming_up_to_three_stragglers() {
     let mut pod = v5e16();
     let participants: Vec<DeviceId> = (0..8).map(DeviceId).collect();
     let id = pod
-        .create_barrier("manual", Some(participants), Some(SECOND / 2), false)
+        .create_barrier(
+            BarrierSpec::named("manual")
+                .participants(participants)
+                .timeout(SimDuration::from_millis(500)),
+        )
         .unwrap();
     for device in [0, 1, 2, 3] {
         pod.arrive(id, device).unwrap();
@@ -205,7 +218,7 @@ fn a_barrier_past_its_deadline_fails_naming_up_to_three_stragglers() {
 fn arrivals_from_non_participants_are_rejected() {
     let mut pod = v5e16();
     let id = pod
-        .create_barrier("pair", Some(vec![DeviceId(0), DeviceId(1)]), None, false)
+        .create_barrier(BarrierSpec::named("pair").participants([0, 1]))
         .unwrap();
     let error = pod.arrive(id, 9).unwrap_err().to_string();
     assert!(
@@ -220,7 +233,7 @@ fn arrivals_from_non_participants_are_rejected() {
     ));
     assert!(pod.arrive(id, 0).is_err(), "no arrivals after completion");
     assert!(
-        pod.create_barrier("empty", Some(vec![]), None, false)
+        pod.create_barrier(BarrierSpec::named("empty").participants(Vec::<DeviceId>::new()))
             .is_err()
     );
 }
@@ -291,8 +304,8 @@ fn the_same_faults_give_the_same_history() {
             pod.inject(Fault::DeviceJitter(DeviceId(device), 3 * SECOND))
                 .unwrap();
         }
-        pod.schedule_fault(2 * SECOND, Fault::KillDevice(DeviceId(3)));
-        pod.schedule_fault(4 * SECOND, Fault::PauseDevice(DeviceId(9)));
+        pod.schedule_fault(SimDuration::from_secs(2), Fault::KillDevice(DeviceId(3)));
+        pod.schedule_fault(SimDuration::from_secs(4), Fault::PauseDevice(DeviceId(9)));
         pod.run(2_000);
         pod.failures().to_vec()
     };
@@ -459,7 +472,11 @@ fn a_transport_backend_moves_messages_without_changing_the_world() {
             pod.send_data(from, to, 1 << 20).unwrap();
         }
         let id = pod
-            .create_barrier("sync", None, Some(30 * SECOND), true)
+            .create_barrier(
+                BarrierSpec::named("sync")
+                    .timeout(SimDuration::from_secs(30))
+                    .auto_arrive(),
+            )
             .unwrap();
         pod.run(50);
         pod.kill_device(7).unwrap();

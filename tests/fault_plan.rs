@@ -2,6 +2,7 @@
 //! check and by `run`.
 
 use optirs_tpu::Pod;
+use optirs_tpu::clock::SimDuration;
 use optirs_tpu::health::Fault;
 use optirs_tpu::topology::DeviceId;
 use std::process::Command;
@@ -12,11 +13,14 @@ const SECOND: u64 = 1_000_000_000;
 fn the_plan_check_names_faults_that_can_never_apply() {
     let mut pod = Pod::from_preset("v5e-16").unwrap();
     let tick = pod.topology().tick_ns;
-    pod.schedule_fault(SECOND, Fault::KillDevice(DeviceId(3)));
-    pod.schedule_fault(2 * SECOND, Fault::PauseDevice(DeviceId(3)));
-    pod.schedule_fault(2 * SECOND, Fault::PauseDevice(DeviceId(4)));
-    pod.schedule_fault(50 * SECOND, Fault::KillDevice(DeviceId(5)));
-    pod.schedule_fault(SECOND, Fault::CutLink(DeviceId(0), DeviceId(10)));
+    pod.schedule_fault(SimDuration::from_secs(1), Fault::KillDevice(DeviceId(3)));
+    pod.schedule_fault(SimDuration::from_secs(2), Fault::PauseDevice(DeviceId(3)));
+    pod.schedule_fault(SimDuration::from_secs(2), Fault::PauseDevice(DeviceId(4)));
+    pod.schedule_fault(SimDuration::from_secs(50), Fault::KillDevice(DeviceId(5)));
+    pod.schedule_fault(
+        SimDuration::from_secs(1),
+        Fault::CutLink(DeviceId(0), DeviceId(10)),
+    );
     let ticks = 10 * SECOND / tick;
     let found = pod.faults_that_cannot_apply(ticks);
     let faults: Vec<Fault> = found.iter().map(|f| f.scheduled.fault).collect();

@@ -3,6 +3,8 @@
 //! `bench schedule --json` has its documented keys.
 
 use ndarray::Array1;
+use optirs_tpu::barrier::BarrierSpec;
+use optirs_tpu::clock::SimDuration;
 use optirs_tpu::collectives::ReduceOp;
 use optirs_tpu::exec::kernels::Tensor;
 use optirs_tpu::health::Fault;
@@ -39,10 +41,12 @@ fn profiled_run() -> ProfilingIntegration {
         profiler.memory().events.is_empty(),
         "empty until something ran"
     );
-    let barrier = pod.create_barrier("start", None, None, true).unwrap();
+    let barrier = pod
+        .create_barrier(BarrierSpec::named("start").auto_arrive())
+        .unwrap();
     let mut buffers: Vec<Vec<f32>> = (0..8).map(|i| vec![i as f32; 1 << 12]).collect();
     let collective = pod.launch_all_reduce(&mut buffers, ReduceOp::Sum).unwrap();
-    pod.schedule_fault(1_000_000_000, Fault::KillDevice(DeviceId(3)));
+    pod.schedule_fault(SimDuration::from_secs(1), Fault::KillDevice(DeviceId(3)));
     let ticks = 1_500; // 15 s: past the heartbeat timeout
     profiler.run(&mut pod, ticks, &mut |_| {});
     assert!(pod.barrier_outcome(barrier).is_some());

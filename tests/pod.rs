@@ -2,7 +2,7 @@
 
 use bevy_ecs::prelude::*;
 use optirs_tpu::Pod;
-use optirs_tpu::pod::SimClock;
+use optirs_tpu::pod::{SimClock, Ticks};
 use optirs_tpu::schedule::{Step, StepSystems, deterministic_schedule};
 
 #[test]
@@ -31,10 +31,10 @@ fn tick_length_comes_from_the_pod_file() {
 #[test]
 fn run_until_stops_when_the_condition_holds() {
     let mut pod = Pod::from_preset("v5e-16").unwrap();
-    let ran = pod.run_until(1000, |world| world.resource::<SimClock>().tick >= 7);
+    let ran = pod.run_until(Ticks(1000), |world| world.resource::<SimClock>().tick >= 7);
     assert_eq!(ran, Some(7));
     assert_eq!(pod.clock().tick, 7);
-    let never = pod.run_until(5, |_| false);
+    let never = pod.run_until(Ticks(5), |_| false);
     assert_eq!(never, None);
     assert_eq!(pod.clock().tick, 12);
 }

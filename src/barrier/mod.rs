@@ -18,7 +18,7 @@
 
 mod error;
 
-use crate::clock::{NextEvent, SimClock};
+use crate::clock::{NextEvent, SimClock, SimDuration};
 use crate::health::Excluded;
 use crate::health::{DeviceState, FailureEpoch, Health, HeartbeatConfig};
 use crate::rng::{SimRng, stream};
@@ -65,6 +65,16 @@ impl Barrier {
     pub fn deadline(&self) -> u64 {
         self.deadline_ns
             .unwrap_or_else(|| self.started_at_ns.saturating_add(DEFAULT_TIMEOUT_NS))
+    }
+
+    /// When this generation started.
+    pub fn started_at(&self) -> SimDuration {
+        SimDuration::from_nanos(self.started_at_ns)
+    }
+
+    /// When the barrier fails unless complete ([`Barrier::deadline`]).
+    pub fn deadline_at(&self) -> SimDuration {
+        SimDuration::from_nanos(self.deadline())
     }
 
     /// The index of a participant, if it is one.
@@ -117,6 +127,13 @@ pub struct BarrierFailure {
     pub stragglers: Vec<DeviceId>,
     /// Why.
     pub reason: BarrierFailureReason,
+}
+
+impl BarrierFailure {
+    /// When the barrier failed.
+    pub fn at(&self) -> SimDuration {
+        SimDuration::from_nanos(self.at_ns)
+    }
 }
 
 impl fmt::Display for BarrierFailure {
@@ -174,6 +191,17 @@ pub enum BarrierOutcome {
     Failed(BarrierFailure),
 }
 
+impl BarrierOutcome {
+    /// When the barrier completed or failed; `None` while it is pending.
+    pub fn finished_at(&self) -> Option<SimDuration> {
+        match self {
+            BarrierOutcome::Pending => None,
+            BarrierOutcome::Completed { at_ns } => Some(SimDuration::from_nanos(*at_ns)),
+            BarrierOutcome::Failed(failure) => Some(failure.at()),
+        }
+    }
+}
+
 /// Marks a barrier whose outcome is still [`BarrierOutcome::Pending`], so the
 /// barrier systems touch only live barriers, however many have finished.
 #[derive(Component, Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -186,6 +214,103 @@ pub struct BarrierRegistry {
     pub by_id: Vec<Entity>,
     /// Id of each name.
     pub by_name: BTreeMap<String, u64>,
+}
+
+/// A barrier to create, named at the call site:
+/// `BarrierSpec::named("step-0").auto_arrive()` instead of
+/// `("step-0", None, None, true)`. By default every device not
+/// [`Excluded`] takes part, arrivals are the host's ([`arrive`]) and the
+/// barrier fails [`DEFAULT_TIMEOUT_NS`] (60 s of simulated time) after its
+/// creation. A name alone converts, so `pod.create_barrier("step-0")` is
+/// that default barrier.
+///
+/// ```
+/// use optirs_tpu::barrier::{BarrierOutcome, BarrierSpec};
+/// use optirs_tpu::clock::SimDuration;
+/// use optirs_tpu::Pod;
+///
+/// let mut pod = Pod::from_preset("v5e-16")?;
+/// let id = pod.create_barrier(
+///     BarrierSpec::named("step-0")
+///         .participants([0, 1, 2, 3])
+///         .timeout(SimDuration::from_secs(5))
+///         .auto_arrive(),
+/// )?;
+/// assert!(matches!(pod.wait_for_barrier(id)?, BarrierOutcome::Completed { .. }));
+/// # Ok::<(), optirs_tpu::OptimError>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BarrierSpec {
+    name: String,
+    participants: Option<Vec<DeviceId>>,
+    timeout: Option<SimDuration>,
+    auto_arrive: bool,
+}
+
+impl BarrierSpec {
+    /// A barrier over every device, arrived at by the host, with the
+    /// default timeout.
+    pub fn named(name: impl Into<String>) -> BarrierSpec {
+        BarrierSpec {
+            name: name.into(),
+            participants: None,
+            timeout: None,
+            auto_arrive: false,
+        }
+    }
+
+    /// Only these devices take part (ids or bare numbers; order and
+    /// repeats do not matter).
+    pub fn participants(
+        mut self,
+        devices: impl IntoIterator<Item = impl Into<DeviceId>>,
+    ) -> BarrierSpec {
+        self.participants = Some(devices.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// Fails the barrier this long after its creation instead of after
+    /// [`DEFAULT_TIMEOUT_NS`] (a bare `u64` is nanoseconds).
+    pub fn timeout(mut self, timeout: impl Into<SimDuration>) -> BarrierSpec {
+        self.timeout = Some(timeout.into());
+        self
+    }
+
+    /// Running participants arrive by themselves (a paused one when it
+    /// resumes, a killed one never).
+    pub fn auto_arrive(mut self) -> BarrierSpec {
+        self.auto_arrive = true;
+        self
+    }
+
+    /// The barrier's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Creates the barrier (or its next generation) in `world`, as
+    /// [`create_barrier`]. Returns its id.
+    pub fn create(self, world: &mut World) -> Result<u64, BarrierError> {
+        create_barrier(
+            world,
+            &self.name,
+            self.participants,
+            self.timeout.map(SimDuration::as_nanos),
+            self.auto_arrive,
+        )
+    }
+}
+
+impl From<&str> for BarrierSpec {
+    fn from(name: &str) -> BarrierSpec {
+        BarrierSpec::named(name)
+    }
+}
+
+impl From<String> for BarrierSpec {
+    fn from(name: String) -> BarrierSpec {
+        BarrierSpec::named(name)
+    }
 }
 
 /// Creates (or starts the next generation of) a barrier. `participants`

@@ -1,7 +1,7 @@
 //! [`PodCoordinator`]: barriers and faults over a pod built from a device
 //! count.
 
-use crate::barrier::{BarrierFailure, BarrierOutcome};
+use crate::barrier::{BarrierFailure, BarrierOutcome, BarrierSpec};
 use crate::error::OptimError;
 use crate::hardware::TpuGeneration;
 use crate::pod::Pod;
@@ -91,11 +91,12 @@ impl PodCoordinator {
     /// so the pod synchronizes again after a failure (with one device
     /// fewer); the failure itself names the participants that never arrived.
     pub fn synchronize_devices(&mut self, id: String) -> Result<(), CoordinationError> {
-        let timeout = duration_ns(self.config.barrier_timeout);
-        let participants = self.participants();
-        let barrier = self
-            .pod
-            .create_barrier(&id, Some(participants), Some(timeout), true)?;
+        let barrier = self.pod.create_barrier(
+            BarrierSpec::named(id)
+                .participants(self.participants())
+                .timeout(self.config.barrier_timeout)
+                .auto_arrive(),
+        )?;
         match self.pod.wait_for_barrier(barrier)? {
             BarrierOutcome::Completed { .. } => Ok(()),
             BarrierOutcome::Failed(failure) => {
@@ -117,17 +118,19 @@ impl PodCoordinator {
 
     /// Leaves a device out of later synchronizations (a device known to be
     /// going away, before the detector declares it failed).
-    pub fn exclude_device(&mut self, device: u32) -> Result<(), CoordinationError> {
+    pub fn exclude_device(&mut self, device: impl Into<DeviceId>) -> Result<(), CoordinationError> {
+        let device = device.into();
         self.pod.device_entity(device)?;
-        self.excluded.insert(device);
+        self.excluded.insert(device.0);
         Ok(())
     }
 
     /// Takes a device [excluded](Self::exclude_device) by the user back into
     /// synchronization (a device declared failed stays out).
-    pub fn include_device(&mut self, device: u32) -> Result<(), CoordinationError> {
+    pub fn include_device(&mut self, device: impl Into<DeviceId>) -> Result<(), CoordinationError> {
+        let device = device.into();
         self.pod.device_entity(device)?;
-        self.excluded.remove(&device);
+        self.excluded.remove(&device.0);
         Ok(())
     }
 
@@ -155,8 +158,9 @@ impl PodCoordinator {
             .collect()
     }
 
-    /// Kills a device now (fault injection).
-    pub fn kill_device(&mut self, device: u32) -> Result<(), CoordinationError> {
+    /// Kills a device now (fault injection; a [`DeviceId`] or its bare
+    /// number).
+    pub fn kill_device(&mut self, device: impl Into<DeviceId>) -> Result<(), CoordinationError> {
         Ok(self.pod.kill_device(device)?)
     }
 
@@ -174,10 +178,6 @@ impl PodCoordinator {
     pub fn pod_mut(&mut self) -> &mut Pod {
         &mut self.pod
     }
-}
-
-fn duration_ns(duration: Duration) -> u64 {
-    u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// The squarest factorization of `n` into `dims` factors, ascending.

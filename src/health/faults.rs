@@ -3,7 +3,7 @@
 
 use super::error::FaultError;
 use super::{ControlJitter, DeviceState, InjectedFault};
-use crate::clock::SimClock;
+use crate::clock::{SimClock, SimDuration};
 use crate::topology::{DeviceId, DeviceIndex, Link};
 use crate::transport::{LinkState, Transport};
 use bevy_ecs::prelude::*;
@@ -35,6 +35,13 @@ pub struct ScheduledFault {
     pub at_ns: u64,
     /// The fault.
     pub fault: Fault,
+}
+
+impl ScheduledFault {
+    /// When the fault applies.
+    pub fn at(&self) -> SimDuration {
+        SimDuration::from_nanos(self.at_ns)
+    }
 }
 
 /// Faults waiting for their time, in time order (ties in insertion order).

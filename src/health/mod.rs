@@ -41,7 +41,7 @@ pub use faults::{
     schedule_fault,
 };
 
-use crate::clock::{NextEvent, SimClock};
+use crate::clock::{NextEvent, SimClock, SimDuration};
 use crate::rng::{SimRng, stream};
 use crate::schedule::{Step, StepSystems};
 use crate::topology::{Device, DeviceId, PodTopology};
@@ -69,6 +69,14 @@ impl DeviceState {
     pub fn is_running(&self) -> bool {
         matches!(self, DeviceState::Running)
     }
+
+    /// When the device was killed; `None` while it lives.
+    pub fn killed_at(&self) -> Option<SimDuration> {
+        match *self {
+            DeviceState::Killed { at_ns } => Some(SimDuration::from_nanos(at_ns)),
+            _ => None,
+        }
+    }
 }
 
 /// What the coordination service believes about a device.
@@ -92,6 +100,22 @@ impl Health {
     /// Whether the device has been declared failed.
     pub fn is_failed(&self) -> bool {
         matches!(self, Health::Failed { .. })
+    }
+
+    /// When the detector declared the device failed; `None` unless it is.
+    pub fn detected_at(&self) -> Option<SimDuration> {
+        match *self {
+            Health::Failed { detected_at_ns } => Some(SimDuration::from_nanos(detected_at_ns)),
+            _ => None,
+        }
+    }
+
+    /// When the device became suspect; `None` unless it is.
+    pub fn suspect_since(&self) -> Option<SimDuration> {
+        match *self {
+            Health::Suspect { since_ns } => Some(SimDuration::from_nanos(since_ns)),
+            _ => None,
+        }
     }
 }
 
@@ -155,6 +179,24 @@ pub struct FailureRecord {
     pub detected_at_ns: u64,
     /// The failure epoch this failure started.
     pub epoch: u64,
+}
+
+impl FailureRecord {
+    /// When the detector declared the device failed.
+    pub fn detected_at(&self) -> SimDuration {
+        SimDuration::from_nanos(self.detected_at_ns)
+    }
+
+    /// When a fault was injected into the device, if one was.
+    pub fn injected_at(&self) -> Option<SimDuration> {
+        self.injected_at_ns.map(SimDuration::from_nanos)
+    }
+
+    /// How long detection took after the injected fault, if there was one.
+    pub fn detection_delay(&self) -> Option<SimDuration> {
+        self.injected_at()
+            .map(|injected| self.detected_at().saturating_sub(injected))
+    }
 }
 
 /// Every failure the detector has declared, in order.

@@ -18,9 +18,9 @@ pub mod skip;
 
 pub use skip::SkipStats;
 
-pub use crate::clock::{self, SimClock};
+pub use crate::clock::{self, SimClock, SimDuration, Ticks};
 
-use crate::barrier::{self, BarrierOutcome, BarrierRegistry};
+use crate::barrier::{self, BarrierOutcome, BarrierRegistry, BarrierSpec};
 use crate::checkpoint::engine_registry;
 use crate::checkpoint::{PeriodicCheckpoints, write_periodic_checkpoint};
 use crate::compiler::{self, CompileReport};
@@ -349,14 +349,28 @@ impl Pod {
     }
 
     /// Steps until `done` holds (checked before each tick) or `max_ticks`
-    /// ticks have run. Returns the ticks run when `done` held, or `None`.
-    /// Each [`Pod::step`] counts, including one that ends at an exact stop
+    /// ticks have run: a step budget ([`Ticks`]; a bare `u64` converts), not
+    /// a time. Returns the ticks run when `done` held, or `None`. Each
+    /// [`Pod::step`] counts, including one that ends at an exact stop
     /// inside a tick.
+    ///
+    /// ```
+    /// use optirs_tpu::clock::Ticks;
+    /// use optirs_tpu::Pod;
+    ///
+    /// let mut pod = Pod::from_preset("v5e-16")?;
+    /// let ran = pod.run_until(Ticks(50), |world| {
+    ///     world.resource::<optirs_tpu::clock::SimClock>().tick == 10
+    /// });
+    /// assert_eq!(ran, Some(10));
+    /// # Ok::<(), optirs_tpu::OptimError>(())
+    /// ```
     pub fn run_until(
         &mut self,
-        max_ticks: u64,
+        max_ticks: impl Into<Ticks>,
         mut done: impl FnMut(&World) -> bool,
     ) -> Option<u64> {
+        let Ticks(max_ticks) = max_ticks.into();
         for ticks in 0..=max_ticks {
             if done(&self.world) {
                 return Some(ticks);
@@ -403,14 +417,17 @@ impl Pod {
         Ok(health::apply_fault(&mut self.world, fault)?)
     }
 
-    /// Kills a device now.
-    pub fn kill_device(&mut self, device: u32) -> Result<()> {
-        self.inject(Fault::KillDevice(DeviceId(device)))
+    /// Kills a device now (a [`DeviceId`] or its bare number).
+    pub fn kill_device(&mut self, device: impl Into<DeviceId>) -> Result<()> {
+        self.inject(Fault::KillDevice(device.into()))
     }
 
-    /// Schedules a fault at simulated time `at_ns`.
-    pub fn schedule_fault(&mut self, at_ns: u64, fault: Fault) {
-        health::schedule_fault(&mut self.world, at_ns, fault);
+    /// Schedules a fault at simulated time `at` since the pod started
+    /// (`SimDuration::from_secs(3)`; a bare `u64` is nanoseconds, as this
+    /// call always took). It applies at that time exactly, inside a tick if
+    /// need be.
+    pub fn schedule_fault(&mut self, at: impl Into<SimDuration>, fault: Fault) {
+        health::schedule_fault(&mut self.world, at.into().as_nanos(), fault);
     }
 
     /// The scheduled faults that can never apply if the pod runs `ticks`
@@ -426,14 +443,13 @@ impl Pod {
         health::faults_that_cannot_apply(&mut self.world, end_ns)
     }
 
-    /// The entity of a device id.
-    pub fn device_entity(&self, device: u32) -> Result<Entity> {
+    /// The entity of a device id (or its bare number).
+    pub fn device_entity(&self, device: impl Into<DeviceId>) -> Result<Entity> {
+        let device = device.into();
         self.world
             .resource::<DeviceIndex>()
-            .get(DeviceId(device))
-            .ok_or(OptimError::from(health::FaultError::UnknownDevice(
-                DeviceId(device),
-            )))
+            .get(device)
+            .ok_or(OptimError::from(health::FaultError::UnknownDevice(device)))
     }
 
     /// A load balancer over the devices that are running, not declared
@@ -454,8 +470,8 @@ impl Pod {
     }
 
     /// What the coordination service believes about a device.
-    pub fn health(&self, device: u32) -> Option<Health> {
-        let entity = self.world.resource::<DeviceIndex>().get(DeviceId(device))?;
+    pub fn health(&self, device: impl Into<DeviceId>) -> Option<Health> {
+        let entity = self.world.resource::<DeviceIndex>().get(device.into())?;
         self.world.get::<Health>(entity).copied()
     }
 
@@ -464,34 +480,32 @@ impl Pod {
         &self.world.resource::<FailureLog>().records
     }
 
-    /// Creates a barrier (or its next generation). `participants: None` is
-    /// every device; with `auto_arrive`, running participants arrive by
-    /// themselves. It fails `timeout_ns` from now, or
-    /// [`barrier::DEFAULT_TIMEOUT_NS`] (60 s of simulated time) from now when
-    /// `timeout_ns` is `None`. Returns the barrier id.
-    pub fn create_barrier(
-        &mut self,
-        name: &str,
-        participants: Option<Vec<DeviceId>>,
-        timeout_ns: Option<u64>,
-        auto_arrive: bool,
-    ) -> Result<u64> {
-        Ok(barrier::create_barrier(
-            &mut self.world,
-            name,
-            participants,
-            timeout_ns,
-            auto_arrive,
-        )?)
+    /// Creates a barrier (or its next generation) as `spec` says
+    /// ([`BarrierSpec`]: every device unless `.participants(…)`, arrivals
+    /// by the host unless `.auto_arrive()`, failing
+    /// [`barrier::DEFAULT_TIMEOUT_NS`] (60 s of simulated time) from now
+    /// unless `.timeout(…)`). A name alone is that default barrier.
+    /// Returns the barrier id.
+    ///
+    /// ```
+    /// use optirs_tpu::barrier::BarrierSpec;
+    /// use optirs_tpu::Pod;
+    ///
+    /// let mut pod = Pod::from_preset("v5e-16")?;
+    /// let id = pod.create_barrier(BarrierSpec::named("step-0").participants([0, 1]))?;
+    /// pod.arrive(id, 0)?;
+    /// pod.arrive(id, 1)?;
+    /// assert!(pod.wait_for_barrier(id)?.finished_at().is_some());
+    /// # Ok::<(), optirs_tpu::OptimError>(())
+    /// ```
+    pub fn create_barrier(&mut self, spec: impl Into<BarrierSpec>) -> Result<u64> {
+        Ok(spec.into().create(&mut self.world)?)
     }
 
-    /// A participant arrives at a barrier.
-    pub fn arrive(&mut self, barrier_id: u64, device: u32) -> Result<()> {
-        Ok(barrier::arrive(
-            &mut self.world,
-            barrier_id,
-            DeviceId(device),
-        )?)
+    /// A participant (a [`DeviceId`] or its bare number) arrives at a
+    /// barrier.
+    pub fn arrive(&mut self, barrier_id: u64, device: impl Into<DeviceId>) -> Result<()> {
+        Ok(barrier::arrive(&mut self.world, barrier_id, device.into())?)
     }
 
     /// Where a barrier stands.
@@ -554,13 +568,19 @@ impl Pod {
         self.world.insert_resource(transport::Network::new(backend));
     }
 
-    /// Sends `bytes` of data from one device to another over the links.
-    /// Returns the simulated delivery time, ns.
-    pub fn send_data(&mut self, from: u32, to: u32, bytes: u64) -> Result<u64> {
+    /// Sends `bytes` of data from one device to another over the links
+    /// (device ids or their bare numbers). Returns the simulated delivery
+    /// time, ns (`SimDuration::from_nanos` types it).
+    pub fn send_data(
+        &mut self,
+        from: impl Into<DeviceId>,
+        to: impl Into<DeviceId>,
+        bytes: u64,
+    ) -> Result<u64> {
         Ok(transport::send_data(
             &mut self.world,
-            DeviceId(from),
-            DeviceId(to),
+            from.into(),
+            to.into(),
             bytes,
         )?)
     }

@@ -239,8 +239,13 @@ impl RankedPod {
     /// Schedules a fault at a simulated time. Every rank must schedule the
     /// same faults (the handshake's `run` should name them): the fault plan
     /// is the scenario, and each rank applies it to what it holds.
-    pub fn schedule_fault(&mut self, at_ns: u64, fault: crate::health::Fault) {
-        self.pod.schedule_fault(at_ns, fault);
+    /// `at` is since the pod started (a bare `u64` is nanoseconds).
+    pub fn schedule_fault(
+        &mut self,
+        at: impl Into<crate::clock::SimDuration>,
+        fault: crate::health::Fault,
+    ) {
+        self.pod.schedule_fault(at, fault);
     }
 
     /// The scheduled faults that can never apply in a run of `ticks` ticks

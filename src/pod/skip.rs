@@ -44,7 +44,7 @@
 //! ```
 
 use super::Pod;
-use crate::clock::{ExactStops, NextEvent, SimClock, jump_clock};
+use crate::clock::{ExactStops, NextEvent, SimClock, SimDuration, jump_clock};
 use crate::error::{OptimError, Result};
 use crate::schedule::Step;
 use bevy_ecs::prelude::World;
@@ -153,17 +153,19 @@ impl Pod {
         }
     }
 
-    /// Advances the pod to simulated time `until_ns` exactly (the last tick
-    /// ends there, on a boundary or not), or until `done` holds (checked
-    /// before each tick), jumping over idle ticks as
+    /// Advances the pod to simulated time `until` (since the pod started;
+    /// a bare `u64` is nanoseconds, as this call always took) exactly (the
+    /// last tick ends there, on a boundary or not), or until `done` holds
+    /// (checked before each tick), jumping over idle ticks as
     /// [`Pod::run_skipping`] does. While the host only waits (a checkpoint
     /// write, a recovery, a cube swap) this costs the ticks where something
     /// happens, not every tick of the wait. Returns how the ticks were spent.
     pub fn advance_until(
         &mut self,
-        until_ns: u64,
+        until: impl Into<SimDuration>,
         mut done: impl FnMut(&World) -> bool,
     ) -> Result<SkipStats> {
+        let until_ns = until.into().as_nanos();
         crate::schedule::build(&mut self.world, Step).map_err(OptimError::schedule)?;
         let mut stats = SkipStats::default();
         let previous = self.world.resource::<ExactStops>().host_ns;

@@ -109,8 +109,8 @@ impl<T: Element> TPUPodCoordinator<T> {
         self.inner.num_devices()
     }
 
-    /// Kills a device (fault injection).
-    pub fn kill_device(&mut self, device: u32) -> Result<(), CoordinationError> {
+    /// Kills a device (fault injection; a [`DeviceId`] or its bare number).
+    pub fn kill_device(&mut self, device: impl Into<DeviceId>) -> Result<(), CoordinationError> {
         self.inner.kill_device(device)
     }
 

@@ -56,6 +56,41 @@ impl<A: FloatElement> ParamSet<A> {
         Ok(())
     }
 
+    /// A set of `tensors`, in the order given, with the checks of
+    /// [`ParamSet::insert`]: the first duplicate name or empty tensor ends
+    /// the build with `insert`'s error, which names it.
+    ///
+    /// There is no `FromIterator` (so no `collect()`): it could only
+    /// report a bad tensor by panicking.
+    ///
+    /// ```
+    /// use ndarray::{ArrayD, IxDyn};
+    /// use optirs_tpu::sharding::ParamSet;
+    ///
+    /// let params = ParamSet::try_from_iter([
+    ///     ("w", ArrayD::from_elem(IxDyn(&[4, 4]), 0.5f32)),
+    ///     ("b", ArrayD::zeros(IxDyn(&[4]))),
+    /// ])?;
+    /// assert_eq!(params.names().collect::<Vec<_>>(), ["w", "b"]);
+    ///
+    /// let error = ParamSet::try_from_iter([
+    ///     ("w", ArrayD::from_elem(IxDyn(&[4]), 0.5f32)),
+    ///     ("empty", ArrayD::zeros(IxDyn(&[0]))),
+    /// ])
+    /// .unwrap_err();
+    /// assert!(error.to_string().contains("`empty`"), "{error}");
+    /// # Ok::<(), optirs_tpu::sharding::ShardingError>(())
+    /// ```
+    pub fn try_from_iter(
+        tensors: impl IntoIterator<Item = (impl Into<String>, ArrayD<A>)>,
+    ) -> Result<Self, ShardingError> {
+        let mut set = ParamSet::new();
+        for (name, tensor) in tensors {
+            set.insert(name, tensor)?;
+        }
+        Ok(set)
+    }
+
     /// [`ParamSet::insert`], chained.
     pub fn with(
         mut self,

@@ -16,6 +16,13 @@ impl std::fmt::Display for DeviceId {
     }
 }
 
+/// The dense id as a bare number, so host calls read `pod.kill_device(3)`.
+impl From<u32> for DeviceId {
+    fn from(id: u32) -> DeviceId {
+        DeviceId(id)
+    }
+}
+
 /// A chip.
 #[derive(Component, Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Device {
