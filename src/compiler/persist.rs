@@ -40,7 +40,7 @@ use crate::persist::{
     StoredTensorValue, check_tensor, load_shared_tensor, load_tensor, store_shared_tensor,
     store_tensor,
 };
-use crate::persist_as_self;
+use crate::persist::persist_as_self;
 
 /// Every pass name, to restore [`PassRecord::name`] as the pass's own `NAME`.
 const PASS_NAMES: [&str; 10] = [
