@@ -13,7 +13,9 @@
 //! | 3 | compiler | per program: its passes (`PassLog`), then its kernels when executed | wall |
 //!
 //! Wall-clock and simulated times are separate processes: they are different
-//! clocks, and Perfetto shows them one above the other.
+//! clocks, and Perfetto shows them one above the other. The trace is built
+//! and written by [`super::trace`], with timed metadata so that every event,
+//! metadata too, has those fields.
 //!
 //! The memory export lists the device-memory reservations and releases the
 //! pod's runs really made (optimizer state, a step's buffers, a sharded
