@@ -30,8 +30,8 @@ use crate::monitor::{
 };
 use crate::persist::SnapshotError;
 use crate::persist::SnapshotRegistry;
+use crate::persist::persist_as_self;
 use crate::persist::{LoadContext, Persist, StoreContext};
-use crate::persist_as_self;
 use crate::rng::SimRng;
 use crate::sharding::ShardedModel;
 use crate::topology::{

@@ -4,7 +4,7 @@
 
 use super::parse::{parse_count, usage};
 use super::{output, progress};
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use clap::Args;
 use optirs_tpu::Pod;
 use optirs_tpu::collectives::bench::{
@@ -15,7 +15,8 @@ use optirs_tpu::collectives::{
     LinkModel, MultisliceShape, PassSummary, Traffic, multislice_all_gather_traffic,
     multislice_reduce_scatter_traffic,
 };
-use optirs_tpu::topology::DEFAULT_PRESET;
+use optirs_tpu::profile::trace::{Event, Trace};
+use optirs_tpu::topology::{DEFAULT_PRESET, Topology};
 use serde_json::json;
 use std::path::PathBuf;
 
@@ -170,35 +171,65 @@ fn multislice(args: CollectivesArgs, mut pod: Pod) -> Result<()> {
         )));
     }
     check_memory(shape.device_count() as u128, &args.sizes)?;
-    // Every hop of the largest size's schedule is a link entity of the pod
-    // (smaller sizes use a subset); their models drive the time.
-    let largest = args.sizes.iter().copied().max().unwrap_or(0) / 4;
-    let charge = charge_links(
-        pod.world_mut(),
-        &multislice_traffic(args.op, &shape, largest.max(shape.device_count())),
-    )?;
-    let link = |s: usize, d: usize| charge.model(s, d);
-    let rows = each_size(&args, |size| {
-        run_nccl_style_multislice(args.op, &shape, &[size], &link)
-    })?;
+    let rows = multislice_rows(&args, &mut pod, &shape)?;
     if let Some(path) = &args.trace {
         write_trace(path, &args, &rows, &|row| row.passes.clone())?;
     }
     if args.json {
         return output::print_json(&rows);
     }
+    let dcn_factor = dcn_bus_factor(args.op, shape.slices() as f64);
+    let mut text = multislice_header(&args, &topology, &shape, dcn_factor, &rows)?;
+    text += &pass_lines(&rows, dcn_factor);
+    output::print_text(&text)
+}
+
+/// Every size's rows: the largest size's traffic is charged to the pod's
+/// links first, so each hop is timed with its own link's model.
+fn multislice_rows(
+    args: &CollectivesArgs,
+    pod: &mut Pod,
+    shape: &MultisliceShape,
+) -> Result<Vec<BenchRow>> {
+    // Every hop of the largest size's schedule is a link entity of the pod
+    // (smaller sizes use a subset); their models drive the time.
+    let largest = args.sizes.iter().copied().max().unwrap_or(0) / 4;
+    let charge = charge_links(
+        pod.world_mut(),
+        &multislice_traffic(args.op, shape, largest.max(shape.device_count())),
+    )?;
+    let link = |s: usize, d: usize| charge.model(s, d);
+    each_size(args, |size| {
+        run_nccl_style_multislice(args.op, shape, &[size], &link)
+    })
+}
+
+/// The share of a size the DCN pass moves per slice, the factor from its
+/// time to its bus bandwidth: `2 (n - 1) / n` for an all-reduce (a reduce
+/// scatter then an all-gather), `(n - 1) / n` otherwise.
+fn dcn_bus_factor(op: BenchOp, slices: f64) -> f64 {
+    match op {
+        BenchOp::AllReduce => 2.0 * (slices - 1.0) / slices,
+        _ => (slices - 1.0) / slices,
+    }
+}
+
+/// The comment lines above the table (the pod, the link models, the DCN
+/// bandwidth to expect) and the table itself.
+fn multislice_header(
+    args: &CollectivesArgs,
+    topology: &Topology,
+    shape: &MultisliceShape,
+    dcn_factor: f64,
+    rows: &[BenchRow],
+) -> Result<String> {
     let fabric = topology
         .dcn_fabric
-        .expect("multislice_shape needs the fabric");
+        .context("multislice_shape needs the fabric")?;
     let rail = topology.fabric_link_params(&fabric);
     let hosts_per_slice = topology.num_hosts() / topology.slices;
     let slice_nics = f64::from(hosts_per_slice) * fabric.host_bytes_per_s / fabric.oversubscription;
-    let slices = shape.slices() as f64;
-    let dcn_factor = match args.op {
-        BenchOp::AllReduce => 2.0 * (slices - 1.0) / slices,
-        _ => (slices - 1.0) / slices,
-    };
-    let mut text = format!(
+    Ok(format!(
         "# {} on {} ({} slices of {} {}, {} ranks; hierarchical: ICI inside each slice, DCN across)\n\
          # model: ICI {:.0} GB/s per direction, {} ns per hop; DCN rails {:.2} GB/s each way \
          (host NICs {:.1} GB/s / {} rails / oversubscription {}), {} ns\n\
@@ -222,10 +253,15 @@ fn multislice(args: CollectivesArgs, mut pod: Pod) -> Result<()> {
         fabric.oversubscription,
         slice_nics / 1e9,
         dcn_factor,
-        BenchTable(&rows)
-    );
-    text += "# passes (modeled):\n";
-    for row in &rows {
+        BenchTable(rows)
+    ))
+}
+
+/// One comment line per size: its passes with their links, bytes and
+/// modeled time, and the DCN pass's share and bus bandwidth.
+fn pass_lines(rows: &[BenchRow], dcn_factor: f64) -> String {
+    let mut text = String::from("# passes (modeled):\n");
+    for row in rows {
         let dcn: f64 = row
             .passes
             .iter()
@@ -259,7 +295,7 @@ fn multislice(args: CollectivesArgs, mut pod: Pod) -> Result<()> {
             dcn_busbw
         );
     }
-    output::print_text(&text)
+    text
 }
 
 /// Each size's passes as spans on an ICI and a DCN track, in modeled
@@ -270,11 +306,11 @@ fn write_trace(
     rows: &[BenchRow],
     passes: &dyn Fn(&BenchRow) -> Vec<PassSummary>,
 ) -> Result<()> {
-    let mut events = vec![
-        json!({"ph": "M", "name": "process_name", "pid": 0, "args": {"name": format!("{} on {}", args.op, args.pod)}}),
-        json!({"ph": "M", "name": "thread_name", "pid": 0, "tid": 0, "args": {"name": "ICI"}}),
-        json!({"ph": "M", "name": "thread_name", "pid": 0, "tid": 1, "args": {"name": "DCN"}}),
-    ];
+    let mut trace = Trace::new();
+    trace
+        .process(0, format!("{} on {}", args.op, args.pod))
+        .thread(0, 0, "ICI")
+        .thread(0, 1, "DCN");
     let mut offset = 0.0;
     for row in rows {
         let mut spans = passes(row);
@@ -292,19 +328,18 @@ fn write_trace(
             });
         }
         for p in &spans {
-            events.push(json!({
-                "ph": "X",
-                "name": format!("{} ({} B)", p.name, row.bytes),
-                "cat": if p.is_dcn() { "dcn" } else { "ici" },
-                "pid": 0,
-                "tid": u32::from(p.is_dcn()),
-                "ts": (offset + p.start_seconds) * 1e6,
-                "dur": p.seconds() * 1e6,
-                "args": {"size_bytes": row.bytes, "link_bytes": p.bytes},
-            }));
+            trace.push(
+                Event::complete(
+                    format!("{} ({} B)", p.name, row.bytes),
+                    (offset + p.start_seconds) * 1e6,
+                    p.seconds() * 1e6,
+                )
+                .on(0, u32::from(p.is_dcn()))
+                .category(if p.is_dcn() { "dcn" } else { "ici" })
+                .args(json!({"size_bytes": row.bytes, "link_bytes": p.bytes})),
+            );
         }
         offset += row.modeled_seconds;
     }
-    let trace = json!({"traceEvents": events, "displayTimeUnit": "ns"});
     output::write_new("--trace", path, &serde_json::to_string(&trace)?)
 }

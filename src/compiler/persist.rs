@@ -35,12 +35,12 @@ use super::passes::{
     memory_plan, ordering, shape_inference, simplify, verify,
 };
 use super::types::TensorType;
+use crate::persist::persist_as_self;
 use crate::persist::{LoadContext, Persist, SnapshotError, StoreContext};
 use crate::persist::{
     StoredTensorValue, check_tensor, load_shared_tensor, load_tensor, store_shared_tensor,
     store_tensor,
 };
-use crate::persist_as_self;
 
 /// Every pass name, to restore [`PassRecord::name`] as the pass's own `NAME`.
 const PASS_NAMES: [&str; 10] = [

@@ -84,4 +84,4 @@ impl Persist for OptimizerSlot {
     }
 }
 
-crate::persist_as_self!(OptimizerCount);
+crate::persist::persist_as_self!(OptimizerCount);

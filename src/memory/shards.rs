@@ -241,4 +241,4 @@ impl Persist for ShardSlot {
     }
 }
 
-crate::persist_as_self!(ReplicaParams);
+crate::persist::persist_as_self!(ReplicaParams);

@@ -44,55 +44,23 @@ pub(crate) enum Target<'a, A> {
 pub(crate) struct Written(());
 
 impl<A: FloatElement> Target<'_, A> {
-    /// Runs `f(p, g) -> p'` over every element.
+    /// Runs `f(p, g) -> p'` over every element: [`Target::map1`] with a
+    /// slot of `()`, which takes no memory and compiles away.
     pub(crate) fn map0(self, g: &[A], f: impl Fn(A, A) -> A + Sync) -> Written {
-        match self {
-            Target::Fresh { out, params } => {
-                let run = |out: &mut [MaybeUninit<A>], p: &[A], g: &[A]| {
-                    for ((o, &p), &g) in out.iter_mut().zip(p).zip(g) {
-                        o.write(f(p, g));
-                    }
-                };
-                if out.len() <= CHUNK {
-                    run(out, params, g);
-                } else {
-                    (
-                        out.par_chunks_mut(CHUNK),
-                        params.par_chunks(CHUNK),
-                        g.par_chunks(CHUNK),
-                    )
-                        .into_par_iter()
-                        .for_each(|(o, p, g)| run(o, p, g));
-                }
-            }
-            Target::InPlace(params) => {
-                let run = |p: &mut [A], g: &[A]| {
-                    for (p, &g) in p.iter_mut().zip(g) {
-                        *p = f(*p, g);
-                    }
-                };
-                if params.len() <= CHUNK {
-                    run(params, g);
-                } else {
-                    (params.par_chunks_mut(CHUNK), g.par_chunks(CHUNK))
-                        .into_par_iter()
-                        .for_each(|(p, g)| run(p, g));
-                }
-            }
-        }
-        Written(())
+        let mut no_slot = vec![(); g.len()];
+        self.map1(g, &mut no_slot, |p, g, _: &mut ()| f(p, g))
     }
 
     /// Runs `f(p, g, &mut s0) -> p'` over every element.
-    pub(crate) fn map1(
+    pub(crate) fn map1<S: Send>(
         self,
         g: &[A],
-        s0: &mut [A],
-        f: impl Fn(A, A, &mut A) -> A + Sync,
+        s0: &mut [S],
+        f: impl Fn(A, A, &mut S) -> A + Sync,
     ) -> Written {
         match self {
             Target::Fresh { out, params } => {
-                let run = |out: &mut [MaybeUninit<A>], p: &[A], g: &[A], s0: &mut [A]| {
+                let run = |out: &mut [MaybeUninit<A>], p: &[A], g: &[A], s0: &mut [S]| {
                     for (((o, &p), &g), s0) in out.iter_mut().zip(p).zip(g).zip(s0) {
                         o.write(f(p, g, s0));
                     }
@@ -111,7 +79,7 @@ impl<A: FloatElement> Target<'_, A> {
                 }
             }
             Target::InPlace(params) => {
-                let run = |p: &mut [A], g: &[A], s0: &mut [A]| {
+                let run = |p: &mut [A], g: &[A], s0: &mut [S]| {
                     for ((p, &g), s0) in p.iter_mut().zip(g).zip(s0) {
                         *p = f(*p, g, s0);
                     }

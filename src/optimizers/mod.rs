@@ -50,7 +50,6 @@ mod adagrad;
 mod adam;
 mod adamw;
 mod momentum;
-mod nesterov;
 mod rmsprop;
 mod sgd;
 
@@ -59,8 +58,9 @@ pub use adam::{Adam, AdamConstants};
 pub use adamw::{AdamW, AdamWConstants};
 pub use error::{OptimizerError, Result};
 pub use kernel::CHUNK;
-pub use momentum::{Momentum, MomentumConstants};
-pub use nesterov::{Nesterov, NesterovConstants};
+pub use momentum::{
+    Momentum, MomentumConstants, Nesterov, NesterovConstants, SgdMomentum, SgdMomentumConstants,
+};
 pub use optimizer::{
     ElementOp, FloatElement, HyperParameter, HyperParameters, Operand, Optimizer, OptimizerState,
     StateSlot, UpdateKind, UpdateProgram, UpdateRule, check_same_shape,

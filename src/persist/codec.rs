@@ -287,8 +287,8 @@ pub trait Persist: Sized + Send + Sync + 'static {
 }
 
 /// Implements [`Persist`] as the type itself, for types without entity
-/// references.
-#[macro_export]
+/// references. Called by path (`crate::persist::persist_as_self!`), so a
+/// domain that uses it imports `persist`, not the crate root.
 macro_rules! persist_as_self {
     ($($ty:ty),* $(,)?) => {$(
         impl $crate::persist::Persist for $ty {
@@ -308,3 +308,4 @@ macro_rules! persist_as_self {
         }
     )*};
 }
+pub(crate) use persist_as_self;

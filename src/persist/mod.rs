@@ -15,6 +15,7 @@ mod snapshot;
 mod tensor_bytes;
 mod tensor_value;
 
+pub(crate) use codec::persist_as_self;
 pub use codec::{DenseIds, LoadContext, Persist, StoreContext, StoredTensor, TensorRef};
 pub use error::SnapshotError;
 pub use snapshot::{Column, FORMAT_VERSION, SnapshotRegistry, WorldSnapshot, hex};

@@ -6,7 +6,10 @@
 //!   `Step` and `Compile` schedules.
 //! * [`profiling_integration::ProfilingIntegration`]: counters, a
 //!   Chrome/Perfetto trace and a memory export of a pod's run.
+//! * [`trace`]: the Chrome/Perfetto trace writer every command's `--trace`
+//!   uses.
 
 pub mod profiling_integration;
 pub mod schedule_timing;
 pub mod system_timer;
+pub mod trace;

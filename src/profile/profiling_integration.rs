@@ -13,7 +13,9 @@
 //! | 3 | compiler | per program: its passes (`PassLog`), then its kernels when executed | wall |
 //!
 //! Wall-clock and simulated times are separate processes: they are different
-//! clocks, and Perfetto shows them one above the other.
+//! clocks, and Perfetto shows them one above the other. The trace is built
+//! and written by [`super::trace`], with timed metadata so that every event,
+//! metadata too, has those fields.
 //!
 //! The memory export lists the device-memory reservations and releases the
 //! pod's runs really made (optimizer state, a step's buffers, a sharded
@@ -27,6 +29,8 @@
 //! existing path is refused with [`ProfilingError::Exists`].
 
 use super::system_timer::SystemTimer;
+pub use super::trace::ProfilingError;
+use super::trace::{Event, Trace, write_new};
 use crate::collectives::pod::{Collective, CollectiveOutcome};
 use crate::compiler::CompileReport;
 use crate::compiler::executable::KernelTiming;
@@ -39,30 +43,7 @@ use bevy_ecs::prelude::*;
 use serde::Serialize;
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, HashSet};
-use std::io::Write;
-use std::path::{Path, PathBuf};
-
-/// Why an export failed.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum ProfilingError {
-    /// The path exists; exports never overwrite.
-    #[error(
-        "{path} already exists; profiling exports never overwrite a file: choose a new path or remove it"
-    )]
-    Exists {
-        /// The path given.
-        path: PathBuf,
-    },
-    /// Writing failed.
-    #[error("cannot write {path}: {source}")]
-    Io {
-        /// The path given.
-        path: PathBuf,
-        /// The I/O error.
-        source: std::io::Error,
-    },
-}
+use std::path::Path;
 
 /// Process ids of the trace.
 pub mod pid {
@@ -141,7 +122,7 @@ impl MemoryExport {
 pub struct ProfilingIntegration {
     timer: SystemTimer,
     counters: Counters,
-    events: Vec<Value>,
+    events: Vec<Event>,
     /// Thread names per (pid, tid).
     threads: BTreeMap<(u32, u32), String>,
     seen_collectives: HashSet<Entity>,
@@ -170,9 +151,11 @@ fn complete(
     ts_ns: u64,
     dur_ns: u64,
     args: Value,
-) -> Value {
-    json!({"name": name, "cat": cat, "ph": "X", "ts": us(ts_ns), "dur": us(dur_ns),
-           "pid": pid, "tid": tid, "args": args})
+) -> Event {
+    Event::complete(name, us(ts_ns), us(dur_ns))
+        .on(pid, tid)
+        .category(cat)
+        .args(args)
 }
 
 impl ProfilingIntegration {
@@ -464,71 +447,44 @@ impl ProfilingIntegration {
         }
     }
 
-    /// Metadata events (process and thread names), then every span sorted
-    /// by track, start, and longest first (so parents precede children).
-    fn sorted_events(&self) -> (Vec<Value>, Vec<&Value>) {
-        let mut metadata: Vec<Value> = Vec::with_capacity(2 * self.threads.len() + 3);
+    /// The trace: metadata events (process and thread names), then every
+    /// span sorted by track, start, and longest first (so parents precede
+    /// children).
+    fn trace(&self) -> Trace {
+        let mut trace = Trace::new().with_timed_metadata();
         for (pid, name) in [
             (pid::SYSTEMS, "systems (wall clock)"),
             (pid::DEVICES, "devices (simulated time)"),
             (pid::COMPILER, "compiler (wall clock)"),
         ] {
-            metadata.push(json!({"name": "process_name", "ph": "M", "ts": 0, "dur": 0, "pid": pid, "tid": 0, "args": {"name": name}}));
+            trace.process(pid, name);
         }
-        for ((pid, tid), name) in &self.threads {
-            metadata.push(json!({"name": "thread_name", "ph": "M", "ts": 0, "dur": 0, "pid": pid, "tid": tid, "args": {"name": name}}));
-            metadata.push(json!({"name": "thread_sort_index", "ph": "M", "ts": 0, "dur": 0, "pid": pid, "tid": tid, "args": {"sort_index": tid}}));
+        for (&(pid, tid), name) in &self.threads {
+            trace
+                .thread(pid, tid, name.as_str())
+                .thread_sort_index(pid, tid, i64::from(tid));
         }
-        let mut spans: Vec<&Value> = self.events.iter().collect();
-        let key = |v: &Value| {
-            (
-                v["pid"].as_u64().unwrap_or(0),
-                v["tid"].as_u64().unwrap_or(0),
-                v["ts"].as_f64().unwrap_or(0.0),
-                -v["dur"].as_f64().unwrap_or(0.0),
-            )
-        };
+        let mut spans: Vec<&Event> = self.events.iter().collect();
+        let key = |e: &Event| (e.pid(), e.tid().unwrap_or(0), e.ts_us(), -e.dur_us());
         spans.sort_by(|a, b| {
             key(a)
                 .partial_cmp(&key(b))
                 .unwrap_or(std::cmp::Ordering::Equal)
         });
-        (metadata, spans)
-    }
-
-    fn other_data(&self) -> Value {
-        json!({"counters": self.counters, "generator": concat!("optirs-tpu ", env!("CARGO_PKG_VERSION"))})
+        trace.extend(spans.into_iter().cloned());
+        trace.set_other_data(json!({"counters": self.counters, "generator": concat!("optirs-tpu ", env!("CARGO_PKG_VERSION"))}));
+        trace
     }
 
     /// The trace as one JSON object, events sorted by track then time.
     pub fn trace_json(&self) -> Value {
-        let (metadata, spans) = self.sorted_events();
-        let events: Vec<Value> = metadata
-            .into_iter()
-            .chain(spans.into_iter().cloned())
-            .collect();
-        json!({"traceEvents": events, "displayTimeUnit": "ns", "otherData": self.other_data()})
+        self.trace().to_json()
     }
 
     /// Writes the trace to `path`, refusing to replace an existing file.
     /// The events are streamed, not copied into one JSON value first.
     pub fn write_trace(&self, path: &Path) -> std::result::Result<(), ProfilingError> {
-        #[derive(Serialize)]
-        struct TraceFile<'a> {
-            #[serde(rename = "traceEvents")]
-            trace_events: Vec<&'a Value>,
-            #[serde(rename = "displayTimeUnit")]
-            display_time_unit: &'static str,
-            #[serde(rename = "otherData")]
-            other_data: Value,
-        }
-        let (metadata, spans) = self.sorted_events();
-        let file = TraceFile {
-            trace_events: metadata.iter().chain(spans).collect(),
-            display_time_unit: "ns",
-            other_data: self.other_data(),
-        };
-        write_new(path, &file)
+        self.trace().write_new(path)
     }
 
     /// Writes the memory export to `path`, refusing to replace an existing file.
@@ -538,26 +494,4 @@ impl ProfilingIntegration {
             &serde_json::to_value(&self.memory).unwrap_or(Value::Null),
         )
     }
-}
-
-/// Writes `value` as JSON into a file that must not exist yet.
-fn write_new(path: &Path, value: &impl Serialize) -> std::result::Result<(), ProfilingError> {
-    let io = |source| ProfilingError::Io {
-        path: path.to_owned(),
-        source,
-    };
-    let file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(path)
-        .map_err(|source| match source.kind() {
-            std::io::ErrorKind::AlreadyExists => ProfilingError::Exists {
-                path: path.to_owned(),
-            },
-            _ => io(source),
-        })?;
-    let mut writer = std::io::BufWriter::new(file);
-    serde_json::to_writer(&mut writer, value).map_err(|e| io(e.into()))?;
-    writer.flush().map_err(io)?;
-    Ok(())
 }
