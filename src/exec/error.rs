@@ -49,7 +49,9 @@ pub enum KernelFailure {
     Loop(#[from] LoopError),
 }
 
-/// A body instruction the chunk interpreter cannot run on its operands.
+/// A body instruction the chunk interpreter cannot run on its operands
+/// (the op boxed: the interpreter returns this once per instruction per
+/// chunk).
 /// Fused-loop planning only stages what the interpreter runs, so these
 /// mean a plan and the interpreter disagree.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -57,10 +59,10 @@ pub enum KernelFailure {
 pub enum LoopError {
     /// The op is not defined for these operand types.
     #[error("{0} cannot run on these operand types")]
-    Operands(Op),
+    Operands(Box<Op>),
     /// The op cannot write over one of its operands for these types.
     #[error("{0} cannot run in place on these operand types")]
-    InPlaceOperands(Op),
+    InPlaceOperands(Box<Op>),
     /// A unary op `i32` has no meaning for.
     #[error("{0:?} is not defined for i32")]
     I32Unary(UnaryOp),

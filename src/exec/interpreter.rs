@@ -569,7 +569,7 @@ fn exec_in_place(
         (Op::Binary(b), Chunk::F64(y), ChunkMut::F64(o)) => {
             float_binary!(*b, map_in_place(o, y, first))
         }
-        _ => return Err(LoopError::InPlaceOperands(op.clone())),
+        _ => return Err(LoopError::InPlaceOperands(Box::new(op.clone()))),
     }
     Ok(())
 }
@@ -769,7 +769,7 @@ fn exec(op: &Op, args: &[Chunk<'_>], out: ChunkMut<'_>) -> Result<(), LoopError>
             select(*p, *t, *f, o)
         }
         (Op::Convert(_), [a], o) => convert(*a, o),
-        _ => return Err(LoopError::Operands(op.clone())),
+        _ => return Err(LoopError::Operands(Box::new(op.clone()))),
     }
     Ok(())
 }
