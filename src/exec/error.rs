@@ -1,5 +1,7 @@
-//! The error of a run of the fast runtime ([`crate::exec::runtime`], which
-//! re-exports it as `exec::runtime::ExecError`).
+//! The errors of a run of the fast runtime ([`crate::exec::runtime`], which
+//! re-exports them as `exec::runtime::{ExecError, KernelFailure, LoopError}`).
+
+use crate::ir::{BinaryOp, KernelError, Op, UnaryOp};
 
 /// An execution failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -9,12 +11,13 @@ pub enum ExecError {
     #[error("{0}")]
     Arguments(String),
     /// A kernel could not run.
-    #[error("kernel `{kernel}`: {message}")]
+    #[error("kernel `{kernel}`: {source}")]
     Kernel {
         /// The kernel's name (`fusion.0`).
         kernel: String,
         /// What went wrong.
-        message: String,
+        #[source]
+        source: KernelFailure,
     },
     /// A custom call failed or has no handler.
     #[error("custom call `{target}`: {message}")]
@@ -24,6 +27,67 @@ pub enum ExecError {
         /// What went wrong.
         message: String,
     },
+}
+
+/// Why a kernel could not run ([`ExecError::Kernel`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum KernelFailure {
+    /// A shared kernel refused its operands (whole tensors or a scalar
+    /// prelude).
+    #[error(transparent)]
+    Eval(#[from] KernelError),
+    /// A prelude instruction reads a value computed by the loop, which the
+    /// prelude runs before.
+    #[error("a prelude value reads the loop")]
+    PreludeReadsLoop,
+    /// A fused loop's output buffer has a type that does not parse.
+    #[error("buffer type `{0}`")]
+    BufferType(String),
+    /// The chunk interpreter could not run a body instruction.
+    #[error(transparent)]
+    Loop(#[from] LoopError),
+}
+
+/// A body instruction the chunk interpreter cannot run on its operands
+/// (the op boxed: the interpreter returns this once per instruction per
+/// chunk).
+/// Fused-loop planning only stages what the interpreter runs, so these
+/// mean a plan and the interpreter disagree.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LoopError {
+    /// The op is not defined for these operand types.
+    #[error("{0} cannot run on these operand types")]
+    Operands(Box<Op>),
+    /// The op cannot write over one of its operands for these types.
+    #[error("{0} cannot run in place on these operand types")]
+    InPlaceOperands(Box<Op>),
+    /// A unary op `i32` has no meaning for.
+    #[error("{0:?} is not defined for i32")]
+    I32Unary(UnaryOp),
+    /// A binary op `pred` has no meaning for.
+    #[error("{0:?} is not defined for pred")]
+    PredBinary(BinaryOp),
+    /// `not` of a float.
+    #[error("not is defined for pred and i32")]
+    FloatNot,
+    /// `and` or `or` of floats.
+    #[error("and/or are defined for pred and i32")]
+    FloatLogic,
+    /// A folded multiply-add without its three operands.
+    #[error("a folded multiply needs three operands")]
+    ProductArity,
+    /// A folded multiply-add of two scalars.
+    #[error("a folded multiply needs a chunk operand")]
+    ProductScalars,
+    /// A folded multiply-add over mixed or non-float types.
+    #[error("a folded multiply needs floats of one type")]
+    ProductTypes,
+    /// A folded multiply-add with neither an output nor a register to
+    /// write.
+    #[error("no destination")]
+    NoDestination,
 }
 
 impl From<ExecError> for crate::error::OptimError {

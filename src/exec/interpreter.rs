@@ -18,6 +18,7 @@
 
 use smallvec::SmallVec;
 
+use crate::exec::error::LoopError;
 use crate::exec::loop_plan::{BodyInstr, FusedPlan, Src};
 use crate::ir::{BinaryOp, CompareDir, DType, FloatElement, Op, UnaryOp};
 use crate::kernels::elementwise::{float_max, float_min, int_pow};
@@ -172,7 +173,12 @@ impl LoopCtx<'_> {
             .collect()
     }
 
-    pub(super) fn run_range(&self, lo: usize, hi: usize, regs: &mut [Reg]) -> Result<(), String> {
+    pub(super) fn run_range(
+        &self,
+        lo: usize,
+        hi: usize,
+        regs: &mut [Reg],
+    ) -> Result<(), LoopError> {
         let mut at = lo;
         while at < hi {
             let n = self.chunk.min(hi - at);
@@ -246,7 +252,7 @@ impl LoopCtx<'_> {
         }
     }
 
-    fn run_chunk(&self, lo: usize, n: usize, regs: &mut [Reg]) -> Result<(), String> {
+    fn run_chunk(&self, lo: usize, n: usize, regs: &mut [Reg]) -> Result<(), LoopError> {
         let plan = self.plan;
         let next = (lo + n).min(plan.len);
         let ahead = n.min(plan.len - next);
@@ -260,7 +266,7 @@ impl LoopCtx<'_> {
                     None => Some(std::mem::take(&mut regs[instr.reg as usize])),
                 };
                 let [a, b, c] = instr.args[..] else {
-                    return Err("a folded multiply needs three operands".into());
+                    return Err(LoopError::ProductArity);
                 };
                 let (a, b) = (
                     self.chunk_src(a, dtype, lo, n, regs),
@@ -279,7 +285,7 @@ impl LoopCtx<'_> {
                         (self.exec_product)(a, b, c, first, sub, out)
                     }
                     (None, Some(d)) => (self.exec_product)(a, b, c, first, sub, reg_mut(d, n)),
-                    (None, None) => Err("no destination".into()),
+                    (None, None) => Err(LoopError::NoDestination),
                 };
                 if let Some(d) = dst {
                     regs[instr.reg as usize] = d;
@@ -431,7 +437,7 @@ macro_rules! float_unary {
                     x.signum()
                 }
             }),
-            UnaryOp::Not => return Err("not is defined for pred and i32".into()),
+            UnaryOp::Not => return Err(LoopError::FloatNot),
         }
     };
 }
@@ -451,7 +457,7 @@ macro_rules! float_binary {
             BinaryOp::Min => $map($($arg,)* float_min),
             BinaryOp::Pow => $map($($arg,)* |a, b| a.powf(b)),
             BinaryOp::And | BinaryOp::Or => {
-                return Err("and/or are defined for pred and i32".into());
+                return Err(LoopError::FloatLogic);
             }
         }
     };
@@ -483,18 +489,18 @@ macro_rules! cpu_dispatch {
             #[cfg(target_arch = "x86_64")]
             {
                 #[target_feature(enable = "avx512f,avx2")]
-                unsafe fn avx512_inner($($arg: $argty),*) -> Result<(), String> {
+                unsafe fn avx512_inner($($arg: $argty),*) -> Result<(), LoopError> {
                     $base($($arg),*)
                 }
-                fn avx512($($arg: $argty),*) -> Result<(), String> {
+                fn avx512($($arg: $argty),*) -> Result<(), LoopError> {
                     // SAFETY: only returned after detecting AVX-512F.
                     unsafe { avx512_inner($($arg),*) }
                 }
                 #[target_feature(enable = "avx2")]
-                unsafe fn avx2_inner($($arg: $argty),*) -> Result<(), String> {
+                unsafe fn avx2_inner($($arg: $argty),*) -> Result<(), LoopError> {
                     $base($($arg),*)
                 }
-                fn avx2($($arg: $argty),*) -> Result<(), String> {
+                fn avx2($($arg: $argty),*) -> Result<(), LoopError> {
                     // SAFETY: only returned after detecting AVX2.
                     unsafe { avx2_inner($($arg),*) }
                 }
@@ -512,7 +518,7 @@ macro_rules! cpu_dispatch {
 
 /// One body instruction over one chunk, compiled for the best vector
 /// extension the CPU has (selected once per process).
-pub(super) type ExecFn = fn(&Op, &[Chunk<'_>], ChunkMut<'_>) -> Result<(), String>;
+pub(super) type ExecFn = fn(&Op, &[Chunk<'_>], ChunkMut<'_>) -> Result<(), LoopError>;
 
 cpu_dispatch!(
     /// The widest instruction set the loops were compiled for that this CPU
@@ -523,7 +529,7 @@ cpu_dispatch!(
 
 /// A binary float op whose operand `dest_first ? 0 : 1` is its own
 /// destination: `out[i] = op(out[i], other[i])` (or mirrored).
-pub(super) type ExecInPlaceFn = fn(&Op, Chunk<'_>, bool, ChunkMut<'_>) -> Result<(), String>;
+pub(super) type ExecInPlaceFn = fn(&Op, Chunk<'_>, bool, ChunkMut<'_>) -> Result<(), LoopError>;
 
 cpu_dispatch!(
     /// [`exec_in_place`] for the widest instruction set this CPU runs.
@@ -550,7 +556,12 @@ fn map_in_place<T: Copy>(out: &mut [T], other: S<'_, T>, first: bool, f: impl Fn
 }
 
 #[inline(always)]
-fn exec_in_place(op: &Op, other: Chunk<'_>, first: bool, out: ChunkMut<'_>) -> Result<(), String> {
+fn exec_in_place(
+    op: &Op,
+    other: Chunk<'_>,
+    first: bool,
+    out: ChunkMut<'_>,
+) -> Result<(), LoopError> {
     match (op, other, out) {
         (Op::Binary(b), Chunk::F32(y), ChunkMut::F32(o)) => {
             float_binary!(*b, map_in_place(o, y, first))
@@ -558,7 +569,7 @@ fn exec_in_place(op: &Op, other: Chunk<'_>, first: bool, out: ChunkMut<'_>) -> R
         (Op::Binary(b), Chunk::F64(y), ChunkMut::F64(o)) => {
             float_binary!(*b, map_in_place(o, y, first))
         }
-        _ => return Err(format!("{op} cannot run in place on these operand types")),
+        _ => return Err(LoopError::InPlaceOperands(Box::new(op.clone()))),
     }
     Ok(())
 }
@@ -566,7 +577,7 @@ fn exec_in_place(op: &Op, other: Chunk<'_>, first: bool, out: ChunkMut<'_>) -> R
 /// `x * y` combined with `z` (`None`: the destination's own contents) by
 /// add or subtract, the product first or second.
 pub(super) type ExecProductFn =
-    fn(Chunk<'_>, Chunk<'_>, Option<Chunk<'_>>, bool, bool, ChunkMut<'_>) -> Result<(), String>;
+    fn(Chunk<'_>, Chunk<'_>, Option<Chunk<'_>>, bool, bool, ChunkMut<'_>) -> Result<(), LoopError>;
 
 cpu_dispatch!(
     /// [`exec_product`] for the widest instruction set this CPU runs.
@@ -589,7 +600,7 @@ fn product_loop<T: Copy + std::ops::Mul<Output = T>>(
     z: Option<S<'_, T>>,
     out: &mut [T],
     f: impl Fn(T, T) -> T,
-) -> Result<(), String> {
+) -> Result<(), LoopError> {
     match (x, y, z) {
         (S::Scalar(x), S::Slice(y), Some(S::Slice(z))) => {
             for ((o, &y), &z) in out.iter_mut().zip(y).zip(z) {
@@ -636,7 +647,7 @@ fn product_loop<T: Copy + std::ops::Mul<Output = T>>(
                 *o = f(x * y, *o);
             }
         }
-        _ => return Err("a folded multiply needs a chunk operand".into()),
+        _ => return Err(LoopError::ProductScalars),
     }
     Ok(())
 }
@@ -660,7 +671,7 @@ fn exec_product(
     first: bool,
     sub: bool,
     out: ChunkMut<'_>,
-) -> Result<(), String> {
+) -> Result<(), LoopError> {
     match (x, y, z, out) {
         (Chunk::F32(x), Chunk::F32(y), Some(Chunk::F32(z)), ChunkMut::F32(o)) => {
             product_ops!(x, y, Some(z), first, sub, o)
@@ -674,14 +685,13 @@ fn exec_product(
         (Chunk::F64(x), Chunk::F64(y), None, ChunkMut::F64(o)) => {
             product_ops!(x, y, None, first, sub, o)
         }
-        _ => Err("a folded multiply needs floats of one type".into()),
+        _ => Err(LoopError::ProductTypes),
     }
 }
 
 /// One body instruction over one chunk.
 #[inline(always)]
-fn exec(op: &Op, args: &[Chunk<'_>], out: ChunkMut<'_>) -> Result<(), String> {
-    let bad = || format!("{op} cannot run on these operand types");
+fn exec(op: &Op, args: &[Chunk<'_>], out: ChunkMut<'_>) -> Result<(), LoopError> {
     match (op, args, out) {
         (Op::Unary(u), [Chunk::F32(a)], ChunkMut::F32(o)) => float_unary!(*u, *a, o),
         (Op::Unary(u), [Chunk::F64(a)], ChunkMut::F64(o)) => float_unary!(*u, *a, o),
@@ -691,7 +701,7 @@ fn exec(op: &Op, args: &[Chunk<'_>], out: ChunkMut<'_>) -> Result<(), String> {
             UnaryOp::Sign => map1(*a, o, |x: i32| x.signum()),
             UnaryOp::Not => map1(*a, o, |x: i32| !x),
             UnaryOp::Floor | UnaryOp::Ceil => map1(*a, o, |x: i32| x),
-            _ => return Err(format!("{u:?} is not defined for i32")),
+            _ => return Err(LoopError::I32Unary(*u)),
         },
         (Op::Unary(UnaryOp::Not), [Chunk::Pred(a)], ChunkMut::Pred(o)) => map1(*a, o, |x| !x),
         (Op::Binary(b), [Chunk::F32(x), Chunk::F32(y)], ChunkMut::F32(o)) => {
@@ -732,7 +742,7 @@ fn exec(op: &Op, args: &[Chunk<'_>], out: ChunkMut<'_>) -> Result<(), String> {
         (Op::Binary(b), [Chunk::Pred(x), Chunk::Pred(y)], ChunkMut::Pred(o)) => match b {
             BinaryOp::And | BinaryOp::Min => map2(*x, *y, o, |a: bool, b: bool| a & b),
             BinaryOp::Or | BinaryOp::Max => map2(*x, *y, o, |a: bool, b: bool| a | b),
-            _ => return Err(format!("{b:?} is not defined for pred")),
+            _ => return Err(LoopError::PredBinary(*b)),
         },
         (Op::Compare(c), [Chunk::F32(x), Chunk::F32(y)], ChunkMut::Pred(o)) => {
             compare!(*c, *x, *y, o)
@@ -759,7 +769,7 @@ fn exec(op: &Op, args: &[Chunk<'_>], out: ChunkMut<'_>) -> Result<(), String> {
             select(*p, *t, *f, o)
         }
         (Op::Convert(_), [a], o) => convert(*a, o),
-        _ => return Err(bad()),
+        _ => return Err(LoopError::Operands(Box::new(op.clone()))),
     }
     Ok(())
 }
