@@ -32,7 +32,7 @@
 //! [`DeviceId`]: super::DeviceId
 
 use super::error::Problem;
-use super::resolve::{LinkSpec, Topology};
+use super::model::{LinkSpec, Topology};
 use super::schema::{CubeOptions, LinkKind};
 use crate::hardware::HardwareSpec;
 use bevy_ecs::prelude::*;

@@ -32,7 +32,7 @@
 
 use super::components::{Device, Host, Link, PodTopology, TorusCoords};
 use super::cubes::{Cube, CubeRole, Ocs, OcsCircuit};
-use super::resolve::Topology;
+use super::model::Topology;
 use super::schema::LinkKind;
 use bevy_ecs::prelude::*;
 use rayon::prelude::*;

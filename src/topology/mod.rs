@@ -11,10 +11,14 @@ pub mod cubes;
 pub mod dot;
 pub mod error;
 pub mod figures;
+mod invariants;
+pub mod model;
+pub mod parse;
 pub mod presets;
 pub mod resolve;
 pub mod schema;
 pub mod spawn;
+pub mod validate;
 
 pub use components::*;
 pub use cubes::{Cube, CubeLayout, CubeRole, InCube, Ocs, OcsCircuit};
