@@ -3,6 +3,7 @@
 //! validation (one decoded from a snapshot).
 
 use super::cubes::check_layout;
+use super::error::InvariantError;
 use super::model::{MAX_FABRIC_LINKS, MAX_POD_CHIPS, Topology};
 
 impl Topology {
@@ -10,7 +11,7 @@ impl Topology {
     /// that did not come through [`resolve`](super::resolve()) (one decoded
     /// from a snapshot, whose bytes may be forged with a matching digest):
     /// the problem, naming the field.
-    pub fn check_invariants(&self) -> Result<(), String> {
+    pub fn check_invariants(&self) -> Result<(), InvariantError> {
         let chips = self.check_shape_invariants()?;
         self.check_host_invariants()?;
         self.check_timing_invariants()?;
@@ -23,66 +24,68 @@ impl Topology {
     }
 
     /// Dimensions, slices and the chip bound; the pod's chip count.
-    fn check_shape_invariants(&self) -> Result<u64, String> {
+    fn check_shape_invariants(&self) -> Result<u64, InvariantError> {
         let spec = self.generation.spec();
         if self.ndims != spec.torus_dims {
-            return Err(format!(
-                "ndims = {}, but a {} torus has {} dimensions",
-                self.ndims, self.generation, spec.torus_dims
-            ));
+            return Err(InvariantError::DimensionCount {
+                ndims: self.ndims,
+                generation: self.generation,
+                torus_dims: spec.torus_dims,
+            });
         }
         if let Some(axis) =
             (0..3).find(|&a| self.dims[a] == 0 || (a >= self.ndims && self.dims[a] != 1))
         {
-            return Err(format!(
-                "dims[{axis}] = {} is not a chip count of the shape",
-                self.dims[axis]
-            ));
+            return Err(InvariantError::Dimension {
+                axis,
+                size: self.dims[axis],
+            });
         }
         if self.slices == 0 {
-            return Err("slices = 0".into());
+            return Err(InvariantError::NoSlices);
         }
         let chips = self.dims.iter().fold(u64::from(self.slices), |n, &d| {
             n.saturating_mul(u64::from(d))
         });
         if chips > MAX_POD_CHIPS {
-            return Err(format!("{chips} chips, more than {MAX_POD_CHIPS}"));
+            return Err(InvariantError::TooManyChips {
+                chips,
+                max: MAX_POD_CHIPS,
+            });
         }
         Ok(chips)
     }
 
     /// The host block divides the slice; cores per chip in range.
-    fn check_host_invariants(&self) -> Result<(), String> {
+    fn check_host_invariants(&self) -> Result<(), InvariantError> {
         if let Some(axis) = (0..3).find(|&a| {
             self.host_bounds[a] == 0 || !self.dims[a].is_multiple_of(self.host_bounds[a])
         }) {
-            return Err(format!(
-                "host_bounds[{axis}] = {} does not divide dims[{axis}] = {}",
-                self.host_bounds[axis], self.dims[axis]
-            ));
+            return Err(InvariantError::HostBlock {
+                axis,
+                bound: self.host_bounds[axis],
+                size: self.dims[axis],
+            });
         }
         if !(1..=8).contains(&self.cores_per_chip) {
-            return Err(format!(
-                "cores_per_chip = {} is not between 1 and 8",
-                self.cores_per_chip
-            ));
+            return Err(InvariantError::Cores(self.cores_per_chip));
         }
         Ok(())
     }
 
     /// A tick and an interval of at least 1 ns, the timeout after the interval.
-    fn check_timing_invariants(&self) -> Result<(), String> {
+    fn check_timing_invariants(&self) -> Result<(), InvariantError> {
         if self.tick_ns == 0 || self.heartbeat_interval_ns == 0 {
-            return Err("tick_ns and heartbeat_interval_ns must be at least 1".into());
+            return Err(InvariantError::ZeroTime);
         }
         if self.heartbeat_timeout_ns <= self.heartbeat_interval_ns {
-            return Err("heartbeat_timeout_ns is not after heartbeat_interval_ns".into());
+            return Err(InvariantError::TimeoutNotAfterInterval);
         }
         Ok(())
     }
 
     /// Every twist moves an existing wraparound link along another axis.
-    fn check_twist_invariants(&self) -> Result<(), String> {
+    fn check_twist_invariants(&self) -> Result<(), InvariantError> {
         for axis in 0..3 {
             for other in 0..3 {
                 let offset = self.twist[axis][other];
@@ -90,15 +93,14 @@ impl Topology {
                     continue;
                 }
                 if other == axis || offset >= self.dims[other] {
-                    return Err(format!(
-                        "twist[{axis}][{other}] = {offset} is not a shift along another axis \
-                         of the shape"
-                    ));
+                    return Err(InvariantError::TwistOffset {
+                        axis,
+                        other,
+                        offset,
+                    });
                 }
                 if !(self.wraparound[axis] && self.dims[axis] >= 3) {
-                    return Err(format!(
-                        "twist[{axis}] moves a wraparound link that axis {axis} does not have"
-                    ));
+                    return Err(InvariantError::TwistWithoutWraparound(axis));
                 }
             }
         }
@@ -106,7 +108,7 @@ impl Topology {
     }
 
     /// A fabric joins 2 or more slices with sane figures and few enough links.
-    fn check_fabric_invariants(&self) -> Result<(), String> {
+    fn check_fabric_invariants(&self) -> Result<(), InvariantError> {
         let Some(fabric) = &self.dcn_fabric else {
             return Ok(());
         };
@@ -115,31 +117,29 @@ impl Topology {
             && fabric.oversubscription.is_finite()
             && fabric.oversubscription >= 1.0;
         if self.slices < 2 || !sane {
-            return Err(format!(
-                "dcn_fabric {fabric:?} needs 2 or more slices, positive host bandwidth \
-                 and an oversubscription of at least 1"
-            ));
+            return Err(InvariantError::FabricFigures(*fabric));
         }
         if self.fabric_link_count() > MAX_FABRIC_LINKS {
-            return Err(format!(
-                "the DCN fabric has {} links, more than {MAX_FABRIC_LINKS}",
-                self.fabric_link_count()
-            ));
+            return Err(InvariantError::TooManyFabricLinks {
+                links: self.fabric_link_count(),
+                max: MAX_FABRIC_LINKS,
+            });
         }
         Ok(())
     }
 
     /// Every explicit link joins two of the pod's `devices`.
-    fn check_extra_link_ends(&self, devices: u32) -> Result<(), String> {
+    fn check_extra_link_ends(&self, devices: u32) -> Result<(), InvariantError> {
         if let Some(link) = self
             .extra_links
             .iter()
             .find(|l| l.a >= devices || l.b >= devices)
         {
-            return Err(format!(
-                "extra link {} -> {} leaves the pod's {devices} devices",
-                link.a, link.b
-            ));
+            return Err(InvariantError::ExtraLinkOutside {
+                a: link.a,
+                b: link.b,
+                devices,
+            });
         }
         Ok(())
     }

@@ -23,7 +23,7 @@ pub mod validate;
 pub use components::*;
 pub use cubes::{Cube, CubeLayout, CubeRole, InCube, Ocs, OcsCircuit};
 pub use dot::to_dot;
-pub use error::{Problem, TopologyError};
+pub use error::{InvariantError, Problem, TopologyError};
 pub use figures::{CubeFigures, TopologyFigures, compute_figures};
 pub use presets::{DEFAULT_PRESET, PRESETS, preset_names, preset_text};
 pub use resolve::{LinkParams, LinkSpec, Topology, parse_pod_file, parse_topology, resolve};
