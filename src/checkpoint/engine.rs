@@ -171,13 +171,13 @@ fn invariants<T: Invariants>(value: &T) -> Result<(), String> {
 
 impl Invariants for PodTopology {
     fn invariants(&self) -> Result<(), String> {
-        self.0.check_invariants()
+        self.0.check_invariants().map_err(|e| e.to_string())
     }
 }
 
 impl Invariants for DeviceHistory {
     fn invariants(&self) -> Result<(), String> {
-        self.check_invariants()
+        self.check_invariants().map_err(|e| e.to_string())
     }
 }
 

@@ -258,7 +258,7 @@ fn merge_resource(name: &str, copies: &[&[u8]]) -> Result<Vec<u8>, SnapshotError
             let merged =
                 merge_transport_parts(parts).map_err(|reason| SnapshotError::PartsDisagree {
                     column: name.into(),
-                    reason,
+                    reason: reason.to_string(),
                 })?;
             Ok(postcard::to_stdvec(&merged).expect("stored values encode"))
         }

@@ -9,6 +9,45 @@
 use super::DeviceSample;
 use bevy_ecs::prelude::*;
 use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+/// A broken invariant of a [`DeviceHistory`] that was not built by its own
+/// methods (one decoded from a snapshot), naming the field.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum HistoryError {
+    /// A ring of no slots.
+    #[error("capacity = 0")]
+    ZeroCapacity,
+    /// More slots held than the ring has.
+    #[error("len = {len} exceeds capacity = {capacity}")]
+    LenExceedsCapacity {
+        /// Slots held.
+        len: usize,
+        /// Slots in the ring.
+        capacity: usize,
+    },
+    /// The oldest slot is not where a ring that filled this way keeps it.
+    #[error("head = {head} with len = {len} and capacity = {capacity}")]
+    Head {
+        /// Physical index of the oldest slot.
+        head: usize,
+        /// Slots held.
+        len: usize,
+        /// Slots in the ring.
+        capacity: usize,
+    },
+    /// The samples are not one per device per slot held.
+    #[error("{samples} samples for {len} slots of {devices} devices")]
+    Samples {
+        /// Samples recorded.
+        samples: usize,
+        /// Slots held.
+        len: usize,
+        /// Devices per slot.
+        devices: usize,
+    },
+}
 
 /// The sample history of every device.
 #[derive(Resource, Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -39,29 +78,29 @@ impl DeviceHistory {
     /// Checks the ring's invariants, for a history that was not built by
     /// [`DeviceHistory::new`] and [`DeviceHistory::push_slot`] (one decoded
     /// from a snapshot): the problem, naming the field.
-    pub fn check_invariants(&self) -> Result<(), String> {
+    pub fn check_invariants(&self) -> Result<(), HistoryError> {
         if self.capacity == 0 {
-            return Err("capacity = 0".into());
+            return Err(HistoryError::ZeroCapacity);
         }
         if self.len > self.capacity {
-            return Err(format!(
-                "len = {} exceeds capacity = {}",
-                self.len, self.capacity
-            ));
+            return Err(HistoryError::LenExceedsCapacity {
+                len: self.len,
+                capacity: self.capacity,
+            });
         }
         if self.head >= self.capacity || (self.len < self.capacity && self.head != 0) {
-            return Err(format!(
-                "head = {} with len = {} and capacity = {}",
-                self.head, self.len, self.capacity
-            ));
+            return Err(HistoryError::Head {
+                head: self.head,
+                len: self.len,
+                capacity: self.capacity,
+            });
         }
         if self.len.checked_mul(self.devices) != Some(self.samples.len()) {
-            return Err(format!(
-                "{} samples for {} slots of {} devices",
-                self.samples.len(),
-                self.len,
-                self.devices
-            ));
+            return Err(HistoryError::Samples {
+                samples: self.samples.len(),
+                len: self.len,
+                devices: self.devices,
+            });
         }
         Ok(())
     }

@@ -34,7 +34,7 @@ pub mod report;
 pub mod ring;
 
 pub use checks::{CheckState, HealthChecks, HealthThresholds, evaluate_health_checks};
-pub use history::DeviceHistory;
+pub use history::{DeviceHistory, HistoryError};
 pub use report::{PerformanceReport, performance_report};
 pub use ring::Ring;
 

@@ -4,6 +4,7 @@
 //! outlined in bold. Unfused nodes are white.
 
 use super::{escape, open, palette};
+use std::collections::BTreeSet;
 use std::fmt::Write;
 
 /// One node of a graph to draw.
@@ -64,8 +65,15 @@ fn layers(view: &GraphView) -> Vec<usize> {
     layer
 }
 
-/// The graph as an SVG document.
-pub fn graph_svg(view: &GraphView) -> String {
+/// Where each node goes (`x, y, width`), and the picture's size.
+struct Placement {
+    pos: Vec<(f64, f64, f64)>,
+    width: f64,
+    height: f64,
+}
+
+/// The nodes of each layer, each kernel's members side by side.
+fn rows_of(view: &GraphView) -> Vec<Vec<usize>> {
     let layer = layers(view);
     let depth = layer.iter().max().map_or(0, |d| d + 1);
     let mut rows: Vec<Vec<usize>> = vec![Vec::new(); depth];
@@ -76,6 +84,12 @@ pub fn graph_svg(view: &GraphView) -> String {
     for row in &mut rows {
         row.sort_by_key(|&i| (view.nodes[i].cluster.map_or(u32::MAX, |c| c), i));
     }
+    rows
+}
+
+/// Each layer is a row, centred on the widest; a node is as wide as its label.
+fn place(view: &GraphView, rows: &[Vec<usize>]) -> Placement {
+    let depth = rows.len();
     let width_of = |i: usize| view.nodes[i].label.chars().count() as f64 * CHAR_W + 14.0;
     let row_width = |row: &Vec<usize>| {
         row.iter().map(|&i| width_of(i)).sum::<f64>()
@@ -94,10 +108,25 @@ pub fn graph_svg(view: &GraphView) -> String {
             x += w + NODE_GAP;
         }
     }
+    Placement { pos, width, height }
+}
+
+/// The graph as an SVG document.
+pub fn graph_svg(view: &GraphView) -> String {
+    let Placement { pos, width, height } = place(view, &rows_of(view));
     let mut out = String::new();
     open(&mut out, width, height, &format!("graph {}", view.name));
-    let kernels: std::collections::BTreeSet<u32> =
-        view.nodes.iter().filter_map(|n| n.cluster).collect();
+    let kernels: BTreeSet<u32> = view.nodes.iter().filter_map(|n| n.cluster).collect();
+    write_legend(&mut out, view, &kernels);
+    write_kernel_boxes(&mut out, view, &kernels, &pos);
+    write_edges(&mut out, view, &pos);
+    write_nodes(&mut out, view, &pos);
+    out.push_str("</svg>\n");
+    out
+}
+
+/// The arrow marker, the program's name and the counts.
+fn write_legend(out: &mut String, view: &GraphView, kernels: &BTreeSet<u32>) {
     let _ = writeln!(
         out,
         "<defs><marker id=\"arrow\" viewBox=\"0 0 10 10\" refX=\"10\" refY=\"5\" markerWidth=\"6\" markerHeight=\"6\" orient=\"auto\"><path d=\"M0,0L10,5L0,10z\" fill=\"#666\"/></marker></defs>\n\
@@ -108,7 +137,16 @@ pub fn graph_svg(view: &GraphView) -> String {
         kernels.len(),
         if kernels.len() == 1 { "" } else { "s" }
     );
-    for &k in &kernels {
+}
+
+/// A dashed box in each kernel's colour around its members.
+fn write_kernel_boxes(
+    out: &mut String,
+    view: &GraphView,
+    kernels: &BTreeSet<u32>,
+    pos: &[(f64, f64, f64)],
+) {
+    for &k in kernels {
         let members: Vec<usize> = (0..view.nodes.len())
             .filter(|&i| view.nodes[i].cluster == Some(k))
             .collect();
@@ -137,6 +175,10 @@ pub fn graph_svg(view: &GraphView) -> String {
             members.len()
         );
     }
+}
+
+/// An arrow from each operand to its user.
+fn write_edges(out: &mut String, view: &GraphView, pos: &[(f64, f64, f64)]) {
     for (i, node) in view.nodes.iter().enumerate() {
         let (x, y, w) = pos[i];
         for &o in &node.operands {
@@ -152,6 +194,10 @@ pub fn graph_svg(view: &GraphView) -> String {
             );
         }
     }
+}
+
+/// Each node filled with its kernel's colour (white unfused), outputs in bold.
+fn write_nodes(out: &mut String, view: &GraphView, pos: &[(f64, f64, f64)]) {
     for (i, node) in view.nodes.iter().enumerate() {
         let (x, y, w) = pos[i];
         let fill = node.cluster.map_or("white", |k| palette(k as usize));
@@ -170,6 +216,4 @@ pub fn graph_svg(view: &GraphView) -> String {
             label = escape(&node.label)
         );
     }
-    out.push_str("</svg>\n");
-    out
 }

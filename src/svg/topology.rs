@@ -20,7 +20,8 @@ use super::{escape, open, pale};
 use crate::health::{DeviceState, Health};
 use crate::topology::Host;
 use crate::topology::{
-    Cube, CubeRole, Device, InCube, Link, LinkKind, OcsCircuit, OnHost, PodTopology, TorusCoords,
+    Cube, CubeRole, Device, InCube, Link, LinkKind, OcsCircuit, OnHost, PodTopology, Topology,
+    TorusCoords,
 };
 use bevy_ecs::prelude::*;
 use std::collections::BTreeMap;
@@ -137,10 +138,95 @@ struct Placed {
     status: &'static str,
 }
 
+/// Where the picture puts things: the cell of one device, the planes (one
+/// per slice and z) in a near-square grid, in (slice, z) order, under a
+/// header tall enough for the OCS assignment.
+struct Layout {
+    dims: [u32; 3],
+    cell: f64,
+    plane_w: f64,
+    plane_h: f64,
+    header: f64,
+    columns: u32,
+    width: f64,
+    height: f64,
+}
+
+impl Layout {
+    fn new(dims: [u32; 3], slices: u32, devices: usize, assignment_lines: usize) -> Layout {
+        let cell = if devices > 1024 { 16.0 } else { 30.0 };
+        let plane_w = dims[0].max(1) as f64 * cell;
+        let plane_h = dims[1].max(1) as f64 * cell;
+        let header = HEADER + assignment_lines as f64 * 16.0;
+        let planes = dims[2].max(1) * slices.max(1);
+        let columns = (planes as f64).sqrt().ceil().max(1.0) as u32;
+        let rows = planes.div_ceil(columns);
+        let width = (2.0 * MARGIN + columns as f64 * (plane_w + PLANE_GAP) + cell).max(720.0);
+        let height = header + MARGIN + rows as f64 * (plane_h + PLANE_GAP) + cell;
+        Layout {
+            dims,
+            cell,
+            plane_w,
+            plane_h,
+            header,
+            columns,
+            width,
+            height,
+        }
+    }
+
+    /// The top-left corner of plane `(slice, z)`.
+    fn origin(&self, slice: u32, z: u32) -> (f64, f64) {
+        let slot = slice * self.dims[2].max(1) + z;
+        (
+            MARGIN + self.cell + (slot % self.columns) as f64 * (self.plane_w + PLANE_GAP),
+            self.header
+                + self.cell / 2.0
+                + (slot / self.columns) as f64 * (self.plane_h + PLANE_GAP),
+        )
+    }
+
+    /// The centre of a device's cell.
+    fn center(&self, p: &Placed) -> (f64, f64) {
+        let (x0, y0) = self.origin(p.slice, p.xyz[2]);
+        (
+            x0 + (p.xyz[0] as f64 + 0.5) * self.cell,
+            y0 + (p.xyz[1] as f64 + 0.5) * self.cell,
+        )
+    }
+}
+
 /// The pod in `world` as an SVG document.
 pub fn topology_svg(world: &mut World) -> String {
     let topology = world.resource::<PodTopology>().0.clone();
-    let dims = topology.dims;
+    let placed = place_devices(world);
+    let assignment = cube_assignment(world);
+    let layout = Layout::new(
+        topology.dims,
+        topology.slices,
+        placed.len(),
+        assignment.len(),
+    );
+    let mut out = String::new();
+    open(
+        &mut out,
+        layout.width,
+        layout.height,
+        &format!("pod {}", topology.name),
+    );
+    write_header(&mut out, &topology, &placed, &assignment);
+    write_plane_labels(&mut out, &layout, topology.slices);
+    write_host_boxes(&mut out, &placed, &layout);
+    draw_cubes(&mut out, &placed, &cube_roles(world), &layout);
+    let lines = link_lines(world, &placed);
+    write_links(&mut out, &lines, &placed, &layout);
+    write_devices(&mut out, &placed, &layout);
+    out.push_str("</svg>\n");
+    out
+}
+
+/// Every device with its coordinates, host, cube and status, by id.
+fn place_devices(world: &mut World) -> Vec<Placed> {
     let mut hosts = world.query::<&Host>();
     let mut devices = world.query::<(
         &Device,
@@ -170,33 +256,12 @@ pub fn topology_svg(world: &mut World) -> String {
         })
         .collect();
     placed.sort_by_key(|p| p.id);
-    let cell = if placed.len() > 1024 { 16.0 } else { 30.0 };
-    let plane_w = dims[0].max(1) as f64 * cell;
-    let plane_h = dims[1].max(1) as f64 * cell;
-    // Planes (one per slice and z) in a near-square grid, in (slice, z) order.
-    let assignment = cube_assignment(world);
-    let header = HEADER + assignment.len() as f64 * 16.0;
-    let planes = dims[2].max(1) * topology.slices.max(1);
-    let columns = (planes as f64).sqrt().ceil().max(1.0) as u32;
-    let rows = planes.div_ceil(columns);
-    let width = (2.0 * MARGIN + columns as f64 * (plane_w + PLANE_GAP) + cell).max(720.0);
-    let height = header + MARGIN + rows as f64 * (plane_h + PLANE_GAP) + cell;
-    let origin = |slice: u32, z: u32| {
-        let slot = slice * dims[2].max(1) + z;
-        (
-            MARGIN + cell + (slot % columns) as f64 * (plane_w + PLANE_GAP),
-            header + cell / 2.0 + (slot / columns) as f64 * (plane_h + PLANE_GAP),
-        )
-    };
-    let center = |p: &Placed| {
-        let (x0, y0) = origin(p.slice, p.xyz[2]);
-        (
-            x0 + (p.xyz[0] as f64 + 0.5) * cell,
-            y0 + (p.xyz[1] as f64 + 0.5) * cell,
-        )
-    };
-    let mut out = String::new();
-    open(&mut out, width, height, &format!("pod {}", topology.name));
+    placed
+}
+
+/// The title, the legend and the OCS assignment.
+fn write_header(out: &mut String, topology: &Topology, placed: &[Placed], assignment: &[String]) {
+    let dims = topology.dims;
     let failed = placed.iter().filter(|p| p.status == "failed").count();
     let _ = writeln!(
         out,
@@ -225,10 +290,13 @@ pub fn topology_svg(world: &mut World) -> String {
             escape(line)
         );
     }
-    // Plane labels.
-    for s in 0..topology.slices.max(1) {
-        for z in 0..dims[2].max(1) {
-            let (x0, y0) = origin(s, z);
+}
+
+/// A `slice s z=z` label over every plane.
+fn write_plane_labels(out: &mut String, layout: &Layout, slices: u32) {
+    for s in 0..slices.max(1) {
+        for z in 0..layout.dims[2].max(1) {
+            let (x0, y0) = layout.origin(s, z);
             let _ = writeln!(
                 out,
                 "<text x=\"{x0:.1}\" y=\"{:.1}\" fill=\"#555\">slice {s} z={z}</text>",
@@ -236,19 +304,34 @@ pub fn topology_svg(world: &mut World) -> String {
             );
         }
     }
-    // Host boxes: the bounding box of each host's devices in each plane.
+}
+
+/// The bounding box (`[x0, y0, x1, y1]`) of the devices of each group in
+/// each plane, keyed by `(group, slice, z)`; devices without a group are left
+/// out.
+fn plane_boxes(
+    placed: &[Placed],
+    group: impl Fn(&Placed) -> Option<u32>,
+) -> BTreeMap<(u32, u32, u32), [u32; 4]> {
     let mut boxes: BTreeMap<(u32, u32, u32), [u32; 4]> = BTreeMap::new();
-    for p in &placed {
+    for p in placed {
+        let Some(key) = group(p) else { continue };
         let b = boxes
-            .entry((p.host, p.slice, p.xyz[2]))
+            .entry((key, p.slice, p.xyz[2]))
             .or_insert([p.xyz[0], p.xyz[1], p.xyz[0], p.xyz[1]]);
         b[0] = b[0].min(p.xyz[0]);
         b[1] = b[1].min(p.xyz[1]);
         b[2] = b[2].max(p.xyz[0]);
         b[3] = b[3].max(p.xyz[1]);
     }
-    for ((host, slice, z), [x0, y0, x1, y1]) in &boxes {
-        let (ox, oy) = origin(*slice, *z);
+    boxes
+}
+
+/// Host boxes: the bounding box of each host's devices in each plane.
+fn write_host_boxes(out: &mut String, placed: &[Placed], layout: &Layout) {
+    let cell = layout.cell;
+    for ((host, slice, z), [x0, y0, x1, y1]) in &plane_boxes(placed, |p| Some(p.host)) {
+        let (ox, oy) = layout.origin(*slice, *z);
         let _ = writeln!(
             out,
             "<rect x=\"{:.1}\" y=\"{:.1}\" width=\"{:.1}\" height=\"{:.1}\" rx=\"4\" fill=\"{}\" stroke=\"#999\" stroke-width=\"0.5\"><title>host {host}</title></rect>",
@@ -259,8 +342,10 @@ pub fn topology_svg(world: &mut World) -> String {
             pale(*host as usize)
         );
     }
-    draw_cubes(&mut out, &placed, &cube_roles(world), &origin, cell);
-    // Links.
+}
+
+/// Every link between placed devices, ordered by its ends.
+fn link_lines(world: &mut World, placed: &[Placed]) -> Vec<Line> {
     let by_entity: BTreeMap<Entity, usize> = {
         let mut q = world.query::<(Entity, &Device)>();
         let ids: BTreeMap<u32, usize> = placed.iter().enumerate().map(|(i, p)| (p.id, i)).collect();
@@ -283,29 +368,39 @@ pub fn topology_svg(world: &mut World) -> String {
         })
         .collect();
     lines.sort_by_key(|l| (l.a, l.b));
+    lines
+}
+
+/// A link's title: its ends, kind, axis, wraparound and optical circuit.
+fn link_title(line: &Line, pa: &Placed, pb: &Placed) -> String {
+    let circuit = line.circuit.map_or_else(String::new, |c| {
+        format!(
+            ", via OCS {} (cube {} to cube {})",
+            c.ocs, c.cube_a, c.cube_b
+        )
+    });
+    format!(
+        "link {}–{}: {}{}{}{circuit}",
+        pa.id,
+        pb.id,
+        match line.kind {
+            LinkKind::Ici => "ICI",
+            LinkKind::Dcn => "DCN",
+        },
+        line.axis
+            .map_or_else(String::new, |axis| format!(" {}", axis_name(axis))),
+        if line.wraps { ", wraparound" } else { "" }
+    )
+}
+
+/// Every link as one `<path class="link">`, thicker over an optical circuit.
+fn write_links(out: &mut String, lines: &[Line], placed: &[Placed], layout: &Layout) {
     out.push_str("<g stroke-linecap=\"round\" fill=\"none\">\n");
     for line in lines {
         let (pa, pb) = (&placed[line.a], &placed[line.b]);
-        let (a, b) = (center(pa), center(pb));
-        let circuit = line.circuit.map_or_else(String::new, |c| {
-            format!(
-                ", via OCS {} (cube {} to cube {})",
-                c.ocs, c.cube_a, c.cube_b
-            )
-        });
-        let title = format!(
-            "link {}–{}: {}{}{}{circuit}",
-            pa.id,
-            pb.id,
-            match line.kind {
-                LinkKind::Ici => "ICI",
-                LinkKind::Dcn => "DCN",
-            },
-            line.axis
-                .map_or_else(String::new, |axis| format!(" {}", axis_name(axis))),
-            if line.wraps { ", wraparound" } else { "" }
-        );
-        let (d, style) = link_path(&line, pa, pb, a, b, cell);
+        let (a, b) = (layout.center(pa), layout.center(pb));
+        let title = link_title(line, pa, pb);
+        let (d, style) = link_path(line, pa, pb, a, b, layout.cell);
         let optical = line.circuit.map_or_else(
             || " class=\"link\"".to_string(),
             |c| format!(" class=\"link\" data-ocs=\"{}\" stroke-width=\"2\"", c.ocs),
@@ -324,10 +419,15 @@ pub fn topology_svg(world: &mut World) -> String {
         );
     }
     out.push_str("</g>\n");
-    // Devices.
+}
+
+/// Every device as a square coloured by status, a cross when failed, and
+/// its id when the cells are large enough.
+fn write_devices(out: &mut String, placed: &[Placed], layout: &Layout) {
+    let cell = layout.cell;
     let side = cell * 0.6;
-    for p in &placed {
-        let (cx, cy) = center(p);
+    for p in placed {
+        let (cx, cy) = layout.center(p);
         let fill = match p.status {
             "failed" => "#d62728",
             "suspect" => "#ff9f1c",
@@ -370,8 +470,6 @@ pub fn topology_svg(world: &mut World) -> String {
         }
         out.push('\n');
     }
-    out.push_str("</svg>\n");
-    out
 }
 
 /// Every cube's role, by index.
@@ -419,26 +517,10 @@ fn cube_assignment(world: &mut World) -> Vec<String> {
 }
 
 /// Outlines each cube's part of every plane (class `cube`).
-fn draw_cubes(
-    out: &mut String,
-    placed: &[Placed],
-    roles: &BTreeMap<u32, Cube>,
-    origin: &dyn Fn(u32, u32) -> (f64, f64),
-    cell: f64,
-) {
-    let mut boxes: BTreeMap<(u32, u32, u32), [u32; 4]> = BTreeMap::new();
-    for p in placed {
-        let Some(cube) = p.cube else { continue };
-        let b = boxes
-            .entry((cube, p.slice, p.xyz[2]))
-            .or_insert([p.xyz[0], p.xyz[1], p.xyz[0], p.xyz[1]]);
-        b[0] = b[0].min(p.xyz[0]);
-        b[1] = b[1].min(p.xyz[1]);
-        b[2] = b[2].max(p.xyz[0]);
-        b[3] = b[3].max(p.xyz[1]);
-    }
-    for ((cube, slice, z), [x0, y0, x1, y1]) in &boxes {
-        let (ox, oy) = origin(*slice, *z);
+fn draw_cubes(out: &mut String, placed: &[Placed], roles: &BTreeMap<u32, Cube>, layout: &Layout) {
+    let cell = layout.cell;
+    for ((cube, slice, z), [x0, y0, x1, y1]) in &plane_boxes(placed, |p| p.cube) {
+        let (ox, oy) = layout.origin(*slice, *z);
         let failed = roles.get(cube).is_some_and(|c| c.failed_at_ns.is_some());
         let stroke = if failed { "#d62728" } else { "#7b3294" };
         let _ = writeln!(

@@ -1,6 +1,6 @@
 //! Components of the pod's entities: devices (chips), hosts and links.
 
-use super::resolve::Topology;
+use super::model::Topology;
 use super::schema::LinkKind;
 use crate::hardware::TpuGeneration;
 use bevy_ecs::prelude::*;

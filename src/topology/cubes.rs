@@ -31,8 +31,8 @@
 //!
 //! [`DeviceId`]: super::DeviceId
 
-use super::error::Problem;
-use super::resolve::{LinkSpec, Topology};
+use super::error::{InvariantError, Problem};
+use super::model::{LinkSpec, Topology};
 use super::schema::{CubeOptions, LinkKind};
 use crate::hardware::HardwareSpec;
 use bevy_ecs::prelude::*;
@@ -300,15 +300,16 @@ pub(super) fn resolve_cubes(
 
 /// The invariants of a [`CubeLayout`] in a topology that did not come
 /// through the loader (a decoded snapshot).
-pub(super) fn check_layout(topology: &Topology, layout: &CubeLayout) -> Result<(), String> {
+pub(super) fn check_layout(topology: &Topology, layout: &CubeLayout) -> Result<(), InvariantError> {
     let whole = layout.edge >= 1 && topology.dims.iter().all(|d| d.is_multiple_of(layout.edge));
     let fits =
         u64::from(topology.slice_cubes()) + u64::from(layout.spares) <= u64::from(layout.pod_cubes);
     if !whole || !fits || layout.ocs_per_axis != layout.edge.pow(2) {
-        return Err(format!(
-            "cubes {layout:?} do not fit slices of {:?} x {}",
-            topology.dims, topology.slices
-        ));
+        return Err(InvariantError::CubesDoNotFit {
+            layout: *layout,
+            dims: topology.dims,
+            slices: topology.slices,
+        });
     }
     Ok(())
 }
@@ -392,6 +393,11 @@ mod tests {
         if let Some(cubes) = t.cubes.as_mut() {
             cubes.spares = 63;
         }
-        assert!(t.check_invariants().unwrap_err().contains("do not fit"));
+        assert!(
+            t.check_invariants()
+                .unwrap_err()
+                .to_string()
+                .contains("do not fit")
+        );
     }
 }

@@ -264,3 +264,110 @@ impl From<TopologyError> for crate::error::OptimError {
         crate::error::OptimError::new(crate::error::ErrorKind::Topology, error)
     }
 }
+
+/// A broken invariant of a [`Topology`](super::Topology) that did not come
+/// through validation (one decoded from a snapshot): what
+/// [`Topology::check_invariants`](super::Topology::check_invariants) found,
+/// naming the field.
+#[derive(Debug, Clone, PartialEq, Error)]
+#[non_exhaustive]
+pub enum InvariantError {
+    /// The dimension count is not the generation's.
+    #[error("ndims = {ndims}, but a {generation} torus has {torus_dims} dimensions")]
+    DimensionCount {
+        /// Dimensions recorded.
+        ndims: usize,
+        /// The chip generation.
+        generation: crate::hardware::TpuGeneration,
+        /// The generation's torus dimensions.
+        torus_dims: usize,
+    },
+    /// An axis has no chips, or an unused axis more than one.
+    #[error("dims[{axis}] = {size} is not a chip count of the shape")]
+    Dimension {
+        /// The axis.
+        axis: usize,
+        /// Its recorded size.
+        size: u32,
+    },
+    /// No slices.
+    #[error("slices = 0")]
+    NoSlices,
+    /// More chips than a pod may have.
+    #[error("{chips} chips, more than {max}")]
+    TooManyChips {
+        /// Chips recorded.
+        chips: u64,
+        /// The bound.
+        max: u64,
+    },
+    /// The host block does not divide the slice along an axis.
+    #[error("host_bounds[{axis}] = {bound} does not divide dims[{axis}] = {size}")]
+    HostBlock {
+        /// The axis.
+        axis: usize,
+        /// The host block's extent along it.
+        bound: u32,
+        /// The slice's.
+        size: u32,
+    },
+    /// Cores per chip out of range.
+    #[error("cores_per_chip = {0} is not between 1 and 8")]
+    Cores(u32),
+    /// A zero tick or heartbeat interval.
+    #[error("tick_ns and heartbeat_interval_ns must be at least 1")]
+    ZeroTime,
+    /// The heartbeat timeout is not after the interval.
+    #[error("heartbeat_timeout_ns is not after heartbeat_interval_ns")]
+    TimeoutNotAfterInterval,
+    /// A twist offset that is not a shift along another axis.
+    #[error(
+        "twist[{axis}][{other}] = {offset} is not a shift along another axis \
+         of the shape"
+    )]
+    TwistOffset {
+        /// The axis whose wraparound link moves.
+        axis: usize,
+        /// The axis it moves along.
+        other: usize,
+        /// By how many chips.
+        offset: u32,
+    },
+    /// A twist on an axis without a wraparound link.
+    #[error("twist[{0}] moves a wraparound link that axis {0} does not have")]
+    TwistWithoutWraparound(usize),
+    /// A fabric over one slice, or with figures out of range.
+    #[error(
+        "dcn_fabric {0:?} needs 2 or more slices, positive host bandwidth \
+         and an oversubscription of at least 1"
+    )]
+    FabricFigures(super::resolve::DcnFabric),
+    /// More fabric links than a pod may have.
+    #[error("the DCN fabric has {links} links, more than {max}")]
+    TooManyFabricLinks {
+        /// Links the fabric would spawn.
+        links: u64,
+        /// The bound.
+        max: u64,
+    },
+    /// The cube layout does not fit the slices.
+    #[error("cubes {layout:?} do not fit slices of {dims:?} x {slices}")]
+    CubesDoNotFit {
+        /// The layout recorded.
+        layout: super::cubes::CubeLayout,
+        /// One slice's dimensions.
+        dims: [u32; 3],
+        /// Slices.
+        slices: u32,
+    },
+    /// An explicit link with an end outside the pod.
+    #[error("extra link {a} -> {b} leaves the pod's {devices} devices")]
+    ExtraLinkOutside {
+        /// One end.
+        a: u32,
+        /// Other end.
+        b: u32,
+        /// Devices in the pod.
+        devices: u32,
+    },
+}

@@ -32,7 +32,7 @@
 
 use super::components::{Device, Host, Link, PodTopology, TorusCoords};
 use super::cubes::{Cube, CubeRole, Ocs, OcsCircuit};
-use super::resolve::Topology;
+use super::model::Topology;
 use super::schema::LinkKind;
 use bevy_ecs::prelude::*;
 use rayon::prelude::*;
@@ -139,9 +139,15 @@ fn cube_figures(world: &mut World, topology: &Topology) -> Option<CubeFigures> {
     Some(figures)
 }
 
-/// Computes [`TopologyFigures`] from the devices, hosts and links in `world`.
-pub fn compute_figures(world: &mut World) -> TopologyFigures {
-    let topology = world.resource::<PodTopology>().0.clone();
+/// The devices in `world`: each entity's dense index, its `[x, y, z,
+/// slice]` by index, and the TensorCores of all of them.
+struct DeviceCensus {
+    index: HashMap<Entity, u32>,
+    coords: Vec<[u32; 4]>,
+    cores: u64,
+}
+
+fn census_devices(world: &mut World) -> DeviceCensus {
     let mut device_query = world.query::<(Entity, &Device, &TorusCoords)>();
     let mut index: HashMap<Entity, u32> = HashMap::new();
     let mut coords: Vec<[u32; 4]> = Vec::new();
@@ -152,7 +158,25 @@ pub fn compute_figures(world: &mut World) -> TopologyFigures {
         coords.push([x, y, z, place.slice]);
         cores += u64::from(device.cores);
     }
-    let hosts = world.query::<&Host>().iter(world).count() as u32;
+    DeviceCensus {
+        index,
+        coords,
+        cores,
+    }
+}
+
+/// The links in `world`: every edge between known devices (and the DCN
+/// ones again), the counts by kind, and the all-reduce bandwidth (twice
+/// every link's).
+struct LinkCensus {
+    edges: Vec<(u32, u32, f64)>,
+    dcn_edges: Vec<(u32, u32, f64)>,
+    ici_links: u32,
+    dcn_links: u32,
+    allreduce: f64,
+}
+
+fn census_links(world: &mut World, index: &HashMap<Entity, u32>) -> LinkCensus {
     let mut link_query = world.query::<&Link>();
     let mut edges: Vec<(u32, u32, f64)> = Vec::new();
     let mut dcn_edges: Vec<(u32, u32, f64)> = Vec::new();
@@ -171,21 +195,94 @@ pub fn compute_figures(world: &mut World) -> TopologyFigures {
             }
         }
     }
-    let n = coords.len();
-    let graph = Csr::new(n, &edges);
+    LinkCensus {
+        edges,
+        dcn_edges,
+        ici_links,
+        dcn_links,
+        allreduce,
+    }
+}
+
+/// The diameter and the sum of all pairs' hop counts: in closed form for a
+/// plain one-slice torus whose links are all there, else by search.
+fn hop_figures(
+    topology: &Topology,
+    edges: &[(u32, u32, f64)],
+    n: usize,
+) -> (Option<u32>, Option<u64>) {
+    let graph = Csr::new(n, edges);
     let plain_torus = topology.slices == 1
         && !topology.is_twisted()
         && topology.extra_links.is_empty()
         && edges.len() == topology.links().len()
         && n == topology.num_devices() as usize;
-    let (diameter_hops, distance_sum) = if plain_torus {
+    if plain_torus {
         (
             Some(torus_diameter(topology.dims, topology.wraparound)),
             Some(torus_distance_sum(topology.dims, topology.wraparound)),
         )
     } else {
         distances(&graph).unzip()
-    };
+    }
+}
+
+/// DCN bandwidth across the cut between the first and the second half of
+/// the slices.
+fn dcn_bisection(coords: &[[u32; 4]], dcn_edges: &[(u32, u32, f64)], slices: u32) -> f64 {
+    let slice_cut = slices / 2;
+    dcn_edges
+        .iter()
+        .filter(|&&(a, b, _)| {
+            (coords[a as usize][3] < slice_cut) != (coords[b as usize][3] < slice_cut)
+        })
+        .map(|&(_, _, bandwidth)| bandwidth)
+        // Not `sum()`: an empty f64 sum is -0.0, which `--json` printed
+        // for every one-slice pod.
+        .fold(0.0, |total, bandwidth| total + bandwidth)
+}
+
+/// All-to-all bandwidth: bounded by the links' capacity over the mean hop
+/// count and, when the bisection is a real cut, by the bisection.
+fn alltoall_bound(
+    mean_hops: Option<f64>,
+    allreduce: f64,
+    bisection_bytes_per_s: f64,
+    has_cut: bool,
+    n: usize,
+) -> f64 {
+    match mean_hops {
+        Some(hops) => {
+            let capacity_bound = allreduce / hops;
+            let cut_bound = bisection_bytes_per_s * 4.0 * (n as f64 - 1.0) / n as f64;
+            if has_cut {
+                capacity_bound.min(cut_bound)
+            } else {
+                capacity_bound
+            }
+        }
+        None => 0.0,
+    }
+}
+
+/// Computes [`TopologyFigures`] from the devices, hosts and links in `world`.
+pub fn compute_figures(world: &mut World) -> TopologyFigures {
+    let topology = world.resource::<PodTopology>().0.clone();
+    let DeviceCensus {
+        index,
+        coords,
+        cores,
+    } = census_devices(world);
+    let hosts = world.query::<&Host>().iter(world).count() as u32;
+    let LinkCensus {
+        edges,
+        dcn_edges,
+        ici_links,
+        dcn_links,
+        allreduce,
+    } = census_links(world, &index);
+    let n = coords.len();
+    let (diameter_hops, distance_sum) = hop_figures(&topology, &edges, n);
     let pairs = (n as f64) * (n as f64 - 1.0);
     let mean_hops = distance_sum.filter(|_| n > 1).map(|sum| sum as f64 / pairs);
     let sizes = [
@@ -195,28 +292,14 @@ pub fn compute_figures(world: &mut World) -> TopologyFigures {
         topology.slices,
     ];
     let (bisection_bytes_per_s, bisection_cut) = bisection(&coords, &edges, sizes);
-    let slice_cut = topology.slices / 2;
-    let dcn_bisection_bytes_per_s: f64 = dcn_edges
-        .iter()
-        .filter(|&&(a, b, _)| {
-            (coords[a as usize][3] < slice_cut) != (coords[b as usize][3] < slice_cut)
-        })
-        .map(|&(_, _, bandwidth)| bandwidth)
-        // Not `sum()`: an empty f64 sum is -0.0, which `--json` printed
-        // for every one-slice pod.
-        .fold(0.0, |total, bandwidth| total + bandwidth);
-    let alltoall_bytes_per_s = match mean_hops {
-        Some(hops) => {
-            let capacity_bound = allreduce / hops;
-            let cut_bound = bisection_bytes_per_s * 4.0 * (n as f64 - 1.0) / n as f64;
-            if bisection_cut.is_some() {
-                capacity_bound.min(cut_bound)
-            } else {
-                capacity_bound
-            }
-        }
-        None => 0.0,
-    };
+    let dcn_bisection_bytes_per_s = dcn_bisection(&coords, &dcn_edges, topology.slices);
+    let alltoall_bytes_per_s = alltoall_bound(
+        mean_hops,
+        allreduce,
+        bisection_bytes_per_s,
+        bisection_cut.is_some(),
+        n,
+    );
     TopologyFigures {
         name: topology.name.clone(),
         generation: topology.generation.to_string(),

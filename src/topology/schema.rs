@@ -57,7 +57,7 @@ pub struct PodFile {
     /// for the twisted torus of the v4 and v5p shapes `k x k x 2k` and
     /// `k x 2k x 2k` (`k` a multiple of 4): each short axis's wraparound
     /// link lands `k` chips further along every long axis (see
-    /// [`super::resolve::twist_offsets`] and `docs/topology.md`).
+    /// [`super::validate::twist_offsets`] and `docs/topology.md`).
     #[serde(default)]
     pub twist: Option<String>,
     /// Accept a slice shape Google Cloud does not offer for the generation

@@ -1,7 +1,7 @@
 //! Spawning a [`Topology`] into a world: hosts, then devices, then links.
 
 use super::components::*;
-use super::resolve::Topology;
+use super::model::Topology;
 use bevy_ecs::prelude::*;
 
 /// Spawns hosts, devices and links (and, for a cube-built pod, its cubes

@@ -80,6 +80,20 @@ pub enum ClusterError {
     Transport(String),
 }
 
+/// Parts of a split pod's transport that cannot be one process's.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum MergePartsError {
+    /// Two parts hold the sequence of one sender.
+    #[error("{device} sent messages in two parts (one is part {part})")]
+    SenderInTwoParts {
+        /// The sender.
+        device: DeviceId,
+        /// The later part that claims it.
+        part: usize,
+    },
+}
+
 impl From<TransportError> for crate::error::OptimError {
     fn from(error: TransportError) -> Self {
         crate::error::OptimError::new(crate::error::ErrorKind::Transport, error)

@@ -39,7 +39,7 @@ use crate::schedule::{Step, StepSystems};
 use crate::topology::{Device, DeviceId, DeviceIndex, Link, LinkTraffic};
 use bevy_ecs::prelude::*;
 use bevy_ecs::schedule::Schedules;
-pub use error::{ClusterError, TransportError};
+pub use error::{ClusterError, MergePartsError, TransportError};
 use serde::{Deserialize, Serialize};
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, VecDeque};
@@ -720,16 +720,16 @@ pub fn merge_envelope_parts(
 /// every message in flight (each process holds those its devices sent),
 /// every sender's sequence (each sender is one process's) and the counts
 /// summed. A sender two parts claim is an error naming it.
-pub fn merge_transport_parts(parts: Vec<StoredTransport>) -> Result<StoredTransport, String> {
+pub fn merge_transport_parts(
+    parts: Vec<StoredTransport>,
+) -> Result<StoredTransport, MergePartsError> {
     let mut next_seq: BTreeMap<DeviceId, u64> = BTreeMap::new();
     let mut in_flight = Vec::new();
     let (mut delivered, mut dropped) = (0, 0);
     for (part, stored) in parts.into_iter().enumerate() {
         for (device, seq) in stored.next_seq {
             if next_seq.insert(device, seq).is_some() {
-                return Err(format!(
-                    "{device} sent messages in two parts (one is part {part})"
-                ));
+                return Err(MergePartsError::SenderInTwoParts { device, part });
             }
         }
         in_flight.push(stored.in_flight);

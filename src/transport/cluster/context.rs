@@ -1,0 +1,134 @@
+//! [`RankContext`]: a rank's place in the job, for systems that send and
+//! receive data frames themselves.
+
+use super::SERVICE_RANK;
+use super::frame::{DATA_HEADER, DATA_MARK, Frame, decode, unexpected, write_data_header};
+use super::layout::RankLayout;
+use super::mailbox::{SharedMailbox, lock};
+use super::protocol::{abort_all, broadcast};
+use crate::transport::error::ClusterError;
+use bevy_ecs::prelude::*;
+use serde::Serialize;
+use std::time::{Duration, Instant};
+
+/// Where this process sits in a pod split over ranks, for the systems
+/// that move data between ranks themselves (the sharded step's
+/// reduce-scatter and all-gather) rather than as messages in the tick.
+#[derive(Resource, Clone)]
+pub struct RankContext {
+    /// Which rank owns which hosts.
+    pub layout: RankLayout,
+    /// The mailbox every rank of the job shares.
+    pub mailbox: SharedMailbox,
+    /// The bound on every wait for another rank.
+    pub timeout: Duration,
+}
+
+impl std::fmt::Debug for RankContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RankContext")
+            .field("rank", &self.layout.rank())
+            .field("ranks", &self.layout.ranks())
+            .finish()
+    }
+}
+
+impl RankContext {
+    /// A data frame for `tag` with room for `payload_len` bytes of payload,
+    /// still to be appended after its header (so a sender copies its data
+    /// once), in a buffer the mailbox used before when it has one (no fresh
+    /// pages for a collective's frames).
+    pub fn data_frame(&self, tag: u64, payload_len: usize) -> Result<Vec<u8>, ClusterError> {
+        let mut frame = lock(&self.mailbox)?.spare_buffer(DATA_HEADER + payload_len);
+        write_data_header(&mut frame, tag);
+        Ok(frame)
+    }
+
+    /// Hands a received frame back to the mailbox for reuse.
+    pub fn recycle(&self, frame: Vec<u8>) {
+        if let Ok(mut mailbox) = lock(&self.mailbox) {
+            mailbox.recycle(frame);
+        }
+    }
+
+    /// Sends a data frame made by [`RankContext::data_frame`] to `to`,
+    /// without waiting.
+    pub fn send_data(&self, to: u32, frame: Vec<u8>) -> Result<(), ClusterError> {
+        lock(&self.mailbox)?.send(to, frame)
+    }
+
+    /// The next frame from `from`, which must be the data frame `tag`
+    /// (read its bytes with [`data_payload`]). An abort from rank 0 is the
+    /// loss it names; no frame within the bound names `from` as lost.
+    pub fn receive_data(
+        &self,
+        from: u32,
+        tag: u64,
+        awaiting: &str,
+    ) -> Result<Vec<u8>, ClusterError> {
+        let deadline = Instant::now() + self.timeout;
+        let mut mailbox = lock(&self.mailbox)?;
+        let Some(bytes) = mailbox.receive(from, deadline)? else {
+            return Err(ClusterError::RankLost {
+                rank: from,
+                hosts: self.layout.describe_hosts(from),
+                reason: format!(
+                    "no {awaiting} from it within {:.1} s",
+                    self.timeout.as_secs_f64()
+                ),
+            });
+        };
+        if bytes.first() != Some(&DATA_MARK) || bytes.len() < DATA_HEADER {
+            return Err(match decode(from, &bytes)? {
+                Frame::Abort(abort) => {
+                    mailbox.abandon();
+                    ClusterError::RankLost {
+                        rank: abort.rank,
+                        hosts: abort.hosts,
+                        reason: abort.reason,
+                    }
+                }
+                frame => unexpected(from, &frame, awaiting),
+            });
+        }
+        let theirs = u64::from_le_bytes(bytes[8..16].try_into().expect("eight bytes"));
+        if theirs != tag {
+            return Err(ClusterError::Protocol {
+                rank: from,
+                what: format!(
+                    "data frame {theirs:#x} where {awaiting} ({tag:#x}) was due: the ranks are \
+                     out of step"
+                ),
+            });
+        }
+        Ok(bytes)
+    }
+
+    /// Rank 0's `value` on every rank (postcard-encoded on the way).
+    pub fn broadcast_value<V>(&self, value: &V) -> Result<V, ClusterError>
+    where
+        V: Serialize + serde::de::DeserializeOwned + Clone,
+    {
+        if self.layout.ranks() == 1 {
+            return Ok(value.clone());
+        }
+        let bytes = if self.layout.runs_service() {
+            postcard::to_stdvec(value).expect("values encode")
+        } else {
+            Vec::new()
+        };
+        let bytes = broadcast(&self.mailbox, &self.layout, Ok(bytes), self.timeout)?;
+        postcard::from_bytes(&bytes).map_err(|e| ClusterError::Protocol {
+            rank: SERVICE_RANK,
+            what: format!("a broadcast value that does not decode ({e})"),
+        })
+    }
+
+    /// Rank 0 stops the others after `error` (best effort); on other
+    /// ranks nothing to do: rank 0 names the lost rank.
+    pub fn abort(&self, error: &ClusterError) {
+        if self.layout.runs_service() {
+            abort_all(&self.mailbox, &self.layout, error);
+        }
+    }
+}

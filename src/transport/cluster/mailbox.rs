@@ -1,0 +1,119 @@
+//! Moving byte frames between ranks: the [`Mailbox`] trait and the
+//! [`ThreadMailbox`] that joins ranks which are threads of one process.
+
+use crate::transport::error::ClusterError;
+use std::collections::VecDeque;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Instant;
+
+/// Moves byte frames between the ranks of one job.
+pub trait Mailbox: Send + std::fmt::Debug {
+    /// This rank.
+    fn rank(&self) -> u32;
+    /// Ranks in the job.
+    fn ranks(&self) -> u32;
+    /// Sends a frame to `to` without waiting for it to be received.
+    fn send(&mut self, to: u32, frame: Vec<u8>) -> Result<(), ClusterError>;
+    /// The next frame from `from`, waiting at most until `deadline`;
+    /// `Ok(None)` if none came by then.
+    fn receive(&mut self, from: u32, deadline: Instant) -> Result<Option<Vec<u8>>, ClusterError>;
+    /// An empty buffer of at least `capacity` bytes for a frame: a
+    /// mailbox may hand back one it used before (already in memory).
+    fn spare_buffer(&mut self, capacity: usize) -> Vec<u8> {
+        Vec::with_capacity(capacity)
+    }
+    /// A received frame the caller is done with, for
+    /// [`Mailbox::spare_buffer`] to hand out again.
+    fn recycle(&mut self, _buffer: Vec<u8>) {}
+    /// Another rank is lost: the job will not end together (an MPI
+    /// mailbox then skips `MPI_Finalize`, which would wait for it).
+    fn abandon(&mut self) {}
+}
+
+/// A mailbox shared by the backend (each tick) and the host (start-up
+/// handshake, final gather).
+pub type SharedMailbox = Arc<Mutex<Box<dyn Mailbox>>>;
+
+type Queues = Vec<Vec<VecDeque<Vec<u8>>>>;
+
+/// Ranks that are threads of one process.
+#[derive(Debug)]
+pub struct ThreadMailbox {
+    rank: u32,
+    ranks: u32,
+    shared: Arc<(Mutex<Queues>, Condvar)>,
+}
+
+/// `ranks` connected thread mailboxes, one per rank, in rank order.
+pub fn thread_mailboxes(ranks: u32) -> Vec<ThreadMailbox> {
+    let n = ranks as usize;
+    let shared = Arc::new((
+        Mutex::new(vec![vec![VecDeque::new(); n]; n]),
+        Condvar::new(),
+    ));
+    (0..ranks)
+        .map(|rank| ThreadMailbox {
+            rank,
+            ranks,
+            shared: Arc::clone(&shared),
+        })
+        .collect()
+}
+
+impl Mailbox for ThreadMailbox {
+    fn rank(&self) -> u32 {
+        self.rank
+    }
+
+    fn ranks(&self) -> u32 {
+        self.ranks
+    }
+
+    fn send(&mut self, to: u32, frame: Vec<u8>) -> Result<(), ClusterError> {
+        let (queues, ready) = &*self.shared;
+        let mut queues = queues
+            .lock()
+            .map_err(|_| ClusterError::Transport("a rank thread panicked".into()))?;
+        queues
+            .get_mut(to as usize)
+            .ok_or(ClusterError::NoSuchRank {
+                rank: to,
+                ranks: self.ranks,
+            })?[self.rank as usize]
+            .push_back(frame);
+        ready.notify_all();
+        Ok(())
+    }
+
+    fn receive(&mut self, from: u32, deadline: Instant) -> Result<Option<Vec<u8>>, ClusterError> {
+        let (queues, ready) = &*self.shared;
+        fn poisoned<T>(_: T) -> ClusterError {
+            ClusterError::Transport("a rank thread panicked".into())
+        }
+        let mut queues = queues.lock().map_err(poisoned)?;
+        loop {
+            if let Some(frame) = queues[self.rank as usize]
+                .get_mut(from as usize)
+                .and_then(VecDeque::pop_front)
+            {
+                return Ok(Some(frame));
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(None);
+            }
+            queues = ready
+                .wait_timeout(queues, deadline - now)
+                .map_err(poisoned)?
+                .0;
+        }
+    }
+}
+
+pub(super) fn lock(
+    mailbox: &SharedMailbox,
+) -> Result<std::sync::MutexGuard<'_, Box<dyn Mailbox>>, ClusterError> {
+    mailbox
+        .lock()
+        .map_err(|_| ClusterError::Transport("the mailbox lock was poisoned".into()))
+}

@@ -1,0 +1,225 @@
+//! The protocol every rank takes part in through rank 0: the start-up
+//! handshake, broadcast, the final gather and verdict, and the abort.
+
+use super::SERVICE_RANK;
+use super::frame::{ClusterAbort, Frame, decode, encode, unexpected};
+use super::layout::RankLayout;
+use super::mailbox::{SharedMailbox, lock};
+use crate::transport::error::ClusterError;
+use std::time::{Duration, Instant};
+
+/// Sends `frame` to `to` through the shared mailbox.
+pub(super) fn send_frame(
+    mailbox: &SharedMailbox,
+    to: u32,
+    frame: &Frame,
+) -> Result<(), ClusterError> {
+    lock(mailbox)?.send(to, encode(frame))
+}
+
+/// The next frame from `from`, or [`ClusterError::RankLost`] after
+/// `timeout` (naming `from` and its hosts, and what was awaited).
+pub(super) fn receive_frame(
+    mailbox: &SharedMailbox,
+    layout: &RankLayout,
+    from: u32,
+    timeout: Duration,
+    awaiting: &str,
+) -> Result<Frame, ClusterError> {
+    let deadline = Instant::now() + timeout;
+    let mut mailbox = lock(mailbox)?;
+    match mailbox.receive(from, deadline)? {
+        Some(bytes) => match decode(from, &bytes)? {
+            Frame::Abort(abort) => {
+                mailbox.abandon();
+                Err(ClusterError::RankLost {
+                    rank: abort.rank,
+                    hosts: abort.hosts,
+                    reason: abort.reason,
+                })
+            }
+            frame => Ok(frame),
+        },
+        None => Err(ClusterError::RankLost {
+            rank: from,
+            hosts: layout.describe_hosts(from),
+            reason: format!(
+                "no {awaiting} from it within {:.1} s",
+                timeout.as_secs_f64()
+            ),
+        }),
+    }
+}
+
+/// Rank 0 tells every other rank (best effort) that the job stops.
+pub(super) fn abort_all(mailbox: &SharedMailbox, layout: &RankLayout, error: &ClusterError) {
+    let (rank, hosts, reason) = match error {
+        ClusterError::RankLost {
+            rank,
+            hosts,
+            reason,
+        } => (*rank, hosts.clone(), reason.clone()),
+        other => (
+            layout.rank(),
+            layout.describe_hosts(layout.rank()),
+            other.to_string(),
+        ),
+    };
+    let frame = Frame::Abort(ClusterAbort {
+        rank,
+        hosts,
+        reason,
+    });
+    for to in 0..layout.ranks() {
+        if to != layout.rank() && to != rank {
+            let _ = send_frame(mailbox, to, &frame);
+        }
+    }
+}
+
+/// Start-up check: every rank sends rank 0 a digest of what must agree
+/// (pod, binary version, run); rank 0 compares and answers all. Any
+/// difference is an error on every rank, naming the ranks and what each has.
+pub fn handshake(
+    mailbox: &SharedMailbox,
+    layout: &RankLayout,
+    digest: &str,
+    description: &str,
+    timeout: Duration,
+) -> Result<(), ClusterError> {
+    if layout.ranks() == 1 {
+        return Ok(());
+    }
+    if !layout.runs_service() {
+        send_frame(
+            mailbox,
+            SERVICE_RANK,
+            &Frame::Hello {
+                digest: digest.into(),
+                description: description.into(),
+            },
+        )?;
+        return match receive_frame(
+            mailbox,
+            layout,
+            SERVICE_RANK,
+            timeout * 2,
+            "start-up answer",
+        )? {
+            Frame::Welcome(Ok(())) => Ok(()),
+            Frame::Welcome(Err(difference)) => Err(ClusterError::Mismatch(difference)),
+            other => Err(unexpected(SERVICE_RANK, &other, "its start-up answer")),
+        };
+    }
+    let mut differences = Vec::new();
+    let mut lost = None;
+    for rank in 1..layout.ranks() {
+        match receive_frame(mailbox, layout, rank, timeout, "start-up description") {
+            Ok(Frame::Hello {
+                digest: theirs,
+                description: what,
+            }) => {
+                if theirs != digest {
+                    differences.push(format!(
+                        "rank {rank} has {what} (digest {}), rank 0 has {description} (digest {})",
+                        short(&theirs),
+                        short(digest)
+                    ));
+                }
+            }
+            Ok(other) => differences.push(unexpected(rank, &other, "its description").to_string()),
+            Err(error) => {
+                lost = Some(error);
+                break;
+            }
+        }
+    }
+    if let Some(error) = lost {
+        abort_all(mailbox, layout, &error);
+        return Err(error);
+    }
+    let verdict = if differences.is_empty() {
+        Ok(())
+    } else {
+        Err(differences.join("; "))
+    };
+    for rank in 1..layout.ranks() {
+        send_frame(mailbox, rank, &Frame::Welcome(verdict.clone()))?;
+    }
+    verdict.map_err(ClusterError::Mismatch)
+}
+
+fn short(digest: &str) -> &str {
+    &digest[..digest.len().min(12)]
+}
+
+/// Rank 0 sends every rank the same bytes (or why it has none); every
+/// rank returns them (rank 0 its own). An `Err` from rank 0 is a
+/// [`ClusterError::Coordinator`] on every rank.
+pub fn broadcast(
+    mailbox: &SharedMailbox,
+    layout: &RankLayout,
+    bytes: Result<Vec<u8>, String>,
+    timeout: Duration,
+) -> Result<Vec<u8>, ClusterError> {
+    if layout.runs_service() {
+        let frame = match &bytes {
+            Ok(bytes) => Frame::Part(bytes.clone()),
+            Err(reason) => Frame::Done(Err(reason.clone())),
+        };
+        for rank in 1..layout.ranks() {
+            send_frame(mailbox, rank, &frame)?;
+        }
+        return bytes.map_err(ClusterError::Coordinator);
+    }
+    match receive_frame(mailbox, layout, SERVICE_RANK, timeout * 2, "broadcast")? {
+        Frame::Part(bytes) => Ok(bytes),
+        Frame::Done(Err(reason)) => Err(ClusterError::Coordinator(reason)),
+        other => Err(unexpected(SERVICE_RANK, &other, "a broadcast")),
+    }
+}
+
+/// Every rank sends rank 0 its part of the world; rank 0 gets them all
+/// (its own first), the others `None`. Then rank 0 must [`finish`].
+pub fn gather_parts(
+    mailbox: &SharedMailbox,
+    layout: &RankLayout,
+    own: Vec<u8>,
+    timeout: Duration,
+) -> Result<Option<Vec<Vec<u8>>>, ClusterError> {
+    if !layout.runs_service() {
+        send_frame(mailbox, SERVICE_RANK, &Frame::Part(own))?;
+        return Ok(None);
+    }
+    let mut parts = vec![own];
+    for rank in 1..layout.ranks() {
+        match receive_frame(mailbox, layout, rank, timeout, "part of the world")? {
+            Frame::Part(bytes) => parts.push(bytes),
+            other => return Err(unexpected(rank, &other, "its part of the world")),
+        }
+    }
+    Ok(Some(parts))
+}
+
+/// Rank 0 tells every rank whether the merged world was accepted; the
+/// others wait for it, so every rank ends with the same verdict.
+pub fn finish(
+    mailbox: &SharedMailbox,
+    layout: &RankLayout,
+    verdict: Result<(), String>,
+    timeout: Duration,
+) -> Result<(), ClusterError> {
+    if layout.ranks() == 1 {
+        return verdict.map_err(ClusterError::Coordinator);
+    }
+    if layout.runs_service() {
+        for rank in 1..layout.ranks() {
+            send_frame(mailbox, rank, &Frame::Done(verdict.clone()))?;
+        }
+        return verdict.map_err(ClusterError::Coordinator);
+    }
+    match receive_frame(mailbox, layout, SERVICE_RANK, timeout * 2, "final verdict")? {
+        Frame::Done(verdict) => verdict.map_err(ClusterError::Coordinator),
+        other => Err(unexpected(SERVICE_RANK, &other, "the final verdict")),
+    }
+}
