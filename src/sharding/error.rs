@@ -217,6 +217,9 @@ pub enum ShardingError {
         /// Why.
         reason: String,
     },
+    /// The spare-cube policy could not swap the lost devices' cubes.
+    #[error("recovery failed: {0}")]
+    CubesRefused(#[source] FaultError),
     /// A step failed and the pod could not recover.
     #[error("step {step} failed ({cause}) and the pod cannot recover: {reason}")]
     Unrecoverable {
