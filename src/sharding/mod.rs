@@ -39,11 +39,12 @@ pub mod ranked;
 pub mod recovery;
 pub mod step;
 pub mod timing;
+mod traffic;
 
 use bevy_ecs::prelude::*;
 use bevy_ecs::schedule::Schedules;
 
-pub use error::{FailureCause, ShardingError};
+pub use error::{FailureCause, ShardingError, UnknownName, UpdateError};
 pub use gradients::{GradientSource, ReducedGradients, ReplicaGradients, SyntheticGradients};
 pub use layout::{Bucket, ShardLayout, ShardPlan, TensorSpec};
 pub use model::{RecoveryPolicy, RecoveryRecord, Reduction, ShardedModel, SlotValues, model_of};
