@@ -38,7 +38,7 @@ use super::model::{
     model_of,
 };
 use super::ranked::HeldElsewhere;
-use super::timing::{BucketCost, StepPhase, StepTimeline, pass_durations, schedule};
+use super::timing::{BucketCost, StepPhase, StepTimeline, schedule};
 use crate::clock::SimClock;
 use crate::collectives::pod::{LinkCharge, charge_links};
 use crate::exec::runtime::{Arg, NoCustomCalls, RunOutput, Runtime};
@@ -254,16 +254,7 @@ pub fn launch_step<'w, A: FloatElement>(
     // HBM: each replica's gradient buffer, for the step.
     let grad_bytes = (layout.elements * elem).max(1);
     let transient = reserve_gradients(world, &entities, grad_bytes, number)?;
-    let hbm_bytes: Vec<(DeviceId, u64)> = entities
-        .iter()
-        .zip(&layout.participants)
-        .map(|(&e, &d)| {
-            (
-                d,
-                world.get::<crate::memory::HbmUsage>(e).map_or(0, |u| u.0),
-            )
-        })
-        .collect();
+    let hbm_bytes = hbm_in_use(world, &entities, &layout.participants);
     let charge: LinkCharge = match charge_links(world, &combined) {
         Ok(c) => c,
         Err(e) => {
@@ -277,19 +268,8 @@ pub fn launch_step<'w, A: FloatElement>(
     let hbm_per_s = world
         .get::<Device>(entities[0])
         .map_or(1e12, |d| d.generation.spec().hbm_bytes_per_s);
-    let costs: Vec<BucketCost> = lengths
-        .iter()
-        .zip(&per_length)
-        .map(|(&len, (rs, ag))| {
-            let shard = len / layout.devices();
-            let bytes = ((3 + 2 * slots) * shard * elem) as f64;
-            BucketCost {
-                reduce_scatter: pass_durations(rs, |s, d| charge.model(s, d)),
-                update: bytes / hbm_per_s,
-                all_gather: pass_durations(ag, |s, d| charge.model(s, d)),
-            }
-        })
-        .collect();
+    let costs =
+        super::traffic::bucket_costs(&layout, &lengths, &per_length, &charge, slots, hbm_per_s);
     let bucket_costs: Vec<&BucketCost> = program_of_bucket.iter().map(|&p| &costs[p]).collect();
     let timeline = schedule(&bucket_costs);
     let completes_at_ns = now + (timeline.step_seconds * 1e9).ceil() as u64;
@@ -340,6 +320,20 @@ fn programs_by_length(
         .map(|b| lengths.binary_search(&b.padded_len).unwrap_or(0))
         .collect();
     Ok((lengths, programs, program_of_bucket))
+}
+
+/// HBM in use on each participant (with the step's buffers reserved).
+fn hbm_in_use(world: &World, entities: &[Entity], devices: &[DeviceId]) -> Vec<(DeviceId, u64)> {
+    entities
+        .iter()
+        .zip(devices)
+        .map(|(&e, &d)| {
+            (
+                d,
+                world.get::<crate::memory::HbmUsage>(e).map_or(0, |u| u.0),
+            )
+        })
+        .collect()
 }
 
 /// Reserves each participant's gradient buffer of `bytes` for step

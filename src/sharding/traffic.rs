@@ -1,13 +1,15 @@
 //! The links a sharded step uses: each bucket's reduce-scatter and
 //! all-gather on the model's plan (torus, multislice or a ring of
 //! survivors), and the redundant policy's state copies, as the
-//! [`Traffic`] the launch charges to the links and times.
+//! [`Traffic`] the launch charges to the links, and what each bucket's
+//! passes then cost on the charged links.
 
 use bevy_ecs::prelude::*;
 
 use super::error::ShardingError;
 use super::layout::{ShardLayout, ShardPlan};
-use crate::collectives::pod::{multislice_of, torus_of};
+use super::timing::{BucketCost, pass_durations};
+use crate::collectives::pod::{LinkCharge, multislice_of, torus_of};
 use crate::collectives::{
     Traffic, multislice_all_gather_traffic, multislice_reduce_scatter_traffic,
     ring_all_gather_traffic, ring_reduce_scatter_traffic, torus_all_gather_traffic,
@@ -159,4 +161,30 @@ fn replication_traffic(
         );
     }
     Ok(routed)
+}
+
+/// Each distinct bucket length's modeled cost: its passes timed on the
+/// charged links, its update at HBM bandwidth.
+pub(super) fn bucket_costs(
+    layout: &ShardLayout,
+    lengths: &[usize],
+    per_length: &[(Traffic, Traffic)],
+    charge: &LinkCharge,
+    slots: usize,
+    hbm_per_s: f64,
+) -> Vec<BucketCost> {
+    let elem = layout.element_bytes();
+    lengths
+        .iter()
+        .zip(per_length)
+        .map(|(&len, (rs, ag))| {
+            let shard = len / layout.devices();
+            let bytes = ((3 + 2 * slots) * shard * elem) as f64;
+            BucketCost {
+                reduce_scatter: pass_durations(rs, |s, d| charge.model(s, d)),
+                update: bytes / hbm_per_s,
+                all_gather: pass_durations(ag, |s, d| charge.model(s, d)),
+            }
+        })
+        .collect()
 }
