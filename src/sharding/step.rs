@@ -230,7 +230,11 @@ pub fn launch_step<'w, A: FloatElement>(
     }
     // One program and one traffic record per distinct bucket length.
     let elem = layout.element_bytes();
-    let (lengths, programs, program_of_bucket) = programs_by_length(&layout, request.programs)?;
+    let ProgramsByLength {
+        lengths,
+        programs,
+        of_bucket: program_of_bucket,
+    } = programs_by_length(&layout, request.programs)?;
     let redundant = model_of(world).is_some_and(|m| m.recovery == RecoveryPolicy::Redundant);
     let (combined, per_length) =
         super::traffic::step_traffic(world, &layout, &lengths, slots, redundant)?;
@@ -295,12 +299,21 @@ pub fn launch_step<'w, A: FloatElement>(
     Ok(world.resource::<ShardedStep>())
 }
 
-/// The distinct padded bucket lengths (ascending), the compiled update of
-/// each one's shards, and each bucket's index into them.
+/// The step's programs, one per distinct bucket length.
+struct ProgramsByLength {
+    /// The distinct padded bucket lengths, ascending.
+    lengths: Vec<usize>,
+    /// The compiled update of each length's shards.
+    programs: Vec<ShardProgram>,
+    /// Each bucket's index into them.
+    of_bucket: Vec<usize>,
+}
+
+/// The step's programs by bucket length (an error if one is not compiled).
 fn programs_by_length(
     layout: &ShardLayout,
     compiled: &BTreeMap<usize, ShardProgram>,
-) -> Result<(Vec<usize>, Vec<ShardProgram>, Vec<usize>), ShardingError> {
+) -> Result<ProgramsByLength, ShardingError> {
     let mut lengths: Vec<usize> = layout.buckets.iter().map(|b| b.padded_len).collect();
     lengths.sort_unstable();
     lengths.dedup();
@@ -319,7 +332,11 @@ fn programs_by_length(
         .iter()
         .map(|b| lengths.binary_search(&b.padded_len).unwrap_or(0))
         .collect();
-    Ok((lengths, programs, program_of_bucket))
+    Ok(ProgramsByLength {
+        lengths,
+        programs,
+        of_bucket: program_of_bucket,
+    })
 }
 
 /// HBM in use on each participant (with the step's buffers reserved).
