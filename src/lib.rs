@@ -25,11 +25,12 @@
 //! | 10 execution | `exec` | the fast runtime: native (Cranelift) and interpreted fused loops |
 //! | 11 sharded training | `sharding` | a whole model's optimizer sharded over the pod: parameter sets, buckets, per-device state shards, the data-parallel step as work of the `Collectives`, `Execute` and `Coalesce` sets |
 //! | 12 checkpoints, goodput | `checkpoint`, `goodput` | the registry of everything the engine persists; manifests, files, verification, periodic checkpoints; a long run's goodput through failures, checkpoints and recoveries as a discrete-event timeline |
-//! | 13 assembly | `pod` | `Pod`: the world, the install order of every domain, the host API |
-//! | 14 profiling | `profile` | counters, Chrome/Perfetto traces, per-system timing |
-//! | 15 seed facades | `tpu`, `coordination`, `fault_tolerance`, `xla` | `TPUOptimizer`, `PodCoordinator`, `FaultToleranceManager`, the seed's compiler paths |
-//! | 16 facades over facades | `pod_coordination` | `TPUPodCoordinator` over `PodCoordinator`; the seed's clock-sync path |
-//! | 17 binary | `cli` | the command line (part of the `optirs-tpu` binary, not the library) |
+//! | 13 recovery | `recovery` | a sharded model's recovery after a failed step: the `Recovery` set's system and the three policies (rollback from the newest checkpoint, redundant copies, spare-cube swap), re-sharding onto the survivors |
+//! | 14 assembly | `pod` | `Pod`: the world, the install order of every domain, the host API |
+//! | 15 profiling | `profile` | counters, Chrome/Perfetto traces, per-system timing |
+//! | 16 seed facades | `tpu`, `coordination`, `fault_tolerance`, `xla` | `TPUOptimizer`, `PodCoordinator`, `FaultToleranceManager`, the seed's compiler paths |
+//! | 17 facades over facades | `pod_coordination` | `TPUPodCoordinator` over `PodCoordinator`; the seed's clock-sync path |
+//! | 18 binary | `cli` | the command line (part of the `optirs-tpu` binary, not the library) |
 //!
 //! Errors are leaves: each domain's error enum (`TopologyError`,
 //! `MemoryError`, `TransportError`, `FaultError`, `BarrierError`,
@@ -92,6 +93,7 @@ pub mod persist;
 pub mod pod;
 pub mod pod_coordination;
 pub mod profile;
+pub mod recovery;
 pub mod rng;
 pub mod schedule;
 pub mod sharding;

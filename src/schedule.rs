@@ -71,6 +71,17 @@ pub enum StepSystems {
     Checkpoint,
 }
 
+/// The order inside [`StepSystems::Collectives`]: the collectives make
+/// progress first, then a sharded step's communication is watched, so a
+/// step sees the links and devices as this tick's progress left them.
+#[derive(SystemSet, Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CollectiveSystems {
+    /// Collective operations make progress over the links.
+    Progress,
+    /// A sharded step in flight is failed if a participant or link is lost.
+    Watch,
+}
+
 /// The compiler passes, in pipeline order.
 #[derive(SystemSet, Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum CompileSystems {
@@ -142,6 +153,11 @@ pub fn init_schedules(world: &mut World) {
     for pair in STEP_SETS.windows(2) {
         step.configure_sets(pair[1].after(pair[0]));
     }
+    step.configure_sets(
+        (CollectiveSystems::Progress, CollectiveSystems::Watch)
+            .chain()
+            .in_set(StepSystems::Collectives),
+    );
     let mut compile = deterministic_schedule(Compile);
     for pair in COMPILE_SETS.windows(2) {
         compile.configure_sets(pair[1].after(pair[0]));
@@ -156,21 +172,65 @@ pub fn init_schedules(world: &mut World) {
 #[derive(SystemSet, Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct HostSystems(pub u64);
 
+/// Why a schedule could not be built (or a refused batch taken out of it):
+/// the schedule's label and bevy's message, rendered against the schedule's
+/// graph while it was at hand (bevy's error names systems by key only).
+#[derive(Debug, thiserror::Error)]
+pub enum ScheduleError {
+    /// Bevy refused to build the schedule; for an ambiguous order the
+    /// message names both systems and the data they conflict on.
+    #[error("schedule build failed: {label}: {message}")]
+    Build {
+        /// The schedule (`Step`).
+        label: String,
+        /// Bevy's rendered message.
+        message: String,
+    },
+    /// The world has no schedule of that label.
+    #[error("schedule build failed: {label}: no such schedule")]
+    NoSuchSchedule {
+        /// The schedule.
+        label: String,
+    },
+    /// The graph could not be built even without the ambiguity checks, so
+    /// a refused batch could not be taken out.
+    #[error(
+        "schedule build failed: {label}: the refused systems could not be taken out: {message}"
+    )]
+    NotRemoved {
+        /// The schedule.
+        label: String,
+        /// Bevy's rendered message.
+        message: String,
+    },
+    /// Bevy could not remove a refused batch from the built graph.
+    #[error("schedule build failed: {label}: {source}")]
+    Removal {
+        /// The schedule.
+        label: String,
+        /// Bevy's error.
+        #[source]
+        source: bevy_ecs::schedule::ScheduleError,
+    },
+}
+
 /// Builds the schedule `label` of `world` now (a no-op when nothing changed
-/// since the last build). On failure returns bevy's message, prefixed by the
+/// since the last build). On failure returns bevy's message, with the
 /// schedule: for an ambiguous order it names both systems and the data they
 /// conflict on.
-pub fn build(world: &mut World, label: impl ScheduleLabel) -> Result<(), String> {
+pub fn build(world: &mut World, label: impl ScheduleLabel) -> Result<(), ScheduleError> {
     let label = label.intern();
     world
         .try_schedule_scope(label, |world, schedule| match schedule.initialize(world) {
             Ok(_) => Ok(()),
-            Err(error) => Err(format!(
-                "{label:?}: {}",
-                error.to_string(schedule.graph(), world)
-            )),
+            Err(error) => Err(ScheduleError::Build {
+                label: format!("{label:?}"),
+                message: error.to_string(schedule.graph(), world),
+            }),
         })
-        .map_err(|_| format!("{label:?}: no such schedule"))?
+        .map_err(|_| ScheduleError::NoSuchSchedule {
+            label: format!("{label:?}"),
+        })?
 }
 
 /// Removes the systems of host batch `set` from schedule `label` and builds
@@ -183,7 +243,7 @@ pub fn remove_host_systems(
     world: &mut World,
     label: impl ScheduleLabel,
     set: HostSystems,
-) -> Result<(), String> {
+) -> Result<(), ScheduleError> {
     let label = label.intern();
     world
         .try_schedule_scope(label, |world, schedule| {
@@ -194,11 +254,9 @@ pub fn remove_host_systems(
             });
             let removed = schedule
                 .initialize(world)
-                .map_err(|error| {
-                    format!(
-                        "{label:?}: the refused systems could not be taken out: {}",
-                        error.to_string(schedule.graph(), world)
-                    )
+                .map_err(|error| ScheduleError::NotRemoved {
+                    label: format!("{label:?}"),
+                    message: error.to_string(schedule.graph(), world),
                 })
                 .and_then(|_| {
                     schedule
@@ -208,11 +266,16 @@ pub fn remove_host_systems(
                             ScheduleCleanupPolicy::RemoveSetAndSystemsAllowBreakages,
                         )
                         .map(|_| ())
-                        .map_err(|error| format!("{label:?}: {error}"))
+                        .map_err(|source| ScheduleError::Removal {
+                            label: format!("{label:?}"),
+                            source,
+                        })
                 });
             schedule.set_build_settings(build_settings());
             removed
         })
-        .map_err(|_| format!("{label:?}: no such schedule"))??;
+        .map_err(|_| ScheduleError::NoSuchSchedule {
+            label: format!("{label:?}"),
+        })??;
     build(world, label)
 }

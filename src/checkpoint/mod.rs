@@ -10,7 +10,6 @@ mod error;
 mod hashed_io;
 mod periodic;
 mod read;
-mod recovery;
 mod retention;
 pub mod split;
 mod store;
@@ -23,7 +22,6 @@ pub use crate::persist::{
 pub use engine::{NOT_PERSISTED, engine_registry};
 pub use error::CheckpointError;
 pub use periodic::{PeriodicCheckpoints, next_periodic_checkpoint, write_periodic_checkpoint};
-pub use recovery::recover_sharded_model;
 pub use retention::{RetentionReport, checkpoint_name, enforce_retention};
 pub use store::{
     CheckpointListing, FileEntry, MANIFEST, Manifest, StorageRoot, WORLD_FILE, WritePoint,
@@ -31,3 +29,20 @@ pub use store::{
     remove_stale_temporaries, render_manifest, verify_checkpoint, write_checkpoint,
 };
 pub use tensor_file::TENSOR_FILE;
+
+use bevy_ecs::prelude::*;
+use bevy_ecs::schedule::Schedules;
+
+use crate::schedule::{Step, StepSystems};
+
+/// Inserts the engine's [`SnapshotRegistry`] (what a checkpoint of this
+/// world holds) and installs [`write_periodic_checkpoint`] in the
+/// `Checkpoint` set, which does nothing until periodic checkpoints are
+/// enabled.
+pub fn install(world: &mut World) {
+    world.insert_resource(engine_registry());
+    world.resource_mut::<Schedules>().add_systems(
+        Step,
+        write_periodic_checkpoint.in_set(StepSystems::Checkpoint),
+    );
+}

@@ -1,9 +1,10 @@
 //! Periodic checkpoints as a system in the `Step` schedule's last set.
 
+use super::error::CheckpointError;
 use super::retention::{checkpoint_name, enforce_retention};
 use super::store::write_checkpoint;
 use crate::clock::{NextEvent, SimClock};
-use crate::persist::SnapshotRegistry;
+use crate::persist::{SnapshotError, SnapshotRegistry};
 use crate::topology::PodTopology;
 use crate::transport::ClusterError;
 use crate::transport::cluster::RankContext;
@@ -63,7 +64,7 @@ pub fn write_periodic_checkpoint(world: &mut World) {
                     }
                 }
                 Err(ClusterError::Coordinator(reason)) => {
-                    result = Err(reason);
+                    result = Err(WriteFailure::Coordinator(reason));
                     break;
                 }
                 Err(lost) => {
@@ -79,11 +80,10 @@ pub fn write_periodic_checkpoint(world: &mut World) {
     }
     let result = world
         .resource_scope(|world, registry: Mut<SnapshotRegistry>| registry.capture(world, tick))
-        .map_err(|e| e.to_string())
+        .map_err(WriteFailure::from)
         .and_then(|snapshot| {
             for root in &roots {
-                write_checkpoint(root, &name, &pod, &snapshot, &mut |_| Ok(()))
-                    .map_err(|e| e.to_string())?;
+                write_checkpoint(root, &name, &pod, &snapshot, &mut |_| Ok(()))?;
                 retention_problems.extend(enforce_retention(root, keep, &name).problems);
             }
             Ok(())
@@ -91,7 +91,22 @@ pub fn write_periodic_checkpoint(world: &mut World) {
     record(world, result, retention_problems);
 }
 
-fn record(world: &mut World, result: Result<(), String>, retention_problems: Vec<String>) {
+/// Why a periodic checkpoint was not written; its message is what
+/// [`PeriodicCheckpoints::last_error`] keeps.
+#[derive(Debug, thiserror::Error)]
+enum WriteFailure {
+    /// The world could not be captured.
+    #[error(transparent)]
+    Capture(#[from] SnapshotError),
+    /// A root could not take the checkpoint.
+    #[error(transparent)]
+    Write(#[from] CheckpointError),
+    /// Rank 0 refused a split pod's checkpoint, and says why.
+    #[error("{0}")]
+    Coordinator(String),
+}
+
+fn record(world: &mut World, result: Result<(), WriteFailure>, retention_problems: Vec<String>) {
     let mut config = world.resource_mut::<PeriodicCheckpoints>();
     config.retention_problems = retention_problems;
     match result {
@@ -99,7 +114,9 @@ fn record(world: &mut World, result: Result<(), String>, retention_problems: Vec
             config.written += 1;
             config.last_error = None;
         }
-        Err(error) => config.last_error = Some(error),
+        // Kept as its message: the config is part of the world a
+        // checkpoint holds.
+        Err(error) => config.last_error = Some(error.to_string()),
     }
 }
 

@@ -21,8 +21,8 @@
 use super::error::CheckpointError;
 use super::read::read;
 use super::store::{
-    MANIFEST, io_error, parse_digested, remove_stale_temporaries, render_digested, render_manifest,
-    sync_dir, verify_checkpoint, write_checkpoint,
+    MANIFEST, io_error, parse_digested, render_digested, render_manifest, sync_dir,
+    verify_checkpoint, write_checkpoint,
 };
 use crate::memory::ShardSlot;
 use crate::persist::{Column, SnapshotError, SnapshotRegistry, StoredTensor, WorldSnapshot, hex};
@@ -419,8 +419,7 @@ pub fn read_any_checkpoint(
 /// temporaries from crashed saves removed, and an empty staging directory
 /// (returned) that every rank writes its part into.
 pub fn stage_split(root: &Path, name: &str) -> Result<PathBuf, CheckpointError> {
-    super::store::prepare_target(root, name)?;
-    remove_stale_temporaries(root);
+    super::store::prepare_write(root, name)?;
     let staging = staging_dir(root, name);
     fs::create_dir_all(&staging).map_err(io_error(&staging))?;
     Ok(staging)
@@ -523,15 +522,41 @@ pub fn save_split_labeled(
         return Ok(None);
     };
     let committed = manifest_of(layout, name, &pod, tick, &reports).and_then(|manifest| {
-        commit_split(root, &staging, &manifest).map_err(|e| e.to_string())?;
+        commit_split(root, &staging, &manifest)?;
         Ok(manifest)
     });
     if committed.is_err() {
         let _ = fs::remove_dir_all(&staging);
     }
-    let verdict = committed.as_ref().map(|_| ()).map_err(|e| e.clone());
+    // The other ranks get rank 0's verdict as its message.
+    let verdict = committed.as_ref().map(|_| ()).map_err(|e| e.to_string());
     cluster::finish(&ctx.mailbox, layout, verdict, ctx.timeout)?;
     Ok(committed.ok())
+}
+
+/// Why rank 0 could not commit a split save.
+#[derive(Debug, thiserror::Error)]
+enum CommitFailure {
+    /// A rank's report did not decode.
+    #[error("rank {rank}'s report: {source}")]
+    Report {
+        /// The rank.
+        rank: u32,
+        /// The decoder's error.
+        #[source]
+        source: postcard::Error,
+    },
+    /// A rank could not write its part, and said why.
+    #[error("rank {rank} could not write its part: {reason}")]
+    Part {
+        /// The rank.
+        rank: u32,
+        /// Its message.
+        reason: String,
+    },
+    /// The commit record could not be written or renamed into place.
+    #[error(transparent)]
+    Commit(#[from] CheckpointError),
 }
 
 /// The commit record of the parts the ranks reported writing, or why one
@@ -542,14 +567,14 @@ fn manifest_of(
     pod: &str,
     tick: u64,
     reports: &[Vec<u8>],
-) -> Result<SplitManifest, String> {
+) -> Result<SplitManifest, CommitFailure> {
     let mut parts = Vec::with_capacity(reports.len());
     for (rank, report) in reports.iter().enumerate() {
         let rank = rank as u32;
-        let written: Result<String, String> =
-            postcard::from_bytes(report).map_err(|e| format!("rank {rank}'s report: {e}"))?;
-        let digest =
-            written.map_err(|reason| format!("rank {rank} could not write its part: {reason}"))?;
+        // A report is the rank's digest, or its message (on the wire).
+        let written: Result<String, String> = postcard::from_bytes(report)
+            .map_err(|source| CommitFailure::Report { rank, source })?;
+        let digest = written.map_err(|reason| CommitFailure::Part { rank, reason })?;
         parts.push(SplitPart {
             rank,
             hosts: layout.describe_hosts(rank),

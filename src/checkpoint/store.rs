@@ -303,8 +303,7 @@ pub fn write_checkpoint(
     snapshot: &WorldSnapshot,
     hook: &mut dyn FnMut(&WritePoint) -> io::Result<()>,
 ) -> Result<Manifest, CheckpointError> {
-    let target = prepare_target(root, name)?;
-    remove_stale_temporaries(root);
+    let target = prepare_write(root, name)?;
     hook(&WritePoint::CreateTemp).map_err(io_error(root))?;
     let temp = tempfile::Builder::new()
         .prefix(".tmp-")
@@ -473,10 +472,13 @@ pub fn check_new_checkpoint(root: &Path, name: &str) -> Result<PathBuf, Checkpoi
     })
 }
 
-/// [`check_new_checkpoint`], then creates the root.
-pub(super) fn prepare_target(root: &Path, name: &str) -> Result<PathBuf, CheckpointError> {
+/// The start of every checkpoint write, one process's or a split pod's:
+/// [`check_new_checkpoint`], then the root created and the temporaries a
+/// crashed save left in it removed. Returns the checkpoint's path.
+pub(super) fn prepare_write(root: &Path, name: &str) -> Result<PathBuf, CheckpointError> {
     let target = check_new_checkpoint(root, name)?;
     fs::create_dir_all(root).map_err(io_error(root))?;
+    remove_stale_temporaries(root);
     Ok(target)
 }
 

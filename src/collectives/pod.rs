@@ -6,7 +6,7 @@
 //! crosses, in the direction it crosses it, and start a [`Collective`]
 //! entity whose completion time comes from an alpha-beta model of each
 //! link it used. The [`progress_collectives`] system, in
-//! [`StepSystems::Collectives`], completes it when simulated time reaches
+//! `StepSystems::Collectives`, completes it when simulated time reaches
 //! that point if every participant is still alive then; it fails it when a
 //! participant is declared failed first, or, at that point, when a
 //! participant was killed before it (even if the detector has not noticed
@@ -36,7 +36,7 @@ use super::{
 };
 use crate::clock::{NextEvent, SimClock};
 use crate::health::{DeviceState, Health};
-use crate::schedule::{Step, StepSystems};
+use crate::schedule::{CollectiveSystems, Step};
 use crate::topology::{Device, DeviceId, DeviceIndex, Link, LinkTraffic};
 use crate::topology::{PodTopology, Topology};
 use crate::transport::LinkState;
@@ -215,11 +215,13 @@ pub fn next_event(world: &mut World) -> NextEvent {
     next
 }
 
-/// Installs [`progress_collectives`] in [`StepSystems::Collectives`].
+/// Installs [`progress_collectives`] in [`CollectiveSystems::Progress`],
+/// first in `StepSystems::Collectives`.
 pub fn install(world: &mut World) {
-    world
-        .resource_mut::<Schedules>()
-        .add_systems(Step, progress_collectives.in_set(StepSystems::Collectives));
+    world.resource_mut::<Schedules>().add_systems(
+        Step,
+        progress_collectives.in_set(CollectiveSystems::Progress),
+    );
 }
 
 /// The single slice's torus (collectives on one torus run within one

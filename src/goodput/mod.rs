@@ -6,7 +6,7 @@
 //! (exponential inter-arrival, per chip or per host), checkpoints that cost
 //! their bytes over the storage bandwidth ([`Costs`]: parameters and
 //! optimizer state through [`crate::hardware::checkpoint_io_seconds`], as
-//! `checkpoint::recovery` reads them and `train` writes them), and recoveries under
+//! `recovery::rollback` reads them and `train` writes them), and recoveries under
 //! the model's [`crate::sharding::RecoveryPolicy`]: a rollback loses the steps since the
 //! last checkpoint and reads it back; a redundant recovery loses none but
 //! pays a state copy to the ring successor every step, as the pod's sharded

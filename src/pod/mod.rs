@@ -21,14 +21,13 @@ pub use skip::SkipStats;
 pub use crate::clock::{self, SimClock, SimDuration, Ticks};
 
 use crate::barrier::{self, BarrierOutcome, BarrierRegistry, BarrierSpec};
+use crate::checkpoint::PeriodicCheckpoints;
 use crate::checkpoint::engine_registry;
-use crate::checkpoint::{PeriodicCheckpoints, write_periodic_checkpoint};
 use crate::compiler::{self, CompileReport};
 use crate::error::{OptimError, Result};
 use crate::health::{self, FailureLog, FailureRecord, Fault, Health};
 use crate::persist::{SnapshotRegistry, WorldSnapshot};
 use crate::rng::SimRng;
-use crate::schedule::StepSystems;
 use crate::schedule::{Compile, Step, init_schedules};
 use crate::topology::{DeviceId, DeviceIndex};
 use crate::topology::{
@@ -183,6 +182,16 @@ pub struct Pod {
     engine_systems: usize,
 }
 
+/// A schedule that cannot be built is an error of kind
+/// [`ErrorKind::Schedule`](crate::error::ErrorKind::Schedule), kept whole
+/// (`schedule` and `error` share the bottom layer, so the conversion lives
+/// with the pod that builds the schedules).
+impl From<crate::schedule::ScheduleError> for OptimError {
+    fn from(error: crate::schedule::ScheduleError) -> Self {
+        OptimError::new(crate::error::ErrorKind::Schedule, error)
+    }
+}
+
 impl std::fmt::Debug for Pod {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let topology = self.topology();
@@ -237,16 +246,12 @@ impl Pod {
         crate::sharding::install(&mut world);
         crate::clock_sync::systems::install(&mut world);
         compiler::install(&mut world);
-        world.insert_resource(engine_registry());
-        world.resource_mut::<Schedules>().add_systems(
-            Step,
-            (
-                crate::checkpoint::recover_sharded_model.in_set(StepSystems::Recovery),
-                write_periodic_checkpoint.in_set(StepSystems::Checkpoint),
-            ),
-        );
+        // Recovery's system before the periodic checkpoint's, as the
+        // schedule has always been built.
+        crate::recovery::install(&mut world);
+        crate::checkpoint::install(&mut world);
         for label in [Step.intern(), Compile.intern()] {
-            crate::schedule::build(&mut world, label).map_err(OptimError::schedule)?;
+            crate::schedule::build(&mut world, label)?;
         }
         let engine_systems = world
             .resource::<Schedules>()
@@ -271,7 +276,8 @@ impl Pod {
     }
 
     /// Adds host systems to the [`Step`] schedule (order them against the
-    /// [`StepSystems`] sets, and each other) and builds it at once. A batch
+    /// [`StepSystems`](crate::schedule::StepSystems) sets, and each other)
+    /// and builds it at once. A batch
     /// that makes the schedule ambiguous (two systems with conflicting data
     /// access and no order between them) or otherwise unbuildable is taken
     /// out again and refused with an error of kind
@@ -310,9 +316,8 @@ impl Pod {
         match crate::schedule::build(&mut self.world, Step) {
             Ok(()) => Ok(()),
             Err(message) => {
-                crate::schedule::remove_host_systems(&mut self.world, Step, set)
-                    .map_err(OptimError::schedule)?;
-                Err(OptimError::schedule(message))
+                crate::schedule::remove_host_systems(&mut self.world, Step, set)?;
+                Err(message.into())
             }
         }
     }
@@ -324,7 +329,7 @@ impl Pod {
     /// ambiguous pair.
     pub fn validate_schedules(&mut self) -> Result<()> {
         for label in [Step.intern(), Compile.intern()] {
-            crate::schedule::build(&mut self.world, label).map_err(OptimError::schedule)?;
+            crate::schedule::build(&mut self.world, label)?;
         }
         Ok(())
     }

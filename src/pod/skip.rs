@@ -45,7 +45,7 @@
 
 use super::Pod;
 use crate::clock::{ExactStops, NextEvent, SimClock, SimDuration, jump_clock};
-use crate::error::{OptimError, Result};
+use crate::error::Result;
 use crate::schedule::Step;
 use bevy_ecs::prelude::World;
 use bevy_ecs::schedule::Schedules;
@@ -124,7 +124,7 @@ impl Pod {
     /// [`ErrorKind::Schedule`](crate::error::ErrorKind::Schedule) before any tick
     /// instead of a panic.
     pub fn run_skipping(&mut self, ticks: u64) -> Result<SkipStats> {
-        crate::schedule::build(&mut self.world, Step).map_err(OptimError::schedule)?;
+        crate::schedule::build(&mut self.world, Step)?;
         let mut stats = SkipStats::default();
         let target = self.clock().tick.saturating_add(ticks);
         while self.clock().tick < target {
@@ -166,7 +166,7 @@ impl Pod {
         mut done: impl FnMut(&World) -> bool,
     ) -> Result<SkipStats> {
         let until_ns = until.into().as_nanos();
-        crate::schedule::build(&mut self.world, Step).map_err(OptimError::schedule)?;
+        crate::schedule::build(&mut self.world, Step)?;
         let mut stats = SkipStats::default();
         let previous = self.world.resource::<ExactStops>().host_ns;
         self.world.resource_mut::<ExactStops>().host_ns = Some(until_ns);

@@ -28,7 +28,34 @@ pub enum FailureCause {
     },
     /// The compiled update itself failed (an engine fault: its programs
     /// and arguments are checked at launch).
-    UpdateFailed(String),
+    UpdateFailed(UpdateError),
+}
+
+/// Why the compiled update failed, kept whole and shared: a cause is
+/// cloned into every error that reports the step. Two are equal when they
+/// are the same failure.
+#[derive(Debug, Clone, Error)]
+#[error("{0}")]
+pub struct UpdateError(#[source] pub std::sync::Arc<ShardingError>);
+
+impl PartialEq for UpdateError {
+    fn eq(&self, other: &Self) -> bool {
+        std::sync::Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for UpdateError {}
+
+/// A name the command line or a config gave that names nothing known.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("unknown {what} `{name}` (known: {known})")]
+pub struct UnknownName {
+    /// What was named (`reduction`).
+    pub what: &'static str,
+    /// The name given.
+    pub name: String,
+    /// The names that work, comma-separated.
+    pub known: &'static str,
 }
 
 impl std::fmt::Display for FailureCause {
@@ -217,6 +244,9 @@ pub enum ShardingError {
         /// Why.
         reason: String,
     },
+    /// The spare-cube policy could not swap the lost devices' cubes.
+    #[error("recovery failed: {0}")]
+    CubesRefused(#[source] FaultError),
     /// A step failed and the pod could not recover.
     #[error("step {step} failed ({cause}) and the pod cannot recover: {reason}")]
     Unrecoverable {

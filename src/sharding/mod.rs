@@ -34,15 +34,17 @@ pub mod ledger;
 pub mod model;
 pub mod modeled;
 pub mod params;
+pub mod participants;
 pub mod ranked;
 pub mod recovery;
 pub mod step;
 pub mod timing;
+mod traffic;
 
 use bevy_ecs::prelude::*;
 use bevy_ecs::schedule::Schedules;
 
-pub use error::{FailureCause, ShardingError};
+pub use error::{FailureCause, ShardingError, UnknownName, UpdateError};
 pub use gradients::{GradientSource, ReducedGradients, ReplicaGradients, SyntheticGradients};
 pub use layout::{Bucket, ShardLayout, ShardPlan, TensorSpec};
 pub use model::{RecoveryPolicy, RecoveryRecord, Reduction, ShardedModel, SlotValues, model_of};
@@ -50,7 +52,7 @@ pub use params::ParamSet;
 pub use step::{ShardProgram, ShardedStep, StepOutcome};
 pub use timing::{Span, StepPhase, StepTimeline};
 
-use crate::schedule::{Step, StepSystems};
+use crate::schedule::{CollectiveSystems, Step, StepSystems};
 
 /// Default bucket size: 25 MiB, PyTorch DDP's `bucket_cap_mb`, past the
 /// size at which a ring pass over a TPU torus axis runs at link bandwidth
@@ -59,7 +61,7 @@ use crate::schedule::{Step, StepSystems};
 pub const DEFAULT_BUCKET_BYTES: usize = 25 << 20;
 
 /// Installs the step's systems: [`step::watch_sharded_step`] in
-/// `Collectives`, [`step::commit_sharded_step`] in `Execute`,
+/// `Collectives` (its `Watch` set, after the collectives' progress), [`step::commit_sharded_step`] in `Execute`,
 /// [`step::release_step_memory`] in `Coalesce`. They do nothing while the
 /// pod holds no model, and insert nothing until a model exists.
 pub fn install(world: &mut World) {
@@ -68,9 +70,7 @@ pub fn install(world: &mut World) {
     world.resource_mut::<Schedules>().add_systems(
         Step,
         (
-            step::watch_sharded_step
-                .in_set(StepSystems::Collectives)
-                .after(crate::collectives::pod::progress_collectives),
+            step::watch_sharded_step.in_set(CollectiveSystems::Watch),
             step::commit_sharded_step.in_set(StepSystems::Execute),
             step::release_step_memory.in_set(StepSystems::Coalesce),
         ),

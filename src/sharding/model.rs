@@ -6,7 +6,7 @@ use bevy_ecs::prelude::*;
 use ndarray::{ArrayD, IxDyn};
 use serde::{Deserialize, Serialize};
 
-use super::error::ShardingError;
+use super::error::{ShardingError, UnknownName};
 use super::layout::ShardLayout;
 use super::params::ParamSet;
 use crate::collectives::ReduceOp;
@@ -38,12 +38,16 @@ impl Reduction {
 }
 
 impl std::str::FromStr for Reduction {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = UnknownName;
+    fn from_str(s: &str) -> Result<Self, UnknownName> {
         match s {
             "sum" => Ok(Reduction::Sum),
             "mean" => Ok(Reduction::Mean),
-            other => Err(format!("unknown reduction `{other}` (known: sum, mean)")),
+            other => Err(UnknownName {
+                what: "reduction",
+                name: other.to_owned(),
+                known: "sum, mean",
+            }),
         }
     }
 }
@@ -105,15 +109,17 @@ pub enum RecoveryPolicy {
 }
 
 impl std::str::FromStr for RecoveryPolicy {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = UnknownName;
+    fn from_str(s: &str) -> Result<Self, UnknownName> {
         match s {
             "rollback" => Ok(RecoveryPolicy::Rollback),
             "redundant" => Ok(RecoveryPolicy::Redundant),
             "spare-cube" => Ok(RecoveryPolicy::SpareCube),
-            other => Err(format!(
-                "unknown recovery policy `{other}` (known: rollback, redundant, spare-cube)"
-            )),
+            other => Err(UnknownName {
+                what: "recovery policy",
+                name: other.to_owned(),
+                known: "rollback, redundant, spare-cube",
+            }),
         }
     }
 }

@@ -46,7 +46,7 @@ use super::timing::{BucketCost, StepPhase, StepTimeline, schedule};
 use crate::collectives::pod::slice_torus;
 use crate::collectives::{DCN_AXIS, TorusShape};
 use crate::ir::DType;
-use crate::topology::{DeviceId, Topology};
+use crate::topology::{DeviceId, LinkParams, Topology};
 
 /// A step computed in closed form.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -135,120 +135,17 @@ pub fn modeled_step_with_recovery(
     recovery: RecoveryPolicy,
 ) -> Result<ModeledStep, ShardingError> {
     check_recovery_policy(topology, recovery)?;
-    let slices = topology.slices as usize;
-    // The slice's rings and lines as the collectives lay them.
-    let slice = slice_torus(topology).map_err(|e| ShardingError::Devices {
-        reason: e.to_string(),
-    })?;
-    let mut dims = slice.dims().to_vec();
-    let mut wrap = slice.wraparound().to_vec();
-    // A multislice pod: the slice padded to 3 axes, then the DCN pass.
-    let dcn = if slices > 1 {
-        let fabric = topology.dcn_fabric.ok_or_else(|| ShardingError::Devices {
-            reason: format!(
-                "{} has {slices} slices but no DCN fabric: a sharded step across slices \
-                 reduces over the fabric",
-                topology.name
-            ),
-        })?;
-        dims.resize(3, 1);
-        wrap.resize(3, false);
-        Some((fabric, topology.fabric_link_params(&fabric)))
-    } else {
-        None
-    };
-    let shape = TorusShape::new(&dims, &wrap).map_err(|e| ShardingError::Devices {
-        reason: e.to_string(),
-    })?;
-    let chips = shape.device_count();
-    let devices = chips * slices;
-    let plan = if dcn.is_some() {
-        ShardPlan::Multislice {
-            dims: dims.clone(),
-            wraparound: wrap.clone(),
-            slices,
-        }
-    } else {
-        ShardPlan::Torus {
-            dims: dims.clone(),
-            wraparound: wrap.clone(),
-        }
-    };
-    let layout = ShardLayout::new(
-        dtype,
-        tensors,
-        bucket_bytes,
-        (0..devices as u32).map(DeviceId).collect(),
-        plan,
-    )?;
-    // Chips behind each host NIC (every host drives one block).
-    let chips_per_host = (0..topology.chips_per_slice())
-        .filter(|&d| topology.host_of(d) == 0)
-        .count();
+    let geometry = StepGeometry::of(topology, tensors, dtype, bucket_bytes)?;
+    let layout = &geometry.layout;
+    let devices = geometry.devices;
     let elem = dtype.byte_size();
-    let (alpha, beta) = (
-        topology.ici.latency_ns as f64 * 1e-9,
-        topology.ici.bytes_per_s,
-    );
-    let hbm_per_s = topology.generation.spec().hbm_bytes_per_s;
     let redundant = recovery == RecoveryPolicy::Redundant && devices > 1;
-    let (replication_hops, replication_links) = if redundant {
-        let (hops, links) = replication_routes(&shape);
-        (hops, links * slices as u64)
-    } else {
-        (0, 0)
-    };
+    let costs = BucketCosts::of(topology, &geometry, slots, elem, redundant);
     let mut lengths: Vec<usize> = layout.buckets.iter().map(|b| b.padded_len).collect();
     lengths.sort_unstable();
     lengths.dedup();
-    let mut costs = Vec::with_capacity(lengths.len());
-    let mut bytes_per_length = Vec::with_capacity(lengths.len());
-    for &len in &lengths {
-        let mut rs = Vec::with_capacity(4);
-        let mut bytes = 0u64;
-        let mut segment = len;
-        for (d, &n) in dims.iter().enumerate() {
-            let (seconds, moved) = pass(n, chips / n * slices, segment, elem, alpha, beta);
-            rs.push((StepPhase::ReduceScatter { axis: d as u32 }, seconds));
-            bytes += 2 * moved;
-            segment /= n;
-        }
-        if let Some((_, rail)) = dcn {
-            // One exchange: every host sends each other slice the chunk of
-            // each of its chips, `segment / slices` elements, on its own rail.
-            let chunk = (chips_per_host * (segment / slices) * elem) as u64;
-            let seconds = rail.latency_ns as f64 * 1e-9 + chunk as f64 / rail.bytes_per_s;
-            rs.push((StepPhase::ReduceScatter { axis: DCN_AXIS }, seconds));
-            let hosts = (chips / chips_per_host.max(1) * slices) as u64;
-            bytes += 2 * hosts * (slices as u64 - 1) * chunk;
-        }
-        let mut ag: Vec<(StepPhase, f64)> = rs
-            .iter()
-            .rev()
-            .map(|&(p, s)| match p {
-                StepPhase::ReduceScatter { axis } => (StepPhase::AllGather { axis }, s),
-                other => (other, s),
-            })
-            .filter(|&(_, s)| s > 0.0)
-            .collect();
-        let rs = rs.into_iter().filter(|&(_, s)| s > 0.0).collect();
-        let shard = len / devices;
-        if redundant {
-            // After the bucket's all-gather, on the same stream.
-            let copy = (slots * shard * elem) as u64;
-            ag.push((
-                StepPhase::ReplicateState,
-                f64::from(replication_hops) * alpha + copy as f64 / beta,
-            ));
-            bytes += copy * replication_links;
-        }
-        costs.push(BucketCost {
-            reduce_scatter: rs,
-            update: ((3 + 2 * slots) * shard * elem) as f64 / hbm_per_s,
-            all_gather: ag,
-        });
-        bytes_per_length.push(bytes);
-    }
+    let (costs, bytes_per_length): (Vec<BucketCost>, Vec<u64>) =
+        lengths.iter().map(|&len| costs.bucket(len)).unzip();
     let per_bucket: Vec<&BucketCost> = layout
         .buckets
         .iter()
@@ -271,6 +168,190 @@ pub fn modeled_step_with_recovery(
         buckets: layout.buckets.len(),
         devices,
     })
+}
+
+/// The pod as the modeled step lays the model out: the slice's rings and
+/// lines as the collectives lay them (padded to three axes on a
+/// multislice pod, whose DCN pass runs on `rail`), and the layout.
+struct StepGeometry {
+    shape: TorusShape,
+    dims: Vec<usize>,
+    rail: Option<LinkParams>,
+    chips: usize,
+    slices: usize,
+    devices: usize,
+    layout: ShardLayout,
+}
+
+impl StepGeometry {
+    fn of(
+        topology: &Topology,
+        tensors: &[(String, Vec<usize>)],
+        dtype: DType,
+        bucket_bytes: usize,
+    ) -> Result<StepGeometry, ShardingError> {
+        let slices = topology.slices as usize;
+        // The slice's rings and lines as the collectives lay them.
+        let slice = slice_torus(topology).map_err(|e| ShardingError::Devices {
+            reason: e.to_string(),
+        })?;
+        let mut dims = slice.dims().to_vec();
+        let mut wrap = slice.wraparound().to_vec();
+        // A multislice pod: the slice padded to 3 axes, then the DCN pass.
+        let rail = if slices > 1 {
+            let fabric = topology.dcn_fabric.ok_or_else(|| ShardingError::Devices {
+                reason: format!(
+                    "{} has {slices} slices but no DCN fabric: a sharded step across slices \
+                     reduces over the fabric",
+                    topology.name
+                ),
+            })?;
+            dims.resize(3, 1);
+            wrap.resize(3, false);
+            Some(topology.fabric_link_params(&fabric))
+        } else {
+            None
+        };
+        let shape = TorusShape::new(&dims, &wrap).map_err(|e| ShardingError::Devices {
+            reason: e.to_string(),
+        })?;
+        let chips = shape.device_count();
+        let devices = chips * slices;
+        let plan = if rail.is_some() {
+            ShardPlan::Multislice {
+                dims: dims.clone(),
+                wraparound: wrap.clone(),
+                slices,
+            }
+        } else {
+            ShardPlan::Torus {
+                dims: dims.clone(),
+                wraparound: wrap.clone(),
+            }
+        };
+        let layout = ShardLayout::new(
+            dtype,
+            tensors,
+            bucket_bytes,
+            (0..devices as u32).map(DeviceId).collect(),
+            plan,
+        )?;
+        Ok(StepGeometry {
+            shape,
+            dims,
+            rail,
+            chips,
+            slices,
+            devices,
+            layout,
+        })
+    }
+}
+
+/// What one bucket's passes cost on a [`StepGeometry`]: the links' and
+/// HBM's figures, and the redundant copies' routes.
+struct BucketCosts<'a> {
+    geometry: &'a StepGeometry,
+    slots: usize,
+    elem: usize,
+    alpha: f64,
+    beta: f64,
+    hbm_per_s: f64,
+    /// Chips behind each host NIC (every host drives one block).
+    chips_per_host: usize,
+    redundant: bool,
+    replication_hops: u32,
+    replication_links: u64,
+}
+
+impl<'a> BucketCosts<'a> {
+    fn of(
+        topology: &Topology,
+        geometry: &'a StepGeometry,
+        slots: usize,
+        elem: usize,
+        redundant: bool,
+    ) -> BucketCosts<'a> {
+        let chips_per_host = (0..topology.chips_per_slice())
+            .filter(|&d| topology.host_of(d) == 0)
+            .count();
+        let (replication_hops, replication_links) = if redundant {
+            let (hops, links) = replication_routes(&geometry.shape);
+            (hops, links * geometry.slices as u64)
+        } else {
+            (0, 0)
+        };
+        BucketCosts {
+            geometry,
+            slots,
+            elem,
+            alpha: topology.ici.latency_ns as f64 * 1e-9,
+            beta: topology.ici.bytes_per_s,
+            hbm_per_s: topology.generation.spec().hbm_bytes_per_s,
+            chips_per_host,
+            redundant,
+            replication_hops,
+            replication_links,
+        }
+    }
+
+    /// A bucket of `len` padded elements: its passes and link bytes.
+    fn bucket(&self, len: usize) -> (BucketCost, u64) {
+        let StepGeometry {
+            dims,
+            rail,
+            chips,
+            slices,
+            devices,
+            ..
+        } = self.geometry;
+        let (chips, slices, elem, alpha, beta) =
+            (*chips, *slices, self.elem, self.alpha, self.beta);
+        let mut rs = Vec::with_capacity(4);
+        let mut bytes = 0u64;
+        let mut segment = len;
+        for (d, &n) in dims.iter().enumerate() {
+            let (seconds, moved) = pass(n, chips / n * slices, segment, elem, alpha, beta);
+            rs.push((StepPhase::ReduceScatter { axis: d as u32 }, seconds));
+            bytes += 2 * moved;
+            segment /= n;
+        }
+        if let Some(rail) = rail {
+            // One exchange: every host sends each other slice the chunk of
+            // each of its chips, `segment / slices` elements, on its own rail.
+            let chunk = (self.chips_per_host * (segment / slices) * elem) as u64;
+            let seconds = rail.latency_ns as f64 * 1e-9 + chunk as f64 / rail.bytes_per_s;
+            rs.push((StepPhase::ReduceScatter { axis: DCN_AXIS }, seconds));
+            let hosts = (chips / self.chips_per_host.max(1) * slices) as u64;
+            bytes += 2 * hosts * (slices as u64 - 1) * chunk;
+        }
+        let mut ag: Vec<(StepPhase, f64)> = rs
+            .iter()
+            .rev()
+            .map(|&(p, s)| match p {
+                StepPhase::ReduceScatter { axis } => (StepPhase::AllGather { axis }, s),
+                other => (other, s),
+            })
+            .filter(|&(_, s)| s > 0.0)
+            .collect();
+        let rs = rs.into_iter().filter(|&(_, s)| s > 0.0).collect();
+        let shard = len / devices;
+        if self.redundant {
+            // After the bucket's all-gather, on the same stream.
+            let copy = (self.slots * shard * elem) as u64;
+            ag.push((
+                StepPhase::ReplicateState,
+                f64::from(self.replication_hops) * alpha + copy as f64 / beta,
+            ));
+            bytes += copy * self.replication_links;
+        }
+        let cost = BucketCost {
+            reduce_scatter: rs,
+            update: ((3 + 2 * self.slots) * shard * elem) as f64 / self.hbm_per_s,
+            all_gather: ag,
+        };
+        (cost, bytes)
+    }
 }
 
 #[cfg(test)]

@@ -30,28 +30,23 @@ use std::sync::Arc;
 use bevy_ecs::prelude::*;
 use rayon::prelude::*;
 
-use super::error::{FailureCause, ShardingError};
+use super::error::{FailureCause, ShardingError, UpdateError};
 use super::gradients::GradientSource;
-use super::layout::ShardPlan;
+use super::layout::ShardLayout;
 use super::model::{
     RecoveryPolicy, ShardedModel, flat_of, flat_of_mut, flat_tensor, model_entity, model_mut,
     model_of,
 };
 use super::ranked::HeldElsewhere;
-use super::timing::{BucketCost, StepPhase, StepTimeline, pass_durations, schedule};
+use super::timing::{BucketCost, StepPhase, StepTimeline, schedule};
 use crate::clock::SimClock;
-use crate::collectives::pod::{LinkCharge, charge_links, multislice_of, torus_of};
-use crate::collectives::{
-    Traffic, multislice_all_gather_traffic, multislice_reduce_scatter_traffic,
-    ring_all_gather_traffic, ring_reduce_scatter_traffic, torus_all_gather_traffic,
-    torus_reduce_scatter_traffic,
-};
+use crate::collectives::pod::{LinkCharge, charge_links};
 use crate::exec::runtime::{Arg, NoCustomCalls, RunOutput, Runtime};
 use crate::health::DeviceState;
 use crate::ir::{DType, FloatElement, Tensor};
 use crate::memory::ShardSlot;
 use crate::memory::device::{release, reserve};
-use crate::topology::{Device, DeviceId, DeviceIndex, Link, PodTopology};
+use crate::topology::{Device, DeviceId, DeviceIndex, Link};
 use crate::transport::LinkState;
 
 /// The compiled update for one shard length: `(params, grads, slots…,
@@ -197,116 +192,6 @@ fn device_trouble(
     None
 }
 
-/// The traffic of one bucket's reduce-scatter and all-gather.
-fn bucket_traffic(
-    plan: &ShardPlan,
-    world: &World,
-    padded_len: usize,
-    elem: usize,
-) -> Result<(Traffic, Traffic), ShardingError> {
-    match plan {
-        ShardPlan::Torus { .. } => {
-            let shape = torus_of(&world.resource::<PodTopology>().0)?;
-            let ndims = shape.dims().len() as u32;
-            Ok((
-                torus_reduce_scatter_traffic(&shape, padded_len, elem),
-                torus_all_gather_traffic(&shape, padded_len, elem, ndims),
-            ))
-        }
-        ShardPlan::Multislice { .. } => {
-            let shape = multislice_of(&world.resource::<PodTopology>().0)?;
-            Ok((
-                multislice_reduce_scatter_traffic(&shape, padded_len, elem),
-                multislice_all_gather_traffic(&shape, padded_len, elem, 4),
-            ))
-        }
-        ShardPlan::Ring { ring } => {
-            let topology = &world.resource::<PodTopology>().0;
-            if topology.slices > 1 {
-                return Err(ShardingError::Devices {
-                    reason: format!(
-                        "the model was re-sharded onto a ring of {} survivors across the {} \
-                         slices of {}: a step across slices runs hierarchically over every \
-                         device, and a ring of survivors across slices is not built",
-                        ring.len(),
-                        topology.slices,
-                        topology.name
-                    ),
-                });
-            }
-            let shape = torus_of(topology)?;
-            let ring: Vec<usize> = ring.iter().map(|d| d.0 as usize).collect();
-            let mut ag = ring_all_gather_traffic(&ring, padded_len, elem).routed_on(&shape);
-            for t in &mut ag.transfers {
-                t.phase.order += 1;
-            }
-            Ok((
-                ring_reduce_scatter_traffic(&ring, padded_len, elem).routed_on(&shape),
-                ag,
-            ))
-        }
-    }
-}
-
-/// Each replica's state shards to its redundant peer, routed on the torus
-/// (on a multislice pod, on the peer's slice: peers share a slice).
-fn replication_traffic(
-    world: &World,
-    layout: &super::layout::ShardLayout,
-    bytes: u64,
-) -> Result<Traffic, ShardingError> {
-    let topology = &world.resource::<PodTopology>().0;
-    let (shape, chips) = if topology.slices > 1 {
-        let shape = multislice_of(topology)?;
-        let chips = shape.chips_per_slice();
-        (shape.slice().clone(), chips)
-    } else {
-        let shape = torus_of(topology)?;
-        let chips = shape.device_count();
-        (shape, chips)
-    };
-    let phase = crate::collectives::Phase {
-        order: u32::MAX,
-        kind: crate::collectives::PhaseKind::Broadcast,
-        dim: 0,
-        step: 0,
-    };
-    let transfers = (0..layout.devices())
-        .zip(layout.peers())
-        .map(|(r, peer)| crate::collectives::Transfer {
-            src: layout.participants[r].0 as usize,
-            dst: layout.participants[peer].0 as usize,
-            bytes,
-            hops: 1,
-            phase,
-        })
-        .collect::<Vec<_>>();
-    // Route within the slice: shift to slice-local ids and back.
-    let mut routed = Traffic::default();
-    for t in transfers {
-        let base = t.src / chips * chips;
-        let local = crate::collectives::Transfer {
-            src: t.src - base,
-            dst: t.dst.wrapping_sub(base),
-            ..t
-        };
-        routed.transfers.extend(
-            Traffic {
-                transfers: vec![local],
-            }
-            .routed_on(&shape)
-            .transfers
-            .into_iter()
-            .map(|r| crate::collectives::Transfer {
-                src: r.src + base,
-                dst: r.dst.wrapping_add(base),
-                ..r
-            }),
-        );
-    }
-    Ok(routed)
-}
-
 /// Launches step `model.steps_completed + 1` (module docs). Every check
 /// comes first; on `Err` nothing in the world changed.
 pub fn launch_step<'w, A: FloatElement>(
@@ -345,47 +230,14 @@ pub fn launch_step<'w, A: FloatElement>(
     }
     // One program and one traffic record per distinct bucket length.
     let elem = layout.element_bytes();
-    let mut lengths: Vec<usize> = layout.buckets.iter().map(|b| b.padded_len).collect();
-    lengths.sort_unstable();
-    lengths.dedup();
-    let mut programs = Vec::with_capacity(lengths.len());
-    for len in &lengths {
-        let shard = len / layout.devices();
-        let program = request
-            .programs
-            .get(&shard)
-            .ok_or_else(|| ShardingError::InvalidState {
-                reason: format!("no compiled update for shards of {shard} elements"),
-            })?;
-        programs.push(program.clone());
-    }
-    let program_of_bucket: Vec<usize> = layout
-        .buckets
-        .iter()
-        .map(|b| lengths.binary_search(&b.padded_len).unwrap_or(0))
-        .collect();
-    let mut combined = Traffic::default();
-    let mut per_length = Vec::with_capacity(lengths.len());
+    let ProgramsByLength {
+        lengths,
+        programs,
+        of_bucket: program_of_bucket,
+    } = programs_by_length(&layout, request.programs)?;
     let redundant = model_of(world).is_some_and(|m| m.recovery == RecoveryPolicy::Redundant);
-    for &len in &lengths {
-        let count = layout
-            .buckets
-            .iter()
-            .filter(|b| b.padded_len == len)
-            .count() as u64;
-        let (rs, mut ag) = bucket_traffic(&layout.plan, world, len, elem)?;
-        if redundant && layout.devices() > 1 {
-            let bytes = (slots * (len / layout.devices()) * elem) as u64;
-            ag.transfers
-                .extend(replication_traffic(world, &layout, bytes)?.transfers);
-        }
-        for t in rs.transfers.iter().chain(&ag.transfers) {
-            let mut t = *t;
-            t.bytes *= count;
-            combined.transfers.push(t);
-        }
-        per_length.push((rs, ag));
-    }
+    let (combined, per_length) =
+        super::traffic::step_traffic(world, &layout, &lengths, slots, redundant)?;
     // The reduce-scatter, on the real data: the last fallible part of a
     // split pod's launch that involves the other ranks, so it comes before
     // anything in this world changes. The previous step's buffer is
@@ -405,33 +257,8 @@ pub fn launch_step<'w, A: FloatElement>(
     };
     // HBM: each replica's gradient buffer, for the step.
     let grad_bytes = (layout.elements * elem).max(1);
-    let mut transient = Vec::with_capacity(entities.len());
-    for &entity in &entities {
-        match reserve(
-            world,
-            entity,
-            grad_bytes,
-            format_args!("step {number}'s gradients"),
-        ) {
-            Ok(block) => transient.push((entity, block.offset)),
-            Err(e) => {
-                for (device, offset) in transient {
-                    release(world, device, offset)?;
-                }
-                return Err(e.into());
-            }
-        }
-    }
-    let hbm_bytes: Vec<(DeviceId, u64)> = entities
-        .iter()
-        .zip(&layout.participants)
-        .map(|(&e, &d)| {
-            (
-                d,
-                world.get::<crate::memory::HbmUsage>(e).map_or(0, |u| u.0),
-            )
-        })
-        .collect();
+    let transient = reserve_gradients(world, &entities, grad_bytes, number)?;
+    let hbm_bytes = hbm_in_use(world, &entities, &layout.participants);
     let charge: LinkCharge = match charge_links(world, &combined) {
         Ok(c) => c,
         Err(e) => {
@@ -445,19 +272,8 @@ pub fn launch_step<'w, A: FloatElement>(
     let hbm_per_s = world
         .get::<Device>(entities[0])
         .map_or(1e12, |d| d.generation.spec().hbm_bytes_per_s);
-    let costs: Vec<BucketCost> = lengths
-        .iter()
-        .zip(&per_length)
-        .map(|(&len, (rs, ag))| {
-            let shard = len / layout.devices();
-            let bytes = ((3 + 2 * slots) * shard * elem) as f64;
-            BucketCost {
-                reduce_scatter: pass_durations(rs, |s, d| charge.model(s, d)),
-                update: bytes / hbm_per_s,
-                all_gather: pass_durations(ag, |s, d| charge.model(s, d)),
-            }
-        })
-        .collect();
+    let costs =
+        super::traffic::bucket_costs(&layout, &lengths, &per_length, &charge, slots, hbm_per_s);
     let bucket_costs: Vec<&BucketCost> = program_of_bucket.iter().map(|&p| &costs[p]).collect();
     let timeline = schedule(&bucket_costs);
     let completes_at_ns = now + (timeline.step_seconds * 1e9).ceil() as u64;
@@ -483,10 +299,92 @@ pub fn launch_step<'w, A: FloatElement>(
     Ok(world.resource::<ShardedStep>())
 }
 
+/// The step's programs, one per distinct bucket length.
+struct ProgramsByLength {
+    /// The distinct padded bucket lengths, ascending.
+    lengths: Vec<usize>,
+    /// The compiled update of each length's shards.
+    programs: Vec<ShardProgram>,
+    /// Each bucket's index into them.
+    of_bucket: Vec<usize>,
+}
+
+/// The step's programs by bucket length (an error if one is not compiled).
+fn programs_by_length(
+    layout: &ShardLayout,
+    compiled: &BTreeMap<usize, ShardProgram>,
+) -> Result<ProgramsByLength, ShardingError> {
+    let mut lengths: Vec<usize> = layout.buckets.iter().map(|b| b.padded_len).collect();
+    lengths.sort_unstable();
+    lengths.dedup();
+    let mut programs = Vec::with_capacity(lengths.len());
+    for len in &lengths {
+        let shard = len / layout.devices();
+        let program = compiled
+            .get(&shard)
+            .ok_or_else(|| ShardingError::InvalidState {
+                reason: format!("no compiled update for shards of {shard} elements"),
+            })?;
+        programs.push(program.clone());
+    }
+    let program_of_bucket: Vec<usize> = layout
+        .buckets
+        .iter()
+        .map(|b| lengths.binary_search(&b.padded_len).unwrap_or(0))
+        .collect();
+    Ok(ProgramsByLength {
+        lengths,
+        programs,
+        of_bucket: program_of_bucket,
+    })
+}
+
+/// HBM in use on each participant (with the step's buffers reserved).
+fn hbm_in_use(world: &World, entities: &[Entity], devices: &[DeviceId]) -> Vec<(DeviceId, u64)> {
+    entities
+        .iter()
+        .zip(devices)
+        .map(|(&e, &d)| {
+            (
+                d,
+                world.get::<crate::memory::HbmUsage>(e).map_or(0, |u| u.0),
+            )
+        })
+        .collect()
+}
+
+/// Reserves each participant's gradient buffer of `bytes` for step
+/// `number`; if one does not fit, the ones reserved are released again.
+fn reserve_gradients(
+    world: &mut World,
+    entities: &[Entity],
+    bytes: usize,
+    number: u64,
+) -> Result<Vec<(Entity, usize)>, ShardingError> {
+    let mut transient = Vec::with_capacity(entities.len());
+    for &entity in entities {
+        match reserve(
+            world,
+            entity,
+            bytes,
+            format_args!("step {number}'s gradients"),
+        ) {
+            Ok(block) => transient.push((entity, block.offset)),
+            Err(e) => {
+                for (device, offset) in transient {
+                    release(world, device, offset)?;
+                }
+                return Err(e.into());
+            }
+        }
+    }
+    Ok(transient)
+}
+
 /// Every bucket's reduced gradient, each device's shard folded in the
 /// reduce-scatter's order from the source, shards in parallel.
 fn reduce_gradients<A: FloatElement>(
-    layout: &super::layout::ShardLayout,
+    layout: &ShardLayout,
     buffer: Option<Vec<A>>,
     source: &dyn GradientSource<A>,
     op: crate::collectives::ReduceOp,
@@ -649,7 +547,7 @@ pub fn commit_sharded_step(world: &mut World) {
             step.outcome = StepOutcome::Failed {
                 at_ns: now,
                 phase: StepPhase::Update,
-                cause: FailureCause::UpdateFailed(e.to_string()),
+                cause: FailureCause::UpdateFailed(UpdateError(Arc::new(e))),
             };
         }
     }

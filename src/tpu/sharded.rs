@@ -517,7 +517,7 @@ where
         if failed_at_launch {
             // Failed at launch: the recovery policy runs now, as the
             // `Recovery` set would after a failure in flight.
-            crate::checkpoint::recover_sharded_model(self.pod.world_mut());
+            crate::recovery::recover_sharded_model(self.pod.world_mut());
         }
         let pending = |w: &World| {
             w.get_resource::<ShardedStep>()
