@@ -570,7 +570,7 @@ impl Runtime {
         let exe = &*self.exe;
         let args = args.into_iter();
         exe.check_argument_count(args.len())
-            .map_err(ExecError::Arguments)?;
+            .map_err(|e| ExecError::Arguments(e.to_string()))?;
         let mut slots: SmallVec<[Option<Slot>; 16]> =
             (0..exe.buffers.len()).map(|_| None).collect();
         for (i, (arg, ty)) in args.into_iter().zip(&exe.parameters).enumerate() {
@@ -695,7 +695,8 @@ impl Runtime {
                             .ok_or_else(|| kernel_err("a prelude value reads the loop".into()))?,
                     });
                 }
-                let v = scalar::evaluate(&instr.op, &args).map_err(|e| kernel_err(e.0))?;
+                let v =
+                    scalar::evaluate(&instr.op, &args).map_err(|e| kernel_err(e.to_string()))?;
                 scalars[p as usize] = Some(v);
             }
         } else if !plan.prelude.is_empty() {
@@ -724,7 +725,8 @@ impl Runtime {
                         })
                         .collect::<Option<_>>()
                         .ok_or_else(|| kernel_err("a prelude value reads the loop".into()))?;
-                    evaluate(&instr.op, &args, Some(&instr.ty)).map_err(|e| kernel_err(e.0))?
+                    evaluate(&instr.op, &args, Some(&instr.ty))
+                        .map_err(|e| kernel_err(e.to_string()))?
                 };
                 prelude[p as usize] = Some(v);
             }
@@ -1019,9 +1021,10 @@ fn eval_whole(
         }
         Op::Dot(dims) => match matmul(args, dims) {
             Some(t) => Ok(t),
-            None => evaluate(&instr.op, args, Some(&instr.ty)).map_err(|e| WholeError::Kernel(e.0)),
+            None => evaluate(&instr.op, args, Some(&instr.ty))
+                .map_err(|e| WholeError::Kernel(e.to_string())),
         },
-        op => evaluate(op, args, Some(&instr.ty)).map_err(|e| WholeError::Kernel(e.0)),
+        op => evaluate(op, args, Some(&instr.ty)).map_err(|e| WholeError::Kernel(e.to_string())),
     }
 }
 
