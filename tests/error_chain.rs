@@ -26,6 +26,7 @@ use optirs_tpu::sharding::{ParamSet, ShardingError};
 use optirs_tpu::topology::TopologyError;
 use optirs_tpu::transport::TransportError;
 use optirs_tpu::{Pod, TPUConfig, TPUOptimizer};
+use sha2::Digest;
 
 /// The error and every source below it, outermost first.
 fn chain(error: &OptimError) -> Vec<&(dyn Error + 'static)> {
@@ -288,9 +289,15 @@ fn checkpoint_a_corrupt_file_is_named() {
 fn checkpoint_a_corrupt_manifest_reaches_the_parser_error() {
     let dir = tempfile::tempdir().unwrap();
     let ckpt = saved_checkpoint(dir.path());
+    // A manifest edited by hand: its digest line matches, its RON does not parse.
+    let body = "(not a manifest\n";
+    let digest: String = sha2::Sha256::digest(body.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
     std::fs::write(
         ckpt.join(optirs_tpu::checkpoint::MANIFEST),
-        "(not a manifest",
+        format!("{body}// manifest-sha256: {digest}\n"),
     )
     .unwrap();
     let registry = optirs_tpu::checkpoint::engine_registry();

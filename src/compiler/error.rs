@@ -24,9 +24,9 @@ pub enum CompileError {
         column: usize,
         /// The field path, e.g. `nodes[3].operands`.
         field: String,
-        /// What is wrong: the RON parser's error.
+        /// What is wrong: the RON parser's error (boxed: it is large).
         #[source]
-        source: ron::Error,
+        source: Box<ron::Error>,
     },
     /// A node names an op this compiler does not know.
     #[error("node %{node}: unknown op `{op}`; known ops: {known}")]

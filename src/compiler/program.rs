@@ -134,7 +134,7 @@ pub fn parse_program(file: &str, text: &str) -> Result<ProgramDef, CompileError>
         line: e.position.line,
         column: e.position.col,
         field,
-        source: e.code,
+        source: Box::new(e.code),
     };
     let mut de = ron::Deserializer::from_str_with_options(text, &options)
         .map_err(|e| spanned(e, String::new()))?;

@@ -153,13 +153,13 @@ pub enum KernelError {
     #[error("slice [{start:?}, {limit:?}) step {stride:?} is out of bounds for {shape:?}")]
     SliceOutOfBounds {
         /// Start indices.
-        start: Vec<usize>,
+        start: Box<[usize]>,
         /// Limit indices.
-        limit: Vec<usize>,
+        limit: Box<[usize]>,
         /// Strides.
-        stride: Vec<usize>,
+        stride: Box<[usize]>,
         /// The operand's shape.
-        shape: Vec<usize>,
+        shape: Box<[usize]>,
     },
     /// A concatenation without operands.
     #[error("concatenate needs at least one operand")]
@@ -198,8 +198,8 @@ pub enum KernelError {
     /// Dot dimension numbers that repeat or exceed the operands' ranks.
     #[error("dot dimension numbers {dims:?} are invalid for shapes {lhs:?} and {rhs:?}")]
     DotDims {
-        /// The dimension numbers.
-        dims: DotDims,
+        /// The dimension numbers (boxed, so the error stays small).
+        dims: Box<DotDims>,
         /// The lhs shape.
         lhs: Vec<usize>,
         /// The rhs shape.

@@ -64,7 +64,7 @@ pub fn dot_result_shape(lhs: &[usize], rhs: &[usize], dims: &DotDims) -> KernelR
         .collect();
     if !distinct_in_range(&both, lhs.len()) || !distinct_in_range(&both_r, rhs.len()) {
         return Err(KernelError::DotDims {
-            dims: dims.clone(),
+            dims: Box::new(dims.clone()),
             lhs: lhs.to_vec(),
             rhs: rhs.to_vec(),
         });

@@ -98,10 +98,10 @@ fn slice_array<T: Clone>(
         && (0..n).all(|i| start[i] <= limit[i] && limit[i] <= a.shape()[i] && stride[i] >= 1);
     if !ok {
         return Err(KernelError::SliceOutOfBounds {
-            start: start.to_vec(),
-            limit: limit.to_vec(),
-            stride: stride.to_vec(),
-            shape: a.shape().to_vec(),
+            start: start.into(),
+            limit: limit.into(),
+            stride: stride.into(),
+            shape: a.shape().into(),
         });
     }
     Ok(a.slice_each_axis(|ax| {
