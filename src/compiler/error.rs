@@ -150,7 +150,7 @@ pub struct ArgumentCount {
 
 /// Why shape and dtype inference refused a node: the operand types it was
 /// given do not fit the op.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum InferenceError {
     /// The node has fewer operands than its op takes.

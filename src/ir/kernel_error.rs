@@ -286,3 +286,8 @@ pub enum KernelError {
     #[error("{0}")]
     Shape(#[source] ShapeError),
 }
+
+// ndarray's `ShapeError` is `PartialEq` over its error kind only, which is
+// an equivalence, so kernel errors compare as `Eq` (errors that hold them
+// derive it).
+impl Eq for KernelError {}
