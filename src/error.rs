@@ -80,15 +80,20 @@ pub enum ErrorKind {
     /// A sharded model could not be built or stepped, or a step failed in
     /// flight (`ShardingError`).
     Sharding,
+    /// A goodput simulation was refused: an input out of range, or a pod
+    /// whose step cannot be modeled (`GoodputError`).
+    Goodput,
 }
 
 /// Every error the engine returns: a [`ErrorKind`] and the domain's own
 /// error, kept whole (never flattened into a string).
 ///
-/// `Display` is the domain error's message. As with [`std::io::Error`],
-/// [`source`](StdError::source) is the domain error's own source (its
-/// message is already this one's); the domain error itself is
-/// [`OptimError::get_ref`] / [`OptimError::downcast_ref`].
+/// `Display` is the domain error's message, and
+/// [`source`](StdError::source) is the domain error itself, so walking the
+/// chain reaches the original cause (the I/O error, the field, the device);
+/// a printer that skips a cause its message already contains says each
+/// once. The domain error is also [`OptimError::get_ref`] /
+/// [`OptimError::downcast_ref`].
 pub struct OptimError {
     kind: ErrorKind,
     error: Box<dyn StdError + Send + Sync + 'static>,
@@ -177,7 +182,7 @@ impl fmt::Debug for OptimError {
 
 impl StdError for OptimError {
     fn source(&self) -> Option<&(dyn StdError + 'static)> {
-        self.error.source()
+        Some(&*self.error)
     }
 }
 
@@ -237,5 +242,20 @@ mod tests {
         let err = err.downcast::<InvalidConfig>().unwrap_err();
         let back = err.downcast::<Unsupported>().unwrap();
         assert_eq!(back.operation, "live migration");
+    }
+
+    #[test]
+    fn the_source_is_the_domain_error_so_a_chain_reaches_its_cause() {
+        #[derive(Debug, Error)]
+        #[error("cannot read the plan: {0}")]
+        struct Domain(#[source] std::io::Error);
+        let io = std::io::Error::new(std::io::ErrorKind::NotFound, "no such file");
+        let err = OptimError::new(ErrorKind::Io, Domain(io));
+        let domain = err.source().expect("the domain error");
+        assert_eq!(domain.to_string(), err.to_string());
+        assert!(domain.is::<Domain>());
+        let cause = domain.source().expect("the io error");
+        assert!(cause.is::<std::io::Error>());
+        assert!(cause.source().is_none());
     }
 }

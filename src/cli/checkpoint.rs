@@ -10,6 +10,7 @@ use optirs_tpu::checkpoint::{
     check_new_checkpoint, check_storage_root, engine_registry, list_checkpoints, verify_checkpoint,
     write_checkpoint,
 };
+use optirs_tpu::persist::SnapshotRegistry;
 use optirs_tpu::topology::DEFAULT_PRESET;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -87,44 +88,7 @@ fn split_dir(dir: &Path) -> Result<(PathBuf, String)> {
 pub fn checkpoint(args: CheckpointArgs) -> Result<()> {
     let registry = engine_registry();
     match args.command {
-        CheckpointCommand::Save { pod, steps, out } => {
-            // Where it goes is checked before the pod runs.
-            if out.symlink_metadata().is_ok() {
-                return Err(usage(format!(
-                    "--out {} already exists: a checkpoint is written to a new directory; \
-                     choose a new path or remove it",
-                    out.display()
-                )));
-            }
-            output::check_dir("--out", &out)?;
-            let (root, name) = split_dir(&out)?;
-            check_new_checkpoint(&root, &name)?;
-            let mut pod = Pod::load(&pod)?;
-            check_ticks("--steps", steps, pod.clock().tick_ns)?;
-            let bar = progress::bar(steps, false, "run");
-            let mut done = 0;
-            while done < steps {
-                let chunk = (steps - done).min(64);
-                pod.run(chunk);
-                done += chunk;
-                bar.set_position(done);
-            }
-            bar.finish_and_clear();
-            let snapshot = pod.snapshot()?;
-            let manifest =
-                write_checkpoint(&root, &name, &pod.topology().name, &snapshot, &mut |_| {
-                    Ok(())
-                })?;
-            let bytes: u64 = manifest.files.iter().map(|f| f.bytes).sum();
-            output::print_text(&format!(
-                "saved {} at tick {} ({}, {}) to {}\n",
-                manifest.pod,
-                manifest.tick,
-                output::plural(u64::from(manifest.entities), "entity", "entities"),
-                output::bytes(bytes),
-                out.display()
-            ))
-        }
+        CheckpointCommand::Save { pod, steps, out } => save(&pod, steps, &out),
         CheckpointCommand::Verify { dir }
             if optirs_tpu::checkpoint::split::is_split_checkpoint(&dir) =>
         {
@@ -157,35 +121,79 @@ pub fn checkpoint(args: CheckpointArgs) -> Result<()> {
             let report = step_and_report(&mut pod, steps, start.elapsed().as_secs_f64(), json)?;
             print_report(&report, json)
         }
-        CheckpointCommand::List { root, json } => {
-            if !check_storage_root(&root)?.exists {
-                bail!("{}: no such storage root", root.display());
-            }
-            let listings = list_checkpoints(&root, &registry)?;
-            if json {
-                return output::print_json(&listings);
-            }
-            if listings.is_empty() {
-                bail!("no checkpoints under {}", root.display());
-            }
-            let mut text = String::new();
-            for listing in listings {
-                let tick = listing.tick.map_or("?".to_string(), |t| t.to_string());
-                let status = listing.problem.unwrap_or_else(|| "ok".to_string());
-                text += &format!("{:<24} tick {:>12}  {status}\n", listing.name, tick);
-            }
-            output::print_text(&text)
-        }
-        CheckpointCommand::Inspect { dir } => {
-            let (manifest, snapshot) = verify_checkpoint(&dir, &registry)?;
-            // The manifest verified above, read again for its text.
-            let manifest_path = dir.join(optirs_tpu::checkpoint::MANIFEST);
-            let header = optirs_tpu::files::read_text(&manifest_path, 1 << 20, "a manifest")?;
-            output::print_text(&format!(
-                "// {}\n{header}\n{}",
-                manifest.name,
-                registry.inspect(&snapshot)?
-            ))
-        }
+        CheckpointCommand::List { root, json } => list(&root, json, &registry),
+        CheckpointCommand::Inspect { dir } => inspect(&dir, &registry),
     }
+}
+
+/// `checkpoint save`: where it goes is checked before the pod runs.
+fn save(pod: &str, steps: u64, out: &Path) -> Result<()> {
+    if out.symlink_metadata().is_ok() {
+        return Err(usage(format!(
+            "--out {} already exists: a checkpoint is written to a new directory; \
+             choose a new path or remove it",
+            out.display()
+        )));
+    }
+    output::check_dir("--out", out)?;
+    let (root, name) = split_dir(out)?;
+    check_new_checkpoint(&root, &name)?;
+    let mut pod = Pod::load(pod)?;
+    check_ticks("--steps", steps, pod.clock().tick_ns)?;
+    let bar = progress::bar(steps, false, "run");
+    let mut done = 0;
+    while done < steps {
+        let chunk = (steps - done).min(64);
+        pod.run(chunk);
+        done += chunk;
+        bar.set_position(done);
+    }
+    bar.finish_and_clear();
+    let snapshot = pod.snapshot()?;
+    let manifest = write_checkpoint(&root, &name, &pod.topology().name, &snapshot, &mut |_| {
+        Ok(())
+    })?;
+    let bytes: u64 = manifest.files.iter().map(|f| f.bytes).sum();
+    output::print_text(&format!(
+        "saved {} at tick {} ({}, {}) to {}\n",
+        manifest.pod,
+        manifest.tick,
+        output::plural(u64::from(manifest.entities), "entity", "entities"),
+        output::bytes(bytes),
+        out.display()
+    ))
+}
+
+/// `checkpoint list`: every checkpoint under a storage root, ok or its problem.
+fn list(root: &Path, json: bool, registry: &SnapshotRegistry) -> Result<()> {
+    if !check_storage_root(root)?.exists {
+        bail!("{}: no such storage root", root.display());
+    }
+    let listings = list_checkpoints(root, registry)?;
+    if json {
+        return output::print_json(&listings);
+    }
+    if listings.is_empty() {
+        bail!("no checkpoints under {}", root.display());
+    }
+    let mut text = String::new();
+    for listing in listings {
+        let tick = listing.tick.map_or("?".to_string(), |t| t.to_string());
+        let status = listing.problem.unwrap_or_else(|| "ok".to_string());
+        text += &format!("{:<24} tick {:>12}  {status}\n", listing.name, tick);
+    }
+    output::print_text(&text)
+}
+
+/// `checkpoint inspect`: the verified world as RON, under its manifest.
+fn inspect(dir: &Path, registry: &SnapshotRegistry) -> Result<()> {
+    let (manifest, snapshot) = verify_checkpoint(dir, registry)?;
+    // The manifest verified above, read again for its text.
+    let manifest_path = dir.join(optirs_tpu::checkpoint::MANIFEST);
+    let header = optirs_tpu::files::read_text(&manifest_path, 1 << 20, "a manifest")?;
+    output::print_text(&format!(
+        "// {}\n{header}\n{}",
+        manifest.name,
+        registry.inspect(&snapshot)?
+    ))
 }

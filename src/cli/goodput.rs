@@ -276,23 +276,7 @@ fn breakdown(costs: &Costs, recovery: RecoveryPolicy, name: &str) -> String {
 
 fn text(r: &GoodputReport, step_source: &str, host_seconds: f64) -> String {
     let c = &r.costs;
-    let unit = match r.config.failure_unit {
-        FailureUnit::Chip => "chip",
-        FailureUnit::Host => "host",
-    };
-    let mut out = format!(
-        "goodput {:.2}% over {} on {} ({}, {}), {}: {unit} MTBF {} h, the pod fails every {} \
-         (seed {})\n",
-        100.0 * r.goodput,
-        plural_f64(r.config.days, "day", "days"),
-        r.pod,
-        plural(u64::from(r.chips), "chip", "chips"),
-        plural(u64::from(r.hosts), "host", "hosts"),
-        r.config.recovery,
-        number(r.config.mtbf_hours),
-        span(c.system_mtbf_seconds),
-        r.config.seed,
-    );
+    let mut out = headline(r);
     out += &format!(
         "  productive     {} ({} of {}, {step_source})\n",
         span(r.productive_seconds),
@@ -304,6 +288,46 @@ fn text(r: &GoodputReport, step_source: &str, host_seconds: f64) -> String {
         plural(r.lost_steps, "step", "steps"),
         span(r.lost_seconds),
     );
+    out += &checkpoint_lines(r);
+    out += &restart_lines(r);
+    if r.replication_seconds > 0.0 {
+        out += &format!(
+            "  replication    {} ({} per step)\n",
+            span(r.replication_seconds),
+            secs(c.replication_seconds_per_step),
+        );
+    }
+    out += &format!("simulated in {} of host time\n", secs(host_seconds));
+    out
+}
+
+/// The first line: the goodput, the run and the pod, and how often it fails.
+fn headline(r: &GoodputReport) -> String {
+    let c = &r.costs;
+    let unit = match r.config.failure_unit {
+        FailureUnit::Chip => "chip",
+        FailureUnit::Host => "host",
+    };
+    format!(
+        "goodput {:.2}% over {} on {} ({}, {}), {}: {unit} MTBF {} h, the pod fails every {} \
+         (seed {})\n",
+        100.0 * r.goodput,
+        plural_f64(r.config.days, "day", "days"),
+        r.pod,
+        plural(u64::from(r.chips), "chip", "chips"),
+        plural(u64::from(r.hosts), "host", "hosts"),
+        r.config.recovery,
+        number(r.config.mtbf_hours),
+        span(c.system_mtbf_seconds),
+        r.config.seed,
+    )
+}
+
+/// The checkpoints line: the interval (and how `auto` chose it), the time
+/// spent waiting and what one checkpoint costs; for asynchronous
+/// checkpoints, the waits and cut-off writes.
+fn checkpoint_lines(r: &GoodputReport) -> String {
+    let c = &r.costs;
     let interval = match (r.checkpoint_interval_seconds, &r.search) {
         (None, Some(search)) => format!(
             "never (auto: no checkpoints did best, {:.2}% against {} intervals x {})",
@@ -336,7 +360,7 @@ fn text(r: &GoodputReport, step_source: &str, host_seconds: f64) -> String {
             output::bytes_per_s(c.storage_bytes_per_s),
         )
     };
-    out += &format!(
+    let mut out = format!(
         "  checkpoints    {} {interval}; {} waiting ({cost}); Young/Daly {}\n",
         r.checkpoints,
         span(r.checkpoint_seconds),
@@ -350,6 +374,13 @@ fn text(r: &GoodputReport, step_source: &str, host_seconds: f64) -> String {
             plural(r.checkpoint_writes_cut, "write", "writes"),
         );
     }
+    out
+}
+
+/// The restarts line: each recovery's downtime and its parts; for
+/// spare-cube runs, the spare pool.
+fn restart_lines(r: &GoodputReport) -> String {
+    let c = &r.costs;
     let first_read = "; no read before the first checkpoint";
     let each = match r.config.recovery {
         RecoveryPolicy::Redundant => format!(
@@ -367,7 +398,7 @@ fn text(r: &GoodputReport, step_source: &str, host_seconds: f64) -> String {
             breakdown(c, RecoveryPolicy::Rollback, "rollback")
         ),
     };
-    out += &format!(
+    let mut out = format!(
         "  restarts       {}; {} recovering (each: {each}); {} fell back to a checkpoint\n",
         r.restarts,
         span(r.recovery_seconds),
@@ -383,14 +414,6 @@ fn text(r: &GoodputReport, step_source: &str, host_seconds: f64) -> String {
             span(c.cube_repair_seconds),
         );
     }
-    if r.replication_seconds > 0.0 {
-        out += &format!(
-            "  replication    {} ({} per step)\n",
-            span(r.replication_seconds),
-            secs(c.replication_seconds_per_step),
-        );
-    }
-    out += &format!("simulated in {} of host time\n", secs(host_seconds));
     out
 }
 

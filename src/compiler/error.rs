@@ -2,6 +2,8 @@
 //! node as `node %add.3 (f32[8,128]): ...` and, for files, the file
 //! (`adam.ron: node %c: ...`) and where known the line, column and field.
 
+use crate::ir::{DType, KernelError, TensorType};
+
 /// A program could not be loaded, verified, compiled or executed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -10,9 +12,9 @@ pub enum CompileError {
     /// (a named pipe, a device, a directory), larger than a program file
     /// may be, or unreadable. The message names the file.
     #[error("{0}")]
-    Read(crate::files::InputError),
+    Read(#[source] crate::files::InputError),
     /// The RON text is malformed or has a field of the wrong type.
-    #[error("{file}:{line}:{column}: {message}{}", if field.is_empty() || field == "." { String::new() } else { format!(" (in `{field}`)") })]
+    #[error("{file}:{line}:{column}: {source}{}", if field.is_empty() || field == "." { String::new() } else { format!(" (in `{field}`)") })]
     Parse {
         /// The file name (or program name for in-memory text).
         file: String,
@@ -22,8 +24,9 @@ pub enum CompileError {
         column: usize,
         /// The field path, e.g. `nodes[3].operands`.
         field: String,
-        /// What is wrong.
-        message: String,
+        /// What is wrong: the RON parser's error (boxed: it is large).
+        #[source]
+        source: Box<ron::Error>,
     },
     /// A node names an op this compiler does not know.
     #[error("node %{node}: unknown op `{op}`; known ops: {known}")]
@@ -60,7 +63,26 @@ pub enum CompileError {
         /// The mismatch.
         message: String,
     },
-    /// A kernel failed while folding or executing a node.
+    /// Shape or dtype inference refused a node's operands.
+    #[error("node {node}: {source}")]
+    Inference {
+        /// The node as written (`%add.3 = add(f32[8], f32[4])`).
+        node: String,
+        /// What inference refused.
+        #[source]
+        source: InferenceError,
+    },
+    /// A kernel refused a node's operands while folding or executing it.
+    #[error("node {node}: {source}")]
+    Kernel {
+        /// The node label (or the lowered kernel's name).
+        node: String,
+        /// The kernel's error.
+        #[source]
+        source: crate::ir::KernelError,
+    },
+    /// A node could not be evaluated for a reason of the graph, not of a
+    /// kernel (a cycle, an operand never computed).
     #[error("node {node}: {message}")]
     Evaluate {
         /// The node label.
@@ -87,6 +109,10 @@ pub enum CompileError {
     /// Executable arguments do not match the program's parameters.
     #[error("{0}")]
     Arguments(String),
+    /// An executable was given another number of arguments than it has
+    /// parameters.
+    #[error("{0}")]
+    ArgumentCount(#[source] ArgumentCount),
     /// The entity is not a program, or its compilation has not produced the requested artifact.
     #[error("{0}")]
     NotCompiled(String),
@@ -96,13 +122,165 @@ pub enum CompileError {
     Restored(String),
     /// An error in a program file, named with the file as the pod loader
     /// names its files (`FILE: node %c: ...`). The inner error is part of
-    /// the message, not a separate cause, so it is printed once.
+    /// the message and also its source, so a chain reaches the node's own
+    /// error (a printer that skips a cause its message contains prints it
+    /// once).
     #[error("{file}: {error}")]
     InFile {
         /// The file.
         file: String,
         /// What is wrong in it.
+        #[source]
         error: Box<CompileError>,
+    },
+}
+
+/// An executable was given another number of arguments than it has
+/// parameters. Every evaluator of an executable checks this first.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("program `{program}` takes {expected} arguments, got {got}")]
+pub struct ArgumentCount {
+    /// The program's name.
+    pub program: String,
+    /// Its parameter count.
+    pub expected: usize,
+    /// The arguments given.
+    pub got: usize,
+}
+
+/// Why shape and dtype inference refused a node: the operand types it was
+/// given do not fit the op.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum InferenceError {
+    /// The node has fewer operands than its op takes.
+    #[error("missing operand {index}")]
+    MissingOperand {
+        /// The missing operand's position.
+        index: usize,
+    },
+    /// A parameter or custom call without a declared type.
+    #[error("needs a declared type")]
+    NeedsDeclaredType,
+    /// An iota without a declared type.
+    #[error("iota needs a declared type")]
+    IotaNeedsDeclaredType,
+    /// An iota dimension beyond the declared rank.
+    #[error("iota dimension {dim} is out of range for {ty}")]
+    IotaDim {
+        /// The dimension.
+        dim: usize,
+        /// The declared type.
+        ty: TensorType,
+    },
+    /// A constant node without its literal.
+    #[error("constant has no literal")]
+    NoLiteral,
+    /// Two operands that must share a dtype do not.
+    #[error("operand dtypes differ: {lhs} and {rhs}")]
+    DTypesDiffer {
+        /// The first operand's type.
+        lhs: TensorType,
+        /// The other operand's type.
+        rhs: TensorType,
+    },
+    /// Operand shapes that do not broadcast to one shape.
+    #[error("operand shapes {lhs:?} and {rhs:?} do not broadcast")]
+    DoNotBroadcast {
+        /// The first shape.
+        lhs: Vec<usize>,
+        /// The other shape.
+        rhs: Vec<usize>,
+    },
+    /// The op is not defined for the operands' dtype.
+    #[error("{op} is not defined for {dtype}")]
+    Undefined {
+        /// The op's name.
+        op: &'static str,
+        /// The operands' dtype.
+        dtype: DType,
+    },
+    /// A select's predicate is not `pred`.
+    #[error("select predicate must be pred, got {ty}")]
+    PredicateNotPred {
+        /// The predicate's type.
+        ty: TensorType,
+    },
+    /// A broadcast that cannot map its operand onto the result shape.
+    #[error("cannot broadcast {from} to {to:?} with dims {dims:?}")]
+    BroadcastTo {
+        /// The operand's type.
+        from: TensorType,
+        /// The result shape.
+        to: Vec<usize>,
+        /// The dimension mapping, if given.
+        dims: Option<Vec<usize>>,
+    },
+    /// A transpose whose permutation does not fit the operand.
+    #[error("{perm:?} is not a permutation of the dimensions of {ty}")]
+    NotAPermutation {
+        /// The permutation.
+        perm: Vec<usize>,
+        /// The operand's type.
+        ty: TensorType,
+    },
+    /// Slice bounds of another rank than the operand.
+    #[error("slice needs start, limit and stride of length {rank}")]
+    SliceRank {
+        /// The operand's rank.
+        rank: usize,
+    },
+    /// A slice that does not fit one dimension of the operand.
+    #[error("slice [{start}, {limit}) step {stride} is out of bounds for dimension {dim} of {ty}")]
+    SliceOutOfBounds {
+        /// Start index.
+        start: usize,
+        /// Limit index.
+        limit: usize,
+        /// Stride.
+        stride: usize,
+        /// The dimension.
+        dim: usize,
+        /// The operand's type.
+        ty: TensorType,
+    },
+    /// A concatenation dimension beyond the first operand's rank.
+    #[error("concatenate dimension {dim} is out of range for {ty}")]
+    ConcatenateDim {
+        /// The dimension.
+        dim: usize,
+        /// The first operand's type.
+        ty: TensorType,
+    },
+    /// Operands whose other dimensions differ.
+    #[error("cannot concatenate {first} and {other} along {dim}")]
+    Concatenate {
+        /// The first operand's type.
+        first: TensorType,
+        /// The operand that does not fit.
+        other: TensorType,
+        /// The dimension.
+        dim: usize,
+    },
+    /// Reduction dimensions that repeat or exceed the operand's rank.
+    #[error("reduce dimensions {dims:?} are invalid for {ty}")]
+    ReduceDims {
+        /// The dimensions.
+        dims: Vec<usize>,
+        /// The operand's type.
+        ty: TensorType,
+    },
+    /// The kernels' shape rules refused (reshape, dot and convolution
+    /// dimensions).
+    #[error("{0}")]
+    Kernel(#[from] KernelError),
+    /// A result larger than a program may describe.
+    #[error("{ty} has more than {limit} elements")]
+    TooLarge {
+        /// The result type.
+        ty: TensorType,
+        /// The element limit.
+        limit: usize,
     },
 }
 

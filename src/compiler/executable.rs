@@ -15,9 +15,9 @@ use serde::{Deserialize, Serialize};
 use smallvec::SmallVec;
 use std::time::Instant;
 
-use super::CompileError;
 use super::op::Op;
 use super::types::TensorType;
+use super::{ArgumentCount, CompileError};
 use crate::ir::Tensor;
 use crate::kernels::evaluate;
 
@@ -201,15 +201,15 @@ impl Executable {
 
     /// Errors, naming the program, unless it is given `got` arguments (one
     /// per parameter). Every evaluator of an executable checks this first.
-    pub fn check_argument_count(&self, got: usize) -> Result<(), String> {
+    pub fn check_argument_count(&self, got: usize) -> Result<(), ArgumentCount> {
         if got == self.parameters.len() {
             Ok(())
         } else {
-            Err(format!(
-                "program `{}` takes {} arguments, got {got}",
-                self.name,
-                self.parameters.len()
-            ))
+            Err(ArgumentCount {
+                program: self.name.clone(),
+                expected: self.parameters.len(),
+                got,
+            })
         }
     }
 
@@ -219,7 +219,7 @@ impl Executable {
         on_kernel: &mut dyn FnMut(&LoweredKernel, Instant, Instant),
     ) -> Result<Vec<Tensor>, CompileError> {
         self.check_argument_count(args.len())
-            .map_err(CompileError::Arguments)?;
+            .map_err(CompileError::ArgumentCount)?;
         let mut slots: Vec<Option<Tensor>> = vec![None; self.buffers.len()];
         for (i, (arg, ty)) in args.iter().zip(&self.parameters).enumerate() {
             if &arg.tensor_type() != ty {
@@ -279,9 +279,11 @@ impl Executable {
                         Arg::Local(l) => &locals[l as usize],
                     })
                     .collect();
-                evaluate(&instr.op, &args, Some(&instr.ty)).map_err(|e| CompileError::Evaluate {
-                    node: kernel.name.clone(),
-                    message: e.0,
+                evaluate(&instr.op, &args, Some(&instr.ty)).map_err(|source| {
+                    CompileError::Kernel {
+                        node: kernel.name.clone(),
+                        source,
+                    }
                 })?
             };
             locals.push(value);

@@ -72,9 +72,9 @@ pub fn interpret(
                         message: "has an operand that is not a node of this program".into(),
                     })?;
                 let declared = world.get::<DeclaredType>(e).map(|d| &d.0);
-                evaluate(op, &args, declared).map_err(|k| CompileError::Evaluate {
+                evaluate(op, &args, declared).map_err(|source| CompileError::Kernel {
                     node: node_label(world, e),
-                    message: k.0,
+                    source,
                 })?
             }
         };

@@ -82,7 +82,7 @@ pub use crate::ir::{
 };
 pub use crate::ir::{DType, TensorType};
 pub use builder::GraphBuilder;
-pub use error::CompileError;
+pub use error::{ArgumentCount, CompileError, InferenceError};
 pub use executable::Executable;
 pub use passes::install;
 pub use report::CompileReport;

@@ -134,7 +134,7 @@ pub fn parse_program(file: &str, text: &str) -> Result<ProgramDef, CompileError>
         line: e.position.line,
         column: e.position.col,
         field,
-        message: e.code.to_string(),
+        source: Box::new(e.code),
     };
     let mut de = ron::Deserializer::from_str_with_options(text, &options)
         .map_err(|e| spanned(e, String::new()))?;
@@ -190,25 +190,10 @@ fn node_op(
     n: &NodeDef,
     next_parameter: &mut usize,
 ) -> Result<(Op, Option<TensorType>, Option<Tensor>), CompileError> {
-    use BinaryOp as B;
-    use UnaryOp as U;
     let ty = n.ty.as_deref().map(|t| parse_type(n, t)).transpose()?;
     let need_ty = || {
         ty.clone()
             .ok_or_else(|| invalid(&n.name, format!("{} needs `ty`", n.op)))
-    };
-    let unary = |u| Ok((Op::Unary(u), None, None));
-    let binary = |b| Ok((Op::Binary(b), None, None));
-    let compare = |c| Ok((Op::Compare(c), None, None));
-    let reduce = |kind| {
-        Ok((
-            Op::Reduce {
-                kind,
-                dims: need(n, "dims", &n.dims)?,
-            },
-            None,
-            None,
-        ))
     };
     match n.op.as_str() {
         "parameter" => {
@@ -216,18 +201,7 @@ fn node_op(
             *next_parameter = index + 1;
             Ok((Op::Parameter { index }, Some(need_ty()?), None))
         }
-        "constant" => {
-            let t = need_ty()?;
-            if t.element_count() > MAX_LITERAL_ELEMENTS {
-                return Err(invalid(
-                    &n.name,
-                    format!("constant {t} is larger than {MAX_LITERAL_ELEMENTS} elements"),
-                ));
-            }
-            let values = need(n, "value", &n.value)?;
-            let lit = Tensor::from_f64s(&t, &values).map_err(|e| invalid(&n.name, e.0))?;
-            Ok((Op::Constant, None, Some(lit)))
-        }
+        "constant" => Ok((Op::Constant, None, Some(constant(n, need_ty()?)?))),
         "iota" => Ok((
             Op::Iota {
                 dim: need(n, "dim", &n.dim)?,
@@ -235,6 +209,46 @@ fn node_op(
             Some(need_ty()?),
             None,
         )),
+        "custom_call" => Ok((
+            Op::CustomCall {
+                target: need(n, "target", &n.target)?,
+            },
+            Some(need_ty()?),
+            None,
+        )),
+        name => {
+            let op = match elementwise_op(name) {
+                Some(op) => op,
+                None => attributed_op(n)?,
+            };
+            Ok((op, None, None))
+        }
+    }
+}
+
+/// A constant's literal, of its declared type `t`.
+fn constant(n: &NodeDef, t: TensorType) -> Result<Tensor, CompileError> {
+    if t.element_count() > MAX_LITERAL_ELEMENTS {
+        return Err(invalid(
+            &n.name,
+            format!("constant {t} is larger than {MAX_LITERAL_ELEMENTS} elements"),
+        ));
+    }
+    let values = need(n, "value", &n.value)?;
+    Tensor::from_f64s(&t, &values).map_err(|source| CompileError::Kernel {
+        node: format!("%{}", n.name),
+        source,
+    })
+}
+
+/// The elementwise op named `name`, if it is one: these take no attributes.
+fn elementwise_op(name: &str) -> Option<Op> {
+    use BinaryOp as B;
+    use UnaryOp as U;
+    let unary = |u| Some(Op::Unary(u));
+    let binary = |b| Some(Op::Binary(b));
+    let compare = |c| Some(Op::Compare(c));
+    match name {
         "neg" => unary(U::Neg),
         "abs" => unary(U::Abs),
         "exp" => unary(U::Exp),
@@ -265,7 +279,21 @@ fn node_op(
         "le" => compare(CompareDir::Le),
         "gt" => compare(CompareDir::Gt),
         "ge" => compare(CompareDir::Ge),
-        "select" => Ok((Op::Select, None, None)),
+        "select" => Some(Op::Select),
+        _ => None,
+    }
+}
+
+/// A non-leaf op read with its attributes (`dims`, `shape`, `perm`, ...),
+/// or the error naming the unknown op.
+fn attributed_op(n: &NodeDef) -> Result<Op, CompileError> {
+    let reduce = |kind| {
+        Ok(Op::Reduce {
+            kind,
+            dims: need(n, "dims", &n.dims)?,
+        })
+    };
+    match n.op.as_str() {
         "convert" => {
             let to = need(n, "to", &n.to)?;
             let d = DType::parse(&to).ok_or_else(|| {
@@ -274,7 +302,7 @@ fn node_op(
                     format!("`{to}` is not a dtype (pred, i32, f32, f64)"),
                 )
             })?;
-            Ok((Op::Convert(d), None, None))
+            Ok(Op::Convert(d))
         }
         "broadcast" => {
             let shape = need(n, "shape", &n.shape)?;
@@ -286,102 +314,70 @@ fn node_op(
                     })
                 })
                 .collect::<Result<Vec<_>, _>>()?;
-            Ok((
-                Op::Broadcast {
-                    shape,
-                    dims: n.dims.clone(),
-                },
-                None,
-                None,
-            ))
+            Ok(Op::Broadcast {
+                shape,
+                dims: n.dims.clone(),
+            })
         }
-        "reshape" => Ok((
-            Op::Reshape {
-                shape: need(n, "shape", &n.shape)?,
-            },
-            None,
-            None,
-        )),
-        "transpose" => Ok((
-            Op::Transpose {
-                perm: need(n, "perm", &n.perm)?,
-            },
-            None,
-            None,
-        )),
+        "reshape" => Ok(Op::Reshape {
+            shape: need(n, "shape", &n.shape)?,
+        }),
+        "transpose" => Ok(Op::Transpose {
+            perm: need(n, "perm", &n.perm)?,
+        }),
         "slice" => {
             let start = need(n, "start", &n.start)?;
             let limit = need(n, "limit", &n.limit)?;
             let stride = n.stride.clone().unwrap_or_else(|| vec![1; start.len()]);
-            Ok((
-                Op::Slice {
-                    start,
-                    limit,
-                    stride,
-                },
-                None,
-                None,
-            ))
+            Ok(Op::Slice {
+                start,
+                limit,
+                stride,
+            })
         }
-        "concatenate" => Ok((
-            Op::Concatenate {
-                dim: need(n, "dim", &n.dim)?,
-            },
-            None,
-            None,
-        )),
+        "concatenate" => Ok(Op::Concatenate {
+            dim: need(n, "dim", &n.dim)?,
+        }),
         "reduce_sum" => reduce(ReduceKind::Sum),
         "reduce_max" => reduce(ReduceKind::Max),
         "reduce_min" => reduce(ReduceKind::Min),
         "reduce_mean" => reduce(ReduceKind::Mean),
-        "dot" => Ok((
-            Op::Dot(DotDims {
-                lhs_contracting: n.lhs_contracting.clone().unwrap_or_else(|| vec![1]),
-                rhs_contracting: n.rhs_contracting.clone().unwrap_or_else(|| vec![0]),
-                lhs_batch: n.lhs_batch.clone().unwrap_or_default(),
-                rhs_batch: n.rhs_batch.clone().unwrap_or_default(),
-            }),
-            None,
-            None,
-        )),
-        "convolution" => {
-            let padding = match (n.padding.as_deref(), &n.pads) {
-                (_, Some(p)) => Padding::Explicit(p.clone()),
-                (None | Some("valid"), None) => Padding::Valid,
-                (Some("same"), None) => Padding::Same,
-                (Some(other), None) => {
-                    return Err(invalid(
-                        &n.name,
-                        format!(
-                            "padding `{other}` is not `same` or `valid` (use `pads` for explicit padding)"
-                        ),
-                    ));
-                }
-            };
-            Ok((
-                Op::Convolution(ConvAttrs {
-                    stride: pair(n, "window_strides", &n.window_strides)?,
-                    padding,
-                    dilation: pair(n, "dilation", &n.dilation)?,
-                    feature_groups: n.feature_groups.unwrap_or(1),
-                }),
-                None,
-                None,
-            ))
-        }
-        "custom_call" => Ok((
-            Op::CustomCall {
-                target: need(n, "target", &n.target)?,
-            },
-            Some(need_ty()?),
-            None,
-        )),
+        "dot" => Ok(Op::Dot(DotDims {
+            lhs_contracting: n.lhs_contracting.clone().unwrap_or_else(|| vec![1]),
+            rhs_contracting: n.rhs_contracting.clone().unwrap_or_else(|| vec![0]),
+            lhs_batch: n.lhs_batch.clone().unwrap_or_default(),
+            rhs_batch: n.rhs_batch.clone().unwrap_or_default(),
+        })),
+        "convolution" => Ok(Op::Convolution(conv_attrs(n)?)),
         other => Err(CompileError::UnknownOp {
             node: n.name.clone(),
             op: other.to_owned(),
             known: OP_NAMES.join(", "),
         }),
     }
+}
+
+/// A convolution's window strides, padding, dilation and feature groups.
+fn conv_attrs(n: &NodeDef) -> Result<ConvAttrs, CompileError> {
+    let padding = match (n.padding.as_deref(), &n.pads) {
+        (_, Some(p)) => Padding::Explicit(p.clone()),
+        (None | Some("valid"), None) => Padding::Valid,
+        (Some("same"), None) => Padding::Same,
+        (Some(other), None) => {
+            return Err(invalid(
+                &n.name,
+                format!(
+                    "padding `{other}` is not `same` or `valid` (use `pads` for explicit padding)"
+                ),
+            ));
+        }
+    };
+    Ok(ConvAttrs {
+        stride: pair(n, "window_strides", &n.window_strides)?,
+        padding,
+        dilation: pair(n, "dilation", &n.dilation)?,
+        feature_groups: n.feature_groups.unwrap_or(1),
+    })
 }
 
 /// Spawns the program described by `def` into `world` (marked for compilation).

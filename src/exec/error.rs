@@ -10,6 +10,10 @@ pub enum ExecError {
     /// The arguments do not match the program's parameters.
     #[error("{0}")]
     Arguments(String),
+    /// The executable was given another number of arguments than it has
+    /// parameters.
+    #[error(transparent)]
+    ArgumentCount(#[from] crate::compiler::ArgumentCount),
     /// A kernel could not run.
     #[error("kernel `{kernel}`: {source}")]
     Kernel {

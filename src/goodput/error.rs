@@ -1,7 +1,12 @@
 //! Why a goodput simulation was refused. Every input is checked before any
 //! simulation runs, so an error means no work was done.
 
+use std::sync::Arc;
+
 use thiserror::Error;
+
+use crate::collectives::CollectiveError;
+use crate::sharding::ShardingError;
 
 /// A number for a person, as the command line prints them: plain digits in
 /// the usual range, scientific notation outside it (`1.8e19`, `2.2e-308`),
@@ -24,6 +29,38 @@ pub fn readable(value: f64) -> String {
             format!("{mantissa}e{exponent}")
         }
         None => text,
+    }
+}
+
+/// Why the sharded step could not be modeled: the sharding layer's error,
+/// shared so a [`GoodputError`] stays cheap to clone and comparable. Its
+/// message and source are the sharding error's; two are equal when they
+/// are the same error ([`Arc::ptr_eq`]).
+#[derive(Debug, Clone)]
+pub struct StepModelError(pub Arc<ShardingError>);
+
+impl StepModelError {
+    /// The sharding layer's error.
+    pub fn sharding_error(&self) -> &ShardingError {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for StepModelError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(&*self.0, f)
+    }
+}
+
+impl std::error::Error for StepModelError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.0)
+    }
+}
+
+impl PartialEq for StepModelError {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
     }
 }
 
@@ -140,12 +177,27 @@ pub enum GoodputError {
         /// The step's length, seconds.
         step_seconds: f64,
     },
-    /// The pod's step could not be modeled (the closed-form sharded step).
-    #[error("cannot model the step on this pod: {reason}; give --step-seconds")]
-    Step {
-        /// Why.
-        reason: String,
+    /// The pod's torus has no shape the collectives accept, so its step
+    /// cannot be modeled.
+    #[error("cannot model the step on this pod: {source}; give --step-seconds")]
+    Torus {
+        /// Why the collectives refused the shape.
+        #[source]
+        source: CollectiveError,
     },
+    /// The pod's step could not be modeled (the closed-form sharded step).
+    #[error("cannot model the step on this pod: {source}; give --step-seconds")]
+    Step {
+        /// Why the sharded step was refused.
+        #[source]
+        source: StepModelError,
+    },
+}
+
+impl From<GoodputError> for crate::error::OptimError {
+    fn from(error: GoodputError) -> Self {
+        crate::error::OptimError::new(crate::error::ErrorKind::Goodput, error)
+    }
 }
 
 #[cfg(test)]

@@ -5,9 +5,11 @@
 //! Defaults that are not hardware figures live here with their sources;
 //! hardware figures come from [`crate::hardware`] and the pod's topology.
 
+use std::sync::Arc;
+
 use serde::Serialize;
 
-use super::error::GoodputError;
+use super::error::{GoodputError, StepModelError};
 use crate::collectives::TorusShape;
 use crate::hardware::{
     CHECKPOINT_READ_BYTES_PER_S_PER_HOST, HOST_COPY_BYTES_PER_S_PER_CHIP, TpuGeneration,
@@ -136,9 +138,8 @@ impl Fleet {
         let n = topology.ndims;
         let dims: Vec<usize> = topology.dims[..n].iter().map(|&d| d as usize).collect();
         let wrap: Vec<bool> = (0..n).map(|a| topology.wraparound[a]).collect();
-        let shape = TorusShape::new(&dims, &wrap).map_err(|e| GoodputError::Step {
-            reason: e.to_string(),
-        })?;
+        let shape =
+            TorusShape::new(&dims, &wrap).map_err(|source| GoodputError::Torus { source })?;
         let ring = shape.snake_ring();
         let per_slice = topology.chips_per_slice();
         let ring_hosts = (0..topology.slices)
@@ -588,7 +589,7 @@ pub fn modeled_step_seconds(
         per_step,
     )
     .map(|step| step.timeline.step_seconds)
-    .map_err(|e| GoodputError::Step {
-        reason: e.to_string(),
+    .map_err(|source| GoodputError::Step {
+        source: StepModelError(Arc::new(source)),
     })
 }

@@ -28,7 +28,7 @@ pub mod inputs;
 pub mod interval;
 pub mod timeline;
 
-pub use error::{GoodputError, readable};
+pub use error::{GoodputError, StepModelError, readable};
 pub use inputs::{
     CheckpointInterval, Costs, DEFAULT_CUBE_REPAIR_HOURS, DEFAULT_OPTIMIZER_SLOTS,
     DEFAULT_RECONFIGURE_SECONDS, DEFAULT_RESTART_SECONDS, FailureUnit, Fleet, GoodputConfig,

@@ -447,83 +447,120 @@ pub fn simulate_failures(
         write_left: 0.0,
         has_checkpoint: false,
     };
-    let redundant = plan.recovery == RecoveryPolicy::Redundant;
-    let spare_cube = plan.recovery == RecoveryPolicy::SpareCube;
-    let mut pool = SparePool {
+    let pool = SparePool {
         free: costs.spare_cubes,
         repairs: std::collections::VecDeque::new(),
         repair_seconds: costs.cube_repair_seconds,
     };
-    // Whether the recovery in progress has its spare (spare-cube).
-    let mut swapped = false;
-    let mut take_spare = |run: &mut Run, at: f64| {
-        let ok = pool.take(at);
-        run.tally.spare_swaps += u64::from(ok);
-        run.tally.spare_shortfalls += u64::from(!ok);
-        ok
+    let next = draw();
+    let mut recovery = Recovery {
+        exposure,
+        horizon,
+        redundant: plan.recovery == RecoveryPolicy::Redundant,
+        spare_cube: plan.recovery == RecoveryPolicy::SpareCube,
+        pool,
+        draw,
+        next,
+        episode: Vec::new(),
     };
     let mut now = 0.0;
-    let mut next = draw();
-    let mut episode: Vec<u32> = Vec::new();
     while now < horizon {
-        let (at, unit) = next;
+        let (at, _) = recovery.next;
         if at >= horizon {
             run.train(horizon - now);
             break;
         }
         run.train((at - now).max(0.0));
+        now = recovery.recover(&mut run, now);
+    }
+    run.tally
+}
+
+/// What recovering from failures needs besides the run: the failures still
+/// to come (`next` is the first of them), the spare pool, and the units
+/// that failed in the episode being recovered.
+struct Recovery<'e, D> {
+    exposure: &'e Exposure,
+    horizon: f64,
+    redundant: bool,
+    spare_cube: bool,
+    pool: SparePool,
+    draw: D,
+    next: (f64, u32),
+    episode: Vec<u32>,
+}
+
+impl<D: FnMut() -> (f64, u32)> Recovery<'_, D> {
+    /// Takes a spare at `at` for the run (spare-cube), counting a swap or
+    /// a shortfall.
+    fn take_spare(&mut self, run: &mut Run, at: f64) -> bool {
+        let ok = self.pool.take(at);
+        run.tally.spare_swaps += u64::from(ok);
+        run.tally.spare_shortfalls += u64::from(!ok);
+        ok
+    }
+
+    /// Recovers from the failure `next`, which strikes a run that trained
+    /// until `now`, and from every failure that strikes while it
+    /// recovers; returns when training resumes (at most the horizon).
+    fn recover(&mut self, run: &mut Run, now: f64) -> f64 {
+        let (at, unit) = self.next;
+        let exposure = self.exposure;
         run.cut_write();
         run.tally.restarts += 1;
-        episode.clear();
-        episode.push(unit);
-        let mut copies_lost = !redundant || exposure.holds_both[unit as usize];
+        self.episode.clear();
+        self.episode.push(unit);
+        let mut copies_lost = !self.redundant || exposure.holds_both[unit as usize];
         if copies_lost {
-            run.tally.fallbacks += u64::from(redundant);
+            run.tally.fallbacks += u64::from(self.redundant);
             run.roll_back();
         }
-        if spare_cube {
-            swapped = take_spare(&mut run, at);
+        // Whether the recovery in progress has its spare (spare-cube).
+        let mut swapped = false;
+        if self.spare_cube {
+            swapped = self.take_spare(run, at);
         }
         let mut start = at.max(now);
-        next = draw();
+        self.next = (self.draw)();
         loop {
-            let duration = if spare_cube && swapped {
+            let duration = if self.spare_cube && swapped {
                 run.spare_cube_seconds()
             } else if copies_lost {
                 run.rollback_seconds()
             } else {
-                costs.redundant_seconds
+                run.costs.redundant_seconds
             };
-            let (again, unit) = next;
-            if again < start + duration && again < horizon {
+            let (again, unit) = self.next;
+            if again < start + duration && again < self.horizon {
                 let again = again.max(start);
                 run.tally.recovery_seconds += again - start;
                 run.tally.restarts += 1;
                 if !copies_lost
                     && (exposure.holds_both[unit as usize]
-                        || episode.iter().any(|&u| exposure.are_neighbours(u, unit)))
+                        || self
+                            .episode
+                            .iter()
+                            .any(|&u| exposure.are_neighbours(u, unit)))
                 {
                     copies_lost = true;
                     run.tally.fallbacks += 1;
                     run.roll_back();
                 }
-                episode.push(unit);
-                if spare_cube {
+                self.episode.push(unit);
+                if self.spare_cube {
                     // The new failure's cube needs a spare too; without
                     // one the slice cannot be rewired and the job restarts.
-                    swapped = take_spare(&mut run, again) && swapped;
+                    swapped = self.take_spare(run, again) && swapped;
                 }
                 start = again;
-                next = draw();
+                self.next = (self.draw)();
                 continue;
             }
-            let end = (start + duration).min(horizon);
+            let end = (start + duration).min(self.horizon);
             run.tally.recovery_seconds += end - start;
-            now = end;
-            break;
+            return end;
         }
     }
-    run.tally
 }
 
 /// [`simulate_run`] over replicates `0..replicates`, summed.

@@ -10,6 +10,7 @@
 //! element trait family and one tensor.
 
 pub mod element;
+mod kernel_error;
 pub mod op;
 pub mod tensor;
 pub mod types;

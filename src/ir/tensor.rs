@@ -87,10 +87,11 @@ impl Tensor {
     pub fn from_f64s(ty: &TensorType, values: &[f64]) -> KernelResult<Tensor> {
         let n = ty.element_count();
         if values.len() != n && values.len() != 1 {
-            return Err(KernelError::new(format!(
-                "{ty} needs {n} values (or one to splat), got {}",
-                values.len()
-            )));
+            return Err(KernelError::ValueCount {
+                ty: ty.clone(),
+                needed: n,
+                got: values.len(),
+            });
         }
         let at = |i: usize| {
             if values.len() == 1 {
@@ -101,7 +102,7 @@ impl Tensor {
         };
         let dim = IxDyn(&ty.dims);
         let build = |f: &dyn Fn(usize) -> f64| (0..n).map(f).collect::<Vec<_>>();
-        let shape_err = |e: ndarray::ShapeError| KernelError::new(e.to_string());
+        let shape_err = KernelError::Shape;
         Ok(match ty.dtype {
             DType::Pred => Tensor::Pred(
                 ArrayD::from_shape_vec(dim, (0..n).map(|i| at(i) != 0.0).collect())
@@ -241,17 +242,7 @@ impl Tensor {
     }
 }
 
-/// A kernel could not run on these operands (wrong dtype, bad shape or attributes).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct KernelError(pub String);
-
-impl KernelError {
-    /// An error with a message.
-    pub fn new(message: impl Into<String>) -> Self {
-        KernelError(message.into())
-    }
-}
+pub use super::kernel_error::KernelError;
 
 /// Result of a kernel.
 pub type KernelResult<T> = std::result::Result<T, KernelError>;

@@ -49,11 +49,7 @@ fn distinct_in_range(dims: &[usize], rank: usize) -> bool {
 }
 
 /// The result dimensions of a general dot: batch, free lhs, free rhs.
-pub fn dot_result_shape(
-    lhs: &[usize],
-    rhs: &[usize],
-    dims: &DotDims,
-) -> Result<Vec<usize>, String> {
+pub fn dot_result_shape(lhs: &[usize], rhs: &[usize], dims: &DotDims) -> KernelResult<Vec<usize>> {
     let both: Vec<usize> = dims
         .lhs_batch
         .iter()
@@ -67,29 +63,33 @@ pub fn dot_result_shape(
         .copied()
         .collect();
     if !distinct_in_range(&both, lhs.len()) || !distinct_in_range(&both_r, rhs.len()) {
-        return Err(format!(
-            "dot dimension numbers {dims:?} are invalid for shapes {lhs:?} and {rhs:?}"
-        ));
+        return Err(KernelError::DotDims {
+            dims: Box::new(dims.clone()),
+            lhs: lhs.to_vec(),
+            rhs: rhs.to_vec(),
+        });
     }
     if dims.lhs_batch.len() != dims.rhs_batch.len()
         || dims.lhs_contracting.len() != dims.rhs_contracting.len()
     {
-        return Err("dot needs as many lhs as rhs batch and contracting dimensions".into());
+        return Err(KernelError::DotUnpaired);
     }
     for (&l, &r) in dims.lhs_batch.iter().zip(&dims.rhs_batch) {
         if lhs[l] != rhs[r] {
-            return Err(format!(
-                "dot batch dimensions differ: {} vs {}",
-                lhs[l], rhs[r]
-            ));
+            return Err(KernelError::DotBatch {
+                lhs: lhs[l],
+                rhs: rhs[r],
+            });
         }
     }
     for (&l, &r) in dims.lhs_contracting.iter().zip(&dims.rhs_contracting) {
         if lhs[l] != rhs[r] {
-            return Err(format!(
-                "dot contracting dimensions differ: lhs dim {l} is {} but rhs dim {r} is {}",
-                lhs[l], rhs[r]
-            ));
+            return Err(KernelError::DotContracting {
+                lhs_dim: l,
+                lhs: lhs[l],
+                rhs_dim: r,
+                rhs: rhs[r],
+            });
         }
     }
     let mut out: Vec<usize> = dims.lhs_batch.iter().map(|&d| lhs[d]).collect();
@@ -124,7 +124,7 @@ fn dot_arrays<T: Accumulate>(
     r: &ArrayD<T>,
     dims: &DotDims,
 ) -> KernelResult<ArrayD<T>> {
-    let out_shape = dot_result_shape(l.shape(), r.shape(), dims).map_err(KernelError::new)?;
+    let out_shape = dot_result_shape(l.shape(), r.shape(), dims)?;
     let lf = free_dims(l.ndim(), &dims.lhs_batch, &dims.lhs_contracting);
     let rf = free_dims(r.ndim(), &dims.rhs_batch, &dims.rhs_contracting);
     let size = |a: &ArrayD<T>, ds: &[usize]| ds.iter().map(|&d| a.shape()[d]).product::<usize>();
@@ -162,7 +162,7 @@ fn dot_arrays<T: Accumulate>(
             }
         }
     }
-    ArrayD::from_shape_vec(IxDyn(&out_shape), out).map_err(|e| KernelError::new(e.to_string()))
+    ArrayD::from_shape_vec(IxDyn(&out_shape), out).map_err(KernelError::Shape)
 }
 
 /// General dot product (XLA `DotGeneral`).
@@ -171,7 +171,12 @@ pub fn dot_general(lhs: &Tensor, rhs: &Tensor, dims: &DotDims) -> KernelResult<T
         (Tensor::F32(a), Tensor::F32(b)) => Tensor::F32(dot_arrays(a, b, dims)?),
         (Tensor::F64(a), Tensor::F64(b)) => Tensor::F64(dot_arrays(a, b, dims)?),
         (Tensor::I32(a), Tensor::I32(b)) => Tensor::I32(dot_arrays(a, b, dims)?),
-        _ => return Err(KernelError::new("dot operands must share a numeric dtype")),
+        _ => {
+            return Err(KernelError::MixedDTypes {
+                operands: "dot operands",
+                numeric: true,
+            });
+        }
     })
 }
 
@@ -185,11 +190,12 @@ fn conv_geometry(
     input: &[usize],
     kernel: &[usize],
     attrs: &ConvAttrs,
-) -> Result<ConvGeometry, String> {
+) -> KernelResult<ConvGeometry> {
     if input.len() != 4 || kernel.len() != 4 {
-        return Err(format!(
-            "convolution needs input [N,C,H,W] and kernel [O,C/g,KH,KW], got {input:?} and {kernel:?}"
-        ));
+        return Err(KernelError::ConvRank {
+            input: input.to_vec(),
+            kernel: kernel.to_vec(),
+        });
     }
     let g = attrs.feature_groups;
     if g == 0
@@ -197,13 +203,15 @@ fn conv_geometry(
         || !kernel[0].is_multiple_of(g)
         || kernel[1] * g != input[1]
     {
-        return Err(format!(
-            "feature_groups {g} does not divide input features {} and output features {} with kernel input features {}",
-            input[1], kernel[0], kernel[1]
-        ));
+        return Err(KernelError::ConvGroups {
+            groups: g,
+            input: input[1],
+            output: kernel[0],
+            kernel: kernel[1],
+        });
     }
     if attrs.stride.contains(&0) || attrs.dilation.contains(&0) {
-        return Err("convolution stride and dilation must be at least 1".into());
+        return Err(KernelError::ConvStride);
     }
     let mut pad_lo = [0; 2];
     let mut out = [0; 2];
@@ -226,15 +234,15 @@ fn conv_geometry(
                     .saturating_sub(size);
                 (total / 2, total - total / 2)
             }
-            Padding::Explicit(p) => *p
-                .get(i)
-                .ok_or("explicit padding needs (low, high) for both spatial dimensions")?,
+            Padding::Explicit(p) => *p.get(i).ok_or(KernelError::ConvPadding)?,
         };
         let padded = size.saturating_add(lo).saturating_add(hi);
         if k == 0 || padded < eff {
-            return Err(format!(
-                "convolution window {eff} is larger than the padded input {padded} in spatial dimension {i}"
-            ));
+            return Err(KernelError::ConvWindow {
+                window: eff,
+                padded,
+                dim: i,
+            });
         }
         pad_lo[i] = lo;
         out[i] = (padded - eff) / s + 1;
@@ -247,7 +255,7 @@ pub fn conv_result_shape(
     input: &[usize],
     kernel: &[usize],
     attrs: &ConvAttrs,
-) -> Result<Vec<usize>, String> {
+) -> KernelResult<Vec<usize>> {
     let g = conv_geometry(input, kernel, attrs)?;
     Ok(vec![input[0], kernel[0], g.out[0], g.out[1]])
 }
@@ -257,7 +265,7 @@ fn conv_arrays<T: Accumulate>(
     w: &ArrayD<T>,
     attrs: &ConvAttrs,
 ) -> KernelResult<ArrayD<T>> {
-    let geo = conv_geometry(x.shape(), w.shape(), attrs).map_err(KernelError::new)?;
+    let geo = conv_geometry(x.shape(), w.shape(), attrs)?;
     let (xs, ws) = (x.shape(), w.shape());
     let (n, o, cg, kh, kw) = (xs[0], ws[0], ws[1], ws[2], ws[3]);
     let og = o / attrs.feature_groups;
@@ -299,7 +307,7 @@ fn conv_arrays<T: Accumulate>(
             }
         }
     }
-    ArrayD::from_shape_vec(IxDyn(&[n, o, oh, ow]), out).map_err(|e| KernelError::new(e.to_string()))
+    ArrayD::from_shape_vec(IxDyn(&[n, o, oh, ow]), out).map_err(KernelError::Shape)
 }
 
 /// 2-D convolution, input `[N,C,H,W]`, kernel `[O,C/g,KH,KW]`.
@@ -309,9 +317,10 @@ pub fn convolution(input: &Tensor, kernel: &Tensor, attrs: &ConvAttrs) -> Kernel
         (Tensor::F64(a), Tensor::F64(b)) => Tensor::F64(conv_arrays(a, b, attrs)?),
         (Tensor::I32(a), Tensor::I32(b)) => Tensor::I32(conv_arrays(a, b, attrs)?),
         _ => {
-            return Err(KernelError::new(
-                "convolution operands must share a numeric dtype",
-            ));
+            return Err(KernelError::MixedDTypes {
+                operands: "convolution operands",
+                numeric: true,
+            });
         }
     })
 }

@@ -41,18 +41,17 @@ fn zip2<A: Copy, B: Copy, C>(
         return Ok(Zip::from(a).and(b).map_collect(|&x, &y| f(x, y)));
     }
     let shape = broadcast_shapes(a.shape(), b.shape()).ok_or_else(|| {
-        KernelError::new(format!(
-            "shapes {:?} and {:?} do not broadcast",
-            a.shape(),
-            b.shape()
-        ))
+        KernelError::ShapesDoNotBroadcast {
+            lhs: a.shape().to_vec(),
+            rhs: b.shape().to_vec(),
+        }
     })?;
     let av = a
         .broadcast(IxDyn(&shape))
-        .ok_or_else(|| KernelError::new("broadcast"))?;
+        .ok_or(KernelError::BroadcastView)?;
     let bv = b
         .broadcast(IxDyn(&shape))
-        .ok_or_else(|| KernelError::new("broadcast"))?;
+        .ok_or(KernelError::BroadcastView)?;
     Ok(Zip::from(&av).and(&bv).map_collect(|&x, &y| f(x, y)))
 }
 
@@ -78,7 +77,7 @@ macro_rules! float_unary {
                     x.signum()
                 }
             },
-            UnaryOp::Not => return Err(KernelError::new("not is defined for pred and i32")),
+            UnaryOp::Not => return Err(KernelError::NotOnFloat),
         };
         f
     }};
@@ -103,7 +102,10 @@ pub(crate) fn i32_unary(op: UnaryOp) -> KernelResult<fn(i32) -> i32> {
         UnaryOp::Not => |x: i32| !x,
         UnaryOp::Floor | UnaryOp::Ceil => |x| x,
         _ => {
-            return Err(KernelError::new(format!("{op:?} is not defined for i32")));
+            return Err(KernelError::Undefined {
+                op: format!("{op:?}"),
+                dtype: DType::I32,
+            });
         }
     })
 }
@@ -112,7 +114,10 @@ pub(crate) fn i32_unary(op: UnaryOp) -> KernelResult<fn(i32) -> i32> {
 pub(crate) fn pred_unary(op: UnaryOp) -> KernelResult<fn(bool) -> bool> {
     match op {
         UnaryOp::Not => Ok(|x: bool| !x),
-        _ => Err(KernelError::new(format!("{op:?} is not defined for pred"))),
+        _ => Err(KernelError::Undefined {
+            op: format!("{op:?}"),
+            dtype: DType::Pred,
+        }),
     }
 }
 
@@ -154,7 +159,7 @@ macro_rules! float_binary {
             BinaryOp::Min => float_min,
             BinaryOp::Pow => |a, b| a.powf(b),
             BinaryOp::And | BinaryOp::Or => {
-                return Err(KernelError::new("and/or are defined for pred and i32"));
+                return Err(KernelError::AndOrOnFloat);
             }
         };
         f
@@ -206,7 +211,12 @@ pub(crate) fn pred_binary(op: BinaryOp) -> KernelResult<fn(bool, bool) -> bool> 
     Ok(match op {
         BinaryOp::And | BinaryOp::Min => |a: bool, b: bool| a & b,
         BinaryOp::Or | BinaryOp::Max => |a: bool, b: bool| a | b,
-        _ => return Err(KernelError::new(format!("{op:?} is not defined for pred"))),
+        _ => {
+            return Err(KernelError::Undefined {
+                op: format!("{op:?}"),
+                dtype: DType::Pred,
+            });
+        }
     })
 }
 
@@ -222,7 +232,7 @@ pub fn binary(op: BinaryOp, a: &Tensor, b: &Tensor) -> KernelResult<Tensor> {
 }
 
 pub(crate) fn operand_dtypes_differ(a: DType, b: DType) -> KernelError {
-    KernelError::new(format!("operand dtypes differ: {a} and {b}"))
+    KernelError::DTypesDiffer { lhs: a, rhs: b }
 }
 
 pub(crate) fn compare_fn<T: PartialOrd>(dir: CompareDir) -> fn(T, T) -> bool {
@@ -243,7 +253,12 @@ pub fn compare(dir: CompareDir, a: &Tensor, b: &Tensor) -> KernelResult<Tensor> 
         (Tensor::F64(x), Tensor::F64(y)) => zip2(x, y, compare_fn(dir))?,
         (Tensor::I32(x), Tensor::I32(y)) => zip2(x, y, compare_fn(dir))?,
         (Tensor::Pred(x), Tensor::Pred(y)) => zip2(x, y, compare_fn(dir))?,
-        _ => return Err(KernelError::new("compare operands must share a dtype")),
+        _ => {
+            return Err(KernelError::MixedDTypes {
+                operands: "compare operands",
+                numeric: false,
+            });
+        }
     }))
 }
 
@@ -254,9 +269,9 @@ fn select_arrays<T: Copy>(
 ) -> KernelResult<ArrayD<T>> {
     let shape = broadcast_shapes(p.shape(), t.shape())
         .and_then(|s| broadcast_shapes(&s, f.shape()))
-        .ok_or_else(|| KernelError::new("select operands do not broadcast"))?;
+        .ok_or(KernelError::SelectDoesNotBroadcast)?;
     let dim = IxDyn(&shape);
-    let bad = || KernelError::new("select operands do not broadcast");
+    let bad = || KernelError::SelectDoesNotBroadcast;
     let (pv, tv, fv) = (
         p.broadcast(dim.clone()).ok_or_else(bad)?,
         t.broadcast(dim.clone()).ok_or_else(bad)?,
@@ -271,14 +286,19 @@ fn select_arrays<T: Copy>(
 /// `pred ? on_true : on_false` elementwise with numpy broadcasting.
 pub fn select(pred: &Tensor, on_true: &Tensor, on_false: &Tensor) -> KernelResult<Tensor> {
     let Tensor::Pred(p) = pred else {
-        return Err(KernelError::new("select predicate must be pred"));
+        return Err(KernelError::PredicateNotPred);
     };
     Ok(match (on_true, on_false) {
         (Tensor::F32(t), Tensor::F32(f)) => Tensor::F32(select_arrays(p, t, f)?),
         (Tensor::F64(t), Tensor::F64(f)) => Tensor::F64(select_arrays(p, t, f)?),
         (Tensor::I32(t), Tensor::I32(f)) => Tensor::I32(select_arrays(p, t, f)?),
         (Tensor::Pred(t), Tensor::Pred(f)) => Tensor::Pred(select_arrays(p, t, f)?),
-        _ => return Err(KernelError::new("select branches must share a dtype")),
+        _ => {
+            return Err(KernelError::MixedDTypes {
+                operands: "select branches",
+                numeric: false,
+            });
+        }
     })
 }
 

@@ -21,29 +21,36 @@ use crate::ir::{Op, TensorType};
 pub const BUILTIN_CUSTOM_CALLS: &[&str] = &["identity"];
 
 /// Resolves a reshape target with at most one `-1` against `count` elements.
-pub fn resolve_reshape(count: usize, shape: &[i64]) -> Result<Vec<usize>, String> {
+pub fn resolve_reshape(count: usize, shape: &[i64]) -> KernelResult<Vec<usize>> {
     let mut unknown = None;
     let mut known: usize = 1;
     for (i, &d) in shape.iter().enumerate() {
         match d {
             -1 if unknown.is_none() => unknown = Some(i),
-            -1 => return Err(format!("reshape {shape:?} has more than one -1")),
-            d if d < 0 => return Err(format!("reshape dimension {d} is negative")),
+            -1 => {
+                return Err(KernelError::ReshapeUnknowns {
+                    shape: shape.to_vec(),
+                });
+            }
+            d if d < 0 => return Err(KernelError::ReshapeNegative { dim: d }),
             d => known = known.saturating_mul(d as usize),
         }
     }
     let mut dims: Vec<usize> = shape.iter().map(|&d| d.max(0) as usize).collect();
     if let Some(i) = unknown {
         if known == 0 || !count.is_multiple_of(known) {
-            return Err(format!(
-                "cannot infer -1 in reshape {shape:?} of {count} elements"
-            ));
+            return Err(KernelError::ReshapeCannotInfer {
+                shape: shape.to_vec(),
+                count,
+            });
         }
         dims[i] = count / known;
     } else if known != count {
-        return Err(format!(
-            "reshape {shape:?} has {known} elements, the operand has {count}"
-        ));
+        return Err(KernelError::ReshapeCount {
+            shape: shape.to_vec(),
+            known,
+            count,
+        });
     }
     Ok(dims)
 }
@@ -60,7 +67,10 @@ pub fn evaluate(
         operands
             .get(i)
             .copied()
-            .ok_or_else(|| KernelError::new(format!("{op} is missing operand {i}")))
+            .ok_or_else(|| KernelError::MissingOperand {
+                op: op.to_string(),
+                index: i,
+            })
     };
     match op {
         Op::Unary(u) => elementwise::unary(*u, arg(0)?),
@@ -71,7 +81,7 @@ pub fn evaluate(
         Op::Broadcast { shape, dims } => structural::broadcast(arg(0)?, shape, dims.as_deref()),
         Op::Reshape { shape } => {
             let x = arg(0)?;
-            let dims = resolve_reshape(x.len(), shape).map_err(KernelError::new)?;
+            let dims = resolve_reshape(x.len(), shape)?;
             structural::reshape(x, &dims)
         }
         Op::Transpose { perm } => structural::transpose(arg(0)?, perm),
@@ -85,15 +95,16 @@ pub fn evaluate(
         Op::Dot(dims) => contraction::dot_general(arg(0)?, arg(1)?, dims),
         Op::Convolution(attrs) => contraction::convolution(arg(0)?, arg(1)?, attrs),
         Op::Iota { dim } => {
-            let ty = declared.ok_or_else(|| KernelError::new("iota needs its declared type"))?;
+            let ty = declared.ok_or(KernelError::IotaNeedsType)?;
             structural::iota(ty, *dim)
         }
         Op::CustomCall { target } if target == "identity" => Ok(arg(0)?.clone()),
-        Op::CustomCall { target } => Err(KernelError::new(format!(
-            "custom call target `{target}` has no CPU implementation (known: {BUILTIN_CUSTOM_CALLS:?})"
-        ))),
-        Op::Parameter { .. } | Op::Constant => Err(KernelError::new(format!(
-            "{op} is a value, not a computation"
-        ))),
+        Op::CustomCall { target } => Err(KernelError::UnknownCustomCall {
+            target: target.clone(),
+            known: BUILTIN_CUSTOM_CALLS,
+        }),
+        Op::Parameter { .. } | Op::Constant => {
+            Err(KernelError::NotAComputation { op: op.to_string() })
+        }
     }
 }

@@ -4,16 +4,17 @@ use ndarray::{ArrayD, Axis};
 
 use super::tensor::Tensor;
 use super::{KernelError, KernelResult};
-use crate::ir::ReduceKind;
+use crate::ir::{DType, ReduceKind};
 
 fn check_dims(rank: usize, dims: &[usize]) -> KernelResult<Vec<usize>> {
     let mut sorted = dims.to_vec();
     sorted.sort_unstable();
     sorted.dedup();
     if sorted.len() != dims.len() || sorted.iter().any(|&d| d >= rank) {
-        return Err(KernelError::new(format!(
-            "reduce dimensions {dims:?} are invalid for rank {rank}"
-        )));
+        return Err(KernelError::ReduceDims {
+            dims: dims.to_vec(),
+            rank,
+        });
     }
     Ok(sorted)
 }
@@ -82,7 +83,12 @@ pub fn reduce(x: &Tensor, kind: ReduceKind, dims: &[usize]) -> KernelResult<Tens
             }
             Tensor::I32(out)
         }
-        Tensor::Pred(_) => return Err(KernelError::new("reduce is not defined for pred")),
+        Tensor::Pred(_) => {
+            return Err(KernelError::Undefined {
+                op: "reduce".to_owned(),
+                dtype: DType::Pred,
+            });
+        }
     })
 }
 

@@ -110,7 +110,10 @@ pub fn evaluate(op: &Op, args: &[Scalar]) -> KernelResult<Scalar> {
     let arg = |i: usize| {
         args.get(i)
             .copied()
-            .ok_or_else(|| KernelError::new(format!("{op} is missing operand {i}")))
+            .ok_or_else(|| KernelError::MissingOperand {
+                op: op.to_string(),
+                index: i,
+            })
     };
     Ok(match op {
         Op::Unary(u) => match arg(0)? {
@@ -131,23 +134,29 @@ pub fn evaluate(op: &Op, args: &[Scalar]) -> KernelResult<Scalar> {
             (Scalar::F64(x), Scalar::F64(y)) => compare_fn(*dir)(x, y),
             (Scalar::I32(x), Scalar::I32(y)) => compare_fn(*dir)(x, y),
             (Scalar::Pred(x), Scalar::Pred(y)) => compare_fn(*dir)(x, y),
-            _ => return Err(KernelError::new("compare operands must share a dtype")),
+            _ => {
+                return Err(KernelError::MixedDTypes {
+                    operands: "compare operands",
+                    numeric: false,
+                });
+            }
         }),
         Op::Select => {
             let Scalar::Pred(p) = arg(0)? else {
-                return Err(KernelError::new("select predicate must be pred"));
+                return Err(KernelError::PredicateNotPred);
             };
             let (t, f) = (arg(1)?, arg(2)?);
             if t.dtype() != f.dtype() {
-                return Err(KernelError::new("select branches must share a dtype"));
+                return Err(KernelError::MixedDTypes {
+                    operands: "select branches",
+                    numeric: false,
+                });
             }
             if p { t } else { f }
         }
         Op::Convert(to) => convert(arg(0)?, *to),
         _ => {
-            return Err(KernelError::new(format!(
-                "{op} is not an elementwise op on scalars"
-            )));
+            return Err(KernelError::NotScalar { op: op.to_string() });
         }
     })
 }

@@ -13,11 +13,10 @@ fn broadcast_array<T: Clone>(
     shape: &[usize],
     dims: Option<&[usize]>,
 ) -> KernelResult<ArrayD<T>> {
-    let fail = || {
-        KernelError::new(format!(
-            "cannot broadcast {:?} to {shape:?} with dims {dims:?}",
-            a.shape()
-        ))
+    let fail = || KernelError::BroadcastTo {
+        from: a.shape().to_vec(),
+        to: shape.to_vec(),
+        dims: dims.map(<[usize]>::to_vec),
     };
     let Some(dims) = dims else {
         return Ok(a.broadcast(IxDyn(shape)).ok_or_else(fail)?.to_owned());
@@ -49,8 +48,13 @@ pub fn broadcast(x: &Tensor, shape: &[usize], dims: Option<&[usize]>) -> KernelR
 }
 
 fn reshape_array<T: Clone>(a: &ArrayD<T>, shape: &[usize]) -> KernelResult<ArrayD<T>> {
-    ArrayD::from_shape_vec(IxDyn(shape), a.iter().cloned().collect())
-        .map_err(|e| KernelError::new(format!("reshape {:?} to {shape:?}: {e}", a.shape())))
+    ArrayD::from_shape_vec(IxDyn(shape), a.iter().cloned().collect()).map_err(|source| {
+        KernelError::Reshape {
+            from: a.shape().to_vec(),
+            to: shape.to_vec(),
+            source,
+        }
+    })
 }
 
 /// Same elements in row-major order, new (fully known) dimensions.
@@ -65,10 +69,10 @@ fn transpose_array<T: Clone>(a: &ArrayD<T>, perm: &[usize]) -> KernelResult<Arra
             .iter()
             .any(|&p| p >= a.ndim() || std::mem::replace(&mut seen[p], true))
     {
-        return Err(KernelError::new(format!(
-            "{perm:?} is not a permutation of {} dimensions",
-            a.ndim()
-        )));
+        return Err(KernelError::NotAPermutation {
+            perm: perm.to_vec(),
+            rank: a.ndim(),
+        });
     }
     Ok(a.view()
         .permuted_axes(perm.to_vec())
@@ -93,10 +97,12 @@ fn slice_array<T: Clone>(
         && stride.len() == n
         && (0..n).all(|i| start[i] <= limit[i] && limit[i] <= a.shape()[i] && stride[i] >= 1);
     if !ok {
-        return Err(KernelError::new(format!(
-            "slice [{start:?}, {limit:?}) step {stride:?} is out of bounds for {:?}",
-            a.shape()
-        )));
+        return Err(KernelError::SliceOutOfBounds {
+            start: start.into(),
+            limit: limit.into(),
+            stride: stride.into(),
+            shape: a.shape().into(),
+        });
     }
     Ok(a.slice_each_axis(|ax| {
         let i = ax.axis.index();
@@ -123,22 +129,22 @@ fn concat_arrays<'a, T: Clone + 'a>(
     parts: impl Iterator<Item = Option<ArrayViewD<'a, T>>>,
     dim: usize,
 ) -> KernelResult<ArrayD<T>> {
-    let views: Vec<ArrayViewD<'a, T>> = parts
-        .collect::<Option<Vec<_>>>()
-        .ok_or_else(|| KernelError::new("concatenate operands must share a dtype"))?;
+    let views: Vec<ArrayViewD<'a, T>> =
+        parts
+            .collect::<Option<Vec<_>>>()
+            .ok_or(KernelError::MixedDTypes {
+                operands: "concatenate operands",
+                numeric: false,
+            })?;
     ndarray::concatenate(Axis(dim), &views)
-        .map_err(|e| KernelError::new(format!("concatenate along {dim}: {e}")))
+        .map_err(|source| KernelError::Concatenate { dim, source })
 }
 
 /// Join tensors of one dtype along `dim`.
 pub fn concatenate(parts: &[&Tensor], dim: usize) -> KernelResult<Tensor> {
-    let first = parts
-        .first()
-        .ok_or_else(|| KernelError::new("concatenate needs at least one operand"))?;
+    let first = parts.first().ok_or(KernelError::ConcatenateEmpty)?;
     if dim >= first.shape().len() {
-        return Err(KernelError::new(format!(
-            "concatenate dimension {dim} is out of range"
-        )));
+        return Err(KernelError::ConcatenateDim { dim });
     }
     Ok(match first {
         Tensor::Pred(_) => Tensor::Pred(concat_arrays(
@@ -187,9 +193,10 @@ pub fn concatenate(parts: &[&Tensor], dim: usize) -> KernelResult<Tensor> {
 /// The index along `dim` at every position of `ty`.
 pub fn iota(ty: &TensorType, dim: usize) -> KernelResult<Tensor> {
     if dim >= ty.rank() {
-        return Err(KernelError::new(format!(
-            "iota dimension {dim} is out of range for {ty}"
-        )));
+        return Err(KernelError::IotaDim {
+            dim,
+            ty: ty.clone(),
+        });
     }
     let idx = ArrayD::from_shape_fn(IxDyn(&ty.dims), |ix| ix[dim]);
     Ok(match ty.dtype {

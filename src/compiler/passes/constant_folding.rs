@@ -58,9 +58,9 @@ pub fn run(world: &mut World, program: Entity) -> Result<PassOutcome, CompileErr
                 .iter()
                 .map(|&o| &*world.get::<Literal>(o).expect("checked constant").0)
                 .collect();
-            evaluate(&op, &args, None).map_err(|k| CompileError::Evaluate {
+            evaluate(&op, &args, None).map_err(|source| CompileError::Kernel {
                 node: node_label(world, e),
-                message: k.0,
+                source,
             })?
         };
         world.entity_mut(e).insert((

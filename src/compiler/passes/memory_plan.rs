@@ -252,16 +252,54 @@ pub fn run(world: &mut World, program: Entity) -> Result<PassOutcome, CompileErr
         .get::<ProgramKernels>(program)
         .map(|k| k.0.clone())
         .unwrap_or_default();
+    let (mut values, value_of) = live_values(world, program, &kernels)?;
+    let in_place = reuse_in_place(world, &kernels, &value_of, &mut values);
+    let (mut allocs, alloc_index) = allocations(&values);
+    let ranges: Vec<(usize, u32, u32)> = allocs.iter().map(|a| (a.size, a.start, a.end)).collect();
+    let overflow = || {
+        let largest = values.iter().max_by_key(|v| v.size).map(|v| v.node);
+        largest.map_or_else(
+            || CompileError::Arguments("memory plan overflows usize".into()),
+            |node| too_large(world, node),
+        )
+    };
+    let offsets = best_fit(&ranges).ok_or_else(overflow)?;
+    for (a, off) in allocs.iter_mut().zip(offsets) {
+        a.offset = off;
+    }
+    // `best_fit` checked every `offset + size`.
+    let peak = allocs.iter().map(|a| a.offset + a.size).max().unwrap_or(0);
+    let bound = lower_bound(&ranges).ok_or_else(overflow)?;
+    let buffers = spawn_buffers(world, program, &values, &allocs, &alloc_index);
+    world.entity_mut(program).insert(MemoryPlan {
+        peak_bytes: peak,
+        lower_bound_bytes: bound,
+        fragmentation_bytes: peak - bound,
+        in_place,
+        buffers,
+    });
+    Ok(PassOutcome::changed(!values.is_empty()))
+}
+
+/// The value's bytes rounded up to the alignment, or an error naming it.
+fn value_size(world: &World, e: Entity) -> Result<usize, CompileError> {
+    let bytes = world.get::<ValueType>(e).map_or(Some(0), |t| {
+        t.0.element_count().checked_mul(t.0.dtype.byte_size())
+    });
+    bytes.and_then(aligned).ok_or_else(|| too_large(world, e))
+}
+
+/// Every value the program holds (parameters, then each kernel's outputs
+/// in order) with its live range in kernel steps, and each value's index
+/// by node. Parameters live from step 0, program outputs to the end.
+fn live_values(
+    world: &World,
+    program: Entity,
+    kernels: &[Entity],
+) -> Result<(Vec<Value>, EntityHashMap<usize>), CompileError> {
     let end = kernels.len() as u32 + 1;
     let mut values: Vec<Value> = Vec::new();
     let mut value_of: EntityHashMap<usize> = EntityHashMap::default();
-    // The value's bytes rounded up to the alignment, or an error naming it.
-    let size_of = |world: &World, e: Entity| -> Result<usize, CompileError> {
-        let bytes = world.get::<ValueType>(e).map_or(Some(0), |t| {
-            t.0.element_count().checked_mul(t.0.dtype.byte_size())
-        });
-        bytes.and_then(aligned).ok_or_else(|| too_large(world, e))
-    };
     for e in program_nodes(world, program) {
         if matches!(
             world.get::<Node>(e).map(|n| &n.op),
@@ -270,7 +308,7 @@ pub fn run(world: &mut World, program: Entity) -> Result<PassOutcome, CompileErr
             value_of.insert(e, values.len());
             values.push(Value {
                 node: e,
-                size: size_of(world, e)?,
+                size: value_size(world, e)?,
                 start: 0,
                 end: 0,
                 alloc: values.len(),
@@ -290,7 +328,7 @@ pub fn run(world: &mut World, program: Entity) -> Result<PassOutcome, CompileErr
             value_of.insert(o, values.len());
             values.push(Value {
                 node: o,
-                size: size_of(world, o)?,
+                size: value_size(world, o)?,
                 start: t,
                 end: t,
                 alloc: values.len(),
@@ -307,8 +345,12 @@ pub fn run(world: &mut World, program: Entity) -> Result<PassOutcome, CompileErr
             values[v].end = end;
         }
     }
-    let in_place = reuse_in_place(world, &kernels, &value_of, &mut values);
-    // Allocations: groups of values sharing memory.
+    Ok((values, value_of))
+}
+
+/// Allocations: groups of values sharing memory (a value reused in place
+/// joins its root's), and each value's allocation by node.
+fn allocations(values: &[Value]) -> (Vec<Allocation>, EntityHashMap<usize>) {
     let mut allocs: Vec<Allocation> = Vec::new();
     let mut alloc_index: EntityHashMap<usize> = EntityHashMap::default();
     for i in 0..values.len() {
@@ -329,23 +371,19 @@ pub fn run(world: &mut World, program: Entity) -> Result<PassOutcome, CompileErr
         };
         alloc_index.insert(values[i].node, a);
     }
-    let ranges: Vec<(usize, u32, u32)> = allocs.iter().map(|a| (a.size, a.start, a.end)).collect();
-    let overflow = || {
-        let largest = values.iter().max_by_key(|v| v.size).map(|v| v.node);
-        largest.map_or_else(
-            || CompileError::Arguments("memory plan overflows usize".into()),
-            |node| too_large(world, node),
-        )
-    };
-    let offsets = best_fit(&ranges).ok_or_else(overflow)?;
-    for (a, off) in allocs.iter_mut().zip(offsets) {
-        a.offset = off;
-    }
-    // `best_fit` checked every `offset + size`.
-    let peak = allocs.iter().map(|a| a.offset + a.size).max().unwrap_or(0);
-    let bound = lower_bound(&ranges).ok_or_else(overflow)?;
+    (allocs, alloc_index)
+}
+
+/// One [`Buffer`] entity per value, at its allocation's offset.
+fn spawn_buffers(
+    world: &mut World,
+    program: Entity,
+    values: &[Value],
+    allocs: &[Allocation],
+    alloc_index: &EntityHashMap<usize>,
+) -> Vec<Entity> {
     let mut buffers = Vec::with_capacity(values.len());
-    for v in &values {
+    for v in values {
         let a = &allocs[alloc_index[&v.node]];
         buffers.push(
             world
@@ -361,14 +399,7 @@ pub fn run(world: &mut World, program: Entity) -> Result<PassOutcome, CompileErr
                 .id(),
         );
     }
-    world.entity_mut(program).insert(MemoryPlan {
-        peak_bytes: peak,
-        lower_bound_bytes: bound,
-        fragmentation_bytes: peak - bound,
-        in_place,
-        buffers,
-    });
-    Ok(PassOutcome::changed(!values.is_empty()))
+    buffers
 }
 
 /// The error for a value (or a plan) whose bytes do not fit in `usize`.

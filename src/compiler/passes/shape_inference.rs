@@ -10,6 +10,7 @@ use smallvec::SmallVec;
 
 use super::PassOutcome;
 use crate::compiler::CompileError;
+pub use crate::compiler::error::InferenceError;
 use crate::compiler::graph::{
     DeclaredType, GraphIndex, Literal, Node, ValueType, node_label, program_name,
 };
@@ -32,7 +33,7 @@ pub fn infer_type(
     args: &[&TensorType],
     declared: Option<&TensorType>,
     literal: Option<TensorType>,
-) -> Result<TensorType, String> {
+) -> Result<TensorType, InferenceError> {
     let t = infer_unchecked(op, args, declared, literal)?;
     let too_big = t
         .dims
@@ -40,7 +41,10 @@ pub fn infer_type(
         .try_fold(1usize, |n, &d| n.checked_mul(d))
         .is_none_or(|n| n > MAX_ELEMENTS);
     if too_big {
-        return Err(format!("{t} has more than {MAX_ELEMENTS} elements"));
+        return Err(InferenceError::TooLarge {
+            ty: t,
+            limit: MAX_ELEMENTS,
+        });
     }
     Ok(t)
 }
@@ -50,204 +54,271 @@ fn infer_unchecked(
     args: &[&TensorType],
     declared: Option<&TensorType>,
     literal: Option<TensorType>,
-) -> Result<TensorType, String> {
-    let arg = |i: usize| {
-        args.get(i)
-            .copied()
-            .ok_or_else(|| format!("missing operand {i}"))
-    };
-    let same_dtype = |a: &TensorType, b: &TensorType| {
-        if a.dtype == b.dtype {
-            Ok(())
-        } else {
-            Err(format!("operand dtypes differ: {a} and {b}"))
-        }
-    };
-    let bcast = |a: &[usize], b: &[usize]| {
-        broadcast_shapes(a, b)
-            .ok_or_else(|| format!("operand shapes {a:?} and {b:?} do not broadcast"))
-    };
+) -> Result<TensorType, InferenceError> {
     match op {
-        Op::Parameter { .. } | Op::CustomCall { .. } => declared
-            .cloned()
-            .ok_or_else(|| "needs a declared type".to_owned()),
-        Op::Iota { dim } => {
-            let t = declared.ok_or("iota needs a declared type")?;
-            if *dim >= t.rank() {
-                return Err(format!("iota dimension {dim} is out of range for {t}"));
-            }
-            Ok(t.clone())
+        Op::Parameter { .. } | Op::CustomCall { .. } => {
+            declared.cloned().ok_or(InferenceError::NeedsDeclaredType)
         }
-        Op::Constant => literal.ok_or_else(|| "constant has no literal".to_owned()),
-        Op::Unary(u) => {
-            let a = arg(0)?;
-            let ok = match u {
-                UnaryOp::Not => matches!(a.dtype, DType::Pred | DType::I32),
-                UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Sign | UnaryOp::Floor | UnaryOp::Ceil => {
-                    a.dtype != DType::Pred
-                }
-                _ => a.dtype.is_float(),
-            };
-            if !ok {
-                return Err(format!("{} is not defined for {}", op.name(), a.dtype));
-            }
-            Ok(a.clone())
-        }
-        Op::Binary(b) => {
-            let (x, y) = (arg(0)?, arg(1)?);
-            same_dtype(x, y)?;
-            let ok = match b {
-                BinaryOp::And | BinaryOp::Or => matches!(x.dtype, DType::Pred | DType::I32),
-                BinaryOp::Max | BinaryOp::Min => true,
-                _ => x.dtype != DType::Pred,
-            };
-            if !ok {
-                return Err(format!("{} is not defined for {}", op.name(), x.dtype));
-            }
-            Ok(TensorType::new(x.dtype, bcast(&x.dims, &y.dims)?))
-        }
+        Op::Iota { dim } => infer_iota(declared, *dim),
+        Op::Constant => literal.ok_or(InferenceError::NoLiteral),
+        Op::Unary(u) => infer_unary(op, *u, arg(args, 0)?),
+        Op::Binary(b) => infer_binary(op, *b, arg(args, 0)?, arg(args, 1)?),
         Op::Compare(_) => {
-            let (x, y) = (arg(0)?, arg(1)?);
+            let (x, y) = (arg(args, 0)?, arg(args, 1)?);
             same_dtype(x, y)?;
             Ok(TensorType::new(DType::Pred, bcast(&x.dims, &y.dims)?))
         }
-        Op::Select => {
-            let (p, t, f) = (arg(0)?, arg(1)?, arg(2)?);
-            if p.dtype != DType::Pred {
-                return Err(format!("select predicate must be pred, got {p}"));
-            }
-            same_dtype(t, f)?;
-            let dims = bcast(&bcast(&p.dims, &t.dims)?, &f.dims)?;
-            Ok(TensorType::new(t.dtype, dims))
-        }
-        Op::Convert(to) => Ok(TensorType::new(*to, arg(0)?.dims.clone())),
-        Op::Broadcast { shape, dims } => {
-            let a = arg(0)?;
-            let ok = match dims {
-                None => broadcast_shapes(&a.dims, shape).as_deref() == Some(shape.as_slice()),
-                Some(d) => {
-                    let mut seen = vec![false; shape.len()];
-                    d.len() == a.rank()
-                        && d.iter().zip(&a.dims).all(|(&o, &s)| {
-                            o < shape.len()
-                                && !std::mem::replace(&mut seen[o], true)
-                                && (s == shape[o] || s == 1)
-                        })
-                }
-            };
-            if !ok {
-                return Err(format!(
-                    "cannot broadcast {a} to {shape:?} with dims {dims:?}"
-                ));
-            }
-            Ok(TensorType::new(a.dtype, shape.clone()))
-        }
+        Op::Select => infer_select(arg(args, 0)?, arg(args, 1)?, arg(args, 2)?),
+        Op::Convert(to) => Ok(TensorType::new(*to, arg(args, 0)?.dims.clone())),
+        Op::Broadcast { shape, dims } => infer_broadcast(arg(args, 0)?, shape, dims.as_deref()),
         Op::Reshape { shape } => {
-            let a = arg(0)?;
+            let a = arg(args, 0)?;
             Ok(TensorType::new(
                 a.dtype,
                 resolve_reshape(a.element_count(), shape)?,
             ))
         }
-        Op::Transpose { perm } => {
-            let a = arg(0)?;
-            let mut seen = vec![false; a.rank()];
-            if perm.len() != a.rank()
-                || perm
-                    .iter()
-                    .any(|&p| p >= a.rank() || std::mem::replace(&mut seen[p], true))
-            {
-                return Err(format!(
-                    "{perm:?} is not a permutation of the dimensions of {a}"
-                ));
-            }
-            Ok(TensorType::new(
-                a.dtype,
-                perm.iter().map(|&p| a.dims[p]).collect::<Vec<_>>(),
-            ))
-        }
+        Op::Transpose { perm } => infer_transpose(arg(args, 0)?, perm),
         Op::Slice {
             start,
             limit,
             stride,
-        } => {
-            let a = arg(0)?;
-            let n = a.rank();
-            if start.len() != n || limit.len() != n || stride.len() != n {
-                return Err(format!("slice needs start, limit and stride of length {n}"));
-            }
-            let mut dims = Vec::with_capacity(n);
-            for i in 0..n {
-                if start[i] > limit[i] || limit[i] > a.dims[i] || stride[i] == 0 {
-                    return Err(format!(
-                        "slice [{}, {}) step {} is out of bounds for dimension {i} of {a}",
-                        start[i], limit[i], stride[i]
-                    ));
-                }
-                dims.push((limit[i] - start[i]).div_ceil(stride[i]));
-            }
-            Ok(TensorType::new(a.dtype, dims))
-        }
-        Op::Concatenate { dim } => {
-            let first = arg(0)?;
-            if *dim >= first.rank() {
-                return Err(format!(
-                    "concatenate dimension {dim} is out of range for {first}"
-                ));
-            }
-            let mut dims = first.dims.clone();
-            for a in &args[1..] {
-                same_dtype(first, a)?;
-                let compatible = a.rank() == first.rank()
-                    && (0..a.rank()).all(|i| i == *dim || a.dims[i] == first.dims[i]);
-                if !compatible {
-                    return Err(format!("cannot concatenate {first} and {a} along {dim}"));
-                }
-                dims[*dim] = dims[*dim].saturating_add(a.dims[*dim]);
-            }
-            Ok(TensorType::new(first.dtype, dims))
-        }
-        Op::Reduce { dims, .. } => {
-            let a = arg(0)?;
-            if a.dtype == DType::Pred {
-                return Err("reduce is not defined for pred".into());
-            }
-            let mut seen = vec![false; a.rank()];
-            if dims
-                .iter()
-                .any(|&d| d >= a.rank() || std::mem::replace(&mut seen[d], true))
-            {
-                return Err(format!("reduce dimensions {dims:?} are invalid for {a}"));
-            }
-            let out: Vec<usize> = (0..a.rank())
-                .filter(|&d| !seen[d])
-                .map(|d| a.dims[d])
-                .collect();
-            Ok(TensorType::new(a.dtype, out))
-        }
+        } => infer_slice(arg(args, 0)?, start, limit, stride),
+        Op::Concatenate { dim } => infer_concatenate(args, *dim),
+        Op::Reduce { dims, .. } => infer_reduce(arg(args, 0)?, dims),
         Op::Dot(d) => {
-            let (x, y) = (arg(0)?, arg(1)?);
-            same_dtype(x, y)?;
-            if x.dtype == DType::Pred {
-                return Err("dot is not defined for pred".into());
-            }
+            let (x, y) = numeric_pair(op, args)?;
             Ok(TensorType::new(
                 x.dtype,
                 dot_result_shape(&x.dims, &y.dims, d)?,
             ))
         }
         Op::Convolution(c) => {
-            let (x, w) = (arg(0)?, arg(1)?);
-            same_dtype(x, w)?;
-            if x.dtype == DType::Pred {
-                return Err("convolution is not defined for pred".into());
-            }
+            let (x, w) = numeric_pair(op, args)?;
             Ok(TensorType::new(
                 x.dtype,
                 conv_result_shape(&x.dims, &w.dims, c)?,
             ))
         }
     }
+}
+
+/// Operand `i`'s type.
+fn arg<'a>(args: &[&'a TensorType], i: usize) -> Result<&'a TensorType, InferenceError> {
+    args.get(i)
+        .copied()
+        .ok_or(InferenceError::MissingOperand { index: i })
+}
+
+fn same_dtype(a: &TensorType, b: &TensorType) -> Result<(), InferenceError> {
+    if a.dtype == b.dtype {
+        Ok(())
+    } else {
+        Err(InferenceError::DTypesDiffer {
+            lhs: a.clone(),
+            rhs: b.clone(),
+        })
+    }
+}
+
+fn bcast(a: &[usize], b: &[usize]) -> Result<Vec<usize>, InferenceError> {
+    broadcast_shapes(a, b).ok_or_else(|| InferenceError::DoNotBroadcast {
+        lhs: a.to_vec(),
+        rhs: b.to_vec(),
+    })
+}
+
+fn undefined(op: &Op, dtype: DType) -> InferenceError {
+    InferenceError::Undefined {
+        op: op.name(),
+        dtype,
+    }
+}
+
+fn infer_iota(declared: Option<&TensorType>, dim: usize) -> Result<TensorType, InferenceError> {
+    let t = declared.ok_or(InferenceError::IotaNeedsDeclaredType)?;
+    if dim >= t.rank() {
+        return Err(InferenceError::IotaDim { dim, ty: t.clone() });
+    }
+    Ok(t.clone())
+}
+
+fn infer_unary(op: &Op, u: UnaryOp, a: &TensorType) -> Result<TensorType, InferenceError> {
+    let ok = match u {
+        UnaryOp::Not => matches!(a.dtype, DType::Pred | DType::I32),
+        UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Sign | UnaryOp::Floor | UnaryOp::Ceil => {
+            a.dtype != DType::Pred
+        }
+        _ => a.dtype.is_float(),
+    };
+    if !ok {
+        return Err(undefined(op, a.dtype));
+    }
+    Ok(a.clone())
+}
+
+fn infer_binary(
+    op: &Op,
+    b: BinaryOp,
+    x: &TensorType,
+    y: &TensorType,
+) -> Result<TensorType, InferenceError> {
+    same_dtype(x, y)?;
+    let ok = match b {
+        BinaryOp::And | BinaryOp::Or => matches!(x.dtype, DType::Pred | DType::I32),
+        BinaryOp::Max | BinaryOp::Min => true,
+        _ => x.dtype != DType::Pred,
+    };
+    if !ok {
+        return Err(undefined(op, x.dtype));
+    }
+    Ok(TensorType::new(x.dtype, bcast(&x.dims, &y.dims)?))
+}
+
+fn infer_select(
+    p: &TensorType,
+    t: &TensorType,
+    f: &TensorType,
+) -> Result<TensorType, InferenceError> {
+    if p.dtype != DType::Pred {
+        return Err(InferenceError::PredicateNotPred { ty: p.clone() });
+    }
+    same_dtype(t, f)?;
+    let dims = bcast(&bcast(&p.dims, &t.dims)?, &f.dims)?;
+    Ok(TensorType::new(t.dtype, dims))
+}
+
+fn infer_broadcast(
+    a: &TensorType,
+    shape: &[usize],
+    dims: Option<&[usize]>,
+) -> Result<TensorType, InferenceError> {
+    let ok = match dims {
+        None => broadcast_shapes(&a.dims, shape).as_deref() == Some(shape),
+        Some(d) => {
+            let mut seen = vec![false; shape.len()];
+            d.len() == a.rank()
+                && d.iter().zip(&a.dims).all(|(&o, &s)| {
+                    o < shape.len()
+                        && !std::mem::replace(&mut seen[o], true)
+                        && (s == shape[o] || s == 1)
+                })
+        }
+    };
+    if !ok {
+        return Err(InferenceError::BroadcastTo {
+            from: a.clone(),
+            to: shape.to_vec(),
+            dims: dims.map(<[usize]>::to_vec),
+        });
+    }
+    Ok(TensorType::new(a.dtype, shape.to_vec()))
+}
+
+fn infer_transpose(a: &TensorType, perm: &[usize]) -> Result<TensorType, InferenceError> {
+    let mut seen = vec![false; a.rank()];
+    if perm.len() != a.rank()
+        || perm
+            .iter()
+            .any(|&p| p >= a.rank() || std::mem::replace(&mut seen[p], true))
+    {
+        return Err(InferenceError::NotAPermutation {
+            perm: perm.to_vec(),
+            ty: a.clone(),
+        });
+    }
+    Ok(TensorType::new(
+        a.dtype,
+        perm.iter().map(|&p| a.dims[p]).collect::<Vec<_>>(),
+    ))
+}
+
+fn infer_slice(
+    a: &TensorType,
+    start: &[usize],
+    limit: &[usize],
+    stride: &[usize],
+) -> Result<TensorType, InferenceError> {
+    let n = a.rank();
+    if start.len() != n || limit.len() != n || stride.len() != n {
+        return Err(InferenceError::SliceRank { rank: n });
+    }
+    let mut dims = Vec::with_capacity(n);
+    for i in 0..n {
+        if start[i] > limit[i] || limit[i] > a.dims[i] || stride[i] == 0 {
+            return Err(InferenceError::SliceOutOfBounds {
+                start: start[i],
+                limit: limit[i],
+                stride: stride[i],
+                dim: i,
+                ty: a.clone(),
+            });
+        }
+        dims.push((limit[i] - start[i]).div_ceil(stride[i]));
+    }
+    Ok(TensorType::new(a.dtype, dims))
+}
+
+fn infer_concatenate(args: &[&TensorType], dim: usize) -> Result<TensorType, InferenceError> {
+    let first = arg(args, 0)?;
+    if dim >= first.rank() {
+        return Err(InferenceError::ConcatenateDim {
+            dim,
+            ty: first.clone(),
+        });
+    }
+    let mut dims = first.dims.clone();
+    for a in &args[1..] {
+        same_dtype(first, a)?;
+        let compatible = a.rank() == first.rank()
+            && (0..a.rank()).all(|i| i == dim || a.dims[i] == first.dims[i]);
+        if !compatible {
+            return Err(InferenceError::Concatenate {
+                first: first.clone(),
+                other: (*a).clone(),
+                dim,
+            });
+        }
+        dims[dim] = dims[dim].saturating_add(a.dims[dim]);
+    }
+    Ok(TensorType::new(first.dtype, dims))
+}
+
+fn infer_reduce(a: &TensorType, dims: &[usize]) -> Result<TensorType, InferenceError> {
+    if a.dtype == DType::Pred {
+        return Err(InferenceError::Undefined {
+            op: "reduce",
+            dtype: DType::Pred,
+        });
+    }
+    let mut seen = vec![false; a.rank()];
+    if dims
+        .iter()
+        .any(|&d| d >= a.rank() || std::mem::replace(&mut seen[d], true))
+    {
+        return Err(InferenceError::ReduceDims {
+            dims: dims.to_vec(),
+            ty: a.clone(),
+        });
+    }
+    let out: Vec<usize> = (0..a.rank())
+        .filter(|&d| !seen[d])
+        .map(|d| a.dims[d])
+        .collect();
+    Ok(TensorType::new(a.dtype, out))
+}
+
+/// The two operands of a dot or convolution: one dtype, not pred.
+fn numeric_pair<'a>(
+    op: &Op,
+    args: &[&'a TensorType],
+) -> Result<(&'a TensorType, &'a TensorType), InferenceError> {
+    let (x, y) = (arg(args, 0)?, arg(args, 1)?);
+    same_dtype(x, y)?;
+    if x.dtype == DType::Pred {
+        return Err(undefined(op, DType::Pred));
+    }
+    Ok((x, y))
 }
 
 /// Infers types in topological order over a dense snapshot of the graph,
@@ -280,10 +351,10 @@ pub fn run(world: &mut World, program: Entity) -> Result<PassOutcome, CompileErr
                 .collect();
             let declared = world.get::<DeclaredType>(e).map(|d| &d.0);
             let literal = world.get::<Literal>(e).map(|l| l.0.tensor_type());
-            infer_type(&node.op, &args, declared, literal).map_err(|message| {
-                CompileError::Shape {
+            infer_type(&node.op, &args, declared, literal).map_err(|source| {
+                CompileError::Inference {
                     node: describe(world, e, &args),
-                    message,
+                    source,
                 }
             })?
         };

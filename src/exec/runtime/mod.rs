@@ -440,7 +440,7 @@ impl Runtime {
         let exe = &*self.exe;
         let args = args.into_iter();
         exe.check_argument_count(args.len())
-            .map_err(ExecError::Arguments)?;
+            .map_err(ExecError::ArgumentCount)?;
         let mut slots: SmallVec<[Option<Slot>; 16]> =
             (0..exe.buffers.len()).map(|_| None).collect();
         for (i, (arg, ty)) in args.into_iter().zip(&exe.parameters).enumerate() {
