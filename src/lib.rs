@@ -27,9 +27,10 @@
 //! | 12 checkpoints, goodput | `checkpoint`, `goodput` | the registry of everything the engine persists; manifests, files, verification, periodic checkpoints; a long run's goodput through failures, checkpoints and recoveries as a discrete-event timeline |
 //! | 13 assembly | `pod` | `Pod`: the world, the install order of every domain, the host API |
 //! | 14 profiling | `profile` | counters, Chrome/Perfetto traces, per-system timing |
-//! | 15 seed facades | `tpu`, `coordination`, `fault_tolerance`, `xla` | `TPUOptimizer`, `PodCoordinator`, `FaultToleranceManager`, the seed's compiler paths |
-//! | 16 facades over facades | `pod_coordination` | `TPUPodCoordinator` over `PodCoordinator`; the seed's clock-sync path |
-//! | 17 binary | `cli` | the command line (part of the `optirs-tpu` binary, not the library) |
+//! | 15 training | `training` | a training run in one place: the sharded optimizer's host API and its step checkpoints, the run loop and its time ledger, the run's report, goodput and trace |
+//! | 16 seed facades | `tpu`, `coordination`, `fault_tolerance`, `xla` | `TPUOptimizer`, `PodCoordinator`, `FaultToleranceManager`, the seed's compiler paths |
+//! | 17 facades over facades | `pod_coordination` | `TPUPodCoordinator` over `PodCoordinator`; the seed's clock-sync path |
+//! | 18 binary | `cli` | the command line (part of the `optirs-tpu` binary, not the library) |
 //!
 //! Errors are leaves: each domain's error enum (`TopologyError`,
 //! `MemoryError`, `TransportError`, `FaultError`, `BarrierError`,
@@ -98,6 +99,7 @@ pub mod sharding;
 pub mod svg;
 pub mod topology;
 pub mod tpu;
+pub mod training;
 pub mod transport;
 pub mod xla;
 

@@ -63,8 +63,21 @@ pub fn refuse_split(command: &str) -> Result<()> {
     }
 }
 
+/// `train` split over the ranks of `launch`: refused with `--resume` (a
+/// split run does not resume from its split checkpoints yet), then run on
+/// every rank.
+pub fn train(args: TrainArgs, launch: Launch) -> Result<()> {
+    if args.resumes() {
+        bail!(
+            "`train --resume` runs as one process: a training run split over MPI ranks \
+             does not resume from its split checkpoints yet; resume without mpirun"
+        );
+    }
+    train_split(args, launch)
+}
+
 #[cfg(not(feature = "mpi"))]
-pub fn train(_: TrainArgs, launch: Launch) -> Result<()> {
+fn train_split(_: TrainArgs, launch: Launch) -> Result<()> {
     // `launched` returns a launch only with the feature.
     bail!(
         "rank {} of {}: built without the `mpi` feature",
@@ -129,18 +142,17 @@ fn on_mpi(
 /// state shards and computes its replicas' gradients; rank 0 prints the
 /// report of the merged world.
 #[cfg(feature = "mpi")]
-pub fn train(args: TrainArgs, launch: Launch) -> Result<()> {
+fn train_split(args: TrainArgs, launch: Launch) -> Result<()> {
     use super::train::{
         base_optimizer, checked_topology, model_sizes, print_report, run_steps, sharding_of,
     };
     use optirs_tpu::pod::ranks::RankedPod;
-    use optirs_tpu::tpu::ShardedOptimizer;
+    use optirs_tpu::training::ShardedOptimizer;
     use std::time::Duration;
     on_mpi(launch, |mailbox| {
         args.refuse_split_only()?;
         let sizes = model_sizes(&args);
         let topology = checked_topology(&args, &sizes)?;
-        let config = optirs_tpu::TPUConfig::for_pod(&topology);
         let timeout = Duration::from_secs_f64(args.rank_timeout);
         let devices = topology.num_devices();
         let mut pod = RankedPod::with_timeout(topology, Box::new(mailbox), timeout)?;
@@ -153,9 +165,8 @@ pub fn train(args: TrainArgs, launch: Launch) -> Result<()> {
         let mut no_temporary = None;
         let checkpoints = args.checkpoints(1, &mut no_temporary)?;
         let rank = pod.layout().rank();
-        let mut opt = ShardedOptimizer::new_ranked(
+        let mut opt = ShardedOptimizer::on_ranked_pod(
             base_optimizer(&args)?,
-            config,
             pod,
             super::train::model_of(&sizes)?,
             sharding_of(&args),
@@ -176,7 +187,7 @@ pub fn train(args: TrainArgs, launch: Launch) -> Result<()> {
         let Some(merged) = merged else {
             return Ok(());
         };
-        let report = outcome.report(&opt, &args, merged.sha256_hex(), launch.size)?;
+        let report = outcome.report(&opt, &args.plan(), merged.sha256_hex(), launch.size)?;
         print_report(&report, args.json())
     })
 }
@@ -186,6 +197,7 @@ pub fn run(args: RunArgs, launch: Launch) -> Result<()> {
     use super::run::{print_report, refuse_unappliable, report_after};
     use optirs_tpu::pod::ranks::RankedPod;
     use std::time::{Duration, Instant};
+    args.refuse_split_skip_idle()?;
     if args.trace().is_some() {
         return Err(super::parse::usage(
             "--trace is for one process: a trace of a pod split over ranks is not written yet",

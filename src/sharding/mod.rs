@@ -38,6 +38,7 @@ pub mod ranked;
 pub mod recovery;
 pub mod step;
 pub mod timing;
+pub mod world;
 
 use bevy_ecs::prelude::*;
 use bevy_ecs::schedule::Schedules;
