@@ -13,6 +13,7 @@ mod ranks;
 mod run;
 mod topology;
 mod train;
+mod train_print;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;

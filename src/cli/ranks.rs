@@ -5,6 +5,7 @@
 use super::run::RunArgs;
 use super::train::TrainArgs;
 use anyhow::{Result, bail};
+use optirs_tpu::sharding::RecoveryPolicy;
 
 /// The rank and size a launcher gave this process, from its environment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -96,6 +97,64 @@ pub fn run(_: RunArgs, launch: Launch) -> Result<()> {
     )
 }
 
+// What the `mpi` feature's split run asks of `train`'s arguments.
+#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+impl TrainArgs {
+    /// `--json`.
+    pub(super) fn json(&self) -> bool {
+        self.json
+    }
+
+    /// Everything every rank of a split run must be given alike, for the
+    /// start-up handshake.
+    pub(super) fn describe(&self, sizes: &[usize]) -> String {
+        format!(
+            "train {} with {} at lr {} for {} steps, tensors {sizes:?} in {}-byte buckets, \
+             {:?} reduction, {} recovery, seed {}, tick {:?} ms, kills {:?}, checkpoints \
+             every {:?} s into {:?}",
+            self.pod,
+            self.optimizer.to_ascii_lowercase(),
+            self.lr,
+            self.steps,
+            self.bucket_bytes,
+            self.reduction,
+            self.recovery,
+            self.seed,
+            self.tick_ms,
+            self.kill,
+            self.checkpoint_every,
+            self.checkpoint_dir
+        )
+    }
+
+    /// Refuses what a run split over ranks does not do yet, before any
+    /// rank starts: spare-cube recovery (cube pods run in one process),
+    /// periodic checkpoints without a directory every rank sees, traces.
+    pub(super) fn refuse_split_only(&self) -> Result<()> {
+        let refused = [
+            (
+                self.recovery == RecoveryPolicy::SpareCube,
+                "--recovery spare-cube",
+            ),
+            (
+                self.checkpoint_every.is_some() && self.checkpoint_dir.is_none(),
+                "--checkpoint-every without --checkpoint-dir",
+            ),
+            (self.trace.is_some(), "--trace"),
+            (self.modeled_only, "--modeled-only"),
+        ];
+        if let Some((_, flag)) = refused.iter().find(|(given, _)| *given) {
+            bail!(
+                "`train {flag}` runs as one process: a model split over MPI ranks recovers \
+                 by rollback or from redundant copies, writes its periodic checkpoints into \
+                 one --checkpoint-dir every rank sees, and writes no trace yet; change \
+                 {flag}, or run without mpirun"
+            );
+        }
+        self.refuse_unusable()
+    }
+}
+
 /// Joins the job's MPI ranks and runs `rank_main` with this rank's
 /// mailbox. An error is printed (one write, naming the rank) before the
 /// ranks' final fence, and the process exits 1: the launcher cannot cut
@@ -143,9 +202,8 @@ fn on_mpi(
 /// report of the merged world.
 #[cfg(feature = "mpi")]
 fn train_split(args: TrainArgs, launch: Launch) -> Result<()> {
-    use super::train::{
-        base_optimizer, checked_topology, model_sizes, print_report, run_steps, sharding_of,
-    };
+    use super::train::{base_optimizer, checked_topology, model_sizes, run_steps, sharding_of};
+    use super::train_print::print_report;
     use optirs_tpu::pod::ranks::RankedPod;
     use optirs_tpu::training::ShardedOptimizer;
     use std::time::Duration;

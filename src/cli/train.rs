@@ -9,6 +9,7 @@ use super::parse::{
     parse_count, parse_count_u64, parse_learning_rate, parse_rank_timeout, parse_seconds,
     parse_seed, parse_tick_ms, parse_timed_device, usage,
 };
+use super::train_print::{print_modeled_text, print_report, write_trace};
 use super::{output, progress};
 use anyhow::{Context, Result, bail};
 use clap::Args;
@@ -18,10 +19,7 @@ use optirs_tpu::Pod;
 use optirs_tpu::health::Fault;
 use optirs_tpu::sharding::{DEFAULT_BUCKET_BYTES, ParamSet, RecoveryPolicy, Reduction};
 use optirs_tpu::topology::{DEFAULT_PRESET, DeviceId, load_topology};
-use optirs_tpu::training::report::{
-    TrainReport, modeled_run, phases_in_execution_order, recovery_parts, time_breakdown,
-};
-use optirs_tpu::training::trace::{TraceInput, trace_of};
+use optirs_tpu::training::report::modeled_run;
 use optirs_tpu::training::{Outcome, Resumed, RunError, RunPlan, ShardedOptimizer, ShardingConfig};
 use serde_json::json;
 use std::path::{Path, PathBuf};
@@ -44,79 +42,79 @@ pub const DEFAULT_TRAIN_TICK_MS: f64 = 0.01;
 pub struct TrainArgs {
     /// A preset name (see `optirs-tpu presets`) or a pod file path.
     #[arg(default_value = DEFAULT_PRESET)]
-    pod: String,
+    pub(super) pod: String,
     /// One of sgd, momentum, nesterov, adam, adamw, rmsprop, adagrad.
     #[arg(long, default_value = "adam", ignore_case = true,
           value_parser = PossibleValuesParser::new(optirs_tpu::optimizers::NAMES))]
-    optimizer: String,
+    pub(super) optimizer: String,
     /// Learning rate: any sign, representable as an f32 (the update runs
     /// in f32).
     #[arg(long, default_value_t = 1e-3, value_parser = parse_learning_rate,
           allow_negative_numbers = true)]
-    lr: f64,
+    pub(super) lr: f64,
     /// The model's tensor sizes in elements, comma-separated (the default
     /// is the bundled 16.8 M-parameter transformer block).
     #[arg(long, value_delimiter = ',', value_name = "N[,N...]", value_parser = parse_count,
           allow_negative_numbers = true)]
-    params: Vec<usize>,
+    pub(super) params: Vec<usize>,
     /// Steps to complete (lost steps are redone).
     #[arg(long, default_value_t = 20, value_parser = parse_count_u64,
           allow_negative_numbers = true)]
-    steps: u64,
+    pub(super) steps: u64,
     /// Bucket size in bytes (25 MiB by default): the model's tensors are
     /// packed into buckets whose collectives and updates overlap.
     #[arg(long, default_value_t = DEFAULT_BUCKET_BYTES, value_parser = parse_count,
           allow_negative_numbers = true)]
-    bucket_bytes: usize,
+    pub(super) bucket_bytes: usize,
     /// Gradient reduction: mean or sum.
     #[arg(long, default_value = "mean")]
-    reduction: Reduction,
+    pub(super) reduction: Reduction,
     /// Kill a device at a simulated time, seconds from the start:
     /// `DEVICE@SECONDS` (repeatable, each device at most once). A kill due
     /// after the run ends is an error once the run shows its end.
     #[arg(long, value_name = "DEVICE@SECONDS", value_parser = parse_timed_device)]
-    kill: Vec<(u32, f64)>,
+    pub(super) kill: Vec<(u32, f64)>,
     /// Write a periodic checkpoint every this many simulated seconds
     /// (needed by rollback and spare-cube recovery), rounded to whole
     /// ticks; at least one tick.
     #[arg(long, value_name = "SECONDS", value_parser = parse_seconds,
           allow_negative_numbers = true)]
-    checkpoint_every: Option<f64>,
+    pub(super) checkpoint_every: Option<f64>,
     /// Where the periodic checkpoints go: a directory, created if missing
     /// (only with --checkpoint-every; a fresh temporary directory by
     /// default).
     #[arg(long, value_name = "DIR")]
-    checkpoint_dir: Option<PathBuf>,
+    pub(super) checkpoint_dir: Option<PathBuf>,
     /// Continue the run whose checkpoints are in DIR from its newest
     /// verified one, to `--steps` steps in all (the same arguments as the
     /// run; its checkpoints go on into DIR unless `--checkpoint-dir`
     /// says otherwise).
     #[arg(long, value_name = "DIR")]
-    resume: Option<PathBuf>,
+    pub(super) resume: Option<PathBuf>,
     /// What to do when a step fails: rollback, redundant or spare-cube
     /// (a cube-built pod with `cubes: (spares: N)`).
     #[arg(long, default_value = "rollback")]
-    recovery: RecoveryPolicy,
+    pub(super) recovery: RecoveryPolicy,
     /// Simulated tick in milliseconds (default 0.01), within a pod file's
     /// bounds and at most the pod's heartbeat interval.
     #[arg(long, value_name = "MS", value_parser = parse_tick_ms,
           allow_negative_numbers = true)]
-    tick_ms: Option<f64>,
+    pub(super) tick_ms: Option<f64>,
     /// Seed of the synthetic gradients: a whole number from 0 (`1e3`
     /// reads as 1000, as every count does).
     #[arg(long, default_value_t = 0, value_parser = parse_seed,
           allow_negative_numbers = true)]
-    seed: u64,
+    pub(super) seed: u64,
     /// Write a Chrome/Perfetto trace in simulated time: the run's steps,
     /// failed steps, waits, recoveries (by part) and checkpoint writes,
     /// and every device's compute and communication per bucket. Never
     /// overwrites; checked before the run.
     #[arg(long, value_name = "FILE")]
-    trace: Option<PathBuf>,
+    pub(super) trace: Option<PathBuf>,
     /// Model the step only, in closed form, without data or a pod in
     /// memory (for models and pods this machine cannot hold).
     #[arg(long)]
-    modeled_only: bool,
+    pub(super) modeled_only: bool,
     /// Under `mpirun`: how long a rank waits for another before it stops,
     /// naming the lost rank and its hosts (rank 0 waits this long, the
     /// others twice as long).
@@ -125,7 +123,7 @@ pub struct TrainArgs {
     pub(super) rank_timeout: f64,
     /// Print one JSON object instead of text.
     #[arg(long)]
-    json: bool,
+    pub(super) json: bool,
 }
 
 impl TrainArgs {
@@ -241,22 +239,9 @@ impl TrainArgs {
     /// end.
     pub(super) fn refuse_kills_that_never_happened(&self, pod: &mut Pod) -> Result<()> {
         let end_ns = pod.clock().now_ns;
-        let missed: Vec<String> = pod
-            .faults_that_cannot_apply(0)
+        let missed: Vec<String> = optirs_tpu::training::run::kills_never_happened(pod, &self.kill)
             .iter()
-            .filter_map(|f| match f.scheduled.fault {
-                Fault::KillDevice(DeviceId(device)) if f.scheduled.at_ns > end_ns => {
-                    let asked = self
-                        .kill
-                        .iter()
-                        .find(|&&(d, s)| {
-                            d == device && (s * 1e9).round() as u64 == f.scheduled.at_ns
-                        })
-                        .map_or(f.scheduled.at_ns as f64 * 1e-9, |&(_, s)| s);
-                    Some(format!("--kill {device}@{asked}"))
-                }
-                _ => None,
-            })
+            .map(|(device, asked)| format!("--kill {device}@{asked}"))
             .collect();
         if missed.is_empty() {
             return Ok(());
@@ -307,64 +292,6 @@ impl TrainArgs {
             kills: self.kill.clone(),
             optimizer: self.optimizer.to_ascii_lowercase(),
         }
-    }
-}
-
-// Used by the `mpi` feature's split run.
-#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
-impl TrainArgs {
-    /// `--json`.
-    pub(super) fn json(&self) -> bool {
-        self.json
-    }
-
-    /// Everything every rank of a split run must be given alike, for the
-    /// start-up handshake.
-    pub(super) fn describe(&self, sizes: &[usize]) -> String {
-        format!(
-            "train {} with {} at lr {} for {} steps, tensors {sizes:?} in {}-byte buckets, \
-             {:?} reduction, {} recovery, seed {}, tick {:?} ms, kills {:?}, checkpoints \
-             every {:?} s into {:?}",
-            self.pod,
-            self.optimizer.to_ascii_lowercase(),
-            self.lr,
-            self.steps,
-            self.bucket_bytes,
-            self.reduction,
-            self.recovery,
-            self.seed,
-            self.tick_ms,
-            self.kill,
-            self.checkpoint_every,
-            self.checkpoint_dir
-        )
-    }
-
-    /// Refuses what a run split over ranks does not do yet, before any
-    /// rank starts: spare-cube recovery (cube pods run in one process),
-    /// periodic checkpoints without a directory every rank sees, traces.
-    pub(super) fn refuse_split_only(&self) -> Result<()> {
-        let refused = [
-            (
-                self.recovery == RecoveryPolicy::SpareCube,
-                "--recovery spare-cube",
-            ),
-            (
-                self.checkpoint_every.is_some() && self.checkpoint_dir.is_none(),
-                "--checkpoint-every without --checkpoint-dir",
-            ),
-            (self.trace.is_some(), "--trace"),
-            (self.modeled_only, "--modeled-only"),
-        ];
-        if let Some((_, flag)) = refused.iter().find(|(given, _)| *given) {
-            bail!(
-                "`train {flag}` runs as one process: a model split over MPI ranks recovers \
-                 by rollback or from redundant copies, writes its periodic checkpoints into \
-                 one --checkpoint-dir every rank sees, and writes no trace yet; change \
-                 {flag}, or run without mpirun"
-            );
-        }
-        self.refuse_unusable()
     }
 }
 
@@ -456,7 +383,7 @@ fn compiling_message(sizes: &[usize], devices: u32) -> String {
 /// Refuses to start a fresh run in a directory holding this model's
 /// checkpoints of an earlier run: rollback would restore them and
 /// retention would keep them over this run's.
-fn refuse_earlier_run(dir: &std::path::Path) -> Result<()> {
+fn refuse_earlier_run(dir: &Path) -> Result<()> {
     let registry = optirs_tpu::checkpoint::engine_registry();
     let listings = optirs_tpu::checkpoint::list_checkpoints(dir, &registry)?;
     if let Some(newest) = listings.iter().find(|l| l.problem.is_none()) {
@@ -478,19 +405,8 @@ fn refuse_other_faults(
     kills: &[(u64, Fault)],
     resumed_at_ns: u64,
 ) -> Result<()> {
-    let plan = opt
-        .pod()
-        .world()
-        .resource::<optirs_tpu::health::FaultPlan>();
-    let mut pending: Vec<(u64, Fault)> = plan.pending.iter().map(|f| (f.at_ns, f.fault)).collect();
-    let mut given: Vec<(u64, Fault)> = kills
-        .iter()
-        .copied()
-        .filter(|&(at, _)| at > resumed_at_ns)
-        .collect();
-    let key = |f: &(u64, Fault)| format!("{f:?}");
-    pending.sort_by_key(key);
-    given.sort_by_key(key);
+    let (pending, given) =
+        optirs_tpu::training::run::kills_to_come(opt.pod(), kills, resumed_at_ns);
     if pending != given {
         let show = |v: &[(u64, Fault)]| {
             let list: Vec<String> = v
@@ -696,190 +612,6 @@ fn modeled_only(args: &TrainArgs, sizes: &[usize]) -> Result<()> {
     if args.json {
         return output::print_json(&report);
     }
-    let mut text = format!(
-        "modeled {} parameters with {} on {} ({}, {}), {} recovery: step {}, {} for {} \
-         (modeled in {} wall)\n",
-        report["params"],
-        report["optimizer"].as_str().unwrap_or(""),
-        topology.name,
-        output::plural(step.devices as u64, "device", "devices"),
-        output::plural(step.buckets as u64, "bucket", "buckets"),
-        args.recovery,
-        output::seconds(step.timeline.step_seconds),
-        output::seconds(simulated_seconds),
-        output::plural(args.steps, "step", "steps"),
-        output::seconds(wall_seconds),
-    );
-    for (k, v) in &step.timeline.phases {
-        text += &format!("  {k:<24} {}\n", output::seconds(*v));
-    }
-    text += &format!(
-        "HBM per device {} of {} ({}); links move {} per step\n",
-        output::bytes(step.hbm_bytes_per_device),
-        output::bytes(topology.hbm_bytes),
-        match (fits, args.recovery) {
-            (true, _) => "fits",
-            (false, RecoveryPolicy::Redundant) => {
-                "does not fit: every replica holds all parameters and gradients (weight-update \
-                 sharding shards the optimizer state only), and the redundant policy keeps a \
-                 second copy of each device's state shards"
-            }
-            (false, _) => {
-                "does not fit: every replica holds all parameters and gradients (weight-update \
-                 sharding shards the optimizer state only)"
-            }
-        },
-        output::bytes(step.link_bytes)
-    );
-    output::print_text(&text)
+    print_modeled_text(&report, &topology, &modeled, args.recovery, args.steps)
 }
 
-/// `device 5`, `devices 5 and 6`, `devices 1, 2 and 3`, `no device`.
-fn devices_text(devices: &[u32]) -> String {
-    let ids: Vec<String> = devices.iter().map(u32::to_string).collect();
-    match ids.as_slice() {
-        [] => "no device".into(),
-        [one] => format!("device {one}"),
-        [init @ .., last] => format!("devices {} and {last}", init.join(", ")),
-    }
-}
-
-pub(super) fn print_report(r: &TrainReport, json: bool) -> Result<()> {
-    if json {
-        return output::print_json(r);
-    }
-    let mut text = format!(
-        "trained {} ({} in {}, {}) with {} on {} ({})\n\
-         {} completed ({} attempted); step {} modeled, {} wall per step; compile {}\n",
-        "the model",
-        output::plural(r.params as u64, "parameter", "parameters"),
-        output::plural(r.tensors as u64, "tensor", "tensors"),
-        output::plural(r.buckets as u64, "bucket", "buckets"),
-        r.optimizer,
-        r.pod,
-        output::plural(u64::from(r.devices), "device", "devices"),
-        output::plural(r.steps_completed, "step", "steps"),
-        r.steps_attempted,
-        output::seconds(r.step_modeled_seconds),
-        output::seconds(r.wall_seconds_per_step),
-        output::seconds(r.compile_seconds),
-    );
-    for (k, v) in phases_in_execution_order(&r.phases) {
-        text += &format!("  {k:<24} {}\n", output::seconds(v));
-    }
-    let dcn: f64 = ["reduce_scatter.dcn", "all_gather.dcn"]
-        .iter()
-        .filter_map(|k| r.phases.get(*k))
-        .sum();
-    if dcn > 0.0 {
-        text += &format!(
-            "DCN phase (across slices) {} of the {} step\n",
-            output::seconds(dcn),
-            output::seconds(r.step_modeled_seconds)
-        );
-    }
-    text += &format!(
-        "HBM per device (max) {}; links moved {}\n",
-        output::bytes(r.hbm_bytes_per_device),
-        output::bytes(r.link_bytes)
-    );
-    for f in &r.failures {
-        let seen = f.killed_at_seconds.map_or_else(String::new, |killed| {
-            format!(
-                " (killed at {}, seen {} later)",
-                output::seconds(killed),
-                output::seconds(f.at_seconds - killed)
-            )
-        });
-        text += &format!(
-            "  step {} failed at {} during {}: {}{seen}\n",
-            f.step,
-            output::seconds(f.at_seconds),
-            f.phase.key(),
-            f.cause
-        );
-    }
-    for rec in &r.recoveries {
-        let parts: Vec<String> = recovery_parts(rec)
-            .iter()
-            .map(|(name, seconds)| format!("{name} {}", output::seconds(*seconds)))
-            .collect();
-        text += &format!(
-            "  recovered by {} from step {} in {} modeled ({}): lost {}, {} lost\n",
-            rec.policy,
-            rec.failed_step,
-            output::seconds(rec.recovery_seconds),
-            parts.join(" + "),
-            devices_text(&rec.lost_devices),
-            output::plural(rec.lost_steps, "step", "steps"),
-        );
-        for [failed, spare] in &rec.swapped_cubes {
-            text += &format!("    cube {failed} swapped for spare cube {spare}\n");
-        }
-    }
-    text += &time_breakdown(r);
-    let ranks = if r.ranks > 1 {
-        format!(" (merged from {} ranks)", r.ranks)
-    } else {
-        String::new()
-    };
-    text += &format!(
-        "goodput {:.1} % of {} simulated ({} at the end); {} wall\nworld sha256 {}{ranks}\n",
-        r.goodput * 100.0,
-        output::seconds(r.simulated_seconds),
-        output::plural(r.devices_at_end as u64, "device", "devices"),
-        output::seconds(r.wall_seconds),
-        r.world_sha256
-    );
-    output::print_text(&text)
-}
-
-/// Writes the run's trace ([`trace_of`]) into a new file.
-fn write_trace(path: &Path, input: &TraceInput<'_>) -> Result<()> {
-    output::write_new("--trace", path, &serde_json::to_string(&trace_of(input))?)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::collections::BTreeMap;
-
-    #[test]
-    fn phases_read_in_the_order_the_step_runs_them() {
-        let phases: BTreeMap<String, f64> = [
-            "all_gather.axis0",
-            "all_gather.axis1",
-            "all_gather.dcn",
-            "exposed_communication",
-            "reduce_scatter.axis0",
-            "reduce_scatter.axis1",
-            "reduce_scatter.dcn",
-            "replicate_state",
-            "update",
-        ]
-        .into_iter()
-        .map(|k| (k.to_string(), 1.0))
-        .collect();
-        let order: Vec<&str> = phases_in_execution_order(&phases)
-            .into_iter()
-            .map(|(k, _)| k)
-            .collect();
-        assert_eq!(
-            order,
-            [
-                "reduce_scatter.axis0",
-                "reduce_scatter.axis1",
-                "reduce_scatter.dcn",
-                "update",
-                "all_gather.dcn",
-                "all_gather.axis1",
-                "all_gather.axis0",
-                "replicate_state",
-                "exposed_communication",
-            ]
-        );
-        assert_eq!(devices_text(&[]), "no device");
-        assert_eq!(devices_text(&[5]), "device 5");
-        assert_eq!(devices_text(&[1, 2, 3]), "devices 1, 2 and 3");
-    }
-}

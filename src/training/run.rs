@@ -11,7 +11,9 @@ use ndarray::IxDyn;
 use serde::{Serialize, Serializer};
 
 use crate::error::OptimError;
-use crate::health::DeviceState;
+use crate::health::{DeviceState, Fault, FaultPlan};
+use crate::pod::Pod;
+use crate::topology::DeviceId;
 use crate::optimizers::Optimizer;
 use crate::sharding::ledger::{TimeKind, TimeLedger};
 use crate::sharding::{FailureCause, ShardedStep, ShardingError, StepPhase, SyntheticGradients};
@@ -261,4 +263,45 @@ fn failure_row<O: Optimizer<f32, IxDyn>>(
         phase,
         cause: cause.to_string(),
     }
+}
+
+/// The kills of `kills` (device, seconds) still pending in the pod's fault
+/// plan after the run: due after its simulated end, they never happened
+/// (a run's end is only known once it has run). Each as it was asked.
+pub fn kills_never_happened(pod: &mut Pod, kills: &[(u32, f64)]) -> Vec<(u32, f64)> {
+    let end_ns = pod.clock().now_ns;
+    pod.faults_that_cannot_apply(0)
+        .iter()
+        .filter_map(|f| match f.scheduled.fault {
+            Fault::KillDevice(DeviceId(device)) if f.scheduled.at_ns > end_ns => {
+                let asked = kills
+                    .iter()
+                    .find(|&&(d, s)| d == device && (s * 1e9).round() as u64 == f.scheduled.at_ns)
+                    .map_or(f.scheduled.at_ns as f64 * 1e-9, |&(_, s)| s);
+                Some((device, asked))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// The faults a resumed pod still has to come (its checkpoint carries
+/// them) and the `kills` given due after `resumed_at_ns`, both in one
+/// order: a resumed run is the same run, so they must be equal.
+pub fn kills_to_come(
+    pod: &Pod,
+    kills: &[(u64, Fault)],
+    resumed_at_ns: u64,
+) -> (Vec<(u64, Fault)>, Vec<(u64, Fault)>) {
+    let plan = pod.world().resource::<FaultPlan>();
+    let mut pending: Vec<(u64, Fault)> = plan.pending.iter().map(|f| (f.at_ns, f.fault)).collect();
+    let mut given: Vec<(u64, Fault)> = kills
+        .iter()
+        .copied()
+        .filter(|&(at, _)| at > resumed_at_ns)
+        .collect();
+    let key = |f: &(u64, Fault)| format!("{f:?}");
+    pending.sort_by_key(key);
+    given.sort_by_key(key);
+    (pending, given)
 }
