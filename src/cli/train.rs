@@ -614,4 +614,3 @@ fn modeled_only(args: &TrainArgs, sizes: &[usize]) -> Result<()> {
     }
     print_modeled_text(&report, &topology, &modeled, args.recovery, args.steps)
 }
-

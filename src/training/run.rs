@@ -12,11 +12,11 @@ use serde::{Serialize, Serializer};
 
 use crate::error::OptimError;
 use crate::health::{DeviceState, Fault, FaultPlan};
-use crate::pod::Pod;
-use crate::topology::DeviceId;
 use crate::optimizers::Optimizer;
+use crate::pod::Pod;
 use crate::sharding::ledger::{TimeKind, TimeLedger};
 use crate::sharding::{FailureCause, ShardedStep, ShardingError, StepPhase, SyntheticGradients};
+use crate::topology::DeviceId;
 
 use super::{CheckpointWrite, Resumed, ShardedOptimizer, ShardedStepReport};
 
@@ -285,6 +285,9 @@ pub fn kills_never_happened(pod: &mut Pod, kills: &[(u32, f64)]) -> Vec<(u32, f6
         .collect()
 }
 
+/// Faults at their simulated times, ns.
+pub type TimedFaults = Vec<(u64, Fault)>;
+
 /// The faults a resumed pod still has to come (its checkpoint carries
 /// them) and the `kills` given due after `resumed_at_ns`, both in one
 /// order: a resumed run is the same run, so they must be equal.
@@ -292,7 +295,7 @@ pub fn kills_to_come(
     pod: &Pod,
     kills: &[(u64, Fault)],
     resumed_at_ns: u64,
-) -> (Vec<(u64, Fault)>, Vec<(u64, Fault)>) {
+) -> (TimedFaults, TimedFaults) {
     let plan = pod.world().resource::<FaultPlan>();
     let mut pending: Vec<(u64, Fault)> = plan.pending.iter().map(|f| (f.at_ns, f.fault)).collect();
     let mut given: Vec<(u64, Fault)> = kills
