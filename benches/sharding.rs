@@ -46,9 +46,8 @@ fn real_data(c: &mut Criterion) {
     let pod = Pod::from_preset(&preset).unwrap();
     let config = config_for(&pod);
     let replicas = pod.topology().num_devices() as usize;
-    let mut sharded = ShardedOptimizer::new(
+    let mut sharded = ShardedOptimizer::on_pod(
         Adam::new(1e-3f32),
-        config.clone(),
         pod,
         model(total),
         ShardingConfig::default(),
@@ -112,10 +111,8 @@ fn idle_tick(c: &mut Criterion) {
     let mut bare = Pod::from_preset("v5e-16").unwrap();
     group.bench_function("v5e-16/bare", |b| b.iter(|| bare.step()));
     let pod = Pod::from_preset("v5e-16").unwrap();
-    let config = config_for(&pod);
-    let mut idle = ShardedOptimizer::new(
+    let mut idle = ShardedOptimizer::on_pod(
         Adam::new(1e-3f32),
-        config,
         pod,
         model(1 << 20),
         ShardingConfig::default(),

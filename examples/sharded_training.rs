@@ -16,7 +16,7 @@ use optirs_tpu::optimizers::Adam;
 use optirs_tpu::sharding::{ParamSet, RecoveryPolicy, SyntheticGradients};
 use optirs_tpu::topology::DeviceId;
 use optirs_tpu::tpu::{ShardedOptimizer, ShardingConfig};
-use optirs_tpu::{OptimError, Pod, TPUConfig, TPUVersion};
+use optirs_tpu::{OptimError, Pod};
 
 const FEATURES: usize = 256;
 const SAMPLES: usize = 4096;
@@ -61,17 +61,12 @@ fn main() -> Result<(), OptimError> {
         ("w", ArrayD::zeros(IxDyn(&[FEATURES]))),
         ("b", ArrayD::zeros(IxDyn(&[1]))),
     ])?;
-    let config = TPUConfig {
-        tpu_version: TPUVersion::V5e,
-        num_cores: 16,
-        ..Default::default()
-    };
     let sharding = ShardingConfig {
         bucket_bytes: 512, // several buckets even for this small model
         recovery: RecoveryPolicy::Redundant,
         ..Default::default()
     };
-    let mut opt = ShardedOptimizer::new(Adam::new(0.05f32), config, pod, params, sharding)?;
+    let mut opt = ShardedOptimizer::on_pod(Adam::new(0.05f32), pod, params, sharding)?;
     let mut killed = false;
     let mut step = 0;
     while opt.steps_completed() < 60 {

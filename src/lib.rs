@@ -28,9 +28,10 @@
 //! | 13 recovery | `recovery` | a sharded model's recovery after a failed step: the `Recovery` set's system and the three policies (rollback from the newest checkpoint, redundant copies, spare-cube swap), re-sharding onto the survivors |
 //! | 14 assembly | `pod` | `Pod`: the world, the install order of every domain, the host API |
 //! | 15 profiling | `profile` | counters, Chrome/Perfetto traces, per-system timing |
-//! | 16 seed facades | `tpu`, `coordination`, `fault_tolerance`, `xla` | `TPUOptimizer`, `PodCoordinator`, `FaultToleranceManager`, the seed's compiler paths |
-//! | 17 facades over facades | `pod_coordination` | `TPUPodCoordinator` over `PodCoordinator`; the seed's clock-sync path |
-//! | 18 binary | `cli` | the command line (part of the `optirs-tpu` binary, not the library) |
+//! | 16 training | `training` | a training run in one place: the sharded optimizer's host API and its step checkpoints, the run loop and its time ledger, the run's report, goodput and trace |
+//! | 17 seed facades | `tpu`, `coordination`, `fault_tolerance`, `xla` | `TPUOptimizer`, `PodCoordinator`, `FaultToleranceManager`, the seed's compiler paths |
+//! | 18 facades over facades | `pod_coordination` | `TPUPodCoordinator` over `PodCoordinator`; the seed's clock-sync path |
+//! | 19 binary | `cli` | the command line (part of the `optirs-tpu` binary, not the library) |
 //!
 //! Errors are leaves: each domain's error enum (`TopologyError`,
 //! `MemoryError`, `TransportError`, `FaultError`, `BarrierError`,
@@ -100,6 +101,7 @@ pub mod sharding;
 pub mod svg;
 pub mod topology;
 pub mod tpu;
+pub mod training;
 pub mod transport;
 pub mod xla;
 

@@ -12,7 +12,7 @@ use optirs_tpu::topology::{
     parse_topology,
 };
 use optirs_tpu::tpu::{ShardedOptimizer, ShardingConfig};
-use optirs_tpu::{OptimError, Pod, TPUConfig};
+use optirs_tpu::{OptimError, Pod};
 use proptest::prelude::*;
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
@@ -302,11 +302,9 @@ fn params(n: usize) -> ParamSet<f32> {
 type Sharded = ShardedOptimizer<Box<dyn optirs_tpu::Optimizer<f32, IxDyn> + Send + Sync>, f32>;
 
 fn sharded(pod: Pod, recovery: RecoveryPolicy) -> Result<Sharded, OptimError> {
-    let config = TPUConfig::for_pod(pod.topology());
     let base = optirs_tpu::optimizers::by_name("adam", 0.01f32).unwrap();
-    ShardedOptimizer::new(
+    ShardedOptimizer::on_pod(
         base,
-        config,
         pod,
         params(640),
         ShardingConfig {

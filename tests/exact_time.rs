@@ -5,16 +5,15 @@
 use std::process::{Command, Output};
 
 use ndarray::{ArrayD, IxDyn};
+use optirs_tpu::Pod;
 use optirs_tpu::health::Fault;
 use optirs_tpu::optimizers::Adam;
-use optirs_tpu::sharding::ledger::{TimeKind, TimeLedger, TimeParts};
-use optirs_tpu::sharding::{
-    ParamSet, RecoveryPolicy, ShardedStep, ShardingError, StepPhase, SyntheticGradients,
-};
+use optirs_tpu::sharding::ledger::TimeParts;
+use optirs_tpu::sharding::{ParamSet, RecoveryPolicy, StepPhase};
 use optirs_tpu::topology::{DeviceId, load_preset};
 use optirs_tpu::tpu::sharded::{CheckpointWrite, WriteOutcome};
 use optirs_tpu::tpu::{ShardedOptimizer, ShardingConfig};
-use optirs_tpu::{Pod, TPUConfig};
+use optirs_tpu::training::{RunPlan, run_steps};
 use proptest::prelude::*;
 
 fn optirs(args: &[&str]) -> Output {
@@ -145,7 +144,8 @@ fn a_kill_where_a_step_ends_recovers_under_every_policy() {
 }
 
 /// A small model on v4-8, as `train` runs it: step checkpoints into
-/// `root` under rollback, and a kill of device 3 at `kill_ns`.
+/// `root` under rollback, and a kill of device 3 at `kill_ns`, stepped by
+/// the training layer's loop.
 fn run(policy: RecoveryPolicy, kill_ns: Option<u64>, root: &std::path::Path) -> Outcome {
     let mut topology = load_preset("v4-8").unwrap();
     topology.tick_ns = 10_000;
@@ -156,73 +156,33 @@ fn run(policy: RecoveryPolicy, kill_ns: Option<u64>, root: &std::path::Path) -> 
     let params = ParamSet::new()
         .with("w", ArrayD::from_elem(IxDyn(&[3000]), 0.5f32))
         .unwrap();
-    let config = TPUConfig::for_pod(pod.topology());
     let sharding = ShardingConfig {
         recovery: policy,
         ..ShardingConfig::default()
     };
-    let mut opt = ShardedOptimizer::new(Adam::new(1e-3f32), config, pod, params, sharding).unwrap();
+    let mut opt = ShardedOptimizer::on_pod(Adam::new(1e-3f32), pod, params, sharding).unwrap();
     opt.enable_step_checkpoints(1, root.to_path_buf(), 3)
         .unwrap();
-    let start = opt.pod().clock().now_ns;
-    let mut ledger = TimeLedger::starting_at(start);
-    let mut recovering = false;
-    let mut steps = Vec::new();
-    let mut phases = Vec::new();
-    let mut writes = Vec::new();
-    for _ in 0..40 {
-        if opt.steps_completed() == 4 {
-            break;
-        }
-        let grads = SyntheticGradients {
-            seed: 1,
-            step: opt.steps_completed() + 1,
-            replicas: opt.layout().unwrap().devices(),
-            scale: 1e-2,
-        };
-        let wait = if recovering {
-            TimeKind::Recovery
-        } else {
-            TimeKind::Other
-        };
-        match opt.step(&grads) {
-            Ok(r) => {
-                ledger.charge(wait, r.launched_at_ns);
-                ledger.step_completed(r.step, r.launched_at_ns, r.completed_at_ns);
-                steps.push((r.launched_at_ns, r.completed_at_ns, r.spans.clone()));
-                recovering = false;
-                if let Some(w) = opt.checkpoint_if_due().unwrap() {
-                    ledger.charge(TimeKind::CheckpointWrite, w.ended_at_ns);
-                    writes.push(w);
-                }
-            }
-            Err(e) => match e.downcast::<ShardingError>() {
-                Ok(ShardingError::StepFailed { at_ns, phase, .. }) => {
-                    let launched = opt
-                        .pod()
-                        .world()
-                        .get_resource::<ShardedStep>()
-                        .map_or(at_ns, |s| s.launched_at_ns);
-                    ledger.charge(wait, launched);
-                    ledger.charge(TimeKind::CutOffStep, at_ns);
-                    ledger.rolled_back_to(opt.steps_completed());
-                    recovering = true;
-                    phases.push(phase);
-                }
-                Ok(other) => panic!("kill at {kill_ns:?} under {policy}: {other}"),
-                Err(e) => panic!("kill at {kill_ns:?} under {policy}: {e}"),
-            },
-        }
-    }
-    ledger.charge(TimeKind::Other, opt.pod().clock().now_ns);
+    let plan = RunPlan {
+        steps: 4,
+        seed: 1,
+        kills: kill_ns.map_or_else(Vec::new, |at| vec![(3, at as f64 * 1e-9)]),
+        optimizer: "adam".into(),
+    };
+    let ran = run_steps(&mut opt, &plan, &|| false, &mut |_| {})
+        .unwrap_or_else(|e| panic!("kill at {kill_ns:?} under {policy}: {e}"));
     Outcome {
         steps_completed: opt.steps_completed(),
         devices: opt.layout().unwrap().devices(),
-        parts: ledger.parts(),
+        parts: ran.ledger.parts(),
         sha: opt.pod_mut().world_sha256().unwrap(),
-        steps,
-        phases,
-        writes,
+        steps: ran
+            .reports
+            .iter()
+            .map(|r| (r.launched_at_ns, r.completed_at_ns, r.spans.clone()))
+            .collect(),
+        phases: ran.failures.iter().map(|f| f.phase).collect(),
+        writes: ran.writes,
         lost_steps: opt.recoveries().iter().map(|r| r.lost_steps).collect(),
     }
 }

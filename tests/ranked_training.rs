@@ -14,7 +14,7 @@ use optirs_tpu::sharding::ranked::HeldElsewhere;
 use optirs_tpu::sharding::{GradientSource, ParamSet, ShardingError, SyntheticGradients};
 use optirs_tpu::topology::{DeviceId, Topology, load_preset};
 use optirs_tpu::tpu::{ShardedOptimizer, ShardingConfig};
-use optirs_tpu::{OptimError, Optimizer, Pod, Result, TPUConfig};
+use optirs_tpu::{OptimError, Optimizer, Pod, Result};
 use proptest::prelude::*;
 
 #[path = "common/ranks.rs"]
@@ -36,46 +36,18 @@ fn model(sizes: &[usize]) -> ParamSet<f32> {
     set
 }
 
-fn config(topology: &Topology) -> TPUConfig {
-    TPUConfig {
-        tpu_version: topology.generation,
-        num_cores: topology.num_devices() as usize
-            * topology.generation.spec().cores_per_chip as usize,
-        ..Default::default()
-    }
-}
-
 /// Adam at 1e-2 over a model of `sizes`, on `pod` in one process.
-fn adam_one(
-    topology: &Topology,
-    pod: Pod,
-    sizes: &[usize],
-    sharding: ShardingConfig,
-) -> ShardedOptimizer<Adam<f32>> {
-    ShardedOptimizer::new(
-        Adam::new(1e-2f32),
-        config(topology),
-        pod,
-        model(sizes),
-        sharding,
-    )
-    .unwrap()
+fn adam_one(pod: Pod, sizes: &[usize], sharding: ShardingConfig) -> ShardedOptimizer<Adam<f32>> {
+    ShardedOptimizer::on_pod(Adam::new(1e-2f32), pod, model(sizes), sharding).unwrap()
 }
 
 /// [`adam_one`] on this rank's part of a split pod.
 fn adam_split(
-    topology: &Topology,
     pod: RankedPod,
     sizes: &[usize],
     sharding: ShardingConfig,
 ) -> Result<ShardedOptimizer<Adam<f32>>> {
-    ShardedOptimizer::new_ranked(
-        Adam::new(1e-2f32),
-        config(topology),
-        pod,
-        model(sizes),
-        sharding,
-    )
+    ShardedOptimizer::on_ranked_pod(Adam::new(1e-2f32), pod, model(sizes), sharding)
 }
 
 fn grads(step: u64, replicas: usize) -> SyntheticGradients {
@@ -113,14 +85,8 @@ fn one_process<O: Optimizer<f32, IxDyn>>(
     steps: u64,
 ) -> Outcome {
     let pod = Pod::from_topology(topology.clone()).unwrap();
-    let mut opt = ShardedOptimizer::new(
-        optimizer,
-        config(topology),
-        pod,
-        model(sizes),
-        sharding(bucket_bytes),
-    )
-    .unwrap();
+    let mut opt =
+        ShardedOptimizer::on_pod(optimizer, pod, model(sizes), sharding(bucket_bytes)).unwrap();
     let replicas = topology.num_devices() as usize;
     for step in 1..=steps {
         opt.step(&grads(step, replicas)).unwrap();
@@ -152,9 +118,8 @@ fn split<O: Optimizer<f32, IxDyn> + Clone + Send + Sync>(
     on_ranks(ranks, |mailbox| {
         let mut pod = RankedPod::new(topology.clone(), mailbox)?;
         pod.handshake(&format!("{steps} steps of {sizes:?}"))?;
-        let mut opt = ShardedOptimizer::new_ranked(
+        let mut opt = ShardedOptimizer::on_ranked_pod(
             optimizer.clone(),
-            config(topology),
             pod,
             model(sizes),
             sharding(bucket_bytes),
@@ -225,7 +190,7 @@ fn each_rank_holds_only_its_devices_state_shards() {
     let counts = on_ranks(4, |mailbox| {
         let pod = RankedPod::new(topology.clone(), mailbox)?;
         let local = pod.layout().local_devices().len();
-        let mut opt = adam_split(&topology, pod, &[300], sharding(1 << 20))?;
+        let mut opt = adam_split(pod, &[300], sharding(1 << 20))?;
         opt.step(&grads(1, 32))?;
         let world = opt.pod_mut().world_mut();
         let mut held =
@@ -283,9 +248,8 @@ fn a_rank_reads_only_its_own_replicas_gradients() {
         let local: Vec<bool> = (0..topology.num_devices())
             .map(|d| pod.layout().is_local(DeviceId(d)))
             .collect();
-        let mut opt = ShardedOptimizer::new_ranked(
+        let mut opt = ShardedOptimizer::on_ranked_pod(
             SGD::new(0.1f32),
-            config(&topology),
             pod,
             model(&sizes),
             sharding(1 << 20),
@@ -318,7 +282,7 @@ fn a_device_killed_in_flight_fails_the_step_alike_on_every_rank() {
     // One process: step 1 completes, step 2 fails on the kill.
     let run_one = || {
         let pod = Pod::from_topology(topology.clone()).unwrap();
-        let mut opt = adam_one(&topology, pod, &[5000, 77], sharding(4096));
+        let mut opt = adam_one(pod, &[5000, 77], sharding(4096));
         let first = opt.step(&grads(1, 8)).map(|r| r.step);
         let now = opt.pod().clock().now_ns;
         opt.pod_mut()
@@ -336,7 +300,7 @@ fn a_device_killed_in_flight_fails_the_step_alike_on_every_rank() {
     let expected = failed_on(second.as_ref().unwrap_err()).expect("a failed step");
     let ranked = on_ranks(2, |mailbox| {
         let pod = RankedPod::new(topology.clone(), mailbox)?;
-        let mut opt = adam_split(&topology, pod, &[5000, 77], sharding(4096))?;
+        let mut opt = adam_split(pod, &[5000, 77], sharding(4096))?;
         let first = opt.step(&grads(1, 8)).map(|r| r.step);
         let now = opt.pod().clock().now_ns;
         opt.ranked_mut()
@@ -389,7 +353,7 @@ fn a_split_training_checkpoint_restores_on_other_rank_counts_and_continues_bit_f
     let sizes = [3000, 77];
     let straight = one_process(Adam::new(1e-2f32), &topology, &sizes, 4096, 3);
     let root = tempfile::tempdir().unwrap();
-    let build = |pod: RankedPod| adam_split(&topology, pod, &sizes, sharding(4096));
+    let build = |pod: RankedPod| adam_split(pod, &sizes, sharding(4096));
     // Two steps on four ranks, then a split checkpoint.
     for r in on_ranks(4, |mailbox| {
         let mut opt = build(RankedPod::new(topology.clone(), mailbox)?)?;
@@ -423,7 +387,6 @@ fn a_split_training_checkpoint_restores_on_other_rank_counts_and_continues_bit_f
     let (_, snapshot) =
         optirs_tpu::checkpoint::split::read_split_checkpoint(&dir, registry).unwrap();
     let mut opt = adam_one(
-        &topology,
         Pod::from_topology(topology.clone()).unwrap(),
         &sizes,
         sharding(4096),
@@ -521,7 +484,7 @@ fn recovers_as_one_process(policy: optirs_tpu::sharding::RecoveryPolicy) {
         outcomes
     };
     let pod = Pod::from_topology(topology.clone()).unwrap();
-    let mut one = adam_one(&topology, pod, &sizes, redundant);
+    let mut one = adam_one(pod, &sizes, redundant);
     checkpoints(one.pod_mut(), one_root.path());
     let one_outcomes = run(&mut |step| {
         if step == 2 {
@@ -540,7 +503,7 @@ fn recovers_as_one_process(policy: optirs_tpu::sharding::RecoveryPolicy) {
     };
     let ranked = on_ranks(2, |mailbox| {
         let pod = RankedPod::new(topology.clone(), mailbox)?;
-        let mut opt = adam_split(&topology, pod, &sizes, redundant)?;
+        let mut opt = adam_split(pod, &sizes, redundant)?;
         checkpoints(opt.pod_mut(), split_root.path());
         let outcomes = run(&mut |step| {
             if step == 2 {

@@ -290,9 +290,8 @@ fn check_exact(
         Reduction::Sum
     };
     let params = model(sizes);
-    let mut sharded = ShardedOptimizer::new(
+    let mut sharded = ShardedOptimizer::on_pod(
         base,
-        config.clone(),
         pod,
         params.clone(),
         ShardingConfig {
@@ -412,13 +411,11 @@ proptest! {
 #[test]
 fn state_is_one_nth_per_device_and_in_its_own_heap() {
     let pod = Pod::from_preset("v5e-16").unwrap();
-    let config = config_for(&pod);
     let params = ParamSet::new()
         .with("w", ArrayD::from_elem(IxDyn(&[1024, 16]), 0.5f32))
         .unwrap();
-    let opt = ShardedOptimizer::new(
+    let opt = ShardedOptimizer::on_pod(
         optirs_tpu::optimizers::Adam::new(1e-3f32),
-        config,
         pod,
         params,
         ShardingConfig::default(),
@@ -442,19 +439,17 @@ fn state_is_one_nth_per_device_and_in_its_own_heap() {
 #[test]
 fn out_of_hbm_names_the_device_and_what_asked() {
     let pod = Pod::from_preset("v4-8").unwrap();
-    let config = TPUConfig {
-        hbm_bytes: Some(10_000),
-        ..config_for(&pod)
-    };
     let params = ParamSet::new()
         .with("w", ArrayD::from_elem(IxDyn(&[4000]), 1f32))
         .unwrap();
-    let err = ShardedOptimizer::new(
+    let err = ShardedOptimizer::on_pod(
         optirs_tpu::optimizers::Adam::new(1e-3f32),
-        config,
         pod,
         params,
-        ShardingConfig::default(),
+        ShardingConfig {
+            hbm_bytes: Some(10_000),
+            ..ShardingConfig::default()
+        },
     )
     .unwrap_err();
     let text = err.to_string();
@@ -465,19 +460,17 @@ fn out_of_hbm_names_the_device_and_what_asked() {
     );
     // Room for the parameters but not for Adam's two state shards.
     let pod = Pod::from_preset("v4-8").unwrap();
-    let config = TPUConfig {
-        hbm_bytes: Some(16_512),
-        ..config_for(&pod)
-    };
     let params = ParamSet::new()
         .with("w", ArrayD::from_elem(IxDyn(&[4000]), 1f32))
         .unwrap();
-    let err = ShardedOptimizer::new(
+    let err = ShardedOptimizer::on_pod(
         optirs_tpu::optimizers::Adam::new(1e-3f32),
-        config,
         pod,
         params,
-        ShardingConfig::default(),
+        ShardingConfig {
+            hbm_bytes: Some(16_512),
+            ..ShardingConfig::default()
+        },
     )
     .unwrap_err();
     assert!(
@@ -495,11 +488,9 @@ fn a_device_killed_in_flight_fails_the_step_and_changes_nothing() {
         "v4-8-fine",
     )
     .unwrap();
-    let config = config_for(&pod);
     let sizes = [5000usize, 77];
-    let mut opt = ShardedOptimizer::new(
+    let mut opt = ShardedOptimizer::on_pod(
         optirs_tpu::optimizers::Adam::new(1e-2f32),
-        config,
         pod,
         model(&sizes),
         ShardingConfig {
@@ -545,10 +536,8 @@ fn a_device_killed_in_flight_fails_the_step_and_changes_nothing() {
 fn bad_input_is_refused_before_any_work() {
     let make = |params: ParamSet<f32>, bucket_bytes: usize| {
         let pod = Pod::from_preset("v4-8").unwrap();
-        let config = config_for(&pod);
-        ShardedOptimizer::new(
+        ShardedOptimizer::on_pod(
             optirs_tpu::optimizers::SGD::new(0.1f32),
-            config,
             pod,
             params,
             ShardingConfig {
@@ -593,6 +582,8 @@ fn bad_input_is_refused_before_any_work() {
         num_cores: 8,
         ..Default::default()
     };
+    // The configuration's own check, kept by the seed's constructor.
+    #[allow(deprecated)]
     let err = ShardedOptimizer::new(
         optirs_tpu::optimizers::SGD::new(0.1f32),
         config,
@@ -607,13 +598,11 @@ fn bad_input_is_refused_before_any_work() {
 #[test]
 fn the_step_charges_links_and_models_time_per_phase() {
     let pod = Pod::from_preset("v4-64").unwrap();
-    let config = config_for(&pod);
     let params = ParamSet::new()
         .with("w", ArrayD::from_elem(IxDyn(&[1 << 16]), 1f32))
         .unwrap();
-    let mut opt = ShardedOptimizer::new(
+    let mut opt = ShardedOptimizer::on_pod(
         optirs_tpu::optimizers::Adam::new(1e-3f32),
-        config,
         pod,
         params,
         ShardingConfig {
@@ -860,9 +849,8 @@ fn rollback_without_checkpoints_is_a_clear_error() {
 
 /// The optimizer `name` (learning rate 0.01) sharded over `pod`.
 fn sharded_on(pod: Pod, name: &str, sizes: &[usize], sharding: ShardingConfig) -> Sharded {
-    let config = config_for(&pod);
     let base = optirs_tpu::optimizers::by_name(name, 0.01f32).unwrap();
-    ShardedOptimizer::new(base, config, pod, model(sizes), sharding).unwrap()
+    ShardedOptimizer::on_pod(base, pod, model(sizes), sharding).unwrap()
 }
 
 fn adam_on(pod: Pod, sizes: &[usize]) -> Sharded {
@@ -975,10 +963,8 @@ fn the_closed_form_model_matches_the_traffic_records() {
     ] {
         let pod = pod_named(pod);
         let topology = pod.topology().clone();
-        let config = config_for(&pod);
-        let mut opt = ShardedOptimizer::new(
+        let mut opt = ShardedOptimizer::on_pod(
             optirs_tpu::optimizers::by_name("adam", 0.01f32).unwrap(),
-            config,
             pod,
             model(&sizes),
             ShardingConfig {

@@ -13,6 +13,7 @@ mod ranks;
 mod run;
 mod topology;
 mod train;
+mod train_print;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -70,8 +71,8 @@ pub fn main() -> ExitCode {
         other => ranks::refuse_split(other),
     };
     let result = refused.and_then(|()| match cli.command {
-        Command::Train(args) => train::train(args),
-        Command::Run(args) => run::run(args),
+        Command::Train(args) => train_here_or_split(args),
+        Command::Run(args) => run_here_or_split(args),
         Command::Topology(args) => topology::topology(args),
         Command::Presets(args) => topology::presets(args),
         Command::Checkpoint(args) => checkpoint::checkpoint(args),
@@ -87,5 +88,25 @@ pub fn main() -> ExitCode {
             eprintln!("error: {}", output::error_message(&error));
             ExitCode::from(if parse::is_usage(&error) { 2 } else { 1 })
         }
+    }
+}
+
+/// `train` in this process, or split over the ranks an MPI launcher
+/// started: the split run lives in [`ranks`], above both, so neither
+/// command's module imports the other's.
+fn train_here_or_split(args: train::TrainArgs) -> anyhow::Result<()> {
+    args.refuse_misused_resume()?;
+    match ranks::launched()?.filter(|l| l.size > 1) {
+        Some(launch) => ranks::train(args, launch),
+        None => train::train(args),
+    }
+}
+
+/// `run` in this process, or split over the ranks an MPI launcher started.
+fn run_here_or_split(args: run::RunArgs) -> anyhow::Result<()> {
+    args.check_outputs()?;
+    match ranks::launched()? {
+        Some(launch) => ranks::run(args, launch),
+        None => run::run(args),
     }
 }

@@ -254,6 +254,52 @@ pub fn plural(count: u64, one: &str, many: &str) -> String {
     format!("{count} {}", if count == 1 { one } else { many })
 }
 
+/// Refuses an output file whose directory does not exist (or is not a
+/// directory), before any work: the write at the end would fail.
+pub fn refuse_missing_parent(flag: &str, path: &Path) -> Result<()> {
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    match std::fs::metadata(parent) {
+        Ok(meta) if meta.is_dir() => Ok(()),
+        Ok(_) => Err(usage(format!(
+            "{flag} {}: {} is a file, not a directory",
+            path.display(),
+            parent.display()
+        ))),
+        Err(_) => Err(usage(format!(
+            "{flag} {}: the directory {} does not exist",
+            path.display(),
+            parent.display()
+        ))),
+    }
+}
+
+/// Refuses a directory flag naming something that is not a directory, or
+/// that cannot be created because a file stands where one of its parents
+/// should be.
+pub fn refuse_non_directory(flag: &str, dir: &Path) -> Result<()> {
+    for existing in dir.ancestors().filter(|a| !a.as_os_str().is_empty()) {
+        let Ok(meta) = std::fs::metadata(existing) else {
+            continue;
+        };
+        if meta.is_dir() {
+            return Ok(());
+        }
+        return Err(usage(if existing == dir {
+            format!("{flag} {}: is a file, not a directory", dir.display())
+        } else {
+            format!(
+                "{flag} {}: cannot be created: {} is a file, not a directory",
+                dir.display(),
+                existing.display()
+            )
+        }));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::error_message;

@@ -191,6 +191,56 @@ pub fn number(value: f64) -> String {
     }
 }
 
+/// `--rank-timeout`: seconds above 0, at most a day.
+pub fn parse_rank_timeout(text: &str) -> Result<f64, String> {
+    parse_positive(text, 86_400.0)
+        .map_err(|_| format!("`{text}` is not a timeout: give seconds above 0 and at most 86400"))
+}
+
+/// A learning rate: finite, and still itself in f32, where the update
+/// runs (`1e300` would be infinite there and `1e-300` zero).
+pub fn parse_learning_rate(text: &str) -> Result<f64, String> {
+    let lr = parse_finite(text)?;
+    let single = lr as f32;
+    if single.is_infinite() || (lr != 0.0 && single == 0.0) {
+        return Err(format!(
+            "`{text}` is outside the f32 range the update runs in: give a learning rate \
+             between {} and {} in magnitude, or 0",
+            number(f64::from(f32::from_bits(1))),
+            number(f64::from(f32::MAX))
+        ));
+    }
+    Ok(lr)
+}
+
+/// A seed: 0, or any whole number [`parse_count_u64`] reads.
+pub fn parse_seed(text: &str) -> Result<u64, String> {
+    if text.trim() == "0" {
+        return Ok(0);
+    }
+    parse_count_u64(text).map_err(|_| {
+        format!(
+            "`{text}` is not a seed: give a whole number from 0 to {}",
+            u64::MAX
+        )
+    })
+}
+
+/// A tick in milliseconds, within the bounds a pod file's tick has.
+pub fn parse_tick_ms(text: &str) -> Result<f64, String> {
+    let ms = parse_positive(
+        text,
+        optirs_tpu::topology::resolve::MAX_TICK_NS as f64 * 1e-6,
+    )?;
+    if ms * 1e6 < optirs_tpu::topology::resolve::MIN_TICK_NS as f64 {
+        return Err(format!(
+            "`{text}` ms is shorter than the shortest tick a pod file may have ({} ns)",
+            optirs_tpu::topology::resolve::MIN_TICK_NS
+        ));
+    }
+    Ok(ms)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

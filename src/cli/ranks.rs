@@ -5,6 +5,7 @@
 use super::run::RunArgs;
 use super::train::TrainArgs;
 use anyhow::{Result, bail};
+use optirs_tpu::sharding::RecoveryPolicy;
 
 /// The rank and size a launcher gave this process, from its environment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,8 +64,21 @@ pub fn refuse_split(command: &str) -> Result<()> {
     }
 }
 
+/// `train` split over the ranks of `launch`: refused with `--resume` (a
+/// split run does not resume from its split checkpoints yet), then run on
+/// every rank.
+pub fn train(args: TrainArgs, launch: Launch) -> Result<()> {
+    if args.resumes() {
+        bail!(
+            "`train --resume` runs as one process: a training run split over MPI ranks \
+             does not resume from its split checkpoints yet; resume without mpirun"
+        );
+    }
+    train_split(args, launch)
+}
+
 #[cfg(not(feature = "mpi"))]
-pub fn train(_: TrainArgs, launch: Launch) -> Result<()> {
+fn train_split(_: TrainArgs, launch: Launch) -> Result<()> {
     // `launched` returns a launch only with the feature.
     bail!(
         "rank {} of {}: built without the `mpi` feature",
@@ -81,6 +95,64 @@ pub fn run(_: RunArgs, launch: Launch) -> Result<()> {
         launch.rank,
         launch.size
     )
+}
+
+// What the `mpi` feature's split run asks of `train`'s arguments.
+#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+impl TrainArgs {
+    /// `--json`.
+    pub(super) fn json(&self) -> bool {
+        self.json
+    }
+
+    /// Everything every rank of a split run must be given alike, for the
+    /// start-up handshake.
+    pub(super) fn describe(&self, sizes: &[usize]) -> String {
+        format!(
+            "train {} with {} at lr {} for {} steps, tensors {sizes:?} in {}-byte buckets, \
+             {:?} reduction, {} recovery, seed {}, tick {:?} ms, kills {:?}, checkpoints \
+             every {:?} s into {:?}",
+            self.pod,
+            self.optimizer.to_ascii_lowercase(),
+            self.lr,
+            self.steps,
+            self.bucket_bytes,
+            self.reduction,
+            self.recovery,
+            self.seed,
+            self.tick_ms,
+            self.kill,
+            self.checkpoint_every,
+            self.checkpoint_dir
+        )
+    }
+
+    /// Refuses what a run split over ranks does not do yet, before any
+    /// rank starts: spare-cube recovery (cube pods run in one process),
+    /// periodic checkpoints without a directory every rank sees, traces.
+    pub(super) fn refuse_split_only(&self) -> Result<()> {
+        let refused = [
+            (
+                self.recovery == RecoveryPolicy::SpareCube,
+                "--recovery spare-cube",
+            ),
+            (
+                self.checkpoint_every.is_some() && self.checkpoint_dir.is_none(),
+                "--checkpoint-every without --checkpoint-dir",
+            ),
+            (self.trace.is_some(), "--trace"),
+            (self.modeled_only, "--modeled-only"),
+        ];
+        if let Some((_, flag)) = refused.iter().find(|(given, _)| *given) {
+            bail!(
+                "`train {flag}` runs as one process: a model split over MPI ranks recovers \
+                 by rollback or from redundant copies, writes its periodic checkpoints into \
+                 one --checkpoint-dir every rank sees, and writes no trace yet; change \
+                 {flag}, or run without mpirun"
+            );
+        }
+        self.refuse_unusable()
+    }
 }
 
 /// Joins the job's MPI ranks and runs `rank_main` with this rank's
@@ -129,18 +201,16 @@ fn on_mpi(
 /// state shards and computes its replicas' gradients; rank 0 prints the
 /// report of the merged world.
 #[cfg(feature = "mpi")]
-pub fn train(args: TrainArgs, launch: Launch) -> Result<()> {
-    use super::train::{
-        base_optimizer, checked_topology, model_sizes, print_report, run_steps, sharding_of,
-    };
+fn train_split(args: TrainArgs, launch: Launch) -> Result<()> {
+    use super::train::{base_optimizer, checked_topology, model_sizes, run_steps, sharding_of};
+    use super::train_print::print_report;
     use optirs_tpu::pod::ranks::RankedPod;
-    use optirs_tpu::tpu::ShardedOptimizer;
+    use optirs_tpu::training::ShardedOptimizer;
     use std::time::Duration;
     on_mpi(launch, |mailbox| {
         args.refuse_split_only()?;
         let sizes = model_sizes(&args);
         let topology = checked_topology(&args, &sizes)?;
-        let config = optirs_tpu::TPUConfig::for_pod(&topology);
         let timeout = Duration::from_secs_f64(args.rank_timeout);
         let devices = topology.num_devices();
         let mut pod = RankedPod::with_timeout(topology, Box::new(mailbox), timeout)?;
@@ -153,9 +223,8 @@ pub fn train(args: TrainArgs, launch: Launch) -> Result<()> {
         let mut no_temporary = None;
         let checkpoints = args.checkpoints(1, &mut no_temporary)?;
         let rank = pod.layout().rank();
-        let mut opt = ShardedOptimizer::new_ranked(
+        let mut opt = ShardedOptimizer::on_ranked_pod(
             base_optimizer(&args)?,
-            config,
             pod,
             super::train::model_of(&sizes)?,
             sharding_of(&args),
@@ -176,7 +245,7 @@ pub fn train(args: TrainArgs, launch: Launch) -> Result<()> {
         let Some(merged) = merged else {
             return Ok(());
         };
-        let report = outcome.report(&opt, &args, merged.sha256_hex(), launch.size)?;
+        let report = outcome.report(&opt, &args.plan(), merged.sha256_hex(), launch.size)?;
         print_report(&report, args.json())
     })
 }
@@ -186,6 +255,7 @@ pub fn run(args: RunArgs, launch: Launch) -> Result<()> {
     use super::run::{print_report, refuse_unappliable, report_after};
     use optirs_tpu::pod::ranks::RankedPod;
     use std::time::{Duration, Instant};
+    args.refuse_split_skip_idle()?;
     if args.trace().is_some() {
         return Err(super::parse::usage(
             "--trace is for one process: a trace of a pod split over ranks is not written yet",

@@ -1,8 +1,8 @@
 //! `optirs-tpu run`: step a pod.
 
 use super::parse::{
-    MAX_SECONDS, number, parse_count, parse_count_u64, parse_positive, parse_seconds,
-    parse_timed_device, parse_timed_link, usage,
+    MAX_SECONDS, number, parse_count, parse_count_u64, parse_seconds, parse_timed_device,
+    parse_timed_link, usage,
 };
 use super::{output, progress};
 use anyhow::{Result, bail};
@@ -89,7 +89,7 @@ pub struct RunArgs {
     /// Under `mpirun`: how long a rank waits for another before it stops,
     /// naming the lost rank and its hosts (rank 0 waits this long, the
     /// others twice as long).
-    #[arg(long, value_name = "SECONDS", default_value_t = 30.0, value_parser = parse_rank_timeout,
+    #[arg(long, value_name = "SECONDS", default_value_t = 30.0, value_parser = super::parse::parse_rank_timeout,
           allow_negative_numbers = true)]
     pub(super) rank_timeout: f64,
     /// Write a checkpoint every this many simulated seconds (a whole
@@ -110,12 +110,6 @@ pub struct RunArgs {
     /// with any rank count) instead of tick 0; --steps more ticks run.
     #[arg(long, value_name = "CHECKPOINT")]
     pub(super) restore: Option<PathBuf>,
-}
-
-/// `--rank-timeout`: seconds above 0, at most a day.
-pub(super) fn parse_rank_timeout(text: &str) -> Result<f64, String> {
-    parse_positive(text, 86_400.0)
-        .map_err(|_| format!("`{text}` is not a timeout: give seconds above 0 and at most 86400"))
 }
 
 impl RunArgs {
@@ -145,6 +139,19 @@ impl RunArgs {
     #[cfg(feature = "mpi")]
     pub(super) fn trace(&self) -> Option<&PathBuf> {
         self.trace.as_ref()
+    }
+
+    /// Refuses `--skip-idle` under an MPI launcher: every rank exchanges
+    /// with the others each tick, so no tick is idle.
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+    pub(super) fn refuse_split_skip_idle(&self) -> Result<()> {
+        if self.skip_idle {
+            return Err(usage(
+                "--skip-idle runs in one process: under mpirun every rank exchanges with the \
+                 others each tick, so no tick is idle; run without mpirun or without --skip-idle",
+            ));
+        }
+        Ok(())
     }
 
     /// Refuses, before any work, the paths the run would write: the trace
@@ -289,17 +296,9 @@ pub struct RunReport {
 /// moves (splitting a run changes nothing: each part equals its ticks).
 const SKIP_CHUNK_TICKS: u64 = 1 << 16;
 
+/// `run` in this process (`mod.rs` checks the outputs first and sends a
+/// pod split over MPI ranks to [`super::ranks::run`]).
 pub fn run(args: RunArgs) -> Result<()> {
-    args.check_outputs()?;
-    if let Some(launch) = super::ranks::launched()? {
-        if args.skip_idle {
-            return Err(usage(
-                "--skip-idle runs in one process: under mpirun every rank exchanges with the \
-                 others each tick, so no tick is idle; run without mpirun or without --skip-idle",
-            ));
-        }
-        return super::ranks::run(args, launch);
-    }
     let mut profiler = args.trace.as_ref().map(|_| ProfilingIntegration::new());
     let build_start = Instant::now();
     let build = || -> optirs_tpu::error::Result<Pod> {

@@ -7,3 +7,4 @@ pub mod loop_plan;
 pub use crate::kernels;
 mod native;
 pub mod runtime;
+pub mod update_graph;

@@ -40,6 +40,7 @@ pub mod recovery;
 pub mod step;
 pub mod timing;
 mod traffic;
+pub mod world;
 
 use bevy_ecs::prelude::*;
 use bevy_ecs::schedule::Schedules;

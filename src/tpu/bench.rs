@@ -35,6 +35,7 @@ use super::{TPUConfig, TPUOptimizer};
 use crate::error::{OptimError, Result};
 use crate::memory::output_buffer;
 use crate::optimizers::{Adam, Optimizer, UpdateKind};
+use crate::training::median;
 
 /// Learning rate of the benchmarked optimizers.
 pub const BENCH_LEARNING_RATE: f32 = 1e-3;
@@ -347,14 +348,10 @@ fn check_host_memory(name: &str, slots: usize, size: usize, budget: u128) -> Res
     Ok(())
 }
 
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 /// Host memory [`bench_optimizer`] may use when the available memory
-/// cannot be read (`MemAvailable` of `/proc/meminfo` on Linux).
-pub const FALLBACK_HOST_BYTES: u128 = 16 << 30;
+/// cannot be read, and the memory available for the benchmark's buffers:
+/// one budget for every run on this host, in [`crate::training::host`].
+pub use crate::training::host::{FALLBACK_HOST_BYTES, host_memory_budget};
 
 /// `f32` arrays of `size` elements [`bench_optimizer`] holds at once for an
 /// optimizer with `slots` state slots: params and grads; the fresh step's
@@ -364,18 +361,6 @@ pub const FALLBACK_HOST_BYTES: u128 = 16 << 30;
 /// destination.
 pub fn bench_host_bytes(slots: usize, size: usize) -> u128 {
     (9 + 4 * slots as u128) * size as u128 * 4
-}
-
-/// The host memory available for the benchmark's buffers.
-pub fn host_memory_budget() -> u128 {
-    std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|text| {
-            let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
-            let kib: u128 = line.split_whitespace().nth(1)?.parse().ok()?;
-            Some(kib * 1024)
-        })
-        .unwrap_or(FALLBACK_HOST_BYTES)
 }
 
 /// Measures `steps` paired rounds of optimizer `name` on `size` `f32`
@@ -469,7 +454,7 @@ pub fn bench_optimizer(name: &str, size: usize, steps: usize) -> Result<Optimize
             f()?;
             times.push(start.elapsed().as_secs_f64());
         }
-        Ok(median(&mut times))
+        Ok(median(times))
     };
     let warm_in_place_step_seconds = warm(&mut || in_place.tpu_step_in_place(&mut p_in_place, &g))?;
     let warm_floor_seconds = warm(&mut || floor.step(gs))?;
@@ -481,7 +466,7 @@ pub fn bench_optimizer(name: &str, size: usize, steps: usize) -> Result<Optimize
         copy_seconds,
         fresh_loop_seconds,
         recycled_step_seconds,
-    ] = times.map(|mut v| median(&mut v));
+    ] = times.map(median);
     let gbps = |bytes: u64, s: f64| bytes as f64 / s / 1e9;
     Ok(OptimizerBench {
         optimizer: kind.as_str().to_owned(),
@@ -489,16 +474,16 @@ pub fn bench_optimizer(name: &str, size: usize, steps: usize) -> Result<Optimize
         step_seconds,
         in_place_step_seconds,
         recycled_step_seconds,
-        recycled_ratio_to_in_place: median(&mut recycled_vs_in_place),
+        recycled_ratio_to_in_place: median(recycled_vs_in_place),
         floor_seconds,
-        ratio_to_floor: median(&mut in_floor),
+        ratio_to_floor: median(in_floor),
         warm_in_place_step_seconds,
         warm_floor_seconds,
         warm_ratio_to_floor: warm_in_place_step_seconds / warm_floor_seconds,
-        fresh_ratio_to_floor: median(&mut fresh_floor),
+        fresh_ratio_to_floor: median(fresh_floor),
         copy_seconds,
         fresh_loop_seconds,
-        ratio_to_fresh_loop: median(&mut fresh_vs_loop),
+        ratio_to_fresh_loop: median(fresh_vs_loop),
         compile_seconds,
         bytes_per_step,
         gbps: gbps(bytes_per_step, step_seconds),

@@ -342,7 +342,7 @@ where
         let Place::Pod(pod) = place else {
             unreachable!("checked above")
         };
-        ShardedOptimizer::new(base, config, pod, params, sharding)
+        ShardedOptimizer::with_config(base, config, pod, params, sharding)
     }
 
     /// Restores a snapshot taken by [`TPUOptimizer::snapshot`]; verified

@@ -1,0 +1,216 @@
+//! `train`'s printing: the text and JSON of a run's report, the text of a
+//! closed-form `--modeled-only` step, and the trace file.
+
+use super::output;
+use anyhow::Result;
+use optirs_tpu::sharding::RecoveryPolicy;
+use optirs_tpu::topology::Topology;
+use optirs_tpu::training::report::{
+    ModeledRun, TrainReport, phases_in_execution_order, recovery_parts, time_breakdown,
+};
+use optirs_tpu::training::trace::{TraceInput, trace_of};
+use std::path::Path;
+
+/// The text of a `--modeled-only` step: its figures (`report`, the JSON
+/// the command prints with `--json`), its phases and whether it fits.
+pub(super) fn print_modeled_text(
+    report: &serde_json::Value,
+    topology: &Topology,
+    modeled: &ModeledRun,
+    recovery: RecoveryPolicy,
+    steps: u64,
+) -> Result<()> {
+    let ModeledRun {
+        step,
+        simulated_seconds,
+        fits,
+        wall_seconds,
+    } = modeled;
+    let (simulated_seconds, fits, wall_seconds) = (*simulated_seconds, *fits, *wall_seconds);
+    let mut text = format!(
+        "modeled {} parameters with {} on {} ({}, {}), {} recovery: step {}, {} for {} \
+         (modeled in {} wall)\n",
+        report["params"],
+        report["optimizer"].as_str().unwrap_or(""),
+        topology.name,
+        output::plural(step.devices as u64, "device", "devices"),
+        output::plural(step.buckets as u64, "bucket", "buckets"),
+        recovery,
+        output::seconds(step.timeline.step_seconds),
+        output::seconds(simulated_seconds),
+        output::plural(steps, "step", "steps"),
+        output::seconds(wall_seconds),
+    );
+    for (k, v) in &step.timeline.phases {
+        text += &format!("  {k:<24} {}\n", output::seconds(*v));
+    }
+    text += &format!(
+        "HBM per device {} of {} ({}); links move {} per step\n",
+        output::bytes(step.hbm_bytes_per_device),
+        output::bytes(topology.hbm_bytes),
+        match (fits, recovery) {
+            (true, _) => "fits",
+            (false, RecoveryPolicy::Redundant) => {
+                "does not fit: every replica holds all parameters and gradients (weight-update \
+                 sharding shards the optimizer state only), and the redundant policy keeps a \
+                 second copy of each device's state shards"
+            }
+            (false, _) => {
+                "does not fit: every replica holds all parameters and gradients (weight-update \
+                 sharding shards the optimizer state only)"
+            }
+        },
+        output::bytes(step.link_bytes)
+    );
+    output::print_text(&text)
+}
+
+/// `device 5`, `devices 5 and 6`, `devices 1, 2 and 3`, `no device`.
+fn devices_text(devices: &[u32]) -> String {
+    let ids: Vec<String> = devices.iter().map(u32::to_string).collect();
+    match ids.as_slice() {
+        [] => "no device".into(),
+        [one] => format!("device {one}"),
+        [init @ .., last] => format!("devices {} and {last}", init.join(", ")),
+    }
+}
+
+pub(super) fn print_report(r: &TrainReport, json: bool) -> Result<()> {
+    if json {
+        return output::print_json(r);
+    }
+    let mut text = format!(
+        "trained {} ({} in {}, {}) with {} on {} ({})\n\
+         {} completed ({} attempted); step {} modeled, {} wall per step; compile {}\n",
+        "the model",
+        output::plural(r.params as u64, "parameter", "parameters"),
+        output::plural(r.tensors as u64, "tensor", "tensors"),
+        output::plural(r.buckets as u64, "bucket", "buckets"),
+        r.optimizer,
+        r.pod,
+        output::plural(u64::from(r.devices), "device", "devices"),
+        output::plural(r.steps_completed, "step", "steps"),
+        r.steps_attempted,
+        output::seconds(r.step_modeled_seconds),
+        output::seconds(r.wall_seconds_per_step),
+        output::seconds(r.compile_seconds),
+    );
+    for (k, v) in phases_in_execution_order(&r.phases) {
+        text += &format!("  {k:<24} {}\n", output::seconds(v));
+    }
+    let dcn: f64 = ["reduce_scatter.dcn", "all_gather.dcn"]
+        .iter()
+        .filter_map(|k| r.phases.get(*k))
+        .sum();
+    if dcn > 0.0 {
+        text += &format!(
+            "DCN phase (across slices) {} of the {} step\n",
+            output::seconds(dcn),
+            output::seconds(r.step_modeled_seconds)
+        );
+    }
+    text += &format!(
+        "HBM per device (max) {}; links moved {}\n",
+        output::bytes(r.hbm_bytes_per_device),
+        output::bytes(r.link_bytes)
+    );
+    for f in &r.failures {
+        let seen = f.killed_at_seconds.map_or_else(String::new, |killed| {
+            format!(
+                " (killed at {}, seen {} later)",
+                output::seconds(killed),
+                output::seconds(f.at_seconds - killed)
+            )
+        });
+        text += &format!(
+            "  step {} failed at {} during {}: {}{seen}\n",
+            f.step,
+            output::seconds(f.at_seconds),
+            f.phase.key(),
+            f.cause
+        );
+    }
+    for rec in &r.recoveries {
+        let parts: Vec<String> = recovery_parts(rec)
+            .iter()
+            .map(|(name, seconds)| format!("{name} {}", output::seconds(*seconds)))
+            .collect();
+        text += &format!(
+            "  recovered by {} from step {} in {} modeled ({}): lost {}, {} lost\n",
+            rec.policy,
+            rec.failed_step,
+            output::seconds(rec.recovery_seconds),
+            parts.join(" + "),
+            devices_text(&rec.lost_devices),
+            output::plural(rec.lost_steps, "step", "steps"),
+        );
+        for [failed, spare] in &rec.swapped_cubes {
+            text += &format!("    cube {failed} swapped for spare cube {spare}\n");
+        }
+    }
+    text += &time_breakdown(r);
+    let ranks = if r.ranks > 1 {
+        format!(" (merged from {} ranks)", r.ranks)
+    } else {
+        String::new()
+    };
+    text += &format!(
+        "goodput {:.1} % of {} simulated ({} at the end); {} wall\nworld sha256 {}{ranks}\n",
+        r.goodput * 100.0,
+        output::seconds(r.simulated_seconds),
+        output::plural(r.devices_at_end as u64, "device", "devices"),
+        output::seconds(r.wall_seconds),
+        r.world_sha256
+    );
+    output::print_text(&text)
+}
+
+/// Writes the run's trace ([`trace_of`]) into a new file.
+pub(super) fn write_trace(path: &Path, input: &TraceInput<'_>) -> Result<()> {
+    output::write_new("--trace", path, &serde_json::to_string(&trace_of(input))?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    #[test]
+    fn phases_read_in_the_order_the_step_runs_them() {
+        let phases: BTreeMap<String, f64> = [
+            "all_gather.axis0",
+            "all_gather.axis1",
+            "all_gather.dcn",
+            "exposed_communication",
+            "reduce_scatter.axis0",
+            "reduce_scatter.axis1",
+            "reduce_scatter.dcn",
+            "replicate_state",
+            "update",
+        ]
+        .into_iter()
+        .map(|k| (k.to_string(), 1.0))
+        .collect();
+        let order: Vec<&str> = phases_in_execution_order(&phases)
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect();
+        assert_eq!(
+            order,
+            [
+                "reduce_scatter.axis0",
+                "reduce_scatter.axis1",
+                "reduce_scatter.dcn",
+                "update",
+                "all_gather.dcn",
+                "all_gather.axis1",
+                "all_gather.axis0",
+                "replicate_state",
+                "exposed_communication",
+            ]
+        );
+        assert_eq!(devices_text(&[]), "no device");
+        assert_eq!(devices_text(&[5]), "device 5");
+        assert_eq!(devices_text(&[1, 2, 3]), "devices 1, 2 and 3");
+    }
+}

@@ -1,0 +1,474 @@
+//! [`ShardedOptimizer`]: a whole model's optimizer sharded over every
+//! device of a pod, the host side of [`crate::sharding`]: it builds the
+//! layout, compiles one fused update per shard length, launches each step
+//! and steps the pod until the step's systems finish it. It takes its
+//! devices and generation from the pod it is given.
+//!
+//! ```
+//! use ndarray::{ArrayD, IxDyn};
+//! use optirs_tpu::Pod;
+//! use optirs_tpu::optimizers::Adam;
+//! use optirs_tpu::sharding::{ParamSet, SyntheticGradients};
+//! use optirs_tpu::tpu::{ShardedOptimizer, ShardingConfig};
+//!
+//! let pod = Pod::from_preset("v4-8")?; // 8 chips, 16 TensorCores
+//! let params = ParamSet::new()
+//!     .with("w", ArrayD::from_elem(IxDyn(&[3, 5]), 0.5f32))?
+//!     .with("b", ArrayD::from_elem(IxDyn(&[5]), 0.0f32))?;
+//! let mut opt = ShardedOptimizer::on_pod(Adam::new(1e-3f32), pod, params, ShardingConfig::default())?;
+//! let grads = SyntheticGradients { seed: 7, step: 1, replicas: 8, scale: 1.0 };
+//! let report = opt.step(&grads)?;
+//! assert_eq!(report.step, 1);
+//! assert_eq!(opt.step_count(), 1);
+//! assert!(report.modeled_seconds > 0.0);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use std::collections::BTreeMap;
+use std::marker::PhantomData;
+use std::time::Instant;
+
+use bevy_ecs::world::World;
+use ndarray::IxDyn;
+use serde::Serialize;
+
+use crate::error::{OptimError, Result};
+use crate::exec::runtime::Element;
+use crate::exec::update_graph;
+use crate::optimizers::{FloatElement, Optimizer};
+use crate::pod::Pod;
+use crate::pod::ranks::RankedPod;
+use crate::sharding::Span;
+use crate::sharding::model::{flat_tensor, gather_state, model_mut, model_of};
+use crate::sharding::step::{LaunchRequest, launch_step};
+use crate::sharding::world::{compile_update, place_model};
+use crate::sharding::{
+    DEFAULT_BUCKET_BYTES, GradientSource, ParamSet, RecoveryPolicy, RecoveryRecord,
+    ReducedGradients, Reduction, ReplicaGradients, ShardLayout, ShardProgram, ShardedModel,
+    ShardedStep, ShardingError, SlotValues, StepOutcome,
+};
+
+use super::checkpoints::StepCheckpoints;
+use super::driver::Driver;
+
+/// How a model is bucketed and its gradients reduced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShardingConfig {
+    /// Bytes per bucket (rounded down to whole elements, a multiple of the
+    /// device count); [`DEFAULT_BUCKET_BYTES`] by default.
+    pub bucket_bytes: usize,
+    /// Sum or mean of the replicas' gradients (mean by default).
+    pub reduction: Reduction,
+    /// What the pod does when a step fails (roll back by default).
+    pub recovery: RecoveryPolicy,
+    /// Every device's HBM, bytes, if not the pod's own figure (a smaller
+    /// HBM to see a model not fit, a larger one to plan for a future
+    /// part); `None` by default.
+    pub hbm_bytes: Option<u64>,
+}
+
+impl Default for ShardingConfig {
+    fn default() -> Self {
+        ShardingConfig {
+            bucket_bytes: DEFAULT_BUCKET_BYTES,
+            reduction: Reduction::Mean,
+            recovery: RecoveryPolicy::Rollback,
+            hbm_bytes: None,
+        }
+    }
+}
+
+/// What one sharded step did.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ShardedStepReport {
+    /// Step number (1-based).
+    pub step: u64,
+    /// Launch, simulated ns.
+    pub launched_at_ns: u64,
+    /// Completion, simulated ns.
+    pub completed_at_ns: u64,
+    /// Modeled step time, seconds.
+    pub modeled_seconds: f64,
+    /// Modeled seconds per phase (`reduce_scatter.axis0`, `update`,
+    /// `all_gather.axis0`, …, `exposed_communication`), summed over buckets.
+    pub phases: BTreeMap<String, f64>,
+    /// Bytes the step put on the links.
+    pub link_bytes: u64,
+    /// HBM in use on each device during the step.
+    pub hbm_bytes_per_device: Vec<(u32, u64)>,
+    /// Buckets.
+    pub buckets: usize,
+    /// Wall time on this CPU, seconds (launch, ticks and update).
+    pub wall_seconds: f64,
+    /// The modeled schedule: every bucket's phases, seconds from launch
+    /// (the same on every device of the symmetric torus).
+    #[serde(skip)]
+    pub spans: Vec<Span>,
+}
+
+/// A model's optimizer sharded over a pod (module docs).
+pub struct ShardedOptimizer<O, A = f32> {
+    pub(super) base: O,
+    pub(super) sharding: ShardingConfig,
+    pub(super) pod: Driver,
+    pub(super) programs: BTreeMap<usize, ShardProgram>,
+    pub(super) compile_seconds: f64,
+    pub(super) checkpoints: Option<StepCheckpoints>,
+    pub(super) _element: PhantomData<fn() -> A>,
+}
+
+impl<O, A> std::fmt::Debug for ShardedOptimizer<O, A> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShardedOptimizer")
+            .field("sharding", &self.sharding)
+            .field("programs", &self.programs.len())
+            .finish()
+    }
+}
+
+impl<O, A> ShardedOptimizer<O, A>
+where
+    O: Optimizer<A, IxDyn>,
+    A: FloatElement + Element,
+{
+    /// Shards `params` and `base`'s state over every device of `pod`, in
+    /// the pod's generation; `sharding.hbm_bytes`, if set, becomes every
+    /// device's HBM.
+    pub fn on_pod(
+        base: O,
+        pod: Pod,
+        params: ParamSet<A>,
+        sharding: ShardingConfig,
+    ) -> Result<Self> {
+        Self::build(base, Driver::One(pod), params, sharding)
+    }
+
+    /// [`ShardedOptimizer::on_pod`] on this rank's part of a pod split
+    /// over ranks ([`RankedPod`]): every rank calls it with the same model
+    /// and configuration (the parameters are the replicated initial
+    /// values), then steps in lockstep with the others. Each rank keeps
+    /// its own devices' state shards; a step reduce-scatters the gradients
+    /// its replicas give and all-gathers the updated parameters across the
+    /// ranks ([`crate::sharding::ranked`]), bit for bit the one-process
+    /// step.
+    pub fn on_ranked_pod(
+        base: O,
+        pod: RankedPod,
+        params: ParamSet<A>,
+        sharding: ShardingConfig,
+    ) -> Result<Self> {
+        let mut opt = Self::build(base, Driver::Ranked(pod), params, sharding)?;
+        if let Driver::Ranked(ranked) = &mut opt.pod {
+            ranked.hold_own_shards();
+        }
+        Ok(opt)
+    }
+
+    fn build(
+        base: O,
+        mut driver: Driver,
+        params: ParamSet<A>,
+        sharding: ShardingConfig,
+    ) -> Result<Self> {
+        if sharding.hbm_bytes == Some(0) {
+            return Err(OptimError::invalid_config(
+                "hbm_bytes is 0; leave it None for the generation's HBM",
+            ));
+        }
+        let pod = driver.pod_mut();
+        let rule = base
+            .update_rule()
+            .ok_or_else(|| ShardingError::NoUpdateRule {
+                optimizer: base.name().to_owned(),
+            })?;
+        let slots: Vec<String> = rule.slot_names().iter().map(|s| s.to_string()).collect();
+        let initial = rule.initial_slot_values();
+        let world = pod.world_mut();
+        let (participants, plan) = crate::sharding::world::participants(world)?;
+        let layout = ShardLayout::new(
+            <A as Element>::DTYPE,
+            &params.shapes(),
+            sharding.bucket_bytes,
+            participants,
+            plan,
+        )?;
+        let mut flat = params.to_flat();
+        flat.resize(layout.padded_elements(), A::ZERO);
+        let model = ShardedModel {
+            optimizer: base.name().to_owned(),
+            slots,
+            layout,
+            params: flat_tensor(flat),
+            count: 0,
+            steps_completed: 0,
+            steps_failed: 0,
+            reduction: sharding.reduction,
+            bucket_bytes: sharding.bucket_bytes,
+            recovery: sharding.recovery,
+            recoveries: Vec::new(),
+            recovering_until_ns: 0,
+        };
+        place_model(
+            world,
+            sharding.hbm_bytes,
+            model,
+            SlotValues::Initial(initial),
+        )?;
+        let mut opt = ShardedOptimizer {
+            base,
+            sharding,
+            pod: driver,
+            programs: BTreeMap::new(),
+            compile_seconds: 0.0,
+            checkpoints: None,
+            _element: PhantomData,
+        };
+        opt.compile_programs()?;
+        Ok(opt)
+    }
+
+    /// Compiles the update for every shard length the layout has.
+    pub(super) fn compile_programs(&mut self) -> Result<()> {
+        let mut lengths: Vec<usize> = self.layout()?.buckets.iter().map(|b| b.shard_len).collect();
+        let rule = self
+            .base
+            .update_rule()
+            .ok_or_else(|| ShardingError::NoUpdateRule {
+                optimizer: self.base.name().to_owned(),
+            })?;
+        lengths.sort_unstable();
+        lengths.dedup();
+        self.programs.retain(|len, _| lengths.contains(len));
+        for len in lengths {
+            if self.programs.contains_key(&len) {
+                continue;
+            }
+            let started = Instant::now();
+            let runtime = compile_update(rule, len)?;
+            self.compile_seconds += started.elapsed().as_secs_f64();
+            self.programs.insert(len, ShardProgram { runtime });
+        }
+        Ok(())
+    }
+
+    /// The model's layout.
+    pub fn layout(&self) -> Result<&ShardLayout> {
+        Ok(&self.model()?.layout)
+    }
+
+    pub(super) fn model(&self) -> Result<&ShardedModel> {
+        Ok(model_of(self.pod.world()).ok_or(ShardingError::NoModel)?)
+    }
+
+    /// One data-parallel step with the replicas' gradients from `grads`:
+    /// launched, then the pod is stepped until the step's systems complete
+    /// it. On `Err` no parameter, state or count changed; a failure in
+    /// flight is [`ShardingError::StepFailed`], naming the device (or link)
+    /// and the phase.
+    pub fn step(&mut self, grads: &dyn GradientSource<A>) -> Result<ShardedStepReport> {
+        let started = Instant::now();
+        self.wait_for_recovery()?;
+        self.compile_programs()?;
+        let learning_rate = self
+            .base
+            .update_rule()
+            .and_then(|r| update_graph::learning_rate_scalar(r));
+        let request = LaunchRequest {
+            gradients: grads,
+            programs: &self.programs,
+            learning_rate,
+        };
+        let launched = launch_step(self.pod.world_mut(), request)?;
+        let (number, completes_at_ns, failed_at_launch) = (
+            launched.number,
+            launched.completes_at_ns,
+            !launched.is_pending(),
+        );
+        if failed_at_launch {
+            // Failed at launch: the recovery policy runs now, as the
+            // `Recovery` set would after a failure in flight.
+            crate::recovery::recover_sharded_model(self.pod.world_mut());
+        }
+        let pending = |w: &World| {
+            w.get_resource::<ShardedStep>()
+                .is_none_or(|s| s.is_pending())
+        };
+        self.pod.advance_until(completes_at_ns, |w| !pending(w))?;
+        loop {
+            let world = self.pod.world();
+            let step = world
+                .get_resource::<ShardedStep>()
+                .ok_or(ShardingError::NoModel)?;
+            match &step.outcome {
+                StepOutcome::Pending => {
+                    // Due now: its systems complete it in the next run of
+                    // the schedule, at this same time.
+                    let clock = self.pod.clock();
+                    if clock.now_ns > completes_at_ns {
+                        return Err(ShardingError::Stalled {
+                            step: number,
+                            completes_at_ns,
+                            now_ns: clock.now_ns,
+                        }
+                        .into());
+                    }
+                    self.pod
+                        .advance_until(completes_at_ns.saturating_add(1), |w| !pending(w))?;
+                }
+                StepOutcome::Completed { at_ns } => {
+                    let model = self.model()?;
+                    return Ok(ShardedStepReport {
+                        step: number,
+                        launched_at_ns: step.launched_at_ns,
+                        completed_at_ns: *at_ns,
+                        modeled_seconds: step.timeline.step_seconds,
+                        phases: step.timeline.phases.clone(),
+                        link_bytes: step.link_bytes,
+                        hbm_bytes_per_device: step
+                            .hbm_bytes
+                            .iter()
+                            .map(|(d, b)| (d.0, *b))
+                            .collect(),
+                        buckets: model.layout.buckets.len(),
+                        wall_seconds: started.elapsed().as_secs_f64(),
+                        spans: step.timeline.spans.clone(),
+                    });
+                }
+                StepOutcome::Failed {
+                    at_ns,
+                    phase,
+                    cause,
+                } => {
+                    let error = ShardingError::StepFailed {
+                        step: number,
+                        phase: *phase,
+                        at_ns: *at_ns,
+                        cause: cause.clone(),
+                    };
+                    let error = match step.recovery.clone() {
+                        Some(Err(reason)) => ShardingError::Unrecoverable {
+                            step: number,
+                            cause: cause.clone(),
+                            reason,
+                        },
+                        _ => error,
+                    };
+                    if let Some(mut model) = model_mut(self.pod.world_mut()) {
+                        model.steps_failed += 1;
+                    }
+                    return Err(error.into());
+                }
+            }
+        }
+    }
+
+    /// Steps the pod until a recovery in progress is over (its modeled
+    /// time has passed).
+    fn wait_for_recovery(&mut self) -> Result<()> {
+        let until = self.model()?.recovering_until_ns;
+        self.pod.advance_until(until, |_| false)
+    }
+
+    /// Every recovery so far (policy, lost devices and steps, modeled
+    /// seconds), oldest first.
+    pub fn recoveries(&self) -> Vec<RecoveryRecord> {
+        self.model()
+            .map_or_else(|_| Vec::new(), |m| m.recoveries.clone())
+    }
+
+    /// Steps completed (a rollback lowers it to the checkpoint's).
+    pub fn steps_completed(&self) -> u64 {
+        self.model().map_or(0, |m| m.steps_completed)
+    }
+
+    /// [`ShardedOptimizer::step`] with one host-computed gradient set per
+    /// replica (device id order).
+    pub fn step_replicas(&mut self, grads: &[ParamSet<A>]) -> Result<ShardedStepReport> {
+        self.step(&ReplicaGradients(grads))
+    }
+
+    /// [`ShardedOptimizer::step`] with a gradient the host already reduced
+    /// over the replicas ([`ReducedGradients`]).
+    pub fn step_reduced(&mut self, grads: &ParamSet<A>) -> Result<ShardedStepReport> {
+        self.step(&ReducedGradients(grads))
+    }
+
+    /// The parameters (every replica holds these).
+    pub fn params(&self) -> Result<ParamSet<A>> {
+        Ok(self.model()?.param_set()?)
+    }
+
+    /// The parameters, flat in model order.
+    pub fn flat_params(&self) -> Result<Vec<A>> {
+        Ok(self.model()?.flat_params::<A>()?.to_vec())
+    }
+
+    /// optax's step count.
+    pub fn step_count(&self) -> i32 {
+        self.model().map_or(0, |m| m.count)
+    }
+
+    /// Optimizer-state slot `name` gathered from every device's shard,
+    /// flat in model order (`None` for a slot the optimizer does not have).
+    pub fn state(&mut self, name: &str) -> Result<Option<Vec<A>>> {
+        let model = self.model()?;
+        let Some(index) = model.slots.iter().position(|s| s == name) else {
+            return Ok(None);
+        };
+        let elements = model.layout.elements;
+        self.pod.whole("gathering optimizer state")?;
+        let mut flat = gather_state::<A>(self.pod.world_mut())?;
+        let mut slot = flat.swap_remove(index);
+        slot.truncate(elements);
+        Ok(Some(slot))
+    }
+
+    /// The pod (this rank's part of it when split over ranks).
+    pub fn pod(&self) -> &Pod {
+        self.pod.pod()
+    }
+
+    /// The pod, to step, inject faults into or checkpoint (when split over
+    /// ranks, this rank's part: step and checkpoint it through
+    /// [`ShardedOptimizer::ranked_mut`], so the ranks stay in lockstep).
+    pub fn pod_mut(&mut self) -> &mut Pod {
+        self.pod.pod_mut()
+    }
+
+    /// This rank's part of a pod split over ranks (`None` in one process).
+    pub fn ranked(&self) -> Option<&RankedPod> {
+        match &self.pod {
+            Driver::One(_) => None,
+            Driver::Ranked(ranked) => Some(ranked),
+        }
+    }
+
+    /// This rank's part of a pod split over ranks, to gather, checkpoint or
+    /// restore together with the others.
+    pub fn ranked_mut(&mut self) -> Option<&mut RankedPod> {
+        match &mut self.pod {
+            Driver::One(_) => None,
+            Driver::Ranked(ranked) => Some(ranked),
+        }
+    }
+
+    /// Seconds spent compiling update programs.
+    pub fn compile_seconds(&self) -> f64 {
+        self.compile_seconds
+    }
+
+    /// Compiled update programs (one per distinct shard length).
+    pub fn programs(&self) -> usize {
+        self.programs.len()
+    }
+
+    /// The sharding configuration.
+    pub fn sharding(&self) -> &ShardingConfig {
+        &self.sharding
+    }
+
+    /// The wrapped optimizer.
+    pub fn base(&self) -> &O {
+        &self.base
+    }
+}

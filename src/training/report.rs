@@ -1,0 +1,445 @@
+//! A training run's report: what [`Outcome::report`] makes of the steps
+//! (the median step and phases, failures, recoveries by part, checkpoint
+//! writes, where the simulated time went and the goodput), the closed-form
+//! [`modeled_run`] for models no host holds, and the text pieces every
+//! printout of a run shares.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use ndarray::IxDyn;
+use serde::Serialize;
+
+use crate::error::{OptimError, Result};
+use crate::optimizers::Optimizer;
+use crate::sharding::RecoveryPolicy;
+use crate::sharding::RecoveryRecord;
+use crate::sharding::ledger::TimeParts;
+use crate::sharding::modeled::ModeledStep;
+use crate::topology::Topology;
+
+use super::run::{FailureRow, Outcome, RunPlan};
+use super::{ShardedOptimizer, WriteOutcome};
+
+/// A recovery as the report shows it, its time broken into its parts.
+#[derive(Serialize, Debug)]
+pub struct RecoveryRow {
+    /// The policy that ran.
+    pub policy: String,
+    /// The step whose failure it recovered.
+    pub failed_step: u64,
+    /// The devices lost.
+    pub lost_devices: Vec<u32>,
+    /// Completed steps it took back (a rollback's).
+    pub lost_steps: u64,
+    /// When the recovery started (the failure seen).
+    pub started_at_seconds: f64,
+    /// The sum of the three parts below.
+    pub recovery_seconds: f64,
+    /// Reading the checkpoint restored (rollback, spare-cube).
+    pub read_seconds: f64,
+    /// The optical switches swapping cubes (spare-cube).
+    pub reconfigure_seconds: f64,
+    /// Moving the new state shards to their devices.
+    pub reshard_seconds: f64,
+    /// `[failed, spare]` cubes swapped (spare-cube only).
+    pub swapped_cubes: Vec<[u32; 2]>,
+    /// Why the policy that ran is not the one asked for, if it is not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+/// The report of a training run (`train`'s text and JSON).
+#[derive(Serialize, Debug)]
+pub struct TrainReport {
+    /// The pod's name.
+    pub pod: String,
+    /// Its devices.
+    pub devices: u32,
+    /// Devices the model spans at the end.
+    pub devices_at_end: usize,
+    /// The optimizer.
+    pub optimizer: String,
+    /// Parameters.
+    pub params: usize,
+    /// Tensors.
+    pub tensors: usize,
+    /// Buckets.
+    pub buckets: usize,
+    /// Bytes per bucket.
+    pub bucket_bytes: usize,
+    /// Steps completed.
+    pub steps_completed: u64,
+    /// Steps attempted (failed ones included).
+    pub steps_attempted: u64,
+    /// The median step's modeled seconds.
+    pub step_modeled_seconds: f64,
+    /// Median modeled seconds per phase.
+    pub phases: BTreeMap<String, f64>,
+    /// The most HBM any device used in a step.
+    pub hbm_bytes_per_device: u64,
+    /// Bytes the steps put on the links.
+    pub link_bytes: u64,
+    /// Failed attempts.
+    pub failures: Vec<FailureRow>,
+    /// Recoveries.
+    pub recoveries: Vec<RecoveryRow>,
+    /// Productive step time over simulated time, each step's own.
+    pub goodput: f64,
+    /// Simulated time of the run, seconds.
+    pub simulated_seconds: f64,
+    /// Where the simulated time went.
+    pub time: TimeReport,
+    /// The same, in nanoseconds: the parts add up to `total_ns` exactly.
+    pub time_ns: TimeParts,
+    /// Checkpoint writes at step boundaries (none in a split run, whose
+    /// periodic checkpoints take no simulated time).
+    pub checkpoints: Option<CheckpointsReport>,
+    /// The checkpoint this run resumed from.
+    pub resumed_from: Option<ResumedRow>,
+    /// The pod's tick, ns.
+    pub tick_ns: u64,
+    /// Wall time of the steps, seconds.
+    pub wall_seconds: f64,
+    /// Wall time per attempt, seconds.
+    pub wall_seconds_per_step: f64,
+    /// Wall time compiling the update, seconds.
+    pub compile_seconds: f64,
+    /// SHA-256 of the world at the end.
+    pub world_sha256: String,
+    /// Processes the pod ran on (`mpirun -n R`; 1 without).
+    pub ranks: u32,
+}
+
+/// The median of `v`: the middle value, or the mean of the two middle
+/// values of an even count; 0 for none. The one median the crate's
+/// reports use (a step's modeled time and phases, benchmark figures).
+pub fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// Where the run's simulated time went, seconds (the parts add up to
+/// `simulated_seconds`; `time_ns` has them exactly).
+#[derive(Serialize, Debug)]
+pub struct TimeReport {
+    /// In steps that count.
+    pub productive_seconds: f64,
+    /// In steps a rollback undid.
+    pub undone_steps_seconds: f64,
+    /// In steps a failure cut off.
+    pub cut_off_steps_seconds: f64,
+    /// Writing checkpoints.
+    pub checkpoint_write_seconds: f64,
+    /// Recovering.
+    pub recovery_seconds: f64,
+    /// Everything else (waiting).
+    pub other_seconds: f64,
+}
+
+/// The run's checkpoint writes at step boundaries.
+#[derive(Serialize, Debug)]
+pub struct CheckpointsReport {
+    /// One write (or a rollback's read), modeled seconds.
+    pub io_seconds: f64,
+    /// Writes that reached disk.
+    pub written: usize,
+    /// Writes a lost device cut short: nothing reached disk.
+    pub voided: usize,
+    /// What retention could not do (each names the path).
+    pub retention_problems: Vec<String>,
+}
+
+/// The checkpoint a resumed run started from.
+#[derive(Serialize, Debug)]
+pub struct ResumedRow {
+    /// Its directory.
+    pub path: String,
+    /// The steps it held.
+    pub steps_completed: u64,
+    /// Its simulated time, seconds.
+    pub at_seconds: f64,
+}
+
+impl Outcome {
+    /// The run's checkpoint writes as (start ns, seconds), for the trace.
+    pub fn checkpoint_write_spans(&self) -> Vec<(u64, f64)> {
+        self.writes
+            .iter()
+            .map(|w| {
+                let ns = w.ended_at_ns.saturating_sub(w.started_at_ns);
+                (w.started_at_ns, ns as f64 * 1e-9)
+            })
+            .collect()
+    }
+
+    /// The report of the run, with the world's digest (a split run's is
+    /// the merged world's) and the rank count.
+    pub fn report<O: Optimizer<f32, IxDyn>>(
+        &self,
+        opt: &ShardedOptimizer<O>,
+        plan: &RunPlan,
+        world_sha256: String,
+        ranks: u32,
+    ) -> Result<TrainReport> {
+        let reports = &self.reports;
+        let parts = self.ledger.parts();
+        let simulated_seconds = parts.total_ns as f64 * 1e-9;
+        let step_modeled_seconds = median(reports.iter().map(|r| r.modeled_seconds).collect());
+        let mut phase_samples: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+        for r in reports {
+            for (k, v) in &r.phases {
+                phase_samples.entry(k.clone()).or_default().push(*v);
+            }
+        }
+        let phases = phase_samples
+            .into_iter()
+            .map(|(k, v)| (k, median(v)))
+            .collect();
+        let layout = opt.layout()?.clone();
+        let seconds = |ns: u64| ns as f64 * 1e-9;
+        let checkpoints = if self.writes.is_empty() && opt.ranked().is_some() {
+            None
+        } else {
+            let voided = self
+                .writes
+                .iter()
+                .filter(|w| matches!(w.outcome, WriteOutcome::Voided { .. }))
+                .count();
+            Some(CheckpointsReport {
+                io_seconds: opt.checkpoint_seconds()?,
+                written: self.writes.len() - voided,
+                voided,
+                retention_problems: self
+                    .writes
+                    .iter()
+                    .flat_map(|w| match &w.outcome {
+                        WriteOutcome::Written {
+                            retention_problems, ..
+                        } => retention_problems.clone(),
+                        WriteOutcome::Voided { .. } => Vec::new(),
+                    })
+                    .collect(),
+            })
+        };
+        Ok(TrainReport {
+            pod: opt.pod().topology().name.clone(),
+            devices: opt.pod().topology().num_devices(),
+            devices_at_end: layout.devices(),
+            optimizer: plan.optimizer.clone(),
+            params: layout.elements,
+            tensors: layout.tensors.len(),
+            buckets: layout.buckets.len(),
+            bucket_bytes: opt.sharding().bucket_bytes,
+            steps_completed: opt.steps_completed(),
+            steps_attempted: self.attempts,
+            step_modeled_seconds,
+            phases,
+            hbm_bytes_per_device: reports
+                .iter()
+                .flat_map(|r| r.hbm_bytes_per_device.iter().map(|&(_, b)| b))
+                .max()
+                .unwrap_or(0),
+            link_bytes: reports.iter().map(|r| r.link_bytes).sum(),
+            failures: self.failures.clone(),
+            recoveries: opt
+                .recoveries()
+                .iter()
+                .map(|r| RecoveryRow {
+                    note: (opt.sharding().recovery == RecoveryPolicy::SpareCube
+                        && r.policy == RecoveryPolicy::Rollback)
+                        .then(|| {
+                            "no spare cube was free: rolled back onto the survivors, as \
+                             `goodput` models it"
+                                .to_string()
+                        }),
+                    ..recovery_row(r)
+                })
+                .collect(),
+            goodput: parts.goodput(),
+            simulated_seconds,
+            time: TimeReport {
+                productive_seconds: seconds(parts.productive_ns),
+                undone_steps_seconds: seconds(parts.undone_ns),
+                cut_off_steps_seconds: seconds(parts.cut_off_ns),
+                checkpoint_write_seconds: seconds(parts.checkpoint_write_ns),
+                recovery_seconds: seconds(parts.recovery_ns),
+                other_seconds: seconds(parts.other_ns),
+            },
+            time_ns: parts,
+            checkpoints,
+            resumed_from: self.resumed.as_ref().map(|r| ResumedRow {
+                path: r.path.display().to_string(),
+                steps_completed: r.steps_completed,
+                at_seconds: r.at_ns as f64 * 1e-9,
+            }),
+            tick_ns: opt.pod().clock().tick_ns,
+            wall_seconds: self.wall_seconds,
+            wall_seconds_per_step: self.wall_seconds / self.attempts.max(1) as f64,
+            compile_seconds: opt.compile_seconds(),
+            world_sha256,
+            ranks,
+        })
+    }
+}
+
+/// A recovery as the report shows it, its time broken into the parts
+/// that add up to it.
+pub fn recovery_row(r: &RecoveryRecord) -> RecoveryRow {
+    RecoveryRow {
+        policy: r.policy.to_string(),
+        failed_step: r.failed_step,
+        lost_devices: r.lost_devices.iter().map(|d| d.0).collect(),
+        lost_steps: r.lost_steps,
+        started_at_seconds: r.failed_at_ns as f64 * 1e-9,
+        recovery_seconds: r.recovery_seconds,
+        read_seconds: r.read_seconds,
+        reconfigure_seconds: r.reconfigure_seconds,
+        reshard_seconds: r.reshard_seconds,
+        swapped_cubes: r.swapped_cubes.clone(),
+        note: None,
+    }
+}
+
+/// A recovery's parts in the order they run, each with its seconds; they
+/// add up to its `recovery_seconds`. Parts that take no time are left out.
+pub fn recovery_parts(rec: &RecoveryRow) -> Vec<(&'static str, f64)> {
+    [
+        ("checkpoint read", rec.read_seconds),
+        ("cube swap", rec.reconfigure_seconds),
+        ("re-shard", rec.reshard_seconds),
+    ]
+    .into_iter()
+    .filter(|&(_, seconds)| seconds > 0.0)
+    .collect()
+}
+
+/// Where a phase runs in a step: the reduce-scatter passes (axes in
+/// order, then across slices), the update, the all-gather passes (the
+/// reverse), the state replication; `exposed_communication`, a summary,
+/// last.
+fn execution_rank(key: &str) -> (u8, i64) {
+    let axis = |pass: &str| -> i64 {
+        match pass {
+            "dcn" => i64::from(u32::MAX),
+            other => other
+                .strip_prefix("axis")
+                .and_then(|n| n.parse::<i64>().ok())
+                .unwrap_or(i64::from(u32::MAX) - 1),
+        }
+    };
+    if let Some(pass) = key.strip_prefix("reduce_scatter.") {
+        (0, axis(pass))
+    } else if key == "update" {
+        (1, 0)
+    } else if let Some(pass) = key.strip_prefix("all_gather.") {
+        (2, -axis(pass))
+    } else if key == "replicate_state" {
+        (3, 0)
+    } else if key == "exposed_communication" {
+        (5, 0)
+    } else {
+        (4, 0)
+    }
+}
+
+/// The report's phases in the step's execution order ([`execution_rank`]).
+pub fn phases_in_execution_order(phases: &BTreeMap<String, f64>) -> Vec<(&str, f64)> {
+    let mut ordered: Vec<(&str, f64)> = phases.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+    ordered.sort_by_key(|&(k, _)| execution_rank(k));
+    ordered
+}
+
+/// Where the simulated time of a run went, from the run's time ledger
+/// (every nanosecond charged once, so the shares add up to 100 %): the
+/// steps that count (the goodput), steps a rollback undid, steps cut off
+/// by a failure, checkpoint writes, recoveries and the rest. Empty for a
+/// run that spent all its time in steps that count.
+pub fn time_breakdown(r: &TrainReport) -> String {
+    let t = &r.time_ns;
+    if t.total_ns == 0 || t.productive_ns == t.total_ns {
+        return String::new();
+    }
+    // A share that rounds to 0.0 % but is not 0 reads "<0.1 %".
+    let share = |ns: u64| {
+        let percent = ns as f64 / t.total_ns as f64 * 100.0;
+        if ns > 0 && percent < 0.05 {
+            "<0.1".to_string()
+        } else {
+            format!("{percent:.1}")
+        }
+    };
+    let mut parts = vec![format!("{} % in steps that count", share(t.productive_ns))];
+    for (ns, what) in [
+        (t.undone_ns, "in steps a rollback undid"),
+        (t.cut_off_ns, "in failed steps"),
+        (t.checkpoint_write_ns, "writing checkpoints"),
+        (t.recovery_ns, "recovering"),
+        (t.other_ns, "waiting"),
+    ] {
+        if ns > 0 {
+            parts.push(format!("{} % {what}", share(ns)));
+        }
+    }
+    format!("time: {}\n", parts.join(", "))
+}
+
+/// A failure-free run of `steps` steps in closed form: the modeled step of
+/// a model of `sizes` elements on `topology` under `recovery`, without data
+/// or a pod in memory.
+#[derive(Debug, Clone)]
+pub struct ModeledRun {
+    /// The closed-form step.
+    pub step: ModeledStep,
+    /// The steps one after another, seconds: no checkpoint, no recovery.
+    pub simulated_seconds: f64,
+    /// Whether a device's HBM holds the step's bytes.
+    pub fits: bool,
+    /// Wall time of the model, seconds.
+    pub wall_seconds: f64,
+}
+
+/// [`ModeledRun`] of the tensors `sizes` (named `param0`, `param1`, …) with
+/// an optimizer of `slots` state slots.
+pub fn modeled_run(
+    topology: &Topology,
+    sizes: &[usize],
+    slots: usize,
+    bucket_bytes: usize,
+    recovery: RecoveryPolicy,
+    steps: u64,
+) -> Result<ModeledRun> {
+    let tensors: Vec<(String, Vec<usize>)> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| (format!("param{i}"), vec![n]))
+        .collect();
+    let started = Instant::now();
+    let step = crate::sharding::modeled::modeled_step_with_recovery(
+        topology,
+        &tensors,
+        crate::ir::DType::F32,
+        slots,
+        bucket_bytes,
+        recovery,
+    )
+    .map_err(OptimError::from)?;
+    let wall_seconds = started.elapsed().as_secs_f64();
+    let fits = step.hbm_bytes_per_device <= topology.hbm_bytes;
+    // Failure-free steps one after another: no checkpoint, no recovery.
+    let simulated_seconds = step.timeline.step_seconds * steps as f64;
+    Ok(ModeledRun {
+        step,
+        simulated_seconds,
+        fits,
+        wall_seconds,
+    })
+}
