@@ -45,7 +45,7 @@ pub enum ErrorKind {
     /// links, or is refused by design ([`Unsupported`]).
     Unsupported,
     /// A schedule could not be built, e.g. an ambiguous system order
-    /// ([`ScheduleError`]).
+    /// ([`crate::schedule::ScheduleError`]).
     Schedule,
     /// An input file could not be read (`files::InputError`).
     Io,
@@ -125,11 +125,6 @@ impl OptimError {
         )
     }
 
-    /// A schedule that could not be built (bevy's message).
-    pub fn schedule(message: impl Into<String>) -> Self {
-        OptimError::new(ErrorKind::Schedule, ScheduleError(message.into()))
-    }
-
     /// Which domain the error comes from.
     pub fn kind(&self) -> ErrorKind {
         self.kind
@@ -202,11 +197,6 @@ pub struct Unsupported {
     pub reason: String,
 }
 
-/// A schedule could not be built (for instance, an ambiguous system order).
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
-#[error("schedule build failed: {0}")]
-pub struct ScheduleError(pub String);
-
 impl From<InvalidConfig> for OptimError {
     fn from(error: InvalidConfig) -> Self {
         OptimError::new(ErrorKind::InvalidConfig, error)
@@ -216,12 +206,6 @@ impl From<InvalidConfig> for OptimError {
 impl From<Unsupported> for OptimError {
     fn from(error: Unsupported) -> Self {
         OptimError::new(ErrorKind::Unsupported, error)
-    }
-}
-
-impl From<ScheduleError> for OptimError {
-    fn from(error: ScheduleError) -> Self {
-        OptimError::new(ErrorKind::Schedule, error)
     }
 }
 

@@ -55,6 +55,39 @@
 //! traces) read the world, and [`checkpoint`] writes the whole world (the
 //! columns of [`persist`]) with a SHA-256 manifest and restores it only
 //! after verifying every byte.
+//!
+//! ## One `train` step, module by module
+//!
+//! 1. **`cli::train`** parses the flags into a [`training::RunPlan`]
+//!    (steps, kills, checkpoint cadence) and a [`training::ShardedOptimizer`]
+//!    built with [`ShardedOptimizer::on_pod`](training::ShardedOptimizer::on_pod):
+//!    [`sharding::world::participants`] reads the pod's live devices and
+//!    ring plan, [`sharding::world::place_model`] marks their HBM and
+//!    installs the model's state shards, and [`sharding::world::compile_update`]
+//!    compiles the update once per shard length ([`compiler`] passes,
+//!    lowered to an [`exec`] runtime, native where Cranelift can).
+//! 2. **[`training::run_steps`]** is the loop: per step it calls
+//!    [`ShardedOptimizer::step`](training::ShardedOptimizer::step), charges
+//!    the simulated nanoseconds to the run's [`sharding::ledger`], and after
+//!    a completed step writes a due checkpoint
+//!    (`ShardedOptimizer::checkpoint_if_due`, [`checkpoint`] files, its
+//!    modeled write time waited out).
+//! 3. **The step** is launched by [`sharding::step::launch_step`] (the
+//!    gradients reduce-scattered per bucket, the step's modeled end an
+//!    exact stop of the [`clock`]) and then lives in the world: the pod
+//!    ticks ([`Pod::advance_until`]) through the [`schedule::Step`] sets —
+//!    [`health`] applies faults and detects failures; in `Collectives`,
+//!    [`collectives::pod`] progresses transfers (`CollectiveSystems::Progress`)
+//!    and the step's watch fails it if a participant or link is lost
+//!    (`CollectiveSystems::Watch`); in `Execute` the step's time has come and
+//!    every shard runs its compiled update; in `Coalesce` its transient memory
+//!    goes back to the [`memory`] heaps; in `Recovery` a failed step is
+//!    recovered by [`recovery`] (rollback, redundant copies, spare cubes);
+//!    `Checkpoint` writes the pod's periodic checkpoints.
+//! 4. **[`training::TrainReport`]** turns the outcome into the report
+//!    (goodput from the ledger, the median step, phases, recoveries), and
+//!    [`training::trace::trace_of`] draws it with [`profile::trace`], the
+//!    one trace writer; `cli::train` prints it.
 #![warn(missing_docs)]
 
 pub mod barrier;

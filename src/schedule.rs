@@ -183,8 +183,11 @@ pub enum ScheduleError {
     Build {
         /// The schedule (`Step`).
         label: String,
-        /// Bevy's rendered message.
+        /// Bevy's message, rendered with the systems' names.
         message: String,
+        /// Bevy's error (it names systems by key only).
+        #[source]
+        source: bevy_ecs::schedule::ScheduleBuildError,
     },
     /// The world has no schedule of that label.
     #[error("schedule build failed: {label}: no such schedule")]
@@ -200,8 +203,11 @@ pub enum ScheduleError {
     NotRemoved {
         /// The schedule.
         label: String,
-        /// Bevy's rendered message.
+        /// Bevy's message, rendered with the systems' names.
         message: String,
+        /// Bevy's error.
+        #[source]
+        source: bevy_ecs::schedule::ScheduleBuildError,
     },
     /// Bevy could not remove a refused batch from the built graph.
     #[error("schedule build failed: {label}: {source}")]
@@ -226,6 +232,7 @@ pub fn build(world: &mut World, label: impl ScheduleLabel) -> Result<(), Schedul
             Err(error) => Err(ScheduleError::Build {
                 label: format!("{label:?}"),
                 message: error.to_string(schedule.graph(), world),
+                source: error,
             }),
         })
         .map_err(|_| ScheduleError::NoSuchSchedule {
@@ -257,6 +264,7 @@ pub fn remove_host_systems(
                 .map_err(|error| ScheduleError::NotRemoved {
                     label: format!("{label:?}"),
                     message: error.to_string(schedule.graph(), world),
+                    source: error,
                 })
                 .and_then(|_| {
                     schedule

@@ -13,7 +13,7 @@ use optirs_tpu::barrier::BarrierError;
 use optirs_tpu::checkpoint::{CheckpointError, WORLD_FILE, verify_checkpoint, write_checkpoint};
 use optirs_tpu::collectives::{CollectiveError, TorusShape};
 use optirs_tpu::compiler::{ArgumentCount, CompileError, InferenceError};
-use optirs_tpu::error::{ErrorKind, OptimError, ScheduleError};
+use optirs_tpu::error::{ErrorKind, OptimError};
 use optirs_tpu::exec::runtime::{ExecError, NoCustomCalls, Runtime};
 use optirs_tpu::goodput::{Fleet, GoodputConfig, GoodputError};
 use optirs_tpu::health::FaultError;
@@ -21,6 +21,7 @@ use optirs_tpu::ir::KernelError;
 use optirs_tpu::memory::MemoryError;
 use optirs_tpu::optimizers::{Adam, OptimizerError, SGD};
 use optirs_tpu::persist::{SnapshotError, WorldSnapshot};
+use optirs_tpu::schedule::ScheduleError;
 use optirs_tpu::schedule::StepSystems;
 use optirs_tpu::sharding::{ParamSet, ShardingError};
 use optirs_tpu::topology::TopologyError;
@@ -249,7 +250,6 @@ fn snapshot_bytes_that_are_not_a_snapshot_are_refused() {
 }
 
 #[test]
-#[ignore = "persist flattens postcard's error into SnapshotError::Corrupt's reason string"]
 fn snapshot_bytes_that_are_not_a_snapshot_reach_the_decoder_error() {
     let error: OptimError = WorldSnapshot::from_bytes(b"not a snapshot")
         .unwrap_err()
@@ -284,7 +284,6 @@ fn checkpoint_a_corrupt_file_is_named() {
 }
 
 #[test]
-#[ignore = "checkpoint flattens the manifest parser's error into CheckpointError::Manifest's reason"]
 fn checkpoint_a_corrupt_manifest_reaches_the_parser_error() {
     let dir = tempfile::tempdir().unwrap();
     let ckpt = saved_checkpoint(dir.path());
@@ -348,7 +347,6 @@ fn schedule_an_ambiguous_system_pair_is_named() {
 }
 
 #[test]
-#[ignore = "schedule::build renders bevy's ScheduleBuildError into a string"]
 fn schedule_an_ambiguous_system_pair_reaches_bevys_error() {
     let mut pod = pod();
     pod.world_mut().init_resource::<Count>();

@@ -432,3 +432,103 @@ mod seed_paths {
         );
     }
 }
+
+/// The README's capability table (`| layer | module | what | status |`):
+/// each row's layer and the modules it names in backticks.
+fn readme_rows(readme: &str) -> Result<Vec<(usize, Vec<String>)>, String> {
+    let start = readme
+        .find("| layer | module | what | status |")
+        .ok_or("README.md has no `| layer | module | what | status |` table")?;
+    let mut rows = Vec::new();
+    for line in readme[start..].lines().skip(2) {
+        let Some(row) = line.strip_prefix("| ") else {
+            break;
+        };
+        let cells: Vec<&str> = row.split(" | ").collect();
+        let layer = cells[0]
+            .trim()
+            .parse::<usize>()
+            .map_err(|_| format!("README row `{line}` has no layer number"))?;
+        let modules = cells
+            .get(1)
+            .ok_or_else(|| format!("README row `{line}` has no modules"))?
+            .split('`')
+            .skip(1)
+            .step_by(2)
+            .filter(|name| name.chars().all(|c| c.is_ascii_lowercase() || c == '_'))
+            .map(str::to_string)
+            .collect();
+        rows.push((layer, modules));
+    }
+    Ok(rows)
+}
+
+/// What is wrong with the README's table against the crate docs' layers:
+/// a module in the wrong layer, a row out of bottom-up order, a module
+/// missing or unknown.
+fn readme_problems(rows: &[(usize, Vec<String>)], layers: &BTreeMap<String, usize>) -> Vec<String> {
+    let mut problems = Vec::new();
+    let mut listed = BTreeSet::new();
+    let mut previous = 0;
+    for (layer, modules) in rows {
+        if *layer < previous {
+            problems.push(format!(
+                "README row of {modules:?} (layer {layer}) comes after layer {previous}"
+            ));
+        }
+        previous = previous.max(*layer);
+        for module in modules {
+            match layers.get(module) {
+                Some(l) if l == layer => {}
+                Some(l) => problems.push(format!(
+                    "README lists `{module}` in layer {layer}; the crate docs in layer {l}"
+                )),
+                None => problems.push(format!(
+                    "README lists `{module}`, which the crate docs' table does not"
+                )),
+            }
+            listed.insert(module.clone());
+        }
+    }
+    for module in layers.keys() {
+        if !listed.contains(module) {
+            problems.push(format!("README's table does not list `{module}`"));
+        }
+    }
+    problems
+}
+
+#[test]
+fn the_readme_lists_every_module_bottom_up_in_its_layer() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let lib = fs::read_to_string(root.join("src/lib.rs")).unwrap();
+    let readme = fs::read_to_string(root.join("README.md")).unwrap();
+    let problems = readme_problems(&readme_rows(&readme).unwrap(), &layer_table(&lib).unwrap());
+    assert!(
+        problems.is_empty(),
+        "README.md's capability table disagrees with src/lib.rs:\n  {}",
+        problems.join("\n  ")
+    );
+}
+
+#[test]
+fn a_readme_row_out_of_order_or_missing_a_module_is_named() {
+    let layers: BTreeMap<String, usize> =
+        [("ir", 2), ("exec", 10), ("sharding", 11), ("goodput", 12)]
+            .into_iter()
+            .map(|(m, l)| (m.to_string(), l))
+            .collect();
+    let readme = "| layer | module | what | status |\n|---|---|---|---|\n\
+        | 2 | `ir` | types | built |\n\
+        | 11 | `sharding` | the step | built |\n\
+        | 10 | `exec` (seed path `xla::exec`) | runtime | built |\n\
+        \n## Next\n";
+    let problems = readme_problems(&readme_rows(readme).unwrap(), &layers);
+    assert_eq!(
+        problems,
+        [
+            "README row of [\"exec\"] (layer 10) comes after layer 11",
+            "README's table does not list `goodput`",
+        ]
+    );
+}

@@ -103,6 +103,16 @@ pub enum CheckpointError {
         /// What is wrong.
         reason: String,
     },
+    /// The manifest's RON does not parse (its digest line matched, so it
+    /// was written that way or edited with its digest).
+    #[error("{path}: bad manifest: {source}")]
+    ManifestSyntax {
+        /// The manifest file.
+        path: PathBuf,
+        /// The parser's error, with its line and column.
+        #[source]
+        source: ron::error::SpannedError,
+    },
     /// A file's length differs from the manifest's.
     #[error("{path}: length {actual} bytes, manifest says {expected} (truncated or extended)")]
     Length {

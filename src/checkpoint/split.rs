@@ -223,9 +223,9 @@ fn names(columns: &[Column]) -> Vec<&str> {
 }
 
 fn decode<S: serde::de::DeserializeOwned>(name: &str, bytes: &[u8]) -> Result<S, SnapshotError> {
-    postcard::from_bytes(bytes).map_err(|e| SnapshotError::Corrupt {
+    postcard::from_bytes(bytes).map_err(|source| SnapshotError::Undecodable {
         column: name.into(),
-        reason: e.to_string(),
+        source,
     })
 }
 

@@ -193,7 +193,10 @@ pub(super) fn parse_digested<T: serde::de::DeserializeOwned>(
         reason,
     };
     let body = digested_body(path, text, prefix)?;
-    let record: T = ron::from_str(body).map_err(|e| bad(e.to_string()))?;
+    let record: T = ron::from_str(body).map_err(|source| CheckpointError::ManifestSyntax {
+        path: path.to_path_buf(),
+        source,
+    })?;
     let version = format_version(&record);
     if version != FORMAT_VERSION {
         return Err(bad(format!(

@@ -12,7 +12,7 @@ pub enum ExecError {
     Arguments(String),
     /// The executable was given another number of arguments than it has
     /// parameters.
-    #[error(transparent)]
+    #[error("{0}")]
     ArgumentCount(#[from] crate::compiler::ArgumentCount),
     /// A kernel could not run.
     #[error("kernel `{kernel}`: {source}")]
@@ -24,14 +24,59 @@ pub enum ExecError {
         source: KernelFailure,
     },
     /// A custom call failed or has no handler.
-    #[error("custom call `{target}`: {message}")]
+    #[error("custom call `{target}`: {source}")]
     CustomCall {
         /// The call target.
         target: String,
         /// What went wrong.
-        message: String,
+        #[source]
+        source: CustomCallError,
     },
 }
+
+/// Why a custom call failed ([`ExecError::CustomCall`]): the handler knows
+/// no such target, refused its operands, or the work it ran failed (that
+/// error kept whole, so the chain reaches it).
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum CustomCallError {
+    /// No handler knows the target.
+    #[error("no handler for target `{0}`")]
+    NoHandler(String),
+    /// The handler refused the call: the operands or the target do not fit
+    /// it (the reason is the handler's own description).
+    #[error("{0}")]
+    Refused(String),
+    /// The handler returned a tensor of another type than the call's.
+    #[error("returned {returned}, expected {expected}")]
+    WrongType {
+        /// The returned tensor's type.
+        returned: String,
+        /// The call's type.
+        expected: String,
+    },
+    /// The work the handler ran failed.
+    #[error("{0}")]
+    Failed(#[source] std::sync::Arc<dyn std::error::Error + Send + Sync>),
+}
+
+impl CustomCallError {
+    /// The failure of the work a handler ran, kept as the source.
+    pub fn failed(error: impl std::error::Error + Send + Sync + 'static) -> CustomCallError {
+        CustomCallError::Failed(std::sync::Arc::new(error))
+    }
+}
+
+/// Two failures are the same when they say the same (the failed work's
+/// error is compared by its message: errors need not be comparable).
+impl PartialEq for CustomCallError {
+    fn eq(&self, other: &CustomCallError) -> bool {
+        std::mem::discriminant(self) == std::mem::discriminant(other)
+            && self.to_string() == other.to_string()
+    }
+}
+
+impl Eq for CustomCallError {}
 
 /// Why a kernel could not run ([`ExecError::Kernel`]).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

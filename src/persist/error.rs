@@ -41,6 +41,15 @@ pub enum SnapshotError {
         /// The decoder's message.
         reason: String,
     },
+    /// A column's bytes are not the encoding of its type.
+    #[error("column `{column}` does not decode: {source}")]
+    Undecodable {
+        /// Component or resource name (`<world>` for the snapshot itself).
+        column: String,
+        /// The decoder's error.
+        #[source]
+        source: postcard::Error,
+    },
     /// The snapshot lacks a column the engine needs, or has one it does not know.
     #[error("snapshot {problem} column `{column}`")]
     ColumnMismatch {

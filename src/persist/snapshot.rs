@@ -84,9 +84,9 @@ impl WorldSnapshot {
     ) -> Result<WorldSnapshot, SnapshotError> {
         check_tensors(&tensors)?;
         let snapshot: WorldSnapshot =
-            postcard::from_bytes(bytes).map_err(|e| SnapshotError::Corrupt {
+            postcard::from_bytes(bytes).map_err(|source| SnapshotError::Undecodable {
                 column: "<world>".into(),
-                reason: e.to_string(),
+                source,
             })?;
         if snapshot.format_version != FORMAT_VERSION {
             return Err(SnapshotError::UnsupportedVersion {
@@ -134,9 +134,9 @@ impl WorldSnapshot {
     /// [`WorldSnapshot::from_parts`] checks them).
     pub fn from_wire(bytes: &[u8]) -> Result<WorldSnapshot, SnapshotError> {
         let (world, tensors): (Vec<u8>, Vec<OwnedWireTensor>) = postcard::from_bytes(bytes)
-            .map_err(|e| SnapshotError::Corrupt {
+            .map_err(|source| SnapshotError::Undecodable {
                 column: "<world>".into(),
-                reason: e.to_string(),
+                source,
             })?;
         let tensors = tensors
             .into_iter()
@@ -214,9 +214,9 @@ fn to_ron<S: Serialize>(value: &S) -> String {
 }
 
 fn decode<S: serde::de::DeserializeOwned>(name: &str, bytes: &[u8]) -> Result<S, SnapshotError> {
-    postcard::from_bytes(bytes).map_err(|e| SnapshotError::Corrupt {
+    postcard::from_bytes(bytes).map_err(|source| SnapshotError::Undecodable {
         column: name.to_string(),
-        reason: e.to_string(),
+        source,
     })
 }
 

@@ -15,7 +15,7 @@ use smallvec::SmallVec;
 
 use crate::compiler;
 use crate::error::{OptimError, Result};
-use crate::exec::runtime::{Arg, CustomCallHandler, Element, RunOutput, Runtime};
+use crate::exec::runtime::{Arg, CustomCallError, CustomCallHandler, Element, RunOutput, Runtime};
 use crate::ir::Tensor;
 use crate::ir::TensorType;
 use crate::memory::Block;
@@ -39,24 +39,33 @@ struct StepCall<'o, O, A> {
 }
 
 impl<O: Optimizer<A, IxDyn>, A: FloatElement + Element> CustomCallHandler for StepCall<'_, O, A> {
-    fn call(&mut self, target: &str, args: &[&Tensor], _: &TensorType) -> Result<Tensor, String> {
+    fn call(
+        &mut self,
+        target: &str,
+        args: &[&Tensor],
+        _: &TensorType,
+    ) -> Result<Tensor, CustomCallError> {
         if target != graph::STEP_TARGET {
-            return Err(format!("unknown target (known: {})", graph::STEP_TARGET));
+            return Err(CustomCallError::Refused(format!(
+                "unknown target (known: {})",
+                graph::STEP_TARGET
+            )));
         }
         let [p, g] = args else {
-            return Err(format!(
+            return Err(CustomCallError::Refused(format!(
                 "takes params and grads, got {} operands",
                 args.len()
-            ));
+            )));
         };
         let as_array = |t: &Tensor| {
-            A::from_tensor((*t).clone()).map_err(|t| format!("operand is {}", t.tensor_type()))
+            A::from_tensor((*t).clone())
+                .map_err(|t| CustomCallError::Refused(format!("operand is {}", t.tensor_type())))
         };
         let (p, g): (ArrayD<A>, ArrayD<A>) = (as_array(p)?, as_array(g)?);
         self.base
             .step(&p, &g)
             .map(A::into_tensor)
-            .map_err(|e| e.to_string())
+            .map_err(CustomCallError::failed)
     }
 }
 

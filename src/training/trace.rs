@@ -1,9 +1,12 @@
 //! A training run's Chrome/Perfetto trace in simulated time: the run's
 //! steps, failed steps, waits, recoveries (by part) and checkpoint writes
 //! on a "run" process, and every device's compute and communication per
-//! bucket ([`trace_of`]).
+//! bucket ([`trace_of`]), built with the crate's one trace writer,
+//! [`crate::profile::trace`].
 
 use serde_json::{Value, json};
+
+use crate::profile::trace::{Event, Scope, Trace};
 
 use crate::sharding::StepPhase;
 
@@ -74,63 +77,55 @@ fn span(
     start_s: f64,
     seconds: f64,
     args: Value,
-) -> Value {
-    json!({
-        "ph": "X",
-        "name": name.into(),
-        "cat": cat,
-        "pid": pid,
-        "tid": tid,
-        "ts": start_s * 1e6,
-        "dur": seconds.max(0.0) * 1e6,
-        "args": args,
-    })
+) -> Event {
+    Event::complete(name, start_s * 1e6, seconds.max(0.0) * 1e6)
+        .category(cat)
+        .on(pid, tid)
+        .args(args)
 }
+
 /// The Chrome/Perfetto trace of a run (see [`TraceInput`], [`track`]):
 /// a "run" process (pid = the device count, shown first) and one process
 /// per device with a compute, a communication and (multislice) a DCN
 /// thread, per bucket.
-pub fn trace_of(input: &TraceInput<'_>) -> Value {
+pub fn trace_of(input: &TraceInput<'_>) -> Trace {
     let run = input.devices;
-    let mut events = run_process(run);
+    let mut trace = Trace::new();
+    run_process(&mut trace, run);
     // The run's timeline: spans in time order, the gaps between them
     // drawn as waits.
     let mut timeline = step_spans(input, run);
-    failure_spans(input, run, &mut timeline, &mut events);
-    recovery_spans(input, run, &mut timeline, &mut events);
+    failure_spans(input, run, &mut timeline, &mut trace);
+    recovery_spans(input, run, &mut timeline, &mut trace);
     // A checkpoint write stops training (it is synchronous): the timeline
     // shows it where it happened, and its own track below too.
     for &(at_ns, seconds) in input.checkpoint_writes {
         timeline.push(checkpoint_span(run, track::TIMELINE, at_ns, seconds));
     }
-    push_with_waits(input, run, timeline, &mut events);
+    push_with_waits(input, run, timeline, &mut trace);
     for &(at_ns, seconds) in input.checkpoint_writes {
-        events.push(checkpoint_span(run, track::CHECKPOINTS, at_ns, seconds));
+        trace.push(checkpoint_span(run, track::CHECKPOINTS, at_ns, seconds));
     }
-    device_events(input, &mut events);
-    json!({"traceEvents": events, "displayTimeUnit": "ns"})
+    device_events(input, &mut trace);
+    trace
 }
 
 /// The "run" process, shown first, and its threads' names.
-fn run_process(run: u32) -> Vec<Value> {
-    let mut events = vec![
-        json!({"ph": "M", "name": "process_name", "pid": run, "args": {"name": "run"}}),
-        json!({"ph": "M", "name": "process_sort_index", "pid": run, "args": {"sort_index": -1}}),
-    ];
+fn run_process(trace: &mut Trace, run: u32) {
+    trace.process(run, "run").process_sort_index(run, -1);
     for (tid, name) in [
         (track::TIMELINE, "steps, failures, recoveries, waits"),
         (track::FAULTS, "faults and detection"),
         (track::RECOVERY_PARTS, "recovery parts"),
         (track::CHECKPOINTS, "checkpoint writes"),
     ] {
-        events.push(json!({"ph": "M", "name": "thread_name", "pid": run, "tid": tid, "args": {"name": name}}));
+        trace.thread(run, tid, name);
     }
-    events
 }
 
 /// Every completed step on the timeline, a step a later rollback took
 /// back marked as undone.
-fn step_spans(input: &TraceInput<'_>, run: u32) -> Vec<Value> {
+fn step_spans(input: &TraceInput<'_>, run: u32) -> Vec<Event> {
     let mut timeline = Vec::new();
     for r in input.reports {
         let start = r.launched_at_ns as f64 * 1e-9;
@@ -164,12 +159,7 @@ fn step_spans(input: &TraceInput<'_>, run: u32) -> Vec<Value> {
 
 /// Every failed attempt on the timeline; a kill, and the wait until the
 /// step saw it, on the faults track and the device.
-fn failure_spans(
-    input: &TraceInput<'_>,
-    run: u32,
-    timeline: &mut Vec<Value>,
-    events: &mut Vec<Value>,
-) {
+fn failure_spans(input: &TraceInput<'_>, run: u32, timeline: &mut Vec<Event>, trace: &mut Trace) {
     for f in input.failures {
         let phase = f.phase.key();
         timeline.push(span(
@@ -183,18 +173,24 @@ fn failure_spans(
         ));
         if let Some(killed) = f.killed_at_seconds {
             let device = f.device.map_or_else(String::new, |d| format!(" {d}"));
-            events.push(json!({
-                "ph": "i", "s": "p", "name": format!("device{device} killed"), "cat": "failure",
-                "pid": run, "tid": track::FAULTS, "ts": killed * 1e6,
-                "args": {"device": f.device},
-            }));
+            trace.push(
+                Event::instant(
+                    format!("device{device} killed"),
+                    killed * 1e6,
+                    Scope::Process,
+                )
+                .category("failure")
+                .on(run, track::FAULTS)
+                .args(json!({"device": f.device})),
+            );
             if let Some(d) = f.device {
-                events.push(json!({
-                    "ph": "i", "s": "t", "name": "killed", "cat": "failure",
-                    "pid": d, "tid": 0, "ts": killed * 1e6,
-                }));
+                trace.push(
+                    Event::instant("killed", killed * 1e6, Scope::Thread)
+                        .category("failure")
+                        .on(d, 0),
+                );
             }
-            events.push(span(
+            trace.push(span(
                 "detection wait",
                 "wait",
                 run,
@@ -209,12 +205,7 @@ fn failure_spans(
 
 /// Every recovery on the timeline, and its parts one after another on
 /// their own track.
-fn recovery_spans(
-    input: &TraceInput<'_>,
-    run: u32,
-    timeline: &mut Vec<Value>,
-    events: &mut Vec<Value>,
-) {
+fn recovery_spans(input: &TraceInput<'_>, run: u32, timeline: &mut Vec<Event>, trace: &mut Trace) {
     for rec in input.recoveries {
         let start = rec.started_at_seconds;
         timeline.push(span(
@@ -233,7 +224,7 @@ fn recovery_spans(
         ));
         let mut at = start;
         for (name, seconds) in recovery_parts(rec) {
-            events.push(span(
+            trace.push(span(
                 name,
                 "recovery",
                 run,
@@ -248,7 +239,7 @@ fn recovery_spans(
 }
 
 /// A checkpoint write on track `tid`.
-fn checkpoint_span(run: u32, tid: u32, at_ns: u64, seconds: f64) -> Value {
+fn checkpoint_span(run: u32, tid: u32, at_ns: u64, seconds: f64) -> Event {
     span(
         "checkpoint write",
         "checkpoint",
@@ -260,23 +251,13 @@ fn checkpoint_span(run: u32, tid: u32, at_ns: u64, seconds: f64) -> Value {
     )
 }
 
-/// The timeline's spans in time order into `events`, each gap before a
+/// The timeline's spans in time order into `trace`, each gap before a
 /// span (and before the run's end) drawn as a wait.
-fn push_with_waits(
-    input: &TraceInput<'_>,
-    run: u32,
-    mut timeline: Vec<Value>,
-    events: &mut Vec<Value>,
-) {
-    timeline.sort_by(|a, b| {
-        a["ts"]
-            .as_f64()
-            .unwrap_or(0.0)
-            .total_cmp(&b["ts"].as_f64().unwrap_or(0.0))
-    });
+fn push_with_waits(input: &TraceInput<'_>, run: u32, mut timeline: Vec<Event>, trace: &mut Trace) {
+    timeline.sort_by(|a, b| a.ts_us().total_cmp(&b.ts_us()));
     // A gap up to a tick is the pod waiting for the tick that ends what
     // came before; a longer one is idle time.
-    let wait = |from_us: f64, to_us: f64, before: &Value| {
+    let wait = |from_us: f64, to_us: f64, before: Value| {
         let seconds = (to_us - from_us) * 1e-6;
         let name = if seconds <= input.tick_ns as f64 * 1e-9 + 1e-12 {
             "waiting for the tick"
@@ -295,24 +276,21 @@ fn push_with_waits(
     };
     let mut free_at: Option<f64> = None;
     for event in timeline {
-        let (ts, dur) = (
-            event["ts"].as_f64().unwrap_or(0.0),
-            event["dur"].as_f64().unwrap_or(0.0),
-        );
+        let (ts, dur) = (event.ts_us(), event.dur_us());
         if let Some(free) = free_at.filter(|&free| ts > free) {
-            events.push(wait(free, ts, &event["name"]));
+            trace.push(wait(free, ts, json!(event.name())));
         }
         free_at = Some(free_at.map_or(ts + dur, |free: f64| free.max(ts + dur)));
-        events.push(event);
+        trace.push(event);
     }
     let end_us = input.end_ns as f64 * 1e-3;
     if let Some(free) = free_at.filter(|&free| end_us > free) {
-        events.push(wait(free, end_us, &json!("the end of the run")));
+        trace.push(wait(free, end_us, json!("the end of the run")));
     }
 }
 
 /// Every device's process and threads, and its phases per bucket.
-fn device_events(input: &TraceInput<'_>, events: &mut Vec<Value>) {
+fn device_events(input: &TraceInput<'_>, trace: &mut Trace) {
     let devices: Vec<u32> = input
         .reports
         .first()
@@ -323,11 +301,12 @@ fn device_events(input: &TraceInput<'_>, events: &mut Vec<Value>) {
         .iter()
         .any(|r| r.spans.iter().any(|s| s.phase.is_dcn()));
     for &d in &devices {
-        events.push(json!({"ph": "M", "name": "process_name", "pid": d, "args": {"name": format!("device {d}")}}));
-        events.push(json!({"ph": "M", "name": "thread_name", "pid": d, "tid": 0, "args": {"name": "compute"}}));
-        events.push(json!({"ph": "M", "name": "thread_name", "pid": d, "tid": 1, "args": {"name": "communication"}}));
+        trace
+            .process(d, format!("device {d}"))
+            .thread(d, 0, "compute")
+            .thread(d, 1, "communication");
         if dcn {
-            events.push(json!({"ph": "M", "name": "thread_name", "pid": d, "tid": 2, "args": {"name": "DCN (across slices)"}}));
+            trace.thread(d, 2, "DCN (across slices)");
         }
     }
     for r in input.reports {
@@ -341,7 +320,7 @@ fn device_events(input: &TraceInput<'_>, events: &mut Vec<Value>) {
                 (1, "communication")
             };
             for &d in &devices {
-                events.push(span(
+                trace.push(span(
                     format!("{} bucket {}", s.phase.key(), s.bucket),
                     cat,
                     d,
@@ -434,7 +413,7 @@ mod tests {
             tick_ns: 10 * us,
             end_ns: 1_120 * us,
         };
-        let trace = trace_of(&input);
+        let trace = trace_of(&input).to_json();
         let events = trace["traceEvents"].as_array().unwrap();
         let on = |tid: u32| -> Vec<&serde_json::Value> {
             let mut spans: Vec<_> = events

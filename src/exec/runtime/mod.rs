@@ -58,7 +58,7 @@ use ndarray::{Array, Dimension};
 use smallvec::SmallVec;
 
 use crate::compiler::executable::{Executable, ValueRef};
-pub use crate::exec::error::{ExecError, KernelFailure, LoopError};
+pub use crate::exec::error::{CustomCallError, ExecError, KernelFailure, LoopError};
 use crate::exec::interpreter::{
     ExecFn, ExecInPlaceFn, ExecProductFn, select_exec, select_exec_in_place, select_exec_product,
 };
@@ -220,7 +220,12 @@ pub enum RunOutput {
 /// Runs custom calls other than the built-in `identity`.
 pub trait CustomCallHandler {
     /// Computes `target(args)`, which must have type `ty`.
-    fn call(&mut self, target: &str, args: &[&Tensor], ty: &TensorType) -> Result<Tensor, String>;
+    fn call(
+        &mut self,
+        target: &str,
+        args: &[&Tensor],
+        ty: &TensorType,
+    ) -> Result<Tensor, CustomCallError>;
 }
 
 /// A handler that knows no targets.
@@ -228,8 +233,13 @@ pub trait CustomCallHandler {
 pub struct NoCustomCalls;
 
 impl CustomCallHandler for NoCustomCalls {
-    fn call(&mut self, target: &str, _: &[&Tensor], _: &TensorType) -> Result<Tensor, String> {
-        Err(format!("no handler for target `{target}`"))
+    fn call(
+        &mut self,
+        target: &str,
+        _: &[&Tensor],
+        _: &TensorType,
+    ) -> Result<Tensor, CustomCallError> {
+        Err(CustomCallError::NoHandler(target.to_string()))
     }
 }
 

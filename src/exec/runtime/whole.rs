@@ -8,7 +8,7 @@ use smallvec::SmallVec;
 
 use super::matmul::matmul;
 use super::value::{Slot, read, unwritten};
-use super::{CustomCallHandler, ExecError, Runtime};
+use super::{CustomCallError, CustomCallHandler, ExecError, Runtime};
 use crate::compiler::executable::{Arg as InstrArg, Instr, LoweredKernel};
 use crate::exec::error::KernelFailure;
 use crate::ir::{KernelError, Op, Tensor};
@@ -48,7 +48,7 @@ impl Runtime {
                         kernel: kernel.name.clone(),
                         source: KernelFailure::Eval(source),
                     },
-                    WholeError::Call(target, message) => ExecError::CustomCall { target, message },
+                    WholeError::Call(target, source) => ExecError::CustomCall { target, source },
                 })?;
                 locals.push(value);
             }
@@ -72,7 +72,7 @@ impl Runtime {
 /// (target, message).
 enum WholeError {
     Kernel(KernelError),
-    Call(String, String),
+    Call(String, CustomCallError),
 }
 
 /// One instruction over whole tensors.
@@ -89,7 +89,10 @@ fn eval_whole(
             if t.tensor_type() != instr.ty {
                 return Err(WholeError::Call(
                     target.clone(),
-                    format!("returned {}, expected {}", t.tensor_type(), instr.ty),
+                    CustomCallError::WrongType {
+                        returned: t.tensor_type().to_string(),
+                        expected: instr.ty.to_string(),
+                    },
                 ));
             }
             Ok(t)
