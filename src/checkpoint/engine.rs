@@ -152,32 +152,35 @@ macro_rules! persist_as_self_checked {
                 Ok(stored)
             }
             fn check(stored: &$ty, _: &LoadContext) -> Result<(), SnapshotError> {
-                invariants(stored).map_err(|reason| SnapshotError::Corrupt {
+                invariants(stored).map_err(|source| SnapshotError::Invalid {
                     column: $name.to_string(),
-                    reason,
+                    source,
                 })
             }
         }
     )*};
 }
 
+/// The invariant a stored value breaks, as its domain reports it.
+type BrokenInvariant = Box<dyn std::error::Error + Send + Sync>;
+
 trait Invariants {
-    fn invariants(&self) -> Result<(), String>;
+    fn invariants(&self) -> Result<(), BrokenInvariant>;
 }
 
-fn invariants<T: Invariants>(value: &T) -> Result<(), String> {
+fn invariants<T: Invariants>(value: &T) -> Result<(), BrokenInvariant> {
     value.invariants()
 }
 
 impl Invariants for PodTopology {
-    fn invariants(&self) -> Result<(), String> {
-        self.0.check_invariants().map_err(|e| e.to_string())
+    fn invariants(&self) -> Result<(), BrokenInvariant> {
+        Ok(self.0.check_invariants()?)
     }
 }
 
 impl Invariants for DeviceHistory {
-    fn invariants(&self) -> Result<(), String> {
-        self.check_invariants().map_err(|e| e.to_string())
+    fn invariants(&self) -> Result<(), BrokenInvariant> {
+        Ok(self.check_invariants()?)
     }
 }
 

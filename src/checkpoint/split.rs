@@ -164,9 +164,9 @@ fn held_shard_rows(
         .decode_resource::<PodTopology>(&parts[0], "topology.PodTopology")?
         .0;
     let layout = RankLayout::new(&topology, parts.len() as u32, 0).map_err(|e| {
-        SnapshotError::PartsDisagree {
+        SnapshotError::PartsUnfit {
             column: NAME.into(),
-            reason: e.to_string(),
+            source: Box::new(e),
         }
     })?;
     let rows = parts
@@ -255,11 +255,10 @@ fn merge_resource(name: &str, copies: &[&[u8]]) -> Result<Vec<u8>, SnapshotError
                 .iter()
                 .map(|c| decode::<StoredTransport>(name, c))
                 .collect::<Result<Vec<_>, _>>()?;
-            let merged =
-                merge_transport_parts(parts).map_err(|reason| SnapshotError::PartsDisagree {
-                    column: name.into(),
-                    reason: reason.to_string(),
-                })?;
+            let merged = merge_transport_parts(parts).map_err(|e| SnapshotError::PartsUnfit {
+                column: name.into(),
+                source: Box::new(e),
+            })?;
             Ok(postcard::to_stdvec(&merged).expect("stored values encode"))
         }
         ResourceRule::Envelopes(keep) => {

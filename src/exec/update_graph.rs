@@ -138,6 +138,43 @@ impl<A: FloatElement> BitsEq for A {
     }
 }
 
+/// The graph's node for each of the rule's scalars: a constant, the one
+/// scalar argument (every `Argument` shares it), or `1 / (1 - base^t)`
+/// computed in f64 from the step count `count`.
+fn scalar_nodes<A: FloatElement>(
+    b: &mut GraphBuilder<'_>,
+    scalars: &[Scalar<A>],
+    dtype: DType,
+    count: Entity,
+) -> Vec<Entity> {
+    let one = b.scalar(dtype, 1.0);
+    let mut t64 = None;
+    let mut argument = None;
+    let mut consts = Vec::with_capacity(scalars.len());
+    for s in scalars {
+        consts.push(match *s {
+            Scalar::Fixed(v) => b.scalar(dtype, v.as_f64()),
+            Scalar::Argument => {
+                *argument.get_or_insert_with(|| b.parameter(TensorType::scalar(dtype)))
+            }
+            Scalar::InverseBiasCorrection { base } => {
+                let t = *t64
+                    .get_or_insert_with(|| b.node(crate::ir::Op::Convert(DType::F64), &[count]));
+                let base = b.scalar(DType::F64, base.as_f64());
+                let pow = b.binary(BinaryOp::Pow, base, t);
+                let pow = if dtype == DType::F64 {
+                    pow
+                } else {
+                    b.node(crate::ir::Op::Convert(dtype), &[pow])
+                };
+                let denominator = b.sub(one, pow);
+                b.div(one, denominator)
+            }
+        });
+    }
+    consts
+}
+
 /// Spawns the update graph of `rule` for params of `shape` into `world` and
 /// returns the program entity (pending compilation).
 pub fn build_update_graph<A: FloatElement + Element>(
@@ -159,31 +196,7 @@ pub fn build_update_graph<A: FloatElement + Element>(
         .map(|_| b.parameter(ty.clone()))
         .collect();
     let count = b.parameter(TensorType::scalar(DType::I32));
-    let one = b.scalar(dtype, 1.0);
-    let mut t64 = None;
-    let mut argument = None;
-    let mut consts = Vec::with_capacity(scalars.len());
-    for s in &scalars {
-        consts.push(match *s {
-            Scalar::Fixed(v) => b.scalar(dtype, v.as_f64()),
-            Scalar::Argument => {
-                *argument.get_or_insert_with(|| b.parameter(TensorType::scalar(dtype)))
-            }
-            Scalar::InverseBiasCorrection { base } => {
-                let t = *t64
-                    .get_or_insert_with(|| b.node(crate::ir::Op::Convert(DType::F64), &[count]));
-                let base = b.scalar(DType::F64, base.as_f64());
-                let pow = b.binary(BinaryOp::Pow, base, t);
-                let pow = if dtype == DType::F64 {
-                    pow
-                } else {
-                    b.node(crate::ir::Op::Convert(dtype), &[pow])
-                };
-                let denominator = b.sub(one, pow);
-                b.div(one, denominator)
-            }
-        });
-    }
+    let consts = scalar_nodes(&mut b, &scalars, dtype, count);
     let mut values: Vec<Entity> = Vec::with_capacity(program.ops.len());
     let read = |values: &[Entity], o: Operand| -> Result<Entity, NotAGraph> {
         let bad = || NotAGraph(format!("operand {o:?} refers to nothing"));

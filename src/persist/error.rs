@@ -24,6 +24,16 @@ pub enum SnapshotError {
         /// Entities in the snapshot.
         count: u32,
     },
+    /// Parts of one world do not fit together, as the domain that merges
+    /// the column reports it (its error kept whole).
+    #[error("the parts of the world disagree on `{column}`: {source}")]
+    PartsUnfit {
+        /// Component or resource name.
+        column: String,
+        /// The merging domain's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// Parts of one world (from the processes that each ran some of it)
     /// do not fit together.
     #[error("the parts of the world disagree on `{column}`: {reason}")]
@@ -49,6 +59,16 @@ pub enum SnapshotError {
         /// The decoder's error.
         #[source]
         source: postcard::Error,
+    },
+    /// A column decodes, but its value breaks an invariant the loaders
+    /// check for files people write (a forged file's digest matches too).
+    #[error("column `{column}` does not decode: {source}")]
+    Invalid {
+        /// Component or resource name.
+        column: String,
+        /// The invariant it breaks.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// The snapshot lacks a column the engine needs, or has one it does not know.
     #[error("snapshot {problem} column `{column}`")]

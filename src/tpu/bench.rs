@@ -363,6 +363,44 @@ pub fn bench_host_bytes(slots: usize, size: usize) -> u128 {
     (9 + 4 * slots as u128) * size as u128 * 4
 }
 
+/// The benchmark's params and gradients: `size` deterministic `f32`s each.
+fn bench_inputs(size: usize) -> (ArrayD<f32>, ArrayD<f32>) {
+    let p = Array1::from_iter((0..size).map(|i| ((i % 1000) as f32 - 500.0) * 1e-3)).into_dyn();
+    let g = Array1::from_iter((0..size).map(|i| ((i % 777) as f32 - 388.0) * 1e-4)).into_dyn();
+    (p, g)
+}
+
+/// The hand-written fresh-output loop for rule `kind` (the optimizer's own
+/// `step` where no loop is written out).
+fn fresh_loop_for(kind: UpdateKind, name: &str, size: usize) -> Result<FreshLoop> {
+    Ok(match kind {
+        UpdateKind::Sgd => FreshLoop::Sgd {
+            neg_lr: -BENCH_LEARNING_RATE,
+        },
+        UpdateKind::Adam => FreshLoop::Adam {
+            c: Adam::new(BENCH_LEARNING_RATE).constants(2),
+            mu: vec![0.0; size],
+            nu: vec![0.0; size],
+        },
+        _ => FreshLoop::Step(optimizer_named(name)?.1),
+    })
+}
+
+/// Warm: like a peer's benchmark (and a loop that only steps), a side runs
+/// `steps + 1` times in a row over its own buffers, the first pass untimed;
+/// the median pass. A few passes do not refill a shared victim cache that
+/// the other sides emptied; a run of them does.
+fn warm(steps: usize, f: &mut dyn FnMut() -> Result<()>) -> Result<f64> {
+    f()?;
+    let mut times = Vec::with_capacity(steps);
+    for _ in 0..steps {
+        let start = Instant::now();
+        f()?;
+        times.push(start.elapsed().as_secs_f64());
+    }
+    Ok(median(times))
+}
+
 /// Measures `steps` paired rounds of optimizer `name` on `size` `f32`
 /// params: the compiled fresh-output step, the compiled in-place step, the
 /// floor kernel, a plain copy and the hand-written fresh-output loop. Each
@@ -382,10 +420,7 @@ pub fn bench_optimizer(name: &str, size: usize, steps: usize) -> Result<Optimize
     let slots = base.update_rule().map_or(0, |r| r.slot_names().len());
     check_host_memory(kind.as_str(), slots, size, host_memory_budget())?;
     let bytes_per_step = ((3 + 2 * slots as u128) * size as u128 * 4) as u64;
-    let p: ArrayD<f32> =
-        Array1::from_iter((0..size).map(|i| ((i % 1000) as f32 - 500.0) * 1e-3)).into_dyn();
-    let g: ArrayD<f32> =
-        Array1::from_iter((0..size).map(|i| ((i % 777) as f32 - 388.0) * 1e-4)).into_dyn();
+    let (p, g) = bench_inputs(size);
     let gs = g.as_slice().expect("standard layout");
     let mut fresh = TPUOptimizer::new(base, TPUConfig::default())?;
     drop(black_box(fresh.tpu_step(&p, &g)?));
@@ -400,17 +435,7 @@ pub fn bench_optimizer(name: &str, size: usize, steps: usize) -> Result<Optimize
     floor.step(gs)?;
     let mut copy_dst = vec![0.0f32; size];
     copy(&mut copy_dst, gs);
-    let mut fresh_loop = match kind {
-        UpdateKind::Sgd => FreshLoop::Sgd {
-            neg_lr: -BENCH_LEARNING_RATE,
-        },
-        UpdateKind::Adam => FreshLoop::Adam {
-            c: Adam::new(BENCH_LEARNING_RATE).constants(2),
-            mu: vec![0.0; size],
-            nu: vec![0.0; size],
-        },
-        _ => FreshLoop::Step(optimizer_named(name)?.1),
-    };
+    let mut fresh_loop = fresh_loop_for(kind, name, size)?;
     drop(black_box(fresh_loop.step(&p, &g)?));
     const SIDES: usize = 6;
     let mut times: [Vec<f64>; SIDES] = Default::default();
@@ -442,22 +467,10 @@ pub fn bench_optimizer(name: &str, size: usize, steps: usize) -> Result<Optimize
         fresh_vs_loop.push(t[0] / t[4]);
         recycled_vs_in_place.push(t[5] / t[1]);
     }
-    // Warm: like a peer's benchmark (and a loop that only steps), each side
-    // runs `steps + 1` times in a row over its own buffers, the first pass
-    // untimed. A few passes do not refill a shared victim cache that the
-    // other sides emptied; a run of them does.
-    let warm = |f: &mut dyn FnMut() -> Result<()>| -> Result<f64> {
-        f()?;
-        let mut times = Vec::with_capacity(steps);
-        for _ in 0..steps {
-            let start = Instant::now();
-            f()?;
-            times.push(start.elapsed().as_secs_f64());
-        }
-        Ok(median(times))
-    };
-    let warm_in_place_step_seconds = warm(&mut || in_place.tpu_step_in_place(&mut p_in_place, &g))?;
-    let warm_floor_seconds = warm(&mut || floor.step(gs))?;
+    let warm_in_place_step_seconds = warm(steps, &mut || {
+        in_place.tpu_step_in_place(&mut p_in_place, &g)
+    })?;
+    let warm_floor_seconds = warm(steps, &mut || floor.step(gs))?;
     black_box((&p_in_place, &floor.params, &floor.state, &copy_dst));
     let [
         step_seconds,

@@ -19,7 +19,7 @@ use crate::sharding::modeled::ModeledStep;
 use crate::topology::Topology;
 
 use super::run::{FailureRow, Outcome, RunPlan};
-use super::{ShardedOptimizer, WriteOutcome};
+use super::{ShardedOptimizer, ShardedStepReport, WriteOutcome};
 
 /// A recovery as the report shows it, its time broken into its parts.
 #[derive(Serialize, Debug)]
@@ -194,42 +194,10 @@ impl Outcome {
         let parts = self.ledger.parts();
         let simulated_seconds = parts.total_ns as f64 * 1e-9;
         let step_modeled_seconds = median(reports.iter().map(|r| r.modeled_seconds).collect());
-        let mut phase_samples: BTreeMap<String, Vec<f64>> = BTreeMap::new();
-        for r in reports {
-            for (k, v) in &r.phases {
-                phase_samples.entry(k.clone()).or_default().push(*v);
-            }
-        }
-        let phases = phase_samples
-            .into_iter()
-            .map(|(k, v)| (k, median(v)))
-            .collect();
+        let phases = median_phases(reports);
         let layout = opt.layout()?.clone();
         let seconds = |ns: u64| ns as f64 * 1e-9;
-        let checkpoints = if self.writes.is_empty() && opt.ranked().is_some() {
-            None
-        } else {
-            let voided = self
-                .writes
-                .iter()
-                .filter(|w| matches!(w.outcome, WriteOutcome::Voided { .. }))
-                .count();
-            Some(CheckpointsReport {
-                io_seconds: opt.checkpoint_seconds()?,
-                written: self.writes.len() - voided,
-                voided,
-                retention_problems: self
-                    .writes
-                    .iter()
-                    .flat_map(|w| match &w.outcome {
-                        WriteOutcome::Written {
-                            retention_problems, ..
-                        } => retention_problems.clone(),
-                        WriteOutcome::Voided { .. } => Vec::new(),
-                    })
-                    .collect(),
-            })
-        };
+        let checkpoints = self.checkpoints_report(opt)?;
         Ok(TrainReport {
             pod: opt.pod().topology().name.clone(),
             devices: opt.pod().topology().num_devices(),
@@ -250,20 +218,7 @@ impl Outcome {
                 .unwrap_or(0),
             link_bytes: reports.iter().map(|r| r.link_bytes).sum(),
             failures: self.failures.clone(),
-            recoveries: opt
-                .recoveries()
-                .iter()
-                .map(|r| RecoveryRow {
-                    note: (opt.sharding().recovery == RecoveryPolicy::SpareCube
-                        && r.policy == RecoveryPolicy::Rollback)
-                        .then(|| {
-                            "no spare cube was free: rolled back onto the survivors, as \
-                             `goodput` models it"
-                                .to_string()
-                        }),
-                    ..recovery_row(r)
-                })
-                .collect(),
+            recoveries: recovery_rows(opt),
             goodput: parts.goodput(),
             simulated_seconds,
             time: TimeReport {
@@ -289,6 +244,70 @@ impl Outcome {
             ranks,
         })
     }
+}
+
+impl Outcome {
+    /// The checkpoint writes of the run (none reported for a split run
+    /// that wrote none: its ranks report their own).
+    fn checkpoints_report<O: Optimizer<f32, IxDyn>>(
+        &self,
+        opt: &ShardedOptimizer<O>,
+    ) -> Result<Option<CheckpointsReport>> {
+        if self.writes.is_empty() && opt.ranked().is_some() {
+            return Ok(None);
+        }
+        let voided = self
+            .writes
+            .iter()
+            .filter(|w| matches!(w.outcome, WriteOutcome::Voided { .. }))
+            .count();
+        Ok(Some(CheckpointsReport {
+            io_seconds: opt.checkpoint_seconds()?,
+            written: self.writes.len() - voided,
+            voided,
+            retention_problems: self
+                .writes
+                .iter()
+                .flat_map(|w| match &w.outcome {
+                    WriteOutcome::Written {
+                        retention_problems, ..
+                    } => retention_problems.clone(),
+                    WriteOutcome::Voided { .. } => Vec::new(),
+                })
+                .collect(),
+        }))
+    }
+}
+
+/// The median of each phase over the completed steps.
+fn median_phases(reports: &[ShardedStepReport]) -> BTreeMap<String, f64> {
+    let mut phase_samples: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    for r in reports {
+        for (k, v) in &r.phases {
+            phase_samples.entry(k.clone()).or_default().push(*v);
+        }
+    }
+    phase_samples
+        .into_iter()
+        .map(|(k, v)| (k, median(v)))
+        .collect()
+}
+
+/// The run's recoveries; a spare-cube run's rollback says no spare was free.
+fn recovery_rows<O: Optimizer<f32, IxDyn>>(opt: &ShardedOptimizer<O>) -> Vec<RecoveryRow> {
+    opt.recoveries()
+        .iter()
+        .map(|r| RecoveryRow {
+            note: (opt.sharding().recovery == RecoveryPolicy::SpareCube
+                && r.policy == RecoveryPolicy::Rollback)
+                .then(|| {
+                    "no spare cube was free: rolled back onto the survivors, as \
+                     `goodput` models it"
+                        .to_string()
+                }),
+            ..recovery_row(r)
+        })
+        .collect()
 }
 
 /// A recovery as the report shows it, its time broken into the parts

@@ -2,10 +2,10 @@
 
 use super::*;
 use crate::compiler;
+use crate::exec::update_graph::build_update_graph;
 use crate::ir::Element;
 use crate::optimizers::{Adagrad, Adam, AdamW, Momentum, Nesterov, RMSProp, SGD};
 use crate::optimizers::{FloatElement, UpdateRule};
-use crate::tpu::graph::build_update_graph;
 use std::sync::Arc;
 
 /// Each fused kernel of `exe` with its plan (verified by `run` in debug
