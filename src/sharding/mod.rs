@@ -36,7 +36,6 @@ pub mod modeled;
 pub mod params;
 pub mod participants;
 pub mod ranked;
-pub mod recovery;
 pub mod step;
 pub mod timing;
 mod traffic;

@@ -239,10 +239,10 @@ where
         }
         let ends_at = now.saturating_add((seconds * 1e9).ceil() as u64);
         self.pod.advance_until(ends_at, |w| {
-            crate::sharding::recovery::lost_participant(w).is_some()
+            crate::sharding::participants::lost_participant(w).is_some()
         })?;
         let ended_at_ns = self.pod.clock().now_ns;
-        if let Some(device) = crate::sharding::recovery::lost_participant(self.pod.world()) {
+        if let Some(device) = crate::sharding::participants::lost_participant(self.pod.world()) {
             return Ok(Some(CheckpointWrite {
                 started_at_ns: now,
                 ended_at_ns,
@@ -294,10 +294,10 @@ where
         }
         let ends_at = now.saturating_add((seconds * 1e9).ceil() as u64);
         self.pod.advance_until(ends_at, |w| {
-            crate::sharding::recovery::stopped_participant(w).is_some()
+            crate::sharding::participants::stopped_participant(w).is_some()
         })?;
         let ended_at_ns = self.pod.clock().now_ns;
-        if let Some(device) = crate::sharding::recovery::stopped_participant(self.pod.world()) {
+        if let Some(device) = crate::sharding::participants::stopped_participant(self.pod.world()) {
             if service {
                 std::fs::remove_dir_all(root.join(&name)).map_err(|e| {
                     OptimError::invalid_config(format!(
@@ -398,7 +398,7 @@ where
         }
         let ends_at = now.saturating_add((seconds * 1e9).ceil() as u64);
         self.pod.advance_until(ends_at, |w| {
-            crate::sharding::recovery::lost_participant(w).is_some()
+            crate::sharding::participants::lost_participant(w).is_some()
         })?;
         Ok(Resumed {
             path,
