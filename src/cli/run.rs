@@ -10,6 +10,7 @@ use clap::Args;
 use optirs_tpu::Pod;
 use optirs_tpu::health::Fault;
 use optirs_tpu::monitor::{PerformanceReport, performance_report};
+use optirs_tpu::profile::trace::{Event, Scope};
 use optirs_tpu::topology::{DEFAULT_PRESET, DeviceId, Topology};
 use optirs_tpu::xla::backend::profiling_integration::ProfilingIntegration;
 use serde::Serialize;
@@ -394,34 +395,26 @@ fn write_trace(profiler: &ProfilingIntegration, path: &Path, plan: &[(u64, Fault
     if plan.is_empty() {
         return Ok(profiler.write_trace(path)?);
     }
-    let mut trace = profiler.trace_json();
-    if let Some(events) = trace["traceEvents"].as_array_mut() {
-        events.extend(
-            plan.iter()
-                .map(|&(at_ns, fault)| fault_marker(at_ns, fault)),
-        );
-    }
+    let mut trace = profiler.trace();
+    trace.extend(
+        plan.iter()
+            .map(|&(at_ns, fault)| fault_marker(at_ns, fault)),
+    );
     output::write_new("--trace", path, &serde_json::to_string(&trace)?)
 }
 
 /// A process-wide instant on the devices' (simulated-time) tracks.
-fn fault_marker(at_ns: u64, fault: Fault) -> serde_json::Value {
+fn fault_marker(at_ns: u64, fault: Fault) -> Event {
     let name = match fault {
         Fault::KillDevice(d) => format!("kill device {}", d.0),
         Fault::PauseDevice(d) => format!("pause device {}", d.0),
         Fault::CutLink(a, b) => format!("cut link {}-{}", a.0, b.0),
         other => format!("{other:?}"),
     };
-    serde_json::json!({
-        "name": name,
-        "cat": "fault",
-        "ph": "i",
-        "s": "p",
-        "ts": at_ns as f64 / 1e3,
-        "pid": optirs_tpu::xla::backend::profiling_integration::pid::DEVICES,
-        "tid": 0,
-        "args": {"at_seconds": at_ns as f64 * 1e-9},
-    })
+    Event::instant(name, at_ns as f64 / 1e3, Scope::Process)
+        .category("fault")
+        .on(optirs_tpu::profile::profiling_integration::pid::DEVICES, 0)
+        .args(serde_json::json!({"at_seconds": at_ns as f64 * 1e-9}))
 }
 
 /// Stops the run once a periodic checkpoint has failed, instead of

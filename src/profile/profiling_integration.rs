@@ -450,7 +450,7 @@ impl ProfilingIntegration {
     /// The trace: metadata events (process and thread names), then every
     /// span sorted by track, start, and longest first (so parents precede
     /// children).
-    fn trace(&self) -> Trace {
+    pub fn trace(&self) -> Trace {
         let mut trace = Trace::new().with_timed_metadata();
         for (pid, name) in [
             (pid::SYSTEMS, "systems (wall clock)"),
