@@ -7,7 +7,8 @@ use super::rollback::from_checkpoint;
 use crate::health::{DeviceState, declared_failed};
 use crate::ir::{DType, FloatElement};
 use crate::sharding::{
-    RecoveryPolicy, RecoveryRecord, ShardedStep, ShardingError, StepOutcome, model_of,
+    RecoveryFailure, RecoveryPolicy, RecoveryRecord, ShardedStep, ShardingError, StepOutcome,
+    model_of,
 };
 use crate::topology::{DeviceId, DeviceIndex};
 
@@ -35,28 +36,22 @@ pub fn recover_sharded_model(world: &mut World) {
         }
         Err(e) => {
             if let Some(mut step) = world.get_resource_mut::<ShardedStep>() {
-                step.recovery = Some(Err(e.to_string()));
+                step.recovery = Some(Err(e.into()));
             }
             return;
         }
     };
     let policy = model_of(world).map(|m| m.recovery);
     let result = if ranks.is_some() && policy == Some(RecoveryPolicy::SpareCube) {
-        Err(format!(
-            "{cause}; spare-cube recovery runs in one process (cube-built pods are not split \
-             over ranks)"
-        ))
+        Err(RecoveryFailure::SpareCubeSplit { cause })
     } else if lost.is_empty() {
-        Err(format!(
-            "{cause}, and no device is lost: neither policy re-shards around it; restore the \
-             link (or exclude a device) and step again"
-        ))
+        Err(RecoveryFailure::NoDeviceLost { cause })
     } else {
         match model_of(world).map(|m| m.layout.dtype) {
             Some(DType::F64) => recover::<f64>(world, &lost, number, at_ns),
             _ => recover::<f32>(world, &lost, number, at_ns),
         }
-        .map_err(|e| e.to_string())
+        .map_err(RecoveryFailure::from)
     };
     // Every rank re-sharded alike from every rank's shards; each keeps its
     // own devices' values.

@@ -255,7 +255,8 @@ pub enum ShardingError {
         /// What failed.
         cause: FailureCause,
         /// Why no policy helps.
-        reason: String,
+        #[source]
+        reason: RecoveryFailure,
     },
     /// A device was down at launch.
     #[error(transparent)]
@@ -289,5 +290,39 @@ impl From<ShardingError> for crate::error::OptimError {
             ShardingError::Cluster(e) => e.into(),
             other => OptimError::new(ErrorKind::Sharding, other),
         }
+    }
+}
+
+/// Why no recovery policy could recover a failed step
+/// ([`ShardingError::Unrecoverable`], [`super::ShardedStep::recovery`]).
+#[derive(Debug, Clone, Error)]
+#[non_exhaustive]
+pub enum RecoveryFailure {
+    /// Spare-cube recovery on a pod split over ranks.
+    #[error(
+        "{cause}; spare-cube recovery runs in one process (cube-built pods are not split over \
+         ranks)"
+    )]
+    SpareCubeSplit {
+        /// What failed the step.
+        cause: FailureCause,
+    },
+    /// The step failed on a cut link with no device lost.
+    #[error(
+        "{cause}, and no device is lost: neither policy re-shards around it; restore the link \
+         (or exclude a device) and step again"
+    )]
+    NoDeviceLost {
+        /// What failed the step.
+        cause: FailureCause,
+    },
+    /// The policy ran and failed (its error kept whole).
+    #[error("{0}")]
+    Failed(#[source] std::sync::Arc<ShardingError>),
+}
+
+impl From<ShardingError> for RecoveryFailure {
+    fn from(error: ShardingError) -> Self {
+        RecoveryFailure::Failed(std::sync::Arc::new(error))
     }
 }

@@ -44,7 +44,7 @@ pub mod world;
 use bevy_ecs::prelude::*;
 use bevy_ecs::schedule::Schedules;
 
-pub use error::{FailureCause, ShardingError, UnknownName, UpdateError};
+pub use error::{FailureCause, RecoveryFailure, ShardingError, UnknownName, UpdateError};
 pub use gradients::{GradientSource, ReducedGradients, ReplicaGradients, SyntheticGradients};
 pub use layout::{Bucket, ShardLayout, ShardPlan, TensorSpec};
 pub use model::{RecoveryPolicy, RecoveryRecord, Reduction, ShardedModel, SlotValues, model_of};

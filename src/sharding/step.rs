@@ -103,7 +103,7 @@ pub struct ShardedStep {
     pub release_errors: u32,
     /// What the `Recovery` set did after a failure: the record, or why no
     /// policy could recover.
-    pub recovery: Option<Result<super::model::RecoveryRecord, String>>,
+    pub recovery: Option<Result<super::model::RecoveryRecord, super::error::RecoveryFailure>>,
     links: Vec<Entity>,
     transient: Vec<(Entity, usize)>,
     reduced: Tensor,
