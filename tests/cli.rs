@@ -2,12 +2,9 @@
 
 use std::process::{Command, Output};
 
-fn optirs(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_optirs-tpu"))
-        .args(args)
-        .output()
-        .expect("the binary runs")
-}
+#[path = "common/binary.rs"]
+mod binary;
+use binary::optirs;
 
 fn json(output: &Output) -> serde_json::Value {
     assert!(

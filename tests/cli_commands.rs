@@ -3,15 +3,12 @@
 //! `checkpoint`; output paths checked before any work.
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 use std::time::{Duration, Instant};
 
-fn optirs(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_optirs-tpu"))
-        .args(args)
-        .output()
-        .expect("the binary runs")
-}
+#[path = "common/binary.rs"]
+mod binary;
+use binary::optirs;
 
 fn json(output: &Output) -> serde_json::Value {
     assert!(

@@ -2,14 +2,11 @@
 //! pod, exit codes, names in `--json`, text a person reads, `auto` against
 //! `never`, asynchronous checkpoints.
 
-use std::process::{Command, Output};
+use std::process::Output;
 
-fn optirs(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_optirs-tpu"))
-        .args(args)
-        .output()
-        .expect("the binary runs")
-}
+#[path = "common/binary.rs"]
+mod binary;
+use binary::optirs;
 
 fn stderr(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()

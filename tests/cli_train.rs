@@ -2,14 +2,11 @@
 //! reads in execution order with its parts adding up, and its trace shows
 //! where the simulated time went.
 
-use std::process::{Command, Output};
+use std::process::Output;
 
-fn optirs(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_optirs-tpu"))
-        .args(args)
-        .output()
-        .expect("the binary runs")
-}
+#[path = "common/binary.rs"]
+mod binary;
+use binary::optirs;
 
 fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()

@@ -16,12 +16,9 @@ use optirs_tpu::tpu::{ShardedOptimizer, ShardingConfig};
 use optirs_tpu::training::{RunPlan, run_steps};
 use proptest::prelude::*;
 
-fn optirs(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_optirs-tpu"))
-        .args(args)
-        .output()
-        .expect("the binary runs")
-}
+#[path = "common/binary.rs"]
+mod binary;
+use binary::optirs;
 
 fn json(output: &Output) -> serde_json::Value {
     assert!(

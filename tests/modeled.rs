@@ -2,14 +2,9 @@
 //! recovery policy; and the twisted torus's collectives against the plain
 //! torus's.
 
-use std::process::{Command, Output};
-
-fn optirs(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_optirs-tpu"))
-        .args(args)
-        .output()
-        .expect("the binary runs")
-}
+#[path = "common/binary.rs"]
+mod binary;
+use binary::optirs;
 
 fn json(args: &[&str]) -> serde_json::Value {
     let output = optirs(args);

@@ -17,7 +17,6 @@ use optirs_tpu::xla::backend::profiling_integration::{ProfilingError, ProfilingI
 use optirs_tpu::{Pod, TPUConfig, TPUOptimizer, TPUVersion};
 use serde_json::Value;
 use std::collections::HashMap;
-use std::process::{Command, Output};
 
 #[path = "common/heap.rs"]
 mod heap;
@@ -25,12 +24,9 @@ use heap::heap_used;
 
 const ADAM: &str = include_str!("../assets/programs/adam.ron");
 
-fn optirs(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_optirs-tpu"))
-        .args(args)
-        .output()
-        .expect("the binary runs")
-}
+#[path = "common/binary.rs"]
+mod binary;
+use binary::optirs;
 
 /// A profiled v4-8 that heartbeats, passes a barrier, all-reduces, loses a
 /// device, compiles Adam and executes it.
