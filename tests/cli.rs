@@ -1,6 +1,6 @@
 //! The command-line host, run as a user would.
 
-use std::process::{Command, Output};
+use std::process::Output;
 
 #[path = "common/binary.rs"]
 mod binary;
@@ -649,7 +649,7 @@ fn a_build_without_mpi_refuses_to_run_as_one_of_several_ranks() {
         ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK"),
         ("PMI_SIZE", "PMI_RANK"),
     ] {
-        let output = Command::new(env!("CARGO_BIN_EXE_optirs-tpu"))
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_optirs-tpu"))
             .args(["run", "v4-8", "--steps", "10"])
             .env(size, "2")
             .env(rank, "1")
@@ -661,7 +661,7 @@ fn a_build_without_mpi_refuses_to_run_as_one_of_several_ranks() {
         assert!(stderr.contains("--features mpi"), "{stderr}");
     }
     // One rank is one process: it runs.
-    let output = Command::new(env!("CARGO_BIN_EXE_optirs-tpu"))
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_optirs-tpu"))
         .args(["run", "v4-8", "--steps", "10"])
         .env("OMPI_COMM_WORLD_SIZE", "1")
         .env("OMPI_COMM_WORLD_RANK", "0")
