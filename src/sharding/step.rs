@@ -217,7 +217,6 @@ pub fn launch_step<'w, A: FloatElement>(
     request.gradients.check(&layout)?;
     let entities = participant_entities(world, &layout.participants)?;
     let now = world.resource::<SimClock>().now_ns;
-    let ranks = super::ranked::context(world);
     let declared = crate::health::declared_failed(world, &layout.participants)?;
     for (&entity, &id) in entities.iter().zip(&layout.participants) {
         if let Some(cause) = device_trouble(world, entity, id, u64::MAX, &declared) {
@@ -240,21 +239,8 @@ pub fn launch_step<'w, A: FloatElement>(
         super::traffic::step_traffic(world, &layout, &lengths, slots, redundant)?;
     // The reduce-scatter, on the real data: the last fallible part of a
     // split pod's launch that involves the other ranks, so it comes before
-    // anything in this world changes. The previous step's buffer is
-    // reused: no fresh pages every step.
-    let buffer = world
-        .get_resource_mut::<ShardedStep>()
-        .map(|mut old| std::mem::replace(&mut old.reduced, flat_tensor::<A>(Vec::new())))
-        .and_then(|t| A::from_tensor(t).ok())
-        .map(|a| a.into_raw_vec_and_offset().0)
-        .filter(|v| v.len() == layout.padded_elements());
-    let op = model_of(world).map_or(crate::collectives::ReduceOp::Mean, |m| m.reduction.op());
-    let reduced = match &ranks {
-        None => reduce_gradients(&layout, buffer, request.gradients, op),
-        Some(ctx) => {
-            super::ranked::reduce_gradients(&layout, buffer, request.gradients, op, ctx, number)?
-        }
-    };
+    // anything in this world changes.
+    let reduced = reduce_into_last_buffer(world, &layout, request.gradients, number)?;
     // HBM: each replica's gradient buffer, for the step.
     let grad_bytes = (layout.elements * elem).max(1);
     let transient = reserve_gradients(world, &entities, grad_bytes, number)?;
@@ -297,6 +283,28 @@ pub fn launch_step<'w, A: FloatElement>(
         next_count,
     });
     Ok(world.resource::<ShardedStep>())
+}
+
+/// The replicas' gradients reduced (across the ranks of a split pod too)
+/// into the previous step's buffer, taken back from the world: no fresh
+/// pages every step.
+fn reduce_into_last_buffer<A: FloatElement>(
+    world: &mut World,
+    layout: &ShardLayout,
+    gradients: &dyn GradientSource<A>,
+    number: u64,
+) -> Result<Vec<A>, ShardingError> {
+    let buffer = world
+        .get_resource_mut::<ShardedStep>()
+        .map(|mut old| std::mem::replace(&mut old.reduced, flat_tensor::<A>(Vec::new())))
+        .and_then(|t| A::from_tensor(t).ok())
+        .map(|a| a.into_raw_vec_and_offset().0)
+        .filter(|v| v.len() == layout.padded_elements());
+    let op = model_of(world).map_or(crate::collectives::ReduceOp::Mean, |m| m.reduction.op());
+    Ok(match super::ranked::context(world) {
+        None => reduce_gradients(layout, buffer, gradients, op),
+        Some(ctx) => super::ranked::reduce_gradients(layout, buffer, gradients, op, &ctx, number)?,
+    })
 }
 
 /// The step's programs, one per distinct bucket length.

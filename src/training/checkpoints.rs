@@ -234,15 +234,12 @@ where
             return self.split_checkpoint(now, label, seconds, root, keep);
         }
         let snapshot = self.pod.pod_mut().snapshot_labeled(label)?;
-        if let Some(c) = &mut self.checkpoints {
-            c.last_started_ns = now;
-        }
-        let ends_at = now.saturating_add((seconds * 1e9).ceil() as u64);
-        self.pod.advance_until(ends_at, |w| {
-            crate::sharding::participants::lost_participant(w).is_some()
-        })?;
-        let ended_at_ns = self.pod.clock().now_ns;
-        if let Some(device) = crate::sharding::participants::lost_participant(self.pod.world()) {
+        let (ended_at_ns, lost) = self.wait_out_write(
+            now,
+            seconds,
+            crate::sharding::participants::lost_participant,
+        )?;
+        if let Some(device) = lost {
             return Ok(Some(CheckpointWrite {
                 started_at_ns: now,
                 ended_at_ns,
@@ -264,6 +261,23 @@ where
                 retention_problems: retention.problems,
             },
         }))
+    }
+
+    /// Waits out a write started at `now` that takes `seconds`, stopping
+    /// early when `lost` names a participant (the write is then void).
+    /// Returns when the wait ended and the participant lost, if any.
+    fn wait_out_write(
+        &mut self,
+        now: u64,
+        seconds: f64,
+        lost: fn(&World) -> Option<DeviceId>,
+    ) -> Result<(u64, Option<DeviceId>)> {
+        if let Some(c) = &mut self.checkpoints {
+            c.last_started_ns = now;
+        }
+        let ends_at = now.saturating_add((seconds * 1e9).ceil() as u64);
+        self.pod.advance_until(ends_at, |w| lost(w).is_some())?;
+        Ok((self.pod.clock().now_ns, lost(self.pod.world())))
     }
 
     /// [`ShardedOptimizer::checkpoint_if_due`] on a pod split over ranks:
@@ -289,15 +303,12 @@ where
         };
         let service = ranked.layout().runs_service();
         ranked.save_checkpoint_labeled(&root, &name, label)?;
-        if let Some(c) = &mut self.checkpoints {
-            c.last_started_ns = now;
-        }
-        let ends_at = now.saturating_add((seconds * 1e9).ceil() as u64);
-        self.pod.advance_until(ends_at, |w| {
-            crate::sharding::participants::stopped_participant(w).is_some()
-        })?;
-        let ended_at_ns = self.pod.clock().now_ns;
-        if let Some(device) = crate::sharding::participants::stopped_participant(self.pod.world()) {
+        let (ended_at_ns, lost) = self.wait_out_write(
+            now,
+            seconds,
+            crate::sharding::participants::stopped_participant,
+        )?;
+        if let Some(device) = lost {
             if service {
                 std::fs::remove_dir_all(root.join(&name)).map_err(|e| {
                     OptimError::invalid_config(format!(
@@ -393,13 +404,13 @@ where
         let now = self.pod.clock().now_ns;
         let seconds = self.checkpoint_seconds()?;
         if let Some(c) = &mut self.checkpoints {
-            c.last_started_ns = now;
             c.last_label = Some(snapshot.tick);
         }
-        let ends_at = now.saturating_add((seconds * 1e9).ceil() as u64);
-        self.pod.advance_until(ends_at, |w| {
-            crate::sharding::participants::lost_participant(w).is_some()
-        })?;
+        self.wait_out_write(
+            now,
+            seconds,
+            crate::sharding::participants::lost_participant,
+        )?;
         Ok(Resumed {
             path,
             steps_completed: self.steps_completed(),

@@ -58,20 +58,18 @@ impl LoopBlocks {
             tbody: b.create_block(),
             exit: b.create_block(),
         };
-        let LoopBlocks {
-            entry,
-            uhead,
-            ubody,
-            vhead,
-            vbody,
-            thead,
-            tbody,
-            exit,
-        } = blocks;
-        for block in [uhead, ubody, vhead, vbody, thead, tbody, exit] {
+        for block in [
+            blocks.uhead,
+            blocks.ubody,
+            blocks.vhead,
+            blocks.vbody,
+            blocks.thead,
+            blocks.tbody,
+            blocks.exit,
+        ] {
             b.append_block_param(block, ptr);
         }
-        b.append_block_params_for_function_params(entry);
+        b.append_block_params_for_function_params(blocks.entry);
         blocks
     }
 }
