@@ -48,7 +48,7 @@ use bevy_ecs::schedule::Schedules;
 pub use error::{FailureCause, RecoveryFailure, ShardingError, UnknownName, UpdateError};
 pub use gradients::{GradientSource, ReducedGradients, ReplicaGradients, SyntheticGradients};
 pub use layout::{Bucket, ShardLayout, ShardPlan, TensorSpec};
-pub use mesh::{Mesh, MeshAxis, MeshAxisName, PhysicalAxis, Strategy, UnknownStrategy};
+pub use mesh::{Mesh, MeshAxis, MeshAxisName, MeshError, PhysicalAxis, Strategy, UnknownStrategy};
 pub use model::{RecoveryPolicy, RecoveryRecord, Reduction, ShardedModel, SlotValues, model_of};
 pub use params::ParamSet;
 pub use step::{ShardProgram, ShardedStep, StepOutcome};
