@@ -38,6 +38,8 @@ pub mod params;
 pub mod participants;
 pub mod ranked;
 pub mod step;
+pub mod strategy;
+pub mod strategy_model;
 pub mod timing;
 mod traffic;
 pub mod world;

@@ -1,0 +1,533 @@
+//! What a sharding strategy costs per device, in HBM, and which collectives
+//! it runs per bucket, as data ([`super::mesh`] has the strategies'
+//! semantics).
+//!
+//! Per device, with `P` model elements (`P'` padded: every bucket a
+//! multiple of the mesh's `N` devices), `F` devices on `fsdp`, `e` bytes an
+//! element, `k` state slots, `b` the largest bucket's padded bytes, each
+//! term rounded up to [`crate::memory::ALIGNMENT`] as the heaps place it:
+//!
+//! | strategy | params | grads | state | in flight |
+//! |---|---|---|---|---|
+//! | replicated | `P·e` | `P·e` | `k·P'/N·e` | none |
+//! | zero2 | `P·e` | `P'/F·e` | `k·P'/F·e` | `b` (the gradient bucket) |
+//! | fsdp | `P'/F·e` | `P'/F·e` | `k·P'/F·e` | `(prefetch + 1)·b` gathered, `b` gradient |
+//!
+//! and under the redundant recovery policy a second copy of the state
+//! shard. The replicated figure is `sharding::modeled`'s.
+
+use std::fmt;
+
+use serde::Serialize;
+
+use super::layout::ShardLayout;
+use super::mesh::{Mesh, MeshAxisName, PhysicalAxis, Strategy};
+use super::model::RecoveryPolicy;
+
+/// A model's sizes as the strategies need them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct ModelSize {
+    /// Model elements.
+    pub elements: u64,
+    /// The buckets' padded lengths summed (each a multiple of the devices).
+    pub padded_elements: u64,
+    /// The largest bucket's padded length.
+    pub bucket_elements: u64,
+    /// Buckets.
+    pub buckets: u64,
+    /// Bytes of an element.
+    pub elem_bytes: u64,
+    /// Optimizer state slots.
+    pub slots: u64,
+}
+
+impl ModelSize {
+    /// The sizes of `layout` with `slots` state slots.
+    pub fn of(layout: &ShardLayout, slots: usize) -> ModelSize {
+        ModelSize {
+            elements: layout.elements as u64,
+            padded_elements: layout.buckets.iter().map(|b| b.padded_len as u64).sum(),
+            bucket_elements: layout
+                .buckets
+                .iter()
+                .map(|b| b.padded_len as u64)
+                .max()
+                .unwrap_or(0),
+            buckets: layout.buckets.len() as u64,
+            elem_bytes: layout.element_bytes() as u64,
+            slots: slots as u64,
+        }
+    }
+}
+
+/// Per-device HBM of a strategy, by kind, bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct StrategyMemory {
+    /// Parameters: the whole model, or the `fsdp` shard.
+    pub params: u64,
+    /// Gradients: the whole model, or the `fsdp` shard.
+    pub grads: u64,
+    /// Optimizer state: every slot's shard.
+    pub state: u64,
+    /// The redundant policy's copy of a peer's state shard.
+    pub redundant_state: u64,
+    /// `fsdp`'s gathered parameter buckets in flight.
+    pub gathered_buckets: u64,
+    /// The gradient bucket being reduce-scattered (zero2, fsdp).
+    pub gradient_bucket: u64,
+}
+
+/// `bytes` as the heaps place them: at least one, rounded up to the
+/// alignment.
+fn aligned(bytes: u64) -> u64 {
+    bytes
+        .max(1)
+        .saturating_add(crate::memory::ALIGNMENT as u64 - 1)
+        / crate::memory::ALIGNMENT as u64
+        * crate::memory::ALIGNMENT as u64
+}
+
+impl StrategyMemory {
+    /// The HBM of `strategy` on `mesh` for `model`, `fsdp` keeping up to
+    /// `prefetch + 1` gathered buckets (never more than the `2·buckets`
+    /// gathers a step makes), under `recovery`.
+    pub fn of(
+        strategy: Strategy,
+        mesh: &Mesh,
+        model: &ModelSize,
+        prefetch: usize,
+        recovery: RecoveryPolicy,
+    ) -> StrategyMemory {
+        let e = model.elem_bytes;
+        let devices = mesh.devices().max(1) as u64;
+        let fsdp = mesh.size(MeshAxisName::Fsdp).max(1) as u64;
+        let whole = aligned(model.elements.saturating_mul(e));
+        let fsdp_shard = aligned(model.padded_elements / fsdp * e);
+        let state_shard = match strategy {
+            Strategy::Replicated => aligned(model.padded_elements / devices * e),
+            Strategy::Zero2 | Strategy::Fsdp => fsdp_shard,
+        };
+        let state = model.slots.saturating_mul(state_shard);
+        let redundant_state = if recovery == RecoveryPolicy::Redundant && devices > 1 {
+            state
+        } else {
+            0
+        };
+        let bucket = aligned(model.bucket_elements.saturating_mul(e));
+        let in_flight = (prefetch as u64)
+            .saturating_add(1)
+            .min(2 * model.buckets.max(1));
+        let (params, grads, gathered_buckets, gradient_bucket) = match strategy {
+            Strategy::Replicated => (whole, whole, 0, 0),
+            Strategy::Zero2 => (whole, fsdp_shard, 0, bucket),
+            Strategy::Fsdp => (
+                fsdp_shard,
+                fsdp_shard,
+                in_flight.saturating_mul(bucket),
+                bucket,
+            ),
+        };
+        StrategyMemory {
+            params,
+            grads,
+            state,
+            redundant_state,
+            gathered_buckets,
+            gradient_bucket,
+        }
+    }
+
+    /// Every kind with its bytes, in the order the report lists them.
+    pub fn kinds(&self) -> [(&'static str, u64); 6] {
+        [
+            ("params", self.params),
+            ("grads", self.grads),
+            ("state", self.state),
+            ("redundant_state", self.redundant_state),
+            ("gathered_buckets", self.gathered_buckets),
+            ("gradient_bucket", self.gradient_bucket),
+        ]
+    }
+
+    /// Bytes in all.
+    pub fn total(&self) -> u64 {
+        self.kinds()
+            .iter()
+            .fold(0u64, |sum, &(_, b)| sum.saturating_add(b))
+    }
+
+    /// Whether a device of `hbm_bytes` holds it; if not, what it holds and
+    /// by how much it is over.
+    pub fn fits(&self, hbm_bytes: u64) -> Result<(), NotFitting> {
+        let total = self.total();
+        if total <= hbm_bytes {
+            return Ok(());
+        }
+        Err(NotFitting {
+            kinds: self.kinds().into_iter().filter(|&(_, b)| b > 0).collect(),
+            total_bytes: total,
+            hbm_bytes,
+        })
+    }
+}
+
+/// A strategy's HBM over a device's: the kinds it holds and the excess.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, thiserror::Error)]
+pub struct NotFitting {
+    /// The kinds held, bytes each (zero kinds left out).
+    pub kinds: Vec<(&'static str, u64)>,
+    /// Their sum.
+    pub total_bytes: u64,
+    /// The device's HBM.
+    pub hbm_bytes: u64,
+}
+
+impl NotFitting {
+    /// Bytes over the device's HBM.
+    pub fn excess_bytes(&self) -> u64 {
+        self.total_bytes.saturating_sub(self.hbm_bytes)
+    }
+}
+
+impl fmt::Display for NotFitting {
+    /// `params 350.0 GB + grads 350.0 GB + state 1.4 GB = 701.4 GB of
+    /// 95 GiB: 599.4 GB over`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let parts: Vec<String> = self
+            .kinds
+            .iter()
+            .map(|(k, b)| format!("{k} {}", decimal_bytes(*b)))
+            .collect();
+        write!(
+            f,
+            "{} = {} of {}: {} over",
+            parts.join(" + "),
+            decimal_bytes(self.total_bytes),
+            capacity_bytes(self.hbm_bytes),
+            decimal_bytes(self.excess_bytes())
+        )
+    }
+}
+
+/// `350.0 GB`, `1.40 TB`: three or four significant figures in SI units.
+pub fn decimal_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 7] = ["B", "kB", "MB", "GB", "TB", "PB", "EB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1000.0 && unit + 1 < UNITS.len() {
+        value /= 1000.0;
+        unit += 1;
+    }
+    match (unit, value < 10.0) {
+        (0, _) => format!("{bytes} B"),
+        (_, true) => format!("{value:.2} {}", UNITS[unit]),
+        (_, false) => format!("{value:.1} {}", UNITS[unit]),
+    }
+}
+
+/// A device's HBM as its generation states it: `95 GiB` when a whole
+/// number of GiB, else in SI units.
+fn capacity_bytes(bytes: u64) -> String {
+    const GIB: u64 = 1 << 30;
+    if bytes > 0 && bytes.is_multiple_of(GIB) {
+        format!("{} GiB", bytes / GIB)
+    } else {
+        decimal_bytes(bytes)
+    }
+}
+
+/// A collective a bucket's plan runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CollectiveKind {
+    /// Each device ends with the reduced `1/n` of `elements`.
+    ReduceScatter,
+    /// Each device ends with all `elements`, from `1/n` each.
+    AllGather,
+    /// Each device ends with the reduced `elements`.
+    AllReduce,
+}
+
+/// What a planned collective moves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Purpose {
+    /// fsdp: the bucket's parameters for its forward use.
+    ParamsForward,
+    /// fsdp: the bucket's parameters again, for its backward use.
+    ParamsBackward,
+    /// The bucket's gradients.
+    Gradients,
+    /// The updated parameters, back to every replica.
+    NewParams,
+}
+
+/// One collective of a bucket's plan.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PlannedCollective {
+    /// Which collective.
+    pub kind: CollectiveKind,
+    /// What it moves.
+    pub purpose: Purpose,
+    /// The mesh axis it runs over.
+    pub axis: MeshAxisName,
+    /// That axis's physical axes (torus axes in order, then the slices).
+    pub physical: Vec<PhysicalAxis>,
+    /// Devices along the axis.
+    pub devices: usize,
+    /// Elements each device holds before a reduce-scatter, after an
+    /// all-gather, and before and after an all-reduce.
+    pub elements: u64,
+}
+
+impl PlannedCollective {
+    /// Elements each device sends: `(n − 1)/n` of `elements` for a
+    /// reduce-scatter or an all-gather, twice that for an all-reduce.
+    pub fn sent_per_device(&self) -> u64 {
+        let n = self.devices.max(1) as u64;
+        let one = self.elements / n * (n - 1);
+        match self.kind {
+            CollectiveKind::AllReduce => 2 * one,
+            _ => one,
+        }
+    }
+}
+
+/// One step of a bucket's plan, in order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PlanStep {
+    /// A collective.
+    Collective(PlannedCollective),
+    /// The fused update of each device's shard of `elements`.
+    Update {
+        /// Elements each device updates.
+        elements: u64,
+    },
+    /// The redundant policy: each device's new state shards (`elements`
+    /// in all slots) to its snake-ring successor.
+    ReplicateState {
+        /// Elements each device sends.
+        elements: u64,
+    },
+}
+
+/// The plan of a bucket of `len` padded elements (a multiple of the mesh's
+/// devices) under `strategy` on `mesh` (module docs of [`super::mesh`]):
+/// collectives over size-1 axes are left out; `redundant` adds the state
+/// copy of `slots` slots.
+pub fn bucket_plan(
+    strategy: Strategy,
+    mesh: &Mesh,
+    len: u64,
+    slots: u64,
+    redundant: bool,
+) -> Vec<PlanStep> {
+    let fsdp = mesh.size(MeshAxisName::Fsdp).max(1) as u64;
+    let devices = mesh.devices().max(1) as u64;
+    let on = |kind, purpose, axis: MeshAxisName, elements| {
+        mesh.axis(axis).filter(|a| a.size > 1).map(|a| {
+            PlanStep::Collective(PlannedCollective {
+                kind,
+                purpose,
+                axis,
+                physical: a.physical.clone(),
+                devices: a.size,
+                elements,
+            })
+        })
+    };
+    use CollectiveKind::{AllGather, AllReduce, ReduceScatter};
+    use MeshAxisName::{Data, Fsdp};
+    let (steps, shard): (Vec<Option<PlanStep>>, u64) = match strategy {
+        Strategy::Replicated => (
+            vec![
+                on(ReduceScatter, Purpose::Gradients, Fsdp, len),
+                on(ReduceScatter, Purpose::Gradients, Data, len / fsdp),
+                Some(PlanStep::Update {
+                    elements: len / devices,
+                }),
+                on(AllGather, Purpose::NewParams, Data, len / fsdp),
+                on(AllGather, Purpose::NewParams, Fsdp, len),
+            ],
+            len / devices,
+        ),
+        Strategy::Zero2 => (
+            vec![
+                on(ReduceScatter, Purpose::Gradients, Fsdp, len),
+                on(AllReduce, Purpose::Gradients, Data, len / fsdp),
+                Some(PlanStep::Update {
+                    elements: len / fsdp,
+                }),
+                on(AllGather, Purpose::NewParams, Fsdp, len),
+            ],
+            len / fsdp,
+        ),
+        Strategy::Fsdp => (
+            vec![
+                on(AllGather, Purpose::ParamsForward, Fsdp, len),
+                on(AllGather, Purpose::ParamsBackward, Fsdp, len),
+                on(ReduceScatter, Purpose::Gradients, Fsdp, len),
+                on(AllReduce, Purpose::Gradients, Data, len / fsdp),
+                Some(PlanStep::Update {
+                    elements: len / fsdp,
+                }),
+            ],
+            len / fsdp,
+        ),
+    };
+    let mut steps: Vec<PlanStep> = steps.into_iter().flatten().collect();
+    if redundant && devices > 1 {
+        steps.push(PlanStep::ReplicateState {
+            elements: slots * shard,
+        });
+    }
+    steps
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::topology::parse_topology;
+
+    fn v5p() -> crate::topology::Topology {
+        parse_topology(
+            "Pod(name: \"v5p-6144\", generation: \"v5p\", shape: \"16x16x24\")",
+            "v5p.ron",
+        )
+        .unwrap()
+    }
+
+    fn model(params: u64, buckets: u64, devices: u64) -> ModelSize {
+        let bucket = (params / buckets).next_multiple_of(devices);
+        ModelSize {
+            elements: params,
+            padded_elements: bucket * buckets,
+            bucket_elements: bucket,
+            buckets,
+            elem_bytes: 4,
+            slots: 2,
+        }
+    }
+
+    #[test]
+    fn each_strategy_holds_its_closed_form() {
+        let topology = v5p();
+        let mesh = Mesh::default_for(&topology);
+        let n = 6144u64;
+        let m = model(7_000_000_000, 1000, n);
+        let a = |b: u64| b.next_multiple_of(64);
+        let of = |s, p, r| StrategyMemory::of(s, &mesh, &m, p, r);
+        let rep = of(Strategy::Replicated, 1, RecoveryPolicy::Rollback);
+        assert_eq!(rep.params, 28_000_000_000);
+        assert_eq!(rep.grads, 28_000_000_000);
+        assert_eq!(rep.state, 2 * a(m.padded_elements / n * 4));
+        assert_eq!(rep.gathered_buckets + rep.gradient_bucket, 0);
+        let z2 = of(Strategy::Zero2, 1, RecoveryPolicy::Rollback);
+        assert_eq!(z2.params, rep.params);
+        assert_eq!(z2.grads, a(m.padded_elements / n * 4));
+        assert_eq!(z2.gradient_bucket, a(m.bucket_elements * 4));
+        let fsdp = of(Strategy::Fsdp, 3, RecoveryPolicy::Redundant);
+        assert_eq!(fsdp.params, z2.grads);
+        assert_eq!(fsdp.gathered_buckets, 4 * a(m.bucket_elements * 4));
+        assert_eq!(fsdp.redundant_state, fsdp.state);
+        assert_eq!(
+            fsdp.total(),
+            fsdp.params
+                + fsdp.grads
+                + 2 * fsdp.state
+                + fsdp.gathered_buckets
+                + fsdp.gradient_bucket
+        );
+        // Prefetch beyond the step's 2·buckets gathers holds no more.
+        let huge = of(Strategy::Fsdp, usize::MAX, RecoveryPolicy::Rollback);
+        assert_eq!(huge.gathered_buckets, 2000 * a(m.bucket_elements * 4));
+        assert_eq!(
+            of(Strategy::Fsdp, 0, RecoveryPolicy::Rollback).gathered_buckets,
+            a(m.bucket_elements * 4)
+        );
+    }
+
+    #[test]
+    fn what_does_not_fit_is_named_with_the_excess() {
+        let topology = v5p();
+        let mesh = Mesh::default_for(&topology);
+        let m = model(175_000_000_000, 7000, 6144);
+        let rep = StrategyMemory::of(Strategy::Replicated, &mesh, &m, 1, RecoveryPolicy::Rollback);
+        let err = rep.fits(topology.hbm_bytes).unwrap_err();
+        assert_eq!(err.hbm_bytes, 95 << 30);
+        assert_eq!(err.excess_bytes(), rep.total() - (95 << 30));
+        let text = err.to_string();
+        assert_eq!(
+            text,
+            "params 700.0 GB + grads 700.0 GB + state 227.9 MB = 1.40 TB of 95 GiB: 1.30 TB over"
+        );
+        let fsdp = StrategyMemory::of(Strategy::Fsdp, &mesh, &m, 1, RecoveryPolicy::Rollback);
+        assert_eq!(fsdp.fits(topology.hbm_bytes), Ok(()));
+        assert_eq!(decimal_bytes(1_400_000_000_000), "1.40 TB");
+        assert_eq!(decimal_bytes(999), "999 B");
+    }
+
+    #[test]
+    fn plans_run_the_strategy_s_collectives_in_order() {
+        let topology = parse_topology(
+            "Pod(name: \"m\", generation: \"v5e\", shape: \"4x4\", slices: 2, \
+             dcn: (latency_us: 10.0, host_gb_per_s: 25.0, oversubscription: 1.0))",
+            "m.ron",
+        )
+        .unwrap();
+        let mesh = Mesh::default_for(&topology);
+        let kinds = |s| -> Vec<(CollectiveKind, MeshAxisName, u64)> {
+            bucket_plan(s, &mesh, 3200, 2, false)
+                .into_iter()
+                .filter_map(|p| match p {
+                    PlanStep::Collective(c) => Some((c.kind, c.axis, c.elements)),
+                    _ => None,
+                })
+                .collect()
+        };
+        use CollectiveKind::*;
+        use MeshAxisName::*;
+        assert_eq!(
+            kinds(Strategy::Replicated),
+            [
+                (ReduceScatter, Fsdp, 3200),
+                (ReduceScatter, Data, 200),
+                (AllGather, Data, 200),
+                (AllGather, Fsdp, 3200)
+            ]
+        );
+        assert_eq!(
+            kinds(Strategy::Zero2),
+            [
+                (ReduceScatter, Fsdp, 3200),
+                (AllReduce, Data, 200),
+                (AllGather, Fsdp, 3200)
+            ]
+        );
+        assert_eq!(
+            kinds(Strategy::Fsdp),
+            [
+                (AllGather, Fsdp, 3200),
+                (AllGather, Fsdp, 3200),
+                (ReduceScatter, Fsdp, 3200),
+                (AllReduce, Data, 200)
+            ]
+        );
+        let fsdp = bucket_plan(Strategy::Fsdp, &mesh, 3200, 2, true);
+        assert_eq!(fsdp[4], PlanStep::Update { elements: 200 });
+        assert_eq!(fsdp[5], PlanStep::ReplicateState { elements: 400 });
+        let PlanStep::Collective(rs) = &fsdp[2] else {
+            panic!()
+        };
+        assert_eq!(rs.sent_per_device(), 3000);
+        assert_eq!(
+            rs.physical,
+            [PhysicalAxis::Torus(0), PhysicalAxis::Torus(1)]
+        );
+        assert_eq!(
+            bucket_plan(Strategy::Replicated, &mesh, 3200, 2, false)[2],
+            PlanStep::Update { elements: 100 }
+        );
+    }
+}

@@ -1,0 +1,1210 @@
+//! The modeled step of a sharding strategy on a mesh, in closed form (no
+//! data, no entities): each bucket's plan ([`super::strategy::bucket_plan`])
+//! timed pass by pass, placed on one communication stream and one compute
+//! stream, with the strategy's HBM by kind.
+//!
+//! **replicated, zero2.** Compute: every bucket's forward use, then every
+//! bucket's backward use (`use_seconds` each), then the updates. Bucket
+//! `b`'s gradient collectives are ready at the end of its backward use;
+//! communication runs `G₀, G₁, A₀, G₂, A₁, …` (`G` the gradient
+//! collectives, `A` the all-gathers after the update), each update once
+//! its gradient shard is in. With zero-length uses and the default mesh the
+//! replicated step is [`super::modeled::modeled_step_with_recovery`]'s, to
+//! the bit.
+//!
+//! **fsdp.** The step's `2B` uses run in order: forward `0..B−1`, backward
+//! `B−1..0`. Use `s` needs its bucket all-gathered; gather `s` may start
+//! once use `s − prefetch − 1` has freed its bucket, so at most
+//! `prefetch + 1` gathered buckets are in flight. Communication runs the
+//! first `prefetch + 1` gathers, then after each use `s` the gather
+//! `s + prefetch + 1` and, in backward, use `s`'s gradient reduce-scatter
+//! (and its all-reduce over `data`). The update of a bucket runs on the
+//! compute stream after the next use (so the backward pass is not held up
+//! by a gradient in flight), the last one at the end; there is no
+//! all-gather after it.
+//!
+//! Under the redundant policy each update is followed, on the
+//! communication stream, by the state copy to the snake-ring successor
+//! (`h·α + bytes/β`, `h` the longest route).
+//!
+//! The collectives' costs come from [`cost`], one place.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use super::error::ShardingError;
+use super::layout::{ShardLayout, ShardPlan};
+use super::mesh::{Mesh, MeshAxisName, PhysicalAxis, Strategy};
+use super::model::{RecoveryPolicy, check_recovery_policy};
+use super::strategy::{ModelSize, NotFitting, PlanStep, StrategyMemory, bucket_plan};
+use crate::collectives::pod::slice_torus;
+use crate::collectives::{DCN_AXIS, LinkModel, PhaseKind, TorusShape, pass_name};
+use crate::ir::DType;
+use crate::topology::{DeviceId, Topology};
+
+/// The collectives' costs with the signatures `collectives::cost` gives
+/// them: here the one-axis-at-a-time ring model of
+/// [`super::modeled`] (each torus axis a pass of `n − 1` neighbour steps,
+/// the DCN one exchange on each host's rail).
+mod cost {
+    use crate::collectives::{DCN_AXIS, LinkModel, PhaseKind, TorusShape};
+
+    /// One pass of a collective: over one torus axis, or the DCN.
+    #[derive(Debug, Clone, Copy, PartialEq)]
+    pub struct PassCost {
+        pub kind: PhaseKind,
+        /// Torus dimension, or [`DCN_AXIS`].
+        pub axis: u32,
+        pub seconds: f64,
+        /// Bytes over the shape's links (for the DCN: one host's).
+        pub link_bytes: u64,
+    }
+
+    /// A collective's passes: rounds in sequence, a round's passes
+    /// concurrent.
+    #[derive(Debug, Clone, Default, PartialEq)]
+    pub struct CollectiveCost {
+        pub rounds: Vec<Vec<PassCost>>,
+    }
+
+    impl CollectiveCost {
+        /// The rounds one after another, each as long as its longest pass.
+        #[allow(dead_code)]
+        pub fn seconds(&self) -> f64 {
+            self.rounds
+                .iter()
+                .map(|r| r.iter().map(|p| p.seconds).fold(0.0, f64::max))
+                .sum()
+        }
+
+        /// Bytes over every link.
+        #[allow(dead_code)]
+        pub fn link_bytes(&self) -> u64 {
+            self.rounds.iter().flatten().map(|p| p.link_bytes).sum()
+        }
+    }
+
+    /// `n − 1` steps of a `len/n`-element chunk over `lines` rings or
+    /// two-way lines of `n` devices.
+    fn pass(
+        kind: PhaseKind,
+        axis: usize,
+        shape: &TorusShape,
+        len: usize,
+        elem: usize,
+        link: &LinkModel,
+    ) -> PassCost {
+        let n = shape.dims()[axis];
+        let lines = shape.device_count() / n;
+        let chunk = (len / n * elem) as u64;
+        let step = link.latency_seconds() + chunk as f64 / link.bandwidth_bytes_per_second();
+        PassCost {
+            kind,
+            axis: axis as u32,
+            seconds: (n - 1) as f64 * step,
+            link_bytes: lines as u64 * (n as u64 - 1) * n as u64 * chunk,
+        }
+    }
+
+    /// The segments each pass of a reduce-scatter over `axes` (in order)
+    /// starts from.
+    fn segments(shape: &TorusShape, axes: &[usize], len: usize) -> Vec<(usize, usize)> {
+        let mut segment = len;
+        let mut out = Vec::with_capacity(axes.len());
+        for &d in axes {
+            if shape.dims()[d] < 2 {
+                continue;
+            }
+            out.push((d, segment));
+            segment /= shape.dims()[d];
+        }
+        out
+    }
+
+    /// Reduce-scatter of `len` elements per device over `axes`, in order.
+    pub fn reduce_scatter_cost(
+        shape: &TorusShape,
+        axes: &[usize],
+        len: usize,
+        elem_bytes: usize,
+        ici: &LinkModel,
+    ) -> CollectiveCost {
+        CollectiveCost {
+            rounds: segments(shape, axes, len)
+                .into_iter()
+                .map(|(d, seg)| {
+                    vec![pass(
+                        PhaseKind::ReduceScatter,
+                        d,
+                        shape,
+                        seg,
+                        elem_bytes,
+                        ici,
+                    )]
+                })
+                .collect(),
+        }
+    }
+
+    /// All-gather to `len` elements per device over `axes` in reverse (the
+    /// reduce-scatter's mirror).
+    pub fn all_gather_cost(
+        shape: &TorusShape,
+        axes: &[usize],
+        len: usize,
+        elem_bytes: usize,
+        ici: &LinkModel,
+    ) -> CollectiveCost {
+        CollectiveCost {
+            rounds: segments(shape, axes, len)
+                .into_iter()
+                .rev()
+                .map(|(d, seg)| vec![pass(PhaseKind::AllGather, d, shape, seg, elem_bytes, ici)])
+                .collect(),
+        }
+    }
+
+    /// A reduce-scatter then an all-gather.
+    pub fn all_reduce_cost(
+        shape: &TorusShape,
+        axes: &[usize],
+        len: usize,
+        elem_bytes: usize,
+        ici: &LinkModel,
+    ) -> CollectiveCost {
+        let mut rounds = reduce_scatter_cost(shape, axes, len, elem_bytes, ici).rounds;
+        rounds.extend(all_gather_cost(shape, axes, len, elem_bytes, ici).rounds);
+        CollectiveCost { rounds }
+    }
+
+    /// One exchange across `slices` slices: every host sends each other
+    /// slice the `len/slices`-element chunk of each of its chips on its
+    /// rail; `link_bytes` is one host's.
+    pub fn dcn_exchange_cost(
+        len_per_device: usize,
+        slices: usize,
+        chips_per_host: usize,
+        elem_bytes: usize,
+        rail: &LinkModel,
+        kind: PhaseKind,
+    ) -> PassCost {
+        let chunk = (chips_per_host * (len_per_device / slices) * elem_bytes) as u64;
+        PassCost {
+            kind,
+            axis: DCN_AXIS,
+            seconds: rail.latency_seconds() + chunk as f64 / rail.bandwidth_bytes_per_second(),
+            link_bytes: (slices as u64 - 1) * chunk,
+        }
+    }
+}
+
+/// How a strategy step is modeled.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StrategyOptions {
+    /// The strategy.
+    pub strategy: Strategy,
+    /// The mesh, laid out on the pod.
+    pub mesh: Mesh,
+    /// fsdp: gathers ahead of the use (0: each bucket gathered when the
+    /// previous one is freed).
+    pub prefetch: usize,
+    /// The recovery policy whose per-step costs are in the figures.
+    pub recovery: RecoveryPolicy,
+    /// Seconds of each use of a bucket (forward and backward): 0 while the
+    /// step models no compute but the update.
+    pub use_seconds: f64,
+    /// Whether to keep every bucket's spans (for a trace; a large model
+    /// has hundreds of thousands).
+    pub record_spans: bool,
+}
+
+impl StrategyOptions {
+    /// `strategy` on `topology`'s default mesh, prefetch 1, rollback, no
+    /// compute, no spans.
+    pub fn new(strategy: Strategy, topology: &Topology) -> StrategyOptions {
+        StrategyOptions {
+            strategy,
+            mesh: Mesh::default_for(topology),
+            prefetch: 1,
+            recovery: RecoveryPolicy::Rollback,
+            use_seconds: 0.0,
+            record_spans: false,
+        }
+    }
+}
+
+/// What a span of a bucket does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SpanKind {
+    /// fsdp: the parameters all-gathered (forward or backward).
+    Gather {
+        /// For the backward use.
+        backward: bool,
+    },
+    /// The bucket used (forward or backward).
+    Use {
+        /// The backward use.
+        backward: bool,
+    },
+    /// fsdp: the gathered parameters freed (an instant).
+    Free {
+        /// After the backward use.
+        backward: bool,
+    },
+    /// The gradient's reduce-scatter (and reduction over `data`).
+    ReduceScatter,
+    /// The update of the device's shard.
+    Update,
+    /// The new parameters all-gathered (replicated, zero2).
+    AllGather,
+    /// The redundant state copy.
+    ReplicateState,
+}
+
+/// One span of one bucket, seconds from the step's launch.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct BucketSpan {
+    /// The bucket.
+    pub bucket: u32,
+    /// What it does.
+    pub kind: SpanKind,
+    /// Start.
+    pub start_seconds: f64,
+    /// End.
+    pub end_seconds: f64,
+}
+
+/// An axis's share of a step.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct AxisFigures {
+    /// Seconds its passes last, summed.
+    pub seconds: f64,
+    /// Bytes over its links.
+    pub link_bytes: u64,
+}
+
+/// A strategy's modeled step.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StrategyStep {
+    /// The strategy.
+    pub strategy: Strategy,
+    /// The mesh.
+    pub mesh: Mesh,
+    /// fsdp's prefetch.
+    pub prefetch: usize,
+    /// The recovery policy.
+    pub recovery: RecoveryPolicy,
+    /// Buckets.
+    pub buckets: usize,
+    /// Devices.
+    pub devices: usize,
+    /// Launch to the last span's end.
+    pub step_seconds: f64,
+    /// Time the devices spend updating.
+    pub update_seconds: f64,
+    /// Time the devices spend using buckets.
+    pub use_seconds: f64,
+    /// Per phase (`reduce_scatter.axis0`, `all_gather.dcn`, `update`,
+    /// `replicate_state`, …): seconds summed over buckets, plus
+    /// `exposed_communication` (the step minus the compute).
+    pub phases: BTreeMap<String, f64>,
+    /// Per phase: bytes over the links.
+    pub phase_bytes: BTreeMap<String, u64>,
+    /// Per physical axis (`axis0`, `dcn`; `snake_ring` for the state
+    /// copies).
+    pub axes: BTreeMap<String, AxisFigures>,
+    /// Bytes over every link.
+    pub link_bytes: u64,
+    /// HBM per device by kind.
+    pub memory: StrategyMemory,
+    /// HBM per device in all.
+    pub hbm_bytes_per_device: u64,
+    /// The plan of the largest bucket.
+    pub plan: Vec<PlanStep>,
+    /// Every bucket's spans, if asked for.
+    pub spans: Vec<BucketSpan>,
+}
+
+impl StrategyStep {
+    /// Whether a device of `hbm_bytes` holds the step (what does not fit,
+    /// by how much, if not).
+    pub fn fits(&self, hbm_bytes: u64) -> Result<(), NotFitting> {
+        self.memory.fits(hbm_bytes)
+    }
+
+    /// Exposed communication, seconds.
+    pub fn exposed_communication(&self) -> f64 {
+        self.phases
+            .get("exposed_communication")
+            .copied()
+            .unwrap_or(0.0)
+    }
+}
+
+/// One timed pass of a stage: its phase and axis (indices into the
+/// step's key tables), seconds and link bytes (over the whole pod).
+#[derive(Debug, Clone, Copy)]
+struct Round {
+    phase: usize,
+    axis: usize,
+    seconds: f64,
+    bytes: u64,
+}
+
+/// A bucket length's stages.
+#[derive(Debug, Clone, Default)]
+struct LengthCost {
+    /// fsdp: a gather of the bucket's parameters.
+    gather: Vec<Round>,
+    /// The gradient's collectives, before the update.
+    gradient: Vec<Round>,
+    /// The new parameters' all-gathers (replicated, zero2).
+    all_gather: Vec<Round>,
+    /// The redundant state copy.
+    replicate: Vec<Round>,
+    update: f64,
+}
+
+/// Interned keys, so the schedule adds into vectors.
+#[derive(Default)]
+struct Keys(Vec<String>);
+
+impl Keys {
+    fn id(&mut self, key: String) -> usize {
+        self.0.iter().position(|k| *k == key).unwrap_or_else(|| {
+            self.0.push(key);
+            self.0.len() - 1
+        })
+    }
+}
+
+/// The pod's figures a bucket's costs need.
+struct Costing<'a> {
+    mesh: &'a Mesh,
+    shape: TorusShape,
+    ici: LinkModel,
+    rail: Option<LinkModel>,
+    slices: usize,
+    chips: usize,
+    chips_per_host: usize,
+    elem: usize,
+    slots: usize,
+    redundant: bool,
+    replication_hops: u32,
+    replication_links: u64,
+    hbm_per_s: f64,
+    phases: Keys,
+    axes: Keys,
+}
+
+impl Costing<'_> {
+    /// The rounds of a collective of `kind` over mesh axis `axis`,
+    /// `len` elements per device as [`super::strategy::PlannedCollective`]
+    /// counts them.
+    fn collective(
+        &mut self,
+        kind: super::strategy::CollectiveKind,
+        axis: MeshAxisName,
+        len: usize,
+    ) -> Vec<Round> {
+        use super::strategy::CollectiveKind as K;
+        let torus = self.mesh.torus_axes(axis);
+        let dcn = self.mesh.crosses_slices(axis);
+        let torus_extent: usize = torus.iter().map(|&d| self.shape.dims()[d]).product();
+        let mut passes: Vec<cost::PassCost> = Vec::new();
+        let ring = |k: PhaseKind, s: &Self| match k {
+            PhaseKind::AllGather => cost::all_gather_cost(&s.shape, &torus, len, s.elem, &s.ici),
+            _ => cost::reduce_scatter_cost(&s.shape, &torus, len, s.elem, &s.ici),
+        };
+        let exchange = |k: PhaseKind, s: &Self| {
+            s.rail.map(|rail| {
+                cost::dcn_exchange_cost(
+                    len / torus_extent.max(1),
+                    s.slices,
+                    s.chips_per_host,
+                    s.elem,
+                    &rail,
+                    k,
+                )
+            })
+        };
+        let reduce = |passes: &mut Vec<cost::PassCost>| {
+            passes.extend(
+                ring(PhaseKind::ReduceScatter, self)
+                    .rounds
+                    .into_iter()
+                    .flatten(),
+            );
+            if dcn {
+                passes.extend(exchange(PhaseKind::ReduceScatter, self));
+            }
+        };
+        let gather = |passes: &mut Vec<cost::PassCost>, s: &Self| {
+            if dcn {
+                passes.extend(exchange(PhaseKind::AllGather, s));
+            }
+            passes.extend(ring(PhaseKind::AllGather, s).rounds.into_iter().flatten());
+        };
+        match kind {
+            K::ReduceScatter => reduce(&mut passes),
+            K::AllGather => gather(&mut passes, self),
+            K::AllReduce if !dcn => passes.extend(
+                cost::all_reduce_cost(&self.shape, &torus, len, self.elem, &self.ici)
+                    .rounds
+                    .into_iter()
+                    .flatten(),
+            ),
+            K::AllReduce => {
+                reduce(&mut passes);
+                gather(&mut passes, self);
+            }
+        }
+        let hosts = (self.chips / self.chips_per_host.max(1) * self.slices) as u64;
+        passes
+            .into_iter()
+            .filter(|p| p.seconds > 0.0)
+            .map(|p| {
+                let (axis_key, bytes) = if p.axis == DCN_AXIS {
+                    (PhysicalAxis::Slices.key(), p.link_bytes * hosts)
+                } else {
+                    (
+                        PhysicalAxis::Torus(p.axis as usize).key(),
+                        p.link_bytes * self.slices as u64,
+                    )
+                };
+                Round {
+                    phase: self.phases.id(pass_name(p.kind, p.axis)),
+                    axis: self.axes.id(axis_key),
+                    seconds: p.seconds,
+                    bytes,
+                }
+            })
+            .collect()
+    }
+
+    /// A bucket of `len` padded elements under `strategy`.
+    fn length(&mut self, strategy: Strategy, len: usize) -> LengthCost {
+        let mut out = LengthCost::default();
+        let mut shard = 0usize;
+        let mut updated = false;
+        for step in bucket_plan(strategy, self.mesh, len as u64, self.slots as u64, false) {
+            match step {
+                PlanStep::Collective(c) => {
+                    use super::strategy::Purpose as P;
+                    let rounds = self.collective(c.kind, c.axis, c.elements as usize);
+                    match c.purpose {
+                        P::ParamsForward => out.gather = rounds,
+                        P::ParamsBackward => {}
+                        P::Gradients => out.gradient.extend(rounds),
+                        P::NewParams => out.all_gather.extend(rounds),
+                    }
+                }
+                PlanStep::Update { elements } => {
+                    shard = elements as usize;
+                    updated = true;
+                    out.update = ((3 + 2 * self.slots) * shard * self.elem) as f64 / self.hbm_per_s;
+                }
+                PlanStep::ReplicateState { .. } => {}
+            }
+        }
+        debug_assert!(updated);
+        if self.redundant {
+            let copy = (self.slots * shard * self.elem) as u64;
+            let alpha = self.ici.latency_seconds();
+            out.replicate.push(Round {
+                phase: self.phases.id("replicate_state".into()),
+                axis: self.axes.id("snake_ring".into()),
+                seconds: f64::from(self.replication_hops) * alpha
+                    + copy as f64 / self.ici.bandwidth_bytes_per_second(),
+                bytes: copy * self.replication_links,
+            });
+        }
+        out
+    }
+}
+
+/// Each device's redundant-copy message on the snake ring: (longest route
+/// in links, links summed over one slice's messages), as
+/// [`super::modeled`] routes it.
+fn replication_routes(shape: &TorusShape) -> (u32, u64) {
+    let ring = shape.snake_ring();
+    if ring.len() < 2 {
+        return (0, 0);
+    }
+    let mut longest = 0u32;
+    let mut links = 0u64;
+    for (at, &device) in ring.iter().enumerate() {
+        let hops = shape.path(device, ring[(at + 1) % ring.len()]).len().max(1);
+        longest = longest.max(hops as u32);
+        links += hops as u64;
+    }
+    (longest, links)
+}
+
+fn devices_error(reason: impl Into<String>) -> ShardingError {
+    ShardingError::Devices {
+        reason: reason.into(),
+    }
+}
+
+/// The modeled step of `tensors` (names and shapes) of `dtype` with an
+/// optimizer of `slots` state slots, in buckets of `bucket_bytes`, under
+/// `options` (module docs). The mesh must be laid out on `topology`; a
+/// recovery policy the pod cannot apply is the error a real model gives.
+pub fn modeled_strategy_step(
+    topology: &Topology,
+    tensors: &[(String, Vec<usize>)],
+    dtype: DType,
+    slots: usize,
+    bucket_bytes: usize,
+    options: &StrategyOptions,
+) -> Result<StrategyStep, ShardingError> {
+    check_recovery_policy(topology, options.recovery)?;
+    options
+        .mesh
+        .check_on(topology)
+        .map_err(|e| devices_error(e.to_string()))?;
+    if !(options.use_seconds.is_finite() && options.use_seconds >= 0.0) {
+        return Err(devices_error(format!(
+            "a bucket's use lasts {} s: it must be a finite number of seconds from 0",
+            options.use_seconds
+        )));
+    }
+    let slices = topology.slices as usize;
+    let slice = slice_torus(topology).map_err(|e| devices_error(e.to_string()))?;
+    let mut dims = slice.dims().to_vec();
+    let mut wrap = slice.wraparound().to_vec();
+    let rail = if slices > 1 {
+        let fabric = topology.dcn_fabric.ok_or_else(|| {
+            devices_error(format!(
+                "{} has {slices} slices but no DCN fabric: a sharded step across slices \
+                 reduces over the fabric",
+                topology.name
+            ))
+        })?;
+        dims.resize(3, 1);
+        wrap.resize(3, false);
+        let p = topology.fabric_link_params(&fabric);
+        Some(
+            LinkModel::new(p.latency_ns as f64 * 1e-9, p.bytes_per_s)
+                .map_err(|e| devices_error(e.to_string()))?,
+        )
+    } else {
+        None
+    };
+    let shape = TorusShape::new(&dims, &wrap).map_err(|e| devices_error(e.to_string()))?;
+    let chips = shape.device_count();
+    let devices = chips * slices;
+    let plan = if rail.is_some() {
+        ShardPlan::Multislice {
+            dims: dims.clone(),
+            wraparound: wrap.clone(),
+            slices,
+        }
+    } else {
+        ShardPlan::Torus {
+            dims: dims.clone(),
+            wraparound: wrap.clone(),
+        }
+    };
+    let layout = ShardLayout::new(
+        dtype,
+        tensors,
+        bucket_bytes,
+        (0..devices as u32).map(DeviceId).collect(),
+        plan,
+    )?;
+    let elem = dtype.byte_size();
+    let redundant = options.recovery == RecoveryPolicy::Redundant && devices > 1;
+    let (replication_hops, replication_links) = if redundant {
+        let (hops, links) = replication_routes(&shape);
+        (hops, links * slices as u64)
+    } else {
+        (0, 0)
+    };
+    let ici = LinkModel::new(
+        topology.ici.latency_ns as f64 * 1e-9,
+        topology.ici.bytes_per_s,
+    )
+    .map_err(|e| devices_error(e.to_string()))?;
+    let mut costing = Costing {
+        mesh: &options.mesh,
+        shape,
+        ici,
+        rail,
+        slices,
+        chips,
+        chips_per_host: (0..topology.chips_per_slice())
+            .filter(|&d| topology.host_of(d) == 0)
+            .count(),
+        elem,
+        slots,
+        redundant,
+        replication_hops,
+        replication_links,
+        hbm_per_s: topology.generation.spec().hbm_bytes_per_s,
+        phases: Keys::default(),
+        axes: Keys::default(),
+    };
+    let mut lengths: Vec<usize> = layout.buckets.iter().map(|b| b.padded_len).collect();
+    lengths.sort_unstable();
+    lengths.dedup();
+    let costs: Vec<LengthCost> = lengths
+        .iter()
+        .map(|&len| costing.length(options.strategy, len))
+        .collect();
+    let per_bucket: Vec<usize> = layout
+        .buckets
+        .iter()
+        .map(|b| lengths.binary_search(&b.padded_len).unwrap_or(0))
+        .collect();
+    let mut streams = Streams::new(
+        costing.phases.0.len(),
+        costing.axes.0.len(),
+        options.record_spans,
+    );
+    match options.strategy {
+        Strategy::Replicated | Strategy::Zero2 => {
+            streams.data_parallel(&costs, &per_bucket, options.use_seconds)
+        }
+        Strategy::Fsdp => streams.fsdp(&costs, &per_bucket, options.use_seconds, options.prefetch),
+    }
+    let model = ModelSize::of(&layout, slots);
+    let memory = StrategyMemory::of(
+        options.strategy,
+        &options.mesh,
+        &model,
+        options.prefetch,
+        options.recovery,
+    );
+    let step_seconds = streams.comm_free.max(streams.compute_free);
+    let update_key = "update".to_string();
+    let mut phases: BTreeMap<String, f64> = BTreeMap::new();
+    let mut phase_bytes: BTreeMap<String, u64> = BTreeMap::new();
+    for (i, key) in costing.phases.0.iter().enumerate() {
+        phases.insert(key.clone(), streams.phase_seconds[i]);
+        phase_bytes.insert(key.clone(), streams.phase_bytes[i]);
+    }
+    if !layout.buckets.is_empty() {
+        phases.insert(update_key, streams.update_phase);
+    }
+    let compute = streams.update_seconds + streams.use_total;
+    phases.insert(
+        "exposed_communication".into(),
+        (step_seconds - compute).max(0.0),
+    );
+    let axes: BTreeMap<String, AxisFigures> = costing
+        .axes
+        .0
+        .iter()
+        .enumerate()
+        .map(|(i, k)| {
+            (
+                k.clone(),
+                AxisFigures {
+                    seconds: streams.axis_seconds[i],
+                    link_bytes: streams.axis_bytes[i],
+                },
+            )
+        })
+        .collect();
+    let largest = lengths.last().copied().unwrap_or(0) as u64;
+    Ok(StrategyStep {
+        strategy: options.strategy,
+        mesh: options.mesh.clone(),
+        prefetch: options.prefetch,
+        recovery: options.recovery,
+        buckets: layout.buckets.len(),
+        devices,
+        step_seconds,
+        update_seconds: streams.update_seconds,
+        use_seconds: streams.use_total,
+        phases,
+        phase_bytes,
+        axes,
+        link_bytes: streams.axis_bytes.iter().sum(),
+        hbm_bytes_per_device: memory.total(),
+        memory,
+        plan: bucket_plan(
+            options.strategy,
+            &options.mesh,
+            largest,
+            slots as u64,
+            redundant,
+        ),
+        spans: streams.spans,
+    })
+}
+
+/// The two streams and the step's sums.
+struct Streams {
+    comm_free: f64,
+    compute_free: f64,
+    update_seconds: f64,
+    /// As `timing::schedule` sums the update phase: each span's length.
+    update_phase: f64,
+    use_total: f64,
+    phase_seconds: Vec<f64>,
+    phase_bytes: Vec<u64>,
+    axis_seconds: Vec<f64>,
+    axis_bytes: Vec<u64>,
+    record: bool,
+    spans: Vec<BucketSpan>,
+}
+
+impl Streams {
+    fn new(phases: usize, axes: usize, record: bool) -> Streams {
+        Streams {
+            comm_free: 0.0,
+            compute_free: 0.0,
+            update_seconds: 0.0,
+            update_phase: 0.0,
+            use_total: 0.0,
+            phase_seconds: vec![0.0; phases],
+            phase_bytes: vec![0; phases],
+            axis_seconds: vec![0.0; axes],
+            axis_bytes: vec![0; axes],
+            record,
+            spans: Vec::new(),
+        }
+    }
+
+    fn span(&mut self, bucket: usize, kind: SpanKind, start: f64, end: f64) {
+        if self.record {
+            self.spans.push(BucketSpan {
+                bucket: bucket as u32,
+                kind,
+                start_seconds: start,
+                end_seconds: end,
+            });
+        }
+    }
+
+    /// `rounds` on the communication stream once it is free and `ready`
+    /// has passed: the end.
+    fn comm(&mut self, bucket: usize, kind: SpanKind, rounds: &[Round], ready: f64) -> f64 {
+        let start = self.comm_free.max(ready);
+        let mut at = start;
+        for r in rounds {
+            let end = at + r.seconds;
+            // As `timing::schedule` sums a phase: each span's own length.
+            self.phase_seconds[r.phase] += end - at;
+            self.axis_seconds[r.axis] += end - at;
+            self.phase_bytes[r.phase] += r.bytes;
+            self.axis_bytes[r.axis] += r.bytes;
+            at = end;
+        }
+        self.comm_free = at;
+        if !rounds.is_empty() {
+            self.span(bucket, kind, start, at);
+        }
+        at
+    }
+
+    fn compute(&mut self, bucket: usize, kind: SpanKind, seconds: f64, ready: f64) -> f64 {
+        let start = self.compute_free.max(ready);
+        let end = start + seconds;
+        self.compute_free = end;
+        match kind {
+            SpanKind::Update => {
+                self.update_seconds += seconds;
+                self.update_phase += end - start;
+            }
+            _ => self.use_total += seconds,
+        }
+        self.span(bucket, kind, start, end);
+        end
+    }
+
+    /// replicated and zero2 (module docs).
+    fn data_parallel(&mut self, costs: &[LengthCost], per_bucket: &[usize], use_seconds: f64) {
+        let b = per_bucket.len();
+        let mut used = vec![0.0f64; b];
+        for k in 0..b {
+            self.compute(k, SpanKind::Use { backward: false }, use_seconds, 0.0);
+        }
+        for (k, end) in used.iter_mut().enumerate() {
+            *end = self.compute(k, SpanKind::Use { backward: true }, use_seconds, 0.0);
+        }
+        let mut update_end = vec![0.0f64; b];
+        for k in 0..=b {
+            if k < b {
+                let c = &costs[per_bucket[k]];
+                let in_at = self.comm(k, SpanKind::ReduceScatter, &c.gradient, used[k]);
+                update_end[k] = self.compute(k, SpanKind::Update, c.update, in_at);
+            }
+            if k >= 1 {
+                let j = k - 1;
+                self.after(j, &costs[per_bucket[j]], update_end[j]);
+            }
+        }
+    }
+
+    /// The all-gather after bucket `j`'s update, then its state copy.
+    fn after(&mut self, j: usize, cost: &LengthCost, ready: f64) {
+        let end = self.comm(j, SpanKind::AllGather, &cost.all_gather, ready);
+        self.comm(j, SpanKind::ReplicateState, &cost.replicate, end);
+    }
+
+    /// fsdp (module docs).
+    fn fsdp(
+        &mut self,
+        costs: &[LengthCost],
+        per_bucket: &[usize],
+        use_seconds: f64,
+        prefetch: usize,
+    ) {
+        let b = per_bucket.len();
+        let uses = 2 * b;
+        let bucket_of = |s: usize| if s < b { s } else { uses - 1 - s };
+        let window = prefetch.saturating_add(1);
+        let mut used = vec![0.0f64; uses];
+        let gather = |st: &mut Streams, s: usize, used: &[f64]| {
+            let ready = if s >= window { used[s - window] } else { 0.0 };
+            let k = bucket_of(s);
+            let rounds = &costs[per_bucket[k]].gather;
+            st.comm(k, SpanKind::Gather { backward: s >= b }, rounds, ready)
+                .max(ready)
+        };
+        let mut gathered_end = vec![0.0f64; uses];
+        for s in 0..uses.min(window) {
+            gathered_end[s] = gather(self, s, &used);
+        }
+        let mut pending: Option<(usize, f64)> = None;
+        for s in 0..uses {
+            let k = bucket_of(s);
+            let backward = s >= b;
+            used[s] = self.compute(k, SpanKind::Use { backward }, use_seconds, gathered_end[s]);
+            self.span(k, SpanKind::Free { backward }, used[s], used[s]);
+            if let Some((j, ready)) = pending.take() {
+                let end = self.compute(j, SpanKind::Update, costs[per_bucket[j]].update, ready);
+                self.comm(
+                    j,
+                    SpanKind::ReplicateState,
+                    &costs[per_bucket[j]].replicate,
+                    end,
+                );
+            }
+            if s + window < uses {
+                gathered_end[s + window] = gather(self, s + window, &used);
+            }
+            if backward {
+                let in_at = self.comm(
+                    k,
+                    SpanKind::ReduceScatter,
+                    &costs[per_bucket[k]].gradient,
+                    used[s],
+                );
+                pending = Some((k, in_at));
+            }
+        }
+        if let Some((j, ready)) = pending {
+            let end = self.compute(j, SpanKind::Update, costs[per_bucket[j]].update, ready);
+            self.comm(
+                j,
+                SpanKind::ReplicateState,
+                &costs[per_bucket[j]].replicate,
+                end,
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sharding::modeled::modeled_step_with_recovery;
+    use crate::topology::{load_preset, load_topology, parse_topology};
+
+    const MULTISLICE: &str = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/assets/pods/examples/v5e-16x2-multislice.ron"
+    );
+
+    fn tensors(sizes: &[usize]) -> Vec<(String, Vec<usize>)> {
+        sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| (format!("param{i}"), vec![n]))
+            .collect()
+    }
+
+    fn step(
+        topology: &Topology,
+        sizes: &[usize],
+        bucket_bytes: usize,
+        options: &StrategyOptions,
+    ) -> StrategyStep {
+        modeled_strategy_step(
+            topology,
+            &tensors(sizes),
+            DType::F32,
+            2,
+            bucket_bytes,
+            options,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn replicated_on_the_default_mesh_is_today_s_modeled_step_to_the_bit() {
+        for pod in ["v5e-16", "v4-64", MULTISLICE] {
+            let topology = load_topology(pod).unwrap();
+            for recovery in [RecoveryPolicy::Rollback, RecoveryPolicy::Redundant] {
+                for (sizes, bucket) in [
+                    (vec![1_000_000, 3_001], 1 << 20),
+                    (vec![5000, 300], 4096),
+                    (vec![16_800_000], 25 << 20),
+                ] {
+                    let today = modeled_step_with_recovery(
+                        &topology,
+                        &tensors(&sizes),
+                        DType::F32,
+                        2,
+                        bucket,
+                        recovery,
+                    )
+                    .unwrap();
+                    let options = StrategyOptions {
+                        recovery,
+                        ..StrategyOptions::new(Strategy::Replicated, &topology)
+                    };
+                    let ours = step(&topology, &sizes, bucket, &options);
+                    let what = format!("{pod} {recovery:?} {sizes:?}");
+                    assert_eq!(ours.step_seconds, today.timeline.step_seconds, "{what}");
+                    assert_eq!(ours.update_seconds, today.timeline.update_seconds, "{what}");
+                    assert_eq!(ours.phases, today.timeline.phases, "{what}");
+                    assert_eq!(ours.link_bytes, today.link_bytes, "{what}");
+                    assert_eq!(
+                        ours.hbm_bytes_per_device, today.hbm_bytes_per_device,
+                        "{what}"
+                    );
+                    assert_eq!(ours.buckets, today.buckets, "{what}");
+                    assert_eq!(ours.devices, today.devices, "{what}");
+                    assert_eq!(
+                        ours.phase_bytes.values().sum::<u64>(),
+                        ours.link_bytes,
+                        "{what}"
+                    );
+                    assert_eq!(
+                        ours.axes.values().map(|a| a.link_bytes).sum::<u64>(),
+                        ours.link_bytes,
+                        "{what}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn zero2_moves_what_replicated_moves_and_holds_a_gradient_shard() {
+        let topology = load_preset("v4-64").unwrap();
+        let sizes = [6_400_000];
+        let rep = step(
+            &topology,
+            &sizes,
+            1 << 20,
+            &StrategyOptions::new(Strategy::Replicated, &topology),
+        );
+        let z2 = step(
+            &topology,
+            &sizes,
+            1 << 20,
+            &StrategyOptions::new(Strategy::Zero2, &topology),
+        );
+        // One slice, data = 1: the same collectives and update.
+        assert_eq!(z2.link_bytes, rep.link_bytes);
+        assert_eq!(z2.step_seconds, rep.step_seconds);
+        // 6.4e6 f32 over 64 devices: a 400 kB gradient shard, a 1 MiB bucket in flight.
+        assert_eq!(z2.memory.grads, 400_000);
+        assert_eq!(z2.memory.gradient_bucket, (1 << 20) / 64 * 64 * 4 / 4);
+    }
+
+    #[test]
+    fn fsdp_gathers_twice_and_never_holds_more_than_prefetch_plus_one_buckets() {
+        let topology = load_preset("v4-64").unwrap();
+        let ici = &topology.ici;
+        let sizes = [64 * 1000 * 10];
+        for prefetch in [0usize, 1, 2, 50] {
+            let options = StrategyOptions {
+                prefetch,
+                use_seconds: 1e-4,
+                record_spans: true,
+                ..StrategyOptions::new(Strategy::Fsdp, &topology)
+            };
+            let s = step(&topology, &sizes, 64 * 1000 * 4, &options);
+            assert_eq!(s.buckets, 10);
+            // Per bucket: two all-gathers and a reduce-scatter of 256 kB over
+            // 64 devices: 3 · 63/64 of the bucket per device.
+            assert_eq!(s.link_bytes, 10 * 3 * 64 * 63 * 1000 * 4);
+            // A v4-64 (4x4x4) gather's last pass, over axis 0, moves a
+            // quarter of the 64000-element bucket per step, 3 steps:
+            // 3 · (α + 64 kB / β) per gather.
+            let axis0 = 3.0 * (ici.latency_ns as f64 * 1e-9 + 64_000.0 / ici.bytes_per_s);
+            let gathers = s.phases["all_gather.axis0"];
+            assert!(
+                (gathers - 20.0 * axis0).abs() < 1e-12,
+                "{gathers} vs {}",
+                20.0 * axis0
+            );
+            // Peak gathered buckets: gathers started and not yet freed.
+            let mut events: Vec<(f64, i32)> = Vec::new();
+            for sp in &s.spans {
+                match sp.kind {
+                    SpanKind::Gather { .. } => events.push((sp.start_seconds, 1)),
+                    SpanKind::Free { .. } => events.push((sp.end_seconds, -1)),
+                    _ => {}
+                }
+            }
+            events.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+            let (mut now, mut peak) = (0i32, 0i32);
+            for (_, d) in events {
+                now += d;
+                peak = peak.max(now);
+            }
+            // Gathers (about 20 µs) outrun 100 µs uses, so the window fills.
+            let bound = (prefetch + 1).min(20);
+            assert!(peak as usize <= bound, "prefetch {prefetch}: {peak}");
+            if prefetch <= 2 {
+                assert_eq!(peak as usize, bound, "prefetch {prefetch}");
+            }
+            assert_eq!(
+                s.spans
+                    .iter()
+                    .filter(|sp| sp.kind == SpanKind::Update)
+                    .count(),
+                10
+            );
+            // Every use after its gather, every update after its gradient.
+            for k in 0..10u32 {
+                let of = |kind| {
+                    s.spans
+                        .iter()
+                        .find(|sp| sp.bucket == k && sp.kind == kind)
+                        .unwrap()
+                };
+                assert!(
+                    of(SpanKind::Use { backward: true }).start_seconds
+                        >= of(SpanKind::Gather { backward: true }).end_seconds
+                );
+                assert!(
+                    of(SpanKind::Update).start_seconds >= of(SpanKind::ReduceScatter).end_seconds
+                );
+            }
+            assert!((s.use_seconds - 20.0 * 1e-4).abs() < 1e-15);
+            assert!(s.step_seconds >= s.use_seconds + s.update_seconds);
+        }
+    }
+
+    #[test]
+    fn a_hybrid_mesh_all_reduces_the_shard_over_the_dcn() {
+        let topology = load_topology(MULTISLICE).unwrap();
+        let options = StrategyOptions::new(Strategy::Fsdp, &topology);
+        let s = step(&topology, &[32 * 1000], 32 * 1000 * 4, &options);
+        // fsdp=16 per slice, data=2: each device's 2000-element shard
+        // all-reduced over DCN, a reduce-scatter and an all-gather whose
+        // exchange sends each host's chips' 1000-element halves.
+        let per_host = (0..16).filter(|&d| topology.host_of(d) == 0).count();
+        let chunk = (per_host * 1000 * 4) as f64;
+        let fabric = topology.fabric_link_params(&topology.dcn_fabric.unwrap());
+        let dcn = fabric.latency_ns as f64 * 1e-9 + chunk / fabric.bytes_per_s;
+        assert!((s.phases["reduce_scatter.dcn"] - dcn).abs() < 1e-15);
+        assert!((s.phases["all_gather.dcn"] - dcn).abs() < 1e-15);
+        // Every host sends its chunk to the other slice, twice.
+        let hosts = 2 * 16 / per_host as u64;
+        assert_eq!(s.axes["dcn"].link_bytes, hosts * 2 * chunk as u64);
+        assert_eq!(s.memory.params, (32_000 / 16 * 4));
+    }
+
+    #[test]
+    fn bad_options_are_typed_errors() {
+        let topology = load_preset("v5e-16").unwrap();
+        let mut options = StrategyOptions::new(Strategy::Fsdp, &topology);
+        options.use_seconds = f64::NAN;
+        let tensors = tensors(&[1000]);
+        assert!(modeled_strategy_step(&topology, &tensors, DType::F32, 2, 4096, &options).is_err());
+        let v4 = load_preset("v4-64").unwrap();
+        let options = StrategyOptions::new(Strategy::Fsdp, &v4);
+        let err =
+            modeled_strategy_step(&topology, &tensors, DType::F32, 2, 4096, &options).unwrap_err();
+        assert!(matches!(err, ShardingError::Devices { .. }), "{err}");
+    }
+
+    fn v5p() -> Topology {
+        parse_topology(
+            "Pod(name: \"v5p-6144\", generation: \"v5p\", shape: \"16x16x24\")",
+            "v5p.ron",
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn gpt3_under_fsdp_fits_a_v5p_slice_and_is_modeled_fast() {
+        let topology = v5p();
+        let started = std::time::Instant::now();
+        let s = step(
+            &topology,
+            &[175_000_000_000],
+            25 << 20,
+            &StrategyOptions::new(Strategy::Fsdp, &topology),
+        );
+        let wall = started.elapsed().as_secs_f64();
+        assert_eq!(s.fits(topology.hbm_bytes), Ok(()));
+        // 175e9 · 4 B / 6144 = 113.9 MB a kind, 4·113.9 MB for params,
+        // grads and two slots, plus three 25 MiB buckets.
+        let shard = 175e9 * 4.0 / 6144.0;
+        let expected = 4.0 * shard + 3.0 * (25u64 << 20) as f64;
+        let got = s.hbm_bytes_per_device as f64;
+        assert!(
+            (got - expected).abs() / expected < 1e-3,
+            "{got} vs {expected}"
+        );
+        let rep = step(
+            &topology,
+            &[175_000_000_000],
+            25 << 20,
+            &StrategyOptions::new(Strategy::Replicated, &topology),
+        );
+        assert!(rep.fits(topology.hbm_bytes).is_err());
+        eprintln!(
+            "175e9 fsdp on v5p 16x16x24: {} B per device, step {} s, modeled in {wall} s",
+            s.hbm_bytes_per_device, s.step_seconds
+        );
+        if !cfg!(debug_assertions) {
+            assert!(wall < 0.05, "{wall} s");
+        }
+    }
+
+    #[test]
+    fn a_trillion_parameters_under_hybrid_fsdp_fit_four_v5p_slices() {
+        let topology = parse_topology(
+            "Pod(name: \"v5p-4x6144\", generation: \"v5p\", shape: \"16x16x24\", slices: 4, \
+             dcn: (latency_us: 10.0, host_gb_per_s: 25.0, oversubscription: 1.0))",
+            "v5p4.ron",
+        )
+        .unwrap();
+        let options = StrategyOptions::new(Strategy::Fsdp, &topology);
+        assert_eq!(options.mesh.to_string(), "data=4,fsdp=6144,tensor=1");
+        let started = std::time::Instant::now();
+        let s = step(&topology, &[1_000_000_000_000], 25 << 20, &options);
+        let wall = started.elapsed().as_secs_f64();
+        assert_eq!(s.fits(topology.hbm_bytes), Ok(()));
+        let shard = 1e12 * 4.0 / 6144.0;
+        let expected = 4.0 * shard + 3.0 * (25u64 << 20) as f64;
+        let got = s.hbm_bytes_per_device as f64;
+        assert!(
+            (got - expected).abs() / expected < 1e-3,
+            "{got} vs {expected}"
+        );
+        assert!(s.phases["reduce_scatter.dcn"] > 0.0 && s.phases["all_gather.dcn"] > 0.0);
+        eprintln!(
+            "1e12 fsdp on 4 v5p 16x16x24 slices: {} B per device, step {} s, modeled in {wall} s",
+            s.hbm_bytes_per_device, s.step_seconds
+        );
+        if !cfg!(debug_assertions) {
+            assert!(wall < 0.05, "{wall} s");
+        }
+    }
+}
