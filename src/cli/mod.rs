@@ -96,6 +96,7 @@ pub fn main() -> ExitCode {
 /// command's module imports the other's.
 fn train_here_or_split(args: train::TrainArgs) -> anyhow::Result<()> {
     args.refuse_misused_resume()?;
+    args.refuse_unbuilt_layout()?;
     match ranks::launched()?.filter(|l| l.size > 1) {
         Some(launch) => ranks::train(args, launch),
         None => train::train(args),

@@ -30,6 +30,17 @@ pub fn is_usage(error: &anyhow::Error) -> bool {
     error.chain().any(|cause| cause.is::<UsageError>())
 }
 
+/// `--prefetch`: a whole number from 0 (`1e3` reads as 1000, as every
+/// count does).
+pub fn parse_prefetch(text: &str) -> Result<usize, String> {
+    if text.trim() == "0" {
+        return Ok(0);
+    }
+    parse_count(text).map_err(|_| {
+        format!("`{text}` is not a whole number from 0 like 0, 1 or 4 (gathers ahead of use)")
+    })
+}
+
 /// A positive whole number: `4096`, `10_000_000`, `1e7`, `2.5e6`.
 pub fn parse_count(text: &str) -> Result<usize, String> {
     let bad = || format!("`{text}` is not a positive whole number like 4096, 10_000_000 or 1e7");

@@ -6,8 +6,8 @@
 
 use super::parse::number;
 use super::parse::{
-    parse_count, parse_count_u64, parse_learning_rate, parse_rank_timeout, parse_seconds,
-    parse_seed, parse_tick_ms, parse_timed_device, usage,
+    parse_count, parse_count_u64, parse_learning_rate, parse_prefetch, parse_rank_timeout,
+    parse_seconds, parse_seed, parse_tick_ms, parse_timed_device, usage,
 };
 use super::train_print::{print_modeled_text, print_report, write_trace};
 use super::{output, progress};
@@ -17,9 +17,11 @@ use clap::builder::PossibleValuesParser;
 use ndarray::{ArrayD, IxDyn};
 use optirs_tpu::Pod;
 use optirs_tpu::health::Fault;
-use optirs_tpu::sharding::{DEFAULT_BUCKET_BYTES, ParamSet, RecoveryPolicy, Reduction};
+use optirs_tpu::sharding::strategy_model::{StrategyOptions, modeled_strategy_step};
+use optirs_tpu::sharding::{
+    DEFAULT_BUCKET_BYTES, Mesh, ParamSet, RecoveryPolicy, Reduction, Strategy,
+};
 use optirs_tpu::topology::{DEFAULT_PRESET, DeviceId, load_topology};
-use optirs_tpu::training::report::modeled_run;
 use optirs_tpu::training::{Outcome, Resumed, RunError, RunPlan, ShardedOptimizer, ShardingConfig};
 use serde_json::json;
 use std::path::{Path, PathBuf};
@@ -115,6 +117,24 @@ pub struct TrainArgs {
     /// memory (for models and pods this machine cannot hold).
     #[arg(long)]
     pub(super) modeled_only: bool,
+    /// How the model is split over the mesh: replicated (ZeRO-1: the state
+    /// sharded), zero2 (gradients too) or fsdp (ZeRO-3: parameters too,
+    /// gathered per bucket). A real run builds replicated only; the others
+    /// run with --modeled-only.
+    #[arg(long, default_value = "replicated")]
+    pub(super) strategy: Strategy,
+    /// The device mesh, `data=D,fsdp=F,tensor=T` in any order (an axis
+    /// left out is 1, one may be -1 for the rest), each axis whole torus
+    /// axes or the slices. Default: fsdp over every chip of a slice, data
+    /// over the slices. Other meshes run with --modeled-only.
+    #[arg(long, value_name = "SPEC")]
+    pub(super) mesh: Option<String>,
+    /// fsdp: parameter gathers run ahead of the bucket in use (default 1;
+    /// 0 gathers each bucket once the previous one is freed), so
+    /// `N + 1` gathered buckets are in flight.
+    #[arg(long, value_name = "N", value_parser = parse_prefetch,
+          allow_negative_numbers = true)]
+    pub(super) prefetch: Option<usize>,
     /// Under `mpirun`: how long a rank waits for another before it stops,
     /// naming the lost rank and its hosts (rank 0 waits this long, the
     /// others twice as long).
@@ -277,6 +297,54 @@ impl TrainArgs {
             }
         }
         Ok(())
+    }
+
+    /// Refuses, before any work, a layout the run cannot honour:
+    /// `--prefetch` without fsdp (it would do nothing), a `--mesh` that does
+    /// not lay out on the pod, and in a real run any strategy or mesh but
+    /// replicated on the default mesh (the only one the pod builds).
+    pub(super) fn refuse_unbuilt_layout(&self) -> Result<()> {
+        if let Some(n) = self.prefetch
+            && self.strategy != Strategy::Fsdp
+        {
+            return Err(usage(format!(
+                "--prefetch {n} sets how many gathered buckets fsdp keeps in flight; \
+                 --strategy {} gathers no parameters before use: drop --prefetch or use \
+                 --strategy fsdp",
+                self.strategy
+            )));
+        }
+        if !self.modeled_only && self.strategy != Strategy::Replicated {
+            return Err(usage(format!(
+                "--strategy {} runs modeled only for now: add --modeled-only (a real run \
+                 builds --strategy replicated)",
+                self.strategy
+            )));
+        }
+        if self.mesh.is_some() {
+            let topology = load_topology(&self.pod)?;
+            let mesh = self.mesh_on(&topology)?;
+            let default = Mesh::default_for(&topology);
+            if !self.modeled_only && mesh != default {
+                return Err(usage(format!(
+                    "--mesh {mesh} runs modeled only for now: add --modeled-only (a real run \
+                     shards over the default mesh of {}, {default})",
+                    topology.name
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The mesh `--mesh` gives on `topology` (the default mesh without it);
+    /// a mesh that does not lay out is a usage error.
+    pub(super) fn mesh_on(&self, topology: &optirs_tpu::topology::Topology) -> Result<Mesh> {
+        match &self.mesh {
+            None => Ok(Mesh::default_for(topology)),
+            Some(spec) => {
+                Mesh::parse(spec, topology).map_err(|e| usage(format!("--mesh {spec}: {e}")))
+            }
+        }
     }
 
     /// `--resume` was given.
@@ -551,11 +619,11 @@ fn run_steps_from(
     }
 }
 
-/// `--modeled-only`: the closed-form step of the model on the pod under
-/// `--recovery` (the redundant copies' HBM and `replicate_state` time),
-/// after the checks a real run makes before its first step, with its
-/// messages; then what one closed-form, failure-free step cannot model is
-/// refused.
+/// `--modeled-only`: the closed-form step of the model under `--strategy`
+/// on `--mesh` and `--recovery` (the redundant copies' HBM and
+/// `replicate_state` time), after the checks a real run makes before its
+/// first step, with its messages; then what one closed-form, failure-free
+/// step cannot model is refused.
 fn modeled_only(args: &TrainArgs, sizes: &[usize]) -> Result<()> {
     if let Some(i) = sizes.iter().position(|&n| n == 0) {
         bail!("--params: tensor {i} has 0 elements; every tensor needs at least one");
@@ -570,15 +638,31 @@ fn modeled_only(args: &TrainArgs, sizes: &[usize]) -> Result<()> {
     let loaded = started.elapsed().as_secs_f64();
     args.kills(topology.num_devices())?;
     args.refuse_unrecoverable_kills()?;
-    let modeled = modeled_run(
+    let mesh = args.mesh_on(&topology)?;
+    let tensors: Vec<(String, Vec<usize>)> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| (format!("param{i}"), vec![n]))
+        .collect();
+    let options = StrategyOptions {
+        strategy: args.strategy,
+        mesh,
+        prefetch: args.prefetch.unwrap_or(1),
+        recovery: args.recovery,
+        use_seconds: 0.0,
+        record_spans: false,
+    };
+    let modeling = Instant::now();
+    let step = modeled_strategy_step(
         &topology,
-        sizes,
+        &tensors,
+        optirs_tpu::ir::DType::F32,
         slots,
         args.bucket_bytes,
-        args.recovery,
-        args.steps,
-    )?;
-    let (step, wall_seconds) = (&modeled.step, modeled.wall_seconds);
+        &options,
+    )
+    .map_err(optirs_tpu::OptimError::from)?;
+    let wall_seconds = modeling.elapsed().as_secs_f64();
     if args.trace.is_some()
         || !args.kill.is_empty()
         || args.checkpoint_every.is_some()
@@ -589,22 +673,44 @@ fn modeled_only(args: &TrainArgs, sizes: &[usize]) -> Result<()> {
              --checkpoint-every and --checkpoint-dir need a real run (drop --modeled-only)",
         ));
     }
-    let (fits, simulated_seconds) = (modeled.fits, modeled.simulated_seconds);
+    let not_fitting = step.fits(topology.hbm_bytes).err();
+    // Failure-free steps one after another: no checkpoint, no recovery.
+    let simulated_seconds = step.step_seconds * args.steps as f64;
+    let mesh_json: Vec<serde_json::Value> = step
+        .mesh
+        .axes
+        .iter()
+        .map(|a| {
+            json!({
+                "name": a.name,
+                "size": a.size,
+                "physical": a.physical.iter().map(|p| p.key()).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
     let report = json!({
         "pod": topology.name,
         "devices": step.devices,
         "optimizer": args.optimizer.to_ascii_lowercase(),
         "recovery": args.recovery.to_string(),
+        "strategy": args.strategy.name(),
+        "mesh": step.mesh.to_string(),
+        "mesh_axes": mesh_json,
+        "prefetch": (args.strategy == Strategy::Fsdp).then_some(step.prefetch),
         "params": sizes.iter().map(|&n| n as u128).sum::<u128>(),
         "buckets": step.buckets,
         "bucket_bytes": args.bucket_bytes,
         "steps": args.steps,
-        "step_modeled_seconds": step.timeline.step_seconds,
+        "step_modeled_seconds": step.step_seconds,
         "simulated_seconds": simulated_seconds,
-        "phases": step.timeline.phases,
+        "phases": step.phases,
+        "phase_bytes": step.phase_bytes,
+        "axes": step.axes,
         "hbm_bytes_per_device": step.hbm_bytes_per_device,
+        "hbm_by_kind": step.memory,
         "hbm_capacity_bytes": topology.hbm_bytes,
-        "fits_in_hbm": fits,
+        "fits_in_hbm": not_fitting.is_none(),
+        "not_fitting": not_fitting.as_ref().map(|e| e.to_string()),
         "link_bytes": step.link_bytes,
         "topology_seconds": loaded,
         "wall_seconds": wall_seconds,
@@ -612,5 +718,12 @@ fn modeled_only(args: &TrainArgs, sizes: &[usize]) -> Result<()> {
     if args.json {
         return output::print_json(&report);
     }
-    print_modeled_text(&report, &topology, &modeled, args.recovery, args.steps)
+    print_modeled_text(
+        &topology,
+        &step,
+        sizes.iter().map(|&n| n as u128).sum(),
+        &args.optimizer.to_ascii_lowercase(),
+        (simulated_seconds, wall_seconds),
+        args.steps,
+    )
 }

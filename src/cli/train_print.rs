@@ -3,65 +3,95 @@
 
 use super::output;
 use anyhow::Result;
-use optirs_tpu::sharding::RecoveryPolicy;
+use optirs_tpu::sharding::Strategy;
+use optirs_tpu::sharding::strategy_model::StrategyStep;
 use optirs_tpu::topology::Topology;
 use optirs_tpu::training::report::{
-    ModeledRun, TrainReport, phases_in_execution_order, recovery_parts, time_breakdown,
+    TrainReport, phases_in_execution_order, recovery_parts, time_breakdown,
 };
 use optirs_tpu::training::trace::{TraceInput, trace_of};
 use std::path::Path;
 
-/// The text of a `--modeled-only` step: its figures (`report`, the JSON
-/// the command prints with `--json`), its phases and whether it fits.
+/// The text of a `--modeled-only` step: its figures, its phases, the DCN's
+/// share, its HBM by kind and what does not fit.
 pub(super) fn print_modeled_text(
-    report: &serde_json::Value,
     topology: &Topology,
-    modeled: &ModeledRun,
-    recovery: RecoveryPolicy,
+    step: &StrategyStep,
+    params: u128,
+    optimizer: &str,
+    (simulated_seconds, wall_seconds): (f64, f64),
     steps: u64,
 ) -> Result<()> {
-    let ModeledRun {
-        step,
-        simulated_seconds,
-        fits,
-        wall_seconds,
-    } = modeled;
-    let (simulated_seconds, fits, wall_seconds) = (*simulated_seconds, *fits, *wall_seconds);
+    let prefetch = if step.strategy == Strategy::Fsdp {
+        format!(", prefetch {}", step.prefetch)
+    } else {
+        String::new()
+    };
     let mut text = format!(
-        "modeled {} parameters with {} on {} ({}, {}), {} recovery: step {}, {} for {} \
-         (modeled in {} wall)\n",
-        report["params"],
-        report["optimizer"].as_str().unwrap_or(""),
+        "modeled {params} parameters with {optimizer} on {} ({}, {}), {} on mesh {}{prefetch}, \
+         {} recovery: step {}, {} for {} (modeled in {} wall)\n",
         topology.name,
         output::plural(step.devices as u64, "device", "devices"),
         output::plural(step.buckets as u64, "bucket", "buckets"),
-        recovery,
-        output::seconds(step.timeline.step_seconds),
+        step.strategy,
+        step.mesh,
+        step.recovery,
+        output::seconds(step.step_seconds),
         output::seconds(simulated_seconds),
         output::plural(steps, "step", "steps"),
         output::seconds(wall_seconds),
     );
-    for (k, v) in &step.timeline.phases {
-        text += &format!("  {k:<24} {}\n", output::seconds(*v));
+    for (k, v) in phases_in_execution_order(&step.phases) {
+        let bytes = step
+            .phase_bytes
+            .get(k)
+            .map_or_else(String::new, |b| format!("  {}", output::bytes(*b)));
+        text += &format!("  {k:<24} {}{bytes}\n", output::seconds(v));
     }
+    let dcn: f64 = ["reduce_scatter.dcn", "all_gather.dcn"]
+        .iter()
+        .filter_map(|k| step.phases.get(*k))
+        .sum();
+    if dcn > 0.0 {
+        text += &format!(
+            "DCN phase (across slices) {} of the {} step\n",
+            output::seconds(dcn),
+            output::seconds(step.step_seconds)
+        );
+    }
+    let kinds: Vec<String> = step
+        .memory
+        .kinds()
+        .iter()
+        .filter(|(_, b)| *b > 0)
+        .map(|(k, b)| format!("{k} {}", output::bytes(*b)))
+        .collect();
     text += &format!(
-        "HBM per device {} of {} ({}); links move {} per step\n",
+        "HBM per device {} of {} ({}): {}; links move {} per step\n",
         output::bytes(step.hbm_bytes_per_device),
         output::bytes(topology.hbm_bytes),
-        match (fits, recovery) {
-            (true, _) => "fits",
-            (false, RecoveryPolicy::Redundant) => {
-                "does not fit: every replica holds all parameters and gradients (weight-update \
-                 sharding shards the optimizer state only), and the redundant policy keeps a \
-                 second copy of each device's state shards"
-            }
-            (false, _) => {
-                "does not fit: every replica holds all parameters and gradients (weight-update \
-                 sharding shards the optimizer state only)"
-            }
+        if step.fits(topology.hbm_bytes).is_ok() {
+            "fits"
+        } else {
+            "does not fit"
         },
+        kinds.join(", "),
         output::bytes(step.link_bytes)
     );
+    if let Err(over) = step.fits(topology.hbm_bytes) {
+        let advice = match step.strategy {
+            Strategy::Replicated => {
+                "every replica holds all parameters and gradients (ZeRO-1 shards the \
+                 optimizer state only): try --strategy zero2 or fsdp"
+            }
+            Strategy::Zero2 => "every replica holds all parameters: try --strategy fsdp",
+            Strategy::Fsdp => {
+                "even sharded over the fsdp axis: give fsdp more devices (--mesh), or \
+                 smaller buckets or prefetch"
+            }
+        };
+        text += &format!("does not fit: {over}; {advice}\n");
+    }
     output::print_text(&text)
 }
 
