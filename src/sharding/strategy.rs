@@ -530,4 +530,33 @@ mod tests {
             PlanStep::Update { elements: 100 }
         );
     }
+
+    proptest::proptest! {
+        #[test]
+        fn more_sharding_never_holds_more_params_and_grads(
+            params in 1u64..1_000_000_000_000,
+            buckets in 1u64..10_000,
+            prefetch in 0usize..8,
+            hbm in 1u64..1_000_000_000_000,
+        ) {
+            let topology = v5p();
+            let mesh = Mesh::default_for(&topology);
+            let m = model(params, buckets.min(params), 6144);
+            let of = |s| StrategyMemory::of(s, &mesh, &m, prefetch, RecoveryPolicy::Rollback);
+            let (rep, z2, fsdp) = (of(Strategy::Replicated), of(Strategy::Zero2), of(Strategy::Fsdp));
+            proptest::prop_assert!(fsdp.params + fsdp.grads <= z2.params + z2.grads);
+            proptest::prop_assert!(z2.params + z2.grads <= rep.params + rep.grads);
+            for s in [rep, z2, fsdp] {
+                let kinds: u64 = s.kinds().iter().map(|k| k.1).sum();
+                proptest::prop_assert_eq!(s.total(), kinds);
+                match s.fits(hbm) {
+                    Ok(()) => proptest::prop_assert!(s.total() <= hbm),
+                    Err(e) => {
+                        proptest::prop_assert!(s.total() > hbm);
+                        proptest::prop_assert_eq!(e.excess_bytes(), s.total() - hbm);
+                    }
+                }
+            }
+        }
+    }
 }

@@ -1207,4 +1207,46 @@ mod tests {
             assert!(wall < 0.05, "{wall} s");
         }
     }
+
+    proptest::proptest! {
+        #[test]
+        fn one_comm_stream_bounds_the_step_and_the_bytes_add_up(
+            pod in 0usize..3,
+            strategy in 0usize..3,
+            data_choice in 0usize..3,
+            prefetch in 0usize..4,
+            redundant in proptest::bool::ANY,
+            params in 1usize..200_000,
+            bucket in 64usize..100_000,
+            use_us in 0u32..5,
+        ) {
+            let topology = load_topology(["v5e-16", "v4-64", MULTISLICE][pod]).unwrap();
+            let phys = crate::sharding::mesh::physical_axes(&topology);
+            let data: usize = phys.iter().take(data_choice.min(phys.len())).map(|p| p.1).product();
+            let mesh = Mesh::lay_out([data, topology.num_devices() as usize / data, 1], &topology);
+            let Ok(mesh) = mesh else { return Ok(()) };
+            let options = StrategyOptions {
+                strategy: Strategy::ALL[strategy],
+                mesh,
+                prefetch,
+                recovery: if redundant { RecoveryPolicy::Redundant } else { RecoveryPolicy::Rollback },
+                use_seconds: f64::from(use_us) * 1e-6,
+                record_spans: false,
+            };
+            let s = modeled_strategy_step(&topology, &tensors(&[params]), DType::F32, 2, bucket, &options).unwrap();
+            let comm: f64 = s
+                .phases
+                .iter()
+                .filter(|(k, _)| *k != "update" && *k != "exposed_communication")
+                .map(|(_, v)| v)
+                .sum();
+            let slack = 1e-9 * s.step_seconds;
+            proptest::prop_assert!(s.step_seconds + slack >= comm, "{} < {comm}", s.step_seconds);
+            proptest::prop_assert!(s.step_seconds + slack >= s.update_seconds + s.use_seconds);
+            proptest::prop_assert_eq!(s.phase_bytes.values().sum::<u64>(), s.link_bytes);
+            proptest::prop_assert_eq!(s.axes.values().map(|a| a.link_bytes).sum::<u64>(), s.link_bytes);
+            proptest::prop_assert_eq!(s.memory.total(), s.hbm_bytes_per_device);
+            proptest::prop_assert_eq!(s.memory.redundant_state, if redundant { s.memory.state } else { 0 });
+        }
+    }
 }
