@@ -453,7 +453,7 @@ impl Mesh {
             resolved[i] = match s {
                 Size::Fixed(n) => *n,
                 Size::Rest => {
-                    if product == 0 || devices as u128 % product != 0 {
+                    if product == 0 || !(devices as u128).is_multiple_of(product) {
                         return Err(MeshError::NoRest {
                             mesh: shown,
                             axis: MeshAxisName::ALL[i],

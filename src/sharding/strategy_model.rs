@@ -869,8 +869,8 @@ impl Streams {
                 .max(ready)
         };
         let mut gathered_end = vec![0.0f64; uses];
-        for s in 0..uses.min(window) {
-            gathered_end[s] = gather(self, s, &used);
+        for (s, end) in gathered_end.iter_mut().enumerate().take(window) {
+            *end = gather(self, s, &used);
         }
         let mut pending: Option<(usize, f64)> = None;
         for s in 0..uses {
