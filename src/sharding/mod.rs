@@ -37,7 +37,9 @@ pub mod modeled;
 pub mod params;
 pub mod participants;
 pub mod ranked;
+pub mod residency;
 pub mod step;
+mod strategy_step;
 pub mod timing;
 mod traffic;
 pub mod world;
@@ -51,6 +53,7 @@ pub use layout::{Bucket, ShardLayout, ShardPlan, TensorSpec};
 pub use mesh::{Mesh, MeshAxis, MeshAxisName, PhysicalAxis, Strategy, UnknownStrategy};
 pub use model::{RecoveryPolicy, RecoveryRecord, Reduction, ShardedModel, SlotValues, model_of};
 pub use params::ParamSet;
+pub use residency::{HbmByKind, ResidencyInput, hbm_bytes_per_device};
 pub use step::{ShardProgram, ShardedStep, StepOutcome};
 pub use timing::{Span, StepPhase, StepTimeline};
 
