@@ -855,3 +855,30 @@ fn a_replicated_snapshot_is_the_format_before_strategies() {
     assert_eq!(stored[0].1.strategy(), Strategy::Replicated);
     assert_eq!(stored[0].1.prefetch(), 1);
 }
+
+#[path = "common/ranks.rs"]
+mod ranks_common;
+
+#[test]
+fn the_sharded_strategies_are_refused_over_ranks() {
+    let topology = optirs_tpu::topology::load_preset("v4-8").unwrap();
+    let results = ranks_common::on_ranks(2, |mailbox| {
+        let mut pod = optirs_tpu::pod::ranks::RankedPod::new(topology.clone(), mailbox)?;
+        pod.handshake("strategies")?;
+        ShardedOptimizer::on_ranked_pod(
+            optirs_tpu::optimizers::by_name("adam", 0.05f32).unwrap(),
+            pod,
+            model(&[100]),
+            config(Strategy::Fsdp, 1, 1024, RecoveryPolicy::Rollback),
+        )
+        .map(|_| ())
+    });
+    for r in results {
+        let err = r.unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("the fsdp strategy on a pod split over ranks (v4-8) runs modeled only"),
+            "{err}"
+        );
+    }
+}

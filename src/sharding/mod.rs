@@ -12,6 +12,13 @@
 //! side, and `optirs_tpu::tpu::ShardedOptimizer` the host API that
 //! compiles the programs and waits for the steps.
 //!
+//! **Strategies.** The model's [`Strategy`] says what each device holds:
+//! replicated (the above), zero2 (gradient shards and one bucket in flight
+//! instead of a whole gradient) or fsdp (a parameter shard instead of a
+//! replica, each bucket gathered before its use, no gather after the
+//! update; `strategy_step`); [`residency`] gives each device's HBM in
+//! closed form. The arithmetic is the same under every strategy.
+//!
 //! **Exactness.** A sharded step gives the bits of the unsharded
 //! `TPUOptimizer` step on the whole model with the reduced gradient: the
 //! update is element-wise and compiled from the same graph, and the

@@ -811,3 +811,102 @@ impl Persist for ShardedModel {
         crate::persist::check_tensor(&s.params, ctx, "ShardedModel")
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::DType;
+
+    /// The stored model as it was before strategies (the derive's field
+    /// order is the encoding).
+    #[derive(Serialize)]
+    struct Before {
+        optimizer: String,
+        slots: Vec<String>,
+        layout: ShardLayout,
+        params: StoredTensorValue,
+        count: i32,
+        steps_completed: u64,
+        steps_failed: u64,
+        reduction: Reduction,
+        bucket_bytes: usize,
+        recovery: RecoveryPolicy,
+        recoveries: Vec<RecoveryRecord>,
+        recovering_until_ns: u64,
+    }
+
+    fn stored(strategy: Strategy, prefetch: usize) -> StoredShardedModel {
+        let layout = ShardLayout::new(
+            DType::F32,
+            &[("w".to_string(), vec![5])],
+            64,
+            vec![DeviceId(0), DeviceId(1)],
+            super::super::ShardPlan::Ring {
+                ring: vec![DeviceId(0), DeviceId(1)],
+            },
+        )
+        .unwrap();
+        StoredShardedModel {
+            optimizer: "adam".into(),
+            slots: vec!["mu".into(), "nu".into()],
+            layout,
+            params: StoredTensorValue::Inline(flat_tensor(vec![0.5f32; 6])),
+            count: 3,
+            steps_completed: 3,
+            steps_failed: 1,
+            reduction: Reduction::Mean,
+            bucket_bytes: 64,
+            recovery: RecoveryPolicy::Redundant,
+            recoveries: Vec::new(),
+            recovering_until_ns: 7,
+            strategy,
+            prefetch,
+        }
+    }
+
+    fn before(s: &StoredShardedModel) -> Before {
+        Before {
+            optimizer: s.optimizer.clone(),
+            slots: s.slots.clone(),
+            layout: s.layout.clone(),
+            params: s.params.clone(),
+            count: s.count,
+            steps_completed: s.steps_completed,
+            steps_failed: s.steps_failed,
+            reduction: s.reduction,
+            bucket_bytes: s.bucket_bytes,
+            recovery: s.recovery,
+            recoveries: s.recoveries.clone(),
+            recovering_until_ns: s.recovering_until_ns,
+        }
+    }
+
+    #[test]
+    fn a_model_stored_before_strategies_loads_as_replicated() {
+        let model = stored(Strategy::Replicated, DEFAULT_PREFETCH);
+        let old = postcard::to_stdvec(&vec![(0u32, before(&model))]).unwrap();
+        // A replicated model is written as before, byte for byte.
+        assert_eq!(
+            postcard::to_stdvec(&vec![(0u32, model.clone())]).unwrap(),
+            old
+        );
+        let rows: Vec<(u32, StoredShardedModel)> = postcard::from_bytes(&old).unwrap();
+        assert_eq!(rows, vec![(0, model)]);
+        // A truncated old field is still an error, not a default.
+        assert!(
+            postcard::from_bytes::<Vec<(u32, StoredShardedModel)>>(&old[..old.len() - 1]).is_err()
+        );
+    }
+
+    #[test]
+    fn every_strategy_round_trips() {
+        for strategy in Strategy::ALL {
+            for prefetch in [0, 1, 4] {
+                let model = stored(strategy, prefetch);
+                let bytes = postcard::to_stdvec(&vec![(0u32, model.clone())]).unwrap();
+                let rows: Vec<(u32, StoredShardedModel)> = postcard::from_bytes(&bytes).unwrap();
+                assert_eq!(rows, vec![(0, model)], "{strategy} {prefetch}");
+            }
+        }
+    }
+}
