@@ -882,3 +882,48 @@ fn the_sharded_strategies_are_refused_over_ranks() {
         );
     }
 }
+
+#[test]
+fn a_step_whose_buffers_do_not_fit_names_the_buffer_and_changes_nothing() {
+    // 8 buckets of 512 elements over 8 devices: fsdp holds 3 × 2048 bytes
+    // between steps; a step adds the gradient shards, the bucket in flight
+    // and two gathered buckets (2048 bytes each). Room for all but the
+    // second gathered bucket:
+    let sizes = [4000usize];
+    let hbm = 3 * 2048 + 3 * 2048 + 1024;
+    let mut opt = sharded(
+        pod_named("v4-8"),
+        "adam",
+        &sizes,
+        ShardingConfig {
+            hbm_bytes: Some(hbm),
+            ..config(Strategy::Fsdp, 1, 2048, RecoveryPolicy::Rollback)
+        },
+    );
+    let before = bits(&mut opt);
+    let resident = hbm_now(&opt);
+    let layout = opt.layout().unwrap().clone();
+    let err = opt
+        .step_replicas(&replica_grads(&layout, &sizes, 1))
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains("device 0")
+            && text.contains("step 1's gathered parameter bucket needs 2048 bytes"),
+        "{text}"
+    );
+    assert_eq!(bits(&mut opt), before);
+    assert_eq!(opt.step_count(), 0);
+    assert_eq!(hbm_now(&opt), resident, "the buffers reserved went back");
+    // With prefetch 0 one gathered bucket is enough: the same HBM runs.
+    let mut lean = sharded(
+        pod_named("v4-8"),
+        "adam",
+        &sizes,
+        ShardingConfig {
+            hbm_bytes: Some(hbm),
+            ..config(Strategy::Fsdp, 0, 2048, RecoveryPolicy::Rollback)
+        },
+    );
+    checked_step(&mut lean, &replica_grads(&layout, &sizes, 1));
+}
