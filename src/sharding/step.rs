@@ -3,7 +3,8 @@
 //! [`launch_step`] (called by the host API) checks everything that can be
 //! checked first (gradients, devices, links, HBM), then does the step's
 //! communication on the real data at once: it charges every link the
-//! reduce-scatter and all-gather cross, and reduce-scatters the replicas'
+//! reduce-scatter and all-gather cross (under fsdp the two gathers and the
+//! reduce-scatter of `super::strategy_step`), and reduce-scatters the replicas'
 //! gradients into one reduced copy in the collective's own order
 //! ([`crate::collectives::ReduceGrid`]). It leaves a [`ShardedStep`] whose
 //! completion time comes from the model of [`super::timing`].
@@ -19,7 +20,8 @@
 //!   data landing) and on its own state shards; only now do parameters,
 //!   state and count change, so a failed step changes none of them;
 //! * [`release_step_memory`] (`Coalesce`): a finished step's transient
-//!   HBM (each replica's gradient buffer) goes back to the heaps, which
+//!   HBM (each device's gradient buffers and, under fsdp, its gathered
+//!   buckets: [`super::residency::step_buffers`]) goes back to the heaps, which
 //!   coalesce the freed blocks with their neighbours. The host buffer of
 //!   the reduced gradients is kept for the next step, which overwrites it
 //!   (a model-sized buffer is faulted in once, not every step).
