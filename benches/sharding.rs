@@ -7,12 +7,14 @@
 //! change the real-data case; the default is 1e7 parameters on v4-64).
 //! `sharded` makes and reduces every replica's gradient (64 on v4-64);
 //! `sharded-reduced` takes one host-reduced gradient, as the unsharded
-//! step does.
+//! step does, under each strategy (`SHARDING_STRATEGIES`, a comma list;
+//! all three by default): the arithmetic is the same, only residency and
+//! the modeled collectives differ.
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use ndarray::{Array1, ArrayD, IxDyn};
 use optirs_tpu::optimizers::Adam;
-use optirs_tpu::sharding::{ParamSet, SyntheticGradients, modeled::modeled_step};
+use optirs_tpu::sharding::{ParamSet, Strategy, SyntheticGradients, modeled::modeled_step};
 use optirs_tpu::topology::parse_topology;
 use optirs_tpu::tpu::{ShardedOptimizer, ShardingConfig};
 use optirs_tpu::{Pod, TPUConfig, TPUOptimizer};
@@ -66,10 +68,31 @@ fn real_data(c: &mut Criterion) {
             sharded.step(&grads).unwrap()
         })
     });
+    drop(sharded);
     let reduced = model(total);
-    group.bench_function(format!("sharded-reduced/adam/{total}/{preset}"), |b| {
-        b.iter(|| sharded.step_reduced(black_box(&reduced)).unwrap())
-    });
+    let strategies: Vec<Strategy> = std::env::var("SHARDING_STRATEGIES")
+        .ok()
+        .map(|v| v.split(',').map(|s| s.parse().unwrap()).collect())
+        .unwrap_or_else(|| Strategy::ALL.to_vec());
+    for strategy in strategies {
+        let mut sharded = ShardedOptimizer::on_pod(
+            Adam::new(1e-3f32),
+            Pod::from_preset(&preset).unwrap(),
+            model(total),
+            ShardingConfig {
+                strategy,
+                ..ShardingConfig::default()
+            },
+        )
+        .unwrap();
+        let name = match strategy {
+            Strategy::Replicated => format!("sharded-reduced/adam/{total}/{preset}"),
+            other => format!("sharded-reduced-{other}/adam/{total}/{preset}"),
+        };
+        group.bench_function(name, |b| {
+            b.iter(|| sharded.step_reduced(black_box(&reduced)).unwrap())
+        });
+    }
     let mut unsharded = TPUOptimizer::new(Adam::new(1e-3f32), config).unwrap();
     let mut params = Array1::from_elem(total, 0.01f32);
     let grads = Array1::from_elem(total, 1e-3f32);

@@ -562,6 +562,7 @@ pub(super) fn sharding_of(args: &TrainArgs) -> ShardingConfig {
         reduction: args.reduction,
         recovery: args.recovery,
         hbm_bytes: None,
+        ..ShardingConfig::default()
     }
 }
 

@@ -20,7 +20,7 @@ pub use device::{DeviceHeap, HbmUsage, ResidentBlock};
 pub use error::{MemoryError, OutOfDeviceMemory};
 pub use heap::{AllocError, Block, Heap};
 pub use residency::{OptimizerCount, OptimizerSlot, StoredSlot};
-pub use shards::{ReplicaParams, ShardBlock, ShardSlot};
+pub use shards::{HeldParams, ReplicaParams, ShardBlock, ShardSlot, params_purpose};
 
 /// Buffer offsets and sizes are multiples of this many bytes.
 pub const ALIGNMENT: usize = 64;

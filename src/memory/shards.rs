@@ -33,15 +33,40 @@ pub struct ShardSlot {
     pub tensor: Tensor,
 }
 
-/// The HBM a device spends on its replica of the model's parameters (every
-/// data-parallel replica holds all of them; the values are stored once,
-/// in the model, since replicas hold identical parameters).
+/// The HBM a device spends on the model's parameters: its replica (every
+/// data-parallel replica holds all of them), or under a strategy that
+/// shards them its shard, or a redundant copy of another device's shard
+/// ([`HeldParams`] says which). The values are stored once, in the model.
 #[derive(Component, Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReplicaParams {
     /// The device.
     pub device: DeviceId,
     /// Bytes of the parameters.
     pub bytes: u64,
+}
+
+/// Which parameters a [`ReplicaParams`] on the same entity charges, for
+/// the reservation's purpose in an out-of-memory error. Not persisted (the
+/// snapshot format predates it; the bytes are in [`ReplicaParams`]): a
+/// restored world's parameter blocks are named generically.
+#[derive(Component, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeldParams {
+    /// Every parameter (replicated and zero2).
+    Replica,
+    /// The device's own shard (fsdp).
+    Shard,
+    /// The redundant copy of `owner`'s shard (fsdp, redundant policy).
+    CopyOf(DeviceId),
+}
+
+/// What the parameter block of `held` is for, as an out-of-memory error
+/// names it.
+pub fn params_purpose(held: Option<HeldParams>) -> String {
+    match held {
+        None | Some(HeldParams::Replica) => "the model's parameters".to_owned(),
+        Some(HeldParams::Shard) => "its shard of the model's parameters".to_owned(),
+        Some(HeldParams::CopyOf(owner)) => format!("the copy of {owner}'s shard of the parameters"),
+    }
 }
 
 /// Where a [`ShardSlot`] or [`ReplicaParams`] is reserved.
@@ -60,17 +85,21 @@ fn shard_bytes(slot: &ShardSlot) -> usize {
 /// What each unreserved sharded-model entity needs: (entity, device, bytes,
 /// purpose), replicas first, then slots by device and index.
 fn unreserved(world: &mut World) -> Vec<(Entity, DeviceId, usize, String)> {
-    let mut q = world.query_filtered::<(Entity, &ReplicaParams), Without<ShardBlock>>();
-    let mut wanted: Vec<(Entity, DeviceId, usize, String)> = q
+    let mut q = world
+        .query_filtered::<(Entity, &ReplicaParams, Option<&HeldParams>), Without<ShardBlock>>();
+    // A device's own parameters before a copy it holds.
+    let mut params: Vec<((DeviceId, bool), Entity, usize, String)> = q
         .iter(world)
-        .map(|(e, r)| {
-            (
-                e,
-                r.device,
-                r.bytes as usize,
-                "the model's parameters".to_owned(),
-            )
+        .map(|(e, r, held)| {
+            let copy = matches!(held, Some(HeldParams::CopyOf(_)));
+            let purpose = params_purpose(held.copied());
+            ((r.device, copy), e, r.bytes as usize, purpose)
         })
+        .collect();
+    params.sort_by_key(|p| (p.0, p.1));
+    let mut wanted: Vec<(Entity, DeviceId, usize, String)> = params
+        .into_iter()
+        .map(|((d, _), e, b, p)| (e, d, b, p))
         .collect();
     let mut q = world.query_filtered::<(Entity, &ShardSlot), Without<ShardBlock>>();
     let mut slots: Vec<(u32, Entity, DeviceId, usize, String)> = q
@@ -80,7 +109,6 @@ fn unreserved(world: &mut World) -> Vec<(Entity, DeviceId, usize, String)> {
             (s.index, e, s.device, shard_bytes(s), purpose)
         })
         .collect();
-    wanted.sort_by_key(|w| w.1);
     slots.sort_by_key(|s| (s.2, s.0, s.1));
     wanted.extend(slots.into_iter().map(|(_, e, d, b, p)| (e, d, b, p)));
     wanted

@@ -138,7 +138,7 @@ fn check_shard_heaps(registry: &SnapshotRegistry, snapshot: &WorldSnapshot) -> R
         needs
             .entry(r.device)
             .or_default()
-            .push((r.bytes as usize, "the model's parameters".into()));
+            .push((r.bytes as usize, crate::memory::params_purpose(None)));
     }
     let mut slots: Vec<_> = slots.into_iter().map(|(_, s)| s).collect();
     slots.sort_by_key(|s| (s.device(), s.index()));

@@ -122,7 +122,7 @@ pub fn reshard_after_loss<A: FloatElement>(
     };
     let generation = world.resource::<PodTopology>().0.generation.spec();
     let shard_bytes =
-        (model.slots.len() * layout.shard_elements() * layout.element_bytes()) as f64 * copies;
+        (moved_shards(&model) * layout.shard_elements() * layout.element_bytes()) as f64 * copies;
     let failure = Failure {
         step: failed_step,
         at_ns: failed_at_ns,
@@ -149,6 +149,12 @@ pub fn reshard_after_loss<A: FloatElement>(
         }
     }
     Ok(record)
+}
+
+/// Shards of the model a device receives when it re-shards: one per state
+/// slot, and under fsdp (the parameters sharded too) its parameter shard.
+pub(super) fn moved_shards(model: &ShardedModel) -> usize {
+    model.slots.len() + usize::from(model.strategy == crate::sharding::Strategy::Fsdp)
 }
 
 /// The modeled time to move a device's new state shards (`bytes`) over

@@ -6,7 +6,7 @@
 use bevy_ecs::prelude::*;
 
 use super::reshard::{
-    Failure, Restored, Seconds, reinstall, reshard_after_loss, shard_transfer_seconds,
+    Failure, Restored, Seconds, moved_shards, reinstall, reshard_after_loss, shard_transfer_seconds,
 };
 use super::rollback::from_checkpoint;
 use crate::clock::SimClock;
@@ -71,7 +71,8 @@ pub fn swap_cubes_after_loss<A: FloatElement>(
         .reconfigure_seconds();
     let generation = topology.generation.spec();
     let layout = model.layout.clone();
-    let shard_bytes = (model.slots.len() * layout.shard_elements() * layout.element_bytes()) as f64;
+    let shard_bytes =
+        (moved_shards(&model) * layout.shard_elements() * layout.element_bytes()) as f64;
     let reshard_seconds = shard_transfer_seconds(generation, shard_bytes);
     let now = world.resource::<SimClock>().now_ns;
     let swaps = swap_in_spares(world, cubes, now).map_err(ShardingError::CubesRefused)?;

@@ -87,6 +87,17 @@ impl FailureCause {
 #[derive(Debug, Error)]
 #[non_exhaustive]
 pub enum ShardingError {
+    /// A strategy a real run does not have on this pod yet.
+    #[error(
+        "the {strategy} strategy on {place} runs modeled only for now; use the replicated \
+         strategy for a real run, or the closed-form model"
+    )]
+    ModeledOnly {
+        /// The strategy asked for.
+        strategy: super::mesh::Strategy,
+        /// Where (`a multislice pod (NAME has S slices)`).
+        place: String,
+    },
     /// A parameter set with no tensors.
     #[error("the model has no tensors; add at least one parameter tensor")]
     EmptyModel,

@@ -12,6 +12,13 @@
 //! side, and `optirs_tpu::tpu::ShardedOptimizer` the host API that
 //! compiles the programs and waits for the steps.
 //!
+//! **Strategies.** The model's [`Strategy`] says what each device holds:
+//! replicated (the above), zero2 (gradient shards and one bucket in flight
+//! instead of a whole gradient) or fsdp (a parameter shard instead of a
+//! replica, each bucket gathered before its use, no gather after the
+//! update; `strategy_step`); [`residency`] gives each device's HBM in
+//! closed form. The arithmetic is the same under every strategy.
+//!
 //! **Exactness.** A sharded step gives the bits of the unsharded
 //! `TPUOptimizer` step on the whole model with the reduced gradient: the
 //! update is element-wise and compiled from the same graph, and the
@@ -37,9 +44,11 @@ pub mod modeled;
 pub mod params;
 pub mod participants;
 pub mod ranked;
+pub mod residency;
 pub mod step;
 pub mod strategy;
 pub mod strategy_model;
+mod strategy_step;
 pub mod timing;
 mod traffic;
 pub mod world;
@@ -53,6 +62,7 @@ pub use layout::{Bucket, ShardLayout, ShardPlan, TensorSpec};
 pub use mesh::{Mesh, MeshAxis, MeshAxisName, MeshError, PhysicalAxis, Strategy, UnknownStrategy};
 pub use model::{RecoveryPolicy, RecoveryRecord, Reduction, ShardedModel, SlotValues, model_of};
 pub use params::ParamSet;
+pub use residency::{HbmByKind, ResidencyInput, hbm_bytes_per_device};
 pub use step::{ShardProgram, ShardedStep, StepOutcome};
 pub use timing::{Span, StepPhase, StepTimeline};
 

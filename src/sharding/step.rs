@@ -3,7 +3,8 @@
 //! [`launch_step`] (called by the host API) checks everything that can be
 //! checked first (gradients, devices, links, HBM), then does the step's
 //! communication on the real data at once: it charges every link the
-//! reduce-scatter and all-gather cross, and reduce-scatters the replicas'
+//! reduce-scatter and all-gather cross (under fsdp the two gathers and the
+//! reduce-scatter of `super::strategy_step`), and reduce-scatters the replicas'
 //! gradients into one reduced copy in the collective's own order
 //! ([`crate::collectives::ReduceGrid`]). It leaves a [`ShardedStep`] whose
 //! completion time comes from the model of [`super::timing`].
@@ -19,7 +20,8 @@
 //!   data landing) and on its own state shards; only now do parameters,
 //!   state and count change, so a failed step changes none of them;
 //! * [`release_step_memory`] (`Coalesce`): a finished step's transient
-//!   HBM (each replica's gradient buffer) goes back to the heaps, which
+//!   HBM (each device's gradient buffers and, under fsdp, its gathered
+//!   buckets: [`super::residency::step_buffers`]) goes back to the heaps, which
 //!   coalesce the freed blocks with their neighbours. The host buffer of
 //!   the reduced gradients is kept for the next step, which overwrites it
 //!   (a model-sized buffer is faulted in once, not every step).
@@ -33,11 +35,14 @@ use rayon::prelude::*;
 use super::error::{FailureCause, ShardingError, UpdateError};
 use super::gradients::GradientSource;
 use super::layout::ShardLayout;
+use super::mesh::Strategy;
 use super::model::{
     RecoveryPolicy, ShardedModel, flat_of, flat_of_mut, flat_tensor, model_entity, model_mut,
     model_of,
 };
 use super::ranked::HeldElsewhere;
+use super::residency::{StepBuffer, step_buffers};
+use super::strategy_step::{fsdp_bucket_costs, fsdp_step_traffic};
 use super::timing::{BucketCost, StepPhase, StepTimeline, schedule};
 use crate::clock::SimClock;
 use crate::collectives::pod::{LinkCharge, charge_links};
@@ -228,22 +233,32 @@ pub fn launch_step<'w, A: FloatElement>(
         }
     }
     // One program and one traffic record per distinct bucket length.
-    let elem = layout.element_bytes();
     let ProgramsByLength {
         lengths,
         programs,
         of_bucket: program_of_bucket,
     } = programs_by_length(&layout, request.programs)?;
     let redundant = model_of(world).is_some_and(|m| m.recovery == RecoveryPolicy::Redundant);
-    let (combined, per_length) =
-        super::traffic::step_traffic(world, &layout, &lengths, slots, redundant)?;
+    let residency = model_of(world).ok_or(ShardingError::NoModel)?.residency();
+    // The step's collectives under the model's strategy.
+    let (combined, per_length) = match residency.strategy {
+        Strategy::Replicated | Strategy::Zero2 => {
+            let (combined, per_length) =
+                super::traffic::step_traffic(world, &layout, &lengths, slots, redundant)?;
+            (combined, PerLength::Replicated(per_length))
+        }
+        Strategy::Fsdp => {
+            let (combined, per_length) =
+                fsdp_step_traffic(world, &layout, &lengths, slots, redundant)?;
+            (combined, PerLength::Fsdp(per_length))
+        }
+    };
     // The reduce-scatter, on the real data: the last fallible part of a
     // split pod's launch that involves the other ranks, so it comes before
     // anything in this world changes.
     let reduced = reduce_into_last_buffer(world, &layout, request.gradients, number)?;
-    // HBM: each replica's gradient buffer, for the step.
-    let grad_bytes = (layout.elements * elem).max(1);
-    let transient = reserve_gradients(world, &entities, grad_bytes, number)?;
+    // HBM: the step's buffers under the model's strategy, on every device.
+    let transient = reserve_gradients(world, &entities, &step_buffers(&residency), number)?;
     let hbm_bytes = hbm_in_use(world, &entities, &layout.participants);
     let charge: LinkCharge = match charge_links(world, &combined) {
         Ok(c) => c,
@@ -258,8 +273,14 @@ pub fn launch_step<'w, A: FloatElement>(
     let hbm_per_s = world
         .get::<Device>(entities[0])
         .map_or(1e12, |d| d.generation.spec().hbm_bytes_per_s);
-    let costs =
-        super::traffic::bucket_costs(&layout, &lengths, &per_length, &charge, slots, hbm_per_s);
+    let costs = match &per_length {
+        PerLength::Replicated(per_length) => {
+            super::traffic::bucket_costs(&layout, &lengths, per_length, &charge, slots, hbm_per_s)
+        }
+        PerLength::Fsdp(per_length) => {
+            fsdp_bucket_costs(&layout, &lengths, per_length, &charge, slots, hbm_per_s)
+        }
+    };
     let bucket_costs: Vec<&BucketCost> = program_of_bucket.iter().map(|&p| &costs[p]).collect();
     let timeline = schedule(&bucket_costs);
     let completes_at_ns = now + (timeline.step_seconds * 1e9).ceil() as u64;
@@ -283,6 +304,14 @@ pub fn launch_step<'w, A: FloatElement>(
         next_count,
     });
     Ok(world.resource::<ShardedStep>())
+}
+
+/// Each bucket length's traffic, by the strategy's collectives.
+enum PerLength {
+    /// Reduce-scatter, then all-gather (replicated and zero2).
+    Replicated(Vec<(crate::collectives::Traffic, crate::collectives::Traffic)>),
+    /// Gather twice, reduce-scatter, no gather after the update.
+    Fsdp(Vec<super::strategy_step::FsdpTraffic>),
 }
 
 /// The replicas' gradients reduced (across the ranks of a split pod too)
@@ -361,28 +390,31 @@ fn hbm_in_use(world: &World, entities: &[Entity], devices: &[DeviceId]) -> Vec<(
         .collect()
 }
 
-/// Reserves each participant's gradient buffer of `bytes` for step
-/// `number`; if one does not fit, the ones reserved are released again.
+/// Reserves each participant's `buffers` for step `number`
+/// ([`super::residency::step_buffers`]); if one does not fit, the ones
+/// reserved are released again.
 fn reserve_gradients(
     world: &mut World,
     entities: &[Entity],
-    bytes: usize,
+    buffers: &[StepBuffer],
     number: u64,
 ) -> Result<Vec<(Entity, usize)>, ShardingError> {
-    let mut transient = Vec::with_capacity(entities.len());
+    let mut transient = Vec::with_capacity(entities.len() * buffers.len());
     for &entity in entities {
-        match reserve(
-            world,
-            entity,
-            bytes,
-            format_args!("step {number}'s gradients"),
-        ) {
-            Ok(block) => transient.push((entity, block.offset)),
-            Err(e) => {
-                for (device, offset) in transient {
-                    release(world, device, offset)?;
+        for buffer in buffers {
+            match reserve(
+                world,
+                entity,
+                buffer.bytes.max(1),
+                format_args!("{}", buffer.purpose(number)),
+            ) {
+                Ok(block) => transient.push((entity, block.offset)),
+                Err(e) => {
+                    for (device, offset) in transient {
+                        release(world, device, offset)?;
+                    }
+                    return Err(e.into());
                 }
-                return Err(e.into());
             }
         }
     }

@@ -85,8 +85,20 @@ where
     }
 
     /// Restores a snapshot of this same pod (verified first; another pod or
-    /// topology is an error naming both): the run resumes bit for bit.
+    /// topology is an error naming both): the run resumes bit for bit. A
+    /// snapshot taken under another strategy (or fsdp prefetch) than this
+    /// optimizer's is re-sharded onto this optimizer's after the restore:
+    /// the same values, held as [`super::ShardingConfig::strategy`] says
+    /// (if they do not fit so, the error says where, and the snapshot's
+    /// model stays as restored).
     pub fn restore(&mut self, snapshot: &WorldSnapshot) -> Result<()> {
+        // Another strategy re-shards after the restore; if that does not
+        // fit, the world goes back to this one.
+        let previous = if self.held_otherwise(snapshot)? {
+            Some(self.pod.snapshot()?)
+        } else {
+            None
+        };
         self.pod.restore_snapshot(snapshot)?;
         if model_of(self.pod.world()).is_none() {
             return Err(ShardingError::Recovery {
@@ -94,7 +106,48 @@ where
             }
             .into());
         }
+        if let Err(e) = self.hold_as_configured() {
+            if let Some(previous) = previous {
+                self.pod.restore_snapshot(&previous)?;
+                self.compile_programs()?;
+            }
+            return Err(e);
+        }
         self.compile_programs()
+    }
+
+    /// Whether `snapshot`'s model is held under another strategy or
+    /// prefetch than this optimizer's (read without restoring it).
+    fn held_otherwise(&self, snapshot: &WorldSnapshot) -> Result<bool> {
+        let registry = self.pod.world().resource::<SnapshotRegistry>();
+        let stored = registry
+            .decode_component::<ShardedModel>(snapshot, "sharding.ShardedModel")
+            .unwrap_or_default();
+        Ok(stored.iter().any(|(_, m)| {
+            m.strategy() != self.sharding.strategy || m.prefetch() != self.sharding.prefetch
+        }))
+    }
+
+    /// Re-installs the model under this optimizer's strategy and prefetch
+    /// if it holds others (the values unchanged).
+    fn hold_as_configured(&mut self) -> Result<()> {
+        let model = self.model()?.clone();
+        let (strategy, prefetch) = (self.sharding.strategy, self.sharding.prefetch);
+        if model.strategy == strategy && model.prefetch == prefetch {
+            return Ok(());
+        }
+        self.pod.whole("re-sharding onto another strategy")?;
+        let state = gather_state::<A>(self.pod.world_mut())?;
+        let next = ShardedModel {
+            strategy,
+            prefetch,
+            ..model
+        };
+        Ok(replace_model(
+            self.pod.world_mut(),
+            next,
+            SlotValues::Flat(state),
+        )?)
     }
 
     /// Loads the model of a snapshot taken on any pod (another device
@@ -103,6 +156,9 @@ where
     /// count come from the snapshot; this pod's time and health stay. The
     /// snapshot is verified and its model checked (same tensors, element
     /// type and optimizer) before anything changes; on `Err` nothing did.
+    /// The model takes this optimizer's strategy
+    /// ([`super::ShardingConfig::strategy`]), whichever the snapshot was
+    /// taken under; a pod that cannot hold it so is an out-of-HBM error.
     pub fn restore_resharded(&mut self, snapshot: &WorldSnapshot) -> Result<()> {
         self.pod.whole("re-sharding a snapshot")?;
         let registry = self.pod.world().resource::<SnapshotRegistry>();
@@ -154,6 +210,10 @@ where
             steps_failed: theirs.steps_failed,
             recoveries: theirs.recoveries.clone(),
             recovering_until_ns: 0,
+            // The values are the snapshot's whatever its strategy; what
+            // each device holds is this optimizer's.
+            strategy: self.sharding.strategy,
+            prefetch: self.sharding.prefetch,
             ..ours
         };
         replace_model(self.pod.world_mut(), next, SlotValues::Flat(state))?;

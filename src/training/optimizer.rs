@@ -39,7 +39,9 @@ use crate::optimizers::{FloatElement, Optimizer};
 use crate::pod::Pod;
 use crate::pod::ranks::RankedPod;
 use crate::sharding::Span;
+use crate::sharding::Strategy;
 use crate::sharding::model::{flat_tensor, gather_state, model_mut, model_of};
+use crate::sharding::residency::DEFAULT_PREFETCH;
 use crate::sharding::step::{LaunchRequest, launch_step};
 use crate::sharding::world::{compile_update, place_model};
 use crate::sharding::{
@@ -65,6 +67,18 @@ pub struct ShardingConfig {
     /// HBM to see a model not fit, a larger one to plan for a future
     /// part); `None` by default.
     pub hbm_bytes: Option<u64>,
+    /// How parameters, gradients and state are split over the devices
+    /// (replicated, ZeRO-1, by default); every strategy computes the same
+    /// bits, only what each device's HBM holds and the step's collectives
+    /// differ ([`crate::sharding::residency`]). A real run on a multislice
+    /// pod or over ranks is replicated only.
+    pub strategy: Strategy,
+    /// Under fsdp, the buckets gathered ahead of the one in use (1 by
+    /// default): at most `prefetch + 1` gathered buckets are held. 0
+    /// gathers each bucket only when its use begins (the least HBM). The
+    /// model of time has no forward or backward compute to hide a gather
+    /// behind, so it changes what is held, not the modeled step time.
+    pub prefetch: usize,
 }
 
 impl Default for ShardingConfig {
@@ -74,7 +88,33 @@ impl Default for ShardingConfig {
             reduction: Reduction::Mean,
             recovery: RecoveryPolicy::Rollback,
             hbm_bytes: None,
+            strategy: Strategy::Replicated,
+            prefetch: DEFAULT_PREFETCH,
         }
+    }
+}
+
+/// Whether a real run can shard over `pod` with `strategy`: the sharded
+/// strategies run on one slice in one process; on a multislice pod or over
+/// ranks only the closed-form model has them for now.
+fn check_strategy(pod: &Pod, split: bool, strategy: Strategy) -> Result<()> {
+    if strategy == Strategy::Replicated {
+        return Ok(());
+    }
+    let topology = pod.topology();
+    let place = if topology.slices > 1 {
+        Some(format!(
+            "a multislice pod ({} has {} slices)",
+            topology.name, topology.slices
+        ))
+    } else if split {
+        Some(format!("a pod split over ranks ({})", topology.name))
+    } else {
+        None
+    };
+    match place {
+        Some(place) => Err(ShardingError::ModeledOnly { strategy, place }.into()),
+        None => Ok(()),
     }
 }
 
@@ -175,7 +215,9 @@ where
                 "hbm_bytes is 0; leave it None for the generation's HBM",
             ));
         }
+        let split = matches!(driver, Driver::Ranked(_));
         let pod = driver.pod_mut();
+        check_strategy(pod, split, sharding.strategy)?;
         let rule = base
             .update_rule()
             .ok_or_else(|| ShardingError::NoUpdateRule {
@@ -207,6 +249,8 @@ where
             recovery: sharding.recovery,
             recoveries: Vec::new(),
             recovering_until_ns: 0,
+            strategy: sharding.strategy,
+            prefetch: sharding.prefetch,
         };
         place_model(
             world,

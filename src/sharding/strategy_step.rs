@@ -1,0 +1,182 @@
+//! The collectives of a step under the fsdp strategy, for the links the
+//! launch charges and the model of time, composed from the collectives'
+//! public traffic records and [`super::timing`].
+//!
+//! Per bucket, the parameters are sharded, so each device gathers the
+//! bucket before its use in the forward pass and again before the backward
+//! pass (it freed the gathered buffer in between), then the gradients are
+//! reduce-scattered and each device updates its shard; the updated shard
+//! stays where it is (no all-gather after the update). With redundant state
+//! each device sends its new state shards and its parameter shard to its
+//! ring successor. On the communication stream a bucket's passes run
+//! `AG (forward), AG (backward), RS`; its update follows its
+//! reduce-scatter on the compute stream ([`super::timing::schedule`]). The
+//! gathers are `all_gather.axisN` phases, both counted under that key.
+//!
+//! Replicated and zero2 run the replicated step's collectives
+//! ([`super::traffic`]); zero2 differs only in what each device holds.
+
+use bevy_ecs::prelude::*;
+
+use super::error::ShardingError;
+use super::layout::{ShardLayout, ShardPlan};
+use super::mesh::Strategy;
+use super::timing::{BucketCost, pass_durations};
+use crate::collectives::pod::{LinkCharge, torus_of};
+use crate::collectives::{
+    Phase, PhaseKind, Traffic, Transfer, ring_all_gather_traffic, ring_reduce_scatter_traffic,
+    torus_all_gather_traffic, torus_reduce_scatter_traffic,
+};
+use crate::topology::PodTopology;
+
+/// One fsdp bucket length's traffic: the gather (run twice), the
+/// reduce-scatter and the redundant copies (empty without them).
+#[derive(Debug, Clone, Default)]
+pub(super) struct FsdpTraffic {
+    /// One all-gather of the bucket's parameters.
+    pub gather: Traffic,
+    /// The reduce-scatter of its gradients.
+    pub reduce_scatter: Traffic,
+    /// Each device's new state and parameter shards to its successor.
+    pub replicate: Traffic,
+}
+
+impl FsdpTraffic {
+    /// Every record a bucket puts on the links, in step order.
+    fn transfers(&self) -> impl Iterator<Item = &Transfer> {
+        self.gather
+            .transfers
+            .iter()
+            .chain(&self.gather.transfers)
+            .chain(&self.reduce_scatter.transfers)
+            .chain(&self.replicate.transfers)
+    }
+}
+
+/// Per distinct bucket length (`lengths`), the fsdp step's traffic, and
+/// all of it together, each record counted once per bucket of its length.
+pub(super) fn fsdp_step_traffic(
+    world: &World,
+    layout: &ShardLayout,
+    lengths: &[usize],
+    slots: usize,
+    redundant: bool,
+) -> Result<(Traffic, Vec<FsdpTraffic>), ShardingError> {
+    let topology = &world.resource::<PodTopology>().0;
+    if topology.slices > 1 {
+        return Err(ShardingError::ModeledOnly {
+            strategy: Strategy::Fsdp,
+            place: format!(
+                "a multislice pod ({} has {} slices)",
+                topology.name, topology.slices
+            ),
+        });
+    }
+    let shape = torus_of(topology)?;
+    let elem = layout.element_bytes();
+    let mut combined = Traffic::default();
+    let mut per_length = Vec::with_capacity(lengths.len());
+    for &len in lengths {
+        let count = layout
+            .buckets
+            .iter()
+            .filter(|b| b.padded_len == len)
+            .count() as u64;
+        let (gather, reduce_scatter) = match &layout.plan {
+            ShardPlan::Torus { .. } => (
+                torus_all_gather_traffic(&shape, len, elem, 0),
+                torus_reduce_scatter_traffic(&shape, len, elem),
+            ),
+            ShardPlan::Ring { ring } => {
+                let ring: Vec<usize> = ring.iter().map(|d| d.0 as usize).collect();
+                (
+                    ring_all_gather_traffic(&ring, len, elem).routed_on(&shape),
+                    ring_reduce_scatter_traffic(&ring, len, elem).routed_on(&shape),
+                )
+            }
+            ShardPlan::Multislice { .. } => {
+                return Err(ShardingError::ModeledOnly {
+                    strategy: Strategy::Fsdp,
+                    place: "a multislice plan".into(),
+                });
+            }
+        };
+        let replicate = if redundant && layout.devices() > 1 {
+            let bytes = ((slots + 1) * (len / layout.devices()) * elem) as u64;
+            replication(layout, &shape, bytes)
+        } else {
+            Traffic::default()
+        };
+        let traffic = FsdpTraffic {
+            gather,
+            reduce_scatter,
+            replicate,
+        };
+        combined
+            .transfers
+            .extend(traffic.transfers().map(|t| Transfer {
+                bytes: t.bytes * count,
+                ..*t
+            }));
+        per_length.push(traffic);
+    }
+    Ok((combined, per_length))
+}
+
+/// Each participant's `bytes` to its redundant peer, routed on the slice.
+fn replication(
+    layout: &ShardLayout,
+    shape: &crate::collectives::TorusShape,
+    bytes: u64,
+) -> Traffic {
+    let phase = Phase {
+        order: 0,
+        kind: PhaseKind::Broadcast,
+        dim: 0,
+        step: 0,
+    };
+    Traffic {
+        transfers: (0..layout.devices())
+            .zip(layout.peers())
+            .map(|(r, peer)| Transfer {
+                src: layout.participants[r].0 as usize,
+                dst: layout.participants[peer].0 as usize,
+                bytes,
+                hops: 1,
+                phase,
+            })
+            .collect(),
+    }
+    .routed_on(shape)
+}
+
+/// Each distinct bucket length's modeled fsdp cost: both gathers and the
+/// reduce-scatter before the update, the copies after it, timed on the
+/// charged links; the update at HBM bandwidth, as every strategy's.
+pub(super) fn fsdp_bucket_costs(
+    layout: &ShardLayout,
+    lengths: &[usize],
+    per_length: &[FsdpTraffic],
+    charge: &LinkCharge,
+    slots: usize,
+    hbm_per_s: f64,
+) -> Vec<BucketCost> {
+    let elem = layout.element_bytes();
+    let link = |s, d| charge.model(s, d);
+    lengths
+        .iter()
+        .zip(per_length)
+        .map(|(&len, traffic)| {
+            let shard = len / layout.devices();
+            let gather = pass_durations(&traffic.gather, link);
+            let mut before_update = gather.clone();
+            before_update.extend(gather);
+            before_update.extend(pass_durations(&traffic.reduce_scatter, link));
+            BucketCost {
+                reduce_scatter: before_update,
+                update: ((3 + 2 * slots) * shard * elem) as f64 / hbm_per_s,
+                all_gather: pass_durations(&traffic.replicate, link),
+            }
+        })
+        .collect()
+}
