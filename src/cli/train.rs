@@ -119,8 +119,8 @@ pub struct TrainArgs {
     pub(super) modeled_only: bool,
     /// How the model is split over the mesh: replicated (ZeRO-1: the state
     /// sharded), zero2 (gradients too) or fsdp (ZeRO-3: parameters too,
-    /// gathered per bucket). A real run builds replicated only; the others
-    /// run with --modeled-only.
+    /// gathered per bucket). A real run across the slices of a multislice
+    /// pod builds replicated only; the others run there with --modeled-only.
     #[arg(long, default_value = "replicated")]
     pub(super) strategy: Strategy,
     /// The device mesh, `data=D,fsdp=F,tensor=T` in any order (an axis
@@ -301,8 +301,8 @@ impl TrainArgs {
 
     /// Refuses, before any work, a layout the run cannot honour:
     /// `--prefetch` without fsdp (it would do nothing), a `--mesh` that does
-    /// not lay out on the pod, and in a real run any strategy or mesh but
-    /// replicated on the default mesh (the only one the pod builds).
+    /// not lay out on the pod, and in a real run a mesh other than the
+    /// default or a sharded strategy across slices (modeled only for now).
     pub(super) fn refuse_unbuilt_layout(&self) -> Result<()> {
         if let Some(n) = self.prefetch
             && self.strategy != Strategy::Fsdp
@@ -314,15 +314,15 @@ impl TrainArgs {
                 self.strategy
             )));
         }
-        if !self.modeled_only && self.strategy != Strategy::Replicated {
+        let topology = load_topology(&self.pod)?;
+        if !self.modeled_only && self.strategy != Strategy::Replicated && topology.slices > 1 {
             return Err(usage(format!(
-                "--strategy {} runs modeled only for now: add --modeled-only (a real run \
-                 builds --strategy replicated)",
-                self.strategy
+                "--strategy {} on a multislice pod ({} has {} slices) runs modeled only for \
+                 now: add --modeled-only (a real run across slices builds --strategy replicated)",
+                self.strategy, topology.name, topology.slices
             )));
         }
         if self.mesh.is_some() {
-            let topology = load_topology(&self.pod)?;
             let mesh = self.mesh_on(&topology)?;
             let default = Mesh::default_for(&topology);
             if !self.modeled_only && mesh != default {
@@ -562,7 +562,8 @@ pub(super) fn sharding_of(args: &TrainArgs) -> ShardingConfig {
         reduction: args.reduction,
         recovery: args.recovery,
         hbm_bytes: None,
-        ..ShardingConfig::default()
+        strategy: args.strategy,
+        prefetch: args.prefetch.unwrap_or(optirs_tpu::sharding::residency::DEFAULT_PREFETCH),
     }
 }
 
