@@ -49,9 +49,11 @@
 //! ring, whose schedule the traffic record follows.
 
 pub mod bench;
+pub mod cost;
 mod element;
 pub mod multislice;
 mod ring;
+mod schedule;
 mod streamed;
 mod torus;
 mod traffic;
@@ -63,6 +65,10 @@ mod error;
 pub mod pod;
 pub mod ranked;
 
+pub use cost::{
+    CollectiveCost, PassCost, all_gather_cost, all_reduce_cost, dcn_exchange_cost,
+    reduce_scatter_cost,
+};
 pub use element::{Element, ReduceOp, naive_reduce};
 pub use error::CollectiveError;
 pub use multislice::{
@@ -76,8 +82,8 @@ pub use ring::{
 };
 pub use streamed::ReduceGrid;
 pub use torus::{
-    TorusShape, torus_all_gather_traffic, torus_all_reduce_traffic, torus_reduce_scatter_traffic,
-    torus_shard_ranges,
+    TorusShape, torus_all_gather_traffic, torus_all_gather_traffic_over, torus_all_reduce_traffic,
+    torus_reduce_scatter_traffic, torus_reduce_scatter_traffic_over, torus_shard_ranges,
 };
 pub use traffic::{
     LinkModel, PassSummary, Phase, PhaseKind, TimedTransfer, Traffic, Transfer, pass_name,
