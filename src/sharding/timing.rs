@@ -156,8 +156,9 @@ pub fn pass_durations(
     traffic: &Traffic,
     link: impl Fn(usize, usize) -> LinkModel,
 ) -> Vec<Vec<(StepPhase, f64)>> {
-    // (order, kind, dim) -> (phase, start, end), sorted as the timeline.
-    let mut passes: Vec<((u32, PhaseKind, u32), StepPhase, f64, f64)> = Vec::new();
+    // (order, kind, dim), phase, start, end; sorted as the timeline.
+    type PassSpan = ((u32, PhaseKind, u32), StepPhase, f64, f64);
+    let mut passes: Vec<PassSpan> = Vec::new();
     for t in traffic.timeline(link) {
         let p = t.transfer.phase;
         let phase = match p.kind {
