@@ -190,14 +190,18 @@ pub fn pass_durations(
 pub fn schedule(costs: &[&BucketCost]) -> StepTimeline {
     struct Streams {
         spans: Vec<Span>,
-        totals: BTreeMap<StepPhase, f64>,
+        /// Seconds per phase: a handful of phases, searched linearly.
+        totals: Vec<(StepPhase, f64)>,
         comm_free: f64,
         compute_free: f64,
         update_seconds: f64,
     }
     impl Streams {
         fn push(&mut self, bucket: usize, phase: StepPhase, start: f64, end: f64) {
-            *self.totals.entry(phase).or_insert(0.0) += end - start;
+            match self.totals.iter_mut().find(|(p, _)| *p == phase) {
+                Some((_, total)) => *total += end - start,
+                None => self.totals.push((phase, end - start)),
+            }
             self.spans.push(Span {
                 bucket,
                 phase,
@@ -229,7 +233,7 @@ pub fn schedule(costs: &[&BucketCost]) -> StepTimeline {
     let b = costs.len();
     let mut streams = Streams {
         spans: Vec::with_capacity(b * 8),
-        totals: BTreeMap::new(),
+        totals: Vec::new(),
         comm_free: 0.0,
         compute_free: 0.0,
         update_seconds: 0.0,
