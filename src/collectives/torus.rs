@@ -375,7 +375,7 @@ fn fold_level<T: Element>(
 }
 
 /// The range of a `len`-element buffer each device owns after
-/// [`torus_reduce_scatter`] (indexed by device): chunk `x` of dimension 0,
+/// [`super::torus_reduce_scatter`] (indexed by device): chunk `x` of dimension 0,
 /// then chunk `y` of that along dimension 1, and so on. When `len` is a
 /// multiple of the device count every range has `len / devices` elements.
 pub fn torus_shard_ranges(shape: &TorusShape, len: usize) -> Vec<Range<usize>> {
@@ -438,7 +438,7 @@ pub(super) fn narrowed_ranges(shape: &TorusShape, len: usize, dims: usize) -> Ve
     ranges
 }
 
-/// The traffic [`torus_reduce_scatter_slices`] records for `len` elements,
+/// The traffic [`super::torus_reduce_scatter`] records for `len` elements,
 /// without moving data: every axis in dimension order
 /// ([`torus_reduce_scatter_traffic_over`]).
 pub fn torus_reduce_scatter_traffic(shape: &TorusShape, len: usize, elem_bytes: usize) -> Traffic {
