@@ -36,6 +36,11 @@
 //!   such as 4x4x8 and 4x8x8, can be twisted tori) and the v5p shape table
 //!   (twisted: 4x4x8, 4x8x8, 8x8x16, 8x16x16); N. P. Jouppi et al., ISCA 2023,
 //!   section "twisted tori".
+//! - \[wrap16\]: J. Austin et al., "How to Scale Your Model" (the JAX
+//!   scaling book), "How to Think About TPUs": "TPU v5e only has a
+//!   wraparound connection when one axis has size 16"; v6e's 2D slices are
+//!   built the same way (\[v6e\]: 256-chip 16x16 torus). A v5e-16 (4x4) is a
+//!   mesh.
 //! - \[storage\]: checkpoint reads are modeled at 1 GB/s per host
 //!   ([`CHECKPOINT_READ_BYTES_PER_S_PER_HOST`]), the order of a Persistent
 //!   Disk or Cloud Storage read stream per VM; an assumption, not a TPU
@@ -166,6 +171,9 @@ pub enum WraparoundRule {
     /// A dimension may wrap around only when its size is a multiple of this
     /// (the optical circuit switches close rings per 4-chip cube face).
     MultipleOf(u32),
+    /// A dimension wraps around only when it has exactly this many chips
+    /// (v5e and v6e: only a full 16-chip axis closes its ring, \[wrap16\]).
+    OnlySize(u32),
 }
 
 /// The slice shapes a generation is offered in (\[shapes\]): a list, plus
@@ -294,6 +302,7 @@ impl HardwareSpec {
         match self.wraparound {
             WraparoundRule::AnyDimension => size >= 3,
             WraparoundRule::MultipleOf(k) => size >= k && size.is_multiple_of(k),
+            WraparoundRule::OnlySize(k) => size >= 3 && size == k,
         }
     }
 }
@@ -418,7 +427,7 @@ static V5E: HardwareSpec = HardwareSpec {
     dcn_latency_ns: 10_000,
     dcn_host_bytes_per_s: 25.0 * GB,
     chips_per_host_bounds: [2, 4, 1],
-    wraparound: WraparoundRule::AnyDimension,
+    wraparound: WraparoundRule::OnlySize(16),
     max_pod_chips: 256,
     // "TPU v5e": 1x1, 2x2, 2x4, 4x4, 4x8, 8x8, 8x16, 16x16.
     slice_shapes: SliceShapes {
@@ -478,7 +487,7 @@ static V6E: HardwareSpec = HardwareSpec {
     dcn_latency_ns: 10_000,
     dcn_host_bytes_per_s: 25.0 * GB,
     chips_per_host_bounds: [2, 4, 1],
-    wraparound: WraparoundRule::AnyDimension,
+    wraparound: WraparoundRule::OnlySize(16),
     max_pod_chips: 256,
     // "TPU v6e": the same 2D shapes as v5e, 1x1 to 16x16.
     slice_shapes: SliceShapes {
@@ -629,7 +638,14 @@ mod tests {
         let v4 = TpuGeneration::V4.spec();
         assert!(v4.can_wrap(4) && v4.can_wrap(16));
         assert!(!v4.can_wrap(2) && !v4.can_wrap(6));
-        let v5e = TpuGeneration::V5e.spec();
-        assert!(v5e.can_wrap(3) && !v5e.can_wrap(2));
+        // v5e and v6e close a ring only along a full 16-chip axis.
+        for generation in [TpuGeneration::V5e, TpuGeneration::V6e] {
+            let spec = generation.spec();
+            assert!(spec.can_wrap(16));
+            assert!(!spec.can_wrap(2) && !spec.can_wrap(4) && !spec.can_wrap(8));
+            assert!(!spec.can_wrap(32));
+        }
+        let v3 = TpuGeneration::V3.spec();
+        assert!(v3.can_wrap(3) && !v3.can_wrap(2));
     }
 }

@@ -129,10 +129,10 @@ fn dead_devices_and_cut_links_refuse_a_launch_and_change_nothing() {
 
 #[test]
 fn a_participant_that_fails_mid_collective_fails_it() {
-    // Slow links: 100 MB at 1 MB/s per hop takes far longer than the
+    // Slow links: 100 MB at 0.1 MB/s per hop takes far longer than the
     // heartbeat timeout.
     let mut pod = Pod::from_ron_str(
-        "Pod(name: \"slow\", generation: \"v5e\", shape: \"4x4\", ici: (bandwidth_gb_per_s: 0.001))",
+        "Pod(name: \"slow\", generation: \"v5e\", shape: \"4x4\", ici: (bandwidth_gb_per_s: 0.0001))",
         "slow",
     )
     .unwrap();

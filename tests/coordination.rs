@@ -241,7 +241,7 @@ fn arrivals_from_non_participants_are_rejected() {
 #[test]
 fn data_travels_hop_by_hop_and_is_charged_to_each_link() {
     let mut pod = Pod::from_ron_str(
-        "Pod(name: \"line\", generation: \"v5e\", shape: \"4x1\", custom: true, chips_per_host: \"1x1\", \
+        "Pod(name: \"line\", generation: \"v3\", shape: \"4x1\", custom: true, chips_per_host: \"1x1\", \
          ici: (bandwidth_gb_per_s: 1.0, latency_us: 2.0))",
         "line",
     )
@@ -316,7 +316,7 @@ fn the_same_faults_give_the_same_history() {
 
 #[test]
 fn link_jitter_delays_each_hop_within_its_bound() {
-    let text = "Pod(name: \"line\", generation: \"v5e\", shape: \"4x1\", custom: true, chips_per_host: \"1x1\", \
+    let text = "Pod(name: \"line\", generation: \"v3\", shape: \"4x1\", custom: true, chips_per_host: \"1x1\", \
                 ici: (bandwidth_gb_per_s: 1.0, latency_us: 2.0))";
     let mut pod = Pod::from_ron_str(text, "line").unwrap();
     pod.inject(Fault::LinkJitter(DeviceId(0), DeviceId(1), 50_000))

@@ -240,8 +240,10 @@ fn plain_4x4x8(dir: &std::path::Path) -> String {
 }
 
 /// A twisted axis runs two-way lines: a ring collective there moves no more
-/// than on the plain torus, `2(N−1)/N` of the model per device per step,
-/// in no more time.
+/// than on the plain torus, `2(N−1)/N` of the model per device per step.
+/// It takes longer: the plain torus's rings send half of each part each
+/// way, a line all of it one way at a time (at most `2(n−1)/n` of the
+/// ring's time per pass).
 #[test]
 fn the_twisted_torus_moves_no_more_bytes_than_the_plain_one() {
     let dir = tempfile::tempdir().unwrap();
@@ -263,10 +265,7 @@ fn the_twisted_torus_moves_no_more_bytes_than_the_plain_one() {
         f(&twisted["step_modeled_seconds"]),
         f(&untwisted["step_modeled_seconds"]),
     );
-    assert!(
-        t <= p * (1.0 + TIME_TOLERANCE),
-        "twisted {t} s, plain {p} s"
-    );
+    assert!(t > p && t <= 2.0 * p, "twisted {t} s, plain {p} s");
 
     // The model, 1e6 parameters, in closed form: within 0.01 % of
     // 2(N−1)/N × 4 MB (the buckets are padded to a multiple of 128).
@@ -293,10 +292,7 @@ fn the_twisted_torus_moves_no_more_bytes_than_the_plain_one() {
         f(&twisted["step_modeled_seconds"]),
         f(&untwisted["step_modeled_seconds"]),
     );
-    assert!(
-        t <= p * (1.0 + TIME_TOLERANCE),
-        "twisted {t} s, plain {p} s"
-    );
+    assert!(t > p && t <= 2.0 * p, "twisted {t} s, plain {p} s");
 
     // No faster than `topology`'s all-reduce bandwidth allows: the bytes
     // over the sum of every link's bandwidth both ways, the same figure for

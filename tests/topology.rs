@@ -79,8 +79,9 @@ fn v4_4096_matches_published_bisection() {
 #[test]
 fn figures_follow_the_entities_not_a_table() {
     // The same shape as a mesh has half the bisection and a longer diameter.
-    let torus = pod("generation: \"v5e\", shape: \"8x8\"").figures();
-    let mesh = pod("generation: \"v5e\", shape: \"8x8\", wraparound: [false, false]").figures();
+    // v3: any axis of 3 or more chips wraps.
+    let torus = pod("generation: \"v3\", shape: \"8x8\"").figures();
+    let mesh = pod("generation: \"v3\", shape: \"8x8\", wraparound: [false, false]").figures();
     assert_eq!(torus.diameter_hops, Some(8));
     assert_eq!(mesh.diameter_hops, Some(14));
     assert_eq!(
@@ -90,7 +91,7 @@ fn figures_follow_the_entities_not_a_table() {
     assert_eq!(mesh.links, 2 * 8 * 7);
     // A DCN link across the cut adds its bandwidth to the bisection.
     let bridged = pod(
-        "generation: \"v5e\", shape: \"8x8\", wraparound: [false, false], \
+        "generation: \"v3\", shape: \"8x8\", wraparound: [false, false], \
          extra_links: [(a: 0, b: 7, kind: Dcn, bandwidth_gb_per_s: 10.0), \
          (a: 0, b: 56, kind: Dcn, bandwidth_gb_per_s: 10.0)]",
     )
@@ -495,7 +496,7 @@ proptest::proptest! {
             }
         }
         let fields = format!(
-            "generation: \"v5e\", shape: \"{x}x{y}\", custom: true, chips_per_host: \"1x1\", \
+            "generation: \"v3\", shape: \"{x}x{y}\", custom: true, chips_per_host: \"1x1\", \
              wraparound: [{}, {}], extra_links: [{links}]",
             wrap_x && x >= 3, wrap_y && y >= 3,
         );
@@ -511,10 +512,10 @@ fn a_large_mesh_or_torus_diameter_comes_from_its_closed_form() {
     // closed form is the sum over axes of d - 1 (mesh) or d / 2 (ring).
     let started = std::time::Instant::now();
     let mut mesh =
-        pod("generation: \"v5e\", shape: \"256x256\", custom: true, wraparound: [false, false]");
+        pod("generation: \"v3\", shape: \"256x256\", custom: true, wraparound: [false, false]");
     assert_eq!(mesh.figures().diameter_hops, Some(510));
     let mut mixed =
-        pod("generation: \"v5e\", shape: \"256x252\", custom: true, wraparound: [true, false]");
+        pod("generation: \"v3\", shape: \"256x252\", custom: true, wraparound: [true, false]");
     assert_eq!(mixed.figures().diameter_hops, Some(128 + 251));
     assert!(
         started.elapsed() < std::time::Duration::from_secs(60),

@@ -9,7 +9,7 @@
 //! | [`reduce_scatter`] | ring position `i` holds the reduction of chunk `i` ([`chunk_range`]); other elements are unchanged |
 //! | [`all_gather`] | every member holds chunk `i` of position `i`'s buffer, for every `i` |
 //! | [`broadcast`] | every member holds the root's buffer |
-//! | [`torus_all_reduce`] | [`all_reduce`] over every device of a 2D/3D torus, ring by dimension |
+//! | [`torus_all_reduce`] | [`all_reduce`] over every device of a 2D/3D torus, its traffic on every axis at once |
 //! | [`multislice_all_reduce`] (and `_reduce_scatter`, `_all_gather`) | over every device of a multislice pod: ICI inside each slice, DCN across (module [`multislice`]) |
 //!
 //! Buffers are indexed by rank (device index); a ring is an ordered list of
@@ -29,7 +29,16 @@
 //!
 //! Each function returns the [`Traffic`] the ring schedule puts on the links
 //! and [`Traffic::modeled_seconds`] turns it into a duration for a
-//! [`LinkModel`].
+//! [`LinkModel`]. The torus and multislice collectives' schedule uses every
+//! link (module `torus`): rings of 3 or more chips run both ways, half of
+//! the data each, and a collective over several axes splits its data into
+//! one part per axis, each part running the axes in rotated order, so every
+//! round ([`Phase::order`]) has a pass on every axis at once. [`cost`] is
+//! that schedule's closed form ([`reduce_scatter_cost`],
+//! [`all_gather_cost`], [`all_reduce_cost`], [`dcn_exchange_cost`]), and
+//! [`torus_reduce_scatter_traffic_over`] / [`torus_all_gather_traffic_over`]
+//! record it over a subset of the axes. A plain [`all_reduce`] over a list
+//! of ranks stays a one-way ring (NCCL's).
 //!
 //! ## Ring conventions and execution
 //!
@@ -49,9 +58,11 @@
 //! ring, whose schedule the traffic record follows.
 
 pub mod bench;
+pub mod cost;
 mod element;
 pub mod multislice;
 mod ring;
+mod schedule;
 mod streamed;
 mod torus;
 mod traffic;
@@ -63,6 +74,10 @@ mod error;
 pub mod pod;
 pub mod ranked;
 
+pub use cost::{
+    CollectiveCost, PassCost, all_gather_cost, all_reduce_cost, dcn_exchange_cost,
+    reduce_scatter_cost,
+};
 pub use element::{Element, ReduceOp, naive_reduce};
 pub use error::CollectiveError;
 pub use multislice::{
@@ -76,8 +91,8 @@ pub use ring::{
 };
 pub use streamed::ReduceGrid;
 pub use torus::{
-    TorusShape, torus_all_gather_traffic, torus_all_reduce_traffic, torus_reduce_scatter_traffic,
-    torus_shard_ranges,
+    TorusShape, torus_all_gather_traffic, torus_all_gather_traffic_over, torus_all_reduce_traffic,
+    torus_reduce_scatter_traffic, torus_reduce_scatter_traffic_over, torus_shard_ranges,
 };
 pub use traffic::{
     LinkModel, PassSummary, Phase, PhaseKind, TimedTransfer, Traffic, Transfer, pass_name,
@@ -213,19 +228,19 @@ pub fn broadcast<T: Element, B: AsMut<[T]>>(
     Ok(traffic)
 }
 
-/// All-reduce over every device of a torus: reduce-scatter along dimension
-/// 0's rings, then along dimension 1 on the shard each device now owns, …,
-/// then all-gather in reverse order (the standard torus algorithm).
-/// `buffers[i]` belongs to the device with index `i = x + X·(y + Y·z)`.
+/// All-reduce over every device of a torus, with the values of the
+/// standard torus algorithm: reduce-scatter along dimension 0's rings,
+/// then along dimension 1 on the shard each device now owns, …, then
+/// all-gather in reverse order. `buffers[i]` belongs to the device with
+/// index `i = x + X·(y + Y·z)`.
 ///
-/// After dimension `d` the device with coordinate `k` along `d` owns chunk
-/// `k` of its previous shard, so every ring of dimension `d+1` reduces one
-/// range. Every message joins adjacent devices (`hops` = 1): a dimension
-/// without wraparound (a mesh axis, a twisted torus's axis) runs each line
-/// two ways, partials flowing from both ends to each chunk's owner, at a
-/// ring's steps and bytes, `2(N−1)/N` of the buffer per device in all.
-/// The values are combined in the ring's order on every dimension (module
-/// `torus`).
+/// The traffic is [`torus_all_reduce_traffic`]'s schedule: one part of the
+/// buffer per axis, every axis busy in every round, rings run both ways.
+/// Every message joins adjacent devices (`hops` = 1): a dimension without
+/// wraparound (a mesh axis, a twisted torus's axis) runs each line two
+/// ways, partials flowing from both ends to each chunk's owner;
+/// `2(N−1)/N` of the buffer per device in all. The values are combined in
+/// the ring's order on every dimension (module `torus`).
 pub fn torus_all_reduce<T: Element, B: AsMut<[T]>>(
     buffers: &mut [B],
     shape: &TorusShape,

@@ -6,8 +6,9 @@
 //! network (the DCN fabric, `topology::DcnFabric`). A reduce-scatter
 //! therefore runs in two levels:
 //!
-//! 1. inside every slice at once, the torus reduce-scatter over ICI, axis
-//!    0, then 1, then 2 ([`super::torus_reduce_scatter`]); afterwards each
+//! 1. inside every slice at once, the torus reduce-scatter over ICI, its
+//!    parts on every axis at once ([`super::torus_reduce_scatter_traffic`]'s
+//!    schedule; the values as [`super::torus_reduce_scatter`]); afterwards each
 //!    device holds the slice's partial sum of its shard;
 //! 2. across slices over DCN, among the `S` devices that hold the same
 //!    shard (a device and its twins, one per slice): each splits its shard
@@ -47,9 +48,10 @@ use serde::Serialize;
 
 use super::CollectiveError;
 use super::element::{Element, ReduceOp};
-use super::ring::{chunk_range, record_passes};
+use super::ring::chunk_range;
+use super::schedule::{AxisPlan, record_schedule};
 use super::torus::{
-    TorusShape, narrowed_ranges, scatter_passes, torus_all_gather_slices, torus_all_reduce_slices,
+    TorusShape, narrowed_ranges, torus_all_gather_slices, torus_all_reduce_slices,
     torus_reduce_scatter_slices, torus_shard_ranges,
 };
 use super::traffic::{Phase, PhaseKind, Traffic, Transfer};
@@ -228,7 +230,8 @@ pub fn multislice_all_gather<T: Element, B: AsMut<[T]>>(
 }
 
 /// The traffic of [`multislice_reduce_scatter`] of `len` elements, without
-/// moving data: ICI passes with orders 0..3 (axes 0, 1, 2), the DCN pass 3.
+/// moving data: the slice's rounds over ICI (orders 0..3 at most, the
+/// torus schedule's), then the DCN pass at order 3.
 pub fn multislice_reduce_scatter_traffic(
     shape: &MultisliceShape,
     len: usize,
@@ -240,8 +243,8 @@ pub fn multislice_reduce_scatter_traffic(
 }
 
 /// The traffic of the all-gather that undoes a multislice reduce-scatter
-/// of `len` elements: the DCN pass at `first_order`, then the ICI passes
-/// of axes 2, 1, 0.
+/// of `len` elements: the DCN pass at `first_order`, then the slice's
+/// rounds over ICI in reverse.
 pub fn multislice_all_gather_traffic(
     shape: &MultisliceShape,
     len: usize,
@@ -253,7 +256,9 @@ pub fn multislice_all_gather_traffic(
     traffic
 }
 
-/// Records the reduce-scatter's passes from `order`; returns the next order.
+/// Records the reduce-scatter's passes from `order` (the slice's rounds,
+/// one order each, of [`super::torus_reduce_scatter_traffic`]'s schedule,
+/// then the exchange at `order + 3`); returns the next order, `order + 4`.
 fn record_reduce_scatter(
     traffic: &mut Traffic,
     shape: &MultisliceShape,
@@ -262,18 +267,17 @@ fn record_reduce_scatter(
     order: u32,
 ) -> u32 {
     let grid = shape.grid();
-    let passes = scatter_passes(&grid, len);
-    for (dim, rings) in passes.iter().take(3).enumerate() {
-        let tag = dim as u32;
-        record_passes(
-            traffic,
-            rings,
-            PhaseKind::ReduceScatter,
-            order + tag,
-            tag,
-            elem,
-        );
-    }
+    let plan = AxisPlan::new(&grid, &[0, 1, 2]);
+    // At most 3 rounds (one per axis of extent > 1), then the exchange at 3.
+    record_schedule(
+        traffic,
+        &grid,
+        &plan,
+        len,
+        elem,
+        PhaseKind::ReduceScatter,
+        order,
+    );
     let ranges = narrowed_ranges(&grid, len, 3);
     record_exchange(
         traffic,
@@ -286,7 +290,8 @@ fn record_reduce_scatter(
     order + 4
 }
 
-/// Records the all-gather's passes from `order`; returns the next order.
+/// Records the all-gather's passes from `order` (the exchange, then the
+/// slice's rounds in reverse from `order + 1`); returns `order + 4`.
 fn record_all_gather(
     traffic: &mut Traffic,
     shape: &MultisliceShape,
@@ -297,17 +302,16 @@ fn record_all_gather(
     let grid = shape.grid();
     let ranges = narrowed_ranges(&grid, len, 3);
     record_exchange(traffic, shape, &ranges, PhaseKind::AllGather, order, elem);
-    let passes = scatter_passes(&grid, len);
-    for (k, dim) in (0..3).rev().enumerate() {
-        record_passes(
-            traffic,
-            &passes[dim],
-            PhaseKind::AllGather,
-            order + 1 + k as u32,
-            dim as u32,
-            elem,
-        );
-    }
+    let plan = AxisPlan::new(&grid, &[0, 1, 2]);
+    record_schedule(
+        traffic,
+        &grid,
+        &plan,
+        len,
+        elem,
+        PhaseKind::AllGather,
+        order + 1,
+    );
     order + 4
 }
 

@@ -246,7 +246,7 @@ pub fn slice_torus(topology: &Topology) -> Result<TorusShape, CollectiveError> {
     let dims: Vec<usize> = topology.dims[..n].iter().map(|&d| d as usize).collect();
     // A twisted wraparound link does not close its axis's ring (it lands in
     // another plane), so a twisted axis runs two-way lines over the links
-    // that exist, at a ring's bytes and steps (`RingRoute::two_way_line`).
+    // that exist, at a ring's bytes and steps (`RingRoute::line_messages`).
     let wrap: Vec<bool> = (0..n)
         .map(|a| topology.wraparound[a] && topology.dims[a] >= 3 && topology.twist[a] == [0; 3])
         .collect();

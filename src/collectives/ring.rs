@@ -222,15 +222,12 @@ pub(crate) fn broadcast_ring<T: Element>(mut positions: Vec<&mut [T]>, root: usi
     for_each_maybe_parallel(positions, total_bytes, |dst| dst.copy_from_slice(src));
 }
 
-/// A ring's devices in ring order and the links each hop uses, or a line
-/// of devices run two ways ([`RingRoute::two_way_line`]).
+/// A ring's devices in ring order and the links each hop uses.
 #[derive(Debug, Clone)]
 pub(crate) struct RingRoute {
     /// `hops[i]` is the chain of adjacent device pairs that carries a message
-    /// from position `i` to position `i+1 mod n` (empty for a line).
+    /// from position `i` to position `i+1 mod n`.
     pub hops: Vec<Vec<(usize, usize)>>,
-    /// The devices of a two-way line, in line order.
-    line: Option<Vec<usize>>,
 }
 
 impl RingRoute {
@@ -241,36 +238,29 @@ impl RingRoute {
         let hops = (0..n)
             .map(|i| vec![(devices[i], devices[(i + 1) % n])])
             .collect();
-        Self { hops, line: None }
+        Self { hops }
+    }
+
+    /// Positions (devices on the ring).
+    fn len(&self) -> usize {
+        self.hops.len()
     }
 
     /// A line of devices without a link closing it (a mesh axis, or a
-    /// twisted torus's axis whose wraparound lands in another plane), run
+    /// twisted torus's axis whose wraparound lands in another plane) runs
     /// two ways instead of as a ring: in a reduce-scatter, chunk `j`'s
     /// partial flows right from position 0 and left from position `n−1`,
     /// combined at each position it passes, and both arrive at `j`; an
     /// all-gather sends each chunk both ways from its owner. Each direction
     /// of each link carries at most one chunk per step, in the `n − 1` steps
-    /// of a ring, and the line moves a ring's bytes, `(n−1)·len` per pass
-    /// ([`record_passes`] has the schedule).
-    pub fn two_way_line(devices: &[usize]) -> Self {
-        Self {
-            hops: Vec::new(),
-            line: Some(devices.to_vec()),
-        }
-    }
-
-    /// Positions (devices on the ring or line).
-    fn len(&self) -> usize {
-        self.line.as_ref().map_or(self.hops.len(), Vec::len)
-    }
-
+    /// of a ring, and the line moves a ring's bytes, `(n−1)·len` per pass.
+    ///
     /// The messages of step `s` of a two-way line's pass: `(from, to,
     /// chunk)` by line position. Reduce-scatter: rightwards, position `i ≤
     /// s` sends chunk `n−1−s+i`; leftwards the mirror image. All-gather:
     /// rightwards, position `i ≥ s` forwards chunk `i−s`; leftwards the
     /// mirror image.
-    fn line_messages(n: usize, s: usize, kind: PhaseKind) -> Vec<(usize, usize, usize)> {
+    pub(super) fn line_messages(n: usize, s: usize, kind: PhaseKind) -> Vec<(usize, usize, usize)> {
         let mirror = |p: usize| n - 1 - p;
         let senders: Vec<(usize, usize)> = match kind {
             PhaseKind::ReduceScatter => (0..=s).map(|i| (i, n - 1 - s + i)).collect(),
@@ -385,21 +375,6 @@ pub(crate) fn record_passes(
         for (route, len) in rings {
             let n = route.len();
             if s + 1 >= n {
-                continue;
-            }
-            if let Some(devices) = &route.line {
-                for (from, to, chunk) in RingRoute::line_messages(n, s, kind) {
-                    let bytes = (chunk_range(*len, n, chunk).len() * elem_bytes) as u64;
-                    if bytes > 0 {
-                        traffic.transfers.push(Transfer {
-                            src: devices[from],
-                            dst: devices[to],
-                            bytes,
-                            hops: 1,
-                            phase,
-                        });
-                    }
-                }
                 continue;
             }
             for i in 0..n {

@@ -3,25 +3,27 @@
 //! A torus of shape `[X, Y, Z]` numbers its devices `x + X·(y + Y·z)`. A
 //! dimension either wraps around (a true ring of links) or not (a mesh line).
 //!
-//! The all-reduce is the standard torus algorithm: reduce-scatter along the
-//! rings of dimension 0, then along dimension 1 on the shard each device now
-//! owns, and so on; then all-gather in reverse order. After dimension `d` a
-//! device with coordinate `k` along `d` owns chunk `k` of its previous shard,
-//! so all devices of a dimension-`d+1` ring own the same range. In process,
-//! the data moves in one pass that combines every element in exactly that
-//! schedule's order (`fused_torus_all_reduce`); the traffic record is the
-//! schedule's. Every
-//! message joins physically adjacent devices. A dimension without
-//! wraparound (a mesh axis, or a twisted torus's axis, whose wraparound
-//! link lands in another plane) runs each line two ways
-//! ([`RingRoute::two_way_line`]): partials flow from both ends towards
-//! each chunk's owner, so the pass takes a ring's `n − 1` steps and moves
-//! a ring's bytes, where a ring laid on the line would send its closing
-//! message back over all `n − 1` links every step. The values are still
-//! combined in the ring's order (the one order every path of the crate
-//! shares, [`super::ReduceGrid`]): for floats the two-way schedule's own
-//! association of the same terms would round differently, for integers
-//! the result is the same.
+//! **Values.** The all-reduce's values are those of the standard torus
+//! algorithm: reduce-scatter along the rings of dimension 0, then along
+//! dimension 1 on the shard each device now owns, and so on; then
+//! all-gather in reverse order. After dimension `d` a device with
+//! coordinate `k` along `d` owns chunk `k` of its previous shard, so all
+//! devices of a dimension-`d+1` ring own the same range
+//! ([`torus_shard_ranges`]). In process, the data moves in one pass that
+//! combines every element in exactly that order (`fused_torus_all_reduce`;
+//! the one order every path of the crate shares, [`super::ReduceGrid`]).
+//!
+//! **Links.** The traffic record is the schedule that keeps every link
+//! busy (module `schedule`): the data split in one part per axis, each
+//! part running the axes in rotated order so every round has a pass on
+//! every axis at once, a ring of 3 or more chips sending half of each part
+//! each way, a line without wraparound (a mesh axis, or a twisted torus's
+//! axis, whose wraparound link lands in another plane) running two ways
+//! (`RingRoute::line_messages`). Every message joins physically adjacent
+//! devices. The ownership of ranges is the one above; only the route each
+//! part takes differs from the staged algorithm, so for floats the
+//! schedule's own association of the same terms would round differently,
+//! and for integers the result is the same.
 
 use std::ops::Range;
 
@@ -32,9 +34,10 @@ use smallvec::SmallVec;
 
 use super::element::{Element, ReduceOp, accumulate, combine_in_order, divide_all};
 use super::ring::{
-    Epilogue, RingRoute, SLICE_ELEMS, all_gather_rings, chunk_range, for_each_maybe_parallel,
-    pieces, record_passes, reduce_scatter_rings,
+    Epilogue, SLICE_ELEMS, all_gather_rings, chunk_range, for_each_maybe_parallel, pieces,
+    reduce_scatter_rings,
 };
+use super::schedule::{AxisPlan, record_schedule};
 use super::traffic::{PhaseKind, Traffic};
 
 /// The shape of a torus (or mesh) of devices.
@@ -180,7 +183,7 @@ impl TorusShape {
 
     /// After a reduce-scatter pass along `dim`, each device's range (indexed
     /// by device) becomes its coordinate's chunk of that range.
-    fn narrow(&self, dim: usize, ranges: &mut [Range<usize>]) {
+    pub(super) fn narrow(&self, dim: usize, ranges: &mut [Range<usize>]) {
         let n = self.dims[dim];
         let stride = self.stride(dim);
         for (dev, range) in ranges.iter_mut().enumerate() {
@@ -190,21 +193,13 @@ impl TorusShape {
     }
 
     /// The lines (device lists in coordinate order) along dimension `dim`.
-    fn lines(&self, dim: usize) -> Vec<Vec<usize>> {
+    pub(super) fn lines(&self, dim: usize) -> Vec<Vec<usize>> {
         let n = self.dims[dim];
         let stride = self.stride(dim);
         (0..self.device_count())
             .filter(|&i| (i / stride).is_multiple_of(n))
             .map(|base| (0..n).map(|k| base + k * stride).collect())
             .collect()
-    }
-
-    fn route(&self, dim: usize, devices: &[usize]) -> RingRoute {
-        if self.wraparound[dim] || devices.len() <= 2 {
-            RingRoute::neighbours(devices)
-        } else {
-            RingRoute::two_way_line(devices)
-        }
     }
 }
 
@@ -251,14 +246,29 @@ pub(crate) fn torus_all_reduce_slices<T: Element>(
 }
 
 /// The traffic of a torus all-reduce of `len` elements, without moving
-/// data: [`torus_reduce_scatter_traffic`] (orders `0..dims`), then
-/// [`torus_all_gather_traffic`] from order `dims`.
+/// data: [`torus_reduce_scatter_traffic`] (one order per round, at most
+/// one per dimension), then [`torus_all_gather_traffic`] from order `dims`.
 pub fn torus_all_reduce_traffic(shape: &TorusShape, len: usize, elem_bytes: usize) -> Traffic {
-    let mut traffic = torus_reduce_scatter_traffic(shape, len, elem_bytes);
-    let dims = shape.dims.len() as u32;
-    traffic
-        .transfers
-        .extend(torus_all_gather_traffic(shape, len, elem_bytes, dims).transfers);
+    let plan = AxisPlan::all(shape);
+    let mut traffic = Traffic::default();
+    record_schedule(
+        &mut traffic,
+        shape,
+        &plan,
+        len,
+        elem_bytes,
+        PhaseKind::ReduceScatter,
+        0,
+    );
+    record_schedule(
+        &mut traffic,
+        shape,
+        &plan,
+        len,
+        elem_bytes,
+        PhaseKind::AllGather,
+        shape.dims.len() as u32,
+    );
     traffic
 }
 
@@ -365,7 +375,7 @@ fn fold_level<T: Element>(
 }
 
 /// The range of a `len`-element buffer each device owns after
-/// [`torus_reduce_scatter`] (indexed by device): chunk `x` of dimension 0,
+/// [`super::torus_reduce_scatter`] (indexed by device): chunk `x` of dimension 0,
 /// then chunk `y` of that along dimension 1, and so on. When `len` is a
 /// multiple of the device count every range has `len / devices` elements.
 pub fn torus_shard_ranges(shape: &TorusShape, len: usize) -> Vec<Range<usize>> {
@@ -388,7 +398,6 @@ pub(crate) fn torus_reduce_scatter_slices<T: Element>(
     let len = slices.first().map_or(0, |s| s.len());
     let device_count = shape.device_count();
     let ndims = shape.dims.len();
-    let mut traffic = Traffic::default();
     let mut ranges: Vec<Range<usize>> = vec![0..len; device_count];
     for dim in 0..ndims {
         let lines = shape.lines(dim);
@@ -398,21 +407,9 @@ pub(crate) fn torus_reduce_scatter_slices<T: Element>(
         };
         let mut slots: Vec<Option<&mut [T]>> = slices.iter_mut().map(|s| Some(&mut **s)).collect();
         reduce_scatter_rings(line_slices(&mut slots, &lines, &ranges), op, epilogue);
-        let rings: Vec<(RingRoute, usize)> = lines
-            .iter()
-            .map(|line| (shape.route(dim, line), ranges[line[0]].len()))
-            .collect();
-        record_passes(
-            &mut traffic,
-            &rings,
-            PhaseKind::ReduceScatter,
-            dim as u32,
-            dim as u32,
-            T::BYTES,
-        );
         shape.narrow(dim, &mut ranges);
     }
-    traffic
+    torus_reduce_scatter_traffic(shape, len, T::BYTES)
 }
 
 /// All-gather over `slices` (one per device, equally long) that undoes
@@ -441,63 +438,71 @@ pub(super) fn narrowed_ranges(shape: &TorusShape, len: usize, dims: usize) -> Ve
     ranges
 }
 
-/// Every dimension's rings with the segment length each reduces, for a
-/// reduce-scatter of `len` elements over the whole torus.
-pub(super) fn scatter_passes(shape: &TorusShape, len: usize) -> Vec<Vec<(RingRoute, usize)>> {
-    let ndims = shape.dims.len();
-    let mut ranges: Vec<Range<usize>> = vec![0..len; shape.device_count()];
-    let mut passes: Vec<Vec<(RingRoute, usize)>> = Vec::with_capacity(ndims);
-    for dim in 0..ndims {
-        let lines = shape.lines(dim);
-        passes.push(
-            lines
-                .iter()
-                .map(|line| (shape.route(dim, line), ranges[line[0]].len()))
-                .collect(),
-        );
-        shape.narrow(dim, &mut ranges);
-    }
-    passes
+/// The traffic [`super::torus_reduce_scatter`] records for `len` elements,
+/// without moving data: every axis in dimension order
+/// ([`torus_reduce_scatter_traffic_over`]).
+pub fn torus_reduce_scatter_traffic(shape: &TorusShape, len: usize, elem_bytes: usize) -> Traffic {
+    let axes: Vec<usize> = (0..shape.dims.len()).collect();
+    torus_reduce_scatter_traffic_over(shape, &axes, len, elem_bytes)
 }
 
-/// The traffic [`torus_reduce_scatter_slices`] records for `len` elements,
-/// without moving data: pass `d` (order `d`) along dimension `d`.
-pub fn torus_reduce_scatter_traffic(shape: &TorusShape, len: usize, elem_bytes: usize) -> Traffic {
+/// The traffic of a reduce-scatter of `len` elements per device over the
+/// axes `axes` of `shape` (every group of devices that differ only along
+/// them), without moving data: one order per round, the passes of a round
+/// on different axes at once (module `schedule`). Afterwards a device owns
+/// its range narrowed along `axes` in the order given. Axes outside the
+/// shape, repeated or of extent 1 move nothing and are left out.
+pub fn torus_reduce_scatter_traffic_over(
+    shape: &TorusShape,
+    axes: &[usize],
+    len: usize,
+    elem_bytes: usize,
+) -> Traffic {
     let mut traffic = Traffic::default();
-    for (dim, rings) in scatter_passes(shape, len).iter().enumerate() {
-        record_passes(
-            &mut traffic,
-            rings,
-            PhaseKind::ReduceScatter,
-            dim as u32,
-            dim as u32,
-            elem_bytes,
-        );
-    }
+    record_schedule(
+        &mut traffic,
+        shape,
+        &AxisPlan::new(shape, axes),
+        len,
+        elem_bytes,
+        PhaseKind::ReduceScatter,
+        0,
+    );
     traffic
 }
 
 /// The traffic of the all-gather that undoes a torus reduce-scatter of
-/// `len` elements: the rings of each dimension in reverse order, each pass
-/// moving the segment its rings reduced, with phase orders from
-/// `first_order` (so a caller can place it after the reduce-scatter).
+/// `len` elements: the reduce-scatter's rounds in reverse, each pass
+/// moving the segment it reduced, with phase orders from `first_order`
+/// (so a caller can place it after the reduce-scatter).
 pub fn torus_all_gather_traffic(
     shape: &TorusShape,
     len: usize,
     elem_bytes: usize,
     first_order: u32,
 ) -> Traffic {
-    let passes = scatter_passes(shape, len);
+    let axes: Vec<usize> = (0..shape.dims.len()).collect();
+    torus_all_gather_traffic_over(shape, &axes, len, elem_bytes, first_order)
+}
+
+/// [`torus_all_gather_traffic`] over the axes `axes` (as
+/// [`torus_reduce_scatter_traffic_over`]).
+pub fn torus_all_gather_traffic_over(
+    shape: &TorusShape,
+    axes: &[usize],
+    len: usize,
+    elem_bytes: usize,
+    first_order: u32,
+) -> Traffic {
     let mut traffic = Traffic::default();
-    for (k, dim) in (0..passes.len()).rev().enumerate() {
-        record_passes(
-            &mut traffic,
-            &passes[dim],
-            PhaseKind::AllGather,
-            first_order + k as u32,
-            dim as u32,
-            elem_bytes,
-        );
-    }
+    record_schedule(
+        &mut traffic,
+        shape,
+        &AxisPlan::new(shape, axes),
+        len,
+        elem_bytes,
+        PhaseKind::AllGather,
+        first_order,
+    );
     traffic
 }

@@ -16,8 +16,12 @@
 //! `b` bytes over a route of `h` links takes `h·α + b/β` (cut-through
 //! routing, so the bandwidth term is paid once). Within one ring step all
 //! transfers run concurrently on distinct links (each direction of a link is
-//! its own channel), so a step lasts as long as its slowest transfer; steps
-//! run one after another.
+//! its own channel), so a step lasts as long as its slowest transfer; the
+//! steps of a pass run one after another. The passes of one
+//! [`Phase::order`] on different dimensions (a round of the torus
+//! schedule, whose parts run on every axis at once) use disjoint links:
+//! each progresses through its own steps from the order's start, and the
+//! order ends when the last of them ends.
 
 use std::collections::BTreeMap;
 
@@ -41,12 +45,14 @@ pub enum PhaseKind {
 
 /// The step of a collective a transfer belongs to.
 ///
-/// Phases order as the collective executes them: by `order` (the position of
-/// the ring pass in the whole collective), then by `step`.
+/// Phases order as the collective executes them: by `order` (the round of
+/// the collective), then per pass (`kind`, `dim`) by `step`. Passes of one
+/// order on different `dim`s run at once, each through its own steps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct Phase {
-    /// Position of this ring pass within the collective (0 for a single ring;
-    /// a 3D torus all-reduce has passes 0..6).
+    /// The round of the collective this pass belongs to (0 for a single
+    /// ring; a 3D torus all-reduce has rounds 0..6, each with a pass on
+    /// every axis).
     pub order: u32,
     /// What the pass does.
     pub kind: PhaseKind,
@@ -141,8 +147,9 @@ impl Traffic {
         Traffic { transfers }
     }
 
-    /// Modeled duration with one model for every link: the sum over steps
-    /// of the slowest transfer in the step, `hops·α + bytes/β`.
+    /// Modeled duration with one model for every link: per order, the
+    /// longest of its passes (each the sum over its steps of the slowest
+    /// transfer in the step, `hops·α + bytes/β`), summed over orders.
     pub fn modeled_seconds(&self, model: &LinkModel) -> f64 {
         self.modeled_seconds_by_link(|_, _| *model)
     }
@@ -157,18 +164,19 @@ impl Traffic {
         // The collectives record in phase order; a record built by hand may
         // not be, and is sorted first.
         if self.transfers.is_sorted_by_key(|t| t.phase) {
-            slowest_per_phase(self.transfers.iter().map(|t| (t.phase, time(t))))
+            longest_per_order(self.transfers.iter().map(|t| (t.phase, time(t))))
         } else {
             let mut timed: Vec<(Phase, f64)> =
                 self.transfers.iter().map(|t| (t.phase, time(t))).collect();
             timed.sort_by_key(|&(phase, _)| phase);
-            slowest_per_phase(timed.into_iter())
+            longest_per_order(timed.into_iter())
         }
     }
 }
 
-/// One pass of a collective (its transfers of one [`Phase::order`]) in
-/// the alpha-beta model: what a report or a trace shows per phase.
+/// One pass of a collective (its transfers of one [`Phase::order`] and
+/// dimension) in the alpha-beta model: what a report or a trace shows per
+/// phase. Passes of one order run side by side.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PassSummary {
     /// [`Phase::order`].
@@ -214,14 +222,14 @@ pub fn pass_name(kind: PhaseKind, dim: u32) -> String {
 }
 
 impl Traffic {
-    /// Every pass in order, with its bytes and its span on
-    /// [`Traffic::timeline`] under `link`'s model.
+    /// Every pass in order (by order, then dimension), with its bytes and
+    /// its span on [`Traffic::timeline`] under `link`'s model.
     pub fn passes(&self, link: impl Fn(usize, usize) -> LinkModel) -> Vec<PassSummary> {
         let mut passes: Vec<PassSummary> = Vec::new();
         for t in self.timeline(link) {
             let phase = t.transfer.phase;
             match passes.last_mut() {
-                Some(p) if p.order == phase.order => {
+                Some(p) if (p.order, p.kind, p.dim) == (phase.order, phase.kind, phase.dim) => {
                     p.bytes += t.transfer.bytes;
                     p.start_seconds = p.start_seconds.min(t.start_seconds);
                     p.end_seconds = p.end_seconds.max(t.end_seconds);
@@ -254,29 +262,26 @@ pub struct TimedTransfer {
 
 impl Traffic {
     /// Every transfer with its start and end under `link`'s model: a step
-    /// starts when the previous step's slowest transfer has arrived (the
-    /// ring's data dependency), and all transfers of a step start together.
-    /// The last end is [`Traffic::modeled_seconds_by_link`]. A pod can use
-    /// it to let a collective progress over simulated ticks, or to draw it
-    /// on a trace.
+    /// of a pass starts when the pass's previous step's slowest transfer
+    /// has arrived (the ring's data dependency), all transfers of a step
+    /// start together, every pass of an order starts when the previous
+    /// order has ended, and an order ends with its longest pass. The last
+    /// end is [`Traffic::modeled_seconds_by_link`]. A pod can use it to let
+    /// a collective progress over simulated ticks, or to draw it on a
+    /// trace.
     pub fn timeline(&self, link: impl Fn(usize, usize) -> LinkModel) -> Vec<TimedTransfer> {
         let mut ordered: Vec<&Transfer> = self.transfers.iter().collect();
         // Stable: records of one phase keep their order.
         ordered.sort_by_key(|t| t.phase);
         let mut timeline = Vec::with_capacity(ordered.len());
-        let mut step_start = 0.0;
-        let mut step_end = 0.0f64;
-        let mut current: Option<Phase> = None;
+        let mut clock = Clock::default();
         for t in ordered {
-            if current != Some(t.phase) {
-                step_start = step_end.max(step_start);
-                current = Some(t.phase);
-            }
-            let end = step_start + link(t.src, t.dst).message_seconds(t.bytes, t.hops);
-            step_end = step_end.max(end);
+            let start = clock.step_start(t.phase);
+            let end = start + link(t.src, t.dst).message_seconds(t.bytes, t.hops);
+            clock.arrive(end);
             timeline.push(TimedTransfer {
                 transfer: *t,
-                start_seconds: step_start,
+                start_seconds: start,
                 end_seconds: end,
             });
         }
@@ -284,20 +289,58 @@ impl Traffic {
     }
 }
 
-/// Sums, over runs of equal phases, the largest time in each run.
-fn slowest_per_phase(timed: impl Iterator<Item = (Phase, f64)>) -> f64 {
-    let mut total = 0.0;
-    let mut current: Option<(Phase, f64)> = None;
-    for (phase, time) in timed {
-        match &mut current {
-            Some((p, slowest)) if *p == phase => *slowest = slowest.max(time),
+/// The schedule's clock over records sorted by phase: orders one after
+/// another, the passes (`kind`, `dim`) of an order side by side, the steps
+/// of a pass one after another.
+#[derive(Default)]
+struct Clock {
+    phase: Option<Phase>,
+    /// When the current order started.
+    order_start: f64,
+    /// The latest end so far (the current order's end once it is over).
+    order_end: f64,
+    /// The current pass's latest end.
+    pass_end: f64,
+    /// The current step's start.
+    step_start: f64,
+}
+
+impl Clock {
+    /// The start of `phase`'s step (phases come in sorted order).
+    fn step_start(&mut self, phase: Phase) -> f64 {
+        match self.phase {
+            Some(p) if p == phase => {}
+            Some(p) if (p.order, p.kind, p.dim) == (phase.order, phase.kind, phase.dim) => {
+                self.step_start = self.pass_end;
+            }
+            Some(p) if p.order == phase.order => {
+                self.step_start = self.order_start;
+                self.pass_end = self.order_start;
+            }
             _ => {
-                total += current.map_or(0.0, |(_, slowest)| slowest);
-                current = Some((phase, time));
+                self.order_start = self.order_end;
+                self.step_start = self.order_start;
+                self.pass_end = self.order_start;
             }
         }
+        self.phase = Some(phase);
+        self.step_start
     }
-    total + current.map_or(0.0, |(_, slowest)| slowest)
+
+    fn arrive(&mut self, end: f64) {
+        self.pass_end = self.pass_end.max(end);
+        self.order_end = self.order_end.max(end);
+    }
+}
+
+/// The end of the last order, over `(phase, seconds)` sorted by phase.
+fn longest_per_order(timed: impl Iterator<Item = (Phase, f64)>) -> f64 {
+    let mut clock = Clock::default();
+    for (phase, seconds) in timed {
+        let start = clock.step_start(phase);
+        clock.arrive(start + seconds);
+    }
+    clock.order_end
 }
 
 /// Latency and bandwidth of one direction of a link.

@@ -3,25 +3,24 @@
 //! 175e9-parameter model on an 8960-chip v5p pod), and as the check of the
 //! traffic-based model the pod's step uses.
 //!
-//! Over a torus of extents `n₀ × n₁ × n₂`, the reduce-scatter of a bucket
-//! of `L` elements (a multiple of the device count) runs one pass per axis
-//! `d`: every line of `n_d` devices reduces a segment of
-//! `L_d = L / (n₀ ⋯ n_{d−1})` elements in `n_d − 1` steps, each moving a
-//! `L_d / n_d`-element chunk between neighbours: a step lasts
-//! `α + chunk_bytes / β` and the line's links carry `n_d·(n_d − 1)`
-//! chunks. That holds on a ring and on a line without wraparound alike (a
-//! mesh axis, or a twisted torus's axis): a line runs two ways, its
-//! partials flowing from both ends to each chunk's owner, never more than
-//! one chunk per link direction per step
-//! ([`crate::collectives::torus_reduce_scatter_traffic`]). The all-gather
-//! mirrors it.
+//! Over a torus, a bucket's reduce-scatter and all-gather are
+//! [`crate::collectives::reduce_scatter_cost`] and
+//! [`crate::collectives::all_gather_cost`] over every axis: the closed
+//! form of the collectives' link schedule (module
+//! [`crate::collectives::cost`]), one part of the bucket per axis, each
+//! part running the axes in rotated order so every round keeps every
+//! axis's links busy, a ring of 3 or more chips with wraparound sending
+//! half of each part each way (`(n−1)/n · V / (2β)` per pass), a line
+//! without wraparound (a mesh axis, or a twisted torus's axis) running two
+//! ways (`(n−1) · (V/n) / β`). A round lasts its slowest pass.
 //!
 //! On a multislice pod of `S` slices of `C` chips, after the slice's axes
-//! each device holds `L / C` elements, and one DCN exchange follows: every
-//! host sends each other slice the `L / (C·S)`-element chunk of each of its
-//! `h` chips, `h·L/(C·S)·elem` bytes on its own fabric rail, so the pass
-//! lasts `α_dcn + h·L/(C·S)·elem / β_rail` (`β_rail` = the host's NIC
-//! bandwidth / (S − 1) / oversubscription, [`Topology::fabric_link_params`]).
+//! each device holds `L / C` elements, and one DCN exchange follows
+//! ([`crate::collectives::dcn_exchange_cost`]): every host sends each other
+//! slice the `L / (C·S)`-element chunk of each of its `h` chips,
+//! `h·L/(C·S)·elem` bytes on its own fabric rail, so the pass lasts
+//! `α_dcn + h·L/(C·S)·elem / β_rail` (`β_rail` = the host's NIC bandwidth
+//! / (S − 1) / oversubscription, [`Topology::fabric_link_params`]).
 //!
 //! Under the redundant recovery policy every device also sends its new
 //! state shards of each bucket, `slots · L / N · elem` bytes, to its
@@ -44,7 +43,10 @@ use super::layout::{ShardLayout, ShardPlan};
 use super::model::{RecoveryPolicy, check_recovery_policy};
 use super::timing::{BucketCost, StepPhase, StepTimeline, schedule};
 use crate::collectives::pod::slice_torus;
-use crate::collectives::{DCN_AXIS, TorusShape};
+use crate::collectives::{
+    CollectiveCost, LinkModel, PassCost, PhaseKind, TorusShape, all_gather_cost, dcn_exchange_cost,
+    reduce_scatter_cost,
+};
 use crate::ir::DType;
 use crate::topology::{DeviceId, LinkParams, Topology};
 
@@ -65,20 +67,6 @@ pub struct ModeledStep {
     pub buckets: usize,
     /// Devices.
     pub devices: usize,
-}
-
-/// One axis pass of `len` elements over `lines` rings or two-way lines of
-/// `n` devices: (seconds, link bytes).
-fn pass(n: usize, lines: usize, len: usize, elem: usize, alpha: f64, beta: f64) -> (f64, u64) {
-    if n < 2 {
-        return (0.0, 0);
-    }
-    let chunk = (len / n * elem) as u64;
-    let step = alpha + chunk as f64 / beta;
-    (
-        (n - 1) as f64 * step,
-        lines as u64 * (n as u64 - 1) * n as u64 * chunk,
-    )
 }
 
 /// The modeled step of a model with `tensors` (names and shapes) of
@@ -140,7 +128,7 @@ pub fn modeled_step_with_recovery(
     let devices = geometry.devices;
     let elem = dtype.byte_size();
     let redundant = recovery == RecoveryPolicy::Redundant && devices > 1;
-    let costs = BucketCosts::of(topology, &geometry, slots, elem, redundant);
+    let costs = BucketCosts::of(topology, &geometry, slots, elem, redundant)?;
     let mut lengths: Vec<usize> = layout.buckets.iter().map(|b| b.padded_len).collect();
     lengths.sort_unstable();
     lengths.dedup();
@@ -175,7 +163,6 @@ pub fn modeled_step_with_recovery(
 /// multislice pod, whose DCN pass runs on `rail`), and the layout.
 struct StepGeometry {
     shape: TorusShape,
-    dims: Vec<usize>,
     rail: Option<LinkParams>,
     chips: usize,
     slices: usize,
@@ -238,7 +225,6 @@ impl StepGeometry {
         )?;
         Ok(StepGeometry {
             shape,
-            dims,
             rail,
             chips,
             slices,
@@ -254,14 +240,44 @@ struct BucketCosts<'a> {
     geometry: &'a StepGeometry,
     slots: usize,
     elem: usize,
-    alpha: f64,
-    beta: f64,
+    ici: LinkModel,
+    rail: Option<LinkModel>,
     hbm_per_s: f64,
     /// Chips behind each host NIC (every host drives one block).
     chips_per_host: usize,
     redundant: bool,
     replication_hops: u32,
     replication_links: u64,
+}
+
+/// A link's figures as the collectives' model.
+fn link_model(latency_ns: u64, bytes_per_s: f64) -> Result<LinkModel, ShardingError> {
+    LinkModel::new(latency_ns as f64 * 1e-9, bytes_per_s).map_err(|e| ShardingError::Devices {
+        reason: e.to_string(),
+    })
+}
+
+/// A collective's rounds as the step's passes, dropping what takes no time.
+fn step_rounds(cost: &CollectiveCost) -> Vec<Vec<(StepPhase, f64)>> {
+    cost.rounds
+        .iter()
+        .map(|round| {
+            round
+                .iter()
+                .filter(|p| p.seconds > 0.0)
+                .map(step_pass)
+                .collect::<Vec<_>>()
+        })
+        .filter(|round| !round.is_empty())
+        .collect()
+}
+
+fn step_pass(p: &PassCost) -> (StepPhase, f64) {
+    let phase = match p.kind {
+        PhaseKind::AllGather => StepPhase::AllGather { axis: p.axis },
+        _ => StepPhase::ReduceScatter { axis: p.axis },
+    };
+    (phase, p.seconds)
 }
 
 impl<'a> BucketCosts<'a> {
@@ -271,7 +287,7 @@ impl<'a> BucketCosts<'a> {
         slots: usize,
         elem: usize,
         redundant: bool,
-    ) -> BucketCosts<'a> {
+    ) -> Result<BucketCosts<'a>, ShardingError> {
         let chips_per_host = (0..topology.chips_per_slice())
             .filter(|&d| topology.host_of(d) == 0)
             .count();
@@ -281,74 +297,74 @@ impl<'a> BucketCosts<'a> {
         } else {
             (0, 0)
         };
-        BucketCosts {
+        let rail = geometry
+            .rail
+            .map(|r| link_model(r.latency_ns, r.bytes_per_s))
+            .transpose()?;
+        Ok(BucketCosts {
             geometry,
             slots,
             elem,
-            alpha: topology.ici.latency_ns as f64 * 1e-9,
-            beta: topology.ici.bytes_per_s,
+            ici: link_model(topology.ici.latency_ns, topology.ici.bytes_per_s)?,
+            rail,
             hbm_per_s: topology.generation.spec().hbm_bytes_per_s,
             chips_per_host,
             redundant,
             replication_hops,
             replication_links,
-        }
+        })
     }
 
     /// A bucket of `len` padded elements: its passes and link bytes.
     fn bucket(&self, len: usize) -> (BucketCost, u64) {
         let StepGeometry {
-            dims,
-            rail,
+            shape,
             chips,
             slices,
             devices,
             ..
         } = self.geometry;
-        let (chips, slices, elem, alpha, beta) =
-            (*chips, *slices, self.elem, self.alpha, self.beta);
-        let mut rs = Vec::with_capacity(4);
-        let mut bytes = 0u64;
-        let mut segment = len;
-        for (d, &n) in dims.iter().enumerate() {
-            let (seconds, moved) = pass(n, chips / n * slices, segment, elem, alpha, beta);
-            rs.push((StepPhase::ReduceScatter { axis: d as u32 }, seconds));
-            bytes += 2 * moved;
-            segment /= n;
+        let (chips, slices, elem) = (*chips, *slices, self.elem);
+        let axes: Vec<usize> = (0..shape.dims().len()).collect();
+        // Every slice at once over ICI: the slice's traffic, once per slice.
+        let mut rs = reduce_scatter_cost(shape, &axes, len, elem, &self.ici);
+        let mut ag = all_gather_cost(shape, &axes, len, elem, &self.ici);
+        for pass in rs.rounds.iter_mut().chain(&mut ag.rounds).flatten() {
+            pass.link_bytes *= slices as u64;
         }
-        if let Some(rail) = rail {
-            // One exchange: every host sends each other slice the chunk of
-            // each of its chips, `segment / slices` elements, on its own rail.
-            let chunk = (self.chips_per_host * (segment / slices) * elem) as u64;
-            let seconds = rail.latency_ns as f64 * 1e-9 + chunk as f64 / rail.bytes_per_s;
-            rs.push((StepPhase::ReduceScatter { axis: DCN_AXIS }, seconds));
-            let hosts = (chips / self.chips_per_host.max(1) * slices) as u64;
-            bytes += 2 * hosts * (slices as u64 - 1) * chunk;
+        if let Some(rail) = &self.rail {
+            let hosts = chips / self.chips_per_host.max(1);
+            let exchange = |kind| {
+                dcn_exchange_cost(
+                    len / chips,
+                    slices,
+                    hosts,
+                    self.chips_per_host,
+                    elem,
+                    rail,
+                    kind,
+                )
+            };
+            rs.rounds.push(vec![exchange(PhaseKind::ReduceScatter)]);
+            ag.rounds.insert(0, vec![exchange(PhaseKind::AllGather)]);
         }
-        let mut ag: Vec<(StepPhase, f64)> = rs
-            .iter()
-            .rev()
-            .map(|&(p, s)| match p {
-                StepPhase::ReduceScatter { axis } => (StepPhase::AllGather { axis }, s),
-                other => (other, s),
-            })
-            .filter(|&(_, s)| s > 0.0)
-            .collect();
-        let rs = rs.into_iter().filter(|&(_, s)| s > 0.0).collect();
+        let mut bytes = rs.link_bytes() + ag.link_bytes();
+        let mut ag_rounds = step_rounds(&ag);
         let shard = len / devices;
         if self.redundant {
             // After the bucket's all-gather, on the same stream.
             let copy = (self.slots * shard * elem) as u64;
-            ag.push((
+            ag_rounds.push(vec![(
                 StepPhase::ReplicateState,
-                f64::from(self.replication_hops) * alpha + copy as f64 / beta,
-            ));
+                f64::from(self.replication_hops) * self.ici.latency_seconds()
+                    + copy as f64 / self.ici.bandwidth_bytes_per_second(),
+            )]);
             bytes += copy * self.replication_links;
         }
         let cost = BucketCost {
-            reduce_scatter: rs,
+            reduce_scatter: step_rounds(&rs),
             update: ((3 + 2 * self.slots) * shard * elem) as f64 / self.hbm_per_s,
-            all_gather: ag,
+            all_gather: ag_rounds,
         };
         (cost, bytes)
     }
@@ -375,15 +391,16 @@ mod tests {
             2 * 40_000
         );
         let replicate = redundant.timeline.phases["replicate_state"];
-        // One link on the v5e torus: α + 80 KB / β.
+        // The v5e-16 is a 4x4 mesh: the snake ring closes over the 3 links
+        // of axis 1, the longest route, 3α + 80 KB / β.
         let ici = &topology.ici;
-        let expected = ici.latency_ns as f64 * 1e-9 + 80_000.0 / ici.bytes_per_s;
+        let expected = 3.0 * ici.latency_ns as f64 * 1e-9 + 80_000.0 / ici.bytes_per_s;
         assert!(
             (replicate - expected).abs() <= 1e-15,
             "{replicate} vs {expected}"
         );
-        // 16 messages of 80 KB, one link each.
-        assert_eq!(redundant.link_bytes - rollback.link_bytes, 16 * 80_000);
+        // 16 messages of 80 KB: 15 of one link, the closing one of 3.
+        assert_eq!(redundant.link_bytes - rollback.link_bytes, 18 * 80_000);
         assert!(
             (redundant.timeline.step_seconds - rollback.timeline.step_seconds - replicate).abs()
                 <= 1e-15
@@ -425,7 +442,7 @@ mod tests {
     }
 
     #[test]
-    fn a_twisted_axis_runs_two_way_lines_at_the_plain_torus_s_cost() {
+    fn a_twisted_axis_runs_two_way_lines_at_the_plain_torus_s_bytes() {
         let plain = parse_topology(
             "Pod(name: \"p\", generation: \"v4\", shape: \"4x4x8\")",
             "p.ron",
@@ -444,7 +461,9 @@ mod tests {
         // 2(N−1)/N of the model per device: 2 · 127 · 512 KB over all links.
         assert_eq!(t.link_bytes, 2 * 127 * params as u64 * 4);
         assert_eq!(t.link_bytes, p.link_bytes);
-        assert!((t.timeline.step_seconds - p.timeline.step_seconds).abs() <= 1e-15);
+        // The plain torus's rings send half of each part each way; the
+        // twisted axes' lines all of it one way at a time.
+        assert!(t.timeline.step_seconds > p.timeline.step_seconds);
         // A mesh line costs what a ring does too.
         let mesh = parse_topology(
             "Pod(name: \"m\", generation: \"v4\", shape: \"4x4x8\", wraparound: [false, false, false])",

@@ -2,15 +2,17 @@
 //!
 //! Per bucket `b`, three stages:
 //!
-//! * **reduce-scatter**, one pass per torus axis (or one ring pass; on a
-//!   multislice pod, then one DCN pass across slices): the
-//!   collective's own transfer schedule ([`Traffic::timeline`]) on the
-//!   pod's links, alpha-beta per link (`latency + bytes / bandwidth`);
+//! * **reduce-scatter**, in rounds (or one ring pass; on a multislice pod,
+//!   then one DCN pass across slices): in each round a pass on every
+//!   torus axis at once, on disjoint links, the round lasting its slowest
+//!   pass: the collective's own transfer schedule ([`Traffic::timeline`])
+//!   on the pod's links, alpha-beta per link (`latency + bytes /
+//!   bandwidth`);
 //! * **update**: the fused kernel on each device's shard, which reads
 //!   params, grads and every state slot and writes params and the slots,
 //!   `(3 + 2·slots) · shard_len · element_bytes` bytes at the generation's
 //!   HBM bandwidth (`hardware.rs`);
-//! * **all-gather** of the new parameters, the reduce-scatter's passes in
+//! * **all-gather** of the new parameters, the reduce-scatter's rounds in
 //!   reverse;
 //! * with redundant state, **replicate_state**: each device sends its new
 //!   state shards to its ring successor (one message, routed).
@@ -18,7 +20,9 @@
 //! Buckets overlap as XLA's latency-hiding scheduler overlaps them: one
 //! communication stream (the links are shared by both collectives) runs
 //! `RS₀, RS₁, AG₀, RS₂, AG₁, …, AG_{B−1}`, each as soon as the stream is
-//! free and (for `AGᵦ`) the update of bucket `b` is done; the compute
+//! free and (for `AGᵦ`) the update of bucket `b` is done (within a
+//! collective, a round's passes start together, each its own span, and the
+//! stream is free when the slowest ends); the compute
 //! stream runs `U₀, U₁, …`, each once its reduce-scatter has arrived.
 //! Exposed communication is the step time minus the update time. The
 //! torus is symmetric, so every device has the same spans.
@@ -133,63 +137,71 @@ impl StepTimeline {
     }
 }
 
-/// One bucket's collectives placed in time: per pass, its phase and
-/// duration, in order.
+/// One bucket's collectives placed in time: per round, its passes' phases
+/// and durations (the passes of a round run at once), rounds in order.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BucketCost {
-    /// Reduce-scatter passes.
-    pub reduce_scatter: Vec<(StepPhase, f64)>,
+    /// Reduce-scatter rounds.
+    pub reduce_scatter: Vec<Vec<(StepPhase, f64)>>,
     /// Update seconds.
     pub update: f64,
-    /// All-gather passes.
-    pub all_gather: Vec<(StepPhase, f64)>,
+    /// All-gather rounds.
+    pub all_gather: Vec<Vec<(StepPhase, f64)>>,
 }
 
-/// Durations of a collective's passes, in execution order: each pass lasts
-/// from its first transfer's start to its last transfer's end.
+/// Durations of a collective's passes, by round ([`crate::collectives::Phase::order`])
+/// in execution order and within a round by axis: each pass lasts from its
+/// first transfer's start to its last transfer's end.
 pub fn pass_durations(
     traffic: &Traffic,
     link: impl Fn(usize, usize) -> LinkModel,
-) -> Vec<(StepPhase, f64)> {
-    let mut passes: Vec<(u32, StepPhase, f64, f64)> = Vec::new();
+) -> Vec<Vec<(StepPhase, f64)>> {
+    // (order, kind, dim), phase, start, end; sorted as the timeline.
+    type PassSpan = ((u32, PhaseKind, u32), StepPhase, f64, f64);
+    let mut passes: Vec<PassSpan> = Vec::new();
     for t in traffic.timeline(link) {
-        let phase = match t.transfer.phase.kind {
-            PhaseKind::AllGather => StepPhase::AllGather {
-                axis: t.transfer.phase.dim,
-            },
+        let p = t.transfer.phase;
+        let phase = match p.kind {
+            PhaseKind::AllGather => StepPhase::AllGather { axis: p.dim },
             PhaseKind::Broadcast => StepPhase::ReplicateState,
-            _ => StepPhase::ReduceScatter {
-                axis: t.transfer.phase.dim,
-            },
+            _ => StepPhase::ReduceScatter { axis: p.dim },
         };
-        let order = t.transfer.phase.order;
-        match passes.iter_mut().find(|p| p.0 == order) {
-            Some(p) => {
-                p.2 = p.2.min(t.start_seconds);
-                p.3 = p.3.max(t.end_seconds);
+        let key = (p.order, p.kind, p.dim);
+        match passes.iter_mut().rev().find(|q| q.0 == key) {
+            Some(q) => {
+                q.2 = q.2.min(t.start_seconds);
+                q.3 = q.3.max(t.end_seconds);
             }
-            None => passes.push((order, phase, t.start_seconds, t.end_seconds)),
+            None => passes.push((key, phase, t.start_seconds, t.end_seconds)),
         }
     }
-    passes.sort_by_key(|p| p.0);
-    passes
-        .into_iter()
-        .map(|(_, ph, s, e)| (ph, e - s))
-        .collect()
+    passes.sort_by_key(|q| q.0);
+    let mut rounds: Vec<(u32, Vec<(StepPhase, f64)>)> = Vec::new();
+    for ((order, _, _), phase, start, end) in passes {
+        match rounds.last_mut() {
+            Some((o, round)) if *o == order => round.push((phase, end - start)),
+            _ => rounds.push((order, vec![(phase, end - start)])),
+        }
+    }
+    rounds.into_iter().map(|(_, round)| round).collect()
 }
 
 /// Places every bucket's stages on the two streams (module docs).
 pub fn schedule(costs: &[&BucketCost]) -> StepTimeline {
     struct Streams {
         spans: Vec<Span>,
-        totals: BTreeMap<StepPhase, f64>,
+        /// Seconds per phase: a handful of phases, searched linearly.
+        totals: Vec<(StepPhase, f64)>,
         comm_free: f64,
         compute_free: f64,
         update_seconds: f64,
     }
     impl Streams {
         fn push(&mut self, bucket: usize, phase: StepPhase, start: f64, end: f64) {
-            *self.totals.entry(phase).or_insert(0.0) += end - start;
+            match self.totals.iter_mut().find(|(p, _)| *p == phase) {
+                Some((_, total)) => *total += end - start,
+                None => self.totals.push((phase, end - start)),
+            }
             self.spans.push(Span {
                 bucket,
                 phase,
@@ -197,11 +209,15 @@ pub fn schedule(costs: &[&BucketCost]) -> StepTimeline {
                 end_seconds: end,
             });
         }
-        fn passes(&mut self, bucket: usize, passes: &[(StepPhase, f64)], ready: f64) -> f64 {
+        fn passes(&mut self, bucket: usize, rounds: &[Vec<(StepPhase, f64)>], ready: f64) -> f64 {
             let mut at = self.comm_free.max(ready);
-            for &(phase, seconds) in passes {
-                self.push(bucket, phase, at, at + seconds);
-                at += seconds;
+            for round in rounds {
+                let mut longest = 0.0f64;
+                for &(phase, seconds) in round {
+                    self.push(bucket, phase, at, at + seconds);
+                    longest = longest.max(seconds);
+                }
+                at += longest;
             }
             self.comm_free = at;
             at
@@ -217,7 +233,7 @@ pub fn schedule(costs: &[&BucketCost]) -> StepTimeline {
     let b = costs.len();
     let mut streams = Streams {
         spans: Vec::with_capacity(b * 8),
-        totals: BTreeMap::new(),
+        totals: Vec::new(),
         comm_free: 0.0,
         compute_free: 0.0,
         update_seconds: 0.0,

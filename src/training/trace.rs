@@ -300,6 +300,14 @@ fn device_events(input: &TraceInput<'_>, trace: &mut Trace) {
         .reports
         .iter()
         .any(|r| r.spans.iter().any(|s| s.phase.is_dcn()));
+    // A round's passes on different axes run at once: axis 0 (and the
+    // state copies) on track 1, axis a ≥ 1 on track 2 + a.
+    let axes: std::collections::BTreeSet<u32> = input
+        .reports
+        .iter()
+        .flat_map(|r| r.spans.iter().filter_map(|s| comm_axis(s.phase)))
+        .filter(|&a| a > 0)
+        .collect();
     for &d in &devices {
         trace
             .process(d, format!("device {d}"))
@@ -307,6 +315,9 @@ fn device_events(input: &TraceInput<'_>, trace: &mut Trace) {
             .thread(d, 1, "communication");
         if dcn {
             trace.thread(d, 2, "DCN (across slices)");
+        }
+        for &a in &axes {
+            trace.thread(d, 2 + a, format!("communication, axis {a}"));
         }
     }
     for r in input.reports {
@@ -317,7 +328,10 @@ fn device_events(input: &TraceInput<'_>, trace: &mut Trace) {
             } else if s.phase.is_dcn() {
                 (2, "dcn")
             } else {
-                (1, "communication")
+                (
+                    comm_axis(s.phase).filter(|&a| a > 0).map_or(1, |a| 2 + a),
+                    "communication",
+                )
             };
             for &d in &devices {
                 trace.push(span(
@@ -331,6 +345,16 @@ fn device_events(input: &TraceInput<'_>, trace: &mut Trace) {
                 ));
             }
         }
+    }
+}
+
+/// The ICI axis of a reduce-scatter or all-gather pass.
+fn comm_axis(phase: StepPhase) -> Option<u32> {
+    match phase {
+        StepPhase::ReduceScatter { axis } | StepPhase::AllGather { axis } if !phase.is_dcn() => {
+            Some(axis)
+        }
+        _ => None,
     }
 }
 

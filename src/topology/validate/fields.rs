@@ -58,6 +58,9 @@ pub(super) fn resolve_wraparound(
                 WraparoundRule::MultipleOf(k) => {
                     format!("only dimensions that are a multiple of {k} can wrap")
                 }
+                WraparoundRule::OnlySize(k) => {
+                    format!("only a dimension of exactly {k} chips can wrap")
+                }
                 WraparoundRule::AnyDimension => {
                     "a ring needs at least 3 chips (2 chips already share their one link)".into()
                 }
