@@ -563,7 +563,9 @@ pub(super) fn sharding_of(args: &TrainArgs) -> ShardingConfig {
         recovery: args.recovery,
         hbm_bytes: None,
         strategy: args.strategy,
-        prefetch: args.prefetch.unwrap_or(optirs_tpu::sharding::residency::DEFAULT_PREFETCH),
+        prefetch: args
+            .prefetch
+            .unwrap_or(optirs_tpu::sharding::residency::DEFAULT_PREFETCH),
     }
 }
 
