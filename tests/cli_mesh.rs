@@ -159,14 +159,31 @@ fn the_text_says_what_does_not_fit() {
 }
 
 #[test]
-fn a_real_run_builds_replicated_on_the_default_mesh_only() {
+fn a_real_run_builds_every_strategy_on_one_slice_and_the_default_mesh_only() {
+    for strategy in ["zero2", "fsdp"] {
+        let out = optirs(&[
+            "train",
+            "v5e-16",
+            "--strategy",
+            strategy,
+            "--params",
+            "1000",
+            "--steps",
+            "1",
+            "--json",
+        ]);
+        assert!(out.status.success(), "{strategy}: {}", stderr(&out));
+        let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(r["strategy"], strategy);
+        assert_eq!(r["steps_completed"], 1);
+    }
     assert_usage(
-        &["train", "v5e-16", "--strategy", "fsdp"],
-        &["--strategy fsdp runs modeled only for now: add --modeled-only"],
-    );
-    assert_usage(
-        &["train", "v5e-16", "--strategy", "zero2"],
-        &["--strategy zero2 runs modeled only for now"],
+        &["train", MULTISLICE, "--strategy", "fsdp"],
+        &[
+            "--strategy fsdp on a multislice pod",
+            "2 slices",
+            "runs modeled only for now: add --modeled-only",
+        ],
     );
     assert_usage(
         &["train", MULTISLICE, "--mesh", "fsdp=32"],

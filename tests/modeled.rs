@@ -43,17 +43,25 @@ fn f(v: &serde_json::Value) -> f64 {
 }
 
 #[test]
-fn modeled_only_agrees_with_a_real_run_under_every_recovery_policy() {
+fn modeled_only_agrees_with_a_real_run_under_every_recovery_policy_and_strategy() {
     let steps = 2u64;
-    for (pod, recovery) in [
-        ("v5e-16", "rollback"),
-        ("v5e-16", "redundant"),
-        ("v4-8", "redundant"),
-        (MULTISLICE, "redundant"),
-        (TWISTED, "redundant"),
-        (CUBES, "rollback"),
-        (CUBES, "spare-cube"),
-    ] {
+    let cases = [
+        ("v5e-16", "rollback", "replicated"),
+        ("v5e-16", "redundant", "replicated"),
+        ("v4-8", "redundant", "replicated"),
+        (MULTISLICE, "redundant", "replicated"),
+        (TWISTED, "redundant", "replicated"),
+        (CUBES, "rollback", "replicated"),
+        (CUBES, "spare-cube", "replicated"),
+        ("v5e-16", "rollback", "zero2"),
+        ("v4-8", "redundant", "zero2"),
+        (CUBES, "spare-cube", "zero2"),
+        ("v5e-16", "rollback", "fsdp"),
+        ("v5e-16", "redundant", "fsdp"),
+        (TWISTED, "rollback", "fsdp"),
+        (CUBES, "spare-cube", "fsdp"),
+    ];
+    for (pod, recovery, strategy) in cases {
         let args = [
             "train",
             pod,
@@ -65,11 +73,14 @@ fn modeled_only_agrees_with_a_real_run_under_every_recovery_policy() {
             "4096",
             "--recovery",
             recovery,
+            "--strategy",
+            strategy,
             "--json",
         ];
         let real = json(&args);
         let modeled = json(&[&args[..], &["--modeled-only"]].concat());
-        let what = format!("{pod} under {recovery}");
+        let what = format!("{pod} under {recovery}, {strategy}");
+        assert_eq!(modeled["strategy"], strategy, "{what}");
         assert_eq!(modeled["recovery"], recovery, "{what}");
         assert_eq!(modeled["devices"], real["devices"], "{what}");
         assert_eq!(modeled["buckets"], real["buckets"], "{what}");

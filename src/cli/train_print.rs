@@ -110,7 +110,7 @@ pub(super) fn print_report(r: &TrainReport, json: bool) -> Result<()> {
         return output::print_json(r);
     }
     let mut text = format!(
-        "trained {} ({} in {}, {}) with {} on {} ({})\n\
+        "trained {} ({} in {}, {}) with {} on {} ({}), {} on the mesh {}\n\
          {} completed ({} attempted); step {} modeled, {} wall per step; compile {}\n",
         "the model",
         output::plural(r.params as u64, "parameter", "parameters"),
@@ -119,6 +119,8 @@ pub(super) fn print_report(r: &TrainReport, json: bool) -> Result<()> {
         r.optimizer,
         r.pod,
         output::plural(u64::from(r.devices), "device", "devices"),
+        r.strategy,
+        r.mesh,
         output::plural(r.steps_completed, "step", "steps"),
         r.steps_attempted,
         output::seconds(r.step_modeled_seconds),

@@ -43,7 +43,7 @@ use super::model::{
 use super::ranked::HeldElsewhere;
 use super::residency::{StepBuffer, step_buffers};
 use super::strategy_step::{fsdp_bucket_costs, fsdp_step_traffic};
-use super::timing::{BucketCost, StepPhase, StepTimeline, schedule};
+use super::timing::{BucketCost, FsdpBucketCost, StepPhase, StepTimeline, schedule, schedule_fsdp};
 use crate::clock::SimClock;
 use crate::collectives::pod::{LinkCharge, charge_links};
 use crate::exec::runtime::{Arg, NoCustomCalls, RunOutput, Runtime};
@@ -273,16 +273,22 @@ pub fn launch_step<'w, A: FloatElement>(
     let hbm_per_s = world
         .get::<Device>(entities[0])
         .map_or(1e12, |d| d.generation.spec().hbm_bytes_per_s);
-    let costs = match &per_length {
+    let timeline = match &per_length {
         PerLength::Replicated(per_length) => {
-            super::traffic::bucket_costs(&layout, &lengths, per_length, &charge, slots, hbm_per_s)
+            let costs = super::traffic::bucket_costs(
+                &layout, &lengths, per_length, &charge, slots, hbm_per_s,
+            );
+            let bucket_costs: Vec<&BucketCost> =
+                program_of_bucket.iter().map(|&p| &costs[p]).collect();
+            schedule(&bucket_costs)
         }
         PerLength::Fsdp(per_length) => {
-            fsdp_bucket_costs(&layout, &lengths, per_length, &charge, slots, hbm_per_s)
+            let costs = fsdp_bucket_costs(&layout, &lengths, per_length, &charge, slots, hbm_per_s);
+            let bucket_costs: Vec<&FsdpBucketCost> =
+                program_of_bucket.iter().map(|&p| &costs[p]).collect();
+            schedule_fsdp(&bucket_costs, residency.prefetch)
         }
     };
-    let bucket_costs: Vec<&BucketCost> = program_of_bucket.iter().map(|&p| &costs[p]).collect();
-    let timeline = schedule(&bucket_costs);
     let completes_at_ns = now + (timeline.step_seconds * 1e9).ceil() as u64;
     world.insert_resource(ShardedStep {
         number,

@@ -23,6 +23,7 @@ use serde::Serialize;
 use super::layout::ShardLayout;
 use super::mesh::{Mesh, MeshAxisName, PhysicalAxis, Strategy};
 use super::model::RecoveryPolicy;
+use super::residency::{ResidencyInput, hbm_bytes_per_device};
 
 /// A model's sizes as the strategies need them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -69,7 +70,8 @@ pub struct StrategyMemory {
     pub grads: u64,
     /// Optimizer state: every slot's shard.
     pub state: u64,
-    /// The redundant policy's copy of a peer's state shard.
+    /// The redundant policy's copy of a peer's state shard (under fsdp, and of
+    /// its parameter shard, the only other place those values live).
     pub redundant_state: u64,
     /// `fsdp`'s gathered parameter buckets in flight.
     pub gathered_buckets: u64,
@@ -89,8 +91,8 @@ fn aligned(bytes: u64) -> u64 {
 
 impl StrategyMemory {
     /// The HBM of `strategy` on `mesh` for `model`, `fsdp` keeping up to
-    /// `prefetch + 1` gathered buckets (never more than the `2·buckets`
-    /// gathers a step makes), under `recovery`.
+    /// `prefetch + 1` gathered buckets (never more than the model's
+    /// buckets), under `recovery`: [`super::residency`]'s figure.
     pub fn of(
         strategy: Strategy,
         mesh: &Mesh,
@@ -98,41 +100,38 @@ impl StrategyMemory {
         prefetch: usize,
         recovery: RecoveryPolicy,
     ) -> StrategyMemory {
-        let e = model.elem_bytes;
-        let devices = mesh.devices().max(1) as u64;
-        let fsdp = mesh.size(MeshAxisName::Fsdp).max(1) as u64;
-        let whole = aligned(model.elements.saturating_mul(e));
-        let fsdp_shard = aligned(model.padded_elements / fsdp * e);
-        let state_shard = match strategy {
-            Strategy::Replicated => aligned(model.padded_elements / devices * e),
-            Strategy::Zero2 | Strategy::Fsdp => fsdp_shard,
+        // One figure for the world's placement and this model: residency's,
+        // on the devices the state is sharded over (every device under
+        // replicated, as ZeRO-1 over every replica; the fsdp axis else).
+        let devices = mesh.devices().max(1);
+        let shard_over = match strategy {
+            Strategy::Replicated => devices,
+            Strategy::Zero2 | Strategy::Fsdp => mesh.size(MeshAxisName::Fsdp).max(1),
         };
-        let state = model.slots.saturating_mul(state_shard);
-        let redundant_state = if recovery == RecoveryPolicy::Redundant && devices > 1 {
-            state
-        } else {
-            0
+        let input = ResidencyInput {
+            strategy,
+            elements: model.elements as usize,
+            shard_elements: model.padded_elements as usize / shard_over,
+            bucket_elements: model.bucket_elements as usize,
+            buckets: model.buckets as usize,
+            elem_bytes: model.elem_bytes as usize,
+            slots: model.slots as usize,
+            prefetch,
+            redundant: recovery == RecoveryPolicy::Redundant && devices > 1,
         };
-        let bucket = aligned(model.bucket_elements.saturating_mul(e));
-        let in_flight = (prefetch as u64)
-            .saturating_add(1)
-            .min(2 * model.buckets.max(1));
-        let (params, grads, gathered_buckets, gradient_bucket) = match strategy {
-            Strategy::Replicated => (whole, whole, 0, 0),
-            Strategy::Zero2 => (whole, fsdp_shard, 0, bucket),
-            Strategy::Fsdp => (
-                fsdp_shard,
-                fsdp_shard,
-                in_flight.saturating_mul(bucket),
-                bucket,
-            ),
+        let by_kind = hbm_bytes_per_device(&input);
+        let gradient_bucket = match strategy {
+            Strategy::Replicated => 0,
+            Strategy::Zero2 | Strategy::Fsdp => {
+                aligned(model.bucket_elements.saturating_mul(model.elem_bytes))
+            }
         };
         StrategyMemory {
-            params,
-            grads,
-            state,
-            redundant_state,
-            gathered_buckets,
+            params: by_kind.params,
+            grads: by_kind.grads - gradient_bucket,
+            state: by_kind.state,
+            redundant_state: by_kind.redundant,
+            gathered_buckets: by_kind.gathered,
             gradient_bucket,
         }
     }
@@ -430,18 +429,19 @@ mod tests {
         let fsdp = of(Strategy::Fsdp, 3, RecoveryPolicy::Redundant);
         assert_eq!(fsdp.params, z2.grads);
         assert_eq!(fsdp.gathered_buckets, 4 * a(m.bucket_elements * 4));
-        assert_eq!(fsdp.redundant_state, fsdp.state);
+        // The copy of the predecessor's state and parameter shards.
+        assert_eq!(fsdp.redundant_state, fsdp.state + fsdp.params);
         assert_eq!(
             fsdp.total(),
-            fsdp.params
+            2 * fsdp.params
                 + fsdp.grads
                 + 2 * fsdp.state
                 + fsdp.gathered_buckets
                 + fsdp.gradient_bucket
         );
-        // Prefetch beyond the step's 2·buckets gathers holds no more.
+        // Prefetch beyond the model's buckets holds no more.
         let huge = of(Strategy::Fsdp, usize::MAX, RecoveryPolicy::Rollback);
-        assert_eq!(huge.gathered_buckets, 2000 * a(m.bucket_elements * 4));
+        assert_eq!(huge.gathered_buckets, 1000 * a(m.bucket_elements * 4));
         assert_eq!(
             of(Strategy::Fsdp, 0, RecoveryPolicy::Rollback).gathered_buckets,
             a(m.bucket_elements * 4)

@@ -25,7 +25,12 @@
 //!
 //! Under the redundant policy each update is followed, on the
 //! communication stream, by the state copy to the snake-ring successor
-//! (`h·α + bytes/β`, `h` the longest route).
+//! (`h·α + bytes/β`, `h` the longest route; under fsdp the parameter shard
+//! goes with it).
+//!
+//! A real run places the same stages on the pod's charged links
+//! (`timing::schedule`, and `timing::schedule_fsdp` in the fsdp order
+//! above), and `tests/modeled.rs` holds the two equal for every strategy.
 //!
 //! The collectives' costs come from [`cost`], one place.
 
@@ -360,7 +365,10 @@ impl Costing<'_> {
         }
         debug_assert!(updated);
         if self.redundant {
-            let copy = (self.slots * shard * self.elem) as u64;
+            // Under fsdp the parameter shard lives nowhere else: it is
+            // copied with the state (`sharding::residency`).
+            let copied = self.slots + usize::from(strategy == Strategy::Fsdp);
+            let copy = (copied * shard * self.elem) as u64;
             let alpha = self.ici.latency_seconds();
             let group = self.next_group;
             self.next_group += 1;

@@ -8,10 +8,12 @@
 //! reduce-scattered and each device updates its shard; the updated shard
 //! stays where it is (no all-gather after the update). With redundant state
 //! each device sends its new state shards and its parameter shard to its
-//! ring successor. On the communication stream a bucket's passes run
-//! `AG (forward), AG (backward), RS`; its update follows its
-//! reduce-scatter on the compute stream ([`super::timing::schedule`]). The
-//! gathers are `all_gather.axisN` phases, both counted under that key.
+//! ring successor. The stages are placed in the order FSDP runs them
+//! ([`super::timing::schedule_fsdp`]: every bucket gathered for the
+//! forward pass, then in reverse for the backward pass, each followed by
+//! its gradient's reduce-scatter), as the closed form
+//! (`sharding::strategy_model`) places them. The gathers are
+//! `all_gather.axisN` phases, both counted under that key.
 //!
 //! Replicated and zero2 run the replicated step's collectives
 //! ([`super::traffic`]); zero2 differs only in what each device holds.
@@ -21,7 +23,7 @@ use bevy_ecs::prelude::*;
 use super::error::ShardingError;
 use super::layout::{ShardLayout, ShardPlan};
 use super::mesh::Strategy;
-use super::timing::{BucketCost, pass_durations};
+use super::timing::{FsdpBucketCost, pass_durations};
 use crate::collectives::pod::{LinkCharge, torus_of};
 use crate::collectives::{
     Phase, PhaseKind, Traffic, Transfer, ring_all_gather_traffic, ring_reduce_scatter_traffic,
@@ -150,9 +152,10 @@ fn replication(
     .routed_on(shape)
 }
 
-/// Each distinct bucket length's modeled fsdp cost: both gathers and the
-/// reduce-scatter before the update, the copies after it, timed on the
-/// charged links; the update at HBM bandwidth, as every strategy's.
+/// Each distinct bucket length's modeled fsdp stages, timed on the charged
+/// links: one gather (run before each use), the reduce-scatter, the copies
+/// after the update; the update at HBM bandwidth, as every strategy's.
+/// [`super::timing::schedule_fsdp`] places them.
 pub(super) fn fsdp_bucket_costs(
     layout: &ShardLayout,
     lengths: &[usize],
@@ -160,7 +163,7 @@ pub(super) fn fsdp_bucket_costs(
     charge: &LinkCharge,
     slots: usize,
     hbm_per_s: f64,
-) -> Vec<BucketCost> {
+) -> Vec<FsdpBucketCost> {
     let elem = layout.element_bytes();
     let link = |s, d| charge.model(s, d);
     lengths
@@ -168,14 +171,11 @@ pub(super) fn fsdp_bucket_costs(
         .zip(per_length)
         .map(|(&len, traffic)| {
             let shard = len / layout.devices();
-            let gather = pass_durations(&traffic.gather, link);
-            let mut before_update = gather.clone();
-            before_update.extend(gather);
-            before_update.extend(pass_durations(&traffic.reduce_scatter, link));
-            BucketCost {
-                reduce_scatter: before_update,
+            FsdpBucketCost {
+                gather: pass_durations(&traffic.gather, link),
+                gradient: pass_durations(&traffic.reduce_scatter, link),
                 update: ((3 + 2 * slots) * shard * elem) as f64 / hbm_per_s,
-                all_gather: pass_durations(&traffic.replicate, link),
+                replicate: pass_durations(&traffic.replicate, link),
             }
         })
         .collect()

@@ -265,3 +265,120 @@ pub fn schedule(costs: &[&BucketCost]) -> StepTimeline {
         phases,
     }
 }
+
+/// One fsdp bucket's stages: the gather of its parameters (run before each
+/// of its two uses), its gradient's collectives, its update and, with
+/// redundant state, the copy after the update.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FsdpBucketCost {
+    /// One all-gather of the bucket's parameters, by round.
+    pub gather: Vec<Vec<(StepPhase, f64)>>,
+    /// The gradient's reduce-scatter, by round.
+    pub gradient: Vec<Vec<(StepPhase, f64)>>,
+    /// Update seconds.
+    pub update: f64,
+    /// The redundant copies after the update, by round.
+    pub replicate: Vec<Vec<(StepPhase, f64)>>,
+}
+
+/// Places an fsdp step's stages on the two streams in the order FSDP runs
+/// them (`sharding::strategy_model`'s module docs, whose closed form this
+/// is for the pod's charged links, with uses of no length): the `2B`
+/// uses forward `0..B−1`, then backward `B−1..0`; gather `s` starts once
+/// use `s − prefetch − 1` freed its bucket; a backward use's bucket is
+/// reduce-scattered after it, and updated on the compute stream after the
+/// next use (the last at the end).
+pub fn schedule_fsdp(costs: &[&FsdpBucketCost], prefetch: usize) -> StepTimeline {
+    let b = costs.len();
+    let uses = 2 * b;
+    let bucket_of = |s: usize| if s < b { s } else { uses - 1 - s };
+    let window = prefetch.saturating_add(1);
+    let mut spans: Vec<Span> = Vec::with_capacity(b * 12);
+    let mut totals: Vec<(StepPhase, f64)> = Vec::new();
+    let (mut comm_free, mut compute_free, mut update_seconds) = (0.0f64, 0.0f64, 0.0f64);
+    let mut push = |spans: &mut Vec<Span>, bucket, phase, start: f64, end: f64| {
+        match totals.iter_mut().find(|(p, _)| *p == phase) {
+            Some((_, total)) => *total += end - start,
+            None => totals.push((phase, end - start)),
+        }
+        spans.push(Span {
+            bucket,
+            phase,
+            start_seconds: start,
+            end_seconds: end,
+        });
+    };
+    // One communication stage once the stream is free and `ready` passed.
+    let mut comm = |spans: &mut Vec<Span>,
+                    push: &mut dyn FnMut(&mut Vec<Span>, usize, StepPhase, f64, f64),
+                    bucket: usize,
+                    rounds: &[Vec<(StepPhase, f64)>],
+                    ready: f64| {
+        let mut at = comm_free.max(ready);
+        for round in rounds {
+            let mut longest = 0.0f64;
+            for &(phase, seconds) in round {
+                push(spans, bucket, phase, at, at + seconds);
+                longest = longest.max(seconds);
+            }
+            at += longest;
+        }
+        comm_free = at;
+        at
+    };
+    let mut used = vec![0.0f64; uses];
+    let mut gathered_end = vec![0.0f64; uses];
+    for s in 0..window.min(uses) {
+        let k = bucket_of(s);
+        gathered_end[s] = comm(&mut spans, &mut push, k, &costs[k].gather, 0.0);
+    }
+    let mut pending: Option<(usize, f64)> = None;
+    let mut update = |spans: &mut Vec<Span>,
+                      push: &mut dyn FnMut(&mut Vec<Span>, usize, StepPhase, f64, f64),
+                      compute_free: &mut f64,
+                      j: usize,
+                      ready: f64| {
+        let start = compute_free.max(ready);
+        let end = start + costs[j].update;
+        push(spans, j, StepPhase::Update, start, end);
+        *compute_free = end;
+        update_seconds += costs[j].update;
+        end
+    };
+    for s in 0..uses {
+        let k = bucket_of(s);
+        // A use of no length: the compute stream reaches its gather's end.
+        compute_free = compute_free.max(gathered_end[s]);
+        used[s] = compute_free;
+        if let Some((j, ready)) = pending.take() {
+            let end = update(&mut spans, &mut push, &mut compute_free, j, ready);
+            comm(&mut spans, &mut push, j, &costs[j].replicate, end);
+        }
+        if s + window < uses {
+            let ready = used[s + window - window];
+            let g = bucket_of(s + window);
+            gathered_end[s + window] =
+                comm(&mut spans, &mut push, g, &costs[g].gather, ready).max(ready);
+        }
+        if s >= b {
+            let in_at = comm(&mut spans, &mut push, k, &costs[k].gradient, used[s]);
+            pending = Some((k, in_at));
+        }
+    }
+    if let Some((j, ready)) = pending {
+        let end = update(&mut spans, &mut push, &mut compute_free, j, ready);
+        comm(&mut spans, &mut push, j, &costs[j].replicate, end);
+    }
+    let step_seconds = comm_free.max(compute_free);
+    let mut phases: BTreeMap<String, f64> = totals.iter().map(|(p, s)| (p.key(), *s)).collect();
+    phases.insert(
+        "exposed_communication".into(),
+        (step_seconds - update_seconds).max(0.0),
+    );
+    StepTimeline {
+        spans,
+        step_seconds,
+        update_seconds,
+        phases,
+    }
+}

@@ -68,6 +68,10 @@ pub struct TrainReport {
     pub buckets: usize,
     /// Bytes per bucket.
     pub bucket_bytes: usize,
+    /// How the model is split over the mesh.
+    pub strategy: crate::sharding::Strategy,
+    /// The mesh the run is laid out on (`data=1,fsdp=16,tensor=1`).
+    pub mesh: String,
     /// Steps completed.
     pub steps_completed: u64,
     /// Steps attempted (failed ones included).
@@ -207,6 +211,8 @@ impl Outcome {
             tensors: layout.tensors.len(),
             buckets: layout.buckets.len(),
             bucket_bytes: opt.sharding().bucket_bytes,
+            strategy: opt.sharding().strategy,
+            mesh: crate::sharding::Mesh::default_for(opt.pod().topology()).to_string(),
             steps_completed: opt.steps_completed(),
             steps_attempted: self.attempts,
             step_modeled_seconds,
