@@ -186,58 +186,85 @@ pub fn pass_durations(
     rounds.into_iter().map(|(_, round)| round).collect()
 }
 
+/// The communication and compute streams of a step being placed.
+struct Streams {
+    spans: Vec<Span>,
+    /// Seconds per phase: a handful of phases, searched linearly.
+    totals: Vec<(StepPhase, f64)>,
+    comm_free: f64,
+    compute_free: f64,
+    update_seconds: f64,
+}
+
+impl Streams {
+    fn new(capacity: usize) -> Streams {
+        Streams {
+            spans: Vec::with_capacity(capacity),
+            totals: Vec::new(),
+            comm_free: 0.0,
+            compute_free: 0.0,
+            update_seconds: 0.0,
+        }
+    }
+
+    fn push(&mut self, bucket: usize, phase: StepPhase, start: f64, end: f64) {
+        match self.totals.iter_mut().find(|(p, _)| *p == phase) {
+            Some((_, total)) => *total += end - start,
+            None => self.totals.push((phase, end - start)),
+        }
+        self.spans.push(Span {
+            bucket,
+            phase,
+            start_seconds: start,
+            end_seconds: end,
+        });
+    }
+
+    /// `rounds` on the communication stream once it is free and `ready`
+    /// has passed (a round's passes start together): the end.
+    fn passes(&mut self, bucket: usize, rounds: &[Vec<(StepPhase, f64)>], ready: f64) -> f64 {
+        let mut at = self.comm_free.max(ready);
+        for round in rounds {
+            let mut longest = 0.0f64;
+            for &(phase, seconds) in round {
+                self.push(bucket, phase, at, at + seconds);
+                longest = longest.max(seconds);
+            }
+            at += longest;
+        }
+        self.comm_free = at;
+        at
+    }
+
+    fn update(&mut self, bucket: usize, seconds: f64, ready: f64) -> f64 {
+        let start = self.compute_free.max(ready);
+        self.push(bucket, StepPhase::Update, start, start + seconds);
+        self.compute_free = start + seconds;
+        self.update_seconds += seconds;
+        start + seconds
+    }
+
+    fn finish(self) -> StepTimeline {
+        let step_seconds = self.comm_free.max(self.compute_free);
+        let mut phases: BTreeMap<String, f64> =
+            self.totals.iter().map(|(p, s)| (p.key(), *s)).collect();
+        phases.insert(
+            "exposed_communication".into(),
+            (step_seconds - self.update_seconds).max(0.0),
+        );
+        StepTimeline {
+            spans: self.spans,
+            step_seconds,
+            update_seconds: self.update_seconds,
+            phases,
+        }
+    }
+}
+
 /// Places every bucket's stages on the two streams (module docs).
 pub fn schedule(costs: &[&BucketCost]) -> StepTimeline {
-    struct Streams {
-        spans: Vec<Span>,
-        /// Seconds per phase: a handful of phases, searched linearly.
-        totals: Vec<(StepPhase, f64)>,
-        comm_free: f64,
-        compute_free: f64,
-        update_seconds: f64,
-    }
-    impl Streams {
-        fn push(&mut self, bucket: usize, phase: StepPhase, start: f64, end: f64) {
-            match self.totals.iter_mut().find(|(p, _)| *p == phase) {
-                Some((_, total)) => *total += end - start,
-                None => self.totals.push((phase, end - start)),
-            }
-            self.spans.push(Span {
-                bucket,
-                phase,
-                start_seconds: start,
-                end_seconds: end,
-            });
-        }
-        fn passes(&mut self, bucket: usize, rounds: &[Vec<(StepPhase, f64)>], ready: f64) -> f64 {
-            let mut at = self.comm_free.max(ready);
-            for round in rounds {
-                let mut longest = 0.0f64;
-                for &(phase, seconds) in round {
-                    self.push(bucket, phase, at, at + seconds);
-                    longest = longest.max(seconds);
-                }
-                at += longest;
-            }
-            self.comm_free = at;
-            at
-        }
-        fn update(&mut self, bucket: usize, seconds: f64, ready: f64) -> f64 {
-            let start = self.compute_free.max(ready);
-            self.push(bucket, StepPhase::Update, start, start + seconds);
-            self.compute_free = start + seconds;
-            self.update_seconds += seconds;
-            start + seconds
-        }
-    }
     let b = costs.len();
-    let mut streams = Streams {
-        spans: Vec::with_capacity(b * 8),
-        totals: Vec::new(),
-        comm_free: 0.0,
-        compute_free: 0.0,
-        update_seconds: 0.0,
-    };
+    let mut streams = Streams::new(b * 8);
     // Communication order RS0, RS1, AG0, RS2, AG1, …; each update as soon
     // as its reduce-scatter is in.
     let mut update_end = vec![0.0f64; b];
@@ -251,19 +278,7 @@ pub fn schedule(costs: &[&BucketCost]) -> StepTimeline {
             streams.passes(j, &costs[j].all_gather, update_end[j]);
         }
     }
-    let step_seconds = streams.comm_free.max(streams.compute_free);
-    let mut phases: BTreeMap<String, f64> =
-        streams.totals.iter().map(|(p, s)| (p.key(), *s)).collect();
-    phases.insert(
-        "exposed_communication".into(),
-        (step_seconds - streams.update_seconds).max(0.0),
-    );
-    StepTimeline {
-        spans: streams.spans,
-        step_seconds,
-        update_seconds: streams.update_seconds,
-        phases,
-    }
+    streams.finish()
 }
 
 /// One fsdp bucket's stages: the gather of its parameters (run before each
@@ -293,92 +308,35 @@ pub fn schedule_fsdp(costs: &[&FsdpBucketCost], prefetch: usize) -> StepTimeline
     let uses = 2 * b;
     let bucket_of = |s: usize| if s < b { s } else { uses - 1 - s };
     let window = prefetch.saturating_add(1);
-    let mut spans: Vec<Span> = Vec::with_capacity(b * 12);
-    let mut totals: Vec<(StepPhase, f64)> = Vec::new();
-    let (mut comm_free, mut compute_free, mut update_seconds) = (0.0f64, 0.0f64, 0.0f64);
-    let mut push = |spans: &mut Vec<Span>, bucket, phase, start: f64, end: f64| {
-        match totals.iter_mut().find(|(p, _)| *p == phase) {
-            Some((_, total)) => *total += end - start,
-            None => totals.push((phase, end - start)),
-        }
-        spans.push(Span {
-            bucket,
-            phase,
-            start_seconds: start,
-            end_seconds: end,
-        });
-    };
-    // One communication stage once the stream is free and `ready` passed.
-    let mut comm = |spans: &mut Vec<Span>,
-                    push: &mut dyn FnMut(&mut Vec<Span>, usize, StepPhase, f64, f64),
-                    bucket: usize,
-                    rounds: &[Vec<(StepPhase, f64)>],
-                    ready: f64| {
-        let mut at = comm_free.max(ready);
-        for round in rounds {
-            let mut longest = 0.0f64;
-            for &(phase, seconds) in round {
-                push(spans, bucket, phase, at, at + seconds);
-                longest = longest.max(seconds);
-            }
-            at += longest;
-        }
-        comm_free = at;
-        at
-    };
+    let mut streams = Streams::new(b * 12);
     let mut used = vec![0.0f64; uses];
     let mut gathered_end = vec![0.0f64; uses];
-    for s in 0..window.min(uses) {
+    for (s, end) in gathered_end.iter_mut().enumerate().take(window) {
         let k = bucket_of(s);
-        gathered_end[s] = comm(&mut spans, &mut push, k, &costs[k].gather, 0.0);
+        *end = streams.passes(k, &costs[k].gather, 0.0);
     }
     let mut pending: Option<(usize, f64)> = None;
-    let mut update = |spans: &mut Vec<Span>,
-                      push: &mut dyn FnMut(&mut Vec<Span>, usize, StepPhase, f64, f64),
-                      compute_free: &mut f64,
-                      j: usize,
-                      ready: f64| {
-        let start = compute_free.max(ready);
-        let end = start + costs[j].update;
-        push(spans, j, StepPhase::Update, start, end);
-        *compute_free = end;
-        update_seconds += costs[j].update;
-        end
-    };
     for s in 0..uses {
         let k = bucket_of(s);
         // A use of no length: the compute stream reaches its gather's end.
-        compute_free = compute_free.max(gathered_end[s]);
-        used[s] = compute_free;
+        streams.compute_free = streams.compute_free.max(gathered_end[s]);
+        used[s] = streams.compute_free;
         if let Some((j, ready)) = pending.take() {
-            let end = update(&mut spans, &mut push, &mut compute_free, j, ready);
-            comm(&mut spans, &mut push, j, &costs[j].replicate, end);
+            let end = streams.update(j, costs[j].update, ready);
+            streams.passes(j, &costs[j].replicate, end);
         }
         if s + window < uses {
-            let ready = used[s + window - window];
             let g = bucket_of(s + window);
-            gathered_end[s + window] =
-                comm(&mut spans, &mut push, g, &costs[g].gather, ready).max(ready);
+            gathered_end[s + window] = streams.passes(g, &costs[g].gather, used[s]).max(used[s]);
         }
         if s >= b {
-            let in_at = comm(&mut spans, &mut push, k, &costs[k].gradient, used[s]);
+            let in_at = streams.passes(k, &costs[k].gradient, used[s]);
             pending = Some((k, in_at));
         }
     }
     if let Some((j, ready)) = pending {
-        let end = update(&mut spans, &mut push, &mut compute_free, j, ready);
-        comm(&mut spans, &mut push, j, &costs[j].replicate, end);
+        let end = streams.update(j, costs[j].update, ready);
+        streams.passes(j, &costs[j].replicate, end);
     }
-    let step_seconds = comm_free.max(compute_free);
-    let mut phases: BTreeMap<String, f64> = totals.iter().map(|(p, s)| (p.key(), *s)).collect();
-    phases.insert(
-        "exposed_communication".into(),
-        (step_seconds - update_seconds).max(0.0),
-    );
-    StepTimeline {
-        spans,
-        step_seconds,
-        update_seconds,
-        phases,
-    }
+    streams.finish()
 }
