@@ -112,6 +112,42 @@ fn modeled_only_agrees_with_a_real_run_under_every_recovery_policy_and_strategy(
             real["link_bytes"].as_u64().unwrap(),
             "{what}: link bytes per step"
         );
+        // Per phase and per physical axis: the same bytes per step, the
+        // same seconds.
+        let real_bytes = real["phase_bytes"].as_object().unwrap();
+        let modeled_bytes = modeled["phase_bytes"].as_object().unwrap();
+        assert_eq!(
+            real_bytes.keys().collect::<Vec<_>>(),
+            modeled_bytes.keys().collect::<Vec<_>>(),
+            "{what}: phase bytes"
+        );
+        for (k, v) in real_bytes {
+            assert_eq!(
+                modeled_bytes[k].as_u64().unwrap() * steps,
+                v.as_u64().unwrap(),
+                "{what}: {k} bytes"
+            );
+        }
+        let real_axes = real["axes"].as_object().unwrap();
+        let modeled_axes = modeled["axes"].as_object().unwrap();
+        assert_eq!(
+            real_axes.keys().collect::<Vec<_>>(),
+            modeled_axes.keys().collect::<Vec<_>>(),
+            "{what}: axes"
+        );
+        for (k, v) in real_axes {
+            assert!(
+                close(f(&modeled_axes[k]["seconds"]), f(&v["seconds"])),
+                "{what}: axis {k} {} vs {}",
+                modeled_axes[k]["seconds"],
+                v["seconds"]
+            );
+            assert_eq!(
+                modeled_axes[k]["link_bytes"].as_u64().unwrap() * steps,
+                v["link_bytes"].as_u64().unwrap(),
+                "{what}: axis {k} bytes"
+            );
+        }
         assert_eq!(
             real_phases.contains_key("replicate_state"),
             recovery == "redundant",

@@ -100,6 +100,9 @@ pub struct ShardedStep {
     pub outcome: StepOutcome,
     /// Bytes charged to the links.
     pub link_bytes: u64,
+    /// The same by phase (`reduce_scatter.axis0`, `all_gather.dcn`,
+    /// `replicate_state`, as [`StepPhase::key`] names them).
+    pub phase_bytes: BTreeMap<String, u64>,
     /// HBM in use per participant while the step holds its buffers.
     pub hbm_bytes: Vec<(DeviceId, u64)>,
     /// Whether the step's transient HBM and data are released.
@@ -133,6 +136,7 @@ impl ShardedStep {
                 cause,
             },
             link_bytes: 0,
+            phase_bytes: BTreeMap::new(),
             hbm_bytes: Vec::new(),
             released: true,
             release_errors: 0,
@@ -256,6 +260,7 @@ pub fn launch_step<'w, A: FloatElement>(
     // The reduce-scatter, on the real data: the last fallible part of a
     // split pod's launch that involves the other ranks, so it comes before
     // anything in this world changes.
+    let phase_bytes = bytes_by_phase(&combined);
     let reduced = reduce_into_last_buffer(world, &layout, request.gradients, number)?;
     // HBM: the step's buffers under the model's strategy, on every device.
     let transient = reserve_gradients(world, &entities, &step_buffers(&residency), number)?;
@@ -297,6 +302,7 @@ pub fn launch_step<'w, A: FloatElement>(
         timeline,
         outcome: StepOutcome::Pending,
         link_bytes: charge.link_bytes,
+        phase_bytes,
         hbm_bytes,
         released: false,
         release_errors: 0,
@@ -773,4 +779,24 @@ pub fn release_step_memory(world: &mut World) {
     }
     step.released = true;
     world.insert_resource(step);
+}
+
+/// A step's traffic by the phase its records belong to ([`StepPhase::key`]
+/// names; the redundant copies, broadcast records, are `replicate_state`).
+fn bytes_by_phase(traffic: &crate::collectives::Traffic) -> BTreeMap<String, u64> {
+    use crate::collectives::PhaseKind;
+    let mut by_kind: BTreeMap<(PhaseKind, u32), u64> = BTreeMap::new();
+    for t in &traffic.transfers {
+        *by_kind.entry((t.phase.kind, t.phase.dim)).or_insert(0) += t.bytes;
+    }
+    let mut bytes = BTreeMap::new();
+    for ((kind, dim), b) in by_kind {
+        let key = match kind {
+            PhaseKind::ReduceScatter => StepPhase::ReduceScatter { axis: dim }.key(),
+            PhaseKind::AllGather => StepPhase::AllGather { axis: dim }.key(),
+            _ => StepPhase::ReplicateState.key(),
+        };
+        *bytes.entry(key).or_insert(0) += b;
+    }
+    bytes
 }

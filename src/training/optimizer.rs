@@ -134,6 +134,9 @@ pub struct ShardedStepReport {
     pub phases: BTreeMap<String, f64>,
     /// Bytes the step put on the links.
     pub link_bytes: u64,
+    /// The same by phase (`reduce_scatter.axis0`, `all_gather.dcn`,
+    /// `replicate_state`).
+    pub phase_bytes: BTreeMap<String, u64>,
     /// HBM in use on each device during the step.
     pub hbm_bytes_per_device: Vec<(u32, u64)>,
     /// Buckets.
@@ -368,6 +371,7 @@ where
                         modeled_seconds: step.timeline.step_seconds,
                         phases: step.timeline.phases.clone(),
                         link_bytes: step.link_bytes,
+                        phase_bytes: step.phase_bytes.clone(),
                         hbm_bytes_per_device: step
                             .hbm_bytes
                             .iter()

@@ -84,6 +84,12 @@ pub struct TrainReport {
     pub hbm_bytes_per_device: u64,
     /// Bytes the steps put on the links.
     pub link_bytes: u64,
+    /// The same by phase, over every step.
+    pub phase_bytes: BTreeMap<String, u64>,
+    /// Per physical axis (`axis0`, `dcn`; `snake_ring` for the redundant
+    /// copies): the median step's seconds its passes last and the run's
+    /// bytes over its links.
+    pub axes: BTreeMap<String, AxisReport>,
     /// Failed attempts.
     pub failures: Vec<FailureRow>,
     /// Recoveries.
@@ -113,6 +119,55 @@ pub struct TrainReport {
     pub world_sha256: String,
     /// Processes the pod ran on (`mpirun -n R`; 1 without).
     pub ranks: u32,
+}
+
+/// An axis's share of a run: seconds of the median step, bytes of all.
+#[derive(Serialize, Debug, Clone, Copy, Default, PartialEq)]
+pub struct AxisReport {
+    /// Seconds its passes last in the median step (passes of a round on
+    /// other axes run at the same time).
+    pub seconds: f64,
+    /// Bytes over its links in the run.
+    pub link_bytes: u64,
+}
+
+/// Every step's bytes by phase, summed.
+fn phase_bytes(reports: &[ShardedStepReport]) -> BTreeMap<String, u64> {
+    let mut total = BTreeMap::new();
+    for (k, b) in reports.iter().flat_map(|r| &r.phase_bytes) {
+        *total.entry(k.clone()).or_insert(0) += b;
+    }
+    total
+}
+
+/// The physical axis a phase key runs on: `reduce_scatter.axis0` on
+/// `axis0`, `all_gather.dcn` on `dcn`, `replicate_state` on the snake
+/// ring; none for the update and the totals.
+fn axis_of_phase(key: &str) -> Option<&str> {
+    if key == "replicate_state" {
+        return Some("snake_ring");
+    }
+    let (kind, axis) = key.split_once('.')?;
+    matches!(kind, "reduce_scatter" | "all_gather").then_some(axis)
+}
+
+/// Per physical axis, from the median phases and the run's bytes.
+fn axes_of(
+    phases: &BTreeMap<String, f64>,
+    bytes: &BTreeMap<String, u64>,
+) -> BTreeMap<String, AxisReport> {
+    let mut axes: BTreeMap<String, AxisReport> = BTreeMap::new();
+    for (k, s) in phases {
+        if let Some(axis) = axis_of_phase(k) {
+            axes.entry(axis.to_string()).or_default().seconds += s;
+        }
+    }
+    for (k, b) in bytes {
+        if let Some(axis) = axis_of_phase(k) {
+            axes.entry(axis.to_string()).or_default().link_bytes += b;
+        }
+    }
+    axes
 }
 
 /// The median of `v`: the middle value, or the mean of the two middle
@@ -199,6 +254,8 @@ impl Outcome {
         let simulated_seconds = parts.total_ns as f64 * 1e-9;
         let step_modeled_seconds = median(reports.iter().map(|r| r.modeled_seconds).collect());
         let phases = median_phases(reports);
+        let run_phase_bytes = phase_bytes(reports);
+        let axes = axes_of(&phases, &run_phase_bytes);
         let layout = opt.layout()?.clone();
         let seconds = |ns: u64| ns as f64 * 1e-9;
         let checkpoints = self.checkpoints_report(opt)?;
@@ -223,6 +280,8 @@ impl Outcome {
                 .max()
                 .unwrap_or(0),
             link_bytes: reports.iter().map(|r| r.link_bytes).sum(),
+            phase_bytes: run_phase_bytes,
+            axes,
             failures: self.failures.clone(),
             recoveries: recovery_rows(opt),
             goodput: parts.goodput(),

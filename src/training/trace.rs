@@ -373,6 +373,7 @@ mod tests {
             modeled_seconds,
             phases: BTreeMap::new(),
             link_bytes: 0,
+            phase_bytes: Default::default(),
             hbm_bytes_per_device: vec![(0, 1), (1, 1)],
             buckets: 1,
             wall_seconds: 0.0,
