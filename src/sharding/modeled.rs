@@ -94,7 +94,7 @@ pub fn modeled_step(
 /// Each device's redundant-copy message on the snake ring the model's
 /// layout uses ([`ShardLayout::peers`]): (longest route in links, links
 /// summed over one slice's messages).
-fn replication_routes(shape: &TorusShape) -> (u32, u64) {
+pub(super) fn replication_routes(shape: &TorusShape) -> (u32, u64) {
     let ring = shape.snake_ring();
     if ring.len() < 2 {
         return (0, 0);
@@ -161,17 +161,17 @@ pub fn modeled_step_with_recovery(
 /// The pod as the modeled step lays the model out: the slice's rings and
 /// lines as the collectives lay them (padded to three axes on a
 /// multislice pod, whose DCN pass runs on `rail`), and the layout.
-struct StepGeometry {
-    shape: TorusShape,
-    rail: Option<LinkParams>,
-    chips: usize,
-    slices: usize,
-    devices: usize,
-    layout: ShardLayout,
+pub(super) struct StepGeometry {
+    pub(super) shape: TorusShape,
+    pub(super) rail: Option<LinkParams>,
+    pub(super) chips: usize,
+    pub(super) slices: usize,
+    pub(super) devices: usize,
+    pub(super) layout: ShardLayout,
 }
 
 impl StepGeometry {
-    fn of(
+    pub(super) fn of(
         topology: &Topology,
         tensors: &[(String, Vec<usize>)],
         dtype: DType,

@@ -39,14 +39,13 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use super::error::ShardingError;
-use super::layout::{ShardLayout, ShardPlan};
 use super::mesh::{Mesh, MeshAxisName, PhysicalAxis, Strategy};
 use super::model::{RecoveryPolicy, check_recovery_policy};
+use super::modeled::{StepGeometry, replication_routes};
 use super::strategy::{ModelSize, NotFitting, PlanStep, StrategyMemory, bucket_plan};
-use crate::collectives::pod::slice_torus;
 use crate::collectives::{DCN_AXIS, LinkModel, PhaseKind, TorusShape, pass_name};
 use crate::ir::DType;
-use crate::topology::{DeviceId, Topology};
+use crate::topology::Topology;
 
 use crate::collectives::cost;
 
@@ -385,24 +384,6 @@ impl Costing<'_> {
     }
 }
 
-/// Each device's redundant-copy message on the snake ring: (longest route
-/// in links, links summed over one slice's messages), as
-/// [`super::modeled`] routes it.
-fn replication_routes(shape: &TorusShape) -> (u32, u64) {
-    let ring = shape.snake_ring();
-    if ring.len() < 2 {
-        return (0, 0);
-    }
-    let mut longest = 0u32;
-    let mut links = 0u64;
-    for (at, &device) in ring.iter().enumerate() {
-        let hops = shape.path(device, ring[(at + 1) % ring.len()]).len().max(1);
-        longest = longest.max(hops as u32);
-        links += hops as u64;
-    }
-    (longest, links)
-}
-
 fn devices_error(reason: impl Into<String>) -> ShardingError {
     ShardingError::Devices {
         reason: reason.into(),
@@ -432,50 +413,20 @@ pub fn modeled_strategy_step(
             options.use_seconds
         )));
     }
-    let slices = topology.slices as usize;
-    let slice = slice_torus(topology).map_err(|e| devices_error(e.to_string()))?;
-    let mut dims = slice.dims().to_vec();
-    let mut wrap = slice.wraparound().to_vec();
-    let rail = if slices > 1 {
-        let fabric = topology.dcn_fabric.ok_or_else(|| {
-            devices_error(format!(
-                "{} has {slices} slices but no DCN fabric: a sharded step across slices \
-                 reduces over the fabric",
-                topology.name
-            ))
-        })?;
-        dims.resize(3, 1);
-        wrap.resize(3, false);
-        let p = topology.fabric_link_params(&fabric);
-        Some(
-            LinkModel::new(p.latency_ns as f64 * 1e-9, p.bytes_per_s)
-                .map_err(|e| devices_error(e.to_string()))?,
-        )
-    } else {
-        None
-    };
-    let shape = TorusShape::new(&dims, &wrap).map_err(|e| devices_error(e.to_string()))?;
-    let chips = shape.device_count();
-    let devices = chips * slices;
-    let plan = if rail.is_some() {
-        ShardPlan::Multislice {
-            dims: dims.clone(),
-            wraparound: wrap.clone(),
-            slices,
-        }
-    } else {
-        ShardPlan::Torus {
-            dims: dims.clone(),
-            wraparound: wrap.clone(),
-        }
-    };
-    let layout = ShardLayout::new(
-        dtype,
-        tensors,
-        bucket_bytes,
-        (0..devices as u32).map(DeviceId).collect(),
-        plan,
-    )?;
+    // The pod as the replicated closed form lays it out: the slice's
+    // rings and lines, the DCN rail, the layout over every device.
+    let StepGeometry {
+        shape,
+        rail,
+        chips,
+        slices,
+        devices,
+        layout,
+    } = StepGeometry::of(topology, tensors, dtype, bucket_bytes)?;
+    let rail = rail
+        .map(|p| LinkModel::new(p.latency_ns as f64 * 1e-9, p.bytes_per_s))
+        .transpose()
+        .map_err(|e| devices_error(e.to_string()))?;
     let elem = dtype.byte_size();
     let redundant = options.recovery == RecoveryPolicy::Redundant && devices > 1;
     let (replication_hops, replication_links) = if redundant {
