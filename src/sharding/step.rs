@@ -260,7 +260,7 @@ pub fn launch_step<'w, A: FloatElement>(
     // The reduce-scatter, on the real data: the last fallible part of a
     // split pod's launch that involves the other ranks, so it comes before
     // anything in this world changes.
-    let phase_bytes = bytes_by_phase(&combined);
+    let phase_bytes = super::traffic::bytes_by_phase(&combined);
     let reduced = reduce_into_last_buffer(world, &layout, request.gradients, number)?;
     // HBM: the step's buffers under the model's strategy, on every device.
     let transient = reserve_gradients(world, &entities, &step_buffers(&residency), number)?;
@@ -278,22 +278,13 @@ pub fn launch_step<'w, A: FloatElement>(
     let hbm_per_s = world
         .get::<Device>(entities[0])
         .map_or(1e12, |d| d.generation.spec().hbm_bytes_per_s);
-    let timeline = match &per_length {
-        PerLength::Replicated(per_length) => {
-            let costs = super::traffic::bucket_costs(
-                &layout, &lengths, per_length, &charge, slots, hbm_per_s,
-            );
-            let bucket_costs: Vec<&BucketCost> =
-                program_of_bucket.iter().map(|&p| &costs[p]).collect();
-            schedule(&bucket_costs)
-        }
-        PerLength::Fsdp(per_length) => {
-            let costs = fsdp_bucket_costs(&layout, &lengths, per_length, &charge, slots, hbm_per_s);
-            let bucket_costs: Vec<&FsdpBucketCost> =
-                program_of_bucket.iter().map(|&p| &costs[p]).collect();
-            schedule_fsdp(&bucket_costs, residency.prefetch)
-        }
-    };
+    let timeline = per_length.timeline(
+        &layout,
+        &lengths,
+        &program_of_bucket,
+        &charge,
+        (slots, hbm_per_s, residency.prefetch),
+    );
     let completes_at_ns = now + (timeline.step_seconds * 1e9).ceil() as u64;
     world.insert_resource(ShardedStep {
         number,
@@ -324,6 +315,37 @@ enum PerLength {
     Replicated(Vec<(crate::collectives::Traffic, crate::collectives::Traffic)>),
     /// Gather twice, reduce-scatter, no gather after the update.
     Fsdp(Vec<super::strategy_step::FsdpTraffic>),
+}
+
+impl PerLength {
+    /// The step's schedule on the charged links: every bucket's stages
+    /// (`of_bucket[b]` its length's), placed as the strategy runs them;
+    /// `(slots, hbm_per_s, prefetch)` size the update and fsdp's gathers.
+    fn timeline(
+        &self,
+        layout: &ShardLayout,
+        lengths: &[usize],
+        of_bucket: &[usize],
+        charge: &crate::collectives::pod::LinkCharge,
+        (slots, hbm_per_s, prefetch): (usize, f64, usize),
+    ) -> StepTimeline {
+        match self {
+            PerLength::Replicated(per_length) => {
+                let costs = super::traffic::bucket_costs(
+                    layout, lengths, per_length, charge, slots, hbm_per_s,
+                );
+                let bucket_costs: Vec<&BucketCost> = of_bucket.iter().map(|&p| &costs[p]).collect();
+                schedule(&bucket_costs)
+            }
+            PerLength::Fsdp(per_length) => {
+                let costs =
+                    fsdp_bucket_costs(layout, lengths, per_length, charge, slots, hbm_per_s);
+                let bucket_costs: Vec<&FsdpBucketCost> =
+                    of_bucket.iter().map(|&p| &costs[p]).collect();
+                schedule_fsdp(&bucket_costs, prefetch)
+            }
+        }
+    }
 }
 
 /// The replicas' gradients reduced (across the ranks of a split pod too)
@@ -779,24 +801,4 @@ pub fn release_step_memory(world: &mut World) {
     }
     step.released = true;
     world.insert_resource(step);
-}
-
-/// A step's traffic by the phase its records belong to ([`StepPhase::key`]
-/// names; the redundant copies, broadcast records, are `replicate_state`).
-fn bytes_by_phase(traffic: &crate::collectives::Traffic) -> BTreeMap<String, u64> {
-    use crate::collectives::PhaseKind;
-    let mut by_kind: BTreeMap<(PhaseKind, u32), u64> = BTreeMap::new();
-    for t in &traffic.transfers {
-        *by_kind.entry((t.phase.kind, t.phase.dim)).or_insert(0) += t.bytes;
-    }
-    let mut bytes = BTreeMap::new();
-    for ((kind, dim), b) in by_kind {
-        let key = match kind {
-            PhaseKind::ReduceScatter => StepPhase::ReduceScatter { axis: dim }.key(),
-            PhaseKind::AllGather => StepPhase::AllGather { axis: dim }.key(),
-            _ => StepPhase::ReplicateState.key(),
-        };
-        *bytes.entry(key).or_insert(0) += b;
-    }
-    bytes
 }

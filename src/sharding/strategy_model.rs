@@ -45,7 +45,7 @@ use super::modeled::{StepGeometry, replication_routes};
 use super::strategy::{ModelSize, NotFitting, PlanStep, StrategyMemory, bucket_plan};
 use crate::collectives::{DCN_AXIS, LinkModel, PhaseKind, TorusShape, pass_name};
 use crate::ir::DType;
-use crate::topology::Topology;
+use crate::topology::{LinkParams, Topology};
 
 use crate::collectives::cost;
 
@@ -254,6 +254,55 @@ struct Costing<'a> {
     next_group: u64,
 }
 
+impl<'a> Costing<'a> {
+    /// The figures of `topology` and `options` a bucket's costs need, on
+    /// the pod laid out as `(shape, rail, chips, slices)`, for elements of
+    /// `elem` bytes, `slots` state slots and whether the redundant copies
+    /// are kept.
+    fn new(
+        topology: &Topology,
+        options: &'a StrategyOptions,
+        (shape, rail, chips, slices): (TorusShape, Option<LinkParams>, usize, usize),
+        (elem, slots, redundant): (usize, usize, bool),
+    ) -> Result<Costing<'a>, ShardingError> {
+        let rail = rail
+            .map(|p| LinkModel::new(p.latency_ns as f64 * 1e-9, p.bytes_per_s))
+            .transpose()
+            .map_err(|e| devices_error(e.to_string()))?;
+        let (replication_hops, replication_links) = if redundant {
+            let (hops, links) = replication_routes(&shape);
+            (hops, links * slices as u64)
+        } else {
+            (0, 0)
+        };
+        let ici = LinkModel::new(
+            topology.ici.latency_ns as f64 * 1e-9,
+            topology.ici.bytes_per_s,
+        )
+        .map_err(|e| devices_error(e.to_string()))?;
+        Ok(Costing {
+            mesh: &options.mesh,
+            shape,
+            ici,
+            rail,
+            slices,
+            chips,
+            chips_per_host: (0..topology.chips_per_slice())
+                .filter(|&d| topology.host_of(d) == 0)
+                .count(),
+            elem,
+            slots,
+            redundant,
+            replication_hops,
+            replication_links,
+            hbm_per_s: topology.generation.spec().hbm_bytes_per_s,
+            phases: Keys::default(),
+            axes: Keys::default(),
+            next_group: 0,
+        })
+    }
+}
+
 impl Costing<'_> {
     /// The rounds of a collective of `kind` over mesh axis `axis`,
     /// `len` elements per device as [`super::strategy::PlannedCollective`]
@@ -423,43 +472,13 @@ pub fn modeled_strategy_step(
         devices,
         layout,
     } = StepGeometry::of(topology, tensors, dtype, bucket_bytes)?;
-    let rail = rail
-        .map(|p| LinkModel::new(p.latency_ns as f64 * 1e-9, p.bytes_per_s))
-        .transpose()
-        .map_err(|e| devices_error(e.to_string()))?;
-    let elem = dtype.byte_size();
     let redundant = options.recovery == RecoveryPolicy::Redundant && devices > 1;
-    let (replication_hops, replication_links) = if redundant {
-        let (hops, links) = replication_routes(&shape);
-        (hops, links * slices as u64)
-    } else {
-        (0, 0)
-    };
-    let ici = LinkModel::new(
-        topology.ici.latency_ns as f64 * 1e-9,
-        topology.ici.bytes_per_s,
-    )
-    .map_err(|e| devices_error(e.to_string()))?;
-    let mut costing = Costing {
-        mesh: &options.mesh,
-        shape,
-        ici,
-        rail,
-        slices,
-        chips,
-        chips_per_host: (0..topology.chips_per_slice())
-            .filter(|&d| topology.host_of(d) == 0)
-            .count(),
-        elem,
-        slots,
-        redundant,
-        replication_hops,
-        replication_links,
-        hbm_per_s: topology.generation.spec().hbm_bytes_per_s,
-        phases: Keys::default(),
-        axes: Keys::default(),
-        next_group: 0,
-    };
+    let mut costing = Costing::new(
+        topology,
+        options,
+        (shape, rail, chips, slices),
+        (dtype.byte_size(), slots, redundant),
+    )?;
     let mut lengths: Vec<usize> = layout.buckets.iter().map(|b| b.padded_len).collect();
     lengths.sort_unstable();
     lengths.dedup();
@@ -492,36 +511,8 @@ pub fn modeled_strategy_step(
         options.recovery,
     );
     let step_seconds = streams.comm_free.max(streams.compute_free);
-    let update_key = "update".to_string();
-    let mut phases: BTreeMap<String, f64> = BTreeMap::new();
-    let mut phase_bytes: BTreeMap<String, u64> = BTreeMap::new();
-    for (i, key) in costing.phases.0.iter().enumerate() {
-        phases.insert(key.clone(), streams.phase_seconds[i]);
-        phase_bytes.insert(key.clone(), streams.phase_bytes[i]);
-    }
-    if !layout.buckets.is_empty() {
-        phases.insert(update_key, streams.update_phase);
-    }
-    let compute = streams.update_seconds + streams.use_total;
-    phases.insert(
-        "exposed_communication".into(),
-        (step_seconds - compute).max(0.0),
-    );
-    let axes: BTreeMap<String, AxisFigures> = costing
-        .axes
-        .0
-        .iter()
-        .enumerate()
-        .map(|(i, k)| {
-            (
-                k.clone(),
-                AxisFigures {
-                    seconds: streams.axis_seconds[i],
-                    link_bytes: streams.axis_bytes[i],
-                },
-            )
-        })
-        .collect();
+    let (phases, phase_bytes, axes) =
+        streams.totals(&costing, !layout.buckets.is_empty(), step_seconds);
     let largest = lengths.last().copied().unwrap_or(0) as u64;
     Ok(StrategyStep {
         strategy: options.strategy,
@@ -567,6 +558,51 @@ struct Streams {
 }
 
 impl Streams {
+    /// Per phase the seconds and bytes, plus `exposed_communication` (the
+    /// step's `step_seconds` minus its compute); per physical axis both.
+    fn totals(
+        &self,
+        costing: &Costing,
+        has_buckets: bool,
+        step_seconds: f64,
+    ) -> (
+        BTreeMap<String, f64>,
+        BTreeMap<String, u64>,
+        BTreeMap<String, AxisFigures>,
+    ) {
+        let update_key = "update".to_string();
+        let mut phases: BTreeMap<String, f64> = BTreeMap::new();
+        let mut phase_bytes: BTreeMap<String, u64> = BTreeMap::new();
+        for (i, key) in costing.phases.0.iter().enumerate() {
+            phases.insert(key.clone(), self.phase_seconds[i]);
+            phase_bytes.insert(key.clone(), self.phase_bytes[i]);
+        }
+        if has_buckets {
+            phases.insert(update_key, self.update_phase);
+        }
+        let compute = self.update_seconds + self.use_total;
+        phases.insert(
+            "exposed_communication".into(),
+            (step_seconds - compute).max(0.0),
+        );
+        let axes: BTreeMap<String, AxisFigures> = costing
+            .axes
+            .0
+            .iter()
+            .enumerate()
+            .map(|(i, k)| {
+                (
+                    k.clone(),
+                    AxisFigures {
+                        seconds: self.axis_seconds[i],
+                        link_bytes: self.axis_bytes[i],
+                    },
+                )
+            })
+            .collect();
+        (phases, phase_bytes, axes)
+    }
+
     fn new(phases: usize, axes: usize, record: bool) -> Streams {
         Streams {
             comm_free: 0.0,

@@ -4,6 +4,8 @@
 //! [`Traffic`] the launch charges to the links, and what each bucket's
 //! passes then cost on the charged links.
 
+use std::collections::BTreeMap;
+
 use bevy_ecs::prelude::*;
 
 use super::error::ShardingError;
@@ -187,4 +189,24 @@ pub(super) fn bucket_costs(
             }
         })
         .collect()
+}
+
+/// A step's traffic by the phase its records belong to ([`super::timing::StepPhase::key`]
+/// names; the redundant copies, broadcast records, are `replicate_state`).
+pub(super) fn bytes_by_phase(traffic: &Traffic) -> BTreeMap<String, u64> {
+    use crate::collectives::PhaseKind;
+    let mut by_kind: BTreeMap<(PhaseKind, u32), u64> = BTreeMap::new();
+    for t in &traffic.transfers {
+        *by_kind.entry((t.phase.kind, t.phase.dim)).or_insert(0) += t.bytes;
+    }
+    let mut bytes = BTreeMap::new();
+    for ((kind, dim), b) in by_kind {
+        let key = match kind {
+            PhaseKind::ReduceScatter => super::timing::StepPhase::ReduceScatter { axis: dim }.key(),
+            PhaseKind::AllGather => super::timing::StepPhase::AllGather { axis: dim }.key(),
+            _ => super::timing::StepPhase::ReplicateState.key(),
+        };
+        *bytes.entry(key).or_insert(0) += b;
+    }
+    bytes
 }
