@@ -35,15 +35,14 @@ use rayon::prelude::*;
 use super::error::{FailureCause, ShardingError, UpdateError};
 use super::gradients::GradientSource;
 use super::layout::ShardLayout;
-use super::mesh::Strategy;
 use super::model::{
     RecoveryPolicy, ShardedModel, flat_of, flat_of_mut, flat_tensor, model_entity, model_mut,
     model_of,
 };
 use super::ranked::HeldElsewhere;
 use super::residency::{StepBuffer, step_buffers};
-use super::strategy_step::{fsdp_bucket_costs, fsdp_step_traffic};
-use super::timing::{BucketCost, FsdpBucketCost, StepPhase, StepTimeline, schedule, schedule_fsdp};
+use super::strategy_step::PerLength;
+use super::timing::{StepPhase, StepTimeline};
 use crate::clock::SimClock;
 use crate::collectives::pod::{LinkCharge, charge_links};
 use crate::exec::runtime::{Arg, NoCustomCalls, RunOutput, Runtime};
@@ -245,18 +244,13 @@ pub fn launch_step<'w, A: FloatElement>(
     let redundant = model_of(world).is_some_and(|m| m.recovery == RecoveryPolicy::Redundant);
     let residency = model_of(world).ok_or(ShardingError::NoModel)?.residency();
     // The step's collectives under the model's strategy.
-    let (combined, per_length) = match residency.strategy {
-        Strategy::Replicated | Strategy::Zero2 => {
-            let (combined, per_length) =
-                super::traffic::step_traffic(world, &layout, &lengths, slots, redundant)?;
-            (combined, PerLength::Replicated(per_length))
-        }
-        Strategy::Fsdp => {
-            let (combined, per_length) =
-                fsdp_step_traffic(world, &layout, &lengths, slots, redundant)?;
-            (combined, PerLength::Fsdp(per_length))
-        }
-    };
+    let (combined, per_length) = PerLength::of(
+        world,
+        residency.strategy,
+        &layout,
+        &lengths,
+        (slots, redundant),
+    )?;
     // The reduce-scatter, on the real data: the last fallible part of a
     // split pod's launch that involves the other ranks, so it comes before
     // anything in this world changes.
@@ -307,45 +301,6 @@ pub fn launch_step<'w, A: FloatElement>(
         next_count,
     });
     Ok(world.resource::<ShardedStep>())
-}
-
-/// Each bucket length's traffic, by the strategy's collectives.
-enum PerLength {
-    /// Reduce-scatter, then all-gather (replicated and zero2).
-    Replicated(Vec<(crate::collectives::Traffic, crate::collectives::Traffic)>),
-    /// Gather twice, reduce-scatter, no gather after the update.
-    Fsdp(Vec<super::strategy_step::FsdpTraffic>),
-}
-
-impl PerLength {
-    /// The step's schedule on the charged links: every bucket's stages
-    /// (`of_bucket[b]` its length's), placed as the strategy runs them;
-    /// `(slots, hbm_per_s, prefetch)` size the update and fsdp's gathers.
-    fn timeline(
-        &self,
-        layout: &ShardLayout,
-        lengths: &[usize],
-        of_bucket: &[usize],
-        charge: &crate::collectives::pod::LinkCharge,
-        (slots, hbm_per_s, prefetch): (usize, f64, usize),
-    ) -> StepTimeline {
-        match self {
-            PerLength::Replicated(per_length) => {
-                let costs = super::traffic::bucket_costs(
-                    layout, lengths, per_length, charge, slots, hbm_per_s,
-                );
-                let bucket_costs: Vec<&BucketCost> = of_bucket.iter().map(|&p| &costs[p]).collect();
-                schedule(&bucket_costs)
-            }
-            PerLength::Fsdp(per_length) => {
-                let costs =
-                    fsdp_bucket_costs(layout, lengths, per_length, charge, slots, hbm_per_s);
-                let bucket_costs: Vec<&FsdpBucketCost> =
-                    of_bucket.iter().map(|&p| &costs[p]).collect();
-                schedule_fsdp(&bucket_costs, prefetch)
-            }
-        }
-    }
 }
 
 /// The replicas' gradients reduced (across the ranks of a split pod too)

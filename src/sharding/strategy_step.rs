@@ -23,7 +23,9 @@ use bevy_ecs::prelude::*;
 use super::error::ShardingError;
 use super::layout::{ShardLayout, ShardPlan};
 use super::mesh::Strategy;
-use super::timing::{FsdpBucketCost, pass_durations};
+use super::timing::{
+    BucketCost, FsdpBucketCost, StepTimeline, pass_durations, schedule, schedule_fsdp,
+};
 use crate::collectives::pod::{LinkCharge, torus_of};
 use crate::collectives::{
     Phase, PhaseKind, Traffic, Transfer, ring_all_gather_traffic, ring_reduce_scatter_traffic,
@@ -57,7 +59,7 @@ impl FsdpTraffic {
 
 /// Per distinct bucket length (`lengths`), the fsdp step's traffic, and
 /// all of it together, each record counted once per bucket of its length.
-pub(super) fn fsdp_step_traffic(
+fn fsdp_step_traffic(
     world: &World,
     layout: &ShardLayout,
     lengths: &[usize],
@@ -156,7 +158,7 @@ fn replication(
 /// links: one gather (run before each use), the reduce-scatter, the copies
 /// after the update; the update at HBM bandwidth, as every strategy's.
 /// [`super::timing::schedule_fsdp`] places them.
-pub(super) fn fsdp_bucket_costs(
+fn fsdp_bucket_costs(
     layout: &ShardLayout,
     lengths: &[usize],
     per_length: &[FsdpTraffic],
@@ -179,4 +181,66 @@ pub(super) fn fsdp_bucket_costs(
             }
         })
         .collect()
+}
+
+/// Each bucket length's traffic, by the strategy's collectives.
+pub(super) enum PerLength {
+    /// Reduce-scatter, then all-gather (replicated and zero2).
+    Replicated(Vec<(crate::collectives::Traffic, crate::collectives::Traffic)>),
+    /// Gather twice, reduce-scatter, no gather after the update.
+    Fsdp(Vec<FsdpTraffic>),
+}
+
+impl PerLength {
+    /// The step's traffic under `strategy`, all of it together and per
+    /// distinct bucket length (`(slots, redundant)` size the copies).
+    pub(super) fn of(
+        world: &World,
+        strategy: Strategy,
+        layout: &ShardLayout,
+        lengths: &[usize],
+        (slots, redundant): (usize, bool),
+    ) -> Result<(Traffic, PerLength), ShardingError> {
+        Ok(match strategy {
+            Strategy::Replicated | Strategy::Zero2 => {
+                let (combined, per_length) =
+                    super::traffic::step_traffic(world, layout, lengths, slots, redundant)?;
+                (combined, PerLength::Replicated(per_length))
+            }
+            Strategy::Fsdp => {
+                let (combined, per_length) =
+                    fsdp_step_traffic(world, layout, lengths, slots, redundant)?;
+                (combined, PerLength::Fsdp(per_length))
+            }
+        })
+    }
+
+    /// The step's schedule on the charged links: every bucket's stages
+    /// (`of_bucket[b]` its length's), placed as the strategy runs them;
+    /// `(slots, hbm_per_s, prefetch)` size the update and fsdp's gathers.
+    pub(super) fn timeline(
+        &self,
+        layout: &ShardLayout,
+        lengths: &[usize],
+        of_bucket: &[usize],
+        charge: &crate::collectives::pod::LinkCharge,
+        (slots, hbm_per_s, prefetch): (usize, f64, usize),
+    ) -> StepTimeline {
+        match self {
+            PerLength::Replicated(per_length) => {
+                let costs = super::traffic::bucket_costs(
+                    layout, lengths, per_length, charge, slots, hbm_per_s,
+                );
+                let bucket_costs: Vec<&BucketCost> = of_bucket.iter().map(|&p| &costs[p]).collect();
+                schedule(&bucket_costs)
+            }
+            PerLength::Fsdp(per_length) => {
+                let costs =
+                    fsdp_bucket_costs(layout, lengths, per_length, charge, slots, hbm_per_s);
+                let bucket_costs: Vec<&FsdpBucketCost> =
+                    of_bucket.iter().map(|&p| &costs[p]).collect();
+                schedule_fsdp(&bucket_costs, prefetch)
+            }
+        }
+    }
 }
