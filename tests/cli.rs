@@ -199,8 +199,16 @@ fn checkpoint_save_restore_continues_the_same_world() {
         stderr.contains("world.bin") && stderr.contains("SHA-256"),
         "{stderr}"
     );
-    let escaped = optirs(&["checkpoint", "save", "--out", "../x/.."]);
+    // A path that ends in `..` names no checkpoint (whether or not the
+    // directory above exists).
+    let absent = dir.path().join("absent").join("..");
+    let escaped = optirs(&["checkpoint", "save", "--out", absent.to_str().unwrap()]);
     assert_eq!(escaped.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&escaped.stderr).contains("does not end in a checkpoint name"),
+        "{}",
+        String::from_utf8_lossy(&escaped.stderr)
+    );
 }
 
 #[test]
