@@ -623,6 +623,20 @@ fn run_steps_from(
     }
 }
 
+/// Each mesh axis with its size and physical axes (`axis0` … `dcn`).
+fn mesh_axes_json(mesh: &optirs_tpu::sharding::Mesh) -> Vec<serde_json::Value> {
+    mesh.axes
+        .iter()
+        .map(|a| {
+            json!({
+                "name": a.name,
+                "size": a.size,
+                "physical": a.physical.iter().map(|p| p.key()).collect::<Vec<_>>(),
+            })
+        })
+        .collect()
+}
+
 /// `--modeled-only`: the closed-form step of the model under `--strategy`
 /// on `--mesh` and `--recovery` (the redundant copies' HBM and
 /// `replicate_state` time), after the checks a real run makes before its
@@ -680,18 +694,6 @@ fn modeled_only(args: &TrainArgs, sizes: &[usize]) -> Result<()> {
     let not_fitting = step.fits(topology.hbm_bytes).err();
     // Failure-free steps one after another: no checkpoint, no recovery.
     let simulated_seconds = step.step_seconds * args.steps as f64;
-    let mesh_json: Vec<serde_json::Value> = step
-        .mesh
-        .axes
-        .iter()
-        .map(|a| {
-            json!({
-                "name": a.name,
-                "size": a.size,
-                "physical": a.physical.iter().map(|p| p.key()).collect::<Vec<_>>(),
-            })
-        })
-        .collect();
     let report = json!({
         "pod": topology.name,
         "devices": step.devices,
@@ -699,7 +701,7 @@ fn modeled_only(args: &TrainArgs, sizes: &[usize]) -> Result<()> {
         "recovery": args.recovery.to_string(),
         "strategy": args.strategy.name(),
         "mesh": step.mesh.to_string(),
-        "mesh_axes": mesh_json,
+        "mesh_axes": mesh_axes_json(&step.mesh),
         "prefetch": (args.strategy == Strategy::Fsdp).then_some(step.prefetch),
         "params": sizes.iter().map(|&n| n as u128).sum::<u128>(),
         "buckets": step.buckets,

@@ -339,16 +339,7 @@ pub fn install_model<A: FloatElement>(
     );
     for (index, name) in model.slots.iter().enumerate() {
         for (r, &peer) in peers.iter().enumerate() {
-            let mut shard = Vec::with_capacity(layout.shard_elements());
-            for b in 0..layout.buckets.len() {
-                let range = layout.shard_range(r, b);
-                match &state {
-                    SlotValues::Initial(values) => {
-                        shard.extend(std::iter::repeat_n(values[index], range.len()));
-                    }
-                    SlotValues::Flat(flat) => shard.extend_from_slice(&flat[index][range]),
-                }
-            }
+            let shard = slot_shard(layout, &state, index, r);
             let device = layout.participants[r];
             if model.recovery == RecoveryPolicy::Redundant && layout.devices() > 1 {
                 spawned.push(
@@ -384,6 +375,26 @@ pub fn install_model<A: FloatElement>(
     }
     world.spawn(model);
     Ok(())
+}
+
+/// Participant `r`'s shard of state slot `index`, bucket by bucket.
+fn slot_shard<A: FloatElement>(
+    layout: &ShardLayout,
+    state: &SlotValues<A>,
+    index: usize,
+    r: usize,
+) -> Vec<A> {
+    let mut shard = Vec::with_capacity(layout.shard_elements());
+    for b in 0..layout.buckets.len() {
+        let range = layout.shard_range(r, b);
+        match state {
+            SlotValues::Initial(values) => {
+                shard.extend(std::iter::repeat_n(values[index], range.len()));
+            }
+            SlotValues::Flat(flat) => shard.extend_from_slice(&flat[index][range]),
+        }
+    }
+    shard
 }
 
 /// Whether the pod can apply `policy` ([`check_recovery_policy`] on its
