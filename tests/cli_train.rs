@@ -447,3 +447,66 @@ fn a_model_too_large_for_this_host_is_refused_in_binary_units() {
     assert!(err.contains("18.19 TiB on this host"), "{err}");
     assert!(!err.contains("20000000000000"), "{err}");
 }
+
+#[test]
+fn an_fsdp_trace_shows_each_buckets_gathers_uses_frees_and_reduce_scatter_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fsdp.json");
+    let out = optirs(&[
+        "train",
+        "v4-8",
+        "--params",
+        "300000",
+        "--bucket-bytes",
+        "400000",
+        "--strategy",
+        "fsdp",
+        "--steps",
+        "1",
+        "--trace",
+        path.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let trace: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let events = trace["traceEvents"].as_array().unwrap();
+    assert_no_overlap(events);
+    // Device 0's events of one bucket, by name prefix, as (start, end).
+    let of = |prefix: &str, bucket: usize, ph: &str| -> Vec<(f64, f64)> {
+        let suffix = format!(" bucket {bucket}");
+        events
+            .iter()
+            .filter(|e| e["pid"] == 0 && e["ph"] == ph)
+            .filter(|e| {
+                let name = e["name"].as_str().unwrap_or("");
+                name.starts_with(prefix) && name.ends_with(&suffix)
+            })
+            .map(|e| {
+                let ts = e["ts"].as_f64().unwrap();
+                (ts, ts + e["dur"].as_f64().unwrap_or(0.0))
+            })
+            .collect()
+    };
+    let buckets = (0..)
+        .take_while(|&k| !of("use.forward", k, "X").is_empty())
+        .count();
+    assert!(buckets >= 3, "{buckets} buckets");
+    for k in 0..buckets {
+        let (fwd, bwd) = (of("use.forward", k, "X"), of("use.backward", k, "X"));
+        let (free_fwd, free_bwd) = (of("free.forward", k, "i"), of("free.backward", k, "i"));
+        assert_eq!((fwd.len(), bwd.len()), (1, 1), "bucket {k}");
+        assert_eq!((free_fwd.len(), free_bwd.len()), (1, 1), "bucket {k}");
+        // Two gathers (forward, backward): one done by the forward use,
+        // both by the backward use.
+        let gathers = of("all_gather", k, "X");
+        assert!(gathers.len() >= 2, "bucket {k}: {gathers:?}");
+        assert!(gathers.iter().any(|g| g.1 <= fwd[0].0 + 1e-6), "bucket {k}");
+        assert!(gathers.iter().all(|g| g.1 <= bwd[0].0 + 1e-6), "bucket {k}");
+        assert!(fwd[0].1 <= free_fwd[0].0 + 1e-6 && free_fwd[0].0 <= bwd[0].0);
+        assert!(bwd[0].1 <= free_bwd[0].0 + 1e-6);
+        // The reduce-scatter of its gradient after the backward use.
+        let rs = of("reduce_scatter", k, "X");
+        assert!(!rs.is_empty(), "bucket {k}");
+        assert!(rs.iter().all(|r| r.0 >= bwd[0].1 - 1e-6), "bucket {k}");
+    }
+}

@@ -109,7 +109,8 @@ pub struct TrainArgs {
     pub(super) seed: u64,
     /// Write a Chrome/Perfetto trace in simulated time: the run's steps,
     /// failed steps, waits, recoveries (by part) and checkpoint writes,
-    /// and every device's compute and communication per bucket. Never
+    /// and every device's compute and communication per bucket (under
+    /// fsdp, each bucket's gathers, uses, frees and reduce-scatter). Never
     /// overwrites; checked before the run.
     #[arg(long, value_name = "FILE")]
     pub(super) trace: Option<PathBuf>,

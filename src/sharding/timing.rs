@@ -54,6 +54,19 @@ pub enum StepPhase {
     /// Each device sends its updated state shards to the peer that keeps
     /// their redundant copy.
     ReplicateState,
+    /// Under fsdp, a bucket's gathered parameters in use (the forward or
+    /// backward computation; of no length when the step has no model of
+    /// its compute): a marker in the timeline, not a phase with a total.
+    Use {
+        /// The backward pass's use (the forward's otherwise).
+        backward: bool,
+    },
+    /// Under fsdp, a bucket's gathered parameters freed after its use: an
+    /// instant marker.
+    Free {
+        /// After the backward use (the forward's otherwise).
+        backward: bool,
+    },
 }
 
 impl StepPhase {
@@ -67,7 +80,15 @@ impl StepPhase {
             StepPhase::Update => "update".into(),
             StepPhase::AllGather { axis } => pass_name(PhaseKind::AllGather, *axis),
             StepPhase::ReplicateState => "replicate_state".into(),
+            StepPhase::Use { backward } => format!("use.{}", pass_of(*backward)),
+            StepPhase::Free { backward } => format!("free.{}", pass_of(*backward)),
         }
+    }
+
+    /// Whether this is a marker (a bucket's use or free), which no phase
+    /// total counts and no failure is attributed to.
+    pub fn is_marker(&self) -> bool {
+        matches!(self, StepPhase::Use { .. } | StepPhase::Free { .. })
     }
 
     /// Whether this is a cross-slice pass over the DCN.
@@ -93,8 +114,16 @@ impl std::fmt::Display for StepPhase {
             StepPhase::Update => write!(f, "the update"),
             StepPhase::AllGather { axis } => write!(f, "the all-gather along axis {axis}"),
             StepPhase::ReplicateState => write!(f, "the state replication to peers"),
+            StepPhase::Use { backward } => write!(f, "a bucket's {} use", pass_of(*backward)),
+            StepPhase::Free { backward } => {
+                write!(f, "the free after a bucket's {} use", pass_of(*backward))
+            }
         }
     }
+}
+
+fn pass_of(backward: bool) -> &'static str {
+    if backward { "backward" } else { "forward" }
 }
 
 /// One phase of one bucket in time, seconds from the step's launch.
@@ -130,9 +159,10 @@ impl StepTimeline {
     pub fn phase_at(&self, seconds: f64) -> StepPhase {
         self.spans
             .iter()
+            .filter(|s| !s.phase.is_marker())
             .filter(|s| s.start_seconds <= seconds && seconds <= s.end_seconds)
             .max_by(|a, b| a.start_seconds.total_cmp(&b.start_seconds))
-            .or_else(|| self.spans.last())
+            .or_else(|| self.spans.iter().rev().find(|s| !s.phase.is_marker()))
             .map_or(StepPhase::Update, |s| s.phase)
     }
 }
@@ -217,6 +247,16 @@ impl Streams {
             phase,
             start_seconds: start,
             end_seconds: end,
+        });
+    }
+
+    /// A marker at `at` (no total).
+    fn mark(&mut self, bucket: usize, phase: StepPhase, at: f64) {
+        self.spans.push(Span {
+            bucket,
+            phase,
+            start_seconds: at,
+            end_seconds: at,
         });
     }
 
@@ -321,6 +361,9 @@ pub fn schedule_fsdp(costs: &[&FsdpBucketCost], prefetch: usize) -> StepTimeline
         // A use of no length: the compute stream reaches its gather's end.
         streams.compute_free = streams.compute_free.max(gathered_end[s]);
         used[s] = streams.compute_free;
+        let backward = s >= b;
+        streams.mark(k, StepPhase::Use { backward }, used[s]);
+        streams.mark(k, StepPhase::Free { backward }, used[s]);
         if let Some((j, ready)) = pending.take() {
             let end = streams.update(j, costs[j].update, ready);
             streams.passes(j, &costs[j].replicate, end);

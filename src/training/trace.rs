@@ -323,7 +323,24 @@ fn device_events(input: &TraceInput<'_>, trace: &mut Trace) {
     for r in input.reports {
         let devices: Vec<u32> = r.hbm_bytes_per_device.iter().map(|&(d, _)| d).collect();
         for s in &r.spans {
-            let (tid, cat) = if s.phase == StepPhase::Update {
+            if let StepPhase::Free { .. } = s.phase {
+                // The bucket's gathered parameters go back: an instant.
+                let at_us = (r.launched_at_ns as f64 * 1e-9 + s.start_seconds) * 1e6;
+                for &d in &devices {
+                    trace.push(
+                        Event::instant(
+                            format!("{} bucket {}", s.phase.key(), s.bucket),
+                            at_us,
+                            Scope::Thread,
+                        )
+                        .category("memory")
+                        .on(d, 0)
+                        .args(json!({"step": r.step})),
+                    );
+                }
+                continue;
+            }
+            let (tid, cat) = if s.phase == StepPhase::Update || s.phase.is_marker() {
                 (0, "compute")
             } else if s.phase.is_dcn() {
                 (2, "dcn")
