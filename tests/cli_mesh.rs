@@ -159,11 +159,40 @@ fn the_text_says_what_does_not_fit() {
 }
 
 #[test]
-fn a_real_run_builds_every_strategy_on_one_slice_and_the_default_mesh_only() {
-    for strategy in ["zero2", "fsdp"] {
-        let out = optirs(&[
-            "train",
+fn a_real_run_builds_every_strategy_on_every_mesh_and_reports_it() {
+    let cases: [(&str, &str, Option<&str>, &str); 6] = [
+        ("v5e-16", "zero2", None, "data=1,fsdp=16,tensor=1"),
+        (
             "v5e-16",
+            "fsdp",
+            Some("data=4,fsdp=4"),
+            "data=4,fsdp=4,tensor=1",
+        ),
+        (
+            "v4-64",
+            "zero2",
+            Some("data=16,fsdp=-1"),
+            "data=16,fsdp=4,tensor=1",
+        ),
+        // Hybrid across slices (the default), and fsdp across them.
+        (MULTISLICE, "fsdp", None, "data=2,fsdp=16,tensor=1"),
+        (
+            MULTISLICE,
+            "zero2",
+            Some("fsdp=32"),
+            "data=1,fsdp=32,tensor=1",
+        ),
+        (
+            MULTISLICE,
+            "replicated",
+            Some("data=8,fsdp=4"),
+            "data=8,fsdp=4,tensor=1",
+        ),
+    ];
+    for (pod, strategy, mesh, shown) in cases {
+        let mut args = vec![
+            "train",
+            pod,
             "--strategy",
             strategy,
             "--params",
@@ -171,32 +200,32 @@ fn a_real_run_builds_every_strategy_on_one_slice_and_the_default_mesh_only() {
             "--steps",
             "1",
             "--json",
-        ]);
-        assert!(out.status.success(), "{strategy}: {}", stderr(&out));
-        let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        assert_eq!(r["strategy"], strategy);
-        assert_eq!(r["steps_completed"], 1);
+        ];
+        if let Some(mesh) = mesh {
+            args.extend(["--mesh", mesh]);
+        }
+        let r = json(&args);
+        assert_eq!(r["strategy"], strategy, "{args:?}");
+        assert_eq!(r["mesh"], shown, "{args:?}");
+        assert_eq!(r["steps_completed"], 1, "{args:?}");
     }
+    // The redundant copies on a data axis that replicates the state.
     assert_usage(
-        &["train", MULTISLICE, "--strategy", "fsdp"],
         &[
-            "--strategy fsdp on a multislice pod",
-            "2 slices",
-            "runs modeled only for now: add --modeled-only",
+            "train",
+            "v4-64",
+            "--strategy",
+            "fsdp",
+            "--mesh",
+            "data=4,fsdp=16",
+            "--recovery",
+            "redundant",
+        ],
+        &[
+            "--recovery redundant with --strategy fsdp on the mesh data=4,fsdp=16,tensor=1",
+            "4 times",
         ],
     );
-    assert_usage(
-        &["train", MULTISLICE, "--mesh", "fsdp=32"],
-        &[
-            "--mesh data=1,fsdp=32,tensor=1 runs modeled only for now",
-            "data=2,fsdp=16,tensor=1",
-        ],
-    );
-    // The default mesh, spelled out, runs.
-    let out = optirs(&[
-        "train", "v5e-16", "--mesh", "fsdp=16", "--params", "1000", "--steps", "1", "--json",
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
 }
 
 #[test]

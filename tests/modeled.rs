@@ -46,23 +46,34 @@ fn f(v: &serde_json::Value) -> f64 {
 fn modeled_only_agrees_with_a_real_run_under_every_recovery_policy_and_strategy() {
     let steps = 2u64;
     let cases = [
-        ("v5e-16", "rollback", "replicated"),
-        ("v5e-16", "redundant", "replicated"),
-        ("v4-8", "redundant", "replicated"),
-        (MULTISLICE, "redundant", "replicated"),
-        (TWISTED, "redundant", "replicated"),
-        (CUBES, "rollback", "replicated"),
-        (CUBES, "spare-cube", "replicated"),
-        ("v5e-16", "rollback", "zero2"),
-        ("v4-8", "redundant", "zero2"),
-        (CUBES, "spare-cube", "zero2"),
-        ("v5e-16", "rollback", "fsdp"),
-        ("v5e-16", "redundant", "fsdp"),
-        (TWISTED, "rollback", "fsdp"),
-        (CUBES, "spare-cube", "fsdp"),
+        ("v5e-16", "rollback", "replicated", None),
+        ("v5e-16", "redundant", "replicated", None),
+        ("v4-8", "redundant", "replicated", None),
+        (MULTISLICE, "redundant", "replicated", None),
+        (TWISTED, "redundant", "replicated", None),
+        (CUBES, "rollback", "replicated", None),
+        (CUBES, "spare-cube", "replicated", None),
+        ("v5e-16", "rollback", "zero2", None),
+        ("v4-8", "redundant", "zero2", None),
+        (CUBES, "spare-cube", "zero2", None),
+        ("v5e-16", "rollback", "fsdp", None),
+        ("v5e-16", "redundant", "fsdp", None),
+        (TWISTED, "rollback", "fsdp", None),
+        (CUBES, "spare-cube", "fsdp", None),
+        // Meshes: data along torus axes, hybrid across slices (the
+        // multislice default under zero2 and fsdp), fsdp across slices.
+        ("v4-64", "redundant", "replicated", Some("data=4,fsdp=16")),
+        ("v4-64", "rollback", "zero2", Some("data=4,fsdp=16")),
+        ("v4-64", "rollback", "fsdp", Some("data=16,fsdp=4")),
+        (CUBES, "spare-cube", "fsdp", Some("data=8,fsdp=-1")),
+        (MULTISLICE, "rollback", "zero2", None),
+        (MULTISLICE, "rollback", "fsdp", None),
+        (MULTISLICE, "rollback", "replicated", Some("fsdp=32")),
+        (MULTISLICE, "rollback", "fsdp", Some("fsdp=-1")),
+        (MULTISLICE, "rollback", "zero2", Some("data=8,fsdp=4")),
     ];
-    for (pod, recovery, strategy) in cases {
-        let args = [
+    for (pod, recovery, strategy, mesh) in cases {
+        let mut args = vec![
             "train",
             pod,
             "--params",
@@ -77,9 +88,12 @@ fn modeled_only_agrees_with_a_real_run_under_every_recovery_policy_and_strategy(
             strategy,
             "--json",
         ];
+        if let Some(mesh) = mesh {
+            args.extend(["--mesh", mesh]);
+        }
         let real = json(&args);
         let modeled = json(&[&args[..], &["--modeled-only"]].concat());
-        let what = format!("{pod} under {recovery}, {strategy}");
+        let what = format!("{pod} under {recovery}, {strategy}, mesh {mesh:?}");
         assert_eq!(modeled["strategy"], strategy, "{what}");
         assert_eq!(modeled["recovery"], recovery, "{what}");
         assert_eq!(modeled["devices"], real["devices"], "{what}");

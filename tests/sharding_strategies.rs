@@ -2,7 +2,8 @@
 //! replicated run and the unsharded step, each device's HBM exactly the
 //! residency closed form during and after a step, the fsdp collectives on
 //! the links and in the model of time, recovery under every policy, and
-//! checkpoints restored onto another strategy and device count.
+//! checkpoints restored onto another strategy, mesh and device count; on
+//! meshes whose data axis replicates the state (hybrid across slices).
 
 use ndarray::{Array1, ArrayD, IxDyn};
 use optirs_tpu::collectives::{ReduceOp, TorusShape, all_reduce, torus_all_reduce};
@@ -10,7 +11,8 @@ use optirs_tpu::health::Fault;
 use optirs_tpu::memory::HbmUsage;
 use optirs_tpu::sharding::residency::{ResidencyInput, hbm_bytes_per_device};
 use optirs_tpu::sharding::{
-    ParamSet, RecoveryPolicy, ShardLayout, ShardPlan, ShardingError, Strategy, SyntheticGradients,
+    Mesh, MeshSizes, ParamSet, RecoveryPolicy, ShardLayout, ShardPlan, ShardingError, Strategy,
+    SyntheticGradients,
 };
 use optirs_tpu::topology::DeviceId;
 use optirs_tpu::tpu::{ShardedOptimizer, ShardingConfig};
@@ -130,7 +132,12 @@ fn reference_reduced(layout: &ShardLayout, grads: &[ParamSet<f32>]) -> Array1<f3
                 let ring: Vec<usize> = ring.iter().map(|d| d.0 as usize).collect();
                 all_reduce(&mut buffers, &ring, ReduceOp::Mean).unwrap();
             }
-            ShardPlan::Multislice { .. } => unreachable!("single-slice pods only"),
+            // A multislice all-reduce folds on the grid with the slices
+            // as its last axis.
+            ShardPlan::Multislice { .. } => {
+                let shape = layout.plan.grid_shape().unwrap();
+                torus_all_reduce(&mut buffers, &shape, ReduceOp::Mean).unwrap();
+            }
         }
         out.extend_from_slice(&buffers[layout.participants[0].0 as usize][..bucket.len]);
     }
@@ -232,17 +239,38 @@ fn check_strategies(
     prefetch: usize,
     steps: u64,
 ) {
-    let mut runs: Vec<Sharded> = Strategy::ALL
-        .iter()
-        .map(|&s| {
-            sharded(
-                pod_named(pod),
-                optimizer,
-                sizes,
-                config(s, prefetch, bucket_bytes, RecoveryPolicy::Rollback),
-            )
-        })
-        .collect();
+    check_meshes(
+        pod,
+        &[None],
+        optimizer,
+        sizes,
+        (bucket_bytes, prefetch),
+        steps,
+    );
+}
+
+/// [`check_strategies`] on each of `meshes` (`None`: the pod's default),
+/// every run held to the same unsharded step and to each other.
+fn check_meshes(
+    pod: &str,
+    meshes: &[Option<&str>],
+    optimizer: &str,
+    sizes: &[usize],
+    (bucket_bytes, prefetch): (usize, usize),
+    steps: u64,
+) {
+    let mut runs: Vec<Sharded> = Vec::new();
+    for mesh in meshes {
+        for &s in &Strategy::ALL {
+            let pod = pod_named(pod);
+            let sizes_of = mesh.map(|m| Mesh::parse(m, pod.topology()).unwrap().sizes());
+            let sharding = ShardingConfig {
+                mesh: sizes_of,
+                ..config(s, prefetch, bucket_bytes, RecoveryPolicy::Rollback)
+            };
+            runs.push(sharded(pod, optimizer, sizes, sharding));
+        }
+    }
     let tpu_config = TPUConfig::for_pod(runs[0].pod().topology());
     let mut reference = TPUOptimizer::new(
         optirs_tpu::optimizers::by_name(optimizer, 0.05f32).unwrap(),
@@ -264,8 +292,10 @@ fn check_strategies(
             assert_eq!(
                 got.0,
                 want,
-                "{optimizer} on {pod}, {}, step {step}: params differ from the unsharded step",
-                run.sharding().strategy
+                "{optimizer} on {pod}, {} on {:?}, step {step}: params differ from the \
+                 unsharded step",
+                run.sharding().strategy,
+                run.sharding().mesh
             );
             for (name, values) in &got.1 {
                 let reference_slot: Vec<u32> = reference
@@ -301,6 +331,73 @@ fn every_strategy_is_exact_on_other_pods() {
     check_strategies("v5e-16", "adam", &[100, 3, 17], 128, 0, 2);
     check_strategies("mesh-3x5", "rmsprop", &[29, 61], 96, 2, 2);
     check_strategies("v4-64", "adamw", &[300, 11], 4096, 1, 2);
+}
+
+#[test]
+fn every_strategy_is_exact_on_every_kind_of_mesh() {
+    // Data along torus axes (fsdp of 1 too), on a 3x5 mesh either way
+    // round, hybrid across slices (the multislice default), fsdp across
+    // slices, and data over the slices and a torus axis.
+    check_meshes(
+        "v4-64",
+        &[
+            Some("data=4,fsdp=16"),
+            Some("data=16,fsdp=4"),
+            Some("data=64"),
+        ],
+        "adam",
+        &[300, 11],
+        (4096, 1),
+        2,
+    );
+    check_meshes(
+        "mesh-3x5",
+        &[Some("data=3,fsdp=5"), Some("data=5,fsdp=3")],
+        "rmsprop",
+        &[29, 61],
+        (96, 0),
+        2,
+    );
+    check_meshes(
+        "ms-v5e",
+        &[None, Some("fsdp=32"), Some("data=8,fsdp=4")],
+        "adamw",
+        &[100, 3, 17],
+        (128, 2),
+        2,
+    );
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 4, ..ProptestConfig::default() })]
+
+    /// Random models, buckets, prefetch and optimizers on random meshes
+    /// of a one-slice and a two-slice pod: every strategy's bits and HBM.
+    #[test]
+    fn every_strategy_is_exact_on_random_meshes(
+        sizes in prop::collection::vec(1usize..90, 1..5),
+        bucket_bytes in 4usize..600,
+        prefetch in 0usize..3,
+        opt in 0usize..7,
+        mesh in 0usize..6,
+    ) {
+        let (pod, mesh) = [
+            ("v5e-16", "data=4,fsdp=4"),
+            ("v5e-16", "data=16"),
+            ("mesh-3x5", "data=5,fsdp=3"),
+            ("ms-v5e", "data=2,fsdp=16"),
+            ("ms-v5e", "fsdp=-1"),
+            ("ms-v5e", "data=8,fsdp=4"),
+        ][mesh];
+        check_meshes(
+            pod,
+            &[Some(mesh)],
+            optirs_tpu::optimizers::NAMES[opt],
+            &sizes,
+            (bucket_bytes, prefetch),
+            2,
+        );
+    }
 }
 
 proptest! {
@@ -763,35 +860,51 @@ fn a_restore_that_does_not_fit_the_strategy_changes_nothing() {
 }
 
 #[test]
-fn the_sharded_strategies_run_on_one_slice_in_one_process_only() {
-    for strategy in [Strategy::Zero2, Strategy::Fsdp] {
-        let err = ShardedOptimizer::on_pod(
-            optirs_tpu::optimizers::by_name("adam", 0.05f32).unwrap(),
-            pod_named("ms-v5e"),
-            model(&[100]),
-            config(strategy, 1, 1024, RecoveryPolicy::Rollback),
-        )
-        .unwrap_err();
-        assert!(
-            matches!(
-                err.downcast_ref::<ShardingError>(),
-                Some(ShardingError::ModeledOnly { strategy: s, .. }) if *s == strategy
-            ),
-            "{err}"
-        );
-        let text = err.to_string();
-        assert!(
-            text.contains(&format!("the {strategy} strategy on a multislice pod"))
-                && text.contains("runs modeled only for now"),
-            "{text}"
-        );
-    }
-    // Replicated still runs there.
-    sharded(
-        pod_named("ms-v5e"),
-        "adam",
-        &[100],
-        config(Strategy::Replicated, 1, 1024, RecoveryPolicy::Rollback),
+fn a_mesh_the_real_run_does_not_build_is_refused_before_any_work() {
+    // The redundant copies with a data axis that replicates the state.
+    let pod = pod_named("v4-64");
+    let sizes = Mesh::parse("data=4,fsdp=16", pod.topology())
+        .unwrap()
+        .sizes();
+    let err = ShardedOptimizer::on_pod(
+        optirs_tpu::optimizers::by_name("adam", 0.05f32).unwrap(),
+        pod,
+        model(&[100]),
+        ShardingConfig {
+            mesh: Some(sizes),
+            ..config(Strategy::Zero2, 1, 1024, RecoveryPolicy::Redundant)
+        },
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            err.downcast_ref::<ShardingError>(),
+            Some(ShardingError::MeshNotBuilt { .. })
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("data=4,fsdp=16,tensor=1"), "{err}");
+    // A mesh that does not tile the pod: the mesh's own error.
+    let err = ShardedOptimizer::on_pod(
+        optirs_tpu::optimizers::by_name("adam", 0.05f32).unwrap(),
+        pod_named("v4-64"),
+        model(&[100]),
+        ShardingConfig {
+            mesh: Some(MeshSizes {
+                data: 3,
+                fsdp: 21,
+                tensor: 1,
+            }),
+            ..ShardingConfig::default()
+        },
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            err.downcast_ref::<ShardingError>(),
+            Some(ShardingError::Mesh(_))
+        ),
+        "{err}"
     );
 }
 

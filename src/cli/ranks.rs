@@ -223,11 +223,12 @@ fn train_split(args: TrainArgs, launch: Launch) -> Result<()> {
         let mut no_temporary = None;
         let checkpoints = args.checkpoints(1, &mut no_temporary)?;
         let rank = pod.layout().rank();
+        let sharding = sharding_of(&args, pod.pod().topology())?;
         let mut opt = ShardedOptimizer::on_ranked_pod(
             base_optimizer(&args)?,
             pod,
             super::train::model_of(&sizes)?,
-            sharding_of(&args),
+            sharding,
         )?;
         // (At a 1 ns "tick", the interval comes back in ns.)
         if let Some((every_ns, dir)) = checkpoints {

@@ -120,14 +120,14 @@ pub struct TrainArgs {
     pub(super) modeled_only: bool,
     /// How the model is split over the mesh: replicated (ZeRO-1: the state
     /// sharded), zero2 (gradients too) or fsdp (ZeRO-3: parameters too,
-    /// gathered per bucket). A real run across the slices of a multislice
-    /// pod builds replicated only; the others run there with --modeled-only.
+    /// gathered per bucket). Under zero2 and fsdp the state is the same
+    /// along the mesh's data axis (hybrid sharding across slices).
     #[arg(long, default_value = "replicated")]
     pub(super) strategy: Strategy,
     /// The device mesh, `data=D,fsdp=F,tensor=T` in any order (an axis
     /// left out is 1, one may be -1 for the rest), each axis whole torus
     /// axes or the slices. Default: fsdp over every chip of a slice, data
-    /// over the slices. Other meshes run with --modeled-only.
+    /// over the slices. Under mpirun the default mesh only.
     #[arg(long, value_name = "SPEC")]
     pub(super) mesh: Option<String>,
     /// fsdp: parameter gathers run ahead of the bucket in use (default 1;
@@ -301,9 +301,9 @@ impl TrainArgs {
     }
 
     /// Refuses, before any work, a layout the run cannot honour:
-    /// `--prefetch` without fsdp (it would do nothing), a `--mesh` that does
-    /// not lay out on the pod, and in a real run a mesh other than the
-    /// default or a sharded strategy across slices (modeled only for now).
+    /// `--prefetch` without fsdp (it would do nothing), a `--mesh` that
+    /// does not lay out on the pod, and in a real run the redundant
+    /// policy's copies on a data axis that replicates the state.
     pub(super) fn refuse_unbuilt_layout(&self) -> Result<()> {
         if let Some(n) = self.prefetch
             && self.strategy != Strategy::Fsdp
@@ -316,23 +316,17 @@ impl TrainArgs {
             )));
         }
         let topology = load_topology(&self.pod)?;
-        if !self.modeled_only && self.strategy != Strategy::Replicated && topology.slices > 1 {
+        let mesh = self.mesh_on(&topology)?;
+        let replicates_state = self.strategy != Strategy::Replicated
+            && mesh.size(optirs_tpu::sharding::MeshAxisName::Data) > 1;
+        if !self.modeled_only && replicates_state && self.recovery == RecoveryPolicy::Redundant {
             return Err(usage(format!(
-                "--strategy {} on a multislice pod ({} has {} slices) runs modeled only for \
-                 now: add --modeled-only (a real run across slices builds --strategy replicated)",
-                self.strategy, topology.name, topology.slices
+                "--recovery redundant with --strategy {} on the mesh {mesh}: the data axis \
+                 already holds every state shard {} times, and copies on top of it are not \
+                 built; use --recovery rollback or spare-cube (or --modeled-only)",
+                self.strategy,
+                mesh.size(optirs_tpu::sharding::MeshAxisName::Data)
             )));
-        }
-        if self.mesh.is_some() {
-            let mesh = self.mesh_on(&topology)?;
-            let default = Mesh::default_for(&topology);
-            if !self.modeled_only && mesh != default {
-                return Err(usage(format!(
-                    "--mesh {mesh} runs modeled only for now: add --modeled-only (a real run \
-                     shards over the default mesh of {}, {default})",
-                    topology.name
-                )));
-            }
         }
         Ok(())
     }
@@ -397,12 +391,9 @@ pub fn train(args: TrainArgs) -> Result<()> {
         pod.schedule_fault(at_ns, fault);
     }
     building.set_message(compiling_message(&sizes, pod.topology().num_devices()));
-    let mut opt = ShardedOptimizer::on_pod(
-        base_optimizer(&args)?,
-        pod,
-        model_of(&sizes)?,
-        sharding_of(&args),
-    )?;
+    let sharding = sharding_of(&args, pod.topology())?;
+    let mut opt =
+        ShardedOptimizer::on_pod(base_optimizer(&args)?, pod, model_of(&sizes)?, sharding)?;
     let mut _tempdir = None;
     let dir = match (&args.checkpoint_dir, &args.resume) {
         // A resumed run writes on into the directory it resumed from.
@@ -557,8 +548,15 @@ pub(super) fn base_optimizer(args: &TrainArgs) -> Result<Base> {
 pub(super) type Base = Box<dyn optirs_tpu::Optimizer<f32, IxDyn> + Send + Sync>;
 
 /// How the model is bucketed, reduced and recovered.
-pub(super) fn sharding_of(args: &TrainArgs) -> ShardingConfig {
-    ShardingConfig {
+pub(super) fn sharding_of(
+    args: &TrainArgs,
+    topology: &optirs_tpu::topology::Topology,
+) -> Result<ShardingConfig> {
+    let mesh = match &args.mesh {
+        Some(_) => Some(args.mesh_on(topology)?.sizes()),
+        None => None,
+    };
+    Ok(ShardingConfig {
         bucket_bytes: args.bucket_bytes,
         reduction: args.reduction,
         recovery: args.recovery,
@@ -567,7 +565,8 @@ pub(super) fn sharding_of(args: &TrainArgs) -> ShardingConfig {
         prefetch: args
             .prefetch
             .unwrap_or(optirs_tpu::sharding::residency::DEFAULT_PREFETCH),
-    }
+        mesh,
+    })
 }
 
 /// Steps until `--steps` steps completed (the training layer's loop),

@@ -81,9 +81,9 @@ pub use cost::{
 pub use element::{Element, ReduceOp, naive_reduce};
 pub use error::CollectiveError;
 pub use multislice::{
-    DCN_AXIS, MultisliceShape, multislice_all_gather, multislice_all_gather_traffic,
-    multislice_all_reduce, multislice_reduce_scatter, multislice_reduce_scatter_traffic,
-    multislice_shard_ranges,
+    DCN_AXIS, MultisliceShape, dcn_exchange_traffic, multislice_all_gather,
+    multislice_all_gather_traffic, multislice_all_reduce, multislice_reduce_scatter,
+    multislice_reduce_scatter_traffic, multislice_shard_ranges,
 };
 pub use ring::{
     BROADCAST_CHUNK_BYTES, PARALLEL_MIN_BYTES, PIECE_ELEMS, SLICE_ELEMS, broadcast_chunks,

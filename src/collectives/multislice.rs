@@ -256,6 +256,26 @@ pub fn multislice_all_gather_traffic(
     traffic
 }
 
+/// The traffic of a reduce-scatter (`kind` [`PhaseKind::ReduceScatter`])
+/// or all-gather across the slices alone, `len` elements per device (each
+/// device with its twins in the other slices, over the DCN), at phase
+/// order `order`, without moving data: the exchange a multislice
+/// reduce-scatter or all-gather runs after (before) its slice rounds. A
+/// reduce-scatter then an all-gather at the next order is the all-reduce
+/// of a data axis over the slices.
+pub fn dcn_exchange_traffic(
+    shape: &MultisliceShape,
+    len: usize,
+    elem_bytes: usize,
+    kind: PhaseKind,
+    order: u32,
+) -> Traffic {
+    let ranges = vec![0..len; shape.grid().device_count()];
+    let mut traffic = Traffic::default();
+    record_exchange(&mut traffic, shape, &ranges, kind, order, elem_bytes);
+    traffic
+}
+
 /// Records the reduce-scatter's passes from `order` (the slice's rounds,
 /// one order each, of [`super::torus_reduce_scatter_traffic`]'s schedule,
 /// then the exchange at `order + 3`); returns the next order, `order + 4`.

@@ -57,6 +57,10 @@ pub enum HeldParams {
     Shard,
     /// The redundant copy of `owner`'s shard (fsdp, redundant policy).
     CopyOf(DeviceId),
+    /// Not parameters: one slot of the optimizer-state shard that `owner`
+    /// holds the values of, which this device replicates along a mesh's
+    /// data axis (zero2 and fsdp with `data > 1`).
+    StateOf(DeviceId),
 }
 
 /// What the parameter block of `held` is for, as an out-of-memory error
@@ -66,6 +70,9 @@ pub fn params_purpose(held: Option<HeldParams>) -> String {
         None | Some(HeldParams::Replica) => "the model's parameters".to_owned(),
         Some(HeldParams::Shard) => "its shard of the model's parameters".to_owned(),
         Some(HeldParams::CopyOf(owner)) => format!("the copy of {owner}'s shard of the parameters"),
+        Some(HeldParams::StateOf(owner)) => {
+            format!("its replica of {owner}'s optimizer-state shard")
+        }
     }
 }
 
@@ -88,10 +95,15 @@ fn unreserved(world: &mut World) -> Vec<(Entity, DeviceId, usize, String)> {
     let mut q = world
         .query_filtered::<(Entity, &ReplicaParams, Option<&HeldParams>), Without<ShardBlock>>();
     // A device's own parameters before a copy it holds.
-    let mut params: Vec<((DeviceId, bool), Entity, usize, String)> = q
+    let mut params: Vec<((DeviceId, u8), Entity, usize, String)> = q
         .iter(world)
         .map(|(e, r, held)| {
-            let copy = matches!(held, Some(HeldParams::CopyOf(_)));
+            // Its parameters, then state replicas, then copies.
+            let copy = match held {
+                Some(HeldParams::StateOf(_)) => 1u8,
+                Some(HeldParams::CopyOf(_)) => 2,
+                _ => 0,
+            };
             let purpose = params_purpose(held.copied());
             ((r.device, copy), e, r.bytes as usize, purpose)
         })

@@ -141,6 +141,12 @@ pub fn reshard_after_loss<A: FloatElement>(
         seconds,
         Vec::new(),
     );
+    // A ring of survivors has no mesh axes: the model shards over all of
+    // them.
+    let model = ShardedModel {
+        mesh: None,
+        ..model
+    };
     reinstall(world, model, layout, restored, &record)?;
     let index = world.resource::<DeviceIndex>().clone();
     for &d in lost {

@@ -98,6 +98,18 @@ pub enum ShardingError {
         /// Where (`a multislice pod (NAME has S slices)`).
         place: String,
     },
+    /// A mesh that does not lay out on the pod (the axis and the pod's
+    /// shape named).
+    #[error(transparent)]
+    Mesh(#[from] super::mesh::MeshError),
+    /// A mesh a real run does not build on this pod yet.
+    #[error("the mesh {mesh} runs modeled only for now: {reason}")]
+    MeshNotBuilt {
+        /// The mesh (`data=2,fsdp=4,tensor=1`).
+        mesh: String,
+        /// What is not built.
+        reason: String,
+    },
     /// A parameter set with no tensors.
     #[error("the model has no tensors; add at least one parameter tensor")]
     EmptyModel,

@@ -11,6 +11,13 @@
 //! only the last bucket is padded, element `i` of the model sits at index
 //! `i` of the padded vector too.
 //!
+//! Under a mesh whose `data` axis replicates the state (zero2 and fsdp with
+//! `data > 1`, [`ShardLayout::on_mesh`]) every bucket is cut into one shard
+//! per device of the `fsdp` group instead, and the devices that differ only
+//! along the data axes own the same shard: the first of them (the
+//! *primary*) holds its state values, the others charge their HBM for a
+//! replica of it (values stored once, as the parameters are).
+//!
 //! Which part of a bucket a device owns follows the collective that
 //! reduces it: over a whole torus, the reduce-scatter's dimension-order
 //! chunks ([`torus_shard_ranges`]); over a multislice pod the same on the
@@ -59,7 +66,8 @@ pub struct Bucket {
     pub len: usize,
     /// `len` padded to a multiple of the device count.
     pub padded_len: usize,
-    /// Elements each device owns: `padded_len / n`.
+    /// Elements each device owns: `padded_len` over the shard count
+    /// ([`ShardLayout::shards`]: `n`, or the fsdp group's size).
     pub shard_len: usize,
     /// Where this bucket's shard starts in each device's state vector.
     pub shard_offset: usize,
@@ -133,7 +141,8 @@ pub struct ShardLayout {
     pub buckets: Vec<Bucket>,
     /// The devices, sorted by id; replica `r` of a step is `participants[r]`.
     pub participants: Vec<DeviceId>,
-    /// `shard_index[r]`: which `1/n` of every bucket `participants[r]` owns.
+    /// `shard_index[r]`: which shard of every bucket `participants[r]`
+    /// owns (devices along a replicating data axis share one).
     pub shard_index: Vec<usize>,
     /// How gradients are reduced.
     pub plan: ShardPlan,
@@ -149,6 +158,24 @@ impl ShardLayout {
         bucket_bytes: usize,
         participants: Vec<DeviceId>,
         plan: ShardPlan,
+    ) -> Result<ShardLayout, ShardingError> {
+        ShardLayout::on_mesh(dtype, tensors, bucket_bytes, participants, plan, &[])
+    }
+
+    /// [`ShardLayout::new`] with the state replicated along `data_axes`
+    /// (axes of the plan's grid, [`ShardPlan::grid_shape`]; a multislice
+    /// plan's slices are its last): every bucket is cut into one shard per
+    /// position on the other axes, in their reduce-scatter's order, and the
+    /// devices that differ only along `data_axes` own the same shard.
+    /// Buckets are padded to a multiple of every device as without them, so
+    /// a model has the same buckets on every mesh.
+    pub fn on_mesh(
+        dtype: DType,
+        tensors: &[(String, Vec<usize>)],
+        bucket_bytes: usize,
+        participants: Vec<DeviceId>,
+        plan: ShardPlan,
+        data_axes: &[usize],
     ) -> Result<ShardLayout, ShardingError> {
         if tensors.is_empty() {
             return Err(ShardingError::EmptyModel);
@@ -195,6 +222,8 @@ impl ShardLayout {
             })?;
         }
         let elements = offset;
+        let shard_index = shard_indices(&participants, &plan, data_axes)?;
+        let shards = shard_index.iter().max().map_or(1, |&k| k + 1);
         let bucket_elements = ((bucket_bytes / elem) / n * n).max(n);
         let mut buckets = Vec::with_capacity(elements.div_ceil(bucket_elements));
         let mut start = 0;
@@ -206,13 +235,12 @@ impl ShardLayout {
                 offset: start,
                 len,
                 padded_len,
-                shard_len: padded_len / n,
+                shard_len: padded_len / shards,
                 shard_offset,
             });
-            shard_offset += padded_len / n;
+            shard_offset += padded_len / shards;
             start += len;
         }
-        let shard_index = shard_indices(&participants, &plan)?;
         Ok(ShardLayout {
             dtype,
             tensors: specs,
@@ -245,6 +273,37 @@ impl ShardLayout {
         self.participants.len()
     }
 
+    /// Shards of every bucket: the device count, or under a replicating
+    /// data axis the fsdp group's size.
+    pub fn shards(&self) -> usize {
+        self.buckets
+            .first()
+            .map_or(self.devices(), |b| b.padded_len / b.shard_len.max(1))
+    }
+
+    /// Whether devices along a data axis share shards ([`ShardLayout::on_mesh`]).
+    pub fn is_mirrored(&self) -> bool {
+        self.shards() < self.devices()
+    }
+
+    /// Per shard, the replica that holds its state values: the first that
+    /// owns it.
+    pub fn primaries(&self) -> Vec<usize> {
+        let mut primary = vec![usize::MAX; self.shards()];
+        for (r, &k) in self.shard_index.iter().enumerate() {
+            if primary[k] == usize::MAX {
+                primary[k] = r;
+            }
+        }
+        primary
+    }
+
+    /// Whether replica `r` holds its shard's state values (every replica
+    /// does unless the layout is mirrored).
+    pub fn is_primary(&self, r: usize) -> bool {
+        self.primaries()[self.shard_index[r]] == r
+    }
+
     /// Length of the padded flat vector.
     pub fn padded_elements(&self) -> usize {
         self.buckets.last().map_or(0, |b| b.offset + b.padded_len)
@@ -268,13 +327,10 @@ impl ShardLayout {
     }
 
     /// A padded flat buffer cut into its shards, bucket by bucket:
-    /// `(bucket, owning replica, the shard's slice)`.
+    /// `(bucket, owning replica (the primary), the shard's slice)`.
     pub fn shards_of<'a, T>(&self, padded: &'a mut [T]) -> Vec<(usize, usize, &'a mut [T])> {
-        let mut replica_of_shard = vec![0usize; self.devices()];
-        for (r, &k) in self.shard_index.iter().enumerate() {
-            replica_of_shard[k] = r;
-        }
-        let mut shards = Vec::with_capacity(self.buckets.len() * self.devices());
+        let replica_of_shard = self.primaries();
+        let mut shards = Vec::with_capacity(self.buckets.len() * self.shards());
         let mut rest = padded;
         for (b, bucket) in self.buckets.iter().enumerate() {
             let (head, tail) = std::mem::take(&mut rest).split_at_mut(bucket.padded_len);
@@ -284,6 +340,38 @@ impl ShardLayout {
             rest = tail;
         }
         shards
+    }
+
+    /// A padded flat buffer cut as the whole grid's reduce-scatter owns
+    /// it, bucket by bucket: `(replica, start in the padded vector, the
+    /// chunk)`, every bucket in `n` chunks of `padded_len / n`. The
+    /// gradient reduction folds each chunk in its owner's order
+    /// ([`ShardLayout::grid`]), so an element is reduced in one order
+    /// whatever the mesh replicates: a mirrored layout's shard is several
+    /// of these chunks.
+    pub fn reduction_chunks<'a, T>(&self, padded: &'a mut [T]) -> Vec<(usize, usize, &'a mut [T])> {
+        let n = self.devices();
+        let full = if self.is_mirrored() {
+            full_shard_indices(&self.participants, &self.plan)
+                .unwrap_or_else(|_| self.shard_index.clone())
+        } else {
+            self.shard_index.clone()
+        };
+        let mut replica_of_chunk = vec![0usize; n];
+        for (r, &k) in full.iter().enumerate() {
+            replica_of_chunk[k] = r;
+        }
+        let mut chunks = Vec::with_capacity(self.buckets.len() * n);
+        let mut rest = padded;
+        for bucket in &self.buckets {
+            let (head, tail) = std::mem::take(&mut rest).split_at_mut(bucket.padded_len);
+            let len = bucket.padded_len / n;
+            for (k, chunk) in head.chunks_mut(len.max(1)).enumerate() {
+                chunks.push((replica_of_chunk[k], bucket.offset + k * len, chunk));
+            }
+            rest = tail;
+        }
+        chunks
     }
 
     /// The replica (participant index) of a device.
@@ -394,8 +482,58 @@ impl ShardLayout {
     }
 }
 
+/// Which shard of a bucket each participant owns under `plan`, the state
+/// replicated along `data_axes` of its grid.
+fn shard_indices(
+    participants: &[DeviceId],
+    plan: &ShardPlan,
+    data_axes: &[usize],
+) -> Result<Vec<usize>, ShardingError> {
+    let full = full_shard_indices(participants, plan)?;
+    if data_axes.is_empty() {
+        return Ok(full);
+    }
+    let shape = plan.grid_shape().ok_or_else(|| ShardingError::Devices {
+        reason: "a data axis that replicates the state needs a torus or multislice plan, \
+                 not a ring of survivors"
+            .into(),
+    })?;
+    let dims = shape.dims();
+    if let Some(&bad) = data_axes.iter().find(|&&a| a >= dims.len()) {
+        return Err(ShardingError::Devices {
+            reason: format!("data axis {bad} is not an axis of the grid {dims:?}"),
+        });
+    }
+    // The fsdp group: the grid without the data axes, in its own
+    // reduce-scatter's order.
+    let kept: Vec<usize> = (0..dims.len()).filter(|a| !data_axes.contains(a)).collect();
+    let sub_dims: Vec<usize> = kept.iter().map(|&a| dims[a]).collect();
+    let sub_wrap: Vec<bool> = kept.iter().map(|&a| shape.wraparound()[a]).collect();
+    let (sub_dims, sub_wrap) = if sub_dims.is_empty() {
+        (vec![1], vec![false])
+    } else {
+        (sub_dims, sub_wrap)
+    };
+    let sub = TorusShape::new(&sub_dims, &sub_wrap).map_err(|e| ShardingError::Devices {
+        reason: format!("the fsdp group {sub_dims:?}: {e}"),
+    })?;
+    let owned = torus_shard_ranges(&sub, sub.device_count());
+    Ok(participants
+        .iter()
+        .map(|d| {
+            let coords = shape.coords(d.0 as usize);
+            let at: Vec<usize> = kept.iter().map(|&a| coords[a]).collect();
+            let at = if at.is_empty() { vec![0] } else { at };
+            sub.index(&at).map_or(0, |i| owned[i].start)
+        })
+        .collect())
+}
+
 /// Which `1/n` of a bucket each participant owns under `plan`.
-fn shard_indices(participants: &[DeviceId], plan: &ShardPlan) -> Result<Vec<usize>, ShardingError> {
+fn full_shard_indices(
+    participants: &[DeviceId],
+    plan: &ShardPlan,
+) -> Result<Vec<usize>, ShardingError> {
     let n = participants.len();
     match plan {
         ShardPlan::Torus { dims, .. } | ShardPlan::Multislice { dims, .. } => {

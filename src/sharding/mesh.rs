@@ -162,7 +162,42 @@ pub struct Mesh {
     pub axes: Vec<MeshAxis>,
 }
 
+/// A mesh's axis sizes before it is laid out on a pod: what a
+/// configuration names (`data=2,fsdp=4` is `{data: 2, fsdp: 4, tensor: 1}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct MeshSizes {
+    /// Devices along `data`.
+    pub data: usize,
+    /// Devices along `fsdp`.
+    pub fsdp: usize,
+    /// Devices along `tensor`.
+    pub tensor: usize,
+}
+
+impl MeshSizes {
+    /// Lays the sizes out on `topology` ([`Mesh::lay_out`]); `tensor`
+    /// above 1 is refused, as [`Mesh::parse`] refuses it.
+    pub fn lay_out(self, topology: &Topology) -> Result<Mesh, MeshError> {
+        if self.tensor > 1 {
+            return Err(MeshError::Tensor {
+                size: self.tensor,
+                pod: pod_shape(topology),
+            });
+        }
+        Mesh::lay_out([self.data, self.fsdp, self.tensor], topology)
+    }
+}
+
 impl Mesh {
+    /// The axes' sizes.
+    pub fn sizes(&self) -> MeshSizes {
+        MeshSizes {
+            data: self.size(MeshAxisName::Data),
+            fsdp: self.size(MeshAxisName::Fsdp),
+            tensor: self.size(MeshAxisName::Tensor),
+        }
+    }
+
     /// The axis called `name`.
     pub fn axis(&self, name: MeshAxisName) -> Option<&MeshAxis> {
         self.axes.iter().find(|a| a.name == name)

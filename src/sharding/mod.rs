@@ -39,6 +39,7 @@ pub mod gradients;
 pub mod layout;
 pub mod ledger;
 pub mod mesh;
+mod mesh_traffic;
 pub mod model;
 pub mod modeled;
 pub mod params;
@@ -46,6 +47,7 @@ pub mod participants;
 pub mod ranked;
 pub mod residency;
 pub mod step;
+pub mod stored_model;
 pub mod strategy;
 pub mod strategy_model;
 mod strategy_step;
@@ -59,7 +61,9 @@ use bevy_ecs::schedule::Schedules;
 pub use error::{FailureCause, RecoveryFailure, ShardingError, UnknownName, UpdateError};
 pub use gradients::{GradientSource, ReducedGradients, ReplicaGradients, SyntheticGradients};
 pub use layout::{Bucket, ShardLayout, ShardPlan, TensorSpec};
-pub use mesh::{Mesh, MeshAxis, MeshAxisName, MeshError, PhysicalAxis, Strategy, UnknownStrategy};
+pub use mesh::{
+    Mesh, MeshAxis, MeshAxisName, MeshError, MeshSizes, PhysicalAxis, Strategy, UnknownStrategy,
+};
 pub use model::{RecoveryPolicy, RecoveryRecord, Reduction, ShardedModel, SlotValues, model_of};
 pub use params::ParamSet;
 pub use residency::{HbmByKind, ResidencyInput, hbm_bytes_per_device};

@@ -8,14 +8,13 @@ use serde::{Deserialize, Serialize};
 
 use super::error::{ShardingError, UnknownName};
 use super::layout::ShardLayout;
-use super::mesh::Strategy;
+use super::mesh::{Mesh, Strategy};
 use super::params::ParamSet;
-use super::residency::{DEFAULT_PREFETCH, ResidencyInput, hbm_bytes_per_device};
+use super::residency::{ResidencyInput, hbm_bytes_per_device};
 use crate::collectives::ReduceOp;
 use crate::ir::{FloatElement, Tensor};
 use crate::memory::shards::{release_shard, reserve_shards};
 use crate::memory::{HeldParams, ReplicaParams, ShardSlot};
-use crate::persist::{LoadContext, Persist, SnapshotError, StoreContext, StoredTensorValue};
 use crate::topology::DeviceId;
 
 /// How per-replica gradients are combined.
@@ -91,6 +90,10 @@ pub struct ShardedModel {
     pub strategy: Strategy,
     /// Under fsdp, the buckets gathered ahead of the one in use.
     pub prefetch: usize,
+    /// The mesh the model is laid out on, `None` for the pod's default
+    /// ([`Mesh::default_for`]; also after a re-shard onto a ring of
+    /// survivors, which has no mesh axes).
+    pub mesh: Option<Mesh>,
 }
 
 /// What the `Recovery` set does after a step failed because devices were
@@ -288,6 +291,17 @@ pub fn install_model<A: FloatElement>(
     state: SlotValues<A>,
 ) -> Result<(), ShardingError> {
     check_policy(world, model.recovery)?;
+    if model.recovery == RecoveryPolicy::Redundant && model.layout.is_mirrored() {
+        return Err(ShardingError::MeshNotBuilt {
+            mesh: model
+                .mesh
+                .as_ref()
+                .map_or_else(|| "the default mesh".into(), |m| m.to_string()),
+            reason: "the redundant policy's copies with a data axis that already replicates \
+                     the state are not built; use rollback or spare-cube"
+                .into(),
+        });
+    }
     if model_entity(world).is_some() {
         remove_model(world)?;
     }
@@ -337,10 +351,29 @@ pub fn install_model<A: FloatElement>(
         super::residency::aligned(param_bytes),
         hbm_bytes_per_device(&residency).params
     );
+    let primaries = layout.primaries();
+    let state_bytes = (layout.shard_elements() * layout.element_bytes()) as u64;
     for (index, name) in model.slots.iter().enumerate() {
         for (r, &peer) in peers.iter().enumerate() {
-            let shard = slot_shard(layout, &state, index, r);
             let device = layout.participants[r];
+            let primary = primaries[layout.shard_index[r]];
+            if primary != r {
+                // A replica along the data axis: its HBM holds the
+                // primary's shard; the values are stored once, there.
+                spawned.push(
+                    world
+                        .spawn((
+                            ReplicaParams {
+                                device,
+                                bytes: state_bytes,
+                            },
+                            HeldParams::StateOf(layout.participants[primary]),
+                        ))
+                        .id(),
+                );
+                continue;
+            }
+            let shard = slot_shard(layout, &state, index, r);
             if model.recovery == RecoveryPolicy::Redundant && layout.devices() > 1 {
                 spawned.push(
                     world
@@ -585,7 +618,7 @@ pub fn gather_slots<A: FloatElement>(
 ) -> Result<Vec<Vec<A>>, ShardingError> {
     let layout = &model.layout;
     let mut flat: Vec<Vec<A>> = vec![vec![A::ZERO; layout.padded_elements()]; model.slots.len()];
-    let mut seen = vec![vec![false; layout.devices()]; model.slots.len()];
+    let mut seen = vec![vec![false; layout.shards()]; model.slots.len()];
     for slot in slots {
         let wanted = if lost.contains(&slot.owner) {
             slot.device != slot.owner && !lost.contains(&slot.device)
@@ -619,305 +652,20 @@ pub fn gather_slots<A: FloatElement>(
                 &values[bucket.shard_offset..bucket.shard_offset + bucket.shard_len],
             );
         }
-        seen_slot[r] = true;
+        seen_slot[layout.shard_index[r]] = true;
     }
-    if let Some((s, r)) = seen
+    if let Some((s, k)) = seen
         .iter()
         .enumerate()
-        .find_map(|(s, v)| v.iter().position(|x| !x).map(|r| (s, r)))
+        .find_map(|(s, v)| v.iter().position(|x| !x).map(|k| (s, k)))
     {
         return Err(ShardingError::InvalidState {
             reason: format!(
                 "no surviving copy of {}'s shard of `{}`",
-                layout.participants[r], model.slots[s]
+                layout.participants[layout.primaries()[k]],
+                model.slots[s]
             ),
         });
     }
     Ok(flat)
-}
-
-/// [`ShardedModel`] as stored: its parameters in the tensor file. Encoded
-/// as a tuple (the snapshot codec is postcard's, positional): a replicated
-/// model with the default prefetch ends after `recovering_until_ns`, as
-/// every snapshot taken before strategies does, so those load (as
-/// replicated) and a replicated world's bytes and digest are what they
-/// were; any other strategy appends `strategy` and `prefetch`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct StoredShardedModel {
-    optimizer: String,
-    slots: Vec<String>,
-    layout: ShardLayout,
-    params: StoredTensorValue,
-    count: i32,
-    steps_completed: u64,
-    steps_failed: u64,
-    reduction: Reduction,
-    bucket_bytes: usize,
-    recovery: RecoveryPolicy,
-    recoveries: Vec<RecoveryRecord>,
-    recovering_until_ns: u64,
-    strategy: Strategy,
-    prefetch: usize,
-}
-
-/// Fields of a [`StoredShardedModel`] before strategies.
-const STORED_MODEL_FIELDS: usize = 12;
-
-impl Serialize for StoredShardedModel {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        use serde::ser::SerializeTuple;
-        let extended = self.strategy != Strategy::Replicated || self.prefetch != DEFAULT_PREFETCH;
-        let len = STORED_MODEL_FIELDS + if extended { 2 } else { 0 };
-        let mut t = serializer.serialize_tuple(len)?;
-        t.serialize_element(&self.optimizer)?;
-        t.serialize_element(&self.slots)?;
-        t.serialize_element(&self.layout)?;
-        t.serialize_element(&self.params)?;
-        t.serialize_element(&self.count)?;
-        t.serialize_element(&self.steps_completed)?;
-        t.serialize_element(&self.steps_failed)?;
-        t.serialize_element(&self.reduction)?;
-        t.serialize_element(&self.bucket_bytes)?;
-        t.serialize_element(&self.recovery)?;
-        t.serialize_element(&self.recoveries)?;
-        t.serialize_element(&self.recovering_until_ns)?;
-        if extended {
-            t.serialize_element(&self.strategy)?;
-            t.serialize_element(&self.prefetch)?;
-        }
-        t.end()
-    }
-}
-
-impl<'de> Deserialize<'de> for StoredShardedModel {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Fields;
-        impl<'de> serde::de::Visitor<'de> for Fields {
-            type Value = StoredShardedModel;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                write!(f, "a stored sharded model")
-            }
-            fn visit_seq<S: serde::de::SeqAccess<'de>>(
-                self,
-                mut seq: S,
-            ) -> Result<StoredShardedModel, S::Error> {
-                let optimizer = field(&mut seq, 0)?;
-                let slots = field(&mut seq, 1)?;
-                let layout = field(&mut seq, 2)?;
-                let params = field(&mut seq, 3)?;
-                let count = field(&mut seq, 4)?;
-                let steps_completed = field(&mut seq, 5)?;
-                let steps_failed = field(&mut seq, 6)?;
-                let reduction = field(&mut seq, 7)?;
-                let bucket_bytes = field(&mut seq, 8)?;
-                let recovery = field(&mut seq, 9)?;
-                let recoveries = field(&mut seq, 10)?;
-                let recovering_until_ns = field(&mut seq, 11)?;
-                // A model stored before strategies (or a replicated one)
-                // ends here: the input ends, or the sequence does.
-                let (strategy, prefetch) = match seq.next_element::<Strategy>() {
-                    Ok(Some(strategy)) => {
-                        (strategy, seq.next_element()?.unwrap_or(DEFAULT_PREFETCH))
-                    }
-                    Ok(None) => (Strategy::Replicated, DEFAULT_PREFETCH),
-                    Err(e) if is_end_of_input(&e) => (Strategy::Replicated, DEFAULT_PREFETCH),
-                    Err(e) => return Err(e),
-                };
-                Ok(StoredShardedModel {
-                    optimizer,
-                    slots,
-                    layout,
-                    params,
-                    count,
-                    steps_completed,
-                    steps_failed,
-                    reduction,
-                    bucket_bytes,
-                    recovery,
-                    recoveries,
-                    recovering_until_ns,
-                    strategy,
-                    prefetch,
-                })
-            }
-        }
-        deserializer.deserialize_tuple(STORED_MODEL_FIELDS + 2, Fields)
-    }
-}
-
-/// Field `k` of a stored model, which every stored model has.
-fn field<'de, T: Deserialize<'de>, S: serde::de::SeqAccess<'de>>(
-    seq: &mut S,
-    k: usize,
-) -> Result<T, S::Error> {
-    seq.next_element()?
-        .ok_or_else(|| serde::de::Error::invalid_length(k, &"a stored sharded model's 12 fields"))
-}
-
-/// Whether a decoding error is postcard's end of input (the one model row
-/// is the last thing in its column, so a short model ends the input).
-fn is_end_of_input(e: &impl std::fmt::Display) -> bool {
-    e.to_string() == postcard::Error::DeserializeUnexpectedEnd.to_string()
-}
-
-impl StoredShardedModel {
-    /// The stored layout.
-    pub fn layout(&self) -> &ShardLayout {
-        &self.layout
-    }
-
-    /// The stored strategy.
-    pub fn strategy(&self) -> Strategy {
-        self.strategy
-    }
-
-    /// The stored fsdp prefetch.
-    pub fn prefetch(&self) -> usize {
-        self.prefetch
-    }
-}
-
-impl Persist for ShardedModel {
-    type Stored = StoredShardedModel;
-
-    fn store(&self, ctx: &StoreContext) -> Result<StoredShardedModel, SnapshotError> {
-        Ok(StoredShardedModel {
-            optimizer: self.optimizer.clone(),
-            slots: self.slots.clone(),
-            layout: self.layout.clone(),
-            params: crate::persist::store_tensor(&self.params, ctx)?,
-            count: self.count,
-            steps_completed: self.steps_completed,
-            steps_failed: self.steps_failed,
-            reduction: self.reduction,
-            bucket_bytes: self.bucket_bytes,
-            recovery: self.recovery,
-            recoveries: self.recoveries.clone(),
-            recovering_until_ns: self.recovering_until_ns,
-            strategy: self.strategy,
-            prefetch: self.prefetch,
-        })
-    }
-
-    fn load(s: StoredShardedModel, ctx: &LoadContext) -> Result<ShardedModel, SnapshotError> {
-        Ok(ShardedModel {
-            optimizer: s.optimizer,
-            slots: s.slots,
-            layout: s.layout,
-            params: crate::persist::load_tensor(s.params, ctx, "ShardedModel")?,
-            count: s.count,
-            steps_completed: s.steps_completed,
-            steps_failed: s.steps_failed,
-            reduction: s.reduction,
-            bucket_bytes: s.bucket_bytes,
-            recovery: s.recovery,
-            recoveries: s.recoveries,
-            recovering_until_ns: s.recovering_until_ns,
-            strategy: s.strategy,
-            prefetch: s.prefetch,
-        })
-    }
-
-    fn check(s: &StoredShardedModel, ctx: &LoadContext) -> Result<(), SnapshotError> {
-        crate::persist::check_tensor(&s.params, ctx, "ShardedModel")
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::ir::DType;
-
-    /// The stored model as it was before strategies (the derive's field
-    /// order is the encoding).
-    #[derive(Serialize)]
-    struct Before {
-        optimizer: String,
-        slots: Vec<String>,
-        layout: ShardLayout,
-        params: StoredTensorValue,
-        count: i32,
-        steps_completed: u64,
-        steps_failed: u64,
-        reduction: Reduction,
-        bucket_bytes: usize,
-        recovery: RecoveryPolicy,
-        recoveries: Vec<RecoveryRecord>,
-        recovering_until_ns: u64,
-    }
-
-    fn stored(strategy: Strategy, prefetch: usize) -> StoredShardedModel {
-        let layout = ShardLayout::new(
-            DType::F32,
-            &[("w".to_string(), vec![5])],
-            64,
-            vec![DeviceId(0), DeviceId(1)],
-            super::super::ShardPlan::Ring {
-                ring: vec![DeviceId(0), DeviceId(1)],
-            },
-        )
-        .unwrap();
-        StoredShardedModel {
-            optimizer: "adam".into(),
-            slots: vec!["mu".into(), "nu".into()],
-            layout,
-            params: StoredTensorValue::Inline(flat_tensor(vec![0.5f32; 6])),
-            count: 3,
-            steps_completed: 3,
-            steps_failed: 1,
-            reduction: Reduction::Mean,
-            bucket_bytes: 64,
-            recovery: RecoveryPolicy::Redundant,
-            recoveries: Vec::new(),
-            recovering_until_ns: 7,
-            strategy,
-            prefetch,
-        }
-    }
-
-    fn before(s: &StoredShardedModel) -> Before {
-        Before {
-            optimizer: s.optimizer.clone(),
-            slots: s.slots.clone(),
-            layout: s.layout.clone(),
-            params: s.params.clone(),
-            count: s.count,
-            steps_completed: s.steps_completed,
-            steps_failed: s.steps_failed,
-            reduction: s.reduction,
-            bucket_bytes: s.bucket_bytes,
-            recovery: s.recovery,
-            recoveries: s.recoveries.clone(),
-            recovering_until_ns: s.recovering_until_ns,
-        }
-    }
-
-    #[test]
-    fn a_model_stored_before_strategies_loads_as_replicated() {
-        let model = stored(Strategy::Replicated, DEFAULT_PREFETCH);
-        let old = postcard::to_stdvec(&vec![(0u32, before(&model))]).unwrap();
-        // A replicated model is written as before, byte for byte.
-        assert_eq!(
-            postcard::to_stdvec(&vec![(0u32, model.clone())]).unwrap(),
-            old
-        );
-        let rows: Vec<(u32, StoredShardedModel)> = postcard::from_bytes(&old).unwrap();
-        assert_eq!(rows, vec![(0, model)]);
-        // A truncated old field is still an error, not a default.
-        assert!(
-            postcard::from_bytes::<Vec<(u32, StoredShardedModel)>>(&old[..old.len() - 1]).is_err()
-        );
-    }
-
-    #[test]
-    fn every_strategy_round_trips() {
-        for strategy in Strategy::ALL {
-            for prefetch in [0, 1, 4] {
-                let model = stored(strategy, prefetch);
-                let bytes = postcard::to_stdvec(&vec![(0u32, model.clone())]).unwrap();
-                let rows: Vec<(u32, StoredShardedModel)> = postcard::from_bytes(&bytes).unwrap();
-                assert_eq!(rows, vec![(0, model)], "{strategy} {prefetch}");
-            }
-        }
-    }
 }

@@ -35,6 +35,7 @@ use rayon::prelude::*;
 use super::error::{FailureCause, ShardingError, UpdateError};
 use super::gradients::GradientSource;
 use super::layout::ShardLayout;
+use super::mesh::Mesh;
 use super::model::{
     RecoveryPolicy, ShardedModel, flat_of, flat_of_mut, flat_tensor, model_entity, model_mut,
     model_of,
@@ -50,7 +51,7 @@ use crate::health::DeviceState;
 use crate::ir::{DType, FloatElement, Tensor};
 use crate::memory::ShardSlot;
 use crate::memory::device::{release, reserve};
-use crate::topology::{Device, DeviceId, DeviceIndex, Link};
+use crate::topology::{Device, DeviceId, DeviceIndex, Link, PodTopology};
 use crate::transport::LinkState;
 
 /// The compiled update for one shard length: `(params, grads, slots…,
@@ -242,11 +243,17 @@ pub fn launch_step<'w, A: FloatElement>(
         of_bucket: program_of_bucket,
     } = programs_by_length(&layout, request.programs)?;
     let redundant = model_of(world).is_some_and(|m| m.recovery == RecoveryPolicy::Redundant);
-    let residency = model_of(world).ok_or(ShardingError::NoModel)?.residency();
-    // The step's collectives under the model's strategy.
+    let model = model_of(world).ok_or(ShardingError::NoModel)?;
+    let residency = model.residency();
+    let mesh = model.mesh.clone().or_else(|| {
+        layout
+            .is_mirrored()
+            .then(|| Mesh::default_for(&world.resource::<PodTopology>().0))
+    });
+    // The step's collectives under the model's strategy (on its mesh).
     let (combined, per_length) = PerLength::of(
         world,
-        residency.strategy,
+        (residency.strategy, mesh.as_ref()),
         &layout,
         &lengths,
         (slots, redundant),
@@ -345,7 +352,7 @@ fn programs_by_length(
     lengths.dedup();
     let mut programs = Vec::with_capacity(lengths.len());
     for len in &lengths {
-        let shard = len / layout.devices();
+        let shard = len / layout.shards();
         let program = compiled
             .get(&shard)
             .ok_or_else(|| ShardingError::InvalidState {
@@ -410,8 +417,9 @@ fn reserve_gradients(
     Ok(transient)
 }
 
-/// Every bucket's reduced gradient, each device's shard folded in the
-/// reduce-scatter's order from the source, shards in parallel.
+/// Every bucket's reduced gradient, each chunk the whole grid's
+/// reduce-scatter gives a device folded in that device's order from the
+/// source ([`ShardLayout::reduction_chunks`]), chunks in parallel.
 fn reduce_gradients<A: FloatElement>(
     layout: &ShardLayout,
     buffer: Option<Vec<A>>,
@@ -422,18 +430,16 @@ fn reduce_gradients<A: FloatElement>(
     let mut reduced = buffer.unwrap_or_else(|| vec![A::ZERO; layout.padded_elements()]);
     let (grid, positions) = layout.grid();
     let elements = layout.elements;
-    let tasks = layout.shards_of(&mut reduced);
+    let tasks = layout.reduction_chunks(&mut reduced);
     if source.is_reduced() {
-        tasks.into_par_iter().for_each(|(b, r, out)| {
-            let start = layout.shard_range(r, b).start;
+        tasks.into_par_iter().for_each(|(_, start, out)| {
             let real = elements.saturating_sub(start).min(out.len());
             source.fill(0, start, &mut out[..real]);
             out[real..].fill(A::ZERO);
         });
         return reduced;
     }
-    tasks.into_par_iter().for_each(|(b, r, out)| {
-        let start = layout.shard_range(r, b).start;
+    tasks.into_par_iter().for_each(|(r, start, out)| {
         let mut fill = |member: usize, offset: usize, buf: &mut [A]| {
             let replica = layout
                 .replica_of(DeviceId(member as u32))

@@ -22,7 +22,7 @@ use bevy_ecs::prelude::*;
 
 use super::error::ShardingError;
 use super::layout::{ShardLayout, ShardPlan};
-use super::mesh::Strategy;
+use super::mesh::{Mesh, Strategy};
 use super::timing::{
     BucketCost, FsdpBucketCost, StepTimeline, pass_durations, schedule, schedule_fsdp,
 };
@@ -172,7 +172,7 @@ fn fsdp_bucket_costs(
         .iter()
         .zip(per_length)
         .map(|(&len, traffic)| {
-            let shard = len / layout.devices();
+            let shard = len / layout.shards();
             FsdpBucketCost {
                 gather: pass_durations(&traffic.gather, link),
                 gradient: pass_durations(&traffic.reduce_scatter, link),
@@ -193,14 +193,26 @@ pub(super) enum PerLength {
 
 impl PerLength {
     /// The step's traffic under `strategy`, all of it together and per
-    /// distinct bucket length (`(slots, redundant)` size the copies).
+    /// distinct bucket length (`(slots, redundant)` size the copies); on a
+    /// `mesh` (one other than the default, or replicating the state along
+    /// its data axis) stage by stage from the bucket's plan
+    /// ([`super::mesh_traffic`]).
     pub(super) fn of(
         world: &World,
-        strategy: Strategy,
+        (strategy, mesh): (Strategy, Option<&Mesh>),
         layout: &ShardLayout,
         lengths: &[usize],
         (slots, redundant): (usize, bool),
     ) -> Result<(Traffic, PerLength), ShardingError> {
+        if let Some(mesh) = mesh {
+            return super::mesh_traffic::mesh_step_traffic(
+                world,
+                (strategy, mesh),
+                layout,
+                lengths,
+                (slots, redundant),
+            );
+        }
         Ok(match strategy {
             Strategy::Replicated | Strategy::Zero2 => {
                 let (combined, per_length) =

@@ -108,7 +108,7 @@ fn bucket_traffic(
 
 /// Each replica's state shards to its redundant peer, routed on the torus
 /// (on a multislice pod, on the peer's slice: peers share a slice).
-fn replication_traffic(
+pub(super) fn replication_traffic(
     world: &World,
     layout: &ShardLayout,
     bytes: u64,
@@ -180,7 +180,7 @@ pub(super) fn bucket_costs(
         .iter()
         .zip(per_length)
         .map(|(&len, (rs, ag))| {
-            let shard = len / layout.devices();
+            let shard = len / layout.shards();
             let bytes = ((3 + 2 * slots) * shard * elem) as f64;
             BucketCost {
                 reduce_scatter: pass_durations(rs, |s, d| charge.model(s, d)),

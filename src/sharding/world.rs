@@ -21,7 +21,10 @@ use crate::optimizers::{FloatElement, UpdateRule};
 use crate::topology::{Device, DeviceId, DeviceIndex, HbmCapacity, PodTopology};
 
 use super::model::install_model;
-use super::{ShardPlan, ShardedModel, ShardingError, SlotValues};
+use super::{
+    Mesh, MeshAxisName, PhysicalAxis, ShardLayout, ShardPlan, ShardedModel, ShardingError,
+    SlotValues,
+};
 
 /// The devices a model is sharded over and how: the whole torus when every
 /// device is up and not excluded, otherwise a ring of the others. On a
@@ -75,6 +78,69 @@ pub fn participants(world: &mut World) -> Result<(Vec<DeviceId>, ShardPlan)> {
         .filter(|d| up.binary_search(d).is_ok())
         .collect();
     Ok((up, ShardPlan::Ring { ring }))
+}
+
+/// The layout of `tensors` (of `dtype`, in buckets of `bucket_bytes`)
+/// under `strategy` on the mesh `sizes` (the pod's default if `None`), and
+/// the mesh to keep in the model (`None` when it is the default): the
+/// participants and plan of [`participants`]; under zero2 and fsdp the
+/// state is replicated along the mesh's data axis
+/// ([`ShardLayout::on_mesh`]). A mesh that does not lay out on the pod is
+/// [`ShardingError::Mesh`]; a mesh other than the default on a ring of
+/// survivors, or with its data axis in the middle of a multislice pod's
+/// physical axes, is [`ShardingError::MeshNotBuilt`].
+pub fn layout_for(
+    world: &mut World,
+    (strategy, sizes): (
+        crate::sharding::Strategy,
+        Option<crate::sharding::MeshSizes>,
+    ),
+    dtype: crate::ir::DType,
+    tensors: &[(String, Vec<usize>)],
+    bucket_bytes: usize,
+) -> Result<(ShardLayout, Option<Mesh>)> {
+    let topology = world.resource::<PodTopology>().0.clone();
+    let default = Mesh::default_for(&topology);
+    let mesh = match sizes {
+        Some(sizes) => sizes.lay_out(&topology).map_err(ShardingError::from)?,
+        None => default.clone(),
+    };
+    let (participants, plan) = participants(world)?;
+    let data: Vec<usize> = match &plan {
+        ShardPlan::Ring { .. } if mesh != default => {
+            return Err(ShardingError::MeshNotBuilt {
+                mesh: mesh.to_string(),
+                reason: format!(
+                    "devices of {} are down or excluded, and a ring of the survivors has no \
+                     mesh axes",
+                    topology.name
+                ),
+            }
+            .into());
+        }
+        ShardPlan::Ring { .. } => Vec::new(),
+        ShardPlan::Torus { dims, .. } | ShardPlan::Multislice { dims, .. } => {
+            let slice_axis = dims.len();
+            mesh.axis(MeshAxisName::Data)
+                .map(|a| {
+                    a.physical
+                        .iter()
+                        .map(|p| match p {
+                            PhysicalAxis::Torus(d) => *d,
+                            PhysicalAxis::Slices => slice_axis,
+                        })
+                        .collect()
+                })
+                .unwrap_or_default()
+        }
+    };
+    let replicated_state = matches!(
+        strategy,
+        crate::sharding::Strategy::Zero2 | crate::sharding::Strategy::Fsdp
+    );
+    let mirrored: &[usize] = if replicated_state { &data } else { &[] };
+    let layout = ShardLayout::on_mesh(dtype, tensors, bucket_bytes, participants, plan, mirrored)?;
+    Ok((layout, (mesh != default).then_some(mesh)))
 }
 
 /// Places `model` on its participants: every device's HBM becomes

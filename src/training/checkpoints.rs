@@ -123,9 +123,23 @@ where
         let stored = registry
             .decode_component::<ShardedModel>(snapshot, "sharding.ShardedModel")
             .unwrap_or_default();
+        let mesh = self.configured_mesh()?;
         Ok(stored.iter().any(|(_, m)| {
-            m.strategy() != self.sharding.strategy || m.prefetch() != self.sharding.prefetch
+            m.strategy() != self.sharding.strategy
+                || m.prefetch() != self.sharding.prefetch
+                || m.mesh() != mesh.as_ref()
         }))
+    }
+
+    /// The mesh this optimizer is configured for, as a model keeps it
+    /// (`None` for the pod's default).
+    fn configured_mesh(&self) -> Result<Option<crate::sharding::Mesh>> {
+        let topology = self.pod.pod().topology();
+        let Some(sizes) = self.sharding.mesh else {
+            return Ok(None);
+        };
+        let mesh = sizes.lay_out(topology).map_err(ShardingError::from)?;
+        Ok((mesh != crate::sharding::Mesh::default_for(topology)).then_some(mesh))
     }
 
     /// Re-installs the model under this optimizer's strategy and prefetch
@@ -133,14 +147,38 @@ where
     fn hold_as_configured(&mut self) -> Result<()> {
         let model = self.model()?.clone();
         let (strategy, prefetch) = (self.sharding.strategy, self.sharding.prefetch);
-        if model.strategy == strategy && model.prefetch == prefetch {
+        let mesh = self.configured_mesh()?;
+        if model.strategy == strategy && model.prefetch == prefetch && model.mesh == mesh {
             return Ok(());
         }
         self.pod.whole("re-sharding onto another strategy")?;
         let state = gather_state::<A>(self.pod.world_mut())?;
+        let tensors: Vec<(String, Vec<usize>)> = model
+            .layout
+            .tensors
+            .iter()
+            .map(|t| (t.name.clone(), t.shape.clone()))
+            .collect();
+        let (layout, mesh) = crate::sharding::world::layout_for(
+            self.pod.world_mut(),
+            (strategy, self.sharding.mesh),
+            model.layout.dtype,
+            &tensors,
+            model.bucket_bytes,
+        )?;
+        let padded = layout.padded_elements();
+        let resize = |mut v: Vec<A>| {
+            v.resize(padded, A::ZERO);
+            v
+        };
+        let state: Vec<Vec<A>> = state.into_iter().map(resize).collect();
+        let params = resize(model.flat_params::<A>()?.to_vec());
         let next = ShardedModel {
             strategy,
             prefetch,
+            mesh,
+            layout,
+            params: flat_tensor(params),
             ..model
         };
         Ok(replace_model(

@@ -39,16 +39,16 @@ use crate::optimizers::{FloatElement, Optimizer};
 use crate::pod::Pod;
 use crate::pod::ranks::RankedPod;
 use crate::sharding::Span;
-use crate::sharding::Strategy;
 use crate::sharding::model::{flat_tensor, gather_state, model_mut, model_of};
 use crate::sharding::residency::DEFAULT_PREFETCH;
 use crate::sharding::step::{LaunchRequest, launch_step};
-use crate::sharding::world::{compile_update, place_model};
+use crate::sharding::world::{compile_update, layout_for, place_model};
 use crate::sharding::{
     DEFAULT_BUCKET_BYTES, GradientSource, ParamSet, RecoveryPolicy, RecoveryRecord,
     ReducedGradients, Reduction, ReplicaGradients, ShardLayout, ShardProgram, ShardedModel,
     ShardedStep, ShardingError, SlotValues, StepOutcome,
 };
+use crate::sharding::{MeshSizes, Strategy};
 
 use super::checkpoints::StepCheckpoints;
 use super::driver::Driver;
@@ -79,6 +79,12 @@ pub struct ShardingConfig {
     /// model of time has no forward or backward compute to hide a gather
     /// behind, so it changes what is held, not the modeled step time.
     pub prefetch: usize,
+    /// The mesh's axis sizes (`None`: the pod's default, fsdp over each
+    /// slice and data across the slices), laid out on the pod as
+    /// [`crate::sharding::Mesh::lay_out`] does. Under zero2 and fsdp the
+    /// state is replicated along `data`; a pod split over ranks runs the
+    /// default mesh only.
+    pub mesh: Option<MeshSizes>,
 }
 
 impl Default for ShardingConfig {
@@ -90,32 +96,37 @@ impl Default for ShardingConfig {
             hbm_bytes: None,
             strategy: Strategy::Replicated,
             prefetch: DEFAULT_PREFETCH,
+            mesh: None,
         }
     }
 }
 
-/// Whether a real run can shard over `pod` with `strategy`: the sharded
-/// strategies run on one slice in one process; on a multislice pod or over
-/// ranks only the closed-form model has them for now.
-fn check_strategy(pod: &Pod, split: bool, strategy: Strategy) -> Result<()> {
-    if strategy == Strategy::Replicated {
+/// Whether a real run can shard over `pod` as `sharding` asks: over ranks
+/// only the replicated strategy on the pod's default mesh is built (the
+/// others run in the closed-form model).
+fn check_split(pod: &Pod, split: bool, sharding: &ShardingConfig) -> Result<()> {
+    if !split {
         return Ok(());
     }
-    let topology = pod.topology();
-    let place = if topology.slices > 1 {
-        Some(format!(
-            "a multislice pod ({} has {} slices)",
-            topology.name, topology.slices
-        ))
-    } else if split {
-        Some(format!("a pod split over ranks ({})", topology.name))
-    } else {
-        None
-    };
-    match place {
-        Some(place) => Err(ShardingError::ModeledOnly { strategy, place }.into()),
-        None => Ok(()),
+    let place = format!("a pod split over ranks ({})", pod.topology().name);
+    if sharding.strategy != Strategy::Replicated {
+        return Err(ShardingError::ModeledOnly {
+            strategy: sharding.strategy,
+            place,
+        }
+        .into());
     }
+    if let Some(sizes) = sharding.mesh {
+        let mesh = sizes.lay_out(pod.topology()).map_err(ShardingError::from)?;
+        if mesh != crate::sharding::Mesh::default_for(pod.topology()) {
+            return Err(ShardingError::MeshNotBuilt {
+                mesh: mesh.to_string(),
+                reason: format!("{place} runs the pod's default mesh"),
+            }
+            .into());
+        }
+    }
+    Ok(())
 }
 
 /// What one sharded step did.
@@ -220,7 +231,7 @@ where
         }
         let split = matches!(driver, Driver::Ranked(_));
         let pod = driver.pod_mut();
-        check_strategy(pod, split, sharding.strategy)?;
+        check_split(pod, split, &sharding)?;
         let rule = base
             .update_rule()
             .ok_or_else(|| ShardingError::NoUpdateRule {
@@ -229,13 +240,12 @@ where
         let slots: Vec<String> = rule.slot_names().iter().map(|s| s.to_string()).collect();
         let initial = rule.initial_slot_values();
         let world = pod.world_mut();
-        let (participants, plan) = crate::sharding::world::participants(world)?;
-        let layout = ShardLayout::new(
+        let (layout, mesh) = layout_for(
+            world,
+            (sharding.strategy, sharding.mesh),
             <A as Element>::DTYPE,
             &params.shapes(),
             sharding.bucket_bytes,
-            participants,
-            plan,
         )?;
         let mut flat = params.to_flat();
         flat.resize(layout.padded_elements(), A::ZERO);
@@ -254,6 +264,7 @@ where
             recovering_until_ns: 0,
             strategy: sharding.strategy,
             prefetch: sharding.prefetch,
+            mesh,
         };
         place_model(
             world,

@@ -269,7 +269,12 @@ impl Outcome {
             buckets: layout.buckets.len(),
             bucket_bytes: opt.sharding().bucket_bytes,
             strategy: opt.sharding().strategy,
-            mesh: crate::sharding::Mesh::default_for(opt.pod().topology()).to_string(),
+            mesh: opt
+                .sharding()
+                .mesh
+                .and_then(|sizes| sizes.lay_out(opt.pod().topology()).ok())
+                .unwrap_or_else(|| crate::sharding::Mesh::default_for(opt.pod().topology()))
+                .to_string(),
             steps_completed: opt.steps_completed(),
             steps_attempted: self.attempts,
             step_modeled_seconds,
