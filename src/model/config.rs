@@ -440,6 +440,15 @@ mod tests {
     }
 
     #[test]
+    fn policy_names_are_the_ron_names() {
+        for policy in RematPolicy::ALL {
+            let text = ron::to_string(&policy).unwrap();
+            assert_eq!(text, policy.name());
+            assert_eq!(ron::from_str::<RematPolicy>(&text).unwrap(), policy);
+        }
+    }
+
+    #[test]
     fn a_field_is_found_on_its_line() {
         let text = "Model(\n  name: \"x\",\n  layers: 0, embed: 4,\n)";
         assert_eq!(line_of_field(text, "layers"), Some(3));
