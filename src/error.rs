@@ -2,7 +2,7 @@
 //!
 //! Each domain owns a `thiserror` enum that names the offending element (a
 //! file and line, a device, a node): `TopologyError`, `MemoryError`,
-//! `OptimizerError`, `ShardingError`, ... [`OptimError`] carries any one
+//! `OptimizerError`, `ShardingError`, `ModelError`, ... [`OptimError`] carries any one
 //! of them whole, with its [`ErrorKind`], the way [`std::io::Error`]
 //! carries any error: it lives in the bottom layer, so every layer —
 //! the optimizers' [`Optimizer::step`](crate::Optimizer::step) included —
@@ -83,6 +83,9 @@ pub enum ErrorKind {
     /// A goodput simulation was refused: an input out of range, or a pod
     /// whose step cannot be modeled (`GoodputError`).
     Goodput,
+    /// A model description could not be read, parsed or accepted, or a
+    /// figure derived from it is out of range (`ModelError`).
+    Model,
 }
 
 /// Every error the engine returns: a [`ErrorKind`] and the domain's own

@@ -22,7 +22,7 @@
 //! | 7 health | `health` | heartbeats, suspect/failed detection, faults, exclusion |
 //! | 8 pod services | `barrier`, `collectives`, `clock_sync`, `monitor`, `load_balance`, `svg` | barriers; collectives on real buffers; NTP; monitoring; placement; pictures |
 //! | 9 compiler | `compiler` | graph IR as entities, the passes of `Compile`, lowering |
-//! | 10 execution | `exec` | the fast runtime: native (Cranelift) and interpreted fused loops |
+//! | 10 execution, models | `exec`, `model` | the fast runtime: native (Cranelift) and interpreted fused loops; transformer model configs (RON), MaxText's FLOP and parameter counts, activation memory by remat policy, MaxText's published runs |
 //! | 11 sharded training | `sharding` | a whole model's optimizer sharded over the pod: parameter sets, buckets, per-device state shards, the data-parallel step as work of the `Collectives`, `Execute` and `Coalesce` sets |
 //! | 12 checkpoints, goodput | `checkpoint`, `goodput` | the registry of everything the engine persists; manifests, files, verification, periodic checkpoints; a long run's goodput through failures, checkpoints and recoveries as a discrete-event timeline |
 //! | 13 recovery | `recovery` | a sharded model's recovery after a failed step: the `Recovery` set's system and the three policies (rollback from the newest checkpoint, redundant copies, spare-cube swap), re-sharding onto the survivors |
@@ -36,7 +36,7 @@
 //! Errors are leaves: each domain's error enum (`TopologyError`,
 //! `MemoryError`, `TransportError`, `FaultError`, `BarrierError`,
 //! `CollectiveError`, `OptimizerError`, `CompileError`, `ExecError`, `SnapshotError`,
-//! `CheckpointError`, `ShardingError`) imports nothing but the bottom
+//! `CheckpointError`, `ShardingError`, `ModelError`) imports nothing but the bottom
 //! layers' ids, and converts itself into [`OptimError`] (layer 0, an
 //! `ErrorKind` and the domain error kept whole, as `std::io::Error` carries
 //! any error), so every layer returns the one error type. Domains expose world functions
@@ -108,6 +108,7 @@ pub mod ir;
 pub mod kernels;
 pub mod load_balance;
 pub mod memory;
+pub mod model;
 pub mod monitor;
 /// The seed's path to the optimizer trait and its vocabulary, now in
 /// [`optimizers`].

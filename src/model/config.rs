@@ -1,0 +1,459 @@
+//! A transformer decoder as MaxText configures it: the dimensions its FLOP
+//! count and parameter count read, the batch, the remat policy and the
+//! dtypes, written as RON.
+//!
+//! ```ron
+//! Model(
+//!     name: "llama2-7b",
+//!     decoder_block: llama2,
+//!     layers: 32, embed: 4096, heads: 32, kv_heads: 32, head_dim: 128,
+//!     mlp_dim: 11008, mlp_activations: ["silu", "linear"],
+//!     vocab: 32000, seq_len: 4096, per_device_batch: 1.0,
+//!     remat: full, weight_dtype: f32, activation_dtype: bf16,
+//!     logits_via_embedding: false,
+//!     // Optional: attention_width_is_embed (false), trainable_position_size (0), source ("").
+//! )
+//! ```
+//!
+//! `ir::DType` has no bfloat16 (the interpreter computes in f32/f64), so
+//! the dtypes here are [`ModelDType`], a local enum of the storage types a
+//! MaxText run uses.
+//!
+//! MaxText lets `head_dim` differ from `emb_dim / num_query_heads` (its
+//! `global_parameter_scale` doubles the heads, not `head_dim`, so the
+//! scaled models have `heads × head_dim ≠ embed`); a family that ties them
+//! (Llama 2, GPT-3) says so with `attention_width_is_embed: true`, and
+//! validation then checks it.
+
+use serde::{Deserialize, Serialize};
+
+use super::error::ModelError;
+
+/// The largest model file read.
+pub const MAX_MODEL_FILE_BYTES: u64 = 1 << 20;
+
+/// MaxText's `remat_policy`: which of a decoder layer's intermediates the
+/// forward pass keeps for the backward pass (the rest is recomputed). The
+/// names are MaxText's (`MaxText/layers/models.py`, `base.yml`); the layer
+/// input (the scan carry) is kept by every policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RematPolicy {
+    /// `nothing_saveable`: only the layer input; the whole layer is
+    /// recomputed in the backward pass.
+    Full,
+    /// `checkpoint_dots_with_no_batch_dims`: every weight matmul's output
+    /// (query, key, value, out projection, the MLP input matmuls and
+    /// `mlpwo`), not the attention dots.
+    Minimal,
+    /// `minimal` moved to host memory: nothing but the layer input stays in
+    /// HBM.
+    MinimalOffloaded,
+    /// `minimal` plus the attention output (`context`).
+    MinimalFlash,
+    /// `query_proj`, `key_proj`, `value_proj`, `out_proj`, `mlpwo`.
+    SaveDotExceptMlpwi,
+    /// `query_proj`, `key_proj`, `value_proj`, `out_proj`.
+    SaveDotExceptMlp,
+    /// `query_proj`, `key_proj`, `value_proj`.
+    SaveQkvProj,
+    /// `query_proj`, `key_proj`, `value_proj` offloaded to host memory.
+    QkvProjOffloaded,
+    /// `out_proj` only.
+    SaveOutProj,
+    /// No rematerialization: every intermediate is kept.
+    None,
+}
+
+impl RematPolicy {
+    /// Every policy, in MaxText's order (fastest to leanest, then `none`).
+    pub const ALL: [RematPolicy; 10] = [
+        RematPolicy::Minimal,
+        RematPolicy::MinimalFlash,
+        RematPolicy::SaveDotExceptMlpwi,
+        RematPolicy::SaveDotExceptMlp,
+        RematPolicy::SaveQkvProj,
+        RematPolicy::QkvProjOffloaded,
+        RematPolicy::MinimalOffloaded,
+        RematPolicy::SaveOutProj,
+        RematPolicy::Full,
+        RematPolicy::None,
+    ];
+
+    /// MaxText's name for the policy.
+    pub fn name(self) -> &'static str {
+        match self {
+            RematPolicy::Full => "full",
+            RematPolicy::Minimal => "minimal",
+            RematPolicy::MinimalOffloaded => "minimal_offloaded",
+            RematPolicy::MinimalFlash => "minimal_flash",
+            RematPolicy::SaveDotExceptMlpwi => "save_dot_except_mlpwi",
+            RematPolicy::SaveDotExceptMlp => "save_dot_except_mlp",
+            RematPolicy::SaveQkvProj => "save_qkv_proj",
+            RematPolicy::QkvProjOffloaded => "qkv_proj_offloaded",
+            RematPolicy::SaveOutProj => "save_out_proj",
+            RematPolicy::None => "none",
+        }
+    }
+}
+
+/// Storage type of weights or activations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ModelDType {
+    /// bfloat16, MaxText's activation `dtype`.
+    Bf16,
+    /// IEEE half precision.
+    F16,
+    /// float32, MaxText's default `weight_dtype`.
+    F32,
+}
+
+impl ModelDType {
+    /// Bytes per element.
+    pub fn byte_size(self) -> u64 {
+        match self {
+            ModelDType::Bf16 | ModelDType::F16 => 2,
+            ModelDType::F32 => 4,
+        }
+    }
+}
+
+/// MaxText's `decoder_block`: which parameters a layer has besides its
+/// attention and MLP matrices (what [`parameter_count`](super::flops::parameter_count)
+/// adds up).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DecoderBlock {
+    /// `llama2`: RMSNorm (scale only) before attention and before the MLP,
+    /// rotary positions (no parameters), a final RMSNorm; no biases.
+    Llama2,
+    /// `gpt3`: LayerNorm (scale and bias) before attention and before the
+    /// MLP, biases on every dense layer, learned positions
+    /// (`trainable_position_size × embed`), a final LayerNorm.
+    Gpt3,
+    /// MaxText's `default` block of December 2023 (`MaxText/layers/models.py`
+    /// at 76bd53b0): one RMSNorm feeds attention and the MLP in parallel,
+    /// rotary positions, a final RMSNorm; no biases.
+    Default,
+    /// The `default` block of October 2023 (`MaxText/layers.py` at
+    /// e47fa1b5): as [`DecoderBlock::Default`] plus per-layer T5 relative
+    /// position biases (32 buckets per head) and query/key RMSNorms
+    /// (`head_dim` each).
+    DefaultT5,
+}
+
+/// MLP activations MaxText's `MlpBlock` accepts that the bundled models use
+/// (`linear` or a `flax.linen` function name); others are refused as typos.
+pub const KNOWN_ACTIVATIONS: [&str; 7] =
+    ["linear", "relu", "gelu", "silu", "swish", "sigmoid", "tanh"];
+
+/// A transformer decoder, its batch and its training numerics.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename = "Model", deny_unknown_fields)]
+pub struct ModelConfig {
+    /// The model's name (`"llama2-7b"`).
+    pub name: String,
+    /// Where the figures come from (file and commit), for reports.
+    #[serde(default)]
+    pub source: String,
+    /// MaxText's `decoder_block`.
+    pub decoder_block: DecoderBlock,
+    /// `num_decoder_layers`.
+    pub layers: u64,
+    /// `emb_dim`.
+    pub embed: u64,
+    /// `num_query_heads`.
+    pub heads: u64,
+    /// `num_kv_heads` (fewer than `heads`: grouped-query attention).
+    pub kv_heads: u64,
+    /// `head_dim`.
+    pub head_dim: u64,
+    /// `mlp_dim`.
+    pub mlp_dim: u64,
+    /// `mlp_activations`: one MLP input matrix per entry (`["silu",
+    /// "linear"]` is gated, two matrices).
+    pub mlp_activations: Vec<String>,
+    /// `vocab_size`.
+    pub vocab: u64,
+    /// `max_target_length`, tokens per sequence.
+    pub seq_len: u64,
+    /// `per_device_batch_size`, sequences per chip per step (fractional
+    /// allowed, as in MaxText; the global batch must be whole).
+    pub per_device_batch: f64,
+    /// `remat_policy`.
+    pub remat: RematPolicy,
+    /// `weight_dtype`.
+    pub weight_dtype: ModelDType,
+    /// `dtype` (activations).
+    pub activation_dtype: ModelDType,
+    /// `logits_via_embedding`: the output logits reuse the token embedding
+    /// (tied) instead of a separate `vocab × embed` matrix.
+    pub logits_via_embedding: bool,
+    /// Whether the family requires `heads × head_dim = embed`.
+    #[serde(default)]
+    pub attention_width_is_embed: bool,
+    /// `trainable_position_size`: rows of a learned position embedding
+    /// (GPT-3), 0 for none.
+    #[serde(default)]
+    pub trainable_position_size: u64,
+}
+
+impl ModelConfig {
+    /// Reads and validates a model file (a regular file of at most
+    /// [`MAX_MODEL_FILE_BYTES`]).
+    pub fn from_ron_file(path: &std::path::Path) -> Result<ModelConfig, ModelError> {
+        let text = crate::files::read_text(path, MAX_MODEL_FILE_BYTES, "a model file")
+            .map_err(ModelError::Read)?;
+        ModelConfig::from_ron_str(&text, &path.display().to_string())
+    }
+
+    /// Parses and validates model text; `origin` names it in errors.
+    pub fn from_ron_str(text: &str, origin: &str) -> Result<ModelConfig, ModelError> {
+        let config: ModelConfig = parse_ron(text, origin, "Model")?;
+        config
+            .validate()
+            .map_err(|(field, problem)| ModelError::Invalid {
+                origin: origin.to_string(),
+                line: line_of_field(text, field),
+                field: field.to_string(),
+                problem,
+            })?;
+        Ok(config)
+    }
+
+    /// Checks the dimensions; the first violation, with its field.
+    pub fn validate(&self) -> Result<(), (&'static str, String)> {
+        if self.name.trim().is_empty() {
+            return Err(("name", "the model needs a name".into()));
+        }
+        for (field, value) in [
+            ("layers", self.layers),
+            ("embed", self.embed),
+            ("heads", self.heads),
+            ("kv_heads", self.kv_heads),
+            ("head_dim", self.head_dim),
+            ("mlp_dim", self.mlp_dim),
+            ("vocab", self.vocab),
+            ("seq_len", self.seq_len),
+        ] {
+            if value == 0 {
+                return Err((field, "must be at least 1".into()));
+            }
+            // Every product the FLOP count forms stays far inside f64's
+            // exact integers and u64 below this.
+            if value > 1 << 24 {
+                return Err((field, format!("{value} is more than 2^24")));
+            }
+        }
+        if !self.heads.is_multiple_of(self.kv_heads) {
+            return Err((
+                "kv_heads",
+                format!(
+                    "{} query heads cannot be grouped over {} key/value heads: kv_heads must divide heads",
+                    self.heads, self.kv_heads
+                ),
+            ));
+        }
+        if self.attention_width_is_embed && self.heads * self.head_dim != self.embed {
+            return Err((
+                "head_dim",
+                format!(
+                    "heads x head_dim = {} x {} = {}, but this family needs it to equal embed ({})",
+                    self.heads,
+                    self.head_dim,
+                    self.heads * self.head_dim,
+                    self.embed
+                ),
+            ));
+        }
+        if self.mlp_activations.is_empty() || self.mlp_activations.len() > 4 {
+            return Err((
+                "mlp_activations",
+                "needs 1 to 4 activations, one per MLP input matrix".into(),
+            ));
+        }
+        if let Some(unknown) = self
+            .mlp_activations
+            .iter()
+            .find(|a| !KNOWN_ACTIVATIONS.contains(&a.as_str()))
+        {
+            return Err((
+                "mlp_activations",
+                format!(
+                    "unknown activation `{unknown}` (known: {})",
+                    KNOWN_ACTIVATIONS.join(", ")
+                ),
+            ));
+        }
+        if !(self.per_device_batch.is_finite() && self.per_device_batch > 0.0) {
+            return Err((
+                "per_device_batch",
+                format!("{} is not a positive number", self.per_device_batch),
+            ));
+        }
+        if self.trainable_position_size > 1 << 24 {
+            return Err(("trainable_position_size", "is more than 2^24".into()));
+        }
+        if self.trainable_position_size > 0 && self.decoder_block != DecoderBlock::Gpt3 {
+            return Err((
+                "trainable_position_size",
+                "learned positions belong to the gpt3 decoder block; the others use rotary positions"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Tokens one chip processes per step: `per_device_batch × seq_len`.
+    pub fn tokens_per_device(&self) -> f64 {
+        self.per_device_batch * self.seq_len as f64
+    }
+
+    /// Sequences per step over `chips` chips, which MaxText requires to be
+    /// whole (`per_device_batch_size × devices`).
+    pub fn global_batch(&self, chips: u64) -> Result<u64, ModelError> {
+        let product = self.per_device_batch * chips as f64;
+        let rounded = product.round();
+        if chips == 0 || rounded < 1.0 || (product - rounded).abs() > 1e-9 * product.max(1.0) {
+            return Err(ModelError::FractionalGlobalBatch {
+                model: self.name.clone(),
+                per_device_batch: self.per_device_batch,
+                chips,
+                product,
+            });
+        }
+        Ok(rounded as u64)
+    }
+}
+
+/// MaxText's `get_individual_scales` (`MaxText/pyconfig.py`): how
+/// `global_parameter_scale = 2^k` multiplies the `base_*` dimensions. The
+/// exponents rotate: heads and MLP width, then embedding, then layers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ParameterScales {
+    /// log2 of the `emb_dim` multiplier.
+    pub embed: u32,
+    /// log2 of the `num_query_heads` and `num_kv_heads` multiplier.
+    pub heads: u32,
+    /// log2 of the `mlp_dim` multiplier.
+    pub mlp: u32,
+    /// log2 of the `num_decoder_layers` multiplier.
+    pub layers: u32,
+}
+
+/// The scales for `global_parameter_scale`; MaxText refuses a scale that is
+/// not a power of two, and so does this.
+pub fn parameter_scales(global_parameter_scale: u64) -> Result<ParameterScales, ModelError> {
+    if global_parameter_scale == 0 || !global_parameter_scale.is_power_of_two() {
+        return Err(ModelError::Invalid {
+            origin: "global_parameter_scale".into(),
+            line: None,
+            field: "global_parameter_scale".into(),
+            problem: format!("{global_parameter_scale} is not a power of 2"),
+        });
+    }
+    let log2 = global_parameter_scale.trailing_zeros();
+    let (base, rem) = (log2 / 3, log2 % 3);
+    let heads = base + u32::from(rem > 0);
+    Ok(ParameterScales {
+        embed: base + u32::from(rem > 1),
+        heads,
+        mlp: heads,
+        layers: base,
+    })
+}
+
+/// Parses RON text into `T`; syntax errors carry origin, line, column and
+/// the field path (as pod files do).
+pub(super) fn parse_ron<T: serde::de::DeserializeOwned>(
+    text: &str,
+    origin: &str,
+    top: &str,
+) -> Result<T, ModelError> {
+    let options =
+        ron::Options::default().with_default_extension(ron::extensions::Extensions::IMPLICIT_SOME);
+    let syntax = |field: String, error: ron::error::SpannedError| ModelError::Syntax {
+        origin: origin.to_string(),
+        line: error.position.line,
+        column: error.position.col,
+        field,
+        message: error.code.to_string(),
+    };
+    let mut de = ron::Deserializer::from_str_with_options(text, &options)
+        .map_err(|e| syntax(top.to_string(), e))?;
+    let parsed: Result<T, _> = serde_path_to_error::deserialize(&mut de);
+    match parsed {
+        Ok(value) => {
+            de.end()
+                .map_err(|code| syntax(top.to_string(), de.span_error(code)))?;
+            Ok(value)
+        }
+        Err(error) => {
+            let path = error.path().to_string();
+            let field = if path == "." || path.is_empty() {
+                top.to_string()
+            } else {
+                path
+            };
+            Err(syntax(field, de.span_error(error.into_inner())))
+        }
+    }
+}
+
+/// The 1-based line of a field's first appearance in `text`, best effort.
+fn line_of_field(text: &str, field: &str) -> Option<usize> {
+    text.lines()
+        .position(|line| {
+            let line = line.trim_start();
+            !line.starts_with("//")
+                && line.split([',', '(']).any(|part| {
+                    part.trim_start()
+                        .strip_prefix(field)
+                        .is_some_and(|rest| rest.trim_start().starts_with(':'))
+                })
+        })
+        .map(|i| i + 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scales_rotate_as_maxtext_get_individual_scales() {
+        // pyconfig.get_individual_scales for 1, 2, 4, 8, 16, 128.
+        let s = |e, h, l| ParameterScales {
+            embed: e,
+            heads: h,
+            mlp: h,
+            layers: l,
+        };
+        assert_eq!(parameter_scales(1).unwrap(), s(0, 0, 0));
+        assert_eq!(parameter_scales(2).unwrap(), s(0, 1, 0));
+        assert_eq!(parameter_scales(4).unwrap(), s(1, 1, 0));
+        assert_eq!(parameter_scales(8).unwrap(), s(1, 1, 1));
+        assert_eq!(parameter_scales(16).unwrap(), s(1, 2, 1));
+        assert_eq!(parameter_scales(128).unwrap(), s(2, 3, 2));
+        assert!(parameter_scales(24).is_err());
+        assert!(parameter_scales(0).is_err());
+    }
+
+    #[test]
+    fn policy_names_are_the_ron_names() {
+        for policy in RematPolicy::ALL {
+            let text = ron::to_string(&policy).unwrap();
+            assert_eq!(text, policy.name());
+            assert_eq!(ron::from_str::<RematPolicy>(&text).unwrap(), policy);
+        }
+    }
+
+    #[test]
+    fn a_field_is_found_on_its_line() {
+        let text = "Model(\n  name: \"x\",\n  layers: 0, embed: 4,\n)";
+        assert_eq!(line_of_field(text, "layers"), Some(3));
+        assert_eq!(line_of_field(text, "embed"), Some(3));
+        assert_eq!(line_of_field(text, "name"), Some(2));
+        assert_eq!(line_of_field(text, "vocab"), None);
+    }
+}

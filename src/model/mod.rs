@@ -1,0 +1,87 @@
+//! Transformer decoders as MaxText describes them, and what a training
+//! step of one costs by MaxText's own count.
+//!
+//! - [`config`]: [`ModelConfig`] from RON (file, line and field in every
+//!   error), its validation, the global batch, MaxText's
+//!   `global_parameter_scale` rule.
+//! - [`flops`]: MaxText's training FLOPs per device per step in each of its
+//!   formula versions, and the parameter count.
+//! - [`memory`]: activation bytes per layer by remat policy.
+//! - [`published`]: MaxText's published v5e and v5p throughput tables.
+//!
+//! Bundled configs are embedded, so the binary finds them from any
+//! directory. `docs/models.md` has the sources.
+
+pub mod config;
+pub mod error;
+pub mod flops;
+pub mod memory;
+pub mod published;
+
+pub use config::{DecoderBlock, ModelConfig, ModelDType, RematPolicy, parameter_scales};
+pub use error::ModelError;
+pub use flops::{
+    FlopFormula, ParameterCount, TrainingFlops, calculate_tflops_training_per_device,
+    parameter_count, training_flops_per_device,
+};
+pub use memory::{ActivationMemory, activation_memory_per_layer};
+pub use published::{Published, PublishedRow, maxtext_published};
+
+/// The bundled models' names, in `bundled` order.
+pub const BUNDLED_NAMES: [&str; 13] = [
+    "maxtext-v5e-16b",
+    "maxtext-v5e-32b",
+    "maxtext-v5e-64b",
+    "maxtext-v5e-128b",
+    "maxtext-v5p-32b",
+    "maxtext-v5p-64b",
+    "maxtext-v5p-128b",
+    "maxtext-v5p-256b",
+    "maxtext-v5p-512b",
+    "maxtext-v5p-1024b",
+    "llama2-7b",
+    "llama2-70b",
+    "gpt3-175b",
+];
+
+const BUNDLED_TEXT: [&str; 13] = [
+    include_str!("../../assets/models/maxtext-v5e-16b.ron"),
+    include_str!("../../assets/models/maxtext-v5e-32b.ron"),
+    include_str!("../../assets/models/maxtext-v5e-64b.ron"),
+    include_str!("../../assets/models/maxtext-v5e-128b.ron"),
+    include_str!("../../assets/models/maxtext-v5p-32b.ron"),
+    include_str!("../../assets/models/maxtext-v5p-64b.ron"),
+    include_str!("../../assets/models/maxtext-v5p-128b.ron"),
+    include_str!("../../assets/models/maxtext-v5p-256b.ron"),
+    include_str!("../../assets/models/maxtext-v5p-512b.ron"),
+    include_str!("../../assets/models/maxtext-v5p-1024b.ron"),
+    include_str!("../../assets/models/llama2-7b.ron"),
+    include_str!("../../assets/models/llama2-70b.ron"),
+    include_str!("../../assets/models/gpt3-175b.ron"),
+];
+
+/// The RON text of a bundled model.
+pub fn bundled_text(name: &str) -> Option<&'static str> {
+    BUNDLED_NAMES
+        .iter()
+        .position(|n| *n == name)
+        .map(|i| BUNDLED_TEXT[i])
+}
+
+/// A bundled model, parsed and validated.
+pub fn bundled(name: &str) -> Result<ModelConfig, ModelError> {
+    let text = bundled_text(name).ok_or_else(|| ModelError::UnknownModel {
+        name: name.to_string(),
+        known: BUNDLED_NAMES.join(", "),
+    })?;
+    let config = ModelConfig::from_ron_str(text, &format!("bundled model {name}"))?;
+    if config.name != name {
+        return Err(ModelError::Invalid {
+            origin: format!("bundled model {name}"),
+            line: None,
+            field: "name".into(),
+            problem: format!("the file names itself `{}`", config.name),
+        });
+    }
+    Ok(config)
+}
