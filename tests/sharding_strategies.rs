@@ -582,12 +582,28 @@ fn killed_run(
     device: u32,
     sizes: &[usize],
 ) -> (Bits, optirs_tpu::sharding::RecoveryRecord) {
+    killed_run_on(pod, (strategy, None), policy, device, sizes)
+}
+
+/// [`killed_run`] on the mesh `mesh` (`None`: the pod's default).
+fn killed_run_on(
+    pod: &str,
+    (strategy, mesh): (Strategy, Option<&str>),
+    policy: RecoveryPolicy,
+    device: u32,
+    sizes: &[usize],
+) -> (Bits, optirs_tpu::sharding::RecoveryRecord) {
     let dir = tempfile::tempdir().unwrap();
+    let pod = pod_named(pod);
+    let mesh = mesh.map(|m| Mesh::parse(m, pod.topology()).unwrap().sizes());
     let mut opt = sharded(
-        pod_named(pod),
+        pod,
         "adam",
         sizes,
-        config(strategy, 1, 1024, policy),
+        ShardingConfig {
+            mesh,
+            ..config(strategy, 1, 1024, policy)
+        },
     );
     if policy != RecoveryPolicy::Redundant {
         // A checkpoint at every step boundary: the rollback restores the
@@ -649,6 +665,81 @@ fn every_policy_recovers_every_strategy_with_the_replicated_bits() {
                 assert!(record.reshard_seconds > want_record.reshard_seconds);
             } else {
                 assert_eq!(record.reshard_seconds, want_record.reshard_seconds);
+            }
+        }
+    }
+}
+
+#[test]
+fn a_mesh_that_replicates_the_state_recovers_under_rollback_and_spare_cube() {
+    let sizes = [3000usize, 41];
+    for (policy, device) in [
+        (RecoveryPolicy::Rollback, 9),
+        (RecoveryPolicy::SpareCube, 9),
+    ] {
+        let (want, want_record) = killed_run("cubes", Strategy::Replicated, policy, device, &sizes);
+        for strategy in Strategy::ALL {
+            let (got, record) = killed_run_on(
+                "cubes",
+                (strategy, Some("data=4,fsdp=16")),
+                policy,
+                device,
+                &sizes,
+            );
+            assert_eq!(got, want, "{strategy} on data=4 under {policy}");
+            assert_eq!(record.lost_steps, want_record.lost_steps);
+            // A rollback re-shards over the 63 survivors; a spare cube keeps
+            // all 64 and the mesh.
+            assert_eq!(record.devices_after, want_record.devices_after);
+        }
+    }
+}
+
+#[test]
+fn a_checkpoint_restores_onto_another_mesh_as_if_never_stopped() {
+    let sizes = [700usize, 19];
+    let layouts: [(Strategy, Option<&str>); 4] = [
+        (Strategy::Replicated, None),
+        (Strategy::Fsdp, None),
+        (Strategy::Zero2, Some("fsdp=32")),
+        (Strategy::Fsdp, Some("data=8,fsdp=4")),
+    ];
+    let on = |(strategy, mesh): (Strategy, Option<&str>)| {
+        let pod = pod_named("ms-v5e");
+        let mesh = mesh.map(|m| Mesh::parse(m, pod.topology()).unwrap().sizes());
+        let sharding = ShardingConfig {
+            mesh,
+            ..config(strategy, 1, 512, RecoveryPolicy::Rollback)
+        };
+        sharded(pod, "adam", &sizes, sharding)
+    };
+    for from in layouts {
+        let mut straight = on(from);
+        run_steps(&mut straight, &sizes, 1, 2);
+        let snapshot = straight.snapshot().unwrap();
+        run_steps(&mut straight, &sizes, 3, 4);
+        let want = bits(&mut straight);
+        for to in layouts {
+            for whole in [false, true] {
+                let mut next = on(to);
+                if whole {
+                    next.restore(&snapshot).unwrap();
+                } else {
+                    next.restore_resharded(&snapshot).unwrap();
+                }
+                let held = optirs_tpu::sharding::model_of(next.pod().world()).unwrap();
+                assert_eq!(held.strategy, to.0);
+                assert_eq!(
+                    held.mesh.as_ref().map(|m| m.to_string()),
+                    to.1.map(|m| Mesh::parse(m, next.pod().topology()).unwrap().to_string()),
+                    "{from:?} → {to:?}"
+                );
+                run_steps(&mut next, &sizes, 3, 4);
+                assert_eq!(
+                    bits(&mut next),
+                    want,
+                    "{from:?} → {to:?} (whole pod: {whole})"
+                );
             }
         }
     }
