@@ -470,3 +470,24 @@ fn constants_cost_nothing_until_read() {
         }
     }
 }
+
+#[test]
+fn adam_is_thirteen_flops_and_one_sqrt_per_element() {
+    // adam.ron, n = 4096: m' (3 ops), g², v' (3 more), m̂, v̂, sqrt, + eps,
+    // ratio, × lr, p − step: 13 flops and 1 transcendental per element;
+    // scalars: two pows (transcendentals), 1 − b1^t and 1 − b2^t (2 flops).
+    // One fused kernel reads p, g, m, v (4 × 16384), t and 7 scalar
+    // constants (32 bytes) and writes p', m', v' (3 × 16384).
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/assets/programs/adam.ron");
+    let r = xla::compile_program_file(path.as_ref()).unwrap();
+    let c = r.cost.totals;
+    assert_eq!(c.flops, 13 * 4096 + 2);
+    assert_eq!(c.transcendentals, 4096 + 2);
+    assert_eq!(c.bytes_read, 4 * 16384 + 32);
+    assert_eq!(c.bytes_written, 3 * 16384);
+    assert_eq!(r.cost.kernels.len(), 1);
+    assert!(
+        r.to_string()
+            .contains("cost: 53250 flops, 4098 transcendentals")
+    );
+}

@@ -12,7 +12,7 @@
 //!   whole program (fusion-aware once kernels exist).
 //! * [`interpreter::interpret`]: the unoptimized reference (the oracle).
 //! * [`executable::Executable`]: the lowered program and its evaluator.
-//! * [`report::CompileReport`]: the pass table, kernels, fusion refusals and
+//! * [`report::CompileReport`]: the pass table, kernels, fusion refusals, cost and
 //!   memory plan, as JSON, text and Graphviz.
 //!
 //! # Entry points for a host
@@ -21,7 +21,7 @@
 //! use optirs_tpu::xla;
 //! let report = xla::compile_program_file("assets/programs/adam.ron".as_ref())?;
 //! println!("{report}");                 // human tables
-//! println!("{}", report.to_json());     // {passes, kernels, fusion_refusals, memory}
+//! println!("{}", report.to_json());     // {passes, kernels, fusion_refusals, memory, cost}
 //! std::fs::write("adam.dot", report.to_dot())?;
 //! let outputs = report.executable.run(&[/* one Tensor per parameter */])?;
 //! # Ok::<(), Box<dyn std::error::Error>>(())

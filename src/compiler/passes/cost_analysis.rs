@@ -42,12 +42,13 @@ pub struct KernelCost(pub OpCost);
 pub struct ProgramCost {
     /// Sum over kernels (over nodes when the program has no kernels yet).
     pub totals: OpCost,
-    /// Each kernel with its cost, in [`ProgramKernels`] order.
+    /// Each kernel with its cost, in [`ProgramKernels`] order when costed
+    /// (`ordering`, which runs later, may put them in another order).
     #[serde(skip)]
     pub kernels: Vec<(Entity, OpCost)>,
 }
 
-fn value_type<'w>(world: &'w World, node: Entity) -> Result<&'w TensorType, CompileError> {
+fn value_type(world: &World, node: Entity) -> Result<&TensorType, CompileError> {
     world
         .get::<ValueType>(node)
         .map(|t| &t.0)
