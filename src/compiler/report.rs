@@ -16,7 +16,7 @@ use super::graph::{
     program_nodes,
 };
 use super::passes::PassRecord;
-use super::passes::cost_analysis::{KernelCost, ProgramCost, analyze, kernel_cost};
+use super::passes::cost_analysis::{KernelCost, kernel_cost};
 use super::passes::fusion::{FusionRefusal, FusionRefusals, InKernel, Kernel, ProgramKernels};
 use super::passes::memory_plan::{Buffer, MemoryPlan};
 use super::types::TensorType;
@@ -124,7 +124,7 @@ impl CompileReport {
             .get::<ProgramKernels>(program)
             .map(|k| k.0.clone())
             .unwrap_or_default();
-        let cost = collect_cost(world, program, &kernels, &executable);
+        let cost = collect_cost(world, &kernels, &executable);
         let kernel_rows = kernels
             .iter()
             .zip(&executable.kernels)
@@ -222,32 +222,18 @@ impl CompileReport {
     }
 }
 
-/// The cost rows of a compiled program, from the `cost-analysis` pass's
-/// components, or computed again from the graph when they are absent (a
-/// program restored from a checkpoint, which does not store derived costs).
-/// A kernel whose cost cannot be computed is left out; the totals are the
-/// sum of the rows shown.
-fn collect_cost(
-    world: &World,
-    program: Entity,
-    kernels: &[Entity],
-    executable: &Executable,
-) -> CostReport {
-    let recomputed = world
-        .get::<ProgramCost>(program)
-        .is_none()
-        .then(|| analyze(world, program).ok())
-        .flatten();
+/// The cost rows of a compiled program: each kernel's [`KernelCost`], or
+/// its cost computed from the graph when the component is absent (a kernel
+/// edited after compiling). A kernel that cannot be costed (a member without
+/// a type) is left out; the totals are the sum of the rows shown.
+fn collect_cost(world: &World, kernels: &[Entity], executable: &Executable) -> CostReport {
     let rows: Vec<KernelCostRow> = kernels
         .iter()
         .zip(&executable.kernels)
         .filter_map(|(&k, lowered)| {
             let cost = match world.get::<KernelCost>(k) {
                 Some(c) => c.0,
-                None => match &recomputed {
-                    Some(p) => p.kernels.iter().find(|(e, _)| *e == k)?.1,
-                    None => kernel_cost(world, world.get::<Kernel>(k)?).ok()?,
-                },
+                None => kernel_cost(world, world.get::<Kernel>(k)?).ok()?,
             };
             Some(KernelCostRow {
                 name: lowered.name.clone(),
