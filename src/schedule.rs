@@ -93,6 +93,8 @@ pub enum CompileSystems {
     Simplify,
     /// Group elementwise producers with their consumers into kernels.
     Fuse,
+    /// Count flops, transcendentals and bytes of nodes, kernels and programs.
+    CostAnalysis,
     /// Give every kernel a position in a topological order.
     Order,
     /// Assign buffer offsets by liveness.
@@ -136,11 +138,12 @@ pub const STEP_SETS: [StepSystems; 13] = [
 ];
 
 /// Every [`CompileSystems`] set, in run order (the schedule chains them so).
-pub const COMPILE_SETS: [CompileSystems; 7] = [
+pub const COMPILE_SETS: [CompileSystems; 8] = [
     CompileSystems::Verify,
     CompileSystems::ShapeInference,
     CompileSystems::Simplify,
     CompileSystems::Fuse,
+    CompileSystems::CostAnalysis,
     CompileSystems::Order,
     CompileSystems::PlanMemory,
     CompileSystems::Lower,

@@ -114,7 +114,10 @@ fn json_has_exactly_the_documented_keys() {
     let v: serde_json::Value = serde_json::from_str(&r.to_json()).unwrap();
     let mut keys: Vec<&String> = v.as_object().unwrap().keys().collect();
     keys.sort();
-    assert_eq!(keys, ["fusion_refusals", "kernels", "memory", "passes"]);
+    assert_eq!(
+        keys,
+        ["cost", "fusion_refusals", "kernels", "memory", "passes"]
+    );
     let pass = v["passes"][0].as_object().unwrap();
     let mut pk: Vec<&String> = pass.keys().collect();
     pk.sort();
@@ -146,6 +149,7 @@ fn json_has_exactly_the_documented_keys() {
             "cse",
             "dce",
             "fusion",
+            "cost-analysis",
             "ordering",
             "memory-plan",
             "lower"

@@ -12,6 +12,7 @@ use crate::compiler::graph::{
     DeclaredType, InProgram, Literal, Node, NodeName, Operands, Output, PendingCompile, Program,
     ProgramNodes, ProgramOutputs, ValueType,
 };
+use crate::compiler::passes::cost_analysis::{KernelCost, NodeCost, ProgramCost};
 use crate::compiler::passes::fusion::{FusionRefusals, InKernel, Kernel, ProgramKernels};
 use crate::compiler::passes::lower::CompiledExecutable;
 use crate::compiler::passes::memory_plan::{Buffer, MemoryPlan};
@@ -334,6 +335,9 @@ pub fn engine_registry() -> SnapshotRegistry {
         .component::<ProgramKernels>("xla.ProgramKernels")
         .component::<FusionRefusals>("xla.FusionRefusals")
         .component::<KernelPosition>("xla.KernelPosition")
+        .component::<NodeCost>("xla.NodeCost")
+        .component::<KernelCost>("xla.KernelCost")
+        .component::<ProgramCost>("xla.ProgramCost")
         .component::<Buffer>("xla.Buffer")
         .component::<MemoryPlan>("xla.MemoryPlan")
         .component::<PassLog>("xla.PassLog")

@@ -16,7 +16,7 @@ use std::sync::Arc;
 pub struct CompileArgs {
     /// A program file (see docs/programs.md; examples in assets/programs/).
     program: PathBuf,
-    /// Print one JSON object: passes, kernels, fusion_refusals, memory.
+    /// Print one JSON object: passes, kernels, fusion_refusals, memory, cost.
     #[arg(long)]
     json: bool,
     /// Also write the optimized graph with its fusion groups as Graphviz.

@@ -5,11 +5,14 @@
 //! * [`builder::GraphBuilder`] builds graphs from Rust; [`program`] loads the
 //!   RON format of `docs/programs.md`.
 //! * [`passes`]: verify → shape inference → {constant folding, algebraic
-//!   simplification, CSE, DCE} to a fixed point → fusion → ordering → memory
-//!   planning → lowering, each in its `CompileSystems` set.
+//!   simplification, CSE, DCE} to a fixed point → fusion → cost analysis →
+//!   ordering → memory planning → lowering, each in its `CompileSystems` set.
+//! * [`cost::op_cost`]: flops, transcendentals and bytes of one op, by XLA's
+//!   `HloCostAnalysis` rules; [`passes::cost_analysis::analyze`] costs a
+//!   whole program (fusion-aware once kernels exist).
 //! * [`interpreter::interpret`]: the unoptimized reference (the oracle).
 //! * [`executable::Executable`]: the lowered program and its evaluator.
-//! * [`report::CompileReport`]: the pass table, kernels, fusion refusals and
+//! * [`report::CompileReport`]: the pass table, kernels, fusion refusals, cost and
 //!   memory plan, as JSON, text and Graphviz.
 //!
 //! # Entry points for a host
@@ -18,7 +21,7 @@
 //! use optirs_tpu::xla;
 //! let report = xla::compile_program_file("assets/programs/adam.ron".as_ref())?;
 //! println!("{report}");                 // human tables
-//! println!("{}", report.to_json());     // {passes, kernels, fusion_refusals, memory}
+//! println!("{}", report.to_json());     // {passes, kernels, fusion_refusals, memory, cost}
 //! std::fs::write("adam.dot", report.to_dot())?;
 //! let outputs = report.executable.run(&[/* one Tensor per parameter */])?;
 //! # Ok::<(), Box<dyn std::error::Error>>(())
@@ -64,6 +67,7 @@
 //! ```
 
 pub mod builder;
+pub mod cost;
 pub mod error;
 pub mod executable;
 pub mod graph;
@@ -82,8 +86,10 @@ pub use crate::ir::{
 };
 pub use crate::ir::{DType, TensorType};
 pub use builder::GraphBuilder;
+pub use cost::{OpCost, op_cost};
 pub use error::{ArgumentCount, CompileError, InferenceError};
 pub use executable::Executable;
+pub use passes::cost_analysis::{KernelCost, NodeCost, ProgramCost, analyze};
 pub use passes::install;
 pub use report::CompileReport;
 

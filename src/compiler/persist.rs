@@ -21,18 +21,20 @@ use bevy_ecs::entity::Entity;
 use serde::{Deserialize, Serialize};
 
 use super::CompileError;
+use super::cost::OpCost;
 use super::executable::{Arg, BufferSlot, Executable, LoweredKernel, ValueRef};
 use super::graph::{
     DeclaredType, InProgram, Literal, Node, NodeName, Operands, Output, PendingCompile, Program,
     ProgramNodes, ProgramOutputs, ValueType,
 };
+use super::passes::cost_analysis::{KernelCost, NodeCost, ProgramCost};
 use super::passes::fusion::{FusionRefusals, InKernel, Kernel, ProgramKernels};
 use super::passes::lower::CompiledExecutable;
 use super::passes::memory_plan::{Buffer, MemoryPlan};
 use super::passes::ordering::KernelPosition;
 use super::passes::{
-    CompileFailure, DisabledPasses, PassLog, PassRecord, constant_folding, cse, dce, fusion, lower,
-    memory_plan, ordering, shape_inference, simplify, verify,
+    CompileFailure, DisabledPasses, PassLog, PassRecord, constant_folding, cost_analysis, cse, dce,
+    fusion, lower, memory_plan, ordering, shape_inference, simplify, verify,
 };
 use super::types::TensorType;
 use crate::persist::persist_as_self;
@@ -43,7 +45,7 @@ use crate::persist::{
 };
 
 /// Every pass name, to restore [`PassRecord::name`] as the pass's own `NAME`.
-const PASS_NAMES: [&str; 10] = [
+const PASS_NAMES: [&str; 11] = [
     verify::NAME,
     shape_inference::NAME,
     constant_folding::NAME,
@@ -51,6 +53,7 @@ const PASS_NAMES: [&str; 10] = [
     cse::NAME,
     dce::NAME,
     fusion::NAME,
+    cost_analysis::NAME,
     ordering::NAME,
     memory_plan::NAME,
     lower::NAME,
@@ -67,6 +70,8 @@ persist_as_self!(
     FusionRefusals,
     KernelPosition,
     DisabledPasses,
+    NodeCost,
+    KernelCost,
 );
 
 fn dense_ids(
@@ -169,6 +174,39 @@ impl Persist for Kernel {
             inputs: entities(ctx, &s.inputs, "Kernel.inputs")?,
             outputs: entities(ctx, &s.outputs, "Kernel.outputs")?,
             fused: s.fused,
+        })
+    }
+}
+
+/// [`ProgramCost`] with kernels as dense ids.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StoredProgramCost {
+    totals: OpCost,
+    kernels: Vec<(u32, OpCost)>,
+}
+
+impl Persist for ProgramCost {
+    type Stored = StoredProgramCost;
+
+    fn store(&self, ctx: &StoreContext) -> Result<StoredProgramCost, SnapshotError> {
+        Ok(StoredProgramCost {
+            totals: self.totals,
+            kernels: self
+                .kernels
+                .iter()
+                .map(|&(k, c)| Ok((ctx.dense(k, "ProgramCost.kernels")?, c)))
+                .collect::<Result<_, SnapshotError>>()?,
+        })
+    }
+
+    fn load(s: StoredProgramCost, ctx: &LoadContext) -> Result<ProgramCost, SnapshotError> {
+        Ok(ProgramCost {
+            totals: s.totals,
+            kernels: s
+                .kernels
+                .into_iter()
+                .map(|(k, c)| Ok((ctx.entity(k, "ProgramCost.kernels")?, c)))
+                .collect::<Result<_, SnapshotError>>()?,
         })
     }
 }

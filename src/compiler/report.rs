@@ -9,12 +9,14 @@ use bevy_ecs::prelude::*;
 use serde::Serialize;
 use smallvec::SmallVec;
 
+use super::cost::OpCost;
 use super::executable::Executable;
 use super::graph::{
     Node, NodeName, Operands, Output, ProgramOutputs, ValueType, node_label, program_name,
     program_nodes,
 };
 use super::passes::PassRecord;
+use super::passes::cost_analysis::{KernelCost, kernel_cost};
 use super::passes::fusion::{FusionRefusal, FusionRefusals, InKernel, Kernel, ProgramKernels};
 use super::passes::memory_plan::{Buffer, MemoryPlan};
 use super::types::TensorType;
@@ -51,10 +53,37 @@ pub struct BufferRow {
     pub in_place: bool,
 }
 
+/// One kernel's cost: `{name, flops, transcendentals, bytes_read,
+/// bytes_written, arithmetic_intensity}` (flops per byte accessed; `null`
+/// for a kernel that accesses no bytes).
+#[derive(Debug, Clone, Serialize)]
+pub struct KernelCostRow {
+    /// Kernel name in the executable.
+    pub name: String,
+    /// The kernel's cost (a fusion's bytes cross its boundary only).
+    #[serde(flatten)]
+    pub cost: OpCost,
+    /// Flops per byte read or written.
+    pub arithmetic_intensity: Option<f64>,
+}
+
+/// The program's cost: `{flops, transcendentals, bytes_read, bytes_written,
+/// kernels: [..]}`, the totals being the sum of the kernels.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct CostReport {
+    /// Sum over kernels.
+    #[serde(flatten)]
+    pub totals: OpCost,
+    /// One row per kernel, in execution order.
+    pub kernels: Vec<KernelCostRow>,
+}
+
 /// The result of compiling one program. Serializes to exactly
 /// `{passes: [{name, changed, nodes_before, nodes_after, micros}], kernels,
 /// fusion_refusals: [{reason, producer, consumer}], memory: {peak_bytes,
-/// lower_bound_bytes, fragmentation_bytes}}`.
+/// lower_bound_bytes, fragmentation_bytes}, cost: {flops, transcendentals,
+/// bytes_read, bytes_written, kernels: [{name, flops, transcendentals,
+/// bytes_read, bytes_written, arithmetic_intensity}]}}`.
 #[derive(Debug, Clone, Serialize)]
 pub struct CompileReport {
     /// Program name.
@@ -68,6 +97,8 @@ pub struct CompileReport {
     pub fusion_refusals: Vec<FusionRefusal>,
     /// Memory plan statistics.
     pub memory: MemoryPlan,
+    /// Flops, transcendentals and bytes (XLA's `HloCostAnalysis` rules).
+    pub cost: CostReport,
     /// Kernel table.
     #[serde(skip)]
     pub kernel_rows: Vec<KernelRow>,
@@ -93,6 +124,7 @@ impl CompileReport {
             .get::<ProgramKernels>(program)
             .map(|k| k.0.clone())
             .unwrap_or_default();
+        let cost = collect_cost(world, &kernels, &executable);
         let kernel_rows = kernels
             .iter()
             .zip(&executable.kernels)
@@ -145,6 +177,7 @@ impl CompileReport {
                 .map(|r| r.0.clone())
                 .unwrap_or_default(),
             memory,
+            cost,
             kernel_rows,
             buffers,
             executable,
@@ -186,6 +219,32 @@ impl CompileReport {
     /// The report as one JSON object.
     pub fn to_json(&self) -> String {
         serde_json::to_string_pretty(self).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
+    }
+}
+
+/// The cost rows of a compiled program: each kernel's [`KernelCost`], or
+/// its cost computed from the graph when the component is absent (a kernel
+/// edited after compiling). A kernel that cannot be costed (a member without
+/// a type) is left out; the totals are the sum of the rows shown.
+fn collect_cost(world: &World, kernels: &[Entity], executable: &Executable) -> CostReport {
+    let rows: Vec<KernelCostRow> = kernels
+        .iter()
+        .zip(&executable.kernels)
+        .filter_map(|(&k, lowered)| {
+            let cost = match world.get::<KernelCost>(k) {
+                Some(c) => c.0,
+                None => kernel_cost(world, world.get::<Kernel>(k)?).ok()?,
+            };
+            Some(KernelCostRow {
+                name: lowered.name.clone(),
+                cost,
+                arithmetic_intensity: cost.arithmetic_intensity(),
+            })
+        })
+        .collect();
+    CostReport {
+        totals: rows.iter().map(|r| r.cost).sum(),
+        kernels: rows,
     }
 }
 
@@ -371,6 +430,17 @@ impl fmt::Display for CompileReport {
                 k.name, k.ops, k.inputs, k.outputs, k.summary
             )?;
         }
+        let c = &self.cost.totals;
+        writeln!(
+            f,
+            "\ncost: {} flops, {} transcendentals, {} bytes read, {} bytes written{}",
+            c.flops,
+            c.transcendentals,
+            c.bytes_read,
+            c.bytes_written,
+            c.arithmetic_intensity()
+                .map_or_else(String::new, |i| format!(" ({i:.3} flops/byte)"))
+        )?;
         writeln!(f, "\nfusion refusals: {}", self.fusion_refusals.len())?;
         for r in &self.fusion_refusals {
             writeln!(f, "  {} → {}: {}", r.producer, r.consumer, r.reason)?;

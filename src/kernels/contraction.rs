@@ -180,13 +180,19 @@ pub fn dot_general(lhs: &Tensor, rhs: &Tensor, dims: &DotDims) -> KernelResult<T
     })
 }
 
-/// Resolved convolution geometry.
-struct ConvGeometry {
-    pad_lo: [usize; 2],
-    out: [usize; 2],
+/// Resolved convolution geometry: the low padding and the output size of
+/// each spatial dimension.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConvGeometry {
+    /// Padding before the first input row/column, per spatial dimension.
+    pub pad_lo: [usize; 2],
+    /// Output size per spatial dimension.
+    pub out: [usize; 2],
 }
 
-fn conv_geometry(
+/// The geometry of a convolution of `input` `[N,C,H,W]` by `kernel`
+/// `[O,C/g,KH,KW]`, or why the shapes and attributes do not fit.
+pub fn conv_geometry(
     input: &[usize],
     kernel: &[usize],
     attrs: &ConvAttrs,

@@ -9,6 +9,7 @@
 //! | `ShapeInference` | `shape-inference` | folding and simplification compare types |
 //! | `Simplify` | `constant-folding`, `algebraic-simplifier`, `cse`, `dce`, to a fixed point (cap [`MAX_FIXED_POINT_ITERATIONS`]) | folding exposes CSE; CSE and simplification leave dead nodes for DCE |
 //! | `Fuse` | `fusion` (disabled: one kernel per op) | runs on the final graph, so kernels are counted once |
+//! | `CostAnalysis` | `cost-analysis` | a fusion is costed by what crosses its boundary, so kernels must exist |
 //! | `Order` | `ordering` | memory planning needs kernel positions |
 //! | `PlanMemory` | `memory-plan` | needs live ranges from the order |
 //! | `Lower` | `lower` | needs kernels, order and offsets |
@@ -21,6 +22,7 @@
 //! [`CompileError::PassBrokeGraph`].
 
 pub mod constant_folding;
+pub mod cost_analysis;
 pub mod cse;
 pub mod dce;
 pub mod fusion;
@@ -302,6 +304,11 @@ pub fn fuse_kernels(world: &mut World) {
     }
 }
 
+/// `CostAnalysis` set.
+pub fn analyze_costs(world: &mut World) {
+    run_on_pending(world, cost_analysis::NAME, cost_analysis::run);
+}
+
 /// `Order` set.
 pub fn order_kernels(world: &mut World) {
     run_on_pending(world, ordering::NAME, ordering::run);
@@ -336,6 +343,7 @@ pub fn install(world: &mut World) {
         simplify_to_fixed_point.in_set(CompileSystems::Simplify),
     );
     schedules.add_systems(Compile, fuse_kernels.in_set(CompileSystems::Fuse));
+    schedules.add_systems(Compile, analyze_costs.in_set(CompileSystems::CostAnalysis));
     schedules.add_systems(Compile, order_kernels.in_set(CompileSystems::Order));
     schedules.add_systems(Compile, plan_memory.in_set(CompileSystems::PlanMemory));
     schedules.add_systems(Compile, lower_programs.in_set(CompileSystems::Lower));
