@@ -87,8 +87,7 @@ pub fn participants(world: &mut World) -> Result<(Vec<DeviceId>, ShardPlan)> {
 /// state is replicated along the mesh's data axis
 /// ([`ShardLayout::on_mesh`]). A mesh that does not lay out on the pod is
 /// [`ShardingError::Mesh`]; a mesh other than the default on a ring of
-/// survivors, or with its data axis in the middle of a multislice pod's
-/// physical axes, is [`ShardingError::MeshNotBuilt`].
+/// survivors is [`ShardingError::MeshNotBuilt`].
 pub fn layout_for(
     world: &mut World,
     (strategy, sizes): (
