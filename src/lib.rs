@@ -24,7 +24,7 @@
 //! | 9 compiler | `compiler` | graph IR as entities, the passes of `Compile`, lowering |
 //! | 10 execution, models | `exec`, `model` | the fast runtime: native (Cranelift) and interpreted fused loops; transformer model configs (RON), MaxText's FLOP and parameter counts, activation memory by remat policy, MaxText's published runs |
 //! | 11 sharded training | `sharding` | a whole model's optimizer sharded over the pod: parameter sets, buckets, per-device state shards, the data-parallel step as work of the `Collectives`, `Execute` and `Coalesce` sets |
-//! | 12 checkpoints, goodput | `checkpoint`, `goodput` | the registry of everything the engine persists; manifests, files, verification, periodic checkpoints; a long run's goodput through failures, checkpoints and recoveries as a discrete-event timeline |
+//! | 12 checkpoints, goodput, step model | `checkpoint`, `goodput`, `step_model` | the registry of everything the engine persists; manifests, files, verification, periodic checkpoints; a long run's goodput through failures, checkpoints and recoveries as a discrete-event timeline; a transformer's whole training step on a pod (layers on the MXU at the roofline, the mesh's collectives overlapped) |
 //! | 13 recovery | `recovery` | a sharded model's recovery after a failed step: the `Recovery` set's system and the three policies (rollback from the newest checkpoint, redundant copies, spare-cube swap), re-sharding onto the survivors |
 //! | 14 assembly | `pod` | `Pod`: the world, the install order of every domain, the host API |
 //! | 15 profiling | `profile` | counters, Chrome/Perfetto traces, per-system timing |
@@ -132,6 +132,7 @@ pub mod recovery;
 pub mod rng;
 pub mod schedule;
 pub mod sharding;
+pub mod step_model;
 pub mod svg;
 pub mod topology;
 pub mod tpu;

@@ -25,9 +25,16 @@ pub struct GoodputArgs {
     /// A preset name (see `optirs-tpu presets`) or a pod file path.
     #[arg(default_value = DEFAULT_PRESET)]
     pod: String,
-    /// Parameters of the model (e.g. 405e9).
-    #[arg(long, value_name = "N", value_parser = parse_count)]
-    model_params: usize,
+    /// Parameters of the model (e.g. 405e9); with --model, the model's.
+    #[arg(long, value_name = "N", value_parser = parse_count,
+          required_unless_present = "model", conflicts_with = "model")]
+    model_params: Option<usize>,
+    /// A transformer (a bundled name such as maxtext-v5e-16b or
+    /// gpt3-175b, or a RON model file): its whole step on the pod (fsdp on
+    /// the default mesh) becomes the step, and its parameters the
+    /// checkpoint's; --step-seconds still overrides the step.
+    #[arg(long, value_name = "NAME|FILE")]
+    model: Option<String>,
     /// Mean time between failures of one failure unit (one chip, or one
     /// host with --failure-unit host), hours. The pod fails every
     /// MTBF / units on average.
@@ -68,8 +75,9 @@ pub struct GoodputArgs {
     #[arg(long, default_value = "adam", ignore_case = true,
           value_parser = PossibleValuesParser::new(optirs_tpu::optimizers::NAMES))]
     optimizer: String,
-    /// One training step, seconds (default: the pod's modeled sharded
-    /// optimizer step, which has no forward or backward pass in it).
+    /// One training step, seconds (default: --model's whole step, or
+    /// without --model the pod's modeled sharded optimizer step, which has
+    /// no forward or backward pass in it).
     #[arg(long, value_name = "S", allow_negative_numbers = true, value_parser = parse_seconds)]
     step_seconds: Option<f64>,
     /// Job restart after a failure is detected, seconds (0 or more).
@@ -189,8 +197,17 @@ pub fn goodput(args: GoodputArgs) -> Result<()> {
         .map_or(0, |r| r.slot_names().len());
     let topology = load_topology(&args.pod)?;
     let fleet = Fleet::from_topology(&topology)?;
+    let model = match &args.model {
+        Some(spec) => Some(super::model_step::goodput_step(spec, &topology)?),
+        None => None,
+    };
+    let params = match (model, args.model_params) {
+        (Some((_, params)), _) => params,
+        (None, Some(params)) => params as u64,
+        (None, None) => return Err(usage("--model-params N or --model NAME is required")),
+    };
     let mut config = GoodputConfig::new(
-        args.model_params as u64,
+        params,
         args.mtbf_hours,
         args.days,
         args.step_seconds.unwrap_or(0.0),
@@ -207,9 +224,13 @@ pub fn goodput(args: GoodputArgs) -> Result<()> {
     config.storage_bytes_per_s = args.storage_bytes_per_s;
     // Everything but the step is checked before the step is modeled.
     config.check(&fleet).map_err(refused)?;
-    let step_source = match args.step_seconds {
-        Some(_) => "--step-seconds",
-        None => {
+    let step_source = match (args.step_seconds, model) {
+        (Some(_), _) => "--step-seconds",
+        (None, Some((seconds, _))) => {
+            config.step_seconds = seconds;
+            "the model's whole step (step_model)"
+        }
+        (None, None) => {
             config.step_seconds =
                 modeled_step_seconds(&topology, config.model_params, slots, config.recovery)
                     .map_err(refused)?;

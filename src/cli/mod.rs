@@ -6,6 +6,7 @@ mod collectives;
 mod compile;
 mod goodput;
 mod interrupt;
+mod model_step;
 mod output;
 mod parse;
 mod progress;

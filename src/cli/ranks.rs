@@ -209,7 +209,7 @@ fn train_split(args: TrainArgs, launch: Launch) -> Result<()> {
     use std::time::Duration;
     on_mpi(launch, |mailbox| {
         args.refuse_split_only()?;
-        let sizes = model_sizes(&args);
+        let sizes = model_sizes(&args)?;
         let topology = checked_topology(&args, &sizes)?;
         let timeout = Duration::from_secs_f64(args.rank_timeout);
         let devices = topology.num_devices();

@@ -59,6 +59,13 @@ pub struct TrainArgs {
     #[arg(long, value_delimiter = ',', value_name = "N[,N...]", value_parser = parse_count,
           allow_negative_numbers = true)]
     pub(super) params: Vec<usize>,
+    /// A transformer, by bundled name (`optirs-tpu models`… see the
+    /// README: maxtext-v5e-16b, llama2-7b, gpt3-175b, …) or a RON model
+    /// file. With --modeled-only its whole step (layers on the MXU, the
+    /// mesh's collectives overlapped); in a real run its parameters are the
+    /// tensors whose optimizer step runs.
+    #[arg(long, value_name = "NAME|FILE", conflicts_with = "params")]
+    pub(super) model: Option<String>,
     /// Steps to complete (lost steps are redone).
     #[arg(long, default_value_t = 20, value_parser = parse_count_u64,
           allow_negative_numbers = true)]
@@ -331,6 +338,22 @@ impl TrainArgs {
         Ok(())
     }
 
+    /// `--modeled-only` models failure-free steps in closed form: what
+    /// needs a real run is a usage error.
+    pub(super) fn refuse_real_run_only(&self) -> Result<()> {
+        if self.trace.is_some()
+            || !self.kill.is_empty()
+            || self.checkpoint_every.is_some()
+            || self.checkpoint_dir.is_some()
+        {
+            return Err(usage(
+                "--modeled-only models failure-free steps in closed form: --trace, --kill, \
+                 --checkpoint-every and --checkpoint-dir need a real run (drop --modeled-only)",
+            ));
+        }
+        Ok(())
+    }
+
     /// The mesh `--mesh` gives on `topology` (the default mesh without it);
     /// a mesh that does not lay out is a usage error.
     pub(super) fn mesh_on(&self, topology: &optirs_tpu::topology::Topology) -> Result<Mesh> {
@@ -378,7 +401,13 @@ pub(super) fn model_of(sizes: &[usize]) -> Result<ParamSet<f32>> {
 /// [`super::ranks::train`], after [`TrainArgs::refuse_misused_resume`]).
 pub fn train(args: TrainArgs) -> Result<()> {
     args.refuse_unusable()?;
-    let sizes = model_sizes(&args);
+    if let (Some(spec), true) = (&args.model, args.modeled_only) {
+        let config = super::model_step::load_model(spec)?;
+        let topology = checked_topology(&args, &[])?;
+        args.refuse_real_run_only()?;
+        return super::model_step::modeled(&args, &config, &topology);
+    }
+    let sizes = model_sizes(&args)?;
     if args.modeled_only {
         return modeled_only(&args, &sizes);
     }
@@ -493,13 +522,19 @@ fn refuse_other_faults(
     Ok(())
 }
 
-/// The model's tensor sizes: `--params`, or the bundled default.
-pub(super) fn model_sizes(args: &TrainArgs) -> Vec<usize> {
-    if args.params.is_empty() {
+/// The model's tensor sizes: `--params`, `--model`'s tensors, or the
+/// bundled default.
+pub(super) fn model_sizes(args: &TrainArgs) -> Result<Vec<usize>> {
+    if let Some(spec) = &args.model {
+        return Ok(super::model_step::tensor_sizes(
+            &super::model_step::load_model(spec)?,
+        ));
+    }
+    Ok(if args.params.is_empty() {
         DEFAULT_MODEL.to_vec()
     } else {
         args.params.clone()
-    }
+    })
 }
 
 /// Checks the arguments every run needs and loads the pod at `train`'s
@@ -668,6 +703,8 @@ fn modeled_only(args: &TrainArgs, sizes: &[usize]) -> Result<()> {
         prefetch: args.prefetch.unwrap_or(1),
         recovery: args.recovery,
         use_seconds: 0.0,
+        backward_use_seconds: None,
+        between_seconds: 0.0,
         record_spans: false,
     };
     let modeling = Instant::now();
@@ -681,16 +718,7 @@ fn modeled_only(args: &TrainArgs, sizes: &[usize]) -> Result<()> {
     )
     .map_err(optirs_tpu::OptimError::from)?;
     let wall_seconds = modeling.elapsed().as_secs_f64();
-    if args.trace.is_some()
-        || !args.kill.is_empty()
-        || args.checkpoint_every.is_some()
-        || args.checkpoint_dir.is_some()
-    {
-        return Err(usage(
-            "--modeled-only models failure-free steps in closed form: --trace, --kill, \
-             --checkpoint-every and --checkpoint-dir need a real run (drop --modeled-only)",
-        ));
-    }
+    args.refuse_real_run_only()?;
     let not_fitting = step.fits(topology.hbm_bytes).err();
     // Failure-free steps one after another: no checkpoint, no recovery.
     let simulated_seconds = step.step_seconds * args.steps as f64;

@@ -61,15 +61,35 @@ pub struct StrategyOptions {
     pub prefetch: usize,
     /// The recovery policy whose per-step costs are in the figures.
     pub recovery: RecoveryPolicy,
-    /// Seconds of each use of a bucket (forward and backward): 0 while the
-    /// step models no compute but the update.
+    /// Seconds of each forward use of a bucket (and of each backward use
+    /// unless `backward_use_seconds` says otherwise): 0 while the step
+    /// models no compute but the update.
     pub use_seconds: f64,
+    /// Seconds of each backward use, if not `use_seconds` (a model's
+    /// backward pass costs twice its forward, plus what remat recomputes).
+    pub backward_use_seconds: Option<f64>,
+    /// Compute between the last forward use and the first backward use
+    /// (a model's logits and loss, forward and backward), seconds.
+    pub between_seconds: f64,
     /// Whether to keep every bucket's spans (for a trace; a large model
     /// has hundreds of thousands).
     pub record_spans: bool,
 }
 
+/// Each use's seconds and the compute between the passes.
+#[derive(Debug, Clone, Copy)]
+struct Uses {
+    forward: f64,
+    backward: f64,
+    between: f64,
+}
+
 impl StrategyOptions {
+    /// Seconds of each backward use.
+    pub fn backward(&self) -> f64 {
+        self.backward_use_seconds.unwrap_or(self.use_seconds)
+    }
+
     /// `strategy` on `topology`'s default mesh, prefetch 1, rollback, no
     /// compute, no spans.
     pub fn new(strategy: Strategy, topology: &Topology) -> StrategyOptions {
@@ -79,6 +99,8 @@ impl StrategyOptions {
             prefetch: 1,
             recovery: RecoveryPolicy::Rollback,
             use_seconds: 0.0,
+            backward_use_seconds: None,
+            between_seconds: 0.0,
             record_spans: false,
         }
     }
@@ -456,11 +478,17 @@ pub fn modeled_strategy_step(
         .mesh
         .check_on(topology)
         .map_err(|e| devices_error(e.to_string()))?;
-    if !(options.use_seconds.is_finite() && options.use_seconds >= 0.0) {
-        return Err(devices_error(format!(
-            "a bucket's use lasts {} s: it must be a finite number of seconds from 0",
-            options.use_seconds
-        )));
+    let uses = [
+        ("a bucket's forward use", options.use_seconds),
+        ("a bucket's backward use", options.backward()),
+        ("the compute between the passes", options.between_seconds),
+    ];
+    for (what, seconds) in uses {
+        if !(seconds.is_finite() && seconds >= 0.0) {
+            return Err(devices_error(format!(
+                "{what} lasts {seconds} s: it must be a finite number of seconds from 0"
+            )));
+        }
     }
     // The pod as the replicated closed form lays it out: the slice's
     // rings and lines, the DCN rail, the layout over every device.
@@ -496,11 +524,14 @@ pub fn modeled_strategy_step(
         costing.axes.0.len(),
         options.record_spans,
     );
+    let uses = Uses {
+        forward: options.use_seconds,
+        backward: options.backward(),
+        between: options.between_seconds,
+    };
     match options.strategy {
-        Strategy::Replicated | Strategy::Zero2 => {
-            streams.data_parallel(&costs, &per_bucket, options.use_seconds)
-        }
-        Strategy::Fsdp => streams.fsdp(&costs, &per_bucket, options.use_seconds, options.prefetch),
+        Strategy::Replicated | Strategy::Zero2 => streams.data_parallel(&costs, &per_bucket, uses),
+        Strategy::Fsdp => streams.fsdp(&costs, &per_bucket, uses, options.prefetch),
     }
     let model = ModelSize::of(&layout, slots);
     let memory = StrategyMemory::of(
@@ -674,14 +705,15 @@ impl Streams {
     }
 
     /// replicated and zero2 (module docs).
-    fn data_parallel(&mut self, costs: &[LengthCost], per_bucket: &[usize], use_seconds: f64) {
+    fn data_parallel(&mut self, costs: &[LengthCost], per_bucket: &[usize], uses: Uses) {
         let b = per_bucket.len();
         let mut used = vec![0.0f64; b];
         for k in 0..b {
-            self.compute(k, SpanKind::Use { backward: false }, use_seconds, 0.0);
+            self.compute(k, SpanKind::Use { backward: false }, uses.forward, 0.0);
         }
+        self.between(uses.between);
         for (k, end) in used.iter_mut().enumerate() {
-            *end = self.compute(k, SpanKind::Use { backward: true }, use_seconds, 0.0);
+            *end = self.compute(k, SpanKind::Use { backward: true }, uses.backward, 0.0);
         }
         let mut update_end = vec![0.0f64; b];
         for k in 0..=b {
@@ -697,6 +729,14 @@ impl Streams {
         }
     }
 
+    /// The compute between the forward and the backward pass.
+    fn between(&mut self, seconds: f64) {
+        if seconds > 0.0 {
+            self.compute_free += seconds;
+            self.use_total += seconds;
+        }
+    }
+
     /// The all-gather after bucket `j`'s update, then its state copy.
     fn after(&mut self, j: usize, cost: &LengthCost, ready: f64) {
         let end = self.comm(j, SpanKind::AllGather, &cost.all_gather, ready);
@@ -704,13 +744,7 @@ impl Streams {
     }
 
     /// fsdp (module docs).
-    fn fsdp(
-        &mut self,
-        costs: &[LengthCost],
-        per_bucket: &[usize],
-        use_seconds: f64,
-        prefetch: usize,
-    ) {
+    fn fsdp(&mut self, costs: &[LengthCost], per_bucket: &[usize], seconds: Uses, prefetch: usize) {
         let b = per_bucket.len();
         let uses = 2 * b;
         let bucket_of = |s: usize| if s < b { s } else { uses - 1 - s };
@@ -731,6 +765,14 @@ impl Streams {
         for s in 0..uses {
             let k = bucket_of(s);
             let backward = s >= b;
+            if s == b {
+                self.between(seconds.between);
+            }
+            let use_seconds = if backward {
+                seconds.backward
+            } else {
+                seconds.forward
+            };
             used[s] = self.compute(k, SpanKind::Use { backward }, use_seconds, gathered_end[s]);
             self.span(k, SpanKind::Free { backward }, used[s], used[s]);
             if let Some((j, ready)) = pending.take() {
@@ -1091,9 +1133,17 @@ mod tests {
                 prefetch,
                 recovery: if redundant { RecoveryPolicy::Redundant } else { RecoveryPolicy::Rollback },
                 use_seconds: f64::from(use_us) * 1e-6,
+                backward_use_seconds: Some(f64::from(use_us) * 2e-6),
+                between_seconds: f64::from(use_us) * 1e-6,
                 record_spans: false,
             };
             let s = modeled_strategy_step(&topology, &tensors(&[params]), DType::F32, 2, bucket, &options).unwrap();
+            // Every use, the compute between the passes and the updates
+            // run on the compute stream: the step holds all of them.
+            let uses = s.buckets as f64 * (options.use_seconds + options.backward())
+                + options.between_seconds;
+            proptest::prop_assert!((s.use_seconds - uses).abs() <= 1e-9 * uses.max(1e-9));
+            proptest::prop_assert!(s.step_seconds * (1.0 + 1e-9) >= s.use_seconds + s.update_seconds);
             // Passes of a round share the stream but not the links: each
             // axis's links (and the DCN's) are busy at most the whole step.
             let slack = 1e-9 * s.step_seconds;

@@ -1,0 +1,141 @@
+//! `--model NAME|FILE` for `train` and `goodput`: a transformer's whole
+//! step on the pod (`optirs_tpu::step_model`).
+
+use super::output;
+use super::parse::usage;
+use super::train::TrainArgs;
+use anyhow::Result;
+use optirs_tpu::model::{BUNDLED_NAMES, ModelConfig, bundled, parameter_count};
+use optirs_tpu::step_model::{ModelStep, ModelStepOptions, model_step};
+use optirs_tpu::topology::Topology;
+use serde_json::json;
+use std::time::Instant;
+
+/// The model `spec` names: a bundled one, or a RON file.
+pub(super) fn load_model(spec: &str) -> Result<ModelConfig> {
+    if BUNDLED_NAMES.contains(&spec) {
+        return Ok(bundled(spec)?);
+    }
+    let path = std::path::Path::new(spec);
+    if path.exists() {
+        return Ok(ModelConfig::from_ron_file(path)?);
+    }
+    Err(usage(format!(
+        "--model {spec}: neither a bundled model ({}) nor a file",
+        BUNDLED_NAMES.join(", ")
+    )))
+}
+
+/// The model's parameters as tensors, one per layer and the embedding
+/// (with the logits and positions): what a real run shards.
+pub(super) fn tensor_sizes(config: &ModelConfig) -> Vec<usize> {
+    let counts = parameter_count(config);
+    let mut sizes = vec![counts.per_layer() as usize; counts.layers as usize];
+    sizes.push((counts.embedding + counts.logits + counts.position + counts.final_norm) as usize);
+    sizes
+}
+
+/// The model's step on `topology` under `train`'s strategy, mesh, prefetch
+/// and recovery.
+pub(super) fn step_of(
+    config: &ModelConfig,
+    topology: &Topology,
+    args: &TrainArgs,
+) -> Result<ModelStep> {
+    let options = ModelStepOptions {
+        strategy: args.strategy,
+        mesh: args.mesh_on(topology)?,
+        prefetch: args.prefetch.unwrap_or(1),
+        recovery: args.recovery,
+        ..ModelStepOptions::new(topology)
+    };
+    model_step(config, topology, &options)
+        .map_err(|e| usage(format!("--model {}: {e}", config.name)))
+}
+
+/// `goodput --model`: its step seconds (fsdp on the pod's default mesh,
+/// as MaxText runs) and its parameters.
+pub(super) fn goodput_step(spec: &str, topology: &Topology) -> Result<(f64, u64)> {
+    let config = load_model(spec)?;
+    let step = model_step(&config, topology, &ModelStepOptions::new(topology))
+        .map_err(|e| usage(format!("--model {spec}: {e}")))?;
+    Ok((step.step_seconds, parameter_count(&config).total()))
+}
+
+/// `train --model --modeled-only`: the report of the model's step.
+pub(super) fn modeled(args: &TrainArgs, config: &ModelConfig, topology: &Topology) -> Result<()> {
+    let started = Instant::now();
+    let step = step_of(config, topology, args)?;
+    let wall_seconds = started.elapsed().as_secs_f64();
+    let params = parameter_count(config).total();
+    let report = json!({
+        "pod": topology.name,
+        "devices": step.chips,
+        "model": step.model,
+        "params": params,
+        "strategy": step.strategy.name(),
+        "mesh": step.mesh,
+        "recovery": args.recovery.to_string(),
+        "tokens_per_device": step.tokens_per_device,
+        "step_seconds": step.step_seconds,
+        "tokens_per_s_per_chip": step.tokens_per_s_per_chip,
+        "tflops_per_chip": step.tflops_per_chip,
+        "mfu": step.mfu,
+        "mxu_efficiency": step.efficiency,
+        "calibrated": step.calibrated,
+        "model_flops_per_device": step.model_flops_per_device,
+        "hardware_flops_per_device": step.hardware_flops_per_device,
+        "compute_seconds": step.compute_seconds,
+        "exposed_communication": step.exposed_communication,
+        "phases": step.phases,
+        "layer": step.layer,
+        "hbm_by_kind": step.hbm,
+        "hbm_bytes_per_device": step.hbm.total,
+        "hbm_capacity_bytes": topology.hbm_bytes,
+        "fits_in_hbm": step.fits_in_hbm,
+        "not_fitting": step.not_fitting,
+        "wall_seconds": wall_seconds,
+    });
+    if args.json {
+        return output::print_json(&report);
+    }
+    let fits = match &step.not_fitting {
+        None => "fits in HBM".to_string(),
+        Some(why) => format!("does not fit: {why}"),
+    };
+    println!(
+        "modeled {} ({} parameters) on {} ({}), {} on mesh {}: step {}, {:.0} tokens/s/chip, \
+         {:.1} TFLOP/s/chip, MFU {:.1} % (MXU efficiency {}{}), modeled in {} wall",
+        step.model,
+        params,
+        topology.name,
+        output::plural(step.chips as u64, "chip", "chips"),
+        step.strategy,
+        step.mesh,
+        output::seconds(step.step_seconds),
+        step.tokens_per_s_per_chip,
+        step.tflops_per_chip,
+        step.mfu * 100.0,
+        step.efficiency,
+        if step.calibrated {
+            ""
+        } else {
+            ", uncalibrated"
+        },
+        output::seconds(wall_seconds),
+    );
+    println!(
+        "  compute {} (forward {}, backward {}, logits {}), exposed communication {}",
+        output::seconds(step.compute_seconds),
+        output::seconds(step.phases.get("forward").copied().unwrap_or(0.0)),
+        output::seconds(step.phases.get("backward").copied().unwrap_or(0.0)),
+        output::seconds(step.phases.get("logits").copied().unwrap_or(0.0)),
+        output::seconds(step.exposed_communication),
+    );
+    println!(
+        "  HBM per device {} of {}: {fits}",
+        optirs_tpu::sharding::strategy::decimal_bytes(step.hbm.total),
+        optirs_tpu::sharding::strategy::decimal_bytes(topology.hbm_bytes),
+    );
+    Ok(())
+}

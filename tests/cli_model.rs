@@ -1,0 +1,177 @@
+//! `train --model` and `goodput --model`: a transformer's whole step from
+//! the command line, and the refusals.
+
+#[path = "common/binary.rs"]
+mod binary;
+use binary::optirs;
+
+fn json(args: &[&str]) -> serde_json::Value {
+    let out = optirs(args);
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("one JSON value")
+}
+
+fn usage_error(args: &[&str], needle: &str) {
+    let out = optirs(args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+    assert!(err.contains(needle), "`{needle}` not in {err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn train_model_reports_the_whole_step() {
+    let r = json(&[
+        "train",
+        "v5e-256",
+        "--model",
+        "maxtext-v5e-16b",
+        "--modeled-only",
+        "--strategy",
+        "fsdp",
+        "--json",
+    ]);
+    assert_eq!(r["model"], "maxtext-v5e-16b");
+    assert_eq!(r["mesh"], "data=1,fsdp=256,tensor=1");
+    for key in [
+        "step_seconds",
+        "tokens_per_s_per_chip",
+        "tflops_per_chip",
+        "mfu",
+        "exposed_communication",
+    ] {
+        assert!(r[key].as_f64().unwrap() >= 0.0, "{key}");
+    }
+    // The calibrated row: 120 TFLOP/s per chip published.
+    let tflops = r["tflops_per_chip"].as_f64().unwrap();
+    assert!((tflops / 120.0 - 1.0).abs() < 0.01, "{tflops}");
+    assert_eq!(r["fits_in_hbm"], true);
+    let text = optirs(&["train", "v5e-256", "--model", "gpt3-175b", "--modeled-only"]);
+    assert!(text.status.success());
+    let out = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        out.contains("does not fit"),
+        "replicated 175e9 on v5e: {out}"
+    );
+}
+
+#[test]
+fn a_model_file_loads_and_a_bad_one_names_its_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = dir.path().join("m.ron");
+    std::fs::write(&good, optirs_tpu::model::bundled_text("llama2-7b").unwrap()).unwrap();
+    let r = json(&[
+        "train",
+        "v5e-256",
+        "--model",
+        good.to_str().unwrap(),
+        "--modeled-only",
+        "--json",
+    ]);
+    assert_eq!(r["model"], "llama2-7b");
+    let bad = dir.path().join("bad.ron");
+    let text = optirs_tpu::model::bundled_text("llama2-7b")
+        .unwrap()
+        .replace("remat: ", "remat: sometimes, _was: ");
+    std::fs::write(&bad, text).unwrap();
+    let out = optirs(&[
+        "train",
+        "v5e-256",
+        "--model",
+        bad.to_str().unwrap(),
+        "--modeled-only",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("bad.ron") && err.contains("remat"), "{err}");
+}
+
+#[test]
+fn bad_model_flags_are_usage_errors() {
+    usage_error(
+        &["train", "v5e-256", "--model", "no-such", "--modeled-only"],
+        "maxtext-v5e-16b",
+    );
+    usage_error(
+        &["train", "v5e-256", "--model", "llama2-7b", "--params", "10"],
+        "--params",
+    );
+    usage_error(
+        &[
+            "train",
+            "v5e-256",
+            "--model",
+            "llama2-7b",
+            "--modeled-only",
+            "--trace",
+            "/tmp/x.json",
+        ],
+        "need a real run",
+    );
+    // A real run of a model this host cannot hold is refused before any work.
+    let out = optirs(&["train", "v5e-256", "--model", "gpt3-175b", "--steps", "1"]);
+    assert!(!out.status.success());
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("panicked"));
+}
+
+#[test]
+fn goodput_takes_the_models_step_unless_one_is_given() {
+    let modeled = json(&[
+        "goodput",
+        "v5e-256",
+        "--model",
+        "maxtext-v5e-16b",
+        "--mtbf-hours",
+        "50000",
+        "--days",
+        "2",
+        "--json",
+    ]);
+    let step = json(&[
+        "train",
+        "v5e-256",
+        "--model",
+        "maxtext-v5e-16b",
+        "--modeled-only",
+        "--strategy",
+        "fsdp",
+        "--json",
+    ])["step_seconds"]
+        .as_f64()
+        .unwrap();
+    let config = &modeled["config"];
+    assert!(
+        (config["step_seconds"].as_f64().unwrap() - step).abs() < 1e-9,
+        "{config}"
+    );
+    assert_eq!(config["model_params"], 16274117632u64);
+    let given = json(&[
+        "goodput",
+        "v5e-256",
+        "--model",
+        "maxtext-v5e-16b",
+        "--mtbf-hours",
+        "50000",
+        "--days",
+        "2",
+        "--step-seconds",
+        "3",
+        "--json",
+    ]);
+    assert_eq!(given["config"]["step_seconds"], 3.0);
+    usage_error(
+        &[
+            "goodput",
+            "v5e-256",
+            "--model",
+            "llama2-7b",
+            "--model-params",
+            "7e9",
+        ],
+        "--model-params",
+    );
+}

@@ -1,0 +1,152 @@
+//! A transformer's whole step on a pod (`optirs_tpu::step_model`): the
+//! roofline per layer, the model FLOPs as MaxText counts them, FSDP's
+//! communication hidden behind compute, and the refusals.
+
+use optirs_tpu::model::{FlopFormula, ModelDType, RematPolicy, bundled, training_flops_per_device};
+use optirs_tpu::step_model::{
+    ModelStepOptions, StepModelError, calibration, model_step, recomputed_fraction,
+};
+use optirs_tpu::topology::{Topology, load_preset, parse_topology};
+
+fn v5e_256() -> Topology {
+    load_preset("v5e-256").unwrap()
+}
+
+#[test]
+fn each_pass_is_its_flops_at_the_calibrated_peak_and_the_model_flops_are_maxtexts() {
+    let topology = v5e_256();
+    let config = bundled("maxtext-v5e-16b").unwrap();
+    let step = model_step(&config, &topology, &ModelStepOptions::new(&topology)).unwrap();
+    let peak = topology.generation.spec().peak_bf16_flops;
+    let rate = peak * calibration::V5E_MXU_EFFICIENCY;
+    assert!(step.calibrated);
+    let f = step.layer.forward;
+    assert!(
+        (f.seconds - f.flops / rate).abs() <= 1e-12 * f.seconds,
+        "compute-bound forward"
+    );
+    // remat full: the backward recomputes the whole forward.
+    assert_eq!(recomputed_fraction(&config, RematPolicy::Full), 1.0);
+    assert!((step.layer.backward.flops - 3.0 * f.flops).abs() <= 1e-6 * f.flops);
+    let maxtext = training_flops_per_device(&config, FlopFormula::Matmuls).total();
+    assert_eq!(step.model_flops_per_device, maxtext);
+    assert!((step.tflops_per_chip * 1e12 - maxtext / step.step_seconds).abs() < 1e-3);
+    assert!((step.mfu - step.tflops_per_chip * 1e12 / peak).abs() < 1e-12);
+    assert!(
+        (step.tokens_per_s_per_chip
+            - config.per_device_batch * config.seq_len as f64 / step.step_seconds)
+            .abs()
+            < 1e-9
+    );
+    // The step is its compute plus what communication leaves exposed.
+    assert!((step.step_seconds - step.compute_seconds - step.exposed_communication).abs() < 1e-9);
+    assert!(step.fits_in_hbm, "{:?}", step.not_fitting);
+}
+
+#[test]
+fn fsdp_gathers_hide_behind_a_layer_long_enough_and_show_when_it_is_not() {
+    let topology = v5e_256();
+    let mut config = bundled("maxtext-v5e-16b").unwrap();
+    let mut exposed = Vec::new();
+    for batch in [1.0 / 64.0, 1.0 / 8.0, 1.0, 8.0] {
+        config.per_device_batch = batch;
+        let step = model_step(&config, &topology, &ModelStepOptions::new(&topology)).unwrap();
+        exposed.push(step.exposed_communication / step.step_seconds);
+    }
+    // More tokens per layer: more compute for the same gathers.
+    assert!(exposed.windows(2).all(|w| w[1] <= w[0]), "{exposed:?}");
+    assert!(
+        exposed[0] > 0.5,
+        "a tiny batch is communication-bound: {exposed:?}"
+    );
+    assert!(exposed[3] < 0.01, "{exposed:?}");
+}
+
+#[test]
+fn remat_policies_recompute_what_they_do_not_save() {
+    let config = bundled("llama2-70b").unwrap();
+    assert_eq!(recomputed_fraction(&config, RematPolicy::Minimal), 0.0);
+    assert_eq!(recomputed_fraction(&config, RematPolicy::None), 0.0);
+    let qkv = recomputed_fraction(&config, RematPolicy::SaveQkvProj);
+    let mlp = recomputed_fraction(&config, RematPolicy::SaveDotExceptMlp);
+    let wi = recomputed_fraction(&config, RematPolicy::SaveDotExceptMlpwi);
+    assert!(
+        0.0 < wi && wi < mlp && mlp < qkv && qkv < 1.0,
+        "{wi} {mlp} {qkv}"
+    );
+}
+
+#[test]
+fn a_model_too_large_is_reported_not_refused() {
+    let topology = v5e_256();
+    let config = bundled("gpt3-175b").unwrap();
+    let mut options = ModelStepOptions::new(&topology);
+    options.strategy = optirs_tpu::sharding::Strategy::Replicated;
+    let step = model_step(&config, &topology, &options).unwrap();
+    assert!(!step.fits_in_hbm);
+    assert!(step.not_fitting.unwrap().contains("over"));
+}
+
+#[test]
+fn bad_fields_are_errors_naming_the_field() {
+    let topology = v5e_256();
+    let config = bundled("maxtext-v5e-16b").unwrap();
+    for e in [0.0, -0.5, 1.5, f64::NAN, f64::INFINITY] {
+        let options = ModelStepOptions {
+            efficiency: Some(e),
+            ..ModelStepOptions::new(&topology)
+        };
+        let err = model_step(&config, &topology, &options).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                StepModelError::Field {
+                    field: "efficiency",
+                    ..
+                }
+            ),
+            "{e}: {err}"
+        );
+    }
+    let mut narrow = config.clone();
+    narrow.weight_dtype = ModelDType::Bf16;
+    let err = model_step(&narrow, &topology, &ModelStepOptions::new(&topology)).unwrap_err();
+    assert!(err.to_string().starts_with("weight_dtype = bf16"), "{err}");
+    let mut fractional = config.clone();
+    fractional.per_device_batch = 1.0 / 3.0;
+    let err = model_step(&fractional, &topology, &ModelStepOptions::new(&topology)).unwrap_err();
+    assert!(matches!(err, StepModelError::Model(_)), "{err}");
+    let mut zero = config;
+    zero.layers = 0;
+    let err = model_step(&zero, &topology, &ModelStepOptions::new(&topology)).unwrap_err();
+    assert!(err.to_string().contains("layers"), "{err}");
+}
+
+#[test]
+fn an_uncalibrated_generation_says_so() {
+    let topology = load_preset("v4-64").unwrap();
+    let config = bundled("llama2-7b").unwrap();
+    let step = model_step(&config, &topology, &ModelStepOptions::new(&topology)).unwrap();
+    assert!(!step.calibrated);
+    assert_eq!(step.efficiency, calibration::DEFAULT_MXU_EFFICIENCY);
+}
+
+#[test]
+fn a_175e9_step_on_6144_chips_models_quickly() {
+    let topology = parse_topology(
+        "Pod(name: \"v5p-12288\", generation: \"v5p\", shape: \"16x16x24\")",
+        "v5p.ron",
+    )
+    .unwrap();
+    let config = bundled("gpt3-175b").unwrap();
+    let started = std::time::Instant::now();
+    let step = model_step(&config, &topology, &ModelStepOptions::new(&topology)).unwrap();
+    let wall = started.elapsed().as_secs_f64();
+    println!(
+        "gpt3-175b on 6144 v5p chips: modeled in {:.1} ms",
+        wall * 1e3
+    );
+    assert!(step.step_seconds > 0.0);
+    // Under 100 ms in release (BENCHMARKS.md); a debug build is slower.
+    assert!(wall < 2.0, "{wall} s");
+}
