@@ -107,8 +107,8 @@ fn bad_model_flags_are_usage_errors() {
             "--model",
             "llama2-7b",
             "--modeled-only",
-            "--trace",
-            "/tmp/x.json",
+            "--checkpoint-every",
+            "1",
         ],
         "need a real run",
     );
@@ -174,4 +174,57 @@ fn goodput_takes_the_models_step_unless_one_is_given() {
         ],
         "--model-params",
     );
+}
+
+#[test]
+fn the_trace_shows_each_layers_compute_with_the_next_layers_gather_under_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("step.json");
+    let args = [
+        "train",
+        "v5e-256",
+        "--model",
+        "maxtext-v5e-16b",
+        "--modeled-only",
+        "--strategy",
+        "fsdp",
+        "--trace",
+        path.to_str().unwrap(),
+    ];
+    let out = optirs(&args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let trace: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let events = trace["traceEvents"].as_array().unwrap();
+    let span = |name: &str| -> (f64, f64) {
+        let e = events
+            .iter()
+            .find(|e| e["name"] == name && e["ph"] == "X")
+            .unwrap_or_else(|| panic!("no `{name}`"));
+        let ts = e["ts"].as_f64().unwrap();
+        (ts, ts + e["dur"].as_f64().unwrap())
+    };
+    // Layer 3's forward runs while layer 4's gather is on the links.
+    let compute = span("forward layer 3");
+    let gather = span("gather (forward) layer 4");
+    assert!(
+        gather.0 < compute.1 && compute.0 < gather.1,
+        "{compute:?} {gather:?}"
+    );
+    // The backward reduce-scatter of a layer follows its backward use.
+    let backward = span("backward layer 5");
+    let reduce = span("gradient reduce-scatter layer 5");
+    assert!(reduce.0 >= backward.1 - 1e-6);
+    assert!(events.iter().any(|e| e["name"] == "logits and loss"));
+    assert!(
+        events
+            .iter()
+            .any(|e| e["ph"] == "i" && e["name"] == "free layer 0 (forward)")
+    );
+    // An existing file is never overwritten.
+    assert!(!optirs(&args).status.success());
 }

@@ -47,6 +47,7 @@ pub(super) fn step_of(
         mesh: args.mesh_on(topology)?,
         prefetch: args.prefetch.unwrap_or(1),
         recovery: args.recovery,
+        record_spans: args.trace.is_some(),
         ..ModelStepOptions::new(topology)
     };
     model_step(config, topology, &options)
@@ -67,6 +68,9 @@ pub(super) fn modeled(args: &TrainArgs, config: &ModelConfig, topology: &Topolog
     let started = Instant::now();
     let step = step_of(config, topology, args)?;
     let wall_seconds = started.elapsed().as_secs_f64();
+    if let Some(path) = &args.trace {
+        output::write_new("--trace", path, &serde_json::to_string(&trace_of(&step))?)?;
+    }
     let params = parameter_count(config).total();
     let report = json!({
         "pod": topology.name,
@@ -138,4 +142,79 @@ pub(super) fn modeled(args: &TrainArgs, config: &ModelConfig, topology: &Topolog
         optirs_tpu::sharding::strategy::decimal_bytes(topology.hbm_bytes),
     );
     Ok(())
+}
+
+/// The step as a Chrome/Perfetto trace: one device (every device of the
+/// symmetric pod does the same), its compute on track 0 (each layer's
+/// forward and backward use, the logits between, the updates), its
+/// communication on track 1 (each layer's gathers, its gradient's
+/// reduce-scatter and all-reduce), each free an instant.
+fn trace_of(step: &ModelStep) -> optirs_tpu::profile::trace::Trace {
+    use optirs_tpu::profile::trace::{Event, Scope, Trace};
+    use optirs_tpu::sharding::strategy_model::SpanKind;
+    let mut trace = Trace::new();
+    trace
+        .process(
+            0,
+            format!("{} on {} chips (each alike)", step.model, step.chips),
+        )
+        .thread(0, 0, "compute")
+        .thread(0, 1, "communication");
+    let layers = step.strategy_step.buckets.saturating_sub(1);
+    let name = |bucket: u32| {
+        if bucket as usize >= layers {
+            "embedding".to_string()
+        } else {
+            format!("layer {bucket}")
+        }
+    };
+    for s in &step.strategy_step.spans {
+        let (what, tid) = match s.kind {
+            SpanKind::Gather { backward } => (format!("gather ({})", pass(backward)), 1),
+            SpanKind::Use { backward } => (pass(backward).to_string(), 0),
+            SpanKind::Free { backward } => {
+                trace.push(
+                    Event::instant(
+                        format!("free {} ({})", name(s.bucket), pass(backward)),
+                        s.start_seconds * 1e6,
+                        Scope::Thread,
+                    )
+                    .category("memory")
+                    .on(0, 0),
+                );
+                continue;
+            }
+            SpanKind::ReduceScatter => ("gradient reduce-scatter".to_string(), 1),
+            SpanKind::Update => ("update".to_string(), 0),
+            SpanKind::AllGather => ("all-gather".to_string(), 1),
+            SpanKind::ReplicateState => ("state copy".to_string(), 1),
+            SpanKind::Between => {
+                trace.push(
+                    Event::complete(
+                        "logits and loss",
+                        s.start_seconds * 1e6,
+                        (s.end_seconds - s.start_seconds) * 1e6,
+                    )
+                    .category("compute")
+                    .on(0, 0),
+                );
+                continue;
+            }
+        };
+        let category = if tid == 0 { "compute" } else { "communication" };
+        trace.push(
+            Event::complete(
+                format!("{what} {}", name(s.bucket)),
+                s.start_seconds * 1e6,
+                (s.end_seconds - s.start_seconds).max(0.0) * 1e6,
+            )
+            .category(category)
+            .on(0, tid),
+        );
+    }
+    trace
+}
+
+fn pass(backward: bool) -> &'static str {
+    if backward { "backward" } else { "forward" }
 }

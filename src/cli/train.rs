@@ -339,9 +339,10 @@ impl TrainArgs {
     }
 
     /// `--modeled-only` models failure-free steps in closed form: what
-    /// needs a real run is a usage error.
-    pub(super) fn refuse_real_run_only(&self) -> Result<()> {
-        if self.trace.is_some()
+    /// needs a real run is a usage error (`--trace` too unless `traced`:
+    /// a model's step draws its layers).
+    pub(super) fn refuse_real_run_only(&self, traced: bool) -> Result<()> {
+        if (self.trace.is_some() && !traced)
             || !self.kill.is_empty()
             || self.checkpoint_every.is_some()
             || self.checkpoint_dir.is_some()
@@ -404,7 +405,7 @@ pub fn train(args: TrainArgs) -> Result<()> {
     if let (Some(spec), true) = (&args.model, args.modeled_only) {
         let config = super::model_step::load_model(spec)?;
         let topology = checked_topology(&args, &[])?;
-        args.refuse_real_run_only()?;
+        args.refuse_real_run_only(true)?;
         return super::model_step::modeled(&args, &config, &topology);
     }
     let sizes = model_sizes(&args)?;
@@ -718,7 +719,7 @@ fn modeled_only(args: &TrainArgs, sizes: &[usize]) -> Result<()> {
     )
     .map_err(optirs_tpu::OptimError::from)?;
     let wall_seconds = modeling.elapsed().as_secs_f64();
-    args.refuse_real_run_only()?;
+    args.refuse_real_run_only(false)?;
     let not_fitting = step.fits(topology.hbm_bytes).err();
     // Failure-free steps one after another: no checkpoint, no recovery.
     let simulated_seconds = step.step_seconds * args.steps as f64;

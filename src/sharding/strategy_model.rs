@@ -133,6 +133,9 @@ pub enum SpanKind {
     AllGather,
     /// The redundant state copy.
     ReplicateState,
+    /// The compute between the forward and the backward pass (a model's
+    /// logits and loss; bucket 0).
+    Between,
 }
 
 /// One span of one bucket, seconds from the step's launch.
@@ -732,8 +735,10 @@ impl Streams {
     /// The compute between the forward and the backward pass.
     fn between(&mut self, seconds: f64) {
         if seconds > 0.0 {
+            let start = self.compute_free;
             self.compute_free += seconds;
             self.use_total += seconds;
+            self.span(0, SpanKind::Between, start, self.compute_free);
         }
     }
 

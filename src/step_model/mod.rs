@@ -60,6 +60,8 @@ pub struct ModelStepOptions {
     /// The FLOP formula of the reported TFLOP/s and MFU (MaxText's
     /// current one by default; a published table's for validation).
     pub formula: FlopFormula,
+    /// Whether to keep every layer's spans (for a trace).
+    pub record_spans: bool,
 }
 
 impl ModelStepOptions {
@@ -73,6 +75,7 @@ impl ModelStepOptions {
             recovery: RecoveryPolicy::Rollback,
             efficiency: None,
             formula: FlopFormula::Matmuls,
+            record_spans: false,
         }
     }
 }
@@ -349,7 +352,7 @@ pub fn model_step(
         use_seconds: layer.forward.seconds * counts.layers as f64 / buckets,
         backward_use_seconds: Some(layer.backward.seconds * counts.layers as f64 / buckets),
         between_seconds: layer.logits.seconds,
-        record_spans: false,
+        record_spans: options.record_spans,
     };
     let step = modeled_strategy_step(
         topology,
