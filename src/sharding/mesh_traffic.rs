@@ -20,8 +20,8 @@ use super::strategy::{CollectiveKind, PlanStep, PlannedCollective, Purpose, buck
 use super::strategy_step::{FsdpTraffic, PerLength};
 use crate::collectives::pod::multislice_of;
 use crate::collectives::{
-    PhaseKind, Traffic, dcn_exchange_traffic, torus_all_gather_traffic_over,
-    torus_reduce_scatter_traffic_over,
+    MultisliceShape, PhaseKind, TorusShape, Traffic, dcn_exchange_traffic,
+    torus_all_gather_traffic_over, torus_reduce_scatter_traffic_over,
 };
 use crate::topology::PodTopology;
 
@@ -58,48 +58,7 @@ pub(super) fn mesh_step_traffic(
     let slices = (topology.slices > 1)
         .then(|| multislice_of(topology))
         .transpose()?;
-    let collective = |c: &PlannedCollective| -> Result<Traffic, ShardingError> {
-        let torus: Vec<usize> = c
-            .physical
-            .iter()
-            .filter_map(|p| match p {
-                PhysicalAxis::Torus(d) => Some(*d),
-                PhysicalAxis::Slices => None,
-            })
-            .collect();
-        let extent: usize = torus.iter().map(|&d| grid.dims()[d]).product();
-        let len = c.elements as usize;
-        let dcn = |kind: PhaseKind| -> Result<Traffic, ShardingError> {
-            match &slices {
-                Some(shape) if c.physical.contains(&PhysicalAxis::Slices) => Ok(
-                    dcn_exchange_traffic(shape, len / extent.max(1), elem, kind, 0),
-                ),
-                _ => Ok(Traffic::default()),
-            }
-        };
-        let reduce = || -> Result<Traffic, ShardingError> {
-            let mut t = torus_reduce_scatter_traffic_over(&grid, &torus, len, elem);
-            append(&mut t, dcn(PhaseKind::ReduceScatter)?);
-            Ok(t)
-        };
-        let gather = || -> Result<Traffic, ShardingError> {
-            let mut t = dcn(PhaseKind::AllGather)?;
-            append(
-                &mut t,
-                torus_all_gather_traffic_over(&grid, &torus, len, elem, 0),
-            );
-            Ok(t)
-        };
-        Ok(match c.kind {
-            CollectiveKind::ReduceScatter => reduce()?,
-            CollectiveKind::AllGather => gather()?,
-            CollectiveKind::AllReduce => {
-                let mut t = reduce()?;
-                append(&mut t, gather()?);
-                t
-            }
-        })
-    };
+    let collective = |c: &PlannedCollective| collective_traffic(&grid, slices.as_ref(), c, elem);
     let copies = redundant && layout.devices() > 1;
     if copies && layout.is_mirrored() {
         return Err(ShardingError::MeshNotBuilt {
@@ -165,6 +124,55 @@ pub(super) fn mesh_step_traffic(
         Strategy::Replicated | Strategy::Zero2 => PerLength::Replicated(replicated),
     };
     Ok((combined, per_length))
+}
+
+/// One planned collective's traffic on the plan's `grid` (and the pod's
+/// slices, if it has several): over its torus axes by the torus schedule,
+/// over the slices by the cross-slice exchange (module docs).
+fn collective_traffic(
+    grid: &TorusShape,
+    slices: Option<&MultisliceShape>,
+    c: &PlannedCollective,
+    elem: usize,
+) -> Result<Traffic, ShardingError> {
+    let torus: Vec<usize> = c
+        .physical
+        .iter()
+        .filter_map(|p| match p {
+            PhysicalAxis::Torus(d) => Some(*d),
+            PhysicalAxis::Slices => None,
+        })
+        .collect();
+    let extent: usize = torus.iter().map(|&d| grid.dims()[d]).product();
+    let len = c.elements as usize;
+    let dcn = |kind: PhaseKind| match slices {
+        Some(shape) if c.physical.contains(&PhysicalAxis::Slices) => {
+            dcn_exchange_traffic(shape, len / extent.max(1), elem, kind, 0)
+        }
+        _ => Traffic::default(),
+    };
+    let reduce = || {
+        let mut t = torus_reduce_scatter_traffic_over(grid, &torus, len, elem);
+        append(&mut t, dcn(PhaseKind::ReduceScatter));
+        t
+    };
+    let gather = || {
+        let mut t = dcn(PhaseKind::AllGather);
+        append(
+            &mut t,
+            torus_all_gather_traffic_over(grid, &torus, len, elem, 0),
+        );
+        t
+    };
+    Ok(match c.kind {
+        CollectiveKind::ReduceScatter => reduce(),
+        CollectiveKind::AllGather => gather(),
+        CollectiveKind::AllReduce => {
+            let mut t = reduce();
+            append(&mut t, gather());
+            t
+        }
+    })
 }
 
 /// `later`'s records after `traffic`'s: its phase orders moved past the

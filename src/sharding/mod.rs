@@ -51,6 +51,7 @@ pub mod stored_model;
 pub mod strategy;
 pub mod strategy_model;
 mod strategy_step;
+mod strategy_streams;
 pub mod timing;
 mod traffic;
 pub mod world;

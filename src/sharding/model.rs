@@ -351,6 +351,29 @@ pub fn install_model<A: FloatElement>(
         super::residency::aligned(param_bytes),
         hbm_bytes_per_device(&residency).params
     );
+    spawned.extend(spawn_state_shards(world, &model, &state));
+    if let Err(e) = reserve_shards(world) {
+        for e in spawned {
+            world.despawn(e);
+        }
+        return Err(e.into());
+    }
+    world.spawn(model);
+    Ok(())
+}
+
+/// Every participant's state shards: a primary's with their values (and
+/// under the redundant policy their copy on its ring successor), a
+/// replica's along the data axis as the HBM it charges
+/// ([`HeldParams::StateOf`]). The spawned entities.
+fn spawn_state_shards<A: FloatElement>(
+    world: &mut World,
+    model: &ShardedModel,
+    state: &SlotValues<A>,
+) -> Vec<Entity> {
+    let layout = &model.layout;
+    let peers = layout.peers();
+    let mut spawned = Vec::new();
     let primaries = layout.primaries();
     let state_bytes = (layout.shard_elements() * layout.element_bytes()) as u64;
     for (index, name) in model.slots.iter().enumerate() {
@@ -373,7 +396,7 @@ pub fn install_model<A: FloatElement>(
                 );
                 continue;
             }
-            let shard = slot_shard(layout, &state, index, r);
+            let shard = slot_shard(layout, state, index, r);
             if model.recovery == RecoveryPolicy::Redundant && layout.devices() > 1 {
                 spawned.push(
                     world
@@ -400,14 +423,7 @@ pub fn install_model<A: FloatElement>(
             );
         }
     }
-    if let Err(e) = reserve_shards(world) {
-        for e in spawned {
-            world.despawn(e);
-        }
-        return Err(e.into());
-    }
-    world.spawn(model);
-    Ok(())
+    spawned
 }
 
 /// Participant `r`'s shard of state slot `index`, bucket by bucket.

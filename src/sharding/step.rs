@@ -217,13 +217,7 @@ pub fn launch_step<'w, A: FloatElement>(
     let slots = model.slots.len();
     let number = model.steps_completed + 1;
     let next_count = model.count.saturating_add(1);
-    if A::DTYPE != layout.dtype {
-        return Err(ShardingError::GradientMismatch {
-            replica: 0,
-            reason: format!("{} values, but the model holds {}", A::DTYPE, layout.dtype),
-        });
-    }
-    request.gradients.check(&layout)?;
+    check_gradients(&layout, request.gradients)?;
     let entities = participant_entities(world, &layout.participants)?;
     let now = world.resource::<SimClock>().now_ns;
     let declared = crate::health::declared_failed(world, &layout.participants)?;
@@ -245,11 +239,7 @@ pub fn launch_step<'w, A: FloatElement>(
     let redundant = model_of(world).is_some_and(|m| m.recovery == RecoveryPolicy::Redundant);
     let model = model_of(world).ok_or(ShardingError::NoModel)?;
     let residency = model.residency();
-    let mesh = model.mesh.clone().or_else(|| {
-        layout
-            .is_mirrored()
-            .then(|| Mesh::default_for(&world.resource::<PodTopology>().0))
-    });
+    let mesh = step_mesh(world, model);
     // The step's collectives under the model's strategy (on its mesh).
     let (combined, per_length) = PerLength::of(
         world,
@@ -308,6 +298,32 @@ pub fn launch_step<'w, A: FloatElement>(
         next_count,
     });
     Ok(world.resource::<ShardedStep>())
+}
+
+/// Whether `gradients` are of the model's element type and shapes.
+fn check_gradients<A: FloatElement>(
+    layout: &ShardLayout,
+    gradients: &dyn GradientSource<A>,
+) -> Result<(), ShardingError> {
+    if A::DTYPE != layout.dtype {
+        return Err(ShardingError::GradientMismatch {
+            replica: 0,
+            reason: format!("{} values, but the model holds {}", A::DTYPE, layout.dtype),
+        });
+    }
+    gradients.check(layout)
+}
+
+/// The mesh whose plans the step's collectives follow: the model's, or
+/// the pod's default when the layout replicates the state along it
+/// (`None`: the whole-grid collectives of the default mesh).
+fn step_mesh(world: &World, model: &ShardedModel) -> Option<Mesh> {
+    model.mesh.clone().or_else(|| {
+        model
+            .layout
+            .is_mirrored()
+            .then(|| Mesh::default_for(&world.resource::<PodTopology>().0))
+    })
 }
 
 /// The replicas' gradients reduced (across the ranks of a split pod too)

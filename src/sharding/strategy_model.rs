@@ -43,6 +43,7 @@ use super::mesh::{Mesh, MeshAxisName, PhysicalAxis, Strategy};
 use super::model::{RecoveryPolicy, check_recovery_policy};
 use super::modeled::{StepGeometry, replication_routes};
 use super::strategy::{ModelSize, NotFitting, PlanStep, StrategyMemory, bucket_plan};
+use super::strategy_streams::Streams;
 use crate::collectives::{DCN_AXIS, LinkModel, PhaseKind, TorusShape, pass_name};
 use crate::ir::DType;
 use crate::topology::{LinkParams, Topology};
@@ -78,10 +79,10 @@ pub struct StrategyOptions {
 
 /// Each use's seconds and the compute between the passes.
 #[derive(Debug, Clone, Copy)]
-struct Uses {
-    forward: f64,
-    backward: f64,
-    between: f64,
+pub(super) struct Uses {
+    pub(super) forward: f64,
+    pub(super) backward: f64,
+    pub(super) between: f64,
 }
 
 impl StrategyOptions {
@@ -223,31 +224,31 @@ impl StrategyStep {
 /// Consecutive passes of one `group` (a round of the collective's
 /// schedule) run at once on disjoint links.
 #[derive(Debug, Clone, Copy)]
-struct Round {
-    group: u64,
-    phase: usize,
-    axis: usize,
-    seconds: f64,
-    bytes: u64,
+pub(super) struct Round {
+    pub(super) group: u64,
+    pub(super) phase: usize,
+    pub(super) axis: usize,
+    pub(super) seconds: f64,
+    pub(super) bytes: u64,
 }
 
 /// A bucket length's stages.
 #[derive(Debug, Clone, Default)]
-struct LengthCost {
+pub(super) struct LengthCost {
     /// fsdp: a gather of the bucket's parameters.
-    gather: Vec<Round>,
+    pub(super) gather: Vec<Round>,
     /// The gradient's collectives, before the update.
-    gradient: Vec<Round>,
+    pub(super) gradient: Vec<Round>,
     /// The new parameters' all-gathers (replicated, zero2).
-    all_gather: Vec<Round>,
+    pub(super) all_gather: Vec<Round>,
     /// The redundant state copy.
-    replicate: Vec<Round>,
-    update: f64,
+    pub(super) replicate: Vec<Round>,
+    pub(super) update: f64,
 }
 
 /// Interned keys, so the schedule adds into vectors.
 #[derive(Default)]
-struct Keys(Vec<String>);
+pub(super) struct Keys(pub(super) Vec<String>);
 
 impl Keys {
     fn id(&mut self, key: String) -> usize {
@@ -259,24 +260,24 @@ impl Keys {
 }
 
 /// The pod's figures a bucket's costs need.
-struct Costing<'a> {
-    mesh: &'a Mesh,
-    shape: TorusShape,
-    ici: LinkModel,
-    rail: Option<LinkModel>,
-    slices: usize,
-    chips: usize,
-    chips_per_host: usize,
-    elem: usize,
-    slots: usize,
-    redundant: bool,
-    replication_hops: u32,
-    replication_links: u64,
-    hbm_per_s: f64,
-    phases: Keys,
-    axes: Keys,
+pub(super) struct Costing<'a> {
+    pub(super) mesh: &'a Mesh,
+    pub(super) shape: TorusShape,
+    pub(super) ici: LinkModel,
+    pub(super) rail: Option<LinkModel>,
+    pub(super) slices: usize,
+    pub(super) chips: usize,
+    pub(super) chips_per_host: usize,
+    pub(super) elem: usize,
+    pub(super) slots: usize,
+    pub(super) redundant: bool,
+    pub(super) replication_hops: u32,
+    pub(super) replication_links: u64,
+    pub(super) hbm_per_s: f64,
+    pub(super) phases: Keys,
+    pub(super) axes: Keys,
     /// The next round's group number.
-    next_group: u64,
+    pub(super) next_group: u64,
 }
 
 impl<'a> Costing<'a> {
@@ -464,6 +465,23 @@ fn devices_error(reason: impl Into<String>) -> ShardingError {
     }
 }
 
+/// Each use's and the between-pass compute's seconds: finite, from 0.
+fn check_uses(options: &StrategyOptions) -> Result<(), ShardingError> {
+    let uses = [
+        ("a bucket's forward use", options.use_seconds),
+        ("a bucket's backward use", options.backward()),
+        ("the compute between the passes", options.between_seconds),
+    ];
+    for (what, seconds) in uses {
+        if !(seconds.is_finite() && seconds >= 0.0) {
+            return Err(devices_error(format!(
+                "{what} lasts {seconds} s: it must be a finite number of seconds from 0"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// The modeled step of `tensors` (names and shapes) of `dtype` with an
 /// optimizer of `slots` state slots, in buckets of `bucket_bytes`, under
 /// `options` (module docs). The mesh must be laid out on `topology`; a
@@ -481,18 +499,7 @@ pub fn modeled_strategy_step(
         .mesh
         .check_on(topology)
         .map_err(|e| devices_error(e.to_string()))?;
-    let uses = [
-        ("a bucket's forward use", options.use_seconds),
-        ("a bucket's backward use", options.backward()),
-        ("the compute between the passes", options.between_seconds),
-    ];
-    for (what, seconds) in uses {
-        if !(seconds.is_finite() && seconds >= 0.0) {
-            return Err(devices_error(format!(
-                "{what} lasts {seconds} s: it must be a finite number of seconds from 0"
-            )));
-        }
-    }
+    check_uses(options)?;
     // The pod as the replicated closed form lays it out: the slice's
     // rings and lines, the DCN rail, the layout over every device.
     let StepGeometry {
@@ -573,245 +580,6 @@ pub fn modeled_strategy_step(
         ),
         spans: streams.spans,
     })
-}
-
-/// The two streams and the step's sums.
-struct Streams {
-    comm_free: f64,
-    compute_free: f64,
-    update_seconds: f64,
-    /// As `timing::schedule` sums the update phase: each span's length.
-    update_phase: f64,
-    use_total: f64,
-    phase_seconds: Vec<f64>,
-    phase_bytes: Vec<u64>,
-    axis_seconds: Vec<f64>,
-    axis_bytes: Vec<u64>,
-    record: bool,
-    spans: Vec<BucketSpan>,
-}
-
-impl Streams {
-    /// Per phase the seconds and bytes, plus `exposed_communication` (the
-    /// step's `step_seconds` minus its compute); per physical axis both.
-    fn totals(
-        &self,
-        costing: &Costing,
-        has_buckets: bool,
-        step_seconds: f64,
-    ) -> (
-        BTreeMap<String, f64>,
-        BTreeMap<String, u64>,
-        BTreeMap<String, AxisFigures>,
-    ) {
-        let update_key = "update".to_string();
-        let mut phases: BTreeMap<String, f64> = BTreeMap::new();
-        let mut phase_bytes: BTreeMap<String, u64> = BTreeMap::new();
-        for (i, key) in costing.phases.0.iter().enumerate() {
-            phases.insert(key.clone(), self.phase_seconds[i]);
-            phase_bytes.insert(key.clone(), self.phase_bytes[i]);
-        }
-        if has_buckets {
-            phases.insert(update_key, self.update_phase);
-        }
-        let compute = self.update_seconds + self.use_total;
-        phases.insert(
-            "exposed_communication".into(),
-            (step_seconds - compute).max(0.0),
-        );
-        let axes: BTreeMap<String, AxisFigures> = costing
-            .axes
-            .0
-            .iter()
-            .enumerate()
-            .map(|(i, k)| {
-                (
-                    k.clone(),
-                    AxisFigures {
-                        seconds: self.axis_seconds[i],
-                        link_bytes: self.axis_bytes[i],
-                    },
-                )
-            })
-            .collect();
-        (phases, phase_bytes, axes)
-    }
-
-    fn new(phases: usize, axes: usize, record: bool) -> Streams {
-        Streams {
-            comm_free: 0.0,
-            compute_free: 0.0,
-            update_seconds: 0.0,
-            update_phase: 0.0,
-            use_total: 0.0,
-            phase_seconds: vec![0.0; phases],
-            phase_bytes: vec![0; phases],
-            axis_seconds: vec![0.0; axes],
-            axis_bytes: vec![0; axes],
-            record,
-            spans: Vec::new(),
-        }
-    }
-
-    fn span(&mut self, bucket: usize, kind: SpanKind, start: f64, end: f64) {
-        if self.record {
-            self.spans.push(BucketSpan {
-                bucket: bucket as u32,
-                kind,
-                start_seconds: start,
-                end_seconds: end,
-            });
-        }
-    }
-
-    /// `rounds` on the communication stream once it is free and `ready`
-    /// has passed: the end.
-    fn comm(&mut self, bucket: usize, kind: SpanKind, rounds: &[Round], ready: f64) -> f64 {
-        let start = self.comm_free.max(ready);
-        let mut at = start;
-        let mut round_end = start;
-        let mut group = None;
-        for r in rounds {
-            if group != Some(r.group) {
-                at = round_end;
-                group = Some(r.group);
-            }
-            let end = at + r.seconds;
-            // As `timing::schedule` sums a phase: each span's own length.
-            self.phase_seconds[r.phase] += end - at;
-            self.axis_seconds[r.axis] += end - at;
-            self.phase_bytes[r.phase] += r.bytes;
-            self.axis_bytes[r.axis] += r.bytes;
-            round_end = round_end.max(end);
-        }
-        let at = round_end;
-        self.comm_free = at;
-        if !rounds.is_empty() {
-            self.span(bucket, kind, start, at);
-        }
-        at
-    }
-
-    fn compute(&mut self, bucket: usize, kind: SpanKind, seconds: f64, ready: f64) -> f64 {
-        let start = self.compute_free.max(ready);
-        let end = start + seconds;
-        self.compute_free = end;
-        match kind {
-            SpanKind::Update => {
-                self.update_seconds += seconds;
-                self.update_phase += end - start;
-            }
-            _ => self.use_total += seconds,
-        }
-        self.span(bucket, kind, start, end);
-        end
-    }
-
-    /// replicated and zero2 (module docs).
-    fn data_parallel(&mut self, costs: &[LengthCost], per_bucket: &[usize], uses: Uses) {
-        let b = per_bucket.len();
-        let mut used = vec![0.0f64; b];
-        for k in 0..b {
-            self.compute(k, SpanKind::Use { backward: false }, uses.forward, 0.0);
-        }
-        self.between(uses.between);
-        for (k, end) in used.iter_mut().enumerate() {
-            *end = self.compute(k, SpanKind::Use { backward: true }, uses.backward, 0.0);
-        }
-        let mut update_end = vec![0.0f64; b];
-        for k in 0..=b {
-            if k < b {
-                let c = &costs[per_bucket[k]];
-                let in_at = self.comm(k, SpanKind::ReduceScatter, &c.gradient, used[k]);
-                update_end[k] = self.compute(k, SpanKind::Update, c.update, in_at);
-            }
-            if k >= 1 {
-                let j = k - 1;
-                self.after(j, &costs[per_bucket[j]], update_end[j]);
-            }
-        }
-    }
-
-    /// The compute between the forward and the backward pass.
-    fn between(&mut self, seconds: f64) {
-        if seconds > 0.0 {
-            let start = self.compute_free;
-            self.compute_free += seconds;
-            self.use_total += seconds;
-            self.span(0, SpanKind::Between, start, self.compute_free);
-        }
-    }
-
-    /// The all-gather after bucket `j`'s update, then its state copy.
-    fn after(&mut self, j: usize, cost: &LengthCost, ready: f64) {
-        let end = self.comm(j, SpanKind::AllGather, &cost.all_gather, ready);
-        self.comm(j, SpanKind::ReplicateState, &cost.replicate, end);
-    }
-
-    /// fsdp (module docs).
-    fn fsdp(&mut self, costs: &[LengthCost], per_bucket: &[usize], seconds: Uses, prefetch: usize) {
-        let b = per_bucket.len();
-        let uses = 2 * b;
-        let bucket_of = |s: usize| if s < b { s } else { uses - 1 - s };
-        let window = prefetch.saturating_add(1);
-        let mut used = vec![0.0f64; uses];
-        let gather = |st: &mut Streams, s: usize, used: &[f64]| {
-            let ready = if s >= window { used[s - window] } else { 0.0 };
-            let k = bucket_of(s);
-            let rounds = &costs[per_bucket[k]].gather;
-            st.comm(k, SpanKind::Gather { backward: s >= b }, rounds, ready)
-                .max(ready)
-        };
-        let mut gathered_end = vec![0.0f64; uses];
-        for (s, end) in gathered_end.iter_mut().enumerate().take(window) {
-            *end = gather(self, s, &used);
-        }
-        let mut pending: Option<(usize, f64)> = None;
-        for s in 0..uses {
-            let k = bucket_of(s);
-            let backward = s >= b;
-            if s == b {
-                self.between(seconds.between);
-            }
-            let use_seconds = if backward {
-                seconds.backward
-            } else {
-                seconds.forward
-            };
-            used[s] = self.compute(k, SpanKind::Use { backward }, use_seconds, gathered_end[s]);
-            self.span(k, SpanKind::Free { backward }, used[s], used[s]);
-            if let Some((j, ready)) = pending.take() {
-                let end = self.compute(j, SpanKind::Update, costs[per_bucket[j]].update, ready);
-                self.comm(
-                    j,
-                    SpanKind::ReplicateState,
-                    &costs[per_bucket[j]].replicate,
-                    end,
-                );
-            }
-            if s + window < uses {
-                gathered_end[s + window] = gather(self, s + window, &used);
-            }
-            if backward {
-                let in_at = self.comm(
-                    k,
-                    SpanKind::ReduceScatter,
-                    &costs[per_bucket[k]].gradient,
-                    used[s],
-                );
-                pending = Some((k, in_at));
-            }
-        }
-        if let Some((j, ready)) = pending {
-            let end = self.compute(j, SpanKind::Update, costs[per_bucket[j]].update, ready);
-            self.comm(
-                j,
-                SpanKind::ReplicateState,
-                &costs[per_bucket[j]].replicate,
-                end,
-            );
-        }
-    }
 }
 
 #[cfg(test)]

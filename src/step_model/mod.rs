@@ -286,61 +286,12 @@ pub fn model_step(
     topology: &Topology,
     options: &ModelStepOptions,
 ) -> Result<ModelStep, StepModelError> {
-    if let Err((field, problem)) = config.validate() {
-        return Err(StepModelError::Field {
-            field,
-            value: config.name.clone(),
-            problem,
-        });
-    }
-    if config.weight_dtype != ModelDType::F32 {
-        return Err(StepModelError::Field {
-            field: "weight_dtype",
-            value: format!("{:?}", config.weight_dtype).to_lowercase(),
-            problem: "the step's collectives and optimizer state carry f32 weights; a \
-                      narrower weight type is not modeled"
-                .into(),
-        });
-    }
-    let generation = topology.generation;
-    let spec = generation.spec();
-    let (efficiency, calibrated) = efficiency_for(generation, options.efficiency)?;
-    let chips = topology.num_devices() as usize;
-    config.global_batch(chips as u64)?;
-    let flops_per_s = spec.peak_bf16_flops * efficiency;
-    let pass = |flops: f64, bytes: f64| PassCompute {
-        flops,
-        bytes,
-        seconds: (flops / flops_per_s).max(bytes / spec.hbm_bytes_per_s),
-    };
-    let groups = MatmulGroups::of(config);
-    let forward_flops = groups.total();
-    let fwd_bytes = forward_bytes(config);
-    let recompute = recomputed_fraction(config, config.remat);
-    let t = config.tokens_per_device();
+    let (efficiency, calibrated) = checked(config, topology, options)?;
+    let spec = topology.generation.spec();
+    let layer = layer_compute(config, spec, efficiency);
     let counts = parameter_count(config);
-    let logits_matrix = config.vocab as f64 * config.embed as f64;
-    let act = config.activation_dtype.byte_size() as f64;
-    let layer = LayerCompute {
-        forward: pass(forward_flops, fwd_bytes),
-        backward: pass(
-            (2.0 + recompute) * forward_flops,
-            (2.0 + recompute) * fwd_bytes,
-        ),
-        // Forward 2·T·E·V, backward twice that; the logits written and
-        // read back by the loss, the matrix read.
-        logits: pass(
-            6.0 * t * logits_matrix,
-            3.0 * (logits_matrix * act + t * config.vocab as f64 * act),
-        ),
-    };
-    // One tensor per layer, and the embedding (with logits and positions).
-    let mut tensors: Vec<(String, Vec<usize>)> = (0..counts.layers)
-        .map(|i| (format!("layer{i}"), vec![counts.per_layer() as usize]))
-        .collect();
-    let rest = counts.embedding + counts.logits + counts.position + counts.final_norm;
-    tensors.push(("embedding".into(), vec![rest as usize]));
-    let layer_bytes = counts.per_layer() as usize * DType::F32.byte_size();
+    let layers = counts.layers as f64;
+    let (tensors, layer_bytes) = layer_tensors(config);
     let buckets = tensors.len() as f64;
     let strategy_options = StrategyOptions {
         strategy: options.strategy,
@@ -349,8 +300,8 @@ pub fn model_step(
         recovery: options.recovery,
         // The layers' compute spread over the buckets (one layer each, the
         // embedding's bucket a share of it).
-        use_seconds: layer.forward.seconds * counts.layers as f64 / buckets,
-        backward_use_seconds: Some(layer.backward.seconds * counts.layers as f64 / buckets),
+        use_seconds: layer.forward.seconds * layers / buckets,
+        backward_use_seconds: Some(layer.backward.seconds * layers / buckets),
         between_seconds: layer.logits.seconds,
         record_spans: options.record_spans,
     };
@@ -363,49 +314,21 @@ pub fn model_step(
         &strategy_options,
     )?;
     let model_flops = training_flops_per_device(config, options.formula).total();
-    let hardware_flops =
-        (forward_flops * (3.0 + recompute)) * counts.layers as f64 + layer.logits.flops;
-    let activations =
-        (activation_memory_per_layer(config).device_bytes * counts.layers as f64).ceil() as u64;
-    let m = &step.memory;
-    let hbm = ModelHbm {
-        params: m.params,
-        grads: m.grads + m.gradient_bucket,
-        state: m.state,
-        redundant: m.redundant_state,
-        gathered: m.gathered_buckets,
-        activations,
-        total: m.total() + activations,
-    };
-    let capacity = spec.hbm_bytes;
-    let not_fitting = (hbm.total > capacity).then(|| {
-        format!(
-            "{} per device ({} of it activations under remat {}) of {}: {} over",
-            crate::sharding::strategy::decimal_bytes(hbm.total),
-            crate::sharding::strategy::decimal_bytes(activations),
-            config.remat.name(),
-            crate::sharding::strategy::decimal_bytes(capacity),
-            crate::sharding::strategy::decimal_bytes(hbm.total - capacity)
-        )
-    });
+    let hardware_flops = (layer.forward.flops + layer.backward.flops) * layers + layer.logits.flops;
+    let (hbm, not_fitting) = hbm_of(config, &step, spec.hbm_bytes);
     let compute = step.use_seconds + step.update_seconds;
     let step_seconds = step.step_seconds;
     let mut phases = step.phases.clone();
-    phases.insert(
-        "forward".into(),
-        layer.forward.seconds * counts.layers as f64,
-    );
-    phases.insert(
-        "backward".into(),
-        layer.backward.seconds * counts.layers as f64,
-    );
+    phases.insert("forward".into(), layer.forward.seconds * layers);
+    phases.insert("backward".into(), layer.backward.seconds * layers);
     phases.insert("logits".into(), layer.logits.seconds);
     let tflops = model_flops / step_seconds / 1e12;
+    let t = config.tokens_per_device();
     Ok(ModelStep {
         model: config.name.clone(),
         strategy: options.strategy,
         mesh: options.mesh.to_string(),
-        chips,
+        chips: topology.num_devices() as usize,
         tokens_per_device: t,
         efficiency,
         calibrated,
@@ -424,6 +347,111 @@ pub fn model_step(
         hbm,
         strategy_step: step,
     })
+}
+
+/// The checks before any modeling, and the efficiency to use.
+fn checked(
+    config: &ModelConfig,
+    topology: &Topology,
+    options: &ModelStepOptions,
+) -> Result<(f64, bool), StepModelError> {
+    if let Err((field, problem)) = config.validate() {
+        return Err(StepModelError::Field {
+            field,
+            value: config.name.clone(),
+            problem,
+        });
+    }
+    if config.weight_dtype != ModelDType::F32 {
+        return Err(StepModelError::Field {
+            field: "weight_dtype",
+            value: format!("{:?}", config.weight_dtype).to_lowercase(),
+            problem: "the step's collectives and optimizer state carry f32 weights; a \
+                      narrower weight type is not modeled"
+                .into(),
+        });
+    }
+    let efficiency = efficiency_for(topology.generation, options.efficiency)?;
+    config.global_batch(u64::from(topology.num_devices()))?;
+    Ok(efficiency)
+}
+
+/// One layer's passes and the logits' at the roofline of `spec` with the
+/// MXU at `efficiency` of its peak.
+fn layer_compute(
+    config: &ModelConfig,
+    spec: &crate::hardware::HardwareSpec,
+    efficiency: f64,
+) -> LayerCompute {
+    let flops_per_s = spec.peak_bf16_flops * efficiency;
+    let pass = |flops: f64, bytes: f64| PassCompute {
+        flops,
+        bytes,
+        seconds: (flops / flops_per_s).max(bytes / spec.hbm_bytes_per_s),
+    };
+    let forward_flops = MatmulGroups::of(config).total();
+    let fwd_bytes = forward_bytes(config);
+    let recompute = recomputed_fraction(config, config.remat);
+    let t = config.tokens_per_device();
+    let logits_matrix = config.vocab as f64 * config.embed as f64;
+    let act = config.activation_dtype.byte_size() as f64;
+    LayerCompute {
+        forward: pass(forward_flops, fwd_bytes),
+        backward: pass(
+            (2.0 + recompute) * forward_flops,
+            (2.0 + recompute) * fwd_bytes,
+        ),
+        // Forward 2·T·E·V, backward twice that; the logits written and
+        // read back by the loss, the matrix read.
+        logits: pass(
+            6.0 * t * logits_matrix,
+            3.0 * (logits_matrix * act + t * config.vocab as f64 * act),
+        ),
+    }
+}
+
+/// The model's parameters as tensors, one per layer and the embedding
+/// (with the logits and positions), and one layer's bytes (the bucket).
+fn layer_tensors(config: &ModelConfig) -> (Vec<(String, Vec<usize>)>, usize) {
+    let counts = parameter_count(config);
+    let mut tensors: Vec<(String, Vec<usize>)> = (0..counts.layers)
+        .map(|i| (format!("layer{i}"), vec![counts.per_layer() as usize]))
+        .collect();
+    let rest = counts.embedding + counts.logits + counts.position + counts.final_norm;
+    tensors.push(("embedding".into(), vec![rest as usize]));
+    (
+        tensors,
+        counts.per_layer() as usize * DType::F32.byte_size(),
+    )
+}
+
+/// HBM per device: the strategy's and the activations the remat policy
+/// keeps; what does not fit `capacity`, if anything.
+fn hbm_of(config: &ModelConfig, step: &StrategyStep, capacity: u64) -> (ModelHbm, Option<String>) {
+    let layers = parameter_count(config).layers as f64;
+    let activations = (activation_memory_per_layer(config).device_bytes * layers).ceil() as u64;
+    let m = &step.memory;
+    let hbm = ModelHbm {
+        params: m.params,
+        grads: m.grads + m.gradient_bucket,
+        state: m.state,
+        redundant: m.redundant_state,
+        gathered: m.gathered_buckets,
+        activations,
+        total: m.total() + activations,
+    };
+    let bytes = crate::sharding::strategy::decimal_bytes;
+    let not_fitting = (hbm.total > capacity).then(|| {
+        format!(
+            "{} per device ({} of it activations under remat {}) of {}: {} over",
+            bytes(hbm.total),
+            bytes(activations),
+            config.remat.name(),
+            bytes(capacity),
+            bytes(hbm.total - capacity)
+        )
+    });
+    (hbm, not_fitting)
 }
 
 /// The efficiency to use on `generation`: the given one (checked), or the
