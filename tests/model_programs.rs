@@ -5,6 +5,7 @@
 //! (`cargo test --test model_programs -- --nocapture`).
 
 use optirs_tpu::model::flops::FlopFormula;
+use optirs_tpu::model::programs::MAX_TOKENS;
 use optirs_tpu::model::{
     BUNDLED_NAMES, DecoderBlock, ModelConfig, ModelDType, ModelError, RematPolicy, bundled,
     layer_programs, parameter_count, training_flops_per_device,
@@ -104,7 +105,10 @@ fn bf16_activations_move_half_the_bytes_of_f32() {
     );
     assert_eq!(a.forward.flops, b.forward.flops);
     assert_eq!(2 * a.forward.bytes_read, b.forward.bytes_read);
-    assert_eq!(2 * a.logits_backward.bytes_written, b.logits_backward.bytes_written);
+    assert_eq!(
+        2 * a.logits_backward.bytes_written,
+        b.logits_backward.bytes_written
+    );
 }
 
 #[test]
@@ -170,10 +174,12 @@ fn bad_configs_are_refused_with_the_validation_error() {
             other => panic!("{expected}: {other:?}"),
         }
     }
-    assert!(matches!(
-        layer_programs(&good, 0),
-        Err(ModelError::Invalid { field, .. }) if field == "tokens"
-    ));
+    for tokens in [0, MAX_TOKENS + 1, u64::MAX] {
+        assert!(matches!(
+            layer_programs(&good, tokens),
+            Err(ModelError::Invalid { field, .. }) if field == "tokens"
+        ));
+    }
 }
 
 #[test]
@@ -218,13 +224,20 @@ fn small_config() -> impl Strategy<Value = ModelConfig> {
         (1usize..=3, 0usize..4, 1u64..=4, 0usize..3),
     )
         .prop_map(
-            |((embed, head_dim, mlp_dim, vocab), (kv, group, seq, layers), (n, act, batch, block))| {
+            |(
+                (embed, head_dim, mlp_dim, vocab),
+                (kv, group, seq, layers),
+                (n, act, batch, block),
+            )| {
                 let names = ["relu", "gelu", "silu", "linear"];
                 ModelConfig {
                     name: "random".into(),
                     source: String::new(),
-                    decoder_block: [DecoderBlock::Llama2, DecoderBlock::Gpt3, DecoderBlock::Default]
-                        [block],
+                    decoder_block: [
+                        DecoderBlock::Llama2,
+                        DecoderBlock::Gpt3,
+                        DecoderBlock::Default,
+                    ][block],
                     layers,
                     embed,
                     heads: kv * group,

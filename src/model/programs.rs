@@ -38,9 +38,8 @@
 //!   what crosses kernel boundaries, as XLA's cost analysis of fused HLO
 //!   counts them.
 //!
-//! Building and costing all four programs of `gpt3-175b` at its batch takes
-//! about 1.4 ms in a release build (the graphs have ~250 nodes whatever
-//! the dimensions); see `docs/models.md` "Programs".
+//! The graphs have a few hundred nodes whatever the dimensions, so a call
+//! is cheap (`docs/models.md` "Programs" has the measured time).
 
 use bevy_ecs::prelude::*;
 use serde::Serialize;
@@ -56,6 +55,11 @@ use crate::compiler::{
 
 /// Bytes per element of the graphs' `f32`.
 const GRAPH_ELEMENT_BYTES: u64 = 4;
+
+/// The most tokens per device a layer is built for: the IR's largest
+/// tensor (`shape_inference::MAX_ELEMENTS`), so `batch × seq_len` cannot
+/// overflow.
+pub const MAX_TOKENS: u64 = shape_inference::MAX_ELEMENTS as u64;
 
 /// The norms' epsilon (MaxText's `normalization_layer_epsilon`).
 const NORM_EPSILON: f64 = 1e-6;
@@ -153,7 +157,7 @@ impl LayerPrograms {
 /// and the logits (forward and backward) at `tokens` tokens per device.
 ///
 /// Errors: the config's own [`ModelConfig::validate`] error
-/// ([`ModelError::Invalid`]), `tokens == 0`, or a graph the compiler
+/// ([`ModelError::Invalid`]), `tokens` outside `1..=`[`MAX_TOKENS`], or a graph the compiler
 /// refuses ([`ModelError::Program`], e.g. scores larger than the IR's
 /// largest tensor).
 pub fn layer_programs(config: &ModelConfig, tokens: u64) -> Result<LayerPrograms, ModelError> {
@@ -165,17 +169,18 @@ pub fn layer_programs(config: &ModelConfig, tokens: u64) -> Result<LayerPrograms
             field: field.to_string(),
             problem,
         })?;
-    if tokens == 0 {
+    if tokens == 0 || tokens > MAX_TOKENS {
         return Err(ModelError::Invalid {
             origin: format!("model {}", config.name),
             line: None,
             field: "tokens".into(),
-            problem: "layer programs need at least one token".into(),
+            problem: format!("{tokens} is not in 1..={MAX_TOKENS}"),
         });
     }
     let shape = Shape::new(config, tokens);
     let scale = tokens as f64 / (shape.b * shape.l) as f64;
-    let byte_scale = scale * config.activation_dtype.byte_size() as f64 / GRAPH_ELEMENT_BYTES as f64;
+    let byte_scale =
+        scale * config.activation_dtype.byte_size() as f64 / GRAPH_ELEMENT_BYTES as f64;
     let mut world = compiler_world();
     let builders: [(&str, BuildFn); 4] = [
         ("layer_forward", build_forward),
@@ -644,8 +649,8 @@ fn activation_backward(b: &mut Builder<'_>, act: Activation, a: Entity, df: Enti
     }
 }
 
-/// The MLP's forward from its (normalized) input: the output, and the
-/// pre-activations and activations its backward reads.
+/// The MLP's forward from its (normalized) input: its output; the
+/// pre-activations and the gated product its backward reads are outputs.
 fn mlp_forward(b: &mut Builder<'_>, s: &Shape, x: Entity) -> Entity {
     let mut hidden = None;
     for &act in &s.activations {
@@ -659,7 +664,8 @@ fn mlp_forward(b: &mut Builder<'_>, s: &Shape, x: Entity) -> Entity {
             Some(h) => b.mul(h, f),
         });
     }
-    let hidden = hidden.expect("validate requires at least one activation");
+    // `validate` requires at least one activation.
+    let hidden = hidden.unwrap_or(x);
     b.g.output(hidden);
     let wo = b.param(vec![s.m, s.e]);
     let y = b.dot(hidden, wo, (&[2], &[0]));
@@ -957,6 +963,9 @@ mod tests {
         };
         let bf16s = layer_programs(&bf16, 12).unwrap();
         assert_eq!(bf16s.backward.flops, f32s.backward.flops);
-        assert_eq!(2 * bf16s.backward.bytes_written, f32s.backward.bytes_written);
+        assert_eq!(
+            2 * bf16s.backward.bytes_written,
+            f32s.backward.bytes_written
+        );
     }
 }
