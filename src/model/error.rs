@@ -63,6 +63,17 @@ pub enum ModelError {
         /// Their product.
         product: f64,
     },
+    /// A layer program the compiler refused (a tensor larger than the IR
+    /// allows, at these dimensions and tokens).
+    #[error("model `{model}`: the {program} program: {source}")]
+    Program {
+        /// The model's name.
+        model: String,
+        /// Which program (`layer_forward`).
+        program: String,
+        /// What the compiler said.
+        source: Box<crate::compiler::CompileError>,
+    },
     /// The published-runs table could not be parsed or is inconsistent.
     #[error("published table {origin}: {problem}")]
     Published {

@@ -7,6 +7,8 @@
 //! - [`flops`]: MaxText's training FLOPs per device per step in each of its
 //!   formula versions, and the parameter count.
 //! - [`memory`]: activation bytes per layer by remat policy.
+//! - [`programs`]: one decoder layer's forward and backward and the
+//!   logits' as compiler programs, costed ([`layer_programs`]).
 //! - [`published`]: MaxText's published v5e and v5p throughput tables.
 //!
 //! Bundled configs are embedded, so the binary finds them from any
@@ -16,6 +18,7 @@ pub mod config;
 pub mod error;
 pub mod flops;
 pub mod memory;
+pub mod programs;
 pub mod published;
 
 pub use config::{DecoderBlock, ModelConfig, ModelDType, RematPolicy, parameter_scales};
@@ -25,6 +28,7 @@ pub use flops::{
     parameter_count, training_flops_per_device,
 };
 pub use memory::{ActivationMemory, activation_memory_per_layer};
+pub use programs::{LayerPrograms, LayerWeight, ProgramCosts, layer_programs};
 pub use published::{Published, PublishedRow, maxtext_published};
 
 /// The bundled models' names, in `bundled` order.
