@@ -150,3 +150,32 @@ fn a_175e9_step_on_6144_chips_models_quickly() {
     // Under 100 ms in release (BENCHMARKS.md); a debug build is slower.
     assert!(wall < 2.0, "{wall} s");
 }
+
+#[test]
+fn each_layers_flops_are_the_cost_analysis_of_its_compiled_programs() {
+    let topology = v5e_256();
+    for name in optirs_tpu::model::BUNDLED_NAMES {
+        let config = bundled(name).unwrap();
+        let mut options = ModelStepOptions::new(&topology);
+        options.strategy = optirs_tpu::sharding::Strategy::Fsdp;
+        let Ok(step) = model_step(&config, &topology, &options) else {
+            continue; // a batch that does not split over 256 chips
+        };
+        let tokens = (config.per_device_batch * config.seq_len as f64).round() as u64;
+        let programs = optirs_tpu::model::layer_programs(&config, tokens).unwrap();
+        let forward = programs.dot_flops[0] as f64;
+        let rel = |a: f64, b: f64| (a - b).abs() / b.abs().max(1.0);
+        assert!(
+            rel(step.layer.forward.flops, forward) < 1e-9,
+            "{name}: forward"
+        );
+        // The backward's dots are twice the forward's, plus what remat
+        // recomputes of the forward.
+        let recompute = recomputed_fraction(&config, config.remat);
+        let backward = programs.dot_flops[1] as f64 + recompute * forward;
+        assert!(
+            rel(step.layer.backward.flops, backward) < 1e-9,
+            "{name}: backward"
+        );
+    }
+}
