@@ -193,11 +193,12 @@ pub fn parameter_count(config: &ModelConfig) -> ParameterCount {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::model::config::{ModelDType, RematPolicy};
 
-    fn tiny() -> ModelConfig {
+    /// A two-layer model small enough to count by hand (bf16 activations).
+    pub(crate) fn tiny() -> ModelConfig {
         ModelConfig {
             name: "tiny".into(),
             source: String::new(),

@@ -896,29 +896,14 @@ fn build_logits_backward(b: &mut Builder<'_>, s: &Shape) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::config::{ModelDType, RematPolicy};
+    use crate::model::config::ModelDType;
 
+    /// The hand-counted model of `model::flops`'s tests, with f32
+    /// activations.
     fn tiny() -> ModelConfig {
         ModelConfig {
-            name: "tiny".into(),
-            source: String::new(),
-            decoder_block: DecoderBlock::Llama2,
-            layers: 2,
-            embed: 8,
-            heads: 2,
-            kv_heads: 1,
-            head_dim: 4,
-            mlp_dim: 16,
-            mlp_activations: vec!["silu".into(), "linear".into()],
-            vocab: 10,
-            seq_len: 4,
-            per_device_batch: 3.0,
-            remat: RematPolicy::Full,
-            weight_dtype: ModelDType::F32,
             activation_dtype: ModelDType::F32,
-            logits_via_embedding: false,
-            attention_width_is_embed: true,
-            trainable_position_size: 0,
+            ..crate::model::flops::tests::tiny()
         }
     }
 
