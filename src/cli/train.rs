@@ -59,9 +59,9 @@ pub struct TrainArgs {
     #[arg(long, value_delimiter = ',', value_name = "N[,N...]", value_parser = parse_count,
           allow_negative_numbers = true)]
     pub(super) params: Vec<usize>,
-    /// A transformer, by bundled name (`optirs-tpu models`… see the
-    /// README: maxtext-v5e-16b, llama2-7b, gpt3-175b, …) or a RON model
-    /// file. With --modeled-only its whole step (layers on the MXU, the
+    /// A transformer, by bundled name (maxtext-v5e-{16,32,64,128}b,
+    /// maxtext-v5p-{32,64,128,256,512,1024}b, llama2-7b, llama2-70b,
+    /// gpt3-175b) or a RON model file (docs/models.md). With --modeled-only its whole step (layers on the MXU, the
     /// mesh's collectives overlapped); in a real run its parameters are the
     /// tensors whose optimizer step runs.
     #[arg(long, value_name = "NAME|FILE", conflicts_with = "params")]
