@@ -328,3 +328,50 @@ mod tests {
         );
     }
 }
+
+/// A RON syntax or type error in an input file: where, and in which field
+/// (the serde path, or `top` for the file as a whole).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RonSyntax {
+    /// 1-based line.
+    pub line: usize,
+    /// 1-based column.
+    pub column: usize,
+    /// The field path (`slices`, `extra_links[2].a`), or the top name.
+    pub field: String,
+    /// RON's message.
+    pub message: String,
+}
+
+/// Parses RON `text` into `T` (implicit `Some`), naming the field of the
+/// first error by its serde path (`top` for the file as a whole): the one
+/// reader of every RON input file, each domain mapping the error to its own.
+pub fn parse_ron<T: serde::de::DeserializeOwned>(text: &str, top: &str) -> Result<T, RonSyntax> {
+    let options =
+        ron::Options::default().with_default_extension(ron::extensions::Extensions::IMPLICIT_SOME);
+    let syntax = |field: String, error: ron::error::SpannedError| RonSyntax {
+        line: error.position.line,
+        column: error.position.col,
+        field,
+        message: error.code.to_string(),
+    };
+    let mut de = ron::Deserializer::from_str_with_options(text, &options)
+        .map_err(|e| syntax(top.to_string(), e))?;
+    let parsed: Result<T, _> = serde_path_to_error::deserialize(&mut de);
+    match parsed {
+        Ok(value) => {
+            de.end()
+                .map_err(|code| syntax(top.to_string(), de.span_error(code)))?;
+            Ok(value)
+        }
+        Err(error) => {
+            let path = error.path().to_string();
+            let field = if path == "." || path.is_empty() {
+                top.to_string()
+            } else {
+                path
+            };
+            Err(syntax(field, de.span_error(error.into_inner())))
+        }
+    }
+}

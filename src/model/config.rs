@@ -371,34 +371,13 @@ pub(super) fn parse_ron<T: serde::de::DeserializeOwned>(
     origin: &str,
     top: &str,
 ) -> Result<T, ModelError> {
-    let options =
-        ron::Options::default().with_default_extension(ron::extensions::Extensions::IMPLICIT_SOME);
-    let syntax = |field: String, error: ron::error::SpannedError| ModelError::Syntax {
+    crate::files::parse_ron(text, top).map_err(|e| ModelError::Syntax {
         origin: origin.to_string(),
-        line: error.position.line,
-        column: error.position.col,
-        field,
-        message: error.code.to_string(),
-    };
-    let mut de = ron::Deserializer::from_str_with_options(text, &options)
-        .map_err(|e| syntax(top.to_string(), e))?;
-    let parsed: Result<T, _> = serde_path_to_error::deserialize(&mut de);
-    match parsed {
-        Ok(value) => {
-            de.end()
-                .map_err(|code| syntax(top.to_string(), de.span_error(code)))?;
-            Ok(value)
-        }
-        Err(error) => {
-            let path = error.path().to_string();
-            let field = if path == "." || path.is_empty() {
-                top.to_string()
-            } else {
-                path
-            };
-            Err(syntax(field, de.span_error(error.into_inner())))
-        }
-    }
+        line: e.line,
+        column: e.column,
+        field: e.field,
+        message: e.message,
+    })
 }
 
 /// The 1-based line of a field's first appearance in `text`, best effort.
