@@ -17,6 +17,7 @@
 pub mod config;
 pub mod error;
 pub mod flops;
+mod layer_graph;
 pub mod memory;
 pub mod programs;
 pub mod published;
