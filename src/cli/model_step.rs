@@ -29,10 +29,11 @@ pub(super) fn load_model(spec: &str) -> Result<ModelConfig> {
 /// The model's parameters as tensors, one per layer and the embedding
 /// (with the logits and positions): what a real run shards.
 pub(super) fn tensor_sizes(config: &ModelConfig) -> Vec<usize> {
-    let counts = parameter_count(config);
-    let mut sizes = vec![counts.per_layer() as usize; counts.layers as usize];
-    sizes.push((counts.embedding + counts.logits + counts.position + counts.final_norm) as usize);
-    sizes
+    optirs_tpu::step_model::layer_tensors(config)
+        .0
+        .iter()
+        .map(|(_, shape)| shape.iter().product())
+        .collect()
 }
 
 /// The model's step on `topology` under `train`'s strategy, mesh, prefetch

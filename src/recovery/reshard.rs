@@ -180,12 +180,7 @@ pub(super) fn reinstall<A: FloatElement>(
     restored: Restored<A>,
     record: &RecoveryRecord,
 ) -> Result<(), ShardingError> {
-    let padded = layout.padded_elements();
-    let pad = |mut v: Vec<A>| {
-        v.truncate(layout.elements);
-        v.resize(padded, A::ZERO);
-        v
-    };
+    let pad = |v: Vec<A>| layout.fit_padded(v, A::ZERO);
     let params = pad(restored.params);
     let state: Vec<Vec<A>> = restored.state.into_iter().map(pad).collect();
     let now = world.resource::<SimClock>().now_ns;

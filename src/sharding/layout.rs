@@ -298,10 +298,13 @@ impl ShardLayout {
         primary
     }
 
-    /// Whether replica `r` holds its shard's state values (every replica
-    /// does unless the layout is mirrored).
-    pub fn is_primary(&self, r: usize) -> bool {
-        self.primaries()[self.shard_index[r]] == r
+    /// `values` (a model's flat parameters or one state slot, of this or
+    /// another layout) as this layout holds them: the model's elements,
+    /// then `zero` to the padded length.
+    pub fn fit_padded<T: Clone>(&self, mut values: Vec<T>, zero: T) -> Vec<T> {
+        values.truncate(self.elements);
+        values.resize(self.padded_elements(), zero);
+        values
     }
 
     /// Length of the padded flat vector.

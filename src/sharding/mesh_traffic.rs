@@ -38,7 +38,7 @@ struct Stages {
 
 /// The step's traffic on `mesh` under `strategy`, all of it together and
 /// per distinct bucket length (`(slots, redundant)` size the state copies
-/// of the redundant policy, which a replicating data axis does not take).
+/// of the redundant policy).
 pub(super) fn mesh_step_traffic(
     world: &World,
     (strategy, mesh): (Strategy, &Mesh),
@@ -59,15 +59,8 @@ pub(super) fn mesh_step_traffic(
         .then(|| multislice_of(topology))
         .transpose()?;
     let collective = |c: &PlannedCollective| collective_traffic(&grid, slices.as_ref(), c, elem);
+    // (A mirrored layout never has them: `install_model` refuses it.)
     let copies = redundant && layout.devices() > 1;
-    if copies && layout.is_mirrored() {
-        return Err(ShardingError::MeshNotBuilt {
-            mesh: mesh.to_string(),
-            reason: "the redundant policy's copies with a data axis that already replicates \
-                     the state are not built; use rollback or spare-cube"
-                .into(),
-        });
-    }
     let mut combined = Traffic::default();
     let mut replicated = Vec::new();
     let mut fsdp = Vec::new();

@@ -411,8 +411,9 @@ fn layer_compute(
 }
 
 /// The model's parameters as tensors, one per layer and the embedding
-/// (with the logits and positions), and one layer's bytes (the bucket).
-fn layer_tensors(config: &ModelConfig) -> (Vec<(String, Vec<usize>)>, usize) {
+/// (with the logits and positions), and one layer's bytes (the bucket):
+/// what the step's collectives move, and what a real run shards.
+pub fn layer_tensors(config: &ModelConfig) -> (Vec<(String, Vec<usize>)>, usize) {
     let counts = parameter_count(config);
     let mut tensors: Vec<(String, Vec<usize>)> = (0..counts.layers)
         .map(|i| (format!("layer{i}"), vec![counts.per_layer() as usize]))

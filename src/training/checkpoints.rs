@@ -166,11 +166,7 @@ where
             &tensors,
             model.bucket_bytes,
         )?;
-        let padded = layout.padded_elements();
-        let resize = |mut v: Vec<A>| {
-            v.resize(padded, A::ZERO);
-            v
-        };
+        let resize = |v: Vec<A>| layout.fit_padded(v, A::ZERO);
         let state: Vec<Vec<A>> = state.into_iter().map(resize).collect();
         let params = resize(model.flat_params::<A>()?.to_vec());
         let next = ShardedModel {
@@ -231,14 +227,8 @@ where
             .into());
         }
         let state = gather_state::<A>(&mut scratch)?;
-        let elements = ours.layout.elements;
         let layout = ours.layout.clone();
-        let padded = layout.padded_elements();
-        let resize = |mut v: Vec<A>| {
-            v.truncate(elements);
-            v.resize(padded, A::ZERO);
-            v
-        };
+        let resize = |v: Vec<A>| layout.fit_padded(v, A::ZERO);
         let params = resize(theirs.flat_params::<A>()?.to_vec());
         let state: Vec<Vec<A>> = state.into_iter().map(resize).collect();
         let next = ShardedModel {
