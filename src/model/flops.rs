@@ -58,49 +58,72 @@ impl TrainingFlops {
     }
 }
 
+/// One decoder layer's forward matmul FLOPs on one device, by group:
+/// MaxText's per-matmul terms (the attention scores and values in full).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LayerMatmulFlops {
+    /// The query, key and value projections.
+    pub qkv: f64,
+    /// `QKᵀ` and `PV`: `4·B·L²·h·d`.
+    pub attention: f64,
+    /// The output projection.
+    pub out: f64,
+    /// The MLP's input matrices (one per activation).
+    pub mlp_in: f64,
+    /// The MLP's output matrix.
+    pub mlp_out: f64,
+}
+
+impl LayerMatmulFlops {
+    /// All of them.
+    pub fn total(&self) -> f64 {
+        self.qkv + self.attention + self.out + self.mlp_in + self.mlp_out
+    }
+}
+
+/// `config`'s per-layer forward matmul FLOPs per device.
+pub fn layer_matmul_flops(config: &ModelConfig) -> LayerMatmulFlops {
+    let b = config.per_device_batch;
+    let l = config.seq_len as f64;
+    let heads = config.heads as f64;
+    let head_dim = config.head_dim as f64;
+    let embed = config.embed as f64;
+    let mlp = config.mlp_dim as f64;
+    let activations = config.mlp_activations.len() as f64;
+    LayerMatmulFlops {
+        qkv: 2.0 * b * l * embed * (heads + 2.0 * config.kv_heads as f64) * head_dim,
+        // 2 FLOPs per multiply-add.
+        attention: 4.0 * b * l * l * heads * head_dim,
+        out: 2.0 * b * l * embed * heads * head_dim,
+        mlp_in: 2.0 * b * l * mlp * embed * activations,
+        mlp_out: 2.0 * b * l * mlp * embed,
+    }
+}
+
 /// The step's FLOPs per device under `formula`.
 pub fn training_flops_per_device(config: &ModelConfig, formula: FlopFormula) -> TrainingFlops {
     let b = config.per_device_batch;
     let l = config.seq_len as f64;
     let layers = config.layers as f64;
-    let heads = config.heads as f64;
-    let head_dim = config.head_dim as f64;
-    // 4 B L² h d per layer forward: QKᵀ and PV, 2 FLOPs per multiply-add.
-    let full_attention = 4.0 * b * l * l * heads * head_dim * layers * 3.0;
-    match formula {
+    let layer = layer_matmul_flops(config);
+    // Forward and backward: three times the forward.
+    let full_attention = layer.attention * layers * 3.0;
+    let attention = match formula {
+        FlopFormula::ParamsFullAttention | FlopFormula::Matmuls => full_attention,
+        FlopFormula::ParamsCausalAttention | FlopFormula::MatmulsCausal => full_attention / 2.0,
+    };
+    let learnable_weight = match formula {
         FlopFormula::ParamsFullAttention | FlopFormula::ParamsCausalAttention => {
-            let n = parameter_count(config).total() as f64;
-            let learnable_weight = 6.0 * n * l * b;
-            let attention = if formula == FlopFormula::ParamsFullAttention {
-                full_attention
-            } else {
-                full_attention / 2.0
-            };
-            TrainingFlops {
-                learnable_weight,
-                attention,
-            }
+            6.0 * parameter_count(config).total() as f64 * l * b
         }
         FlopFormula::Matmuls | FlopFormula::MatmulsCausal => {
-            let embed = config.embed as f64;
-            let mlp = config.mlp_dim as f64;
-            let activations = config.mlp_activations.len() as f64;
-            let ffn1 = 2.0 * b * l * mlp * embed * activations;
-            let ffn2 = 2.0 * b * l * mlp * embed;
-            let qkv = 2.0 * b * l * embed * (heads + 2.0 * config.kv_heads as f64) * head_dim;
-            let projection = 2.0 * b * l * embed * heads * head_dim;
-            let embedding = 2.0 * b * l * embed * config.vocab as f64;
-            let learnable_weight = ((ffn1 + ffn2 + qkv + projection) * layers + embedding) * 3.0;
-            let attention = if formula == FlopFormula::Matmuls {
-                full_attention
-            } else {
-                full_attention / 2.0
-            };
-            TrainingFlops {
-                learnable_weight,
-                attention,
-            }
+            let embedding = 2.0 * b * l * config.embed as f64 * config.vocab as f64;
+            ((layer.mlp_in + layer.mlp_out + layer.qkv + layer.out) * layers + embedding) * 3.0
         }
+    };
+    TrainingFlops {
+        learnable_weight,
+        attention,
     }
 }
 

@@ -25,8 +25,9 @@ pub mod published;
 pub use config::{DecoderBlock, ModelConfig, ModelDType, RematPolicy, parameter_scales};
 pub use error::ModelError;
 pub use flops::{
-    FlopFormula, ParameterCount, TrainingFlops, calculate_tflops_training_per_device,
-    parameter_count, training_flops_per_device,
+    FlopFormula, LayerMatmulFlops, ParameterCount, TrainingFlops,
+    calculate_tflops_training_per_device, layer_matmul_flops, parameter_count,
+    training_flops_per_device,
 };
 pub use memory::{ActivationMemory, activation_memory_per_layer};
 pub use programs::{LayerPrograms, LayerWeight, ProgramCosts, layer_programs};

@@ -38,7 +38,7 @@ use crate::hardware::TpuGeneration;
 use crate::ir::DType;
 use crate::model::{
     FlopFormula, ModelConfig, ModelDType, ModelError, RematPolicy, activation_memory_per_layer,
-    parameter_count, training_flops_per_device,
+    layer_matmul_flops, parameter_count, training_flops_per_device,
 };
 use crate::sharding::strategy_model::{StrategyOptions, StrategyStep, modeled_strategy_step};
 use crate::sharding::{Mesh, RecoveryPolicy, ShardingError, Strategy};
@@ -196,10 +196,10 @@ pub struct ModelStep {
 
 /// The fraction of a layer's forward matmul FLOPs `policy` recomputes in
 /// the backward pass: `full` all of them; the policies that save every
-/// dot none; those that save some the rest (`params` per group from
-/// `config`).
+/// dot none; those that save some the rest (per group,
+/// [`layer_matmul_flops`]).
 pub fn recomputed_fraction(config: &ModelConfig, policy: RematPolicy) -> f64 {
-    let g = MatmulGroups::of(config);
+    let g = layer_matmul_flops(config);
     let all = g.total();
     if all <= 0.0 {
         return 0.0;
@@ -216,41 +216,6 @@ pub fn recomputed_fraction(config: &ModelConfig, policy: RematPolicy) -> f64 {
         RematPolicy::SaveDotExceptMlpwi => g.mlp_in,
     };
     recomputed / all
-}
-
-/// One layer's forward matmul FLOPs per device, by group.
-#[derive(Debug, Clone, Copy)]
-struct MatmulGroups {
-    qkv: f64,
-    attention: f64,
-    out: f64,
-    mlp_in: f64,
-    mlp_out: f64,
-}
-
-impl MatmulGroups {
-    fn of(c: &ModelConfig) -> MatmulGroups {
-        let t = c.tokens_per_device();
-        let (e, h, kv, d, m) = (
-            c.embed as f64,
-            c.heads as f64,
-            c.kv_heads as f64,
-            c.head_dim as f64,
-            c.mlp_dim as f64,
-        );
-        let l = c.seq_len as f64;
-        MatmulGroups {
-            qkv: 2.0 * t * e * (h + 2.0 * kv) * d,
-            attention: 4.0 * t * l * h * d,
-            out: 2.0 * t * e * h * d,
-            mlp_in: 2.0 * t * e * m * c.mlp_activations.len() as f64,
-            mlp_out: 2.0 * t * e * m,
-        }
-    }
-
-    fn total(&self) -> f64 {
-        self.qkv + self.attention + self.out + self.mlp_in + self.mlp_out
-    }
 }
 
 /// HBM bytes of one layer's forward on one device: its weights read once
@@ -389,7 +354,7 @@ fn layer_compute(
         bytes,
         seconds: (flops / flops_per_s).max(bytes / spec.hbm_bytes_per_s),
     };
-    let forward_flops = MatmulGroups::of(config).total();
+    let forward_flops = layer_matmul_flops(config).total();
     let fwd_bytes = forward_bytes(config);
     let recompute = recomputed_fraction(config, config.remat);
     let t = config.tokens_per_device();
