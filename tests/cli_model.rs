@@ -228,3 +228,93 @@ fn the_trace_shows_each_layers_compute_with_the_next_layers_gather_under_it() {
     // An existing file is never overwritten.
     assert!(!optirs(&args).status.success());
 }
+
+#[test]
+fn a_tensor_axis_and_the_data_reduction_are_taken_for_a_models_modeled_step_only() {
+    let r = json(&[
+        "train",
+        "v5e-256",
+        "--model",
+        "maxtext-v5e-128b",
+        "--modeled-only",
+        "--strategy",
+        "fsdp",
+        "--mesh",
+        "fsdp=16,tensor=16",
+        "--data-reduction",
+        "overlapped",
+        "--json",
+    ]);
+    assert_eq!(r["mesh"], "data=1,fsdp=16,tensor=16");
+    assert_eq!(r["data_reduction"], "overlapped");
+    assert!(r["phases"]["all_gather.tensor"].as_f64().unwrap() > 0.0);
+    assert!(r["layer"]["forward"]["tensor_seconds"].as_f64().unwrap() > 0.0);
+    let default = json(&[
+        "train",
+        "v5e-256",
+        "--model",
+        "llama2-7b",
+        "--modeled-only",
+        "--json",
+    ]);
+    assert_eq!(default["data_reduction"], "after-backward");
+    // Flat tensors declare no split; a real run overlaps its reduction.
+    usage_error(
+        &[
+            "train",
+            "v5e-256",
+            "--modeled-only",
+            "--mesh",
+            "fsdp=16,tensor=16",
+        ],
+        "declares how its tensors split",
+    );
+    usage_error(
+        &[
+            "train",
+            "v5e-256",
+            "--model",
+            "llama2-7b",
+            "--steps",
+            "1",
+            "--mesh",
+            "fsdp=16,tensor=16",
+        ],
+        "declares how its tensors split",
+    );
+    usage_error(
+        &[
+            "train",
+            "v5e-256",
+            "--modeled-only",
+            "--data-reduction",
+            "overlapped",
+        ],
+        "--model NAME --modeled-only",
+    );
+    usage_error(
+        &[
+            "train",
+            "v5e-256",
+            "--model",
+            "llama2-7b",
+            "--modeled-only",
+            "--data-reduction",
+            "later",
+        ],
+        "after-backward or overlapped",
+    );
+    // llama2-7b's 32 heads do not split 256 ways: the field is named.
+    usage_error(
+        &[
+            "train",
+            "v5e-256",
+            "--model",
+            "llama2-7b",
+            "--modeled-only",
+            "--mesh",
+            "tensor=256",
+        ],
+        "heads",
+    );
+}

@@ -65,7 +65,13 @@ fn fsdp_gathers_hide_behind_a_layer_long_enough_and_show_when_it_is_not() {
 #[test]
 fn remat_policies_recompute_what_they_do_not_save() {
     let config = bundled("llama2-70b").unwrap();
-    assert_eq!(recomputed_fraction(&config, RematPolicy::Minimal), 0.0);
+    // minimal saves the weight matmuls only: the attention is recomputed.
+    let g = optirs_tpu::model::layer_matmul_flops(&config);
+    assert_eq!(
+        recomputed_fraction(&config, RematPolicy::Minimal),
+        g.attention / g.total()
+    );
+    assert_eq!(recomputed_fraction(&config, RematPolicy::MinimalFlash), 0.0);
     assert_eq!(recomputed_fraction(&config, RematPolicy::None), 0.0);
     let qkv = recomputed_fraction(&config, RematPolicy::SaveQkvProj);
     let mlp = recomputed_fraction(&config, RematPolicy::SaveDotExceptMlp);
@@ -178,4 +184,57 @@ fn each_layers_flops_are_the_cost_analysis_of_its_compiled_programs() {
             "{name}: backward"
         );
     }
+}
+
+#[test]
+fn the_data_all_reduce_after_the_backward_adds_its_whole_duration() {
+    use optirs_tpu::sharding::strategy_model::DataReduction;
+    // Two v5e-256 slices: fsdp inside each, data across them over DCN.
+    let two = parse_topology(
+        "Pod(name: \"2xv5e-256\", generation: \"v5e\", shape: \"16x16\", slices: 2)",
+        "test",
+    )
+    .unwrap();
+    let config = bundled("maxtext-v5e-64b").unwrap();
+    let step = |when| {
+        let options = ModelStepOptions {
+            data_reduction: when,
+            ..ModelStepOptions::new(&two)
+        };
+        model_step(&config, &two, &options).unwrap()
+    };
+    let after = step(DataReduction::AfterBackward);
+    let overlapped = step(DataReduction::Overlapped);
+    assert_eq!(
+        ModelStepOptions::new(&two).data_reduction,
+        DataReduction::AfterBackward
+    );
+    let dcn = after.strategy_step.axes["dcn"].seconds;
+    assert!(dcn > 0.1, "{dcn}");
+    // The same passes either way (summed in another order).
+    let other = overlapped.strategy_step.axes["dcn"].seconds;
+    assert!((other - dcn).abs() <= 1e-12 * dcn, "{other} vs {dcn}");
+    // Behind the backward it hides; after it, all of it is on the step
+    // (less what the overlapped step already left exposed at its end).
+    let added = after.step_seconds - overlapped.step_seconds;
+    assert!(
+        added <= dcn + 1e-9 && added >= dcn - overlapped.exposed_communication - 1e-9,
+        "added {added} s, DCN {dcn} s, exposed before {} s",
+        overlapped.exposed_communication
+    );
+    assert!(after.exposed_communication >= dcn - 1e-9);
+    assert_eq!(after.data_reduction, DataReduction::AfterBackward);
+    // One slice: no reduction over data, the same step either way.
+    let one = v5e_256();
+    let single = |when| {
+        let options = ModelStepOptions {
+            data_reduction: when,
+            ..ModelStepOptions::new(&one)
+        };
+        model_step(&config, &one, &options).unwrap().step_seconds
+    };
+    assert_eq!(
+        single(DataReduction::AfterBackward),
+        single(DataReduction::Overlapped)
+    );
 }

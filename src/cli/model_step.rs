@@ -9,6 +9,7 @@ use optirs_tpu::model::{BUNDLED_NAMES, ModelConfig, bundled, parameter_count};
 use optirs_tpu::step_model::{ModelStep, ModelStepOptions, model_step};
 use optirs_tpu::topology::Topology;
 use serde_json::json;
+use std::io::Write;
 use std::time::Instant;
 
 /// The model `spec` names: a bundled one, or a RON file.
@@ -49,6 +50,9 @@ pub(super) fn step_of(
         prefetch: args.prefetch.unwrap_or(1),
         recovery: args.recovery,
         record_spans: args.trace.is_some(),
+        data_reduction: args
+            .data_reduction
+            .unwrap_or(ModelStepOptions::new(topology).data_reduction),
         ..ModelStepOptions::new(topology)
     };
     model_step(config, topology, &options)
@@ -81,6 +85,7 @@ pub(super) fn modeled(args: &TrainArgs, config: &ModelConfig, topology: &Topolog
         "strategy": step.strategy.name(),
         "mesh": step.mesh,
         "recovery": args.recovery.to_string(),
+        "data_reduction": step.data_reduction.name(),
         "tokens_per_device": step.tokens_per_device,
         "step_seconds": step.step_seconds,
         "tokens_per_s_per_chip": step.tokens_per_s_per_chip,
@@ -108,7 +113,9 @@ pub(super) fn modeled(args: &TrainArgs, config: &ModelConfig, topology: &Topolog
         None => "fits in HBM".to_string(),
         Some(why) => format!("does not fit: {why}"),
     };
-    println!(
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
         "modeled {} ({} parameters) on {} ({}), {} on mesh {}: step {}, {:.0} tokens/s/chip, \
          {:.1} TFLOP/s/chip, MFU {:.1} % (MXU efficiency {}{}), modeled in {} wall",
         step.model,
@@ -128,20 +135,50 @@ pub(super) fn modeled(args: &TrainArgs, config: &ModelConfig, topology: &Topolog
             ", uncalibrated"
         },
         output::seconds(wall_seconds),
-    );
-    println!(
+    )?;
+    writeln!(
+        out,
         "  compute {} (forward {}, backward {}, logits {}), exposed communication {}",
         output::seconds(step.compute_seconds),
         output::seconds(step.phases.get("forward").copied().unwrap_or(0.0)),
         output::seconds(step.phases.get("backward").copied().unwrap_or(0.0)),
         output::seconds(step.phases.get("logits").copied().unwrap_or(0.0)),
         output::seconds(step.exposed_communication),
-    );
-    println!(
+    )?;
+    if let Some(gathers) = step.phases.get("all_gather.tensor") {
+        let scatters = step
+            .phases
+            .get("reduce_scatter.tensor")
+            .copied()
+            .unwrap_or(0.0);
+        writeln!(
+            out,
+            "  tensor-parallel gathers {} and reduce-scatters {} with the layers' matmuls, {} of \
+             them exposed",
+            output::seconds(*gathers),
+            output::seconds(scatters),
+            output::seconds(
+                step.phases
+                    .get("exposed_tensor_parallel")
+                    .copied()
+                    .unwrap_or(0.0)
+            ),
+        )?;
+    }
+    if let Some(dcn) = step.strategy_step.axes.get("dcn") {
+        writeln!(
+            out,
+            "  all-reduce across the slices {} ({})",
+            output::seconds(dcn.seconds),
+            step.data_reduction.name(),
+        )?;
+    }
+    writeln!(
+        out,
         "  HBM per device {} of {}: {fits}",
         optirs_tpu::sharding::strategy::decimal_bytes(step.hbm.total),
         optirs_tpu::sharding::strategy::decimal_bytes(topology.hbm_bytes),
-    );
+    )?;
     Ok(())
 }
 
@@ -186,6 +223,7 @@ fn trace_of(step: &ModelStep) -> optirs_tpu::profile::trace::Trace {
                 continue;
             }
             SpanKind::ReduceScatter => ("gradient reduce-scatter".to_string(), 1),
+            SpanKind::DataReduction => ("gradient all-reduce over data".to_string(), 1),
             SpanKind::Update => ("update".to_string(), 0),
             SpanKind::AllGather => ("all-gather".to_string(), 1),
             SpanKind::ReplicateState => ("state copy".to_string(), 1),

@@ -17,7 +17,7 @@ use clap::builder::PossibleValuesParser;
 use ndarray::{ArrayD, IxDyn};
 use optirs_tpu::Pod;
 use optirs_tpu::health::Fault;
-use optirs_tpu::sharding::strategy_model::{StrategyOptions, modeled_strategy_step};
+use optirs_tpu::sharding::strategy_model::{DataReduction, StrategyOptions, modeled_strategy_step};
 use optirs_tpu::sharding::{
     DEFAULT_BUCKET_BYTES, Mesh, ParamSet, RecoveryPolicy, Reduction, Strategy,
 };
@@ -134,7 +134,9 @@ pub struct TrainArgs {
     /// The device mesh, `data=D,fsdp=F,tensor=T` in any order (an axis
     /// left out is 1, one may be -1 for the rest), each axis whole torus
     /// axes or the slices. Default: fsdp over every chip of a slice, data
-    /// over the slices. Under mpirun the default mesh only.
+    /// over the slices. tensor above 1 with --model --modeled-only only (a
+    /// transformer splits its heads and MLP; --params tensors do not).
+    /// Under mpirun the default mesh only.
     #[arg(long, value_name = "SPEC")]
     pub(super) mesh: Option<String>,
     /// fsdp: parameter gathers run ahead of the bucket in use (default 1;
@@ -143,6 +145,12 @@ pub struct TrainArgs {
     #[arg(long, value_name = "N", value_parser = parse_prefetch,
           allow_negative_numbers = true)]
     pub(super) prefetch: Option<usize>,
+    /// With --model --modeled-only: when the gradients' all-reduce over the
+    /// mesh's data axis (across the slices) runs: after-backward (default:
+    /// what MaxText's published multislice runs show, docs/validation.md)
+    /// or overlapped (behind the backward, as the reduce-scatters).
+    #[arg(long, value_name = "WHEN")]
+    pub(super) data_reduction: Option<DataReduction>,
     /// Under `mpirun`: how long a rank waits for another before it stops,
     /// naming the lost rank and its hosts (rank 0 waits this long, the
     /// others twice as long).
@@ -198,6 +206,14 @@ impl TrainArgs {
                 )));
             }
             output::refuse_non_directory("--checkpoint-dir", dir)?;
+        }
+        if let Some(when) = self.data_reduction
+            && !(self.model.is_some() && self.modeled_only)
+        {
+            return Err(usage(format!(
+                "--data-reduction {} places a transformer's all-reduce over data in its modeled                  step: it needs --model NAME --modeled-only (a real run and --params overlap it                  behind the backward)",
+                when.name()
+            )));
         }
         self.refuse_repeated_kills()?;
         self.refuse_unrecoverable_kills()
@@ -356,14 +372,19 @@ impl TrainArgs {
     }
 
     /// The mesh `--mesh` gives on `topology` (the default mesh without it);
-    /// a mesh that does not lay out is a usage error.
+    /// a mesh that does not lay out is a usage error. A transformer's
+    /// modeled step (`--model --modeled-only`) splits its heads and MLP
+    /// along `tensor`, so only there is `tensor` above 1 taken.
     pub(super) fn mesh_on(&self, topology: &optirs_tpu::topology::Topology) -> Result<Mesh> {
-        match &self.mesh {
-            None => Ok(Mesh::default_for(topology)),
-            Some(spec) => {
-                Mesh::parse(spec, topology).map_err(|e| usage(format!("--mesh {spec}: {e}")))
-            }
-        }
+        let Some(spec) = &self.mesh else {
+            return Ok(Mesh::default_for(topology));
+        };
+        let parsed = if self.model.is_some() && self.modeled_only {
+            Mesh::parse_split(spec, topology)
+        } else {
+            Mesh::parse(spec, topology)
+        };
+        parsed.map_err(|e| usage(format!("--mesh {spec}: {e}")))
     }
 
     /// `--resume` was given.
@@ -707,6 +728,8 @@ fn modeled_only(args: &TrainArgs, sizes: &[usize]) -> Result<()> {
         backward_use_seconds: None,
         between_seconds: 0.0,
         record_spans: false,
+        // As the real run it stands for, which `tests/modeled.rs` holds it to.
+        data_reduction: DataReduction::Overlapped,
     };
     let modeling = Instant::now();
     let step = modeled_strategy_step(

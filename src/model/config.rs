@@ -143,6 +143,15 @@ pub enum DecoderBlock {
     DefaultT5,
 }
 
+impl DecoderBlock {
+    /// Whether attention and the MLP read the same normalized input and
+    /// are summed into the residual (MaxText's `default` blocks), rather
+    /// than one after the other (`llama2`, `gpt3`).
+    pub fn is_parallel(self) -> bool {
+        matches!(self, DecoderBlock::Default | DecoderBlock::DefaultT5)
+    }
+}
+
 /// MLP activations MaxText's `MlpBlock` accepts that the bundled models use
 /// (`linear` or a `flax.linen` function name); others are refused as typos.
 pub const KNOWN_ACTIVATIONS: [&str; 7] =

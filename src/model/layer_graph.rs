@@ -81,10 +81,7 @@ impl Shape {
                 .collect(),
             layer_norm: config.decoder_block == DecoderBlock::Gpt3,
             biases: config.decoder_block == DecoderBlock::Gpt3,
-            parallel: matches!(
-                config.decoder_block,
-                DecoderBlock::Default | DecoderBlock::DefaultT5
-            ),
+            parallel: config.decoder_block.is_parallel(),
         }
     }
 

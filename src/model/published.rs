@@ -53,6 +53,9 @@ pub struct PublishedRow {
     pub chips: u64,
     /// `per_device_batch_size` of the run's script, when known.
     pub per_device_batch: Option<f64>,
+    /// `ici_tensor_parallelism` of the run's script (1 when it sets none).
+    #[serde(default)]
+    pub tensor: Option<usize>,
     /// Published TFLOP/s per chip.
     pub tflops_per_chip: f64,
     /// Published MFU, as a fraction.

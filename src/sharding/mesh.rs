@@ -186,6 +186,13 @@ impl MeshSizes {
         }
         Mesh::lay_out([self.data, self.fsdp, self.tensor], topology)
     }
+
+    /// Lays the sizes out on `topology` for a model whose tensors declare
+    /// their split along `tensor` (a transformer's heads and MLP,
+    /// [`crate::step_model`]): `tensor` above 1 is laid out like any axis.
+    pub fn lay_out_split(self, topology: &Topology) -> Result<Mesh, MeshError> {
+        Mesh::lay_out([self.data, self.fsdp, self.tensor], topology)
+    }
 }
 
 impl Mesh {
@@ -211,6 +218,12 @@ impl Mesh {
     /// Devices in the mesh.
     pub fn devices(&self) -> usize {
         self.axes.iter().map(|a| a.size).product()
+    }
+
+    /// Devices holding the same slice of every tensor: the mesh without its
+    /// `tensor` axis, over which one tensor-parallel shard's state is kept.
+    pub fn devices_per_tensor_shard(&self) -> usize {
+        self.devices() / self.size(MeshAxisName::Tensor).max(1)
     }
 }
 
@@ -419,6 +432,16 @@ impl Mesh {
     /// out on `topology` ([`Mesh::lay_out`]). `tensor` above 1 is refused:
     /// flat tensors declare no split.
     pub fn parse(text: &str, topology: &Topology) -> Result<Mesh, MeshError> {
+        Mesh::parse_with(text, topology, false)
+    }
+
+    /// [`Mesh::parse`] for a model whose tensors declare their split along
+    /// `tensor` ([`MeshSizes::lay_out_split`]): `tensor` above 1 is taken.
+    pub fn parse_split(text: &str, topology: &Topology) -> Result<Mesh, MeshError> {
+        Mesh::parse_with(text, topology, true)
+    }
+
+    fn parse_with(text: &str, topology: &Topology, split: bool) -> Result<Mesh, MeshError> {
         let pod = pod_shape(topology);
         let mut given: [Option<(Size, String)>; 3] = [None, None, None];
         for entry in text.split(',') {
@@ -464,6 +487,7 @@ impl Mesh {
         let shown = show_sizes(&sizes);
         if let Size::Fixed(n) = sizes[2]
             && n > 1
+            && !split
         {
             return Err(MeshError::Tensor { size: n, pod });
         }
@@ -509,7 +533,7 @@ impl Mesh {
                 pod,
             });
         }
-        if resolved[2] > 1 {
+        if resolved[2] > 1 && !split {
             return Err(MeshError::Tensor {
                 size: resolved[2],
                 pod,

@@ -170,13 +170,19 @@ pub(super) struct StepGeometry {
     pub(super) layout: ShardLayout,
 }
 
-impl StepGeometry {
-    pub(super) fn of(
-        topology: &Topology,
-        tensors: &[(String, Vec<usize>)],
-        dtype: DType,
-        bucket_bytes: usize,
-    ) -> Result<StepGeometry, ShardingError> {
+/// The pod as the collectives lay it out: the slice's torus (padded to 3
+/// axes on a multislice pod), the DCN rail, and the devices per slice.
+pub(super) struct PodGeometry {
+    pub(super) shape: TorusShape,
+    pub(super) rail: Option<LinkParams>,
+    pub(super) chips: usize,
+    pub(super) slices: usize,
+    dims: Vec<usize>,
+    wrap: Vec<bool>,
+}
+
+impl PodGeometry {
+    pub(super) fn of(topology: &Topology) -> Result<PodGeometry, ShardingError> {
         let slices = topology.slices as usize;
         // The slice's rings and lines as the collectives lay them.
         let slice = slice_torus(topology).map_err(|e| ShardingError::Devices {
@@ -202,7 +208,32 @@ impl StepGeometry {
         let shape = TorusShape::new(&dims, &wrap).map_err(|e| ShardingError::Devices {
             reason: e.to_string(),
         })?;
-        let chips = shape.device_count();
+        Ok(PodGeometry {
+            chips: shape.device_count(),
+            shape,
+            rail,
+            slices,
+            dims,
+            wrap,
+        })
+    }
+}
+
+impl StepGeometry {
+    pub(super) fn of(
+        topology: &Topology,
+        tensors: &[(String, Vec<usize>)],
+        dtype: DType,
+        bucket_bytes: usize,
+    ) -> Result<StepGeometry, ShardingError> {
+        let PodGeometry {
+            shape,
+            rail,
+            chips,
+            slices,
+            dims,
+            wrap,
+        } = PodGeometry::of(topology)?;
         let devices = chips * slices;
         let plan = if rail.is_some() {
             ShardPlan::Multislice {

@@ -103,7 +103,7 @@ impl StrategyMemory {
         // One figure for the world's placement and this model: residency's,
         // on the devices the state is sharded over (every device under
         // replicated, as ZeRO-1 over every replica; the fsdp axis else).
-        let devices = mesh.devices().max(1);
+        let devices = mesh.devices_per_tensor_shard().max(1);
         let shard_over = match strategy {
             Strategy::Replicated => devices,
             Strategy::Zero2 | Strategy::Fsdp => mesh.size(MeshAxisName::Fsdp).max(1),
@@ -323,7 +323,7 @@ pub fn bucket_plan(
     redundant: bool,
 ) -> Vec<PlanStep> {
     let fsdp = mesh.size(MeshAxisName::Fsdp).max(1) as u64;
-    let devices = mesh.devices().max(1) as u64;
+    let devices = mesh.devices_per_tensor_shard().max(1) as u64;
     let on = |kind, purpose, axis: MeshAxisName, elements| {
         mesh.axis(axis).filter(|a| a.size > 1).map(|a| {
             PlanStep::Collective(PlannedCollective {

@@ -23,6 +23,10 @@
 //! by a gradient in flight), the last one at the end; there is no
 //! all-gather after it.
 //!
+//! Under [`DataReduction::AfterBackward`] (a caller's choice; real runs
+//! overlap) each bucket's reduction over `data` waits for the end of the
+//! backward pass, and its update for that reduction.
+//!
 //! Under the redundant policy each update is followed, on the
 //! communication stream, by the state copy to the snake-ring successor
 //! (`h·α + bytes/β`, `h` the longest route; under fsdp the parameter shard
@@ -41,7 +45,7 @@ use serde::Serialize;
 use super::error::ShardingError;
 use super::mesh::{Mesh, MeshAxisName, PhysicalAxis, Strategy};
 use super::model::{RecoveryPolicy, check_recovery_policy};
-use super::modeled::{StepGeometry, replication_routes};
+use super::modeled::{PodGeometry, StepGeometry, replication_routes};
 use super::strategy::{ModelSize, NotFitting, PlanStep, StrategyMemory, bucket_plan};
 use super::strategy_streams::Streams;
 use crate::collectives::{DCN_AXIS, LinkModel, PhaseKind, TorusShape, pass_name};
@@ -75,6 +79,45 @@ pub struct StrategyOptions {
     /// Whether to keep every bucket's spans (for a trace; a large model
     /// has hundreds of thousands).
     pub record_spans: bool,
+    /// When the gradients' reduction over `data` runs.
+    pub data_reduction: DataReduction,
+}
+
+/// When a step reduces its gradients over the mesh's `data` axis.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DataReduction {
+    /// Each bucket's, right after its gradient's reduction over `fsdp`,
+    /// behind the rest of the backward pass (what a real run does).
+    #[default]
+    Overlapped,
+    /// Every bucket's after the whole backward pass, before the updates:
+    /// what MaxText's published multislice runs show (`step_model`).
+    AfterBackward,
+}
+
+impl DataReduction {
+    /// Both, in the order `--data-reduction` lists them.
+    pub const ALL: [DataReduction; 2] = [DataReduction::AfterBackward, DataReduction::Overlapped];
+
+    /// `after-backward` or `overlapped`.
+    pub fn name(self) -> &'static str {
+        match self {
+            DataReduction::AfterBackward => "after-backward",
+            DataReduction::Overlapped => "overlapped",
+        }
+    }
+}
+
+impl std::str::FromStr for DataReduction {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        DataReduction::ALL
+            .into_iter()
+            .find(|d| d.name() == s)
+            .ok_or_else(|| format!("`{s}` is not after-backward or overlapped"))
+    }
 }
 
 /// Each use's seconds and the compute between the passes.
@@ -103,6 +146,7 @@ impl StrategyOptions {
             backward_use_seconds: None,
             between_seconds: 0.0,
             record_spans: false,
+            data_reduction: DataReduction::Overlapped,
         }
     }
 }
@@ -128,6 +172,9 @@ pub enum SpanKind {
     },
     /// The gradient's reduce-scatter (and reduction over `data`).
     ReduceScatter,
+    /// The gradient's reduction over `data`, after the backward pass
+    /// ([`DataReduction::AfterBackward`]).
+    DataReduction,
     /// The update of the device's shard.
     Update,
     /// The new parameters all-gathered (replicated, zero2).
@@ -239,6 +286,8 @@ pub(super) struct LengthCost {
     pub(super) gather: Vec<Round>,
     /// The gradient's collectives, before the update.
     pub(super) gradient: Vec<Round>,
+    /// Its reduction over `data` when that waits for the backward pass.
+    pub(super) data_gradient: Vec<Round>,
     /// The new parameters' all-gathers (replicated, zero2).
     pub(super) all_gather: Vec<Round>,
     /// The redundant state copy.
@@ -271,6 +320,7 @@ pub(super) struct Costing<'a> {
     pub(super) elem: usize,
     pub(super) slots: usize,
     pub(super) redundant: bool,
+    pub(super) defer_data: bool,
     pub(super) replication_hops: u32,
     pub(super) replication_links: u64,
     pub(super) hbm_per_s: f64,
@@ -319,6 +369,7 @@ impl<'a> Costing<'a> {
             elem,
             slots,
             redundant,
+            defer_data: options.data_reduction == DataReduction::AfterBackward,
             replication_hops,
             replication_links,
             hbm_per_s: topology.generation.spec().hbm_bytes_per_s,
@@ -425,6 +476,9 @@ impl Costing<'_> {
                     match c.purpose {
                         P::ParamsForward => out.gather = rounds,
                         P::ParamsBackward => {}
+                        P::Gradients if self.defer_data && c.axis == MeshAxisName::Data => {
+                            out.data_gradient.extend(rounds)
+                        }
                         P::Gradients => out.gradient.extend(rounds),
                         P::NewParams => out.all_gather.extend(rounds),
                     }
@@ -580,6 +634,63 @@ pub fn modeled_strategy_step(
         ),
         spans: streams.spans,
     })
+}
+
+/// One collective's cost over a mesh axis.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct AxisCollective {
+    /// Seconds, each round as long as its slowest pass.
+    pub seconds: f64,
+    /// Bytes over the pod's links.
+    pub link_bytes: u64,
+}
+
+/// A collective of `kind` over `mesh`'s `axis` on `topology`, `elements`
+/// per device as [`super::strategy::PlannedCollective`] counts them (the
+/// gathered or pre-scatter length), each of `elem_bytes`: the same rounds
+/// a bucket's collectives are timed with, for a caller's own data (a
+/// transformer's activations under tensor parallelism).
+pub fn axis_collective(
+    topology: &Topology,
+    mesh: &Mesh,
+    axis: MeshAxisName,
+    kind: super::strategy::CollectiveKind,
+    elements: usize,
+    elem_bytes: usize,
+) -> Result<AxisCollective, ShardingError> {
+    mesh.check_on(topology)
+        .map_err(|e| devices_error(e.to_string()))?;
+    let geometry = PodGeometry::of(topology)?;
+    let options = StrategyOptions {
+        mesh: mesh.clone(),
+        ..StrategyOptions::new(Strategy::Fsdp, topology)
+    };
+    let mut costing = Costing::new(
+        topology,
+        &options,
+        (
+            geometry.shape,
+            geometry.rail,
+            geometry.chips,
+            geometry.slices,
+        ),
+        (elem_bytes, 0, false),
+    )?;
+    let rounds = costing.collective(kind, axis, elements);
+    let mut out = AxisCollective::default();
+    let mut group = None;
+    let mut longest = 0.0f64;
+    for r in &rounds {
+        if group != Some(r.group) {
+            out.seconds += longest;
+            longest = 0.0;
+            group = Some(r.group);
+        }
+        longest = longest.max(r.seconds);
+        out.link_bytes += r.bytes;
+    }
+    out.seconds += longest;
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -893,6 +1004,7 @@ mod tests {
             params in 1usize..200_000,
             bucket in 64usize..100_000,
             use_us in 0u32..5,
+            after_backward in proptest::bool::ANY,
         ) {
             let topology = load_topology(["v5e-16", "v4-64", MULTISLICE][pod]).unwrap();
             let phys = crate::sharding::mesh::physical_axes(&topology);
@@ -909,8 +1021,19 @@ mod tests {
                 backward_use_seconds: Some(f64::from(use_us) * 2e-6),
                 between_seconds: f64::from(use_us) * 1e-6,
                 record_spans: false,
+                data_reduction: if after_backward {
+                    DataReduction::AfterBackward
+                } else {
+                    DataReduction::Overlapped
+                },
             };
             let s = modeled_strategy_step(&topology, &tensors(&[params]), DType::F32, 2, bucket, &options).unwrap();
+            // Waiting for the backward moves the reduction over data, not
+            // its bytes, and never shortens the step.
+            let other = StrategyOptions { data_reduction: DataReduction::Overlapped, ..options.clone() };
+            let overlapped = modeled_strategy_step(&topology, &tensors(&[params]), DType::F32, 2, bucket, &other).unwrap();
+            proptest::prop_assert_eq!(s.link_bytes, overlapped.link_bytes);
+            proptest::prop_assert!(s.step_seconds * (1.0 + 1e-12) >= overlapped.step_seconds);
             // Every use, the compute between the passes and the updates
             // run on the compute stream: the step holds all of them.
             let uses = s.buckets as f64 * (options.use_seconds + options.backward())

@@ -149,11 +149,16 @@ impl Streams {
         for (k, end) in used.iter_mut().enumerate() {
             *end = self.compute(k, SpanKind::Use { backward: true }, uses.backward, 0.0);
         }
+        let backward_end = used.last().copied().unwrap_or(0.0);
         let mut update_end = vec![0.0f64; b];
         for k in 0..=b {
             if k < b {
                 let c = &costs[per_bucket[k]];
-                let in_at = self.comm(k, SpanKind::ReduceScatter, &c.gradient, used[k]);
+                let mut in_at = self.comm(k, SpanKind::ReduceScatter, &c.gradient, used[k]);
+                if !c.data_gradient.is_empty() {
+                    let ready = in_at.max(backward_end);
+                    in_at = self.comm(k, SpanKind::DataReduction, &c.data_gradient, ready);
+                }
                 update_end[k] = self.compute(k, SpanKind::Update, c.update, in_at);
             }
             if k >= 1 {
@@ -204,6 +209,7 @@ impl Streams {
             *end = gather(self, s, &used);
         }
         let mut pending: Option<(usize, f64)> = None;
+        let mut deferred: Vec<(usize, f64)> = Vec::new();
         for s in 0..uses {
             let k = bucket_of(s);
             let backward = s >= b;
@@ -236,8 +242,26 @@ impl Streams {
                     &costs[per_bucket[k]].gradient,
                     used[s],
                 );
-                pending = Some((k, in_at));
+                if costs[per_bucket[k]].data_gradient.is_empty() {
+                    pending = Some((k, in_at));
+                } else {
+                    deferred.push((k, in_at));
+                }
             }
+        }
+        // The reductions over `data` that wait for the backward pass, then
+        // their buckets' updates.
+        let backward_end = used.last().copied().unwrap_or(0.0);
+        for (k, in_at) in deferred {
+            let c = &costs[per_bucket[k]];
+            let ready = self.comm(
+                k,
+                SpanKind::DataReduction,
+                &c.data_gradient,
+                in_at.max(backward_end),
+            );
+            let end = self.compute(k, SpanKind::Update, c.update, ready);
+            self.comm(k, SpanKind::ReplicateState, &c.replicate, end);
         }
         if let Some((j, ready)) = pending {
             let end = self.compute(j, SpanKind::Update, costs[per_bucket[j]].update, ready);

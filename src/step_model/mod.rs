@@ -16,10 +16,18 @@
 //! layer (and the embedding and logits matrices), in buckets of one
 //! layer, and the step is [`crate::sharding::strategy_model`]'s with these
 //! uses: under fsdp each layer's gather is prefetched behind the previous
-//! layer's compute, the gradient's reduce-scatter (and the all-reduce over
-//! `data` across the DCN) runs behind the backward, and what does not hide
-//! is the exposed communication. Collectives carry the weights' element
-//! type (MaxText's `weight_dtype`, f32 in every bundled model).
+//! layer's compute and the gradient's reduce-scatter runs behind the
+//! backward. The all-reduce over `data` (across the DCN on a multislice
+//! pod) runs after the whole backward pass by default
+//! ([`DataReduction::AfterBackward`]): MaxText's published multislice runs
+//! lose about that much or more, never the nothing a hidden one would
+//! cost (`docs/validation.md`); `Overlapped` hides it behind the backward
+//! instead. A `tensor` axis splits every layer's heads
+//! and MLP ([`tensor`]): each device holds `1/t` of the weights, fsdp
+//! gathers that `1/t`, and the layer's activation gathers and
+//! reduce-scatters run with its matmuls. What does not hide is the
+//! exposed communication. Collectives carry the weights' element type
+//! (MaxText's `weight_dtype`, f32 in every bundled model).
 //!
 //! **What it reports.** Step seconds, tokens/s/chip, TFLOP/s/chip (the
 //! model FLOPs of MaxText's formula over the step time) and MFU (that
@@ -27,6 +35,7 @@
 //! by kind with the saved activations of the remat policy.
 
 pub mod calibration;
+pub mod tensor;
 pub mod validation;
 
 use std::collections::BTreeMap;
@@ -40,7 +49,9 @@ use crate::model::{
     FlopFormula, ModelConfig, ModelDType, ModelError, RematPolicy, activation_memory_per_layer,
     layer_matmul_flops, parameter_count, training_flops_per_device,
 };
-use crate::sharding::strategy_model::{StrategyOptions, StrategyStep, modeled_strategy_step};
+use crate::sharding::strategy_model::{
+    DataReduction, StrategyOptions, StrategyStep, modeled_strategy_step,
+};
 use crate::sharding::{Mesh, RecoveryPolicy, ShardingError, Strategy};
 use crate::topology::Topology;
 
@@ -62,6 +73,10 @@ pub struct ModelStepOptions {
     pub formula: FlopFormula,
     /// Whether to keep every layer's spans (for a trace).
     pub record_spans: bool,
+    /// When the gradients' reduction over `data` (across the slices on a
+    /// multislice pod) runs: after the backward pass by default
+    /// (module docs).
+    pub data_reduction: DataReduction,
 }
 
 impl ModelStepOptions {
@@ -76,6 +91,7 @@ impl ModelStepOptions {
             efficiency: None,
             formula: FlopFormula::Matmuls,
             record_spans: false,
+            data_reduction: DataReduction::AfterBackward,
         }
     }
 }
@@ -111,6 +127,22 @@ pub struct PassCompute {
     pub bytes: f64,
     /// Seconds: the larger of FLOPs and bytes at their roofs.
     pub seconds: f64,
+    /// Its tensor-parallel collectives, seconds (0 without a tensor axis;
+    /// they run while the matmuls do, [`tensor`]).
+    pub tensor_seconds: f64,
+}
+
+impl PassCompute {
+    /// How long the pass lasts: its compute, or its tensor-parallel
+    /// collectives if they take longer.
+    pub fn elapsed(&self) -> f64 {
+        self.seconds.max(self.tensor_seconds)
+    }
+
+    /// The part of the tensor-parallel collectives the compute does not cover.
+    pub fn exposed_tensor_seconds(&self) -> f64 {
+        (self.tensor_seconds - self.seconds).max(0.0)
+    }
 }
 
 /// One decoder layer's compute on one device, and the logits'.
@@ -153,6 +185,8 @@ pub struct ModelStep {
     pub strategy: Strategy,
     /// The mesh (`data=1,fsdp=256,tensor=1`).
     pub mesh: String,
+    /// When the gradients' reduction over `data` ran.
+    pub data_reduction: DataReduction,
     /// Chips.
     pub chips: usize,
     /// Tokens per device per step.
@@ -195,8 +229,9 @@ pub struct ModelStep {
 }
 
 /// The fraction of a layer's forward matmul FLOPs `policy` recomputes in
-/// the backward pass: `full` all of them; the policies that save every
-/// dot none; those that save some the rest (per group,
+/// the backward pass: `full` all of them; `none` and `minimal_flash`
+/// none; `minimal` the attention's (it saves the weight matmuls only);
+/// those that save some projections the rest (per group,
 /// [`layer_matmul_flops`]).
 pub fn recomputed_fraction(config: &ModelConfig, policy: RematPolicy) -> f64 {
     let g = layer_matmul_flops(config);
@@ -204,28 +239,31 @@ pub fn recomputed_fraction(config: &ModelConfig, policy: RematPolicy) -> f64 {
     if all <= 0.0 {
         return 0.0;
     }
+    // Only `minimal_flash` keeps the attention's output; every other
+    // policy that saves dots saves weight matmuls (the attention dots have
+    // batch dimensions, and a flash kernel is no dot), so the attention is
+    // recomputed.
     let recomputed = match policy {
         RematPolicy::Full => all,
-        RematPolicy::None
-        | RematPolicy::Minimal
-        | RematPolicy::MinimalOffloaded
-        | RematPolicy::MinimalFlash => 0.0,
+        RematPolicy::None | RematPolicy::MinimalFlash => 0.0,
+        RematPolicy::Minimal | RematPolicy::MinimalOffloaded => g.attention,
         RematPolicy::SaveQkvProj | RematPolicy::QkvProjOffloaded => all - g.qkv,
         RematPolicy::SaveOutProj => all - g.out,
-        RematPolicy::SaveDotExceptMlp => g.mlp_in + g.mlp_out,
-        RematPolicy::SaveDotExceptMlpwi => g.mlp_in,
+        RematPolicy::SaveDotExceptMlp => g.attention + g.mlp_in + g.mlp_out,
+        RematPolicy::SaveDotExceptMlpwi => g.attention + g.mlp_in,
     };
     recomputed / all
 }
 
-/// HBM bytes of one layer's forward on one device: its weights read once
-/// (in the activations' type, as the MXU takes them), each matmul's input
+/// HBM bytes of one layer's forward on one device: its weights (its
+/// `1/tensor` of them) read once (in the activations' type, as the MXU
+/// takes them), each matmul's input
 /// and output activations read or written once (the attention scores are
 /// not materialized: a fused attention kernel keeps them on chip).
-fn forward_bytes(c: &ModelConfig) -> f64 {
+fn forward_bytes(c: &ModelConfig, tensor: usize) -> f64 {
     let t = c.tokens_per_device();
     let act = c.activation_dtype.byte_size() as f64;
-    let weights = parameter_count(c).per_layer() as f64 * act;
+    let weights = parameter_count(c).per_layer() as f64 * act / tensor.max(1) as f64;
     let (e, h, kv, d, m) = (
         c.embed as f64,
         c.heads as f64,
@@ -253,10 +291,19 @@ pub fn model_step(
 ) -> Result<ModelStep, StepModelError> {
     let (efficiency, calibrated) = checked(config, topology, options)?;
     let spec = topology.generation.spec();
-    let layer = layer_compute(config, spec, efficiency);
+    let recompute = recomputed_fraction(config, config.remat);
+    let tp = tensor::tensor_parallel(config, topology, &options.mesh, recompute)?;
+    let t = tp.map_or(1, |tp| tp.size);
+    let mut layer = layer_compute(config, spec, efficiency, (t, recompute));
+    if let Some(tp) = &tp {
+        layer.forward.tensor_seconds = tp.forward_seconds;
+        layer.backward.tensor_seconds = tp.backward_seconds;
+    }
     let counts = parameter_count(config);
     let layers = counts.layers as f64;
     let (tensors, layer_bytes) = layer_tensors(config);
+    let tensors = tensor::split_tensors(&tensors, t);
+    let layer_bytes = layer_bytes.div_ceil(t);
     let buckets = tensors.len() as f64;
     let strategy_options = StrategyOptions {
         strategy: options.strategy,
@@ -265,10 +312,11 @@ pub fn model_step(
         recovery: options.recovery,
         // The layers' compute spread over the buckets (one layer each, the
         // embedding's bucket a share of it).
-        use_seconds: layer.forward.seconds * layers / buckets,
-        backward_use_seconds: Some(layer.backward.seconds * layers / buckets),
+        use_seconds: layer.forward.elapsed() * layers / buckets,
+        backward_use_seconds: Some(layer.backward.elapsed() * layers / buckets),
         between_seconds: layer.logits.seconds,
         record_spans: options.record_spans,
+        data_reduction: options.data_reduction,
     };
     let step = modeled_strategy_step(
         topology,
@@ -281,18 +329,31 @@ pub fn model_step(
     let model_flops = training_flops_per_device(config, options.formula).total();
     let hardware_flops = (layer.forward.flops + layer.backward.flops) * layers + layer.logits.flops;
     let (hbm, not_fitting) = hbm_of(config, &step, spec.hbm_bytes);
-    let compute = step.use_seconds + step.update_seconds;
+    let tensor_exposed =
+        (layer.forward.exposed_tensor_seconds() + layer.backward.exposed_tensor_seconds()) * layers;
+    let compute = step.use_seconds + step.update_seconds - tensor_exposed;
     let step_seconds = step.step_seconds;
     let mut phases = step.phases.clone();
     phases.insert("forward".into(), layer.forward.seconds * layers);
     phases.insert("backward".into(), layer.backward.seconds * layers);
     phases.insert("logits".into(), layer.logits.seconds);
+    if let Some(tp) = &tp {
+        // Forward and backward: as many reduce-scatters as gathers.
+        let count = tp.per_pass as f64 * (2.0 + recompute) * layers;
+        phases.insert("all_gather.tensor".into(), tp.gather.seconds * count);
+        phases.insert("reduce_scatter.tensor".into(), tp.scatter.seconds * count);
+        phases.insert("exposed_tensor_parallel".into(), tensor_exposed);
+        if let Some(e) = phases.get_mut("exposed_communication") {
+            *e = (step_seconds - compute).max(0.0);
+        }
+    }
     let tflops = model_flops / step_seconds / 1e12;
     let t = config.tokens_per_device();
     Ok(ModelStep {
         model: config.name.clone(),
         strategy: options.strategy,
         mesh: options.mesh.to_string(),
+        data_reduction: options.data_reduction,
         chips: topology.num_devices() as usize,
         tokens_per_device: t,
         efficiency,
@@ -342,21 +403,23 @@ fn checked(
 }
 
 /// One layer's passes and the logits' at the roofline of `spec` with the
-/// MXU at `efficiency` of its peak.
+/// MXU at `efficiency` of its peak, each device holding `1/tensor` of the
+/// weights and the backward recomputing `recompute` of the forward.
 fn layer_compute(
     config: &ModelConfig,
     spec: &crate::hardware::HardwareSpec,
     efficiency: f64,
+    (tensor, recompute): (usize, f64),
 ) -> LayerCompute {
     let flops_per_s = spec.peak_bf16_flops * efficiency;
     let pass = |flops: f64, bytes: f64| PassCompute {
         flops,
         bytes,
         seconds: (flops / flops_per_s).max(bytes / spec.hbm_bytes_per_s),
+        tensor_seconds: 0.0,
     };
     let forward_flops = layer_matmul_flops(config).total();
-    let fwd_bytes = forward_bytes(config);
-    let recompute = recomputed_fraction(config, config.remat);
+    let fwd_bytes = forward_bytes(config, tensor);
     let t = config.tokens_per_device();
     let logits_matrix = config.vocab as f64 * config.embed as f64;
     let act = config.activation_dtype.byte_size() as f64;

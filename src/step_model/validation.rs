@@ -7,7 +7,8 @@ use serde::Serialize;
 
 use super::{ModelStepOptions, StepModelError, model_step};
 use crate::model::{Published, PublishedRow};
-use crate::sharding::Strategy;
+use crate::sharding::strategy_model::DataReduction;
+use crate::sharding::{Mesh, MeshSizes, Strategy};
 use crate::topology::{Topology, parse_topology};
 
 /// One row: published and modeled.
@@ -35,6 +36,59 @@ pub struct ValidationRow {
     pub exposed_communication: f64,
     /// Whether the row is one a constant was fitted on.
     pub fitted: bool,
+    /// Seconds the step's collectives over the DCN last, hidden or not:
+    /// the most the slices could add to the step if none of it overlapped.
+    pub dcn_seconds: f64,
+    /// The mesh modeled (`data=2,fsdp=32,tensor=8`).
+    pub mesh: String,
+    /// Where the modeled mesh differs from the run's script, and why.
+    pub mesh_note: Option<String>,
+}
+
+/// The run's mesh on `topology`: data across the slices, `tensor` from the
+/// script, fsdp over the rest of each slice. A tensor axis that is not a
+/// product of whole torus axes (tensor=16 on 8x8x8), which this model's
+/// meshes need, is modeled at the largest power-of-two divisor that is,
+/// and said.
+pub fn mesh_of(
+    row: &PublishedRow,
+    topology: &Topology,
+) -> Result<(Mesh, Option<String>), StepModelError> {
+    let slices = row.slices.max(1) as usize;
+    let per_slice = topology.chips_per_slice() as usize;
+    let wanted = row.tensor.unwrap_or(1).max(1);
+    let mut tensor = wanted;
+    loop {
+        let sizes = MeshSizes {
+            data: slices,
+            fsdp: per_slice / tensor,
+            tensor,
+        };
+        let laid = per_slice
+            .is_multiple_of(tensor)
+            .then(|| sizes.lay_out_split(topology))
+            .and_then(Result::ok);
+        match laid {
+            Some(mesh) => {
+                let note = (tensor != wanted).then(|| {
+                    format!(
+                        "the script's tensor={wanted} is not a product of whole torus axes of \
+                         {} (as the modeled meshes need); modeled at tensor={tensor}",
+                        topology.name
+                    )
+                });
+                return Ok((mesh, note));
+            }
+            None if tensor > 1 => tensor /= 2,
+            None => {
+                return Err(StepModelError::Field {
+                    field: "accelerator",
+                    value: row.accelerator.clone(),
+                    problem: format!("no mesh of data={slices} lays out on {}", topology.name),
+                });
+            }
+        }
+    }
 }
 
 /// The torus of one slice of `chips` chips as MaxText's runs had it
@@ -97,10 +151,18 @@ pub fn is_fitted(row: &PublishedRow) -> bool {
     )
 }
 
-/// Every row of `published` with a bundled config, modeled (fsdp on the
-/// default mesh: fsdp inside each slice, data across the slices, as
-/// MaxText's scripts run them).
+/// Every row of `published` with a bundled config, modeled as MaxText's
+/// scripts ran it: fsdp inside each slice with the script's tensor axis,
+/// data across the slices ([`mesh_of`]).
 pub fn validate(published: &Published) -> Result<Vec<ValidationRow>, StepModelError> {
+    validate_with(published, DataReduction::AfterBackward)
+}
+
+/// [`validate`] with the gradients' reduction over `data` run `when`.
+pub fn validate_with(
+    published: &Published,
+    when: DataReduction,
+) -> Result<Vec<ValidationRow>, StepModelError> {
     let mut rows = Vec::new();
     for row in &published.rows {
         let Some(mut config) = row.model_config()? else {
@@ -117,9 +179,12 @@ pub fn validate(published: &Published) -> Result<Vec<ValidationRow>, StepModelEr
                 problem: "no such table".into(),
             })?;
         let topology = pod_of(row)?;
+        let (mesh, mesh_note) = mesh_of(row, &topology)?;
         let options = ModelStepOptions {
             strategy: Strategy::Fsdp,
+            mesh,
             formula: table.formula,
+            data_reduction: when,
             ..ModelStepOptions::new(&topology)
         };
         let step = model_step(&config, &topology, &options)?;
@@ -135,6 +200,13 @@ pub fn validate(published: &Published) -> Result<Vec<ValidationRow>, StepModelEr
             step_seconds: step.step_seconds,
             exposed_communication: step.exposed_communication,
             fitted: is_fitted(row),
+            dcn_seconds: step
+                .strategy_step
+                .axes
+                .get("dcn")
+                .map_or(0.0, |a| a.seconds),
+            mesh: step.mesh.clone(),
+            mesh_note,
         });
     }
     Ok(rows)
