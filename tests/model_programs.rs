@@ -254,6 +254,7 @@ fn small_config() -> impl Strategy<Value = ModelConfig> {
                     logits_via_embedding: false,
                     attention_width_is_embed: false,
                     trainable_position_size: 0,
+                    attention_kernel: optirs_tpu::model::AttentionKernel::Full,
                 }
             },
         )

@@ -66,7 +66,7 @@ fn fsdp_gathers_hide_behind_a_layer_long_enough_and_show_when_it_is_not() {
 fn remat_policies_recompute_what_they_do_not_save() {
     let config = bundled("llama2-70b").unwrap();
     // minimal saves the weight matmuls only: the attention is recomputed.
-    let g = optirs_tpu::model::layer_matmul_flops(&config);
+    let g = optirs_tpu::step_model::hardware_matmul_flops(&config);
     assert_eq!(
         recomputed_fraction(&config, RematPolicy::Minimal),
         g.attention / g.total()
@@ -169,7 +169,12 @@ fn each_layers_flops_are_the_cost_analysis_of_its_compiled_programs() {
         };
         let tokens = (config.per_device_batch * config.seq_len as f64).round() as u64;
         let programs = optirs_tpu::model::layer_programs(&config, tokens).unwrap();
-        let forward = programs.dot_flops[0] as f64;
+        // The programs compute every score; a causal kernel skips the
+        // blocks above the diagonal.
+        let g = optirs_tpu::model::layer_matmul_flops(&config);
+        let skipped =
+            (1.0 - config.attention_kernel.computed_fraction(config.seq_len)) * g.attention;
+        let forward = programs.dot_flops[0] as f64 - skipped;
         let rel = |a: f64, b: f64| (a - b).abs() / b.abs().max(1.0);
         assert!(
             rel(step.layer.forward.flops, forward) < 1e-9,
@@ -178,7 +183,7 @@ fn each_layers_flops_are_the_cost_analysis_of_its_compiled_programs() {
         // The backward's dots are twice the forward's, plus what remat
         // recomputes of the forward.
         let recompute = recomputed_fraction(&config, config.remat);
-        let backward = programs.dot_flops[1] as f64 + recompute * forward;
+        let backward = programs.dot_flops[1] as f64 - 2.0 * skipped + recompute * forward;
         assert!(
             rel(step.layer.backward.flops, backward) < 1e-9,
             "{name}: backward"
@@ -236,5 +241,51 @@ fn the_data_all_reduce_after_the_backward_adds_its_whole_duration() {
     assert_eq!(
         single(DataReduction::AfterBackward),
         single(DataReduction::Overlapped)
+    );
+}
+
+#[test]
+fn a_causal_kernel_runs_the_blocks_on_and_below_the_diagonal() {
+    use optirs_tpu::model::{AttentionKernel, ModelConfig};
+    let causal = |block| AttentionKernel::Causal { block };
+    // 2048 tokens in 512-token blocks: 10 of 16 blocks.
+    assert_eq!(causal(512).computed_fraction(2048), 10.0 / 16.0);
+    assert_eq!(causal(2048).computed_fraction(2048), 1.0);
+    assert_eq!(causal(4096).computed_fraction(2048), 1.0);
+    assert_eq!(causal(1).computed_fraction(4), 10.0 / 16.0);
+    assert_eq!(AttentionKernel::Full.computed_fraction(2048), 1.0);
+    // The v5p runs' kernel: the hardware skips 3/8 of the attention, the
+    // formula's model FLOPs do not change.
+    let topology = load_preset("v5p-128").unwrap();
+    let config = bundled("maxtext-v5p-32b").unwrap();
+    assert_eq!(config.attention_kernel, causal(512));
+    let full = ModelConfig {
+        attention_kernel: AttentionKernel::Full,
+        ..config.clone()
+    };
+    let options = ModelStepOptions::new(&topology);
+    let c = model_step(&config, &topology, &options).unwrap();
+    let f = model_step(&full, &topology, &options).unwrap();
+    let attention = optirs_tpu::model::layer_matmul_flops(&config).attention;
+    let skipped = f.layer.forward.flops - c.layer.forward.flops;
+    assert!(
+        (skipped - 0.375 * attention).abs() <= 1e-9 * attention,
+        "{skipped}"
+    );
+    assert_eq!(c.model_flops_per_device, f.model_flops_per_device);
+    assert!(c.step_seconds < f.step_seconds);
+    // A block of 0 is refused, naming the field and its line.
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/assets/models/maxtext-v5p-32b.ron"
+    ))
+    .unwrap()
+    .replace("causal(block: 512)", "causal(block: 0)");
+    let err = ModelConfig::from_ron_str(&text, "bad.ron")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("attention_kernel") && err.contains("bad.ron"),
+        "{err}"
     );
 }

@@ -6,6 +6,8 @@ use super::parse::usage;
 use super::train::TrainArgs;
 use anyhow::Result;
 use optirs_tpu::model::{BUNDLED_NAMES, ModelConfig, bundled, parameter_count};
+use optirs_tpu::sharding::MeshAxisName;
+use optirs_tpu::sharding::strategy_model::DataReduction;
 use optirs_tpu::step_model::{ModelStep, ModelStepOptions, model_step};
 use optirs_tpu::topology::Topology;
 use serde_json::json;
@@ -166,11 +168,18 @@ pub(super) fn modeled(args: &TrainArgs, config: &ModelConfig, topology: &Topolog
         )?;
     }
     if let Some(dcn) = step.strategy_step.axes.get("dcn") {
+        let data = if step.strategy_step.mesh.size(MeshAxisName::Data) > 1 {
+            match step.data_reduction {
+                DataReduction::AfterBackward => "; the all-reduce over data after the backward",
+                DataReduction::Overlapped => "; the all-reduce over data behind the backward",
+            }
+        } else {
+            ""
+        };
         writeln!(
             out,
-            "  all-reduce across the slices {} ({})",
+            "  collectives across the slices (DCN) {}{data}",
             output::seconds(dcn.seconds),
-            step.data_reduction.name(),
         )?;
     }
     writeln!(

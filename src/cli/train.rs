@@ -211,7 +211,9 @@ impl TrainArgs {
             && !(self.model.is_some() && self.modeled_only)
         {
             return Err(usage(format!(
-                "--data-reduction {} places a transformer's all-reduce over data in its modeled                  step: it needs --model NAME --modeled-only (a real run and --params overlap it                  behind the backward)",
+                "--data-reduction {} places a transformer's all-reduce over data in its modeled \
+                 step: it needs --model NAME --modeled-only (a real run and --params overlap it \
+                 behind the backward)",
                 when.name()
             )));
         }

@@ -206,6 +206,45 @@ pub struct ModelConfig {
     /// (GPT-3), 0 for none.
     #[serde(default)]
     pub trainable_position_size: u64,
+    /// Which attention scores the hardware computes (MaxText's formula
+    /// counts its own way, [`super::flops::FlopFormula`]).
+    #[serde(default)]
+    pub attention_kernel: AttentionKernel,
+}
+
+/// Which attention scores the hardware computes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AttentionKernel {
+    /// Every score: dot-product attention, or a flash kernel with
+    /// `causal=False` (MaxText's v5e runs at e47fa1b5, their mask applied
+    /// as a bias).
+    #[default]
+    Full,
+    /// A flash kernel with `causal=True` skips every block of scores
+    /// wholly above the diagonal (MaxText's `attention='flash'` from
+    /// 76bd53b0 on, 512-token blocks).
+    Causal {
+        /// Tokens per block along the sequence (the kernel's `block_q`
+        /// and `block_k`).
+        block: u64,
+    },
+}
+
+impl AttentionKernel {
+    /// The share of the full scores' and values' FLOPs the kernel runs at
+    /// `seq_len`: with `n` blocks a side, the `n(n+1)/2` on or below the
+    /// diagonal of `n²` (5/8 at 2048 tokens in 512-token blocks). The
+    /// backward's blocks are taken as the forward's.
+    pub fn computed_fraction(self, seq_len: u64) -> f64 {
+        match self {
+            AttentionKernel::Full => 1.0,
+            AttentionKernel::Causal { block } => {
+                let n = seq_len.div_ceil(block.clamp(1, seq_len.max(1))) as f64;
+                (n + 1.0) / (2.0 * n)
+            }
+        }
+    }
 }
 
 impl ModelConfig {
@@ -235,6 +274,12 @@ impl ModelConfig {
     pub fn validate(&self) -> Result<(), (&'static str, String)> {
         if self.name.trim().is_empty() {
             return Err(("name", "the model needs a name".into()));
+        }
+        if self.attention_kernel == (AttentionKernel::Causal { block: 0 }) {
+            return Err((
+                "attention_kernel",
+                "a causal kernel's block is at least 1 token".into(),
+            ));
         }
         for (field, value) in [
             ("layers", self.layers),

@@ -242,6 +242,7 @@ pub(crate) mod tests {
             logits_via_embedding: false,
             attention_width_is_embed: true,
             trainable_position_size: 0,
+            attention_kernel: crate::model::AttentionKernel::Full,
         }
     }
 

@@ -22,7 +22,9 @@ pub mod memory;
 pub mod programs;
 pub mod published;
 
-pub use config::{DecoderBlock, ModelConfig, ModelDType, RematPolicy, parameter_scales};
+pub use config::{
+    AttentionKernel, DecoderBlock, ModelConfig, ModelDType, RematPolicy, parameter_scales,
+};
 pub use error::ModelError;
 pub use flops::{
     FlopFormula, LayerMatmulFlops, ParameterCount, TrainingFlops,

@@ -11,7 +11,7 @@ pub const V5E_MXU_EFFICIENCY: f64 = 0.8117;
 
 /// v5p: fitted on MaxText's 32B model on one v5p-128 slice (328 TFLOP/s
 /// per chip, `MaxText/configs/v5p/README.md` at 76bd53b0).
-pub const V5P_MXU_EFFICIENCY: f64 = 0.7346;
+pub const V5P_MXU_EFFICIENCY: f64 = 0.7230;
 
 /// A generation with no fitted row: the mean of the fitted ones (a
 /// reported figure says it is uncalibrated).

@@ -4,8 +4,10 @@
 //! update — what `train --model` and `goodput --model` report.
 //!
 //! **Compute.** Per layer and device, the forward's matmul FLOPs are
-//! MaxText's per-matmul count ([`crate::model::flops`], the attention
-//! scores and values in full, as a dot-product attention computes them);
+//! MaxText's per-matmul count ([`crate::model::flops`]) with the
+//! attention's scores and values as the model's kernel computes them
+//! ([`hardware_matmul_flops`]: all of them, or a causal flash kernel's
+//! blocks on and below the diagonal);
 //! the backward's are twice the forward's, plus what the remat policy
 //! recomputes ([`recomputed_fraction`]); the logits and the loss run
 //! between the passes. A pass lasts the larger of its FLOPs at the
@@ -46,8 +48,8 @@ use thiserror::Error;
 use crate::hardware::TpuGeneration;
 use crate::ir::DType;
 use crate::model::{
-    FlopFormula, ModelConfig, ModelDType, ModelError, RematPolicy, activation_memory_per_layer,
-    layer_matmul_flops, parameter_count, training_flops_per_device,
+    FlopFormula, LayerMatmulFlops, ModelConfig, ModelDType, ModelError, RematPolicy,
+    activation_memory_per_layer, layer_matmul_flops, parameter_count, training_flops_per_device,
 };
 use crate::sharding::strategy_model::{
     DataReduction, StrategyOptions, StrategyStep, modeled_strategy_step,
@@ -228,13 +230,23 @@ pub struct ModelStep {
     pub strategy_step: StrategyStep,
 }
 
+/// A layer's forward matmul FLOPs as the hardware runs them: MaxText's
+/// per-matmul count ([`layer_matmul_flops`]) with the attention's scores
+/// and values at what the model's attention kernel computes
+/// ([`crate::model::AttentionKernel::computed_fraction`]).
+pub fn hardware_matmul_flops(config: &ModelConfig) -> LayerMatmulFlops {
+    let mut g = layer_matmul_flops(config);
+    g.attention *= config.attention_kernel.computed_fraction(config.seq_len);
+    g
+}
+
 /// The fraction of a layer's forward matmul FLOPs `policy` recomputes in
 /// the backward pass: `full` all of them; `none` and `minimal_flash`
 /// none; `minimal` the attention's (it saves the weight matmuls only);
 /// those that save some projections the rest (per group,
 /// [`layer_matmul_flops`]).
 pub fn recomputed_fraction(config: &ModelConfig, policy: RematPolicy) -> f64 {
-    let g = layer_matmul_flops(config);
+    let g = hardware_matmul_flops(config);
     let all = g.total();
     if all <= 0.0 {
         return 0.0;
@@ -418,7 +430,7 @@ fn layer_compute(
         seconds: (flops / flops_per_s).max(bytes / spec.hbm_bytes_per_s),
         tensor_seconds: 0.0,
     };
-    let forward_flops = layer_matmul_flops(config).total();
+    let forward_flops = hardware_matmul_flops(config).total();
     let fwd_bytes = forward_bytes(config, tensor);
     let t = config.tokens_per_device();
     let logits_matrix = config.vocab as f64 * config.embed as f64;
