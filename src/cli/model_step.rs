@@ -111,6 +111,11 @@ pub(super) fn modeled(args: &TrainArgs, config: &ModelConfig, topology: &Topolog
     if args.json {
         return output::print_json(&report);
     }
+    print_text(&step, topology, params, wall_seconds)
+}
+
+/// The model step's report as text.
+fn print_text(step: &ModelStep, topology: &Topology, params: u64, wall_seconds: f64) -> Result<()> {
     let fits = match &step.not_fitting {
         None => "fits in HBM".to_string(),
         Some(why) => format!("does not fit: {why}"),
