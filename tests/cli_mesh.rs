@@ -279,12 +279,17 @@ fn bad_layouts_are_usage_errors_naming_the_axis_and_the_pod() {
     );
     // Checked before any work: a real run with a bad mesh builds no pod.
     assert_usage(&["train", "v4-64", "--mesh", "data=3"], &["data=3"]);
-    // A huge prefetch holds no more than the model's buckets (one here).
+    // Past the limit: refused, naming it.
+    assert_usage(
+        &modeled(&["--strategy", "fsdp", "--prefetch", "1e18"]),
+        &["--prefetch", "4096"],
+    );
+    // A prefetch past the model's buckets holds no more than they (one here).
     let r = json(&modeled(&[
         "--strategy",
         "fsdp",
         "--prefetch",
-        "1e18",
+        "4096",
         "--json",
     ]));
     let kinds = &r["hbm_by_kind"];

@@ -715,7 +715,10 @@ fn the_default_step_under_redundant_recovery_pays_for_its_copies() {
         .step_seconds
     };
     assert_eq!(rollback, spare);
-    assert_eq!(rollback, step(RecoveryPolicy::Rollback));
-    assert_eq!(redundant, step(RecoveryPolicy::Redundant));
+    // The closed form jumps over its 150 equal buckets once they repeat:
+    // the bucket-by-bucket schedule's figure to rounding.
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-12 * b;
+    assert!(close(rollback, step(RecoveryPolicy::Rollback)));
+    assert!(close(redundant, step(RecoveryPolicy::Redundant)));
     assert!(redundant > rollback, "{redundant} s vs {rollback} s");
 }

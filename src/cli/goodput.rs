@@ -6,7 +6,9 @@
 //! than a step) is a usage error too: nothing has been simulated then.
 
 use super::output::{self, plural};
-use super::parse::{MAX_SECONDS, number, parse_count, parse_positive, parse_seconds, usage};
+use super::parse::{
+    MAX_SECONDS, number, parse_count, parse_positive, parse_prefetch, parse_seconds, usage,
+};
 use super::progress;
 use anyhow::Result;
 use clap::Args;
@@ -16,7 +18,8 @@ use optirs_tpu::goodput::{
     DEFAULT_RESTART_SECONDS, FailureUnit, Fleet, GoodputConfig, GoodputError, GoodputReport,
     MAX_DAYS, modeled_step_seconds, parse_recovery, simulate_with_progress,
 };
-use optirs_tpu::sharding::RecoveryPolicy;
+use optirs_tpu::sharding::strategy_model::DataReduction;
+use optirs_tpu::sharding::{RecoveryPolicy, Strategy};
 use optirs_tpu::topology::{DEFAULT_PRESET, load_topology};
 use std::time::Instant;
 
@@ -30,11 +33,34 @@ pub struct GoodputArgs {
           required_unless_present = "model", conflicts_with = "model")]
     model_params: Option<usize>,
     /// A transformer (a bundled name such as maxtext-v5e-16b or
-    /// gpt3-175b, or a RON model file): its whole step on the pod (fsdp on
-    /// the default mesh) becomes the step, and its parameters the
-    /// checkpoint's; --step-seconds still overrides the step.
+    /// gpt3-175b, or a RON model file): its whole step on the pod under
+    /// --strategy, --mesh, --prefetch and --data-reduction (as train takes
+    /// them) becomes the step, and its parameters the checkpoint's;
+    /// --step-seconds still overrides the step. A model that does not fit
+    /// the layout is refused (a run that cannot start has no goodput).
     #[arg(long, value_name = "NAME|FILE")]
     model: Option<String>,
+    /// With --model: how the model is split over the mesh: replicated,
+    /// zero2 or fsdp [default: fsdp, MaxText's].
+    #[arg(long)]
+    strategy: Option<Strategy>,
+    /// With --model: the device mesh, `data=D,fsdp=F,tensor=T` (as train;
+    /// default: fsdp over every chip of a slice, data over the slices).
+    #[arg(long, value_name = "SPEC")]
+    mesh: Option<String>,
+    /// With --model and fsdp: gathered buckets ahead of the one in use
+    /// (default 1).
+    #[arg(long, value_name = "N", value_parser = parse_prefetch,
+          allow_negative_numbers = true)]
+    prefetch: Option<usize>,
+    /// With --model: when the gradients' all-reduce over the data axis
+    /// runs: after-backward (default) or overlapped.
+    #[arg(long, value_name = "WHEN")]
+    data_reduction: Option<DataReduction>,
+    /// With --model: model a layout that does not fit each device's HBM
+    /// anyway, rather than refuse it.
+    #[arg(long)]
+    allow_overflow: bool,
     /// Mean time between failures of one failure unit (one chip, or one
     /// host with --failure-unit host), hours. The pod fails every
     /// MTBF / units on average.
@@ -169,6 +195,19 @@ fn parse_interval(text: &str) -> Result<CheckpointInterval, String> {
 /// Refuses an option the run would not use: accepting it silently would
 /// let a user believe it changed the figures.
 fn refuse_ignored(args: &GoodputArgs) -> Result<()> {
+    let layout = [
+        ("--strategy", args.strategy.is_some()),
+        ("--mesh", args.mesh.is_some()),
+        ("--prefetch", args.prefetch.is_some()),
+        ("--data-reduction", args.data_reduction.is_some()),
+        ("--allow-overflow", args.allow_overflow),
+    ];
+    if let (None, Some((flag, _))) = (&args.model, layout.iter().find(|f| f.1)) {
+        return Err(usage(format!(
+            "{flag} lays out a transformer's step and needs --model; --model-params models the \
+             pod's sharded optimizer step on its default mesh"
+        )));
+    }
     if args.cube_repair_hours.is_some() && args.recovery != RecoveryPolicy::SpareCube {
         return Err(usage(format!(
             "--cube-repair-hours applies to --recovery spare-cube only, and this run is {}",
@@ -181,6 +220,16 @@ fn refuse_ignored(args: &GoodputArgs) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// The recovery policy whose per-step costs a modeled step carries:
+/// spare-cube's is rollback's (its cube check belongs to the failure
+/// model, which falls back to rollback without a spare).
+fn per_step_recovery(recovery: RecoveryPolicy) -> RecoveryPolicy {
+    match recovery {
+        RecoveryPolicy::Redundant => RecoveryPolicy::Redundant,
+        RecoveryPolicy::Rollback | RecoveryPolicy::SpareCube => RecoveryPolicy::Rollback,
+    }
 }
 
 /// A refusal of the library's input checks: nothing was simulated, and
@@ -198,7 +247,20 @@ pub fn goodput(args: GoodputArgs) -> Result<()> {
     let topology = load_topology(&args.pod)?;
     let fleet = Fleet::from_topology(&topology)?;
     let model = match &args.model {
-        Some(spec) => Some(super::model_step::goodput_step(spec, &topology)?),
+        Some(spec) => {
+            let layout = super::model_step::ModelLayout {
+                strategy: args.strategy.unwrap_or(Strategy::Fsdp),
+                mesh: args.mesh.as_deref(),
+                prefetch: args.prefetch,
+                data_reduction: args.data_reduction,
+                recovery: per_step_recovery(args.recovery),
+                optimizer: &args.optimizer,
+                record_spans: false,
+            };
+            let (step, params) =
+                super::model_step::goodput_step(spec, &topology, &layout, args.allow_overflow)?;
+            Some((step.step_seconds, params))
+        }
         None => None,
     };
     let params = match (model, args.model_params) {

@@ -1,13 +1,16 @@
 //! `--model NAME|FILE` for `train` and `goodput`: a transformer's whole
-//! step on the pod (`optirs_tpu::step_model`).
+//! step on the pod (`optirs_tpu::step_model`) under the layout both take
+//! (`--strategy`, `--mesh`, `--prefetch`, `--data-reduction`,
+//! `--recovery`, `--optimizer`).
 
 use super::output;
 use super::parse::usage;
 use super::train::TrainArgs;
 use anyhow::Result;
 use optirs_tpu::model::{BUNDLED_NAMES, ModelConfig, bundled, parameter_count};
-use optirs_tpu::sharding::MeshAxisName;
+use optirs_tpu::optimizers::UpdateCost;
 use optirs_tpu::sharding::strategy_model::DataReduction;
+use optirs_tpu::sharding::{Mesh, MeshAxisName, RecoveryPolicy, Strategy};
 use optirs_tpu::step_model::{ModelStep, ModelStepOptions, model_step};
 use optirs_tpu::topology::Topology;
 use serde_json::json;
@@ -39,35 +42,97 @@ pub(super) fn tensor_sizes(config: &ModelConfig) -> Vec<usize> {
         .collect()
 }
 
-/// The model's step on `topology` under `train`'s strategy, mesh, prefetch
-/// and recovery.
+/// A transformer's layout and optimizer as `train` and `goodput` take them.
+pub(super) struct ModelLayout<'a> {
+    pub(super) strategy: Strategy,
+    /// `--mesh`, or the pod's default mesh.
+    pub(super) mesh: Option<&'a str>,
+    pub(super) prefetch: Option<usize>,
+    pub(super) data_reduction: Option<DataReduction>,
+    pub(super) recovery: RecoveryPolicy,
+    /// `--optimizer`.
+    pub(super) optimizer: &'a str,
+    /// Keep every layer's spans (`--trace`).
+    pub(super) record_spans: bool,
+}
+
+impl ModelLayout<'_> {
+    /// The step model's options on `topology`: a mesh that does not lay
+    /// out, or `--prefetch` without fsdp, is a usage error.
+    fn options(&self, topology: &Topology) -> Result<ModelStepOptions> {
+        if let (Some(n), false) = (self.prefetch, self.strategy == Strategy::Fsdp) {
+            return Err(usage(format!(
+                "--prefetch {n} sets how many gathered buckets fsdp keeps in flight; \
+                 --strategy {} gathers no parameters before use: drop --prefetch or use \
+                 --strategy fsdp",
+                self.strategy
+            )));
+        }
+        let mesh = match self.mesh {
+            Some(spec) => Mesh::parse_split(spec, topology)
+                .map_err(|e| usage(format!("--mesh {spec}: {e}")))?,
+            None => Mesh::default_for(topology),
+        };
+        let kind = optirs_tpu::optimizers::kind_by_name(self.optimizer)
+            .map_err(|e| usage(format!("--optimizer {}: {e}", self.optimizer)))?;
+        let defaults = ModelStepOptions::new(topology);
+        Ok(ModelStepOptions {
+            strategy: self.strategy,
+            mesh,
+            prefetch: self.prefetch.unwrap_or(defaults.prefetch),
+            recovery: self.recovery,
+            record_spans: self.record_spans,
+            data_reduction: self.data_reduction.unwrap_or(defaults.data_reduction),
+            optimizer: UpdateCost::of(kind),
+            ..defaults
+        })
+    }
+
+    /// `config`'s step on `topology` under this layout.
+    pub(super) fn step(&self, config: &ModelConfig, topology: &Topology) -> Result<ModelStep> {
+        model_step(config, topology, &self.options(topology)?)
+            .map_err(|e| usage(format!("--model {}: {e}", config.name)))
+    }
+}
+
+/// The model's step on `topology` under `train`'s strategy, mesh, prefetch,
+/// recovery and optimizer.
 pub(super) fn step_of(
     config: &ModelConfig,
     topology: &Topology,
     args: &TrainArgs,
 ) -> Result<ModelStep> {
-    let options = ModelStepOptions {
+    ModelLayout {
         strategy: args.strategy,
-        mesh: args.mesh_on(topology)?,
-        prefetch: args.prefetch.unwrap_or(1),
+        mesh: args.mesh.as_deref(),
+        prefetch: args.prefetch,
+        data_reduction: args.data_reduction,
         recovery: args.recovery,
+        optimizer: &args.optimizer,
         record_spans: args.trace.is_some(),
-        data_reduction: args
-            .data_reduction
-            .unwrap_or(ModelStepOptions::new(topology).data_reduction),
-        ..ModelStepOptions::new(topology)
-    };
-    model_step(config, topology, &options)
-        .map_err(|e| usage(format!("--model {}: {e}", config.name)))
+    }
+    .step(config, topology)
 }
 
-/// `goodput --model`: its step seconds (fsdp on the pod's default mesh,
-/// as MaxText runs) and its parameters.
-pub(super) fn goodput_step(spec: &str, topology: &Topology) -> Result<(f64, u64)> {
+/// `goodput --model`: the model's step under `layout` and its parameters.
+/// A step that does not fit is refused with `train`'s message (a run that
+/// cannot start has no goodput) unless `allow_overflow`.
+pub(super) fn goodput_step(
+    spec: &str,
+    topology: &Topology,
+    layout: &ModelLayout,
+    allow_overflow: bool,
+) -> Result<(ModelStep, u64)> {
     let config = load_model(spec)?;
-    let step = model_step(&config, topology, &ModelStepOptions::new(topology))
-        .map_err(|e| usage(format!("--model {spec}: {e}")))?;
-    Ok((step.step_seconds, parameter_count(&config).total()))
+    let step = layout.step(&config, topology)?;
+    if let (Some(why), false) = (&step.not_fitting, allow_overflow) {
+        return Err(usage(format!(
+            "--model {spec} on {}: does not fit: {why}; a run that cannot start has no goodput \
+             (choose a layout that fits, or --allow-overflow to model it anyway)",
+            topology.name
+        )));
+    }
+    Ok((step, parameter_count(&config).total()))
 }
 
 /// `train --model --modeled-only`: the report of the model's step.
@@ -88,11 +153,15 @@ pub(super) fn modeled(args: &TrainArgs, config: &ModelConfig, topology: &Topolog
         "mesh": step.mesh,
         "recovery": args.recovery.to_string(),
         "data_reduction": step.data_reduction.name(),
+        "optimizer": step.optimizer,
         "tokens_per_device": step.tokens_per_device,
         "step_seconds": step.step_seconds,
         "tokens_per_s_per_chip": step.tokens_per_s_per_chip,
         "tflops_per_chip": step.tflops_per_chip,
         "mfu": step.mfu,
+        "flop_formula": step.flop_formula,
+        "hardware_tflops_per_chip": step.hardware_tflops_per_chip,
+        "hardware_utilization": step.hardware_utilization,
         "mxu_efficiency": step.efficiency,
         "calibrated": step.calibrated,
         "model_flops_per_device": step.model_flops_per_device,
@@ -102,8 +171,10 @@ pub(super) fn modeled(args: &TrainArgs, config: &ModelConfig, topology: &Topolog
         "phases": step.phases,
         "layer": step.layer,
         "hbm_by_kind": step.hbm,
+        "hbm_types": step.hbm_types,
         "hbm_bytes_per_device": step.hbm.total,
         "hbm_capacity_bytes": topology.hbm_bytes,
+        "hbm_margin_bytes": step.hbm.margin,
         "fits_in_hbm": step.fits_in_hbm,
         "not_fitting": step.not_fitting,
         "wall_seconds": wall_seconds,
@@ -124,7 +195,8 @@ fn print_text(step: &ModelStep, topology: &Topology, params: u64, wall_seconds: 
     writeln!(
         out,
         "modeled {} ({} parameters) on {} ({}), {} on mesh {}: step {}, {:.0} tokens/s/chip, \
-         {:.1} TFLOP/s/chip, MFU {:.1} % (MXU efficiency {}{}), modeled in {} wall",
+         MFU {:.1} % ({:.1} TFLOP/s/chip by {}), hardware {:.1} % of the bf16 peak (MXU \
+         efficiency {}{}), modeled in {} wall",
         step.model,
         params,
         topology.name,
@@ -133,8 +205,10 @@ fn print_text(step: &ModelStep, topology: &Topology, params: u64, wall_seconds: 
         step.mesh,
         output::seconds(step.step_seconds),
         step.tokens_per_s_per_chip,
-        step.tflops_per_chip,
         step.mfu * 100.0,
+        step.tflops_per_chip,
+        step.flop_formula.name(),
+        step.hardware_utilization * 100.0,
         step.efficiency,
         if step.calibrated {
             ""
@@ -142,6 +216,18 @@ fn print_text(step: &ModelStep, topology: &Topology, params: u64, wall_seconds: 
             ", uncalibrated"
         },
         output::seconds(wall_seconds),
+    )?;
+    let o = &step.optimizer;
+    writeln!(
+        out,
+        "  {} update of {} parameters a device ({} state slots): {} ({} at HBM bandwidth, \
+         {:.3} GFLOP)",
+        o.name,
+        o.elements,
+        o.slots,
+        output::seconds(o.seconds),
+        optirs_tpu::sharding::strategy::decimal_bytes(o.bytes as u64),
+        o.flops / 1e9,
     )?;
     writeln!(
         out,
@@ -187,11 +273,24 @@ fn print_text(step: &ModelStep, topology: &Topology, params: u64, wall_seconds: 
             output::seconds(dcn.seconds),
         )?;
     }
+    let h = &step.hbm;
+    let bytes = optirs_tpu::sharding::strategy::decimal_bytes;
+    let left = if h.margin >= 0 {
+        format!("{} left", bytes(h.margin as u64))
+    } else {
+        format!("{} over", bytes(h.margin.unsigned_abs()))
+    };
     writeln!(
         out,
-        "  HBM per device {} of {}: {fits}",
-        optirs_tpu::sharding::strategy::decimal_bytes(step.hbm.total),
-        optirs_tpu::sharding::strategy::decimal_bytes(topology.hbm_bytes),
+        "  HBM per device at the step's peak {} of {} ({left}): weights, gradients and state {}, \
+         fsdp buffers {}, activations {} (remat {}), logits or a layer's backward {}: {fits}",
+        bytes(h.total),
+        bytes(topology.hbm_bytes),
+        bytes(h.params + h.grads + h.state + h.master + h.redundant),
+        bytes(h.gathered + h.gradient_bucket),
+        bytes(h.activations),
+        step.remat.name(),
+        bytes(h.logits.max(h.layer_working)),
     )?;
     Ok(())
 }

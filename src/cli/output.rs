@@ -231,10 +231,15 @@ pub fn seconds(value: f64) -> String {
     }
 }
 
-/// Formats a byte count with a binary unit: `1.27 TiB`, `512 B`.
-pub fn bytes(value: u64) -> String {
+/// Formats a byte count with a binary unit: `1.27 TiB`, `512 B` (a
+/// model's traffic may pass 2^64 bytes: `10.66 ZiB`).
+pub fn bytes(value: impl Into<u128>) -> String {
+    let value: u128 = value.into();
     let units = [
-        (1u64 << 50, "PiB"),
+        (1u128 << 80, "YiB"),
+        (1 << 70, "ZiB"),
+        (1 << 60, "EiB"),
+        (1 << 50, "PiB"),
         (1 << 40, "TiB"),
         (1 << 30, "GiB"),
         (1 << 20, "MiB"),
@@ -345,9 +350,12 @@ mod tests {
     #[test]
     fn sizes_and_counts_read_as_a_person_writes_them() {
         use super::{bytes, plural};
-        assert_eq!(bytes(512), "512 B");
-        assert_eq!(bytes(1_400_156_250_112), "1.27 TiB");
-        assert_eq!(bytes(10 << 20), "10.00 MiB");
+        assert_eq!(bytes(512u64), "512 B");
+        assert_eq!(bytes(1_400_156_250_112u64), "1.27 TiB");
+        assert_eq!(bytes(10u64 << 20), "10.00 MiB");
+        // A model's traffic past 2^64 bytes.
+        assert_eq!(bytes(5u128 << 60), "5.00 EiB");
+        assert_eq!(bytes(3u128 << 70), "3.00 ZiB");
         assert_eq!(plural(1, "step", "steps"), "1 step");
         assert_eq!(plural(0, "step", "steps"), "0 steps");
     }

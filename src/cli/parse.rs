@@ -31,14 +31,24 @@ pub fn is_usage(error: &anyhow::Error) -> bool {
 }
 
 /// `--prefetch`: a whole number from 0 (`1e3` reads as 1000, as every
-/// count does).
+/// count does) up to [`MAX_PREFETCH`].
+///
+/// [`MAX_PREFETCH`]: optirs_tpu::sharding::residency::MAX_PREFETCH
 pub fn parse_prefetch(text: &str) -> Result<usize, String> {
+    use optirs_tpu::sharding::residency::MAX_PREFETCH;
     if text.trim() == "0" {
         return Ok(0);
     }
-    parse_count(text).map_err(|_| {
+    let n = parse_count(text).map_err(|_| {
         format!("`{text}` is not a whole number from 0 like 0, 1 or 4 (gathers ahead of use)")
-    })
+    })?;
+    if n > MAX_PREFETCH {
+        return Err(format!(
+            "`{text}` is more than {MAX_PREFETCH}: an fsdp step gathers at most {MAX_PREFETCH} \
+             buckets ahead of the one in use (each is a bucket of HBM; 1 or 2 is usual)"
+        ));
+    }
+    Ok(n)
 }
 
 /// A positive whole number: `4096`, `10_000_000`, `1e7`, `2.5e6`.

@@ -17,9 +17,11 @@ use clap::builder::PossibleValuesParser;
 use ndarray::{ArrayD, IxDyn};
 use optirs_tpu::Pod;
 use optirs_tpu::health::Fault;
-use optirs_tpu::sharding::strategy_model::{DataReduction, StrategyOptions, modeled_strategy_step};
+use optirs_tpu::sharding::strategy_model::{
+    DataReduction, StepOrder, StrategyOptions, WideBytes, modeled_strategy_step, wide_map,
+};
 use optirs_tpu::sharding::{
-    DEFAULT_BUCKET_BYTES, Mesh, ParamSet, RecoveryPolicy, Reduction, Strategy,
+    DEFAULT_BUCKET_BYTES, Mesh, ParamSet, RecoveryPolicy, Reduction, ShardingError, Strategy,
 };
 use optirs_tpu::topology::{DEFAULT_PRESET, DeviceId, load_topology};
 use optirs_tpu::training::{Outcome, Resumed, RunError, RunPlan, ShardedOptimizer, ShardingConfig};
@@ -732,6 +734,8 @@ fn modeled_only(args: &TrainArgs, sizes: &[usize]) -> Result<()> {
         record_spans: false,
         // As the real run it stands for, which `tests/modeled.rs` holds it to.
         data_reduction: DataReduction::Overlapped,
+        order: StepOrder::Optimizer,
+        collective_element_bytes: None,
     };
     let modeling = Instant::now();
     let step = modeled_strategy_step(
@@ -742,7 +746,13 @@ fn modeled_only(args: &TrainArgs, sizes: &[usize]) -> Result<()> {
         args.bucket_bytes,
         &options,
     )
-    .map_err(optirs_tpu::OptimError::from)?;
+    .map_err(|e| match e {
+        // The closed form's own limits: the input is what has to change.
+        ShardingError::TooLargeToModel { .. } | ShardingError::Prefetch { .. } => {
+            usage(format!("--params: {e}"))
+        }
+        other => optirs_tpu::OptimError::from(other).into(),
+    })?;
     let wall_seconds = modeling.elapsed().as_secs_f64();
     args.refuse_real_run_only(false)?;
     let not_fitting = step.fits(topology.hbm_bytes).err();
@@ -764,14 +774,14 @@ fn modeled_only(args: &TrainArgs, sizes: &[usize]) -> Result<()> {
         "step_modeled_seconds": step.step_seconds,
         "simulated_seconds": simulated_seconds,
         "phases": step.phases,
-        "phase_bytes": step.phase_bytes,
+        "phase_bytes": wide_map(&step.phase_bytes),
         "axes": step.axes,
         "hbm_bytes_per_device": step.hbm_bytes_per_device,
         "hbm_by_kind": step.memory,
         "hbm_capacity_bytes": topology.hbm_bytes,
         "fits_in_hbm": not_fitting.is_none(),
         "not_fitting": not_fitting.as_ref().map(|e| e.to_string()),
-        "link_bytes": step.link_bytes,
+        "link_bytes": WideBytes(step.link_bytes),
         "topology_seconds": loaded,
         "wall_seconds": wall_seconds,
     });

@@ -15,7 +15,8 @@ use crate::hardware::{
     CHECKPOINT_READ_BYTES_PER_S_PER_HOST, HOST_COPY_BYTES_PER_S_PER_CHIP, TpuGeneration,
     checkpoint_io_seconds,
 };
-use crate::sharding::{DEFAULT_BUCKET_BYTES, RecoveryPolicy};
+use crate::sharding::strategy_model::{StrategyOptions, modeled_strategy_step};
+use crate::sharding::{DEFAULT_BUCKET_BYTES, RecoveryPolicy, Strategy};
 use crate::topology::Topology;
 use crate::topology::resolve::DEFAULT_HEARTBEAT_TIMEOUT_NS;
 
@@ -546,14 +547,11 @@ impl Costs {
     }
 }
 
-/// Largest tensor the modeled step is given: the model is split into
-/// tensors of at most this many elements (the closed form only needs their
-/// sizes; a bucket never spans more than its size anyway).
-const MODELED_TENSOR_ELEMENTS: u64 = 1 << 30;
-
 /// The pod's modeled sharded optimizer step for a model of `params` f32
-/// parameters with `slots` state slots ([`crate::sharding::modeled`]: the
-/// reduce-scatter, the update and the all-gather in closed form). It is
+/// parameters with `slots` state slots (replicated on the pod's default
+/// mesh, [`crate::sharding::strategy_model`]: the reduce-scatter, the
+/// update and the all-gather in closed form, in the time a small model
+/// takes however large it is; [`crate::sharding::modeled`]'s figure). It is
 /// the step the crate models; a real step's forward and backward passes
 /// are not in it (give the whole step's time as `step_seconds` instead).
 /// Under `recovery` redundant the step also copies every state shard to
@@ -568,27 +566,27 @@ pub fn modeled_step_seconds(
     if params == 0 {
         return Err(GoodputError::NoParameters);
     }
-    let tensors: Vec<(String, Vec<usize>)> = (0..params.div_ceil(MODELED_TENSOR_ELEMENTS))
-        .map(|i| {
-            let n = (params - i * MODELED_TENSOR_ELEMENTS).min(MODELED_TENSOR_ELEMENTS);
-            (format!("param{i}"), vec![n as usize])
-        })
-        .collect();
+    let elements = usize::try_from(params).unwrap_or(usize::MAX);
+    let tensors = [("params".to_string(), vec![elements])];
     // Spare-cube's per-step cost is rollback's; its cube check belongs to
     // the failure model, which falls back to rollback without a spare.
     let per_step = match recovery {
         RecoveryPolicy::Redundant => RecoveryPolicy::Redundant,
         RecoveryPolicy::Rollback | RecoveryPolicy::SpareCube => RecoveryPolicy::Rollback,
     };
-    crate::sharding::modeled::modeled_step_with_recovery(
+    let options = StrategyOptions {
+        recovery: per_step,
+        ..StrategyOptions::new(Strategy::Replicated, topology)
+    };
+    modeled_strategy_step(
         topology,
         &tensors,
         crate::ir::DType::F32,
         slots,
         DEFAULT_BUCKET_BYTES,
-        per_step,
+        &options,
     )
-    .map(|step| step.timeline.step_seconds)
+    .map(|step| step.step_seconds)
     .map_err(|source| GoodputError::Step {
         source: StepModelError(Arc::new(source)),
     })

@@ -42,6 +42,18 @@ pub enum FlopFormula {
     MatmulsCausal,
 }
 
+impl FlopFormula {
+    /// The name reports and model files use (`matmuls_causal`).
+    pub fn name(self) -> &'static str {
+        match self {
+            FlopFormula::ParamsFullAttention => "params_full_attention",
+            FlopFormula::ParamsCausalAttention => "params_causal_attention",
+            FlopFormula::Matmuls => "matmuls",
+            FlopFormula::MatmulsCausal => "matmuls_causal",
+        }
+    }
+}
+
 /// Training FLOPs of one step on one device, split as MaxText splits them.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct TrainingFlops {

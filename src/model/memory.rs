@@ -1,6 +1,14 @@
 //! Activation memory a training step keeps per decoder layer, by remat
-//! policy: what the policy saves, per token, times the tokens on a device,
-//! times the activation dtype's size.
+//! policy: what the backward pass reads that the policy saves, per token,
+//! times the tokens on a device, times the activation dtype's size.
+//!
+//! A remat policy (`jax.checkpoint`'s) chooses among the *residuals*, the
+//! forward values the backward pass reads; a value nothing in the backward
+//! reads is neither saved nor recomputed, whatever the policy names. So
+//! the output projection of a parallel block (MaxText's `default`: it is
+//! only added to the residual) and every block's `mlpwo` (likewise) are
+//! never kept; a sequential block's output projection is (the
+//! post-attention norm's input is the residual plus it).
 //!
 //! Per token, in elements (`e` embed, `h`/`kv` heads, `d` head_dim, `m`
 //! mlp_dim, `n` MLP input matrices):
@@ -9,17 +17,27 @@
 //! |---|---|---|
 //! | layer input (scan carry) | `e` | every policy |
 //! | `query_proj`, `key_proj`, `value_proj` | `(h + 2 kv) d` | minimal, minimal_flash, save_dot_except_mlpwi, save_dot_except_mlp, save_qkv_proj, none (host: qkv_proj_offloaded, minimal_offloaded) |
-//! | `out_proj` | `e` | minimal, minimal_flash, save_dot_except_mlpwi, save_dot_except_mlp, save_out_proj, none (host: minimal_offloaded) |
+//! | `out_proj` (sequential blocks: `llama2`, `gpt3`) | `e` | minimal, minimal_flash, save_dot_except_mlpwi, save_dot_except_mlp, save_out_proj, none (host: minimal_offloaded) |
 //! | MLP input matmuls (`n` of them) | `n m` | minimal, minimal_flash, none (host: minimal_offloaded) |
-//! | `mlpwo` | `e` | minimal, minimal_flash, save_dot_except_mlpwi, none (host: minimal_offloaded) |
 //! | attention output (`context`) | `h d` | minimal_flash, none |
-//! | the two norm outputs and the gated product `mlpwi` | `2 e + m` | none |
+//! | the norm outputs (one in a parallel block, two in a sequential one) and the MLP activation's output | `norms · e + m` | none |
 //!
 //! `none` is a floor: XLA keeps whatever else the backward pass reads
 //! (softmax statistics, the score matrix under dot-product attention),
-//! which depends on the attention kernel. The step model adds
-//! `device_bytes × layers` to HBM; a sequence-sharded or tensor-sharded
-//! layout divides it further, which is the step model's business.
+//! which depends on the attention kernel.
+//!
+//! **Sharding.** MaxText shards the activations' batch over `data` and
+//! `fsdp` and their embedding, heads and MLP width over `tensor`
+//! (`activation_batch`, `activation_embed`, `activation_heads`,
+//! `activation_mlp`): a tensor group of `t` devices holds `t` devices'
+//! sequences, each device `1/t` of every width. A device therefore keeps
+//! `tokens_per_device × elements` whatever `t`, which is what this module
+//! counts.
+//!
+//! Beside the saved activations, the backward pass of one layer holds that
+//! layer's rematerialized intermediates and gradients
+//! ([`layer_working_set`]), and the loss holds the logits
+//! ([`logits_buffers`]); `step_model` puts them in its HBM account.
 
 use super::config::{ModelConfig, RematPolicy};
 
@@ -42,30 +60,53 @@ pub fn activation_memory_per_layer(config: &ModelConfig) -> ActivationMemory {
     activation_memory_per_layer_with(config, config.remat)
 }
 
+/// One layer's residuals per token, in elements, by tensor (the table in
+/// the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Residuals {
+    input: u64,
+    qkv: u64,
+    out: u64,
+    mlp_in: u64,
+    context: u64,
+    /// The norm outputs and the MLP activation's output.
+    rest: u64,
+}
+
+fn residuals(config: &ModelConfig) -> Residuals {
+    let e = config.embed;
+    let sequential = !config.decoder_block.is_parallel();
+    Residuals {
+        input: e,
+        qkv: (config.heads + 2 * config.kv_heads) * config.head_dim,
+        out: if sequential { e } else { 0 },
+        mlp_in: config.mlp_activations.len() as u64 * config.mlp_dim,
+        context: config.heads * config.head_dim,
+        rest: if sequential { 2 * e } else { e } + config.mlp_dim,
+    }
+}
+
 /// One layer's saved activations under `policy`.
 pub fn activation_memory_per_layer_with(
     config: &ModelConfig,
     policy: RematPolicy,
 ) -> ActivationMemory {
-    let e = config.embed;
-    let qkv = (config.heads + 2 * config.kv_heads) * config.head_dim;
-    let mlp_in = config.mlp_activations.len() as u64 * config.mlp_dim;
-    let context = config.heads * config.head_dim;
-    let minimal = qkv + e + mlp_in + e;
+    let r = residuals(config);
+    let minimal = r.qkv + r.out + r.mlp_in;
     let (device, host) = match policy {
         RematPolicy::Full => (0, 0),
         RematPolicy::Minimal => (minimal, 0),
-        RematPolicy::MinimalFlash => (minimal + context, 0),
+        RematPolicy::MinimalFlash => (minimal + r.context, 0),
         RematPolicy::MinimalOffloaded => (0, minimal),
-        RematPolicy::SaveDotExceptMlpwi => (qkv + e + e, 0),
-        RematPolicy::SaveDotExceptMlp => (qkv + e, 0),
-        RematPolicy::SaveQkvProj => (qkv, 0),
-        RematPolicy::QkvProjOffloaded => (0, qkv),
-        RematPolicy::SaveOutProj => (e, 0),
-        RematPolicy::None => (minimal + context + 2 * e + config.mlp_dim, 0),
+        // `mlpwo`, which save_dot_except_mlpwi also names, is no residual.
+        RematPolicy::SaveDotExceptMlpwi | RematPolicy::SaveDotExceptMlp => (r.qkv + r.out, 0),
+        RematPolicy::SaveQkvProj => (r.qkv, 0),
+        RematPolicy::QkvProjOffloaded => (0, r.qkv),
+        RematPolicy::SaveOutProj => (r.out, 0),
+        RematPolicy::None => (minimal + r.context + r.rest, 0),
     };
     // The layer input is the scan's carry, kept under every policy.
-    let device = device + e;
+    let device = device + r.input;
     let bytes_per_token = config.tokens_per_device() * config.activation_dtype.byte_size() as f64;
     ActivationMemory {
         device_elements_per_token: device,
@@ -73,6 +114,27 @@ pub fn activation_memory_per_layer_with(
         device_bytes: device as f64 * bytes_per_token,
         host_bytes: host as f64 * bytes_per_token,
     }
+}
+
+/// Bytes one layer's backward pass holds on a device besides the saved
+/// activations: every residual of the layer (rematerialized, or saved and
+/// brought back), the gradient of the MLP's input activations (its widest)
+/// and of the layer's output, in the activation dtype.
+pub fn layer_working_set(config: &ModelConfig) -> f64 {
+    let r = residuals(config);
+    let all = r.input + r.qkv + r.out + r.mlp_in + r.context + r.rest;
+    let gradients = r.mlp_in + config.embed;
+    (all + gradients) as f64
+        * config.tokens_per_device()
+        * config.activation_dtype.byte_size() as f64
+}
+
+/// Bytes of the loss's buffers on a device: the logits in `f32` (MaxText
+/// computes them and the cross-entropy in `float32`) and their gradient,
+/// `tokens × vocab` each (the vocabulary sharded over `tensor` like every
+/// width).
+pub fn logits_buffers(config: &ModelConfig) -> f64 {
+    2.0 * config.tokens_per_device() * config.vocab as f64 * 4.0
 }
 
 #[cfg(test)]
@@ -96,7 +158,11 @@ mod tests {
         let kept = |p| activation_memory_per_layer_with(&config, p).device_elements_per_token;
         assert!(kept(RematPolicy::Full) < kept(RematPolicy::SaveOutProj));
         assert!(kept(RematPolicy::SaveQkvProj) < kept(RematPolicy::SaveDotExceptMlp));
-        assert!(kept(RematPolicy::SaveDotExceptMlp) < kept(RematPolicy::SaveDotExceptMlpwi));
+        // `mlpwo` is no residual: naming it saves nothing more.
+        assert_eq!(
+            kept(RematPolicy::SaveDotExceptMlp),
+            kept(RematPolicy::SaveDotExceptMlpwi)
+        );
         assert!(kept(RematPolicy::SaveDotExceptMlpwi) < kept(RematPolicy::Minimal));
         assert!(kept(RematPolicy::Minimal) < kept(RematPolicy::MinimalFlash));
         assert!(kept(RematPolicy::MinimalFlash) < kept(RematPolicy::None));
@@ -107,11 +173,38 @@ mod tests {
             offloaded.host_elements_per_token + kept(RematPolicy::Full),
             kept(RematPolicy::Minimal)
         );
-        // Llama 2 70B, minimal: qkv (64+16)*128 = 10240, out 8192, wi 2*28672,
-        // wo 8192, input 8192.
+        // Llama 2 70B (sequential), minimal: qkv (64+16)*128 = 10240, out
+        // 8192 (the post-attention norm reads the residual plus it), wi
+        // 2*28672, input 8192; not wo, which only the residual reads.
+        assert_eq!(kept(RematPolicy::Minimal), 10240 + 8192 + 57344 + 8192);
+    }
+
+    #[test]
+    fn a_parallel_block_keeps_neither_output_projection() {
+        // MaxText's 32B on v5p (`default` block): qkv (32+64)*256, wi
+        // 32768, input 10240; both projections only feed the residual.
+        let config = bundled("maxtext-v5p-32b").unwrap();
+        let m = activation_memory_per_layer_with(&config, RematPolicy::Minimal);
+        assert_eq!(m.device_elements_per_token, 24576 + 32768 + 10240);
+        // 16384 tokens a device, bf16.
+        assert_eq!(m.device_bytes, 67584.0 * 16384.0 * 2.0);
+        let none = activation_memory_per_layer_with(&config, RematPolicy::None);
+        // Plus the context (32*256), one norm and the activation's output.
+        assert_eq!(none.device_elements_per_token, 67584 + 8192 + 10240 + 32768);
+    }
+
+    #[test]
+    fn the_working_set_and_the_logits_are_per_token() {
+        let config = bundled("maxtext-v5p-32b").unwrap();
+        let tokens = 16384.0;
+        // Every residual (the none set) plus the MLP input's and the
+        // output's gradients.
+        let all = 67584.0 + 8192.0 + 10240.0 + 32768.0;
         assert_eq!(
-            kept(RematPolicy::Minimal),
-            10240 + 8192 + 57344 + 8192 + 8192
+            layer_working_set(&config),
+            (all + 32768.0 + 10240.0) * tokens * 2.0
         );
+        // f32 logits and their gradient, 32768 words.
+        assert_eq!(logits_buffers(&config), 2.0 * tokens * 32768.0 * 4.0);
     }
 }

@@ -31,7 +31,9 @@ pub use flops::{
     calculate_tflops_training_per_device, layer_matmul_flops, parameter_count,
     training_flops_per_device,
 };
-pub use memory::{ActivationMemory, activation_memory_per_layer};
+pub use memory::{
+    ActivationMemory, activation_memory_per_layer, layer_working_set, logits_buffers,
+};
 pub use programs::{LayerPrograms, LayerWeight, ProgramCosts, layer_programs};
 pub use published::{Published, PublishedRow, maxtext_published};
 

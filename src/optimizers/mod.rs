@@ -76,13 +76,8 @@ pub const NAMES: [&str; 7] = [
     "sgd", "momentum", "nesterov", "adam", "adamw", "rmsprop", "adagrad",
 ];
 
-/// A built-in optimizer by name (case-insensitive) with learning rate `lr`
-/// and optax's default hyper-parameters otherwise (momentum and Nesterov
-/// 0.9, AdamW weight decay 1e-4).
-pub fn by_name<A: FloatElement>(
-    name: &str,
-    lr: A,
-) -> Result<Box<dyn Optimizer<A, ndarray::IxDyn> + Send + Sync>> {
+/// The built-in update rule `name` names (case-insensitive).
+pub fn kind_by_name(name: &str) -> Result<UpdateKind> {
     let kind = UpdateKind::ALL
         .into_iter()
         .find(|k| k.as_str() == name.to_ascii_lowercase())
@@ -90,6 +85,64 @@ pub fn by_name<A: FloatElement>(
             name: name.to_owned(),
             known: NAMES.join(", "),
         })?;
+    Ok(kind)
+}
+
+/// A built-in optimizer by name (case-insensitive) with learning rate `lr`
+/// and optax's default hyper-parameters otherwise (momentum and Nesterov
+/// 0.9, AdamW weight decay 1e-4).
+pub fn by_name<A: FloatElement>(
+    name: &str,
+    lr: A,
+) -> Result<Box<dyn Optimizer<A, ndarray::IxDyn> + Send + Sync>> {
+    Ok(of_kind(kind_by_name(name)?, lr))
+}
+
+/// What one element of a built-in optimizer's update costs: the state
+/// slots it keeps, the floating-point operations of its update program
+/// (each element-wise op one FLOP per element, as XLA's `HloCostAnalysis`
+/// counts them) and the bytes it reads and writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct UpdateCost {
+    /// The optimizer (`adam`).
+    pub name: &'static str,
+    /// State slots per parameter.
+    pub slots: usize,
+    /// Operations per element of its update program (the step counted
+    /// once its bias corrections are constants).
+    pub flops_per_element: u64,
+}
+
+impl UpdateCost {
+    /// The cost of `kind`'s update.
+    pub fn of(kind: UpdateKind) -> UpdateCost {
+        let optimizer = of_kind::<f32>(kind, 1e-3);
+        let (slots, flops) = optimizer.update_rule().map_or((0, 0), |rule| {
+            (
+                rule.slot_names().len(),
+                rule.update_program(1).ops.len() as u64,
+            )
+        });
+        UpdateCost {
+            name: kind.as_str(),
+            slots,
+            flops_per_element: flops,
+        }
+    }
+
+    /// Bytes per element of `elem_bytes` the update moves: it reads the
+    /// parameter, the gradient and every slot and writes the parameter and
+    /// every slot.
+    pub fn bytes_per_element(&self, elem_bytes: u64) -> u64 {
+        (3 + 2 * self.slots as u64) * elem_bytes
+    }
+}
+
+/// The built-in optimizer of `kind` with learning rate `lr` (see [`by_name`]).
+fn of_kind<A: FloatElement>(
+    kind: UpdateKind,
+    lr: A,
+) -> Box<dyn Optimizer<A, ndarray::IxDyn> + Send + Sync> {
     type Boxed<A> = Box<dyn Optimizer<A, ndarray::IxDyn> + Send + Sync>;
     let opt: Boxed<A> = match kind {
         UpdateKind::Sgd => Box::new(SGD::new(lr)),
@@ -100,5 +153,5 @@ pub fn by_name<A: FloatElement>(
         UpdateKind::RmsProp => Box::new(RMSProp::new(lr)),
         UpdateKind::Adagrad => Box::new(Adagrad::new(lr)),
     };
-    Ok(opt)
+    opt
 }

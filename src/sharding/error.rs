@@ -135,6 +135,28 @@ pub enum ShardingError {
         /// The element count (saturated).
         elements: u128,
     },
+    /// A model past what the closed-form step models
+    /// ([`super::bucket_runs::MAX_MODELED_ELEMENTS`]).
+    #[error(
+        "the model has {elements} elements; the closed-form step models at most {max} (2^60), \
+         so that every byte count of a device stays within 64 bits"
+    )]
+    TooLargeToModel {
+        /// The element count (saturated).
+        elements: u128,
+        /// The limit.
+        max: u64,
+    },
+    /// An fsdp prefetch past [`super::residency::MAX_PREFETCH`].
+    #[error(
+        "prefetch {prefetch}: an fsdp step gathers at most {max} buckets ahead of the one in use"
+    )]
+    Prefetch {
+        /// What was asked.
+        prefetch: usize,
+        /// The limit.
+        max: usize,
+    },
     /// A bucket size of zero or below one element.
     #[error("bucket_bytes = {bytes} holds no {dtype} element; use at least {min} bytes")]
     BucketBytes {

@@ -34,6 +34,7 @@
 //! and the step's collectives cross ranks on the same schedule
 //! ([`ranked`]), so the bits stay the one-process step's.
 
+pub mod bucket_runs;
 pub mod error;
 pub mod gradients;
 pub mod layout;
@@ -46,10 +47,12 @@ pub mod params;
 pub mod participants;
 pub mod ranked;
 pub mod residency;
+mod steady_state;
 pub mod step;
 pub mod stored_model;
 pub mod strategy;
 pub mod strategy_model;
+mod strategy_pipeline;
 mod strategy_step;
 mod strategy_streams;
 pub mod timing;

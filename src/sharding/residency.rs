@@ -26,6 +26,12 @@ use crate::memory::ALIGNMENT;
 /// use (PyTorch FSDP's forward prefetch of one bucket).
 pub const DEFAULT_PREFETCH: usize = 1;
 
+/// The most buckets an fsdp step may gather ahead of the one in use: far
+/// beyond any useful prefetch (each gathered bucket is a bucket of HBM; one
+/// or two is usual), and what keeps a schedule's state bounded whatever the
+/// model's size.
+pub const MAX_PREFETCH: usize = 4096;
+
 /// `bytes` as a heap block holds them: at least 1, rounded up to
 /// [`ALIGNMENT`].
 pub fn aligned(bytes: usize) -> u64 {

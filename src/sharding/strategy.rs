@@ -20,6 +20,7 @@ use std::fmt;
 
 use serde::Serialize;
 
+use super::bucket_runs::BucketRuns;
 use super::layout::ShardLayout;
 use super::mesh::{Mesh, MeshAxisName, PhysicalAxis, Strategy};
 use super::model::RecoveryPolicy;
@@ -38,11 +39,29 @@ pub struct ModelSize {
     pub buckets: u64,
     /// Bytes of an element.
     pub elem_bytes: u64,
+    /// Bytes of an element in a bucket in flight (gathered, or reduced):
+    /// what the collectives carry, `elem_bytes` unless a training step
+    /// moves the compute type.
+    pub wire_bytes: u64,
     /// Optimizer state slots.
     pub slots: u64,
 }
 
 impl ModelSize {
+    /// The sizes of the buckets `runs` of `elem_bytes`-byte elements with
+    /// `slots` state slots (what [`ModelSize::of`] gives for the layout).
+    pub fn of_runs(runs: &BucketRuns, elem_bytes: usize, slots: usize) -> ModelSize {
+        ModelSize {
+            elements: runs.elements as u64,
+            padded_elements: runs.padded_elements() as u64,
+            bucket_elements: runs.largest() as u64,
+            buckets: runs.buckets() as u64,
+            elem_bytes: elem_bytes as u64,
+            wire_bytes: elem_bytes as u64,
+            slots: slots as u64,
+        }
+    }
+
     /// The sizes of `layout` with `slots` state slots.
     pub fn of(layout: &ShardLayout, slots: usize) -> ModelSize {
         ModelSize {
@@ -56,6 +75,7 @@ impl ModelSize {
                 .unwrap_or(0),
             buckets: layout.buckets.len() as u64,
             elem_bytes: layout.element_bytes() as u64,
+            wire_bytes: layout.element_bytes() as u64,
             slots: slots as u64,
         }
     }
@@ -77,6 +97,11 @@ pub struct StrategyMemory {
     pub gathered_buckets: u64,
     /// The gradient bucket being reduce-scattered (zero2, fsdp).
     pub gradient_bucket: u64,
+    /// replicated and zero2 training in a compute type narrower than the
+    /// parameters' (ZeRO's mixed precision): the parameters' shard in
+    /// their own type, the master copy the update writes; the replica they
+    /// compute with is then in the compute type (0 otherwise).
+    pub master: u64,
 }
 
 /// `bytes` as the heaps place them: at least one, rounded up to the
@@ -120,28 +145,49 @@ impl StrategyMemory {
             redundant: recovery == RecoveryPolicy::Redundant && devices > 1,
         };
         let by_kind = hbm_bytes_per_device(&input);
-        let gradient_bucket = match strategy {
-            Strategy::Replicated => 0,
+        // A bucket in flight in the collectives' type.
+        let bucket = |bytes: u64| aligned(model.bucket_elements.saturating_mul(bytes));
+        let (held, gradient_bucket) = match strategy {
+            Strategy::Replicated => (0, 0),
             Strategy::Zero2 | Strategy::Fsdp => {
-                aligned(model.bucket_elements.saturating_mul(model.elem_bytes))
+                (bucket(model.elem_bytes), bucket(model.wire_bytes))
             }
         };
-        StrategyMemory {
+        let mut memory = StrategyMemory {
             params: by_kind.params,
-            grads: by_kind.grads - gradient_bucket,
+            grads: by_kind.grads - held,
             state: by_kind.state,
             redundant_state: by_kind.redundant,
-            gathered_buckets: by_kind.gathered,
+            gathered_buckets: input.gathered_buffers() as u64 * bucket(model.wire_bytes),
             gradient_bucket,
+            master: 0,
+        };
+        let narrower = model.wire_bytes < model.elem_bytes;
+        if narrower && strategy != Strategy::Fsdp {
+            // ZeRO's mixed precision: a compute-type replica, and the
+            // parameters' shard in their own type beside the state (copied
+            // with it under the redundant policy: it lives nowhere else).
+            let wide = |bytes: u64| aligned(model.elements.saturating_mul(bytes));
+            let shard = aligned((input.shard_elements as u64).saturating_mul(model.elem_bytes));
+            memory.params = wide(model.wire_bytes);
+            if strategy == Strategy::Replicated {
+                memory.grads = wide(model.wire_bytes);
+            }
+            memory.master = shard;
+            if input.redundant {
+                memory.redundant_state += shard;
+            }
         }
+        memory
     }
 
     /// Every kind with its bytes, in the order the report lists them.
-    pub fn kinds(&self) -> [(&'static str, u64); 6] {
+    pub fn kinds(&self) -> [(&'static str, u64); 7] {
         [
             ("params", self.params),
             ("grads", self.grads),
             ("state", self.state),
+            ("master", self.master),
             ("redundant_state", self.redundant_state),
             ("gathered_buckets", self.gathered_buckets),
             ("gradient_bucket", self.gradient_bucket),
@@ -405,6 +451,7 @@ mod tests {
             bucket_elements: bucket,
             buckets,
             elem_bytes: 4,
+            wire_bytes: 4,
             slots: 2,
         }
     }

@@ -3,25 +3,37 @@
 //! timed pass by pass, placed on one communication stream and one compute
 //! stream, with the strategy's HBM by kind.
 //!
-//! **replicated, zero2.** Compute: every bucket's forward use, then every
-//! bucket's backward use (`use_seconds` each), then the updates. Bucket
-//! `b`'s gradient collectives are ready at the end of its backward use;
-//! communication runs `G₀, G₁, A₀, G₂, A₁, …` (`G` the gradient
-//! collectives, `A` the all-gathers after the update), each update once
-//! its gradient shard is in. With zero-length uses and the default mesh the
-//! replicated step is [`super::modeled::modeled_step_with_recovery`]'s, to
-//! the bit.
+//! **The optimizer order** ([`StepOrder::Optimizer`]: a step on given
+//! gradients, what real runs do). replicated, zero2: compute runs every
+//! bucket's forward use, then every bucket's backward use (`use_seconds`
+//! each), then the updates. Bucket `b`'s gradient collectives are ready at
+//! the end of its backward use; communication runs `G₀, G₁, A₀, G₂, A₁, …`
+//! (`G` the gradient collectives, `A` the all-gathers after the update),
+//! each update once its gradient shard is in. With zero-length uses and the
+//! default mesh the replicated step is
+//! [`super::modeled::modeled_step_with_recovery`]'s, to the bit. fsdp runs
+//! the pipelined order below either way.
 //!
-//! **fsdp.** The step's `2B` uses run in order: forward `0..B−1`, backward
-//! `B−1..0`. Use `s` needs its bucket all-gathered; gather `s` may start
-//! once use `s − prefetch − 1` has freed its bucket, so at most
-//! `prefetch + 1` gathered buckets are in flight. Communication runs the
-//! first `prefetch + 1` gathers, then after each use `s` the gather
-//! `s + prefetch + 1` and, in backward, use `s`'s gradient reduce-scatter
-//! (and its all-reduce over `data`). The update of a bucket runs on the
+//! **The training order** ([`StepOrder::Training`], what `step_model`
+//! uses): one pipelined order for every strategy. The step's `2B` uses run
+//! in order: forward `0..B−1`, backward `B−1..0`. After each backward use,
+//! its bucket's gradient collectives (reduce-scatter, and the reduction over
+//! `data`) run behind the rest of the backward pass; its update runs on the
 //! compute stream after the next use (so the backward pass is not held up
-//! by a gradient in flight), the last one at the end; there is no
-//! all-gather after it.
+//! by a gradient in flight), the last one at the end. fsdp all-gathers a
+//! bucket from the shards before each of its uses (gather `s` may start
+//! once use `s − prefetch − 1` has freed its bucket, so at most
+//! `prefetch + 1` gathered buckets are in flight). replicated and zero2 hold
+//! the whole model, so they all-gather each bucket's new parameters into
+//! every replica right after its update (after the next bucket's gradient
+//! collectives on the stream), behind the rest of the backward pass: in
+//! before the next forward needs them, as ZeRO's all-gather ahead of the
+//! next forward; the last bucket's is the step's tail, as fsdp's first
+//! gather is the next step's head. Per bucket the backward then moves the
+//! same bytes under every strategy (fsdp's gather before the backward use,
+//! the others' all-gather after the update), and fsdp moves a gather more
+//! before each forward use, so on one mesh it is never the faster
+//! (`tests/strategy_laws.rs`).
 //!
 //! Under [`DataReduction::AfterBackward`] (a caller's choice; real runs
 //! overlap) each bucket's reduction over `data` waits for the end of the
@@ -36,18 +48,24 @@
 //! (`timing::schedule`, and `timing::schedule_fsdp` in the fsdp order
 //! above), and `tests/modeled.rs` holds the two equal for every strategy.
 //!
-//! The collectives' costs come from [`cost`], one place.
+//! The collectives' costs come from [`cost`], one place. Equal buckets
+//! cost the same, and a model has at most two bucket lengths
+//! ([`BucketRuns`]); the schedules jump over the runs of equal work once
+//! they repeat ([`super::steady_state`]), so modeling a 10¹⁸-parameter
+//! model costs what modeling a small one does.
 
 use std::collections::BTreeMap;
 
 use serde::Serialize;
 
+use super::bucket_runs::BucketRuns;
 use super::error::ShardingError;
 use super::mesh::{Mesh, MeshAxisName, PhysicalAxis, Strategy};
 use super::model::{RecoveryPolicy, check_recovery_policy};
-use super::modeled::{PodGeometry, StepGeometry, replication_routes};
+use super::modeled::{PodGeometry, replication_routes};
+use super::residency::MAX_PREFETCH;
 use super::strategy::{ModelSize, NotFitting, PlanStep, StrategyMemory, bucket_plan};
-use super::strategy_streams::Streams;
+use super::strategy_streams::{Streams, Work};
 use crate::collectives::{DCN_AXIS, LinkModel, PhaseKind, TorusShape, pass_name};
 use crate::ir::DType;
 use crate::topology::{LinkParams, Topology};
@@ -81,7 +99,45 @@ pub struct StrategyOptions {
     pub record_spans: bool,
     /// When the gradients' reduction over `data` runs.
     pub data_reduction: DataReduction,
+    /// The order of the step's uses, updates and all-gathers.
+    pub order: StepOrder,
+    /// Bytes per element of the compute type, if narrower than the model's
+    /// element type (`step_model`'s bf16 training): fsdp gathers its
+    /// weights cast to it, replicated and zero2 all-gather their new
+    /// parameters into a replica of it (ZeRO's mixed precision, with the
+    /// parameters' shard kept as a master copy,
+    /// [`super::strategy::StrategyMemory::master`]), and every strategy
+    /// reduce-scatters the matmuls' gradients over `fsdp` in it; the
+    /// buckets in flight are that size. The reduction over `data` (after
+    /// the backward's accumulation into the parameters' type, as XLA's
+    /// data-parallel all-reduce optimization runs it), the gradient shards,
+    /// the state and the update stay in the model's type.
+    pub collective_element_bytes: Option<usize>,
 }
+
+/// The order a strategy step runs its uses, updates and the new
+/// parameters' all-gathers in (module docs).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum StepOrder {
+    /// An optimizer step on gradients given at its start: replicated and
+    /// zero2 update and all-gather every bucket after the uses (what real
+    /// runs do: their gradients come from the host, with no backward pass
+    /// to hide behind).
+    #[default]
+    Optimizer,
+    /// A training step: each update after the next backward use, and
+    /// (replicated, zero2) its all-gather behind the rest of the backward
+    /// pass, as fsdp's collectives are.
+    Training,
+}
+
+/// Steps the training order simulates back to back; the last one's length
+/// is the step. Each step's forward waits for the new parameters of the
+/// one before, so from the second on the head of a step overlaps the tail
+/// of the one before as in a long run; the third is the steady state's
+/// (the unit tests hold it equal to the fifth).
+pub const STEADY_STEPS: usize = 3;
 
 /// When a step reduces its gradients over the mesh's `data` axis.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
@@ -147,6 +203,8 @@ impl StrategyOptions {
             between_seconds: 0.0,
             record_spans: false,
             data_reduction: DataReduction::Overlapped,
+            order: StepOrder::Optimizer,
+            collective_element_bytes: None,
         }
     }
 }
@@ -199,13 +257,47 @@ pub struct BucketSpan {
     pub end_seconds: f64,
 }
 
+/// A byte count as JSON holds it: exact below 2⁶⁴, else the nearest
+/// `f64` (a huge model's traffic per step can pass 2⁶⁴ bytes, which JSON
+/// readers take as a float anyway).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct WideBytes(pub u128);
+
+impl Serialize for WideBytes {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match u64::try_from(self.0) {
+            Ok(bytes) => s.serialize_u64(bytes),
+            Err(_) => s.serialize_f64(self.0 as f64),
+        }
+    }
+}
+
+/// `map`'s byte counts as [`WideBytes`].
+pub fn wide_map(map: &BTreeMap<String, u128>) -> BTreeMap<&str, WideBytes> {
+    map.iter()
+        .map(|(k, &v)| (k.as_str(), WideBytes(v)))
+        .collect()
+}
+
+fn serialize_wide<S: serde::Serializer>(bytes: &u128, s: S) -> Result<S::Ok, S::Error> {
+    WideBytes(*bytes).serialize(s)
+}
+
+fn serialize_wide_map<S: serde::Serializer>(
+    map: &BTreeMap<String, u128>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    wide_map(map).serialize(s)
+}
+
 /// An axis's share of a step.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct AxisFigures {
     /// Seconds its passes last, summed.
     pub seconds: f64,
     /// Bytes over its links.
-    pub link_bytes: u64,
+    #[serde(serialize_with = "serialize_wide")]
+    pub link_bytes: u128,
 }
 
 /// A strategy's modeled step.
@@ -227,6 +319,8 @@ pub struct StrategyStep {
     pub step_seconds: f64,
     /// Time the devices spend updating.
     pub update_seconds: f64,
+    /// Parameters each device updates per step (its shard of every bucket).
+    pub update_elements: u64,
     /// Time the devices spend using buckets.
     pub use_seconds: f64,
     /// Per phase (`reduce_scatter.axis0`, `all_gather.dcn`, `update`,
@@ -234,12 +328,14 @@ pub struct StrategyStep {
     /// `exposed_communication` (the step minus the compute).
     pub phases: BTreeMap<String, f64>,
     /// Per phase: bytes over the links.
-    pub phase_bytes: BTreeMap<String, u64>,
+    #[serde(serialize_with = "serialize_wide_map")]
+    pub phase_bytes: BTreeMap<String, u128>,
     /// Per physical axis (`axis0`, `dcn`; `snake_ring` for the state
     /// copies).
     pub axes: BTreeMap<String, AxisFigures>,
     /// Bytes over every link.
-    pub link_bytes: u64,
+    #[serde(serialize_with = "serialize_wide")]
+    pub link_bytes: u128,
     /// HBM per device by kind.
     pub memory: StrategyMemory,
     /// HBM per device in all.
@@ -248,6 +344,10 @@ pub struct StrategyStep {
     pub plan: Vec<PlanStep>,
     /// Every bucket's spans, if asked for.
     pub spans: Vec<BucketSpan>,
+    /// Iterations of the schedule simulated one by one (the rest of each
+    /// run of equal buckets was extrapolated from its steady state): what
+    /// modeling cost, whatever the model's size.
+    pub schedule_iterations: u64,
 }
 
 impl StrategyStep {
@@ -288,11 +388,19 @@ pub(super) struct LengthCost {
     pub(super) gradient: Vec<Round>,
     /// Its reduction over `data` when that waits for the backward pass.
     pub(super) data_gradient: Vec<Round>,
-    /// The new parameters' all-gathers (replicated, zero2).
+    /// The new parameters' all-gathers (replicated, zero2): over `data`
+    /// then over `fsdp`.
     pub(super) all_gather: Vec<Round>,
+    /// Of them, the all-gather over `data` (replicated on a mesh with a
+    /// data axis: its state is sharded across it).
+    pub(super) all_gather_data: Vec<Round>,
+    /// Of them, the all-gather over `fsdp`.
+    pub(super) all_gather_fsdp: Vec<Round>,
     /// The redundant state copy.
     pub(super) replicate: Vec<Round>,
     pub(super) update: f64,
+    /// Elements each device updates.
+    pub(super) shard: usize,
 }
 
 /// Interned keys, so the schedule adds into vectors.
@@ -317,7 +425,11 @@ pub(super) struct Costing<'a> {
     pub(super) slices: usize,
     pub(super) chips: usize,
     pub(super) chips_per_host: usize,
+    /// Bytes of an element of the compute type (fsdp's gathers, the
+    /// gradients' reduce-scatter over fsdp).
     pub(super) elem: usize,
+    /// Bytes of an element of the parameters and state (the update's).
+    pub(super) store: usize,
     pub(super) slots: usize,
     pub(super) redundant: bool,
     pub(super) defer_data: bool,
@@ -339,7 +451,7 @@ impl<'a> Costing<'a> {
         topology: &Topology,
         options: &'a StrategyOptions,
         (shape, rail, chips, slices): (TorusShape, Option<LinkParams>, usize, usize),
-        (elem, slots, redundant): (usize, usize, bool),
+        (store, slots, redundant): (usize, usize, bool),
     ) -> Result<Costing<'a>, ShardingError> {
         let rail = rail
             .map(|p| LinkModel::new(p.latency_ns as f64 * 1e-9, p.bytes_per_s))
@@ -366,7 +478,8 @@ impl<'a> Costing<'a> {
             chips_per_host: (0..topology.chips_per_slice())
                 .filter(|&d| topology.host_of(d) == 0)
                 .count(),
-            elem,
+            elem: options.collective_element_bytes.unwrap_or(store),
+            store,
             slots,
             redundant,
             defer_data: options.data_reduction == DataReduction::AfterBackward,
@@ -383,12 +496,12 @@ impl<'a> Costing<'a> {
 impl Costing<'_> {
     /// The rounds of a collective of `kind` over mesh axis `axis`,
     /// `len` elements per device as [`super::strategy::PlannedCollective`]
-    /// counts them.
+    /// counts them, each of `elem` bytes.
     fn collective(
         &mut self,
         kind: super::strategy::CollectiveKind,
         axis: MeshAxisName,
-        len: usize,
+        (len, elem): (usize, usize),
     ) -> Vec<Round> {
         use super::strategy::CollectiveKind as K;
         let torus = self.mesh.torus_axes(axis);
@@ -398,8 +511,8 @@ impl Costing<'_> {
         // a DCN exchange is a group of its own.
         let mut groups: Vec<Vec<cost::PassCost>> = Vec::new();
         let ring = |k: PhaseKind, s: &Self| match k {
-            PhaseKind::AllGather => cost::all_gather_cost(&s.shape, &torus, len, s.elem, &s.ici),
-            _ => cost::reduce_scatter_cost(&s.shape, &torus, len, s.elem, &s.ici),
+            PhaseKind::AllGather => cost::all_gather_cost(&s.shape, &torus, len, elem, &s.ici),
+            _ => cost::reduce_scatter_cost(&s.shape, &torus, len, elem, &s.ici),
         };
         let hosts_per_slice = self.chips / self.chips_per_host.max(1);
         let exchange = |k: PhaseKind, s: &Self| {
@@ -409,7 +522,7 @@ impl Costing<'_> {
                     s.slices,
                     hosts_per_slice,
                     s.chips_per_host,
-                    s.elem,
+                    elem,
                     &rail,
                     k,
                 )]
@@ -430,9 +543,8 @@ impl Costing<'_> {
         match kind {
             K::ReduceScatter => reduce(&mut groups),
             K::AllGather => gather(&mut groups, self),
-            K::AllReduce if !dcn => groups.extend(
-                cost::all_reduce_cost(&self.shape, &torus, len, self.elem, &self.ici).rounds,
-            ),
+            K::AllReduce if !dcn => groups
+                .extend(cost::all_reduce_cost(&self.shape, &torus, len, elem, &self.ici).rounds),
             K::AllReduce => {
                 reduce(&mut groups);
                 gather(&mut groups, self);
@@ -472,7 +584,13 @@ impl Costing<'_> {
             match step {
                 PlanStep::Collective(c) => {
                     use super::strategy::Purpose as P;
-                    let rounds = self.collective(c.kind, c.axis, c.elements as usize);
+                    // Weights and their gradients in the compute type; the
+                    // reduction over data in the parameters' own.
+                    let elem = match (c.purpose, c.axis) {
+                        (P::Gradients, MeshAxisName::Data) => self.store,
+                        _ => self.elem,
+                    };
+                    let rounds = self.collective(c.kind, c.axis, (c.elements as usize, elem));
                     match c.purpose {
                         P::ParamsForward => out.gather = rounds,
                         P::ParamsBackward => {}
@@ -480,23 +598,34 @@ impl Costing<'_> {
                             out.data_gradient.extend(rounds)
                         }
                         P::Gradients => out.gradient.extend(rounds),
-                        P::NewParams => out.all_gather.extend(rounds),
+                        P::NewParams => {
+                            if c.axis == MeshAxisName::Data {
+                                out.all_gather_data.extend(rounds.iter().copied());
+                            } else {
+                                out.all_gather_fsdp.extend(rounds.iter().copied());
+                            }
+                            out.all_gather.extend(rounds)
+                        }
                     }
                 }
                 PlanStep::Update { elements } => {
                     shard = elements as usize;
                     updated = true;
-                    out.update = ((3 + 2 * self.slots) * shard * self.elem) as f64 / self.hbm_per_s;
+                    out.update =
+                        ((3 + 2 * self.slots) * shard * self.store) as f64 / self.hbm_per_s;
                 }
                 PlanStep::ReplicateState { .. } => {}
             }
         }
         debug_assert!(updated);
+        out.shard = shard;
         if self.redundant {
-            // Under fsdp the parameter shard lives nowhere else: it is
-            // copied with the state (`sharding::residency`).
-            let copied = self.slots + usize::from(strategy == Strategy::Fsdp);
-            let copy = (copied * shard * self.elem) as u64;
+            // Under fsdp (and under ZeRO's mixed precision, its master
+            // copy) the parameter shard lives nowhere else: it is copied
+            // with the state (`sharding::residency`).
+            let master = self.elem < self.store;
+            let copied = self.slots + usize::from(strategy == Strategy::Fsdp || master);
+            let copy = (copied * shard * self.store) as u64;
             let alpha = self.ici.latency_seconds();
             let group = self.next_group;
             self.next_group += 1;
@@ -554,16 +683,23 @@ pub fn modeled_strategy_step(
         .check_on(topology)
         .map_err(|e| devices_error(e.to_string()))?;
     check_uses(options)?;
+    if options.prefetch > MAX_PREFETCH {
+        return Err(ShardingError::Prefetch {
+            prefetch: options.prefetch,
+            max: MAX_PREFETCH,
+        });
+    }
     // The pod as the replicated closed form lays it out: the slice's
-    // rings and lines, the DCN rail, the layout over every device.
-    let StepGeometry {
+    // rings and lines, the DCN rail; the buckets over every device.
+    let PodGeometry {
         shape,
         rail,
         chips,
         slices,
-        devices,
-        layout,
-    } = StepGeometry::of(topology, tensors, dtype, bucket_bytes)?;
+        ..
+    } = PodGeometry::of(topology)?;
+    let devices = chips * slices;
+    let runs = BucketRuns::of_tensors(tensors, dtype, bucket_bytes, devices)?;
     let redundant = options.recovery == RecoveryPolicy::Redundant && devices > 1;
     let mut costing = Costing::new(
         topology,
@@ -571,17 +707,10 @@ pub fn modeled_strategy_step(
         (shape, rail, chips, slices),
         (dtype.byte_size(), slots, redundant),
     )?;
-    let mut lengths: Vec<usize> = layout.buckets.iter().map(|b| b.padded_len).collect();
-    lengths.sort_unstable();
-    lengths.dedup();
-    let costs: Vec<LengthCost> = lengths
+    let costs: Vec<LengthCost> = runs
+        .runs
         .iter()
-        .map(|&len| costing.length(options.strategy, len))
-        .collect();
-    let per_bucket: Vec<usize> = layout
-        .buckets
-        .iter()
-        .map(|b| lengths.binary_search(&b.padded_len).unwrap_or(0))
+        .map(|&(len, _)| costing.length(options.strategy, len))
         .collect();
     let mut streams = Streams::new(
         costing.phases.0.len(),
@@ -593,11 +722,15 @@ pub fn modeled_strategy_step(
         backward: options.backward(),
         between: options.between_seconds,
     };
-    match options.strategy {
-        Strategy::Replicated | Strategy::Zero2 => streams.data_parallel(&costs, &per_bucket, uses),
-        Strategy::Fsdp => streams.fsdp(&costs, &per_bucket, uses, options.prefetch),
-    }
-    let model = ModelSize::of(&layout, slots);
+    let work = Work {
+        costs: &costs,
+        runs: &runs,
+    };
+    let period = schedule(&mut streams, options, work, uses);
+    let mut model = ModelSize::of_runs(&runs, dtype.byte_size(), slots);
+    model.wire_bytes = options
+        .collective_element_bytes
+        .unwrap_or(dtype.byte_size()) as u64;
     let memory = StrategyMemory::of(
         options.strategy,
         &options.mesh,
@@ -605,19 +738,23 @@ pub fn modeled_strategy_step(
         options.prefetch,
         options.recovery,
     );
-    let step_seconds = streams.comm_free.max(streams.compute_free);
-    let (phases, phase_bytes, axes) =
-        streams.totals(&costing, !layout.buckets.is_empty(), step_seconds);
-    let largest = lengths.last().copied().unwrap_or(0) as u64;
+    let step_seconds = period;
+    let (phases, phase_bytes, axes) = streams.totals(&costing, runs.buckets() > 0, step_seconds);
     Ok(StrategyStep {
         strategy: options.strategy,
         mesh: options.mesh.clone(),
         prefetch: options.prefetch,
         recovery: options.recovery,
-        buckets: layout.buckets.len(),
+        buckets: runs.buckets(),
         devices,
         step_seconds,
         update_seconds: streams.update_seconds,
+        update_elements: runs
+            .runs
+            .iter()
+            .zip(&costs)
+            .map(|(&(_, count), c)| count as u64 * c.shard as u64)
+            .sum(),
         use_seconds: streams.use_total,
         phases,
         phase_bytes,
@@ -628,12 +765,31 @@ pub fn modeled_strategy_step(
         plan: bucket_plan(
             options.strategy,
             &options.mesh,
-            largest,
+            runs.largest() as u64,
             slots as u64,
             redundant,
         ),
         spans: streams.spans,
+        schedule_iterations: streams.steady.simulated,
     })
+}
+
+/// Places the step on `streams` in `options`' order: the step's length
+/// (the training order's is the steady state's, [`STEADY_STEPS`]).
+fn schedule(streams: &mut Streams, options: &StrategyOptions, work: Work, uses: Uses) -> f64 {
+    let fsdp = (options.prefetch.saturating_add(1), true);
+    streams.skip_empty = options.order == StepOrder::Training;
+    match (options.strategy, options.order) {
+        (Strategy::Replicated | Strategy::Zero2, StepOrder::Optimizer) => {
+            streams.after_update(work, uses);
+            streams.comm_free.max(streams.compute_free)
+        }
+        (Strategy::Replicated | Strategy::Zero2, StepOrder::Training) => {
+            streams.pipelined(work, uses, (1, false), STEADY_STEPS)
+        }
+        (Strategy::Fsdp, StepOrder::Optimizer) => streams.pipelined(work, uses, fsdp, 1),
+        (Strategy::Fsdp, StepOrder::Training) => streams.pipelined(work, uses, fsdp, STEADY_STEPS),
+    }
 }
 
 /// One collective's cost over a mesh axis.
@@ -676,7 +832,7 @@ pub fn axis_collective(
         ),
         (elem_bytes, 0, false),
     )?;
-    let rounds = costing.collective(kind, axis, elements);
+    let rounds = costing.collective(kind, axis, (elements, elem_bytes));
     let mut out = AxisCollective::default();
     let mut group = None;
     let mut longest = 0.0f64;
@@ -757,7 +913,7 @@ mod tests {
                     assert_eq!(ours.step_seconds, today.timeline.step_seconds, "{what}");
                     assert_eq!(ours.update_seconds, today.timeline.update_seconds, "{what}");
                     assert_eq!(ours.phases, today.timeline.phases, "{what}");
-                    assert_eq!(ours.link_bytes, today.link_bytes, "{what}");
+                    assert_eq!(ours.link_bytes, u128::from(today.link_bytes), "{what}");
                     assert_eq!(
                         ours.hbm_bytes_per_device, today.hbm_bytes_per_device,
                         "{what}"
@@ -765,12 +921,12 @@ mod tests {
                     assert_eq!(ours.buckets, today.buckets, "{what}");
                     assert_eq!(ours.devices, today.devices, "{what}");
                     assert_eq!(
-                        ours.phase_bytes.values().sum::<u64>(),
+                        ours.phase_bytes.values().sum::<u128>(),
                         ours.link_bytes,
                         "{what}"
                     );
                     assert_eq!(
-                        ours.axes.values().map(|a| a.link_bytes).sum::<u64>(),
+                        ours.axes.values().map(|a| a.link_bytes).sum::<u128>(),
                         ours.link_bytes,
                         "{what}"
                     );
@@ -897,7 +1053,10 @@ mod tests {
         assert!((s.phases["all_gather.dcn"] - dcn).abs() < 1e-15);
         // Every host sends its chunk to the other slice, twice.
         let hosts = 2 * 16 / per_host as u64;
-        assert_eq!(s.axes["dcn"].link_bytes, hosts * 2 * chunk as u64);
+        assert_eq!(
+            s.axes["dcn"].link_bytes,
+            u128::from(hosts * 2 * chunk as u64)
+        );
         assert_eq!(s.memory.params, (32_000 / 16 * 4));
     }
 
@@ -993,6 +1152,74 @@ mod tests {
         }
     }
 
+    /// The training order's third step is the steady state: a fifth step
+    /// lasts as long (a longer run of steps changes nothing).
+    #[test]
+    fn the_third_step_is_the_steady_state() {
+        use super::super::strategy_streams::Work;
+        for pod in ["v5e-16", "v4-64", MULTISLICE] {
+            let topology = load_topology(pod).unwrap();
+            for strategy in Strategy::ALL {
+                for data_reduction in DataReduction::ALL {
+                    for (forward, params, bucket) in [
+                        (1e-5, 5_000_000, 1 << 20),
+                        (0.0, 300_000, 4096),
+                        (1e-3, 20_000, 256),
+                    ] {
+                        let options = StrategyOptions {
+                            data_reduction,
+                            order: StepOrder::Training,
+                            prefetch: 2,
+                            ..StrategyOptions::new(strategy, &topology)
+                        };
+                        let period = |steps: usize| {
+                            let geometry = PodGeometry::of(&topology).unwrap();
+                            let devices = geometry.chips * geometry.slices;
+                            let runs =
+                                BucketRuns::new(params, DType::F32, bucket, devices).unwrap();
+                            let mut costing = Costing::new(
+                                &topology,
+                                &options,
+                                (
+                                    geometry.shape,
+                                    geometry.rail,
+                                    geometry.chips,
+                                    geometry.slices,
+                                ),
+                                (4, 2, false),
+                            )
+                            .unwrap();
+                            let costs: Vec<LengthCost> = runs
+                                .runs
+                                .iter()
+                                .map(|&(len, _)| costing.length(strategy, len))
+                                .collect();
+                            let mut streams =
+                                Streams::new(costing.phases.0.len(), costing.axes.0.len(), false);
+                            streams.skip_empty = true;
+                            let uses = Uses {
+                                forward,
+                                backward: 2.0 * forward,
+                                between: forward,
+                            };
+                            let work = Work {
+                                costs: &costs,
+                                runs: &runs,
+                            };
+                            let window = (3, strategy == Strategy::Fsdp);
+                            streams.pipelined(work, uses, window, steps)
+                        };
+                        let (third, fifth) = (period(STEADY_STEPS), period(5));
+                        assert!(
+                            (third - fifth).abs() <= 1e-9 * fifth,
+                            "{pod} {strategy} {data_reduction:?} {forward}: {third} vs {fifth}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
     proptest::proptest! {
         #[test]
         fn one_comm_stream_bounds_the_step_and_the_bytes_add_up(
@@ -1005,6 +1232,8 @@ mod tests {
             bucket in 64usize..100_000,
             use_us in 0u32..5,
             after_backward in proptest::bool::ANY,
+            training in proptest::bool::ANY,
+            compute_type in proptest::bool::ANY,
         ) {
             let topology = load_topology(["v5e-16", "v4-64", MULTISLICE][pod]).unwrap();
             let phys = crate::sharding::mesh::physical_axes(&topology);
@@ -1026,6 +1255,12 @@ mod tests {
                 } else {
                     DataReduction::Overlapped
                 },
+                order: if training {
+                    StepOrder::Training
+                } else {
+                    StepOrder::Optimizer
+                },
+                collective_element_bytes: (training && compute_type).then_some(2),
             };
             let s = modeled_strategy_step(&topology, &tensors(&[params]), DType::F32, 2, bucket, &options).unwrap();
             // Waiting for the backward moves the reduction over data, not
@@ -1050,12 +1285,13 @@ mod tests {
                 );
             }
             proptest::prop_assert!(s.step_seconds + slack >= s.update_seconds + s.use_seconds);
-            proptest::prop_assert_eq!(s.phase_bytes.values().sum::<u64>(), s.link_bytes);
-            proptest::prop_assert_eq!(s.axes.values().map(|a| a.link_bytes).sum::<u64>(), s.link_bytes);
+            proptest::prop_assert_eq!(s.phase_bytes.values().sum::<u128>(), s.link_bytes);
+            proptest::prop_assert_eq!(s.axes.values().map(|a| a.link_bytes).sum::<u128>(), s.link_bytes);
             proptest::prop_assert_eq!(s.memory.total(), s.hbm_bytes_per_device);
             // The predecessor's state shards, and under fsdp its parameter
             // shard (held nowhere else).
             let copied = s.memory.state
+                + s.memory.master
                 + if options_strategy == Strategy::Fsdp { s.memory.params } else { 0 };
             proptest::prop_assert_eq!(s.memory.redundant_state, if redundant { copied } else { 0 });
         }

@@ -9,8 +9,9 @@
 //! ([`hardware_matmul_flops`]: all of them, or a causal flash kernel's
 //! blocks on and below the diagonal);
 //! the backward's are twice the forward's, plus what the remat policy
-//! recomputes ([`recomputed_fraction`]); the logits and the loss run
-//! between the passes. A pass lasts the larger of its FLOPs at the
+//! recomputes ([`recomputed_fraction`]: of the forward's matmuls, those
+//! whose results the backward reads and the policy does not save); the
+//! logits and the loss run between the passes. A pass lasts the larger of its FLOPs at the
 //! generation's bf16 peak times the MXU efficiency ([`calibration`]) and
 //! its weight and activation bytes at HBM bandwidth.
 //!
@@ -31,14 +32,34 @@
 //! exposed communication. Collectives carry the weights' element type
 //! (MaxText's `weight_dtype`, f32 in every bundled model).
 //!
-//! **What it reports.** Step seconds, tokens/s/chip, TFLOP/s/chip (the
-//! model FLOPs of MaxText's formula over the step time) and MFU (that
-//! over the peak), compute and exposed communication, and HBM per device
-//! by kind with the saved activations of the remat policy.
+//! **The step** is the steady state of back-to-back steps, every strategy
+//! overlapping by the same rules (`sharding::strategy_model`'s training
+//! order): each bucket's gradient collectives behind the backward, its new
+//! parameters in before the next forward uses them.
+//!
+//! **The optimizer** ([`crate::optimizers::UpdateCost`]) sets the state
+//! slots the HBM account and the update carry, and the update's FLOPs;
+//! the update streams its bytes at HBM bandwidth (its few FLOPs per byte
+//! are far below any generation's ridge point).
+//!
+//! **What it reports.** Step seconds, tokens/s/chip, and two
+//! utilizations: **MFU**, the model FLOPs of MaxText's formula (the current
+//! one by default: causal attention halved, [`FlopFormula::MatmulsCausal`];
+//! the formula is named in the report) over the step and the peak; and
+//! **hardware utilization**, the FLOPs the MXU runs (a causal kernel's
+//! blocks, the recomputed matmuls) over the same. The hardware runs at
+//! most the peak times the MXU efficiency, so hardware utilization never
+//! exceeds the efficiency; the current formula never counts more than the
+//! hardware runs, so MFU never exceeds hardware utilization
+//! (`tests/utilization.rs`). Then compute and exposed communication, and
+//! HBM per device by kind at the step's peak ([`hbm`]).
 
 pub mod calibration;
+pub mod hbm;
 pub mod tensor;
 pub mod validation;
+
+pub use hbm::{HbmTypes, ModelHbm};
 
 use std::collections::BTreeMap;
 
@@ -49,10 +70,12 @@ use crate::hardware::TpuGeneration;
 use crate::ir::DType;
 use crate::model::{
     FlopFormula, LayerMatmulFlops, ModelConfig, ModelDType, ModelError, RematPolicy,
-    activation_memory_per_layer, layer_matmul_flops, parameter_count, training_flops_per_device,
+    layer_matmul_flops, parameter_count, training_flops_per_device,
 };
+use crate::optimizers::{UpdateCost, UpdateKind};
+use crate::sharding::bucket_runs::BucketRuns;
 use crate::sharding::strategy_model::{
-    DataReduction, StrategyOptions, StrategyStep, modeled_strategy_step,
+    DataReduction, StepOrder, StrategyOptions, StrategyStep, modeled_strategy_step,
 };
 use crate::sharding::{Mesh, RecoveryPolicy, ShardingError, Strategy};
 use crate::topology::Topology;
@@ -79,10 +102,12 @@ pub struct ModelStepOptions {
     /// multislice pod) runs: after the backward pass by default
     /// (module docs).
     pub data_reduction: DataReduction,
+    /// The optimizer: its state slots and update.
+    pub optimizer: UpdateCost,
 }
 
 impl ModelStepOptions {
-    /// fsdp on the pod's default mesh, prefetch 1, rollback, the
+    /// fsdp on the pod's default mesh, prefetch 1, rollback, Adam, the
     /// calibrated efficiency, MaxText's current formula.
     pub fn new(topology: &Topology) -> ModelStepOptions {
         ModelStepOptions {
@@ -91,9 +116,10 @@ impl ModelStepOptions {
             prefetch: 1,
             recovery: RecoveryPolicy::Rollback,
             efficiency: None,
-            formula: FlopFormula::Matmuls,
+            formula: FlopFormula::MatmulsCausal,
             record_spans: false,
             data_reduction: DataReduction::AfterBackward,
+            optimizer: UpdateCost::of(UpdateKind::Adam),
         }
     }
 }
@@ -158,26 +184,6 @@ pub struct LayerCompute {
     pub logits: PassCompute,
 }
 
-/// HBM per device by kind, bytes.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
-pub struct ModelHbm {
-    /// Parameters (the replica, or under fsdp the shard).
-    pub params: u64,
-    /// Gradient buffers.
-    pub grads: u64,
-    /// Optimizer state.
-    pub state: u64,
-    /// Redundant copies.
-    pub redundant: u64,
-    /// Gathered layers in flight (fsdp).
-    pub gathered: u64,
-    /// The activations every layer keeps for the backward pass under the
-    /// remat policy.
-    pub activations: u64,
-    /// All of it.
-    pub total: u64,
-}
-
 /// A model's modeled step on a pod.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ModelStep {
@@ -195,6 +201,8 @@ pub struct ModelStep {
     pub tokens_per_device: f64,
     /// The MXU efficiency used.
     pub efficiency: f64,
+    /// The remat policy (the model's).
+    pub remat: RematPolicy,
     /// Whether the efficiency is a generation's calibrated one (false: the
     /// default for a generation without fitted rows, or given).
     pub calibrated: bool,
@@ -206,10 +214,20 @@ pub struct ModelStep {
     pub tflops_per_chip: f64,
     /// `tflops_per_chip` over the generation's bf16 peak.
     pub mfu: f64,
+    /// The formula of the model FLOPs.
+    pub flop_formula: FlopFormula,
     /// Model FLOPs per device per step (the formula's).
     pub model_flops_per_device: f64,
-    /// FLOPs the hardware runs per device per step (with recomputation).
+    /// FLOPs the hardware runs per device per step (a causal kernel's
+    /// blocks, the recomputed matmuls).
     pub hardware_flops_per_device: f64,
+    /// Hardware TFLOP/s per chip.
+    pub hardware_tflops_per_chip: f64,
+    /// `hardware_tflops_per_chip` over the bf16 peak: at most the MXU
+    /// efficiency.
+    pub hardware_utilization: f64,
+    /// The optimizer's update on a device.
+    pub optimizer: OptimizerStep,
     /// Compute seconds (the passes and the update).
     pub compute_seconds: f64,
     /// Step seconds not covered by compute.
@@ -219,8 +237,10 @@ pub struct ModelStep {
     pub phases: BTreeMap<String, f64>,
     /// Per layer and the logits.
     pub layer: LayerCompute,
-    /// HBM per device by kind.
+    /// HBM per device by kind at the step's peak.
     pub hbm: ModelHbm,
+    /// The element type of each kind.
+    pub hbm_types: HbmTypes,
     /// Whether the step fits each device's HBM.
     pub fits_in_hbm: bool,
     /// What does not fit, and by how much.
@@ -228,6 +248,23 @@ pub struct ModelStep {
     /// The strategy's step (collectives, memory) behind it.
     #[serde(skip)]
     pub strategy_step: StrategyStep,
+}
+
+/// The optimizer's update in a model's step, on one device.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct OptimizerStep {
+    /// The optimizer (`adam`).
+    pub name: &'static str,
+    /// State slots per parameter.
+    pub slots: usize,
+    /// Parameters the device updates per step (its shard).
+    pub elements: u64,
+    /// FLOPs of the update (its program's ops per element).
+    pub flops: f64,
+    /// HBM bytes the update reads and writes.
+    pub bytes: f64,
+    /// Seconds: the bytes at HBM bandwidth.
+    pub seconds: f64,
 }
 
 /// A layer's forward matmul FLOPs as the hardware runs them: MaxText's
@@ -241,28 +278,35 @@ pub fn hardware_matmul_flops(config: &ModelConfig) -> LayerMatmulFlops {
 }
 
 /// The fraction of a layer's forward matmul FLOPs `policy` recomputes in
-/// the backward pass: `full` all of them; `none` and `minimal_flash`
-/// none; `minimal` the attention's (it saves the weight matmuls only);
-/// those that save some projections the rest (per group,
-/// [`layer_matmul_flops`]).
+/// the backward pass: the matmuls whose results the backward reads and the
+/// policy does not save (`jax.checkpoint` rematerializes residuals only; a
+/// result nothing in the backward reads is not recomputed). The backward
+/// reads the query, key and value projections, the attention (a flash
+/// kernel's output, for the output projection's weight gradient), the MLP's
+/// input matmuls and, in a sequential block, the output projection (the
+/// post-attention norm's input is the residual plus it); never `mlpwo`, and
+/// not a parallel block's output projection, which only the residual
+/// reads. So `full` recomputes those, `minimal` the attention (it saves the
+/// weight matmuls only), `minimal_flash` and `none` nothing
+/// ([`crate::model::memory`] has the saved set).
 pub fn recomputed_fraction(config: &ModelConfig, policy: RematPolicy) -> f64 {
     let g = hardware_matmul_flops(config);
     let all = g.total();
     if all <= 0.0 {
         return 0.0;
     }
-    // Only `minimal_flash` keeps the attention's output; every other
-    // policy that saves dots saves weight matmuls (the attention dots have
-    // batch dimensions, and a flash kernel is no dot), so the attention is
-    // recomputed.
+    let out = if config.decoder_block.is_parallel() {
+        0.0
+    } else {
+        g.out
+    };
     let recomputed = match policy {
-        RematPolicy::Full => all,
+        RematPolicy::Full => g.qkv + g.attention + out + g.mlp_in,
         RematPolicy::None | RematPolicy::MinimalFlash => 0.0,
         RematPolicy::Minimal | RematPolicy::MinimalOffloaded => g.attention,
-        RematPolicy::SaveQkvProj | RematPolicy::QkvProjOffloaded => all - g.qkv,
-        RematPolicy::SaveOutProj => all - g.out,
-        RematPolicy::SaveDotExceptMlp => g.attention + g.mlp_in + g.mlp_out,
-        RematPolicy::SaveDotExceptMlpwi => g.attention + g.mlp_in,
+        RematPolicy::SaveQkvProj | RematPolicy::QkvProjOffloaded => g.attention + out + g.mlp_in,
+        RematPolicy::SaveOutProj => g.qkv + g.attention + g.mlp_in,
+        RematPolicy::SaveDotExceptMlp | RematPolicy::SaveDotExceptMlpwi => g.attention + g.mlp_in,
     };
     recomputed / all
 }
@@ -311,36 +355,8 @@ pub fn model_step(
         layer.forward.tensor_seconds = tp.forward_seconds;
         layer.backward.tensor_seconds = tp.backward_seconds;
     }
-    let counts = parameter_count(config);
-    let layers = counts.layers as f64;
-    let (tensors, layer_bytes) = layer_tensors(config);
-    let tensors = tensor::split_tensors(&tensors, t);
-    let layer_bytes = layer_bytes.div_ceil(t);
-    let buckets = tensors.len() as f64;
-    let strategy_options = StrategyOptions {
-        strategy: options.strategy,
-        mesh: options.mesh.clone(),
-        prefetch: options.prefetch,
-        recovery: options.recovery,
-        // The layers' compute spread over the buckets (one layer each, the
-        // embedding's bucket a share of it).
-        use_seconds: layer.forward.elapsed() * layers / buckets,
-        backward_use_seconds: Some(layer.backward.elapsed() * layers / buckets),
-        between_seconds: layer.logits.seconds,
-        record_spans: options.record_spans,
-        data_reduction: options.data_reduction,
-    };
-    let step = modeled_strategy_step(
-        topology,
-        &tensors,
-        DType::F32,
-        2,
-        layer_bytes.max(1),
-        &strategy_options,
-    )?;
-    let model_flops = training_flops_per_device(config, options.formula).total();
-    let hardware_flops = (layer.forward.flops + layer.backward.flops) * layers + layer.logits.flops;
-    let (hbm, not_fitting) = hbm_of(config, &step, spec.hbm_bytes);
+    let layers = parameter_count(config).layers as f64;
+    let step = strategy_step(config, topology, options, &layer, t)?;
     let tensor_exposed =
         (layer.forward.exposed_tensor_seconds() + layer.backward.exposed_tensor_seconds()) * layers;
     let compute = step.use_seconds + step.update_seconds - tensor_exposed;
@@ -359,7 +375,12 @@ pub fn model_step(
             *e = (step_seconds - compute).max(0.0);
         }
     }
-    let tflops = model_flops / step_seconds / 1e12;
+    let model_flops = training_flops_per_device(config, options.formula).total();
+    let hardware_flops = (layer.forward.flops + layer.backward.flops) * layers + layer.logits.flops;
+    let per_chip = |flops: f64| flops / step_seconds / 1e12;
+    let hbm = hbm::model_hbm(config, &step, spec.hbm_bytes);
+    let not_fitting = hbm::not_fitting(config, &hbm);
+    let optimizer = optimizer_step(&options.optimizer, &step, spec.hbm_bytes_per_s);
     let t = config.tokens_per_device();
     Ok(ModelStep {
         model: config.name.clone(),
@@ -369,13 +390,18 @@ pub fn model_step(
         chips: topology.num_devices() as usize,
         tokens_per_device: t,
         efficiency,
+        remat: config.remat,
         calibrated,
         step_seconds,
         tokens_per_s_per_chip: t / step_seconds,
-        tflops_per_chip: tflops,
-        mfu: tflops * 1e12 / spec.peak_bf16_flops,
+        tflops_per_chip: per_chip(model_flops),
+        mfu: per_chip(model_flops) * 1e12 / spec.peak_bf16_flops,
+        flop_formula: options.formula,
         model_flops_per_device: model_flops,
         hardware_flops_per_device: hardware_flops,
+        hardware_tflops_per_chip: per_chip(hardware_flops),
+        hardware_utilization: per_chip(hardware_flops) * 1e12 / spec.peak_bf16_flops,
+        optimizer,
         compute_seconds: compute,
         exposed_communication: (step_seconds - compute).max(0.0),
         phases,
@@ -383,8 +409,80 @@ pub fn model_step(
         fits_in_hbm: not_fitting.is_none(),
         not_fitting,
         hbm,
+        hbm_types: HbmTypes::of(config),
         strategy_step: step,
     })
+}
+
+/// The strategy's step for `config`'s parameters (each device's `1/t` of
+/// them under a tensor axis, one layer a bucket) with the layers' compute
+/// spread over the buckets.
+fn strategy_step(
+    config: &ModelConfig,
+    topology: &Topology,
+    options: &ModelStepOptions,
+    layer: &LayerCompute,
+    t: usize,
+) -> Result<StrategyStep, StepModelError> {
+    let counts = parameter_count(config);
+    let layers = counts.layers as f64;
+    let per_layer = counts.per_layer().div_ceil(t as u64);
+    let rest =
+        (counts.embedding + counts.logits + counts.position + counts.final_norm).div_ceil(t as u64);
+    let elements = per_layer
+        .checked_mul(counts.layers)
+        .and_then(|e| e.checked_add(rest))
+        .unwrap_or(u64::MAX);
+    let elements = usize::try_from(elements).unwrap_or(usize::MAX);
+    let bucket_bytes = (per_layer as usize)
+        .saturating_mul(DType::F32.byte_size())
+        .max(1);
+    let runs = BucketRuns::new(
+        elements,
+        DType::F32,
+        bucket_bytes,
+        topology.num_devices() as usize,
+    )?;
+    let buckets = runs.buckets() as f64;
+    let strategy_options = StrategyOptions {
+        strategy: options.strategy,
+        mesh: options.mesh.clone(),
+        prefetch: options.prefetch,
+        recovery: options.recovery,
+        // The layers' compute spread over the buckets (one layer each, the
+        // embedding's a share of it).
+        use_seconds: layer.forward.elapsed() * layers / buckets,
+        backward_use_seconds: Some(layer.backward.elapsed() * layers / buckets),
+        between_seconds: layer.logits.seconds,
+        record_spans: options.record_spans,
+        data_reduction: options.data_reduction,
+        order: StepOrder::Training,
+        // The weights are cast before their gathers and the weight
+        // gradients are the matmuls' outputs: both in the compute type.
+        collective_element_bytes: Some(config.activation_dtype.byte_size() as usize),
+    };
+    Ok(modeled_strategy_step(
+        topology,
+        &[("model".to_string(), vec![elements])],
+        DType::F32,
+        options.optimizer.slots,
+        bucket_bytes,
+        &strategy_options,
+    )?)
+}
+
+/// The optimizer's update on a device in `step`.
+fn optimizer_step(cost: &UpdateCost, step: &StrategyStep, hbm_per_s: f64) -> OptimizerStep {
+    let elements = step.update_elements;
+    let bytes = elements as f64 * cost.bytes_per_element(DType::F32.byte_size() as u64) as f64;
+    OptimizerStep {
+        name: cost.name,
+        slots: cost.slots,
+        elements,
+        flops: elements as f64 * cost.flops_per_element as f64,
+        bytes,
+        seconds: bytes / hbm_per_s,
+    }
 }
 
 /// The checks before any modeling, and the efficiency to use.
@@ -464,35 +562,6 @@ pub fn layer_tensors(config: &ModelConfig) -> (Vec<(String, Vec<usize>)>, usize)
         tensors,
         counts.per_layer() as usize * DType::F32.byte_size(),
     )
-}
-
-/// HBM per device: the strategy's and the activations the remat policy
-/// keeps; what does not fit `capacity`, if anything.
-fn hbm_of(config: &ModelConfig, step: &StrategyStep, capacity: u64) -> (ModelHbm, Option<String>) {
-    let layers = parameter_count(config).layers as f64;
-    let activations = (activation_memory_per_layer(config).device_bytes * layers).ceil() as u64;
-    let m = &step.memory;
-    let hbm = ModelHbm {
-        params: m.params,
-        grads: m.grads + m.gradient_bucket,
-        state: m.state,
-        redundant: m.redundant_state,
-        gathered: m.gathered_buckets,
-        activations,
-        total: m.total() + activations,
-    };
-    let bytes = crate::sharding::strategy::decimal_bytes;
-    let not_fitting = (hbm.total > capacity).then(|| {
-        format!(
-            "{} per device ({} of it activations under remat {}) of {}: {} over",
-            bytes(hbm.total),
-            bytes(activations),
-            config.remat.name(),
-            bytes(capacity),
-            bytes(hbm.total - capacity)
-        )
-    });
-    (hbm, not_fitting)
 }
 
 /// The efficiency to use on `generation`: the given one (checked), or the

@@ -43,6 +43,12 @@ pub struct ValidationRow {
     pub mesh: String,
     /// Where the modeled mesh differs from the run's script, and why.
     pub mesh_note: Option<String>,
+    /// The modeled peak HBM per device, bytes.
+    pub hbm_bytes: u64,
+    /// A device's HBM, bytes.
+    pub hbm_capacity: u64,
+    /// What is left at the peak (negative: over): the run ran, so it fits.
+    pub hbm_margin: i64,
 }
 
 /// The run's mesh on `topology`: data across the slices, `tensor` from the
@@ -207,6 +213,9 @@ pub fn validate_with(
                 .map_or(0.0, |a| a.seconds),
             mesh: step.mesh.clone(),
             mesh_note,
+            hbm_bytes: step.hbm.total,
+            hbm_capacity: step.hbm.capacity,
+            hbm_margin: step.hbm.margin,
         });
     }
     Ok(rows)

@@ -1,22 +1,18 @@
 //! A training run's report: what [`Outcome::report`] makes of the steps
 //! (the median step and phases, failures, recoveries by part, checkpoint
-//! writes, where the simulated time went and the goodput), the closed-form
-//! [`modeled_run`] for models no host holds, and the text pieces every
-//! printout of a run shares.
+//! writes, where the simulated time went and the goodput), and the text
+//! pieces every printout of a run shares.
 
 use std::collections::BTreeMap;
-use std::time::Instant;
 
 use ndarray::IxDyn;
 use serde::Serialize;
 
-use crate::error::{OptimError, Result};
+use crate::error::Result;
 use crate::optimizers::Optimizer;
 use crate::sharding::RecoveryPolicy;
 use crate::sharding::RecoveryRecord;
 use crate::sharding::ledger::TimeParts;
-use crate::sharding::modeled::ModeledStep;
-use crate::topology::Topology;
 
 use super::run::{FailureRow, Outcome, RunPlan};
 use super::{ShardedOptimizer, ShardedStepReport, WriteOutcome};
@@ -479,56 +475,4 @@ pub fn time_breakdown(r: &TrainReport) -> String {
         }
     }
     format!("time: {}\n", parts.join(", "))
-}
-
-/// A failure-free run of `steps` steps in closed form: the modeled step of
-/// a model of `sizes` elements on `topology` under `recovery`, without data
-/// or a pod in memory.
-#[derive(Debug, Clone)]
-pub struct ModeledRun {
-    /// The closed-form step.
-    pub step: ModeledStep,
-    /// The steps one after another, seconds: no checkpoint, no recovery.
-    pub simulated_seconds: f64,
-    /// Whether a device's HBM holds the step's bytes.
-    pub fits: bool,
-    /// Wall time of the model, seconds.
-    pub wall_seconds: f64,
-}
-
-/// [`ModeledRun`] of the tensors `sizes` (named `param0`, `param1`, …) with
-/// an optimizer of `slots` state slots.
-pub fn modeled_run(
-    topology: &Topology,
-    sizes: &[usize],
-    slots: usize,
-    bucket_bytes: usize,
-    recovery: RecoveryPolicy,
-    steps: u64,
-) -> Result<ModeledRun> {
-    let tensors: Vec<(String, Vec<usize>)> = sizes
-        .iter()
-        .enumerate()
-        .map(|(i, &n)| (format!("param{i}"), vec![n]))
-        .collect();
-    let started = Instant::now();
-    let step = crate::sharding::modeled::modeled_step_with_recovery(
-        topology,
-        &tensors,
-        crate::ir::DType::F32,
-        slots,
-        bucket_bytes,
-        recovery,
-    )
-    .map_err(OptimError::from)?;
-    let wall_seconds = started.elapsed().as_secs_f64();
-    let fits = step.hbm_bytes_per_device <= topology.hbm_bytes;
-    // Failure-free steps one after another: no checkpoint, no recovery.
-    let simulated_seconds = step.timeline.step_seconds * steps as f64;
-    Ok(ModeledRun {
-        step,
-        simulated_seconds,
-        fits,
-        wall_seconds,
-    })
 }

@@ -1,0 +1,155 @@
+//! A device's HBM at the peak of a model's training step, by kind, each
+//! kind in its own element type: what decides whether a layout fits.
+//!
+//! The peak is at the start of the backward pass, where every layer's saved
+//! activations are held at once:
+//!
+//! ```text
+//! peak = params + grads + state + master + redundant    (resident; replicated and zero2 keep
+//!                                                        a compute-type replica beside an f32 master shard)
+//!      + gathered buckets + the gradient bucket          (fsdp's in flight, the collectives' type)
+//!      + saved activations (the scan carry included)     (model::memory, the activations' type)
+//!      + max(logits buffers, one layer's working set)    (the loss, then each layer's backward)
+//! ```
+//!
+//! The logits (`f32`) and their gradient are freed once the logits'
+//! backward has run, before the first layer's backward rematerializes its
+//! intermediates, so the two transients do not add. The saved activations
+//! follow the remat policy ([`crate::model::memory`]) and, like every
+//! activation, are `tokens_per_device × width` on each device whatever the
+//! tensor axis. Every published MaxText run fits with this account
+//! (`tests/validation.rs` reports each margin).
+
+use serde::Serialize;
+
+use crate::model::{
+    ModelConfig, ModelDType, activation_memory_per_layer, layer_working_set, logits_buffers,
+    parameter_count,
+};
+use crate::sharding::strategy::decimal_bytes;
+use crate::sharding::strategy_model::StrategyStep;
+
+/// HBM per device by kind at the step's peak, bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct ModelHbm {
+    /// Parameters: under fsdp the shard (`weight_dtype`); replicated and
+    /// zero2 a replica in the compute type (`dtype`) when it is narrower.
+    pub params: u64,
+    /// Gradient buffers: the whole model (replicated) or the shard.
+    pub grads: u64,
+    /// Optimizer state: every slot's shard (`f32`).
+    pub state: u64,
+    /// replicated and zero2: the parameters' shard in their own type, the
+    /// master copy beside the compute-type replica (ZeRO's mixed
+    /// precision; 0 under fsdp, whose shard is the parameters).
+    pub master: u64,
+    /// The redundant policy's copies of a peer's shards.
+    pub redundant: u64,
+    /// fsdp's gathered buckets in flight (one layer each).
+    pub gathered: u64,
+    /// The gradient bucket being reduce-scattered (zero2, fsdp).
+    pub gradient_bucket: u64,
+    /// Every layer's saved activations under the remat policy, the scan's
+    /// carry included.
+    pub activations: u64,
+    /// The logits and their gradient (`f32`), at the loss.
+    pub logits: u64,
+    /// One layer's rematerialized intermediates and gradients, during its
+    /// backward pass.
+    pub layer_working: u64,
+    /// The peak: all but the two transients, plus the larger of them.
+    pub total: u64,
+    /// A device's HBM.
+    pub capacity: u64,
+    /// `capacity − total`: what is left at the peak (negative: over).
+    pub margin: i64,
+}
+
+impl ModelHbm {
+    /// Whether the peak fits the device.
+    pub fn fits(&self) -> bool {
+        self.total <= self.capacity
+    }
+}
+
+/// The element types the account charges each kind in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct HbmTypes {
+    /// Parameters and gradients (`weight_dtype`).
+    pub params: ModelDType,
+    /// Optimizer moments (optax keeps them in the parameters' type).
+    pub state: ModelDType,
+    /// Activations (`dtype`).
+    pub activations: ModelDType,
+    /// The logits and the loss.
+    pub logits: ModelDType,
+}
+
+impl HbmTypes {
+    /// The types of `config`'s step.
+    pub fn of(config: &ModelConfig) -> HbmTypes {
+        HbmTypes {
+            params: config.weight_dtype,
+            state: config.weight_dtype,
+            activations: config.activation_dtype,
+            logits: ModelDType::F32,
+        }
+    }
+}
+
+/// `config`'s peak HBM on a device of `capacity` bytes under the strategy
+/// of `step` (module docs).
+pub fn model_hbm(config: &ModelConfig, step: &StrategyStep, capacity: u64) -> ModelHbm {
+    let layers = parameter_count(config).layers as f64;
+    let activations = (activation_memory_per_layer(config).device_bytes * layers).ceil() as u64;
+    let logits = logits_buffers(config).ceil() as u64;
+    let layer_working = layer_working_set(config).ceil() as u64;
+    let m = &step.memory;
+    let total = [
+        m.params,
+        m.grads,
+        m.state,
+        m.master,
+        m.redundant_state,
+        m.gathered_buckets,
+        m.gradient_bucket,
+        activations,
+        logits.max(layer_working),
+    ]
+    .iter()
+    .fold(0u64, |sum, &b| sum.saturating_add(b));
+    ModelHbm {
+        params: m.params,
+        grads: m.grads,
+        state: m.state,
+        master: m.master,
+        redundant: m.redundant_state,
+        gathered: m.gathered_buckets,
+        gradient_bucket: m.gradient_bucket,
+        activations,
+        logits,
+        layer_working,
+        total,
+        capacity,
+        margin: i64::try_from(i128::from(capacity) - i128::from(total)).unwrap_or(i64::MIN),
+    }
+}
+
+/// What does not fit, and by how much: the one message `train` prints and
+/// `goodput` refuses with.
+pub fn not_fitting(config: &ModelConfig, hbm: &ModelHbm) -> Option<String> {
+    (!hbm.fits()).then(|| {
+        format!(
+            "{} per device at the step's peak (weights, gradients and state {}, fsdp buffers {}, \
+             activations {} under remat {}, logits or a layer's backward {}) of {}: {} over",
+            decimal_bytes(hbm.total),
+            decimal_bytes(hbm.params + hbm.grads + hbm.state + hbm.master + hbm.redundant),
+            decimal_bytes(hbm.gathered + hbm.gradient_bucket),
+            decimal_bytes(hbm.activations),
+            config.remat.name(),
+            decimal_bytes(hbm.logits.max(hbm.layer_working)),
+            decimal_bytes(hbm.capacity),
+            decimal_bytes(hbm.total - hbm.capacity)
+        )
+    })
+}
