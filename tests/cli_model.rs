@@ -334,3 +334,134 @@ fn a_tensor_axis_and_the_data_reduction_are_taken_for_a_models_modeled_step_only
         "heads",
     );
 }
+
+/// `goodput --model` takes `train`'s layout, and a run that cannot start
+/// has no goodput: a layout that does not fit is refused with `train`'s
+/// message unless `--allow-overflow`.
+#[test]
+fn goodput_takes_the_layout_and_refuses_what_does_not_fit() {
+    fn goodput<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+        let mut args = vec![
+            "goodput",
+            "v5e-256",
+            "--model",
+            "maxtext-v5e-128b",
+            "--mtbf-hours",
+            "50000",
+            "--days",
+            "2",
+        ];
+        args.extend_from_slice(extra);
+        args
+    }
+    // The published layout (tensor=16) fits; goodput's step is train's.
+    let fits = json(&goodput(&["--mesh", "fsdp=16,tensor=16", "--json"]));
+    let train = json(&[
+        "train",
+        "v5e-256",
+        "--model",
+        "maxtext-v5e-128b",
+        "--modeled-only",
+        "--strategy",
+        "fsdp",
+        "--mesh",
+        "fsdp=16,tensor=16",
+        "--json",
+    ]);
+    assert_eq!(train["fits_in_hbm"], true);
+    let step = fits["config"]["step_seconds"].as_f64().unwrap();
+    assert!((step - train["step_seconds"].as_f64().unwrap()).abs() < 1e-9);
+    // The default mesh (fsdp over 256 chips, no tensor axis) does not.
+    let out = optirs(&goodput(&[]));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    let refusal = err.lines().next().unwrap().to_string();
+    let train_text = optirs(&[
+        "train",
+        "v5e-256",
+        "--model",
+        "maxtext-v5e-128b",
+        "--modeled-only",
+        "--strategy",
+        "fsdp",
+    ]);
+    let text = String::from_utf8_lossy(&train_text.stdout);
+    let why = text
+        .lines()
+        .find_map(|l| l.split("does not fit: ").nth(1))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(refusal.contains(why), "{refusal} / {why}");
+    assert!(refusal.contains("--allow-overflow"), "{refusal}");
+    // Asked for, the number anyway.
+    let anyway = json(&goodput(&["--allow-overflow", "--json"]));
+    assert!(anyway["goodput"].as_f64().unwrap() > 0.0);
+    // The strategy and data reduction change the step.
+    let zero2 = json(&goodput(&[
+        "--mesh",
+        "fsdp=16,tensor=16",
+        "--strategy",
+        "zero2",
+        "--allow-overflow",
+        "--json",
+    ]));
+    assert!(zero2["config"]["step_seconds"].as_f64().unwrap() >= step * (1.0 - 1e-12));
+    // A layout flag without --model, a bad mesh, a prefetch without fsdp.
+    for (args, needle) in [
+        (
+            vec![
+                "goodput",
+                "--model-params",
+                "1e9",
+                "--mtbf-hours",
+                "1e4",
+                "--days",
+                "1",
+                "--strategy",
+                "zero2",
+            ],
+            "--strategy",
+        ),
+        (goodput(&["--mesh", "data=3"]), "--mesh data=3"),
+        (
+            goodput(&["--strategy", "zero2", "--prefetch", "2"]),
+            "--prefetch 2",
+        ),
+        (goodput(&["--prefetch", "5000"]), "--prefetch"),
+    ] {
+        usage_error(&args, needle);
+    }
+}
+
+/// `--optimizer` counts in a model's modeled step: its state slots in the
+/// HBM account and its update in the step, named in the JSON.
+#[test]
+fn the_optimizer_counts_in_a_model_s_step() {
+    let of = |optimizer: &str| {
+        json(&[
+            "train",
+            "v5p-128",
+            "--model",
+            "llama2-7b",
+            "--modeled-only",
+            "--strategy",
+            "fsdp",
+            "--optimizer",
+            optimizer,
+            "--json",
+        ])
+    };
+    let (sgd, momentum, adam) = (of("sgd"), of("momentum"), of("ADAM"));
+    for (r, name, slots) in [
+        (&sgd, "sgd", 0),
+        (&momentum, "momentum", 1),
+        (&adam, "adam", 2),
+    ] {
+        assert_eq!(r["optimizer"]["name"], name);
+        assert_eq!(r["optimizer"]["slots"], slots);
+    }
+    let state = |r: &serde_json::Value| r["hbm_by_kind"]["state"].as_u64().unwrap();
+    assert_eq!(state(&sgd), 0);
+    assert_eq!(state(&adam), 2 * state(&momentum));
+    let update = |r: &serde_json::Value| r["optimizer"]["seconds"].as_f64().unwrap();
+    assert!(update(&sgd) < update(&momentum) && update(&momentum) < update(&adam));
+}

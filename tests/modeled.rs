@@ -369,3 +369,47 @@ fn the_twisted_torus_moves_no_more_bytes_than_the_plain_one() {
         .sum();
     assert!(communication >= f(&twisted["link_bytes"]) / figure(TWISTED));
 }
+
+/// A model of any size is modeled as fast as a small one (the closed form
+/// jumps over its equal buckets), its byte counts past 2^64 written as
+/// numbers; past the closed form's limit the input is refused, naming it.
+#[test]
+fn any_size_models_in_the_time_a_small_one_does() {
+    for params in ["1e6", "1e17", "1e18"] {
+        for strategy in ["replicated", "fsdp"] {
+            let r = json(&[
+                "train",
+                "--params",
+                params,
+                "--modeled-only",
+                "--strategy",
+                strategy,
+                "--json",
+            ]);
+            assert!(f(&r["step_modeled_seconds"]) > 0.0);
+            assert!(f(&r["link_bytes"]) > 0.0);
+            assert!(f(&r["wall_seconds"]) < 0.05, "{params} {strategy}: {r}");
+        }
+    }
+    let r = json(&[
+        "train",
+        "--bucket-bytes",
+        "64",
+        "--params",
+        "1e9",
+        "--modeled-only",
+        "--json",
+    ]);
+    assert_eq!(r["buckets"], 62_500_000);
+    assert!(f(&r["wall_seconds"]) < 0.05);
+    for args in [
+        &["train", "--params", "2e18", "--modeled-only"][..],
+        &["train", "--params", "1e18,1e18", "--modeled-only"][..],
+    ] {
+        let out = optirs(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains("2^60"), "{err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}

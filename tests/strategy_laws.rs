@@ -216,3 +216,74 @@ fn the_cost_of_modeling_does_not_grow_with_the_model() {
         }
     }
 }
+
+/// The README's strategy advice, held to the program's numbers: replicated
+/// and zero2 move the same bytes, fsdp 1.5 times them and is never the
+/// faster, in an optimizer step and in a model's training step; fsdp holds
+/// the model `F`-fold smaller (175e9 Adam parameters: 1.40 TB per device
+/// replicated, 534 MB under fsdp on a 6144-chip v5p slice).
+#[test]
+fn the_readme_strategy_advice_holds() {
+    use optirs_tpu::model::bundled;
+    use optirs_tpu::step_model::{ModelStepOptions, model_step};
+    let v4 = load_topology("v4-64").unwrap();
+    let params = 64 * 1_000_000;
+    let of = |strategy| step(&v4, params, 25 << 20, &StrategyOptions::new(strategy, &v4));
+    let (rep, z2, fsdp) = (
+        of(Strategy::Replicated),
+        of(Strategy::Zero2),
+        of(Strategy::Fsdp),
+    );
+    assert_eq!(rep.link_bytes, z2.link_bytes);
+    assert_eq!(2 * fsdp.link_bytes, 3 * rep.link_bytes);
+    assert!(rep.step_seconds <= fsdp.step_seconds && z2.step_seconds <= fsdp.step_seconds);
+    // A model's training step: the same ratio in the compute type, and
+    // fsdp never the faster.
+    for (model, pod) in [("llama2-7b", "v5p-128"), ("maxtext-v5e-16b", "v5e-256")] {
+        let topology = load_topology(pod).unwrap();
+        let config = bundled(model).unwrap();
+        let of = |strategy| {
+            let options = ModelStepOptions {
+                strategy,
+                ..ModelStepOptions::new(&topology)
+            };
+            model_step(&config, &topology, &options).unwrap()
+        };
+        let (rep, z2, fsdp) = (
+            of(Strategy::Replicated),
+            of(Strategy::Zero2),
+            of(Strategy::Fsdp),
+        );
+        let bytes = |s: &optirs_tpu::step_model::ModelStep| s.strategy_step.link_bytes;
+        assert_eq!(bytes(&rep), bytes(&z2), "{model}");
+        assert_eq!(2 * bytes(&fsdp), 3 * bytes(&rep), "{model}");
+        for fewer in [&rep, &z2] {
+            assert!(
+                fewer.step_seconds <= fsdp.step_seconds * (1.0 + 1e-12),
+                "{model}"
+            );
+        }
+        assert!(fsdp.hbm.total < z2.hbm.total && z2.hbm.total < rep.hbm.total);
+    }
+    let v5p = optirs_tpu::topology::parse_topology(
+        "Pod(name: \"v5p-12288\", generation: \"v5p\", shape: \"16x16x24\")",
+        "v5p.ron",
+    )
+    .unwrap();
+    let of = |strategy| {
+        step(
+            &v5p,
+            175_000_000_000,
+            25 << 20,
+            &StrategyOptions::new(strategy, &v5p),
+        )
+        .hbm_bytes_per_device
+    };
+    let gb = |b: u64| b as f64 / 1e9;
+    assert!((gb(of(Strategy::Replicated)) / 1400.0 - 1.0).abs() < 0.005);
+    assert!(
+        (gb(of(Strategy::Fsdp)) / 0.534 - 1.0).abs() < 0.005,
+        "{}",
+        of(Strategy::Fsdp)
+    );
+}

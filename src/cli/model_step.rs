@@ -194,7 +194,7 @@ fn print_text(step: &ModelStep, topology: &Topology, params: u64, wall_seconds: 
     let mut out = std::io::stdout().lock();
     writeln!(
         out,
-        "modeled {} ({} parameters) on {} ({}), {} on mesh {}: step {}, {:.0} tokens/s/chip, \
+        "modeled {} ({} parameters) on {} ({}), {} on mesh {}: step {}, {} tokens/s/chip, \
          MFU {:.1} % ({:.1} TFLOP/s/chip by {}), hardware {:.1} % of the bf16 peak (MXU \
          efficiency {}{}), modeled in {} wall",
         step.model,
@@ -204,7 +204,10 @@ fn print_text(step: &ModelStep, topology: &Topology, params: u64, wall_seconds: 
         step.strategy,
         step.mesh,
         output::seconds(step.step_seconds),
-        step.tokens_per_s_per_chip,
+        match step.tokens_per_s_per_chip {
+            t if t >= 10.0 => format!("{t:.0}"),
+            t => format!("{t:.3}"),
+        },
         step.mfu * 100.0,
         step.tflops_per_chip,
         step.flop_formula.name(),

@@ -152,6 +152,15 @@ impl DecoderBlock {
     }
 }
 
+/// The most parameters a model may have: 2^60 (1.15·10^18), the closed
+/// form's limit (`sharding::bucket_runs::MAX_MODELED_ELEMENTS`), so every
+/// count of them stays a `u64`.
+pub const MAX_PARAMETERS: u64 = 1 << 60;
+
+/// The most sequences a device may take per step: 2^24, far past any
+/// batch that fits a chip, so every token count stays exact in an `f64`.
+pub const MAX_PER_DEVICE_BATCH: f64 = 16_777_216.0;
+
 /// MLP activations MaxText's `MlpBlock` accepts that the bundled models use
 /// (`linear` or a `flax.linen` function name); others are refused as typos.
 pub const KNOWN_ACTIVATIONS: [&str; 7] =
@@ -346,6 +355,16 @@ impl ModelConfig {
                 format!("{} is not a positive number", self.per_device_batch),
             ));
         }
+        if self.per_device_batch > MAX_PER_DEVICE_BATCH {
+            return Err((
+                "per_device_batch",
+                format!(
+                    "{:e} sequences a device is more than 2^24 ({MAX_PER_DEVICE_BATCH})",
+                    self.per_device_batch
+                ),
+            ));
+        }
+        self.check_parameter_count()?;
         if self.trainable_position_size > 1 << 24 {
             return Err(("trainable_position_size", "is more than 2^24".into()));
         }
@@ -357,6 +376,48 @@ impl ModelConfig {
             ));
         }
         Ok(())
+    }
+
+    /// The parameters multiplied out in 128 bits: more than
+    /// [`MAX_PARAMETERS`] is refused, naming the width that makes a layer
+    /// too large, or `layers`.
+    fn check_parameter_count(&self) -> Result<(), (&'static str, String)> {
+        let w = |v: u64| u128::from(v);
+        let (e, h, kv, d, m) = (
+            w(self.embed),
+            w(self.heads),
+            w(self.kv_heads),
+            w(self.head_dim),
+            w(self.mlp_dim),
+        );
+        let n = self.mlp_activations.len() as u128;
+        // Every term of `parameter_count`, bounded above (biases, norms
+        // and position rows included at their largest).
+        let per_layer = e * (h + 2 * kv) * d
+            + h * d * e
+            + (n + 1) * m * e
+            + 8 * e
+            + 2 * (h + 2 * kv) * d
+            + n * m
+            + 32 * h;
+        let embedding = 2 * w(self.vocab) * e + w(self.trainable_position_size) * e + 2 * e;
+        let total = per_layer * w(self.layers) + embedding;
+        if total <= u128::from(MAX_PARAMETERS) {
+            return Ok(());
+        }
+        let field = if per_layer + embedding > u128::from(MAX_PARAMETERS) {
+            "embed"
+        } else {
+            "layers"
+        };
+        Err((
+            field,
+            format!(
+                "the model has about {:.2e} parameters, more than the 2^60 (1.15e18) the step \
+                 model takes",
+                total as f64
+            ),
+        ))
     }
 
     /// Tokens one chip processes per step: `per_device_batch × seq_len`.
@@ -479,6 +540,35 @@ mod tests {
             assert_eq!(text, policy.name());
             assert_eq!(ron::from_str::<RematPolicy>(&text).unwrap(), policy);
         }
+    }
+
+    #[test]
+    fn a_model_past_the_planner_s_limits_names_the_field() {
+        let mut config = crate::model::bundled("llama2-7b").unwrap();
+        let mut wide = config.clone();
+        wide.attention_width_is_embed = false;
+        wide.embed = 1 << 24;
+        wide.heads = 1 << 24;
+        wide.kv_heads = 1 << 24;
+        wide.head_dim = 1 << 24;
+        wide.mlp_dim = 1 << 24;
+        // Each dimension is allowed; their product (3e29 parameters, past
+        // any u64) is not.
+        let err = wide.validate().unwrap_err();
+        assert_eq!(err.0, "embed", "{}", err.1);
+        assert!(err.1.contains("2^60"), "{}", err.1);
+        // Layers of an allowed width, too many of them.
+        config.layers = 1 << 24;
+        config.embed = 1 << 16;
+        config.mlp_dim = 1 << 18;
+        config.head_dim = (1 << 16) / 32;
+        let err = config.validate().unwrap_err();
+        assert_eq!(err.0, "layers", "{}", err.1);
+        let mut batch = crate::model::bundled("llama2-7b").unwrap();
+        batch.per_device_batch = 1e300;
+        assert_eq!(batch.validate().unwrap_err().0, "per_device_batch");
+        batch.per_device_batch = 16_777_216.0;
+        assert!(batch.validate().is_ok());
     }
 
     #[test]

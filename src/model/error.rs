@@ -50,7 +50,7 @@ pub enum ModelError {
     /// `per_device_batch × chips` is not a whole number of sequences, or
     /// there are no chips.
     #[error(
-        "model `{model}`: per_device_batch {per_device_batch} x {chips} chips = {product} \
+        "model `{model}`: per_device_batch {per_device_batch:e} x {chips} chips = {product:e} \
          is not a positive whole number of sequences"
     )]
     FractionalGlobalBatch {

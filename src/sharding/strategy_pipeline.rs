@@ -338,7 +338,8 @@ impl<'w> StepRun<'w> {
 
 impl Streams {
     /// `steps` steps of the pipelined order back to back (module docs);
-    /// the sums and spans are the last step's. `window` gathered buckets
+    /// the sums and spans are the last step's (the spans from its first
+    /// one, which may start before the step before ends). `window` gathered buckets
     /// in flight under `fsdp`. Returns the last step's length: from the
     /// end of the step before it to its own end (the whole step if one).
     pub(super) fn pipelined(
@@ -364,6 +365,16 @@ impl Streams {
             }
             carry = self.pipelined_step(work, seconds, (window, fsdp), carry);
             end = self.comm_free.max(self.compute_free);
+        }
+        // The reported step's spans from its first one.
+        let first = self
+            .spans
+            .iter()
+            .map(|s| s.start_seconds)
+            .fold(f64::INFINITY, f64::min);
+        for span in &mut self.spans {
+            span.start_seconds -= first;
+            span.end_seconds -= first;
         }
         end - previous_end
     }

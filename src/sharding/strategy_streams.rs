@@ -259,8 +259,10 @@ impl Streams {
     pub(super) fn after_update(&mut self, work: Work, uses: Uses) {
         let b = work.runs.buckets();
         let forward_end = b as f64 * uses.forward;
-        for k in 0..b {
-            if self.record {
+        // Spans only when recording: a loop over every bucket would make
+        // the cost of modeling grow with the model.
+        if self.record {
+            for k in 0..b {
                 let start = k as f64 * uses.forward;
                 self.span(
                     k,
@@ -275,8 +277,8 @@ impl Streams {
         self.between(uses.between);
         let backward_start = self.compute_free;
         let used = |k: usize| backward_start + (k + 1) as f64 * uses.backward;
-        for k in 0..b {
-            if self.record {
+        if self.record {
+            for k in 0..b {
                 self.span(
                     k,
                     SpanKind::Use { backward: true },
