@@ -187,10 +187,6 @@ pub(super) fn modeled(args: &TrainArgs, config: &ModelConfig, topology: &Topolog
 
 /// The model step's report as text.
 fn print_text(step: &ModelStep, topology: &Topology, params: u64, wall_seconds: f64) -> Result<()> {
-    let fits = match &step.not_fitting {
-        None => "fits in HBM".to_string(),
-        Some(why) => format!("does not fit: {why}"),
-    };
     let mut out = std::io::stdout().lock();
     writeln!(
         out,
@@ -276,6 +272,15 @@ fn print_text(step: &ModelStep, topology: &Topology, params: u64, wall_seconds: 
             output::seconds(dcn.seconds),
         )?;
     }
+    print_hbm(&mut out, step, topology)
+}
+
+/// The step's HBM line: its peak per device against the chip's, by kind.
+fn print_hbm(out: &mut impl Write, step: &ModelStep, topology: &Topology) -> Result<()> {
+    let fits = match &step.not_fitting {
+        None => "fits in HBM".to_string(),
+        Some(why) => format!("does not fit: {why}"),
+    };
     let h = &step.hbm;
     let bytes = optirs_tpu::sharding::strategy::decimal_bytes;
     let left = if h.margin >= 0 {

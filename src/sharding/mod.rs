@@ -52,6 +52,7 @@ pub mod step;
 pub mod stored_model;
 pub mod strategy;
 pub mod strategy_model;
+mod strategy_options;
 mod strategy_pipeline;
 mod strategy_step;
 mod strategy_streams;
