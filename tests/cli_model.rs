@@ -371,6 +371,26 @@ fn goodput_takes_the_layout_and_refuses_what_does_not_fit() {
     assert_eq!(train["fits_in_hbm"], true);
     let step = fits["config"]["step_seconds"].as_f64().unwrap();
     assert!((step - train["step_seconds"].as_f64().unwrap()).abs() < 1e-9);
+    // Its report names the layout and the fit, as train's does.
+    let layout = &fits["model_step"];
+    assert_eq!(layout["mesh"], "data=1,fsdp=16,tensor=16");
+    assert_eq!(layout["strategy"], "fsdp");
+    assert_eq!(layout["fits_in_hbm"], true);
+    assert_eq!(layout["hbm_margin_bytes"], train["hbm_margin_bytes"]);
+    assert_eq!(
+        layout["hbm_bytes_per_device"],
+        train["hbm_bytes_per_device"]
+    );
+    let text = optirs(&goodput(&["--mesh", "fsdp=16,tensor=16"]));
+    let text = String::from_utf8_lossy(&text.stdout);
+    let line = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("model "))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(
+        line.contains("fsdp on mesh data=1,fsdp=16,tensor=16") && line.contains(" left)"),
+        "{line}"
+    );
     // The default mesh (fsdp over 256 chips, no tensor axis) does not.
     let out = optirs(&goodput(&[]));
     let err = String::from_utf8_lossy(&out.stderr);
@@ -395,6 +415,8 @@ fn goodput_takes_the_layout_and_refuses_what_does_not_fit() {
     // Asked for, the number anyway.
     let anyway = json(&goodput(&["--allow-overflow", "--json"]));
     assert!(anyway["goodput"].as_f64().unwrap() > 0.0);
+    assert_eq!(anyway["model_step"]["fits_in_hbm"], false);
+    assert!(anyway["model_step"]["hbm_margin_bytes"].as_i64().unwrap() < 0);
     // The strategy and data reduction change the step.
     let zero2 = json(&goodput(&[
         "--mesh",

@@ -259,12 +259,12 @@ pub fn goodput(args: GoodputArgs) -> Result<()> {
             };
             let (step, params) =
                 super::model_step::goodput_step(spec, &topology, &layout, args.allow_overflow)?;
-            Some((step.step_seconds, params))
+            Some((step, params))
         }
         None => None,
     };
-    let params = match (model, args.model_params) {
-        (Some((_, params)), _) => params,
+    let params = match (&model, args.model_params) {
+        (Some((_, params)), _) => *params,
         (None, Some(params)) => params as u64,
         (None, None) => return Err(usage("--model-params N or --model NAME is required")),
     };
@@ -286,10 +286,10 @@ pub fn goodput(args: GoodputArgs) -> Result<()> {
     config.storage_bytes_per_s = args.storage_bytes_per_s;
     // Everything but the step is checked before the step is modeled.
     config.check(&fleet).map_err(refused)?;
-    let step_source = match (args.step_seconds, model) {
+    let step_source = match (args.step_seconds, &model) {
         (Some(_), _) => "--step-seconds",
-        (None, Some((seconds, _))) => {
-            config.step_seconds = seconds;
+        (None, Some((step, _))) => {
+            config.step_seconds = step.step_seconds;
             "the model's whole step (step_model)"
         }
         (None, None) => {
@@ -317,10 +317,16 @@ pub fn goodput(args: GoodputArgs) -> Result<()> {
     if args.json {
         let mut value = serde_json::to_value(&report)?;
         value["step_source"] = step_source.into();
+        if let Some((step, _)) = &model {
+            value["model_step"] = super::model_step::goodput_layout_json(step, &topology);
+        }
         value["wall_seconds"] = host_seconds.into();
         return output::print_json(&value);
     }
-    output::print_text(&text(&report, step_source, host_seconds))
+    let layout = model.as_ref().map_or(String::new(), |(step, _)| {
+        super::model_step::goodput_layout_line(step, &topology)
+    });
+    output::print_text(&text(&report, step_source, &layout, host_seconds))
 }
 
 /// A span of simulated time: seconds below an hour, hours above (written
@@ -357,9 +363,10 @@ fn breakdown(costs: &Costs, recovery: RecoveryPolicy, name: &str) -> String {
     format!("{name} {} = {}", secs(total), terms.join(" + "))
 }
 
-fn text(r: &GoodputReport, step_source: &str, host_seconds: f64) -> String {
+fn text(r: &GoodputReport, step_source: &str, layout: &str, host_seconds: f64) -> String {
     let c = &r.costs;
     let mut out = headline(r);
+    out += layout;
     out += &format!(
         "  productive     {} ({} of {}, {step_source})\n",
         span(r.productive_seconds),

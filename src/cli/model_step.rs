@@ -135,6 +135,51 @@ pub(super) fn goodput_step(
     Ok((step, parameter_count(&config).total()))
 }
 
+/// What `goodput --model` reports of the step it took: the layout, the
+/// step, and whether (and by how much) it fits.
+pub(super) fn goodput_layout_json(step: &ModelStep, topology: &Topology) -> serde_json::Value {
+    json!({
+        "model": step.model,
+        "strategy": step.strategy.name(),
+        "mesh": step.mesh,
+        "data_reduction": step.data_reduction.name(),
+        "optimizer": step.optimizer.name,
+        "step_seconds": step.step_seconds,
+        "mfu": step.mfu,
+        "hbm_bytes_per_device": step.hbm.total,
+        "hbm_capacity_bytes": topology.hbm_bytes,
+        "hbm_margin_bytes": step.hbm.margin,
+        "fits_in_hbm": step.fits_in_hbm,
+        "not_fitting": step.not_fitting,
+    })
+}
+
+/// `goodput --model`'s layout line: the strategy, the mesh and the HBM at
+/// the step's peak against the chip's.
+pub(super) fn goodput_layout_line(step: &ModelStep, topology: &Topology) -> String {
+    format!(
+        "  model          {}, {} on mesh {}, MFU {:.1} %; HBM per device at the step's peak {} \
+         of {} ({})\n",
+        step.model,
+        step.strategy,
+        step.mesh,
+        step.mfu * 100.0,
+        optirs_tpu::sharding::strategy::decimal_bytes(step.hbm.total),
+        optirs_tpu::sharding::strategy::decimal_bytes(topology.hbm_bytes),
+        hbm_left(step.hbm.margin),
+    )
+}
+
+/// `5.52 GB left`, `192.0 GB over`.
+fn hbm_left(margin: i64) -> String {
+    let bytes = optirs_tpu::sharding::strategy::decimal_bytes;
+    if margin >= 0 {
+        format!("{} left", bytes(margin as u64))
+    } else {
+        format!("{} over", bytes(margin.unsigned_abs()))
+    }
+}
+
 /// `train --model --modeled-only`: the report of the model's step.
 pub(super) fn modeled(args: &TrainArgs, config: &ModelConfig, topology: &Topology) -> Result<()> {
     let started = Instant::now();
@@ -283,11 +328,7 @@ fn print_hbm(out: &mut impl Write, step: &ModelStep, topology: &Topology) -> Res
     };
     let h = &step.hbm;
     let bytes = optirs_tpu::sharding::strategy::decimal_bytes;
-    let left = if h.margin >= 0 {
-        format!("{} left", bytes(h.margin as u64))
-    } else {
-        format!("{} over", bytes(h.margin.unsigned_abs()))
-    };
+    let left = hbm_left(h.margin);
     writeln!(
         out,
         "  HBM per device at the step's peak {} of {} ({left}): weights, gradients and state {}, \
