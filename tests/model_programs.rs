@@ -96,6 +96,8 @@ fn bf16_activations_move_half_the_bytes_of_f32() {
     assert_eq!(bf16.activation_dtype, ModelDType::Bf16);
     let f32s = ModelConfig {
         activation_dtype: ModelDType::F32,
+        grad_dtype: None,
+        mu_dtype: None,
         ..bf16.clone()
     };
     let t = tokens(&bf16);
@@ -251,6 +253,8 @@ fn small_config() -> impl Strategy<Value = ModelConfig> {
                     remat: RematPolicy::Full,
                     weight_dtype: ModelDType::F32,
                     activation_dtype: ModelDType::Bf16,
+                    grad_dtype: None,
+                    mu_dtype: None,
                     logits_via_embedding: false,
                     attention_width_is_embed: false,
                     trainable_position_size: 0,

@@ -3,6 +3,7 @@
 //! communication hidden behind compute, and the refusals.
 
 use optirs_tpu::model::{FlopFormula, ModelDType, RematPolicy, bundled, training_flops_per_device};
+use optirs_tpu::sharding::Strategy;
 use optirs_tpu::step_model::{
     ModelStepOptions, StepModelError, calibration, model_step, recomputed_fraction,
 };
@@ -125,10 +126,6 @@ fn bad_fields_are_errors_naming_the_field() {
             "{e}: {err}"
         );
     }
-    let mut narrow = config.clone();
-    narrow.weight_dtype = ModelDType::Bf16;
-    let err = model_step(&narrow, &topology, &ModelStepOptions::new(&topology)).unwrap_err();
-    assert!(err.to_string().starts_with("weight_dtype = bf16"), "{err}");
     let mut fractional = config.clone();
     fractional.per_device_batch = 1.0 / 3.0;
     let err = model_step(&fractional, &topology, &ModelStepOptions::new(&topology)).unwrap_err();
@@ -299,4 +296,79 @@ fn a_causal_kernel_runs_the_blocks_on_and_below_the_diagonal() {
         err.contains("attention_kernel") && err.contains("bad.ron"),
         "{err}"
     );
+}
+
+/// Each kind in its own type: bf16 weights halve the parameters, the
+/// gradient shards, the state and the update's bytes and keep no master
+/// copy; `mu_dtype` narrows Adam's first moment only; `grad_dtype` sets
+/// the gradient shards and the bytes of their reduction over `data`.
+#[test]
+fn weights_gradients_and_moments_each_take_their_own_type() {
+    let topology = load_preset("v5p-128").unwrap();
+    let f32s = bundled("llama2-7b").unwrap();
+    let step = |config: &optirs_tpu::model::ModelConfig, strategy| {
+        let options = ModelStepOptions {
+            strategy,
+            ..ModelStepOptions::new(&topology)
+        };
+        model_step(config, &topology, &options).unwrap()
+    };
+    let near = |a: u64, b: u64| (a as f64 - b as f64).abs() <= 4096.0 + 1e-6 * b as f64;
+    let mut bf16 = f32s.clone();
+    bf16.weight_dtype = ModelDType::Bf16;
+    let (wide, narrow) = (step(&f32s, Strategy::Fsdp), step(&bf16, Strategy::Fsdp));
+    assert!(
+        near(2 * narrow.hbm.params, wide.hbm.params),
+        "{:?}",
+        narrow.hbm
+    );
+    assert!(near(2 * narrow.hbm.grads, wide.hbm.grads));
+    assert!(near(2 * narrow.hbm.state, wide.hbm.state));
+    assert!((2.0 * narrow.optimizer.bytes - wide.optimizer.bytes).abs() < 1.0);
+    assert_eq!(narrow.hbm_types.params, ModelDType::Bf16);
+    // The compute type is unchanged: the gathers and the FLOPs are too.
+    assert_eq!(narrow.hbm.gathered, wide.hbm.gathered);
+    assert!(narrow.step_seconds <= wide.step_seconds);
+    // Under ZeRO-1 a master copy exists only when the weights are wider
+    // than the compute type.
+    let (wide, narrow) = (
+        step(&f32s, Strategy::Replicated),
+        step(&bf16, Strategy::Replicated),
+    );
+    assert!(wide.hbm.master > 0 && narrow.hbm.master == 0);
+    assert_eq!(narrow.hbm.params, wide.hbm.params);
+    // mu_dtype: Adam's first moment in bf16, the second in f32.
+    let mut mu = f32s.clone();
+    mu.mu_dtype = Some(ModelDType::Bf16);
+    let (wide, moment) = (step(&f32s, Strategy::Fsdp), step(&mu, Strategy::Fsdp));
+    assert!(
+        near(4 * moment.hbm.state, 3 * wide.hbm.state),
+        "{:?}",
+        moment.hbm
+    );
+    assert_eq!(moment.hbm.params, wide.hbm.params);
+    assert_eq!(moment.hbm_types.state, ModelDType::Bf16);
+    // grad_dtype f32 under bf16 weights: the shards are f32 again, and the
+    // reduction over data (two slices) carries twice the bytes.
+    let mut grads = bf16.clone();
+    grads.grad_dtype = Some(ModelDType::F32);
+    let wide_grads = step(&grads, Strategy::Fsdp);
+    assert!(near(
+        wide_grads.hbm.grads,
+        2 * step(&bf16, Strategy::Fsdp).hbm.grads
+    ));
+    let two = parse_topology(
+        "Pod(name: \"v5p-2x64\", generation: \"v5p\", shape: \"4x4x4\", slices: 2, \
+         dcn: (latency_us: 10.0, host_gb_per_s: 25.0, oversubscription: 1.0))",
+        "v5p2.ron",
+    )
+    .unwrap();
+    let dcn = |config: &optirs_tpu::model::ModelConfig| {
+        model_step(config, &two, &ModelStepOptions::new(&two))
+            .unwrap()
+            .strategy_step
+            .axes["dcn"]
+            .link_bytes
+    };
+    assert_eq!(dcn(&grads), 2 * dcn(&bf16));
 }

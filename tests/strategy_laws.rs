@@ -5,7 +5,7 @@
 
 use optirs_tpu::ir::DType;
 use optirs_tpu::sharding::strategy_model::{
-    DataReduction, StepOrder, StrategyOptions, StrategyStep, modeled_strategy_step,
+    DataReduction, Precision, StepOrder, StrategyOptions, StrategyStep, modeled_strategy_step,
 };
 use optirs_tpu::sharding::{Mesh, MeshAxisName, RecoveryPolicy, Strategy};
 use optirs_tpu::topology::{Topology, load_topology};
@@ -79,7 +79,10 @@ proptest::proptest! {
                 // bf16 compute: fsdp's gathers and every gradient
                 // reduce-scatter in 2 bytes, the replicas' new parameters
                 // and the reduction over data in 4.
-                collective_element_bytes: compute_type.then_some(2),
+                precision: compute_type.then_some(Precision {
+                    compute: 2,
+                    ..Precision::uniform(4, 2)
+                }),
                 ..StrategyOptions::new(strategy, &topology)
             };
             step(&topology, params, bucket, &o)

@@ -34,6 +34,8 @@ fn llama_style(layers: u64, embed: u64, seq: u64, block: u64, batch: f64) -> Mod
         remat: RematPolicy::Full,
         weight_dtype: ModelDType::F32,
         activation_dtype: ModelDType::Bf16,
+        grad_dtype: None,
+        mu_dtype: None,
         logits_via_embedding: false,
         attention_width_is_embed: true,
         trainable_position_size: 0,

@@ -735,7 +735,7 @@ fn modeled_only(args: &TrainArgs, sizes: &[usize]) -> Result<()> {
         // As the real run it stands for, which `tests/modeled.rs` holds it to.
         data_reduction: DataReduction::Overlapped,
         order: StepOrder::Optimizer,
-        collective_element_bytes: None,
+        precision: None,
     };
     let modeling = Instant::now();
     let step = modeled_strategy_step(

@@ -11,7 +11,8 @@
 //!     vocab: 32000, seq_len: 4096, per_device_batch: 1.0,
 //!     remat: full, weight_dtype: f32, activation_dtype: bf16,
 //!     logits_via_embedding: false,
-//!     // Optional: attention_width_is_embed (false), trainable_position_size (0), source ("").
+//!     // Optional: attention_width_is_embed (false), trainable_position_size (0), source (""),
+//!     // grad_dtype and mu_dtype (the weight_dtype's).
 //! )
 //! ```
 //!
@@ -203,8 +204,17 @@ pub struct ModelConfig {
     pub remat: RematPolicy,
     /// `weight_dtype`.
     pub weight_dtype: ModelDType,
-    /// `dtype` (activations).
+    /// `dtype` (activations, and the compute type the weights are cast to).
     pub activation_dtype: ModelDType,
+    /// `grad_dtype`: the gradients as the optimizer's shard of them is
+    /// held and reduced across the data axis; the weights' type if absent
+    /// (JAX's gradients take their parameters' type).
+    #[serde(default)]
+    pub grad_dtype: Option<ModelDType>,
+    /// `mu_dtype`: Adam's first moment (optax's `mu_dtype`); the weights'
+    /// type if absent. The other state slots are in the weights' type.
+    #[serde(default)]
+    pub mu_dtype: Option<ModelDType>,
     /// `logits_via_embedding`: the output logits reuse the token embedding
     /// (tied) instead of a separate `vocab × embed` matrix.
     pub logits_via_embedding: bool,
@@ -257,6 +267,16 @@ impl AttentionKernel {
 }
 
 impl ModelConfig {
+    /// The gradients' type: `grad_dtype`, or the weights'.
+    pub fn grad_type(&self) -> ModelDType {
+        self.grad_dtype.unwrap_or(self.weight_dtype)
+    }
+
+    /// Adam's first moment's type: `mu_dtype`, or the weights'.
+    pub fn mu_type(&self) -> ModelDType {
+        self.mu_dtype.unwrap_or(self.weight_dtype)
+    }
+
     /// Reads and validates a model file (a regular file of at most
     /// [`MAX_MODEL_FILE_BYTES`]).
     pub fn from_ron_file(path: &std::path::Path) -> Result<ModelConfig, ModelError> {

@@ -251,6 +251,8 @@ pub(crate) mod tests {
             remat: RematPolicy::Full,
             weight_dtype: ModelDType::F32,
             activation_dtype: ModelDType::Bf16,
+            grad_dtype: None,
+            mu_dtype: None,
             logits_via_embedding: false,
             attention_width_is_embed: true,
             trainable_position_size: 0,

@@ -257,6 +257,8 @@ mod tests {
     fn tiny() -> ModelConfig {
         ModelConfig {
             activation_dtype: ModelDType::F32,
+            grad_dtype: None,
+            mu_dtype: None,
             ..crate::model::flops::tests::tiny()
         }
     }
@@ -298,6 +300,8 @@ mod tests {
         let f32s = layer_programs(&tiny(), 12).unwrap();
         let bf16 = ModelConfig {
             activation_dtype: ModelDType::Bf16,
+            grad_dtype: None,
+            mu_dtype: None,
             ..tiny()
         };
         let bf16s = layer_programs(&bf16, 12).unwrap();

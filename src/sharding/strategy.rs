@@ -45,9 +45,25 @@ pub struct ModelSize {
     pub wire_bytes: u64,
     /// Optimizer state slots.
     pub slots: u64,
+    /// Bytes of a gradient element as the shards hold it.
+    pub grad_bytes: u64,
+    /// Bytes of one element's state, every slot together.
+    pub state_bytes: u64,
 }
 
 impl ModelSize {
+    /// These sizes with a model's mixed precision: the compute type in
+    /// flight, the parameters, gradients and state each in their own.
+    pub fn with_precision(self, precision: super::strategy_model::Precision) -> ModelSize {
+        ModelSize {
+            elem_bytes: precision.params as u64,
+            wire_bytes: precision.compute as u64,
+            grad_bytes: precision.grads as u64,
+            state_bytes: precision.state as u64,
+            ..self
+        }
+    }
+
     /// The sizes of the buckets `runs` of `elem_bytes`-byte elements with
     /// `slots` state slots (what [`ModelSize::of`] gives for the layout).
     pub fn of_runs(runs: &BucketRuns, elem_bytes: usize, slots: usize) -> ModelSize {
@@ -59,6 +75,8 @@ impl ModelSize {
             elem_bytes: elem_bytes as u64,
             wire_bytes: elem_bytes as u64,
             slots: slots as u64,
+            grad_bytes: elem_bytes as u64,
+            state_bytes: (slots * elem_bytes) as u64,
         }
     }
 
@@ -77,6 +95,8 @@ impl ModelSize {
             elem_bytes: layout.element_bytes() as u64,
             wire_bytes: layout.element_bytes() as u64,
             slots: slots as u64,
+            grad_bytes: layout.element_bytes() as u64,
+            state_bytes: (slots * layout.element_bytes()) as u64,
         }
     }
 }
@@ -162,6 +182,26 @@ impl StrategyMemory {
             gradient_bucket,
             master: 0,
         };
+        // The gradient shards and the state in their own types, when a
+        // model's precision sets them apart from the parameters'.
+        let shard_of = |bytes: u64| aligned((input.shard_elements as u64).saturating_mul(bytes));
+        if model.grad_bytes != model.elem_bytes {
+            memory.grads = match strategy {
+                Strategy::Replicated => aligned(model.elements.saturating_mul(model.grad_bytes)),
+                Strategy::Zero2 | Strategy::Fsdp => shard_of(model.grad_bytes),
+            };
+        }
+        if model.state_bytes != model.slots * model.elem_bytes {
+            let state = if model.state_bytes == 0 {
+                0
+            } else {
+                shard_of(model.state_bytes)
+            };
+            if input.redundant {
+                memory.redundant_state = memory.redundant_state - memory.state + state;
+            }
+            memory.state = state;
+        }
         let narrower = model.wire_bytes < model.elem_bytes;
         if narrower && strategy != Strategy::Fsdp {
             // ZeRO's mixed precision: a compute-type replica, and the
@@ -453,6 +493,8 @@ mod tests {
             elem_bytes: 4,
             wire_bytes: 4,
             slots: 2,
+            grad_bytes: 4,
+            state_bytes: 8,
         }
     }
 

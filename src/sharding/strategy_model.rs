@@ -73,7 +73,9 @@ use crate::topology::{LinkParams, Topology};
 use crate::collectives::cost;
 
 pub(super) use super::strategy_options::Uses;
-pub use super::strategy_options::{DataReduction, STEADY_STEPS, StepOrder, StrategyOptions};
+pub use super::strategy_options::{
+    DataReduction, Precision, STEADY_STEPS, StepOrder, StrategyOptions,
+};
 
 /// What a span of a bucket does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -291,11 +293,10 @@ pub(super) struct Costing<'a> {
     pub(super) slices: usize,
     pub(super) chips: usize,
     pub(super) chips_per_host: usize,
-    /// Bytes of an element of the compute type (fsdp's gathers, the
-    /// gradients' reduce-scatter over fsdp).
-    pub(super) elem: usize,
-    /// Bytes of an element of the parameters and state (the update's).
-    pub(super) store: usize,
+    /// Bytes per element of each kind: the compute type's (fsdp's
+    /// gathers, the gradients' reduce-scatter over fsdp), the parameters',
+    /// the gradients' (their reduction over data) and the state's.
+    pub(super) precision: Precision,
     pub(super) slots: usize,
     pub(super) redundant: bool,
     pub(super) defer_data: bool,
@@ -344,8 +345,9 @@ impl<'a> Costing<'a> {
             chips_per_host: (0..topology.chips_per_slice())
                 .filter(|&d| topology.host_of(d) == 0)
                 .count(),
-            elem: options.collective_element_bytes.unwrap_or(store),
-            store,
+            precision: options
+                .precision
+                .unwrap_or(Precision::uniform(store, slots)),
             slots,
             redundant,
             defer_data: options.data_reduction == DataReduction::AfterBackward,
@@ -453,8 +455,8 @@ impl Costing<'_> {
                     // Weights and their gradients in the compute type; the
                     // reduction over data in the parameters' own.
                     let elem = match (c.purpose, c.axis) {
-                        (P::Gradients, MeshAxisName::Data) => self.store,
-                        _ => self.elem,
+                        (P::Gradients, MeshAxisName::Data) => self.precision.grads,
+                        _ => self.precision.compute,
                     };
                     let rounds = self.collective(c.kind, c.axis, (c.elements as usize, elem));
                     match c.purpose {
@@ -477,8 +479,11 @@ impl Costing<'_> {
                 PlanStep::Update { elements } => {
                     shard = elements as usize;
                     updated = true;
-                    out.update =
-                        ((3 + 2 * self.slots) * shard * self.store) as f64 / self.hbm_per_s;
+                    // It reads the parameter, the gradient and the state
+                    // and writes the parameter and the state.
+                    let p = &self.precision;
+                    let per_element = 2 * p.params + p.grads + 2 * p.state;
+                    out.update = (per_element * shard) as f64 / self.hbm_per_s;
                 }
                 PlanStep::ReplicateState { .. } => {}
             }
@@ -489,9 +494,9 @@ impl Costing<'_> {
             // Under fsdp (and under ZeRO's mixed precision, its master
             // copy) the parameter shard lives nowhere else: it is copied
             // with the state (`sharding::residency`).
-            let master = self.elem < self.store;
-            let copied = self.slots + usize::from(strategy == Strategy::Fsdp || master);
-            let copy = (copied * shard * self.store) as u64;
+            let p = &self.precision;
+            let params_copied = strategy == Strategy::Fsdp || p.has_master();
+            let copy = ((p.state + usize::from(params_copied) * p.params) * shard) as u64;
             let alpha = self.ici.latency_seconds();
             let group = self.next_group;
             self.next_group += 1;
@@ -601,10 +606,11 @@ pub fn modeled_strategy_step(
         runs: &runs,
     };
     let period = schedule(&mut streams, options, work, uses);
-    let mut model = ModelSize::of_runs(&runs, dtype.byte_size(), slots);
-    model.wire_bytes = options
-        .collective_element_bytes
-        .unwrap_or(dtype.byte_size()) as u64;
+    let model = ModelSize::of_runs(&runs, dtype.byte_size(), slots).with_precision(
+        options
+            .precision
+            .unwrap_or(Precision::uniform(dtype.byte_size(), slots)),
+    );
     let memory = StrategyMemory::of(
         options.strategy,
         &options.mesh,

@@ -405,7 +405,10 @@ proptest::proptest! {
             } else {
                 StepOrder::Optimizer
             },
-            collective_element_bytes: (training && compute_type).then_some(2),
+            precision: (training && compute_type).then_some(Precision {
+                compute: 2,
+                ..Precision::uniform(4, 2)
+            }),
         };
         let s = modeled_strategy_step(&topology, &tensors(&[params]), DType::F32, 2, bucket, &options).unwrap();
         // Waiting for the backward moves the reduction over data, not

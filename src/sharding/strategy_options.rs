@@ -36,18 +36,10 @@ pub struct StrategyOptions {
     pub data_reduction: DataReduction,
     /// The order of the step's uses, updates and all-gathers.
     pub order: StepOrder,
-    /// Bytes per element of the compute type, if narrower than the model's
-    /// element type (`step_model`'s bf16 training): fsdp gathers its
-    /// weights cast to it, replicated and zero2 all-gather their new
-    /// parameters into a replica of it (ZeRO's mixed precision, with the
-    /// parameters' shard kept as a master copy,
-    /// [`super::strategy::StrategyMemory::master`]), and every strategy
-    /// reduce-scatters the matmuls' gradients over `fsdp` in it; the
-    /// buckets in flight are that size. The reduction over `data` (after
-    /// the backward's accumulation into the parameters' type, as XLA's
-    /// data-parallel all-reduce optimization runs it), the gradient shards,
-    /// the state and the update stay in the model's type.
-    pub collective_element_bytes: Option<usize>,
+    /// Bytes per element of each kind a model's training step holds and
+    /// moves, where they differ from the model's element type
+    /// ([`Precision`]); `None` for a real run, every kind in its type.
+    pub precision: Option<Precision>,
 }
 
 /// The order a strategy step runs its uses, updates and the new
@@ -139,7 +131,51 @@ impl StrategyOptions {
             record_spans: false,
             data_reduction: DataReduction::Overlapped,
             order: StepOrder::Optimizer,
-            collective_element_bytes: None,
+            precision: None,
         }
+    }
+}
+
+/// A model's mixed precision as the strategy step charges it, bytes per
+/// element of each kind (MaxText's `dtype`, `weight_dtype`, `grad_dtype`
+/// and `mu_dtype`).
+///
+/// fsdp gathers its weights cast to the compute type, every strategy
+/// reduce-scatters the matmuls' gradients over `fsdp` in it, and
+/// replicated and zero2 all-gather their new parameters into a replica of
+/// it; when it is narrower than the parameters' type they keep the
+/// parameters' shard as a master copy
+/// ([`super::strategy::StrategyMemory::master`]). The reduction over
+/// `data` (after the backward's accumulation into the gradients' type, as
+/// XLA's data-parallel all-reduce optimization runs it), the gradient
+/// shards, the state and the update are in their own types.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Precision {
+    /// The compute type (`dtype`): the buckets in flight.
+    pub compute: usize,
+    /// The parameters as stored (`weight_dtype`).
+    pub params: usize,
+    /// The gradient shards and their reduction over `data` (`grad_dtype`).
+    pub grads: usize,
+    /// Every optimizer-state slot of one element together (Adam's first
+    /// moment in `mu_dtype`, its second in the parameters' type).
+    pub state: usize,
+}
+
+impl Precision {
+    /// Every kind in `bytes`-byte elements with `slots` state slots.
+    pub fn uniform(bytes: usize, slots: usize) -> Precision {
+        Precision {
+            compute: bytes,
+            params: bytes,
+            grads: bytes,
+            state: slots * bytes,
+        }
+    }
+
+    /// Whether the compute type is narrower than the parameters' (ZeRO's
+    /// mixed precision: a master copy beside the replica).
+    pub fn has_master(&self) -> bool {
+        self.compute < self.params
     }
 }

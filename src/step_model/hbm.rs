@@ -75,9 +75,12 @@ impl ModelHbm {
 /// The element types the account charges each kind in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct HbmTypes {
-    /// Parameters and gradients (`weight_dtype`).
+    /// Parameters (`weight_dtype`).
     pub params: ModelDType,
-    /// Optimizer moments (optax keeps them in the parameters' type).
+    /// Gradient shards (`grad_dtype`, else the parameters').
+    pub grads: ModelDType,
+    /// Adam's first moment (`mu_dtype`, else the parameters'); the other
+    /// slots are in the parameters' type, as optax keeps them.
     pub state: ModelDType,
     /// Activations (`dtype`).
     pub activations: ModelDType,
@@ -90,7 +93,8 @@ impl HbmTypes {
     pub fn of(config: &ModelConfig) -> HbmTypes {
         HbmTypes {
             params: config.weight_dtype,
-            state: config.weight_dtype,
+            grads: config.grad_type(),
+            state: config.mu_type(),
             activations: config.activation_dtype,
             logits: ModelDType::F32,
         }

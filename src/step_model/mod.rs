@@ -29,8 +29,16 @@
 //! and MLP ([`tensor`]): each device holds `1/t` of the weights, fsdp
 //! gathers that `1/t`, and the layer's activation gathers and
 //! reduce-scatters run with its matmuls. What does not hide is the
-//! exposed communication. Collectives carry the weights' element type
-//! (MaxText's `weight_dtype`, f32 in every bundled model).
+//! exposed communication.
+//!
+//! **Precision** ([`precision`]): the weights' gathers, the gradients'
+//! reduce-scatter over `fsdp` and the activations' collectives carry the
+//! compute type (`dtype`); the parameters are held in `weight_dtype` (with
+//! an f32 master shard beside a bf16 replica under replicated and zero2
+//! when they are wider than the compute type), the gradient shards and
+//! their reduction over `data` in `grad_dtype`, Adam's first moment in
+//! `mu_dtype` and its second in the weights' type; the update reads and
+//! writes each in its own.
 //!
 //! **The step** is the steady state of back-to-back steps, every strategy
 //! overlapping by the same rules (`sharding::strategy_model`'s training
@@ -75,7 +83,7 @@ use crate::model::{
 use crate::optimizers::{UpdateCost, UpdateKind};
 use crate::sharding::bucket_runs::BucketRuns;
 use crate::sharding::strategy_model::{
-    DataReduction, StepOrder, StrategyOptions, StrategyStep, modeled_strategy_step,
+    DataReduction, Precision, StepOrder, StrategyOptions, StrategyStep, modeled_strategy_step,
 };
 use crate::sharding::{Mesh, RecoveryPolicy, ShardingError, Strategy};
 use crate::topology::Topology;
@@ -380,7 +388,12 @@ pub fn model_step(
     let per_chip = |flops: f64| flops / step_seconds / 1e12;
     let hbm = hbm::model_hbm(config, &step, spec.hbm_bytes);
     let not_fitting = hbm::not_fitting(config, &hbm);
-    let optimizer = optimizer_step(&options.optimizer, &step, spec.hbm_bytes_per_s);
+    let optimizer = optimizer_step(
+        &options.optimizer,
+        &step,
+        precision(config, options.optimizer.slots),
+        spec.hbm_bytes_per_s,
+    );
     let t = config.tokens_per_device();
     Ok(ModelStep {
         model: config.name.clone(),
@@ -459,7 +472,7 @@ fn strategy_step(
         order: StepOrder::Training,
         // The weights are cast before their gathers and the weight
         // gradients are the matmuls' outputs: both in the compute type.
-        collective_element_bytes: Some(config.activation_dtype.byte_size() as usize),
+        precision: Some(precision(config, options.optimizer.slots)),
     };
     Ok(modeled_strategy_step(
         topology,
@@ -471,10 +484,36 @@ fn strategy_step(
     )?)
 }
 
-/// The optimizer's update on a device in `step`.
-fn optimizer_step(cost: &UpdateCost, step: &StrategyStep, hbm_per_s: f64) -> OptimizerStep {
+/// `config`'s mixed precision with `slots` optimizer-state slots: the
+/// compute type `dtype`, the parameters in `weight_dtype`, the gradients in
+/// `grad_dtype`, the first moment in `mu_dtype` and the other slots in the
+/// parameters' type (optax's `adam(mu_dtype=…)`).
+pub fn precision(config: &ModelConfig, slots: usize) -> Precision {
+    let bytes = |t: ModelDType| t.byte_size() as usize;
+    let params = bytes(config.weight_dtype);
+    Precision {
+        compute: bytes(config.activation_dtype),
+        params,
+        grads: bytes(config.grad_type()),
+        state: match slots {
+            0 => 0,
+            n => bytes(config.mu_type()) + (n - 1) * params,
+        },
+    }
+}
+
+/// The optimizer's update on a device in `step`: it reads the parameter,
+/// the gradient and the state and writes the parameter and the state,
+/// each in its own type.
+fn optimizer_step(
+    cost: &UpdateCost,
+    step: &StrategyStep,
+    precision: Precision,
+    hbm_per_s: f64,
+) -> OptimizerStep {
     let elements = step.update_elements;
-    let bytes = elements as f64 * cost.bytes_per_element(DType::F32.byte_size() as u64) as f64;
+    let p = precision;
+    let bytes = elements as f64 * (2 * p.params + p.grads + 2 * p.state) as f64;
     OptimizerStep {
         name: cost.name,
         slots: cost.slots,
@@ -496,15 +535,6 @@ fn checked(
             field,
             value: config.name.clone(),
             problem,
-        });
-    }
-    if config.weight_dtype != ModelDType::F32 {
-        return Err(StepModelError::Field {
-            field: "weight_dtype",
-            value: format!("{:?}", config.weight_dtype).to_lowercase(),
-            problem: "the step's collectives and optimizer state carry f32 weights; a \
-                      narrower weight type is not modeled"
-                .into(),
         });
     }
     let efficiency = efficiency_for(topology.generation, options.efficiency)?;
