@@ -391,8 +391,13 @@ fn goodput_takes_the_layout_and_refuses_what_does_not_fit() {
         line.contains("fsdp on mesh data=1,fsdp=16,tensor=16") && line.contains(" left)"),
         "{line}"
     );
-    // The default mesh (fsdp over 256 chips, no tensor axis) does not.
-    let out = optirs(&goodput(&[]));
+    // A model that fits no layout of the pod is refused.
+    let too_large = |extra: &[&'static str]| {
+        let mut args = goodput(extra);
+        args[3] = "gpt3-175b";
+        args
+    };
+    let out = optirs(&too_large(&[]));
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     let refusal = err.lines().next().unwrap().to_string();
@@ -400,7 +405,7 @@ fn goodput_takes_the_layout_and_refuses_what_does_not_fit() {
         "train",
         "v5e-256",
         "--model",
-        "maxtext-v5e-128b",
+        "gpt3-175b",
         "--modeled-only",
         "--strategy",
         "fsdp",
@@ -413,7 +418,7 @@ fn goodput_takes_the_layout_and_refuses_what_does_not_fit() {
     assert!(refusal.contains(why), "{refusal} / {why}");
     assert!(refusal.contains("--allow-overflow"), "{refusal}");
     // Asked for, the number anyway.
-    let anyway = json(&goodput(&["--allow-overflow", "--json"]));
+    let anyway = json(&too_large(&["--allow-overflow", "--json"]));
     assert!(anyway["goodput"].as_f64().unwrap() > 0.0);
     assert_eq!(anyway["model_step"]["fits_in_hbm"], false);
     assert!(anyway["model_step"]["hbm_margin_bytes"].as_i64().unwrap() < 0);

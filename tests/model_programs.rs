@@ -98,6 +98,7 @@ fn bf16_activations_move_half_the_bytes_of_f32() {
         activation_dtype: ModelDType::F32,
         grad_dtype: None,
         mu_dtype: None,
+        num_vocab_tiling: 1,
         ..bf16.clone()
     };
     let t = tokens(&bf16);
@@ -255,6 +256,7 @@ fn small_config() -> impl Strategy<Value = ModelConfig> {
                     activation_dtype: ModelDType::Bf16,
                     grad_dtype: None,
                     mu_dtype: None,
+                    num_vocab_tiling: 1,
                     logits_via_embedding: false,
                     attention_width_is_embed: false,
                     trainable_position_size: 0,

@@ -36,6 +36,7 @@ fn llama_style(layers: u64, embed: u64, seq: u64, block: u64, batch: f64) -> Mod
         activation_dtype: ModelDType::Bf16,
         grad_dtype: None,
         mu_dtype: None,
+        num_vocab_tiling: 1,
         logits_via_embedding: false,
         attention_width_is_embed: true,
         trainable_position_size: 0,

@@ -209,6 +209,7 @@ pub(super) fn modeled(args: &TrainArgs, config: &ModelConfig, topology: &Topolog
         "hardware_utilization": step.hardware_utilization,
         "mxu_efficiency": step.efficiency,
         "calibrated": step.calibrated,
+        "step_seconds_range": step.step_seconds_range,
         "model_flops_per_device": step.model_flops_per_device,
         "hardware_flops_per_device": step.hardware_flops_per_device,
         "compute_seconds": step.compute_seconds,
@@ -237,7 +238,7 @@ fn print_text(step: &ModelStep, topology: &Topology, params: u64, wall_seconds: 
         out,
         "modeled {} ({} parameters) on {} ({}), {} on mesh {}: step {}, {} tokens/s/chip, \
          MFU {:.1} % ({:.1} TFLOP/s/chip by {}), hardware {:.1} % of the bf16 peak (MXU \
-         efficiency {}{}), modeled in {} wall",
+         efficiency {:.4}{}), modeled in {} wall",
         step.model,
         params,
         topology.name,
@@ -254,10 +255,13 @@ fn print_text(step: &ModelStep, topology: &Topology, params: u64, wall_seconds: 
         step.flop_formula.name(),
         step.hardware_utilization * 100.0,
         step.efficiency,
-        if step.calibrated {
-            ""
-        } else {
-            ", uncalibrated"
+        match step.step_seconds_range {
+            None => String::new(),
+            Some((slow, fast)) => format!(
+                ", uncalibrated: the fitted generations' constants give {} to {}",
+                output::seconds(fast),
+                output::seconds(slow)
+            ),
         },
         output::seconds(wall_seconds),
     )?;

@@ -64,6 +64,65 @@ pub enum RematPolicy {
     SaveOutProj,
     /// No rematerialization: every intermediate is kept.
     None,
+    /// MaxText's `remat_policy: custom`: each named activation kept on the
+    /// device, offloaded to the host's pinned memory, or rematerialized
+    /// (`save_and_offload_only_these_names`). Unnamed ones are
+    /// rematerialized; the layer input (the scan carry) stays on the
+    /// device unless offloaded.
+    Custom {
+        /// `decoder_layer_input`: the scan carry (`device` or `offload`;
+        /// it is where the backward pass's recomputation starts).
+        #[serde(default = "Placement::device")]
+        decoder_layer_input: Placement,
+        /// `query_proj`.
+        #[serde(default)]
+        query_proj: Placement,
+        /// `key_proj`.
+        #[serde(default)]
+        key_proj: Placement,
+        /// `value_proj`.
+        #[serde(default)]
+        value_proj: Placement,
+        /// `context`: the attention's output.
+        #[serde(default)]
+        context: Placement,
+        /// `out_proj`.
+        #[serde(default)]
+        out_proj: Placement,
+        /// `mlpwi`: the MLP's input matmuls.
+        #[serde(default)]
+        mlpwi: Placement,
+        /// `mlpwo`: the MLP's output matmul (no residual: only the next
+        /// layer's input reads it, so its placement changes nothing).
+        #[serde(default)]
+        mlpwo: Placement,
+    },
+}
+
+fn one() -> u64 {
+    1
+}
+
+/// Where a `custom` remat policy keeps one named activation between the
+/// forward and the backward pass (MaxText's `device`, `offload`, `remat`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Placement {
+    /// Saved in HBM.
+    Device,
+    /// Saved in the host's memory: written over the host link in the
+    /// forward pass, read back in the backward.
+    Offload,
+    /// Recomputed in the backward pass.
+    #[default]
+    Remat,
+}
+
+impl Placement {
+    /// `device` (the layer input's default).
+    pub fn device() -> Placement {
+        Placement::Device
+    }
 }
 
 impl RematPolicy {
@@ -94,6 +153,7 @@ impl RematPolicy {
             RematPolicy::QkvProjOffloaded => "qkv_proj_offloaded",
             RematPolicy::SaveOutProj => "save_out_proj",
             RematPolicy::None => "none",
+            RematPolicy::Custom { .. } => "custom",
         }
     }
 }
@@ -225,6 +285,11 @@ pub struct ModelConfig {
     /// (GPT-3), 0 for none.
     #[serde(default)]
     pub trainable_position_size: u64,
+    /// `num_vocab_tiling`: the loss computed in this many chunks of the
+    /// tokens, so the logits and their gradient are held a chunk at a time
+    /// (1: all at once).
+    #[serde(default = "one")]
+    pub num_vocab_tiling: u64,
     /// Which attention scores the hardware computes (MaxText's formula
     /// counts its own way, [`super::flops::FlopFormula`]).
     #[serde(default)]
@@ -382,6 +447,27 @@ impl ModelConfig {
                     "{:e} sequences a device is more than 2^24 ({MAX_PER_DEVICE_BATCH})",
                     self.per_device_batch
                 ),
+            ));
+        }
+        if self.num_vocab_tiling == 0 || self.num_vocab_tiling > self.seq_len {
+            return Err((
+                "num_vocab_tiling",
+                format!(
+                    "{} chunks of the loss: at least 1 and at most seq_len ({})",
+                    self.num_vocab_tiling, self.seq_len
+                ),
+            ));
+        }
+        if let RematPolicy::Custom {
+            decoder_layer_input: Placement::Remat,
+            ..
+        } = self.remat
+        {
+            return Err((
+                "remat",
+                "decoder_layer_input cannot be rematerialized: it is where the backward pass's \
+                 recomputation starts (device or offload)"
+                    .into(),
             ));
         }
         self.check_parameter_count()?;

@@ -253,6 +253,7 @@ pub(crate) mod tests {
             activation_dtype: ModelDType::Bf16,
             grad_dtype: None,
             mu_dtype: None,
+            num_vocab_tiling: 1,
             logits_via_embedding: false,
             attention_width_is_embed: true,
             trainable_position_size: 0,

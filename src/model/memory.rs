@@ -22,6 +22,11 @@
 //! | attention output (`context`) | `h d` | minimal_flash, none |
 //! | the norm outputs (one in a parallel block, two in a sequential one) and the MLP activation's output | `norms · e + m` | none |
 //!
+//! `custom` places each named tensor itself (`query_proj`, `key_proj` and
+//! `value_proj` apart: `h d`, `kv d`, `kv d`): `device` keeps it in HBM,
+//! `offload` in the host's memory, `remat` neither; the layer input is
+//! kept on the device or offloaded like the others.
+//!
 //! `none` is a floor: XLA keeps whatever else the backward pass reads
 //! (softmax statistics, the score matrix under dot-product attention),
 //! which depends on the attention kernel.
@@ -39,7 +44,7 @@
 //! ([`layer_working_set`]), and the loss holds the logits
 //! ([`logits_buffers`]); `step_model` puts them in its HBM account.
 
-use super::config::{ModelConfig, RematPolicy};
+use super::config::{ModelConfig, Placement, RematPolicy};
 
 /// What one decoder layer keeps between forward and backward on one
 /// device.
@@ -93,6 +98,16 @@ pub fn activation_memory_per_layer_with(
 ) -> ActivationMemory {
     let r = residuals(config);
     let minimal = r.qkv + r.out + r.mlp_in;
+    if let Some(placed) = custom_placements(config, policy) {
+        let sum = |want: Placement| -> u64 {
+            placed
+                .iter()
+                .filter(|(p, _)| *p == want)
+                .map(|(_, n)| n)
+                .sum()
+        };
+        return memory_of(config, sum(Placement::Device), sum(Placement::Offload));
+    }
     let (device, host) = match policy {
         RematPolicy::Full => (0, 0),
         RematPolicy::Minimal => (minimal, 0),
@@ -104,9 +119,46 @@ pub fn activation_memory_per_layer_with(
         RematPolicy::QkvProjOffloaded => (0, r.qkv),
         RematPolicy::SaveOutProj => (r.out, 0),
         RematPolicy::None => (minimal + r.context + r.rest, 0),
+        RematPolicy::Custom { .. } => unreachable!("placed above"),
     };
     // The layer input is the scan's carry, kept under every policy.
-    let device = device + r.input;
+    memory_of(config, device + r.input, host)
+}
+
+/// Each residual a `custom` policy names with its placement and its
+/// elements per token (the layer input first); `None` for a named policy.
+pub fn custom_placements(
+    config: &ModelConfig,
+    policy: RematPolicy,
+) -> Option<[(Placement, u64); 7]> {
+    let RematPolicy::Custom {
+        decoder_layer_input,
+        query_proj,
+        key_proj,
+        value_proj,
+        context,
+        out_proj,
+        mlpwi,
+        ..
+    } = policy
+    else {
+        return None;
+    };
+    let r = residuals(config);
+    let kv = config.kv_heads * config.head_dim;
+    Some([
+        (decoder_layer_input, r.input),
+        (query_proj, config.heads * config.head_dim),
+        (key_proj, kv),
+        (value_proj, kv),
+        (context, r.context),
+        (out_proj, r.out),
+        (mlpwi, r.mlp_in),
+    ])
+}
+
+/// `device` and `host` elements per token as one layer's bytes.
+fn memory_of(config: &ModelConfig, device: u64, host: u64) -> ActivationMemory {
     let bytes_per_token = config.tokens_per_device() * config.activation_dtype.byte_size() as f64;
     ActivationMemory {
         device_elements_per_token: device,
@@ -129,12 +181,20 @@ pub fn layer_working_set(config: &ModelConfig) -> f64 {
         * config.activation_dtype.byte_size() as f64
 }
 
-/// Bytes of the loss's buffers on a device: the logits in `f32` (MaxText
-/// computes them and the cross-entropy in `float32`) and their gradient,
-/// `tokens × vocab` each (the vocabulary sharded over `tensor` like every
-/// width).
+/// Bytes of the loss's buffers on a device: the logits and their
+/// gradient, `tokens × vocab` each (a `num_vocab_tiling`-th of them at a
+/// time) (the vocabulary sharded over `tensor`
+/// like every width), in the activations' type. MaxText casts the logits
+/// to `float32` for the cross-entropy (`cast_logits_to_fp32`), but XLA
+/// fuses the cast into the softmax and its gradient: a published run
+/// proves no f32 copy is held (Llama 3.1 70B on v6e-256, 40,960 tokens a
+/// device at a 128,256-word vocabulary: f32 logits and gradient would be
+/// 42.0 GB of a 34.4 GB chip; in bf16 they are 21.0 GB).
 pub fn logits_buffers(config: &ModelConfig) -> f64 {
-    2.0 * config.tokens_per_device() * config.vocab as f64 * 4.0
+    2.0 * config.tokens_per_device()
+        * config.vocab as f64
+        * config.activation_dtype.byte_size() as f64
+        / config.num_vocab_tiling.max(1) as f64
 }
 
 #[cfg(test)]
@@ -204,7 +264,7 @@ mod tests {
             layer_working_set(&config),
             (all + 32768.0 + 10240.0) * tokens * 2.0
         );
-        // f32 logits and their gradient, 32768 words.
-        assert_eq!(logits_buffers(&config), 2.0 * tokens * 32768.0 * 4.0);
+        // bf16 logits and their gradient, 32768 words.
+        assert_eq!(logits_buffers(&config), 2.0 * tokens * 32768.0 * 2.0);
     }
 }

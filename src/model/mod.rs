@@ -23,7 +23,8 @@ pub mod programs;
 pub mod published;
 
 pub use config::{
-    AttentionKernel, DecoderBlock, ModelConfig, ModelDType, RematPolicy, parameter_scales,
+    AttentionKernel, DecoderBlock, ModelConfig, ModelDType, Placement, RematPolicy,
+    parameter_scales,
 };
 pub use error::ModelError;
 pub use flops::{
@@ -38,7 +39,7 @@ pub use programs::{LayerPrograms, LayerWeight, ProgramCosts, layer_programs};
 pub use published::{Published, PublishedRow, maxtext_published};
 
 /// The bundled models' names, in `bundled` order.
-pub const BUNDLED_NAMES: [&str; 13] = [
+pub const BUNDLED_NAMES: [&str; 17] = [
     "maxtext-v5e-16b",
     "maxtext-v5e-32b",
     "maxtext-v5e-64b",
@@ -52,9 +53,13 @@ pub const BUNDLED_NAMES: [&str; 13] = [
     "llama2-7b",
     "llama2-70b",
     "gpt3-175b",
+    "llama3.1-8b",
+    "llama3.1-70b",
+    "llama3.1-405b",
+    "mistral-7b",
 ];
 
-const BUNDLED_TEXT: [&str; 13] = [
+const BUNDLED_TEXT: [&str; 17] = [
     include_str!("../../assets/models/maxtext-v5e-16b.ron"),
     include_str!("../../assets/models/maxtext-v5e-32b.ron"),
     include_str!("../../assets/models/maxtext-v5e-64b.ron"),
@@ -68,6 +73,10 @@ const BUNDLED_TEXT: [&str; 13] = [
     include_str!("../../assets/models/llama2-7b.ron"),
     include_str!("../../assets/models/llama2-70b.ron"),
     include_str!("../../assets/models/gpt3-175b.ron"),
+    include_str!("../../assets/models/llama3.1-8b.ron"),
+    include_str!("../../assets/models/llama3.1-70b.ron"),
+    include_str!("../../assets/models/llama3.1-405b.ron"),
+    include_str!("../../assets/models/mistral-7b.ron"),
 ];
 
 /// The RON text of a bundled model.

@@ -259,6 +259,7 @@ mod tests {
             activation_dtype: ModelDType::F32,
             grad_dtype: None,
             mu_dtype: None,
+            num_vocab_tiling: 1,
             ..crate::model::flops::tests::tiny()
         }
     }
@@ -302,6 +303,7 @@ mod tests {
             activation_dtype: ModelDType::Bf16,
             grad_dtype: None,
             mu_dtype: None,
+            num_vocab_tiling: 1,
             ..tiny()
         };
         let bf16s = layer_programs(&bf16, 12).unwrap();

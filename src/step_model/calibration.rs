@@ -15,15 +15,38 @@ pub const V5E_MXU_EFFICIENCY: f64 = 0.7326;
 /// per chip, `MaxText/configs/v5p/README.md` at 76bd53b0).
 pub const V5P_MXU_EFFICIENCY: f64 = 0.7230;
 
+/// v6e (Trillium): fitted on the Trillium recipe's Llama 2 70B on one
+/// v6e-256 slice (943.086 tokens/s/chip, 17.373 s a step:
+/// AI-Hypercomputer/tpu-recipes 5f53866,
+/// `training/trillium/Llama2-70B-MaxText/README.md`, `llama2_70b_4096`),
+/// a full-remat run with no offload, so the constant is the MXU's alone.
+/// Trillium's published runs reach about half its 918 TFLOP/s where v5e
+/// and v5p reach 60–70 % of theirs: the other constants do not transfer.
+pub const V6E_MXU_EFFICIENCY: f64 = 0.5536;
+
+/// Every fitted constant.
+pub const FITTED: [f64; 3] = [V5E_MXU_EFFICIENCY, V5P_MXU_EFFICIENCY, V6E_MXU_EFFICIENCY];
+
 /// A generation with no fitted row: the mean of the fitted ones (a
-/// reported figure says it is uncalibrated).
-pub const DEFAULT_MXU_EFFICIENCY: f64 = (V5E_MXU_EFFICIENCY + V5P_MXU_EFFICIENCY) / 2.0;
+/// reported figure says it is uncalibrated, and gives the step at the
+/// least and the most of them, [`fitted_range`]).
+pub const DEFAULT_MXU_EFFICIENCY: f64 =
+    (V5E_MXU_EFFICIENCY + V5P_MXU_EFFICIENCY + V6E_MXU_EFFICIENCY) / 3.0;
+
+/// The least and the most fitted constant: an uncalibrated generation's
+/// step lies between them as far as the other generations say.
+pub fn fitted_range() -> (f64, f64) {
+    FITTED.iter().fold((f64::INFINITY, 0.0f64), |(lo, hi), &e| {
+        (lo.min(e), hi.max(e))
+    })
+}
 
 /// The calibrated efficiency of `generation`, if it has one.
 pub fn mxu_efficiency(generation: TpuGeneration) -> Option<f64> {
     match generation {
         TpuGeneration::V5e => Some(V5E_MXU_EFFICIENCY),
         TpuGeneration::V5p => Some(V5P_MXU_EFFICIENCY),
+        TpuGeneration::V6e => Some(V6E_MXU_EFFICIENCY),
         _ => None,
     }
 }

@@ -7,12 +7,22 @@
 //! ```text
 //! peak = params + grads + state + master + redundant    (resident; replicated and zero2 keep
 //!                                                        a compute-type replica beside an f32 master shard)
-//!      + gathered buckets + the gradient bucket          (fsdp's in flight, the collectives' type)
+//!      + gathered weights + a weight's gradient          (in flight, the compute type)
 //!      + saved activations (the scan carry included)     (model::memory, the activations' type)
 //!      + max(logits buffers, one layer's working set)    (the loss, then each layer's backward)
 //! ```
 //!
-//! The logits (`f32`) and their gradient are freed once the logits'
+//! **Weights in flight.** XLA gathers each weight of a layer when its
+//! matmul comes (one all-gather per weight, scheduled ahead by the
+//! latency-hiding scheduler), and reduce-scatters each weight's gradient
+//! as the backward produces it; so what a step holds in flight is
+//! matrices, not layers: fsdp's `prefetch + 1` gathered weights and one
+//! gradient, each the layer's largest matrix in the compute type (the
+//! step's timing gathers a layer's worth per use, the same bytes). The
+//! output matrix (`vocab × embed`), gathered for the logits with its
+//! gradient, is held with the logits.
+//!
+//! The logits and their gradient are freed once the logits'
 //! backward has run, before the first layer's backward rematerializes its
 //! intermediates, so the two transients do not add. The saved activations
 //! follow the remat policy ([`crate::model::memory`]) and, like every
@@ -28,6 +38,15 @@ use crate::model::{
 };
 use crate::sharding::strategy::decimal_bytes;
 use crate::sharding::strategy_model::StrategyStep;
+use crate::sharding::{MeshAxisName, Strategy};
+
+/// The most elements of one weight matrix of a layer: the query or output
+/// projection (`embed × heads × head_dim`) or an MLP matrix (`embed ×
+/// mlp_dim`).
+pub fn largest_layer_matrix(config: &ModelConfig) -> u64 {
+    let attention = config.embed * config.heads * config.head_dim;
+    attention.max(config.embed * config.mlp_dim)
+}
 
 /// HBM per device by kind at the step's peak, bytes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
@@ -52,7 +71,8 @@ pub struct ModelHbm {
     /// Every layer's saved activations under the remat policy, the scan's
     /// carry included.
     pub activations: u64,
-    /// The logits and their gradient (`f32`), at the loss.
+    /// The logits and their gradient (the activations' type: the f32 cast
+    /// fuses into the loss), at the loss.
     pub logits: u64,
     /// One layer's rematerialized intermediates and gradients, during its
     /// backward pass.
@@ -96,7 +116,7 @@ impl HbmTypes {
             grads: config.grad_type(),
             state: config.mu_type(),
             activations: config.activation_dtype,
-            logits: ModelDType::F32,
+            logits: config.activation_dtype,
         }
     }
 }
@@ -106,9 +126,27 @@ impl HbmTypes {
 pub fn model_hbm(config: &ModelConfig, step: &StrategyStep, capacity: u64) -> ModelHbm {
     let layers = parameter_count(config).layers as f64;
     let activations = (activation_memory_per_layer(config).device_bytes * layers).ceil() as u64;
-    let logits = logits_buffers(config).ceil() as u64;
+    let tensor = step.mesh.size(MeshAxisName::Tensor).max(1) as f64;
+    let compute = config.activation_dtype.byte_size() as f64;
+    // A weight in flight, gathered or its gradient before the
+    // reduce-scatter: the largest matrix of a layer (module docs).
+    let matrix = (largest_layer_matrix(config) as f64 * compute / tensor).ceil() as u64;
+    let (gathered, gradient_bucket) = match step.strategy {
+        Strategy::Fsdp => ((step.prefetch as u64 + 1) * matrix, matrix),
+        Strategy::Zero2 => (0, matrix),
+        Strategy::Replicated => (0, 0),
+    };
+    // The logits' buffers, and under fsdp the output matrix gathered for
+    // them and its gradient.
+    let output_matrix = match step.strategy {
+        Strategy::Fsdp => 2.0 * (config.vocab * config.embed) as f64 * compute / tensor,
+        Strategy::Zero2 | Strategy::Replicated => 0.0,
+    };
+    let logits = (logits_buffers(config) + output_matrix).ceil() as u64;
     let layer_working = layer_working_set(config).ceil() as u64;
-    let m = &step.memory;
+    let mut m = step.memory;
+    m.gathered_buckets = gathered;
+    m.gradient_bucket = gradient_bucket;
     let total = [
         m.params,
         m.grads,

@@ -64,6 +64,7 @@
 
 pub mod calibration;
 pub mod hbm;
+pub mod recipes;
 pub mod tensor;
 pub mod validation;
 
@@ -77,7 +78,7 @@ use thiserror::Error;
 use crate::hardware::TpuGeneration;
 use crate::ir::DType;
 use crate::model::{
-    FlopFormula, LayerMatmulFlops, ModelConfig, ModelDType, ModelError, RematPolicy,
+    FlopFormula, LayerMatmulFlops, ModelConfig, ModelDType, ModelError, Placement, RematPolicy,
     layer_matmul_flops, parameter_count, training_flops_per_device,
 };
 use crate::optimizers::{UpdateCost, UpdateKind};
@@ -214,6 +215,11 @@ pub struct ModelStep {
     /// Whether the efficiency is a generation's calibrated one (false: the
     /// default for a generation without fitted rows, or given).
     pub calibrated: bool,
+    /// An uncalibrated generation's step at the least and the most of the
+    /// fitted constants ([`calibration::fitted_range`]): the spread the
+    /// other generations allow, seconds (slowest first). `None` when
+    /// calibrated or the efficiency was given.
+    pub step_seconds_range: Option<(f64, f64)>,
     /// The step, seconds.
     pub step_seconds: f64,
     /// Tokens per second per chip.
@@ -308,7 +314,20 @@ pub fn recomputed_fraction(config: &ModelConfig, policy: RematPolicy) -> f64 {
     } else {
         g.out
     };
+    if let Some(placed) = crate::model::memory::custom_placements(config, policy) {
+        // The matmuls whose residuals are rematerialized: the projections
+        // by their widths, the attention with its output, the MLP's input.
+        let [_, q, k, v, context, out_proj, mlpwi] = placed.map(|(p, _)| p == Placement::Remat);
+        let (h, kv) = (config.heads as f64, config.kv_heads as f64);
+        let qkv_share = |on: bool, heads: f64| if on { heads / (h + 2.0 * kv) } else { 0.0 };
+        let recomputed = g.qkv * (qkv_share(q, h) + qkv_share(k, kv) + qkv_share(v, kv))
+            + if context { g.attention } else { 0.0 }
+            + if out_proj { out } else { 0.0 }
+            + if mlpwi { g.mlp_in } else { 0.0 };
+        return recomputed / all;
+    }
     let recomputed = match policy {
+        RematPolicy::Custom { .. } => unreachable!("placed above"),
         RematPolicy::Full => g.qkv + g.attention + out + g.mlp_in,
         RematPolicy::None | RematPolicy::MinimalFlash => 0.0,
         RematPolicy::Minimal | RematPolicy::MinimalOffloaded => g.attention,
@@ -347,8 +366,32 @@ fn forward_bytes(c: &ModelConfig, tensor: usize) -> f64 {
     weights + t * per_token * act
 }
 
-/// The step of `config` on `topology` under `options` (module docs).
+/// The step of `config` on `topology` under `options` (module docs); on
+/// a generation without a fitted constant, with the range the fitted
+/// ones give ([`ModelStep::step_seconds_range`]).
 pub fn model_step(
+    config: &ModelConfig,
+    topology: &Topology,
+    options: &ModelStepOptions,
+) -> Result<ModelStep, StepModelError> {
+    let mut step = model_step_at(config, topology, options)?;
+    if !step.calibrated && options.efficiency.is_none() {
+        let (least, most) = calibration::fitted_range();
+        let at = |e: f64| {
+            let o = ModelStepOptions {
+                efficiency: Some(e),
+                record_spans: false,
+                ..options.clone()
+            };
+            model_step_at(config, topology, &o).map(|s| s.step_seconds)
+        };
+        step.step_seconds_range = Some((at(least)?, at(most)?));
+    }
+    Ok(step)
+}
+
+/// The step at the efficiency `options` give or the generation's.
+fn model_step_at(
     config: &ModelConfig,
     topology: &Topology,
     options: &ModelStepOptions,
@@ -405,6 +448,7 @@ pub fn model_step(
         efficiency,
         remat: config.remat,
         calibrated,
+        step_seconds_range: None,
         step_seconds,
         tokens_per_s_per_chip: t / step_seconds,
         tflops_per_chip: per_chip(model_flops),

@@ -1,0 +1,75 @@
+//! The step model against published training recipes it was not fitted
+//! to (`docs/validation.md`, "Recipes"): `cargo test --release --test
+//! recipes -- --nocapture` prints the table.
+
+use optirs_tpu::step_model::recipes::{fitted_efficiency, recipes, validate_recipes};
+
+#[test]
+fn every_recipe_is_predicted() {
+    let recipes = recipes().unwrap();
+    let rows = validate_recipes(&recipes).unwrap();
+    println!(
+        "| id | model | pod | chips | mesh | published tokens/s/chip | modeled | error | step s | exposed s | HBM left GB |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    for r in &rows {
+        println!(
+            "| {} | {} | {} | {} | {} | {:.0} | {:.0} | {:+.1}%{}{} | {:.3} | {:.3} | {:.1} |",
+            r.id,
+            r.model,
+            r.pod,
+            r.chips,
+            r.mesh,
+            r.published,
+            r.modeled,
+            r.error * 100.0,
+            if r.fitted { " (fitted)" } else { "" },
+            if r.calibrated { "" } else { " (uncalibrated)" },
+            r.step_seconds,
+            r.exposed_communication,
+            r.hbm_margin as f64 / 1e9,
+        );
+    }
+    for row in recipes.rows.iter().filter(|r| r.fitted) {
+        println!(
+            "{}: fitted MXU efficiency {:.4}",
+            row.id,
+            fitted_efficiency(row).unwrap()
+        );
+    }
+    let predicted: Vec<f64> = rows
+        .iter()
+        .filter(|r| !r.fitted)
+        .map(|r| r.error.abs())
+        .collect();
+    let mae = predicted.iter().sum::<f64>() / predicted.len() as f64;
+    let worst = predicted.iter().cloned().fold(0.0, f64::max);
+    println!(
+        "predicted rows: {}, mean absolute error {:.2}%, worst {:.2}%",
+        predicted.len(),
+        mae * 100.0,
+        worst * 100.0
+    );
+    // Every run ran: each fits its chips.
+    for r in &rows {
+        assert!(r.hbm_margin >= 0, "{} does not fit: {}", r.id, r.hbm_margin);
+        assert!(r.calibrated, "{} is on an uncalibrated generation", r.id);
+    }
+    // The fitted row is the constant's definition.
+    for r in rows.iter().filter(|r| r.fitted) {
+        assert!(r.error.abs() < 5e-4, "{}: {}", r.id, r.error);
+    }
+    // The measured accuracy (docs/validation.md), held so it cannot slip.
+    assert!(mae <= 0.09, "mean absolute error {mae}");
+    assert!(worst <= 0.16, "worst {worst}");
+}
+
+/// The constant is the fitted row's: refitting it gives it back.
+#[test]
+fn the_v6e_constant_is_its_fitted_row() {
+    use optirs_tpu::step_model::calibration::V6E_MXU_EFFICIENCY;
+    let recipes = recipes().unwrap();
+    let row = recipes.rows.iter().find(|r| r.fitted).unwrap();
+    let fitted = fitted_efficiency(row).unwrap();
+    assert!((fitted - V6E_MXU_EFFICIENCY).abs() < 1e-4, "{fitted}");
+}
