@@ -13,46 +13,98 @@
 //!   chip at 496 Gbit/s on v2 and 656 Gbit/s on v3; HBM 16/32 GiB;
 //!   700/900 GB/s; 2 TensorCores).
 //! - \[v4\]: Cloud TPU v4 documentation, "System architecture" (32 GiB HBM2 at
-//!   1200 GB/s, 2 TensorCores, 3D torus, 4096 chips, bisection 24 TB/s) and
+//!   1200 GB/s, 2 TensorCores, 3D torus, 4096 chips, bisection 24 TB/s, peak
+//!   "275 teraflops (bf16 or int8)", PCIe Gen3 x16 host interface) and
 //!   N. P. Jouppi et al., "TPU v4: An Optically Reconfigurable Supercomputer",
 //!   ISCA 2023 (6 ICI links per chip, 50 GB/s each way).
 //! - \[v5e\]: Cloud TPU v5e documentation (16 GB HBM2 at 819 GB/s, 1 TensorCore,
-//!   400 GB/s bidirectional ICI per chip over 4 ports, 8 chips per host, 2D
-//!   torus of 256 chips, all-reduce 51.2 TB/s, bisection 1.6 TB/s).
+//!   int8 393 TOPS, 400 GB/s bidirectional ICI per chip over 4 ports, 8 chips
+//!   per host, 2D torus of 256 chips, all-reduce 51.2 TB/s, bisection
+//!   1.6 TB/s; VM types: the 8-chip `ct5lp-hightpu-8t` has 384 GB of RAM, of
+//!   the host's 512 GiB).
 //! - \[v5p\]: Cloud TPU v5p documentation (95 GiB HBM2e at 2765 GB/s,
 //!   2 TensorCores, 1200 GB/s bidirectional ICI per chip, 3D torus, 4 chips per
-//!   host VM, 8960 chips).
+//!   host VM with 448 GB of RAM, 8960 chips).
 //! - \[v6e\]: Cloud TPU v6e documentation (32 GB HBM at 1638 GB/s, 1 TensorCore,
-//!   800 GB/s bidirectional ICI per chip over 4 ports, 8 chips per host, 2D
-//!   torus of 256 chips, all-reduce 102.4 TB/s, bisection 3.2 TB/s).
+//!   int8 1836 TOPS, PCIe Gen5 host interface, 800 GB/s bidirectional ICI per
+//!   chip over 4 ports, 8 chips per host, 2D torus of 256 chips, all-reduce
+//!   102.4 TB/s, bisection 3.2 TB/s; DRAM per host 1536 GiB, of which the
+//!   8-chip VM `ct6e-standard-8t` has 1440 GB).
+//! - \[tpu7x\]: Cloud TPU documentation "TPU7x (Ironwood)" and Compute Engine
+//!   "TPU machines in accelerator-optimized machine family" (specification
+//!   table): 9216 chips per pod; bf16 2307 and fp8 4614 TFLOPS per chip;
+//!   192 GiB HBM at 7380 GB/s; 2 TensorCores per chip, one on each of two
+//!   chiplets (96 GB of HBM each), which JAX exposes as two devices;
+//!   1200 GB/s bidirectional ICI per chip; a 3D torus of 4x4x4 cubes (slices
+//!   over 64 chips are whole cubes) scaling to 9216 chips; every VM
+//!   (`tpu7x-standard-4t`) has 4 chips, 960 GiB of RAM and 2 NICs of
+//!   400 Gbit/s in all; DCN 100 Gbit/s per chip.
+//! - \[int8\]: peak int8 ops per chip. v4: 275 TOPS, the bf16 rate (\[v4\]);
+//!   v5e 393 TOPS (\[v5e\]); v6e 1836 TOPS (\[v6e\]); v5p 918 TOPS from the
+//!   JAX scaling book's table (\[book\], "FLOPs/s/chip (int8)" 9.18e14; the
+//!   current Cloud v5p page gives no int8 figure); TPU7x 4614 TOPS,
+//!   inferred: the book's table gives 4.61e15, the fp8 figure, and Cloud
+//!   publishes fp8 only. v2 and v3: none published (0).
+//! - \[fp8\]: TPU7x is the first generation with native fp8 ("Ironwood is our
+//!   first TPU generation to offer native 8-bit floating point (FP8)
+//!   support", Google Cloud, "A developer's guide to training with Ironwood
+//!   TPUs", 2026; Cloud "TPU7x (Ironwood) performance optimizations":
+//!   "built-in hardware acceleration for FP8 data types ... 4614 TFLOPS per
+//!   chip"). Cloud's comparison table lists v5p and v6e at 459 and 918 fp8
+//!   TFLOPS, their bf16 rates: fp8 runs there at the bf16 rate, with no
+//!   native fp8 path, so their figure here is 0.
 //! - \[shapes\]: the slice shapes each generation is sold in, from the Cloud
 //!   TPU documentation pages "TPU v2", "TPU v3", "TPU v4", "TPU types and
-//!   topologies", "TPU v5e", "TPU v5p" (table of single-slice shapes) and
-//!   "TPU v6e"; see [`SliceShapes`] and each generation's `slice_shapes`.
-//!   Shapes are compared as sets of extents (`8x4` is `4x8`): which axis is
-//!   called x is a naming choice, not a different slice.
+//!   topologies", "TPU v5e", "TPU v5p" (table of single-slice shapes),
+//!   "TPU v6e" and "TPU7x (Ironwood)"; see [`SliceShapes`] and each
+//!   generation's `slice_shapes`. Shapes are compared as sets of extents
+//!   (`8x4` is `4x8`): which axis is called x is a naming choice, not a
+//!   different slice.
+//! - \[xpk\]: TPU7x's shape list: Google's XPK (`AI-Hypercomputer/xpk`,
+//!   `src/xpk/core/system_characteristics.py`, 2026-06) offers tpu7x slices
+//!   2x2x1, 2x2x2, 2x2x4, 2x4x4 and every AxBxC of dimensions that are
+//!   multiples of 4, at most 256, of at most 144 cubes
+//!   (`generate_tpu_topologies(max_cubes=144)`); Cloud's page names the
+//!   cubes and the 9216-chip limit but its table of shapes could not be
+//!   read here.
 //! - \[twist\]: Cloud TPU v4 documentation ("3D mesh and 3D torus": slices
 //!   `AxBxC` with `2A=B=C` or `2A=2B=C`, every dimension a multiple of 4,
 //!   such as 4x4x8 and 4x8x8, can be twisted tori) and the v5p shape table
 //!   (twisted: 4x4x8, 4x8x8, 8x8x16, 8x16x16); N. P. Jouppi et al., ISCA 2023,
-//!   section "twisted tori".
-//! - \[wrap16\]: J. Austin et al., "How to Scale Your Model" (the JAX
-//!   scaling book), "How to Think About TPUs": "TPU v5e only has a
-//!   wraparound connection when one axis has size 16"; v6e's 2D slices are
-//!   built the same way (\[v6e\]: 256-chip 16x16 torus). A v5e-16 (4x4) is a
-//!   mesh.
+//!   section "twisted tori". No twisted TPU7x slice is documented.
+//! - \[book\]: J. Austin et al., "How to Scale Your Model" (the JAX scaling
+//!   book), part 2, "How to Think About TPUs" (`jax-ml/scaling-book`,
+//!   `tpus.md`, 2026, with the TPU7x rows).
+//! - \[wrap16\]: \[book\]: "TPU v5e only has a wraparound connection when
+//!   one axis has size 16"; v6e's 2D slices are built the same way
+//!   (\[v6e\]: 256-chip 16x16 torus). A v5e-16 (4x4) is a mesh.
 //! - \[storage\]: checkpoint reads are modeled at 1 GB/s per host
 //!   ([`CHECKPOINT_READ_BYTES_PER_S_PER_HOST`]), the order of a Persistent
 //!   Disk or Cloud Storage read stream per VM; an assumption, not a TPU
 //!   figure.
-//! - \[hostcopy\]: a chip's device-to-host copy at 15.75 GB/s
-//!   ([`HOST_COPY_BYTES_PER_S_PER_CHIP`]): TPU v4's host interface is PCIe
-//!   Gen3 x16 (Cloud TPU v4 documentation), 8 GT/s x 16 lanes with
-//!   128b/130b coding, each way. Taken for every generation, an assumption
-//!   (later hosts may have faster links; none is published per chip), and
-//!   as the copy's whole cost (the host's memory is not the bottleneck).
+//! - \[hostlink\]: a chip's PCIe link to its host, each way
+//!   ([`HardwareSpec::host_link_bytes_per_s`]; the device-to-host copy of an
+//!   asynchronous checkpoint runs at it, taken as the copy's whole cost: the
+//!   host's memory is not the bottleneck). The JAX scaling book
+//!   (\[book\]): "PCIe bandwidth is typically around `1.6e10` bytes /
+//!   second per TPU (`3.2e10` for TPU v6e)"; an earlier version: "PCIe
+//!   bandwidth for TPU v4 is 16GB / second each way". v4: PCIe Gen3 x16
+//!   (\[v4\]), 8 GT/s x 16 lanes with 128b/130b coding, 15.75 GB/s, which
+//!   v2 and v3 are taken at too (an assumption: not published). v5e and
+//!   v5p: 16 GB/s (the book). v6e: 32 GB/s (the book; \[v6e\]: PCIe Gen5).
+//!   TPU7x: 16 GB/s, an assumption: the book's general figure, which names
+//!   only v6e as faster; \[tpu7x\] says each set of four chips reaches its
+//!   host over PCIe and gives no bandwidth.
+//! - \[hostdram\]: memory of one host, the VM over the engine's block of
+//!   `chips_per_host_bounds` chips, from the machine types (Compute Engine's
+//!   "GB" of memory are GiB: its API gives memory in MiB). TPU7x 960 GiB,
+//!   v6e 1440, v5p 448, v5e 384 (\[tpu7x\], \[v6e\], \[v5p\], \[v5e\]). v4:
+//!   407 GiB (`ct4p-hightpu-4t`; not verified against a Cloud page here).
+//!   v2 and v3: 335 GiB, the 96-vCPU TPU VM of a 2021 third-party report
+//!   (not verified against a Cloud page).
 //! - \[nic\]: DCN bandwidth per host, each way. v5p: 50 Gbit/s per chip
-//!   (\[v5p\]) times 4 chips per host; v5e: 6.4 Tbit/s of data-center network
+//!   (\[v5p\]) times 4 chips per host; TPU7x: 100 Gbit/s per chip (\[tpu7x\])
+//!   times 4, the VM's 400 Gbit/s; v5e: 6.4 Tbit/s of data-center network
 //!   per 256-chip pod (\[v5e\]) over 32 hosts, 200 Gbit/s; v6e is taken as
 //!   v5e; v2, v3 and v4 hosts as one 100 Gbit/s NIC (an assumption: not
 //!   published per host).
@@ -67,9 +119,10 @@
 //!   against its table here). Reconfiguring the OCSes to swap a cube or
 //!   form a slice takes "around 10 seconds" (Gemini technical report, 2023,
 //!   "Training Infrastructure"; the ISCA paper gives no single figure). v5p
-//!   is built of the same 4x4x4 cubes (8960 chips = 140 cubes); its OCS
-//!   count is not published, so the v4 arrangement (16 OCSes per dimension,
-//!   two ports per cube) is assumed for it.
+//!   is built of the same 4x4x4 cubes (8960 chips = 140 cubes), and so is
+//!   TPU7x (9216 chips = 144 cubes, \[tpu7x\]); their OCS counts are not
+//!   published, so the v4 arrangement (16 OCSes per dimension, two ports
+//!   per cube, 10 s to reconfigure) is assumed for both.
 //! - Latencies are not published per link. The defaults (1 µs per ICI hop,
 //!   10 µs per DCN hop) are orders of magnitude for a SerDes hop plus router
 //!   and for a datacenter NIC round; override them in the pod file.
@@ -84,10 +137,9 @@ const GB: f64 = 1e9;
 /// Bytes per second one host reads a checkpoint at (\[storage\]).
 pub const CHECKPOINT_READ_BYTES_PER_S_PER_HOST: f64 = GB;
 
-/// Bytes per second one chip copies its share of a checkpoint from HBM to
-/// its host's memory at (\[hostcopy\]): what an asynchronous checkpoint
-/// blocks training for.
-pub const HOST_COPY_BYTES_PER_S_PER_CHIP: f64 = 15.75 * GB;
+/// PCIe Gen3 x16, each way: 8 GT/s x 16 lanes, 128b/130b coding
+/// (\[hostlink\]).
+const PCIE_GEN3_X16: f64 = 15.75 * GB;
 
 /// Seconds to write or to read back a checkpoint of `bytes` on a pod of
 /// `hosts` hosts: every host streams its share at
@@ -146,6 +198,16 @@ pub const V5P_OCS: OcsSpec = OcsSpec {
     reconfigure_seconds: 10.0,
 };
 
+/// The OCS assumed for TPU7x (\[ocs\]: the v4 arrangement over 144 cubes;
+/// Google publishes the cubes, not the switches).
+pub const TPU7X_OCS: OcsSpec = OcsSpec {
+    cube_edge: 4,
+    pod_cubes: 144,
+    ocs_per_dimension: 16,
+    ports_per_ocs: 288,
+    reconfigure_seconds: 10.0,
+};
+
 /// A TPU generation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum TpuGeneration {
@@ -161,6 +223,10 @@ pub enum TpuGeneration {
     V5p,
     /// TPU v6e, Trillium (2024).
     V6e,
+    /// TPU7x, Ironwood (2025): `"tpu7x"` in pod files, as Google Cloud
+    /// names it. JAX sees each chip as two devices; the engine models one
+    /// device per chip (see [`HardwareSpec::cores_per_chip`]).
+    Tpu7x,
 }
 
 /// How the generation's interconnect may close its rings.
@@ -258,10 +324,21 @@ pub struct HardwareSpec {
     pub hbm_bytes: u64,
     /// HBM bandwidth per chip, bytes per second.
     pub hbm_bytes_per_s: f64,
-    /// TensorCores per chip.
+    /// TensorCores per chip. The engine models one device per chip, which
+    /// JAX also does for v4 and v5p (a megacore of two cores) but not for
+    /// v2, v3 and TPU7x: JAX sees each core of those as a device of its
+    /// own, so a JAX device count there is `cores_per_chip` (2) times the
+    /// chip count (TPU7x: two chiplets of one TensorCore and 96 GB of HBM
+    /// each, \[tpu7x\]).
     pub cores_per_chip: u32,
     /// Peak bf16 throughput per chip, FLOP/s.
     pub peak_bf16_flops: f64,
+    /// Peak int8 throughput per chip, operations per second (\[int8\]); 0
+    /// where none is published (v2, v3).
+    pub peak_int8_ops: f64,
+    /// Peak fp8 throughput per chip, FLOP/s (\[fp8\]); 0 where the chip has
+    /// no native fp8 (every generation before TPU7x).
+    pub peak_fp8_flops: f64,
     /// Dimensions of the ICI torus (2 or 3).
     pub torus_dims: usize,
     /// ICI ports per chip (2 per torus dimension).
@@ -276,6 +353,13 @@ pub struct HardwareSpec {
     pub dcn_latency_ns: u64,
     /// DCN bandwidth of one host's NICs, bytes per second each way (\[nic\]).
     pub dcn_host_bytes_per_s: f64,
+    /// Each chip's host link (PCIe), bytes per second each way
+    /// (\[hostlink\]): what a chip copies HBM to host memory at, as an
+    /// asynchronous checkpoint does.
+    pub host_link_bytes_per_s: f64,
+    /// Memory of one host (the VM over `chips_per_host_bounds`), bytes
+    /// (\[hostdram\]).
+    pub host_dram_bytes: u64,
     /// Chips attached to one host, as a block of the slice (`x, y, z`).
     pub chips_per_host_bounds: [u32; 3],
     /// When a dimension may wrap around.
@@ -325,6 +409,8 @@ static V2: HardwareSpec = HardwareSpec {
     hbm_bytes_per_s: 700.0 * GB,
     cores_per_chip: 2,
     peak_bf16_flops: 45e12,
+    peak_int8_ops: 0.0,
+    peak_fp8_flops: 0.0,
     torus_dims: 2,
     ici_ports: 4,
     ici_bytes_per_s: 496e9 / 8.0,
@@ -332,6 +418,8 @@ static V2: HardwareSpec = HardwareSpec {
     dcn_bytes_per_s: 12.5 * GB,
     dcn_latency_ns: 10_000,
     dcn_host_bytes_per_s: 12.5 * GB,
+    host_link_bytes_per_s: PCIE_GEN3_X16,
+    host_dram_bytes: 335 * GIB,
     chips_per_host_bounds: [2, 2, 1],
     wraparound: WraparoundRule::AnyDimension,
     max_pod_chips: 256,
@@ -352,6 +440,8 @@ static V3: HardwareSpec = HardwareSpec {
     hbm_bytes_per_s: 900.0 * GB,
     cores_per_chip: 2,
     peak_bf16_flops: 123e12,
+    peak_int8_ops: 0.0,
+    peak_fp8_flops: 0.0,
     torus_dims: 2,
     ici_ports: 4,
     ici_bytes_per_s: 656e9 / 8.0,
@@ -359,6 +449,8 @@ static V3: HardwareSpec = HardwareSpec {
     dcn_bytes_per_s: 12.5 * GB,
     dcn_latency_ns: 10_000,
     dcn_host_bytes_per_s: 12.5 * GB,
+    host_link_bytes_per_s: PCIE_GEN3_X16,
+    host_dram_bytes: 335 * GIB,
     chips_per_host_bounds: [2, 2, 1],
     wraparound: WraparoundRule::AnyDimension,
     max_pod_chips: 1024,
@@ -388,6 +480,8 @@ static V4: HardwareSpec = HardwareSpec {
     hbm_bytes_per_s: 1200.0 * GB,
     cores_per_chip: 2,
     peak_bf16_flops: 275e12,
+    peak_int8_ops: 275e12,
+    peak_fp8_flops: 0.0,
     torus_dims: 3,
     ici_ports: 6,
     ici_bytes_per_s: 50.0 * GB,
@@ -395,6 +489,8 @@ static V4: HardwareSpec = HardwareSpec {
     dcn_bytes_per_s: 12.5 * GB,
     dcn_latency_ns: 10_000,
     dcn_host_bytes_per_s: 12.5 * GB,
+    host_link_bytes_per_s: PCIE_GEN3_X16,
+    host_dram_bytes: 407 * GIB,
     chips_per_host_bounds: [2, 2, 1],
     wraparound: WraparoundRule::MultipleOf(4),
     max_pod_chips: 4096,
@@ -417,6 +513,8 @@ static V5E: HardwareSpec = HardwareSpec {
     hbm_bytes_per_s: 819.0 * GB,
     cores_per_chip: 1,
     peak_bf16_flops: 197e12,
+    peak_int8_ops: 393e12,
+    peak_fp8_flops: 0.0,
     torus_dims: 2,
     ici_ports: 4,
     // 400 GB/s bidirectional per chip over 4 ports.
@@ -426,6 +524,8 @@ static V5E: HardwareSpec = HardwareSpec {
     dcn_bytes_per_s: 25.0 * GB,
     dcn_latency_ns: 10_000,
     dcn_host_bytes_per_s: 25.0 * GB,
+    host_link_bytes_per_s: 16.0 * GB,
+    host_dram_bytes: 384 * GIB,
     chips_per_host_bounds: [2, 4, 1],
     wraparound: WraparoundRule::OnlySize(16),
     max_pod_chips: 256,
@@ -446,6 +546,8 @@ static V5P: HardwareSpec = HardwareSpec {
     hbm_bytes_per_s: 2765.0 * GB,
     cores_per_chip: 2,
     peak_bf16_flops: 459e12,
+    peak_int8_ops: 918e12,
+    peak_fp8_flops: 0.0,
     torus_dims: 3,
     ici_ports: 6,
     // 1200 GB/s bidirectional per chip over 6 ports.
@@ -455,6 +557,8 @@ static V5P: HardwareSpec = HardwareSpec {
     dcn_bytes_per_s: 50e9 / 8.0,
     dcn_latency_ns: 10_000,
     dcn_host_bytes_per_s: 4.0 * 50e9 / 8.0,
+    host_link_bytes_per_s: 16.0 * GB,
+    host_dram_bytes: 448 * GIB,
     chips_per_host_bounds: [2, 2, 1],
     wraparound: WraparoundRule::MultipleOf(4),
     max_pod_chips: 8960,
@@ -478,6 +582,8 @@ static V6E: HardwareSpec = HardwareSpec {
     hbm_bytes_per_s: 1638.0 * GB,
     cores_per_chip: 1,
     peak_bf16_flops: 918e12,
+    peak_int8_ops: 1836e12,
+    peak_fp8_flops: 0.0,
     torus_dims: 2,
     ici_ports: 4,
     // 800 GB/s bidirectional per chip over 4 ports.
@@ -486,6 +592,8 @@ static V6E: HardwareSpec = HardwareSpec {
     dcn_bytes_per_s: 25.0 * GB,
     dcn_latency_ns: 10_000,
     dcn_host_bytes_per_s: 25.0 * GB,
+    host_link_bytes_per_s: 32.0 * GB,
+    host_dram_bytes: 1440 * GIB,
     chips_per_host_bounds: [2, 4, 1],
     wraparound: WraparoundRule::OnlySize(16),
     max_pod_chips: 256,
@@ -500,15 +608,55 @@ static V6E: HardwareSpec = HardwareSpec {
     ocs: None,
 };
 
+/// TPU7x (Ironwood), \[tpu7x\]. One device entity per chip: JAX sees each
+/// chip as two devices, one per chiplet, so a JAX device count is twice
+/// the chip count (see [`HardwareSpec::cores_per_chip`]). Uncalibrated: no
+/// published TPU7x run fits the step model's MXU efficiency yet.
+static TPU7X: HardwareSpec = HardwareSpec {
+    name: "tpu7x",
+    hbm_bytes: 192 * GIB,
+    hbm_bytes_per_s: 7380.0 * GB,
+    cores_per_chip: 2,
+    peak_bf16_flops: 2307e12,
+    peak_int8_ops: 4614e12,
+    peak_fp8_flops: 4614e12,
+    torus_dims: 3,
+    ici_ports: 6,
+    // Derived: 1200 GB/s bidirectional per chip over 6 ports, 100 GB/s per
+    // link each way (the book lists 90 GB/s one way, as for v5p).
+    ici_bytes_per_s: 1200.0 * GB / 6.0 / 2.0,
+    ici_latency_ns: 1_000,
+    // 100 Gbit/s DCN per chip; 4 chips, 400 Gbit/s, per VM.
+    dcn_bytes_per_s: 100e9 / 8.0,
+    dcn_latency_ns: 10_000,
+    dcn_host_bytes_per_s: 4.0 * 100e9 / 8.0,
+    host_link_bytes_per_s: 16.0 * GB,
+    host_dram_bytes: 960 * GIB,
+    chips_per_host_bounds: [2, 2, 1],
+    wraparound: WraparoundRule::MultipleOf(4),
+    max_pod_chips: 9216,
+    // \[xpk\]: 2x2x1, 2x2x2, 2x2x4, 2x4x4 and any AxBxC of whole cubes,
+    // every dimension at most 256, up to 144 cubes (the pod, 9216 chips).
+    slice_shapes: SliceShapes {
+        listed: &[[2, 2, 1], [2, 2, 2], [2, 2, 4], [2, 4, 4]],
+        cube_edge: Some(4),
+        max_dimension: 256,
+        largest_slice_chips: 9216,
+    },
+    twisted_tori: false,
+    ocs: Some(TPU7X_OCS),
+};
+
 impl TpuGeneration {
     /// Every generation, oldest first.
-    pub const ALL: [TpuGeneration; 6] = [
+    pub const ALL: [TpuGeneration; 7] = [
         TpuGeneration::V2,
         TpuGeneration::V3,
         TpuGeneration::V4,
         TpuGeneration::V5e,
         TpuGeneration::V5p,
         TpuGeneration::V6e,
+        TpuGeneration::Tpu7x,
     ];
 
     /// The generation's hardware figures.
@@ -520,12 +668,33 @@ impl TpuGeneration {
             TpuGeneration::V5e => &V5E,
             TpuGeneration::V5p => &V5P,
             TpuGeneration::V6e => &V6E,
+            TpuGeneration::Tpu7x => &TPU7X,
         }
     }
 
     /// Short name as written in pod files (`"v4"`).
     pub fn name(self) -> &'static str {
         self.spec().name
+    }
+
+    /// Every generation's name, oldest first, comma-separated (for error
+    /// messages: `v2, v3, ..., tpu7x`).
+    pub fn names() -> String {
+        TpuGeneration::ALL.map(TpuGeneration::name).join(", ")
+    }
+
+    /// The names of the generations whose pods are built of cubes joined by
+    /// optical circuit switches, as prose (`v4, v5p and tpu7x`).
+    pub fn cube_built_names() -> String {
+        let names: Vec<&str> = TpuGeneration::ALL
+            .into_iter()
+            .filter(|g| g.spec().ocs.is_some())
+            .map(TpuGeneration::name)
+            .collect();
+        match names.split_last() {
+            Some((last, rest)) if !rest.is_empty() => format!("{} and {last}", rest.join(", ")),
+            _ => names.concat(),
+        }
     }
 }
 
@@ -537,7 +706,7 @@ impl fmt::Display for TpuGeneration {
 
 /// The error for a generation name that is not one of [`TpuGeneration::ALL`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown TPU generation `{0}` (known: v2, v3, v4, v5e, v5p, v6e)")]
+#[error("unknown TPU generation `{0}` (known: {known})", known = TpuGeneration::names())]
 pub struct UnknownGeneration(pub String);
 
 impl FromStr for TpuGeneration {
@@ -553,99 +722,4 @@ impl FromStr for TpuGeneration {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_checkpoint_costs_its_bytes_over_every_hosts_stream() {
-        // 12 GB over 4 hosts at 1 GB/s each: 3 s.
-        assert_eq!(checkpoint_io_seconds(12e9, 4), 3.0);
-        assert_eq!(checkpoint_io_seconds(12e9, 0), 12.0);
-        assert_eq!(checkpoint_io_seconds(0.0, 4), 0.0);
-    }
-
-    #[test]
-    fn names_round_trip() {
-        for generation in TpuGeneration::ALL {
-            assert_eq!(generation.name().parse::<TpuGeneration>(), Ok(generation));
-        }
-        assert_eq!("V5E".parse::<TpuGeneration>(), Ok(TpuGeneration::V5e));
-        assert!("v7".parse::<TpuGeneration>().is_err());
-    }
-
-    #[test]
-    fn port_counts_match_torus_dimensions() {
-        for generation in TpuGeneration::ALL {
-            let spec = generation.spec();
-            assert_eq!(spec.ici_ports as usize, 2 * spec.torus_dims, "{generation}");
-        }
-    }
-
-    #[test]
-    fn offered_shapes_follow_the_cloud_lists() {
-        let v5p = &TpuGeneration::V5p.spec().slice_shapes;
-        assert!(v5p.offers([16, 16, 24]) && v5p.offers([24, 16, 16]));
-        assert!(v5p.offers([2, 2, 1]) && v5p.offers([4, 4, 8]));
-        assert!(
-            !v5p.offers([16, 20, 28]),
-            "8960 chips is the pod, not a slice"
-        );
-        assert!(!v5p.offers([4, 4, 6]) && !v5p.offers([16, 16, 28]));
-        let v4 = &TpuGeneration::V4.spec().slice_shapes;
-        assert!(v4.offers([8, 8, 12]) && v4.offers([16, 16, 16]) && v4.offers([2, 2, 1]));
-        assert!(!v4.offers([16, 16, 24]) && !v4.offers([3, 4, 4]) && !v4.offers([1, 1, 1]));
-        let v5e = &TpuGeneration::V5e.spec().slice_shapes;
-        assert!(v5e.offers([16, 16, 1]) && v5e.offers([4, 2, 1]) && v5e.offers([1, 1, 1]));
-        assert!(!v5e.offers([3, 5, 1]) && !v5e.offers([4, 1, 1]) && !v5e.offers([16, 32, 1]));
-        for generation in TpuGeneration::ALL {
-            let shapes = &generation.spec().slice_shapes;
-            assert!(shapes.largest_slice_chips <= generation.spec().max_pod_chips);
-            for shape in shapes.listed {
-                assert!(shape.iter().product::<u32>() <= shapes.largest_slice_chips);
-            }
-        }
-    }
-
-    #[test]
-    fn twisted_shapes_are_k_k_2k_and_k_2k_2k() {
-        assert_eq!(twisted_torus_edge([4, 4, 8]), Some(4));
-        assert_eq!(twisted_torus_edge([8, 4, 8]), Some(4));
-        assert_eq!(twisted_torus_edge([8, 8, 16]), Some(8));
-        assert_eq!(twisted_torus_edge([4, 4, 4]), None);
-        assert_eq!(twisted_torus_edge([4, 8, 16]), None);
-        assert_eq!(twisted_torus_edge([2, 2, 4]), None);
-    }
-
-    #[test]
-    fn ocs_figures_match_the_v4_paper() {
-        let ocs = TpuGeneration::V4.spec().ocs.expect("v4 is built of cubes");
-        assert_eq!(ocs.ocs_count(), 48);
-        assert_eq!(ocs.pod_cubes * ocs.chips_per_cube(), 4096);
-        // 6 faces x 16 links per cube, 6144 optical links in the pod.
-        assert_eq!(6 * ocs.cube_edge.pow(2) * ocs.pod_cubes, 6144);
-        assert_eq!(ocs.ports_per_ocs, 2 * ocs.pod_cubes);
-        for generation in TpuGeneration::ALL {
-            let spec = generation.spec();
-            if let Some(ocs) = spec.ocs {
-                assert_eq!(spec.slice_shapes.cube_edge, Some(ocs.cube_edge));
-                assert!(ocs.pod_cubes * ocs.chips_per_cube() >= spec.max_pod_chips);
-            }
-        }
-    }
-
-    #[test]
-    fn v4_wraps_only_multiples_of_four() {
-        let v4 = TpuGeneration::V4.spec();
-        assert!(v4.can_wrap(4) && v4.can_wrap(16));
-        assert!(!v4.can_wrap(2) && !v4.can_wrap(6));
-        // v5e and v6e close a ring only along a full 16-chip axis.
-        for generation in [TpuGeneration::V5e, TpuGeneration::V6e] {
-            let spec = generation.spec();
-            assert!(spec.can_wrap(16));
-            assert!(!spec.can_wrap(2) && !spec.can_wrap(4) && !spec.can_wrap(8));
-            assert!(!spec.can_wrap(32));
-        }
-        let v3 = TpuGeneration::V3.spec();
-        assert!(v3.can_wrap(3) && !v3.can_wrap(2));
-    }
-}
+mod tests;

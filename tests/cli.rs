@@ -123,7 +123,16 @@ fn presets_lists_every_bundled_pod() {
         .map(|row| row["name"].as_str().unwrap())
         .collect();
     for expected in [
-        "v2-8", "v3-32", "v4-8", "v4-64", "v4-4096", "v5e-16", "v5e-256", "v5p-128", "v6e-256",
+        "v2-8",
+        "v3-32",
+        "v4-8",
+        "v4-64",
+        "v4-4096",
+        "v5e-16",
+        "v5e-256",
+        "v5p-128",
+        "v6e-256",
+        "tpu7x-256",
     ] {
         assert!(
             names.contains(&expected),

@@ -429,8 +429,12 @@ fn async_checkpoints_block_only_for_the_host_copy() {
         costs["checkpoint_background_seconds"].as_f64().unwrap(),
         write
     );
-    // 1.2 TB over 64 chips' host links.
-    let expected = 1.2e12 / (64.0 * optirs_tpu::hardware::HOST_COPY_BYTES_PER_S_PER_CHIP);
+    // 1.2 TB over 64 chips' host links (v4: PCIe Gen3 x16, 15.75 GB/s).
+    let link = optirs_tpu::hardware::TpuGeneration::V4
+        .spec()
+        .host_link_bytes_per_s;
+    assert_eq!(link, 15.75e9);
+    let expected = 1.2e12 / (64.0 * link);
     assert!((copy - expected).abs() < 1e-9 * expected, "{copy}");
     assert!(copy < write);
     let (s, a) = (

@@ -158,7 +158,7 @@ fn bad_cube_blocks_are_refused_naming_the_field_and_line() {
     assert_eq!((field.as_str(), line), ("cubes", Some(2)));
     assert!(matches!(problem, Problem::Cubes { .. }));
     assert!(text.starts_with("t.ron:2: `cubes`:"), "{text}");
-    assert!(text.contains("only v4 and v5p"), "{text}");
+    assert!(text.contains("only v4, v5p and tpu7x"), "{text}");
     let small = "Pod(name: \"t\", generation: \"v4\", shape: \"2x2x4\", cubes: ())";
     let (field, _, _, text) = invalid(small);
     assert_eq!(field, "cubes");

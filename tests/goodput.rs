@@ -555,7 +555,7 @@ fn async_checkpoints_cost_the_host_copy_and_raise_goodput() {
     config.async_checkpoint = true;
     let asynchronous = simulate(&fleet, &config).unwrap();
     let c = &asynchronous.costs;
-    let copy = 12e12 / (8192.0 * optirs_tpu::hardware::HOST_COPY_BYTES_PER_S_PER_CHIP);
+    let copy = 12e12 / (8192.0 * TpuGeneration::V4.spec().host_link_bytes_per_s);
     assert!((c.host_copy_seconds - copy).abs() < 1e-9 * copy);
     assert_eq!(c.checkpoint_blocking_seconds, c.host_copy_seconds);
     assert_eq!(c.checkpoint_background_seconds, 150.0);

@@ -69,6 +69,7 @@ fn every_preset_over_mpi_ranks_is_the_one_process_world() {
         ("v5p-128", 32, "200"),
         ("v5e-256", 32, "200"),
         ("v6e-256", 32, "200"),
+        ("tpu7x-256", 64, "200"),
         ("v4-4096", 1024, "10"),
     ] {
         let args = [

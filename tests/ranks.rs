@@ -67,7 +67,15 @@ fn faults(topology: &Topology) -> Plan {
 #[test]
 fn every_preset_split_over_every_rank_count_is_the_one_process_world() {
     for name in [
-        "v2-8", "v3-32", "v4-8", "v4-64", "v5e-16", "v5e-256", "v5p-128", "v6e-256",
+        "v2-8",
+        "v3-32",
+        "v4-8",
+        "v4-64",
+        "v5e-16",
+        "v5e-256",
+        "v5p-128",
+        "v6e-256",
+        "tpu7x-256",
     ] {
         let topology = load_preset(name).unwrap();
         // Long enough for the kill to be detected (the timeout is a few

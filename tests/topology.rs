@@ -63,6 +63,29 @@ fn v6e_256_matches_published_bisection_and_allreduce() {
 }
 
 #[test]
+fn tpu7x_pod_files_parse_and_the_preset_is_four_cubes_of_ironwood() {
+    let text = "Pod(name: \"i\", generation: \"tpu7x\", shape: \"4x4x4\", cubes: (spares: 1))";
+    let cube = parse_topology(text, "i.ron").unwrap();
+    assert_eq!(cube.generation, optirs_tpu::hardware::TpuGeneration::Tpu7x);
+    assert_eq!((cube.num_devices(), cube.num_hosts()), (64, 16));
+    assert!(cube.warnings.is_empty(), "{:?}", cube.warnings);
+    assert_eq!(cube.cubes.map(|c| c.spares), Some(1));
+    let preset = load_preset("tpu7x-256").unwrap();
+    assert_eq!((preset.dims, preset.wraparound), ([4, 8, 8], [true; 3]));
+    let figures = Pod::from_topology(preset).unwrap().figures();
+    assert_eq!(
+        (figures.devices, figures.hosts, figures.links),
+        (256, 64, 768)
+    );
+    assert_eq!(figures.diameter_hops, Some(10));
+    // 64 links across the middle of an 8-chip axis at 100 GB/s each way.
+    assert!(
+        within(figures.bisection_bytes_per_s, 6.4e12, 1e-9),
+        "{figures:?}"
+    );
+}
+
+#[test]
 fn v4_4096_matches_published_bisection() {
     let figures = Pod::from_preset("v4-4096").unwrap().figures();
     assert_eq!(
@@ -372,7 +395,7 @@ fn semantic_errors_carry_file_and_line() {
     let error = parse_topology(text, "pods/x.ron").unwrap_err();
     assert_eq!(
         error.to_string(),
-        "pods/x.ron:3: `generation`: unknown TPU generation `v9` (known: v2, v3, v4, v5e, v5p, v6e)"
+        "pods/x.ron:3: `generation`: unknown TPU generation `v9` (known: v2, v3, v4, v5e, v5p, v6e, tpu7x)"
     );
 }
 

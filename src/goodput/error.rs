@@ -105,8 +105,8 @@ pub enum GoodputError {
     },
     /// `--recovery spare-cube` on a pod with no spare cubes.
     #[error(
-        "--recovery spare-cube needs spare cubes, and {pod} has none: give a v4 or v5p pod \
-         file `cubes: (spares: N)`, or use rollback or redundant"
+        "--recovery spare-cube needs spare cubes, and {pod} has none: give a v4, v5p or \
+         tpu7x pod file `cubes: (spares: N)`, or use rollback or redundant"
     )]
     NoSpareCube {
         /// The pod.

@@ -11,10 +11,7 @@ use serde::Serialize;
 
 use super::error::{GoodputError, StepModelError};
 use crate::collectives::TorusShape;
-use crate::hardware::{
-    CHECKPOINT_READ_BYTES_PER_S_PER_HOST, HOST_COPY_BYTES_PER_S_PER_CHIP, TpuGeneration,
-    checkpoint_io_seconds,
-};
+use crate::hardware::{CHECKPOINT_READ_BYTES_PER_S_PER_HOST, TpuGeneration, checkpoint_io_seconds};
 use crate::sharding::strategy_model::{StrategyOptions, modeled_strategy_step};
 use crate::sharding::{DEFAULT_BUCKET_BYTES, RecoveryPolicy, Strategy};
 use crate::topology::Topology;
@@ -127,6 +124,9 @@ pub struct Fleet {
     pub ici_bytes_per_s: f64,
     /// Latency of one ICI hop, seconds.
     pub ici_latency_seconds: f64,
+    /// Bytes per second of one chip's host link, each way (the
+    /// generation's [`crate::hardware::HardwareSpec::host_link_bytes_per_s`]).
+    pub host_link_bytes_per_s: f64,
     /// Spare cubes of a cube-built pod (`cubes: (spares: N)` in its pod
     /// file); `None` for a pod not built of cubes.
     pub spare_cubes: Option<u32>,
@@ -157,6 +157,7 @@ impl Fleet {
             detect_seconds: topology.heartbeat_timeout_ns as f64 * 1e-9,
             ici_bytes_per_s: topology.ici.bytes_per_s,
             ici_latency_seconds: topology.ici.latency_ns as f64 * 1e-9,
+            host_link_bytes_per_s: topology.generation.spec().host_link_bytes_per_s,
             spare_cubes: topology.cubes.map(|c| c.spares),
         };
         fleet.check()?;
@@ -184,6 +185,7 @@ impl Fleet {
             detect_seconds: DEFAULT_HEARTBEAT_TIMEOUT_NS as f64 * 1e-9,
             ici_bytes_per_s: spec.ici_bytes_per_s,
             ici_latency_seconds: spec.ici_latency_ns as f64 * 1e-9,
+            host_link_bytes_per_s: spec.host_link_bytes_per_s,
             spare_cubes: None,
         };
         fleet.check()?;
@@ -368,7 +370,7 @@ pub struct Costs {
     /// Reading one back after a rollback, seconds (as the write).
     pub checkpoint_read_seconds: f64,
     /// Copying one checkpoint from device HBM to host memory, every chip
-    /// its share at [`HOST_COPY_BYTES_PER_S_PER_CHIP`], seconds: what an
+    /// its share at [`Fleet::host_link_bytes_per_s`], seconds: what an
     /// asynchronous checkpoint blocks training for.
     pub host_copy_seconds: f64,
     /// What training waits for per checkpoint, besides a previous write
@@ -465,7 +467,7 @@ impl Costs {
             ),
         };
         let host_copy_seconds =
-            checkpoint_bytes / (f64::from(fleet.chips) * HOST_COPY_BYTES_PER_S_PER_CHIP);
+            checkpoint_bytes / (f64::from(fleet.chips) * fleet.host_link_bytes_per_s);
         let (checkpoint_blocking_seconds, checkpoint_background_seconds) =
             if config.async_checkpoint {
                 (host_copy_seconds, io_seconds)

@@ -41,7 +41,7 @@ pub enum FaultError {
     #[error("{0} was killed; it cannot be paused or resumed")]
     DeviceKilled(DeviceId),
     /// A device of a pod not built of cubes was asked for its cube.
-    #[error("{0} is not in a cube: the pod file has no `cubes` (v4 and v5p pods only)")]
+    #[error("{0} is not in a cube: the pod file has no `cubes` (v4, v5p and tpu7x pods only)")]
     NotCubeBuilt(DeviceId),
     /// More cubes failed than there are spares to swap in.
     #[error(

@@ -255,7 +255,7 @@ pub enum ShardingError {
     /// The spare-cube policy was chosen for a pod with no spare cubes.
     #[error(
         "--recovery spare-cube needs spare cubes, and {pod} has none: give the pod file \
-         `cubes: (spares: 1)` (v4 and v5p pods of whole 4x4x4 cubes), or use rollback or \
+         `cubes: (spares: 1)` (v4, v5p and tpu7x pods of whole 4x4x4 cubes), or use rollback or \
          redundant"
     )]
     NoSpareCubes {

@@ -232,9 +232,10 @@ pub(super) fn resolve_cubes(
         return refuse(
             "cubes",
             format!(
-                "{} pods are not built of cubes; only v4 and v5p slices are sets of 4x4x4 \
-                 cubes joined by optical circuit switches",
-                spec.name
+                "{} pods are not built of cubes; only {} slices are sets of 4x4x4 cubes \
+                 joined by optical circuit switches",
+                spec.name,
+                crate::hardware::TpuGeneration::cube_built_names()
             ),
         );
     };

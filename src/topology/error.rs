@@ -59,7 +59,7 @@ pub enum Problem {
     #[error("the pod needs a name (reports, figures and checkpoints show it)")]
     EmptyName,
     /// The generation is not one the engine knows.
-    #[error("unknown TPU generation `{0}` (known: v2, v3, v4, v5e, v5p, v6e)")]
+    #[error("unknown TPU generation `{0}` (known: {known})", known = crate::hardware::TpuGeneration::names())]
     UnknownGeneration(String),
     /// A shape string that is not `AxB` or `AxBxC` of positive integers.
     #[error("`{text}` is not a shape like `4x4` or `4x4x4`: {reason}")]

@@ -1,9 +1,9 @@
 //! The bundled pod presets, compiled into the binary from `assets/pods/`.
 //!
 //! Preset names count **chips**: `v4-64` is 64 chips (a 4x4x4 cube). Google
-//! Cloud's accelerator types count TensorCores for v2, v3, v4 and v5p, so the
-//! same slice is sold as `v4-128`; each preset's description names its Cloud
-//! type.
+//! Cloud's accelerator types count TensorCores for v2, v3, v4, v5p and
+//! TPU7x, so the same slice is sold as `v4-128`; each preset's description
+//! names its Cloud type.
 
 /// `(name, RON text)` of every preset, smallest generation first.
 pub const PRESETS: &[(&str, &str)] = &[
@@ -16,6 +16,7 @@ pub const PRESETS: &[(&str, &str)] = &[
     ("v5e-256", include_str!("../../assets/pods/v5e-256.ron")),
     ("v5p-128", include_str!("../../assets/pods/v5p-128.ron")),
     ("v6e-256", include_str!("../../assets/pods/v6e-256.ron")),
+    ("tpu7x-256", include_str!("../../assets/pods/tpu7x-256.ron")),
 ];
 
 /// The pod `optirs-tpu run` uses when none is named.

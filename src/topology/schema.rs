@@ -22,7 +22,7 @@
 //!     // with `slices` of 2 or more, also the DCN fabric's figures:
 //!     // dcn: (host_gb_per_s: 25.0, oversubscription: 1.0, fabric: true),
 //!     extra_links: [(a: 0, b: 15, kind: Dcn)],
-//!     // v4 and v5p only: the slice is made of 4x4x4 cubes joined by
+//!     // v4, v5p and tpu7x only: the slice is made of 4x4x4 cubes joined by
 //!     // optical circuit switches, with spare cubes to swap in:
 //!     // cubes: (spares: 1, pod_cubes: 64, reconfigure_seconds: 10.0),
 //!     heartbeat: (interval_ms: 1000.0, timeout_ms: 10000.0),
@@ -41,7 +41,8 @@ pub struct PodFile {
     /// One-line description for listings.
     #[serde(default)]
     pub description: Option<String>,
-    /// TPU generation: `"v2"`, `"v3"`, `"v4"`, `"v5e"`, `"v5p"` or `"v6e"`.
+    /// TPU generation: `"v2"`, `"v3"`, `"v4"`, `"v5e"`, `"v5p"`, `"v6e"` or
+    /// `"tpu7x"`.
     pub generation: String,
     /// Chips along each torus dimension of one slice: `"16x16"`, `"4x4x4"`.
     pub shape: String,
@@ -50,7 +51,8 @@ pub struct PodFile {
     #[serde(default)]
     pub slices: Option<u32>,
     /// Whether each dimension closes into a ring. Default: every dimension the
-    /// generation can wrap (v4 and v5p: multiples of 4; others: 3 chips or more).
+    /// generation can wrap (v4, v5p and tpu7x: multiples of 4; v5e and v6e:
+    /// an axis of 16; v2 and v3: 3 chips or more).
     #[serde(default)]
     pub wraparound: Option<Vec<bool>>,
     /// How the wraparound links close: `"none"` (default), or `"twisted"`
@@ -81,8 +83,8 @@ pub struct PodFile {
     /// Links beyond the torus: DCN between hosts or slices, or extra ICI.
     #[serde(default)]
     pub extra_links: Vec<ExtraLink>,
-    /// The pod is built of cubes joined by optical circuit switches (v4
-    /// and v5p): the slices are sets of cubes, the rest of the pod's cubes
+    /// The pod is built of cubes joined by optical circuit switches (v4,
+    /// v5p and tpu7x): the slices are sets of cubes, the rest of the pod's cubes
     /// are spares or other jobs'. See [`super::cubes`].
     #[serde(default)]
     pub cubes: Option<CubeOptions>,
@@ -166,7 +168,8 @@ pub struct CubeOptions {
     #[serde(default)]
     pub spares: Option<u32>,
     /// Cubes in the whole pod (default: the generation's full pod, 64 for
-    /// v4, 140 for v5p); the slices and spares must fit in it.
+    /// v4, 140 for v5p, 144 for tpu7x); the slices and spares must fit in
+    /// it.
     #[serde(default)]
     pub pod_cubes: Option<u32>,
     /// Seconds the optical circuit switches take to swap a cube (default
