@@ -99,6 +99,9 @@ fn bf16_activations_move_half_the_bytes_of_f32() {
         grad_dtype: None,
         mu_dtype: None,
         num_vocab_tiling: 1,
+        quantization: None,
+        optimizer_memory_host_offload: false,
+        parameter_memory_host_offload: false,
         ..bf16.clone()
     };
     let t = tokens(&bf16);
@@ -257,6 +260,9 @@ fn small_config() -> impl Strategy<Value = ModelConfig> {
                     grad_dtype: None,
                     mu_dtype: None,
                     num_vocab_tiling: 1,
+                    quantization: None,
+                    optimizer_memory_host_offload: false,
+                    parameter_memory_host_offload: false,
                     logits_via_embedding: false,
                     attention_width_is_embed: false,
                     trainable_position_size: 0,

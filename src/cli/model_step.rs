@@ -217,6 +217,7 @@ pub(super) fn modeled(args: &TrainArgs, config: &ModelConfig, topology: &Topolog
         "phases": step.phases,
         "layer": step.layer,
         "hbm_by_kind": step.hbm,
+        "host_offload": step.host_offload,
         "hbm_types": step.hbm_types,
         "hbm_bytes_per_device": step.hbm.total,
         "hbm_capacity_bytes": topology.hbm_bytes,
@@ -304,6 +305,26 @@ fn print_text(step: &ModelStep, topology: &Topology, params: u64, wall_seconds: 
                     .copied()
                     .unwrap_or(0.0)
             ),
+        )?;
+    }
+    let host = &step.host_offload;
+    if host.layer_seconds > 0.0 || host.update_seconds > 0.0 {
+        let bytes = optirs_tpu::sharding::strategy::decimal_bytes;
+        writeln!(
+            out,
+            "  host offload: {} a layer each way in {} ({} of it exposed), the update's state and \
+             parameters {}; {} per host of its {}",
+            bytes(host.layer_activation_bytes as u64),
+            output::seconds(host.layer_seconds),
+            output::seconds(
+                step.phases
+                    .get("exposed_host_offload")
+                    .copied()
+                    .unwrap_or(0.0)
+            ),
+            output::seconds(host.update_seconds),
+            bytes(host.host_bytes),
+            bytes(host.host_capacity),
         )?;
     }
     if let Some(dcn) = step.strategy_step.axes.get("dcn") {

@@ -103,6 +103,26 @@ fn one() -> u64 {
     1
 }
 
+/// MaxText's `quantization`: the type of the weights' matmuls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Quantization {
+    /// 8-bit integers (AQT), at the chip's int8 peak.
+    Int8,
+    /// 8-bit floats, at the chip's fp8 peak.
+    Fp8,
+}
+
+impl Quantization {
+    /// `int8` or `fp8`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Quantization::Int8 => "int8",
+            Quantization::Fp8 => "fp8",
+        }
+    }
+}
+
 /// Where a `custom` remat policy keeps one named activation between the
 /// forward and the backward pass (MaxText's `device`, `offload`, `remat`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -285,6 +305,19 @@ pub struct ModelConfig {
     /// (GPT-3), 0 for none.
     #[serde(default)]
     pub trainable_position_size: u64,
+    /// `quantization`: the weights' matmuls in a narrower type, forward and
+    /// backward (MaxText's AQT `int8`; `fp8` on the chips that run it
+    /// natively); the attention and the logits stay in the compute type.
+    #[serde(default)]
+    pub quantization: Option<Quantization>,
+    /// `optimizer_memory_host_offload`: the optimizer state lives in the
+    /// host's memory, brought in for the update and written back.
+    #[serde(default)]
+    pub optimizer_memory_host_offload: bool,
+    /// `parameter_memory_host_offload`: the parameters (the device's
+    /// shard) live in the host's memory between steps.
+    #[serde(default)]
+    pub parameter_memory_host_offload: bool,
     /// `num_vocab_tiling`: the loss computed in this many chunks of the
     /// tokens, so the logits and their gradient are held a chunk at a time
     /// (1: all at once).

@@ -23,7 +23,7 @@ pub mod programs;
 pub mod published;
 
 pub use config::{
-    AttentionKernel, DecoderBlock, ModelConfig, ModelDType, Placement, RematPolicy,
+    AttentionKernel, DecoderBlock, ModelConfig, ModelDType, Placement, Quantization, RematPolicy,
     parameter_scales,
 };
 pub use error::ModelError;

@@ -260,6 +260,9 @@ mod tests {
             grad_dtype: None,
             mu_dtype: None,
             num_vocab_tiling: 1,
+            quantization: None,
+            optimizer_memory_host_offload: false,
+            parameter_memory_host_offload: false,
             ..crate::model::flops::tests::tiny()
         }
     }
@@ -304,6 +307,9 @@ mod tests {
             grad_dtype: None,
             mu_dtype: None,
             num_vocab_tiling: 1,
+            quantization: None,
+            optimizer_memory_host_offload: false,
+            parameter_memory_host_offload: false,
             ..tiny()
         };
         let bf16s = layer_programs(&bf16, 12).unwrap();

@@ -147,6 +147,14 @@ pub fn model_hbm(config: &ModelConfig, step: &StrategyStep, capacity: u64) -> Mo
     let mut m = step.memory;
     m.gathered_buckets = gathered;
     m.gradient_bucket = gradient_bucket;
+    // What lives in the host's memory instead (`super::offload`).
+    if config.optimizer_memory_host_offload {
+        m.state = 0;
+    }
+    if config.parameter_memory_host_offload {
+        m.params = 0;
+        m.master = 0;
+    }
     let total = [
         m.params,
         m.grads,

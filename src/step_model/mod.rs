@@ -45,6 +45,19 @@
 //! order): each bucket's gradient collectives behind the backward, its new
 //! parameters in before the next forward uses them.
 //!
+//! **Quantization** (`quantization: int8 | fp8`): the forward's weight
+//! matmuls, and the backward's recomputation of them, run at the type's
+//! peak, after a memory pass per operand to quantize it (AQT's dynamic
+//! scaling, [`quantize_bytes`]); the attention and the logits stay bf16.
+//! The backward's gradient matmuls are modeled at the bf16 peak: AQT
+//! quantizes them too, with stochastic rounding on the gradients, and the
+//! published pair that isolates it (GPT-3 175B on v6e-256, the same
+//! recipe bf16 and int8: 357.6 and 431.3 tokens/s/chip, 1.21×) gains what
+//! an int8 forward alone gives (1.2× at twice the peak), not the 2× of
+//! every matmul. A chip with no native peak for the type is refused.
+//! MFU stays against the bf16 peak, as MaxText reports it; hardware
+//! utilization counts each matmul against its own type's peak.
+//!
 //! **The optimizer** ([`crate::optimizers::UpdateCost`]) sets the state
 //! slots the HBM account and the update carry, and the update's FLOPs;
 //! the update streams its bytes at HBM bandwidth (its few FLOPs per byte
@@ -64,11 +77,13 @@
 
 pub mod calibration;
 pub mod hbm;
+pub mod offload;
 pub mod recipes;
 pub mod tensor;
 pub mod validation;
 
 pub use hbm::{HbmTypes, ModelHbm};
+pub use offload::HostOffload;
 
 use std::collections::BTreeMap;
 
@@ -78,8 +93,8 @@ use thiserror::Error;
 use crate::hardware::TpuGeneration;
 use crate::ir::DType;
 use crate::model::{
-    FlopFormula, LayerMatmulFlops, ModelConfig, ModelDType, ModelError, Placement, RematPolicy,
-    layer_matmul_flops, parameter_count, training_flops_per_device,
+    FlopFormula, LayerMatmulFlops, ModelConfig, ModelDType, ModelError, Placement, Quantization,
+    RematPolicy, layer_matmul_flops, parameter_count, training_flops_per_device,
 };
 use crate::optimizers::{UpdateCost, UpdateKind};
 use crate::sharding::bucket_runs::BucketRuns;
@@ -167,18 +182,32 @@ pub struct PassCompute {
     /// Its tensor-parallel collectives, seconds (0 without a tensor axis;
     /// they run while the matmuls do, [`tensor`]).
     pub tensor_seconds: f64,
+    /// Its offloaded activations over the host link, seconds (0 without
+    /// offload; the DMA runs while the matmuls do, [`offload`]).
+    pub host_seconds: f64,
+    /// Seconds its FLOPs take at the chip's peaks (each matmul at its
+    /// type's): what hardware utilization counts.
+    pub peak_seconds: f64,
+    /// Of `seconds`, quantizing the matmuls' operands (0 unquantized).
+    pub quantize_seconds: f64,
 }
 
 impl PassCompute {
     /// How long the pass lasts: its compute, or its tensor-parallel
-    /// collectives if they take longer.
+    /// collectives or host transfers if they take longer.
     pub fn elapsed(&self) -> f64 {
-        self.seconds.max(self.tensor_seconds)
+        self.seconds.max(self.tensor_seconds).max(self.host_seconds)
     }
 
     /// The part of the tensor-parallel collectives the compute does not cover.
     pub fn exposed_tensor_seconds(&self) -> f64 {
         (self.tensor_seconds - self.seconds).max(0.0)
+    }
+
+    /// The part of the host transfers neither the compute nor the
+    /// tensor-parallel collectives cover.
+    pub fn exposed_host_seconds(&self) -> f64 {
+        (self.host_seconds - self.seconds.max(self.tensor_seconds)).max(0.0)
     }
 }
 
@@ -255,8 +284,11 @@ pub struct ModelStep {
     pub hbm: ModelHbm,
     /// The element type of each kind.
     pub hbm_types: HbmTypes,
-    /// Whether the step fits each device's HBM.
+    /// Whether the step fits each device's HBM (and its host's memory
+    /// what it offloads).
     pub fits_in_hbm: bool,
+    /// What the step keeps in the host's memory, and moving it.
+    pub host_offload: HostOffload,
     /// What does not fit, and by how much.
     pub not_fitting: Option<String>,
     /// The strategy's step (collectives, memory) behind it.
@@ -304,11 +336,18 @@ pub fn hardware_matmul_flops(config: &ModelConfig) -> LayerMatmulFlops {
 /// weight matmuls only), `minimal_flash` and `none` nothing
 /// ([`crate::model::memory`] has the saved set).
 pub fn recomputed_fraction(config: &ModelConfig, policy: RematPolicy) -> f64 {
-    let g = hardware_matmul_flops(config);
-    let all = g.total();
+    let all = hardware_matmul_flops(config).total();
     if all <= 0.0 {
         return 0.0;
     }
+    let (weights, attention) = recomputed_flops(config, policy);
+    (weights + attention) / all
+}
+
+/// The forward FLOPs `policy` recomputes in the backward pass, as the
+/// weights' matmuls and the attention's ([`recomputed_fraction`]).
+pub fn recomputed_flops(config: &ModelConfig, policy: RematPolicy) -> (f64, f64) {
+    let g = hardware_matmul_flops(config);
     let out = if config.decoder_block.is_parallel() {
         0.0
     } else {
@@ -320,22 +359,20 @@ pub fn recomputed_fraction(config: &ModelConfig, policy: RematPolicy) -> f64 {
         let [_, q, k, v, context, out_proj, mlpwi] = placed.map(|(p, _)| p == Placement::Remat);
         let (h, kv) = (config.heads as f64, config.kv_heads as f64);
         let qkv_share = |on: bool, heads: f64| if on { heads / (h + 2.0 * kv) } else { 0.0 };
-        let recomputed = g.qkv * (qkv_share(q, h) + qkv_share(k, kv) + qkv_share(v, kv))
-            + if context { g.attention } else { 0.0 }
+        let weights = g.qkv * (qkv_share(q, h) + qkv_share(k, kv) + qkv_share(v, kv))
             + if out_proj { out } else { 0.0 }
             + if mlpwi { g.mlp_in } else { 0.0 };
-        return recomputed / all;
+        return (weights, if context { g.attention } else { 0.0 });
     }
-    let recomputed = match policy {
+    match policy {
         RematPolicy::Custom { .. } => unreachable!("placed above"),
-        RematPolicy::Full => g.qkv + g.attention + out + g.mlp_in,
-        RematPolicy::None | RematPolicy::MinimalFlash => 0.0,
-        RematPolicy::Minimal | RematPolicy::MinimalOffloaded => g.attention,
-        RematPolicy::SaveQkvProj | RematPolicy::QkvProjOffloaded => g.attention + out + g.mlp_in,
-        RematPolicy::SaveOutProj => g.qkv + g.attention + g.mlp_in,
-        RematPolicy::SaveDotExceptMlp | RematPolicy::SaveDotExceptMlpwi => g.attention + g.mlp_in,
-    };
-    recomputed / all
+        RematPolicy::Full => (g.qkv + out + g.mlp_in, g.attention),
+        RematPolicy::None | RematPolicy::MinimalFlash => (0.0, 0.0),
+        RematPolicy::Minimal | RematPolicy::MinimalOffloaded => (0.0, g.attention),
+        RematPolicy::SaveQkvProj | RematPolicy::QkvProjOffloaded => (out + g.mlp_in, g.attention),
+        RematPolicy::SaveOutProj => (g.qkv + g.mlp_in, g.attention),
+        RematPolicy::SaveDotExceptMlp | RematPolicy::SaveDotExceptMlpwi => (g.mlp_in, g.attention),
+    }
 }
 
 /// HBM bytes of one layer's forward on one device: its weights (its
@@ -401,18 +438,40 @@ fn model_step_at(
     let recompute = recomputed_fraction(config, config.remat);
     let tp = tensor::tensor_parallel(config, topology, &options.mesh, recompute)?;
     let t = tp.map_or(1, |tp| tp.size);
-    let mut layer = layer_compute(config, spec, efficiency, (t, recompute));
+    let mut layer = layer_compute(config, spec, efficiency, t);
     if let Some(tp) = &tp {
         layer.forward.tensor_seconds = tp.forward_seconds;
         layer.backward.tensor_seconds = tp.backward_seconds;
     }
+    // The offloaded activations cross the host link in both passes; the
+    // state and parameters held there are placed once the strategy's
+    // memory is known (their bytes do not depend on the passes).
+    let activations_offloaded = offload::host_offload(config, spec, &Default::default());
+    layer.forward.host_seconds = activations_offloaded.layer_seconds;
+    layer.backward.host_seconds = activations_offloaded.layer_seconds;
     let layers = parameter_count(config).layers as f64;
     let step = strategy_step(config, topology, options, &layer, t)?;
+    let host = offload::host_offload(config, spec, &step.memory);
     let tensor_exposed =
         (layer.forward.exposed_tensor_seconds() + layer.backward.exposed_tensor_seconds()) * layers;
-    let compute = step.use_seconds + step.update_seconds - tensor_exposed;
-    let step_seconds = step.step_seconds;
+    let host_exposed =
+        (layer.forward.exposed_host_seconds() + layer.backward.exposed_host_seconds()) * layers;
+    let compute = step.use_seconds + step.update_seconds - tensor_exposed - host_exposed;
+    let step_seconds = step.step_seconds + host.update_seconds;
     let mut phases = step.phases.clone();
+    if host.layer_seconds > 0.0 || host.update_seconds > 0.0 {
+        phases.insert(
+            "host_offload".into(),
+            2.0 * host.layer_seconds * layers + host.update_seconds,
+        );
+        phases.insert(
+            "exposed_host_offload".into(),
+            host_exposed + host.update_seconds,
+        );
+        if let Some(e) = phases.get_mut("exposed_communication") {
+            *e = (step_seconds - compute - host_exposed - host.update_seconds).max(0.0);
+        }
+    }
     phases.insert("forward".into(), layer.forward.seconds * layers);
     phases.insert("backward".into(), layer.backward.seconds * layers);
     phases.insert("logits".into(), layer.logits.seconds);
@@ -430,7 +489,10 @@ fn model_step_at(
     let hardware_flops = (layer.forward.flops + layer.backward.flops) * layers + layer.logits.flops;
     let per_chip = |flops: f64| flops / step_seconds / 1e12;
     let hbm = hbm::model_hbm(config, &step, spec.hbm_bytes);
-    let not_fitting = hbm::not_fitting(config, &hbm);
+    let not_fitting = match (hbm::not_fitting(config, &hbm), host.not_fitting()) {
+        (Some(device), Some(host)) => Some(format!("{device}; and {host}")),
+        (device, host) => device.or(host),
+    };
     let optimizer = optimizer_step(
         &options.optimizer,
         &step,
@@ -457,13 +519,16 @@ fn model_step_at(
         model_flops_per_device: model_flops,
         hardware_flops_per_device: hardware_flops,
         hardware_tflops_per_chip: per_chip(hardware_flops),
-        hardware_utilization: per_chip(hardware_flops) * 1e12 / spec.peak_bf16_flops,
+        hardware_utilization: ((layer.forward.peak_seconds + layer.backward.peak_seconds) * layers
+            + layer.logits.peak_seconds)
+            / step_seconds,
         optimizer,
         compute_seconds: compute,
         exposed_communication: (step_seconds - compute).max(0.0),
         phases,
         layer,
         fits_in_hbm: not_fitting.is_none(),
+        host_offload: host,
         not_fitting,
         hbm,
         hbm_types: HbmTypes::of(config),
@@ -581,45 +646,132 @@ fn checked(
             problem,
         });
     }
+    if let Some(q) = config.quantization {
+        let spec = topology.generation.spec();
+        if matmul_peaks(config, spec).0 <= 0.0 {
+            return Err(StepModelError::Field {
+                field: "quantization",
+                value: q.name().into(),
+                problem: format!(
+                    "{} has no native {} matmul (its published {} peak is none, or the bf16 \
+                     rate): quantize to a type the chip runs faster, or not at all",
+                    topology.generation.name(),
+                    q.name(),
+                    q.name()
+                ),
+            });
+        }
+    }
     let efficiency = efficiency_for(topology.generation, options.efficiency)?;
     config.global_batch(u64::from(topology.num_devices()))?;
     Ok(efficiency)
 }
 
 /// One layer's passes and the logits' at the roofline of `spec` with the
-/// MXU at `efficiency` of its peak, each device holding `1/tensor` of the
-/// weights and the backward recomputing `recompute` of the forward.
+/// MXU at `efficiency` of its peaks, each device holding `1/tensor` of the
+/// weights and the backward recomputing what the remat policy does not
+/// save. The weights' matmuls run at the quantized type's peak when the
+/// model quantizes them ([`matmul_peaks`]); the attention and the logits
+/// at the bf16 peak.
 fn layer_compute(
     config: &ModelConfig,
     spec: &crate::hardware::HardwareSpec,
     efficiency: f64,
-    (tensor, recompute): (usize, f64),
+    tensor: usize,
 ) -> LayerCompute {
-    let flops_per_s = spec.peak_bf16_flops * efficiency;
-    let pass = |flops: f64, bytes: f64| PassCompute {
-        flops,
-        bytes,
-        seconds: (flops / flops_per_s).max(bytes / spec.hbm_bytes_per_s),
-        tensor_seconds: 0.0,
+    let (weight_peak, bf16_peak) = matmul_peaks(config, spec);
+    let pass = |(weights, attention): (f64, f64), bytes: f64, quantize: f64, backward: bool| {
+        // The backward's gradient matmuls gain nothing from quantizing
+        // (module docs, "Quantization").
+        let weight_peak = if backward { bf16_peak } else { weight_peak };
+        let peak_seconds = weights / weight_peak + attention / bf16_peak;
+        let quantize_seconds = quantize / spec.hbm_bytes_per_s;
+        PassCompute {
+            flops: weights + attention,
+            bytes,
+            seconds: (peak_seconds / efficiency).max(bytes / spec.hbm_bytes_per_s)
+                + quantize_seconds,
+            tensor_seconds: 0.0,
+            host_seconds: 0.0,
+            peak_seconds,
+            quantize_seconds,
+        }
     };
-    let forward_flops = hardware_matmul_flops(config).total();
+    let g = hardware_matmul_flops(config);
+    let forward = (g.total() - g.attention, g.attention);
+    let recomputed = recomputed_flops(config, config.remat);
+    let recompute = (recomputed.0 + recomputed.1) / g.total().max(f64::MIN_POSITIVE);
     let fwd_bytes = forward_bytes(config, tensor);
     let t = config.tokens_per_device();
     let logits_matrix = config.vocab as f64 * config.embed as f64;
     let act = config.activation_dtype.byte_size() as f64;
+    let quantize_forward = quantize_bytes(config, tensor);
+    let weight_recompute = recomputed.0 / forward.0.max(f64::MIN_POSITIVE);
+    // The recomputed forward matmuls run quantized, at the quantized peak.
+    let recomputed_quantized = (recomputed.0, 0.0);
+    let gradients = (2.0 * forward.0, 2.0 * forward.1 + recomputed.1);
+    let backward_quantized = pass(
+        recomputed_quantized,
+        0.0,
+        weight_recompute * quantize_forward,
+        false,
+    );
+    let mut backward = pass(gradients, (2.0 + recompute) * fwd_bytes, 0.0, true);
+    backward.flops += backward_quantized.flops;
+    backward.peak_seconds += backward_quantized.peak_seconds;
+    backward.seconds += backward_quantized.seconds;
+    backward.quantize_seconds += backward_quantized.quantize_seconds;
     LayerCompute {
-        forward: pass(forward_flops, fwd_bytes),
-        backward: pass(
-            (2.0 + recompute) * forward_flops,
-            (2.0 + recompute) * fwd_bytes,
-        ),
+        forward: pass(forward, fwd_bytes, quantize_forward, false),
+        backward,
         // Forward 2·T·E·V, backward twice that; the logits written and
         // read back by the loss, the matrix read.
         logits: pass(
-            6.0 * t * logits_matrix,
+            (0.0, 6.0 * t * logits_matrix),
             3.0 * (logits_matrix * act + t * config.vocab as f64 * act),
+            0.0,
+            false,
         ),
     }
+}
+
+/// HBM bytes a quantized layer's forward spends quantizing its matmuls'
+/// operands, the weights and the inputs, each in a pass of its own (AQT's
+/// dynamic scaling): read for its scale, read again to quantize, written
+/// in 8 bits — 5 bytes per element of a 2-byte operand. 0 without
+/// quantization.
+fn quantize_bytes(config: &ModelConfig, tensor: usize) -> f64 {
+    if config.quantization.is_none() {
+        return 0.0;
+    }
+    let per_element = 2.0 * config.activation_dtype.byte_size() as f64 + 1.0;
+    let t = config.tokens_per_device();
+    let (e, h, d, m) = (
+        config.embed as f64,
+        config.heads as f64,
+        config.head_dim as f64,
+        config.mlp_dim as f64,
+    );
+    let n = config.mlp_activations.len() as f64;
+    let tensor = tensor.max(1) as f64;
+    // Per token: each matmul's input width (q, k, v, out, the MLP's
+    // inputs and its output), each device 1/t of it.
+    let inputs = (3.0 * e + h * d + n * e + m) / tensor;
+    let weights = parameter_count(config).per_layer() as f64 / tensor;
+    per_element * (weights + t * inputs)
+}
+
+/// The peaks the weights' matmuls and the rest run at on `spec`: the
+/// quantized type's (`int8`, `fp8`) for the weights when the model
+/// quantizes them, else both the bf16 peak (checked to exist first,
+/// [`checked`]).
+fn matmul_peaks(config: &ModelConfig, spec: &crate::hardware::HardwareSpec) -> (f64, f64) {
+    let weights = match config.quantization {
+        None => spec.peak_bf16_flops,
+        Some(Quantization::Int8) => spec.peak_int8_ops,
+        Some(Quantization::Fp8) => spec.peak_fp8_flops,
+    };
+    (weights, spec.peak_bf16_flops)
 }
 
 /// The model's parameters as tensors, one per layer and the embedding

@@ -7,7 +7,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::{ModelStepOptions, StepModelError, model_step};
-use crate::model::{AttentionKernel, ModelDType, RematPolicy, bundled};
+use crate::model::{AttentionKernel, ModelDType, Quantization, RematPolicy, bundled};
 use crate::sharding::{Mesh, Strategy};
 use crate::topology::{Topology, parse_topology};
 
@@ -51,6 +51,9 @@ pub struct RecipeRow {
     /// The attention kernel's blocks, if not the bundled model's.
     #[serde(default)]
     pub attention_kernel: Option<AttentionKernel>,
+    /// `quantization`, if the run set one.
+    #[serde(default)]
+    pub quantization: Option<Quantization>,
     /// `num_vocab_tiling`, if not the bundled model's.
     #[serde(default)]
     pub num_vocab_tiling: Option<u64>,
@@ -138,6 +141,9 @@ pub fn model_row(row: &RecipeRow, efficiency: Option<f64>) -> Result<RecipeResul
     }
     if let Some(w) = row.weight_dtype {
         config.weight_dtype = w;
+    }
+    if row.quantization.is_some() {
+        config.quantization = row.quantization;
     }
     if let Some(n) = row.num_vocab_tiling {
         config.num_vocab_tiling = n;
