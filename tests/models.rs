@@ -390,6 +390,9 @@ proptest! {
         k in 2u64..6,
     ) {
         let base = bundled(BUNDLED_NAMES[model]).unwrap();
+        // A windowed model's global layers are every (k+1)-th: linear in
+        // whole patterns.
+        let layers = layers * base.sliding_window.map_or(1, |w| w.local_per_global + 1);
         for formula in [
             FlopFormula::ParamsFullAttention,
             FlopFormula::ParamsCausalAttention,

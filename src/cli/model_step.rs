@@ -24,7 +24,9 @@ pub(super) fn load_model(spec: &str) -> Result<ModelConfig> {
     }
     let path = std::path::Path::new(spec);
     if path.exists() {
-        return Ok(ModelConfig::from_ron_file(path)?);
+        // A model file that does not parse or validate is the input to
+        // change: a usage error naming its file, line and field.
+        return ModelConfig::from_ron_file(path).map_err(|e| usage(e.to_string()));
     }
     Err(usage(format!(
         "--model {spec}: neither a bundled model ({}) nor a file",
@@ -307,6 +309,27 @@ fn print_text(step: &ModelStep, topology: &Topology, params: u64, wall_seconds: 
             ),
         )?;
     }
+    print_host_offload(&mut out, step)?;
+    if let Some(dcn) = step.strategy_step.axes.get("dcn") {
+        let data = if step.strategy_step.mesh.size(MeshAxisName::Data) > 1 {
+            match step.data_reduction {
+                DataReduction::AfterBackward => "; the all-reduce over data after the backward",
+                DataReduction::Overlapped => "; the all-reduce over data behind the backward",
+            }
+        } else {
+            ""
+        };
+        writeln!(
+            out,
+            "  collectives across the slices (DCN) {}{data}",
+            output::seconds(dcn.seconds),
+        )?;
+    }
+    print_hbm(&mut out, step, topology)
+}
+
+/// The step's host offload line, when it offloads anything.
+fn print_host_offload(out: &mut impl Write, step: &ModelStep) -> Result<()> {
     let host = &step.host_offload;
     if host.layer_seconds > 0.0 || host.update_seconds > 0.0 {
         let bytes = optirs_tpu::sharding::strategy::decimal_bytes;
@@ -327,22 +350,7 @@ fn print_text(step: &ModelStep, topology: &Topology, params: u64, wall_seconds: 
             bytes(host.host_capacity),
         )?;
     }
-    if let Some(dcn) = step.strategy_step.axes.get("dcn") {
-        let data = if step.strategy_step.mesh.size(MeshAxisName::Data) > 1 {
-            match step.data_reduction {
-                DataReduction::AfterBackward => "; the all-reduce over data after the backward",
-                DataReduction::Overlapped => "; the all-reduce over data behind the backward",
-            }
-        } else {
-            ""
-        };
-        writeln!(
-            out,
-            "  collectives across the slices (DCN) {}{data}",
-            output::seconds(dcn.seconds),
-        )?;
-    }
-    print_hbm(&mut out, step, topology)
+    Ok(())
 }
 
 /// The step's HBM line: its peak per device against the chip's, by kind.

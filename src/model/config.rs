@@ -103,6 +103,26 @@ fn one() -> u64 {
     1
 }
 
+/// Local attention over a window, in a repeating pattern of layers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SlidingWindow {
+    /// Tokens a local layer's query attends to (itself and the ones
+    /// before it), at most `seq_len`.
+    pub window: u64,
+    /// Local layers before each global one (the pattern's last layer).
+    pub local_per_global: u64,
+}
+
+impl SlidingWindow {
+    /// How many of `layers` are global (every `local_per_global + 1`-th)
+    /// and how many local.
+    pub fn global_and_local(self, layers: u64) -> (u64, u64) {
+        let global = layers / (self.local_per_global + 1);
+        (global, layers - global)
+    }
+}
+
 /// MaxText's `quantization`: the type of the weights' matmuls.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -222,6 +242,10 @@ pub enum DecoderBlock {
     /// position biases (32 buckets per head) and query/key RMSNorms
     /// (`head_dim` each).
     DefaultT5,
+    /// `gemma3`: RMSNorms before and after attention and before and after
+    /// the MLP, query and key RMSNorms (`head_dim` each), rotary positions,
+    /// no biases, a final RMSNorm.
+    Gemma3,
 }
 
 impl DecoderBlock {
@@ -323,6 +347,12 @@ pub struct ModelConfig {
     /// (1: all at once).
     #[serde(default = "one")]
     pub num_vocab_tiling: u64,
+    /// Sliding-window attention: `local_per_global` layers attending to
+    /// the last `window` tokens, then one attending to all of them (Gemma
+    /// 3: window 1024, five local layers to one global); `None`: every
+    /// layer global.
+    #[serde(default)]
+    pub sliding_window: Option<SlidingWindow>,
     /// Which attention scores the hardware computes (MaxText's formula
     /// counts its own way, [`super::flops::FlopFormula`]).
     #[serde(default)]
@@ -349,6 +379,27 @@ pub enum AttentionKernel {
 }
 
 impl AttentionKernel {
+    /// The query-key pairs the kernel computes for a local layer of
+    /// `window` tokens, per sequence of `seq_len`: a causal kernel's blocks
+    /// that meet the band (each query block the key blocks from its own
+    /// back to the window's start), every pair without one (the mask
+    /// applied to the full scores).
+    pub fn window_pairs_computed(self, seq_len: u64, window: u64) -> f64 {
+        match self {
+            AttentionKernel::Full => (seq_len as f64).powi(2),
+            AttentionKernel::Causal { block } => {
+                let b = block.clamp(1, seq_len.max(1));
+                let n = seq_len.div_ceil(b);
+                let reach = window.saturating_sub(1).div_ceil(b) + 1;
+                // Σ over query blocks i of min(i + 1, reach) key blocks.
+                let full = n.saturating_sub(reach);
+                let ramp = n.min(reach);
+                let blocks = ramp * (ramp + 1) / 2 + full * reach;
+                (blocks as f64 * (b * b) as f64).min((seq_len as f64).powi(2))
+            }
+        }
+    }
+
     /// The share of the full scores' and values' FLOPs the kernel runs at
     /// `seq_len`: with `n` blocks a side, the `n(n+1)/2` on or below the
     /// diagonal of `n²` (5/8 at 2048 tokens in 512-token blocks). The
@@ -467,6 +518,25 @@ impl ModelConfig {
                 ),
             ));
         }
+        self.check_batch()?;
+        self.check_training()?;
+        self.check_parameter_count()?;
+        if self.trainable_position_size > 1 << 24 {
+            return Err(("trainable_position_size", "is more than 2^24".into()));
+        }
+        if self.trainable_position_size > 0 && self.decoder_block != DecoderBlock::Gpt3 {
+            return Err((
+                "trainable_position_size",
+                "learned positions belong to the gpt3 decoder block; the others use rotary positions"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The batch: a positive number of sequences a device, at most
+    /// [`MAX_PER_DEVICE_BATCH`].
+    fn check_batch(&self) -> Result<(), (&'static str, String)> {
         if !(self.per_device_batch.is_finite() && self.per_device_batch > 0.0) {
             return Err((
                 "per_device_batch",
@@ -481,6 +551,29 @@ impl ModelConfig {
                     self.per_device_batch
                 ),
             ));
+        }
+        Ok(())
+    }
+
+    /// The training knobs: the sliding window, the loss's tiling and a
+    /// custom remat policy's layer input.
+    fn check_training(&self) -> Result<(), (&'static str, String)> {
+        if let Some(w) = self.sliding_window {
+            if w.window == 0 || w.window > self.seq_len {
+                return Err((
+                    "sliding_window",
+                    format!(
+                        "a window of {} tokens: at least 1 and at most seq_len ({})",
+                        w.window, self.seq_len
+                    ),
+                ));
+            }
+            if w.local_per_global > 1 << 24 {
+                return Err((
+                    "sliding_window",
+                    format!("local_per_global {} is more than 2^24", w.local_per_global),
+                ));
+            }
         }
         if self.num_vocab_tiling == 0 || self.num_vocab_tiling > self.seq_len {
             return Err((
@@ -500,17 +593,6 @@ impl ModelConfig {
                 "remat",
                 "decoder_layer_input cannot be rematerialized: it is where the backward pass's \
                  recomputation starts (device or offload)"
-                    .into(),
-            ));
-        }
-        self.check_parameter_count()?;
-        if self.trainable_position_size > 1 << 24 {
-            return Err(("trainable_position_size", "is more than 2^24".into()));
-        }
-        if self.trainable_position_size > 0 && self.decoder_block != DecoderBlock::Gpt3 {
-            return Err((
-                "trainable_position_size",
-                "learned positions belong to the gpt3 decoder block; the others use rotary positions"
                     .into(),
             ));
         }

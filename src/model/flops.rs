@@ -84,13 +84,25 @@ pub struct LayerMatmulFlops {
     pub mlp_in: f64,
     /// The MLP's output matrix.
     pub mlp_out: f64,
+    /// A sliding window's local layers' `QKᵀ` and `PV` over their band
+    /// (`4·B·h·d` per query and key it sees: `W·L − W(W−1)/2` pairs),
+    /// averaged over the layers like `attention` (which then counts the
+    /// global layers only); 0 without a window.
+    pub window_attention: f64,
 }
 
 impl LayerMatmulFlops {
     /// All of them.
     pub fn total(&self) -> f64 {
-        self.qkv + self.attention + self.out + self.mlp_in + self.mlp_out
+        self.qkv + self.attention + self.window_attention + self.out + self.mlp_in + self.mlp_out
     }
+}
+
+/// Query-key pairs a local layer computes per sequence: each query sees
+/// itself and the `window − 1` tokens before it.
+pub fn window_pairs(seq_len: u64, window: u64) -> f64 {
+    let (l, w) = (seq_len as f64, window.min(seq_len) as f64);
+    w * l - w * (w - 1.0) / 2.0
 }
 
 /// `config`'s per-layer forward matmul FLOPs per device.
@@ -102,10 +114,24 @@ pub fn layer_matmul_flops(config: &ModelConfig) -> LayerMatmulFlops {
     let embed = config.embed as f64;
     let mlp = config.mlp_dim as f64;
     let activations = config.mlp_activations.len() as f64;
+    // Global and local layers' shares of the layers.
+    let (global_share, local_share, pairs) = match config.sliding_window {
+        None => (1.0, 0.0, 0.0),
+        Some(w) => {
+            let (global, local) = w.global_and_local(config.layers);
+            let layers = config.layers.max(1) as f64;
+            (
+                global as f64 / layers,
+                local as f64 / layers,
+                window_pairs(config.seq_len, w.window),
+            )
+        }
+    };
     LayerMatmulFlops {
         qkv: 2.0 * b * l * embed * (heads + 2.0 * config.kv_heads as f64) * head_dim,
         // 2 FLOPs per multiply-add.
-        attention: 4.0 * b * l * l * heads * head_dim,
+        attention: 4.0 * b * l * l * heads * head_dim * global_share,
+        window_attention: 4.0 * b * pairs * heads * head_dim * local_share,
         out: 2.0 * b * l * embed * heads * head_dim,
         mlp_in: 2.0 * b * l * mlp * embed * activations,
         mlp_out: 2.0 * b * l * mlp * embed,
@@ -120,10 +146,13 @@ pub fn training_flops_per_device(config: &ModelConfig, formula: FlopFormula) -> 
     let layer = layer_matmul_flops(config);
     // Forward and backward: three times the forward.
     let full_attention = layer.attention * layers * 3.0;
-    let attention = match formula {
-        FlopFormula::ParamsFullAttention | FlopFormula::Matmuls => full_attention,
-        FlopFormula::ParamsCausalAttention | FlopFormula::MatmulsCausal => full_attention / 2.0,
-    };
+    // A local layer's band is causal already: no formula halves it.
+    let window = layer.window_attention * layers * 3.0;
+    let attention = window
+        + match formula {
+            FlopFormula::ParamsFullAttention | FlopFormula::Matmuls => full_attention,
+            FlopFormula::ParamsCausalAttention | FlopFormula::MatmulsCausal => full_attention / 2.0,
+        };
     let learnable_weight = match formula {
         FlopFormula::ParamsFullAttention | FlopFormula::ParamsCausalAttention => {
             6.0 * parameter_count(config).total() as f64 * l * b
@@ -210,6 +239,8 @@ pub fn parameter_count(config: &ModelConfig) -> ParameterCount {
         DecoderBlock::Default => (0, 0, e, e),
         // Plus query and key norms and 32 relative-position buckets per head.
         DecoderBlock::DefaultT5 => (2 * d, 0, e + 32 * h, e),
+        // Query and key norms; four RMSNorm scales around attention and MLP.
+        DecoderBlock::Gemma3 => (2 * d, 0, 4 * e, e),
     };
     ParameterCount {
         embedding: config.vocab * e,
@@ -255,6 +286,7 @@ pub(crate) mod tests {
             mu_dtype: None,
             num_vocab_tiling: 1,
             quantization: None,
+            sliding_window: None,
             optimizer_memory_host_offload: false,
             parameter_memory_host_offload: false,
             logits_via_embedding: false,

@@ -24,7 +24,7 @@ pub mod published;
 
 pub use config::{
     AttentionKernel, DecoderBlock, ModelConfig, ModelDType, Placement, Quantization, RematPolicy,
-    parameter_scales,
+    SlidingWindow, parameter_scales,
 };
 pub use error::ModelError;
 pub use flops::{
@@ -39,7 +39,7 @@ pub use programs::{LayerPrograms, LayerWeight, ProgramCosts, layer_programs};
 pub use published::{Published, PublishedRow, maxtext_published};
 
 /// The bundled models' names, in `bundled` order.
-pub const BUNDLED_NAMES: [&str; 17] = [
+pub const BUNDLED_NAMES: [&str; 18] = [
     "maxtext-v5e-16b",
     "maxtext-v5e-32b",
     "maxtext-v5e-64b",
@@ -57,9 +57,10 @@ pub const BUNDLED_NAMES: [&str; 17] = [
     "llama3.1-70b",
     "llama3.1-405b",
     "mistral-7b",
+    "gemma3-12b",
 ];
 
-const BUNDLED_TEXT: [&str; 17] = [
+const BUNDLED_TEXT: [&str; 18] = [
     include_str!("../../assets/models/maxtext-v5e-16b.ron"),
     include_str!("../../assets/models/maxtext-v5e-32b.ron"),
     include_str!("../../assets/models/maxtext-v5e-64b.ron"),
@@ -77,6 +78,7 @@ const BUNDLED_TEXT: [&str; 17] = [
     include_str!("../../assets/models/llama3.1-70b.ron"),
     include_str!("../../assets/models/llama3.1-405b.ron"),
     include_str!("../../assets/models/mistral-7b.ron"),
+    include_str!("../../assets/models/gemma3-12b.ron"),
 ];
 
 /// The RON text of a bundled model.

@@ -167,6 +167,16 @@ pub fn layer_programs(config: &ModelConfig, tokens: u64) -> Result<LayerPrograms
             field: field.to_string(),
             problem,
         })?;
+    if config.sliding_window.is_some() {
+        return Err(ModelError::Invalid {
+            origin: format!("model {}", config.name),
+            line: None,
+            field: "sliding_window".into(),
+            problem: "a layer program computes dense attention; a windowed model's local \
+                      layers are modeled by their FLOP count (step_model), not compiled"
+                .into(),
+        });
+    }
     if tokens == 0 || tokens > MAX_TOKENS {
         return Err(ModelError::Invalid {
             origin: format!("model {}", config.name),
@@ -261,6 +271,7 @@ mod tests {
             mu_dtype: None,
             num_vocab_tiling: 1,
             quantization: None,
+            sliding_window: None,
             optimizer_memory_host_offload: false,
             parameter_memory_host_offload: false,
             ..crate::model::flops::tests::tiny()
@@ -308,6 +319,7 @@ mod tests {
             mu_dtype: None,
             num_vocab_tiling: 1,
             quantization: None,
+            sliding_window: None,
             optimizer_memory_host_offload: false,
             parameter_memory_host_offload: false,
             ..tiny()

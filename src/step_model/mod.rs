@@ -48,7 +48,7 @@
 //! **Quantization** (`quantization: int8 | fp8`): the forward's weight
 //! matmuls, and the backward's recomputation of them, run at the type's
 //! peak, after a memory pass per operand to quantize it (AQT's dynamic
-//! scaling, [`quantize_bytes`]); the attention and the logits stay bf16.
+//! scaling, [`compute`]); the attention and the logits stay bf16.
 //! The backward's gradient matmuls are modeled at the bf16 peak: AQT
 //! quantizes them too, with stochastic rounding on the gradients, and the
 //! published pair that isolates it (GPT-3 175B on v6e-256, the same
@@ -76,12 +76,14 @@
 //! HBM per device by kind at the step's peak ([`hbm`]).
 
 pub mod calibration;
+pub mod compute;
 pub mod hbm;
 pub mod offload;
 pub mod recipes;
 pub mod tensor;
 pub mod validation;
 
+pub use compute::{hardware_matmul_flops, recomputed_flops, recomputed_fraction};
 pub use hbm::{HbmTypes, ModelHbm};
 pub use offload::HostOffload;
 
@@ -93,8 +95,8 @@ use thiserror::Error;
 use crate::hardware::TpuGeneration;
 use crate::ir::DType;
 use crate::model::{
-    FlopFormula, LayerMatmulFlops, ModelConfig, ModelDType, ModelError, Placement, Quantization,
-    RematPolicy, layer_matmul_flops, parameter_count, training_flops_per_device,
+    FlopFormula, ModelConfig, ModelDType, ModelError, RematPolicy, parameter_count,
+    training_flops_per_device,
 };
 use crate::optimizers::{UpdateCost, UpdateKind};
 use crate::sharding::bucket_runs::BucketRuns;
@@ -313,96 +315,6 @@ pub struct OptimizerStep {
     pub seconds: f64,
 }
 
-/// A layer's forward matmul FLOPs as the hardware runs them: MaxText's
-/// per-matmul count ([`layer_matmul_flops`]) with the attention's scores
-/// and values at what the model's attention kernel computes
-/// ([`crate::model::AttentionKernel::computed_fraction`]).
-pub fn hardware_matmul_flops(config: &ModelConfig) -> LayerMatmulFlops {
-    let mut g = layer_matmul_flops(config);
-    g.attention *= config.attention_kernel.computed_fraction(config.seq_len);
-    g
-}
-
-/// The fraction of a layer's forward matmul FLOPs `policy` recomputes in
-/// the backward pass: the matmuls whose results the backward reads and the
-/// policy does not save (`jax.checkpoint` rematerializes residuals only; a
-/// result nothing in the backward reads is not recomputed). The backward
-/// reads the query, key and value projections, the attention (a flash
-/// kernel's output, for the output projection's weight gradient), the MLP's
-/// input matmuls and, in a sequential block, the output projection (the
-/// post-attention norm's input is the residual plus it); never `mlpwo`, and
-/// not a parallel block's output projection, which only the residual
-/// reads. So `full` recomputes those, `minimal` the attention (it saves the
-/// weight matmuls only), `minimal_flash` and `none` nothing
-/// ([`crate::model::memory`] has the saved set).
-pub fn recomputed_fraction(config: &ModelConfig, policy: RematPolicy) -> f64 {
-    let all = hardware_matmul_flops(config).total();
-    if all <= 0.0 {
-        return 0.0;
-    }
-    let (weights, attention) = recomputed_flops(config, policy);
-    (weights + attention) / all
-}
-
-/// The forward FLOPs `policy` recomputes in the backward pass, as the
-/// weights' matmuls and the attention's ([`recomputed_fraction`]).
-pub fn recomputed_flops(config: &ModelConfig, policy: RematPolicy) -> (f64, f64) {
-    let g = hardware_matmul_flops(config);
-    let out = if config.decoder_block.is_parallel() {
-        0.0
-    } else {
-        g.out
-    };
-    if let Some(placed) = crate::model::memory::custom_placements(config, policy) {
-        // The matmuls whose residuals are rematerialized: the projections
-        // by their widths, the attention with its output, the MLP's input.
-        let [_, q, k, v, context, out_proj, mlpwi] = placed.map(|(p, _)| p == Placement::Remat);
-        let (h, kv) = (config.heads as f64, config.kv_heads as f64);
-        let qkv_share = |on: bool, heads: f64| if on { heads / (h + 2.0 * kv) } else { 0.0 };
-        let weights = g.qkv * (qkv_share(q, h) + qkv_share(k, kv) + qkv_share(v, kv))
-            + if out_proj { out } else { 0.0 }
-            + if mlpwi { g.mlp_in } else { 0.0 };
-        return (weights, if context { g.attention } else { 0.0 });
-    }
-    match policy {
-        RematPolicy::Custom { .. } => unreachable!("placed above"),
-        RematPolicy::Full => (g.qkv + out + g.mlp_in, g.attention),
-        RematPolicy::None | RematPolicy::MinimalFlash => (0.0, 0.0),
-        RematPolicy::Minimal | RematPolicy::MinimalOffloaded => (0.0, g.attention),
-        RematPolicy::SaveQkvProj | RematPolicy::QkvProjOffloaded => (out + g.mlp_in, g.attention),
-        RematPolicy::SaveOutProj => (g.qkv + g.mlp_in, g.attention),
-        RematPolicy::SaveDotExceptMlp | RematPolicy::SaveDotExceptMlpwi => (g.mlp_in, g.attention),
-    }
-}
-
-/// HBM bytes of one layer's forward on one device: its weights (its
-/// `1/tensor` of them) read once (in the activations' type, as the MXU
-/// takes them), each matmul's input
-/// and output activations read or written once (the attention scores are
-/// not materialized: a fused attention kernel keeps them on chip).
-fn forward_bytes(c: &ModelConfig, tensor: usize) -> f64 {
-    let t = c.tokens_per_device();
-    let act = c.activation_dtype.byte_size() as f64;
-    let weights = parameter_count(c).per_layer() as f64 * act / tensor.max(1) as f64;
-    let (e, h, kv, d, m) = (
-        c.embed as f64,
-        c.heads as f64,
-        c.kv_heads as f64,
-        c.head_dim as f64,
-        c.mlp_dim as f64,
-    );
-    let n_act = c.mlp_activations.len() as f64;
-    // Per token: qkv in/out, attention in/out, out-projection in/out, MLP
-    // in/out (its hidden read and written once more by the activation).
-    let per_token = (e + (h + 2.0 * kv) * d)
-        + ((h + 2.0 * kv) * d + h * d)
-        + (h * d + e)
-        + (e + n_act * m)
-        + (n_act * m + m)
-        + (m + e);
-    weights + t * per_token * act
-}
-
 /// The step of `config` on `topology` under `options` (module docs); on
 /// a generation without a fitted constant, with the range the fitted
 /// ones give ([`ModelStep::step_seconds_range`]).
@@ -438,7 +350,7 @@ fn model_step_at(
     let recompute = recomputed_fraction(config, config.remat);
     let tp = tensor::tensor_parallel(config, topology, &options.mesh, recompute)?;
     let t = tp.map_or(1, |tp| tp.size);
-    let mut layer = layer_compute(config, spec, efficiency, t);
+    let mut layer = compute::layer_compute(config, spec, efficiency, t);
     if let Some(tp) = &tp {
         layer.forward.tensor_seconds = tp.forward_seconds;
         layer.backward.tensor_seconds = tp.backward_seconds;
@@ -452,39 +364,16 @@ fn model_step_at(
     let layers = parameter_count(config).layers as f64;
     let step = strategy_step(config, topology, options, &layer, t)?;
     let host = offload::host_offload(config, spec, &step.memory);
-    let tensor_exposed =
-        (layer.forward.exposed_tensor_seconds() + layer.backward.exposed_tensor_seconds()) * layers;
-    let host_exposed =
-        (layer.forward.exposed_host_seconds() + layer.backward.exposed_host_seconds()) * layers;
+    let (tensor_exposed, host_exposed) = exposed(&layer, layers);
     let compute = step.use_seconds + step.update_seconds - tensor_exposed - host_exposed;
     let step_seconds = step.step_seconds + host.update_seconds;
-    let mut phases = step.phases.clone();
-    if host.layer_seconds > 0.0 || host.update_seconds > 0.0 {
-        phases.insert(
-            "host_offload".into(),
-            2.0 * host.layer_seconds * layers + host.update_seconds,
-        );
-        phases.insert(
-            "exposed_host_offload".into(),
-            host_exposed + host.update_seconds,
-        );
-        if let Some(e) = phases.get_mut("exposed_communication") {
-            *e = (step_seconds - compute - host_exposed - host.update_seconds).max(0.0);
-        }
-    }
-    phases.insert("forward".into(), layer.forward.seconds * layers);
-    phases.insert("backward".into(), layer.backward.seconds * layers);
-    phases.insert("logits".into(), layer.logits.seconds);
-    if let Some(tp) = &tp {
-        // Forward and backward: as many reduce-scatters as gathers.
-        let count = tp.per_pass as f64 * (2.0 + recompute) * layers;
-        phases.insert("all_gather.tensor".into(), tp.gather.seconds * count);
-        phases.insert("reduce_scatter.tensor".into(), tp.scatter.seconds * count);
-        phases.insert("exposed_tensor_parallel".into(), tensor_exposed);
-        if let Some(e) = phases.get_mut("exposed_communication") {
-            *e = (step_seconds - compute).max(0.0);
-        }
-    }
+    let phases = step_phases(
+        &step,
+        &layer,
+        tp.as_ref(),
+        &host,
+        (layers, recompute, compute),
+    );
     let model_flops = training_flops_per_device(config, options.formula).total();
     let hardware_flops = (layer.forward.flops + layer.backward.flops) * layers + layer.logits.flops;
     let per_chip = |flops: f64| flops / step_seconds / 1e12;
@@ -534,6 +423,56 @@ fn model_step_at(
         hbm_types: HbmTypes::of(config),
         strategy_step: step,
     })
+}
+
+/// The step's phases: the strategy's, the passes', the tensor axis's and
+/// the host offload's, and what of the step no compute covers.
+fn step_phases(
+    step: &StrategyStep,
+    layer: &LayerCompute,
+    tp: Option<&tensor::TensorParallel>,
+    host: &HostOffload,
+    (layers, recompute, compute): (f64, f64, f64),
+) -> BTreeMap<String, f64> {
+    let mut phases = step.phases.clone();
+    let step_seconds = step.step_seconds + host.update_seconds;
+    let (tensor_exposed, host_exposed) = exposed(layer, layers);
+    if host.layer_seconds > 0.0 || host.update_seconds > 0.0 {
+        phases.insert(
+            "host_offload".into(),
+            2.0 * host.layer_seconds * layers + host.update_seconds,
+        );
+        phases.insert(
+            "exposed_host_offload".into(),
+            host_exposed + host.update_seconds,
+        );
+    }
+    phases.insert("forward".into(), layer.forward.seconds * layers);
+    phases.insert("backward".into(), layer.backward.seconds * layers);
+    phases.insert("logits".into(), layer.logits.seconds);
+    if let Some(tp) = tp {
+        // Forward and backward: as many reduce-scatters as gathers.
+        let count = tp.per_pass as f64 * (2.0 + recompute) * layers;
+        phases.insert("all_gather.tensor".into(), tp.gather.seconds * count);
+        phases.insert("reduce_scatter.tensor".into(), tp.scatter.seconds * count);
+        phases.insert("exposed_tensor_parallel".into(), tensor_exposed);
+    }
+    // What neither compute nor the host transfers cover: the collectives.
+    if (tp.is_some() || host_exposed + host.update_seconds > 0.0)
+        && let Some(e) = phases.get_mut("exposed_communication")
+    {
+        *e = (step_seconds - compute - host_exposed - host.update_seconds).max(0.0);
+    }
+    phases
+}
+
+/// The tensor-parallel collectives and host transfers the layers' compute
+/// does not cover, over every layer.
+fn exposed(layer: &LayerCompute, layers: f64) -> (f64, f64) {
+    (
+        (layer.forward.exposed_tensor_seconds() + layer.backward.exposed_tensor_seconds()) * layers,
+        (layer.forward.exposed_host_seconds() + layer.backward.exposed_host_seconds()) * layers,
+    )
 }
 
 /// The strategy's step for `config`'s parameters (each device's `1/t` of
@@ -648,7 +587,7 @@ fn checked(
     }
     if let Some(q) = config.quantization {
         let spec = topology.generation.spec();
-        if matmul_peaks(config, spec).0 <= 0.0 {
+        if compute::matmul_peaks(config, spec).0 <= 0.0 {
             return Err(StepModelError::Field {
                 field: "quantization",
                 value: q.name().into(),
@@ -665,113 +604,6 @@ fn checked(
     let efficiency = efficiency_for(topology.generation, options.efficiency)?;
     config.global_batch(u64::from(topology.num_devices()))?;
     Ok(efficiency)
-}
-
-/// One layer's passes and the logits' at the roofline of `spec` with the
-/// MXU at `efficiency` of its peaks, each device holding `1/tensor` of the
-/// weights and the backward recomputing what the remat policy does not
-/// save. The weights' matmuls run at the quantized type's peak when the
-/// model quantizes them ([`matmul_peaks`]); the attention and the logits
-/// at the bf16 peak.
-fn layer_compute(
-    config: &ModelConfig,
-    spec: &crate::hardware::HardwareSpec,
-    efficiency: f64,
-    tensor: usize,
-) -> LayerCompute {
-    let (weight_peak, bf16_peak) = matmul_peaks(config, spec);
-    let pass = |(weights, attention): (f64, f64), bytes: f64, quantize: f64, backward: bool| {
-        // The backward's gradient matmuls gain nothing from quantizing
-        // (module docs, "Quantization").
-        let weight_peak = if backward { bf16_peak } else { weight_peak };
-        let peak_seconds = weights / weight_peak + attention / bf16_peak;
-        let quantize_seconds = quantize / spec.hbm_bytes_per_s;
-        PassCompute {
-            flops: weights + attention,
-            bytes,
-            seconds: (peak_seconds / efficiency).max(bytes / spec.hbm_bytes_per_s)
-                + quantize_seconds,
-            tensor_seconds: 0.0,
-            host_seconds: 0.0,
-            peak_seconds,
-            quantize_seconds,
-        }
-    };
-    let g = hardware_matmul_flops(config);
-    let forward = (g.total() - g.attention, g.attention);
-    let recomputed = recomputed_flops(config, config.remat);
-    let recompute = (recomputed.0 + recomputed.1) / g.total().max(f64::MIN_POSITIVE);
-    let fwd_bytes = forward_bytes(config, tensor);
-    let t = config.tokens_per_device();
-    let logits_matrix = config.vocab as f64 * config.embed as f64;
-    let act = config.activation_dtype.byte_size() as f64;
-    let quantize_forward = quantize_bytes(config, tensor);
-    let weight_recompute = recomputed.0 / forward.0.max(f64::MIN_POSITIVE);
-    // The recomputed forward matmuls run quantized, at the quantized peak.
-    let recomputed_quantized = (recomputed.0, 0.0);
-    let gradients = (2.0 * forward.0, 2.0 * forward.1 + recomputed.1);
-    let backward_quantized = pass(
-        recomputed_quantized,
-        0.0,
-        weight_recompute * quantize_forward,
-        false,
-    );
-    let mut backward = pass(gradients, (2.0 + recompute) * fwd_bytes, 0.0, true);
-    backward.flops += backward_quantized.flops;
-    backward.peak_seconds += backward_quantized.peak_seconds;
-    backward.seconds += backward_quantized.seconds;
-    backward.quantize_seconds += backward_quantized.quantize_seconds;
-    LayerCompute {
-        forward: pass(forward, fwd_bytes, quantize_forward, false),
-        backward,
-        // Forward 2·T·E·V, backward twice that; the logits written and
-        // read back by the loss, the matrix read.
-        logits: pass(
-            (0.0, 6.0 * t * logits_matrix),
-            3.0 * (logits_matrix * act + t * config.vocab as f64 * act),
-            0.0,
-            false,
-        ),
-    }
-}
-
-/// HBM bytes a quantized layer's forward spends quantizing its matmuls'
-/// operands, the weights and the inputs, each in a pass of its own (AQT's
-/// dynamic scaling): read for its scale, read again to quantize, written
-/// in 8 bits — 5 bytes per element of a 2-byte operand. 0 without
-/// quantization.
-fn quantize_bytes(config: &ModelConfig, tensor: usize) -> f64 {
-    if config.quantization.is_none() {
-        return 0.0;
-    }
-    let per_element = 2.0 * config.activation_dtype.byte_size() as f64 + 1.0;
-    let t = config.tokens_per_device();
-    let (e, h, d, m) = (
-        config.embed as f64,
-        config.heads as f64,
-        config.head_dim as f64,
-        config.mlp_dim as f64,
-    );
-    let n = config.mlp_activations.len() as f64;
-    let tensor = tensor.max(1) as f64;
-    // Per token: each matmul's input width (q, k, v, out, the MLP's
-    // inputs and its output), each device 1/t of it.
-    let inputs = (3.0 * e + h * d + n * e + m) / tensor;
-    let weights = parameter_count(config).per_layer() as f64 / tensor;
-    per_element * (weights + t * inputs)
-}
-
-/// The peaks the weights' matmuls and the rest run at on `spec`: the
-/// quantized type's (`int8`, `fp8`) for the weights when the model
-/// quantizes them, else both the bf16 peak (checked to exist first,
-/// [`checked`]).
-fn matmul_peaks(config: &ModelConfig, spec: &crate::hardware::HardwareSpec) -> (f64, f64) {
-    let weights = match config.quantization {
-        None => spec.peak_bf16_flops,
-        Some(Quantization::Int8) => spec.peak_int8_ops,
-        Some(Quantization::Fp8) => spec.peak_fp8_flops,
-    };
-    (weights, spec.peak_bf16_flops)
 }
 
 /// The model's parameters as tensors, one per layer and the embedding

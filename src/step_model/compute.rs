@@ -1,0 +1,223 @@
+//! One layer's compute on one device at the roofline: the matmul FLOPs
+//! the hardware runs (a causal or windowed kernel's blocks, what remat
+//! recomputes), each at its type's peak, and the bytes at HBM bandwidth
+//! (the module docs of [`super`]).
+
+use crate::model::{
+    LayerMatmulFlops, ModelConfig, Placement, Quantization, RematPolicy, layer_matmul_flops,
+    parameter_count,
+};
+
+use super::{LayerCompute, PassCompute};
+
+/// A layer's forward matmul FLOPs as the hardware runs them: MaxText's
+/// per-matmul count ([`layer_matmul_flops`]) with the attention's scores
+/// and values at what the model's attention kernel computes
+/// ([`crate::model::AttentionKernel::computed_fraction`]).
+pub fn hardware_matmul_flops(config: &ModelConfig) -> LayerMatmulFlops {
+    let mut g = layer_matmul_flops(config);
+    g.attention *= config.attention_kernel.computed_fraction(config.seq_len);
+    // A local layer's band as the kernel's blocks cover it, folded into
+    // the attention (what the rest of the model times and recomputes).
+    if let Some(w) = config.sliding_window {
+        let band = crate::model::flops::window_pairs(config.seq_len, w.window);
+        let computed = config
+            .attention_kernel
+            .window_pairs_computed(config.seq_len, w.window);
+        if band > 0.0 {
+            g.attention += g.window_attention * computed / band;
+        }
+        g.window_attention = 0.0;
+    }
+    g
+}
+
+/// The fraction of a layer's forward matmul FLOPs `policy` recomputes in
+/// the backward pass: the matmuls whose results the backward reads and the
+/// policy does not save (`jax.checkpoint` rematerializes residuals only; a
+/// result nothing in the backward reads is not recomputed). The backward
+/// reads the query, key and value projections, the attention (a flash
+/// kernel's output, for the output projection's weight gradient), the MLP's
+/// input matmuls and, in a sequential block, the output projection (the
+/// post-attention norm's input is the residual plus it); never `mlpwo`, and
+/// not a parallel block's output projection, which only the residual
+/// reads. So `full` recomputes those, `minimal` the attention (it saves the
+/// weight matmuls only), `minimal_flash` and `none` nothing
+/// ([`crate::model::memory`] has the saved set).
+pub fn recomputed_fraction(config: &ModelConfig, policy: RematPolicy) -> f64 {
+    let all = hardware_matmul_flops(config).total();
+    if all <= 0.0 {
+        return 0.0;
+    }
+    let (weights, attention) = recomputed_flops(config, policy);
+    (weights + attention) / all
+}
+
+/// The forward FLOPs `policy` recomputes in the backward pass, as the
+/// weights' matmuls and the attention's ([`recomputed_fraction`]).
+pub fn recomputed_flops(config: &ModelConfig, policy: RematPolicy) -> (f64, f64) {
+    let g = hardware_matmul_flops(config);
+    let out = if config.decoder_block.is_parallel() {
+        0.0
+    } else {
+        g.out
+    };
+    if let Some(placed) = crate::model::memory::custom_placements(config, policy) {
+        // The matmuls whose residuals are rematerialized: the projections
+        // by their widths, the attention with its output, the MLP's input.
+        let [_, q, k, v, context, out_proj, mlpwi] = placed.map(|(p, _)| p == Placement::Remat);
+        let (h, kv) = (config.heads as f64, config.kv_heads as f64);
+        let qkv_share = |on: bool, heads: f64| if on { heads / (h + 2.0 * kv) } else { 0.0 };
+        let weights = g.qkv * (qkv_share(q, h) + qkv_share(k, kv) + qkv_share(v, kv))
+            + if out_proj { out } else { 0.0 }
+            + if mlpwi { g.mlp_in } else { 0.0 };
+        return (weights, if context { g.attention } else { 0.0 });
+    }
+    match policy {
+        RematPolicy::Custom { .. } => unreachable!("placed above"),
+        RematPolicy::Full => (g.qkv + out + g.mlp_in, g.attention),
+        RematPolicy::None | RematPolicy::MinimalFlash => (0.0, 0.0),
+        RematPolicy::Minimal | RematPolicy::MinimalOffloaded => (0.0, g.attention),
+        RematPolicy::SaveQkvProj | RematPolicy::QkvProjOffloaded => (out + g.mlp_in, g.attention),
+        RematPolicy::SaveOutProj => (g.qkv + g.mlp_in, g.attention),
+        RematPolicy::SaveDotExceptMlp | RematPolicy::SaveDotExceptMlpwi => (g.mlp_in, g.attention),
+    }
+}
+
+/// HBM bytes of one layer's forward on one device: its weights (its
+/// `1/tensor` of them) read once (in the activations' type, as the MXU
+/// takes them), each matmul's input
+/// and output activations read or written once (the attention scores are
+/// not materialized: a fused attention kernel keeps them on chip).
+fn forward_bytes(c: &ModelConfig, tensor: usize) -> f64 {
+    let t = c.tokens_per_device();
+    let act = c.activation_dtype.byte_size() as f64;
+    let weights = parameter_count(c).per_layer() as f64 * act / tensor.max(1) as f64;
+    let (e, h, kv, d, m) = (
+        c.embed as f64,
+        c.heads as f64,
+        c.kv_heads as f64,
+        c.head_dim as f64,
+        c.mlp_dim as f64,
+    );
+    let n_act = c.mlp_activations.len() as f64;
+    // Per token: qkv in/out, attention in/out, out-projection in/out, MLP
+    // in/out (its hidden read and written once more by the activation).
+    let per_token = (e + (h + 2.0 * kv) * d)
+        + ((h + 2.0 * kv) * d + h * d)
+        + (h * d + e)
+        + (e + n_act * m)
+        + (n_act * m + m)
+        + (m + e);
+    weights + t * per_token * act
+}
+
+/// One layer's passes and the logits' at the roofline of `spec` with the
+/// MXU at `efficiency` of its peaks, each device holding `1/tensor` of the
+/// weights and the backward recomputing what the remat policy does not
+/// save. The weights' matmuls run at the quantized type's peak when the
+/// model quantizes them ([`matmul_peaks`]); the attention and the logits
+/// at the bf16 peak.
+pub(super) fn layer_compute(
+    config: &ModelConfig,
+    spec: &crate::hardware::HardwareSpec,
+    efficiency: f64,
+    tensor: usize,
+) -> LayerCompute {
+    let (weight_peak, bf16_peak) = matmul_peaks(config, spec);
+    let pass = |(weights, attention): (f64, f64), bytes: f64, quantize: f64, backward: bool| {
+        // The backward's gradient matmuls gain nothing from quantizing
+        // (module docs, "Quantization").
+        let weight_peak = if backward { bf16_peak } else { weight_peak };
+        let peak_seconds = weights / weight_peak + attention / bf16_peak;
+        let quantize_seconds = quantize / spec.hbm_bytes_per_s;
+        PassCompute {
+            flops: weights + attention,
+            bytes,
+            seconds: (peak_seconds / efficiency).max(bytes / spec.hbm_bytes_per_s)
+                + quantize_seconds,
+            tensor_seconds: 0.0,
+            host_seconds: 0.0,
+            peak_seconds,
+            quantize_seconds,
+        }
+    };
+    let g = hardware_matmul_flops(config);
+    let forward = (g.total() - g.attention, g.attention);
+    let recomputed = recomputed_flops(config, config.remat);
+    let recompute = (recomputed.0 + recomputed.1) / g.total().max(f64::MIN_POSITIVE);
+    let fwd_bytes = forward_bytes(config, tensor);
+    let t = config.tokens_per_device();
+    let logits_matrix = config.vocab as f64 * config.embed as f64;
+    let act = config.activation_dtype.byte_size() as f64;
+    let quantize_forward = quantize_bytes(config, tensor);
+    let weight_recompute = recomputed.0 / forward.0.max(f64::MIN_POSITIVE);
+    // The recomputed forward matmuls run quantized, at the quantized peak.
+    let recomputed_quantized = (recomputed.0, 0.0);
+    let gradients = (2.0 * forward.0, 2.0 * forward.1 + recomputed.1);
+    let backward_quantized = pass(
+        recomputed_quantized,
+        0.0,
+        weight_recompute * quantize_forward,
+        false,
+    );
+    let mut backward = pass(gradients, (2.0 + recompute) * fwd_bytes, 0.0, true);
+    backward.flops += backward_quantized.flops;
+    backward.peak_seconds += backward_quantized.peak_seconds;
+    backward.seconds += backward_quantized.seconds;
+    backward.quantize_seconds += backward_quantized.quantize_seconds;
+    LayerCompute {
+        forward: pass(forward, fwd_bytes, quantize_forward, false),
+        backward,
+        // Forward 2·T·E·V, backward twice that; the logits written and
+        // read back by the loss, the matrix read.
+        logits: pass(
+            (0.0, 6.0 * t * logits_matrix),
+            3.0 * (logits_matrix * act + t * config.vocab as f64 * act),
+            0.0,
+            false,
+        ),
+    }
+}
+
+/// HBM bytes a quantized layer's forward spends quantizing its matmuls'
+/// operands, the weights and the inputs, each in a pass of its own (AQT's
+/// dynamic scaling): read for its scale, read again to quantize, written
+/// in 8 bits — 5 bytes per element of a 2-byte operand. 0 without
+/// quantization.
+fn quantize_bytes(config: &ModelConfig, tensor: usize) -> f64 {
+    if config.quantization.is_none() {
+        return 0.0;
+    }
+    let per_element = 2.0 * config.activation_dtype.byte_size() as f64 + 1.0;
+    let t = config.tokens_per_device();
+    let (e, h, d, m) = (
+        config.embed as f64,
+        config.heads as f64,
+        config.head_dim as f64,
+        config.mlp_dim as f64,
+    );
+    let n = config.mlp_activations.len() as f64;
+    let tensor = tensor.max(1) as f64;
+    // Per token: each matmul's input width (q, k, v, out, the MLP's
+    // inputs and its output), each device 1/t of it.
+    let inputs = (3.0 * e + h * d + n * e + m) / tensor;
+    let weights = parameter_count(config).per_layer() as f64 / tensor;
+    per_element * (weights + t * inputs)
+}
+
+/// The peaks the weights' matmuls and the rest run at on `spec`: the
+/// quantized type's (`int8`, `fp8`) for the weights when the model
+/// quantizes them, else both the bf16 peak (checked to exist first,
+/// [`checked`]).
+pub(super) fn matmul_peaks(
+    config: &ModelConfig,
+    spec: &crate::hardware::HardwareSpec,
+) -> (f64, f64) {
+    let weights = match config.quantization {
+        None => spec.peak_bf16_flops,
+        Some(Quantization::Int8) => spec.peak_int8_ops,
+        Some(Quantization::Fp8) => spec.peak_fp8_flops,
+    };
+    (weights, spec.peak_bf16_flops)
+}

@@ -1,0 +1,208 @@
+//! What today's recipes set, each held to a closed form: a custom remat
+//! policy's placements, host offload over the host link and into the
+//! host's memory, quantized matmuls at their type's peak (and refused
+//! where the chip has none), sliding-window attention's band.
+
+use optirs_tpu::model::flops::window_pairs;
+use optirs_tpu::model::{
+    AttentionKernel, FlopFormula, ModelConfig, Placement, Quantization, RematPolicy, SlidingWindow,
+    activation_memory_per_layer, bundled, layer_matmul_flops, parameter_count,
+    training_flops_per_device,
+};
+use optirs_tpu::step_model::{ModelStepOptions, StepModelError, model_step, recomputed_fraction};
+use optirs_tpu::topology::{Topology, load_preset};
+
+fn custom(input: Placement, qkv: Placement) -> RematPolicy {
+    RematPolicy::Custom {
+        decoder_layer_input: input,
+        query_proj: qkv,
+        key_proj: qkv,
+        value_proj: qkv,
+        context: Placement::Remat,
+        out_proj: Placement::Remat,
+        mlpwi: Placement::Remat,
+        mlpwo: Placement::Remat,
+    }
+}
+
+fn step(config: &ModelConfig, topology: &Topology) -> optirs_tpu::step_model::ModelStep {
+    model_step(config, topology, &ModelStepOptions::new(topology)).unwrap()
+}
+
+/// `custom` with only the layer input on the device is `full`; offloading
+/// a tensor moves it from HBM to the host and stops its recomputation.
+#[test]
+fn a_custom_policy_places_each_tensor() {
+    let mut config = bundled("llama3.1-70b").unwrap();
+    config.remat = custom(Placement::Device, Placement::Remat);
+    let as_custom = activation_memory_per_layer(&config);
+    let full_fraction = recomputed_fraction(&config, RematPolicy::Full);
+    assert_eq!(recomputed_fraction(&config, config.remat), full_fraction);
+    config.remat = RematPolicy::Full;
+    assert_eq!(activation_memory_per_layer(&config), as_custom);
+    // q, k, v offloaded: (64 + 2·8)·128 elements a token leave HBM for the
+    // host, and their matmuls are no longer recomputed.
+    config.remat = custom(Placement::Device, Placement::Offload);
+    let m = activation_memory_per_layer(&config);
+    assert_eq!(m.host_elements_per_token, (64 + 16) * 128);
+    assert_eq!(m.device_elements_per_token, 8192);
+    assert!(recomputed_fraction(&config, config.remat) < full_fraction);
+    // The layer input cannot be rematerialized.
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/assets/models/llama3.1-70b.ron"
+    ))
+    .unwrap()
+    .replace("decoder_layer_input: offload", "decoder_layer_input: remat");
+    let err = ModelConfig::from_ron_str(&text, "l.ron").unwrap_err();
+    assert!(err.to_string().contains("decoder_layer_input"), "{err}");
+}
+
+/// Offloaded activations cross each chip's host link in both passes: hidden
+/// behind a layer's matmuls when shorter, exposed by the difference when
+/// longer; the host holds every layer's for each of its chips.
+#[test]
+fn offloaded_activations_cross_the_host_link() {
+    let v6e = load_preset("v6e-256").unwrap();
+    let spec = v6e.generation.spec();
+    let config = bundled("llama3.1-8b").unwrap();
+    let s = step(&config, &v6e);
+    let h = s.host_offload;
+    let per_layer = activation_memory_per_layer(&config).host_bytes;
+    assert_eq!(h.layer_activation_bytes, per_layer);
+    assert!((h.layer_seconds - per_layer / spec.host_link_bytes_per_s).abs() < 1e-12);
+    let layers = parameter_count(&config).layers as f64;
+    assert!(
+        (s.phases["host_offload"] - 2.0 * h.layer_seconds * layers).abs() < 1e-9,
+        "{:?}",
+        s.phases
+    );
+    let exposed = (s.layer.forward.host_seconds - s.layer.forward.seconds).max(0.0)
+        + (s.layer.backward.host_seconds - s.layer.backward.seconds).max(0.0);
+    assert!((s.phases["exposed_host_offload"] - exposed * layers).abs() < 1e-9);
+    assert_eq!(
+        h.host_bytes,
+        (per_layer * layers).ceil() as u64 * u64::from(spec.chips_per_host())
+    );
+    // At 4000 layers every layer's offloaded activations outgrow the
+    // host's memory, and the step says so.
+    let mut huge = config.clone();
+    huge.layers = 4000;
+    let s = step(&huge, &v6e);
+    assert!(!s.host_offload.fits());
+    let why = s.not_fitting.unwrap();
+    assert!(why.contains("offloaded per host"), "{why}");
+}
+
+/// Optimizer state and parameters on the host leave HBM and cost the
+/// update their trip in and out over the host link.
+#[test]
+fn optimizer_and_parameter_offload_leave_hbm_for_the_host_link() {
+    let v5p = load_preset("v5p-128").unwrap();
+    let spec = v5p.generation.spec();
+    let config = bundled("llama2-7b").unwrap();
+    let base = step(&config, &v5p);
+    let mut off = config.clone();
+    off.optimizer_memory_host_offload = true;
+    off.parameter_memory_host_offload = true;
+    let s = step(&off, &v5p);
+    assert_eq!(s.hbm.state, 0);
+    assert_eq!(s.hbm.params, 0);
+    let moved = (base.hbm.state + base.hbm.params) as f64;
+    assert!(
+        (s.host_offload.update_seconds - 2.0 * moved / spec.host_link_bytes_per_s).abs() < 1e-12
+    );
+    assert!((s.step_seconds - base.step_seconds - s.host_offload.update_seconds).abs() < 1e-9);
+}
+
+/// int8 runs the forward's weight matmuls at twice v6e's bf16 peak, plus
+/// its operand passes; fp8 is refused where the chip has no fp8 and runs
+/// on TPU7x; MFU stays against the bf16 peak.
+#[test]
+fn quantized_matmuls_run_at_their_types_peak() {
+    let v6e = load_preset("v6e-256").unwrap();
+    let mut config = bundled("gpt3-175b").unwrap();
+    config.per_device_batch = 3.0;
+    let bf16 = step(&config, &v6e);
+    config.quantization = Some(Quantization::Int8);
+    let int8 = step(&config, &v6e);
+    assert!(int8.layer.forward.peak_seconds < bf16.layer.forward.peak_seconds);
+    let spec = v6e.generation.spec();
+    assert_eq!(spec.peak_int8_ops, 2.0 * spec.peak_bf16_flops);
+    assert!(int8.layer.forward.quantize_seconds > 0.0);
+    assert!(int8.step_seconds < bf16.step_seconds);
+    // The same model FLOPs, over a shorter step.
+    assert_eq!(int8.model_flops_per_device, bf16.model_flops_per_device);
+    assert!(int8.mfu > bf16.mfu && int8.mfu < 1.0);
+    config.quantization = Some(Quantization::Fp8);
+    let err = model_step(&config, &v6e, &ModelStepOptions::new(&v6e)).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            StepModelError::Field {
+                field: "quantization",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("fp8"), "{err}");
+    let tpu7x = load_preset("tpu7x-256").unwrap();
+    let fp8 = step(&config, &tpu7x);
+    assert!(!fp8.calibrated && fp8.step_seconds_range.is_some());
+}
+
+/// A local layer sees `W·L − W(W−1)/2` query-key pairs; a window as long
+/// as the sequence is causal attention, which the current formula halves;
+/// the kernel's blocks cover the band, never less; a window past the
+/// sequence is refused naming the field.
+#[test]
+fn sliding_windows_count_their_band() {
+    assert_eq!(window_pairs(8, 1), 8.0);
+    assert_eq!(window_pairs(8, 8), 36.0);
+    assert_eq!(
+        window_pairs(32768, 1024),
+        1024.0 * 32768.0 - 1024.0 * 1023.0 / 2.0
+    );
+    let mut config = bundled("gemma3-12b").unwrap();
+    let w = config.sliding_window.unwrap();
+    assert_eq!(w.global_and_local(48), (8, 40));
+    let g = layer_matmul_flops(&config);
+    let (b, l, hd) = (1.0, 32768.0, 16.0 * 256.0);
+    assert!((g.attention - 4.0 * b * l * l * hd * 8.0 / 48.0).abs() < 1.0);
+    assert!(
+        (g.window_attention - 4.0 * b * window_pairs(32768, 1024) * hd * 40.0 / 48.0).abs() < 1.0
+    );
+    // The kernel computes at least the band, at most every score.
+    let kernel = config.attention_kernel;
+    let computed = kernel.window_pairs_computed(32768, 1024);
+    assert!(computed >= window_pairs(32768, 1024) && computed <= l * l);
+    assert_eq!(
+        AttentionKernel::Full.window_pairs_computed(64, 8),
+        64.0 * 64.0
+    );
+    // A window of the whole sequence is the causal count.
+    config.sliding_window = Some(SlidingWindow {
+        window: 32768,
+        local_per_global: 5,
+    });
+    let windowed = training_flops_per_device(&config, FlopFormula::MatmulsCausal).attention;
+    config.sliding_window = None;
+    let causal = training_flops_per_device(&config, FlopFormula::MatmulsCausal).attention;
+    assert!(
+        (windowed / causal - 1.0).abs() < 1e-4,
+        "{windowed} {causal}"
+    );
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/assets/models/gemma3-12b.ron"
+    ))
+    .unwrap()
+    .replace("window: 1024", "window: 40000");
+    let err = ModelConfig::from_ron_str(&text, "g.ron").unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.contains("sliding_window") && msg.contains("g.ron"),
+        "{msg}"
+    );
+}
