@@ -51,6 +51,9 @@ pub struct RecipeRow {
     /// The attention kernel's blocks, if not the bundled model's.
     #[serde(default)]
     pub attention_kernel: Option<AttentionKernel>,
+    /// `mu_dtype`, if the run set one.
+    #[serde(default)]
+    pub mu_dtype: Option<ModelDType>,
     /// `quantization`, if the run set one.
     #[serde(default)]
     pub quantization: Option<Quantization>,
@@ -96,6 +99,9 @@ pub struct RecipeResult {
     pub fitted: bool,
     /// Whether the generation has a calibrated constant.
     pub calibrated: bool,
+    /// An uncalibrated generation's tokens/s/chip at the least and the
+    /// most of the fitted constants.
+    pub modeled_range: Option<(f64, f64)>,
     /// The modeled step, seconds.
     pub step_seconds: f64,
     /// Of it, exposed communication and host transfers, seconds.
@@ -142,6 +148,9 @@ pub fn model_row(row: &RecipeRow, efficiency: Option<f64>) -> Result<RecipeResul
     if let Some(w) = row.weight_dtype {
         config.weight_dtype = w;
     }
+    if row.mu_dtype.is_some() {
+        config.mu_dtype = row.mu_dtype;
+    }
     if row.quantization.is_some() {
         config.quantization = row.quantization;
     }
@@ -178,6 +187,9 @@ pub fn model_row(row: &RecipeRow, efficiency: Option<f64>) -> Result<RecipeResul
         error: step.tokens_per_s_per_chip / row.tokens_per_s_per_chip - 1.0,
         fitted: row.fitted,
         calibrated: step.calibrated,
+        modeled_range: step
+            .step_seconds_range
+            .map(|(slow, fast)| (step.tokens_per_device / slow, step.tokens_per_device / fast)),
         step_seconds: step.step_seconds,
         exposed_communication: step.exposed_communication,
         hbm_margin: step.hbm.margin,
