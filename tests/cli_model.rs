@@ -492,3 +492,53 @@ fn the_optimizer_counts_in_a_model_s_step() {
     let update = |r: &serde_json::Value| r["optimizer"]["seconds"].as_f64().unwrap();
     assert!(update(&sgd) < update(&momentum) && update(&momentum) < update(&adam));
 }
+
+/// An uncalibrated generation's step is a range in both commands: `train`
+/// prints it beside the step, `goodput` on its model line and in
+/// `model_step`.
+#[test]
+fn an_uncalibrated_generation_reports_the_range_of_the_fitted_constants() {
+    let train = json(&[
+        "train",
+        "tpu7x-256",
+        "--model",
+        "llama3.1-70b",
+        "--strategy",
+        "fsdp",
+        "--modeled-only",
+        "--json",
+    ]);
+    assert_eq!(train["calibrated"], false);
+    let range = train["step_seconds_range"].as_array().unwrap();
+    let (slow, fast) = (range[0].as_f64().unwrap(), range[1].as_f64().unwrap());
+    let step = train["step_seconds"].as_f64().unwrap();
+    assert!(fast < step && step < slow, "{fast} {step} {slow}");
+    let goodput = json(&[
+        "goodput",
+        "tpu7x-256",
+        "--model",
+        "llama3.1-70b",
+        "--mtbf-hours",
+        "50000",
+        "--days",
+        "1",
+        "--json",
+    ]);
+    assert_eq!(goodput["model_step"]["calibrated"], false);
+    assert_eq!(
+        goodput["model_step"]["step_seconds_range"],
+        train["step_seconds_range"]
+    );
+    let calibrated = json(&[
+        "train",
+        "v6e-256",
+        "--model",
+        "llama3.1-70b",
+        "--strategy",
+        "fsdp",
+        "--modeled-only",
+        "--json",
+    ]);
+    assert_eq!(calibrated["calibrated"], true);
+    assert!(calibrated["step_seconds_range"].is_null());
+}

@@ -147,6 +147,8 @@ pub(super) fn goodput_layout_json(step: &ModelStep, topology: &Topology) -> serd
         "data_reduction": step.data_reduction.name(),
         "optimizer": step.optimizer.name,
         "step_seconds": step.step_seconds,
+        "step_seconds_range": step.step_seconds_range,
+        "calibrated": step.calibrated,
         "mfu": step.mfu,
         "hbm_bytes_per_device": step.hbm.total,
         "hbm_capacity_bytes": topology.hbm_bytes,
@@ -160,12 +162,20 @@ pub(super) fn goodput_layout_json(step: &ModelStep, topology: &Topology) -> serd
 /// the step's peak against the chip's.
 pub(super) fn goodput_layout_line(step: &ModelStep, topology: &Topology) -> String {
     format!(
-        "  model          {}, {} on mesh {}, MFU {:.1} %; HBM per device at the step's peak {} \
+        "  model          {}, {} on mesh {}, MFU {:.1} %{}; HBM per device at the step's peak {} \
          of {} ({})\n",
         step.model,
         step.strategy,
         step.mesh,
         step.mfu * 100.0,
+        match step.step_seconds_range {
+            None => String::new(),
+            Some((slow, fast)) => format!(
+                " (uncalibrated: {} to {} a step at the fitted generations' constants)",
+                output::seconds(fast),
+                output::seconds(slow)
+            ),
+        },
         optirs_tpu::sharding::strategy::decimal_bytes(step.hbm.total),
         optirs_tpu::sharding::strategy::decimal_bytes(topology.hbm_bytes),
         hbm_left(step.hbm.margin),
