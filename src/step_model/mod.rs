@@ -585,6 +585,17 @@ fn checked(
             problem,
         });
     }
+    if config.activation_dtype == ModelDType::F16 {
+        return Err(StepModelError::Field {
+            field: "activation_dtype",
+            value: "f16".into(),
+            problem: format!(
+                "{}'s MXU multiplies bf16 (and int8, fp8 where it has them), not IEEE half \
+                 precision: the step's matmuls would not run at any published peak; use bf16",
+                topology.generation.name()
+            ),
+        });
+    }
     if let Some(q) = config.quantization {
         let spec = topology.generation.spec();
         if compute::matmul_peaks(config, spec).0 <= 0.0 {
