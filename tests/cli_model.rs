@@ -500,9 +500,9 @@ fn the_optimizer_counts_in_a_model_s_step() {
 fn an_uncalibrated_generation_reports_the_range_of_the_fitted_constants() {
     let train = json(&[
         "train",
-        "tpu7x-256",
+        "v4-64",
         "--model",
-        "llama3.1-70b",
+        "llama2-7b",
         "--strategy",
         "fsdp",
         "--modeled-only",
@@ -515,13 +515,16 @@ fn an_uncalibrated_generation_reports_the_range_of_the_fitted_constants() {
     assert!(fast < step && step < slow, "{fast} {step} {slow}");
     let goodput = json(&[
         "goodput",
-        "tpu7x-256",
+        "v4-64",
         "--model",
-        "llama3.1-70b",
+        "llama2-7b",
         "--mtbf-hours",
         "50000",
         "--days",
         "1",
+        // Its minimal-remat activations outgrow v4's 32 GiB: the range is
+        // what is asked here.
+        "--allow-overflow",
         "--json",
     ]);
     assert_eq!(goodput["model_step"]["calibrated"], false);

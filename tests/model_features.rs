@@ -157,7 +157,11 @@ fn quantized_matmuls_run_at_their_types_peak() {
     );
     let tpu7x = load_preset("tpu7x-256").unwrap();
     let fp8 = step(&config, &tpu7x);
-    assert!(!fp8.calibrated && fp8.step_seconds_range.is_some());
+    config.quantization = None;
+    let bf16 = step(&config, &tpu7x);
+    assert!(fp8.calibrated && fp8.step_seconds < bf16.step_seconds);
+    let spec = tpu7x.generation.spec();
+    assert_eq!(spec.peak_fp8_flops, 2.0 * spec.peak_bf16_flops);
 }
 
 /// A local layer sees `W·L − W(W−1)/2` query-key pairs; a window as long

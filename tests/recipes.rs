@@ -92,12 +92,21 @@ fn every_recipe_is_predicted() {
     assert!(worst <= 0.29, "worst {worst}");
 }
 
-/// The constant is the fitted row's: refitting it gives it back.
+/// Each constant is its fitted row's: refitting it gives it back.
 #[test]
-fn the_v6e_constant_is_its_fitted_row() {
-    use optirs_tpu::step_model::calibration::V6E_MXU_EFFICIENCY;
+fn each_recipe_constant_is_its_fitted_row() {
+    use optirs_tpu::step_model::calibration::{TPU7X_MXU_EFFICIENCY, V6E_MXU_EFFICIENCY};
     let recipes = recipes().unwrap();
-    let row = recipes.rows.iter().find(|r| r.fitted).unwrap();
-    let fitted = fitted_efficiency(row).unwrap();
-    assert!((fitted - V6E_MXU_EFFICIENCY).abs() < 1e-4, "{fitted}");
+    let fitted: Vec<_> = recipes.rows.iter().filter(|r| r.fitted).collect();
+    assert_eq!(fitted.len(), 2);
+    for row in fitted {
+        let constant = match row.generation.as_str() {
+            "v6e" => V6E_MXU_EFFICIENCY,
+            "tpu7x" => TPU7X_MXU_EFFICIENCY,
+            other => panic!("no constant is fitted on {other}"),
+        };
+        let refit = fitted_efficiency(row).unwrap();
+        println!("{}: fitted MXU efficiency {refit:.4}", row.id);
+        assert!((refit - constant).abs() < 1e-4, "{}: {refit}", row.id);
+    }
 }
