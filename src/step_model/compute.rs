@@ -125,14 +125,14 @@ pub(super) fn layer_compute(
     tensor: usize,
 ) -> LayerCompute {
     let (weight_peak, bf16_peak) = matmul_peaks(config, spec);
-    let pass = |(weights, attention): (f64, f64), bytes: f64, quantize: f64, backward: bool| {
-        // The backward's gradient matmuls gain nothing from quantizing
-        // (module docs, "Quantization").
-        let weight_peak = if backward { bf16_peak } else { weight_peak };
-        let peak_seconds = weights / weight_peak + attention / bf16_peak;
+    // A pass's `quantized` FLOPs run at the quantized type's peak (the
+    // bf16 one unquantized), the rest at the bf16 peak; then its operands'
+    // quantizing passes.
+    let pass = |(quantized, rest): (f64, f64), bytes: f64, quantize: f64| {
+        let peak_seconds = quantized / weight_peak + rest / bf16_peak;
         let quantize_seconds = quantize / spec.hbm_bytes_per_s;
         PassCompute {
-            flops: weights + attention,
+            flops: quantized + rest,
             bytes,
             seconds: (peak_seconds / efficiency).max(bytes / spec.hbm_bytes_per_s)
                 + quantize_seconds,
@@ -152,30 +152,25 @@ pub(super) fn layer_compute(
     let act = config.activation_dtype.byte_size() as f64;
     let quantize_forward = quantize_bytes(config, tensor);
     let weight_recompute = recomputed.0 / forward.0.max(f64::MIN_POSITIVE);
-    // The recomputed forward matmuls run quantized, at the quantized peak.
-    let recomputed_quantized = (recomputed.0, 0.0);
-    let gradients = (2.0 * forward.0, 2.0 * forward.1 + recomputed.1);
-    let backward_quantized = pass(
-        recomputed_quantized,
-        0.0,
-        weight_recompute * quantize_forward,
-        false,
-    );
-    let mut backward = pass(gradients, (2.0 + recompute) * fwd_bytes, 0.0, true);
-    backward.flops += backward_quantized.flops;
-    backward.peak_seconds += backward_quantized.peak_seconds;
-    backward.seconds += backward_quantized.seconds;
-    backward.quantize_seconds += backward_quantized.quantize_seconds;
     LayerCompute {
-        forward: pass(forward, fwd_bytes, quantize_forward, false),
-        backward,
+        forward: pass(forward, fwd_bytes, quantize_forward),
+        // The recomputed weight matmuls run quantized; the gradients'
+        // matmuls gain nothing from quantizing (module docs,
+        // "Quantization") and run with the attention at the bf16 peak.
+        backward: pass(
+            (
+                recomputed.0,
+                2.0 * forward.0 + 2.0 * forward.1 + recomputed.1,
+            ),
+            (2.0 + recompute) * fwd_bytes,
+            weight_recompute * quantize_forward,
+        ),
         // Forward 2·T·E·V, backward twice that; the logits written and
         // read back by the loss, the matrix read.
         logits: pass(
             (0.0, 6.0 * t * logits_matrix),
             3.0 * (logits_matrix * act + t * config.vocab as f64 * act),
             0.0,
-            false,
         ),
     }
 }

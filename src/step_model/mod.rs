@@ -358,9 +358,9 @@ fn model_step_at(
     // The offloaded activations cross the host link in both passes; the
     // state and parameters held there are placed once the strategy's
     // memory is known (their bytes do not depend on the passes).
-    let activations_offloaded = offload::host_offload(config, spec, &Default::default());
-    layer.forward.host_seconds = activations_offloaded.layer_seconds;
-    layer.backward.host_seconds = activations_offloaded.layer_seconds;
+    let transfer = offload::layer_transfer_seconds(config, spec);
+    layer.forward.host_seconds = transfer;
+    layer.backward.host_seconds = transfer;
     let layers = parameter_count(config).layers as f64;
     let step = strategy_step(config, topology, options, &layer, t)?;
     let host = offload::host_offload(config, spec, &step.memory);

@@ -63,6 +63,12 @@ impl HostOffload {
     }
 }
 
+/// Seconds one layer's offloaded activations take over a chip's host link
+/// of `spec`, each way (each pass).
+pub fn layer_transfer_seconds(config: &ModelConfig, spec: &HardwareSpec) -> f64 {
+    activation_memory_per_layer(config).host_bytes / spec.host_link_bytes_per_s
+}
+
 /// `config`'s offload on a chip of `spec` holding `memory`.
 pub fn host_offload(
     config: &ModelConfig,
@@ -89,7 +95,7 @@ pub fn host_offload(
         .saturating_add(params_bytes);
     HostOffload {
         layer_activation_bytes,
-        layer_seconds: layer_activation_bytes / link,
+        layer_seconds: layer_transfer_seconds(config, spec),
         state_bytes,
         params_bytes,
         // In before the update, out after it.
