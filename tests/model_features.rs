@@ -218,3 +218,65 @@ fn sliding_windows_count_their_band() {
         "{msg}"
     );
 }
+
+/// A flash kernel's backward recomputes the scores: in two kernels it
+/// runs 7/2 of the forward's attention, fused 5/2, so fusing saves
+/// exactly one forward attention a layer; a one-hot embedding adds
+/// `4·T·V·E` to the hardware's FLOPs and nothing to MaxText's count.
+#[test]
+fn the_attention_backward_and_a_one_hot_embedding_are_the_hardwares() {
+    let pod = load_preset("v6e-256").unwrap();
+    let mut config = bundled("llama3.1-8b").unwrap();
+    assert_eq!(
+        config.attention_kernel,
+        AttentionKernel::Causal {
+            block: 2048,
+            fused_backward: true
+        }
+    );
+    assert!(config.use_iota_embed);
+    let fused = step(&config, &pod);
+    config.attention_kernel = AttentionKernel::Causal {
+        block: 2048,
+        fused_backward: false,
+    };
+    let split = step(&config, &pod);
+    let forward_attention = optirs_tpu::step_model::hardware_matmul_flops(&config).attention;
+    let layers = config.layers as f64;
+    let extra = split.hardware_flops_per_device - fused.hardware_flops_per_device;
+    assert!(
+        (extra - forward_attention * layers).abs() <= 1e-9 * extra,
+        "{extra} vs {}",
+        forward_attention * layers
+    );
+    assert_eq!(split.model_flops_per_device, fused.model_flops_per_device);
+    assert!(split.step_seconds > fused.step_seconds);
+    // The one-hot embedding: forward and gradient, 2·T·V·E each.
+    config.use_iota_embed = false;
+    let gathered = step(&config, &pod);
+    let t = config.tokens_per_device();
+    let one_hot = 4.0 * t * config.vocab as f64 * config.embed as f64;
+    let added = split.hardware_flops_per_device - gathered.hardware_flops_per_device;
+    assert!(
+        (added - one_hot).abs() <= 1e-9 * one_hot,
+        "{added} vs {one_hot}"
+    );
+    assert_eq!(
+        split.model_flops_per_device,
+        gathered.model_flops_per_device
+    );
+    assert!(split.hardware_utilization <= split.efficiency + 1e-12);
+    // The kernel's field reads from a file, false unless set.
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/assets/models/llama3.1-8b.ron"
+    ))
+    .unwrap()
+    .replace(
+        "causal(block: 2048, fused_backward: true)",
+        "causal(block: 2048)",
+    );
+    let parsed = ModelConfig::from_ron_str(&text, "l.ron").unwrap();
+    assert_eq!(parsed.attention_kernel.backward_factor(), 3.5);
+    assert_eq!(AttentionKernel::Full.backward_factor(), 3.5);
+}

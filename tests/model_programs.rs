@@ -276,6 +276,7 @@ fn small_config() -> impl Strategy<Value = ModelConfig> {
                     attention_width_is_embed: false,
                     trainable_position_size: 0,
                     attention_kernel: optirs_tpu::model::AttentionKernel::Full,
+                    use_iota_embed: false,
                 }
             },
         )

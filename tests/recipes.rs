@@ -84,12 +84,12 @@ fn every_recipe_is_predicted() {
     );
     // The measured accuracy (docs/validation.md), held so it cannot slip.
     assert!(
-        single_mae <= 0.09,
+        single_mae <= 0.07,
         "one-slice mean absolute error {single_mae}"
     );
-    assert!(single_worst <= 0.151, "one-slice worst {single_worst}");
-    assert!(mae <= 0.106, "mean absolute error {mae}");
-    assert!(worst <= 0.29, "worst {worst}");
+    assert!(single_worst <= 0.162, "one-slice worst {single_worst}");
+    assert!(mae <= 0.08, "mean absolute error {mae}");
+    assert!(worst <= 0.21, "worst {worst}");
 }
 
 /// Each constant is its fitted row's: refitting it gives it back.

@@ -45,7 +45,11 @@ fn llama_style(layers: u64, embed: u64, seq: u64, block: u64, batch: f64) -> Mod
         logits_via_embedding: false,
         attention_width_is_embed: true,
         trainable_position_size: 0,
-        attention_kernel: AttentionKernel::Causal { block },
+        attention_kernel: AttentionKernel::Causal {
+            block,
+            fused_backward: false,
+        },
+        use_iota_embed: false,
     }
 }
 

@@ -357,15 +357,28 @@ pub struct ModelConfig {
     /// counts its own way, [`super::flops::FlopFormula`]).
     #[serde(default)]
     pub attention_kernel: AttentionKernel,
+    /// `use_iota_embed`: the token embedding looked up as a one-hot
+    /// matmul on the MXU (`2·T·V·E` FLOPs forward and again for its
+    /// gradient, which MaxText's formula does not count) instead of a
+    /// gather.
+    #[serde(default)]
+    pub use_iota_embed: bool,
 }
 
-/// Which attention scores the hardware computes.
+/// Which attention scores the hardware computes, and how often.
+///
+/// Both kernels are flash kernels: the scores never reach HBM, so the
+/// backward recomputes them. With the key-value gradients and the query
+/// gradient in kernels of their own (the Pallas flash kernel, and
+/// MaxText's splash default, `sa_use_fused_bwd_kernel: False`) each
+/// recomputes `QKᵀ` and `dO·Vᵀ`: seven score-sized matmuls against the
+/// forward's two. One fused kernel (`fused_backward: true`) makes five.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum AttentionKernel {
-    /// Every score: dot-product attention, or a flash kernel with
-    /// `causal=False` (MaxText's v5e runs at e47fa1b5, their mask applied
-    /// as a bias).
+    /// Every score: a flash kernel with `causal=False` (MaxText's v5e runs
+    /// at e47fa1b5, their mask applied as a bias), its backward in two
+    /// kernels.
     #[default]
     Full,
     /// A flash kernel with `causal=True` skips every block of scores
@@ -375,6 +388,9 @@ pub enum AttentionKernel {
         /// Tokens per block along the sequence (the kernel's `block_q`
         /// and `block_k`).
         block: u64,
+        /// `sa_use_fused_bwd_kernel`: the backward in one kernel.
+        #[serde(default)]
+        fused_backward: bool,
     },
 }
 
@@ -387,7 +403,7 @@ impl AttentionKernel {
     pub fn window_pairs_computed(self, seq_len: u64, window: u64) -> f64 {
         match self {
             AttentionKernel::Full => (seq_len as f64).powi(2),
-            AttentionKernel::Causal { block } => {
+            AttentionKernel::Causal { block, .. } => {
                 let b = block.clamp(1, seq_len.max(1));
                 let n = seq_len.div_ceil(b);
                 let reach = window.saturating_sub(1).div_ceil(b) + 1;
@@ -407,10 +423,22 @@ impl AttentionKernel {
     pub fn computed_fraction(self, seq_len: u64) -> f64 {
         match self {
             AttentionKernel::Full => 1.0,
-            AttentionKernel::Causal { block } => {
+            AttentionKernel::Causal { block, .. } => {
                 let n = seq_len.div_ceil(block.clamp(1, seq_len.max(1))) as f64;
                 (n + 1.0) / (2.0 * n)
             }
+        }
+    }
+
+    /// The backward's score-sized matmuls per forward's (`QKᵀ` and `PV`):
+    /// 7/2 in two kernels, 5/2 fused (the type's docs).
+    pub fn backward_factor(self) -> f64 {
+        match self {
+            AttentionKernel::Causal {
+                fused_backward: true,
+                ..
+            } => 2.5,
+            _ => 3.5,
         }
     }
 }
@@ -453,7 +481,7 @@ impl ModelConfig {
         if self.name.trim().is_empty() {
             return Err(("name", "the model needs a name".into()));
         }
-        if self.attention_kernel == (AttentionKernel::Causal { block: 0 }) {
+        if let AttentionKernel::Causal { block: 0, .. } = self.attention_kernel {
             return Err((
                 "attention_kernel",
                 "a causal kernel's block is at least 1 token".into(),

@@ -293,6 +293,7 @@ pub(crate) mod tests {
             attention_width_is_embed: true,
             trainable_position_size: 0,
             attention_kernel: crate::model::AttentionKernel::Full,
+            use_iota_embed: false,
         }
     }
 

@@ -150,6 +150,7 @@ pub(super) fn layer_compute(
     let t = config.tokens_per_device();
     let logits_matrix = config.vocab as f64 * config.embed as f64;
     let act = config.activation_dtype.byte_size() as f64;
+    let iota = if config.use_iota_embed { 1.0 } else { 0.0 };
     let quantize_forward = quantize_bytes(config, tensor);
     let weight_recompute = recomputed.0 / forward.0.max(f64::MIN_POSITIVE);
     LayerCompute {
@@ -160,16 +161,20 @@ pub(super) fn layer_compute(
         backward: pass(
             (
                 recomputed.0,
-                2.0 * forward.0 + 2.0 * forward.1 + recomputed.1,
+                2.0 * forward.0
+                    + config.attention_kernel.backward_factor() * forward.1
+                    + recomputed.1,
             ),
             (2.0 + recompute) * fwd_bytes,
             weight_recompute * quantize_forward,
         ),
         // Forward 2·T·E·V, backward twice that; the logits written and
-        // read back by the loss, the matrix read.
+        // read back by the loss, the matrix read. A one-hot embedding's
+        // lookup and its gradient ride with them: 2·T·V·E each, the
+        // embedding read and its gradient written.
         logits: pass(
-            (0.0, 6.0 * t * logits_matrix),
-            3.0 * (logits_matrix * act + t * config.vocab as f64 * act),
+            (0.0, (6.0 + 4.0 * iota) * t * logits_matrix),
+            (3.0 + 2.0 * iota) * logits_matrix * act + 3.0 * t * config.vocab as f64 * act,
             0.0,
         ),
     }

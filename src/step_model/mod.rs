@@ -8,10 +8,15 @@
 //! attention's scores and values as the model's kernel computes them
 //! ([`hardware_matmul_flops`]: all of them, or a causal flash kernel's
 //! blocks on and below the diagonal);
-//! the backward's are twice the forward's, plus what the remat policy
-//! recomputes ([`recomputed_fraction`]: of the forward's matmuls, those
-//! whose results the backward reads and the policy does not save); the
-//! logits and the loss run between the passes. A pass lasts the larger of its FLOPs at the
+//! the backward's are twice the forward's weight matmuls and the
+//! attention kernel's own backward (a flash kernel recomputes the scores:
+//! 7/2 of the forward's attention in two kernels, 5/2 fused,
+//! [`crate::model::AttentionKernel::backward_factor`]), plus what the
+//! remat policy recomputes ([`recomputed_fraction`]: of the forward's
+//! matmuls, those whose results the backward reads and the policy does
+//! not save); the logits and the loss run between the passes, with a
+//! one-hot embedding's matmuls (`use_iota_embed`) when the model looks
+//! its tokens up that way. A pass lasts the larger of its FLOPs at the
 //! generation's bf16 peak times the MXU efficiency ([`calibration`]) and
 //! its weight and activation bytes at HBM bandwidth.
 //!

@@ -57,6 +57,9 @@ pub struct RecipeRow {
     /// `quantization`, if the run set one.
     #[serde(default)]
     pub quantization: Option<Quantization>,
+    /// `use_iota_embed`, if not the bundled model's.
+    #[serde(default)]
+    pub use_iota_embed: Option<bool>,
     /// `num_vocab_tiling`, if not the bundled model's.
     #[serde(default)]
     pub num_vocab_tiling: Option<u64>,
@@ -159,6 +162,9 @@ pub fn model_row(row: &RecipeRow, efficiency: Option<f64>) -> Result<RecipeResul
     }
     if let Some(k) = row.attention_kernel {
         config.attention_kernel = k;
+    }
+    if let Some(iota) = row.use_iota_embed {
+        config.use_iota_embed = iota;
     }
     let topology = pod_of(row)?;
     let mesh = match &row.mesh {
