@@ -280,7 +280,9 @@ pub fn train(args: TrainArgs) -> Result<()> {
     let resumed = match &args.resume {
         Some(dir) => {
             let resumed = opt.resume(dir)?;
+            refuse_steps_done(args.steps, &resumed)?;
             refuse_other_faults(&mut opt, &kills, resumed.at_ns)?;
+            say_skipped(&resumed);
             Some(resumed)
         }
         None => None,
@@ -325,6 +327,34 @@ fn refuse_earlier_run(dir: &Path) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Refuses `--steps` at or below the steps the resumed checkpoint holds:
+/// there would be nothing to run.
+fn refuse_steps_done(steps: u64, resumed: &Resumed) -> Result<()> {
+    if steps <= resumed.steps_completed {
+        return Err(usage(format!(
+            "--steps {steps}: the run resumed from {} has {} completed already; give \
+             --steps above {} to continue it",
+            resumed.path.display(),
+            output::plural(resumed.steps_completed, "step", "steps"),
+            resumed.steps_completed
+        )));
+    }
+    Ok(())
+}
+
+/// Says on stderr which newer checkpoints the resume passed over, and why
+/// (the report lists them too).
+fn say_skipped(resumed: &Resumed) {
+    for skipped in &resumed.skipped {
+        eprintln!(
+            "--resume: skipped {} (it does not verify: {}); left as it is, resuming from {}",
+            skipped.path.display(),
+            skipped.problem,
+            resumed.path.display()
+        );
+    }
 }
 
 /// Refuses `--kill`s that are not the resumed run's faults still to come
