@@ -211,9 +211,6 @@ impl TrainArgs {
         &self,
         topology: &optirs_tpu::topology::Topology,
     ) -> Result<()> {
-        if self.modeled_only {
-            return Ok(());
-        }
         optirs_tpu::sharding::model::check_recovery_policy(topology, self.recovery)
             .map_err(|e| usage(e.to_string()))?;
         if self.kill.is_empty() {
