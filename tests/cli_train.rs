@@ -510,3 +510,90 @@ fn an_fsdp_trace_shows_each_buckets_gathers_uses_frees_and_reduce_scatter_in_ord
         assert!(rs.iter().all(|r| r.0 >= bwd[0].1 - 1e-6), "bucket {k}");
     }
 }
+
+const MULTISLICE: &str = "assets/pods/examples/v5e-16x2-multislice.ron";
+
+#[test]
+fn a_recovery_the_run_cannot_build_is_refused_before_the_first_step() {
+    // Redundant and rollback both re-shard onto a ring of the survivors,
+    // which is not built across slices.
+    let redundant = optirs(&[
+        "train",
+        MULTISLICE,
+        "--params",
+        "100000",
+        "--steps",
+        "5",
+        "--kill",
+        "20@0.00005",
+        "--recovery",
+        "redundant",
+    ]);
+    assert_usage(&redundant, "--kill 20@0.00005 with --recovery redundant");
+    assert!(stderr(&redundant).contains("across slices"));
+    // No checkpoint is written: nothing ran.
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("ckpt");
+    let rollback = optirs(&[
+        "train",
+        MULTISLICE,
+        "--params",
+        "100000",
+        "--steps",
+        "5",
+        "--kill",
+        "20@0.00005",
+        "--checkpoint-every",
+        "0.00002",
+        "--checkpoint-dir",
+        ckpt.to_str().unwrap(),
+    ]);
+    assert_usage(&rollback, "--recovery rollback");
+    assert!(std::fs::read_dir(&ckpt).map_or(true, |mut d| d.next().is_none()));
+
+    // Spare-cube on a multislice pod falls back to a rollback once the
+    // kills reach more cubes than there are spares.
+    let pod = dir.path().join("two-cubes.ron");
+    std::fs::write(
+        &pod,
+        r#"Pod(name: "v4-4x4x4x2-cubes", generation: "v4", shape: "4x4x4", slices: 2,
+             dcn: (latency_us: 10.0, host_gb_per_s: 25.0, oversubscription: 1.0),
+             cubes: (spares: 1))"#,
+    )
+    .unwrap();
+    let spare = |kills: &[&str]| {
+        let mut args = vec![
+            "train",
+            pod.to_str().unwrap(),
+            "--params",
+            "1000",
+            "--steps",
+            "3",
+            "--recovery",
+            "spare-cube",
+            "--checkpoint-every",
+            "0.00002",
+        ];
+        for kill in kills {
+            args.extend(["--kill", kill]);
+        }
+        optirs(&args)
+    };
+    assert_usage(
+        &spare(&["5@0.00002", "70@0.00003"]),
+        "the kills reach 2 cubes and the pod has 1 spare",
+    );
+    // One cube's kill has its spare: the run is built and runs.
+    assert!(spare(&["5@0.00002"]).status.success());
+
+    // Spare-cube needs spares; re-sharding needs a survivor.
+    assert_usage(
+        &run(&with(&["--recovery", "spare-cube"])),
+        "--recovery spare-cube needs spare cubes",
+    );
+    let mut every = with(&["--recovery", "redundant"]);
+    for device in 0..8 {
+        every.extend(["--kill".to_string(), format!("{device}@0.00001")]);
+    }
+    assert_usage(&run(&every), "every device of v4-8 is killed");
+}

@@ -22,11 +22,14 @@ pub use crate::persist::{
 pub use engine::{NOT_PERSISTED, engine_registry};
 pub use error::CheckpointError;
 pub use periodic::{PeriodicCheckpoints, next_periodic_checkpoint, write_periodic_checkpoint};
-pub use retention::{RetentionReport, checkpoint_name, enforce_retention};
+pub use retention::{
+    RetentionReport, checkpoint_name, enforce_retention, enforce_retention_sparing,
+};
 pub use store::{
-    CheckpointListing, FileEntry, MANIFEST, Manifest, StorageRoot, WORLD_FILE, WritePoint,
-    check_name, check_new_checkpoint, check_storage_root, list_checkpoints, parse_manifest,
-    remove_stale_temporaries, render_manifest, verify_checkpoint, write_checkpoint,
+    CheckpointListing, FileEntry, MANIFEST, Manifest, RUN_FILE, StorageRoot, WORLD_FILE,
+    WritePoint, check_name, check_new_checkpoint, check_storage_root, list_checkpoints,
+    parse_manifest, read_run_record, remove_stale_temporaries, render_manifest, verify_checkpoint,
+    write_checkpoint, write_checkpoint_with,
 };
 pub use tensor_file::TENSOR_FILE;
 

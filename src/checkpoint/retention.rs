@@ -53,6 +53,19 @@ fn managed_tick(dir: &Path, name: &str) -> Option<u64> {
 /// tick), counting `current` — the checkpoint just committed, which is
 /// never removed — and removes the older managed ones.
 pub fn enforce_retention(root: &Path, keep: usize, current: &str) -> RetentionReport {
+    enforce_retention_sparing(root, keep, current, &[])
+}
+
+/// [`enforce_retention`] that also leaves the checkpoints named in
+/// `spared` as they are, without counting them among the `keep` (a
+/// resumed run spares the checkpoints that do not verify, so they stay on
+/// disk to be looked at and never take a good one's place).
+pub fn enforce_retention_sparing(
+    root: &Path,
+    keep: usize,
+    current: &str,
+    spared: &[String],
+) -> RetentionReport {
     let mut report = RetentionReport::default();
     let entries = match fs::read_dir(root) {
         Ok(entries) => entries,
@@ -70,7 +83,7 @@ pub fn enforce_retention(root: &Path, keep: usize, current: &str) -> RetentionRe
             continue;
         };
         let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
-        if name == current || name.starts_with('.') || !is_dir {
+        if name == current || name.starts_with('.') || !is_dir || spared.contains(&name) {
             continue;
         }
         if let Some(tick) = managed_tick(&entry.path(), &name) {

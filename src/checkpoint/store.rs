@@ -7,6 +7,7 @@
 //!     manifest.ron          human-readable: version, tick, pod, files
 //!     world.bin             the WorldSnapshot's canonical bytes (postcard)
 //!     tensors.safetensors   the tensor side channel (see `tensor_file`)
+//!     run.ron               optional: the host's record of the run
 //! ```
 //!
 //! The manifest lists every file with its length and SHA-256, and ends with
@@ -51,6 +52,9 @@ use std::path::{Path, PathBuf};
 pub const MANIFEST: &str = "manifest.ron";
 /// The world file's name.
 pub const WORLD_FILE: &str = "world.bin";
+/// The optional file of the host's record of the run
+/// ([`write_checkpoint_with`], [`read_run_record`]).
+pub const RUN_FILE: &str = "run.ron";
 const DIGEST_PREFIX: &str = "// manifest-sha256: ";
 
 /// One file of a checkpoint.
@@ -306,6 +310,20 @@ pub fn write_checkpoint(
     snapshot: &WorldSnapshot,
     hook: &mut dyn FnMut(&WritePoint) -> io::Result<()>,
 ) -> Result<Manifest, CheckpointError> {
+    write_checkpoint_with(root, name, pod, snapshot, None, hook)
+}
+
+/// [`write_checkpoint`] with the host's record of the run beside the world
+/// ([`RUN_FILE`], listed and digested in the manifest like every file, so
+/// verification covers it); `None` writes none.
+pub fn write_checkpoint_with(
+    root: &Path,
+    name: &str,
+    pod: &str,
+    snapshot: &WorldSnapshot,
+    run_record: Option<&[u8]>,
+    hook: &mut dyn FnMut(&WritePoint) -> io::Result<()>,
+) -> Result<Manifest, CheckpointError> {
     let target = prepare_write(root, name)?;
     hook(&WritePoint::CreateTemp).map_err(io_error(root))?;
     let temp = tempfile::Builder::new()
@@ -324,21 +342,24 @@ pub fn write_checkpoint(
     parts.push(&header);
     parts.extend(order.iter().map(|&i| &*snapshot.tensors[i].data));
     let (tensors_out, tensors) = write_file(dir, TENSOR_FILE, &parts, hook)?;
+    let mut files = vec![(world_out, WORLD_FILE), (tensors_out, TENSOR_FILE)];
+    let mut entries = vec![world, tensors];
+    if let Some(record) = run_record {
+        let (out, entry) = write_file(dir, RUN_FILE, &[record], hook)?;
+        files.push((out, RUN_FILE));
+        entries.push(entry);
+    }
     let manifest = Manifest {
         format_version: FORMAT_VERSION,
         name: name.to_string(),
         pod: pod.to_string(),
         tick: snapshot.tick,
         entities: snapshot.entity_count,
-        files: vec![world, tensors],
+        files: entries,
     };
     let manifest_text = render_manifest(&manifest);
     let (manifest_out, _) = write_file(dir, MANIFEST, &[manifest_text.as_bytes()], hook)?;
-    let files = [
-        (world_out, WORLD_FILE),
-        (tensors_out, TENSOR_FILE),
-        (manifest_out, MANIFEST),
-    ];
+    files.push((manifest_out, MANIFEST));
     sync_files(dir, &files, hook)?;
     drop(files);
     hook(&WritePoint::SyncTemp).map_err(io_error(temp.path()))?;
@@ -601,6 +622,21 @@ pub fn verify_checkpoint(
         });
     }
     Ok((manifest, snapshot))
+}
+
+/// The host's record of the run in the checkpoint `dir` whose `manifest`
+/// has been verified ([`verify_checkpoint`]), read and checked against its
+/// digest again; `None` if the checkpoint holds none.
+pub fn read_run_record(
+    dir: &Path,
+    manifest: &Manifest,
+) -> Result<Option<Vec<u8>>, CheckpointError> {
+    manifest
+        .files
+        .iter()
+        .find(|f| f.name == RUN_FILE)
+        .map(|entry| read_verified(&dir.join(RUN_FILE), entry))
+        .transpose()
 }
 
 /// A checkpoint found under a root.

@@ -14,6 +14,7 @@ mod ranks;
 mod run;
 mod topology;
 mod train;
+mod train_checks;
 mod train_print;
 
 use clap::{Parser, Subcommand};

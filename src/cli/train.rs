@@ -23,7 +23,7 @@ use optirs_tpu::sharding::strategy_model::{
 use optirs_tpu::sharding::{
     DEFAULT_BUCKET_BYTES, Mesh, ParamSet, RecoveryPolicy, Reduction, ShardingError, Strategy,
 };
-use optirs_tpu::topology::{DEFAULT_PRESET, DeviceId, load_topology};
+use optirs_tpu::topology::{DEFAULT_PRESET, load_topology};
 use optirs_tpu::training::{Outcome, Resumed, RunError, RunPlan, ShardedOptimizer, ShardingConfig};
 use serde_json::json;
 use std::path::{Path, PathBuf};
@@ -189,192 +189,6 @@ impl TrainArgs {
         Ok(Some((ticks, dir)))
     }
 
-    /// Refuses, before any work, what the command line alone shows the
-    /// run cannot honour: an export path that exists or whose directory
-    /// does not, `--checkpoint-dir` without `--checkpoint-every` (it would
-    /// do nothing) or naming a file, a device killed twice, and kills no
-    /// checkpoint can recover.
-    pub(super) fn refuse_unusable(&self) -> Result<()> {
-        output::refuse_existing(&[("--trace", self.trace.as_deref())])?;
-        if let Some(trace) = &self.trace {
-            output::refuse_missing_parent("--trace", trace)?;
-        }
-        if let Some(dir) = &self.checkpoint_dir {
-            if self.checkpoint_every.is_none() {
-                return Err(usage(format!(
-                    "--checkpoint-dir {} does nothing without --checkpoint-every SECONDS: \
-                     give the interval, or drop --checkpoint-dir",
-                    dir.display()
-                )));
-            }
-            output::refuse_non_directory("--checkpoint-dir", dir)?;
-        }
-        if let Some(when) = self.data_reduction
-            && !(self.model.is_some() && self.modeled_only)
-        {
-            return Err(usage(format!(
-                "--data-reduction {} places a transformer's all-reduce over data in its modeled \
-                 step: it needs --model NAME --modeled-only (a real run and --params overlap it \
-                 behind the backward)",
-                when.name()
-            )));
-        }
-        self.refuse_repeated_kills()?;
-        self.refuse_unrecoverable_kills()
-    }
-
-    /// Refuses a device named by two `--kill`s: a device dies once (the
-    /// second kill could never apply, as `run` says).
-    fn refuse_repeated_kills(&self) -> Result<()> {
-        let mut kills = self.kill.clone();
-        kills.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)));
-        for pair in kills.windows(2) {
-            let ((device, first), (_, second)) = (pair[0], pair[1]);
-            if pair[0].0 == pair[1].0 {
-                return Err(usage(format!(
-                    "--kill {device}@{first} and --kill {device}@{second}: device {device} is \
-                     killed at {} first, and a device dies once; keep one of them",
-                    output::seconds(first)
-                )));
-            }
-        }
-        Ok(())
-    }
-
-    /// Refuses `--kill` under a policy that restores the last checkpoint
-    /// when no checkpoints are written: the step could never recover.
-    pub(super) fn refuse_unrecoverable_kills(&self) -> Result<()> {
-        if !self.kill.is_empty()
-            && matches!(
-                self.recovery,
-                RecoveryPolicy::Rollback | RecoveryPolicy::SpareCube
-            )
-            && self.checkpoint_every.is_none()
-        {
-            return Err(usage(format!(
-                "--kill with --recovery {} needs --checkpoint-every SECONDS (it restores the \
-                 last checkpoint), or use --recovery redundant",
-                self.recovery
-            )));
-        }
-        Ok(())
-    }
-
-    /// `--kill`'s faults at their simulated times, each device checked
-    /// against the pod's `devices`.
-    pub(super) fn kills(&self, devices: u32) -> Result<Vec<(u64, Fault)>> {
-        self.kill
-            .iter()
-            .map(|&(device, seconds)| {
-                if device >= devices {
-                    return Err(usage(format!(
-                        "--kill {device}@{seconds}: device {device} does not exist: {} has \
-                         devices 0..{devices}",
-                        self.pod
-                    )));
-                }
-                Ok((
-                    (seconds * 1e9).round() as u64,
-                    Fault::KillDevice(DeviceId(device)),
-                ))
-            })
-            .collect()
-    }
-
-    /// Refuses, after the run, the `--kill`s still pending in the pod's
-    /// fault plan: due after the run's simulated end, they never happened
-    /// (a run's end is only known once it has run). Each is named with the
-    /// end.
-    pub(super) fn refuse_kills_that_never_happened(&self, pod: &mut Pod) -> Result<()> {
-        let end_ns = pod.clock().now_ns;
-        let missed: Vec<String> = optirs_tpu::training::run::kills_never_happened(pod, &self.kill)
-            .iter()
-            .map(|(device, asked)| format!("--kill {device}@{asked}"))
-            .collect();
-        if missed.is_empty() {
-            return Ok(());
-        }
-        let (was, it) = if missed.len() == 1 {
-            ("it was", "it")
-        } else {
-            ("they were", "them")
-        };
-        bail!(
-            "{} never happened: the run ended at {} of simulated time, before {was} due; \
-             give a time within the run (the report above is of a run without {it})",
-            missed.join(" and "),
-            output::seconds(end_ns as f64 * 1e-9),
-        )
-    }
-
-    /// Refuses `--resume` where it cannot continue a run: with
-    /// `--modeled-only`, or without the run's `--checkpoint-every`.
-    pub(super) fn refuse_misused_resume(&self) -> Result<()> {
-        if self.resume.is_some() {
-            if self.modeled_only {
-                return Err(usage(
-                    "--modeled-only models one step: --resume needs a real run".to_string(),
-                ));
-            }
-            if self.checkpoint_every.is_none() {
-                return Err(usage(
-                    "--resume continues a run that writes checkpoints: give the run's \
-                     --checkpoint-every SECONDS too"
-                        .to_string(),
-                ));
-            }
-        }
-        Ok(())
-    }
-
-    /// Refuses, before any work, a layout the run cannot honour:
-    /// `--prefetch` without fsdp (it would do nothing), a `--mesh` that
-    /// does not lay out on the pod, and in a real run the redundant
-    /// policy's copies on a data axis that replicates the state.
-    pub(super) fn refuse_unbuilt_layout(&self) -> Result<()> {
-        if let Some(n) = self.prefetch
-            && self.strategy != Strategy::Fsdp
-        {
-            return Err(usage(format!(
-                "--prefetch {n} sets how many gathered buckets fsdp keeps in flight; \
-                 --strategy {} gathers no parameters before use: drop --prefetch or use \
-                 --strategy fsdp",
-                self.strategy
-            )));
-        }
-        let topology = load_topology(&self.pod)?;
-        let mesh = self.mesh_on(&topology)?;
-        let replicates_state = self.strategy != Strategy::Replicated
-            && mesh.size(optirs_tpu::sharding::MeshAxisName::Data) > 1;
-        if !self.modeled_only && replicates_state && self.recovery == RecoveryPolicy::Redundant {
-            return Err(usage(format!(
-                "--recovery redundant with --strategy {} on the mesh {mesh}: the data axis \
-                 already holds every state shard {} times, and copies on top of it are not \
-                 built; use --recovery rollback or spare-cube (or --modeled-only)",
-                self.strategy,
-                mesh.size(optirs_tpu::sharding::MeshAxisName::Data)
-            )));
-        }
-        Ok(())
-    }
-
-    /// `--modeled-only` models failure-free steps in closed form: what
-    /// needs a real run is a usage error (`--trace` too unless `traced`:
-    /// a model's step draws its layers).
-    pub(super) fn refuse_real_run_only(&self, traced: bool) -> Result<()> {
-        if (self.trace.is_some() && !traced)
-            || !self.kill.is_empty()
-            || self.checkpoint_every.is_some()
-            || self.checkpoint_dir.is_some()
-        {
-            return Err(usage(
-                "--modeled-only models failure-free steps in closed form: --trace, --kill, \
-                 --checkpoint-every and --checkpoint-dir need a real run (drop --modeled-only)",
-            ));
-        }
-        Ok(())
-    }
-
     /// The mesh `--mesh` gives on `topology` (the default mesh without it);
     /// a mesh that does not lay out is a usage error. A transformer's
     /// modeled step (`--model --modeled-only`) splits its heads and MLP
@@ -466,7 +280,9 @@ pub fn train(args: TrainArgs) -> Result<()> {
     let resumed = match &args.resume {
         Some(dir) => {
             let resumed = opt.resume(dir)?;
+            refuse_steps_done(args.steps, &resumed)?;
             refuse_other_faults(&mut opt, &kills, resumed.at_ns)?;
+            say_skipped(&resumed);
             Some(resumed)
         }
         None => None,
@@ -511,6 +327,34 @@ fn refuse_earlier_run(dir: &Path) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Refuses `--steps` at or below the steps the resumed checkpoint holds:
+/// there would be nothing to run.
+fn refuse_steps_done(steps: u64, resumed: &Resumed) -> Result<()> {
+    if steps <= resumed.steps_completed {
+        return Err(usage(format!(
+            "--steps {steps}: the run resumed from {} has {} completed already; give \
+             --steps above {} to continue it",
+            resumed.path.display(),
+            output::plural(resumed.steps_completed, "step", "steps"),
+            resumed.steps_completed
+        )));
+    }
+    Ok(())
+}
+
+/// Says on stderr which newer checkpoints the resume passed over, and why
+/// (the report lists them too).
+fn say_skipped(resumed: &Resumed) {
+    for skipped in &resumed.skipped {
+        eprintln!(
+            "--resume: skipped {} (it does not verify: {}); left as it is, resuming from {}",
+            skipped.path.display(),
+            skipped.problem,
+            resumed.path.display()
+        );
+    }
 }
 
 /// Refuses `--kill`s that are not the resumed run's faults still to come

@@ -109,9 +109,14 @@ pub(super) fn print_report(r: &TrainReport, json: bool) -> Result<()> {
     if json {
         return output::print_json(r);
     }
+    let whole = if r.segment.is_some() {
+        " in the whole run"
+    } else {
+        ""
+    };
     let mut text = format!(
         "trained {} ({} in {}, {}) with {} on {} ({}), {} on the mesh {}\n\
-         {} completed ({} attempted); step {} modeled, {} wall per step; compile {}\n",
+         {} completed ({} attempted){whole}; step {} modeled, {} wall per step; compile {}\n",
         "the model",
         output::plural(r.params as u64, "parameter", "parameters"),
         output::plural(r.tensors as u64, "tensor", "tensors"),
@@ -186,8 +191,9 @@ pub(super) fn print_report(r: &TrainReport, json: bool) -> Result<()> {
     } else {
         String::new()
     };
+    text += &resumed_text(r);
     text += &format!(
-        "goodput {:.1} % of {} simulated ({} at the end); {} wall\nworld sha256 {}{ranks}\n",
+        "goodput {:.1} % of {} simulated{whole} ({} at the end); {} wall\nworld sha256 {}{ranks}\n",
         r.goodput * 100.0,
         output::seconds(r.simulated_seconds),
         output::plural(r.devices_at_end as u64, "device", "devices"),
@@ -195,6 +201,34 @@ pub(super) fn print_report(r: &TrainReport, json: bool) -> Result<()> {
         r.world_sha256
     );
     output::print_text(&text)
+}
+
+/// A resumed run's lines: the checkpoint it resumed from, the damaged
+/// ones it skipped, and this segment's figures apart from the whole run's.
+fn resumed_text(r: &TrainReport) -> String {
+    let (Some(from), Some(seg)) = (&r.resumed_from, &r.segment) else {
+        return String::new();
+    };
+    let mut text = format!(
+        "resumed from {} ({} at {})\n",
+        from.path,
+        output::plural(from.steps_completed, "step", "steps"),
+        output::seconds(from.at_seconds)
+    );
+    for skipped in &from.skipped {
+        text += &format!(
+            "  skipped {} (left as it is): {}\n",
+            skipped.path, skipped.problem
+        );
+    }
+    text += &format!(
+        "this segment: {} completed ({} attempted); goodput {:.1} % of {} simulated\n",
+        output::plural(seg.steps_completed, "step", "steps"),
+        seg.steps_attempted,
+        seg.goodput * 100.0,
+        output::seconds(seg.simulated_seconds)
+    );
+    text
 }
 
 /// Writes the run's trace ([`trace_of`]) into a new file.

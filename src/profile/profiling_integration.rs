@@ -200,8 +200,9 @@ impl ProfilingIntegration {
         &self.memory
     }
 
-    /// Runs one tick of `pod`, recording its system spans and what its
-    /// devices did.
+    /// Runs the `Step` schedule of `pod` once (one tick, or to an exact
+    /// stop inside one), recording its system spans and what its devices
+    /// did.
     pub fn step(&mut self, pod: &mut Pod) {
         let start = self.timer.now_ns();
         pod.step();
@@ -224,11 +225,19 @@ impl ProfilingIntegration {
         self.observe(pod);
     }
 
-    /// Runs `ticks` ticks, calling `progress(done)` after each.
+    /// Runs `ticks` ticks, as [`Pod::run`] does (a tick that ends at an
+    /// exact stop inside it, such as a scheduled fault, is followed by the
+    /// rest of the tick; each run of the schedule is recorded), calling
+    /// `progress(done)` after each tick.
     pub fn run(&mut self, pod: &mut Pod, ticks: u64, progress: &mut dyn FnMut(u64)) {
-        for done in 1..=ticks {
+        let start = pod.clock().tick;
+        let target = start.saturating_add(ticks);
+        while pod.clock().tick < target {
+            let before = pod.clock().tick;
             self.step(pod);
-            progress(done);
+            if pod.clock().tick != before {
+                progress(pod.clock().tick - start);
+            }
         }
     }
 

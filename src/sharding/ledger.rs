@@ -25,7 +25,7 @@
 //! assert_eq!(parts.goodput(), 0.25);
 //! ```
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// What a stretch of a run's simulated time was spent on, other than a
 /// completed step ([`TimeLedger::step_completed`]).
@@ -44,7 +44,7 @@ pub enum TimeKind {
 }
 
 /// A run's simulated time split by [`TimeKind`], in nanoseconds.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TimeParts {
     /// Steps that count at the end.
     pub productive_ns: u64,
@@ -83,8 +83,10 @@ impl TimeParts {
     }
 }
 
-/// The ledger of a run in progress (module docs).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// The ledger of a run in progress (module docs); serialized into a
+/// checkpoint's record of the run, so a resumed run goes on charging the
+/// whole run's ledger.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TimeLedger {
     start_ns: u64,
     cursor_ns: u64,

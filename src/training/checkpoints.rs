@@ -28,8 +28,13 @@ pub(super) struct StepCheckpoints {
     keep: usize,
     /// When the last write started (or the run did), ns.
     last_started_ns: u64,
-    /// The tick label of the newest checkpoint written.
+    /// The tick label of the newest checkpoint written (after a resume,
+    /// the highest label in the root, damaged checkpoints' too, so no
+    /// name is written twice).
     last_label: Option<u64>,
+    /// Checkpoints retention leaves alone: after a resume, those in the
+    /// root that did not verify.
+    spared: Vec<String>,
 }
 
 /// One checkpoint write at a step boundary.
@@ -70,6 +75,21 @@ pub struct Resumed {
     pub steps_completed: u64,
     /// Its simulated time, ns.
     pub at_ns: u64,
+    /// Newer checkpoints in the root that did not verify, skipped.
+    pub skipped: Vec<SkippedCheckpoint>,
+    /// The run's record at that checkpoint (`None` for a checkpoint
+    /// written without one).
+    pub record: Option<super::RunRecord>,
+}
+
+/// A checkpoint a resume passed over because it did not verify; it is
+/// left on disk as it was.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SkippedCheckpoint {
+    /// Its directory.
+    pub path: PathBuf,
+    /// Why it did not verify.
+    pub problem: String,
 }
 
 impl<O, A> ShardedOptimizer<O, A>
@@ -287,6 +307,7 @@ where
             keep,
             last_started_ns: self.pod.clock().now_ns,
             last_label: None,
+            spared: Vec::new(),
         });
         Ok(())
     }
@@ -305,6 +326,16 @@ where
     /// of the model lost before that voids the write. A disk error is an
     /// `Err` naming the path.
     pub fn checkpoint_if_due(&mut self) -> Result<Option<CheckpointWrite>> {
+        self.checkpoint_if_due_recording(None)
+    }
+
+    /// [`ShardedOptimizer::checkpoint_if_due`] whose checkpoint also
+    /// carries the host's record of the run (`record` is asked for it
+    /// only when a checkpoint is due; one process only).
+    pub fn checkpoint_if_due_recording(
+        &mut self,
+        record: Option<&dyn Fn() -> Vec<u8>>,
+    ) -> Result<Option<CheckpointWrite>> {
         let Some(config) = &self.checkpoints else {
             return Ok(None);
         };
@@ -316,12 +347,13 @@ where
         // newest is always the one rollback and retention take.
         let tick = self.pod.clock().tick;
         let label = config.last_label.map_or(tick, |l| tick.max(l + 1));
-        let (root, keep) = (config.root.clone(), config.keep);
+        let (root, keep, spared) = (config.root.clone(), config.keep, config.spared.clone());
         let seconds = self.checkpoint_seconds()?;
         if let Driver::Ranked(_) = self.pod {
             return self.split_checkpoint(now, label, seconds, root, keep);
         }
         let snapshot = self.pod.pod_mut().snapshot_labeled(label)?;
+        let record = record.map(|f| f());
         let (ended_at_ns, lost) = self.wait_out_write(
             now,
             seconds,
@@ -336,8 +368,15 @@ where
         }
         let name = crate::checkpoint::checkpoint_name(label);
         let pod_name = self.pod.pod().topology().name.clone();
-        crate::checkpoint::write_checkpoint(&root, &name, &pod_name, &snapshot, &mut |_| Ok(()))?;
-        let retention = crate::checkpoint::enforce_retention(&root, keep, &name);
+        crate::checkpoint::write_checkpoint_with(
+            &root,
+            &name,
+            &pod_name,
+            &snapshot,
+            record.as_deref(),
+            &mut |_| Ok(()),
+        )?;
+        let retention = crate::checkpoint::enforce_retention_sparing(&root, keep, &name, &spared);
         if let Some(c) = &mut self.checkpoints {
             c.last_label = Some(label);
         }
@@ -467,8 +506,14 @@ where
     /// whole pod (model, state, count, clock, health, faults still to
     /// come) is restored, then the pod waits out that checkpoint's write as
     /// the run did, so the run goes on bit for bit as if never stopped.
-    /// Checkpoints are then written as before (enable them first). Another
-    /// model's checkpoint is refused ([`ShardedOptimizer::check_checkpoint_root`]).
+    /// Checkpoints are then written as before (enable them first), under
+    /// names after every one in the root. Newer checkpoints that do not
+    /// verify are skipped ([`Resumed::skipped`] says why); every checkpoint
+    /// that does not verify is left on disk as it is: retention spares it
+    /// and no write takes its name.
+    /// Another model's checkpoint is refused
+    /// ([`ShardedOptimizer::check_checkpoint_root`]). On `Err` the pod is
+    /// as it was.
     pub fn resume(&mut self, root: &Path) -> Result<Resumed> {
         self.pod.whole("resuming from a checkpoint")?;
         self.check_checkpoint_root(root)?;
@@ -487,12 +532,26 @@ where
             .into());
         };
         let path = newest.path.clone();
-        let (_, snapshot) = crate::checkpoint::verify_checkpoint(&path, registry)?;
+        let skipped = skipped_newer(&listings, newest.tick);
+        let highest = highest_label(&listings);
+        let (manifest, snapshot) = crate::checkpoint::verify_checkpoint(&path, registry)?;
+        let record = crate::checkpoint::read_run_record(&path, &manifest)?
+            .map(|bytes| {
+                let what = path.join(crate::checkpoint::RUN_FILE);
+                super::RunRecord::from_bytes(&bytes, &what.display().to_string())
+            })
+            .transpose()?;
         self.restore(&snapshot)?;
         let now = self.pod.clock().now_ns;
         let seconds = self.checkpoint_seconds()?;
         if let Some(c) = &mut self.checkpoints {
-            c.last_label = Some(snapshot.tick);
+            c.last_label = Some(snapshot.tick.max(highest));
+            // Every checkpoint that does not verify stays as it is.
+            c.spared = listings
+                .iter()
+                .filter(|l| l.problem.is_some())
+                .map(|l| l.name.clone())
+                .collect();
         }
         self.wait_out_write(
             now,
@@ -503,8 +562,45 @@ where
             path,
             steps_completed: self.steps_completed(),
             at_ns: now,
+            skipped,
+            record,
         })
     }
+}
+
+/// The checkpoints of `listings` (newest first) that did not verify and
+/// are newer than the one at `chosen_tick`, or of no readable tick.
+fn skipped_newer(
+    listings: &[crate::checkpoint::CheckpointListing],
+    chosen_tick: Option<u64>,
+) -> Vec<SkippedCheckpoint> {
+    listings
+        .iter()
+        .filter(|l| l.tick.is_none_or(|t| chosen_tick.is_none_or(|c| t >= c)))
+        .filter_map(|l| {
+            l.problem.as_ref().map(|problem| SkippedCheckpoint {
+                path: l.path.clone(),
+                problem: problem.clone(),
+            })
+        })
+        .collect()
+}
+
+/// The highest tick label any entry of `listings` holds, by its manifest
+/// or its name (`tick-000000000077`), damaged or not.
+fn highest_label(listings: &[crate::checkpoint::CheckpointListing]) -> u64 {
+    listings
+        .iter()
+        .flat_map(|l| {
+            let named = l
+                .name
+                .strip_prefix("tick-")
+                .and_then(|digits| digits.parse::<u64>().ok());
+            [l.tick, named]
+        })
+        .flatten()
+        .max()
+        .unwrap_or(0)
 }
 
 /// The sharded model a snapshot holds, if any.

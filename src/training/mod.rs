@@ -9,13 +9,15 @@
 mod checkpoints;
 mod driver;
 pub mod host;
+mod ledgers;
 mod optimizer;
 pub mod report;
 pub mod run;
 pub mod trace;
 
-pub use checkpoints::{CheckpointWrite, Resumed, WriteOutcome};
+pub use checkpoints::{CheckpointWrite, Resumed, SkippedCheckpoint, WriteOutcome};
 pub use host::{FALLBACK_HOST_BYTES, host_memory_budget};
+pub use ledgers::RunRecord;
 pub use optimizer::{ShardedOptimizer, ShardedStepReport, ShardingConfig};
 pub use report::{TrainReport, median};
 pub use run::{Outcome, RunError, RunPlan, run_steps, run_steps_from};

@@ -103,6 +103,10 @@ pub struct TrainReport {
     pub checkpoints: Option<CheckpointsReport>,
     /// The checkpoint this run resumed from.
     pub resumed_from: Option<ResumedRow>,
+    /// This process's part of a resumed run (the fields above count the
+    /// whole run from its start); absent for a run that did not resume.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub segment: Option<SegmentReport>,
     /// The pod's tick, ns.
     pub tick_ns: u64,
     /// Wall time of the steps, seconds.
@@ -213,6 +217,24 @@ pub struct CheckpointsReport {
     pub retention_problems: Vec<String>,
 }
 
+/// The part of a resumed run this process ran, from the checkpoint on.
+#[derive(Serialize, Debug)]
+pub struct SegmentReport {
+    /// Steps completed in it.
+    pub steps_completed: u64,
+    /// Steps attempted in it (failed ones included).
+    pub steps_attempted: u64,
+    /// When it started (the checkpoint's time), seconds.
+    pub started_at_seconds: f64,
+    /// Its simulated time (waiting out the checkpoint's write first),
+    /// seconds.
+    pub simulated_seconds: f64,
+    /// Productive step time over its simulated time.
+    pub goodput: f64,
+    /// Where its simulated time went, ns.
+    pub time_ns: TimeParts,
+}
+
 /// The checkpoint a resumed run started from.
 #[derive(Serialize, Debug)]
 pub struct ResumedRow {
@@ -222,6 +244,18 @@ pub struct ResumedRow {
     pub steps_completed: u64,
     /// Its simulated time, seconds.
     pub at_seconds: f64,
+    /// Newer checkpoints that did not verify, passed over and left on
+    /// disk as they were.
+    pub skipped: Vec<SkippedRow>,
+}
+
+/// A checkpoint a resume passed over.
+#[derive(Serialize, Debug)]
+pub struct SkippedRow {
+    /// Its directory.
+    pub path: String,
+    /// Why it did not verify.
+    pub problem: String,
 }
 
 impl Outcome {
@@ -246,7 +280,7 @@ impl Outcome {
         ranks: u32,
     ) -> Result<TrainReport> {
         let reports = &self.reports;
-        let parts = self.ledger.parts();
+        let parts = self.whole.as_ref().unwrap_or(&self.ledger).parts();
         let simulated_seconds = parts.total_ns as f64 * 1e-9;
         let step_modeled_seconds = median(reports.iter().map(|r| r.modeled_seconds).collect());
         let phases = median_phases(reports);
@@ -272,7 +306,7 @@ impl Outcome {
                 .unwrap_or_else(|| crate::sharding::Mesh::default_for(opt.pod().topology()))
                 .to_string(),
             steps_completed: opt.steps_completed(),
-            steps_attempted: self.attempts,
+            steps_attempted: self.earlier_attempts + self.attempts,
             step_modeled_seconds,
             phases,
             hbm_bytes_per_device: reports
@@ -301,7 +335,16 @@ impl Outcome {
                 path: r.path.display().to_string(),
                 steps_completed: r.steps_completed,
                 at_seconds: r.at_ns as f64 * 1e-9,
+                skipped: r
+                    .skipped
+                    .iter()
+                    .map(|s| SkippedRow {
+                        path: s.path.display().to_string(),
+                        problem: s.problem.clone(),
+                    })
+                    .collect(),
             }),
+            segment: self.segment_report(),
             tick_ns: opt.pod().clock().tick_ns,
             wall_seconds: self.wall_seconds,
             wall_seconds_per_step: self.wall_seconds / self.attempts.max(1) as f64,
@@ -313,6 +356,20 @@ impl Outcome {
 }
 
 impl Outcome {
+    /// This segment's figures, for a resumed run.
+    fn segment_report(&self) -> Option<SegmentReport> {
+        let resumed = self.resumed.as_ref()?;
+        let parts = self.ledger.parts();
+        Some(SegmentReport {
+            steps_completed: self.reports.len() as u64,
+            steps_attempted: self.attempts,
+            started_at_seconds: resumed.at_ns as f64 * 1e-9,
+            simulated_seconds: parts.total_ns as f64 * 1e-9,
+            goodput: parts.goodput(),
+            time_ns: parts,
+        })
+    }
+
     /// The checkpoint writes of the run (none reported for a split run
     /// that wrote none: its ranks report their own).
     fn checkpoints_report<O: Optimizer<f32, IxDyn>>(

@@ -18,7 +18,8 @@ use crate::sharding::ledger::{TimeKind, TimeLedger};
 use crate::sharding::{FailureCause, ShardedStep, ShardingError, StepPhase, SyntheticGradients};
 use crate::topology::DeviceId;
 
-use super::{CheckpointWrite, Resumed, ShardedOptimizer, ShardedStepReport};
+use super::ledgers::Ledgers;
+use super::{CheckpointWrite, Resumed, RunRecord, ShardedOptimizer, ShardedStepReport};
 
 /// What a run does: its steps, the seed of its synthetic gradients, the
 /// kills it was asked for (to date a failure whose device a cube swap has
@@ -99,8 +100,14 @@ pub struct Outcome {
     pub attempts: u64,
     /// Wall time of the loop, seconds.
     pub wall_seconds: f64,
-    /// Where the simulated time went.
+    /// Where this segment's simulated time went (the whole run's, unless
+    /// it resumed one).
     pub ledger: TimeLedger,
+    /// Where the whole run's simulated time went, from its start, when
+    /// this segment resumed it.
+    pub whole: Option<TimeLedger>,
+    /// Steps the run attempted before this segment.
+    pub earlier_attempts: u64,
     /// Checkpoint writes at step boundaries.
     pub writes: Vec<CheckpointWrite>,
     /// The checkpoint the run resumed from.
@@ -132,7 +139,8 @@ pub fn run_steps_from<O: Optimizer<f32, IxDyn>>(
     on_step: &mut dyn FnMut(u64),
 ) -> Result<Outcome, RunError> {
     let devices = opt.pod().topology().num_devices();
-    let mut ledger = TimeLedger::starting_at(start_ns.unwrap_or(opt.pod().clock().now_ns));
+    let start_ns = start_ns.unwrap_or(opt.pod().clock().now_ns);
+    let mut ledger = Ledgers::new(start_ns, resumed.as_ref().map(earlier_record));
     // A resumed run waited out its checkpoint's write, as the run did.
     ledger.charge(TimeKind::CheckpointWrite, opt.pod().clock().now_ns);
     let started = Instant::now();
@@ -177,7 +185,8 @@ pub fn run_steps_from<O: Optimizer<f32, IxDyn>>(
                 recovering = false;
                 reports.push(report);
                 on_step(opt.steps_completed());
-                if let Some(write) = opt.checkpoint_if_due()? {
+                let record = || ledger.record(attempts).to_bytes();
+                if let Some(write) = opt.checkpoint_if_due_recording(Some(&record))? {
                     ledger.charge(TimeKind::CheckpointWrite, write.ended_at_ns);
                     writes.push(write);
                 }
@@ -212,9 +221,25 @@ pub fn run_steps_from<O: Optimizer<f32, IxDyn>>(
         failures,
         attempts,
         wall_seconds,
-        ledger,
+        ledger: ledger.segment,
+        whole: ledger.whole,
+        earlier_attempts: ledger.earlier_attempts,
         writes,
         resumed,
+    })
+}
+
+/// The run's record at the checkpoint `resumed` restored; for a
+/// checkpoint written without one, the time before it charged to `other`
+/// (where it went is not known) and every step it holds attempted once.
+fn earlier_record(resumed: &Resumed) -> RunRecord {
+    resumed.record.clone().unwrap_or_else(|| {
+        let mut ledger = TimeLedger::starting_at(0);
+        ledger.charge(TimeKind::Other, resumed.at_ns);
+        RunRecord {
+            ledger,
+            attempts: resumed.steps_completed,
+        }
     })
 }
 
