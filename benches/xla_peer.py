@@ -7,9 +7,9 @@ Times, where `jax` and `optax` import:
   state donated (`donate_argnums`), median of `--steps` (>= 20) steps;
 * collectives over 8 host devices
   (`XLA_FLAGS=--xla_force_host_platform_device_count=8`): `shard_map` with
-  `psum`, `psum_scatter` and `all_gather` at 4 MB and 16 MB per rank, busbw
+  `psum`, `psum_scatter`, `all_gather` and `all_to_all` at 4 MB and 16 MB per rank, busbw
   as nccl-tests defines it (`S / t` times `2(n-1)/n` for all-reduce and
-  `(n-1)/n` for reduce-scatter and all-gather, `S` the buffer per rank);
+  `(n-1)/n` for reduce-scatter, all-gather and all-to-all, `S` the buffer per rank);
 
 then runs `target/release/optirs-tpu bench optimizer --json` and
 `optirs-tpu collectives --json` (the 8-chip `v2-8` pod) for the same sizes
@@ -41,7 +41,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BINARY = os.path.join(ROOT, "target", "release", "optirs-tpu")
 RANKS = 8
 COLLECTIVE_SIZES = [4 << 20, 16 << 20]
-COLLECTIVE_OPS = ["all_reduce", "reduce_scatter", "all_gather"]
+COLLECTIVE_OPS = ["all_reduce", "reduce_scatter", "all_gather", "all_to_all"]
 LEARNING_RATE = 1e-3
 
 
@@ -114,6 +114,8 @@ def xla_collectives(steps):
         "all_reduce": lambda x: jax.lax.psum(x, "d"),
         "reduce_scatter": lambda x: jax.lax.psum_scatter(x, "d", tiled=True),
         "all_gather": lambda x: jax.lax.all_gather(x, "d", tiled=True),
+        # Each rank's S split into one chunk per rank, chunk j to rank j.
+        "all_to_all": lambda x: jax.lax.all_to_all(x, "d", 0, 0, tiled=True),
     }
     rows = []
     for op in COLLECTIVE_OPS:

@@ -13,7 +13,7 @@ use optirs_tpu::collectives::bench::{
 use optirs_tpu::collectives::pod::charge_links;
 use optirs_tpu::collectives::{
     LinkModel, MultisliceShape, PassSummary, Traffic, multislice_all_gather_traffic,
-    multislice_reduce_scatter_traffic,
+    multislice_all_to_all_traffic, multislice_reduce_scatter_traffic,
 };
 use optirs_tpu::profile::trace::{Event, Trace};
 use optirs_tpu::topology::{DEFAULT_PRESET, Topology};
@@ -148,6 +148,10 @@ fn multislice_traffic(op: BenchOp, shape: &MultisliceShape, len: usize) -> Traff
     match op {
         BenchOp::ReduceScatter => multislice_reduce_scatter_traffic(shape, len, 4),
         BenchOp::AllGather => multislice_all_gather_traffic(shape, len, 4, 0),
+        BenchOp::AllToAll => {
+            let count = shape.device_count().max(1);
+            multislice_all_to_all_traffic(shape, len - len % count, 4)
+        }
         _ => {
             let mut t = multislice_reduce_scatter_traffic(shape, len, 4);
             t.transfers
@@ -166,7 +170,8 @@ fn multislice(args: CollectivesArgs, mut pod: Pod) -> Result<()> {
     if args.op == BenchOp::Broadcast {
         return Err(usage(format!(
             "--op broadcast: broadcast across slices is not built: {} has {} slices; use \
-             all_reduce, reduce_scatter or all_gather (hierarchical), or a one-slice pod",
+             all_reduce, reduce_scatter, all_gather or all_to_all (hierarchical), or a one-slice \
+             pod",
             topology.name, topology.slices
         )));
     }

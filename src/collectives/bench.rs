@@ -27,9 +27,9 @@ use serde::{Deserialize, Serialize};
 
 use super::{
     CollectiveError, LinkModel, MultisliceShape, PassSummary, ReduceOp, TorusShape, Traffic,
-    all_gather, all_reduce, broadcast, chunk_range, multislice_all_gather, multislice_all_reduce,
-    multislice_reduce_scatter, multislice_shard_ranges, naive_reduce, reduce_scatter,
-    torus_all_reduce,
+    all_gather, all_reduce, all_to_all, broadcast, chunk_range, multislice_all_gather,
+    multislice_all_reduce, multislice_all_to_all, multislice_reduce_scatter,
+    multislice_shard_ranges, naive_reduce, reduce_scatter, torus_all_reduce, torus_all_to_all,
 };
 
 /// Timed iterations per size at most (nccl-tests' default `-n 20`).
@@ -50,15 +50,19 @@ pub enum BenchOp {
     AllGather,
     /// [`broadcast`] from rank 0.
     Broadcast,
+    /// [`all_to_all`] (the buffer in one equal chunk per rank: a size
+    /// that does not divide is rounded down to one that does).
+    AllToAll,
 }
 
 impl BenchOp {
     /// Every operation.
-    pub const ALL: [BenchOp; 4] = [
+    pub const ALL: [BenchOp; 5] = [
         BenchOp::AllReduce,
         BenchOp::ReduceScatter,
         BenchOp::AllGather,
         BenchOp::Broadcast,
+        BenchOp::AllToAll,
     ];
 
     /// The name used in rows and on command lines (`all_reduce`, …), as in
@@ -69,6 +73,7 @@ impl BenchOp {
             BenchOp::ReduceScatter => "reduce_scatter",
             BenchOp::AllGather => "all_gather",
             BenchOp::Broadcast => "broadcast",
+            BenchOp::AllToAll => "all_to_all",
         }
     }
 
@@ -80,7 +85,7 @@ impl BenchOp {
         let n = n as f64;
         match self {
             BenchOp::AllReduce => 2.0 * (n - 1.0) / n,
-            BenchOp::ReduceScatter | BenchOp::AllGather => (n - 1.0) / n,
+            BenchOp::ReduceScatter | BenchOp::AllGather | BenchOp::AllToAll => (n - 1.0) / n,
             BenchOp::Broadcast => 1.0,
         }
     }
@@ -94,7 +99,10 @@ impl fmt::Display for BenchOp {
 
 /// An operation name that is not one of [`BenchOp::ALL`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown collective {0:?}: expected all_reduce, reduce_scatter, all_gather or broadcast")]
+#[error(
+    "unknown collective {0:?}: expected all_reduce, reduce_scatter, all_gather, broadcast or \
+     all_to_all"
+)]
 pub struct UnknownBenchOp(pub String);
 
 impl FromStr for BenchOp {
@@ -194,6 +202,7 @@ pub fn run_op(
         BenchOp::ReduceScatter => reduce_scatter(buffers, ring, ReduceOp::Sum),
         BenchOp::AllGather => all_gather(buffers, ring),
         BenchOp::Broadcast => broadcast(buffers, ring, ring[0]),
+        BenchOp::AllToAll => all_to_all(buffers, ring),
     }
 }
 
@@ -236,6 +245,21 @@ pub fn count_wrong(op: BenchOp, inputs: &[Vec<f32>], outputs: &[Vec<f32>], ring:
             Some(root) => ring.iter().map(|&r| differing(root, &outputs[r])).sum(),
             None => 0,
         },
+        BenchOp::AllToAll => {
+            // Position i's chunk j is position j's chunk i.
+            let chunk = len.checked_div(n).unwrap_or(0);
+            ring.iter()
+                .enumerate()
+                .map(|(i, &r)| {
+                    (0..n)
+                        .map(|j| {
+                            let at = j * chunk..(j + 1) * chunk;
+                            differing(&members[j][i * chunk..(i + 1) * chunk], &outputs[r][at])
+                        })
+                        .sum::<u64>()
+                })
+                .sum()
+        }
     }
 }
 
@@ -276,6 +300,8 @@ impl Layout<'_> {
             (Layout::Torus(shape), BenchOp::AllReduce) => {
                 torus_all_reduce(buffers, shape, ReduceOp::Sum)
             }
+            (Layout::Torus(shape), BenchOp::AllToAll) => torus_all_to_all(buffers, shape),
+            (Layout::Multislice(shape), BenchOp::AllToAll) => multislice_all_to_all(buffers, shape),
             (Layout::Torus(shape), _) => run_op(op, buffers, ring).map(|t| t.routed_on(shape)),
             (Layout::Ring(_), _) => run_op(op, buffers, ring),
             (Layout::Multislice(shape), BenchOp::AllReduce) => {
@@ -302,8 +328,13 @@ impl Layout<'_> {
         outputs: &[Vec<f32>],
         ring: &[usize],
     ) -> u64 {
-        match self {
-            Layout::Multislice(shape) => count_wrong_multislice(op, shape, inputs, outputs),
+        match (self, op) {
+            // Every device in id order, as the torus and pod exchanges run.
+            (_, BenchOp::AllToAll) => {
+                let ids: Vec<usize> = (0..self.ranks()).collect();
+                count_wrong(op, inputs, outputs, &ids)
+            }
+            (Layout::Multislice(shape), _) => count_wrong_multislice(op, shape, inputs, outputs),
             _ => count_wrong(op, inputs, outputs, ring),
         }
     }
@@ -386,6 +417,10 @@ pub fn count_wrong_multislice(
             outputs.iter().map(|o| differing(&expected, o)).sum()
         }
         BenchOp::Broadcast => outputs.len() as u64 * len as u64,
+        BenchOp::AllToAll => {
+            let ids: Vec<usize> = (0..inputs.len()).collect();
+            count_wrong(op, inputs, outputs, &ids)
+        }
     }
 }
 
@@ -397,6 +432,10 @@ fn run_one(
 ) -> Result<BenchRow, CollectiveError> {
     let n = layout.ranks();
     let ring = layout.ring();
+    let len = match op {
+        BenchOp::AllToAll => len - len % n.max(1),
+        _ => len,
+    };
     let inputs = bench_inputs(n, len);
     let mut buffers = inputs.clone();
     let warm_start = Instant::now();
@@ -427,6 +466,8 @@ fn run_one(
         BenchOp::AllReduce => 2 * n,
         BenchOp::ReduceScatter | BenchOp::AllGather => n + 1,
         BenchOp::Broadcast => n,
+        // Every buffer read and written once, as the copy does.
+        BenchOp::AllToAll => 2 * n,
     } as f64;
     let floor_seconds = copy_seconds * floor_bytes / (2 * n) as f64;
     let bytes = (len * 4) as u64;

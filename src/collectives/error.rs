@@ -76,6 +76,25 @@ pub enum CollectiveError {
         /// Bandwidth given.
         bandwidth_bytes_per_second: f64,
     },
+    /// An all-to-all's buffers do not split into equal chunks.
+    #[error(
+        "an all-to-all splits each buffer into one equal chunk per member: {len} elements do \
+         not split into {members}"
+    )]
+    Indivisible {
+        /// The buffers' length.
+        len: usize,
+        /// The members.
+        members: usize,
+    },
+    /// A ragged all-to-all's counts do not describe its inputs.
+    #[error("ragged all-to-all: member {member}'s send counts: {reason}")]
+    RaggedCounts {
+        /// The ring position whose counts are wrong.
+        member: usize,
+        /// What is wrong.
+        reason: String,
+    },
     /// A benchmark was asked for zero ranks.
     #[error("a benchmark needs at least one rank")]
     NoRanks,

@@ -11,6 +11,8 @@
 //! | [`broadcast`] | every member holds the root's buffer |
 //! | [`torus_all_reduce`] | [`all_reduce`] over every device of a 2D/3D torus, its traffic on every axis at once |
 //! | [`multislice_all_reduce`] (and `_reduce_scatter`, `_all_gather`) | over every device of a multislice pod: ICI inside each slice, DCN across (module [`multislice`]) |
+//! | [`all_to_all`] (and [`torus_all_to_all`], [`multislice_all_to_all`]) | member `i`'s chunk `j` becomes member `j`'s chunk `i` |
+//! | [`ragged_all_to_all`] | member `i` sends `counts[i][j]` elements to member `j`; each output is its receipts in member order |
 //!
 //! Buffers are indexed by rank (device index); a ring is an ordered list of
 //! distinct ranks. The returned traffic treats consecutive members (and the
@@ -57,6 +59,7 @@
 //! step, and the arithmetic and its order are those of the step-by-step
 //! ring, whose schedule the traffic record follows.
 
+mod all_to_all;
 pub mod bench;
 pub mod cost;
 mod element;
@@ -74,6 +77,10 @@ mod error;
 pub mod pod;
 pub mod ranked;
 
+pub use all_to_all::{
+    all_to_all, multislice_all_to_all, multislice_all_to_all_traffic, ragged_all_to_all,
+    ring_all_to_all_seconds, torus_all_to_all, torus_all_to_all_seconds, torus_all_to_all_traffic,
+};
 pub use cost::{
     CollectiveCost, PassCost, all_gather_cost, all_reduce_cost, dcn_exchange_cost,
     reduce_scatter_cost,

@@ -41,6 +41,8 @@ pub enum PhaseKind {
     AllGather,
     /// Broadcast: chunks flow down the chain from the root.
     Broadcast,
+    /// All-to-all: each member's chunks travel to their own destinations.
+    AllToAll,
 }
 
 /// The step of a collective a transfer belongs to.
@@ -213,6 +215,7 @@ pub fn pass_name(kind: PhaseKind, dim: u32) -> String {
         PhaseKind::ReduceScatter => "reduce_scatter",
         PhaseKind::AllGather => "all_gather",
         PhaseKind::Broadcast => "broadcast",
+        PhaseKind::AllToAll => "all_to_all",
     };
     if dim == super::DCN_AXIS {
         format!("{kind}.dcn")
