@@ -308,8 +308,21 @@ fn collectives_prints_an_nccl_style_table_with_a_correctness_column() {
     let too_big = optirs(&["collectives", "v4-4096", "--sizes", "1G"]);
     assert_eq!(too_big.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&too_big.stderr).contains("host memory"));
-    let bad = optirs(&["collectives", "--op", "all_to_all"]);
+    let bad = optirs(&["collectives", "--op", "all_to_one"]);
     assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("all_to_all"));
+    // All-to-all is one of them: every element where it belongs.
+    let a2a = json(&optirs(&[
+        "collectives",
+        "v2-8",
+        "--op",
+        "all-to-all",
+        "--sizes",
+        "4K",
+        "--json",
+    ]));
+    assert_eq!(a2a[0]["op"], "all_to_all");
+    assert_eq!(a2a[0]["wrong"], 0);
 }
 
 #[test]

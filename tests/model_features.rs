@@ -280,3 +280,69 @@ fn the_attention_backward_and_a_one_hot_embedding_are_the_hardwares() {
     assert_eq!(parsed.attention_kernel.backward_factor(), 3.5);
     assert_eq!(AttentionKernel::Full.backward_factor(), 3.5);
 }
+
+/// A mixture of experts: its parameters are every expert's, its FLOPs
+/// MaxText's dropless count (router and top-k experts a token), and the
+/// published Trillium log's TFLOP/s × seconds is that count to 0.01 %
+/// (MaxText's formula of October 2024, attention not halved:
+/// `FlopFormula::Matmuls`). Dropping adds the capacity's padding and the
+/// one-hot dispatch and combine to the hardware's FLOPs only.
+#[test]
+fn a_mixture_of_experts_counts_as_maxtext_and_runs_what_it_drops() {
+    let mut config = bundled("mixtral-8x7b").unwrap();
+    // 8 experts of 3·4096·14336, attention, norms, router: 46.7B.
+    assert_eq!(parameter_count(&config).total(), 46_702_792_704);
+    for (batch, published_tflops_per_s, seconds) in [(12.0, 302.311, 13.484), (8.0, 323.173, 8.409)]
+    {
+        config.per_device_batch = batch;
+        let counted = training_flops_per_device(&config, FlopFormula::Matmuls).total() / 1e12;
+        let logged = published_tflops_per_s * seconds;
+        assert!(
+            (counted / logged - 1.0).abs() < 1e-4,
+            "batch {batch}: {counted} TFLOP against the log's {logged}"
+        );
+    }
+    // Dropless routing runs what MaxText counts; dropping at 1.25 runs
+    // 2.5 expert rows a token, plus dispatch and combine.
+    let moe = config.moe.unwrap();
+    assert_eq!(moe.capacity(config.seq_len), Some(1280));
+    let dropping = optirs_tpu::step_model::hardware_matmul_flops(&config);
+    let counted = layer_matmul_flops(&config);
+    let mut dropless_config = config.clone();
+    dropless_config.moe = Some(optirs_tpu::model::MixtureOfExperts {
+        capacity_factor: None,
+        ..moe
+    });
+    let dropless = optirs_tpu::step_model::hardware_matmul_flops(&dropless_config);
+    assert_eq!(dropless.mlp_out, counted.mlp_out);
+    let t = config.tokens_per_device();
+    let one_hot = 2.0 * t * (8 * 1280) as f64 * 4096.0;
+    let expected_out = counted.mlp_out * 1.25 + one_hot;
+    assert!((dropping.mlp_out / expected_out - 1.0).abs() < 1e-12);
+    let pod = load_preset("v6e-256").unwrap();
+    let mut options = ModelStepOptions::new(&pod);
+    options.strategy = optirs_tpu::sharding::Strategy::Fsdp;
+    let dropped = model_step(&config, &pod, &options).unwrap();
+    let routed = model_step(&dropless_config, &pod, &options).unwrap();
+    assert_eq!(
+        dropped.model_flops_per_device,
+        routed.model_flops_per_device
+    );
+    assert!(dropped.hardware_flops_per_device > routed.hardware_flops_per_device);
+    assert!(dropped.step_seconds > routed.step_seconds);
+    assert!(dropped.fits_in_hbm, "{:?}", dropped.not_fitting);
+    // A mixture is not compiled as a dense layer program.
+    let err = optirs_tpu::model::layer_programs(&config, 16).unwrap_err();
+    assert!(err.to_string().contains("moe"), "{err}");
+    // Top-k above the experts is refused, naming the field.
+    let text = optirs_tpu::model::bundled_text("mixtral-8x7b")
+        .unwrap()
+        .replace("num_experts_per_tok: 2", "num_experts_per_tok: 9");
+    let err = ModelConfig::from_ron_str(&text, "m.ron")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("moe") && err.contains("num_experts_per_tok 9"),
+        "{err}"
+    );
+}

@@ -296,10 +296,8 @@ fn transpose_in_place<T: Copy + Send, B: AsMut<[T]>>(
     }
     // upper is (i, j) in row order; lower[i] holds (j, i) for j > i in
     // the same order.
-    let pairs: Vec<(&mut [T], &mut [T])> = upper
-        .into_iter()
-        .zip(lower.into_iter().flatten())
-        .collect();
+    let pairs: Vec<(&mut [T], &mut [T])> =
+        upper.into_iter().zip(lower.into_iter().flatten()).collect();
     pairs
         .into_par_iter()
         .for_each(|(a, b)| a.swap_with_slice(b));

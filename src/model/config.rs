@@ -357,6 +357,10 @@ pub struct ModelConfig {
     /// counts its own way, [`super::flops::FlopFormula`]).
     #[serde(default)]
     pub attention_kernel: AttentionKernel,
+    /// A mixture of experts in place of every layer's MLP (MaxText's
+    /// `num_experts` > 1); `None`: the dense MLP of `mlp_dim`.
+    #[serde(default)]
+    pub moe: Option<super::MixtureOfExperts>,
     /// `use_iota_embed`: the token embedding looked up as a one-hot
     /// matmul on the MXU (`2·T·V·E` FLOPs forward and again for its
     /// gradient, which MaxText's formula does not count) instead of a
@@ -444,6 +448,26 @@ impl AttentionKernel {
 }
 
 impl ModelConfig {
+    /// The MLP's hidden elements a token holds as the hardware computes
+    /// them: `mlp_dim`, or a mixture's experts' widths over its routed
+    /// rows and shared experts ([`super::MixtureOfExperts::hidden_per_token`]).
+    pub fn mlp_hidden(&self) -> u64 {
+        match &self.moe {
+            None => self.mlp_dim,
+            Some(m) => m.hidden_per_token(self.seq_len).ceil() as u64,
+        }
+    }
+
+    /// The elements of the MLP's largest weight tensor: `embed × mlp_dim`,
+    /// or a mixture's experts stacked, `num_experts × embed × moe_mlp_dim`
+    /// (one tensor, gathered whole).
+    pub fn mlp_matrix_elements(&self) -> u64 {
+        match &self.moe {
+            None => self.embed * self.mlp_dim,
+            Some(m) => m.num_experts * self.embed * m.moe_mlp_dim,
+        }
+    }
+
     /// The gradients' type: `grad_dtype`, or the weights'.
     pub fn grad_type(&self) -> ModelDType {
         self.grad_dtype.unwrap_or(self.weight_dtype)
@@ -548,6 +572,9 @@ impl ModelConfig {
         }
         self.check_batch()?;
         self.check_training()?;
+        if let Some(moe) = &self.moe {
+            moe.check().map_err(|problem| ("moe", problem))?;
+        }
         self.check_parameter_count()?;
         if self.trainable_position_size > 1 << 24 {
             return Err(("trainable_position_size", "is more than 2^24".into()));

@@ -127,14 +127,31 @@ pub fn layer_matmul_flops(config: &ModelConfig) -> LayerMatmulFlops {
             )
         }
     };
+    // A mixture: the router, then `k + shared` experts' MLPs a token
+    // (MaxText's dropless count, whatever the routing).
+    let (mlp_in, mlp_out) = match &config.moe {
+        None => (
+            2.0 * b * l * mlp * embed * activations,
+            2.0 * b * l * mlp * embed,
+        ),
+        Some(m) => {
+            let experts = (m.num_experts_per_tok + m.shared_experts) as f64;
+            let width = m.moe_mlp_dim as f64;
+            (
+                2.0 * b * l * embed * m.num_experts as f64
+                    + 2.0 * b * l * width * embed * activations * experts,
+                2.0 * b * l * width * embed * experts,
+            )
+        }
+    };
     LayerMatmulFlops {
         qkv: 2.0 * b * l * embed * (heads + 2.0 * config.kv_heads as f64) * head_dim,
         // 2 FLOPs per multiply-add.
         attention: 4.0 * b * l * l * heads * head_dim * global_share,
         window_attention: 4.0 * b * pairs * heads * head_dim * local_share,
         out: 2.0 * b * l * embed * heads * head_dim,
-        mlp_in: 2.0 * b * l * mlp * embed * activations,
-        mlp_out: 2.0 * b * l * mlp * embed,
+        mlp_in,
+        mlp_out,
     }
 }
 
@@ -229,7 +246,14 @@ pub fn parameter_count(config: &ModelConfig) -> ParameterCount {
     );
     let activations = config.mlp_activations.len() as u64;
     let attention_weights = e * (h + 2 * kv) * d + h * d * e;
-    let mlp_weights = (activations + 1) * m * e;
+    // A mixture holds every expert (routed and shared) and the router.
+    let mlp_weights = match &config.moe {
+        None => (activations + 1) * m * e,
+        Some(x) => {
+            (activations + 1) * x.moe_mlp_dim * e * (x.num_experts + x.shared_experts)
+                + e * x.num_experts
+        }
+    };
     let (attention_extra, mlp_extra, other, final_norm) = match config.decoder_block {
         // Two RMSNorm scales per layer.
         DecoderBlock::Llama2 => (0, 0, 2 * e, e),
@@ -294,6 +318,7 @@ pub(crate) mod tests {
             trainable_position_size: 0,
             attention_kernel: crate::model::AttentionKernel::Full,
             use_iota_embed: false,
+            moe: None,
         }
     }
 

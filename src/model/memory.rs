@@ -85,9 +85,9 @@ fn residuals(config: &ModelConfig) -> Residuals {
         input: e,
         qkv: (config.heads + 2 * config.kv_heads) * config.head_dim,
         out: if sequential { e } else { 0 },
-        mlp_in: config.mlp_activations.len() as u64 * config.mlp_dim,
+        mlp_in: config.mlp_activations.len() as u64 * config.mlp_hidden(),
         context: config.heads * config.head_dim,
-        rest: if sequential { 2 * e } else { e } + config.mlp_dim,
+        rest: if sequential { 2 * e } else { e } + config.mlp_hidden(),
     }
 }
 

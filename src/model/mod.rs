@@ -16,6 +16,7 @@
 
 pub mod config;
 pub mod error;
+pub mod experts;
 pub mod flops;
 mod layer_graph;
 pub mod memory;
@@ -27,6 +28,7 @@ pub use config::{
     SlidingWindow, parameter_scales,
 };
 pub use error::ModelError;
+pub use experts::MixtureOfExperts;
 pub use flops::{
     FlopFormula, LayerMatmulFlops, ParameterCount, TrainingFlops,
     calculate_tflops_training_per_device, layer_matmul_flops, parameter_count,
@@ -39,7 +41,7 @@ pub use programs::{LayerPrograms, LayerWeight, ProgramCosts, layer_programs};
 pub use published::{Published, PublishedRow, maxtext_published};
 
 /// The bundled models' names, in `bundled` order.
-pub const BUNDLED_NAMES: [&str; 18] = [
+pub const BUNDLED_NAMES: [&str; 20] = [
     "maxtext-v5e-16b",
     "maxtext-v5e-32b",
     "maxtext-v5e-64b",
@@ -58,9 +60,11 @@ pub const BUNDLED_NAMES: [&str; 18] = [
     "llama3.1-405b",
     "mistral-7b",
     "gemma3-12b",
+    "mixtral-8x7b",
+    "mixtral-8x22b",
 ];
 
-const BUNDLED_TEXT: [&str; 18] = [
+const BUNDLED_TEXT: [&str; 20] = [
     include_str!("../../assets/models/maxtext-v5e-16b.ron"),
     include_str!("../../assets/models/maxtext-v5e-32b.ron"),
     include_str!("../../assets/models/maxtext-v5e-64b.ron"),
@@ -79,6 +83,8 @@ const BUNDLED_TEXT: [&str; 18] = [
     include_str!("../../assets/models/llama3.1-405b.ron"),
     include_str!("../../assets/models/mistral-7b.ron"),
     include_str!("../../assets/models/gemma3-12b.ron"),
+    include_str!("../../assets/models/mixtral-8x7b.ron"),
+    include_str!("../../assets/models/mixtral-8x22b.ron"),
 ];
 
 /// The RON text of a bundled model.

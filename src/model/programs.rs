@@ -177,6 +177,16 @@ pub fn layer_programs(config: &ModelConfig, tokens: u64) -> Result<LayerPrograms
                 .into(),
         });
     }
+    if config.moe.is_some() {
+        return Err(ModelError::Invalid {
+            origin: format!("model {}", config.name),
+            line: None,
+            field: "moe".into(),
+            problem: "a layer program computes a dense MLP; a mixture of experts is modeled by \
+                      its FLOP count (step_model), not compiled"
+                .into(),
+        });
+    }
     if tokens == 0 || tokens > MAX_TOKENS {
         return Err(ModelError::Invalid {
             origin: format!("model {}", config.name),

@@ -29,6 +29,26 @@ pub fn hardware_matmul_flops(config: &ModelConfig) -> LayerMatmulFlops {
         }
         g.window_attention = 0.0;
     }
+    // Dropping experts compute their whole capacity, and the one-hot
+    // dispatch and combine are matmuls of 2·T·E·C·D each
+    // (`crate::model::experts`).
+    if let Some(moe) = &config.moe
+        && let Some(capacity) = moe.capacity(config.seq_len)
+    {
+        let routed = moe.num_experts_per_tok as f64;
+        let experts = routed + moe.shared_experts as f64;
+        let padded =
+            (moe.shared_experts as f64 + moe.routed_rows_per_token(config.seq_len)) / experts;
+        let router =
+            2.0 * config.tokens_per_device() * config.embed as f64 * moe.num_experts as f64;
+        let one_hot = 2.0
+            * config.per_device_batch
+            * config.seq_len as f64
+            * (moe.num_experts * capacity) as f64
+            * config.embed as f64;
+        g.mlp_in = (g.mlp_in - router) * padded + router + one_hot;
+        g.mlp_out = g.mlp_out * padded + one_hot;
+    }
     g
 }
 
@@ -98,7 +118,7 @@ fn forward_bytes(c: &ModelConfig, tensor: usize) -> f64 {
         c.heads as f64,
         c.kv_heads as f64,
         c.head_dim as f64,
-        c.mlp_dim as f64,
+        c.mlp_hidden() as f64,
     );
     let n_act = c.mlp_activations.len() as f64;
     // Per token: qkv in/out, attention in/out, out-projection in/out, MLP
@@ -195,7 +215,7 @@ fn quantize_bytes(config: &ModelConfig, tensor: usize) -> f64 {
         config.embed as f64,
         config.heads as f64,
         config.head_dim as f64,
-        config.mlp_dim as f64,
+        config.mlp_hidden() as f64,
     );
     let n = config.mlp_activations.len() as f64;
     let tensor = tensor.max(1) as f64;

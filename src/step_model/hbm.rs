@@ -42,10 +42,10 @@ use crate::sharding::{MeshAxisName, Strategy};
 
 /// The most elements of one weight matrix of a layer: the query or output
 /// projection (`embed × heads × head_dim`) or an MLP matrix (`embed ×
-/// mlp_dim`).
+/// mlp_dim`, or a mixture's stacked experts).
 pub fn largest_layer_matrix(config: &ModelConfig) -> u64 {
     let attention = config.embed * config.heads * config.head_dim;
-    attention.max(config.embed * config.mlp_dim)
+    attention.max(config.mlp_matrix_elements())
 }
 
 /// HBM per device by kind at the step's peak, bytes.

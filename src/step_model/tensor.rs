@@ -66,7 +66,14 @@ pub fn tensor_parallel(
     let dims = [
         ("heads", config.heads),
         ("kv_heads", config.kv_heads),
-        ("mlp_dim", config.mlp_dim),
+        (
+            if config.moe.is_some() {
+                "moe_mlp_dim"
+            } else {
+                "mlp_dim"
+            },
+            config.moe.map_or(config.mlp_dim, |m| m.moe_mlp_dim),
+        ),
     ];
     for (field, n) in dims {
         if !n.is_multiple_of(t as u64) {

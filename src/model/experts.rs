@@ -1,0 +1,129 @@
+//! A mixture of experts in place of each layer's MLP (MaxText's
+//! `num_experts` > 1, `layers/moe.py`): a router (`2·D·E` FLOPs a token)
+//! picks `num_experts_per_tok` of `num_experts` expert MLPs of width
+//! `moe_mlp_dim` for each token, beside `shared_experts` every token runs.
+//!
+//! MaxText's FLOP count (`calculate_tflops_training_per_device`) is the
+//! dropless one whatever the routing: the router and `k + shared` expert
+//! MLPs a token. The hardware runs more when tokens are dropped
+//! (`capacity_factor` > 0): every expert computes its whole capacity, full
+//! or not, and the one-hot dispatch (`BSM,BSEC→EBCM`) and combine
+//! (`EBCM,BSEC→BSM`) are matmuls of `2·B·S·E·C·D` FLOPs each, `C` slots an
+//! expert per sequence ([`MixtureOfExperts::capacity`]). Dropless routing
+//! (MaxText's `sparse_matmul` with megablox) computes the routed tokens
+//! only.
+
+use serde::{Deserialize, Serialize};
+
+/// A mixture of experts: every decoder layer's MLP.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MixtureOfExperts {
+    /// `num_experts`: routed experts a layer holds.
+    pub num_experts: u64,
+    /// `num_experts_per_tok`: experts each token is routed to (top-k).
+    pub num_experts_per_tok: u64,
+    /// `moe_mlp_dim`: each expert's hidden width.
+    pub moe_mlp_dim: u64,
+    /// `shared_experts`: experts of the same width every token runs.
+    #[serde(default)]
+    pub shared_experts: u64,
+    /// `capacity_factor`: tokens are dropped beyond this multiple of an
+    /// even share per expert; `None` is dropless (MaxText's `-1`).
+    #[serde(default)]
+    pub capacity_factor: Option<f64>,
+}
+
+impl MixtureOfExperts {
+    /// MaxText's `expert_capacity_per_batch`, the slots each expert holds
+    /// per sequence of `seq_len` when dropping:
+    /// `int(max(ceil(S·k/E)·cf, cf))`; `None` dropless.
+    pub fn capacity(&self, seq_len: u64) -> Option<u64> {
+        let cf = self.capacity_factor?;
+        let even = (seq_len * self.num_experts_per_tok).div_ceil(self.num_experts.max(1));
+        Some((even as f64 * cf).max(cf) as u64)
+    }
+
+    /// Routed rows each token's expert matmuls take as the hardware runs
+    /// them: `k` dropless, `E·C/S` dropping (the capacity's slots, padding
+    /// included).
+    pub fn routed_rows_per_token(&self, seq_len: u64) -> f64 {
+        match self.capacity(seq_len) {
+            None => self.num_experts_per_tok as f64,
+            Some(c) => (self.num_experts * c) as f64 / seq_len.max(1) as f64,
+        }
+    }
+
+    /// The expert hidden widths a token's MLP holds as the hardware runs
+    /// it: `moe_mlp_dim × (routed rows + shared)`.
+    pub fn hidden_per_token(&self, seq_len: u64) -> f64 {
+        self.moe_mlp_dim as f64 * (self.routed_rows_per_token(seq_len) + self.shared_experts as f64)
+    }
+
+    /// The first field that cannot be, with why.
+    pub(crate) fn check(&self) -> Result<(), String> {
+        if self.num_experts < 2 {
+            return Err(format!(
+                "num_experts {}: a mixture needs at least 2 (a dense model sets no moe)",
+                self.num_experts
+            ));
+        }
+        if self.num_experts_per_tok == 0 || self.num_experts_per_tok > self.num_experts {
+            return Err(format!(
+                "num_experts_per_tok {}: at least 1 and at most num_experts ({})",
+                self.num_experts_per_tok, self.num_experts
+            ));
+        }
+        if self.moe_mlp_dim == 0 {
+            return Err("moe_mlp_dim 0: an expert needs a hidden width".into());
+        }
+        if self.shared_experts > 1 << 16 || self.num_experts > 1 << 20 {
+            return Err(format!(
+                "{} experts and {} shared: at most 2^20 and 2^16",
+                self.num_experts, self.shared_experts
+            ));
+        }
+        if let Some(cf) = self.capacity_factor
+            && !(cf.is_finite() && cf > 0.0 && cf <= self.num_experts as f64)
+        {
+            return Err(format!(
+                "capacity_factor {cf}: above 0 and at most num_experts ({}); dropless sets None",
+                self.num_experts
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mixtral(cf: Option<f64>) -> MixtureOfExperts {
+        MixtureOfExperts {
+            num_experts: 8,
+            num_experts_per_tok: 2,
+            moe_mlp_dim: 14336,
+            shared_experts: 0,
+            capacity_factor: cf,
+        }
+    }
+
+    #[test]
+    fn capacity_is_maxtexts() {
+        // 4096 tokens, top-2 of 8: 1024 an expert, ×1.25.
+        assert_eq!(mixtral(Some(1.25)).capacity(4096), Some(1280));
+        assert_eq!(mixtral(Some(1.25)).routed_rows_per_token(4096), 2.5);
+        assert_eq!(mixtral(None).capacity(4096), None);
+        assert_eq!(mixtral(None).routed_rows_per_token(4096), 2.0);
+        // One token: ceil(2/8) = 1 slot, at least cf.
+        assert_eq!(mixtral(Some(2.0)).capacity(1), Some(2));
+        assert!(mixtral(Some(f64::NAN)).check().is_err());
+        assert!(mixtral(Some(9.0)).check().is_err());
+        let top9 = MixtureOfExperts {
+            num_experts_per_tok: 9,
+            ..mixtral(None)
+        };
+        assert!(top9.check().unwrap_err().contains("num_experts_per_tok 9"));
+    }
+}
