@@ -212,6 +212,50 @@ impl From<Unsupported> for OptimError {
     }
 }
 
+/// The known name nearest to `name`, if one is near enough to be what was
+/// meant: the same but for case, or a few edits away (one edit for short
+/// names, one more per four characters). For the "did you mean" of an
+/// unknown name's message.
+pub fn nearest_name<'a>(name: &str, known: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+    let wanted = name.trim().to_lowercase();
+    let length = wanted.chars().count();
+    if length == 0 {
+        return None;
+    }
+    let limit = 1 + length / 4;
+    known
+        .into_iter()
+        .map(|candidate| (edit_distance(&wanted, &candidate.to_lowercase()), candidate))
+        .filter(|&(distance, _)| distance <= limit && distance < length)
+        .min_by_key(|&(distance, _)| distance)
+        .map(|(_, candidate)| candidate)
+}
+
+/// `; did you mean `NAME`?` for the nearest known name, or nothing.
+pub fn did_you_mean<'a>(name: &str, known: impl IntoIterator<Item = &'a str>) -> String {
+    nearest_name(name, known)
+        .map(|near| format!("; did you mean `{near}`?"))
+        .unwrap_or_default()
+}
+
+/// Levenshtein distance in characters.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, &cb) in b.iter().enumerate() {
+            let next = (row[j + 1] + 1)
+                .min(row[j] + 1)
+                .min(diagonal + usize::from(ca != cb));
+            diagonal = row[j + 1];
+            row[j + 1] = next;
+        }
+    }
+    row[b.len()]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -244,5 +288,20 @@ mod tests {
         let cause = domain.source().expect("the io error");
         assert!(cause.is::<std::io::Error>());
         assert!(cause.source().is_none());
+    }
+
+    #[test]
+    fn a_near_name_is_suggested_and_a_far_one_is_not() {
+        let known = ["v4-8", "v5e-16", "v5p-128", "fsdp", "adam"];
+        assert_eq!(nearest_name("v5e16", known), Some("v5e-16"));
+        assert_eq!(nearest_name("V4-8", known), Some("v4-8"));
+        assert_eq!(nearest_name("fsd", known), Some("fsdp"));
+        assert_eq!(nearest_name("adamm", known), Some("adam"));
+        assert_eq!(nearest_name("", known), None);
+        assert_eq!(nearest_name("zz", known), None);
+        assert_eq!(nearest_name("/no/such/pod.ron", known), None);
+        assert_eq!(did_you_mean("fsdq", known), "; did you mean `fsdp`?");
+        assert_eq!(did_you_mean("lamb", ["sgd"]), "");
+        assert_eq!(edit_distance("kitten", "sitting"), 3);
     }
 }

@@ -108,7 +108,7 @@ pub fn check_new_file(flag: &str, path: &Path) -> Result<()> {
             "{flag} {}: cannot create a file in {}: {}",
             path.display(),
             parent.display(),
-            std::io::Error::from(error.kind())
+            cannot_create(&error)
         )));
     }
     Ok(())
@@ -144,7 +144,7 @@ pub fn check_dir(flag: &str, dir: &Path) -> Result<()> {
             "{flag} {}: cannot create a file in {}: {}",
             dir.display(),
             existing.display(),
-            std::io::Error::from(error.kind())
+            cannot_create(&error)
         )));
     }
     Ok(())
@@ -281,28 +281,23 @@ pub fn refuse_missing_parent(flag: &str, path: &Path) -> Result<()> {
     }
 }
 
-/// Refuses a directory flag naming something that is not a directory, or
-/// that cannot be created because a file stands where one of its parents
-/// should be.
-pub fn refuse_non_directory(flag: &str, dir: &Path) -> Result<()> {
-    for existing in dir.ancestors().filter(|a| !a.as_os_str().is_empty()) {
-        let Ok(meta) = std::fs::metadata(existing) else {
-            continue;
-        };
-        if meta.is_dir() {
-            return Ok(());
-        }
-        return Err(usage(if existing == dir {
-            format!("{flag} {}: is a file, not a directory", dir.display())
-        } else {
-            format!(
-                "{flag} {}: cannot be created: {} is a file, not a directory",
-                dir.display(),
-                existing.display()
-            )
-        }));
+/// Refuses `path` for `flag` (an input the command reads: `what`, such as
+/// `checkpoint directory`) when nothing exists there.
+pub fn refuse_missing(flag: &str, path: &Path, what: &str) -> Result<()> {
+    if path.symlink_metadata().is_err() {
+        return Err(usage(format!("{flag} {}: no such {what}", path.display())));
     }
     Ok(())
+}
+
+/// Why a file could not be created, in words: a directory that takes no
+/// new files at all (`/proc`) says "not found", which reads as if the
+/// directory were missing.
+fn cannot_create(error: &std::io::Error) -> String {
+    match error.kind() {
+        std::io::ErrorKind::NotFound => "it takes no new files".to_string(),
+        kind => std::io::Error::from(kind).to_string(),
+    }
 }
 
 #[cfg(test)]

@@ -6,8 +6,8 @@
 
 use super::parse::number;
 use super::parse::{
-    parse_count, parse_count_u64, parse_learning_rate, parse_prefetch, parse_rank_timeout,
-    parse_seconds, parse_seed, parse_tick_ms, parse_timed_device, usage,
+    parse_bucket_bytes, parse_count, parse_count_u64, parse_learning_rate, parse_prefetch,
+    parse_rank_timeout, parse_seconds, parse_seed, parse_tick_ms, parse_timed_device, usage,
 };
 use super::train_print::{print_modeled_text, print_report, write_trace};
 use super::{output, progress};
@@ -74,7 +74,7 @@ pub struct TrainArgs {
     pub(super) steps: u64,
     /// Bucket size in bytes (25 MiB by default): the model's tensors are
     /// packed into buckets whose collectives and updates overlap.
-    #[arg(long, default_value_t = DEFAULT_BUCKET_BYTES, value_parser = parse_count,
+    #[arg(long, default_value_t = DEFAULT_BUCKET_BYTES, value_parser = parse_bucket_bytes,
           allow_negative_numbers = true)]
     pub(super) bucket_bytes: usize,
     /// Gradient reduction: mean or sum.

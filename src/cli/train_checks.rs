@@ -29,7 +29,7 @@ impl TrainArgs {
                     dir.display()
                 )));
             }
-            output::refuse_non_directory("--checkpoint-dir", dir)?;
+            output::check_dir("--checkpoint-dir", dir)?;
         }
         if let Some(when) = self.data_reduction
             && !(self.model.is_some() && self.modeled_only)
@@ -132,7 +132,8 @@ impl TrainArgs {
     /// Refuses `--resume` where it cannot continue a run: with
     /// `--modeled-only`, or without the run's `--checkpoint-every`.
     pub(super) fn refuse_misused_resume(&self) -> Result<()> {
-        if self.resume.is_some() {
+        if let Some(dir) = &self.resume {
+            output::refuse_missing("--resume", dir, "directory of checkpoints")?;
             if self.modeled_only {
                 return Err(usage(
                     "--modeled-only models one step: --resume needs a real run".to_string(),

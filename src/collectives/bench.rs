@@ -94,7 +94,10 @@ impl fmt::Display for BenchOp {
 
 /// An operation name that is not one of [`BenchOp::ALL`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown collective {0:?}: expected all_reduce, reduce_scatter, all_gather or broadcast")]
+#[error(
+    "unknown collective {0:?}: expected all_reduce, reduce_scatter, all_gather or broadcast{near}",
+    near = crate::error::did_you_mean(.0, BenchOp::ALL.map(BenchOp::name))
+)]
 pub struct UnknownBenchOp(pub String);
 
 impl FromStr for BenchOp {
