@@ -281,6 +281,30 @@ pub fn refuse_missing_parent(flag: &str, path: &Path) -> Result<()> {
     }
 }
 
+/// Refuses a directory flag naming something that is not a directory, or
+/// that cannot be created because a file stands where one of its parents
+/// should be.
+pub fn refuse_non_directory(flag: &str, dir: &Path) -> Result<()> {
+    for existing in dir.ancestors().filter(|a| !a.as_os_str().is_empty()) {
+        let Ok(meta) = std::fs::metadata(existing) else {
+            continue;
+        };
+        if meta.is_dir() {
+            return Ok(());
+        }
+        return Err(usage(if existing == dir {
+            format!("{flag} {}: is a file, not a directory", dir.display())
+        } else {
+            format!(
+                "{flag} {}: cannot be created: {} is a file, not a directory",
+                dir.display(),
+                existing.display()
+            )
+        }));
+    }
+    Ok(())
+}
+
 /// Refuses `path` for `flag` (an input the command reads: `what`, such as
 /// `checkpoint directory`) when nothing exists there.
 pub fn refuse_missing(flag: &str, path: &Path, what: &str) -> Result<()> {

@@ -29,6 +29,7 @@ impl TrainArgs {
                     dir.display()
                 )));
             }
+            output::refuse_non_directory("--checkpoint-dir", dir)?;
             output::check_dir("--checkpoint-dir", dir)?;
         }
         if let Some(when) = self.data_reduction
