@@ -131,10 +131,10 @@ impl TrainArgs {
     }
 
     /// Refuses `--resume` where it cannot continue a run: with
-    /// `--modeled-only`, or without the run's `--checkpoint-every`.
+    /// `--modeled-only`, without the run's `--checkpoint-every`, or from a
+    /// directory that is not there.
     pub(super) fn refuse_misused_resume(&self) -> Result<()> {
         if let Some(dir) = &self.resume {
-            output::refuse_missing("--resume", dir, "directory of checkpoints")?;
             if self.modeled_only {
                 return Err(usage(
                     "--modeled-only models one step: --resume needs a real run".to_string(),
@@ -147,6 +147,7 @@ impl TrainArgs {
                         .to_string(),
                 ));
             }
+            output::refuse_missing("--resume", dir, "directory of checkpoints")?;
         }
         Ok(())
     }
