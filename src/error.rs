@@ -238,22 +238,36 @@ pub fn did_you_mean<'a>(name: &str, known: impl IntoIterator<Item = &'a str>) ->
         .unwrap_or_default()
 }
 
-/// Levenshtein distance in characters.
+/// Edits from `a` to `b` in characters: an insertion, a deletion, a
+/// substitution or two neighbours swapped cost 1, but a digit for another
+/// digit costs 2 (`v9` is another number, not a slip for `v2`).
 fn edit_distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut row: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut diagonal = row[0];
-        row[0] = i + 1;
-        for (j, &cb) in b.iter().enumerate() {
-            let next = (row[j + 1] + 1)
-                .min(row[j] + 1)
-                .min(diagonal + usize::from(ca != cb));
-            diagonal = row[j + 1];
-            row[j + 1] = next;
+    let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
+    let mut rows = vec![vec![0usize; b.len() + 1]; a.len() + 1];
+    for (i, row) in rows.iter_mut().enumerate() {
+        row[0] = i;
+    }
+    for (j, cell) in rows[0].iter_mut().enumerate() {
+        *cell = j;
+    }
+    for i in 1..=a.len() {
+        for j in 1..=b.len() {
+            let (x, y) = (a[i - 1], b[j - 1]);
+            let substitute = match (x == y, x.is_ascii_digit() && y.is_ascii_digit()) {
+                (true, _) => 0,
+                (false, true) => 2,
+                (false, false) => 1,
+            };
+            let mut best = (rows[i - 1][j] + 1)
+                .min(rows[i][j - 1] + 1)
+                .min(rows[i - 1][j - 1] + substitute);
+            if i > 1 && j > 1 && x == b[j - 2] && a[i - 2] == y {
+                best = best.min(rows[i - 2][j - 2] + 1);
+            }
+            rows[i][j] = best;
         }
     }
-    row[b.len()]
+    rows[a.len()][b.len()]
 }
 
 #[cfg(test)]
@@ -297,6 +311,8 @@ mod tests {
         assert_eq!(nearest_name("V4-8", known), Some("v4-8"));
         assert_eq!(nearest_name("fsd", known), Some("fsdp"));
         assert_eq!(nearest_name("adamm", known), Some("adam"));
+        assert_eq!(nearest_name("hots", ["chip", "host"]), Some("host"));
+        assert_eq!(nearest_name("v9", ["v2", "v3", "v4"]), None);
         assert_eq!(nearest_name("", known), None);
         assert_eq!(nearest_name("zz", known), None);
         assert_eq!(nearest_name("/no/such/pod.ron", known), None);

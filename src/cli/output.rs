@@ -93,6 +93,13 @@ pub fn check_new_file(flag: &str, path: &Path) -> Result<()> {
         Some(parent) if !parent.as_os_str().is_empty() => parent,
         _ => Path::new("."),
     };
+    if parent.exists() && !parent.is_dir() {
+        return Err(usage(format!(
+            "{flag} {}: {} is not a directory",
+            path.display(),
+            parent.display()
+        )));
+    }
     if !parent.is_dir() {
         return Err(usage(format!(
             "{flag} {}: the directory {} does not exist",
