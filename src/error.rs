@@ -212,6 +212,64 @@ impl From<Unsupported> for OptimError {
     }
 }
 
+/// The known name nearest to `name`, if one is near enough to be what was
+/// meant: the same but for case, or a few edits away (one edit for short
+/// names, one more per four characters). For the "did you mean" of an
+/// unknown name's message.
+pub fn nearest_name<'a>(name: &str, known: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+    let wanted = name.trim().to_lowercase();
+    let length = wanted.chars().count();
+    if length == 0 {
+        return None;
+    }
+    let limit = 1 + length / 4;
+    known
+        .into_iter()
+        .map(|candidate| (edit_distance(&wanted, &candidate.to_lowercase()), candidate))
+        .filter(|&(distance, _)| distance <= limit && distance < length)
+        .min_by_key(|&(distance, _)| distance)
+        .map(|(_, candidate)| candidate)
+}
+
+/// `; did you mean `NAME`?` for the nearest known name, or nothing.
+pub fn did_you_mean<'a>(name: &str, known: impl IntoIterator<Item = &'a str>) -> String {
+    nearest_name(name, known)
+        .map(|near| format!("; did you mean `{near}`?"))
+        .unwrap_or_default()
+}
+
+/// Edits from `a` to `b` in characters: an insertion, a deletion, a
+/// substitution or two neighbours swapped cost 1, but a digit for another
+/// digit costs 2 (`v9` is another number, not a slip for `v2`).
+fn edit_distance(a: &str, b: &str) -> usize {
+    let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
+    let mut rows = vec![vec![0usize; b.len() + 1]; a.len() + 1];
+    for (i, row) in rows.iter_mut().enumerate() {
+        row[0] = i;
+    }
+    for (j, cell) in rows[0].iter_mut().enumerate() {
+        *cell = j;
+    }
+    for i in 1..=a.len() {
+        for j in 1..=b.len() {
+            let (x, y) = (a[i - 1], b[j - 1]);
+            let substitute = match (x == y, x.is_ascii_digit() && y.is_ascii_digit()) {
+                (true, _) => 0,
+                (false, true) => 2,
+                (false, false) => 1,
+            };
+            let mut best = (rows[i - 1][j] + 1)
+                .min(rows[i][j - 1] + 1)
+                .min(rows[i - 1][j - 1] + substitute);
+            if i > 1 && j > 1 && x == b[j - 2] && a[i - 2] == y {
+                best = best.min(rows[i - 2][j - 2] + 1);
+            }
+            rows[i][j] = best;
+        }
+    }
+    rows[a.len()][b.len()]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -244,5 +302,22 @@ mod tests {
         let cause = domain.source().expect("the io error");
         assert!(cause.is::<std::io::Error>());
         assert!(cause.source().is_none());
+    }
+
+    #[test]
+    fn a_near_name_is_suggested_and_a_far_one_is_not() {
+        let known = ["v4-8", "v5e-16", "v5p-128", "fsdp", "adam"];
+        assert_eq!(nearest_name("v5e16", known), Some("v5e-16"));
+        assert_eq!(nearest_name("V4-8", known), Some("v4-8"));
+        assert_eq!(nearest_name("fsd", known), Some("fsdp"));
+        assert_eq!(nearest_name("adamm", known), Some("adam"));
+        assert_eq!(nearest_name("hots", ["chip", "host"]), Some("host"));
+        assert_eq!(nearest_name("v9", ["v2", "v3", "v4"]), None);
+        assert_eq!(nearest_name("", known), None);
+        assert_eq!(nearest_name("zz", known), None);
+        assert_eq!(nearest_name("/no/such/pod.ron", known), None);
+        assert_eq!(did_you_mean("fsdq", known), "; did you mean `fsdp`?");
+        assert_eq!(did_you_mean("lamb", ["sgd"]), "");
+        assert_eq!(edit_distance("kitten", "sitting"), 3);
     }
 }

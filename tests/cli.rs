@@ -93,9 +93,11 @@ fn a_malformed_pod_file_is_an_error_not_a_panic() {
 }
 
 #[test]
-fn unknown_pods_and_bad_usage_have_distinct_exit_codes() {
+fn an_unknown_pod_is_a_usage_error_like_a_bad_value() {
+    // An unknown pod is a bad value like any other (exit 2); a pod file
+    // that cannot be read as one is a runtime failure (exit 1, above).
     let output = optirs(&["topology", "v9-9"]);
-    assert_eq!(output.status.code(), Some(1));
+    assert_eq!(output.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&output.stderr).contains("v5e-256"));
     let usage = optirs(&["run", "--steps", "many"]);
     assert_eq!(usage.status.code(), Some(2));
@@ -212,7 +214,7 @@ fn checkpoint_save_restore_continues_the_same_world() {
     // directory above exists).
     let absent = dir.path().join("absent").join("..");
     let escaped = optirs(&["checkpoint", "save", "--out", absent.to_str().unwrap()]);
-    assert_eq!(escaped.status.code(), Some(1));
+    assert_eq!(escaped.status.code(), Some(2));
     assert!(
         String::from_utf8_lossy(&escaped.stderr).contains("does not end in a checkpoint name"),
         "{}",

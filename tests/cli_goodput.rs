@@ -191,7 +191,7 @@ fn every_bad_value_exits_2_with_one_readable_line() {
         "5",
     ]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
-    // A pod that is not there is a runtime failure, not a bad value.
+    // A pod that is not there is a bad value too (a missing path).
     let out = optirs(&[
         "goodput",
         "/nonexistent/pod.ron",
@@ -202,7 +202,7 @@ fn every_bad_value_exits_2_with_one_readable_line() {
         "--days",
         "1",
     ]);
-    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
 }
 
 #[test]

@@ -3,7 +3,7 @@
 use super::parse::{parse_count_or_zero, usage};
 use super::run::{check_ticks, print_report, step_and_report};
 use super::{output, progress};
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use clap::{Args, Subcommand};
 use optirs_tpu::Pod;
 use optirs_tpu::checkpoint::{
@@ -72,7 +72,12 @@ fn split_dir(dir: &Path) -> Result<(PathBuf, String)> {
     let name = dir
         .file_name()
         .and_then(|n| n.to_str())
-        .with_context(|| format!("{} does not end in a checkpoint name", dir.display()))?
+        .ok_or_else(|| {
+            usage(format!(
+                "{} does not end in a checkpoint name",
+                dir.display()
+            ))
+        })?
         .to_string();
     let root = dir
         .parent()
@@ -135,8 +140,8 @@ fn save(pod: &str, steps: u64, out: &Path) -> Result<()> {
             out.display()
         )));
     }
-    output::check_dir("--out", out)?;
     let (root, name) = split_dir(out)?;
+    output::check_new_file("--out", out)?;
     check_new_checkpoint(&root, &name)?;
     let mut pod = Pod::load(pod)?;
     check_ticks("--steps", steps, pod.clock().tick_ns)?;
@@ -167,7 +172,7 @@ fn save(pod: &str, steps: u64, out: &Path) -> Result<()> {
 /// `checkpoint list`: every checkpoint under a storage root, ok or its problem.
 fn list(root: &Path, json: bool, registry: &SnapshotRegistry) -> Result<()> {
     if !check_storage_root(root)?.exists {
-        bail!("{}: no such storage root", root.display());
+        return Err(usage(format!("{}: no such storage root", root.display())));
     }
     let listings = list_checkpoints(root, registry)?;
     if json {

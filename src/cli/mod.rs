@@ -56,7 +56,10 @@ enum Command {
 
 /// Parses the command line, runs the command, maps errors to exit codes.
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(error) => return refuse_command_line(&error),
+    };
     let name = match &cli.command {
         Command::Train(_) => "train",
         Command::Run(_) => "run",
@@ -89,6 +92,25 @@ pub fn main() -> ExitCode {
         Err(error) => {
             eprintln!("error: {}", output::error_message(&error));
             ExitCode::from(if parse::is_usage(&error) { 2 } else { 1 })
+        }
+    }
+}
+
+/// Help and the version print as clap prints them; any other command-line
+/// error is one `error:` line on stderr, exit code 2.
+fn refuse_command_line(error: &clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    match error.kind() {
+        ErrorKind::DisplayHelp
+        | ErrorKind::DisplayVersion
+        | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            // A closed stdout (`--help | head`) is no failure.
+            let _ = error.print();
+            ExitCode::from(u8::try_from(error.exit_code()).unwrap_or(2))
+        }
+        _ => {
+            eprintln!("error: {}", parse::one_line(&error.render().to_string()));
+            ExitCode::from(2)
         }
     }
 }

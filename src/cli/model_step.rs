@@ -29,7 +29,8 @@ pub(super) fn load_model(spec: &str) -> Result<ModelConfig> {
         return ModelConfig::from_ron_file(path).map_err(|e| usage(e.to_string()));
     }
     Err(usage(format!(
-        "--model {spec}: neither a bundled model ({}) nor a file",
+        "--model {spec}: neither a bundled model nor a file{}; bundled: {}",
+        optirs_tpu::error::did_you_mean(spec, BUNDLED_NAMES.iter().copied()),
         BUNDLED_NAMES.join(", ")
     )))
 }

@@ -93,6 +93,13 @@ pub fn check_new_file(flag: &str, path: &Path) -> Result<()> {
         Some(parent) if !parent.as_os_str().is_empty() => parent,
         _ => Path::new("."),
     };
+    if parent.exists() && !parent.is_dir() {
+        return Err(usage(format!(
+            "{flag} {}: {} is not a directory",
+            path.display(),
+            parent.display()
+        )));
+    }
     if !parent.is_dir() {
         return Err(usage(format!(
             "{flag} {}: the directory {} does not exist",
@@ -108,7 +115,7 @@ pub fn check_new_file(flag: &str, path: &Path) -> Result<()> {
             "{flag} {}: cannot create a file in {}: {}",
             path.display(),
             parent.display(),
-            std::io::Error::from(error.kind())
+            cannot_create(&error)
         )));
     }
     Ok(())
@@ -144,7 +151,7 @@ pub fn check_dir(flag: &str, dir: &Path) -> Result<()> {
             "{flag} {}: cannot create a file in {}: {}",
             dir.display(),
             existing.display(),
-            std::io::Error::from(error.kind())
+            cannot_create(&error)
         )));
     }
     Ok(())
@@ -303,6 +310,25 @@ pub fn refuse_non_directory(flag: &str, dir: &Path) -> Result<()> {
         }));
     }
     Ok(())
+}
+
+/// Refuses `path` for `flag` (an input the command reads: `what`, such as
+/// `checkpoint directory`) when nothing exists there.
+pub fn refuse_missing(flag: &str, path: &Path, what: &str) -> Result<()> {
+    if path.symlink_metadata().is_err() {
+        return Err(usage(format!("{flag} {}: no such {what}", path.display())));
+    }
+    Ok(())
+}
+
+/// Why a file could not be created, in words: a directory that takes no
+/// new files at all (`/proc`) says "not found", which reads as if the
+/// directory were missing.
+fn cannot_create(error: &std::io::Error) -> String {
+    match error.kind() {
+        std::io::ErrorKind::NotFound => "it takes no new files".to_string(),
+        kind => std::io::Error::from(kind).to_string(),
+    }
 }
 
 #[cfg(test)]

@@ -25,9 +25,60 @@ pub fn usage(message: impl Into<String>) -> anyhow::Error {
     anyhow::Error::new(UsageError(message.into()))
 }
 
-/// Whether the error (or a cause) is a bad command-line value.
+/// Whether the error (or a cause) is a bad command-line value: a
+/// [`UsageError`], or a domain error that says the command line named
+/// nothing there is (an unknown pod, a missing input file or checkpoint
+/// directory). An input that exists but cannot be read as what it should
+/// be (a malformed pod file, a damaged checkpoint) is a runtime failure.
 pub fn is_usage(error: &anyhow::Error) -> bool {
-    error.chain().any(|cause| cause.is::<UsageError>())
+    use optirs_tpu::checkpoint::CheckpointError;
+    use optirs_tpu::files::InputError;
+    use optirs_tpu::topology::TopologyError;
+    error.chain().any(|cause| {
+        cause.is::<UsageError>()
+            || matches!(
+                cause.downcast_ref::<TopologyError>(),
+                Some(
+                    TopologyError::UnknownPod { .. }
+                        | TopologyError::Read(InputError::Missing { .. })
+                )
+            )
+            || matches!(
+                cause.downcast_ref::<InputError>(),
+                Some(InputError::Missing { .. })
+            )
+            || matches!(
+                cause.downcast_ref::<CheckpointError>(),
+                Some(CheckpointError::NoDirectory { .. })
+            )
+    })
+}
+
+/// A command-line error as clap renders it (several lines: the error,
+/// the possible values, a tip, the usage) in one line: the error, the
+/// possible values, and the tip's similar name as a did-you-mean; the
+/// usage and the pointer to `--help` are left out.
+pub fn one_line(rendered: &str) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    for line in rendered.lines().map(str::trim) {
+        if line.is_empty() || line.starts_with("Usage:") || line.starts_with("For more information")
+        {
+            continue;
+        }
+        let line = line.strip_prefix("error: ").unwrap_or(line);
+        match line.strip_prefix("tip: ") {
+            Some(tip) => match tip.split_once(" exists: ").or(tip.split_once(" exist: ")) {
+                Some((_, names)) => parts.push(format!("; did you mean {names}?")),
+                None => parts.push(format!("; {tip}")),
+            },
+            None => parts.push(format!(" {line}")),
+        }
+    }
+    parts
+        .concat()
+        .trim()
+        .replace(": ;", ";")
+        .replace(":  ", ": ")
 }
 
 /// `--prefetch`: a whole number from 0 (`1e3` reads as 1000, as every
@@ -77,6 +128,18 @@ pub fn parse_count(text: &str) -> Result<usize, String> {
         return Err(bad());
     }
     usize::try_from(value).map_err(|_| format!("`{text}` is too large"))
+}
+
+/// `--bucket-bytes`: a count of bytes that holds at least one f32
+/// element (4 bytes); a smaller bucket could pack nothing.
+pub fn parse_bucket_bytes(text: &str) -> Result<usize, String> {
+    let bytes = parse_count(text)?;
+    if bytes < 4 {
+        return Err(format!(
+            "`{text}` bytes hold no f32 element (4 bytes): give at least 4"
+        ));
+    }
+    Ok(bytes)
 }
 
 /// [`parse_count`] as a `u64` (steps, ticks).
@@ -329,5 +392,23 @@ mod tests {
         let error = usage("bad").context("outer");
         assert!(is_usage(&error));
         assert!(!is_usage(&anyhow::anyhow!("runtime")));
+    }
+
+    #[test]
+    fn a_clap_error_is_one_line_with_its_suggestion() {
+        let rendered = "error: invalid value 'adamm' for '--optimizer <OPTIMIZER>'\n  \
+            [possible values: sgd, adam]\n\n  tip: a similar value exists: 'adam'\n\n\
+            For more information, try '--help'.\n";
+        assert_eq!(
+            one_line(rendered),
+            "invalid value 'adamm' for '--optimizer <OPTIMIZER>' [possible values: sgd, adam]; \
+             did you mean 'adam'?"
+        );
+        let missing = "error: the following required arguments were not provided:\n  \
+            --days <D>\n\nUsage: optirs-tpu goodput --days <D>\n\nFor more information, try '--help'.\n";
+        assert_eq!(
+            one_line(missing),
+            "the following required arguments were not provided: --days <D>"
+        );
     }
 }

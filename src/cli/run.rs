@@ -162,6 +162,9 @@ impl RunArgs {
         if let Some(dir) = &self.checkpoint_dir {
             output::check_dir("--checkpoint-dir", dir)?;
         }
+        if let Some(dir) = &self.restore {
+            output::refuse_missing("--restore", dir, "checkpoint directory")?;
+        }
         Ok(())
     }
 

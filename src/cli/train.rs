@@ -6,8 +6,8 @@
 
 use super::parse::number;
 use super::parse::{
-    parse_count, parse_count_u64, parse_learning_rate, parse_prefetch, parse_rank_timeout,
-    parse_seconds, parse_seed, parse_tick_ms, parse_timed_device, usage,
+    parse_bucket_bytes, parse_count, parse_count_u64, parse_learning_rate, parse_prefetch,
+    parse_rank_timeout, parse_seconds, parse_seed, parse_tick_ms, parse_timed_device, usage,
 };
 use super::train_print::{print_modeled_text, print_report, write_trace};
 use super::{output, progress};
@@ -74,7 +74,7 @@ pub struct TrainArgs {
     pub(super) steps: u64,
     /// Bucket size in bytes (25 MiB by default): the model's tensors are
     /// packed into buckets whose collectives and updates overlap.
-    #[arg(long, default_value_t = DEFAULT_BUCKET_BYTES, value_parser = parse_count,
+    #[arg(long, default_value_t = DEFAULT_BUCKET_BYTES, value_parser = parse_bucket_bytes,
           allow_negative_numbers = true)]
     pub(super) bucket_bytes: usize,
     /// Gradient reduction: mean or sum.
@@ -495,9 +495,10 @@ fn run_steps_from(
     start_ns: Option<u64>,
     resumed: Option<Resumed>,
 ) -> Result<Outcome> {
-    let bar = progress::bar(args.steps, quiet, "train");
+    let bar = progress::steps_bar(args.steps, quiet, "train");
+    show_step_progress(opt, &bar);
     let stop = super::interrupt::requested;
-    let mut on_step = |done: u64| bar.set_position(done);
+    let mut on_step = |done: u64| bar.set_position(done * progress::UNITS_PER_STEP);
     let ran = optirs_tpu::training::run_steps_from(
         opt,
         &args.plan(),
@@ -506,6 +507,7 @@ fn run_steps_from(
         &stop,
         &mut on_step,
     );
+    opt.on_step_progress(None);
     match ran {
         Ok(outcome) => {
             bar.finish_and_clear();
@@ -526,6 +528,24 @@ fn run_steps_from(
         Err(RunError::Failed(e)) => Err(e.into()),
         Err(e) => Err(e.into()),
     }
+}
+
+/// Moves `bar` inside each step: the gradients' reduction (most of a
+/// large pod's wall time) fills the first [`GRADIENTS_SHARE`] of a step,
+/// the step in flight in simulated time the rest. A hidden bar is left
+/// alone: nothing is drawn, nothing is asked.
+fn show_step_progress(opt: &mut ShardedOptimizer<Base>, bar: &indicatif::ProgressBar) {
+    if bar.is_hidden() {
+        return;
+    }
+    let bar = bar.clone();
+    opt.on_step_progress(Some(Box::new(move |part, fraction| {
+        let whole = bar.position() / progress::UNITS_PER_STEP * progress::UNITS_PER_STEP;
+        let position = whole + progress::within_step(part, fraction);
+        if position > bar.position() {
+            bar.set_position(position);
+        }
+    })));
 }
 
 /// Each mesh axis with its size and physical axes (`axis0` … `dcn`).

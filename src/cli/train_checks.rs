@@ -30,6 +30,7 @@ impl TrainArgs {
                 )));
             }
             output::refuse_non_directory("--checkpoint-dir", dir)?;
+            output::check_dir("--checkpoint-dir", dir)?;
         }
         if let Some(when) = self.data_reduction
             && !(self.model.is_some() && self.modeled_only)
@@ -130,9 +131,10 @@ impl TrainArgs {
     }
 
     /// Refuses `--resume` where it cannot continue a run: with
-    /// `--modeled-only`, or without the run's `--checkpoint-every`.
+    /// `--modeled-only`, without the run's `--checkpoint-every`, or from a
+    /// directory that is not there.
     pub(super) fn refuse_misused_resume(&self) -> Result<()> {
-        if self.resume.is_some() {
+        if let Some(dir) = &self.resume {
             if self.modeled_only {
                 return Err(usage(
                     "--modeled-only models one step: --resume needs a real run".to_string(),
@@ -145,6 +147,7 @@ impl TrainArgs {
                         .to_string(),
                 ));
             }
+            output::refuse_missing("--resume", dir, "directory of checkpoints")?;
         }
         Ok(())
     }

@@ -101,7 +101,8 @@ impl fmt::Display for BenchOp {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
     "unknown collective {0:?}: expected all_reduce, reduce_scatter, all_gather, broadcast or \
-     all_to_all"
+     all_to_all{near}",
+    near = crate::error::did_you_mean(.0, BenchOp::ALL.map(BenchOp::name))
 )]
 pub struct UnknownBenchOp(pub String);
 

@@ -96,7 +96,10 @@ pub enum GoodputError {
         what: &'static str,
     },
     /// A recovery policy name that is not known.
-    #[error("unknown recovery policy `{name}` (known: rollback, redundant, spare-cube){note}")]
+    #[error(
+        "unknown recovery policy `{name}` (known: rollback, redundant, spare-cube){note}{}",
+        crate::error::did_you_mean(name, ["rollback", "redundant", "spare-cube"])
+    )]
     UnknownRecovery {
         /// What was given.
         name: String,
@@ -113,7 +116,10 @@ pub enum GoodputError {
         pod: String,
     },
     /// A failure unit name that is not known.
-    #[error("unknown failure unit `{name}` (known: chip, host)")]
+    #[error(
+        "unknown failure unit `{name}` (known: chip, host){}",
+        crate::error::did_you_mean(name, ["chip", "host"])
+    )]
     UnknownFailureUnit {
         /// What was given.
         name: String,

@@ -48,7 +48,7 @@ impl Eq for UpdateError {}
 
 /// A name the command line or a config gave that names nothing known.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
-#[error("unknown {what} `{name}` (known: {known})")]
+#[error("unknown {what} `{name}` (known: {known}){}", crate::error::did_you_mean(name, known.split(", ")))]
 pub struct UnknownName {
     /// What was named (`reduction`).
     pub what: &'static str,

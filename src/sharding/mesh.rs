@@ -84,8 +84,26 @@ impl fmt::Display for Strategy {
 
 /// A strategy name that is not one of [`Strategy::ALL`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown strategy `{0}` (expected replicated, zero2 or fsdp)")]
+#[error(
+    "unknown strategy `{0}` (expected replicated, zero2 or fsdp){near}",
+    near = strategy_near(.0)
+)]
 pub struct UnknownStrategy(pub String);
+
+/// The did-you-mean for an unknown strategy: ZeRO's stage names mean
+/// the strategy that shards as that stage does (`zero3` is fsdp, `zero1`
+/// replicated), which a spelling distance would miss.
+fn strategy_near(name: &str) -> String {
+    let stage = match name.to_ascii_lowercase().replace(['-', '_'], "").as_str() {
+        "zero1" => Some("replicated"),
+        "zero3" => Some("fsdp"),
+        _ => None,
+    };
+    match stage {
+        Some(strategy) => format!("; did you mean `{strategy}`?"),
+        None => crate::error::did_you_mean(name, Strategy::ALL.map(Strategy::name)),
+    }
+}
 
 impl FromStr for Strategy {
     type Err = UnknownStrategy;
@@ -312,7 +330,10 @@ pub enum MeshError {
         pod: String,
     },
     /// An axis name that is not data, fsdp or tensor.
-    #[error("mesh axis `{axis}` is unknown on {pod}: the axes are data, fsdp and tensor")]
+    #[error(
+        "mesh axis `{axis}` is unknown on {pod}: the axes are data, fsdp and tensor{}",
+        crate::error::did_you_mean(axis, ["data", "fsdp", "tensor"])
+    )]
     UnknownAxis {
         /// The name as given.
         axis: String,
@@ -749,8 +770,10 @@ mod tests {
         let err = "zero3".parse::<Strategy>().unwrap_err();
         assert_eq!(
             err.to_string(),
-            "unknown strategy `zero3` (expected replicated, zero2 or fsdp)"
+            "unknown strategy `zero3` (expected replicated, zero2 or fsdp); did you mean `fsdp`?"
         );
+        let err = "fsd".parse::<Strategy>().unwrap_err();
+        assert!(err.to_string().ends_with("did you mean `fsdp`?"), "{err}");
         assert_eq!(Strategy::default(), Strategy::Replicated);
     }
 

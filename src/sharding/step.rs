@@ -28,6 +28,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use bevy_ecs::prelude::*;
 use rayon::prelude::*;
@@ -165,6 +166,9 @@ pub struct LaunchRequest<'a, A> {
     pub programs: &'a BTreeMap<usize, ShardProgram>,
     /// The run-time learning-rate scalar (`-lr`), when the rule takes one.
     pub learning_rate: Option<A>,
+    /// Told the fraction of the gradients' reduction done (0 to 1) as its
+    /// chunks complete, for a host showing progress inside a long launch.
+    pub progress: Option<&'a (dyn Fn(f64) + Sync)>,
 }
 
 /// Per participant, the entity of its device.
@@ -252,7 +256,7 @@ pub fn launch_step<'w, A: FloatElement>(
     // split pod's launch that involves the other ranks, so it comes before
     // anything in this world changes.
     let phase_bytes = super::traffic::bytes_by_phase(&combined);
-    let reduced = reduce_into_last_buffer(world, &layout, request.gradients, number)?;
+    let reduced = reduce_into_last_buffer(world, &layout, &request, number)?;
     // HBM: the step's buffers under the model's strategy, on every device.
     let transient = reserve_gradients(world, &entities, &step_buffers(&residency), number)?;
     let hbm_bytes = hbm_in_use(world, &entities, &layout.participants);
@@ -332,9 +336,10 @@ fn step_mesh(world: &World, model: &ShardedModel) -> Option<Mesh> {
 fn reduce_into_last_buffer<A: FloatElement>(
     world: &mut World,
     layout: &ShardLayout,
-    gradients: &dyn GradientSource<A>,
+    request: &LaunchRequest<'_, A>,
     number: u64,
 ) -> Result<Vec<A>, ShardingError> {
+    let gradients = request.gradients;
     let buffer = world
         .get_resource_mut::<ShardedStep>()
         .map(|mut old| std::mem::replace(&mut old.reduced, flat_tensor::<A>(Vec::new())))
@@ -343,7 +348,7 @@ fn reduce_into_last_buffer<A: FloatElement>(
         .filter(|v| v.len() == layout.padded_elements());
     let op = model_of(world).map_or(crate::collectives::ReduceOp::Mean, |m| m.reduction.op());
     Ok(match super::ranked::context(world) {
-        None => reduce_gradients(layout, buffer, gradients, op),
+        None => reduce_gradients(layout, buffer, gradients, op, request.progress),
         Some(ctx) => super::ranked::reduce_gradients(layout, buffer, gradients, op, &ctx, number)?,
     })
 }
@@ -441,17 +446,25 @@ fn reduce_gradients<A: FloatElement>(
     buffer: Option<Vec<A>>,
     source: &dyn GradientSource<A>,
     op: crate::collectives::ReduceOp,
+    progress: Option<&(dyn Fn(f64) + Sync)>,
 ) -> Vec<A> {
     // Every element is written below (padding included).
     let mut reduced = buffer.unwrap_or_else(|| vec![A::ZERO; layout.padded_elements()]);
     let (grid, positions) = layout.grid();
     let elements = layout.elements;
     let tasks = layout.reduction_chunks(&mut reduced);
+    let (total, done) = (tasks.len().max(1) as f64, AtomicUsize::new(0));
+    let chunk_done = || {
+        if let Some(report) = progress {
+            report((done.fetch_add(1, Ordering::Relaxed) + 1) as f64 / total);
+        }
+    };
     if source.is_reduced() {
         tasks.into_par_iter().for_each(|(_, start, out)| {
             let real = elements.saturating_sub(start).min(out.len());
             source.fill(0, start, &mut out[..real]);
             out[real..].fill(A::ZERO);
+            chunk_done();
         });
         return reduced;
     }
@@ -466,6 +479,7 @@ fn reduce_gradients<A: FloatElement>(
             buf[real..].fill(A::ZERO);
         };
         grid.reduce_for(positions[r], op, out, &mut fill);
+        chunk_done();
     });
     reduced
 }

@@ -99,7 +99,12 @@ impl std::str::FromStr for DataReduction {
         DataReduction::ALL
             .into_iter()
             .find(|d| d.name() == s)
-            .ok_or_else(|| format!("`{s}` is not after-backward or overlapped"))
+            .ok_or_else(|| {
+                format!(
+                    "`{s}` is not after-backward or overlapped{}",
+                    crate::error::did_you_mean(s, DataReduction::ALL.map(DataReduction::name))
+                )
+            })
     }
 }
 

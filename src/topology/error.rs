@@ -42,12 +42,18 @@ pub enum TopologyError {
         problem: Box<Problem>,
     },
     /// No preset has this name and no such file exists.
-    #[error("no pod preset or file named `{name}` (presets: {known})")]
+    #[error(
+        "no pod preset or file named `{name}`{}; presets: {known}",
+        near.as_ref().map(|n| format!("; did you mean `{n}`?")).unwrap_or_default()
+    )]
     UnknownPod {
         /// What was asked for.
         name: String,
         /// The preset names, comma-separated.
         known: String,
+        /// The preset nearest to `name`, when one is near enough to be
+        /// what was meant.
+        near: Option<String>,
     },
 }
 
@@ -59,7 +65,11 @@ pub enum Problem {
     #[error("the pod needs a name (reports, figures and checkpoints show it)")]
     EmptyName,
     /// The generation is not one the engine knows.
-    #[error("unknown TPU generation `{0}` (known: {known})", known = crate::hardware::TpuGeneration::names())]
+    #[error(
+        "unknown TPU generation `{0}` (known: {known}){near}",
+        near = crate::error::did_you_mean(.0, crate::hardware::TpuGeneration::ALL.map(crate::hardware::TpuGeneration::name)),
+        known = crate::hardware::TpuGeneration::names()
+    )]
     UnknownGeneration(String),
     /// A shape string that is not `AxB` or `AxBxC` of positive integers.
     #[error("`{text}` is not a shape like `4x4` or `4x4x4`: {reason}")]

@@ -46,10 +46,7 @@ pub fn load_topology_file(path: &Path) -> Result<Topology, TopologyError> {
 
 /// Validates a bundled preset by name.
 pub fn load_preset(name: &str) -> Result<Topology, TopologyError> {
-    let text = preset_text(name).ok_or_else(|| TopologyError::UnknownPod {
-        name: name.to_string(),
-        known: preset_names(),
-    })?;
+    let text = preset_text(name).ok_or_else(|| unknown_pod(name))?;
     parse_topology(text, &format!("preset {name}"))
 }
 
@@ -62,8 +59,15 @@ pub fn load_topology(spec: &str) -> Result<Topology, TopologyError> {
     if path.exists() {
         return load_topology_file(path);
     }
-    Err(TopologyError::UnknownPod {
-        name: spec.to_string(),
+    Err(unknown_pod(spec))
+}
+
+/// No preset and no file is named `name`: the presets, and the nearest.
+fn unknown_pod(name: &str) -> TopologyError {
+    TopologyError::UnknownPod {
+        name: name.to_string(),
         known: preset_names(),
-    })
+        near: crate::error::nearest_name(name, PRESETS.iter().map(|&(preset, _)| preset))
+            .map(str::to_string),
+    }
 }

@@ -55,7 +55,7 @@ impl Driver {
     pub(super) fn advance_until(
         &mut self,
         until_ns: u64,
-        done: impl Fn(&World) -> bool,
+        mut done: impl FnMut(&World) -> bool,
     ) -> Result<()> {
         match self {
             Driver::One(pod) => pod.advance_until(until_ns, done).map(|_| ()),

@@ -18,7 +18,7 @@ pub mod trace;
 pub use checkpoints::{CheckpointWrite, Resumed, SkippedCheckpoint, WriteOutcome};
 pub use host::{FALLBACK_HOST_BYTES, host_memory_budget};
 pub use ledgers::RunRecord;
-pub use optimizer::{ShardedOptimizer, ShardedStepReport, ShardingConfig};
+pub use optimizer::{ShardedOptimizer, ShardedStepReport, ShardingConfig, StepPart, StepProgress};
 pub use report::{TrainReport, median};
 pub use run::{Outcome, RunError, RunPlan, run_steps, run_steps_from};
 

@@ -168,7 +168,25 @@ pub struct ShardedOptimizer<O, A = f32> {
     pub(super) programs: BTreeMap<usize, ShardProgram>,
     pub(super) compile_seconds: f64,
     pub(super) checkpoints: Option<StepCheckpoints>,
+    /// Told how far the step in flight is, between its ticks
+    /// ([`ShardedOptimizer::on_step_progress`]).
+    pub(super) step_progress: Option<StepProgress>,
     pub(super) _element: PhantomData<fn() -> A>,
+}
+
+/// A host's view of a step in flight: called with the part of the step
+/// under way and the fraction of that part done, from 0 to 1.
+pub type StepProgress = Box<dyn Fn(StepPart, f64) + Send + Sync>;
+
+/// The parts of a step a host waits for, in order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StepPart {
+    /// The replicas' gradients made and reduce-scattered on the data,
+    /// chunk by chunk (most of a large pod's wall time).
+    Gradients,
+    /// The step in flight in simulated time, tick by tick: its
+    /// collectives and updates, to its completion.
+    InFlight,
 }
 
 impl<O, A> std::fmt::Debug for ShardedOptimizer<O, A> {
@@ -279,6 +297,7 @@ where
             programs: BTreeMap::new(),
             compile_seconds: 0.0,
             checkpoints: None,
+            step_progress: None,
             _element: PhantomData,
         };
         opt.compile_programs()?;
@@ -327,21 +346,8 @@ where
         let started = Instant::now();
         self.wait_for_recovery()?;
         self.compile_programs()?;
-        let learning_rate = self
-            .base
-            .update_rule()
-            .and_then(|r| update_graph::learning_rate_scalar(r));
-        let request = LaunchRequest {
-            gradients: grads,
-            programs: &self.programs,
-            learning_rate,
-        };
-        let launched = launch_step(self.pod.world_mut(), request)?;
-        let (number, completes_at_ns, failed_at_launch) = (
-            launched.number,
-            launched.completes_at_ns,
-            !launched.is_pending(),
-        );
+        let start_ns = self.pod.clock().now_ns;
+        let (number, completes_at_ns, failed_at_launch) = self.launch(grads)?;
         if failed_at_launch {
             // Failed at launch: the recovery policy runs now, as the
             // `Recovery` set would after a failure in flight.
@@ -351,7 +357,7 @@ where
             w.get_resource::<ShardedStep>()
                 .is_none_or(|s| s.is_pending())
         };
-        self.pod.advance_until(completes_at_ns, |w| !pending(w))?;
+        self.advance_reporting(start_ns, completes_at_ns)?;
         loop {
             let world = self.pod.world();
             let step = world
@@ -419,6 +425,66 @@ where
                 }
             }
         }
+    }
+
+    /// Launches the next step with `grads` (the [`StepProgress`] told of
+    /// the gradients' reduction): its number, its completion time, and
+    /// whether it failed at launch.
+    fn launch(&mut self, grads: &dyn GradientSource<A>) -> Result<(u64, u64, bool)> {
+        let learning_rate = self
+            .base
+            .update_rule()
+            .and_then(|r| update_graph::learning_rate_scalar(r));
+        let report = self.step_progress.as_deref();
+        let reduced = |fraction: f64| {
+            if let Some(report) = report {
+                report(StepPart::Gradients, fraction);
+            }
+        };
+        let request = LaunchRequest {
+            gradients: grads,
+            programs: &self.programs,
+            learning_rate,
+            progress: report.map(|_| &reduced as &(dyn Fn(f64) + Sync)),
+        };
+        let launched = launch_step(self.pod.world_mut(), request)?;
+        Ok((
+            launched.number,
+            launched.completes_at_ns,
+            !launched.is_pending(),
+        ))
+    }
+
+    /// Tells `f` how far each step is (its [`StepPart`] and the fraction
+    /// of that part done: chunks of the gradients reduced, then the step's
+    /// simulated time passed, between its ticks), so a host can show
+    /// progress inside a long step; `None` stops telling.
+    pub fn on_step_progress(&mut self, f: Option<StepProgress>) {
+        self.step_progress = f;
+    }
+
+    /// Steps the pod from a step's launch at `start_ns` until it is no
+    /// longer pending or `completes_at_ns` is reached, telling the
+    /// [`StepProgress`] how far it is between ticks.
+    fn advance_reporting(&mut self, start_ns: u64, completes_at_ns: u64) -> Result<()> {
+        let span = completes_at_ns.saturating_sub(start_ns).max(1) as f64;
+        let progress = self.step_progress.as_deref();
+        let passed = |w: &World| {
+            let now_ns = w.resource::<crate::clock::SimClock>().now_ns;
+            (now_ns.saturating_sub(start_ns) as f64 / span).min(1.0)
+        };
+        self.pod.advance_until(completes_at_ns, |w| {
+            if let Some(report) = progress {
+                report(StepPart::InFlight, passed(w));
+            }
+            w.get_resource::<ShardedStep>()
+                .is_some_and(|s| !s.is_pending())
+        })?;
+        // The last stretch may be jumped over (idle ticks): say where it ended.
+        if let Some(report) = progress {
+            report(StepPart::InFlight, passed(self.pod.world()));
+        }
+        Ok(())
     }
 
     /// Steps the pod until a recovery in progress is over (its modeled
