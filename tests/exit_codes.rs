@@ -305,3 +305,49 @@ fn help_exits_0_and_a_damaged_input_exits_1() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// A message names what the user gave: the model, not `--params`; the
+/// last device that exists; a directory as a directory; the slice count
+/// that takes a pod over the cap; a flag that does nothing in its mode.
+#[test]
+fn each_message_names_what_was_given() {
+    let output = optirs(&["train", "v5e-16", "--model", "llama2-7b", "--steps", "1"]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    // A 6.7B model's state outgrows a CI host; where it fits, it runs.
+    if !output.status.success() {
+        assert!(stderr.contains("--model llama2-7b has"), "{stderr}");
+        assert!(!stderr.contains("--params"), "{stderr}");
+    }
+    refused(
+        &["run", "v4-8", "--steps", "1", "--kill", "99@0.001"],
+        &["device 99", "devices 0 to 7"],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let dir_text = dir.path().to_str().unwrap();
+    refused(
+        &["run", "v4-8", "--steps", "1", "--trace", dir_text],
+        &["--trace", "is a directory"],
+    );
+    let pod = dir.path().join("many.ron");
+    std::fs::write(
+        &pod,
+        "Pod(name: \"many\", generation: \"v5e\", shape: \"16x16\", slices: 100000)",
+    )
+    .unwrap();
+    let output = optirs(&["topology", pod.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("`slices`"), "{stderr}");
+    assert!(!stderr.contains("`shape`"), "{stderr}");
+    refused(
+        &[
+            "train",
+            "v5e-16",
+            "--model",
+            "llama2-7b",
+            "--modeled-only",
+            "--steps",
+            "50",
+        ],
+        &["--steps 50", "does nothing"],
+    );
+}

@@ -83,6 +83,12 @@ pub fn refuse_existing(exports: &[Export<'_>]) -> Result<()> {
 /// does not exist yet, its directory does, and a file can be created in
 /// that directory (tried with a probe file that is removed at once).
 pub fn check_new_file(flag: &str, path: &Path) -> Result<()> {
+    if path.is_dir() {
+        return Err(usage(format!(
+            "{flag} {}: is a directory; {flag} writes a new file: give a file's path",
+            path.display()
+        )));
+    }
     if path.symlink_metadata().is_ok() {
         return Err(usage(format!(
             "{} already exists; {flag} never overwrites a file: choose a new path or remove it",

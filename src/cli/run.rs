@@ -205,7 +205,8 @@ impl RunArgs {
         let exists = |flag: &str, device: u32| {
             if device >= devices {
                 return Err(usage(format!(
-                    "{flag}: device {device} does not exist: {name} has devices 0..{devices}"
+                    "{flag}: device {device} does not exist: {name} has devices 0 to {}",
+                    devices.saturating_sub(1)
                 )));
             }
             Ok(())

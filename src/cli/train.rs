@@ -29,6 +29,8 @@ use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+/// `--steps` when not given.
+const DEFAULT_TRAIN_STEPS: u64 = 20;
 /// The bundled default model: the tensors of one transformer block of
 /// width 1024 with its embedding (vocabulary 4096): embedding, attention
 /// QKV and output, MLP in and out, two norms' scales and biases; 16.8 M
@@ -69,7 +71,7 @@ pub struct TrainArgs {
     #[arg(long, value_name = "NAME|FILE", conflicts_with = "params")]
     pub(super) model: Option<String>,
     /// Steps to complete (lost steps are redone).
-    #[arg(long, default_value_t = 20, value_parser = parse_count_u64,
+    #[arg(long, default_value_t = DEFAULT_TRAIN_STEPS, value_parser = parse_count_u64,
           allow_negative_numbers = true)]
     pub(super) steps: u64,
     /// Bucket size in bytes (25 MiB by default): the model's tensors are
@@ -242,6 +244,13 @@ pub(super) fn model_of(sizes: &[usize]) -> Result<ParamSet<f32>> {
 pub fn train(args: TrainArgs) -> Result<()> {
     args.refuse_unusable()?;
     if let (Some(spec), true) = (&args.model, args.modeled_only) {
+        if args.steps != DEFAULT_TRAIN_STEPS {
+            return Err(usage(format!(
+                "--steps {}: --model --modeled-only models one step in closed form, so a step \
+                 count does nothing; drop --steps (goodput --model models a whole run)",
+                args.steps
+            )));
+        }
         let config = super::model_step::load_model(spec)?;
         let topology = checked_topology(&args, &[])?;
         args.refuse_real_run_only(true)?;
@@ -419,8 +428,12 @@ pub(super) fn checked_topology(
     let available = optirs_tpu::training::host_memory_budget();
     if host_bytes > available {
         let readable = |bytes: u128| output::bytes(u64::try_from(bytes).unwrap_or(u64::MAX));
+        let what = match &args.model {
+            Some(model) => format!("--model {model} has"),
+            None => "--params totals".to_string(),
+        };
         bail!(
-            "--params totals {total} parameters, about {} on this host with optimizer state, \
+            "{what} {total} parameters, about {} on this host with optimizer state, \
              but {} is available; train a smaller model (or --modeled-only)",
             readable(host_bytes),
             readable(available)

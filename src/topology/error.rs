@@ -193,7 +193,7 @@ pub enum Problem {
         requirement: &'static str,
     },
     /// An explicit link names a device the pod does not have.
-    #[error("device {device} does not exist (the pod has devices 0..{devices})")]
+    #[error("device {device} does not exist (the pod has devices 0 to {last})", last = devices.saturating_sub(1))]
     UnknownDevice {
         /// The id given.
         device: u32,

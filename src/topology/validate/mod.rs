@@ -164,8 +164,15 @@ fn resolve_shape(file: &PodFile, spec: &HardwareSpec) -> Check<Shape> {
         acc.saturating_mul(u64::from(d))
     });
     if chips > MAX_POD_CHIPS {
+        // The field that takes it over the cap: the slice count when one
+        // slice fits.
+        let one_slice = chips / u64::from(slices);
         return Err(invalid(
-            "shape",
+            if slices > 1 && one_slice <= MAX_POD_CHIPS {
+                "slices"
+            } else {
+                "shape"
+            },
             Problem::TooManyChips {
                 chips,
                 max: MAX_POD_CHIPS,
