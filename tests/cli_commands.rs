@@ -71,7 +71,7 @@ fn every_bad_value_of_run_exits_2_naming_the_flag_and_value() {
     // Checked against the pod, still before any work.
     refused(
         &["run", "v4-8", "--kill", "99@1"],
-        &["--kill", "device 99 does not exist", "0..8"],
+        &["--kill", "device 99 does not exist", "0 to 7"],
     );
     let after_the_end = refused(
         &["run", "v4-8", "--steps", "10", "--kill", "5@30"],
