@@ -351,3 +351,15 @@ fn each_message_names_what_was_given() {
         &["--steps 50", "does nothing"],
     );
 }
+
+/// `goodput`'s usage line shows both ways to give it a model.
+#[test]
+fn the_goodput_usage_line_names_both_models() {
+    let help = optirs(&["goodput", "--help"]);
+    let text = String::from_utf8_lossy(&help.stdout);
+    let usage = text.lines().find(|l| l.starts_with("Usage:")).unwrap();
+    assert!(
+        usage.contains("--model <NAME|FILE>") && usage.contains("--model-params <N>"),
+        "{usage}"
+    );
+}

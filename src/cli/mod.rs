@@ -49,6 +49,10 @@ enum Command {
     Checkpoint(checkpoint::CheckpointArgs),
     /// Simulate a long training run through failures, checkpoints and
     /// recoveries, and report its goodput.
+    #[command(
+        override_usage = "optirs-tpu goodput [POD] --mtbf-hours <H> --days <D> \
+                          [--model <NAME|FILE> | --model-params <N>] [OPTIONS]"
+    )]
     Goodput(goodput::GoodputArgs),
     /// Wall-clock benchmarks: `bench schedule` times every system.
     Bench(bench::BenchArgs),
