@@ -434,7 +434,7 @@ fn checkpoint_lines(r: &GoodputReport) -> String {
         ),
         (Some(s), None) => format!("every {}", span(s)),
     };
-    let size = output::bytes(c.checkpoint_bytes as u64);
+    let size = output::bytes(c.checkpoint_bytes);
     let cost = if r.config.async_checkpoint {
         format!(
             "asynchronous: training waits {} for the host copy of {size}, the {} write at {} \

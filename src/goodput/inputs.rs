@@ -360,7 +360,7 @@ pub struct Costs {
     /// productive time.
     pub replication_seconds_per_step: f64,
     /// Bytes of one checkpoint: parameters and every state slot.
-    pub checkpoint_bytes: f64,
+    pub checkpoint_bytes: u64,
     /// Aggregate storage bandwidth, bytes per second.
     pub storage_bytes_per_s: f64,
     /// Writing one checkpoint to storage, seconds
@@ -493,7 +493,7 @@ impl Costs {
             system_mtbf_seconds,
             step_seconds: config.step_seconds,
             replication_seconds_per_step,
-            checkpoint_bytes,
+            checkpoint_bytes: checkpoint_bytes.round() as u64,
             storage_bytes_per_s,
             checkpoint_write_seconds: io_seconds,
             checkpoint_read_seconds: io_seconds,
