@@ -19,7 +19,8 @@
 //! Rounds are paired: each runs every side once, starting one further along
 //! each round, so background load lands on all of them; the figures are
 //! medians, and the ratios between sides are medians of per-round ratios.
-//! The floor is measured before and after the rounds, the better taken.
+//! The floor is measured before the rounds, after them and after the warm
+//! run, the best taken.
 //!
 //! Bytes per step are what the update must read and write, without
 //! write-allocate traffic: params and grads read, params written, each
@@ -364,7 +365,8 @@ fn warm(steps: usize, f: &mut dyn FnMut() -> Result<()>) -> Result<f64> {
 /// each round, so machine drift lands on every side; figures are medians
 /// and ratios between sides are medians of per-round ratios. The streaming
 /// floor ([`crate::memory::stream`]) over the update's working set is
-/// measured before and after the rounds, the better taken; the update's
+/// measured before the rounds, after them and after the warm run, the best
+/// taken; the update's
 /// floor is `bytes_per_step` at its rate.
 ///
 /// Refuses, before allocating anything, a `size` whose buffers
@@ -421,11 +423,12 @@ pub fn bench_optimizer(name: &str, size: usize, steps: usize) -> Result<Optimize
         fresh_vs_loop.push(t[0] / t[3]);
         recycled_vs_in_place.push(t[4] / t[1]);
     }
+    let floor_between = measure_floor(slots, size).best_of(&floor_before);
     let warm_in_place_step_seconds = warm(steps, &mut || {
         in_place.tpu_step_in_place(&mut p_in_place, &g)
     })?;
     black_box((&p_in_place, &copy_dst));
-    let floor = measure_floor(slots, size).best_of(&floor_before);
+    let floor = measure_floor(slots, size).best_of(&floor_between);
     let best = floor.best().expect("the floor measures every kernel");
     let floor_seconds = floor.seconds(bytes_per_step);
     let [
