@@ -13,7 +13,7 @@ Times, where `jax` and `optax` import:
 
 then runs `target/release/optirs-tpu bench optimizer --json` and
 `optirs-tpu collectives --json` (the 8-chip `v2-8` pod) for the same sizes
-and prints one table: ours, XLA, the in-place floor and the ratios, with the
+and prints one table: ours, XLA, the streaming floor and the ratios, with the
 machine's load average before and after. XLA's steps run back to back on the
 same buffers, so the comparison uses ours and the floor timed the same way
 (`bench optimizer`'s `warm_*` figures); `bench optimizer`'s rotated rounds,
@@ -302,9 +302,11 @@ def main():
             xs = f"{xm:.2f} GB/s" if xm else "skipped"
             print(f"| {op} | {row['bytes'] >> 20} MiB | {median(ours_bw):.2f} GB/s | {xs} "
                   f"| {ratios(zip(ours_bw, xla_bw))} |")
-    print("\nsteps, floor: a run of passes in a row over the same buffers, as "
-          "XLA's are (`bench optimizer`'s warm_in_place_step_seconds, warm_floor_seconds); "
-          "floor: the in-place streaming pass over the bytes the update must move; ratios "
+    print("\nsteps: a run of passes in a row over the same buffers, as XLA's are "
+          "(`bench optimizer`'s warm_in_place_step_seconds); floor: the bytes the update "
+          "must move at the machine's streaming floor (best of an add, a sum and a copy "
+          "with every core, `floor_gbps`; `benches/stream_floor.py` checks it against "
+          "numpy); ratios "
           "are of times for steps, of busbw for collectives (above 1× is faster for "
           "collectives, slower for steps).")
 

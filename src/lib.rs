@@ -17,7 +17,7 @@
 //! | 2 vocabulary | `ir` | the one `DType`, tensor types, the op set, `Tensor` |
 //! | 3 codecs and kernels | `persist`, `kernels` | how components become snapshot columns; the kernels constant folding, the interpreter and executables share |
 //! | 4 topology | `topology` | RON pod files, presets, device/host/link entities, derived figures |
-//! | 5 memory | `memory` | device memory in one home: heaps, each device's HBM and its usage, resident optimizer state, alignment |
+//! | 5 memory | `memory` | device memory in one home: heaps, each device's HBM and its usage, resident optimizer state, alignment; the host's streaming floor |
 //! | 6 transport, optimizers | `transport`, `optimizers` | control messages and data over the links, and the backend that decides which process delivers; the `Optimizer` trait and the seven rules, bit-exact with optax |
 //! | 7 health | `health` | heartbeats, suspect/failed detection, faults, exclusion |
 //! | 8 pod services | `barrier`, `collectives`, `clock_sync`, `monitor`, `load_balance`, `svg` | barriers; collectives on real buffers; NTP; monitoring; placement; pictures |

@@ -21,9 +21,10 @@ pub enum BenchCommand {
     /// (mean, p50, p99), grouped by the set it runs in.
     Schedule(ScheduleArgs),
     /// Time the compiled optimizer step, in place and with a fresh output,
-    /// against the physical floor (an in-place streaming pass over the bytes
-    /// the update must move), a plain copy and a hand-written fresh-output
-    /// loop, in paired rounds of one run.
+    /// against the machine's streaming floor (the bytes the update must move
+    /// at the best rate of an add, a sum and a copy over its working set
+    /// with every core), a plain copy and a hand-written fresh-output loop,
+    /// in paired rounds of one run.
     Optimizer(OptimizerArgs),
 }
 
@@ -40,7 +41,7 @@ pub struct OptimizerArgs {
           allow_negative_numbers = true)]
     size: usize,
     /// Timed paired rounds (each runs every side once), at least 1; then the
-    /// in-place step and the floor as many times in a row each (warm).
+    /// in-place step as many times in a row (warm).
     #[arg(long, default_value_t = 21, value_parser = parse_count_u64,
           allow_negative_numbers = true)]
     steps: u64,
@@ -48,8 +49,9 @@ pub struct OptimizerArgs {
     /// in_place_step_seconds, floor_seconds, ratio_to_floor (in place),
     /// fresh_ratio_to_floor, warm_in_place_step_seconds,
     /// warm_floor_seconds, warm_ratio_to_floor, copy_seconds,
-    /// fresh_loop_seconds, ratio_to_fresh_loop, compile_seconds (and
-    /// bytes_per_step and the GB/s of each side).
+    /// fresh_loop_seconds, ratio_to_fresh_loop, compile_seconds, floor_gbps,
+    /// floor_kernel, floor_threads (and bytes_per_step and the GB/s of each
+    /// side).
     #[arg(long)]
     json: bool,
 }

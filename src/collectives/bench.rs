@@ -25,6 +25,8 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
+use crate::memory::stream::StreamFloor;
+
 use super::{
     CollectiveError, LinkModel, MultisliceShape, PassSummary, ReduceOp, TorusShape, Traffic,
     all_gather, all_reduce, all_to_all, broadcast, chunk_range, multislice_all_gather,
@@ -141,14 +143,10 @@ pub struct BenchRow {
     pub modeled_seconds: f64,
     /// Bus bandwidth implied by the modeled time, GB/s (0 when it is 0).
     pub modeled_busbw_gbps: f64,
-    /// The shared-memory floor, from a copy measured in the same run: the
-    /// least any in-process implementation must move — all-reduce reads
-    /// and writes every rank's buffer (`2nB` bytes), reduce-scatter reads
-    /// every buffer and writes each rank's chunk (`(n+1)B`), all-gather
-    /// reads each chunk and writes every buffer (`(n+1)B`), broadcast
-    /// reads the root's and writes the others' (`nB`) — at the bandwidth
-    /// of a parallel copy of every rank's input into its buffer (both
-    /// cores, `2nB` bytes, timed before each call).
+    /// The shared-memory floor: [`floor_bytes`], the least any in-process
+    /// implementation must move, at the machine's best streaming rate over
+    /// the ranks' buffers with every core, measured in the same run
+    /// ([`crate::memory::stream`]).
     pub floor_seconds: f64,
     /// `measured_seconds / floor_seconds` (1 would be at the floor).
     pub ratio_to_floor: f64,
@@ -449,28 +447,18 @@ fn run_one(
     } else {
         MAX_ITERATIONS
     };
+    let floor_before = measure_floor(n, len);
     let mut total = 0.0;
-    let mut floor_total = 0.0;
     for _ in 0..iterations {
-        // Resetting the buffers is the floor kernel: every rank's buffer
-        // read (its input) and written once, in parallel.
-        let start = Instant::now();
         reset(&mut buffers, &inputs);
-        floor_total += start.elapsed().as_secs_f64();
         let start = Instant::now();
         layout.run(op, &mut buffers, &ring)?;
         total += start.elapsed().as_secs_f64();
     }
     let measured_seconds = total / iterations as f64;
-    let copy_seconds = floor_total / iterations as f64;
-    let floor_bytes = match op {
-        BenchOp::AllReduce => 2 * n,
-        BenchOp::ReduceScatter | BenchOp::AllGather => n + 1,
-        BenchOp::Broadcast => n,
-        // Every buffer read and written once, as the copy does.
-        BenchOp::AllToAll => 2 * n,
-    } as f64;
-    let floor_seconds = copy_seconds * floor_bytes / (2 * n) as f64;
+    let floor_seconds = measure_floor(n, len)
+        .best_of(&floor_before)
+        .seconds(floor_bytes(op, n, len));
     let bytes = (len * 4) as u64;
     let gbps = |seconds: f64| {
         if seconds > 0.0 {
@@ -503,6 +491,39 @@ fn run_one(
         },
         passes,
     })
+}
+
+/// Streaming passes the floor is the best of, per kernel and thread count.
+const FLOOR_REPS: usize = 10;
+
+/// The least bytes any in-process `op` over `n` ranks of `len` `f32` must
+/// move: all-reduce reads and writes every buffer (`2nB`), reduce-scatter
+/// reads every buffer and writes each rank's chunk (`(n+1)B`), all-gather
+/// reads each chunk and writes every buffer (`(n+1)B`), broadcast reads
+/// the root's and writes the others' (`nB`), all-to-all reads and writes
+/// every chunk but each rank's own (`2(n−1)B`).
+pub fn floor_bytes(op: BenchOp, n: usize, len: usize) -> u64 {
+    let per_buffer = match op {
+        BenchOp::AllReduce => 2 * n,
+        BenchOp::ReduceScatter | BenchOp::AllGather => n + 1,
+        BenchOp::Broadcast => n,
+        BenchOp::AllToAll => 2 * n.saturating_sub(1),
+    };
+    (per_buffer * len * 4) as u64
+}
+
+/// The machine's streaming floor over the ranks' buffers (`n` × `len`
+/// `f32`), measured now ([`crate::memory::stream::measure_stream_floor`]);
+/// empty (no rate, so a floor of 0) for empty buffers.
+fn measure_floor(n: usize, len: usize) -> StreamFloor {
+    let footprint = (n * len * 4) as u64;
+    if footprint == 0 {
+        return StreamFloor {
+            footprint_bytes: 0,
+            rates: Vec::new(),
+        };
+    }
+    crate::memory::stream::measure_stream_floor(footprint, FLOOR_REPS)
 }
 
 /// Copies every rank's input into its buffer, ranks and pieces in

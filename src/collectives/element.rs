@@ -113,7 +113,8 @@ pub(crate) fn combine_in_order<T: Element>(
 /// machine (`optirs-tpu collectives v2-8 --op reduce-scatter`, paired runs)
 /// that took a 4 MiB-per-rank reduce-scatter (32 MiB in all, the size of
 /// the L3) from 0.97–1.30 ms to 0.84–1.27 ms. At 16 MiB per rank the pass
-/// is at its memory floor either way (2.8–4.1 ms, 0.94–1.10× the floor).
+/// took 2.8–4.1 ms either way: 0.94–1.10× the old copy floor, about 1.5×
+/// the streaming floor (`BENCHMARKS.md`, "The streaming floor").
 fn combine_pass<T: Element>(op: ReduceOp, acc: &mut [T], init: Option<&[T]>, xs: &[&[T]]) {
     macro_rules! with_width {
         ($($k:literal)*) => {

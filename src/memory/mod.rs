@@ -14,6 +14,7 @@ pub mod heap;
 pub mod journal;
 pub mod residency;
 pub mod shards;
+pub mod stream;
 
 pub use buffers::output_buffer;
 pub use device::{DeviceHeap, HbmUsage, ResidentBlock};

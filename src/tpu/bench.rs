@@ -1,11 +1,13 @@
 //! [`bench_optimizer`]: one compiled optimizer step, in place and with a
 //! fresh output, against the physical floor, measured in the same run.
 //!
-//! The floor is an in-place streaming kernel over the rayon pool (both
-//! cores here) that moves exactly the bytes the update must move: params,
-//! grads and each state slot read; params and each state slot written; no
-//! output allocated and no write-allocate traffic. A plain copy into a
-//! buffer that already exists gives the machine's copy bandwidth beside it.
+//! The floor is the machine's streaming floor ([`crate::memory::stream`]):
+//! the best rate of an in-place add, a read-only sum and a copy, each on
+//! one thread and on every core, over a working set the size of the
+//! update's (params, grads and state), best-of-N on warm buffers. The
+//! update's floor is the bytes it must move at that rate. A plain copy into
+//! a buffer that already exists gives the machine's copy bandwidth beside
+//! it.
 //!
 //! A second reference is the hand-written fresh-output loop: a single pass
 //! over slices with the same arithmetic, in 64 Ki-element chunks, that
@@ -16,7 +18,9 @@
 //!
 //! Rounds are paired: each runs every side once, starting one further along
 //! each round, so background load lands on all of them; the figures are
-//! medians, and the ratios are medians of per-round ratios.
+//! medians, and the ratios between sides are medians of per-round ratios.
+//! The floor is measured before the rounds, after them and after the warm
+//! run, the best taken.
 //!
 //! Bytes per step are what the update must read and write, without
 //! write-allocate traffic: params and grads read, params written, each
@@ -34,6 +38,7 @@ use serde::Serialize;
 use super::{TPUConfig, TPUOptimizer};
 use crate::error::{OptimError, Result};
 use crate::memory::output_buffer;
+use crate::memory::stream::{StreamFloor, measure_stream_floor};
 use crate::optimizers::{Adam, Optimizer, UpdateKind};
 use crate::training::median;
 
@@ -60,23 +65,25 @@ pub struct OptimizerBench {
     pub recycled_step_seconds: f64,
     /// Median of per-round `recycled_step / in_place_step`.
     pub recycled_ratio_to_in_place: f64,
-    /// Median seconds per step of the in-place streaming floor kernel.
+    /// Seconds per step at the streaming floor: `bytes_per_step` at
+    /// `floor_gbps`.
     pub floor_seconds: f64,
-    /// Median of per-round `in_place_step / floor`.
+    /// `in_place_step_seconds / floor_seconds`.
     pub ratio_to_floor: f64,
     /// Median seconds per in-place step in a run of `steps` back to back
     /// on the same buffers (after one untimed): how a loop that only steps,
     /// or a peer timing its step back to back (`benches/xla_peer.py`), sees
-    /// it. The rounds above run six sides in turn, so each finds its
+    /// it. The rounds above run five sides in turn, so each finds its
     /// buffers evicted; where the last-level cache holds the step's working
     /// set (the reference machine's 260 MiB of L3 against 80 MB for SGD at
     /// 1e7), the two differ.
     pub warm_in_place_step_seconds: f64,
-    /// Median seconds per floor pass in a run of `steps` back to back.
+    /// The floor for the warm step: the same as `floor_seconds` (the
+    /// floor's kernels are timed warm, best-of-N).
     pub warm_floor_seconds: f64,
     /// `warm_in_place_step_seconds / warm_floor_seconds`.
     pub warm_ratio_to_floor: f64,
-    /// Median of per-round `step / floor` (the fresh-output path).
+    /// `step_seconds / floor_seconds` (the fresh-output path).
     pub fresh_ratio_to_floor: f64,
     /// Median seconds per plain copy of `size` `f32` into a buffer that
     /// already exists (`8 * size` bytes moved).
@@ -93,8 +100,12 @@ pub struct OptimizerBench {
     pub gbps: f64,
     /// `bytes_per_step / in_place_step_seconds`, in GB/s.
     pub in_place_gbps: f64,
-    /// `bytes_per_step / floor_seconds`, in GB/s.
+    /// The machine's streaming floor, GB/s: the best rate of its kernels.
     pub floor_gbps: f64,
+    /// The kernel the floor was measured with (`add`, `sum`, `copy`).
+    pub floor_kernel: String,
+    /// Threads that kernel ran on.
+    pub floor_threads: usize,
     /// `8 * size / copy_seconds`, in GB/s.
     pub copy_gbps: f64,
     /// `bytes_per_step / fresh_loop_seconds`, in GB/s.
@@ -124,18 +135,19 @@ impl fmt::Display for OptimizerBench {
             self.recycled_step_seconds,
             self.bytes_per_step as f64 / self.recycled_step_seconds / 1e9,
         )?;
-        row(f, "floor (in place)", self.floor_seconds, self.floor_gbps)?;
+        row(f, "floor", self.floor_seconds, self.floor_gbps)?;
+        writeln!(
+            f,
+            "  floor kernel           {} on {} thread{}",
+            self.floor_kernel,
+            self.floor_threads,
+            if self.floor_threads == 1 { "" } else { "s" }
+        )?;
         row(
             f,
             "step, in place, warm",
             self.warm_in_place_step_seconds,
             self.bytes_per_step as f64 / self.warm_in_place_step_seconds / 1e9,
-        )?;
-        row(
-            f,
-            "floor, warm",
-            self.warm_floor_seconds,
-            self.bytes_per_step as f64 / self.warm_floor_seconds / 1e9,
         )?;
         row(f, "copy (8 B/element)", self.copy_seconds, self.copy_gbps)?;
         row(
@@ -261,71 +273,6 @@ fn adam_fresh(
     out
 }
 
-/// The physical floor of an update with `state.len()` state slots: one
-/// in-place pass over both cores that reads params, grads and every slot
-/// and writes params and every slot, nothing else (no output to allocate,
-/// no write-allocate traffic), with just enough arithmetic to depend on
-/// every byte read.
-struct Floor {
-    params: Vec<f32>,
-    state: Vec<Vec<f32>>,
-}
-
-impl Floor {
-    fn new(params: &[f32], slots: usize) -> Self {
-        Self {
-            params: params.to_vec(),
-            state: vec![vec![0.0; params.len()]; slots],
-        }
-    }
-
-    fn step(&mut self, g: &[f32]) -> Result<()> {
-        let p = &mut self.params;
-        match self.state.as_mut_slice() {
-            [] => (p.par_chunks_mut(CHUNK), g.par_chunks(CHUNK))
-                .into_par_iter()
-                .for_each(|(p, g)| {
-                    for (p, &g) in p.iter_mut().zip(g) {
-                        *p -= 1e-3 * g;
-                    }
-                }),
-            [s] => (
-                p.par_chunks_mut(CHUNK),
-                g.par_chunks(CHUNK),
-                s.par_chunks_mut(CHUNK),
-            )
-                .into_par_iter()
-                .for_each(|(p, g, s)| {
-                    for ((p, &g), s) in p.iter_mut().zip(g).zip(s) {
-                        *s = 0.5 * *s + g;
-                        *p -= 1e-3 * *s;
-                    }
-                }),
-            [s, t] => (
-                p.par_chunks_mut(CHUNK),
-                g.par_chunks(CHUNK),
-                s.par_chunks_mut(CHUNK),
-                t.par_chunks_mut(CHUNK),
-            )
-                .into_par_iter()
-                .for_each(|(p, g, s, t)| {
-                    for (((p, &g), s), t) in p.iter_mut().zip(g).zip(s).zip(t) {
-                        *s = 0.5 * *s + g;
-                        *t = 0.5 * *t + g * g;
-                        *p -= 1e-3 * (*s + *t);
-                    }
-                }),
-            more => {
-                return Err(OptimError::invalid_config(format!(
-                    "the floor kernel covers up to 2 state slots, not {}",
-                    more.len()
-                )));
-            }
-        }
-        Ok(())
-    }
-}
-
 /// A plain parallel copy of `src` into `dst` (both already faulted in).
 fn copy(dst: &mut [f32], src: &[f32]) {
     (dst.par_chunks_mut(CHUNK), src.par_chunks(CHUNK))
@@ -357,10 +304,20 @@ pub use crate::training::host::{FALLBACK_HOST_BYTES, host_memory_budget};
 /// optimizer with `slots` state slots: params and grads; the fresh step's
 /// state and its output; the fresh-output loop's state and output; one
 /// more of each output while a round's result is dropped; the in-place
-/// step's params and state; the floor's params and state; and the copy's
+/// step's params and state; the floor's two arrays, which span the
+/// update's working set (params, grads and state); and the copy's
 /// destination.
 pub fn bench_host_bytes(slots: usize, size: usize) -> u128 {
-    (9 + 4 * slots as u128) * size as u128 * 4
+    (10 + 4 * slots as u128) * size as u128 * 4
+}
+
+/// Streaming passes the floor is the best of, per kernel and thread count.
+const FLOOR_REPS: usize = 15;
+
+/// The streaming floor over the working set of an update with `slots`
+/// state slots on `size` params: params, grads and every slot.
+fn measure_floor(slots: usize, size: usize) -> StreamFloor {
+    measure_stream_floor((2 + slots as u64) * 4 * size as u64, FLOOR_REPS)
 }
 
 /// The benchmark's params and gradients: `size` deterministic `f32`s each.
@@ -403,10 +360,14 @@ fn warm(steps: usize, f: &mut dyn FnMut() -> Result<()>) -> Result<f64> {
 
 /// Measures `steps` paired rounds of optimizer `name` on `size` `f32`
 /// params: the compiled fresh-output step, the compiled in-place step, the
-/// floor kernel, a plain copy and the hand-written fresh-output loop. Each
-/// round runs all five, starting one further along each round, so machine
-/// drift lands on every side; figures are medians and ratios are medians of
-/// per-round ratios.
+/// recycled fresh-output step, a plain copy and the hand-written
+/// fresh-output loop. Each round runs all five, starting one further along
+/// each round, so machine drift lands on every side; figures are medians
+/// and ratios between sides are medians of per-round ratios. The streaming
+/// floor ([`crate::memory::stream`]) over the update's working set is
+/// measured before the rounds, after them and after the warm run, the best
+/// taken; the update's
+/// floor is `bytes_per_step` at its rate.
 ///
 /// Refuses, before allocating anything, a `size` whose buffers
 /// ([`bench_host_bytes`]) do not fit in [`host_memory_budget`].
@@ -431,16 +392,14 @@ pub fn bench_optimizer(name: &str, size: usize, steps: usize) -> Result<Optimize
     let mut in_place = TPUOptimizer::new(optimizer_named(name)?.1, TPUConfig::default())?;
     let mut p_in_place = p.clone();
     in_place.tpu_step_in_place(&mut p_in_place, &g)?;
-    let mut floor = Floor::new(p.as_slice().expect("standard layout"), slots);
-    floor.step(gs)?;
+    let floor_before = measure_floor(slots, size);
     let mut copy_dst = vec![0.0f32; size];
     copy(&mut copy_dst, gs);
     let mut fresh_loop = fresh_loop_for(kind, name, size)?;
     drop(black_box(fresh_loop.step(&p, &g)?));
-    const SIDES: usize = 6;
+    const SIDES: usize = 5;
     let mut times: [Vec<f64>; SIDES] = Default::default();
-    let (mut in_floor, mut fresh_floor, mut fresh_vs_loop) = (Vec::new(), Vec::new(), Vec::new());
-    let mut recycled_vs_in_place = Vec::new();
+    let (mut fresh_vs_loop, mut recycled_vs_in_place) = (Vec::new(), Vec::new());
     for round in 0..steps {
         let mut t = [0.0; SIDES];
         for k in 0..SIDES {
@@ -449,9 +408,8 @@ pub fn bench_optimizer(name: &str, size: usize, steps: usize) -> Result<Optimize
             match side {
                 0 => drop(black_box(fresh.tpu_step(&p, &g)?)),
                 1 => in_place.tpu_step_in_place(&mut p_in_place, &g)?,
-                2 => floor.step(gs)?,
-                3 => copy(black_box(&mut copy_dst), gs),
-                4 => drop(black_box(fresh_loop.step(&p, &g)?)),
+                2 => copy(black_box(&mut copy_dst), gs),
+                3 => drop(black_box(fresh_loop.step(&p, &g)?)),
                 _ => {
                     let out = recycled.tpu_step(&p, &g)?;
                     recycled.recycle(black_box(out));
@@ -462,20 +420,20 @@ pub fn bench_optimizer(name: &str, size: usize, steps: usize) -> Result<Optimize
         for (all, &one) in times.iter_mut().zip(&t) {
             all.push(one);
         }
-        in_floor.push(t[1] / t[2]);
-        fresh_floor.push(t[0] / t[2]);
-        fresh_vs_loop.push(t[0] / t[4]);
-        recycled_vs_in_place.push(t[5] / t[1]);
+        fresh_vs_loop.push(t[0] / t[3]);
+        recycled_vs_in_place.push(t[4] / t[1]);
     }
+    let floor_between = measure_floor(slots, size).best_of(&floor_before);
     let warm_in_place_step_seconds = warm(steps, &mut || {
         in_place.tpu_step_in_place(&mut p_in_place, &g)
     })?;
-    let warm_floor_seconds = warm(steps, &mut || floor.step(gs))?;
-    black_box((&p_in_place, &floor.params, &floor.state, &copy_dst));
+    black_box((&p_in_place, &copy_dst));
+    let floor = measure_floor(slots, size).best_of(&floor_between);
+    let best = floor.best().expect("the floor measures every kernel");
+    let floor_seconds = floor.seconds(bytes_per_step);
     let [
         step_seconds,
         in_place_step_seconds,
-        floor_seconds,
         copy_seconds,
         fresh_loop_seconds,
         recycled_step_seconds,
@@ -489,11 +447,11 @@ pub fn bench_optimizer(name: &str, size: usize, steps: usize) -> Result<Optimize
         recycled_step_seconds,
         recycled_ratio_to_in_place: median(recycled_vs_in_place),
         floor_seconds,
-        ratio_to_floor: median(in_floor),
+        ratio_to_floor: in_place_step_seconds / floor_seconds,
         warm_in_place_step_seconds,
-        warm_floor_seconds,
-        warm_ratio_to_floor: warm_in_place_step_seconds / warm_floor_seconds,
-        fresh_ratio_to_floor: median(fresh_floor),
+        warm_floor_seconds: floor_seconds,
+        warm_ratio_to_floor: warm_in_place_step_seconds / floor_seconds,
+        fresh_ratio_to_floor: step_seconds / floor_seconds,
         copy_seconds,
         fresh_loop_seconds,
         ratio_to_fresh_loop: median(fresh_vs_loop),
@@ -501,7 +459,9 @@ pub fn bench_optimizer(name: &str, size: usize, steps: usize) -> Result<Optimize
         bytes_per_step,
         gbps: gbps(bytes_per_step, step_seconds),
         in_place_gbps: gbps(bytes_per_step, in_place_step_seconds),
-        floor_gbps: gbps(bytes_per_step, floor_seconds),
+        floor_gbps: floor.gbps(),
+        floor_kernel: best.kernel.name().to_owned(),
+        floor_threads: best.threads,
         copy_gbps: gbps(8 * size as u64, copy_seconds),
         fresh_loop_gbps: gbps(bytes_per_step, fresh_loop_seconds),
     })
@@ -519,6 +479,6 @@ mod tests {
         assert!(msg.contains("100000000000"), "{msg}");
         assert!(check_host_memory("sgd", 0, 1 << 20, 1 << 30).is_ok());
         assert!(check_host_memory("sgd", 0, 1 << 30, 1 << 30).is_err());
-        assert_eq!(bench_host_bytes(2, usize::MAX), 17 * 4 * usize::MAX as u128);
+        assert_eq!(bench_host_bytes(2, usize::MAX), 18 * 4 * usize::MAX as u128);
     }
 }

@@ -32,8 +32,8 @@
 //!
 //! * **Which step to call.** [`TPUOptimizer::tpu_step_in_place`] is the
 //!   fast path: the params are donated (as with XLA's `donate_argnums`),
-//!   nothing is allocated and the step runs at 1.0–1.2× the in-place
-//!   memory-bandwidth floor for SGD and Adam at 1e7 (`BENCHMARKS.md`).
+//!   nothing is allocated and the step runs at 1.2–1.4× the machine's
+//!   streaming floor for SGD and Adam at 1e7 (`BENCHMARKS.md`).
 //!   [`TPUOptimizer::tpu_step`] returns a fresh array; a large fresh
 //!   output costs new pages from the kernel every step (zeroed, 2–3× the
 //!   in-place time at 1e7) unless the caller hands the previous output
