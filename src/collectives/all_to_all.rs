@@ -28,7 +28,7 @@
 use std::collections::BTreeMap;
 
 use super::CollectiveError;
-use super::multislice::{DCN_AXIS, MultisliceShape};
+use super::multislice::{MultisliceShape, record_exchange};
 use super::ring_slices;
 use super::torus::TorusShape;
 use super::traffic::{Phase, PhaseKind, Traffic, Transfer};
@@ -226,36 +226,18 @@ pub fn multislice_all_to_all_traffic(
                 ..*t
             }));
     }
+    // Each device's whole buffer splits into one part per slice, part
+    // `k` (its chips' chunks bound there) to its twin in slice `k`.
     let order = shape.slice().dims().len() as u32;
-    let per_chip = chips as u64 * chunk_bytes;
-    let mut bytes: BTreeMap<(usize, usize), u64> = BTreeMap::new();
-    for device in 0..count {
-        let (slice, local) = (device / chips, device % chips);
-        for to in (0..slices).filter(|&k| k != slice) {
-            let key = (shape.nic_of(device), shape.nic_of(to * chips + local));
-            *bytes.entry(key).or_insert(0) += per_chip;
-        }
-    }
-    let phase = Phase {
+    let whole = vec![0..len; count];
+    record_exchange(
+        &mut traffic,
+        shape,
+        &whole,
+        PhaseKind::AllToAll,
         order,
-        kind: PhaseKind::AllToAll,
-        dim: DCN_AXIS,
-        step: 0,
-    };
-    traffic
-        .transfers
-        .extend(
-            bytes
-                .into_iter()
-                .filter(|&(_, b)| b > 0)
-                .map(|((src, dst), bytes)| Transfer {
-                    src,
-                    dst,
-                    bytes,
-                    hops: 1,
-                    phase,
-                }),
-        );
+        elem_bytes,
+    );
     traffic.transfers.sort_by_key(|t| t.phase);
     traffic
 }

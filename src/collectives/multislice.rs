@@ -338,8 +338,10 @@ fn record_all_gather(
 /// The cross-slice exchange on the fabric: every device's range (after the
 /// slice's reduce-scatter) splits into `S` chunks; in a reduce-scatter it
 /// sends chunk `k` to its twin in slice `k`, in an all-gather its own
-/// chunk (its slice's) to every twin. Bytes are summed per host NIC pair.
-fn record_exchange(
+/// chunk (its slice's) to every twin; in an all-to-all, like a
+/// reduce-scatter, chunk `k` to slice `k`. Bytes are summed per host NIC
+/// pair.
+pub(super) fn record_exchange(
     traffic: &mut Traffic,
     shape: &MultisliceShape,
     ranges: &[Range<usize>],
