@@ -981,11 +981,7 @@ fn a_mesh_the_real_run_does_not_build_is_refused_before_any_work() {
         pod_named("v4-64"),
         model(&[100]),
         ShardingConfig {
-            mesh: Some(MeshSizes {
-                data: 3,
-                fsdp: 21,
-                tensor: 1,
-            }),
+            mesh: Some(MeshSizes::new(3, 21, 1)),
             ..ShardingConfig::default()
         },
     )

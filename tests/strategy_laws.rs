@@ -7,7 +7,7 @@ use optirs_tpu::ir::DType;
 use optirs_tpu::sharding::strategy_model::{
     DataReduction, Precision, StepOrder, StrategyOptions, StrategyStep, modeled_strategy_step,
 };
-use optirs_tpu::sharding::{Mesh, MeshAxisName, RecoveryPolicy, Strategy};
+use optirs_tpu::sharding::{Mesh, MeshAxisName, MeshSizes, RecoveryPolicy, Strategy};
 use optirs_tpu::topology::{Topology, load_topology};
 
 const MULTISLICE: &str = concat!(
@@ -24,7 +24,11 @@ fn pod(i: usize) -> Topology {
 fn mesh(topology: &Topology, data_axes: usize) -> Option<Mesh> {
     let phys = optirs_tpu::sharding::mesh::physical_axes(topology);
     let data: usize = phys.iter().take(data_axes).map(|p| p.1).product();
-    Mesh::lay_out([data, topology.num_devices() as usize / data, 1], topology).ok()
+    Mesh::lay_out(
+        MeshSizes::new(data, topology.num_devices() as usize / data, 1),
+        topology,
+    )
+    .ok()
 }
 
 fn step(topology: &Topology, params: usize, bucket: usize, o: &StrategyOptions) -> StrategyStep {

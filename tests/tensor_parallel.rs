@@ -14,7 +14,7 @@ fn v5e_256() -> Topology {
 }
 
 fn mesh(topology: &Topology, data: usize, fsdp: usize, tensor: usize) -> Mesh {
-    MeshSizes { data, fsdp, tensor }
+    MeshSizes::new(data, fsdp, tensor)
         .lay_out_split(topology)
         .unwrap()
 }

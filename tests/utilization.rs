@@ -163,7 +163,7 @@ proptest! {
         let per_slice = topology.chips_per_slice() as usize;
         let t = if tensor == 1 { 4 } else { 1 };
         let mesh = if t > 1 {
-            MeshSizes { data: slices as usize, fsdp: per_slice / t, tensor: t }
+            MeshSizes::new(slices as usize, per_slice / t, t)
                 .lay_out_split(&topology)
                 .ok()
         } else {

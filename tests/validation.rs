@@ -186,3 +186,48 @@ fn each_table_constant_is_its_fitted_row() {
         );
     }
 }
+
+/// What stages over the DCN would have given the v5e runs at 32 slices
+/// (`docs/validation.md`): the run's model, batch and tensor axis with the
+/// slices shared between data and stage, at the best microbatches and
+/// repeats that fit.
+#[test]
+fn stages_over_the_dcn_for_the_v5e_32_slice_rows() {
+    use optirs_tpu::step_model::stages_over_dcn::stages_over_dcn;
+    let published = optirs_tpu::model::maxtext_published().unwrap();
+    let rows = stages_over_dcn(&published, 32).unwrap();
+    println!(
+        "| model | published TFLOP/s/chip | data=32 over DCN | best with stages over DCN | microbatches | repeats | bubble | permutes s | TFLOP/s/chip | vs data |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    let v5e: Vec<_> = rows.iter().filter(|r| r.table == "v5e").collect();
+    assert_eq!(v5e.len(), 4, "the four v5e 32-slice rows");
+    for r in &v5e {
+        let b = r.best.as_ref().expect("a staged layout that fits");
+        println!(
+            "| {} | {:.0} | {:.1} | {} | {} | {} | {:.1} % | {:.3} | {:.1} | {:+.1} % |",
+            r.model,
+            r.published_tflops,
+            r.data_tflops,
+            b.mesh,
+            b.microbatches,
+            b.repeats,
+            b.bubble_fraction * 100.0,
+            b.permute_seconds,
+            b.tflops,
+            (b.tflops / r.data_tflops - 1.0) * 100.0
+        );
+        // The bubble is the closed form's, and the stages cost it: with
+        // the all-reduce over DCN as small as these models make it, no
+        // staged layout beats data over the slices.
+        let p = b
+            .mesh
+            .split(',')
+            .find_map(|e| e.strip_prefix("stage="))
+            .unwrap();
+        let p: f64 = p.parse().unwrap();
+        let closed = (p - 1.0) / (b.repeats as f64 * b.microbatches as f64 + p - 1.0);
+        assert!((b.bubble_fraction - closed).abs() < 1e-12);
+        assert!(b.tflops <= r.data_tflops * 1.001, "{} {b:?}", r.model);
+    }
+}

@@ -20,6 +20,7 @@ use optirs_tpu::goodput::{
 };
 use optirs_tpu::sharding::strategy_model::DataReduction;
 use optirs_tpu::sharding::{RecoveryPolicy, Strategy};
+use optirs_tpu::step_model::PipelineOptions;
 use optirs_tpu::topology::{DEFAULT_PRESET, load_topology};
 use std::time::Instant;
 
@@ -44,7 +45,7 @@ pub struct GoodputArgs {
     /// zero2 or fsdp [default: fsdp, MaxText's].
     #[arg(long)]
     strategy: Option<Strategy>,
-    /// With --model: the device mesh, `data=D,fsdp=F,tensor=T` (as train;
+    /// With --model: the device mesh, `data=D,stage=P,fsdp=F,tensor=T,expert=E` (as train;
     /// default: fsdp over every chip of a slice, data over the slices).
     #[arg(long, value_name = "SPEC")]
     mesh: Option<String>,
@@ -57,6 +58,14 @@ pub struct GoodputArgs {
     /// runs: after-backward (default) or overlapped.
     #[arg(long, value_name = "WHEN")]
     data_reduction: Option<DataReduction>,
+    /// With --model and a stage axis in --mesh: microbatches a step (as
+    /// train).
+    #[arg(long, value_name = "M")]
+    microbatches: Option<usize>,
+    /// With --model and a stage axis in --mesh: rounds of the stages (as
+    /// train).
+    #[arg(long, value_name = "R")]
+    repeats: Option<usize>,
     /// With --model: model a layout that does not fit each device's HBM
     /// anyway, rather than refuse it.
     #[arg(long)]
@@ -200,6 +209,8 @@ fn refuse_ignored(args: &GoodputArgs) -> Result<()> {
         ("--mesh", args.mesh.is_some()),
         ("--prefetch", args.prefetch.is_some()),
         ("--data-reduction", args.data_reduction.is_some()),
+        ("--microbatches", args.microbatches.is_some()),
+        ("--repeats", args.repeats.is_some()),
         ("--allow-overflow", args.allow_overflow),
     ];
     if let (None, Some((flag, _))) = (&args.model, layout.iter().find(|f| f.1)) {
@@ -256,6 +267,10 @@ pub fn goodput(args: GoodputArgs) -> Result<()> {
                 recovery: per_step_recovery(args.recovery),
                 optimizer: &args.optimizer,
                 record_spans: false,
+                pipeline: PipelineOptions {
+                    microbatches: args.microbatches,
+                    repeats: args.repeats,
+                },
             };
             let (step, params) =
                 super::model_step::goodput_step(spec, &topology, &layout, args.allow_overflow)?;

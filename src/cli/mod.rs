@@ -7,6 +7,7 @@ mod compile;
 mod goodput;
 mod interrupt;
 mod model_step;
+mod model_trace;
 mod output;
 mod parse;
 mod progress;

@@ -11,7 +11,9 @@ use optirs_tpu::model::{BUNDLED_NAMES, ModelConfig, bundled, parameter_count};
 use optirs_tpu::optimizers::UpdateCost;
 use optirs_tpu::sharding::strategy_model::DataReduction;
 use optirs_tpu::sharding::{Mesh, MeshAxisName, RecoveryPolicy, Strategy};
-use optirs_tpu::step_model::{ModelStep, ModelStepOptions, model_step};
+use optirs_tpu::step_model::{
+    ModelStep, ModelStepOptions, PipelineOptions, StepModelError, model_step,
+};
 use optirs_tpu::topology::Topology;
 use serde_json::json;
 use std::io::Write;
@@ -57,6 +59,8 @@ pub(super) struct ModelLayout<'a> {
     pub(super) optimizer: &'a str,
     /// Keep every layer's spans (`--trace`).
     pub(super) record_spans: bool,
+    /// `--microbatches` and `--repeats`.
+    pub(super) pipeline: PipelineOptions,
 }
 
 impl ModelLayout<'_> {
@@ -87,14 +91,26 @@ impl ModelLayout<'_> {
             record_spans: self.record_spans,
             data_reduction: self.data_reduction.unwrap_or(defaults.data_reduction),
             optimizer: UpdateCost::of(kind),
+            pipeline: self.pipeline,
             ..defaults
         })
     }
 
-    /// `config`'s step on `topology` under this layout.
+    /// `config`'s step on `topology` under this layout. An error of a flag
+    /// (`--microbatches`, `--repeats`, `--mesh`) names the flag; the rest
+    /// the model.
     pub(super) fn step(&self, config: &ModelConfig, topology: &Topology) -> Result<ModelStep> {
-        model_step(config, topology, &self.options(topology)?)
-            .map_err(|e| usage(format!("--model {}: {e}", config.name)))
+        model_step(config, topology, &self.options(topology)?).map_err(|e| match e {
+            StepModelError::Field {
+                field: field @ ("microbatches" | "repeats" | "mesh"),
+                value,
+                problem,
+            } => usage(format!(
+                "--{field} {value}: {problem} (--model {})",
+                config.name
+            )),
+            e => usage(format!("--model {}: {e}", config.name)),
+        })
     }
 }
 
@@ -113,6 +129,10 @@ pub(super) fn step_of(
         recovery: args.recovery,
         optimizer: &args.optimizer,
         record_spans: args.trace.is_some(),
+        pipeline: PipelineOptions {
+            microbatches: args.microbatches,
+            repeats: args.repeats,
+        },
     }
     .step(config, topology)
 }
@@ -199,7 +219,11 @@ pub(super) fn modeled(args: &TrainArgs, config: &ModelConfig, topology: &Topolog
     let step = step_of(config, topology, args)?;
     let wall_seconds = started.elapsed().as_secs_f64();
     if let Some(path) = &args.trace {
-        output::write_new("--trace", path, &serde_json::to_string(&trace_of(&step))?)?;
+        output::write_new(
+            "--trace",
+            path,
+            &serde_json::to_string(&super::model_trace::trace_of(&step))?,
+        )?;
     }
     let params = parameter_count(config).total();
     let report = json!({
@@ -237,6 +261,8 @@ pub(super) fn modeled(args: &TrainArgs, config: &ModelConfig, topology: &Topolog
         "hbm_margin_bytes": step.hbm.margin,
         "fits_in_hbm": step.fits_in_hbm,
         "not_fitting": step.not_fitting,
+        "expert_parallel": step.expert_parallel,
+        "pipeline": step.pipeline,
         "wall_seconds": wall_seconds,
     });
     if args.json {
@@ -321,6 +347,7 @@ fn print_text(step: &ModelStep, topology: &Topology, params: u64, wall_seconds: 
         )?;
     }
     print_host_offload(&mut out, step)?;
+    print_experts_and_stages(&mut out, step)?;
     if let Some(dcn) = step.strategy_step.axes.get("dcn") {
         let data = if step.strategy_step.mesh.size(MeshAxisName::Data) > 1 {
             match step.data_reduction {
@@ -364,6 +391,45 @@ fn print_host_offload(out: &mut impl Write, step: &ModelStep) -> Result<()> {
     Ok(())
 }
 
+/// The expert axis's all-to-alls and the pipeline's schedule, when the
+/// mesh has those axes.
+fn print_experts_and_stages(out: &mut impl Write, step: &ModelStep) -> Result<()> {
+    if let Some(ep) = &step.expert_parallel {
+        writeln!(
+            out,
+            "  expert axis {}: {} a device; all-to-alls {} a step ({} a layer's dispatch), {} \
+             of them exposed (the shared experts' matmuls cover the rest)",
+            ep.size,
+            output::plural(ep.experts_per_device, "expert", "experts"),
+            output::seconds(step.phases.get("all_to_all.expert").copied().unwrap_or(0.0)),
+            output::seconds(ep.all_to_all.seconds),
+            output::seconds(
+                step.phases
+                    .get("exposed_all_to_all")
+                    .copied()
+                    .unwrap_or(0.0)
+            ),
+        )?;
+    }
+    if let Some(p) = &step.pipeline {
+        writeln!(
+            out,
+            "  pipeline of {} stages ({} layers each), {} microbatches, {} round{}: bubble {} \
+             ({:.1} % of the pipelined passes), stage-to-stage permutes {} ({} each, exposed)",
+            p.stages,
+            p.layers_per_stage,
+            p.microbatches,
+            p.repeats,
+            if p.repeats == 1 { "" } else { "s" },
+            output::seconds(p.bubble_seconds),
+            p.bubble_fraction * 100.0,
+            output::seconds(p.permute_seconds),
+            output::seconds(p.permute.seconds),
+        )?;
+    }
+    Ok(())
+}
+
 /// The step's HBM line: its peak per device against the chip's, by kind.
 fn print_hbm(out: &mut impl Write, step: &ModelStep, topology: &Topology) -> Result<()> {
     let fits = match &step.not_fitting {
@@ -376,90 +442,19 @@ fn print_hbm(out: &mut impl Write, step: &ModelStep, topology: &Topology) -> Res
     writeln!(
         out,
         "  HBM per device at the step's peak {} of {} ({left}): weights, gradients and state {}, \
-         fsdp buffers {}, activations {} (remat {}), logits or a layer's backward {}: {fits}",
+         fsdp buffers {}, activations {} (remat {}), logits or a layer's backward {}{}: {fits}",
         bytes(h.total),
         bytes(topology.hbm_bytes),
         bytes(h.params + h.grads + h.state + h.master + h.redundant),
         bytes(h.gathered + h.gradient_bucket),
         bytes(h.activations),
         step.remat.name(),
-        bytes(h.logits.max(h.layer_working)),
+        bytes(h.logits.max(h.layer_working + h.all_to_all_buffers)),
+        if h.pipeline_buffers > 0 {
+            format!(", pipeline loop {}", bytes(h.pipeline_buffers))
+        } else {
+            String::new()
+        },
     )?;
     Ok(())
-}
-
-/// The step as a Chrome/Perfetto trace: one device (every device of the
-/// symmetric pod does the same), its compute on track 0 (each layer's
-/// forward and backward use, the logits between, the updates), its
-/// communication on track 1 (each layer's gathers, its gradient's
-/// reduce-scatter and all-reduce), each free an instant.
-fn trace_of(step: &ModelStep) -> optirs_tpu::profile::trace::Trace {
-    use optirs_tpu::profile::trace::{Event, Scope, Trace};
-    use optirs_tpu::sharding::strategy_model::SpanKind;
-    let mut trace = Trace::new();
-    trace
-        .process(
-            0,
-            format!("{} on {} chips (each alike)", step.model, step.chips),
-        )
-        .thread(0, 0, "compute")
-        .thread(0, 1, "communication");
-    let layers = step.strategy_step.buckets.saturating_sub(1);
-    let name = |bucket: u32| {
-        if bucket as usize >= layers {
-            "embedding".to_string()
-        } else {
-            format!("layer {bucket}")
-        }
-    };
-    for s in &step.strategy_step.spans {
-        let (what, tid) = match s.kind {
-            SpanKind::Gather { backward } => (format!("gather ({})", pass(backward)), 1),
-            SpanKind::Use { backward } => (pass(backward).to_string(), 0),
-            SpanKind::Free { backward } => {
-                trace.push(
-                    Event::instant(
-                        format!("free {} ({})", name(s.bucket), pass(backward)),
-                        s.start_seconds * 1e6,
-                        Scope::Thread,
-                    )
-                    .category("memory")
-                    .on(0, 0),
-                );
-                continue;
-            }
-            SpanKind::ReduceScatter => ("gradient reduce-scatter".to_string(), 1),
-            SpanKind::DataReduction => ("gradient all-reduce over data".to_string(), 1),
-            SpanKind::Update => ("update".to_string(), 0),
-            SpanKind::AllGather => ("all-gather".to_string(), 1),
-            SpanKind::ReplicateState => ("state copy".to_string(), 1),
-            SpanKind::Between => {
-                trace.push(
-                    Event::complete(
-                        "logits and loss",
-                        s.start_seconds * 1e6,
-                        (s.end_seconds - s.start_seconds) * 1e6,
-                    )
-                    .category("compute")
-                    .on(0, 0),
-                );
-                continue;
-            }
-        };
-        let category = if tid == 0 { "compute" } else { "communication" };
-        trace.push(
-            Event::complete(
-                format!("{what} {}", name(s.bucket)),
-                s.start_seconds * 1e6,
-                (s.end_seconds - s.start_seconds).max(0.0) * 1e6,
-            )
-            .category(category)
-            .on(0, tid),
-        );
-    }
-    trace
-}
-
-fn pass(backward: bool) -> &'static str {
-    if backward { "backward" } else { "forward" }
 }

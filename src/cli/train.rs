@@ -135,12 +135,13 @@ pub struct TrainArgs {
     /// along the mesh's data axis (hybrid sharding across slices).
     #[arg(long, default_value = "replicated")]
     pub(super) strategy: Strategy,
-    /// The device mesh, `data=D,fsdp=F,tensor=T` in any order (an axis
-    /// left out is 1, one may be -1 for the rest), each axis whole torus
-    /// axes or the slices. Default: fsdp over every chip of a slice, data
-    /// over the slices. tensor above 1 with --model --modeled-only only (a
-    /// transformer splits its heads and MLP; --params tensors do not).
-    /// Under mpirun the default mesh only.
+    /// The device mesh, `data=D,stage=P,fsdp=F,tensor=T,expert=E` in any
+    /// order (an axis left out is 1, one may be -1 for the rest), each axis
+    /// whole torus axes or the slices. Default: fsdp over every chip of a
+    /// slice, data over the slices. tensor, expert and stage above 1 with
+    /// --model --modeled-only only (a transformer splits its heads and MLP,
+    /// its experts and its layers; --params tensors do not). Under mpirun
+    /// the default mesh only.
     #[arg(long, value_name = "SPEC")]
     pub(super) mesh: Option<String>,
     /// fsdp: parameter gathers run ahead of the bucket in use (default 1;
@@ -155,6 +156,16 @@ pub struct TrainArgs {
     /// or overlapped (behind the backward, as the reduce-scatters).
     #[arg(long, value_name = "WHEN")]
     pub(super) data_reduction: Option<DataReduction>,
+    /// With --model --modeled-only and a stage axis in --mesh: microbatches
+    /// a step, a multiple of the stages (default: one per stage; MaxText's
+    /// num_pipeline_microbatches).
+    #[arg(long, value_name = "M")]
+    pub(super) microbatches: Option<usize>,
+    /// With --model --modeled-only and a stage axis in --mesh: rounds of the
+    /// stages, a circular pipeline (default 1; MaxText's
+    /// num_pipeline_repeats).
+    #[arg(long, value_name = "R")]
+    pub(super) repeats: Option<usize>,
     /// Under `mpirun`: how long a rank waits for another before it stops,
     /// naming the lost rank and its hosts (rank 0 waits this long, the
     /// others twice as long).
@@ -613,6 +624,7 @@ fn modeled_only(args: &TrainArgs, sizes: &[usize]) -> Result<()> {
         data_reduction: DataReduction::Overlapped,
         order: StepOrder::Optimizer,
         precision: None,
+        expert_share: 0.0,
     };
     let modeling = Instant::now();
     let step = modeled_strategy_step(

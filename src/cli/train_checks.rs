@@ -42,6 +42,17 @@ impl TrainArgs {
                 when.name()
             )));
         }
+        let pipeline = [
+            ("--microbatches", self.microbatches),
+            ("--repeats", self.repeats),
+        ];
+        if let Some((flag, Some(n))) = pipeline.iter().find(|(_, n)| n.is_some())
+            && !(self.model.is_some() && self.modeled_only)
+        {
+            return Err(usage(format!(
+                "{flag} {n} schedules a pipelined transformer's modeled step: it needs --model                  NAME --modeled-only and a stage axis in --mesh"
+            )));
+        }
         self.refuse_repeated_kills()?;
         self.refuse_unrecoverable_kills()
     }

@@ -203,6 +203,21 @@ pub fn all_reduce_cost(
         .then(all_gather_cost(shape, axes, len, elem_bytes, ici))
 }
 
+/// A rail of the DCN fabric as a host uses it when it sends to
+/// `destinations` of the pod's `slices − 1` other slices at once: a rail is
+/// the host's NIC over every other slice ([`crate::topology::Topology::fabric_link_params`]),
+/// and the NIC's bandwidth is shared by the flows it carries, so fewer
+/// destinations (an axis holding a factor of the slices, a stage's permute
+/// to the next) each get more of it. All the slices is the rail itself.
+pub fn rail_for(rail: &LinkModel, slices: usize, destinations: usize) -> LinkModel {
+    let share = slices.saturating_sub(1).max(1) as f64 / destinations.max(1) as f64;
+    LinkModel::new(
+        rail.latency_seconds(),
+        rail.bandwidth_bytes_per_second() * share.max(1.0),
+    )
+    .unwrap_or(*rail)
+}
+
 /// The cross-slice exchange of a multislice collective
 /// ([`super::multislice_reduce_scatter_traffic`]'s DCN pass): each device
 /// holds `len_per_device` elements (after the slice's reduce-scatter) and

@@ -3,9 +3,13 @@
 //!
 //! A mesh has named axes, as a `jax.sharding.Mesh` does: `data` (replicas
 //! that hold the same parameters and reduce their gradients), `fsdp` (the
-//! axis parameters, gradients and optimizer state are sharded over) and
-//! `tensor` (tensors split along one of their dimensions, which only a model
-//! that declares its splits can use). Each axis is made of whole physical
+//! axis parameters, gradients and optimizer state are sharded over),
+//! `tensor` (tensors split along one of their dimensions), `expert` (a
+//! mixture's experts split over devices, the rest of the model sharded
+//! over it as over `fsdp`) and `stage` (pipeline stages, each holding a
+//! run of the layers). The last three need a model that declares its
+//! splits (its heads, experts and layers: [`crate::step_model`]); flat
+//! `--params` tensors take `data` and `fsdp` only. Each axis is made of whole physical
 //! axes of the pod: torus dimensions (ICI) or the slices of a multislice
 //! pod (DCN), as JAX's `mesh_utils.create_device_mesh` assigns them
 //! without splitting a physical axis.
@@ -42,6 +46,8 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 
 use crate::topology::Topology;
+
+pub use super::mesh_error::MeshError;
 
 /// How a model's parameters, gradients and optimizer state are split over
 /// the mesh's `fsdp` axis (and replicated over its `data` axis).
@@ -122,24 +128,59 @@ impl FromStr for Strategy {
 pub enum MeshAxisName {
     /// Data parallelism: replicas of the (sharded) model.
     Data,
+    /// Pipeline stages: each holds `layers/stage` of the layers, and the
+    /// microbatches pass from stage to stage (MaxText's `stage`).
+    Stage,
     /// The axis a strategy shards the model over.
     Fsdp,
     /// Tensor parallelism: tensors split along a declared dimension.
     Tensor,
+    /// Expert parallelism: a mixture's experts split over its devices, its
+    /// tokens sent to them and back by all-to-alls; every other weight
+    /// sharded over it as over `fsdp` (MaxText's `expert`).
+    Expert,
 }
 
 impl MeshAxisName {
-    /// Every axis name, outermost first (the order a mesh lists them in).
-    pub const ALL: [MeshAxisName; 3] =
-        [MeshAxisName::Data, MeshAxisName::Fsdp, MeshAxisName::Tensor];
+    /// Every axis name, outermost first (the order a mesh lists them in,
+    /// MaxText's `mesh_axes` order): the outer axes take the slower links
+    /// when a mesh is laid out ([`Mesh::lay_out`]).
+    pub const ALL: [MeshAxisName; 5] = [
+        MeshAxisName::Data,
+        MeshAxisName::Stage,
+        MeshAxisName::Fsdp,
+        MeshAxisName::Tensor,
+        MeshAxisName::Expert,
+    ];
 
-    /// `data`, `fsdp`, `tensor`.
+    /// `data`, `stage`, `fsdp`, `tensor`, `expert`.
     pub fn name(self) -> &'static str {
         match self {
             MeshAxisName::Data => "data",
+            MeshAxisName::Stage => "stage",
             MeshAxisName::Fsdp => "fsdp",
             MeshAxisName::Tensor => "tensor",
+            MeshAxisName::Expert => "expert",
         }
+    }
+
+    /// Whether a mesh lists the axis when its size is 1: `data`, `fsdp`
+    /// and `tensor` always (the form every report has used), `stage` and
+    /// `expert` only when used.
+    pub fn always_listed(self) -> bool {
+        matches!(
+            self,
+            MeshAxisName::Data | MeshAxisName::Fsdp | MeshAxisName::Tensor
+        )
+    }
+
+    /// Whether the axis splits a model by what its tensors declare (heads,
+    /// experts, layers): flat `--params` tensors cannot use it.
+    pub fn needs_declared_splits(self) -> bool {
+        matches!(
+            self,
+            MeshAxisName::Tensor | MeshAxisName::Expert | MeshAxisName::Stage
+        )
     }
 }
 
@@ -175,13 +216,15 @@ pub struct MeshAxis {
 /// to exactly one named axis.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Mesh {
-    /// The axes, in [`MeshAxisName::ALL`] order, each present (size 1 when
-    /// unused).
+    /// The axes, in [`MeshAxisName::ALL`] order: `data`, `fsdp` and
+    /// `tensor` always (size 1 when unused), `stage` and `expert` when
+    /// above 1 ([`MeshAxisName::always_listed`]).
     pub axes: Vec<MeshAxis>,
 }
 
 /// A mesh's axis sizes before it is laid out on a pod: what a
-/// configuration names (`data=2,fsdp=4` is `{data: 2, fsdp: 4, tensor: 1}`).
+/// configuration names (`data=2,fsdp=4` is `{data: 2, fsdp: 4, tensor: 1}`,
+/// `stage` and `expert` 1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct MeshSizes {
     /// Devices along `data`.
@@ -190,37 +233,86 @@ pub struct MeshSizes {
     pub fsdp: usize,
     /// Devices along `tensor`.
     pub tensor: usize,
+    /// Devices along `expert`.
+    #[serde(default = "one")]
+    pub expert: usize,
+    /// Devices along `stage`.
+    #[serde(default = "one")]
+    pub stage: usize,
+}
+
+/// A size-1 axis, what a stored mesh without the axis had.
+fn one() -> usize {
+    1
 }
 
 impl MeshSizes {
-    /// Lays the sizes out on `topology` ([`Mesh::lay_out`]); `tensor`
-    /// above 1 is refused, as [`Mesh::parse`] refuses it.
-    pub fn lay_out(self, topology: &Topology) -> Result<Mesh, MeshError> {
-        if self.tensor > 1 {
-            return Err(MeshError::Tensor {
-                size: self.tensor,
-                pod: pod_shape(topology),
-            });
+    /// `data`, `fsdp` and `tensor`, with `expert` and `stage` 1.
+    pub fn new(data: usize, fsdp: usize, tensor: usize) -> MeshSizes {
+        MeshSizes {
+            data,
+            fsdp,
+            tensor,
+            expert: 1,
+            stage: 1,
         }
-        Mesh::lay_out([self.data, self.fsdp, self.tensor], topology)
+    }
+
+    /// The sizes in [`MeshAxisName::ALL`] order.
+    pub fn in_order(self) -> [usize; 5] {
+        MeshAxisName::ALL.map(|a| self.of(a))
+    }
+
+    /// The size of `axis`.
+    pub fn of(self, axis: MeshAxisName) -> usize {
+        match axis {
+            MeshAxisName::Data => self.data,
+            MeshAxisName::Stage => self.stage,
+            MeshAxisName::Fsdp => self.fsdp,
+            MeshAxisName::Tensor => self.tensor,
+            MeshAxisName::Expert => self.expert,
+        }
+    }
+
+    /// The sizes `in_order` gives.
+    pub fn from_order(sizes: [usize; 5]) -> MeshSizes {
+        MeshSizes {
+            data: sizes[0],
+            stage: sizes[1],
+            fsdp: sizes[2],
+            tensor: sizes[3],
+            expert: sizes[4],
+        }
+    }
+
+    /// Lays the sizes out on `topology` ([`Mesh::lay_out`]) for flat
+    /// tensors: an axis that needs declared splits (`tensor`, `expert`,
+    /// `stage`) above 1 is refused, as [`Mesh::parse`] refuses it.
+    pub fn lay_out(self, topology: &Topology) -> Result<Mesh, MeshError> {
+        for axis in MeshAxisName::ALL {
+            if axis.needs_declared_splits() && self.of(axis) > 1 {
+                return Err(MeshError::NeedsModel {
+                    axis,
+                    size: self.of(axis),
+                    pod: pod_shape(topology),
+                });
+            }
+        }
+        Mesh::lay_out(self, topology)
     }
 
     /// Lays the sizes out on `topology` for a model whose tensors declare
-    /// their split along `tensor` (a transformer's heads and MLP,
-    /// [`crate::step_model`]): `tensor` above 1 is laid out like any axis.
+    /// their splits (a transformer's heads, experts and layers,
+    /// [`crate::step_model`]): every axis is laid out.
     pub fn lay_out_split(self, topology: &Topology) -> Result<Mesh, MeshError> {
-        Mesh::lay_out([self.data, self.fsdp, self.tensor], topology)
+        Mesh::lay_out_splitting_slices(self, topology)
     }
 }
 
 impl Mesh {
     /// The axes' sizes.
     pub fn sizes(&self) -> MeshSizes {
-        MeshSizes {
-            data: self.size(MeshAxisName::Data),
-            fsdp: self.size(MeshAxisName::Fsdp),
-            tensor: self.size(MeshAxisName::Tensor),
-        }
+        MeshSizes::from_order(MeshAxisName::ALL.map(|a| self.size(a)))
     }
 
     /// The axis called `name`.
@@ -239,14 +331,26 @@ impl Mesh {
     }
 
     /// Devices holding the same slice of every tensor: the mesh without its
-    /// `tensor` axis, over which one tensor-parallel shard's state is kept.
+    /// `tensor` axis (each holds another slice of every weight) and its
+    /// `stage` axis (each holds other layers), over which one shard's state
+    /// is kept. The `expert` axis stays in: it shards the rest of the model
+    /// as `fsdp` does ([`super::strategy::bucket_plan`]).
     pub fn devices_per_tensor_shard(&self) -> usize {
-        self.devices() / self.size(MeshAxisName::Tensor).max(1)
+        self.devices() / (self.size(MeshAxisName::Tensor) * self.size(MeshAxisName::Stage)).max(1)
+    }
+
+    /// Devices a bucket's state is sharded over under fsdp and zero2: the
+    /// `fsdp` axis with the `expert` axis (the experts' weights are split
+    /// over `expert` and sharded over `fsdp`; every other weight is sharded
+    /// over both).
+    pub fn shard_devices(&self) -> usize {
+        (self.size(MeshAxisName::Fsdp) * self.size(MeshAxisName::Expert)).max(1)
     }
 }
 
 impl fmt::Display for Mesh {
-    /// `data=2,fsdp=64,tensor=1`, the form `--mesh` takes.
+    /// `data=2,fsdp=64,tensor=1` (with `stage` and `expert` when used),
+    /// the form `--mesh` takes.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for (i, a) in self.axes.iter().enumerate() {
             if i > 0 {
@@ -316,333 +420,7 @@ pub fn pod_shape(topology: &Topology) -> String {
         )
     }
 }
-
-/// Why a `--mesh` text does not give a mesh on a pod. Each names the axis
-/// (or entry) and the pod's shape.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum MeshError {
-    /// An entry that is not `AXIS=SIZE`.
-    #[error("mesh entry `{entry}` is not AXIS=SIZE (as in data=2,fsdp=64) on {pod}")]
-    Malformed {
-        /// The entry as given.
-        entry: String,
-        /// The pod's shape.
-        pod: String,
-    },
-    /// An axis name that is not data, fsdp or tensor.
-    #[error(
-        "mesh axis `{axis}` is unknown on {pod}: the axes are data, fsdp and tensor{}",
-        crate::error::did_you_mean(axis, ["data", "fsdp", "tensor"])
-    )]
-    UnknownAxis {
-        /// The name as given.
-        axis: String,
-        /// The pod's shape.
-        pod: String,
-    },
-    /// An axis given twice.
-    #[error(
-        "mesh axis {axis} is named twice ({axis}={first} and {axis}={second}) on {pod}: give each axis once"
-    )]
-    Repeated {
-        /// The axis.
-        axis: MeshAxisName,
-        /// Its first size as given.
-        first: String,
-        /// Its second size as given.
-        second: String,
-        /// The pod's shape.
-        pod: String,
-    },
-    /// A size that is 0 or not a whole number (nor -1).
-    #[error(
-        "mesh axis {axis}={value}: a size is a whole number from 1, or -1 for the rest of {pod}"
-    )]
-    BadSize {
-        /// The axis.
-        axis: MeshAxisName,
-        /// The size as given.
-        value: String,
-        /// The pod's shape.
-        pod: String,
-    },
-    /// Two axes asking for the rest.
-    #[error("mesh axes {first}=-1 and {second}=-1 on {pod}: at most one axis takes the rest")]
-    TwoRests {
-        /// The first.
-        first: MeshAxisName,
-        /// The second.
-        second: MeshAxisName,
-        /// The pod's shape.
-        pod: String,
-    },
-    /// Sizes that do not multiply to the pod's devices.
-    #[error(
-        "mesh {mesh} has {product} devices but {pod} has {devices}: the axes' sizes multiply to the device count"
-    )]
-    Product {
-        /// The sizes (the rest shown as -1).
-        mesh: String,
-        /// Their product.
-        product: u128,
-        /// The pod's devices.
-        devices: usize,
-        /// The pod's shape.
-        pod: String,
-    },
-    /// The other axes' product does not divide the pod's devices.
-    #[error(
-        "mesh {mesh}: the other axes' {product} devices do not divide the {devices} of {pod}, so {axis}=-1 has no whole size"
-    )]
-    NoRest {
-        /// The sizes (the rest shown as -1).
-        mesh: String,
-        /// The axis asking for the rest.
-        axis: MeshAxisName,
-        /// The other axes' product.
-        product: u128,
-        /// The pod's devices.
-        devices: usize,
-        /// The pod's shape.
-        pod: String,
-    },
-    /// An axis size no set of whole physical axes multiplies to.
-    #[error(
-        "mesh axis {axis}={size} is not a product of whole axes of {pod}: JAX does not split a physical axis"
-    )]
-    NotWholeAxes {
-        /// The axis.
-        axis: MeshAxisName,
-        /// Its size.
-        size: usize,
-        /// The pod's shape.
-        pod: String,
-    },
-    /// Every size is a product of physical axes, but not all at once.
-    #[error(
-        "mesh {mesh} cannot be laid out on {pod}: each axis is a product of whole physical axes, but no assignment gives every physical axis to exactly one mesh axis"
-    )]
-    NoLayout {
-        /// The sizes.
-        mesh: String,
-        /// The pod's shape.
-        pod: String,
-    },
-    /// A tensor axis above 1.
-    #[error(
-        "tensor={size} needs a model that declares how its tensors split; --params gives flat tensors (on {pod})"
-    )]
-    Tensor {
-        /// Its size.
-        size: usize,
-        /// The pod's shape.
-        pod: String,
-    },
-}
-
-/// A size as `--mesh` gives it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Size {
-    Fixed(usize),
-    Rest,
-}
-
 impl Mesh {
-    /// Parses `data=2,fsdp=64` (any order; an axis left out is 1; one axis
-    /// may be -1, the devices the others leave, as MaxText's -1) and lays it
-    /// out on `topology` ([`Mesh::lay_out`]). `tensor` above 1 is refused:
-    /// flat tensors declare no split.
-    pub fn parse(text: &str, topology: &Topology) -> Result<Mesh, MeshError> {
-        Mesh::parse_with(text, topology, false)
-    }
-
-    /// [`Mesh::parse`] for a model whose tensors declare their split along
-    /// `tensor` ([`MeshSizes::lay_out_split`]): `tensor` above 1 is taken.
-    pub fn parse_split(text: &str, topology: &Topology) -> Result<Mesh, MeshError> {
-        Mesh::parse_with(text, topology, true)
-    }
-
-    fn parse_with(text: &str, topology: &Topology, split: bool) -> Result<Mesh, MeshError> {
-        let pod = pod_shape(topology);
-        let mut given: [Option<(Size, String)>; 3] = [None, None, None];
-        for entry in text.split(',') {
-            let entry = entry.trim();
-            let Some((name, value)) = entry.split_once('=') else {
-                return Err(MeshError::Malformed {
-                    entry: entry.to_string(),
-                    pod,
-                });
-            };
-            let (name, value) = (name.trim(), value.trim());
-            let Some(at) = MeshAxisName::ALL.iter().position(|a| a.name() == name) else {
-                return Err(MeshError::UnknownAxis {
-                    axis: name.to_string(),
-                    pod,
-                });
-            };
-            let axis = MeshAxisName::ALL[at];
-            if let Some((_, first)) = &given[at] {
-                return Err(MeshError::Repeated {
-                    axis,
-                    first: first.clone(),
-                    second: value.to_string(),
-                    pod,
-                });
-            }
-            let size = match value {
-                "-1" => Size::Rest,
-                _ => match value.parse::<usize>() {
-                    Ok(n) if n > 0 && value.bytes().all(|b| b.is_ascii_digit()) => Size::Fixed(n),
-                    _ => {
-                        return Err(MeshError::BadSize {
-                            axis,
-                            value: value.to_string(),
-                            pod,
-                        });
-                    }
-                },
-            };
-            given[at] = Some((size, value.to_string()));
-        }
-        let sizes = given.map(|g| g.map_or(Size::Fixed(1), |(s, _)| s));
-        let shown = show_sizes(&sizes);
-        if let Size::Fixed(n) = sizes[2]
-            && n > 1
-            && !split
-        {
-            return Err(MeshError::Tensor { size: n, pod });
-        }
-        let rests: Vec<usize> = (0..3).filter(|&i| sizes[i] == Size::Rest).collect();
-        if let [first, second, ..] = rests[..] {
-            return Err(MeshError::TwoRests {
-                first: MeshAxisName::ALL[first],
-                second: MeshAxisName::ALL[second],
-                pod,
-            });
-        }
-        let devices = topology.num_devices() as usize;
-        let product: u128 = sizes
-            .iter()
-            .map(|s| match s {
-                Size::Fixed(n) => *n as u128,
-                Size::Rest => 1,
-            })
-            .product();
-        let mut resolved = [0usize; 3];
-        for (i, s) in sizes.iter().enumerate() {
-            resolved[i] = match s {
-                Size::Fixed(n) => *n,
-                Size::Rest => {
-                    if product == 0 || !(devices as u128).is_multiple_of(product) {
-                        return Err(MeshError::NoRest {
-                            mesh: shown,
-                            axis: MeshAxisName::ALL[i],
-                            product,
-                            devices,
-                            pod,
-                        });
-                    }
-                    (devices as u128 / product) as usize
-                }
-            };
-        }
-        if rests.is_empty() && product != devices as u128 {
-            return Err(MeshError::Product {
-                mesh: shown,
-                product,
-                devices,
-                pod,
-            });
-        }
-        if resolved[2] > 1 && !split {
-            return Err(MeshError::Tensor {
-                size: resolved[2],
-                pod,
-            });
-        }
-        Mesh::lay_out(resolved, topology)
-    }
-
-    /// Lays out a mesh of `sizes` (data, fsdp, tensor) on `topology`: every
-    /// physical axis of extent above 1 ([`physical_axes`]) goes to exactly
-    /// one named axis, the extents of each multiplying to its size. Of the
-    /// assignments that do, the slices go to `data` if they can, then
-    /// `data` takes the outermost torus axes (the highest dimension
-    /// index), as `create_hybrid_device_mesh` puts DCN outermost.
-    pub fn lay_out(sizes: [usize; 3], topology: &Topology) -> Result<Mesh, MeshError> {
-        let pod = pod_shape(topology);
-        let devices = topology.num_devices() as usize;
-        let product: u128 = sizes.iter().map(|&n| n as u128).product();
-        let shown = show_sizes(&sizes.map(Size::Fixed));
-        if product != devices as u128 {
-            return Err(MeshError::Product {
-                mesh: shown,
-                product,
-                devices,
-                pod,
-            });
-        }
-        // Preference order: the slices, then the torus axes outermost first.
-        let mut phys = physical_axes(topology);
-        phys.reverse();
-        phys.sort_by_key(|&(p, _)| p != PhysicalAxis::Slices);
-        let m = phys.len();
-        let mut best: Option<Vec<usize>> = None;
-        let mut choice = vec![0usize; m];
-        for code in 0..3usize.pow(m as u32) {
-            let mut c = code;
-            for slot in choice.iter_mut() {
-                *slot = c % 3;
-                c /= 3;
-            }
-            let fits = (0..3).all(|axis| {
-                let made: usize = (0..m)
-                    .filter(|&i| choice[i] == axis)
-                    .map(|i| phys[i].1)
-                    .product();
-                made == sizes[axis]
-            });
-            // Rank: data 2, fsdp 1, tensor 0, compared in preference order.
-            let rank: Vec<usize> = choice.iter().map(|&a| 2 - a).collect();
-            if fits
-                && best
-                    .as_ref()
-                    .is_none_or(|b| rank > b.iter().map(|&a| 2 - a).collect())
-            {
-                best = Some(choice.clone());
-            }
-        }
-        let Some(best) = best else {
-            for (axis, &size) in MeshAxisName::ALL.iter().zip(&sizes) {
-                if !subset_product(&phys, size) {
-                    return Err(MeshError::NotWholeAxes {
-                        axis: *axis,
-                        size,
-                        pod,
-                    });
-                }
-            }
-            return Err(MeshError::NoLayout { mesh: shown, pod });
-        };
-        let axes = MeshAxisName::ALL
-            .iter()
-            .enumerate()
-            .map(|(a, &name)| {
-                let mut physical: Vec<PhysicalAxis> = (0..m)
-                    .filter(|&i| best[i] == a)
-                    .map(|i| phys[i].0)
-                    .collect();
-                physical.sort();
-                MeshAxis {
-                    name,
-                    size: sizes[a],
-                    physical,
-                }
-            })
-            .collect();
-        Ok(Mesh { axes })
-    }
-
     /// MaxText's default: `fsdp` over every chip of a slice, `data` over
     /// the slices (1 on a one-slice pod).
     pub fn default_for(topology: &Topology) -> Mesh {
@@ -694,21 +472,36 @@ impl Mesh {
     pub fn check_on(&self, topology: &Topology) -> Result<(), MeshError> {
         let pod = pod_shape(topology);
         let mut seen: Vec<PhysicalAxis> = Vec::new();
+        let mut slice_product = 1usize;
         for a in &self.axes {
-            let known = a
-                .physical
-                .iter()
-                .all(|p| physical_axes(topology).iter().any(|(q, _)| q == p) && !seen.contains(p));
-            if !known || physical_extent(topology, &a.physical) != a.size {
+            let known = a.physical.iter().all(|p| {
+                physical_axes(topology).iter().any(|(q, _)| q == p)
+                    && (*p == PhysicalAxis::Slices || !seen.contains(p))
+            });
+            let torus = self.torus_extent(a.name, topology);
+            let factor = a.size / torus.max(1);
+            let sized = if a.physical.contains(&PhysicalAxis::Slices) {
+                torus > 0 && a.size.is_multiple_of(torus) && factor > 1
+            } else {
+                torus == a.size
+            };
+            if !known || !sized {
                 return Err(MeshError::NotWholeAxes {
                     axis: a.name,
                     size: a.size,
                     pod,
                 });
             }
+            if a.physical.contains(&PhysicalAxis::Slices) {
+                slice_product = slice_product.saturating_mul(factor);
+            }
             seen.extend(&a.physical);
         }
+        seen.sort();
+        seen.dedup();
+        let slices = topology.slices.max(1) as usize;
         if seen.len() != physical_axes(topology).len()
+            || (slices > 1 && slice_product != slices)
             || self.devices() != topology.num_devices() as usize
         {
             return Err(MeshError::Product {
@@ -720,10 +513,39 @@ impl Mesh {
         }
         Ok(())
     }
+
+    /// The extents of `name`'s torus axes on `topology`, multiplied (1
+    /// for an axis with none).
+    pub fn torus_extent(&self, name: MeshAxisName, topology: &Topology) -> usize {
+        self.torus_axes(name)
+            .iter()
+            .map(|&d| topology.dims.get(d).map_or(0, |&n| n as usize))
+            .product()
+    }
+
+    /// The slices along `name`: the factor of the pod's slices it holds
+    /// (all of them unless the mesh shares them among axes, as
+    /// [`Mesh::lay_out_splitting_slices`] may); 1 if it does not cross
+    /// them.
+    pub fn slices_along(&self, name: MeshAxisName, topology: &Topology) -> usize {
+        if !self.crosses_slices(name) {
+            return 1;
+        }
+        self.size(name) / self.torus_extent(name, topology).max(1)
+    }
+
+    /// Whether more than one axis holds a factor of the slices.
+    pub fn shares_slices(&self) -> bool {
+        self.axes
+            .iter()
+            .filter(|a| a.physical.contains(&PhysicalAxis::Slices))
+            .count()
+            > 1
+    }
 }
 
 /// Extents of `physical` on `topology`, multiplied.
-fn physical_extent(topology: &Topology, physical: &[PhysicalAxis]) -> usize {
+pub(super) fn physical_extent(topology: &Topology, physical: &[PhysicalAxis]) -> usize {
     physical
         .iter()
         .map(|p| match p {
@@ -733,289 +555,6 @@ fn physical_extent(topology: &Topology, physical: &[PhysicalAxis]) -> usize {
         .product()
 }
 
-/// Whether some of `phys`'s extents multiply to `size`.
-fn subset_product(phys: &[(PhysicalAxis, usize)], size: usize) -> bool {
-    (0..1usize << phys.len()).any(|mask| {
-        (0..phys.len())
-            .filter(|i| mask >> i & 1 == 1)
-            .map(|i| phys[i].1)
-            .product::<usize>()
-            == size
-    })
-}
-
-/// `data=2,fsdp=-1,tensor=1`.
-fn show_sizes(sizes: &[Size; 3]) -> String {
-    MeshAxisName::ALL
-        .iter()
-        .zip(sizes)
-        .map(|(a, s)| match s {
-            Size::Fixed(n) => format!("{a}={n}"),
-            Size::Rest => format!("{a}=-1"),
-        })
-        .collect::<Vec<_>>()
-        .join(",")
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn strategies_round_trip_through_their_names() {
-        for s in Strategy::ALL {
-            assert_eq!(s.name().parse::<Strategy>(), Ok(s));
-            assert_eq!(s.to_string(), s.name());
-        }
-        let err = "zero3".parse::<Strategy>().unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "unknown strategy `zero3` (expected replicated, zero2 or fsdp); did you mean `fsdp`?"
-        );
-        let err = "fsd".parse::<Strategy>().unwrap_err();
-        assert!(err.to_string().ends_with("did you mean `fsdp`?"), "{err}");
-        assert_eq!(Strategy::default(), Strategy::Replicated);
-    }
-
-    #[test]
-    fn a_mesh_prints_as_the_flag_takes_it() {
-        let mesh = Mesh {
-            axes: vec![
-                MeshAxis {
-                    name: MeshAxisName::Data,
-                    size: 2,
-                    physical: vec![PhysicalAxis::Slices],
-                },
-                MeshAxis {
-                    name: MeshAxisName::Fsdp,
-                    size: 16,
-                    physical: vec![PhysicalAxis::Torus(0), PhysicalAxis::Torus(1)],
-                },
-                MeshAxis {
-                    name: MeshAxisName::Tensor,
-                    size: 1,
-                    physical: vec![],
-                },
-            ],
-        };
-        assert_eq!(mesh.to_string(), "data=2,fsdp=16,tensor=1");
-        assert_eq!(mesh.devices(), 32);
-        assert_eq!(mesh.size(MeshAxisName::Fsdp), 16);
-    }
-
-    use crate::topology::{load_preset, parse_topology};
-    use proptest::prelude::{Just, prop_assert, prop_assert_eq, prop_oneof, proptest};
-
-    fn pod(shape: &str) -> Topology {
-        parse_topology(
-            &format!("Pod(name: \"p\", generation: \"v4\", shape: \"{shape}\")"),
-            "p.ron",
-        )
-        .unwrap()
-    }
-
-    fn multislice(shape: &str, slices: u32) -> Topology {
-        parse_topology(
-            &format!(
-                "Pod(name: \"m\", generation: \"v5e\", shape: \"{shape}\", slices: {slices}, \
-                 dcn: (latency_us: 10.0, host_gb_per_s: 25.0, oversubscription: 1.0))"
-            ),
-            "m.ron",
-        )
-        .unwrap()
-    }
-
-    #[test]
-    fn the_default_mesh_is_fsdp_over_a_slice_and_data_over_slices() {
-        let v4 = pod("4x4x8");
-        let mesh = Mesh::default_for(&v4);
-        assert_eq!(mesh.to_string(), "data=1,fsdp=128,tensor=1");
-        assert_eq!(
-            mesh.axis(MeshAxisName::Fsdp).unwrap().physical,
-            [
-                PhysicalAxis::Torus(0),
-                PhysicalAxis::Torus(1),
-                PhysicalAxis::Torus(2)
-            ]
-        );
-        let two = multislice("4x4", 2);
-        let mesh = Mesh::default_for(&two);
-        assert_eq!(mesh.to_string(), "data=2,fsdp=16,tensor=1");
-        assert_eq!(
-            mesh.axis(MeshAxisName::Data).unwrap().physical,
-            [PhysicalAxis::Slices]
-        );
-        assert!(mesh.crosses_slices(MeshAxisName::Data));
-        assert_eq!(mesh.torus_axes(MeshAxisName::Fsdp), [0, 1]);
-        assert_eq!(Mesh::parse("fsdp=-1,data=2", &two), Ok(mesh.clone()));
-        mesh.check_on(&two).unwrap();
-    }
-
-    #[test]
-    fn data_takes_the_slices_then_the_outermost_torus_axes() {
-        let v4 = pod("4x4x8");
-        let mesh = Mesh::parse("data=8,fsdp=16", &v4).unwrap();
-        assert_eq!(
-            mesh.axis(MeshAxisName::Data).unwrap().physical,
-            [PhysicalAxis::Torus(2)]
-        );
-        let mesh = Mesh::parse("data=4,fsdp=-1", &v4).unwrap();
-        assert_eq!(
-            mesh.axis(MeshAxisName::Data).unwrap().physical,
-            [PhysicalAxis::Torus(1)]
-        );
-        assert_eq!(mesh.size(MeshAxisName::Fsdp), 32);
-        let mesh = Mesh::parse("data=32,fsdp=-1", &v4).unwrap();
-        assert_eq!(
-            mesh.axis(MeshAxisName::Data).unwrap().physical,
-            [PhysicalAxis::Torus(1), PhysicalAxis::Torus(2)]
-        );
-        let two = multislice("4x4", 2);
-        let mesh = Mesh::parse("data=8,fsdp=4", &two).unwrap();
-        assert_eq!(
-            mesh.axis(MeshAxisName::Data).unwrap().physical,
-            [PhysicalAxis::Torus(1), PhysicalAxis::Slices]
-        );
-        let mesh = Mesh::parse("data=4,fsdp=8", &two).unwrap();
-        assert_eq!(
-            mesh.axis(MeshAxisName::Data).unwrap().physical,
-            [PhysicalAxis::Torus(1)]
-        );
-        assert!(mesh.crosses_slices(MeshAxisName::Fsdp));
-    }
-
-    #[test]
-    fn bad_mesh_text_is_a_typed_error_naming_the_axis_and_the_pod() {
-        let v4 = pod("4x4x8");
-        let err = |text: &str| Mesh::parse(text, &v4).unwrap_err();
-        assert_eq!(
-            err("data=2,fsdp=64").to_string(),
-            "mesh axis data=2 is not a product of whole axes of v4 4x4x8 (torus axes 4, 4, 8): \
-             JAX does not split a physical axis"
-        );
-        assert!(matches!(err("model=2"), MeshError::UnknownAxis { .. }));
-        assert!(err("model=2").to_string().contains("`model`"));
-        let twice = err("data=4,fsdp=8,data=4");
-        assert!(matches!(
-            twice,
-            MeshError::Repeated {
-                axis: MeshAxisName::Data,
-                ..
-            }
-        ));
-        assert!(twice.to_string().contains("v4 4x4x8"), "{twice}");
-        for bad in [
-            "data=0",
-            "data=x",
-            "data=NaN",
-            "data=1.5",
-            "data=+4",
-            "data=-2",
-            "data=99999999999999999999999",
-        ] {
-            assert!(
-                matches!(
-                    err(bad),
-                    MeshError::BadSize {
-                        axis: MeshAxisName::Data,
-                        ..
-                    }
-                ),
-                "{bad}"
-            );
-        }
-        assert!(matches!(err("data"), MeshError::Malformed { .. }));
-        assert!(matches!(err(""), MeshError::Malformed { .. }));
-        assert!(matches!(err("data=-1,fsdp=-1"), MeshError::TwoRests { .. }));
-        let product = err("data=4,fsdp=4");
-        assert!(
-            matches!(
-                product,
-                MeshError::Product {
-                    product: 16,
-                    devices: 128,
-                    ..
-                }
-            ),
-            "{product}"
-        );
-        assert!(matches!(err("data=3,fsdp=-1"), MeshError::NoRest { .. }));
-        let tensor = err("tensor=4,fsdp=32");
-        assert_eq!(
-            tensor.to_string(),
-            "tensor=4 needs a model that declares how its tensors split; --params gives flat \
-             tensors (on v4 4x4x8 (torus axes 4, 4, 8))"
-        );
-        assert!(Mesh::parse("tensor=-1,fsdp=128", &v4).is_ok());
-        assert!(matches!(
-            err("tensor=-1,fsdp=32"),
-            MeshError::Tensor { size: 4, .. }
-        ));
-        let two = multislice("4x4", 2);
-        let e = Mesh::parse("data=3", &two).unwrap_err().to_string();
-        assert!(
-            e.contains("v5e 4x4, 2 slices (torus axes 4, 4; slices 2)"),
-            "{e}"
-        );
-    }
-
-    #[test]
-    fn a_mesh_the_pod_does_not_have_is_refused_by_check_on() {
-        let v4 = pod("4x4x8");
-        let mut mesh = Mesh::default_for(&v4);
-        mesh.check_on(&v4).unwrap();
-        mesh.axes[1].physical.pop();
-        assert!(mesh.check_on(&v4).is_err());
-        assert!(
-            Mesh::default_for(&load_preset("v5e-16").unwrap())
-                .check_on(&v4)
-                .is_err()
-        );
-    }
-
-    /// The sizes of a mesh made by giving each physical axis to an axis.
-    fn sizes_of(phys: &[(PhysicalAxis, usize)], choice: &[usize]) -> [usize; 3] {
-        let mut sizes = [1usize; 3];
-        for (&(_, n), &a) in phys.iter().zip(choice) {
-            sizes[a] *= n;
-        }
-        sizes
-    }
-
-    proptest! {
-        #[test]
-        fn a_laid_out_mesh_covers_each_physical_axis_once_and_round_trips(
-            dims in proptest::collection::vec(prop_oneof![Just(1u32), Just(2), Just(4), Just(8)], 3),
-            slices in prop_oneof![Just(1u32), Just(2), Just(4)],
-            choice in proptest::collection::vec(0usize..2, 4),
-        ) {
-            let shape = format!("{}x{}x{}", dims[0], dims[1], dims[2]);
-            let topology = if slices > 1 {
-                parse_topology(
-                    &format!(
-                        "Pod(name: \"m\", generation: \"v4\", shape: \"{shape}\", slices: {slices}, \
-                         dcn: (latency_us: 10.0, host_gb_per_s: 25.0, oversubscription: 1.0))"
-                    ),
-                    "m.ron",
-                )
-            } else {
-                parse_topology(&format!("Pod(name: \"p\", generation: \"v4\", shape: \"{shape}\")"), "p.ron")
-            };
-            let Ok(topology) = topology else { return Ok(()) };
-            let phys = physical_axes(&topology);
-            let sizes = sizes_of(&phys, &choice[..phys.len()]);
-            let mesh = Mesh::lay_out(sizes, &topology).unwrap();
-            prop_assert!(mesh.check_on(&topology).is_ok());
-            let mut covered: Vec<PhysicalAxis> = mesh.axes.iter().flat_map(|a| a.physical.clone()).collect();
-            covered.sort();
-            let mut all: Vec<PhysicalAxis> = phys.iter().map(|&(p, _)| p).collect();
-            all.sort();
-            prop_assert_eq!(covered, all);
-            for a in &mesh.axes {
-                prop_assert_eq!(physical_extent(&topology, &a.physical), a.size);
-            }
-            prop_assert_eq!(mesh.devices(), topology.num_devices() as usize);
-            prop_assert_eq!(Mesh::parse(&mesh.to_string(), &topology), Ok(mesh.clone()));
-        }
-    }
-}
+#[path = "mesh_tests.rs"]
+mod tests;

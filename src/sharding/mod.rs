@@ -40,6 +40,8 @@ pub mod gradients;
 pub mod layout;
 pub mod ledger;
 pub mod mesh;
+mod mesh_error;
+mod mesh_layout;
 mod mesh_traffic;
 pub mod model;
 pub mod modeled;

@@ -49,6 +49,11 @@ pub struct ModelSize {
     pub grad_bytes: u64,
     /// Bytes of one element's state, every slot together.
     pub state_bytes: u64,
+    /// Of `elements`, a mixture's expert weights (split over the mesh's
+    /// `expert` axis: a device's replica group holds `1/X` of them).
+    pub expert_elements: u64,
+    /// Of the largest bucket, its expert weights.
+    pub expert_bucket_elements: u64,
 }
 
 impl ModelSize {
@@ -64,6 +69,29 @@ impl ModelSize {
         }
     }
 
+    /// These sizes with `share` of every bucket a mixture's expert weights
+    /// ([`bucket_plan_with_experts`]).
+    pub fn with_expert_share(self, share: f64) -> ModelSize {
+        let of = |n: u64| (n as f64 * share.clamp(0.0, 1.0)).round() as u64;
+        ModelSize {
+            expert_elements: of(self.elements),
+            expert_bucket_elements: of(self.bucket_elements),
+            ..self
+        }
+    }
+
+    /// Elements a device's replica group holds on `mesh`, of the model and
+    /// of its largest bucket: all of them but the experts on other devices
+    /// of the `expert` axis.
+    pub fn local_elements(&self, mesh: &Mesh) -> (u64, u64) {
+        let x = mesh.size(MeshAxisName::Expert).max(1) as u64;
+        let local = |all: u64, experts: u64| all - experts + experts.div_ceil(x);
+        (
+            local(self.elements, self.expert_elements),
+            local(self.bucket_elements, self.expert_bucket_elements),
+        )
+    }
+
     /// The sizes of the buckets `runs` of `elem_bytes`-byte elements with
     /// `slots` state slots (what [`ModelSize::of`] gives for the layout).
     pub fn of_runs(runs: &BucketRuns, elem_bytes: usize, slots: usize) -> ModelSize {
@@ -77,6 +105,8 @@ impl ModelSize {
             slots: slots as u64,
             grad_bytes: elem_bytes as u64,
             state_bytes: (slots * elem_bytes) as u64,
+            expert_elements: 0,
+            expert_bucket_elements: 0,
         }
     }
 
@@ -97,6 +127,8 @@ impl ModelSize {
             slots: slots as u64,
             grad_bytes: layout.element_bytes() as u64,
             state_bytes: (slots * layout.element_bytes()) as u64,
+            expert_elements: 0,
+            expert_bucket_elements: 0,
         }
     }
 }
@@ -151,13 +183,16 @@ impl StrategyMemory {
         let devices = mesh.devices_per_tensor_shard().max(1);
         let shard_over = match strategy {
             Strategy::Replicated => devices,
-            Strategy::Zero2 | Strategy::Fsdp => mesh.size(MeshAxisName::Fsdp).max(1),
+            Strategy::Zero2 | Strategy::Fsdp => mesh.shard_devices(),
         };
+        // What a device's replica group holds whole: every element but the
+        // experts other devices of the `expert` axis hold.
+        let (local, local_bucket) = model.local_elements(mesh);
         let input = ResidencyInput {
             strategy,
-            elements: model.elements as usize,
+            elements: local as usize,
             shard_elements: model.padded_elements as usize / shard_over,
-            bucket_elements: model.bucket_elements as usize,
+            bucket_elements: local_bucket as usize,
             buckets: model.buckets as usize,
             elem_bytes: model.elem_bytes as usize,
             slots: model.slots as usize,
@@ -166,7 +201,7 @@ impl StrategyMemory {
         };
         let by_kind = hbm_bytes_per_device(&input);
         // A bucket in flight in the collectives' type.
-        let bucket = |bytes: u64| aligned(model.bucket_elements.saturating_mul(bytes));
+        let bucket = |bytes: u64| aligned(local_bucket.saturating_mul(bytes));
         let (held, gradient_bucket) = match strategy {
             Strategy::Replicated => (0, 0),
             Strategy::Zero2 | Strategy::Fsdp => {
@@ -187,7 +222,7 @@ impl StrategyMemory {
         let shard_of = |bytes: u64| aligned((input.shard_elements as u64).saturating_mul(bytes));
         if model.grad_bytes != model.elem_bytes {
             memory.grads = match strategy {
-                Strategy::Replicated => aligned(model.elements.saturating_mul(model.grad_bytes)),
+                Strategy::Replicated => aligned(local.saturating_mul(model.grad_bytes)),
                 Strategy::Zero2 | Strategy::Fsdp => shard_of(model.grad_bytes),
             };
         }
@@ -207,7 +242,7 @@ impl StrategyMemory {
             // ZeRO's mixed precision: a compute-type replica, and the
             // parameters' shard in their own type beside the state (copied
             // with it under the redundant policy: it lives nowhere else).
-            let wide = |bytes: u64| aligned(model.elements.saturating_mul(bytes));
+            let wide = |bytes: u64| aligned(local.saturating_mul(bytes));
             let shard = aligned((input.shard_elements as u64).saturating_mul(model.elem_bytes));
             memory.params = wide(model.wire_bytes);
             if strategy == Strategy::Replicated {
@@ -408,7 +443,34 @@ pub fn bucket_plan(
     slots: u64,
     redundant: bool,
 ) -> Vec<PlanStep> {
+    bucket_plan_with_experts(strategy, mesh, (len, 0), slots, redundant)
+}
+
+/// [`bucket_plan`] for a bucket of `len` elements of which `experts` are a
+/// mixture's expert weights, split over the mesh's `expert` axis `X`
+/// (MaxText's `exp` on `expert`) and sharded over `fsdp` `F`; the rest is
+/// sharded over `fsdp` and `expert` together (MaxText's `embed` on both).
+/// A device's replica group then holds `local = rest + experts/X` of the
+/// bucket (its experts and all the rest): the collectives over `fsdp` move
+/// `local`, and the rest's extra sharding over `expert` is a collective of
+/// its `rest/F` over `expert` (gathered before, reduce-scattered after:
+/// together the hierarchical form of one collective over `fsdp × expert`).
+/// Every strategy keeps its state at `len/(F·X)` a device. With `X = 1` (or
+/// no experts) this is [`bucket_plan`]'s plan, collective for collective.
+pub fn bucket_plan_with_experts(
+    strategy: Strategy,
+    mesh: &Mesh,
+    (len, experts): (u64, u64),
+    slots: u64,
+    redundant: bool,
+) -> Vec<PlanStep> {
     let fsdp = mesh.size(MeshAxisName::Fsdp).max(1) as u64;
+    let x = mesh.size(MeshAxisName::Expert).max(1) as u64;
+    let experts = experts.min(len);
+    let rest = len - experts;
+    let local = rest + experts.div_ceil(x);
+    let rest_f = rest.div_ceil(fsdp);
+    let shard = len / (fsdp * x);
     let devices = mesh.devices_per_tensor_shard().max(1) as u64;
     let on = |kind, purpose, axis: MeshAxisName, elements| {
         mesh.axis(axis).filter(|a| a.size > 1).map(|a| {
@@ -423,42 +485,48 @@ pub fn bucket_plan(
         })
     };
     use CollectiveKind::{AllGather, AllReduce, ReduceScatter};
-    use MeshAxisName::{Data, Fsdp};
+    use MeshAxisName::{Data, Expert, Fsdp};
+    use Purpose::{Gradients, NewParams, ParamsBackward, ParamsForward};
+    // The rest's sharding over `expert` (nothing without the axis).
+    let rest_over_expert = |kind, purpose| on(kind, purpose, Expert, rest_f).filter(|_| rest > 0);
     let (steps, shard): (Vec<Option<PlanStep>>, u64) = match strategy {
         Strategy::Replicated => (
             vec![
-                on(ReduceScatter, Purpose::Gradients, Fsdp, len),
-                on(ReduceScatter, Purpose::Gradients, Data, len / fsdp),
+                on(ReduceScatter, Gradients, Fsdp, local),
+                rest_over_expert(ReduceScatter, Gradients),
+                on(ReduceScatter, Gradients, Data, shard),
                 Some(PlanStep::Update {
                     elements: len / devices,
                 }),
-                on(AllGather, Purpose::NewParams, Data, len / fsdp),
-                on(AllGather, Purpose::NewParams, Fsdp, len),
+                on(AllGather, NewParams, Data, shard),
+                rest_over_expert(AllGather, NewParams),
+                on(AllGather, NewParams, Fsdp, local),
             ],
             len / devices,
         ),
         Strategy::Zero2 => (
             vec![
-                on(ReduceScatter, Purpose::Gradients, Fsdp, len),
-                on(AllReduce, Purpose::Gradients, Data, len / fsdp),
-                Some(PlanStep::Update {
-                    elements: len / fsdp,
-                }),
-                on(AllGather, Purpose::NewParams, Fsdp, len),
+                on(ReduceScatter, Gradients, Fsdp, local),
+                rest_over_expert(ReduceScatter, Gradients),
+                on(AllReduce, Gradients, Data, shard),
+                Some(PlanStep::Update { elements: shard }),
+                rest_over_expert(AllGather, NewParams),
+                on(AllGather, NewParams, Fsdp, local),
             ],
-            len / fsdp,
+            shard,
         ),
         Strategy::Fsdp => (
             vec![
-                on(AllGather, Purpose::ParamsForward, Fsdp, len),
-                on(AllGather, Purpose::ParamsBackward, Fsdp, len),
-                on(ReduceScatter, Purpose::Gradients, Fsdp, len),
-                on(AllReduce, Purpose::Gradients, Data, len / fsdp),
-                Some(PlanStep::Update {
-                    elements: len / fsdp,
-                }),
+                rest_over_expert(AllGather, ParamsForward),
+                on(AllGather, ParamsForward, Fsdp, local),
+                rest_over_expert(AllGather, ParamsBackward),
+                on(AllGather, ParamsBackward, Fsdp, local),
+                on(ReduceScatter, Gradients, Fsdp, local),
+                rest_over_expert(ReduceScatter, Gradients),
+                on(AllReduce, Gradients, Data, shard),
+                Some(PlanStep::Update { elements: shard }),
             ],
-            len / fsdp,
+            shard,
         ),
     };
     let mut steps: Vec<PlanStep> = steps.into_iter().flatten().collect();
@@ -495,6 +563,8 @@ mod tests {
             slots: 2,
             grad_bytes: 4,
             state_bytes: 8,
+            expert_elements: 0,
+            expert_bucket_elements: 0,
         }
     }
 

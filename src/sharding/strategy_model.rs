@@ -64,7 +64,7 @@ use super::mesh::{Mesh, MeshAxisName, PhysicalAxis, Strategy};
 use super::model::{RecoveryPolicy, check_recovery_policy};
 use super::modeled::{PodGeometry, replication_routes};
 use super::residency::MAX_PREFETCH;
-use super::strategy::{ModelSize, NotFitting, PlanStep, StrategyMemory, bucket_plan};
+use super::strategy::{ModelSize, NotFitting, PlanStep, StrategyMemory, bucket_plan_with_experts};
 use super::strategy_streams::{Streams, Work};
 use crate::collectives::{DCN_AXIS, LinkModel, PhaseKind, TorusShape, pass_name};
 use crate::ir::DType;
@@ -383,15 +383,18 @@ impl Costing<'_> {
             _ => cost::reduce_scatter_cost(&s.shape, &torus, len, elem, &s.ici),
         };
         let hosts_per_slice = self.chips / self.chips_per_host.max(1);
+        // The slices along the axis: all of them, or its factor when the
+        // mesh shares them among axes.
+        let slices = self.mesh.size(axis) / torus_extent.max(1);
         let exchange = |k: PhaseKind, s: &Self| {
             s.rail.map(|rail| {
                 vec![cost::dcn_exchange_cost(
                     len / torus_extent.max(1),
-                    s.slices,
+                    slices,
                     hosts_per_slice,
                     s.chips_per_host,
                     elem,
-                    &rail,
+                    &cost::rail_for(&rail, s.slices, slices - 1),
                     k,
                 )]
             })
@@ -443,12 +446,21 @@ impl Costing<'_> {
         rounds
     }
 
-    /// A bucket of `len` padded elements under `strategy`.
-    fn length(&mut self, strategy: Strategy, len: usize) -> LengthCost {
+    /// A bucket of `len` padded elements under `strategy`, `expert_share`
+    /// of them a mixture's expert weights.
+    fn length(&mut self, strategy: Strategy, len: usize, expert_share: f64) -> LengthCost {
         let mut out = LengthCost::default();
         let mut shard = 0usize;
         let mut updated = false;
-        for step in bucket_plan(strategy, self.mesh, len as u64, self.slots as u64, false) {
+        let experts = (len as f64 * expert_share).round() as u64;
+        let plan = bucket_plan_with_experts(
+            strategy,
+            self.mesh,
+            (len as u64, experts),
+            self.slots as u64,
+            false,
+        );
+        for step in plan {
             match step {
                 PlanStep::Collective(c) => {
                     use super::strategy::Purpose as P;
@@ -460,7 +472,7 @@ impl Costing<'_> {
                     };
                     let rounds = self.collective(c.kind, c.axis, (c.elements as usize, elem));
                     match c.purpose {
-                        P::ParamsForward => out.gather = rounds,
+                        P::ParamsForward => out.gather.extend(rounds),
                         P::ParamsBackward => {}
                         P::Gradients if self.defer_data && c.axis == MeshAxisName::Data => {
                             out.data_gradient.extend(rounds)
@@ -589,7 +601,7 @@ pub fn modeled_strategy_step(
     let costs: Vec<LengthCost> = runs
         .runs
         .iter()
-        .map(|&(len, _)| costing.length(options.strategy, len))
+        .map(|&(len, _)| costing.length(options.strategy, len, options.expert_share))
         .collect();
     let mut streams = Streams::new(
         costing.phases.0.len(),
@@ -606,11 +618,13 @@ pub fn modeled_strategy_step(
         runs: &runs,
     };
     let period = schedule(&mut streams, options, work, uses);
-    let model = ModelSize::of_runs(&runs, dtype.byte_size(), slots).with_precision(
-        options
-            .precision
-            .unwrap_or(Precision::uniform(dtype.byte_size(), slots)),
-    );
+    let model = ModelSize::of_runs(&runs, dtype.byte_size(), slots)
+        .with_precision(
+            options
+                .precision
+                .unwrap_or(Precision::uniform(dtype.byte_size(), slots)),
+        )
+        .with_expert_share(options.expert_share);
     let memory = StrategyMemory::of(
         options.strategy,
         &options.mesh,
@@ -642,10 +656,13 @@ pub fn modeled_strategy_step(
         link_bytes: streams.axis_bytes.iter().sum(),
         hbm_bytes_per_device: memory.total(),
         memory,
-        plan: bucket_plan(
+        plan: bucket_plan_with_experts(
             options.strategy,
             &options.mesh,
-            runs.largest() as u64,
+            (
+                runs.largest() as u64,
+                (runs.largest() as f64 * options.expert_share).round() as u64,
+            ),
             slots as u64,
             redundant,
         ),
@@ -726,6 +743,133 @@ pub fn axis_collective(
         out.link_bytes += r.bytes;
     }
     out.seconds += longest;
+    Ok(out)
+}
+
+/// An all-to-all over `mesh`'s `axis` on `topology`, `elements` per device
+/// (its whole send buffer, `1/n` of it to each of the axis's `n` devices),
+/// each of `elem_bytes`: the axis's torus dimensions one after another,
+/// each a ring all-to-all
+/// ([`crate::collectives::torus_all_to_all_seconds`], the schedule
+/// `collectives::torus_all_to_all` runs), then, when the axis spans the
+/// slices, one exchange across them over the DCN rails
+/// ([`cost::dcn_exchange_cost`], as `collectives::multislice_all_to_all`
+/// runs it).
+pub fn axis_all_to_all(
+    topology: &Topology,
+    mesh: &Mesh,
+    axis: MeshAxisName,
+    elements: usize,
+    elem_bytes: usize,
+) -> Result<AxisCollective, ShardingError> {
+    mesh.check_on(topology)
+        .map_err(|e| devices_error(e.to_string()))?;
+    let geometry = PodGeometry::of(topology)?;
+    let torus = mesh.torus_axes(axis);
+    let mut out = AxisCollective::default();
+    if !torus.is_empty() {
+        let dims: Vec<usize> = torus.iter().map(|&d| geometry.shape.dims()[d]).collect();
+        let wrap: Vec<bool> = torus
+            .iter()
+            .map(|&d| geometry.shape.wraparound()[d])
+            .collect();
+        let group = TorusShape::new(&dims, &wrap).map_err(|e| devices_error(e.to_string()))?;
+        let ici = LinkModel::new(
+            topology.ici.latency_ns as f64 * 1e-9,
+            topology.ici.bytes_per_s,
+        )
+        .map_err(|e| devices_error(e.to_string()))?;
+        let n = group.device_count().max(1);
+        let padded = elements.next_multiple_of(n);
+        out.seconds +=
+            crate::collectives::torus_all_to_all_seconds(&group, padded, elem_bytes, &ici);
+        let groups = (geometry.chips * geometry.slices / n) as u64;
+        out.link_bytes += crate::collectives::torus_all_to_all_traffic(&group, padded, elem_bytes)
+            .total_bytes()
+            * groups;
+    }
+    if mesh.crosses_slices(axis)
+        && let Some(rail) = geometry.rail
+    {
+        let rail = LinkModel::new(rail.latency_ns as f64 * 1e-9, rail.bytes_per_s)
+            .map_err(|e| devices_error(e.to_string()))?;
+        let chips_per_host = (0..topology.chips_per_slice())
+            .filter(|&d| topology.host_of(d) == 0)
+            .count()
+            .max(1);
+        let slices = mesh.slices_along(axis, topology);
+        let pass = cost::dcn_exchange_cost(
+            elements.next_multiple_of(slices),
+            slices,
+            geometry.chips / chips_per_host,
+            chips_per_host,
+            elem_bytes,
+            &cost::rail_for(&rail, geometry.slices, slices - 1),
+            PhaseKind::AllToAll,
+        );
+        out.seconds += pass.seconds;
+        out.link_bytes += pass.link_bytes;
+    }
+    Ok(out)
+}
+
+/// A collective permute over `mesh`'s `axis` on `topology`: every device
+/// sends `elements` of `elem_bytes` to its successor along the axis, the
+/// last to the first (a pipeline's shift from stage to stage, MaxText's
+/// `ppermute` of the loop state). Over the torus one hop on each link, the
+/// wrap back across the line's length when the axis has no wraparound
+/// (its latency; the bytes run the other direction's links); across the
+/// slices every chip of a host at once on the host's rail.
+pub fn axis_permute(
+    topology: &Topology,
+    mesh: &Mesh,
+    axis: MeshAxisName,
+    elements: usize,
+    elem_bytes: usize,
+) -> Result<AxisCollective, ShardingError> {
+    mesh.check_on(topology)
+        .map_err(|e| devices_error(e.to_string()))?;
+    let geometry = PodGeometry::of(topology)?;
+    let bytes = (elements * elem_bytes) as u64;
+    let devices = (geometry.chips * geometry.slices) as u64;
+    let mut out = AxisCollective::default();
+    let torus = mesh.torus_axes(axis);
+    if !torus.is_empty() {
+        let ici = LinkModel::new(
+            topology.ici.latency_ns as f64 * 1e-9,
+            topology.ici.bytes_per_s,
+        )
+        .map_err(|e| devices_error(e.to_string()))?;
+        let hops: usize = torus
+            .iter()
+            .map(|&d| {
+                let n = geometry.shape.dims()[d];
+                if geometry.shape.wraparound()[d] {
+                    1
+                } else {
+                    n.saturating_sub(1).max(1)
+                }
+            })
+            .max()
+            .unwrap_or(1);
+        out.seconds +=
+            hops as f64 * ici.latency_seconds() + bytes as f64 / ici.bandwidth_bytes_per_second();
+        out.link_bytes += bytes * devices;
+    }
+    if mesh.crosses_slices(axis)
+        && let Some(rail) = geometry.rail
+    {
+        let rail = LinkModel::new(rail.latency_ns as f64 * 1e-9, rail.bytes_per_s)
+            .map_err(|e| devices_error(e.to_string()))?;
+        let chips_per_host = (0..topology.chips_per_slice())
+            .filter(|&d| topology.host_of(d) == 0)
+            .count()
+            .max(1) as u64;
+        // One destination: the next stage's slice, on the whole NIC.
+        let rail = cost::rail_for(&rail, geometry.slices, 1);
+        out.seconds += rail.message_seconds(chips_per_host * bytes, 1);
+        out.link_bytes += bytes * devices;
+    }
     Ok(out)
 }
 

@@ -337,7 +337,7 @@ fn the_third_step_is_the_steady_state() {
                         let costs: Vec<LengthCost> = runs
                             .runs
                             .iter()
-                            .map(|&(len, _)| costing.length(strategy, len))
+                            .map(|&(len, _)| costing.length(strategy, len, 0.0))
                             .collect();
                         let mut streams =
                             Streams::new(costing.phases.0.len(), costing.axes.0.len(), false);
@@ -383,7 +383,10 @@ proptest::proptest! {
         let topology = load_topology(["v5e-16", "v4-64", MULTISLICE][pod]).unwrap();
         let phys = crate::sharding::mesh::physical_axes(&topology);
         let data: usize = phys.iter().take(data_choice.min(phys.len())).map(|p| p.1).product();
-        let mesh = Mesh::lay_out([data, topology.num_devices() as usize / data, 1], &topology);
+        let mesh = Mesh::lay_out(
+            crate::sharding::MeshSizes::new(data, topology.num_devices() as usize / data, 1),
+            &topology,
+        );
         let Ok(mesh) = mesh else { return Ok(()) };
         let options_strategy = Strategy::ALL[strategy];
         let options = StrategyOptions {
@@ -409,6 +412,7 @@ proptest::proptest! {
                 compute: 2,
                 ..Precision::uniform(4, 2)
             }),
+            expert_share: 0.0,
         };
         let s = modeled_strategy_step(&topology, &tensors(&[params]), DType::F32, 2, bucket, &options).unwrap();
         // Waiting for the backward moves the reduction over data, not

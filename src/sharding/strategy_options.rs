@@ -40,6 +40,11 @@ pub struct StrategyOptions {
     /// moves, where they differ from the model's element type
     /// ([`Precision`]); `None` for a real run, every kind in its type.
     pub precision: Option<Precision>,
+    /// Of every bucket, the fraction that is a mixture's expert weights,
+    /// split over the mesh's `expert` axis
+    /// ([`super::strategy::bucket_plan_with_experts`]); 0 for a dense
+    /// model or a mesh without the axis.
+    pub expert_share: f64,
 }
 
 /// The order a strategy step runs its uses, updates and the new
@@ -137,6 +142,7 @@ impl StrategyOptions {
             data_reduction: DataReduction::Overlapped,
             order: StepOrder::Optimizer,
             precision: None,
+            expert_share: 0.0,
         }
     }
 }

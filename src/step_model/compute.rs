@@ -156,10 +156,9 @@ pub(super) fn layer_compute(
             bytes,
             seconds: (peak_seconds / efficiency).max(bytes / spec.hbm_bytes_per_s)
                 + quantize_seconds,
-            tensor_seconds: 0.0,
-            host_seconds: 0.0,
             peak_seconds,
             quantize_seconds,
+            ..PassCompute::default()
         }
     };
     let g = hardware_matmul_flops(config);

@@ -9,7 +9,9 @@
 //!                                                        a compute-type replica beside an f32 master shard)
 //!      + gathered weights + a weight's gradient          (in flight, the compute type)
 //!      + saved activations (the scan carry included)     (model::memory, the activations' type)
-//!      + max(logits buffers, one layer's working set)    (the loss, then each layer's backward)
+//!      + max(logits buffers, one layer's working set)    (the loss, then each layer's backward,
+//!                                                        with an expert axis's all-to-all buffers)
+//!      + a pipeline's loop state                         (with a stage axis)
 //! ```
 //!
 //! **Weights in flight.** XLA gathers each weight of a layer when its
@@ -44,8 +46,29 @@ use crate::sharding::{MeshAxisName, Strategy};
 /// projection (`embed × heads × head_dim`) or an MLP matrix (`embed ×
 /// mlp_dim`, or a mixture's stacked experts).
 pub fn largest_layer_matrix(config: &ModelConfig) -> u64 {
+    largest_layer_matrix_on(config, 1)
+}
+
+/// [`largest_layer_matrix`] on a mesh whose `expert` axis holds
+/// `experts_split` ways of a mixture's stacked experts.
+fn largest_layer_matrix_on(config: &ModelConfig, experts_split: u64) -> u64 {
     let attention = config.embed * config.heads * config.head_dim;
-    attention.max(config.mlp_matrix_elements())
+    let mlp = match config.moe {
+        Some(_) => config.mlp_matrix_elements().div_ceil(experts_split.max(1)),
+        None => config.mlp_matrix_elements(),
+    };
+    attention.max(mlp)
+}
+
+/// Buffers beside the model's own: an expert axis's all-to-all buffers
+/// during an MoE layer ([`super::expert_parallel`]) and a pipeline's loop
+/// state ([`super::pipeline`]), bytes per device.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Buffers {
+    /// The all-to-all send and receive buffers.
+    pub all_to_all: u64,
+    /// The pipeline's loop state.
+    pub pipeline_loop: u64,
 }
 
 /// HBM per device by kind at the step's peak, bytes.
@@ -77,6 +100,11 @@ pub struct ModelHbm {
     /// One layer's rematerialized intermediates and gradients, during its
     /// backward pass.
     pub layer_working: u64,
+    /// An expert axis's all-to-all buffers during an MoE layer (with its
+    /// working set).
+    pub all_to_all_buffers: u64,
+    /// A pipeline's loop state (with a stage axis).
+    pub pipeline_buffers: u64,
     /// The peak: all but the two transients, plus the larger of them.
     pub total: u64,
     /// A device's HBM.
@@ -123,14 +151,21 @@ impl HbmTypes {
 
 /// `config`'s peak HBM on a device of `capacity` bytes under the strategy
 /// of `step` (module docs).
-pub fn model_hbm(config: &ModelConfig, step: &StrategyStep, capacity: u64) -> ModelHbm {
+pub fn model_hbm(
+    config: &ModelConfig,
+    step: &StrategyStep,
+    capacity: u64,
+    buffers: Buffers,
+) -> ModelHbm {
     let layers = parameter_count(config).layers as f64;
     let activations = (activation_memory_per_layer(config).device_bytes * layers).ceil() as u64;
     let tensor = step.mesh.size(MeshAxisName::Tensor).max(1) as f64;
     let compute = config.activation_dtype.byte_size() as f64;
     // A weight in flight, gathered or its gradient before the
     // reduce-scatter: the largest matrix of a layer (module docs).
-    let matrix = (largest_layer_matrix(config) as f64 * compute / tensor).ceil() as u64;
+    let experts_split = step.mesh.size(MeshAxisName::Expert) as u64;
+    let matrix =
+        (largest_layer_matrix_on(config, experts_split) as f64 * compute / tensor).ceil() as u64;
     let (gathered, gradient_bucket) = match step.strategy {
         Strategy::Fsdp => ((step.prefetch as u64 + 1) * matrix, matrix),
         Strategy::Zero2 => (0, matrix),
@@ -144,6 +179,7 @@ pub fn model_hbm(config: &ModelConfig, step: &StrategyStep, capacity: u64) -> Mo
     };
     let logits = (logits_buffers(config) + output_matrix).ceil() as u64;
     let layer_working = layer_working_set(config).ceil() as u64;
+    let layer_transient = layer_working.saturating_add(buffers.all_to_all);
     let mut m = step.memory;
     m.gathered_buckets = gathered;
     m.gradient_bucket = gradient_bucket;
@@ -164,7 +200,8 @@ pub fn model_hbm(config: &ModelConfig, step: &StrategyStep, capacity: u64) -> Mo
         m.gathered_buckets,
         m.gradient_bucket,
         activations,
-        logits.max(layer_working),
+        buffers.pipeline_loop,
+        logits.max(layer_transient),
     ]
     .iter()
     .fold(0u64, |sum, &b| sum.saturating_add(b));
@@ -179,6 +216,8 @@ pub fn model_hbm(config: &ModelConfig, step: &StrategyStep, capacity: u64) -> Mo
         activations,
         logits,
         layer_working,
+        all_to_all_buffers: buffers.all_to_all,
+        pipeline_buffers: buffers.pipeline_loop,
         total,
         capacity,
         margin: i64::try_from(i128::from(capacity) - i128::from(total)).unwrap_or(i64::MIN),
@@ -191,13 +230,21 @@ pub fn not_fitting(config: &ModelConfig, hbm: &ModelHbm) -> Option<String> {
     (!hbm.fits()).then(|| {
         format!(
             "{} per device at the step's peak (weights, gradients and state {}, fsdp buffers {}, \
-             activations {} under remat {}, logits or a layer's backward {}) of {}: {} over",
+             activations {} under remat {}, logits or a layer's backward {}{}) of {}: {} over",
             decimal_bytes(hbm.total),
             decimal_bytes(hbm.params + hbm.grads + hbm.state + hbm.master + hbm.redundant),
             decimal_bytes(hbm.gathered + hbm.gradient_bucket),
             decimal_bytes(hbm.activations),
             config.remat.name(),
-            decimal_bytes(hbm.logits.max(hbm.layer_working)),
+            decimal_bytes(
+                hbm.logits
+                    .max(hbm.layer_working.saturating_add(hbm.all_to_all_buffers))
+            ),
+            if hbm.pipeline_buffers > 0 {
+                format!(", pipeline loop {}", decimal_bytes(hbm.pipeline_buffers))
+            } else {
+                String::new()
+            },
             decimal_bytes(hbm.capacity),
             decimal_bytes(hbm.total - hbm.capacity)
         )

@@ -82,15 +82,20 @@
 
 pub mod calibration;
 pub mod compute;
+pub mod expert_parallel;
 pub mod hbm;
 pub mod offload;
+pub mod pipeline;
 pub mod recipes;
+pub mod stages_over_dcn;
 pub mod tensor;
 pub mod validation;
 
 pub use compute::{hardware_matmul_flops, recomputed_flops, recomputed_fraction};
+pub use expert_parallel::ExpertParallel;
 pub use hbm::{HbmTypes, ModelHbm};
 pub use offload::HostOffload;
+pub use pipeline::{PipelineOptions, PipelineStep};
 
 use std::collections::BTreeMap;
 
@@ -135,6 +140,8 @@ pub struct ModelStepOptions {
     pub data_reduction: DataReduction,
     /// The optimizer: its state slots and update.
     pub optimizer: UpdateCost,
+    /// A pipelined step's microbatches and repeats (with a `stage` axis).
+    pub pipeline: PipelineOptions,
 }
 
 impl ModelStepOptions {
@@ -151,6 +158,7 @@ impl ModelStepOptions {
             record_spans: false,
             data_reduction: DataReduction::AfterBackward,
             optimizer: UpdateCost::of(UpdateKind::Adam),
+            pipeline: PipelineOptions::default(),
         }
     }
 }
@@ -197,13 +205,26 @@ pub struct PassCompute {
     pub peak_seconds: f64,
     /// Of `seconds`, quantizing the matmuls' operands (0 unquantized).
     pub quantize_seconds: f64,
+    /// Its expert-parallel all-to-alls, seconds (0 without an expert axis;
+    /// on the layer's critical path but for what the shared experts'
+    /// matmuls cover, [`expert_parallel`]).
+    pub all_to_all_seconds: f64,
+    /// Of `all_to_all_seconds`, what the shared experts' matmuls cover.
+    pub all_to_all_hidden_seconds: f64,
 }
 
 impl PassCompute {
     /// How long the pass lasts: its compute, or its tensor-parallel
-    /// collectives or host transfers if they take longer.
+    /// collectives or host transfers if they take longer, and its exposed
+    /// all-to-alls.
     pub fn elapsed(&self) -> f64 {
         self.seconds.max(self.tensor_seconds).max(self.host_seconds)
+            + self.exposed_all_to_all_seconds()
+    }
+
+    /// The all-to-alls the shared experts' matmuls do not cover.
+    pub fn exposed_all_to_all_seconds(&self) -> f64 {
+        (self.all_to_all_seconds - self.all_to_all_hidden_seconds).max(0.0)
     }
 
     /// The part of the tensor-parallel collectives the compute does not cover.
@@ -298,6 +319,10 @@ pub struct ModelStep {
     pub host_offload: HostOffload,
     /// What does not fit, and by how much.
     pub not_fitting: Option<String>,
+    /// The expert axis's all-to-alls per layer (with an `expert` axis).
+    pub expert_parallel: Option<ExpertParallel>,
+    /// The pipeline's schedule, bubble and permutes (with a `stage` axis).
+    pub pipeline: Option<PipelineStep>,
     /// The strategy's step (collectives, memory) behind it.
     #[serde(skip)]
     pub strategy_step: StrategyStep,
@@ -344,11 +369,34 @@ pub fn model_step(
     Ok(step)
 }
 
-/// The step at the efficiency `options` give or the generation's.
+/// The step at the efficiency `options` give or the generation's: one
+/// stage's step, pipelined when the mesh has a `stage` axis ([`pipeline`]).
 fn model_step_at(
     config: &ModelConfig,
     topology: &Topology,
     options: &ModelStepOptions,
+) -> Result<ModelStep, StepModelError> {
+    checked(config, topology, options)?;
+    let chips = u64::from(topology.num_devices());
+    let Some(schedule) = pipeline::pipeline_of(config, chips, &options.mesh, options.pipeline)?
+    else {
+        return stage_step(config, topology, options, 0);
+    };
+    let stage = pipeline::stage_config(config, schedule.0);
+    let buffers = pipeline::buffer_bytes(config, schedule);
+    let step = stage_step(&stage, topology, options, buffers)?;
+    let model_flops = training_flops_per_device(config, options.formula).total();
+    pipeline::pipelined(config, topology, &options.mesh, schedule, step, model_flops)
+}
+
+/// The step of `config` on every device of the mesh (one pipeline stage's
+/// model, when pipelined), with `loop_buffers` bytes of a pipeline's loop
+/// state beside it.
+fn stage_step(
+    config: &ModelConfig,
+    topology: &Topology,
+    options: &ModelStepOptions,
+    loop_buffers: u64,
 ) -> Result<ModelStep, StepModelError> {
     let (efficiency, calibrated) = checked(config, topology, options)?;
     let spec = topology.generation.spec();
@@ -360,6 +408,13 @@ fn model_step_at(
         layer.forward.tensor_seconds = tp.forward_seconds;
         layer.backward.tensor_seconds = tp.backward_seconds;
     }
+    let ep = expert_parallel::expert_parallel(config, topology, &options.mesh, recompute, &layer)?;
+    if let Some(ep) = &ep {
+        layer.forward.all_to_all_seconds = ep.forward_seconds;
+        layer.forward.all_to_all_hidden_seconds = ep.forward_hidden_seconds;
+        layer.backward.all_to_all_seconds = ep.backward_seconds;
+        layer.backward.all_to_all_hidden_seconds = ep.backward_hidden_seconds;
+    }
     // The offloaded activations cross the host link in both passes; the
     // state and parameters held there are placed once the strategy's
     // memory is known (their bytes do not depend on the passes).
@@ -367,22 +422,40 @@ fn model_step_at(
     layer.forward.host_seconds = transfer;
     layer.backward.host_seconds = transfer;
     let layers = parameter_count(config).layers as f64;
-    let step = strategy_step(config, topology, options, &layer, t)?;
+    let expert_share = ep.map_or(0.0, |ep| ep.expert_share);
+    let step = strategy_step(config, topology, options, &layer, (t, expert_share))?;
     let host = offload::host_offload(config, spec, &step.memory);
     let (tensor_exposed, host_exposed) = exposed(&layer, layers);
-    let compute = step.use_seconds + step.update_seconds - tensor_exposed - host_exposed;
+    let all_to_all_exposed = (layer.forward.exposed_all_to_all_seconds()
+        + layer.backward.exposed_all_to_all_seconds())
+        * layers;
+    let compute =
+        step.use_seconds + step.update_seconds - tensor_exposed - host_exposed - all_to_all_exposed;
     let step_seconds = step.step_seconds + host.update_seconds;
-    let phases = step_phases(
+    let mut phases = step_phases(
         &step,
         &layer,
         tp.as_ref(),
         &host,
         (layers, recompute, compute),
     );
+    if ep.is_some() {
+        let all = (layer.forward.all_to_all_seconds + layer.backward.all_to_all_seconds) * layers;
+        phases.insert("all_to_all.expert".into(), all);
+        phases.insert("exposed_all_to_all".into(), all_to_all_exposed);
+    }
     let model_flops = training_flops_per_device(config, options.formula).total();
     let hardware_flops = (layer.forward.flops + layer.backward.flops) * layers + layer.logits.flops;
     let per_chip = |flops: f64| flops / step_seconds / 1e12;
-    let hbm = hbm::model_hbm(config, &step, spec.hbm_bytes);
+    let hbm = hbm::model_hbm(
+        config,
+        &step,
+        spec.hbm_bytes,
+        hbm::Buffers {
+            all_to_all: ep.map_or(0, |ep| ep.buffer_bytes),
+            pipeline_loop: loop_buffers,
+        },
+    );
     let not_fitting = match (hbm::not_fitting(config, &hbm), host.not_fitting()) {
         (Some(device), Some(host)) => Some(format!("{device}; and {host}")),
         (device, host) => device.or(host),
@@ -426,6 +499,8 @@ fn model_step_at(
         not_fitting,
         hbm,
         hbm_types: HbmTypes::of(config),
+        expert_parallel: ep,
+        pipeline: None,
         strategy_step: step,
     })
 }
@@ -481,14 +556,15 @@ fn exposed(layer: &LayerCompute, layers: f64) -> (f64, f64) {
 }
 
 /// The strategy's step for `config`'s parameters (each device's `1/t` of
-/// them under a tensor axis, one layer a bucket) with the layers' compute
-/// spread over the buckets.
+/// them under a tensor axis, one layer a bucket, `expert_share` of them
+/// split over the expert axis) with the layers' compute spread over the
+/// buckets.
 fn strategy_step(
     config: &ModelConfig,
     topology: &Topology,
     options: &ModelStepOptions,
     layer: &LayerCompute,
-    t: usize,
+    (t, expert_share): (usize, f64),
 ) -> Result<StrategyStep, StepModelError> {
     let counts = parameter_count(config);
     let layers = counts.layers as f64;
@@ -526,6 +602,7 @@ fn strategy_step(
         // The weights are cast before their gathers and the weight
         // gradients are the matmuls' outputs: both in the compute type.
         precision: Some(precision(config, options.optimizer.slots)),
+        expert_share,
     };
     Ok(modeled_strategy_step(
         topology,

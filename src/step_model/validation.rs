@@ -65,11 +65,7 @@ pub fn mesh_of(
     let wanted = row.tensor.unwrap_or(1).max(1);
     let mut tensor = wanted;
     loop {
-        let sizes = MeshSizes {
-            data: slices,
-            fsdp: per_slice / tensor,
-            tensor,
-        };
+        let sizes = MeshSizes::new(slices, per_slice / tensor, tensor);
         let laid = per_slice
             .is_multiple_of(tensor)
             .then(|| sizes.lay_out_split(topology))
