@@ -50,7 +50,8 @@ impl TrainArgs {
             && !(self.model.is_some() && self.modeled_only)
         {
             return Err(usage(format!(
-                "{flag} {n} schedules a pipelined transformer's modeled step: it needs --model                  NAME --modeled-only and a stage axis in --mesh"
+                "{flag} {n} schedules a pipelined transformer's modeled step: it needs --model \
+                 NAME --modeled-only and a stage axis in --mesh"
             )));
         }
         self.refuse_repeated_kills()?;
