@@ -415,7 +415,8 @@ fn print_experts_and_stages(out: &mut impl Write, step: &ModelStep) -> Result<()
         writeln!(
             out,
             "  pipeline of {} stages ({} layers each), {} microbatches, {} round{}: bubble {} \
-             ({:.1} % of the pipelined passes), stage-to-stage permutes {} ({} each, exposed)",
+             ({:.1} % of the pipelined passes), stage-to-stage permutes {} ({} each), the \
+             tokens in and out over the stage axis {} (both exposed)",
             p.stages,
             p.layers_per_stage,
             p.microbatches,
@@ -425,6 +426,7 @@ fn print_experts_and_stages(out: &mut impl Write, step: &ModelStep) -> Result<()
             p.bubble_fraction * 100.0,
             output::seconds(p.permute_seconds),
             output::seconds(p.permute.seconds),
+            output::seconds(p.reshard_seconds),
         )?;
     }
     Ok(())

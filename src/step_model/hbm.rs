@@ -150,9 +150,10 @@ impl HbmTypes {
 }
 
 /// `config`'s peak HBM on a device of `capacity` bytes under the strategy
-/// of `step` (module docs).
+/// of `step` (module docs), its logits on `outside`'s batch (the whole
+/// model's when `config` is a pipeline stage's).
 pub fn model_hbm(
-    config: &ModelConfig,
+    (config, outside): (&ModelConfig, &ModelConfig),
     step: &StrategyStep,
     capacity: u64,
     buffers: Buffers,
@@ -177,7 +178,7 @@ pub fn model_hbm(
         Strategy::Fsdp => 2.0 * (config.vocab * config.embed) as f64 * compute / tensor,
         Strategy::Zero2 | Strategy::Replicated => 0.0,
     };
-    let logits = (logits_buffers(config) + output_matrix).ceil() as u64;
+    let logits = (logits_buffers(outside) + output_matrix).ceil() as u64;
     let layer_working = layer_working_set(config).ceil() as u64;
     let layer_transient = layer_working.saturating_add(buffers.all_to_all);
     let mut m = step.memory;

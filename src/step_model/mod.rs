@@ -380,20 +380,22 @@ fn model_step_at(
     let chips = u64::from(topology.num_devices());
     let Some(schedule) = pipeline::pipeline_of(config, chips, &options.mesh, options.pipeline)?
     else {
-        return stage_step(config, topology, options, 0);
+        return stage_step((config, config), topology, options, 0);
     };
     let stage = pipeline::stage_config(config, schedule.0);
     let buffers = pipeline::buffer_bytes(config, schedule);
-    let step = stage_step(&stage, topology, options, buffers)?;
+    let step = stage_step((&stage, config), topology, options, buffers)?;
     let model_flops = training_flops_per_device(config, options.formula).total();
     pipeline::pipelined(config, topology, &options.mesh, schedule, step, model_flops)
 }
 
 /// The step of `config` on every device of the mesh (one pipeline stage's
-/// model, when pipelined), with `loop_buffers` bytes of a pipeline's loop
-/// state beside it.
+/// model, when pipelined), its embedding and logits run on `outside`'s
+/// batch (the whole model's: MaxText shards them over `stage` too,
+/// `activation_embed_and_logits_batch`), with `loop_buffers` bytes of a
+/// pipeline's loop state beside it.
 fn stage_step(
-    config: &ModelConfig,
+    (config, outside): (&ModelConfig, &ModelConfig),
     topology: &Topology,
     options: &ModelStepOptions,
     loop_buffers: u64,
@@ -404,6 +406,9 @@ fn stage_step(
     let tp = tensor::tensor_parallel(config, topology, &options.mesh, recompute)?;
     let t = tp.map_or(1, |tp| tp.size);
     let mut layer = compute::layer_compute(config, spec, efficiency, t);
+    if !std::ptr::eq(config, outside) {
+        layer.logits = compute::layer_compute(outside, spec, efficiency, t).logits;
+    }
     if let Some(tp) = &tp {
         layer.forward.tensor_seconds = tp.forward_seconds;
         layer.backward.tensor_seconds = tp.backward_seconds;
@@ -448,7 +453,7 @@ fn stage_step(
     let hardware_flops = (layer.forward.flops + layer.backward.flops) * layers + layer.logits.flops;
     let per_chip = |flops: f64| flops / step_seconds / 1e12;
     let hbm = hbm::model_hbm(
-        config,
+        (config, outside),
         &step,
         spec.hbm_bytes,
         hbm::Buffers {

@@ -31,6 +31,15 @@
 //! ([`crate::sharding::strategy_model::axis_permute`]). The next iteration
 //! needs the permuted state, so they are exposed.
 //!
+//! **Into and out of the pipeline.** The embedding and the logits run on
+//! the batch sharded over `stage` as well (MaxText's
+//! `activation_embed_and_logits_batch` is `stage`, `data`, `fsdp`), so
+//! the embedded tokens are all-gathered over the stage axis into the
+//! pipeline's layout (`P·T` tokens a stage's device) and its output
+//! reduce-scattered back for the logits; the backward runs the two
+//! transposes. The pipeline waits for its input and the logits for its
+//! output: exposed.
+//!
 //! **HBM.** Beside the stage's own account ([`super::hbm`]) the loop holds
 //! its inputs for every microbatch (`state_io`), the shifted microbatch,
 //! and under a circular schedule the microbatches waiting for their next
@@ -40,7 +49,8 @@ use serde::Serialize;
 
 use super::{ModelStep, StepModelError};
 use crate::model::ModelConfig;
-use crate::sharding::strategy_model::{AxisCollective, axis_permute};
+use crate::sharding::strategy::CollectiveKind;
+use crate::sharding::strategy_model::{AxisCollective, axis_collective, axis_permute};
 use crate::sharding::{Mesh, MeshAxisName};
 use crate::topology::Topology;
 
@@ -80,6 +90,11 @@ pub struct PipelineStep {
     pub permute: AxisCollective,
     /// Every permute of the step (forward and backward), seconds.
     pub permute_seconds: f64,
+    /// One all-gather of the embedded tokens into the pipeline's layout
+    /// (or reduce-scatter of its output), over the stage axis.
+    pub reshard: AxisCollective,
+    /// The two reshards in and out and their backward transposes, seconds.
+    pub reshard_seconds: f64,
     /// The loop's buffers, bytes per device.
     pub buffer_bytes: u64,
 }
@@ -202,6 +217,11 @@ pub fn pipelined(
         elem,
     )?;
     let permutes = 2.0 * iterations as f64 * permute.seconds;
+    let gathered = (config.tokens_per_device() * p as f64 * config.embed as f64).ceil() as usize;
+    let on_stage =
+        |kind| axis_collective(topology, mesh, MeshAxisName::Stage, kind, gathered, elem);
+    let reshard = on_stage(CollectiveKind::AllGather)?;
+    let reshards = 2.0 * (reshard.seconds + on_stage(CollectiveKind::ReduceScatter)?.seconds);
     let pipeline = PipelineStep {
         stages: p,
         microbatches: m,
@@ -214,10 +234,12 @@ pub fn pipelined(
         bubble_seconds: bubble,
         permute,
         permute_seconds: permutes,
+        reshard,
+        reshard_seconds: reshards,
         buffer_bytes: buffer_bytes(config, (p, m, r)),
     };
     let stage_seconds = step.step_seconds;
-    let seconds = stage_seconds + bubble + permutes;
+    let seconds = stage_seconds + bubble + permutes + reshards;
     let tokens = config.tokens_per_device();
     let peak = topology.generation.spec().peak_bf16_flops;
     step.step_seconds = seconds;
@@ -232,8 +254,10 @@ pub fn pipelined(
     step.phases.insert("pipeline_bubble".into(), bubble);
     step.phases
         .insert("collective_permute.stage".into(), permutes);
+    step.phases
+        .insert("pipeline_reshard.stage".into(), reshards);
     if let Some(e) = step.phases.get_mut("exposed_communication") {
-        *e += permutes;
+        *e += permutes + reshards;
     }
     step.step_seconds_range = None;
     step.pipeline = Some(pipeline);
