@@ -41,11 +41,13 @@ use crate::sharding::strategy_model::StrategyStep;
 use crate::sharding::{MeshAxisName, Strategy};
 
 /// The most elements of one weight matrix of a layer: the query or output
-/// projection (`embed × heads × head_dim`) or an MLP matrix (`embed ×
-/// mlp_dim`, or a mixture's stacked experts).
+/// projection (`embed × heads × head_dim`, or MLA's largest) or an MLP
+/// matrix (`embed × mlp_dim`, or a mixture's stacked experts), the widest
+/// layer's where they differ.
 pub fn largest_layer_matrix(config: &ModelConfig) -> u64 {
-    let attention = config.embed * config.heads * config.head_dim;
-    attention.max(config.mlp_matrix_elements())
+    config
+        .largest_attention_matrix()
+        .max(config.mlp_matrix_elements())
 }
 
 /// HBM per device by kind at the step's peak, bytes.
