@@ -65,6 +65,17 @@ fn deepseek_v3_counts_as_published_and_as_maxtext() {
     assert!(close(f.attention, attention, 1e-12), "{f:?}");
     let logged = 152.415 * 90.668e12;
     assert!(close(f.total(), logged, 1e-5), "{} vs {logged}", f.total());
+    // Ironwood's bf16 run on 128 chips (tpu-recipes 216f3e1
+    // training/ironwood/README.md: 607.53 TFLOP/s/chip × 27.02 s), 16
+    // sequences of 4096 a chip (8 a JAX device, two a chip).
+    let ironwood = ModelConfig {
+        per_device_batch: 16.0,
+        seq_len: 4096,
+        ..config
+    };
+    let f = training_flops_per_device(&ironwood, FlopFormula::MatmulsCausal);
+    let logged = 607.53 * 27.02e12;
+    assert!(close(f.total(), logged, 2e-4), "{} vs {logged}", f.total());
 }
 
 /// Llama 4 Scout: 109B parameters, 17B active (Meta, "The Llama 4 herd",
