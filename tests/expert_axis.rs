@@ -235,3 +235,34 @@ fn an_expert_axis_the_model_cannot_take_is_refused_naming_the_field() {
     assert_eq!(f, "num_experts");
     assert!(why.contains("4 is not a multiple of 8"), "{why}");
 }
+
+#[test]
+fn only_the_moe_layers_send_and_the_shared_expert_covers_them() {
+    // DeepSeek-V3: the first 3 of 61 layers dense, one shared expert.
+    let topology = parse_topology(
+        "Pod(name: \"v5p-1024\", generation: \"v5p\", shape: \"8x8x8\")",
+        "v5p.ron",
+    )
+    .unwrap();
+    let config = bundled("deepseek3-671b").unwrap();
+    assert_eq!(config.dense_and_moe_layers(), (3, 58));
+    let s = step(&config, &topology, "fsdp=-1,expert=8").unwrap();
+    let ep = s.expert_parallel.unwrap();
+    assert_eq!(ep.experts_per_device, 32);
+    let recompute = optirs_tpu::step_model::recomputed_fraction(&config, config.remat);
+    let expected = ep.all_to_all.seconds * 2.0 * (2.0 + recompute) * 58.0;
+    let all = s.phases["all_to_all.expert"];
+    assert!(
+        (all - expected).abs() <= 1e-9 * expected,
+        "{all} vs {expected}"
+    );
+    assert!(ep.forward_hidden_seconds > 0.0);
+    assert!(s.phases["exposed_all_to_all"] < all);
+    // The expert weights are most of the model: the share split over the
+    // axis.
+    assert!(
+        ep.expert_share > 0.9 && ep.expert_share < 1.0,
+        "{}",
+        ep.expert_share
+    );
+}

@@ -285,6 +285,7 @@ fn small_config() -> impl Strategy<Value = ModelConfig> {
                     attention_kernel: optirs_tpu::model::AttentionKernel::Full,
                     use_iota_embed: false,
                     moe: None,
+                    mla: None,
                 }
             },
         )

@@ -390,9 +390,12 @@ proptest! {
         k in 2u64..6,
     ) {
         let base = bundled(BUNDLED_NAMES[model]).unwrap();
-        // A windowed model's global layers are every (k+1)-th: linear in
-        // whole patterns.
-        let layers = layers * base.sliding_window.map_or(1, |w| w.local_per_global + 1);
+        // A windowed model's global layers are every (k+1)-th, an
+        // interleaved mixture's every step-th: linear in whole patterns. A
+        // dense-first mixture is affine past its dense layers.
+        let pattern = base.sliding_window.map_or(1, |w| w.local_per_global + 1)
+            * base.moe.map_or(1, |m| m.interleave_moe_layer_step);
+        let layers = (layers * pattern).max(base.moe.map_or(0, |m| m.first_num_dense_layers));
         for formula in [
             FlopFormula::ParamsFullAttention,
             FlopFormula::ParamsCausalAttention,

@@ -283,6 +283,7 @@ fn a_causal_kernel_runs_the_blocks_on_and_below_the_diagonal() {
         attention_kernel: AttentionKernel::Full,
         use_iota_embed: false,
         moe: None,
+        mla: None,
         ..config.clone()
     };
     let options = ModelStepOptions::new(&topology);

@@ -51,6 +51,7 @@ fn llama_style(layers: u64, embed: u64, seq: u64, block: u64, batch: f64) -> Mod
         },
         use_iota_embed: false,
         moe: None,
+        mla: None,
     }
 }
 

@@ -65,7 +65,9 @@ pub struct TrainArgs {
     pub(super) params: Vec<usize>,
     /// A transformer, by bundled name (maxtext-v5e-{16,32,64,128}b,
     /// maxtext-v5p-{32,64,128,256,512,1024}b, llama2-7b, llama2-70b,
-    /// gpt3-175b) or a RON model file (docs/models.md). With --modeled-only its whole step (layers on the MXU, the
+    /// gpt3-175b, llama3.1-{8,70,405}b, mistral-7b, gemma3-12b,
+    /// mixtral-8x7b, mixtral-8x22b, deepseek3-671b, llama4-17b-16e,
+    /// llama4-17b-128e) or a RON model file (docs/models.md). With --modeled-only its whole step (layers on the MXU, the
     /// mesh's collectives overlapped); in a real run its parameters are the
     /// tensors whose optimizer step runs.
     #[arg(long, value_name = "NAME|FILE", conflicts_with = "params")]

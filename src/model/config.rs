@@ -28,6 +28,7 @@
 
 use serde::{Deserialize, Serialize};
 
+pub use super::attention::{AttentionKernel, MultiHeadLatentAttention};
 use super::error::ModelError;
 
 /// The largest model file read.
@@ -357,10 +358,17 @@ pub struct ModelConfig {
     /// counts its own way, [`super::flops::FlopFormula`]).
     #[serde(default)]
     pub attention_kernel: AttentionKernel,
-    /// A mixture of experts in place of every layer's MLP (MaxText's
-    /// `num_experts` > 1); `None`: the dense MLP of `mlp_dim`.
+    /// A mixture of experts in place of the MLP of every layer, or of
+    /// those its `first_num_dense_layers` and `interleave_moe_layer_step`
+    /// pick (MaxText's `num_experts` > 1); `None`: the dense MLP of
+    /// `mlp_dim` everywhere.
     #[serde(default)]
     pub moe: Option<super::MixtureOfExperts>,
+    /// Multi-head latent attention in every layer (MaxText's
+    /// `attention_type: "mla"`, DeepSeek); `None`: the query, key and value
+    /// projections of `heads`, `kv_heads` and `head_dim`.
+    #[serde(default)]
+    pub mla: Option<MultiHeadLatentAttention>,
     /// `use_iota_embed`: the token embedding looked up as a one-hot
     /// matmul on the MXU (`2·T·V·E` FLOPs forward and again for its
     /// gradient, which MaxText's formula does not count) instead of a
@@ -369,103 +377,63 @@ pub struct ModelConfig {
     pub use_iota_embed: bool,
 }
 
-/// Which attention scores the hardware computes, and how often.
-///
-/// Both kernels are flash kernels: the scores never reach HBM, so the
-/// backward recomputes them. With the key-value gradients and the query
-/// gradient in kernels of their own (the Pallas flash kernel, and
-/// MaxText's splash default, `sa_use_fused_bwd_kernel: False`) each
-/// recomputes `QKᵀ` and `dO·Vᵀ`: seven score-sized matmuls against the
-/// forward's two. One fused kernel (`fused_backward: true`) makes five.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum AttentionKernel {
-    /// Every score: a flash kernel with `causal=False` (MaxText's v5e runs
-    /// at e47fa1b5, their mask applied as a bias), its backward in two
-    /// kernels.
-    #[default]
-    Full,
-    /// A flash kernel with `causal=True` skips every block of scores
-    /// wholly above the diagonal (MaxText's `attention='flash'` from
-    /// 76bd53b0 on, 512-token blocks).
-    Causal {
-        /// Tokens per block along the sequence (the kernel's `block_q`
-        /// and `block_k`).
-        block: u64,
-        /// `sa_use_fused_bwd_kernel`: the backward in one kernel.
-        #[serde(default)]
-        fused_backward: bool,
-    },
-}
-
-impl AttentionKernel {
-    /// The query-key pairs the kernel computes for a local layer of
-    /// `window` tokens, per sequence of `seq_len`: a causal kernel's blocks
-    /// that meet the band (each query block the key blocks from its own
-    /// back to the window's start), every pair without one (the mask
-    /// applied to the full scores).
-    pub fn window_pairs_computed(self, seq_len: u64, window: u64) -> f64 {
-        match self {
-            AttentionKernel::Full => (seq_len as f64).powi(2),
-            AttentionKernel::Causal { block, .. } => {
-                let b = block.clamp(1, seq_len.max(1));
-                let n = seq_len.div_ceil(b);
-                let reach = window.saturating_sub(1).div_ceil(b) + 1;
-                // Σ over query blocks i of min(i + 1, reach) key blocks.
-                let full = n.saturating_sub(reach);
-                let ramp = n.min(reach);
-                let blocks = ramp * (ramp + 1) / 2 + full * reach;
-                (blocks as f64 * (b * b) as f64).min((seq_len as f64).powi(2))
-            }
-        }
-    }
-
-    /// The share of the full scores' and values' FLOPs the kernel runs at
-    /// `seq_len`: with `n` blocks a side, the `n(n+1)/2` on or below the
-    /// diagonal of `n²` (5/8 at 2048 tokens in 512-token blocks). The
-    /// backward's blocks are taken as the forward's.
-    pub fn computed_fraction(self, seq_len: u64) -> f64 {
-        match self {
-            AttentionKernel::Full => 1.0,
-            AttentionKernel::Causal { block, .. } => {
-                let n = seq_len.div_ceil(block.clamp(1, seq_len.max(1))) as f64;
-                (n + 1.0) / (2.0 * n)
-            }
-        }
-    }
-
-    /// The backward's score-sized matmuls per forward's (`QKᵀ` and `PV`):
-    /// 7/2 in two kernels, 5/2 fused (the type's docs).
-    pub fn backward_factor(self) -> f64 {
-        match self {
-            AttentionKernel::Causal {
-                fused_backward: true,
-                ..
-            } => 2.5,
-            _ => 3.5,
-        }
-    }
-}
-
 impl ModelConfig {
+    /// Decoder layers with a dense MLP and with a mixture of experts
+    /// ([`super::MixtureOfExperts::moe_layers`]); every layer dense
+    /// without a mixture.
+    pub fn dense_and_moe_layers(&self) -> (u64, u64) {
+        let moe = self.moe.map_or(0, |m| m.moe_layers(self.layers));
+        (self.layers - moe, moe)
+    }
+
     /// The MLP's hidden elements a token holds as the hardware computes
-    /// them: `mlp_dim`, or a mixture's experts' widths over its routed
-    /// rows and shared experts ([`super::MixtureOfExperts::hidden_per_token`]).
+    /// them, averaged over the layers: `mlp_dim` in a dense layer, a
+    /// mixture's experts' widths over its routed rows and shared experts
+    /// in a mixture's ([`super::MixtureOfExperts::hidden_per_token`]).
+    /// The step model multiplies one layer by the layer count, so where
+    /// the layers differ (dense-first, interleaved) it takes this average
+    /// and the totals come out whole.
     pub fn mlp_hidden(&self) -> u64 {
         match &self.moe {
             None => self.mlp_dim,
-            Some(m) => m.hidden_per_token(self.seq_len).ceil() as u64,
+            Some(m) => {
+                let (dense, moe) = self.dense_and_moe_layers();
+                let total = dense as f64 * self.mlp_dim as f64
+                    + moe as f64 * m.hidden_per_token(self.seq_len);
+                (total / self.layers.max(1) as f64).ceil() as u64
+            }
         }
+    }
+
+    /// The widest layer's MLP hidden elements a token (what one layer's
+    /// backward holds at once): the larger of a dense layer's `mlp_dim`
+    /// and a mixture layer's, of the kinds the model has.
+    pub fn mlp_hidden_widest(&self) -> u64 {
+        let (dense, moe) = self.dense_and_moe_layers();
+        let dense_width = if dense > 0 { self.mlp_dim } else { 0 };
+        let moe_width = match &self.moe {
+            Some(m) if moe > 0 => m.hidden_per_token(self.seq_len).ceil() as u64,
+            _ => 0,
+        };
+        dense_width.max(moe_width)
     }
 
     /// The elements of the MLP's largest weight tensor: `embed × mlp_dim`,
     /// or a mixture's experts stacked, `num_experts × embed × moe_mlp_dim`
-    /// (one tensor, gathered whole).
+    /// (one tensor, gathered whole), the larger where layers of both kinds
+    /// are.
     pub fn mlp_matrix_elements(&self) -> u64 {
-        match &self.moe {
-            None => self.embed * self.mlp_dim,
-            Some(m) => m.num_experts * self.embed * m.moe_mlp_dim,
-        }
+        let (dense, moe) = self.dense_and_moe_layers();
+        let dense_matrix = if dense > 0 {
+            self.embed * self.mlp_dim
+        } else {
+            0
+        };
+        let moe_matrix = match &self.moe {
+            Some(m) if moe > 0 => m.num_experts * self.embed * m.moe_mlp_dim,
+            _ => 0,
+        };
+        dense_matrix.max(moe_matrix)
     }
 
     /// The gradients' type: `grad_dtype`, or the weights'.
@@ -573,7 +541,20 @@ impl ModelConfig {
         self.check_batch()?;
         self.check_training()?;
         if let Some(moe) = &self.moe {
-            moe.check().map_err(|problem| ("moe", problem))?;
+            moe.check(self.layers).map_err(|problem| ("moe", problem))?;
+        }
+        if let Some(mla) = &self.mla {
+            mla.check().map_err(|problem| ("mla", problem))?;
+            if self.kv_heads != self.heads {
+                return Err((
+                    "kv_heads",
+                    format!(
+                        "{} key/value heads for {} query heads: multi-head latent attention \
+                         up-projects a key and value for every head (MaxText asserts them equal)",
+                        self.kv_heads, self.heads
+                    ),
+                ));
+            }
         }
         self.check_parameter_count()?;
         if self.trainable_position_size > 1 << 24 {
@@ -668,14 +649,34 @@ impl ModelConfig {
         );
         let n = self.mlp_activations.len() as u128;
         // Every term of `parameter_count`, bounded above (biases, norms
-        // and position rows included at their largest).
+        // and position rows included at their largest; a mixture's experts
+        // and router, and MLA's projections, beside the dense MLP and the
+        // standard attention).
+        let experts = self.moe.map_or(0, |x| {
+            let all = w(x.num_experts) + w(x.shared_experts);
+            (n + 1) * w(x.moe_mlp_dim) * e * all + 2 * e * w(x.num_experts)
+        });
+        let latent = self.mla.map_or(0, |x| {
+            let (qk, v) = (w(x.qk_head_dim()), w(x.v_head_dim));
+            let (q_rank, kv_rank) = (w(x.q_lora_rank), w(x.kv_lora_rank));
+            e * h * qk
+                + e * q_rank
+                + q_rank * h * qk
+                + e * (kv_rank + w(x.qk_rope_head_dim))
+                + kv_rank * h * (qk + v)
+                + h * v * e
+                + q_rank
+                + kv_rank
+        });
         let per_layer = e * (h + 2 * kv) * d
             + h * d * e
             + (n + 1) * m * e
             + 8 * e
             + 2 * (h + 2 * kv) * d
             + n * m
-            + 32 * h;
+            + 32 * h
+            + experts
+            + latent;
         let embedding = 2 * w(self.vocab) * e + w(self.trainable_position_size) * e + 2 * e;
         let total = per_layer * w(self.layers) + embedding;
         if total <= u128::from(MAX_PARAMETERS) {

@@ -12,6 +12,22 @@
 //! expert per sequence ([`MixtureOfExperts::capacity`]). Dropless routing
 //! (MaxText's `sparse_matmul` with megablox) computes the routed tokens
 //! only.
+//!
+//! Not every layer need hold the mixture. DeepSeek's first
+//! `first_num_dense_layers` layers have a dense MLP of `mlp_dim`, the rest
+//! the mixture; Llama 4's every `interleave_moe_layer_step`-th layer is a
+//! mixture (layer `i`, counted from 0, when `(i + 1) % step == 0`), the
+//! others dense. MaxText's `get_dense_moe_layers` counts `first, layers −
+//! first` and `layers − layers / step, layers / step`, and its FLOP count
+//! (`calculate_routed_and_shared_ffn_tflops_per_device`) takes each kind
+//! times its layers; so do the parameter count and the step model here
+//! (MaxText reads the first for its `deepseek` block, the second for its
+//! `llama4` one; here either applies whatever the block, one at a time):
+//!
+//! ```ron
+//! moe: Some((num_experts: 256, num_experts_per_tok: 8, moe_mlp_dim: 2048,
+//!            shared_experts: 1, routed_bias: true, first_num_dense_layers: 3)),
+//! ```
 
 use serde::{Deserialize, Serialize};
 
@@ -32,6 +48,24 @@ pub struct MixtureOfExperts {
     /// even share per expert; `None` is dropless (MaxText's `-1`).
     #[serde(default)]
     pub capacity_factor: Option<f64>,
+    /// `first_num_dense_layers`: the layers before the first mixture,
+    /// each with a dense MLP of `mlp_dim` (DeepSeek: 3); 0, every layer a
+    /// mixture (or as `interleave_moe_layer_step` picks).
+    #[serde(default)]
+    pub first_num_dense_layers: u64,
+    /// `interleave_moe_layer_step`: every this-many-th layer is a mixture,
+    /// the others dense (Llama 4 Maverick: 2); 1, every layer.
+    #[serde(default = "one")]
+    pub interleave_moe_layer_step: u64,
+    /// `routed_bias`: the router's scores take a learned bias per expert
+    /// (DeepSeek-V3's load-balancing bias: `num_experts` parameters a
+    /// mixture layer; no FLOPs counted).
+    #[serde(default)]
+    pub routed_bias: bool,
+}
+
+fn one() -> u64 {
+    1
 }
 
 impl MixtureOfExperts {
@@ -60,8 +94,43 @@ impl MixtureOfExperts {
         self.moe_mlp_dim as f64 * (self.routed_rows_per_token(seq_len) + self.shared_experts as f64)
     }
 
-    /// The first field that cannot be, with why.
-    pub(crate) fn check(&self) -> Result<(), String> {
+    /// How many of `layers` hold the mixture (MaxText's
+    /// `get_dense_moe_layers`): those after the first
+    /// `first_num_dense_layers`, or `layers / interleave_moe_layer_step`.
+    pub fn moe_layers(&self, layers: u64) -> u64 {
+        let after_dense = layers.saturating_sub(self.first_num_dense_layers);
+        after_dense / self.interleave_moe_layer_step.max(1)
+    }
+
+    /// The first field that cannot be in a model of `layers` layers, with
+    /// why.
+    pub(crate) fn check(&self, layers: u64) -> Result<(), String> {
+        if self.first_num_dense_layers > layers {
+            return Err(format!(
+                "first_num_dense_layers {}: at most the model's {layers} layers",
+                self.first_num_dense_layers
+            ));
+        }
+        if self.interleave_moe_layer_step == 0 || self.interleave_moe_layer_step > layers {
+            return Err(format!(
+                "interleave_moe_layer_step {}: at least 1 (every layer a mixture) and at most the \
+                 model's {layers} layers",
+                self.interleave_moe_layer_step
+            ));
+        }
+        if self.first_num_dense_layers > 0 && self.interleave_moe_layer_step > 1 {
+            return Err(format!(
+                "first_num_dense_layers {} with interleave_moe_layer_step {}: MaxText reads the \
+                 first for DeepSeek's block and the second for Llama 4's, never both; set one",
+                self.first_num_dense_layers, self.interleave_moe_layer_step
+            ));
+        }
+        if self.moe_mlp_dim > 1 << 24 {
+            return Err(format!(
+                "moe_mlp_dim {} is more than 2^24",
+                self.moe_mlp_dim
+            ));
+        }
         if self.num_experts < 2 {
             return Err(format!(
                 "num_experts {}: a mixture needs at least 2 (a dense model sets no moe)",
@@ -106,6 +175,9 @@ mod tests {
             moe_mlp_dim: 14336,
             shared_experts: 0,
             capacity_factor: cf,
+            first_num_dense_layers: 0,
+            interleave_moe_layer_step: 1,
+            routed_bias: false,
         }
     }
 
@@ -118,12 +190,51 @@ mod tests {
         assert_eq!(mixtral(None).routed_rows_per_token(4096), 2.0);
         // One token: ceil(2/8) = 1 slot, at least cf.
         assert_eq!(mixtral(Some(2.0)).capacity(1), Some(2));
-        assert!(mixtral(Some(f64::NAN)).check().is_err());
-        assert!(mixtral(Some(9.0)).check().is_err());
+        assert!(mixtral(Some(f64::NAN)).check(32).is_err());
+        assert!(mixtral(Some(9.0)).check(32).is_err());
         let top9 = MixtureOfExperts {
             num_experts_per_tok: 9,
             ..mixtral(None)
         };
-        assert!(top9.check().unwrap_err().contains("num_experts_per_tok 9"));
+        assert!(
+            top9.check(32)
+                .unwrap_err()
+                .contains("num_experts_per_tok 9")
+        );
+    }
+
+    #[test]
+    fn dense_first_and_interleaved_layers_count_as_maxtext() {
+        let deepseek = MixtureOfExperts {
+            first_num_dense_layers: 3,
+            ..mixtral(None)
+        };
+        assert_eq!(deepseek.moe_layers(61), 58);
+        assert_eq!(deepseek.moe_layers(3), 0);
+        let maverick = MixtureOfExperts {
+            interleave_moe_layer_step: 2,
+            ..mixtral(None)
+        };
+        assert_eq!(maverick.moe_layers(48), 24);
+        // layers // step, as get_dense_moe_layers: 7 // 2 = 3.
+        assert_eq!(maverick.moe_layers(7), 3);
+        assert_eq!(mixtral(None).moe_layers(32), 32);
+        let err = deepseek.check(2).unwrap_err();
+        assert!(err.contains("first_num_dense_layers 3"), "{err}");
+        let step0 = MixtureOfExperts {
+            interleave_moe_layer_step: 0,
+            ..mixtral(None)
+        };
+        assert!(
+            step0
+                .check(32)
+                .unwrap_err()
+                .contains("interleave_moe_layer_step 0")
+        );
+        let both = MixtureOfExperts {
+            interleave_moe_layer_step: 2,
+            ..deepseek
+        };
+        assert!(both.check(61).unwrap_err().contains("never both"));
     }
 }

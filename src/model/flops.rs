@@ -21,7 +21,25 @@
 //! `embedding = 2 B L embed vocab` (the logits matmul). The `3` is forward
 //! plus the two backward matmuls. MaxText multiplies by
 //! `gradient_accumulation_steps`; these configs have one step (the field
-//! does not exist here). The MoE and Gemma 2 branches are not modeled.
+//! does not exist here).
+//!
+//! A mixture of experts (`crate::model::experts`) replaces `ffn` by the
+//! router and `k + shared` expert MLPs a token in each mixture layer and
+//! keeps the dense `ffn` in the others (MaxText's
+//! `calculate_routed_and_shared_ffn_tflops_per_device`). Multi-head latent
+//! attention (`crate::model::attention`) replaces `qkv`, the attention and
+//! `proj` by MaxText's `calculate_mla_tflops_per_device`: `qkv = 2 B L ×`
+//! its down and up projections, attention `2 B L² h (qk + v)` (the
+//! standard `4 B L² h d` with the query-key and value widths apart),
+//! `proj = 2 B L embed h v`. MaxText's formula has had MLA only since its
+//! causal version; the older versions here take the same terms.
+//!
+//! Not modeled: Gemma 2's and Gemma 3's own attention branches (a sliding
+//! window is counted by its band here), Llama 4's chunked attention
+//! (MaxText's `calculate_llama4_attention_tflops` counts a chunked layer
+//! as `⌊L/C⌋ C² + (L mod C)²` score pairs where a global one has `L²`;
+//! equal while `seq_len ≤ chunk_attn_window_size`, 8192, as in every
+//! bundled Llama 4 config), multi-token prediction, DeepSeek's indexer.
 
 use super::config::{DecoderBlock, ModelConfig};
 
@@ -105,15 +123,85 @@ pub fn window_pairs(seq_len: u64, window: u64) -> f64 {
     w * l - w * (w - 1.0) / 2.0
 }
 
-/// `config`'s per-layer forward matmul FLOPs per device.
+/// One layer's MLP forward FLOPs per device, each kind of layer apart.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MlpFlops {
+    /// A dense layer's input and output matmuls (`mlp_dim` wide).
+    pub dense: (f64, f64),
+    /// A mixture layer's, MaxText's dropless count: the router (in the
+    /// input's) and `k + shared` experts a token. 0 without a mixture.
+    pub moe: (f64, f64),
+    /// Of `moe.0`, the router's `2·T·E·num_experts`.
+    pub router: f64,
+    /// Layers with a dense MLP.
+    pub dense_layers: u64,
+    /// Layers with the mixture.
+    pub moe_layers: u64,
+}
+
+impl MlpFlops {
+    /// The average layer's input and output FLOPs with a mixture layer's
+    /// taken as `moe` (the hardware's may differ from the count's):
+    /// `(dense × dense layers + moe × mixture layers) / layers`, so that
+    /// times the layers is each kind's total.
+    pub fn average_with(&self, moe: (f64, f64)) -> (f64, f64) {
+        // One kind: its own figures, not rounded through the average.
+        if self.moe_layers == 0 {
+            return self.dense;
+        }
+        if self.dense_layers == 0 {
+            return moe;
+        }
+        let (d, m) = (self.dense_layers as f64, self.moe_layers as f64);
+        let layers = (d + m).max(1.0);
+        (
+            (self.dense.0 * d + moe.0 * m) / layers,
+            (self.dense.1 * d + moe.1 * m) / layers,
+        )
+    }
+}
+
+/// `config`'s MLP FLOPs by kind of layer.
+pub fn mlp_flops(config: &ModelConfig) -> MlpFlops {
+    let t = config.tokens_per_device();
+    let embed = config.embed as f64;
+    let activations = config.mlp_activations.len() as f64;
+    let ffn = |width: f64| {
+        (
+            2.0 * t * width * embed * activations,
+            2.0 * t * width * embed,
+        )
+    };
+    let (dense_layers, moe_layers) = config.dense_and_moe_layers();
+    // A mixture: the router, then `k + shared` experts' MLPs a token
+    // (MaxText's dropless count, whatever the routing).
+    let (moe, router) = match &config.moe {
+        None => ((0.0, 0.0), 0.0),
+        Some(m) => {
+            let experts = (m.num_experts_per_tok + m.shared_experts) as f64;
+            let (mlp_in, mlp_out) = ffn(m.moe_mlp_dim as f64);
+            let router = 2.0 * t * embed * m.num_experts as f64;
+            ((router + mlp_in * experts, mlp_out * experts), router)
+        }
+    };
+    MlpFlops {
+        dense: ffn(config.mlp_dim as f64),
+        moe,
+        router,
+        dense_layers,
+        moe_layers,
+    }
+}
+
+/// `config`'s per-layer forward matmul FLOPs per device: the average
+/// layer where layers differ (a sliding window's local and global layers,
+/// a mixture's dense and mixture layers), so times `layers` each total is
+/// whole.
 pub fn layer_matmul_flops(config: &ModelConfig) -> LayerMatmulFlops {
+    let t = config.tokens_per_device();
     let b = config.per_device_batch;
     let l = config.seq_len as f64;
-    let heads = config.heads as f64;
-    let head_dim = config.head_dim as f64;
     let embed = config.embed as f64;
-    let mlp = config.mlp_dim as f64;
-    let activations = config.mlp_activations.len() as f64;
     // Global and local layers' shares of the layers.
     let (global_share, local_share, pairs) = match config.sliding_window {
         None => (1.0, 0.0, 0.0),
@@ -127,29 +215,16 @@ pub fn layer_matmul_flops(config: &ModelConfig) -> LayerMatmulFlops {
             )
         }
     };
-    // A mixture: the router, then `k + shared` experts' MLPs a token
-    // (MaxText's dropless count, whatever the routing).
-    let (mlp_in, mlp_out) = match &config.moe {
-        None => (
-            2.0 * b * l * mlp * embed * activations,
-            2.0 * b * l * mlp * embed,
-        ),
-        Some(m) => {
-            let experts = (m.num_experts_per_tok + m.shared_experts) as f64;
-            let width = m.moe_mlp_dim as f64;
-            (
-                2.0 * b * l * embed * m.num_experts as f64
-                    + 2.0 * b * l * width * embed * activations * experts,
-                2.0 * b * l * width * embed * experts,
-            )
-        }
-    };
+    let mlp = mlp_flops(config);
+    let (mlp_in, mlp_out) = mlp.average_with(mlp.moe);
+    // 2 FLOPs per multiply-add; a query-key pair's score and value take
+    // `4·h·d` (`2·h·(qk + v)` under MLA).
+    let pair = 2.0 * config.score_macs_per_pair() as f64;
     LayerMatmulFlops {
-        qkv: 2.0 * b * l * embed * (heads + 2.0 * config.kv_heads as f64) * head_dim,
-        // 2 FLOPs per multiply-add.
-        attention: 4.0 * b * l * l * heads * head_dim * global_share,
-        window_attention: 4.0 * b * pairs * heads * head_dim * local_share,
-        out: 2.0 * b * l * embed * heads * head_dim,
+        qkv: 2.0 * t * config.projection_macs_per_token() as f64,
+        attention: pair * b * l * l * global_share,
+        window_attention: pair * b * pairs * local_share,
+        out: 2.0 * t * embed * config.context_width() as f64,
         mlp_in,
         mlp_out,
     }
@@ -198,6 +273,12 @@ pub fn calculate_tflops_training_per_device(config: &ModelConfig) -> (f64, f64, 
 }
 
 /// A model's parameters by where they live.
+///
+/// Where the layers differ (a mixture's dense-first or interleaved
+/// layers), the per-layer fields are the average layer, rounded down, and
+/// what the rounding leaves is [`ParameterCount::layer_remainder`]: the
+/// step model multiplies one layer by `layers` and adds the rest
+/// ([`ParameterCount::outside_layers`]), and both sums are the total.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ParameterCount {
     /// The token embedding, `vocab × embed`.
@@ -207,9 +288,12 @@ pub struct ParameterCount {
     /// Learned positions, `trainable_position_size × embed`.
     pub position: u64,
     /// One layer's attention: query, key, value and output matrices, their
-    /// biases (GPT-3) and query/key norms (`DefaultT5`).
+    /// biases (GPT-3) and query/key norms (`DefaultT5`), or MLA's
+    /// projections and latent norms.
     pub attention_per_layer: u64,
-    /// One layer's MLP: `n_act` input matrices, the output matrix, biases.
+    /// One layer's MLP: `n_act` input matrices, the output matrix, biases;
+    /// a mixture's experts and router; their average where the layers
+    /// differ.
     pub mlp_per_layer: u64,
     /// One layer's norms and relative position biases.
     pub other_per_layer: u64,
@@ -217,21 +301,27 @@ pub struct ParameterCount {
     pub final_norm: u64,
     /// Decoder layers.
     pub layers: u64,
+    /// The MLP parameters the average layer's rounding leaves (fewer than
+    /// `layers`; 0 when every layer is alike).
+    pub layer_remainder: u64,
 }
 
 impl ParameterCount {
-    /// Parameters of one decoder layer.
+    /// Parameters of one decoder layer (the average layer where they
+    /// differ).
     pub fn per_layer(&self) -> u64 {
         self.attention_per_layer + self.mlp_per_layer + self.other_per_layer
     }
 
+    /// Every parameter outside `layers × per_layer()`: the embeddings, the
+    /// final norm and the layers' remainder.
+    pub fn outside_layers(&self) -> u64 {
+        self.embedding + self.logits + self.position + self.final_norm + self.layer_remainder
+    }
+
     /// Every parameter (what MaxText's `calculate_num_params_from_pytree` counts).
     pub fn total(&self) -> u64 {
-        self.embedding
-            + self.logits
-            + self.position
-            + self.final_norm
-            + self.layers * self.per_layer()
+        self.outside_layers() + self.layers * self.per_layer()
     }
 }
 
@@ -245,15 +335,21 @@ pub fn parameter_count(config: &ModelConfig) -> ParameterCount {
         config.mlp_dim,
     );
     let activations = config.mlp_activations.len() as u64;
-    let attention_weights = e * (h + 2 * kv) * d + h * d * e;
-    // A mixture holds every expert (routed and shared) and the router.
-    let mlp_weights = match &config.moe {
-        None => (activations + 1) * m * e,
-        Some(x) => {
-            (activations + 1) * x.moe_mlp_dim * e * (x.num_experts + x.shared_experts)
-                + e * x.num_experts
-        }
+    let attention_weights = match &config.mla {
+        None => e * (h + 2 * kv) * d + h * d * e,
+        Some(mla) => mla.parameters(e, h),
     };
+    // A mixture layer holds every expert (routed and shared), the router
+    // and its bias; the others a dense MLP.
+    let dense_weights = (activations + 1) * m * e;
+    let (dense_layers, moe_layers) = config.dense_and_moe_layers();
+    let moe_weights = config.moe.map_or(0, |x| {
+        (activations + 1) * x.moe_mlp_dim * e * (x.num_experts + x.shared_experts)
+            + e * x.num_experts
+            + if x.routed_bias { x.num_experts } else { 0 }
+    });
+    let mlp_all = dense_weights * dense_layers + moe_weights * moe_layers;
+    let layers = config.layers.max(1);
     let (attention_extra, mlp_extra, other, final_norm) = match config.decoder_block {
         // Two RMSNorm scales per layer.
         DecoderBlock::Llama2 => (0, 0, 2 * e, e),
@@ -275,11 +371,26 @@ pub fn parameter_count(config: &ModelConfig) -> ParameterCount {
         },
         position: config.trainable_position_size * e,
         attention_per_layer: attention_weights + attention_extra,
-        mlp_per_layer: mlp_weights + mlp_extra,
+        mlp_per_layer: mlp_all / layers + mlp_extra,
         other_per_layer: other,
         final_norm,
         layers: config.layers,
+        layer_remainder: mlp_all % layers,
     }
+}
+
+/// The parameters a token runs through: every parameter but the routed
+/// experts it is not routed to (`num_experts − num_experts_per_tok` of
+/// them in each mixture layer), what "active parameters" means in a
+/// mixture's published size (DeepSeek-V3's 37B of 671B).
+pub fn active_parameter_count(config: &ModelConfig) -> u64 {
+    let total = parameter_count(config).total();
+    let Some(m) = &config.moe else {
+        return total;
+    };
+    let (_, moe_layers) = config.dense_and_moe_layers();
+    let expert = (config.mlp_activations.len() as u64 + 1) * m.moe_mlp_dim * config.embed;
+    total - (m.num_experts - m.num_experts_per_tok) * expert * moe_layers
 }
 
 #[cfg(test)]
@@ -319,6 +430,7 @@ pub(crate) mod tests {
             attention_kernel: crate::model::AttentionKernel::Full,
             use_iota_embed: false,
             moe: None,
+            mla: None,
         }
     }
 

@@ -78,16 +78,25 @@ struct Residuals {
     rest: u64,
 }
 
+/// The average layer's residuals ([`ModelConfig::mlp_hidden`]: the saved
+/// activations of every layer are this times the layers).
 fn residuals(config: &ModelConfig) -> Residuals {
+    residuals_with_hidden(config, config.mlp_hidden())
+}
+
+/// A layer's residuals with an MLP `hidden` wide: the query, key and value
+/// as the projections produce them (MLA's up-projected ones) and the
+/// attention's output.
+fn residuals_with_hidden(config: &ModelConfig, hidden: u64) -> Residuals {
     let e = config.embed;
     let sequential = !config.decoder_block.is_parallel();
     Residuals {
         input: e,
-        qkv: (config.heads + 2 * config.kv_heads) * config.head_dim,
+        qkv: config.query_width() + config.key_width() + config.value_width(),
         out: if sequential { e } else { 0 },
-        mlp_in: config.mlp_activations.len() as u64 * config.mlp_hidden(),
-        context: config.heads * config.head_dim,
-        rest: if sequential { 2 * e } else { e } + config.mlp_hidden(),
+        mlp_in: config.mlp_activations.len() as u64 * hidden,
+        context: config.context_width(),
+        rest: if sequential { 2 * e } else { e } + hidden,
     }
 }
 
@@ -145,12 +154,11 @@ pub fn custom_placements(
         return None;
     };
     let r = residuals(config);
-    let kv = config.kv_heads * config.head_dim;
     Some([
         (decoder_layer_input, r.input),
-        (query_proj, config.heads * config.head_dim),
-        (key_proj, kv),
-        (value_proj, kv),
+        (query_proj, config.query_width()),
+        (key_proj, config.key_width()),
+        (value_proj, config.value_width()),
         (context, r.context),
         (out_proj, r.out),
         (mlpwi, r.mlp_in),
@@ -171,9 +179,10 @@ fn memory_of(config: &ModelConfig, device: u64, host: u64) -> ActivationMemory {
 /// Bytes one layer's backward pass holds on a device besides the saved
 /// activations: every residual of the layer (rematerialized, or saved and
 /// brought back), the gradient of the MLP's input activations (its widest)
-/// and of the layer's output, in the activation dtype.
+/// and of the layer's output, in the activation dtype; the widest layer's
+/// where they differ (a mixture's and a dense layer's MLP).
 pub fn layer_working_set(config: &ModelConfig) -> f64 {
-    let r = residuals(config);
+    let r = residuals_with_hidden(config, config.mlp_hidden_widest());
     let all = r.input + r.qkv + r.out + r.mlp_in + r.context + r.rest;
     let gradients = r.mlp_in + config.embed;
     (all + gradients) as f64

@@ -1,6 +1,8 @@
 //! Transformer decoders as MaxText describes them, and what a training
 //! step of one costs by MaxText's own count.
 //!
+//! - [`attention`]: the attention kernel and multi-head latent attention,
+//!   and the widths every attention has.
 //! - [`config`]: [`ModelConfig`] from RON (file, line and field in every
 //!   error), its validation, the global batch, MaxText's
 //!   `global_parameter_scale` rule.
@@ -14,6 +16,7 @@
 //! Bundled configs are embedded, so the binary finds them from any
 //! directory. `docs/models.md` has the sources.
 
+pub mod attention;
 pub mod config;
 pub mod error;
 pub mod experts;
@@ -23,6 +26,7 @@ pub mod memory;
 pub mod programs;
 pub mod published;
 
+pub use attention::MultiHeadLatentAttention;
 pub use config::{
     AttentionKernel, DecoderBlock, ModelConfig, ModelDType, Placement, Quantization, RematPolicy,
     SlidingWindow, parameter_scales,
@@ -30,8 +34,8 @@ pub use config::{
 pub use error::ModelError;
 pub use experts::MixtureOfExperts;
 pub use flops::{
-    FlopFormula, LayerMatmulFlops, ParameterCount, TrainingFlops,
-    calculate_tflops_training_per_device, layer_matmul_flops, parameter_count,
+    FlopFormula, LayerMatmulFlops, MlpFlops, ParameterCount, TrainingFlops, active_parameter_count,
+    calculate_tflops_training_per_device, layer_matmul_flops, mlp_flops, parameter_count,
     training_flops_per_device,
 };
 pub use memory::{
@@ -41,7 +45,7 @@ pub use programs::{LayerPrograms, LayerWeight, ProgramCosts, layer_programs};
 pub use published::{Published, PublishedRow, maxtext_published};
 
 /// The bundled models' names, in `bundled` order.
-pub const BUNDLED_NAMES: [&str; 20] = [
+pub const BUNDLED_NAMES: [&str; 23] = [
     "maxtext-v5e-16b",
     "maxtext-v5e-32b",
     "maxtext-v5e-64b",
@@ -62,9 +66,12 @@ pub const BUNDLED_NAMES: [&str; 20] = [
     "gemma3-12b",
     "mixtral-8x7b",
     "mixtral-8x22b",
+    "deepseek3-671b",
+    "llama4-17b-16e",
+    "llama4-17b-128e",
 ];
 
-const BUNDLED_TEXT: [&str; 20] = [
+const BUNDLED_TEXT: [&str; 23] = [
     include_str!("../../assets/models/maxtext-v5e-16b.ron"),
     include_str!("../../assets/models/maxtext-v5e-32b.ron"),
     include_str!("../../assets/models/maxtext-v5e-64b.ron"),
@@ -85,6 +92,9 @@ const BUNDLED_TEXT: [&str; 20] = [
     include_str!("../../assets/models/gemma3-12b.ron"),
     include_str!("../../assets/models/mixtral-8x7b.ron"),
     include_str!("../../assets/models/mixtral-8x22b.ron"),
+    include_str!("../../assets/models/deepseek3-671b.ron"),
+    include_str!("../../assets/models/llama4-17b-16e.ron"),
+    include_str!("../../assets/models/llama4-17b-128e.ron"),
 ];
 
 /// The RON text of a bundled model.

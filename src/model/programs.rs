@@ -151,6 +151,41 @@ impl LayerPrograms {
     }
 }
 
+/// What a layer program does not compile, refused naming its field: a
+/// windowed model's local layers, a mixture of experts and latent
+/// attention are modeled by their FLOP count (`step_model`) instead.
+fn refuse_uncompiled(config: &ModelConfig) -> Result<(), ModelError> {
+    let refusals = [
+        (
+            config.sliding_window.is_some(),
+            "sliding_window",
+            "a layer program computes dense attention; a windowed model's local layers are \
+             modeled by their FLOP count (step_model), not compiled",
+        ),
+        (
+            config.moe.is_some(),
+            "moe",
+            "a layer program computes a dense MLP; a mixture of experts is modeled by its FLOP \
+             count (step_model), not compiled",
+        ),
+        (
+            config.mla.is_some(),
+            "mla",
+            "a layer program computes standard attention; multi-head latent attention is \
+             modeled by its FLOP count (step_model), not compiled",
+        ),
+    ];
+    match refusals.into_iter().find(|(present, _, _)| *present) {
+        Some((_, field, problem)) => Err(ModelError::Invalid {
+            origin: format!("model {}", config.name),
+            line: None,
+            field: field.into(),
+            problem: problem.into(),
+        }),
+        None => Ok(()),
+    }
+}
+
 /// Builds and costs one decoder layer of `config` (forward and backward)
 /// and the logits (forward and backward) at `tokens` tokens per device.
 ///
@@ -167,26 +202,7 @@ pub fn layer_programs(config: &ModelConfig, tokens: u64) -> Result<LayerPrograms
             field: field.to_string(),
             problem,
         })?;
-    if config.sliding_window.is_some() {
-        return Err(ModelError::Invalid {
-            origin: format!("model {}", config.name),
-            line: None,
-            field: "sliding_window".into(),
-            problem: "a layer program computes dense attention; a windowed model's local \
-                      layers are modeled by their FLOP count (step_model), not compiled"
-                .into(),
-        });
-    }
-    if config.moe.is_some() {
-        return Err(ModelError::Invalid {
-            origin: format!("model {}", config.name),
-            line: None,
-            field: "moe".into(),
-            problem: "a layer program computes a dense MLP; a mixture of experts is modeled by \
-                      its FLOP count (step_model), not compiled"
-                .into(),
-        });
-    }
+    refuse_uncompiled(config)?;
     if tokens == 0 || tokens > MAX_TOKENS {
         return Err(ModelError::Invalid {
             origin: format!("model {}", config.name),

@@ -31,23 +31,26 @@ pub fn hardware_matmul_flops(config: &ModelConfig) -> LayerMatmulFlops {
     }
     // Dropping experts compute their whole capacity, and the one-hot
     // dispatch and combine are matmuls of 2·T·E·C·D each
-    // (`crate::model::experts`).
+    // (`crate::model::experts`); in the mixture's layers only, averaged
+    // over the layers as the count is.
     if let Some(moe) = &config.moe
         && let Some(capacity) = moe.capacity(config.seq_len)
     {
+        let mlp = crate::model::mlp_flops(config);
         let routed = moe.num_experts_per_tok as f64;
         let experts = routed + moe.shared_experts as f64;
         let padded =
             (moe.shared_experts as f64 + moe.routed_rows_per_token(config.seq_len)) / experts;
-        let router =
-            2.0 * config.tokens_per_device() * config.embed as f64 * moe.num_experts as f64;
         let one_hot = 2.0
             * config.per_device_batch
             * config.seq_len as f64
             * (moe.num_experts * capacity) as f64
             * config.embed as f64;
-        g.mlp_in = (g.mlp_in - router) * padded + router + one_hot;
-        g.mlp_out = g.mlp_out * padded + one_hot;
+        let run = (
+            (mlp.moe.0 - mlp.router) * padded + mlp.router + one_hot,
+            mlp.moe.1 * padded + one_hot,
+        );
+        (g.mlp_in, g.mlp_out) = mlp.average_with(run);
     }
     g
 }
@@ -86,9 +89,15 @@ pub fn recomputed_flops(config: &ModelConfig, policy: RematPolicy) -> (f64, f64)
         // The matmuls whose residuals are rematerialized: the projections
         // by their widths, the attention with its output, the MLP's input.
         let [_, q, k, v, context, out_proj, mlpwi] = placed.map(|(p, _)| p == Placement::Remat);
-        let (h, kv) = (config.heads as f64, config.kv_heads as f64);
-        let qkv_share = |on: bool, heads: f64| if on { heads / (h + 2.0 * kv) } else { 0.0 };
-        let weights = g.qkv * (qkv_share(q, h) + qkv_share(k, kv) + qkv_share(v, kv))
+        // Each projection's share of their FLOPs by its width (the
+        // heads' for standard attention).
+        let (qw, kw, vw) = (
+            config.query_width() as f64,
+            config.key_width() as f64,
+            config.value_width() as f64,
+        );
+        let qkv_share = |on: bool, width: f64| if on { width / (qw + kw + vw) } else { 0.0 };
+        let weights = g.qkv * (qkv_share(q, qw) + qkv_share(k, kw) + qkv_share(v, vw))
             + if out_proj { out } else { 0.0 }
             + if mlpwi { g.mlp_in } else { 0.0 };
         return (weights, if context { g.attention } else { 0.0 });
@@ -108,24 +117,25 @@ pub fn recomputed_flops(config: &ModelConfig, policy: RematPolicy) -> (f64, f64)
 /// `1/tensor` of them) read once (in the activations' type, as the MXU
 /// takes them), each matmul's input
 /// and output activations read or written once (the attention scores are
-/// not materialized: a fused attention kernel keeps them on chip).
+/// not materialized: a fused attention kernel keeps them on chip), MLA's
+/// latents written and read once more between its down and up projections.
 fn forward_bytes(c: &ModelConfig, tensor: usize) -> f64 {
     let t = c.tokens_per_device();
     let act = c.activation_dtype.byte_size() as f64;
     let weights = parameter_count(c).per_layer() as f64 * act / tensor.max(1) as f64;
-    let (e, h, kv, d, m) = (
+    let (e, qkv, ctx, latent, m) = (
         c.embed as f64,
-        c.heads as f64,
-        c.kv_heads as f64,
-        c.head_dim as f64,
+        (c.query_width() + c.key_width() + c.value_width()) as f64,
+        c.context_width() as f64,
+        c.latent_width() as f64,
         c.mlp_hidden() as f64,
     );
     let n_act = c.mlp_activations.len() as f64;
     // Per token: qkv in/out, attention in/out, out-projection in/out, MLP
     // in/out (its hidden read and written once more by the activation).
-    let per_token = (e + (h + 2.0 * kv) * d)
-        + ((h + 2.0 * kv) * d + h * d)
-        + (h * d + e)
+    let per_token = (e + qkv + 2.0 * latent)
+        + (qkv + ctx)
+        + (ctx + e)
         + (e + n_act * m)
         + (n_act * m + m)
         + (m + e);
@@ -210,17 +220,18 @@ fn quantize_bytes(config: &ModelConfig, tensor: usize) -> f64 {
     }
     let per_element = 2.0 * config.activation_dtype.byte_size() as f64 + 1.0;
     let t = config.tokens_per_device();
-    let (e, h, d, m) = (
+    let (e, projections, ctx, m) = (
         config.embed as f64,
-        config.heads as f64,
-        config.head_dim as f64,
+        config.projection_input_width() as f64,
+        config.context_width() as f64,
         config.mlp_hidden() as f64,
     );
     let n = config.mlp_activations.len() as f64;
     let tensor = tensor.max(1) as f64;
-    // Per token: each matmul's input width (q, k, v, out, the MLP's
-    // inputs and its output), each device 1/t of it.
-    let inputs = (3.0 * e + h * d + n * e + m) / tensor;
+    // Per token: each matmul's input width (q, k, v or MLA's down and up
+    // projections, out, the MLP's inputs and its output), each device 1/t
+    // of it.
+    let inputs = (projections + ctx + n * e + m) / tensor;
     let weights = parameter_count(config).per_layer() as f64 / tensor;
     per_element * (weights + t * inputs)
 }

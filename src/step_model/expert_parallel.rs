@@ -16,7 +16,9 @@
 //! ([`crate::sharding::strategy_model::axis_all_to_all`]). The backward
 //! runs their transposes (two more), plus the recomputed forward's under
 //! the remat policy, as the tensor axis's collectives are counted
-//! ([`super::tensor`]).
+//! ([`super::tensor`]). On a model whose first layers are dense (or whose
+//! mixtures are interleaved) only the MoE layers send: the step's layer is
+//! the average one, so it carries their share.
 //!
 //! **Overlap.** The routed experts' matmuls need the dispatched tokens and
 //! the next layer needs the combined ones, so the all-to-alls are on the
@@ -101,13 +103,17 @@ pub fn expert_parallel(
             ),
         });
     }
+    // The step model's layer is the average one ([`crate::model`]): the
+    // all-to-alls and the shared experts are the MoE layers' share of it.
+    let (_, moe_layers) = config.dense_and_moe_layers();
+    let share = moe_layers as f64 / config.layers.max(1) as f64;
     let tokens = config.tokens_per_device();
     let rows = moe.routed_rows_per_token(config.seq_len);
     let embed = config.embed as f64;
     let elem = config.activation_dtype.byte_size() as usize;
     let send = (tokens * rows * embed).ceil();
     let all_to_all = axis_all_to_all(topology, mesh, MeshAxisName::Expert, send as usize, elem)?;
-    let forward = 2.0 * all_to_all.seconds;
+    let forward = 2.0 * all_to_all.seconds * share;
     let backward = forward * (1.0 + recompute);
     // The shared experts' matmuls, from the layer's input: their share of
     // the layer's matmul FLOPs, at the pass's rate.
@@ -116,7 +122,8 @@ pub fn expert_parallel(
         * embed
         * moe.moe_mlp_dim as f64
         * (config.mlp_activations.len() + 1) as f64
-        * moe.shared_experts as f64;
+        * moe.shared_experts as f64
+        * share;
     let covered = |pass: &super::PassCompute, flops: f64| {
         if pass.flops > 0.0 {
             pass.seconds * (flops / pass.flops).min(1.0)
@@ -135,7 +142,7 @@ pub fn expert_parallel(
         * moe.moe_mlp_dim
         * config.embed
         * (config.mlp_activations.len() as u64 + 1)) as f64
-        * counts.layers as f64;
+        * moe_layers as f64;
     Ok(Some(ExpertParallel {
         size: x,
         experts_per_device: moe.num_experts / x as u64,

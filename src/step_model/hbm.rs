@@ -43,8 +43,9 @@ use crate::sharding::strategy_model::StrategyStep;
 use crate::sharding::{MeshAxisName, Strategy};
 
 /// The most elements of one weight matrix of a layer: the query or output
-/// projection (`embed × heads × head_dim`) or an MLP matrix (`embed ×
-/// mlp_dim`, or a mixture's stacked experts).
+/// projection (`embed × heads × head_dim`, or MLA's largest) or an MLP
+/// matrix (`embed × mlp_dim`, or a mixture's stacked experts), the widest
+/// layer's where they differ.
 pub fn largest_layer_matrix(config: &ModelConfig) -> u64 {
     largest_layer_matrix_on(config, 1)
 }
@@ -52,12 +53,22 @@ pub fn largest_layer_matrix(config: &ModelConfig) -> u64 {
 /// [`largest_layer_matrix`] on a mesh whose `expert` axis holds
 /// `experts_split` ways of a mixture's stacked experts.
 fn largest_layer_matrix_on(config: &ModelConfig, experts_split: u64) -> u64 {
-    let attention = config.embed * config.heads * config.head_dim;
-    let mlp = match config.moe {
-        Some(_) => config.mlp_matrix_elements().div_ceil(experts_split.max(1)),
-        None => config.mlp_matrix_elements(),
+    let (dense, moe) = config.dense_and_moe_layers();
+    let dense_mlp = if dense > 0 {
+        config.embed * config.mlp_dim
+    } else {
+        0
     };
-    attention.max(mlp)
+    let experts = match &config.moe {
+        Some(m) if moe > 0 => {
+            (m.num_experts * config.embed * m.moe_mlp_dim).div_ceil(experts_split.max(1))
+        }
+        _ => 0,
+    };
+    config
+        .largest_attention_matrix()
+        .max(dense_mlp)
+        .max(experts)
 }
 
 /// Buffers beside the model's own: an expert axis's all-to-all buffers

@@ -574,8 +574,7 @@ fn strategy_step(
     let counts = parameter_count(config);
     let layers = counts.layers as f64;
     let per_layer = counts.per_layer().div_ceil(t as u64);
-    let rest =
-        (counts.embedding + counts.logits + counts.position + counts.final_norm).div_ceil(t as u64);
+    let rest = counts.outside_layers().div_ceil(t as u64);
     let elements = per_layer
         .checked_mul(counts.layers)
         .and_then(|e| e.checked_add(rest))
@@ -712,7 +711,7 @@ pub fn layer_tensors(config: &ModelConfig) -> (Vec<(String, Vec<usize>)>, usize)
     let mut tensors: Vec<(String, Vec<usize>)> = (0..counts.layers)
         .map(|i| (format!("layer{i}"), vec![counts.per_layer() as usize]))
         .collect();
-    let rest = counts.embedding + counts.logits + counts.position + counts.final_norm;
+    let rest = counts.outside_layers();
     tensors.push(("embedding".into(), vec![rest as usize]));
     (
         tensors,

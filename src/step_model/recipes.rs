@@ -54,6 +54,9 @@ pub struct RecipeRow {
     /// `mu_dtype`, if the run set one.
     #[serde(default)]
     pub mu_dtype: Option<ModelDType>,
+    /// `grad_dtype`, if the run set one.
+    #[serde(default)]
+    pub grad_dtype: Option<ModelDType>,
     /// `quantization`, if the run set one.
     #[serde(default)]
     pub quantization: Option<Quantization>,
@@ -69,6 +72,12 @@ pub struct RecipeRow {
     /// Whether the generation's constant was fitted on this run.
     #[serde(default)]
     pub fitted: bool,
+    /// What the run spends that the step model does not cost yet, when
+    /// that is known to move its step: the row is modeled and reported
+    /// with its error, but not held to the predicted rows' accuracy
+    /// (`docs/validation.md` says why for each).
+    #[serde(default)]
+    pub gap: Option<String>,
     /// Published seconds per step.
     pub step_seconds: f64,
     /// Published tokens per second per chip.
@@ -100,6 +109,9 @@ pub struct RecipeResult {
     pub error: f64,
     /// Whether a constant was fitted on it.
     pub fitted: bool,
+    /// The row's known modeling gap, if any (reported, not held to the
+    /// accuracy bounds).
+    pub gap: Option<String>,
     /// Whether the generation has a calibrated constant.
     pub calibrated: bool,
     /// An uncalibrated generation's tokens/s/chip at the least and the
@@ -154,6 +166,9 @@ pub fn model_row(row: &RecipeRow, efficiency: Option<f64>) -> Result<RecipeResul
     if row.mu_dtype.is_some() {
         config.mu_dtype = row.mu_dtype;
     }
+    if row.grad_dtype.is_some() {
+        config.grad_dtype = row.grad_dtype;
+    }
     if row.quantization.is_some() {
         config.quantization = row.quantization;
     }
@@ -192,6 +207,7 @@ pub fn model_row(row: &RecipeRow, efficiency: Option<f64>) -> Result<RecipeResul
         modeled: step.tokens_per_s_per_chip,
         error: step.tokens_per_s_per_chip / row.tokens_per_s_per_chip - 1.0,
         fitted: row.fitted,
+        gap: row.gap.clone(),
         calibrated: step.calibrated,
         modeled_range: step
             .step_seconds_range

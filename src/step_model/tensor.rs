@@ -63,18 +63,15 @@ pub fn tensor_parallel(
     if t <= 1 {
         return Ok(None);
     }
-    let dims = [
-        ("heads", config.heads),
-        ("kv_heads", config.kv_heads),
-        (
-            if config.moe.is_some() {
-                "moe_mlp_dim"
-            } else {
-                "mlp_dim"
-            },
-            config.moe.map_or(config.mlp_dim, |m| m.moe_mlp_dim),
-        ),
-    ];
+    // Each MLP width a layer has: the dense layers' and the mixture's.
+    let (dense_layers, moe_layers) = config.dense_and_moe_layers();
+    let mut dims = vec![("heads", config.heads), ("kv_heads", config.kv_heads)];
+    if dense_layers > 0 {
+        dims.push(("mlp_dim", config.mlp_dim));
+    }
+    if let Some(m) = config.moe.filter(|_| moe_layers > 0) {
+        dims.push(("moe_mlp_dim", m.moe_mlp_dim));
+    }
     for (field, n) in dims {
         if !n.is_multiple_of(t as u64) {
             return Err(StepModelError::Field {
