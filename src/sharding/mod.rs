@@ -34,6 +34,7 @@
 //! and the step's collectives cross ranks on the same schedule
 //! ([`ranked`]), so the bits stay the one-process step's.
 
+mod axis_costs;
 pub mod bucket_runs;
 pub mod error;
 pub mod gradients;

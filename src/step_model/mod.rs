@@ -403,29 +403,13 @@ fn stage_step(
     let (efficiency, calibrated) = checked(config, topology, options)?;
     let spec = topology.generation.spec();
     let recompute = recomputed_fraction(config, config.remat);
-    let tp = tensor::tensor_parallel(config, topology, &options.mesh, recompute)?;
+    let (layer, tp, ep) = passes(
+        (config, outside),
+        topology,
+        options,
+        (efficiency, recompute),
+    )?;
     let t = tp.map_or(1, |tp| tp.size);
-    let mut layer = compute::layer_compute(config, spec, efficiency, t);
-    if !std::ptr::eq(config, outside) {
-        layer.logits = compute::layer_compute(outside, spec, efficiency, t).logits;
-    }
-    if let Some(tp) = &tp {
-        layer.forward.tensor_seconds = tp.forward_seconds;
-        layer.backward.tensor_seconds = tp.backward_seconds;
-    }
-    let ep = expert_parallel::expert_parallel(config, topology, &options.mesh, recompute, &layer)?;
-    if let Some(ep) = &ep {
-        layer.forward.all_to_all_seconds = ep.forward_seconds;
-        layer.forward.all_to_all_hidden_seconds = ep.forward_hidden_seconds;
-        layer.backward.all_to_all_seconds = ep.backward_seconds;
-        layer.backward.all_to_all_hidden_seconds = ep.backward_hidden_seconds;
-    }
-    // The offloaded activations cross the host link in both passes; the
-    // state and parameters held there are placed once the strategy's
-    // memory is known (their bytes do not depend on the passes).
-    let transfer = offload::layer_transfer_seconds(config, spec);
-    layer.forward.host_seconds = transfer;
-    layer.backward.host_seconds = transfer;
     let layers = parameter_count(config).layers as f64;
     let expert_share = ep.map_or(0.0, |ep| ep.expert_share);
     let step = strategy_step(config, topology, options, &layer, (t, expert_share))?;
@@ -508,6 +492,49 @@ fn stage_step(
         pipeline: None,
         strategy_step: step,
     })
+}
+
+/// A layer's passes and the logits' (on `outside`'s batch) with what runs
+/// beside their matmuls: the tensor axis's collectives, the expert axis's
+/// all-to-alls and the host offload's transfers.
+fn passes(
+    (config, outside): (&ModelConfig, &ModelConfig),
+    topology: &Topology,
+    options: &ModelStepOptions,
+    (efficiency, recompute): (f64, f64),
+) -> Result<
+    (
+        LayerCompute,
+        Option<tensor::TensorParallel>,
+        Option<ExpertParallel>,
+    ),
+    StepModelError,
+> {
+    let spec = topology.generation.spec();
+    let tp = tensor::tensor_parallel(config, topology, &options.mesh, recompute)?;
+    let t = tp.map_or(1, |tp| tp.size);
+    let mut layer = compute::layer_compute(config, spec, efficiency, t);
+    if !std::ptr::eq(config, outside) {
+        layer.logits = compute::layer_compute(outside, spec, efficiency, t).logits;
+    }
+    if let Some(tp) = &tp {
+        layer.forward.tensor_seconds = tp.forward_seconds;
+        layer.backward.tensor_seconds = tp.backward_seconds;
+    }
+    let ep = expert_parallel::expert_parallel(config, topology, &options.mesh, recompute, &layer)?;
+    if let Some(ep) = &ep {
+        layer.forward.all_to_all_seconds = ep.forward_seconds;
+        layer.forward.all_to_all_hidden_seconds = ep.forward_hidden_seconds;
+        layer.backward.all_to_all_seconds = ep.backward_seconds;
+        layer.backward.all_to_all_hidden_seconds = ep.backward_hidden_seconds;
+    }
+    // The offloaded activations cross the host link in both passes; the
+    // state and parameters held there are placed once the strategy's
+    // memory is known (their bytes do not depend on the passes).
+    let transfer = offload::layer_transfer_seconds(config, spec);
+    layer.forward.host_seconds = transfer;
+    layer.backward.host_seconds = transfer;
+    Ok((layer, tp, ep))
 }
 
 /// The step's phases: the strategy's, the passes', the tensor axis's and
