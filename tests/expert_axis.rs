@@ -266,3 +266,40 @@ fn only_the_moe_layers_send_and_the_shared_expert_covers_them() {
         ep.expert_share
     );
 }
+
+#[test]
+fn a_ring_of_experts_gathers_and_scatters_in_place_of_the_all_to_alls() {
+    use optirs_tpu::sharding::strategy::CollectiveKind;
+    use optirs_tpu::sharding::strategy_model::axis_collective;
+    let topology = v5p_4x8x8();
+    let base = bundled("mixtral-8x7b").unwrap();
+    let ring = ModelConfig {
+        moe: Some(MixtureOfExperts {
+            use_ring_of_experts: true,
+            ..base.moe.unwrap()
+        }),
+        ..base.clone()
+    };
+    let a2a = step(&base, &topology, "fsdp=-1,expert=8").unwrap();
+    let s = step(&ring, &topology, "fsdp=-1,expert=8").unwrap();
+    let mesh = Mesh::parse_split("fsdp=-1,expert=8", &topology).unwrap();
+    let gathered = (ring.tokens_per_device() * 8.0 * ring.embed as f64) as usize;
+    let on =
+        |kind| axis_collective(&topology, &mesh, MeshAxisName::Expert, kind, gathered, 2).unwrap();
+    let pass = on(CollectiveKind::AllGather).seconds + on(CollectiveKind::ReduceScatter).seconds;
+    let recompute = optirs_tpu::step_model::recomputed_fraction(&ring, ring.remat);
+    let expected = pass * (2.0 + recompute) * ring.layers as f64;
+    let all = s.phases["all_to_all.expert"];
+    assert!(
+        (all - expected).abs() <= 1e-9 * expected,
+        "{all} vs {expected}"
+    );
+    // Eight devices' tokens against 2.5 routed rows a token: the ring moves
+    // more, and holds the gathered input.
+    assert!(all > a2a.phases["all_to_all.expert"]);
+    assert!(s.hbm.all_to_all_buffers > a2a.hbm.all_to_all_buffers);
+    // Without an expert axis there is nothing to gather: the same step.
+    let flat = step(&ring, &topology, "fsdp=-1").unwrap();
+    let flat_base = step(&base, &topology, "fsdp=-1").unwrap();
+    assert_eq!(flat.step_seconds, flat_base.step_seconds);
+}

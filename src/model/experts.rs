@@ -62,6 +62,14 @@ pub struct MixtureOfExperts {
     /// mixture layer; no FLOPs counted).
     #[serde(default)]
     pub routed_bias: bool,
+    /// `use_ring_of_experts`: on an expert axis, every device's tokens are
+    /// all-gathered over the axis, each device runs its experts on the
+    /// tokens routed to them, and the results are reduce-scattered back,
+    /// in place of the two all-to-alls (`crate::step_model::expert_parallel`);
+    /// without an expert axis there is nothing to gather and the step is
+    /// the same.
+    #[serde(default)]
+    pub use_ring_of_experts: bool,
 }
 
 fn one() -> u64 {
@@ -178,6 +186,7 @@ mod tests {
             first_num_dense_layers: 0,
             interleave_moe_layer_step: 1,
             routed_bias: false,
+            use_ring_of_experts: false,
         }
     }
 

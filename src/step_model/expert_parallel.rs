@@ -20,6 +20,12 @@
 //! mixtures are interleaved) only the MoE layers send: the step's layer is
 //! the average one, so it carries their share.
 //!
+//! **Ring of experts** (`use_ring_of_experts`): the layer's input is
+//! all-gathered over the axis (`X·T·D` elements a device, where the
+//! dispatch sends `T·r·D`) and the output reduce-scattered back, in place
+//! of the two all-to-alls; the receive buffer is the gathered input.
+//! It moves more bytes whenever `X > r`, but on a ring's neighbours only.
+//!
 //! **Overlap.** The routed experts' matmuls need the dispatched tokens and
 //! the next layer needs the combined ones, so the all-to-alls are on the
 //! layer's critical path; the only matmuls that do not depend on them are
@@ -37,7 +43,8 @@ use serde::Serialize;
 
 use super::{LayerCompute, StepModelError};
 use crate::model::ModelConfig;
-use crate::sharding::strategy_model::{AxisCollective, axis_all_to_all};
+use crate::sharding::strategy::CollectiveKind;
+use crate::sharding::strategy_model::{AxisCollective, axis_all_to_all, axis_collective};
 use crate::sharding::{Mesh, MeshAxisName};
 use crate::topology::Topology;
 
@@ -48,7 +55,8 @@ pub struct ExpertParallel {
     pub size: usize,
     /// Experts each device holds.
     pub experts_per_device: u64,
-    /// One all-to-all of a layer's routed tokens (dispatch or combine).
+    /// One all-to-all of a layer's routed tokens (dispatch or combine);
+    /// under `use_ring_of_experts`, the all-gather of its input.
     pub all_to_all: AxisCollective,
     /// A layer's forward all-to-alls, seconds.
     pub forward_seconds: f64,
@@ -112,8 +120,19 @@ pub fn expert_parallel(
     let embed = config.embed as f64;
     let elem = config.activation_dtype.byte_size() as usize;
     let send = (tokens * rows * embed).ceil();
-    let all_to_all = axis_all_to_all(topology, mesh, MeshAxisName::Expert, send as usize, elem)?;
-    let forward = 2.0 * all_to_all.seconds * share;
+    let (all_to_all, pass) = if moe.use_ring_of_experts {
+        // Ring of experts: the layer's input gathered over the axis and
+        // the output reduce-scattered back, [X·T, D] each.
+        let gathered = (tokens * x as f64 * embed).ceil() as usize;
+        let on = |kind| axis_collective(topology, mesh, MeshAxisName::Expert, kind, gathered, elem);
+        let gather = on(CollectiveKind::AllGather)?;
+        let scatter = on(CollectiveKind::ReduceScatter)?;
+        (gather, gather.seconds + scatter.seconds)
+    } else {
+        let a2a = axis_all_to_all(topology, mesh, MeshAxisName::Expert, send as usize, elem)?;
+        (a2a, 2.0 * a2a.seconds)
+    };
+    let forward = pass * share;
     let backward = forward * (1.0 + recompute);
     // The shared experts' matmuls, from the layer's input: their share of
     // the layer's matmul FLOPs, at the pass's rate.
@@ -134,6 +153,7 @@ pub fn expert_parallel(
     let forward_hidden = covered(&layer.forward, shared_flops).min(forward);
     let backward_hidden = covered(&layer.backward, 2.0 * shared_flops).min(backward);
     let receive = match moe.capacity(config.seq_len) {
+        _ if moe.use_ring_of_experts => tokens * x as f64 * embed,
         None => tokens * (moe.num_experts_per_tok * x as u64).min(moe.num_experts) as f64 * embed,
         Some(_) => send,
     };
