@@ -9,9 +9,9 @@ use std::hint::black_box;
 
 fn load(c: &mut Criterion) {
     let mut group = c.benchmark_group("pod::load");
-    let text = preset_text("v4-4096").unwrap();
+    let text = preset_text("v4-8192").unwrap();
     group.bench_function("parse_validate/v4-4096", |b| {
-        b.iter(|| parse_topology(black_box(text), "v4-4096").unwrap())
+        b.iter(|| parse_topology(black_box(&text), "v4-8192").unwrap())
     });
     let topology = load_preset("v4-4096").unwrap();
     group.bench_function("spawn/v4-4096", |b| {

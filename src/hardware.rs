@@ -66,7 +66,11 @@
 //!   multiples of 4, at most 256, of at most 144 cubes
 //!   (`generate_tpu_topologies(max_cubes=144)`); Cloud's page names the
 //!   cubes and the 9216-chip limit but its table of shapes could not be
-//!   read here.
+//!   read here. XPK's table is also the source of the accelerator types
+//!   (`v5p-896` = 4x4x28, ..., `v5p-17920` = 16x20x28, the 8960-chip pod as
+//!   one slice) offered beyond the v5p page's rule of whole cubes up to
+//!   16x16x24, and of every accelerator type's shape
+//!   (`crate::topology::presets`).
 //! - \[twist\]: Cloud TPU v4 documentation ("3D mesh and 3D torus": slices
 //!   `AxBxC` with `2A=B=C` or `2A=2B=C`, every dimension a multiple of 4,
 //!   such as 4x4x8 and 4x8x8, can be twisted tori) and the v5p shape table
@@ -542,6 +546,22 @@ static V5E: HardwareSpec = HardwareSpec {
     ocs: None,
 };
 
+/// v5p's listed shapes: those below a cube, and the accelerator types XPK
+/// offers beyond the Cloud page's rule (a dimension over 24 chips, or more
+/// than 6144 chips), one shape per size (\[xpk\]).
+const V5P_LISTED: &[[u32; 3]] = &[
+    [2, 2, 1], [2, 2, 2], [2, 2, 4], [2, 4, 4],
+    [4, 4, 28], [4, 4, 44], [4, 4, 52], [4, 8, 28], [4, 4, 68], [4, 4, 76], [4, 12, 28],
+    [4, 8, 44], [4, 4, 92], [4, 8, 52], [8, 8, 28], [4, 4, 116], [4, 4, 124], [4, 12, 44],
+    [4, 8, 68], [4, 20, 28], [4, 4, 148], [4, 8, 76], [4, 12, 52], [4, 4, 164], [8, 12, 28],
+    [4, 4, 172], [8, 8, 44], [4, 8, 92], [4, 4, 188], [4, 28, 28], [4, 12, 68], [8, 8, 52],
+    [4, 4, 212], [4, 20, 44], [8, 16, 28], [4, 12, 76], [4, 8, 116], [4, 4, 236], [4, 4, 244],
+    [4, 8, 124], [12, 12, 28], [4, 20, 52], [8, 12, 44], [8, 8, 68], [4, 12, 92], [8, 20, 28],
+    [4, 8, 148], [8, 8, 76], [4, 28, 44], [8, 12, 52], [12, 12, 36], [4, 8, 164], [12, 16, 28],
+    [4, 20, 68], [4, 8, 172], [4, 12, 116], [8, 16, 44], [4, 28, 52], [8, 8, 92], [4, 12, 124],
+    [4, 8, 188], [4, 20, 76], [12, 24, 24], [16, 20, 28],
+];
+
 static V5P: HardwareSpec = HardwareSpec {
     name: "v5p",
     hbm_bytes: 95 * GIB,
@@ -566,10 +586,11 @@ static V5P: HardwareSpec = HardwareSpec {
     max_pod_chips: 8960,
     // "TPU v5p": the table's shapes below a cube (2x2x1, 2x2x2, 2x4x4; 2x2x4
     // is v5p-32) and cube-built shapes up to the largest, 16x16x24 (6144
-    // chips; the table lists "most but not all" of them). Multislice goes
-    // beyond: 18,432 chips.
+    // chips; the table lists "most but not all" of them), plus the
+    // accelerator types XPK lists beyond that rule (\[xpk\], up to
+    // v5p-17920, 16x20x28). Multislice goes beyond: 18,432 chips.
     slice_shapes: SliceShapes {
-        listed: &[[2, 2, 1], [2, 2, 2], [2, 2, 4], [2, 4, 4]],
+        listed: V5P_LISTED,
         cube_edge: Some(4),
         max_dimension: 24,
         largest_slice_chips: 6144,
@@ -638,10 +659,11 @@ static TPU7X: HardwareSpec = HardwareSpec {
     chips_per_host_bounds: [2, 2, 1],
     wraparound: WraparoundRule::MultipleOf(4),
     max_pod_chips: 9216,
-    // \[xpk\]: 2x2x1, 2x2x2, 2x2x4, 2x4x4 and any AxBxC of whole cubes,
-    // every dimension at most 256, up to 144 cubes (the pod, 9216 chips).
+    // \[xpk\]: 1x1x1 (tpu7x-2), 2x2x1, 2x2x2, 2x2x4, 2x4x4 and any AxBxC of
+    // whole cubes, every dimension at most 256, up to 144 cubes (the pod,
+    // 9216 chips).
     slice_shapes: SliceShapes {
-        listed: &[[2, 2, 1], [2, 2, 2], [2, 2, 4], [2, 4, 4]],
+        listed: &[[1, 1, 1], [2, 2, 1], [2, 2, 2], [2, 2, 4], [2, 4, 4]],
         cube_edge: Some(4),
         max_dimension: 256,
         largest_slice_chips: 9216,
