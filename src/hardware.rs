@@ -282,24 +282,35 @@ impl SliceShapes {
 
     /// The offered shapes for an error message: `1x1, 2x2, ..., 16x16` or
     /// the list plus the cube rule.
+    /// The shapes listed beyond the cube rule (XPK's larger v5p types) are
+    /// counted, with the first and last, rather than all named.
     pub fn describe(&self, ndims: usize) -> String {
-        let mut text = self
+        let name = |shape: &[u32; 3]| {
+            shape[..ndims]
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join("x")
+        };
+        let edge = self.cube_edge.unwrap_or(u32::MAX);
+        let (small, beyond): (Vec<&[u32; 3]>, Vec<&[u32; 3]>) = self
             .listed
             .iter()
-            .map(|shape| {
-                shape[..ndims]
-                    .iter()
-                    .map(u32::to_string)
-                    .collect::<Vec<_>>()
-                    .join("x")
-            })
-            .collect::<Vec<_>>()
-            .join(", ");
+            .partition(|shape| self.cube_edge.is_none() || shape.iter().any(|&d| d < edge));
+        let mut text = small.into_iter().map(name).collect::<Vec<_>>().join(", ");
         if let Some(edge) = self.cube_edge {
             text += &format!(
                 ", and any AxBxC of whole {edge}x{edge}x{edge} cubes (every dimension a multiple \
                  of {edge}, at most {}) up to {} chips",
                 self.max_dimension, self.largest_slice_chips
+            );
+        }
+        if let (Some(first), Some(last)) = (beyond.first(), beyond.last()) {
+            text += &format!(
+                ", and {} accelerator types beyond that rule ({} … {})",
+                beyond.len(),
+                name(first),
+                name(last)
             );
         }
         text
@@ -550,16 +561,70 @@ static V5E: HardwareSpec = HardwareSpec {
 /// offers beyond the Cloud page's rule (a dimension over 24 chips, or more
 /// than 6144 chips), one shape per size (\[xpk\]).
 const V5P_LISTED: &[[u32; 3]] = &[
-    [2, 2, 1], [2, 2, 2], [2, 2, 4], [2, 4, 4],
-    [4, 4, 28], [4, 4, 44], [4, 4, 52], [4, 8, 28], [4, 4, 68], [4, 4, 76], [4, 12, 28],
-    [4, 8, 44], [4, 4, 92], [4, 8, 52], [8, 8, 28], [4, 4, 116], [4, 4, 124], [4, 12, 44],
-    [4, 8, 68], [4, 20, 28], [4, 4, 148], [4, 8, 76], [4, 12, 52], [4, 4, 164], [8, 12, 28],
-    [4, 4, 172], [8, 8, 44], [4, 8, 92], [4, 4, 188], [4, 28, 28], [4, 12, 68], [8, 8, 52],
-    [4, 4, 212], [4, 20, 44], [8, 16, 28], [4, 12, 76], [4, 8, 116], [4, 4, 236], [4, 4, 244],
-    [4, 8, 124], [12, 12, 28], [4, 20, 52], [8, 12, 44], [8, 8, 68], [4, 12, 92], [8, 20, 28],
-    [4, 8, 148], [8, 8, 76], [4, 28, 44], [8, 12, 52], [12, 12, 36], [4, 8, 164], [12, 16, 28],
-    [4, 20, 68], [4, 8, 172], [4, 12, 116], [8, 16, 44], [4, 28, 52], [8, 8, 92], [4, 12, 124],
-    [4, 8, 188], [4, 20, 76], [12, 24, 24], [16, 20, 28],
+    [2, 2, 1],
+    [2, 2, 2],
+    [2, 2, 4],
+    [2, 4, 4],
+    [4, 4, 28],
+    [4, 4, 44],
+    [4, 4, 52],
+    [4, 8, 28],
+    [4, 4, 68],
+    [4, 4, 76],
+    [4, 12, 28],
+    [4, 8, 44],
+    [4, 4, 92],
+    [4, 8, 52],
+    [8, 8, 28],
+    [4, 4, 116],
+    [4, 4, 124],
+    [4, 12, 44],
+    [4, 8, 68],
+    [4, 20, 28],
+    [4, 4, 148],
+    [4, 8, 76],
+    [4, 12, 52],
+    [4, 4, 164],
+    [8, 12, 28],
+    [4, 4, 172],
+    [8, 8, 44],
+    [4, 8, 92],
+    [4, 4, 188],
+    [4, 28, 28],
+    [4, 12, 68],
+    [8, 8, 52],
+    [4, 4, 212],
+    [4, 20, 44],
+    [8, 16, 28],
+    [4, 12, 76],
+    [4, 8, 116],
+    [4, 4, 236],
+    [4, 4, 244],
+    [4, 8, 124],
+    [12, 12, 28],
+    [4, 20, 52],
+    [8, 12, 44],
+    [8, 8, 68],
+    [4, 12, 92],
+    [8, 20, 28],
+    [4, 8, 148],
+    [8, 8, 76],
+    [4, 28, 44],
+    [8, 12, 52],
+    [12, 12, 36],
+    [4, 8, 164],
+    [12, 16, 28],
+    [4, 20, 68],
+    [4, 8, 172],
+    [4, 12, 116],
+    [8, 16, 44],
+    [4, 28, 52],
+    [8, 8, 92],
+    [4, 12, 124],
+    [4, 8, 188],
+    [4, 20, 76],
+    [12, 24, 24],
+    [16, 20, 28],
 ];
 
 static V5P: HardwareSpec = HardwareSpec {

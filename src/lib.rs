@@ -138,6 +138,7 @@ pub mod topology;
 pub mod tpu;
 pub mod training;
 pub mod transport;
+pub mod units;
 pub mod xla;
 
 pub use error::{OptimError, Result};

@@ -47,11 +47,11 @@ fn run_defaults_to_a_bundled_pod() {
     let simulated = report["simulated_seconds"].as_f64().unwrap();
     assert!((simulated - 0.25).abs() < 1e-12, "{simulated}");
 
-    let text = optirs(&["run", "v4-8", "--steps", "3"]);
+    let text = optirs(&["run", "v4-16", "--steps", "3"]);
     assert!(text.status.success());
     let stdout = String::from_utf8(text.stdout).unwrap();
     assert!(
-        stdout.contains("v4-8") && stdout.contains("at tick 3"),
+        stdout.contains("v4-16") && stdout.contains("at tick 3"),
         "{stdout}"
     );
 }
@@ -107,10 +107,10 @@ fn an_unknown_pod_is_a_usage_error_like_a_bad_value() {
 fn dot_export_draws_hosts_and_links() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("pod.dot");
-    let output = optirs(&["topology", "v4-8", "--dot", path.to_str().unwrap()]);
+    let output = optirs(&["topology", "v4-16", "--dot", path.to_str().unwrap()]);
     assert!(output.status.success());
     let dot = std::fs::read_to_string(&path).unwrap();
-    assert!(dot.starts_with("graph \"v4-8\""));
+    assert!(dot.starts_with("graph \"v4-16\""));
     assert_eq!(dot.matches("subgraph cluster_host").count(), 2);
     assert_eq!(dot.matches(" -- ").count(), 12);
 }
@@ -126,15 +126,15 @@ fn presets_lists_every_bundled_pod() {
         .collect();
     for expected in [
         "v2-8",
-        "v3-32",
-        "v4-8",
-        "v4-64",
-        "v4-4096",
+        "v3-64",
+        "v4-16",
+        "v4-128",
+        "v4-8192",
         "v5e-16",
         "v5e-256",
-        "v5p-128",
+        "v5p-256",
         "v6e-256",
-        "tpu7x-256",
+        "tpu7x-512",
     ] {
         assert!(
             names.contains(&expected),
@@ -167,7 +167,15 @@ fn checkpoint_save_restore_continues_the_same_world() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("ckpt");
     let out = out.to_str().unwrap();
-    let saved = optirs(&["checkpoint", "save", "v4-8", "--steps", "100", "--out", out]);
+    let saved = optirs(&[
+        "checkpoint",
+        "save",
+        "v4-16",
+        "--steps",
+        "100",
+        "--out",
+        out,
+    ]);
     assert!(
         saved.status.success(),
         "{}",
@@ -183,7 +191,7 @@ fn checkpoint_save_restore_continues_the_same_world() {
         "50",
         "--json",
     ]));
-    let straight = json(&optirs(&["run", "v4-8", "--steps", "150", "--json"]));
+    let straight = json(&optirs(&["run", "v4-16", "--steps", "150", "--json"]));
     assert_eq!(restored["ticks"], 150);
     assert_eq!(restored["world_sha256"], straight["world_sha256"]);
     assert_eq!(restored["world_sha256"].as_str().unwrap().len(), 64);
@@ -263,7 +271,7 @@ fn compile_reports_passes_kernels_refusals_and_memory() {
 fn collectives_prints_an_nccl_style_table_with_a_correctness_column() {
     let rows = json(&optirs(&[
         "collectives",
-        "v4-8",
+        "v4-16",
         "--sizes",
         "4K,64K",
         "--json",
@@ -307,7 +315,7 @@ fn collectives_prints_an_nccl_style_table_with_a_correctness_column() {
         "4K",
     ]);
     assert!(String::from_utf8_lossy(&text.stdout).contains("#wrong"));
-    let too_big = optirs(&["collectives", "v4-4096", "--sizes", "1G"]);
+    let too_big = optirs(&["collectives", "v4-8192", "--sizes", "1G"]);
     assert_eq!(too_big.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&too_big.stderr).contains("host memory"));
     let bad = optirs(&["collectives", "--op", "all_to_one"]);
@@ -316,7 +324,7 @@ fn collectives_prints_an_nccl_style_table_with_a_correctness_column() {
     // All-to-all is one of them: every element where it belongs.
     let a2a = json(&optirs(&[
         "collectives",
-        "v2-8",
+        "assets/pods/examples/v2-4x2-custom.ron",
         "--op",
         "all-to-all",
         "--sizes",
@@ -511,7 +519,7 @@ fn errors_do_not_repeat_their_cause() {
 fn train_reports_a_sharded_run_and_refuses_bad_input() {
     let args = [
         "train",
-        "v4-8",
+        "v4-16",
         "--params",
         "3000,17,400",
         "--steps",
@@ -551,7 +559,7 @@ fn train_reports_a_sharded_run_and_refuses_bad_input() {
     // A killed device with redundant shards: one failure, one recovery, no lost step.
     let report = json(&optirs(&[
         "train",
-        "v4-8",
+        "v4-16",
         "--params",
         "20000",
         "--steps",
@@ -588,7 +596,7 @@ fn train_reports_a_sharded_run_and_refuses_bad_input() {
     }
     let out = optirs(&[
         "train",
-        "v4-8",
+        "v4-16",
         "--kill",
         "99@0.001",
         "--recovery",
@@ -596,7 +604,7 @@ fn train_reports_a_sharded_run_and_refuses_bad_input() {
     ]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("device 99 does not exist"));
-    let out = optirs(&["train", "v4-8", "--kill", "1@0.001"]);
+    let out = optirs(&["train", "v4-16", "--kill", "1@0.001"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("--checkpoint-every"));
 }
 
@@ -629,7 +637,7 @@ fn train_trace_is_a_perfetto_file_with_every_device() {
     let trace = dir.path().join("train.json");
     let out = optirs(&[
         "train",
-        "v4-8",
+        "v4-16",
         "--params",
         "4000",
         "--steps",
@@ -660,7 +668,7 @@ fn train_trace_is_a_perfetto_file_with_every_device() {
     // Never overwrites.
     let again = optirs(&[
         "train",
-        "v4-8",
+        "v4-16",
         "--params",
         "4000",
         "--steps",
@@ -682,7 +690,7 @@ fn a_build_without_mpi_refuses_to_run_as_one_of_several_ranks() {
         ("PMI_SIZE", "PMI_RANK"),
     ] {
         let output = std::process::Command::new(env!("CARGO_BIN_EXE_optirs-tpu"))
-            .args(["run", "v4-8", "--steps", "10"])
+            .args(["run", "v4-16", "--steps", "10"])
             .env(size, "2")
             .env(rank, "1")
             .output()
@@ -694,7 +702,7 @@ fn a_build_without_mpi_refuses_to_run_as_one_of_several_ranks() {
     }
     // One rank is one process: it runs.
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_optirs-tpu"))
-        .args(["run", "v4-8", "--steps", "10"])
+        .args(["run", "v4-16", "--steps", "10"])
         .env("OMPI_COMM_WORLD_SIZE", "1")
         .env("OMPI_COMM_WORLD_RANK", "0")
         .output()
@@ -706,7 +714,7 @@ fn a_build_without_mpi_refuses_to_run_as_one_of_several_ranks() {
 fn goodput_simulates_a_run_and_refuses_bad_input() {
     let args = [
         "goodput",
-        "v4-64",
+        "v4-128",
         "--model-params",
         "1e9",
         "--mtbf-hours",
@@ -785,7 +793,14 @@ fn goodput_simulates_a_run_and_refuses_bad_input() {
 fn run_writes_periodic_checkpoints_and_continues_from_one() {
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().to_str().unwrap();
-    let args = ["run", "v4-8", "--steps", "100", "--checkpoint-every", "0.5"];
+    let args = [
+        "run",
+        "v4-16",
+        "--steps",
+        "100",
+        "--checkpoint-every",
+        "0.5",
+    ];
     let out = optirs(&[&args[..], &["--checkpoint-dir", dir, "--json"]].concat());
     assert!(
         out.status.success(),
@@ -801,14 +816,14 @@ fn run_writes_periodic_checkpoints_and_continues_from_one() {
     let saved = root.path().join("tick-000000000100");
     let continued = json(&optirs(&[
         "run",
-        "v4-8",
+        "v4-16",
         "--steps",
         "50",
         "--restore",
         saved.to_str().unwrap(),
         "--json",
     ]));
-    let straight = json(&optirs(&["run", "v4-8", "--steps", "150", "--json"]));
+    let straight = json(&optirs(&["run", "v4-16", "--steps", "150", "--json"]));
     assert_eq!(continued["world_sha256"], straight["world_sha256"]);
     assert_eq!(continued["ticks"], 150);
     // Another pod's checkpoint is refused, naming both.
@@ -816,7 +831,7 @@ fn run_writes_periodic_checkpoints_and_continues_from_one() {
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("v4-8") && stderr.contains("v5e-16"),
+        stderr.contains("v4-16") && stderr.contains("v5e-16"),
         "{stderr}"
     );
     // Half a pair of flags is a usage error.
@@ -831,7 +846,7 @@ fn checkpoint_list_and_verify_read_a_split_pods_checkpoints() {
     use optirs_tpu::pod::ranks::RankedPod;
     use optirs_tpu::transport::cluster::thread_mailboxes;
     let root = tempfile::tempdir().unwrap();
-    let topology = optirs_tpu::topology::load_preset("v4-8").unwrap();
+    let topology = optirs_tpu::topology::load_preset("v4-16").unwrap();
     std::thread::scope(|s| {
         let ranks: Vec<_> = thread_mailboxes(2)
             .into_iter()
@@ -865,7 +880,7 @@ fn checkpoint_list_and_verify_read_a_split_pods_checkpoints() {
 #[test]
 fn run_skip_idle_reports_skipped_ticks_and_the_same_world() {
     let args = [
-        "run", "v4-8", "--steps", "2000", "--kill", "3@7.5", "--json",
+        "run", "v4-16", "--steps", "2000", "--kill", "3@7.5", "--json",
     ];
     let ticked = json(&optirs(&args));
     let skipped = json(&optirs(&[&args[..], &["--skip-idle"]].concat()));
@@ -875,10 +890,10 @@ fn run_skip_idle_reports_skipped_ticks_and_the_same_world() {
     let count = skipped["skipped_ticks"].as_u64().unwrap();
     assert!(count > 1_000 && count < 2_000, "{skipped}");
 
-    let text = optirs(&["run", "v4-8", "--steps", "500", "--skip-idle"]);
+    let text = optirs(&["run", "v4-16", "--steps", "500", "--skip-idle"]);
     let stdout = String::from_utf8(text.stdout).unwrap();
     assert!(stdout.contains("idle ticks skipped"), "{stdout}");
-    let refused = optirs(&["run", "v4-8", "--skip-idle", "--trace", "t.json"]);
+    let refused = optirs(&["run", "v4-16", "--skip-idle", "--trace", "t.json"]);
     assert!(!refused.status.success());
 }
 

@@ -319,13 +319,13 @@ fn each_message_names_what_was_given() {
         assert!(!stderr.contains("--params"), "{stderr}");
     }
     refused(
-        &["run", "v4-8", "--steps", "1", "--kill", "99@0.001"],
+        &["run", "v4-16", "--steps", "1", "--kill", "99@0.001"],
         &["device 99", "devices 0 to 7"],
     );
     let dir = tempfile::tempdir().unwrap();
     let dir_text = dir.path().to_str().unwrap();
     refused(
-        &["run", "v4-8", "--steps", "1", "--trace", dir_text],
+        &["run", "v4-16", "--steps", "1", "--trace", dir_text],
         &["--trace", "is a directory"],
     );
     let pod = dir.path().join("many.ron");

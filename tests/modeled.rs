@@ -48,13 +48,13 @@ fn modeled_only_agrees_with_a_real_run_under_every_recovery_policy_and_strategy(
     let cases = [
         ("v5e-16", "rollback", "replicated", None),
         ("v5e-16", "redundant", "replicated", None),
-        ("v4-8", "redundant", "replicated", None),
+        ("v4-16", "redundant", "replicated", None),
         (MULTISLICE, "redundant", "replicated", None),
         (TWISTED, "redundant", "replicated", None),
         (CUBES, "rollback", "replicated", None),
         (CUBES, "spare-cube", "replicated", None),
         ("v5e-16", "rollback", "zero2", None),
-        ("v4-8", "redundant", "zero2", None),
+        ("v4-16", "redundant", "zero2", None),
         (CUBES, "spare-cube", "zero2", None),
         ("v5e-16", "rollback", "fsdp", None),
         ("v5e-16", "redundant", "fsdp", None),
@@ -62,9 +62,9 @@ fn modeled_only_agrees_with_a_real_run_under_every_recovery_policy_and_strategy(
         (CUBES, "spare-cube", "fsdp", None),
         // Meshes: data along torus axes, hybrid across slices (the
         // multislice default under zero2 and fsdp), fsdp across slices.
-        ("v4-64", "redundant", "replicated", Some("data=4,fsdp=16")),
-        ("v4-64", "rollback", "zero2", Some("data=4,fsdp=16")),
-        ("v4-64", "rollback", "fsdp", Some("data=16,fsdp=4")),
+        ("v4-128", "redundant", "replicated", Some("data=4,fsdp=16")),
+        ("v4-128", "rollback", "zero2", Some("data=4,fsdp=16")),
+        ("v4-128", "rollback", "fsdp", Some("data=16,fsdp=4")),
         (CUBES, "spare-cube", "fsdp", Some("data=8,fsdp=-1")),
         (MULTISLICE, "rollback", "zero2", None),
         (MULTISLICE, "rollback", "fsdp", None),
@@ -273,10 +273,10 @@ fn modeled_only_refuses_what_it_cannot_model() {
 /// `--steps` counts in the modeled run: failure-free steps back to back.
 #[test]
 fn modeled_only_models_every_step_asked_for() {
-    let one = json(&["train", "v4-8", "--modeled-only", "--steps", "1", "--json"]);
+    let one = json(&["train", "v4-16", "--modeled-only", "--steps", "1", "--json"]);
     let many = json(&[
         "train",
-        "v4-8",
+        "v4-16",
         "--modeled-only",
         "--steps",
         "1000",

@@ -102,7 +102,7 @@ pub fn main() -> ExitCode {
 }
 
 /// A pod named by a name whose meaning changed when presets took Cloud's
-/// accelerator types (`v4-8` was 8 chips, Cloud's is 4): one note on
+/// accelerator types (`v4-16` was 8 chips, Cloud's is 4): one note on
 /// stderr, so the change is not silent.
 fn note_renamed_pods() {
     let note = std::env::args()

@@ -171,7 +171,10 @@ pub fn presets(args: PresetsArgs) -> Result<()> {
         "preset", "gen", "shape", "chips", "hosts", "name counts"
     );
     for row in rows {
-        let alias = row.alias.map(|a| format!(" (alias {a})")).unwrap_or_default();
+        let alias = row
+            .alias
+            .map(|a| format!(" (alias {a})"))
+            .unwrap_or_default();
         text += &format!(
             "{:<16} {:<5} {:<9} {:>5} {:>5}  {}{alias}\n",
             row.name, row.generation, row.shape, row.chips, row.hosts, row.counts

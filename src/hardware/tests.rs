@@ -179,8 +179,9 @@ fn tpu7x_is_cloud_s_ironwood() {
     ] {
         assert!(shapes.offers(offered), "{offered:?}");
     }
-    assert!(shapes.offers([4, 4, 244]) && shapes.offers([12, 12, 36]));
-    for refused in [[2, 2, 3], [4, 4, 6], [1, 1, 1], [24, 24, 24], [4, 4, 260]] {
+    // XPK's tpu7x-2 is one chip.
+    assert!(shapes.offers([4, 4, 244]) && shapes.offers([12, 12, 36]) && shapes.offers([1, 1, 1]));
+    for refused in [[2, 2, 3], [4, 4, 6], [1, 1, 2], [24, 24, 24], [4, 4, 260]] {
         assert!(!shapes.offers(refused), "{refused:?}");
     }
     assert!(spec.can_wrap(4) && spec.can_wrap(24) && !spec.can_wrap(2) && !spec.can_wrap(6));

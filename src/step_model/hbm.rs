@@ -36,9 +36,9 @@ use crate::model::{
     ModelConfig, ModelDType, activation_memory_per_layer, layer_working_set, logits_buffers,
     parameter_count,
 };
-use crate::sharding::strategy::decimal_bytes;
 use crate::sharding::strategy_model::StrategyStep;
 use crate::sharding::{MeshAxisName, Strategy};
+use crate::units::bytes as binary_bytes;
 
 /// The most elements of one weight matrix of a layer: the query or output
 /// projection (`embed × heads × head_dim`) or an MLP matrix (`embed ×
@@ -192,14 +192,14 @@ pub fn not_fitting(config: &ModelConfig, hbm: &ModelHbm) -> Option<String> {
         format!(
             "{} per device at the step's peak (weights, gradients and state {}, fsdp buffers {}, \
              activations {} under remat {}, logits or a layer's backward {}) of {}: {} over",
-            decimal_bytes(hbm.total),
-            decimal_bytes(hbm.params + hbm.grads + hbm.state + hbm.master + hbm.redundant),
-            decimal_bytes(hbm.gathered + hbm.gradient_bucket),
-            decimal_bytes(hbm.activations),
+            binary_bytes(hbm.total),
+            binary_bytes(hbm.params + hbm.grads + hbm.state + hbm.master + hbm.redundant),
+            binary_bytes(hbm.gathered + hbm.gradient_bucket),
+            binary_bytes(hbm.activations),
             config.remat.name(),
-            decimal_bytes(hbm.logits.max(hbm.layer_working)),
-            decimal_bytes(hbm.capacity),
-            decimal_bytes(hbm.total - hbm.capacity)
+            binary_bytes(hbm.logits.max(hbm.layer_working)),
+            binary_bytes(hbm.capacity),
+            binary_bytes(hbm.total - hbm.capacity)
         )
     })
 }

@@ -55,7 +55,7 @@ pub enum TopologyError {
         /// what was meant.
         near: Option<String>,
     },
-    /// A name of a Cloud family's form (`v5p-6144`) that is no Cloud
+    /// A name of a Cloud family's form (`v5p-1000`) that is no Cloud
     /// accelerator type.
     #[error(
         "`{name}` is not a Cloud TPU accelerator type: {hint}; did you mean `{near}`? \

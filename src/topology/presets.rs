@@ -27,7 +27,7 @@
 //! Before Cloud's names, the bundled presets were named by chips; the
 //! names whose meaning changed are in [`RENAMED`] (the CLI says so when one
 //! is used). A name of a family's form that Cloud does not sell
-//! (`v5p-6144`, `v4-4`) is refused with the Cloud name for that many chips.
+//! (`v5p-1000`, `v4-4`) is refused with the Cloud name for that many chips.
 
 use std::borrow::Cow;
 use std::sync::LazyLock;
@@ -117,7 +117,9 @@ const FAMILIES: &[Family] = &[
         generation: "v3",
         per_chip: 2,
         host_block: [2, 2, 1],
-        shapes: &["2x2", "4x4", "8x4", "8x8", "8x16", "16x16", "16x32", "32x32"],
+        shapes: &[
+            "2x2", "4x4", "8x4", "8x8", "8x16", "16x16", "16x32", "32x32",
+        ],
     },
     Family {
         prefix: "v4",
@@ -310,7 +312,7 @@ pub fn preset_names() -> String {
     )
 }
 
-/// Why a name of a family's form (`v5p-6144`) is not a Cloud type, and
+/// Why a name of a family's form (`v5p-1000`) is not a Cloud type, and
 /// the name to use: the Cloud type of that many chips, else the nearest
 /// size. `None` when `name` is not of a family's form.
 pub fn not_a_cloud_size(name: &str) -> Option<(String, String)> {
