@@ -21,7 +21,7 @@ fn topology_json_reports_the_published_v5e_figures() {
     for key in [
         "name",
         "generation",
-        "devices",
+        "chips",
         "hosts",
         "links",
         "diameter_hops",
@@ -32,7 +32,7 @@ fn topology_json_reports_the_published_v5e_figures() {
     }
     assert_eq!(report["name"], "v5e-256");
     assert_eq!(report["generation"], "v5e");
-    assert_eq!(report["devices"], 256);
+    assert_eq!(report["chips"], 256);
     let bisection = report["bisection_bytes_per_s"].as_f64().unwrap();
     let allreduce = report["allreduce_bytes_per_s"].as_f64().unwrap();
     assert!((bisection / 1.6e12 - 1.0).abs() <= 0.10, "{bisection}");
@@ -67,7 +67,7 @@ fn a_pod_file_path_works_like_a_preset() {
     .unwrap();
     let report = json(&optirs(&["topology", path.to_str().unwrap(), "--json"]));
     assert_eq!(
-        (report["name"].as_str(), report["devices"].as_u64()),
+        (report["name"].as_str(), report["chips"].as_u64()),
         (Some("tiny"), Some(4))
     );
 }
@@ -98,7 +98,21 @@ fn an_unknown_pod_is_a_usage_error_like_a_bad_value() {
     // that cannot be read as one is a runtime failure (exit 1, above).
     let output = optirs(&["topology", "v9-9"]);
     assert_eq!(output.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&output.stderr).contains("v5e-256"));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("v5litepod-256"));
+    // A Cloud family's form at a size Cloud does not sell: exit 2, with the
+    // Cloud name for that many chips.
+    let output = optirs(&["topology", "v5p-1000"]);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("did you mean `v5p-1024`?"));
+    // A name whose meaning changed says so on stderr, and means Cloud's.
+    let output = optirs(&["topology", "v4-8", "--json"]);
+    assert!(output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("the 8-chip pod this name meant before Cloud's names is `v4-16`"),
+        "{stderr}"
+    );
+    assert_eq!(json(&output)["chips"], 4);
     let usage = optirs(&["run", "--steps", "many"]);
     assert_eq!(usage.status.code(), Some(2));
 }
@@ -116,8 +130,12 @@ fn dot_export_draws_hosts_and_links() {
 }
 
 #[test]
-fn presets_lists_every_bundled_pod() {
+fn presets_lists_every_cloud_accelerator_type() {
     let rows = json(&optirs(&["presets", "--json"]));
+    assert_eq!(
+        rows.as_array().unwrap().len(),
+        optirs_tpu::topology::cloud_types().len()
+    );
     let names: Vec<&str> = rows
         .as_array()
         .unwrap()
@@ -125,13 +143,21 @@ fn presets_lists_every_bundled_pod() {
         .map(|row| row["name"].as_str().unwrap())
         .collect();
     for expected in [
+        "v2-512",
+        "v3-2048",
+        "v4-8192",
+        "v5litepod-1",
+        "v5p-1024",
+        "v5p-17920",
+        "v6e-1",
+        "tpu7x-2",
         "v2-8",
         "v3-64",
         "v4-16",
         "v4-128",
         "v4-8192",
-        "v5e-16",
-        "v5e-256",
+        "v5litepod-16",
+        "v5litepod-256",
         "v5p-256",
         "v6e-256",
         "tpu7x-512",
@@ -531,11 +557,11 @@ fn train_reports_a_sharded_run_and_refuses_bad_input() {
     let report = json(&optirs(&args));
     for key in [
         "pod",
-        "devices",
+        "chips",
         "optimizer",
         "params",
         "steps_completed",
-        "step_modeled_seconds",
+        "step_seconds",
         "phases",
         "hbm_bytes_per_device",
         "link_bytes",
@@ -547,7 +573,7 @@ fn train_reports_a_sharded_run_and_refuses_bad_input() {
     ] {
         assert!(report.get(key).is_some(), "missing `{key}` in {report}");
     }
-    assert_eq!(report["devices"], 8);
+    assert_eq!(report["chips"], 8);
     assert_eq!(report["params"], 3417);
     assert_eq!(report["steps_completed"], 3);
     assert!(report["phases"]["update"].as_f64().unwrap() > 0.0);
@@ -576,7 +602,7 @@ fn train_reports_a_sharded_run_and_refuses_bad_input() {
     assert_eq!(report["failures"][0]["device"], 3);
     assert_eq!(report["recoveries"][0]["policy"], "redundant");
     assert_eq!(report["recoveries"][0]["lost_steps"], 0);
-    assert_eq!(report["devices_at_end"], 7);
+    assert_eq!(report["chips_at_end"], 7);
     assert_eq!(report["steps_completed"], 4);
     // Bad values are usage errors (exit 2) or clear errors before any work.
     for args in [
@@ -625,9 +651,9 @@ fn train_models_a_pod_too_large_for_this_machine() {
         "175e9",
         "--json",
     ]));
-    assert_eq!(report["devices"], 8960);
+    assert_eq!(report["chips"], 8960);
     assert_eq!(report["params"], 175_000_000_000u64);
-    assert!(report["step_modeled_seconds"].as_f64().unwrap() > 0.0);
+    assert!(report["step_seconds"].as_f64().unwrap() > 0.0);
     assert_eq!(report["fits_in_hbm"], false);
 }
 
@@ -957,7 +983,7 @@ fn collectives_and_train_across_slices_show_the_dcn_phase() {
         "4096",
     ];
     let report = json(&optirs(&[&args[..], &["--json"]].concat()));
-    assert_eq!(report["devices"], 32);
+    assert_eq!(report["chips"], 32);
     assert!(report["phases"]["all_gather.dcn"].as_f64().unwrap() > 0.0);
     let train_trace = dir.path().join("train.json");
     let text = optirs(&[&args[..], &["--trace", train_trace.to_str().unwrap()]].concat());
@@ -983,8 +1009,8 @@ fn collectives_and_train_across_slices_show_the_dcn_phase() {
     let modeled = json(&optirs(
         &[&args[..], &["--modeled-only", "--json"]].concat(),
     ));
-    let stepped = report["step_modeled_seconds"].as_f64().unwrap();
-    let closed = modeled["step_modeled_seconds"].as_f64().unwrap();
+    let stepped = report["step_seconds"].as_f64().unwrap();
+    let closed = modeled["step_seconds"].as_f64().unwrap();
     assert!(
         (stepped - closed).abs() <= 1e-9 * stepped,
         "{stepped} vs {closed}"

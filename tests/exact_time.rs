@@ -134,7 +134,7 @@ fn a_kill_where_a_step_ends_recovers_under_every_policy() {
             let report = json(&out);
             parts(&report);
             assert_eq!(report["steps_completed"], 4, "{params} {kill} {policy}");
-            assert_eq!(report["devices_at_end"], 7, "{params} {kill} {policy}");
+            assert_eq!(report["chips_at_end"], 7, "{params} {kill} {policy}");
             assert_eq!(report["recoveries"].as_array().unwrap().len(), 1);
         }
     }
@@ -414,7 +414,7 @@ fn a_spare_cube_run_waits_out_its_swap_in_seconds_not_minutes() {
     // The 10 s OCS reconfiguration is recovery time, and the pod keeps
     // every device.
     assert!(p[4] >= 10_000_000_000, "{p:?}");
-    assert_eq!(report["devices_at_end"], 128);
+    assert_eq!(report["chips_at_end"], 128);
 }
 
 #[test]
@@ -444,7 +444,7 @@ fn a_spare_cube_run_with_no_free_spare_rolls_back_onto_the_survivors() {
     assert_eq!(recoveries[0]["policy"], "rollback");
     let note = recoveries[0]["note"].as_str().unwrap();
     assert!(note.contains("no spare cube"), "{note}");
-    assert_eq!(report["devices_at_end"], 126);
+    assert_eq!(report["chips_at_end"], 126);
 }
 
 /// Sends `signal` to a long `train` once it has written a checkpoint into

@@ -38,7 +38,8 @@ enum Command {
     Run(run::RunArgs),
     /// Print a pod's topology figures (diameter, bisection, all-reduce bandwidth).
     Topology(topology::TopologyArgs),
-    /// List the bundled pod presets.
+    /// List the pod presets: every Cloud TPU accelerator type, with its
+    /// chips, shape and hosts.
     Presets(topology::PresetsArgs),
     /// nccl-tests-style table of a collective on a pod's torus: measured on
     /// this CPU moving the real data, and modeled on the pod's links.

@@ -204,7 +204,7 @@ pub(super) fn modeled(args: &TrainArgs, config: &ModelConfig, topology: &Topolog
     let params = parameter_count(config).total();
     let report = json!({
         "pod": topology.name,
-        "devices": step.chips,
+        "chips": step.chips,
         "model": step.model,
         "params": params,
         "strategy": step.strategy.name(),

@@ -225,7 +225,9 @@ pub fn cloud_types() -> &'static [CloudType] {
     static TYPES: LazyLock<Vec<CloudType>> = LazyLock::new(|| {
         let mut types = Vec::new();
         for family in FAMILIES {
-            for shape in family_shapes(family) {
+            let mut shapes = family_shapes(family);
+            shapes.sort_by_key(|shape| dims(shape).iter().product::<u32>());
+            for shape in shapes {
                 let dims = dims(shape);
                 let chips: u32 = dims.iter().product();
                 let hosts = (0..3)
