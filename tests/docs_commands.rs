@@ -194,13 +194,15 @@ fn step_of(line: &str) -> Option<Step> {
         return None;
     }
     // `cargo build --release && target/release/optirs-tpu ...`
-    if let Some(at) = w.iter().position(|x| x == "&&") {
-        if w[..at]
+    let built_first = |at: usize, w: &[String]| {
+        w[..at]
             .iter()
             .all(|x| x == "cargo" || x == "build" || x == "--release")
-        {
-            w.drain(..=at);
-        }
+    };
+    if let Some(at) = w.iter().position(|x| x == "&&")
+        && built_first(at, &w)
+    {
+        w.drain(..=at);
     }
     let skip = |why| Some(Step::Skip(why));
     let redirect = |w: &mut Vec<String>| match w.iter().position(|x| x == ">") {
