@@ -312,7 +312,7 @@ proptest! {
         original.compile_program_file("assets/programs/mlp.ron").unwrap();
         original.run(before);
         let snapshot = original.snapshot().unwrap();
-        let mut restored = Pod::from_preset(preset).unwrap();
+        let mut restored = Pod::load(preset).unwrap();
         restored.restore_snapshot(&snapshot).unwrap();
         prop_assert_eq!(restored.snapshot().unwrap().to_bytes(), snapshot.to_bytes());
         original.run(after);

@@ -291,7 +291,7 @@ fn the_published_tables_are_complete() {
             row.chips
         );
     }
-    assert_eq!(chips_per_slice("v5p-256"), Some(64));
+    assert_eq!(chips_per_slice("v5p-128"), Some(64));
     assert_eq!(chips_per_slice("v5e-256"), Some(256));
 }
 
