@@ -81,10 +81,10 @@ fn checkpoint(c: &mut Criterion) {
     group.finish();
 }
 
-/// A v4-8 pod with a program of [`LITERALS`] large f32 constants summed
+/// A v4-16 pod with a program of [`LITERALS`] large f32 constants summed
 /// into one output (not compiled: the literals are the tensor data).
 fn tensor_pod() -> Pod {
-    let mut pod = Pod::from_preset("v4-8").unwrap();
+    let mut pod = Pod::from_preset("v4-16").unwrap();
     let mut b = GraphBuilder::new(pod.world_mut(), "weights");
     let mut sum = b.parameter(TensorType::new(DType::F32, [LITERAL_ELEMENTS]));
     for k in 0..LITERALS {

@@ -14,7 +14,7 @@ fn step_with_coordination(c: &mut Criterion) {
     let mut group = c.benchmark_group("pod::step_coordination");
     // Heartbeats and detection every tick, plus a barrier that stays pending
     // (one participant is paused, the deadline is far away).
-    let mut pod = Pod::from_preset("v4-4096").unwrap();
+    let mut pod = Pod::from_preset("v4-8192").unwrap();
     pod.inject(Fault::PauseDevice(DeviceId(4095))).unwrap();
     pod.create_barrier(
         BarrierSpec::named("pending")
@@ -23,7 +23,7 @@ fn step_with_coordination(c: &mut Criterion) {
     )
     .unwrap();
     pod.run(5);
-    group.bench_function("v4-4096/heartbeats+detection+barrier", |b| {
+    group.bench_function("v4-8192/heartbeats+detection+barrier", |b| {
         b.iter(|| pod.step())
     });
     group.finish();

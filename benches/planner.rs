@@ -48,7 +48,7 @@ fn strategy_steps(c: &mut Criterion) {
 }
 
 fn model_steps(c: &mut Criterion) {
-    let topology = load_preset("v5p-128").unwrap();
+    let topology = load_preset("v5p-256").unwrap();
     let mut group = c.benchmark_group("planner::model_step");
     let mut config = bundled("llama2-7b").unwrap();
     for layers in [32u64, 1 << 24] {

@@ -13,7 +13,7 @@
 //! * `ring of ranks`: one member per rank, a ring reduce-scatter then
 //!   all-gather over them — the setting of `MPI_Allreduce` across the
 //!   ranks;
-//! * `v4-8 torus`: the 8 devices of a v4-8 over its 2 hosts' ranks, every
+//! * `v4-16 torus`: the 8 devices of a v4-16 over its 2 hosts' ranks, every
 //!   device a `BYTES` buffer, the torus schedule the sharded step runs
 //!   (hops inside a rank are copies, across ranks data frames).
 //!
@@ -140,7 +140,7 @@ mod bench {
         let count: usize = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(20);
         let (mailbox, session) = MpiMailbox::initialize().expect("MPI starts once");
         let ranks = mailbox.ranks();
-        let topology = load_preset("v4-8").expect("a preset");
+        let topology = load_preset("v4-16").expect("a preset");
         let layout = RankLayout::new(&topology, ranks, mailbox.rank()).expect("at most 2 ranks");
         let mailbox: SharedMailbox = Arc::new(Mutex::new(Box::new(mailbox)));
         let ctx = RankContext {
@@ -172,7 +172,7 @@ mod bench {
                 )
             };
             println!("{}", row("ring of ranks", ranks as usize, ring_time));
-            println!("{}", row("v4-8 torus", 8, torus_time));
+            println!("{}", row("v4-16 torus", 8, torus_time));
         }
         drop(ctx);
         drop(session);

@@ -4,8 +4,8 @@
 //! idle model attached against the bare tick.
 //!
 //! `cargo bench --bench sharding` (`SHARDING_PARAMS` and `SHARDING_POD`
-//! change the real-data case; the default is 1e7 parameters on v4-64).
-//! `sharded` makes and reduces every replica's gradient (64 on v4-64);
+//! change the real-data case; the default is 1e7 parameters on v4-128).
+//! `sharded` makes and reduces every replica's gradient (64 on v4-128);
 //! `sharded-reduced` takes one host-reduced gradient, as the unsharded
 //! step does, under each strategy (`SHARDING_STRATEGIES`, a comma list;
 //! all three by default): the arithmetic is the same, only residency and
@@ -42,7 +42,7 @@ fn real_data(c: &mut Criterion) {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(10_000_000);
-    let preset = std::env::var("SHARDING_POD").unwrap_or_else(|_| "v4-64".into());
+    let preset = std::env::var("SHARDING_POD").unwrap_or_else(|_| "v4-128".into());
     let mut group = c.benchmark_group("sharding::step");
     group.sample_size(10);
     let pod = Pod::from_preset(&preset).unwrap();

@@ -13,7 +13,7 @@ floor is not one. Each round, back to back:
 * `target/release/optirs-tpu bench optimizer --optimizer sgd --size SIZE
   --json` (SGD's working set is the same two arrays: its floor is taken over
   the same bytes), whose `floor_gbps` is the floor's rate;
-* with `--collectives`, `optirs-tpu collectives v2-8 --op OP --sizes
+* with `--collectives`, `optirs-tpu collectives assets/pods/examples/v2-4x2-custom.ron --op OP --sizes
   4194304,16777216 --json` for every op.
 
 Prints every figure with the load average before and after, and exits 1 if
@@ -106,7 +106,7 @@ def main():
         print("\n| op | bytes per rank | measured us | floor us | ratio_to_floor |")
         print("|---|---|---|---|---|")
         for op in COLLECTIVE_OPS:
-            for row in ours(["collectives", "v2-8", "--op", op, "--sizes", "4194304,16777216"]):
+            for row in ours(["collectives", "assets/pods/examples/v2-4x2-custom.ron", "--op", op, "--sizes", "4194304,16777216"]):
                 print(f"| {row['op']} | {row['bytes']} | {row['measured_seconds'] * 1e6:.0f} "
                       f"| {row['floor_seconds'] * 1e6:.0f} | {row['ratio_to_floor']:.2f} |")
                 if row["ratio_to_floor"] < 1:

@@ -12,7 +12,7 @@ Times, where `jax` and `optax` import:
   `(n-1)/n` for reduce-scatter, all-gather and all-to-all, `S` the buffer per rank);
 
 then runs `target/release/optirs-tpu bench optimizer --json` and
-`optirs-tpu collectives --json` (the 8-chip `v2-8` pod) for the same sizes
+`optirs-tpu collectives --json` (the 8-chip `assets/pods/examples/v2-4x2-custom.ron` pod) for the same sizes
 and prints one table: ours, XLA, the streaming floor and the ratios, with the
 machine's load average before and after. XLA's steps run back to back on the
 same buffers, so the comparison uses ours and the floor timed the same way
@@ -239,7 +239,7 @@ def main():
         ]
         xla_coll = run_part("collectives", args, {"XLA_FLAGS": flags}) if have_xla else None
         our_coll = {
-            op: ours(["collectives", "v2-8", "--op", op, "--sizes", sizes, "--json"])
+            op: ours(["collectives", "assets/pods/examples/v2-4x2-custom.ron", "--op", op, "--sizes", sizes, "--json"])
             for op in COLLECTIVE_OPS
         }
         rounds.append((xla_opt, our_opt, xla_coll, our_coll))

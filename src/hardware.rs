@@ -66,7 +66,11 @@
 //!   multiples of 4, at most 256, of at most 144 cubes
 //!   (`generate_tpu_topologies(max_cubes=144)`); Cloud's page names the
 //!   cubes and the 9216-chip limit but its table of shapes could not be
-//!   read here.
+//!   read here. XPK's table is also the source of the accelerator types
+//!   (`v5p-896` = 4x4x28, ..., `v5p-17920` = 16x20x28, the 8960-chip pod as
+//!   one slice) offered beyond the v5p page's rule of whole cubes up to
+//!   16x16x24, and of every accelerator type's shape
+//!   (`crate::topology::presets`).
 //! - \[twist\]: Cloud TPU v4 documentation ("3D mesh and 3D torus": slices
 //!   `AxBxC` with `2A=B=C` or `2A=2B=C`, every dimension a multiple of 4,
 //!   such as 4x4x8 and 4x8x8, can be twisted tori) and the v5p shape table
@@ -278,24 +282,35 @@ impl SliceShapes {
 
     /// The offered shapes for an error message: `1x1, 2x2, ..., 16x16` or
     /// the list plus the cube rule.
+    /// The shapes listed beyond the cube rule (XPK's larger v5p types) are
+    /// counted, with the first and last, rather than all named.
     pub fn describe(&self, ndims: usize) -> String {
-        let mut text = self
+        let name = |shape: &[u32; 3]| {
+            shape[..ndims]
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join("x")
+        };
+        let edge = self.cube_edge.unwrap_or(u32::MAX);
+        let (small, beyond): (Vec<&[u32; 3]>, Vec<&[u32; 3]>) = self
             .listed
             .iter()
-            .map(|shape| {
-                shape[..ndims]
-                    .iter()
-                    .map(u32::to_string)
-                    .collect::<Vec<_>>()
-                    .join("x")
-            })
-            .collect::<Vec<_>>()
-            .join(", ");
+            .partition(|shape| self.cube_edge.is_none() || shape.iter().any(|&d| d < edge));
+        let mut text = small.into_iter().map(name).collect::<Vec<_>>().join(", ");
         if let Some(edge) = self.cube_edge {
             text += &format!(
                 ", and any AxBxC of whole {edge}x{edge}x{edge} cubes (every dimension a multiple \
                  of {edge}, at most {}) up to {} chips",
                 self.max_dimension, self.largest_slice_chips
+            );
+        }
+        if let (Some(first), Some(last)) = (beyond.first(), beyond.last()) {
+            text += &format!(
+                ", and {} accelerator types beyond that rule ({} … {})",
+                beyond.len(),
+                name(first),
+                name(last)
             );
         }
         text
@@ -393,17 +408,8 @@ impl HardwareSpec {
     }
 }
 
-/// The 2D slices of v5e and v6e (\[shapes\]).
-const TWO_D_256: &[[u32; 3]] = &[
-    [1, 1, 1],
-    [2, 2, 1],
-    [2, 4, 1],
-    [4, 4, 1],
-    [4, 8, 1],
-    [8, 8, 1],
-    [8, 16, 1],
-    [16, 16, 1],
-];
+mod shapes;
+use shapes::{TWO_D_256, V5P_LISTED};
 
 static V2: HardwareSpec = HardwareSpec {
     name: "v2",
@@ -566,10 +572,11 @@ static V5P: HardwareSpec = HardwareSpec {
     max_pod_chips: 8960,
     // "TPU v5p": the table's shapes below a cube (2x2x1, 2x2x2, 2x4x4; 2x2x4
     // is v5p-32) and cube-built shapes up to the largest, 16x16x24 (6144
-    // chips; the table lists "most but not all" of them). Multislice goes
-    // beyond: 18,432 chips.
+    // chips; the table lists "most but not all" of them), plus the
+    // accelerator types XPK lists beyond that rule (\[xpk\], up to
+    // v5p-17920, 16x20x28). Multislice goes beyond: 18,432 chips.
     slice_shapes: SliceShapes {
-        listed: &[[2, 2, 1], [2, 2, 2], [2, 2, 4], [2, 4, 4]],
+        listed: V5P_LISTED,
         cube_edge: Some(4),
         max_dimension: 24,
         largest_slice_chips: 6144,
@@ -638,10 +645,11 @@ static TPU7X: HardwareSpec = HardwareSpec {
     chips_per_host_bounds: [2, 2, 1],
     wraparound: WraparoundRule::MultipleOf(4),
     max_pod_chips: 9216,
-    // \[xpk\]: 2x2x1, 2x2x2, 2x2x4, 2x4x4 and any AxBxC of whole cubes,
-    // every dimension at most 256, up to 144 cubes (the pod, 9216 chips).
+    // \[xpk\]: 1x1x1 (tpu7x-2), 2x2x1, 2x2x2, 2x2x4, 2x4x4 and any AxBxC of
+    // whole cubes, every dimension at most 256, up to 144 cubes (the pod,
+    // 9216 chips).
     slice_shapes: SliceShapes {
-        listed: &[[2, 2, 1], [2, 2, 2], [2, 2, 4], [2, 4, 4]],
+        listed: &[[1, 1, 1], [2, 2, 1], [2, 2, 2], [2, 2, 4], [2, 4, 4]],
         cube_edge: Some(4),
         max_dimension: 256,
         largest_slice_chips: 9216,

@@ -12,7 +12,7 @@
 //!
 //! | layer | modules | what lives there |
 //! |---|---|---|
-//! | 0 core | `hardware`, `rng`, `schedule`, `error` | per-generation figures with their sources; the seeded random stream; the `Step` and `Compile` schedules and their ordered sets; `OptimError`, the one error type every layer returns |
+//! | 0 core | `hardware`, `units`, `rng`, `schedule`, `error` | per-generation figures with their sources; memory sizes in binary units; the seeded random stream; the `Step` and `Compile` schedules and their ordered sets; `OptimError`, the one error type every layer returns |
 //! | 1 time, input files | `clock`, `files` | simulated time, the only time systems read, and the host's typed times (`SimDuration`) and step budgets (`Ticks`); input files opened only when they are regular files, within a size limit |
 //! | 2 vocabulary | `ir` | the one `DType`, tensor types, the op set, `Tensor` |
 //! | 3 codecs and kernels | `persist`, `kernels` | how components become snapshot columns; the kernels constant folding, the interpreter and executables share |
@@ -138,6 +138,7 @@ pub mod topology;
 pub mod tpu;
 pub mod training;
 pub mod transport;
+pub mod units;
 pub mod xla;
 
 pub use error::{OptimError, Result};

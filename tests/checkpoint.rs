@@ -296,14 +296,14 @@ proptest! {
     /// the original N ticks.
     #[test]
     fn restore_then_step_equals_step(
-        preset in prop::sample::select(vec!["v4-8", "v5e-16", "v2-8", "v4-64"]),
+        preset in prop::sample::select(vec!["v4-16", "v5e-16", "assets/pods/examples/v2-4x2-custom.ron", "v4-128"]),
         before in 0u64..600,
         after in 0u64..600,
         kill in 0u32..8,
         kill_at_ms in 0u64..6_000,
         seed: u64,
     ) {
-        let mut original = Pod::from_preset(preset).unwrap();
+        let mut original = Pod::load(preset).unwrap();
         original.set_seed(seed);
         original.inject(Fault::DeviceJitter(DeviceId(kill), 3_000_000_000)).unwrap();
         original.schedule_fault(kill_at_ms * 1_000_000, Fault::KillDevice(DeviceId(kill)));
@@ -312,7 +312,7 @@ proptest! {
         original.compile_program_file("assets/programs/mlp.ron").unwrap();
         original.run(before);
         let snapshot = original.snapshot().unwrap();
-        let mut restored = Pod::from_preset(preset).unwrap();
+        let mut restored = Pod::load(preset).unwrap();
         restored.restore_snapshot(&snapshot).unwrap();
         prop_assert_eq!(restored.snapshot().unwrap().to_bytes(), snapshot.to_bytes());
         original.run(after);

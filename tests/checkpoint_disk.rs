@@ -22,7 +22,7 @@ mod checkpoint_helpers;
 use checkpoint_helpers::{manager, verify};
 
 fn pod_with_history() -> Pod {
-    let mut pod = Pod::from_preset("v4-8").unwrap();
+    let mut pod = Pod::from_preset("v4-16").unwrap();
     pod.schedule_fault(SimDuration::from_secs(1), Fault::KillDevice(DeviceId(2)));
     let id = pod
         .create_barrier(BarrierSpec::named("b").auto_arrive())
@@ -166,7 +166,7 @@ fn a_malformed_tensor_file_with_a_matching_digest_is_rejected() {
     let dir = tempfile::tempdir().unwrap();
     let mut pod = pod_with_history();
     let snapshot = pod.snapshot().unwrap();
-    write_checkpoint(dir.path(), "c", "v4-8", &snapshot, &mut |_| Ok(())).unwrap();
+    write_checkpoint(dir.path(), "c", "v4-16", &snapshot, &mut |_| Ok(())).unwrap();
     let cp = dir.path().join("c");
     let original = std::fs::read(cp.join(TENSOR_FILE)).unwrap();
     let manifest = std::fs::read_to_string(cp.join(MANIFEST)).unwrap();
@@ -217,13 +217,13 @@ fn a_crash_at_any_write_point_leaves_the_previous_checkpoint_and_nothing_half_wr
     let root = dir.path();
     let mut pod = pod_with_history();
     let first = pod.snapshot().unwrap();
-    write_checkpoint(root, "first", "v4-8", &first, &mut |_| Ok(())).unwrap();
+    write_checkpoint(root, "first", "v4-16", &first, &mut |_| Ok(())).unwrap();
     pod.run(10);
     let second = pod.snapshot().unwrap();
     // Count the write points of one save.
     let mut points = Vec::new();
     let probe = tempfile::tempdir().unwrap();
-    write_checkpoint(probe.path(), "probe", "v4-8", &second, &mut |p| {
+    write_checkpoint(probe.path(), "probe", "v4-16", &second, &mut |p| {
         points.push(p.clone());
         Ok(())
     })
@@ -237,7 +237,7 @@ fn a_crash_at_any_write_point_leaves_the_previous_checkpoint_and_nothing_half_wr
     for (crash_at, point) in points.iter().enumerate() {
         let name = format!("second-{crash_at}");
         let mut seen = 0;
-        let result = write_checkpoint(root, &name, "v4-8", &second, &mut |_| {
+        let result = write_checkpoint(root, &name, "v4-16", &second, &mut |_| {
             seen += 1;
             if seen > crash_at {
                 Err(std::io::Error::other("injected crash"))
@@ -281,7 +281,7 @@ fn names_cannot_escape_the_root() {
 fn retention_keeps_the_newest() {
     let dir = tempfile::tempdir().unwrap();
     let ft = manager(vec![dir.path().into()], 3, RecoveryPolicy::RollBack);
-    let mut pod = Pod::from_preset("v4-8").unwrap();
+    let mut pod = Pod::from_preset("v4-16").unwrap();
     let mut ticks = Vec::new();
     for _ in 0..5 {
         pod.run(10);
@@ -301,7 +301,7 @@ fn replication_and_rollback_skip_corrupt_copies() {
     let dir = tempfile::tempdir().unwrap();
     let (a, b) = (dir.path().join("a"), dir.path().join("b"));
     let ft = manager(vec![a.clone(), b.clone()], 5, RecoveryPolicy::RollBack);
-    let mut pod = Pod::from_preset("v4-8").unwrap();
+    let mut pod = Pod::from_preset("v4-16").unwrap();
     pod.run(10);
     let old = ft.create_checkpoint(&mut pod).unwrap();
     pod.run(10);
@@ -326,7 +326,7 @@ fn replication_and_rollback_skip_corrupt_copies() {
 #[test]
 fn periodic_checkpoints_run_inside_the_step_schedule() {
     let dir = tempfile::tempdir().unwrap();
-    let mut pod = Pod::from_preset("v4-8").unwrap();
+    let mut pod = Pod::from_preset("v4-16").unwrap();
     pod.enable_periodic_checkpoints(100, vec![dir.path().into()], 2)
         .unwrap();
     pod.run(350);
@@ -348,7 +348,7 @@ fn migration_is_refused_but_recovery_goes_on() {
     assert!(error.kind() == ErrorKind::Unsupported, "{error}");
     assert!(error.to_string().contains("TPU runtime"), "{error}");
 
-    let mut pod = Pod::from_preset("v4-8").unwrap();
+    let mut pod = Pod::from_preset("v4-16").unwrap();
     pod.run(100);
     let saved = ft.create_checkpoint(&mut pod).unwrap();
     pod.kill_device(5).unwrap();
@@ -380,7 +380,7 @@ fn migration_is_refused_but_recovery_goes_on() {
         5,
         RecoveryPolicy::ExcludeAndRebalance,
     );
-    let mut pod = Pod::from_preset("v4-8").unwrap();
+    let mut pod = Pod::from_preset("v4-16").unwrap();
     pod.kill_device(6).unwrap();
     pod.run(1_200);
     let report = ft.recover(&mut pod);
@@ -403,7 +403,7 @@ fn the_tensor_file_is_standard_safetensors() {
     let dir = tempfile::tempdir().unwrap();
     let mut pod = pod_with_history();
     let snapshot = pod.snapshot().unwrap();
-    write_checkpoint(dir.path(), "c", "v4-8", &snapshot, &mut |_| Ok(())).unwrap();
+    write_checkpoint(dir.path(), "c", "v4-16", &snapshot, &mut |_| Ok(())).unwrap();
     let path = dir.path().join("c").join(TENSOR_FILE);
     let file = std::fs::read(&path).unwrap();
     let n = u64::from_le_bytes(file[..8].try_into().unwrap()) as usize;
@@ -609,7 +609,7 @@ fn optimizer_moments_are_in_the_tensor_file_and_restore_from_disk() {
 /// a flipped bit deep inside one is still caught before restore.
 #[test]
 fn large_tensors_round_trip_and_a_flipped_bit_in_one_is_caught() {
-    let mut pod = Pod::from_preset("v4-8").unwrap();
+    let mut pod = Pod::from_preset("v4-16").unwrap();
     let mut b = GraphBuilder::new(pod.world_mut(), "large");
     let n = 3 << 20; // two 12 MiB literals: 24 MiB of data, several chunks
     let mut sum = b.parameter(TensorType::new(DType::F32, [n]));
@@ -625,7 +625,7 @@ fn large_tensors_round_trip_and_a_flipped_bit_in_one_is_caught() {
     let dir = tempfile::tempdir().unwrap();
     let snapshot = pod.snapshot().unwrap();
     let sha = snapshot.sha256_hex();
-    write_checkpoint(dir.path(), "c", "v4-8", &snapshot, &mut |_| Ok(())).unwrap();
+    write_checkpoint(dir.path(), "c", "v4-16", &snapshot, &mut |_| Ok(())).unwrap();
     let cp = dir.path().join("c");
     let registry = pod.world().resource::<SnapshotRegistry>();
     let (_, read) = verify_checkpoint(&cp, registry).unwrap();

@@ -15,10 +15,10 @@ fn manager(roots: Vec<PathBuf>, keep: usize) -> FaultToleranceManager {
     checkpoint_helpers::manager(roots, keep, RecoveryPolicy::RollBack)
 }
 
-/// A checkpoint written by the manager at tick 10 of a v4-8 pod.
+/// A checkpoint written by the manager at tick 10 of a v4-16 pod.
 fn saved(root: &Path) -> (Pod, PathBuf) {
     let ft = manager(vec![root.into()], 5);
-    let mut pod = Pod::from_preset("v4-8").unwrap();
+    let mut pod = Pod::from_preset("v4-16").unwrap();
     pod.run(10);
     let info = ft.create_checkpoint(&mut pod).unwrap();
     (pod, info.paths[0].clone())
@@ -32,7 +32,7 @@ fn retention_never_deletes_what_it_cannot_identify_nor_the_new_checkpoint() {
     std::fs::create_dir(root.join("tick-best")).unwrap();
     std::fs::write(root.join("tick-best").join("notes.txt"), b"keep me").unwrap();
     let ft = manager(vec![root.into()], 1);
-    let mut pod = Pod::from_preset("v4-8").unwrap();
+    let mut pod = Pod::from_preset("v4-16").unwrap();
     pod.run(100);
     let first = ft.create_checkpoint(&mut pod).unwrap();
     assert!(
@@ -58,7 +58,7 @@ fn retention_orders_by_the_recorded_tick_and_keeps_the_new_one_after_a_rollback(
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     let ft = manager(vec![root.into()], 2);
-    let mut pod = Pod::from_preset("v4-8").unwrap();
+    let mut pod = Pod::from_preset("v4-16").unwrap();
     pod.run(10);
     let early = ft.create_checkpoint(&mut pod).unwrap();
     pod.run(90);
@@ -73,7 +73,7 @@ fn retention_orders_by_the_recorded_tick_and_keeps_the_new_one_after_a_rollback(
     assert!(!early.paths[0].exists());
     // A checkpoint saved under a name of its own is never counted or removed.
     let snapshot = pod.snapshot().unwrap();
-    optirs_tpu::checkpoint::write_checkpoint(root, "tick-0", "v4-8", &snapshot, &mut |_| Ok(()))
+    optirs_tpu::checkpoint::write_checkpoint(root, "tick-0", "v4-16", &snapshot, &mut |_| Ok(()))
         .unwrap();
     pod.run(5);
     ft.create_checkpoint(&mut pod).unwrap();
@@ -187,7 +187,7 @@ fn errors_say_what_is_wrong_once() {
     let snapshot = pod.snapshot().unwrap();
     let name = cp.file_name().unwrap().to_str().unwrap();
     let error =
-        optirs_tpu::checkpoint::write_checkpoint(dir.path(), name, "v4-8", &snapshot, &mut |_| {
+        optirs_tpu::checkpoint::write_checkpoint(dir.path(), name, "v4-16", &snapshot, &mut |_| {
             Ok(())
         })
         .unwrap_err();
@@ -238,7 +238,7 @@ fn replicate_checks_the_name_before_reading_anything() {
     let snapshot = pod.snapshot().unwrap();
     for name in ["tick\n1", "tick\u{202E}1", "tick\u{2066}1", "tick\t1"] {
         let error =
-            optirs_tpu::checkpoint::write_checkpoint(&root, name, "v4-8", &snapshot, &mut |_| {
+            optirs_tpu::checkpoint::write_checkpoint(&root, name, "v4-16", &snapshot, &mut |_| {
                 Ok(())
             })
             .unwrap_err()
@@ -262,7 +262,7 @@ fn a_checkpoint_of_another_topology_is_refused_naming_both() {
         .unwrap_err()
         .to_string();
     assert!(
-        error.contains("v4-8") && error.contains("v5e-256"),
+        error.contains("v4-16") && error.contains("v5e-256"),
         "{error}"
     );
     assert_eq!(big.topology().name, "v5e-256");
@@ -272,7 +272,7 @@ fn a_checkpoint_of_another_topology_is_refused_naming_both() {
     let (_, snapshot) = verify_checkpoint(&cp, registry).unwrap();
     let error = big.restore_snapshot(&snapshot).unwrap_err().to_string();
     assert!(
-        error.contains("v4-8 (v4 2x2x2)") && error.contains("v5e-256 (v5e 16x16)"),
+        error.contains("v4-16 (v4 2x2x2)") && error.contains("v5e-256 (v5e 16x16)"),
         "{error}"
     );
     assert_eq!(big.world_sha256().unwrap(), before);
@@ -286,7 +286,7 @@ fn adam_on_v4_8(hbm: u64) -> optirs_tpu::TPUOptimizer<optirs_tpu::optimizers::Ad
         hbm_bytes: Some(hbm),
         ..Default::default()
     };
-    let pod = Pod::from_preset("v4-8").unwrap();
+    let pod = Pod::from_preset("v4-16").unwrap();
     TPUOptimizer::on_pod(optirs_tpu::optimizers::Adam::new(0.01f32), config, pod).unwrap()
 }
 
@@ -352,14 +352,14 @@ fn restoring_through_the_manager_or_the_optimizer_leaves_the_same_working_state(
     );
 }
 
-/// A snapshot of a v4-8 that ran long enough to hold monitor history, with
+/// A snapshot of a v4-16 that ran long enough to hold monitor history, with
 /// one resource column replaced by `forge` applied to its decoded value.
 fn forged_resource<T, F>(name: &str, forge: F) -> (Pod, optirs_tpu::persist::WorldSnapshot)
 where
     T: serde::Serialize + serde::de::DeserializeOwned,
     F: FnOnce(&mut T),
 {
-    let mut pod = Pod::from_preset("v4-8").unwrap();
+    let mut pod = Pod::from_preset("v4-16").unwrap();
     pod.run(300);
     let mut snapshot = pod.snapshot().unwrap();
     let column = snapshot

@@ -21,7 +21,7 @@ fn topology_json_reports_the_published_v5e_figures() {
     for key in [
         "name",
         "generation",
-        "devices",
+        "chips",
         "hosts",
         "links",
         "diameter_hops",
@@ -32,7 +32,7 @@ fn topology_json_reports_the_published_v5e_figures() {
     }
     assert_eq!(report["name"], "v5e-256");
     assert_eq!(report["generation"], "v5e");
-    assert_eq!(report["devices"], 256);
+    assert_eq!(report["chips"], 256);
     let bisection = report["bisection_bytes_per_s"].as_f64().unwrap();
     let allreduce = report["allreduce_bytes_per_s"].as_f64().unwrap();
     assert!((bisection / 1.6e12 - 1.0).abs() <= 0.10, "{bisection}");
@@ -47,11 +47,11 @@ fn run_defaults_to_a_bundled_pod() {
     let simulated = report["simulated_seconds"].as_f64().unwrap();
     assert!((simulated - 0.25).abs() < 1e-12, "{simulated}");
 
-    let text = optirs(&["run", "v4-8", "--steps", "3"]);
+    let text = optirs(&["run", "v4-16", "--steps", "3"]);
     assert!(text.status.success());
     let stdout = String::from_utf8(text.stdout).unwrap();
     assert!(
-        stdout.contains("v4-8") && stdout.contains("at tick 3"),
+        stdout.contains("v4-16") && stdout.contains("at tick 3"),
         "{stdout}"
     );
 }
@@ -67,7 +67,7 @@ fn a_pod_file_path_works_like_a_preset() {
     .unwrap();
     let report = json(&optirs(&["topology", path.to_str().unwrap(), "--json"]));
     assert_eq!(
-        (report["name"].as_str(), report["devices"].as_u64()),
+        (report["name"].as_str(), report["chips"].as_u64()),
         (Some("tiny"), Some(4))
     );
 }
@@ -98,7 +98,21 @@ fn an_unknown_pod_is_a_usage_error_like_a_bad_value() {
     // that cannot be read as one is a runtime failure (exit 1, above).
     let output = optirs(&["topology", "v9-9"]);
     assert_eq!(output.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&output.stderr).contains("v5e-256"));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("v5litepod-256"));
+    // A Cloud family's form at a size Cloud does not sell: exit 2, with the
+    // Cloud name for that many chips.
+    let output = optirs(&["topology", "v5p-1000"]);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("did you mean `v5p-1024`?"));
+    // A name whose meaning changed says so on stderr, and means Cloud's.
+    let output = optirs(&["topology", "v4-8", "--json"]);
+    assert!(output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("the 8-chip pod this name meant before Cloud's names is `v4-16`"),
+        "{stderr}"
+    );
+    assert_eq!(json(&output)["chips"], 4);
     let usage = optirs(&["run", "--steps", "many"]);
     assert_eq!(usage.status.code(), Some(2));
 }
@@ -107,17 +121,21 @@ fn an_unknown_pod_is_a_usage_error_like_a_bad_value() {
 fn dot_export_draws_hosts_and_links() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("pod.dot");
-    let output = optirs(&["topology", "v4-8", "--dot", path.to_str().unwrap()]);
+    let output = optirs(&["topology", "v4-16", "--dot", path.to_str().unwrap()]);
     assert!(output.status.success());
     let dot = std::fs::read_to_string(&path).unwrap();
-    assert!(dot.starts_with("graph \"v4-8\""));
+    assert!(dot.starts_with("graph \"v4-16\""));
     assert_eq!(dot.matches("subgraph cluster_host").count(), 2);
     assert_eq!(dot.matches(" -- ").count(), 12);
 }
 
 #[test]
-fn presets_lists_every_bundled_pod() {
+fn presets_lists_every_cloud_accelerator_type() {
     let rows = json(&optirs(&["presets", "--json"]));
+    assert_eq!(
+        rows.as_array().unwrap().len(),
+        optirs_tpu::topology::cloud_types().len()
+    );
     let names: Vec<&str> = rows
         .as_array()
         .unwrap()
@@ -125,16 +143,24 @@ fn presets_lists_every_bundled_pod() {
         .map(|row| row["name"].as_str().unwrap())
         .collect();
     for expected in [
+        "v2-512",
+        "v3-2048",
+        "v4-8192",
+        "v5litepod-1",
+        "v5p-1024",
+        "v5p-17920",
+        "v6e-1",
+        "tpu7x-2",
         "v2-8",
-        "v3-32",
-        "v4-8",
-        "v4-64",
-        "v4-4096",
-        "v5e-16",
-        "v5e-256",
-        "v5p-128",
+        "v3-64",
+        "v4-16",
+        "v4-128",
+        "v4-8192",
+        "v5litepod-16",
+        "v5litepod-256",
+        "v5p-256",
         "v6e-256",
-        "tpu7x-256",
+        "tpu7x-512",
     ] {
         assert!(
             names.contains(&expected),
@@ -167,7 +193,15 @@ fn checkpoint_save_restore_continues_the_same_world() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("ckpt");
     let out = out.to_str().unwrap();
-    let saved = optirs(&["checkpoint", "save", "v4-8", "--steps", "100", "--out", out]);
+    let saved = optirs(&[
+        "checkpoint",
+        "save",
+        "v4-16",
+        "--steps",
+        "100",
+        "--out",
+        out,
+    ]);
     assert!(
         saved.status.success(),
         "{}",
@@ -183,7 +217,7 @@ fn checkpoint_save_restore_continues_the_same_world() {
         "50",
         "--json",
     ]));
-    let straight = json(&optirs(&["run", "v4-8", "--steps", "150", "--json"]));
+    let straight = json(&optirs(&["run", "v4-16", "--steps", "150", "--json"]));
     assert_eq!(restored["ticks"], 150);
     assert_eq!(restored["world_sha256"], straight["world_sha256"]);
     assert_eq!(restored["world_sha256"].as_str().unwrap().len(), 64);
@@ -263,7 +297,7 @@ fn compile_reports_passes_kernels_refusals_and_memory() {
 fn collectives_prints_an_nccl_style_table_with_a_correctness_column() {
     let rows = json(&optirs(&[
         "collectives",
-        "v4-8",
+        "v4-16",
         "--sizes",
         "4K,64K",
         "--json",
@@ -307,7 +341,7 @@ fn collectives_prints_an_nccl_style_table_with_a_correctness_column() {
         "4K",
     ]);
     assert!(String::from_utf8_lossy(&text.stdout).contains("#wrong"));
-    let too_big = optirs(&["collectives", "v4-4096", "--sizes", "1G"]);
+    let too_big = optirs(&["collectives", "v4-8192", "--sizes", "1G"]);
     assert_eq!(too_big.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&too_big.stderr).contains("host memory"));
     let bad = optirs(&["collectives", "--op", "all_to_one"]);
@@ -316,7 +350,7 @@ fn collectives_prints_an_nccl_style_table_with_a_correctness_column() {
     // All-to-all is one of them: every element where it belongs.
     let a2a = json(&optirs(&[
         "collectives",
-        "v2-8",
+        "assets/pods/examples/v2-4x2-custom.ron",
         "--op",
         "all-to-all",
         "--sizes",
@@ -511,7 +545,7 @@ fn errors_do_not_repeat_their_cause() {
 fn train_reports_a_sharded_run_and_refuses_bad_input() {
     let args = [
         "train",
-        "v4-8",
+        "v4-16",
         "--params",
         "3000,17,400",
         "--steps",
@@ -523,11 +557,11 @@ fn train_reports_a_sharded_run_and_refuses_bad_input() {
     let report = json(&optirs(&args));
     for key in [
         "pod",
-        "devices",
+        "chips",
         "optimizer",
         "params",
         "steps_completed",
-        "step_modeled_seconds",
+        "step_seconds",
         "phases",
         "hbm_bytes_per_device",
         "link_bytes",
@@ -539,7 +573,7 @@ fn train_reports_a_sharded_run_and_refuses_bad_input() {
     ] {
         assert!(report.get(key).is_some(), "missing `{key}` in {report}");
     }
-    assert_eq!(report["devices"], 8);
+    assert_eq!(report["chips"], 8);
     assert_eq!(report["params"], 3417);
     assert_eq!(report["steps_completed"], 3);
     assert!(report["phases"]["update"].as_f64().unwrap() > 0.0);
@@ -551,7 +585,7 @@ fn train_reports_a_sharded_run_and_refuses_bad_input() {
     // A killed device with redundant shards: one failure, one recovery, no lost step.
     let report = json(&optirs(&[
         "train",
-        "v4-8",
+        "v4-16",
         "--params",
         "20000",
         "--steps",
@@ -568,7 +602,7 @@ fn train_reports_a_sharded_run_and_refuses_bad_input() {
     assert_eq!(report["failures"][0]["device"], 3);
     assert_eq!(report["recoveries"][0]["policy"], "redundant");
     assert_eq!(report["recoveries"][0]["lost_steps"], 0);
-    assert_eq!(report["devices_at_end"], 7);
+    assert_eq!(report["chips_at_end"], 7);
     assert_eq!(report["steps_completed"], 4);
     // Bad values are usage errors (exit 2) or clear errors before any work.
     for args in [
@@ -588,7 +622,7 @@ fn train_reports_a_sharded_run_and_refuses_bad_input() {
     }
     let out = optirs(&[
         "train",
-        "v4-8",
+        "v4-16",
         "--kill",
         "99@0.001",
         "--recovery",
@@ -596,7 +630,7 @@ fn train_reports_a_sharded_run_and_refuses_bad_input() {
     ]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("device 99 does not exist"));
-    let out = optirs(&["train", "v4-8", "--kill", "1@0.001"]);
+    let out = optirs(&["train", "v4-16", "--kill", "1@0.001"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("--checkpoint-every"));
 }
 
@@ -617,9 +651,9 @@ fn train_models_a_pod_too_large_for_this_machine() {
         "175e9",
         "--json",
     ]));
-    assert_eq!(report["devices"], 8960);
+    assert_eq!(report["chips"], 8960);
     assert_eq!(report["params"], 175_000_000_000u64);
-    assert!(report["step_modeled_seconds"].as_f64().unwrap() > 0.0);
+    assert!(report["step_seconds"].as_f64().unwrap() > 0.0);
     assert_eq!(report["fits_in_hbm"], false);
 }
 
@@ -629,7 +663,7 @@ fn train_trace_is_a_perfetto_file_with_every_device() {
     let trace = dir.path().join("train.json");
     let out = optirs(&[
         "train",
-        "v4-8",
+        "v4-16",
         "--params",
         "4000",
         "--steps",
@@ -660,7 +694,7 @@ fn train_trace_is_a_perfetto_file_with_every_device() {
     // Never overwrites.
     let again = optirs(&[
         "train",
-        "v4-8",
+        "v4-16",
         "--params",
         "4000",
         "--steps",
@@ -682,7 +716,7 @@ fn a_build_without_mpi_refuses_to_run_as_one_of_several_ranks() {
         ("PMI_SIZE", "PMI_RANK"),
     ] {
         let output = std::process::Command::new(env!("CARGO_BIN_EXE_optirs-tpu"))
-            .args(["run", "v4-8", "--steps", "10"])
+            .args(["run", "v4-16", "--steps", "10"])
             .env(size, "2")
             .env(rank, "1")
             .output()
@@ -694,7 +728,7 @@ fn a_build_without_mpi_refuses_to_run_as_one_of_several_ranks() {
     }
     // One rank is one process: it runs.
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_optirs-tpu"))
-        .args(["run", "v4-8", "--steps", "10"])
+        .args(["run", "v4-16", "--steps", "10"])
         .env("OMPI_COMM_WORLD_SIZE", "1")
         .env("OMPI_COMM_WORLD_RANK", "0")
         .output()
@@ -706,7 +740,7 @@ fn a_build_without_mpi_refuses_to_run_as_one_of_several_ranks() {
 fn goodput_simulates_a_run_and_refuses_bad_input() {
     let args = [
         "goodput",
-        "v4-64",
+        "v4-128",
         "--model-params",
         "1e9",
         "--mtbf-hours",
@@ -785,7 +819,14 @@ fn goodput_simulates_a_run_and_refuses_bad_input() {
 fn run_writes_periodic_checkpoints_and_continues_from_one() {
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().to_str().unwrap();
-    let args = ["run", "v4-8", "--steps", "100", "--checkpoint-every", "0.5"];
+    let args = [
+        "run",
+        "v4-16",
+        "--steps",
+        "100",
+        "--checkpoint-every",
+        "0.5",
+    ];
     let out = optirs(&[&args[..], &["--checkpoint-dir", dir, "--json"]].concat());
     assert!(
         out.status.success(),
@@ -801,14 +842,14 @@ fn run_writes_periodic_checkpoints_and_continues_from_one() {
     let saved = root.path().join("tick-000000000100");
     let continued = json(&optirs(&[
         "run",
-        "v4-8",
+        "v4-16",
         "--steps",
         "50",
         "--restore",
         saved.to_str().unwrap(),
         "--json",
     ]));
-    let straight = json(&optirs(&["run", "v4-8", "--steps", "150", "--json"]));
+    let straight = json(&optirs(&["run", "v4-16", "--steps", "150", "--json"]));
     assert_eq!(continued["world_sha256"], straight["world_sha256"]);
     assert_eq!(continued["ticks"], 150);
     // Another pod's checkpoint is refused, naming both.
@@ -816,7 +857,7 @@ fn run_writes_periodic_checkpoints_and_continues_from_one() {
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("v4-8") && stderr.contains("v5e-16"),
+        stderr.contains("v4-16") && stderr.contains("v5e-16"),
         "{stderr}"
     );
     // Half a pair of flags is a usage error.
@@ -831,7 +872,7 @@ fn checkpoint_list_and_verify_read_a_split_pods_checkpoints() {
     use optirs_tpu::pod::ranks::RankedPod;
     use optirs_tpu::transport::cluster::thread_mailboxes;
     let root = tempfile::tempdir().unwrap();
-    let topology = optirs_tpu::topology::load_preset("v4-8").unwrap();
+    let topology = optirs_tpu::topology::load_preset("v4-16").unwrap();
     std::thread::scope(|s| {
         let ranks: Vec<_> = thread_mailboxes(2)
             .into_iter()
@@ -865,7 +906,7 @@ fn checkpoint_list_and_verify_read_a_split_pods_checkpoints() {
 #[test]
 fn run_skip_idle_reports_skipped_ticks_and_the_same_world() {
     let args = [
-        "run", "v4-8", "--steps", "2000", "--kill", "3@7.5", "--json",
+        "run", "v4-16", "--steps", "2000", "--kill", "3@7.5", "--json",
     ];
     let ticked = json(&optirs(&args));
     let skipped = json(&optirs(&[&args[..], &["--skip-idle"]].concat()));
@@ -875,10 +916,10 @@ fn run_skip_idle_reports_skipped_ticks_and_the_same_world() {
     let count = skipped["skipped_ticks"].as_u64().unwrap();
     assert!(count > 1_000 && count < 2_000, "{skipped}");
 
-    let text = optirs(&["run", "v4-8", "--steps", "500", "--skip-idle"]);
+    let text = optirs(&["run", "v4-16", "--steps", "500", "--skip-idle"]);
     let stdout = String::from_utf8(text.stdout).unwrap();
     assert!(stdout.contains("idle ticks skipped"), "{stdout}");
-    let refused = optirs(&["run", "v4-8", "--skip-idle", "--trace", "t.json"]);
+    let refused = optirs(&["run", "v4-16", "--skip-idle", "--trace", "t.json"]);
     assert!(!refused.status.success());
 }
 
@@ -942,7 +983,7 @@ fn collectives_and_train_across_slices_show_the_dcn_phase() {
         "4096",
     ];
     let report = json(&optirs(&[&args[..], &["--json"]].concat()));
-    assert_eq!(report["devices"], 32);
+    assert_eq!(report["chips"], 32);
     assert!(report["phases"]["all_gather.dcn"].as_f64().unwrap() > 0.0);
     let train_trace = dir.path().join("train.json");
     let text = optirs(&[&args[..], &["--trace", train_trace.to_str().unwrap()]].concat());
@@ -968,8 +1009,8 @@ fn collectives_and_train_across_slices_show_the_dcn_phase() {
     let modeled = json(&optirs(
         &[&args[..], &["--modeled-only", "--json"]].concat(),
     ));
-    let stepped = report["step_modeled_seconds"].as_f64().unwrap();
-    let closed = modeled["step_modeled_seconds"].as_f64().unwrap();
+    let stepped = report["step_seconds"].as_f64().unwrap();
+    let closed = modeled["step_seconds"].as_f64().unwrap();
     assert!(
         (stepped - closed).abs() <= 1e-9 * stepped,
         "{stepped} vs {closed}"

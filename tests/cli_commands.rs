@@ -40,18 +40,18 @@ fn refused(args: &[&str], names: &[&str]) -> String {
 #[test]
 fn every_bad_value_of_run_exits_2_naming_the_flag_and_value() {
     for value in ["0", "-1", "nan", "inf", "1e300", "1.5", "1e-300"] {
-        refused(&["run", "v4-8", "--steps", value], &["--steps", value]);
+        refused(&["run", "v4-16", "--steps", value], &["--steps", value]);
     }
     for flag in ["--kill", "--pause"] {
         for value in ["5@nan", "5@-1", "5@1e300", "5@inf", "x@1", "5"] {
-            refused(&["run", "v4-8", flag, value], &[flag, value]);
+            refused(&["run", "v4-16", flag, value], &[flag, value]);
         }
     }
     for value in ["0", "-1", "nan", "inf", "1e300"] {
         refused(
             &[
                 "run",
-                "v4-8",
+                "v4-16",
                 "--checkpoint-every",
                 value,
                 "--checkpoint-dir",
@@ -60,21 +60,21 @@ fn every_bad_value_of_run_exits_2_naming_the_flag_and_value() {
             &["--checkpoint-every", value],
         );
         refused(
-            &["run", "v4-8", "--rank-timeout", value],
+            &["run", "v4-16", "--rank-timeout", value],
             &["--rank-timeout", value],
         );
     }
     refused(
-        &["run", "v4-8", "--keep-checkpoints", "0"],
+        &["run", "v4-16", "--keep-checkpoints", "0"],
         &["--keep-checkpoints"],
     );
     // Checked against the pod, still before any work.
     refused(
-        &["run", "v4-8", "--kill", "99@1"],
+        &["run", "v4-16", "--kill", "99@1"],
         &["--kill", "device 99 does not exist", "0 to 7"],
     );
     let after_the_end = refused(
-        &["run", "v4-8", "--steps", "10", "--kill", "5@30"],
+        &["run", "v4-16", "--steps", "10", "--kill", "5@30"],
         &["--kill 5@30", "after the run ends", "10 ticks"],
     );
     assert_eq!(after_the_end.lines().count(), 1, "{after_the_end}");
@@ -82,7 +82,7 @@ fn every_bad_value_of_run_exits_2_naming_the_flag_and_value() {
     refused(
         &[
             "run",
-            "v4-8",
+            "v4-16",
             "--checkpoint-every",
             "0.015",
             "--checkpoint-dir",
@@ -94,14 +94,14 @@ fn every_bad_value_of_run_exits_2_naming_the_flag_and_value() {
 
 #[test]
 fn run_counts_steps_like_train_and_checkpoints_every_simulated_seconds() {
-    let report = json(&optirs(&["run", "v4-8", "--steps", "1e2", "--json"]));
+    let report = json(&optirs(&["run", "v4-16", "--steps", "1e2", "--json"]));
     assert_eq!(report["ticks"], 100);
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("ckpt");
-    // v4-8 ticks at 10 ms: every 0.3 s is every 30 ticks.
+    // v4-16 ticks at 10 ms: every 0.3 s is every 30 ticks.
     let out = optirs(&[
         "run",
-        "v4-8",
+        "v4-16",
         "--steps",
         "1e2",
         "--checkpoint-every",
@@ -136,7 +136,7 @@ fn run_restore_takes_the_pod_from_the_checkpoint() {
     let out = optirs(&[
         "checkpoint",
         "save",
-        "v4-8",
+        "v4-16",
         "--steps",
         "1e2",
         "--out",
@@ -160,13 +160,21 @@ fn run_restore_takes_the_pod_from_the_checkpoint() {
         "50",
         "--json",
     ]));
-    assert_eq!(continued["pod"], "v4-8");
+    assert_eq!(continued["pod"], "v4-16");
     assert_eq!(continued["ticks"], 150);
-    let straight = json(&optirs(&["run", "v4-8", "--steps", "150", "--json"]));
+    let straight = json(&optirs(&["run", "v4-16", "--steps", "150", "--json"]));
     assert_eq!(continued["world_sha256"], straight["world_sha256"]);
     // A save never writes into an existing directory, and says so first.
     refused(
-        &["checkpoint", "save", "v4-8", "--steps", "1", "--out", saved],
+        &[
+            "checkpoint",
+            "save",
+            "v4-16",
+            "--steps",
+            "1",
+            "--out",
+            saved,
+        ],
         &["--out", saved, "already exists"],
     );
     refused(
@@ -178,7 +186,7 @@ fn run_restore_takes_the_pod_from_the_checkpoint() {
         &[
             "checkpoint",
             "save",
-            "v4-8",
+            "v4-16",
             "--steps",
             "1e15",
             "--out",
@@ -192,7 +200,7 @@ fn run_restore_takes_the_pod_from_the_checkpoint() {
 #[test]
 fn a_paused_then_killed_device_is_dated_from_its_pause() {
     let report = json(&optirs(&[
-        "run", "v4-8", "--steps", "3000", "--pause", "5@2", "--kill", "5@3", "--json",
+        "run", "v4-16", "--steps", "3000", "--pause", "5@2", "--kill", "5@3", "--json",
     ]));
     let failures = report["failures"].as_array().unwrap();
     assert_eq!(failures.len(), 1, "{report}");
@@ -211,21 +219,21 @@ fn a_paused_then_killed_device_is_dated_from_its_pause() {
 
 #[test]
 fn run_cuts_a_link_and_refuses_a_pair_without_one() {
-    let plain = json(&optirs(&["run", "v4-8", "--steps", "100", "--json"]));
+    let plain = json(&optirs(&["run", "v4-16", "--steps", "100", "--json"]));
     let cut = json(&optirs(&[
-        "run", "v4-8", "--steps", "100", "--cut", "0-1@0.5", "--json",
+        "run", "v4-16", "--steps", "100", "--cut", "0-1@0.5", "--json",
     ]));
     assert_ne!(plain["world_sha256"], cut["world_sha256"]);
     assert_eq!(cut["failures"].as_array().unwrap().len(), 0, "{cut}");
     // Device 0 and device 7 are opposite corners of the 2x2x2 mesh.
     refused(
-        &["run", "v4-8", "--cut", "0-7@1"],
+        &["run", "v4-16", "--cut", "0-7@1"],
         &["--cut 0-7", "no link between device 0 and device 7"],
     );
-    refused(&["run", "v4-8", "--cut", "0-0@1"], &["--cut", "0-0@1"]);
-    refused(&["run", "v4-8", "--cut", "0-99@1"], &["device 99"]);
+    refused(&["run", "v4-16", "--cut", "0-0@1"], &["--cut", "0-0@1"]);
+    refused(&["run", "v4-16", "--cut", "0-99@1"], &["device 99"]);
     refused(
-        &["run", "v4-8", "--steps", "10", "--cut", "0-1@5"],
+        &["run", "v4-16", "--steps", "10", "--cut", "0-1@5"],
         &["--cut 0-1@5", "after the run ends"],
     );
 }
@@ -238,7 +246,7 @@ fn output_paths_are_checked_before_any_work() {
     // 100,000 ticks would take many seconds; the refusal comes first.
     let start = Instant::now();
     refused(
-        &["run", "v4-8", "--steps", "100000", "--trace", missing],
+        &["run", "v4-16", "--steps", "100000", "--trace", missing],
         &["--trace", "does not exist"],
     );
     assert!(start.elapsed() < Duration::from_secs(10));
@@ -246,20 +254,20 @@ fn output_paths_are_checked_before_any_work() {
     std::fs::write(&existing, "keep").unwrap();
     let existing = existing.to_str().unwrap();
     for args in [
-        vec!["run", "v4-8", "--trace", existing],
-        vec!["topology", "v4-8", "--svg", existing],
-        vec!["collectives", "v4-8", "--sizes", "4K", "--trace", existing],
+        vec!["run", "v4-16", "--trace", existing],
+        vec!["topology", "v4-16", "--svg", existing],
+        vec!["collectives", "v4-16", "--sizes", "4K", "--trace", existing],
     ] {
         refused(&args, &[existing, "already exists"]);
     }
     refused(
-        &["topology", "v4-8", "--dot", missing],
+        &["topology", "v4-16", "--dot", missing],
         &["--dot", "does not exist"],
     );
     refused(
         &[
             "run",
-            "v4-8",
+            "v4-16",
             "--checkpoint-every",
             "0.5",
             "--checkpoint-dir",
@@ -276,7 +284,14 @@ fn output_paths_are_checked_before_any_work() {
 
 #[test]
 fn topology_json_never_prints_negative_zero() {
-    for pod in ["v2-8", "v4-8", "v5e-16", "v3-32", "v4-64"] {
+    for pod in [
+        "assets/pods/examples/v2-4x2-custom.ron",
+        "v2-8",
+        "v4-16",
+        "v5e-16",
+        "v3-64",
+        "v4-128",
+    ] {
         let out = optirs(&["topology", pod, "--json"]);
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(out.status.success(), "{pod}");
@@ -288,13 +303,13 @@ fn topology_json_never_prints_negative_zero() {
 fn collectives_and_bench_take_the_shared_counts() {
     for value in ["0", "0K", "-4", "nan", "6", "1e400"] {
         refused(
-            &["collectives", "v4-8", "--sizes", value],
+            &["collectives", "v4-16", "--sizes", value],
             &["--sizes", value],
         );
     }
     let rows = json(&optirs(&[
         "collectives",
-        "v4-8",
+        "v4-16",
         "--sizes",
         "4e3,1K",
         "--json",
@@ -307,7 +322,7 @@ fn collectives_and_bench_take_the_shared_counts() {
         .collect();
     assert_eq!(bytes, [4000, 1024]);
     refused(
-        &["bench", "schedule", "v4-8", "--compile-runs", "0"],
+        &["bench", "schedule", "v4-16", "--compile-runs", "0"],
         &["--compile-runs", "0"],
     );
     refused(
@@ -317,7 +332,7 @@ fn collectives_and_bench_take_the_shared_counts() {
     let bench = json(&optirs(&[
         "bench",
         "schedule",
-        "v4-8",
+        "v4-16",
         "--steps",
         "1e1",
         "--compile-runs",
@@ -333,7 +348,7 @@ fn run_trace_marks_each_injected_fault_where_it_struck() {
     let path = root.path().join("run.json");
     let out = optirs(&[
         "run",
-        "v4-8",
+        "v4-16",
         "--steps",
         "1500",
         "--kill",

@@ -96,7 +96,7 @@ fn the_default_step_is_the_modeled_one_on_every_pod() {
 fn every_bad_value_exits_2_with_one_readable_line() {
     let base = [
         "goodput",
-        "v4-8",
+        "v4-16",
         "--model-params",
         "1e9",
         "--mtbf-hours",
@@ -155,7 +155,7 @@ fn every_bad_value_exits_2_with_one_readable_line() {
         ("--storage-bytes-per-s", "0", "is not a bandwidth"),
         ("--model-params", "0", "not a positive whole number"),
         ("--recovery", "sometimes", "unknown recovery policy"),
-        // v4-8 has no spare cubes.
+        // v4-16 has no spare cubes.
         ("--recovery", "spare-cube", "needs spare cubes"),
     ];
     for &(flag, value, message) in cases {
@@ -209,7 +209,7 @@ fn every_bad_value_exits_2_with_one_readable_line() {
 fn json_names_simulated_time_and_host_time_apart() {
     let report = json(&optirs(&[
         "goodput",
-        "v4-64",
+        "v4-128",
         "--model-params",
         "1e9",
         "--mtbf-hours",
@@ -392,11 +392,11 @@ fn auto_never_does_worse_than_never() {
 
 #[test]
 fn async_checkpoints_block_only_for_the_host_copy() {
-    // 1e11 parameters on v4-64 (16 hosts): 1.2 TB at 16 GB/s is a 75 s write.
+    // 1e11 parameters on v4-128 (16 hosts): 1.2 TB at 16 GB/s is a 75 s write.
     let args = |extra: &[&'static str]| {
         let mut a = vec![
             "goodput",
-            "v4-64",
+            "v4-128",
             "--model-params",
             "1e11",
             "--mtbf-hours",

@@ -141,7 +141,7 @@ fn the_text_says_what_does_not_fit() {
         "{text}"
     );
     assert!(
-        text.contains("does not fit: params 16.0 GB + grads 16.0 GB + state 2.00 GB = 34.0 GB of 16 GiB: 16.8 GB over"),
+        text.contains("does not fit: params 14.90 GiB + grads 14.90 GiB + state 1.86 GiB = 31.66 GiB of 16.00 GiB: 15.66 GiB over"),
         "{text}"
     );
     let out = optirs(&[
@@ -169,7 +169,7 @@ fn a_real_run_builds_every_strategy_on_every_mesh_and_reports_it() {
             "data=4,fsdp=4,tensor=1",
         ),
         (
-            "v4-64",
+            "v4-128",
             "zero2",
             Some("data=16,fsdp=-1"),
             "data=16,fsdp=4,tensor=1",
@@ -213,7 +213,7 @@ fn a_real_run_builds_every_strategy_on_every_mesh_and_reports_it() {
     assert_usage(
         &[
             "train",
-            "v4-64",
+            "v4-128",
             "--strategy",
             "fsdp",
             "--mesh",
@@ -232,7 +232,7 @@ fn a_real_run_builds_every_strategy_on_every_mesh_and_reports_it() {
 fn bad_layouts_are_usage_errors_naming_the_axis_and_the_pod() {
     let modeled = |extra: &[&'static str]| -> Vec<&'static str> {
         [
-            &["train", "v4-64", "--modeled-only", "--params", "1000"][..],
+            &["train", "v4-128", "--modeled-only", "--params", "1000"][..],
             extra,
         ]
         .concat()
@@ -278,7 +278,7 @@ fn bad_layouts_are_usage_errors_naming_the_axis_and_the_pod() {
         &["--prefetch 2", "--strategy replicated"],
     );
     // Checked before any work: a real run with a bad mesh builds no pod.
-    assert_usage(&["train", "v4-64", "--mesh", "data=3"], &["data=3"]);
+    assert_usage(&["train", "v4-128", "--mesh", "data=3"], &["data=3"]);
     // Past the limit: refused, naming it.
     assert_usage(
         &modeled(&["--strategy", "fsdp", "--prefetch", "1e18"]),

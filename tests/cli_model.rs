@@ -466,7 +466,7 @@ fn the_optimizer_counts_in_a_model_s_step() {
     let of = |optimizer: &str| {
         json(&[
             "train",
-            "v5p-128",
+            "v5p-256",
             "--model",
             "llama2-7b",
             "--modeled-only",
@@ -500,7 +500,7 @@ fn the_optimizer_counts_in_a_model_s_step() {
 fn an_uncalibrated_generation_reports_the_range_of_the_fitted_constants() {
     let train = json(&[
         "train",
-        "v4-64",
+        "v4-128",
         "--model",
         "llama2-7b",
         "--strategy",
@@ -515,7 +515,7 @@ fn an_uncalibrated_generation_reports_the_range_of_the_fitted_constants() {
     assert!(fast < step && step < slow, "{fast} {step} {slow}");
     let goodput = json(&[
         "goodput",
-        "v4-64",
+        "v4-128",
         "--model",
         "llama2-7b",
         "--mtbf-hours",

@@ -16,8 +16,8 @@ fn stdout(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// A small, fast run: one bucket of 2000 parameters on v4-8.
-const SMALL: &[&str] = &["train", "v4-8", "--params", "2000", "--steps", "3"];
+/// A small, fast run: one bucket of 2000 parameters on v4-16.
+const SMALL: &[&str] = &["train", "v4-16", "--params", "2000", "--steps", "3"];
 
 fn with(extra: &[&str]) -> Vec<String> {
     SMALL.iter().chain(extra).map(|s| s.to_string()).collect()
@@ -94,7 +94,7 @@ fn a_trace_path_in_a_missing_directory_is_refused_before_any_work() {
     let started = std::time::Instant::now();
     let out = optirs(&[
         "train",
-        "v4-8",
+        "v4-16",
         "--steps",
         "1000000",
         "--trace",
@@ -227,7 +227,7 @@ fn every_bad_value_of_every_flag_exits_2_with_one_line() {
 fn the_text_report_lists_phases_in_execution_order_and_reads_as_a_person_writes() {
     let out = optirs(&[
         "train",
-        "v4-8",
+        "v4-16",
         "--params",
         "4000",
         "--steps",
@@ -258,7 +258,7 @@ fn the_text_report_lists_phases_in_execution_order_and_reads_as_a_person_writes(
 fn a_recovery_is_reported_with_parts_that_add_up() {
     let out = optirs(&[
         "train",
-        "v4-8",
+        "v4-16",
         "--params",
         "100000",
         "--steps",
@@ -293,7 +293,7 @@ fn a_recovery_is_reported_with_parts_that_add_up() {
 
     let text = optirs(&[
         "train",
-        "v4-8",
+        "v4-16",
         "--params",
         "100000",
         "--steps",
@@ -351,7 +351,7 @@ fn the_trace_marks_the_failed_step_its_recovery_by_part_waits_and_checkpoint_wri
     let path = dir.path().join("train.json");
     let out = optirs(&[
         "train",
-        "v4-8",
+        "v4-16",
         "--params",
         "100000",
         "--steps",
@@ -441,7 +441,7 @@ fn the_trace_marks_the_failed_step_its_recovery_by_part_waits_and_checkpoint_wri
 
 #[test]
 fn a_model_too_large_for_this_host_is_refused_in_binary_units() {
-    let out = optirs(&["train", "v4-8", "--params", "1e12"]);
+    let out = optirs(&["train", "v4-16", "--params", "1e12"]);
     let err = stderr(&out);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("18.19 TiB on this host"), "{err}");
@@ -454,7 +454,7 @@ fn an_fsdp_trace_shows_each_buckets_gathers_uses_frees_and_reduce_scatter_in_ord
     let path = dir.path().join("fsdp.json");
     let out = optirs(&[
         "train",
-        "v4-8",
+        "v4-16",
         "--params",
         "300000",
         "--bucket-bytes",
@@ -595,5 +595,5 @@ fn a_recovery_the_run_cannot_build_is_refused_before_the_first_step() {
     for device in 0..8 {
         every.extend(["--kill".to_string(), format!("{device}@0.00001")]);
     }
-    assert_usage(&run(&every), "every device of v4-8 is killed");
+    assert_usage(&run(&every), "every device of v4-16 is killed");
 }

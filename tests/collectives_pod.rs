@@ -50,7 +50,7 @@ fn all_reduce_on_a_2d_torus_moves_real_data_over_the_links() {
 
 #[test]
 fn integer_collectives_are_exact_on_a_3d_mesh() {
-    let mut pod = Pod::from_preset("v4-8").unwrap();
+    let mut pod = Pod::from_preset("v4-16").unwrap();
     for op in [
         ReduceOp::Sum,
         ReduceOp::Max,

@@ -490,7 +490,7 @@ fn program_file_errors_name_the_file() {
             !matches!(err.without_file(), CompileError::InFile { .. }),
             "{err:?}"
         );
-        let mut pod = optirs_tpu::Pod::load("v4-8").unwrap();
+        let mut pod = optirs_tpu::Pod::load("v4-16").unwrap();
         let pod_err = pod.compile_program_file(&path).unwrap_err().to_string();
         assert!(pod_err.contains(&prefix), "{pod_err}");
     }

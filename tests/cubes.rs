@@ -144,7 +144,7 @@ fn a_cube_built_v4_slice_has_cubes_switches_and_ocs_circuits() {
 
 #[test]
 fn pods_without_cubes_spawn_none() {
-    let mut p = Pod::from_preset("v4-64").unwrap();
+    let mut p = Pod::from_preset("v4-128").unwrap();
     assert!(p.topology().cubes.is_none());
     assert!(cubes(&mut p).is_empty());
     let world = p.world_mut();
@@ -439,7 +439,13 @@ fn cubes_and_a_swap_survive_a_whole_world_checkpoint() {
         ),
         (2, 0, 1, 1)
     );
-    assert!(Pod::from_preset("v4-64").unwrap().figures().cubes.is_none());
+    assert!(
+        Pod::from_preset("v4-128")
+            .unwrap()
+            .figures()
+            .cubes
+            .is_none()
+    );
     let before = cubes(&mut p);
     let snapshot = p.snapshot().unwrap();
     let mut restored = Pod::from_snapshot(&snapshot).unwrap();

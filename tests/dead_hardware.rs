@@ -20,7 +20,7 @@ fn a_step_on_a_killed_and_failed_device_is_an_error_naming_it() {
         num_cores: 2,
         ..Default::default()
     };
-    let pod = Pod::from_preset("v4-8").unwrap();
+    let pod = Pod::from_preset("v4-16").unwrap();
     let mut opt = TPUOptimizer::on_pod(Adam::new(0.01f32), config, pod).unwrap();
     let p = Array1::from_elem(64, 0.5f32);
     opt.tpu_step(&p, &p).unwrap();

@@ -65,7 +65,7 @@ fn check_domain<E: Error + 'static>(error: &OptimError, kind: ErrorKind) -> &E {
 }
 
 fn pod() -> Pod {
-    Pod::from_preset("v4-8").unwrap()
+    Pod::from_preset("v4-16").unwrap()
 }
 
 #[test]
@@ -258,12 +258,12 @@ fn snapshot_bytes_that_are_not_a_snapshot_reach_the_decoder_error() {
     assert!(chain(&error).len() >= 3, "{:?}", messages(&error));
 }
 
-/// A checkpoint of a v4-8 pod at tick 3 under `root`, and its directory.
+/// A checkpoint of a v4-16 pod at tick 3 under `root`, and its directory.
 fn saved_checkpoint(root: &Path) -> std::path::PathBuf {
     let mut pod = pod();
     pod.run(3);
     let snapshot = pod.snapshot().unwrap();
-    write_checkpoint(root, "ckpt", "v4-8", &snapshot, &mut |_| Ok(())).unwrap();
+    write_checkpoint(root, "ckpt", "v4-16", &snapshot, &mut |_| Ok(())).unwrap();
     root.join("ckpt")
 }
 
@@ -313,7 +313,7 @@ fn sharding_a_tensor_without_elements_is_named() {
 
 #[test]
 fn goodput_a_model_without_parameters_is_refused() {
-    let topology = optirs_tpu::topology::load_preset("v4-8").unwrap();
+    let topology = optirs_tpu::topology::load_preset("v4-16").unwrap();
     let fleet = Fleet::from_topology(&topology).unwrap();
     let config = GoodputConfig::new(0, 1000.0, 1.0, 1.0);
     let error: OptimError = config.check(&fleet).unwrap_err().into();

@@ -62,7 +62,7 @@ fn a_failure_free_run_does_not_depend_on_the_tick() {
     for tick_ms in ["0.001", "0.01", "1", "5"] {
         let report = json(&optirs(&[
             "train",
-            "v4-8",
+            "v4-16",
             "--params",
             "100000",
             "--steps",
@@ -86,7 +86,7 @@ fn a_failure_free_run_does_not_depend_on_the_tick() {
 #[test]
 fn checkpoint_writes_cost_their_bytes_over_the_storage_bandwidth() {
     let base = [
-        "train", "v4-8", "--params", "100000", "--steps", "10", "--json",
+        "train", "v4-16", "--params", "100000", "--steps", "10", "--json",
     ];
     let plain = json(&optirs(&base));
     let with = json(&optirs(
@@ -97,7 +97,7 @@ fn checkpoint_writes_cost_their_bytes_over_the_storage_bandwidth() {
     let written = checkpoints["written"].as_u64().unwrap();
     assert!(written >= 2, "{checkpoints}");
     // 100000 f32 parameters and Adam's two slots: 1.2 MB at 1 GB/s on
-    // each of v4-8's two hosts.
+    // each of v4-16's two hosts.
     let io = checkpoints["io_seconds"].as_f64().unwrap();
     assert!((io - 1.2e6 / 2e9).abs() < 1e-12, "{io}");
     let write_ns = (io * 1e9).ceil() as u64;
@@ -118,7 +118,7 @@ fn a_kill_where_a_step_ends_recovers_under_every_policy() {
         for policy in ["redundant", "rollback"] {
             let out = optirs(&[
                 "train",
-                "v4-8",
+                "v4-16",
                 "--params",
                 params,
                 "--steps",
@@ -134,17 +134,17 @@ fn a_kill_where_a_step_ends_recovers_under_every_policy() {
             let report = json(&out);
             parts(&report);
             assert_eq!(report["steps_completed"], 4, "{params} {kill} {policy}");
-            assert_eq!(report["devices_at_end"], 7, "{params} {kill} {policy}");
+            assert_eq!(report["chips_at_end"], 7, "{params} {kill} {policy}");
             assert_eq!(report["recoveries"].as_array().unwrap().len(), 1);
         }
     }
 }
 
-/// A small model on v4-8, as `train` runs it: step checkpoints into
+/// A small model on v4-16, as `train` runs it: step checkpoints into
 /// `root` under rollback, and a kill of device 3 at `kill_ns`, stepped by
 /// the training layer's loop.
 fn run(policy: RecoveryPolicy, kill_ns: Option<u64>, root: &std::path::Path) -> Outcome {
-    let mut topology = load_preset("v4-8").unwrap();
+    let mut topology = load_preset("v4-16").unwrap();
     topology.tick_ns = 10_000;
     let mut pod = Pod::from_topology(topology).unwrap();
     if let Some(at) = kill_ns {
@@ -260,7 +260,7 @@ fn a_device_lost_mid_write_voids_the_checkpoint_and_rollback_restarts_from_the_s
     let dir = tempfile::tempdir().unwrap();
     let clean = run(RecoveryPolicy::Rollback, None, dir.path());
     let first = &clean.writes[0];
-    // 3000 f32 parameters and Adam's two slots over v4-8's two hosts.
+    // 3000 f32 parameters and Adam's two slots over v4-16's two hosts.
     assert_eq!(first.ended_at_ns - first.started_at_ns, 18_000);
     assert_eq!(first.started_at_ns, clean.steps[0].1, "at the step's end");
     let dir = tempfile::tempdir().unwrap();
@@ -286,7 +286,7 @@ fn a_device_lost_mid_write_voids_the_checkpoint_and_rollback_restarts_from_the_s
 
 #[test]
 fn resume_needs_the_runs_checkpoint_interval_and_its_own_kills() {
-    let out = optirs(&["train", "v4-8", "--resume", "/nonexistent"]);
+    let out = optirs(&["train", "v4-16", "--resume", "/nonexistent"]);
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("--checkpoint-every"), "{stderr}");
@@ -294,7 +294,7 @@ fn resume_needs_the_runs_checkpoint_interval_and_its_own_kills() {
     let d = dir.path().to_str().unwrap();
     let args = [
         "train",
-        "v4-8",
+        "v4-16",
         "--params",
         "5000",
         "--checkpoint-every",
@@ -329,7 +329,7 @@ fn train_resumes_from_its_checkpoint_dir_bit_for_bit() {
     let (da, db) = (a.path().to_str().unwrap(), b.path().to_str().unwrap());
     let args = [
         "train",
-        "v4-8",
+        "v4-16",
         "--params",
         "20000,17",
         "--checkpoint-every",
@@ -364,7 +364,7 @@ fn train_resumes_from_its_checkpoint_dir_bit_for_bit() {
     ] {
         let mut line = vec![
             "train",
-            "v4-8",
+            "v4-16",
             "--checkpoint-every",
             "0.00001",
             "--steps",
@@ -414,7 +414,7 @@ fn a_spare_cube_run_waits_out_its_swap_in_seconds_not_minutes() {
     // The 10 s OCS reconfiguration is recovery time, and the pod keeps
     // every device.
     assert!(p[4] >= 10_000_000_000, "{p:?}");
-    assert_eq!(report["devices_at_end"], 128);
+    assert_eq!(report["chips_at_end"], 128);
 }
 
 #[test]
@@ -444,7 +444,7 @@ fn a_spare_cube_run_with_no_free_spare_rolls_back_onto_the_survivors() {
     assert_eq!(recoveries[0]["policy"], "rollback");
     let note = recoveries[0]["note"].as_str().unwrap();
     assert!(note.contains("no spare cube"), "{note}");
-    assert_eq!(report["devices_at_end"], 126);
+    assert_eq!(report["chips_at_end"], 126);
 }
 
 /// Sends `signal` to a long `train` once it has written a checkpoint into
@@ -455,7 +455,7 @@ fn stop_with(signal: &str) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_optirs-tpu"))
         .args([
             "train",
-            "v4-8",
+            "v4-16",
             "--params",
             "20000",
             "--steps",
@@ -520,7 +520,7 @@ fn a_kill_on_a_tick_boundary_inside_a_step_fails_that_step_at_every_tick() {
     for tick_ms in ["0.001", "0.003", "0.01", "0.02"] {
         let report = json(&optirs(&[
             "train",
-            "v4-8",
+            "v4-16",
             "--params",
             "1000",
             "--steps",

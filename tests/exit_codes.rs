@@ -49,7 +49,16 @@ fn an_unknown_pod_is_refused_by_every_command_that_takes_one() {
     ] {
         refused(args, &["`v5e16`", "did you mean `v5e-16`?"]);
     }
-    refused(&["topology", "v5p-1024"], &["`v5p-1024`", "presets: "]);
+    // Cloud's v5p-1024 is 512 chips; a size Cloud does not sell is refused
+    // with the Cloud name for it.
+    refused(
+        &["topology", "v5p-1000"],
+        &["`v5p-1000`", "did you mean `v5p-1024`?"],
+    );
+    refused(
+        &["topology", "v5p-6143"],
+        &["`v5p-6143`", "did you mean `v5p-6144`?"],
+    );
     refused(&["topology", ""], &["named ``", "presets: "]);
     assert!(!Path::new("unused-ck").exists());
 }
@@ -319,13 +328,13 @@ fn each_message_names_what_was_given() {
         assert!(!stderr.contains("--params"), "{stderr}");
     }
     refused(
-        &["run", "v4-8", "--steps", "1", "--kill", "99@0.001"],
+        &["run", "v4-16", "--steps", "1", "--kill", "99@0.001"],
         &["device 99", "devices 0 to 7"],
     );
     let dir = tempfile::tempdir().unwrap();
     let dir_text = dir.path().to_str().unwrap();
     refused(
-        &["run", "v4-8", "--steps", "1", "--trace", dir_text],
+        &["run", "v4-16", "--steps", "1", "--trace", dir_text],
         &["--trace", "is a directory"],
     );
     let pod = dir.path().join("many.ron");

@@ -14,14 +14,14 @@ use proptest::prelude::*;
 mod binary;
 use binary::optirs;
 
-/// v4-8's tick, ns.
+/// v4-16's tick, ns.
 const TICK_NS: u64 = 10_000_000;
 
 /// A fault of each kind the engine injects, on devices (or the link
-/// between neighbours) of v4-8.
+/// between neighbours) of v4-16.
 fn fault(kind: u8, device: u32, amount_ns: u64) -> Fault {
     let a = DeviceId(device % 8);
-    // Devices 0-1, 2-3, … share a link on v4-8's 2x2x2 torus.
+    // Devices 0-1, 2-3, … share a link on v4-16's 2x2x2 torus.
     let b = DeviceId((device % 8) ^ 1);
     match kind % 5 {
         0 => Fault::KillDevice(a),
@@ -33,7 +33,7 @@ fn fault(kind: u8, device: u32, amount_ns: u64) -> Fault {
 }
 
 fn pod_with(faults: &[(u64, u8, u32, u64)]) -> Pod {
-    let mut pod = Pod::from_preset("v4-8").unwrap();
+    let mut pod = Pod::from_preset("v4-16").unwrap();
     for &(at_ns, kind, device, amount_ns) in faults {
         pod.schedule_fault(at_ns, fault(kind, device, amount_ns));
     }
@@ -82,7 +82,7 @@ proptest! {
 
 /// `run --json`'s ticks and world digest.
 fn run_report(args: &[&str]) -> (u64, String) {
-    let out = optirs(&[&["run", "v4-8", "--json"][..], args].concat());
+    let out = optirs(&[&["run", "v4-16", "--json"][..], args].concat());
     assert!(
         out.status.success(),
         "{}",

@@ -172,7 +172,7 @@ fn llama3_405b_lands_within_three_points_of_its_published_effective_training_tim
 /// 10 seconds".
 ///
 /// Left open, and assumed (see `docs/goodput.md`): the chip count (2
-/// SuperPods, 8,192 v4 chips, 4 per host, as `v4-4096` has them); the
+/// SuperPods, 8,192 v4 chips, 4 per host, as `v4-8192` has them); the
 /// failure rate (Llama 3's per-accelerator rate, 50,675 h per chip: a
 /// failure every 6.19 h); the model (1e12 parameters, f32 with Adam: 12 TB
 /// of state); the persistent storage's aggregate bandwidth (80 GB/s: a
@@ -237,8 +237,8 @@ fn goodput_rises_with_the_mtbf() {
 
 #[test]
 fn a_host_that_drives_a_device_and_its_ring_successor_loses_both_copies() {
-    // v4-64: hosts of 2x2x1 chips; the snake ring runs through each host.
-    let topology = load_preset("v4-64").unwrap();
+    // v4-128: hosts of 2x2x1 chips; the snake ring runs through each host.
+    let topology = load_preset("v4-128").unwrap();
     let fleet = Fleet::from_topology(&topology).unwrap();
     let mut config = GoodputConfig::new(1_000_000_000, 64.0 * 24.0, 30.0, 1.0);
     config.recovery = RecoveryPolicy::Redundant;

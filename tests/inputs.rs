@@ -138,14 +138,14 @@ fn a_named_pipe_a_device_and_a_directory_are_refused_as_program_files() {
     );
 }
 
-/// A storage root with one checkpoint `ck` of a v4-8 at tick 5.
+/// A storage root with one checkpoint `ck` of a v4-16 at tick 5.
 fn saved_checkpoint() -> (tempfile::TempDir, PathBuf) {
     let root = tempfile::tempdir().unwrap();
     let ck = root.path().join("ck");
     let output = optirs(&[
         "checkpoint",
         "save",
-        "v4-8",
+        "v4-16",
         "--steps",
         "5",
         "--out",
@@ -176,7 +176,7 @@ fn a_checkpoint_file_that_is_not_a_regular_file_is_refused_by_every_command() {
         refused(&["checkpoint", "verify", s(&ck)], &expected);
         refused(&["checkpoint", "restore", s(&ck)], &expected);
         refused(&["checkpoint", "inspect", s(&ck)], &expected);
-        refused(&["run", "v4-8", "--restore", s(&ck)], &expected);
+        refused(&["run", "v4-16", "--restore", s(&ck)], &expected);
         // Listed with its problem, never as valid.
         let listed = optirs(&["checkpoint", "list", s(root.path()), "--json"]);
         assert!(listed.status.success(), "{}", stderr(&listed));
@@ -198,7 +198,7 @@ fn a_storage_root_given_as_a_checkpoint_names_its_newest() {
     let output = optirs(&[
         "checkpoint",
         "save",
-        "v4-8",
+        "v4-16",
         "--steps",
         "9",
         "--out",
@@ -247,12 +247,12 @@ fn a_storage_root_given_as_a_checkpoint_names_its_newest() {
 #[test]
 fn saving_over_something_that_is_not_a_checkpoint_says_what_is_there() {
     let (root, ck) = saved_checkpoint();
-    let snapshot = optirs_tpu::Pod::from_preset("v4-8")
+    let snapshot = optirs_tpu::Pod::from_preset("v4-16")
         .unwrap()
         .snapshot()
         .unwrap();
     let save = |name: &str| {
-        write_checkpoint(root.path(), name, "v4-8", &snapshot, &mut |_| Ok(()))
+        write_checkpoint(root.path(), name, "v4-16", &snapshot, &mut |_| Ok(()))
             .unwrap_err()
             .to_string()
     };
@@ -272,7 +272,7 @@ fn saving_over_something_that_is_not_a_checkpoint_says_what_is_there() {
         "{message}"
     );
     // The command line refuses any existing --out before the pod runs.
-    let output = optirs(&["checkpoint", "save", "v4-8", "--out", s(&other)]);
+    let output = optirs(&["checkpoint", "save", "v4-16", "--out", s(&other)]);
     assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
     assert!(
         stderr(&output).contains("already exists"),
@@ -287,7 +287,7 @@ fn a_storage_root_that_is_a_file_is_refused_before_any_work() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("store");
     std::fs::write(&file, "x").unwrap();
-    let output = optirs(&["checkpoint", "save", "v4-8", "--out", s(&file.join("ck"))]);
+    let output = optirs(&["checkpoint", "save", "v4-16", "--out", s(&file.join("ck"))]);
     assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
     assert!(
         stderr(&output).contains("store is not a directory"),

@@ -1,4 +1,4 @@
-//! The largest preset fits its memory budget: loading and spawning v4-4096
+//! The largest preset fits its memory budget: loading and spawning v4-8192
 //! (4096 chips, 12,288 links) peaks under 100 MB of heap.
 //!
 //! A counting global allocator (this test binary only) tracks live and peak
@@ -38,11 +38,11 @@ static ALLOCATOR: Counting = Counting;
 fn v4_4096_loads_in_under_100_mb() {
     let before = LIVE.load(Ordering::Relaxed);
     PEAK.store(before, Ordering::Relaxed);
-    let mut pod = Pod::from_preset("v4-4096").unwrap();
+    let mut pod = Pod::from_preset("v4-8192").unwrap();
     pod.run(10);
     let peak = PEAK.load(Ordering::Relaxed) - before;
     let live = LIVE.load(Ordering::Relaxed) - before;
-    println!("v4-4096: peak {peak} B, live {live} B after load");
+    println!("v4-8192: peak {peak} B, live {live} B after load");
     assert!(peak < 100_000_000, "peak heap {peak} B");
     assert!(live > 4096 * 32, "the pod holds its entities: {live} B");
     drop(pod);

@@ -98,7 +98,7 @@ fn offloaded_activations_cross_the_host_link() {
 /// update their trip in and out over the host link.
 #[test]
 fn optimizer_and_parameter_offload_leave_hbm_for_the_host_link() {
-    let v5p = load_preset("v5p-128").unwrap();
+    let v5p = load_preset("v5p-256").unwrap();
     let spec = v5p.generation.spec();
     let config = bundled("llama2-7b").unwrap();
     let base = step(&config, &v5p);
@@ -155,7 +155,7 @@ fn quantized_matmuls_run_at_their_types_peak() {
         err.to_string().starts_with("activation_dtype = f16"),
         "{err}"
     );
-    let tpu7x = load_preset("tpu7x-256").unwrap();
+    let tpu7x = load_preset("tpu7x-512").unwrap();
     let fp8 = step(&config, &tpu7x);
     config.quantization = None;
     let bf16 = step(&config, &tpu7x);

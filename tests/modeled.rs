@@ -48,13 +48,13 @@ fn modeled_only_agrees_with_a_real_run_under_every_recovery_policy_and_strategy(
     let cases = [
         ("v5e-16", "rollback", "replicated", None),
         ("v5e-16", "redundant", "replicated", None),
-        ("v4-8", "redundant", "replicated", None),
+        ("v4-16", "redundant", "replicated", None),
         (MULTISLICE, "redundant", "replicated", None),
         (TWISTED, "redundant", "replicated", None),
         (CUBES, "rollback", "replicated", None),
         (CUBES, "spare-cube", "replicated", None),
         ("v5e-16", "rollback", "zero2", None),
-        ("v4-8", "redundant", "zero2", None),
+        ("v4-16", "redundant", "zero2", None),
         (CUBES, "spare-cube", "zero2", None),
         ("v5e-16", "rollback", "fsdp", None),
         ("v5e-16", "redundant", "fsdp", None),
@@ -62,9 +62,9 @@ fn modeled_only_agrees_with_a_real_run_under_every_recovery_policy_and_strategy(
         (CUBES, "spare-cube", "fsdp", None),
         // Meshes: data along torus axes, hybrid across slices (the
         // multislice default under zero2 and fsdp), fsdp across slices.
-        ("v4-64", "redundant", "replicated", Some("data=4,fsdp=16")),
-        ("v4-64", "rollback", "zero2", Some("data=4,fsdp=16")),
-        ("v4-64", "rollback", "fsdp", Some("data=16,fsdp=4")),
+        ("v4-128", "redundant", "replicated", Some("data=4,fsdp=16")),
+        ("v4-128", "rollback", "zero2", Some("data=4,fsdp=16")),
+        ("v4-128", "rollback", "fsdp", Some("data=16,fsdp=4")),
         (CUBES, "spare-cube", "fsdp", Some("data=8,fsdp=-1")),
         (MULTISLICE, "rollback", "zero2", None),
         (MULTISLICE, "rollback", "fsdp", None),
@@ -96,16 +96,13 @@ fn modeled_only_agrees_with_a_real_run_under_every_recovery_policy_and_strategy(
         let what = format!("{pod} under {recovery}, {strategy}, mesh {mesh:?}");
         assert_eq!(modeled["strategy"], strategy, "{what}");
         assert_eq!(modeled["recovery"], recovery, "{what}");
-        assert_eq!(modeled["devices"], real["devices"], "{what}");
+        assert_eq!(modeled["chips"], real["chips"], "{what}");
         assert_eq!(modeled["buckets"], real["buckets"], "{what}");
         assert_eq!(
             modeled["hbm_bytes_per_device"], real["hbm_bytes_per_device"],
             "{what}: HBM per device"
         );
-        let (m, r) = (
-            f(&modeled["step_modeled_seconds"]),
-            f(&real["step_modeled_seconds"]),
-        );
+        let (m, r) = (f(&modeled["step_seconds"]), f(&real["step_seconds"]));
         assert!(close(m, r), "{what}: step {m} s modeled, {r} s real");
         let real_phases = real["phases"].as_object().unwrap();
         let modeled_phases = modeled["phases"].as_object().unwrap();
@@ -191,7 +188,7 @@ fn the_redundant_copies_cost_modeled_hbm_and_time() {
         - rollback["hbm_bytes_per_device"].as_u64().unwrap();
     assert_eq!(extra, 2 * 250_048, "{redundant}");
     assert!(f(&redundant["phases"]["replicate_state"]) > 0.0);
-    assert!(f(&redundant["step_modeled_seconds"]) > f(&rollback["step_modeled_seconds"]));
+    assert!(f(&redundant["step_seconds"]) > f(&rollback["step_seconds"]));
     assert!(rollback["phases"].get("replicate_state").is_none());
 }
 
@@ -273,10 +270,10 @@ fn modeled_only_refuses_what_it_cannot_model() {
 /// `--steps` counts in the modeled run: failure-free steps back to back.
 #[test]
 fn modeled_only_models_every_step_asked_for() {
-    let one = json(&["train", "v4-8", "--modeled-only", "--steps", "1", "--json"]);
+    let one = json(&["train", "v4-16", "--modeled-only", "--steps", "1", "--json"]);
     let many = json(&[
         "train",
-        "v4-8",
+        "v4-16",
         "--modeled-only",
         "--steps",
         "1000",
@@ -285,7 +282,7 @@ fn modeled_only_models_every_step_asked_for() {
     assert_eq!(many["steps"], 1000);
     assert!(close(
         f(&many["simulated_seconds"]),
-        1000.0 * f(&one["step_modeled_seconds"])
+        1000.0 * f(&one["step_seconds"])
     ));
 }
 
@@ -322,10 +319,7 @@ fn the_twisted_torus_moves_no_more_bytes_than_the_plain_one() {
         "exactly 2(N−1)/N × model bytes"
     );
     assert_eq!(per_device(&twisted), per_device(&untwisted));
-    let (t, p) = (
-        f(&twisted["step_modeled_seconds"]),
-        f(&untwisted["step_modeled_seconds"]),
-    );
+    let (t, p) = (f(&twisted["step_seconds"]), f(&untwisted["step_seconds"]));
     assert!(t > p && t <= 2.0 * p, "twisted {t} s, plain {p} s");
 
     // The model, 1e6 parameters, in closed form: within 0.01 % of
@@ -349,10 +343,7 @@ fn the_twisted_torus_moves_no_more_bytes_than_the_plain_one() {
         "{} vs {ideal}",
         per_device(&twisted)
     );
-    let (t, p) = (
-        f(&twisted["step_modeled_seconds"]),
-        f(&untwisted["step_modeled_seconds"]),
-    );
+    let (t, p) = (f(&twisted["step_seconds"]), f(&untwisted["step_seconds"]));
     assert!(t > p && t <= 2.0 * p, "twisted {t} s, plain {p} s");
 
     // No faster than `topology`'s all-reduce bandwidth allows: the bytes
@@ -386,7 +377,7 @@ fn any_size_models_in_the_time_a_small_one_does() {
                 strategy,
                 "--json",
             ]);
-            assert!(f(&r["step_modeled_seconds"]) > 0.0);
+            assert!(f(&r["step_seconds"]) > 0.0);
             assert!(f(&r["link_bytes"]) > 0.0);
             assert!(f(&r["wall_seconds"]) < 0.05, "{params} {strategy}: {r}");
         }

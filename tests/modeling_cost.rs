@@ -115,7 +115,7 @@ fn the_strategy_step_costs_the_same_at_any_size() {
 
 #[test]
 fn a_model_s_step_costs_the_same_at_any_depth() {
-    let topology = load_preset("v5p-128").unwrap();
+    let topology = load_preset("v5p-256").unwrap();
     let mut config = bundled("llama2-7b").unwrap();
     let options = ModelStepOptions::new(&topology);
     let mut peaks = Vec::new();
@@ -130,7 +130,7 @@ fn a_model_s_step_costs_the_same_at_any_depth() {
 
 #[test]
 fn goodput_s_default_step_costs_the_same_at_any_size() {
-    let topology = load_preset("v4-4096").unwrap();
+    let topology = load_preset("v4-8192").unwrap();
     let mut peaks = Vec::new();
     for params in [1_000_000u64, 100_000_000_000_000, 1_000_000_000_000_000_000] {
         let c =

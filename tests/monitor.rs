@@ -28,11 +28,11 @@ const ADAM: &str = include_str!("../assets/programs/adam.ron");
 mod binary;
 use binary::optirs;
 
-/// A profiled v4-8 that heartbeats, passes a barrier, all-reduces, loses a
+/// A profiled v4-16 that heartbeats, passes a barrier, all-reduces, loses a
 /// device, compiles Adam and executes it.
 fn profiled_run() -> ProfilingIntegration {
     let mut profiler = ProfilingIntegration::new();
-    let mut pod = profiler.build_pod(|| Pod::from_preset("v4-8")).unwrap();
+    let mut pod = profiler.build_pod(|| Pod::from_preset("v4-16")).unwrap();
     assert!(
         profiler.memory().events.is_empty(),
         "empty until something ran"
@@ -165,7 +165,7 @@ fn memory_export_of_a_run_that_reserved_nothing_is_empty_and_never_overwrites() 
 /// HBM of the chip the optimizer runs on: small, so real tensors fill it.
 const HBM: u64 = 1 << 20;
 
-/// Adam on one chip of a v4-8 whose HBM is [`HBM`].
+/// Adam on one chip of a v4-16 whose HBM is [`HBM`].
 fn adam_on_pod() -> TPUOptimizer<Adam<f32>, f32> {
     let config = TPUConfig {
         tpu_version: TPUVersion::V4,
@@ -173,7 +173,7 @@ fn adam_on_pod() -> TPUOptimizer<Adam<f32>, f32> {
         hbm_bytes: Some(HBM),
         ..Default::default()
     };
-    let pod = Pod::from_preset("v4-8").unwrap();
+    let pod = Pod::from_preset("v4-16").unwrap();
     TPUOptimizer::on_pod(Adam::new(0.01f32), config, pod).unwrap()
 }
 
@@ -266,7 +266,7 @@ fn memory_pressure_follows_the_optimizer_state_resident_in_hbm() {
 
 #[test]
 fn an_optimizer_on_a_pod_checks_its_configuration() {
-    let pod = || Pod::from_preset("v4-8").unwrap();
+    let pod = || Pod::from_preset("v4-16").unwrap();
     let config = |version, num_cores| TPUConfig {
         tpu_version: version,
         num_cores,
@@ -279,7 +279,7 @@ fn an_optimizer_on_a_pod_checks_its_configuration() {
     let err = TPUOptimizer::on_pod(Adam::new(0.01f32), config(TPUVersion::V4, 32), pod())
         .unwrap_err()
         .to_string();
-    assert!(err.contains("needs 16 chips, but v4-8 has 8"), "{err}");
+    assert!(err.contains("needs 16 chips, but v4-16 has 8"), "{err}");
 }
 
 fn parse_svg(text: &str) -> roxmltree::Document<'_> {
@@ -290,7 +290,7 @@ fn parse_svg(text: &str) -> roxmltree::Document<'_> {
 
 #[test]
 fn topology_svg_is_well_formed_and_marks_failed_devices() {
-    let mut pod = Pod::from_preset("v4-64").unwrap();
+    let mut pod = Pod::from_preset("v4-128").unwrap();
     pod.kill_device(7).unwrap();
     pod.run(1_500);
     let svg = optirs_tpu::svg::topology_svg(pod.world_mut());
@@ -354,7 +354,7 @@ fn bench_schedule_json_has_its_keys() {
     let output = optirs(&[
         "bench",
         "schedule",
-        "v4-8",
+        "v4-16",
         "--steps",
         "20",
         "--compile-runs",
@@ -368,7 +368,7 @@ fn bench_schedule_json_has_its_keys() {
     );
     assert!(output.stderr.is_empty(), "no progress bar off a terminal");
     let bench: Value = serde_json::from_slice(&output.stdout).unwrap();
-    assert_eq!(bench["pod"], "v4-8");
+    assert_eq!(bench["pod"], "v4-16");
     assert_eq!(bench["steps"], 20);
     let systems = bench["systems"].as_array().unwrap();
     assert!(systems.len() >= 15, "{systems:?}");
@@ -396,7 +396,7 @@ fn run_trace_writes_a_valid_file_and_refuses_to_overwrite() {
     let path = dir.path().join("run.json");
     let path_str = path.to_str().unwrap();
     let first = optirs(&[
-        "run", "v4-8", "--steps", "50", "--json", "--trace", path_str,
+        "run", "v4-16", "--steps", "50", "--json", "--trace", path_str,
     ]);
     assert!(
         first.status.success(),
@@ -406,7 +406,7 @@ fn run_trace_writes_a_valid_file_and_refuses_to_overwrite() {
     let trace: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
     assert!(trace["traceEvents"].as_array().unwrap().len() > 50);
     let before = std::fs::read(&path).unwrap();
-    let second = optirs(&["run", "v4-8", "--steps", "5", "--trace", path_str]);
+    let second = optirs(&["run", "v4-16", "--steps", "5", "--trace", path_str]);
     assert!(!second.status.success());
     let stderr = String::from_utf8_lossy(&second.stderr);
     assert!(
@@ -460,8 +460,8 @@ fn svg_and_dot_exports_refuse_an_existing_file() {
     let fresh = fresh.to_str().unwrap();
     let program = "assets/programs/mlp.ron";
     let refused = [
-        (vec!["topology", "v4-8", "--svg", existing], "--svg"),
-        (vec!["topology", "v4-8", "--dot", existing], "--dot"),
+        (vec!["topology", "v4-16", "--svg", existing], "--svg"),
+        (vec!["topology", "v4-16", "--dot", existing], "--dot"),
         (vec!["compile", program, "--svg", existing], "--svg"),
         (
             vec!["compile", program, "--svg", fresh, "--memory-svg", existing],
@@ -497,7 +497,7 @@ fn svg_and_dot_exports_refuse_an_existing_file() {
 
 #[test]
 fn no_progress_bar_when_output_is_not_a_terminal() {
-    let out = optirs(&["run", "v4-8", "--steps", "200"]);
+    let out = optirs(&["run", "v4-16", "--steps", "200"]);
     assert!(
         out.status.success(),
         "{}",
@@ -539,7 +539,7 @@ mod health_checks {
 
     #[test]
     fn a_quiet_pod_is_healthy_and_its_history_is_bounded() {
-        let mut pod = Pod::from_preset("v4-8").unwrap();
+        let mut pod = Pod::from_preset("v4-16").unwrap();
         let len = pod.world().resource::<MonitorConfig>().history_len;
         let every = interval(&pod);
         run_for(&mut pod, every * (len as u64 + 20));
@@ -565,7 +565,7 @@ mod health_checks {
 
     #[test]
     fn heartbeat_checks_cross_and_recover_with_a_pause() {
-        let mut pod = Pod::from_preset("v4-8").unwrap();
+        let mut pod = Pod::from_preset("v4-16").unwrap();
         let thresholds = *pod.world().resource::<HealthThresholds>();
         let every = interval(&pod);
         run_for(&mut pod, 4 * every);
@@ -593,7 +593,7 @@ mod health_checks {
 
     #[test]
     fn a_killed_device_goes_critical() {
-        let mut pod = Pod::from_preset("v4-8").unwrap();
+        let mut pod = Pod::from_preset("v4-16").unwrap();
         let thresholds = *pod.world().resource::<HealthThresholds>();
         let every = interval(&pod);
         run_for(&mut pod, 4 * every);
@@ -608,7 +608,7 @@ mod health_checks {
 
     #[test]
     fn memory_pressure_crosses_both_thresholds_and_back() {
-        let mut pod = Pod::from_preset("v4-8").unwrap();
+        let mut pod = Pod::from_preset("v4-16").unwrap();
         let entity = pod.device_entity(1).unwrap();
         let capacity = pod
             .world()
@@ -631,7 +631,7 @@ mod health_checks {
 
     #[test]
     fn a_slow_control_path_straggles_until_it_is_fixed() {
-        let mut pod = Pod::from_preset("v4-8").unwrap();
+        let mut pod = Pod::from_preset("v4-16").unwrap();
         let every = interval(&pod);
         let window = pod.world().resource::<MonitorConfig>().window_samples as u64;
         let base = pod
@@ -651,7 +651,7 @@ mod health_checks {
 
     #[test]
     fn link_rates_follow_traffic() {
-        let mut pod = Pod::from_preset("v4-8").unwrap();
+        let mut pod = Pod::from_preset("v4-16").unwrap();
         let every = interval(&pod);
         run_for(&mut pod, every);
         pod.send_data(0, 1, 1 << 30).unwrap();
@@ -666,7 +666,7 @@ mod health_checks {
 
     #[test]
     fn the_sliding_window_equals_a_sum_over_the_newest_samples() {
-        let mut pod = Pod::from_preset("v4-8").unwrap();
+        let mut pod = Pod::from_preset("v4-16").unwrap();
         let every = interval(&pod);
         pod.inject(Fault::DeviceJitter(DeviceId(2), 50_000))
             .unwrap();

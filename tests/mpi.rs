@@ -61,16 +61,16 @@ fn single(args: &[&str]) -> String {
 #[test]
 fn every_preset_over_mpi_ranks_is_the_one_process_world() {
     for (preset, hosts, ticks) in [
-        ("v2-8", 2, "400"),
-        ("v4-8", 2, "400"),
+        ("assets/pods/examples/v2-4x2-custom.ron", 2, "400"),
+        ("v4-16", 2, "400"),
         ("v5e-16", 2, "400"),
-        ("v3-32", 8, "300"),
-        ("v4-64", 16, "300"),
-        ("v5p-128", 32, "200"),
+        ("v3-64", 8, "300"),
+        ("v4-128", 16, "300"),
+        ("v5p-256", 32, "200"),
         ("v5e-256", 32, "200"),
         ("v6e-256", 32, "200"),
-        ("tpu7x-256", 64, "200"),
-        ("v4-4096", 1024, "10"),
+        ("tpu7x-512", 64, "200"),
+        ("v4-8192", 1024, "10"),
     ] {
         let args = [
             "run", preset, "--steps", ticks, "--kill", "1@0.003", "--pause", "0@0.002", "--json",
@@ -90,10 +90,10 @@ fn every_preset_over_mpi_ranks_is_the_one_process_world() {
 #[test]
 fn failures_over_ranks_are_detected_as_in_one_process() {
     let args = [
-        "run", "v4-8", "--steps", "3000", "--kill", "6@0.5", "--json",
+        "run", "v4-16", "--steps", "3000", "--kill", "6@0.5", "--json",
     ];
     let one = single(&args);
-    let (digest, report) = split_run(2, args, "v4-8 with a kill on 2 ranks");
+    let (digest, report) = split_run(2, args, "v4-16 with a kill on 2 ranks");
     assert_eq!(digest, one);
     let failures = report["failures"].as_array().unwrap();
     assert_eq!(failures.len(), 1, "{report}");
@@ -115,19 +115,19 @@ fn all_ranks_fail_with(out: &Output, ranks: u32, needle: &str) {
 
 #[test]
 fn more_ranks_than_hosts_is_an_error_on_every_rank() {
-    let out = output(mpirun().args(["-n", "3", BIN, "run", "v4-8", "--steps", "10"]));
+    let out = output(mpirun().args(["-n", "3", BIN, "run", "v4-16", "--steps", "10"]));
     all_ranks_fail_with(&out, 3, "3 ranks for a pod of 2 hosts");
 }
 
 #[test]
 fn ranks_started_with_different_runs_or_pods_refuse_naming_the_difference() {
     let out = output(mpirun().args([
-        "-n", "1", BIN, "run", "v4-8", "--steps", "100", ":", "-n", "1", BIN, "run", "v4-8",
+        "-n", "1", BIN, "run", "v4-16", "--steps", "100", ":", "-n", "1", BIN, "run", "v4-16",
         "--steps", "101",
     ]));
     all_ranks_fail_with(&out, 2, "101 ticks");
     let out = output(mpirun().args([
-        "-n", "1", BIN, "run", "v4-8", "--steps", "10", ":", "-n", "1", BIN, "run", "v5e-16",
+        "-n", "1", BIN, "run", "v4-16", "--steps", "10", ":", "-n", "1", BIN, "run", "v5e-16",
         "--steps", "10",
     ]));
     all_ranks_fail_with(&out, 2, "pod `v5e-16`");
@@ -135,7 +135,7 @@ fn ranks_started_with_different_runs_or_pods_refuse_naming_the_difference() {
 
 #[test]
 fn commands_that_run_as_one_process_refuse_a_split() {
-    let out = output(mpirun().args(["-n", "2", BIN, "topology", "v4-8"]));
+    let out = output(mpirun().args(["-n", "2", BIN, "topology", "v4-16"]));
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("only `run` and `train` split"), "{stderr}");
@@ -143,7 +143,7 @@ fn commands_that_run_as_one_process_refuse_a_split() {
 
 #[test]
 fn training_over_mpi_ranks_is_the_one_process_training() {
-    for (preset, ranks) in [("v4-8", 1u32), ("v4-8", 2), ("v5e-16", 2), ("v3-32", 4)] {
+    for (preset, ranks) in [("v4-16", 1u32), ("v4-16", 2), ("v5e-16", 2), ("v3-64", 4)] {
         let args = [
             "train",
             preset,
@@ -169,7 +169,7 @@ fn training_over_mpi_ranks_is_the_one_process_training() {
 fn a_kill_in_split_training_recovers_from_redundant_copies_as_one_process_does() {
     let args = [
         "train",
-        "v4-8",
+        "v4-16",
         "--params",
         "3000,77",
         "--bucket-bytes",
@@ -205,7 +205,7 @@ fn split_training_refuses_a_checkpoint_directory_of_another_model() {
         ck,
     ];
     let first = Command::new(BIN)
-        .args(["train", "v4-8", "--params", "3000", "--json"])
+        .args(["train", "v4-16", "--params", "3000", "--json"])
         .args(common)
         .output()
         .unwrap();
@@ -217,7 +217,7 @@ fn split_training_refuses_a_checkpoint_directory_of_another_model() {
     let out = output(
         mpirun()
             .args([
-                "-n", "2", BIN, "train", "v4-8", "--params", "5000", "--json",
+                "-n", "2", BIN, "train", "v4-16", "--params", "5000", "--json",
             ])
             .args(common),
     );
@@ -232,7 +232,7 @@ fn a_kill_in_split_training_rolls_back_to_the_split_checkpoint_as_one_process_do
     let args = |dir: &std::path::Path| -> Vec<String> {
         [
             "train",
-            "v4-8",
+            "v4-16",
             "--params",
             "3000,77",
             "--bucket-bytes",
@@ -275,7 +275,7 @@ fn a_kill_in_split_training_rolls_back_to_the_split_checkpoint_as_one_process_do
 #[test]
 fn split_training_refuses_what_it_does_not_do_and_mismatched_ranks() {
     let out = output(mpirun().args([
-        "-n", "2", BIN, "train", "v4-8", "--params", "100", "--kill", "1@0.001",
+        "-n", "2", BIN, "train", "v4-16", "--params", "100", "--kill", "1@0.001",
     ]));
     all_ranks_fail_with(
         &out,
@@ -283,8 +283,8 @@ fn split_training_refuses_what_it_does_not_do_and_mismatched_ranks() {
         "--kill with --recovery rollback needs --checkpoint-every",
     );
     let out = output(mpirun().args([
-        "-n", "1", BIN, "train", "v4-8", "--params", "100", "--lr", "0.1", ":", "-n", "1", BIN,
-        "train", "v4-8", "--params", "100", "--lr", "0.2",
+        "-n", "1", BIN, "train", "v4-16", "--params", "100", "--lr", "0.1", ":", "-n", "1", BIN,
+        "train", "v4-16", "--params", "100", "--lr", "0.2",
     ]));
     all_ranks_fail_with(&out, 2, "lr 0.2");
 }
@@ -309,7 +309,7 @@ fn signal_a_rank(
     }
     let mut job = Job(mpirun()
         .args(extra)
-        .args(["-n", &ranks.to_string(), BIN, "run", "v3-32"])
+        .args(["-n", &ranks.to_string(), BIN, "run", "v3-64"])
         .args(["--steps", "100000000", "--rank-timeout", "2"])
         .args(run_extra)
         .stdout(Stdio::null())
@@ -424,7 +424,7 @@ fn a_checkpoint_written_by_four_ranks_restores_on_two_ranks_and_one_process() {
     let dir = root.path().to_str().unwrap();
     let out = output(
         mpirun()
-            .args(["-n", "4", BIN, "run", "v3-32", "--steps", "200"])
+            .args(["-n", "4", BIN, "run", "v3-64", "--steps", "200"])
             .args([
                 "--kill",
                 "9@0.5",
@@ -461,11 +461,11 @@ fn a_checkpoint_written_by_four_ranks_restores_on_two_ranks_and_one_process() {
     );
     assert!(String::from_utf8_lossy(&verify.stdout).contains("4 parts"));
     let one = single(&[
-        "run", "v3-32", "--steps", "300", "--kill", "9@0.5", "--json",
+        "run", "v3-64", "--steps", "300", "--kill", "9@0.5", "--json",
     ]);
     let continued = [
         "run",
-        "v3-32",
+        "v3-64",
         "--steps",
         "100",
         "--restore",

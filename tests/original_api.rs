@@ -81,10 +81,10 @@ fn the_pod_coordinator_synchronizes_devices() -> Result<(), CoordinationError> {
     Ok(())
 }
 
-/// A profiled v4-8 with Adam on its device 0.
+/// A profiled v4-16 with Adam on its device 0.
 fn profiled_adam() -> (ProfilingIntegration, TPUOptimizer<Adam<f32>, f32>) {
     let profiler = ProfilingIntegration::new();
-    let pod = profiler.build_pod(|| Pod::from_preset("v4-8")).unwrap();
+    let pod = profiler.build_pod(|| Pod::from_preset("v4-16")).unwrap();
     let config = TPUConfig {
         tpu_version: TPUVersion::V4,
         num_cores: 2,

@@ -7,7 +7,7 @@ use optirs_tpu::schedule::{Step, StepSystems, deterministic_schedule};
 
 #[test]
 fn step_advances_simulated_time_by_one_tick() {
-    let mut pod = Pod::from_preset("v4-8").unwrap();
+    let mut pod = Pod::from_preset("v4-16").unwrap();
     let tick_ns = pod.topology().tick_ns;
     assert_eq!(*pod.clock(), SimClock::new(tick_ns));
     pod.step();
@@ -42,8 +42,8 @@ fn run_until_stops_when_the_condition_holds() {
 #[test]
 fn the_same_pod_file_builds_the_same_world() {
     let (mut a, mut b) = (
-        Pod::from_preset("v5p-128").unwrap(),
-        Pod::from_preset("v5p-128").unwrap(),
+        Pod::from_preset("v5p-256").unwrap(),
+        Pod::from_preset("v5p-256").unwrap(),
     );
     a.run(33);
     b.run(33);
@@ -89,7 +89,7 @@ fn an_ambiguous_system_order_fails_the_schedule_build() {
 
 #[test]
 fn hosts_can_add_their_own_systems_to_the_step() {
-    let mut pod = Pod::from_preset("v4-8").unwrap();
+    let mut pod = Pod::from_preset("v4-16").unwrap();
     pod.world_mut().init_resource::<Counter>();
     pod.world_mut().schedule_scope(Step, |_, schedule| {
         schedule.add_systems(bump.in_set(StepSystems::Monitor));
@@ -102,7 +102,7 @@ fn hosts_can_add_their_own_systems_to_the_step() {
 fn every_step_set_has_a_system() {
     use bevy_ecs::schedule::{Schedules, SystemSet};
     use optirs_tpu::schedule::STEP_SETS;
-    let pod = optirs_tpu::Pod::from_preset("v4-8").unwrap();
+    let pod = optirs_tpu::Pod::from_preset("v4-16").unwrap();
     let schedules = pod.world().resource::<Schedules>();
     let step = schedules.get(Step).unwrap();
     for set in STEP_SETS {

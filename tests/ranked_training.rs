@@ -153,7 +153,7 @@ fn assert_same(single: &Outcome, ranked: &[(Option<String>, Vec<u32>)], what: &s
 fn sharded_steps_split_over_ranks_are_the_one_process_steps() {
     // Several buckets (256-byte buckets over odd tensors), both plans' pods.
     let sizes = [37, 130, 5];
-    for (preset, ranks) in [("v4-8", 2), ("v5e-16", 2), ("v3-32", 4), ("v4-64", 4)] {
+    for (preset, ranks) in [("v4-16", 2), ("v5e-16", 2), ("v3-64", 4), ("v4-128", 4)] {
         let topology = load_preset(preset).unwrap();
         let single = one_process(Adam::new(1e-2f32), &topology, &sizes, 256, 3);
         let ranked = split(Adam::new(1e-2f32), &topology, ranks, &sizes, 256, 3);
@@ -186,7 +186,7 @@ fn a_multislice_model_split_over_ranks_is_the_one_process_model() {
 
 #[test]
 fn each_rank_holds_only_its_devices_state_shards() {
-    let topology = load_preset("v3-32").unwrap();
+    let topology = load_preset("v3-64").unwrap();
     let counts = on_ranks(4, |mailbox| {
         let pod = RankedPod::new(topology.clone(), mailbox)?;
         let local = pod.layout().local_devices().len();
@@ -240,7 +240,7 @@ impl GradientSource<f32> for OwnReplicasOnly {
 
 #[test]
 fn a_rank_reads_only_its_own_replicas_gradients() {
-    let topology = load_preset("v4-8").unwrap();
+    let topology = load_preset("v4-16").unwrap();
     let sizes = [64, 9];
     let single = one_process(SGD::new(0.1f32), &topology, &sizes, 1 << 20, 2);
     let ranked: Vec<(Option<String>, Vec<u32>)> = on_ranks(2, |mailbox| {
@@ -273,8 +273,8 @@ fn a_rank_reads_only_its_own_replicas_gradients() {
 fn a_device_killed_in_flight_fails_the_step_alike_on_every_rank() {
     // 1 µs ticks, so the step spans many ticks and the kill lands in it.
     let topology = Pod::from_ron_str(
-        "Pod(name: \"v4-8-fine\", generation: \"v4\", shape: \"2x2x2\", tick_ms: 0.001)",
-        "v4-8-fine",
+        "Pod(name: \"v4-16-fine\", generation: \"v4\", shape: \"2x2x2\", tick_ms: 0.001)",
+        "v4-16-fine",
     )
     .unwrap()
     .topology()
@@ -330,7 +330,7 @@ proptest! {
         sizes in prop::collection::vec(1usize..200, 1..5),
         bucket in prop::sample::select(vec![64usize, 256, 4096, 1 << 20]),
         adam in any::<bool>(),
-        pod in prop::sample::select(vec![("v4-8", 2u32), ("v5e-16", 2), ("v3-32", 4), ("v4-64", 2)]),
+        pod in prop::sample::select(vec![("v4-16", 2u32), ("v5e-16", 2), ("v3-64", 4), ("v4-128", 2)]),
     ) {
         let (preset, ranks) = pod;
         let topology = load_preset(preset).unwrap();
@@ -349,7 +349,7 @@ proptest! {
 
 #[test]
 fn a_split_training_checkpoint_restores_on_other_rank_counts_and_continues_bit_for_bit() {
-    let topology = load_preset("v3-32").unwrap();
+    let topology = load_preset("v3-64").unwrap();
     let sizes = [3000, 77];
     let straight = one_process(Adam::new(1e-2f32), &topology, &sizes, 4096, 3);
     let root = tempfile::tempdir().unwrap();
@@ -401,8 +401,8 @@ fn a_split_training_checkpoint_restores_on_other_rank_counts_and_continues_bit_f
 fn the_pods_all_reduce_over_ranks_is_the_one_process_all_reduce() {
     use optirs_tpu::collectives::ReduceOp;
     for (preset, ranks, op) in [
-        ("v4-8", 2u32, ReduceOp::Sum),
-        ("v3-32", 4, ReduceOp::Mean),
+        ("v4-16", 2u32, ReduceOp::Sum),
+        ("v3-64", 4, ReduceOp::Mean),
         ("v5e-16", 2, ReduceOp::Max),
     ] {
         let topology = load_preset(preset).unwrap();
@@ -457,8 +457,8 @@ fn a_split_model_rolls_back_to_its_split_checkpoint_as_one_process_does() {
 fn recovers_as_one_process(policy: optirs_tpu::sharding::RecoveryPolicy) {
     use optirs_tpu::sharding::RecoveryPolicy;
     let topology = Pod::from_ron_str(
-        "Pod(name: \"v4-8-fine\", generation: \"v4\", shape: \"2x2x2\", tick_ms: 0.001)",
-        "v4-8-fine",
+        "Pod(name: \"v4-16-fine\", generation: \"v4\", shape: \"2x2x2\", tick_ms: 0.001)",
+        "v4-16-fine",
     )
     .unwrap()
     .topology()
@@ -534,7 +534,7 @@ fn recovers_as_one_process(policy: optirs_tpu::sharding::RecoveryPolicy) {
 #[test]
 fn the_pods_ring_reduce_scatter_and_all_gather_over_ranks_are_the_one_process_ones() {
     use optirs_tpu::collectives::ReduceOp;
-    for (preset, ranks) in [("v4-8", 2u32), ("v3-32", 4)] {
+    for (preset, ranks) in [("v4-16", 2u32), ("v3-64", 4)] {
         let topology = load_preset(preset).unwrap();
         let n = topology.num_devices() as usize;
         let len = 777;

@@ -67,17 +67,18 @@ fn faults(topology: &Topology) -> Plan {
 #[test]
 fn every_preset_split_over_every_rank_count_is_the_one_process_world() {
     for name in [
+        "assets/pods/examples/v2-4x2-custom.ron",
         "v2-8",
-        "v3-32",
-        "v4-8",
-        "v4-64",
+        "v3-64",
+        "v4-16",
+        "v4-128",
         "v5e-16",
         "v5e-256",
-        "v5p-128",
+        "v5p-256",
         "v6e-256",
-        "tpu7x-256",
+        "tpu7x-512",
     ] {
-        let topology = load_preset(name).unwrap();
+        let topology = optirs_tpu::topology::load_topology(name).unwrap();
         // Long enough for the kill to be detected (the timeout is a few
         // heartbeat intervals).
         let ticks = (3 * topology.heartbeat_timeout_ns / topology.tick_ns).clamp(40, 400);
@@ -98,7 +99,7 @@ fn every_preset_split_over_every_rank_count_is_the_one_process_world() {
 
 #[test]
 fn the_full_v4_pod_split_in_two_and_four_is_the_one_process_world() {
-    let topology = load_preset("v4-4096").unwrap();
+    let topology = load_preset("v4-8192").unwrap();
     let plan = faults(&topology);
     let one = single(&topology, 12, &plan);
     for ranks in [2, 4] {
@@ -108,7 +109,7 @@ fn the_full_v4_pod_split_in_two_and_four_is_the_one_process_world() {
 
 #[test]
 fn the_merged_world_restores_into_a_pod_with_the_same_digest_and_failures() {
-    let topology = load_preset("v4-8").unwrap();
+    let topology = load_preset("v4-16").unwrap();
     let ticks = 3 * topology.heartbeat_timeout_ns / topology.tick_ns;
     let plan = faults(&topology);
     let results = on_ranks(2, |mailbox| {
@@ -137,7 +138,7 @@ fn count<C: bevy_ecs::component::Component>(pod: &RankedPod) -> usize {
 fn each_rank_holds_only_its_devices_state_and_rank_0_the_service() {
     use optirs_tpu::clock_sync::DeviceClock;
     use optirs_tpu::health::{Health, Heartbeat, LastHeard};
-    let topology = load_preset("v3-32").unwrap();
+    let topology = load_preset("v3-64").unwrap();
     let results = on_ranks(4, |mailbox| {
         let mut pod = RankedPod::new(topology.clone(), mailbox)?;
         pod.run(5)?;
@@ -154,7 +155,7 @@ fn each_rank_holds_only_its_devices_state_and_rank_0_the_service() {
     });
     for result in results {
         let (rank, local, heartbeats, clocks, health, heard) = result.unwrap();
-        // v3-32: 8 hosts of 4 chips; 4 ranks own 2 hosts each.
+        // v3-64: 8 hosts of 4 chips; 4 ranks own 2 hosts each.
         let expected: Vec<DeviceId> = (0..32)
             .filter(|&d| topology.host_of(d) / 2 == rank)
             .map(DeviceId)
@@ -168,7 +169,7 @@ fn each_rank_holds_only_its_devices_state_and_rank_0_the_service() {
 
 #[test]
 fn more_ranks_than_hosts_is_refused_on_every_rank() {
-    let topology = load_preset("v4-8").unwrap();
+    let topology = load_preset("v4-16").unwrap();
     for result in on_ranks(3, |mailbox| {
         RankedPod::new(topology.clone(), mailbox).map(|_| ())
     }) {
@@ -180,7 +181,7 @@ fn more_ranks_than_hosts_is_refused_on_every_rank() {
 
 #[test]
 fn ranks_started_with_different_runs_refuse_to_start_naming_the_difference() {
-    let topology = load_preset("v4-8").unwrap();
+    let topology = load_preset("v4-16").unwrap();
     let results = on_ranks(2, |mailbox| {
         let rank = mailbox.rank();
         let mut pod = RankedPod::new(topology.clone(), mailbox)?;
@@ -208,7 +209,7 @@ fn ranks_started_with_different_runs_refuse_to_start_naming_the_difference() {
     for result in results {
         let error = result.unwrap_err().to_string();
         assert!(
-            error.contains("pod `v5e-16`") && error.contains("pod `v4-8`"),
+            error.contains("pod `v5e-16`") && error.contains("pod `v4-16`"),
             "{error}"
         );
     }
@@ -216,7 +217,7 @@ fn ranks_started_with_different_runs_refuse_to_start_naming_the_difference() {
 
 #[test]
 fn a_rank_that_stops_answering_is_named_with_its_hosts_and_nobody_hangs() {
-    let topology = load_preset("v3-32").unwrap();
+    let topology = load_preset("v3-64").unwrap();
     let timeout = Duration::from_millis(300);
     let start = Instant::now();
     let results = on_ranks(4, |mailbox| {
@@ -265,7 +266,7 @@ proptest! {
     /// one-process world.
     #[test]
     fn random_faults_and_splits_match_one_process(
-        preset in prop::sample::select(vec!["v3-32", "v4-64", "v5e-16"]),
+        preset in prop::sample::select(vec!["v3-64", "v4-128", "v5e-16"]),
         ranks in 1u32..=4,
         ticks in 1u64..120,
         raw in prop::collection::vec((0u64..100, 0u32..64, 0u8..5, 0u64..400_000), 0..6),
@@ -320,7 +321,7 @@ fn save_split(
 fn a_split_checkpoint_restores_with_another_rank_count_or_one_process() {
     use optirs_tpu::checkpoint::engine_registry;
     use optirs_tpu::checkpoint::split::read_split_checkpoint;
-    let topology = load_preset("v3-32").unwrap();
+    let topology = load_preset("v3-64").unwrap();
     let plan = faults(&topology);
     let (first, then) = (150, 250);
     let root = tempfile::tempdir().unwrap();
@@ -361,7 +362,7 @@ fn a_split_checkpoint_restores_with_another_rank_count_or_one_process() {
 
 #[test]
 fn a_damaged_split_checkpoint_is_refused_on_every_rank_and_no_world_changes() {
-    let topology = load_preset("v4-8").unwrap();
+    let topology = load_preset("v4-16").unwrap();
     let root = tempfile::tempdir().unwrap();
     save_split(&topology, 2, 30, &Vec::new(), root.path());
     let world = root.path().join("saved/rank-0001/world.bin");
@@ -395,7 +396,7 @@ fn a_damaged_split_checkpoint_is_refused_on_every_rank_and_no_world_changes() {
 
 #[test]
 fn a_save_that_cannot_commit_leaves_the_stored_checkpoints_as_they_were() {
-    let topology = load_preset("v4-8").unwrap();
+    let topology = load_preset("v4-16").unwrap();
     let root = tempfile::tempdir().unwrap();
     save_split(&topology, 2, 30, &Vec::new(), root.path());
     let record = std::fs::read(root.path().join("saved/ranks.ron")).unwrap();

@@ -12,7 +12,7 @@ use binary::optirs;
 
 const ARGS: &[&str] = &[
     "train",
-    "v4-8",
+    "v4-16",
     "--params",
     "20000",
     "--checkpoint-every",

@@ -157,8 +157,8 @@ fn a_small_array_is_latency_bound() {
 /// all-reduce moves `2·V·(N−1)` bytes over the links, so the figure
 /// implies the floor `2·V·(N−1) / all_reduce_bandwidth`. On a pod whose
 /// every axis of 3 or more chips wraps, the modeled all-reduce is that
-/// floor within 12% (the uneven shapes are the farthest: v5p-128, 4x4x8,
-/// +9.5%; tpu7x-256, 4x8x8, +11.7%); on a mesh (a line per axis, or a 2-chip axis) it is
+/// floor within 12% (the uneven shapes are the farthest: v5p-256, 4x4x8,
+/// +9.5%; tpu7x-512, 4x8x8, +11.7%); on a mesh (a line per axis, or a 2-chip axis) it is
 /// above it by what the lines cost (docs/topology.md).
 #[test]
 fn the_topology_all_reduce_figure_is_the_modeled_all_reduce_floor() {

@@ -339,7 +339,7 @@ fn check_exact(
 #[test]
 fn every_optimizer_sharded_is_exact_on_v4_8() {
     for name in optirs_tpu::optimizers::NAMES {
-        check_exact("v4-8", name, &[7, 33, 1, 64, 5], 64, 3, true);
+        check_exact("v4-16", name, &[7, 33, 1, 64, 5], 64, 3, true);
     }
 }
 
@@ -347,7 +347,7 @@ fn every_optimizer_sharded_is_exact_on_v4_8() {
 fn sharded_adam_is_exact_on_other_pods() {
     check_exact("v5e-16", "adam", &[100, 3, 17], 128, 2, false);
     check_exact("mesh-3x5", "rmsprop", &[29, 61], 96, 2, true);
-    check_exact("v4-64", "adamw", &[300, 11], 4096, 2, true);
+    check_exact("v4-128", "adamw", &[300, 11], 4096, 2, true);
 }
 
 #[test]
@@ -403,7 +403,7 @@ proptest! {
         pod in 0usize..3,
         mean in any::<bool>(),
     ) {
-        let pod = ["v4-8", "v5e-16", "mesh-3x5"][pod];
+        let pod = ["v4-16", "v5e-16", "mesh-3x5"][pod];
         check_exact(pod, optirs_tpu::optimizers::NAMES[opt], &sizes, bucket_bytes, 2, mean);
     }
 }
@@ -438,7 +438,7 @@ fn state_is_one_nth_per_device_and_in_its_own_heap() {
 
 #[test]
 fn out_of_hbm_names_the_device_and_what_asked() {
-    let pod = Pod::from_preset("v4-8").unwrap();
+    let pod = Pod::from_preset("v4-16").unwrap();
     let params = ParamSet::new()
         .with("w", ArrayD::from_elem(IxDyn(&[4000]), 1f32))
         .unwrap();
@@ -459,7 +459,7 @@ fn out_of_hbm_names_the_device_and_what_asked() {
         "{text}"
     );
     // Room for the parameters but not for Adam's two state shards.
-    let pod = Pod::from_preset("v4-8").unwrap();
+    let pod = Pod::from_preset("v4-16").unwrap();
     let params = ParamSet::new()
         .with("w", ArrayD::from_elem(IxDyn(&[4000]), 1f32))
         .unwrap();
@@ -484,8 +484,8 @@ fn out_of_hbm_names_the_device_and_what_asked() {
 fn a_device_killed_in_flight_fails_the_step_and_changes_nothing() {
     // 1 µs ticks, so the ~30 µs step spans many ticks.
     let pod = Pod::from_ron_str(
-        "Pod(name: \"v4-8-fine\", generation: \"v4\", shape: \"2x2x2\", tick_ms: 0.001)",
-        "v4-8-fine",
+        "Pod(name: \"v4-16-fine\", generation: \"v4\", shape: \"2x2x2\", tick_ms: 0.001)",
+        "v4-16-fine",
     )
     .unwrap();
     let sizes = [5000usize, 77];
@@ -535,7 +535,7 @@ fn a_device_killed_in_flight_fails_the_step_and_changes_nothing() {
 #[test]
 fn bad_input_is_refused_before_any_work() {
     let make = |params: ParamSet<f32>, bucket_bytes: usize| {
-        let pod = Pod::from_preset("v4-8").unwrap();
+        let pod = Pod::from_preset("v4-16").unwrap();
         ShardedOptimizer::on_pod(
             optirs_tpu::optimizers::SGD::new(0.1f32),
             pod,
@@ -576,7 +576,7 @@ fn bad_input_is_refused_before_any_work() {
     assert!(err.to_string().contains("shape [5]"), "{err}");
     assert_eq!(opt.step_count(), 0);
     // num_cores must name every chip.
-    let pod = Pod::from_preset("v4-8").unwrap();
+    let pod = Pod::from_preset("v4-16").unwrap();
     let config = TPUConfig {
         tpu_version: TPUVersion::V4,
         num_cores: 8,
@@ -597,7 +597,7 @@ fn bad_input_is_refused_before_any_work() {
 
 #[test]
 fn the_step_charges_links_and_models_time_per_phase() {
-    let pod = Pod::from_preset("v4-64").unwrap();
+    let pod = Pod::from_preset("v4-128").unwrap();
     let params = ParamSet::new()
         .with("w", ArrayD::from_elem(IxDyn(&[1 << 16]), 1f32))
         .unwrap();
@@ -641,8 +641,8 @@ fn the_step_charges_links_and_models_time_per_phase() {
 
 fn fine_v4_8() -> Pod {
     Pod::from_ron_str(
-        "Pod(name: \"v4-8-fine\", generation: \"v4\", shape: \"2x2x2\", tick_ms: 0.001)",
-        "v4-8-fine",
+        "Pod(name: \"v4-16-fine\", generation: \"v4\", shape: \"2x2x2\", tick_ms: 0.001)",
+        "v4-16-fine",
     )
     .unwrap()
 }
@@ -868,7 +868,7 @@ fn adam_on(pod: Pod, sizes: &[usize]) -> Sharded {
 #[test]
 fn a_restored_snapshot_resumes_bit_for_bit() {
     // One slice, and three slices joined by DCN (a multislice plan).
-    for pod in ["v4-8", "ms-v4"] {
+    for pod in ["v4-16", "ms-v4"] {
         let sizes = [700usize, 13];
         let mut opt = adam_on(pod_named(pod), &sizes);
         let step = |opt: &mut ShardedOptimizer<_, f32>, k: u64| {
@@ -903,7 +903,7 @@ fn a_restored_snapshot_resumes_bit_for_bit() {
 #[test]
 fn a_checkpoint_reshards_onto_another_device_count() {
     let sizes = [900usize, 31, 5];
-    let mut small = adam_on(Pod::from_preset("v4-8").unwrap(), &sizes);
+    let mut small = adam_on(Pod::from_preset("v4-16").unwrap(), &sizes);
     for k in 1..=2 {
         let layout = small.layout().unwrap().clone();
         small
@@ -911,10 +911,10 @@ fn a_checkpoint_reshards_onto_another_device_count() {
             .unwrap();
     }
     let snapshot = small.snapshot().unwrap();
-    let mut big = adam_on(Pod::from_preset("v4-64").unwrap(), &sizes);
+    let mut big = adam_on(Pod::from_preset("v4-128").unwrap(), &sizes);
     // Without re-sharding, another topology is refused, naming both.
     let err = big.restore(&snapshot).unwrap_err().to_string();
-    assert!(err.contains("v4-8") && err.contains("v4-64"), "{err}");
+    assert!(err.contains("v4-16") && err.contains("v4-128"), "{err}");
     big.restore_resharded(&snapshot).unwrap();
     assert_eq!(big.layout().unwrap().devices(), 64);
     assert_eq!(big.flat_params().unwrap(), small.flat_params().unwrap());
@@ -944,7 +944,7 @@ fn a_checkpoint_reshards_onto_another_device_count() {
     big.step_replicas(&grads).unwrap();
     assert_eq!(big.flat_params().unwrap(), flat.to_vec());
     // Another model is refused and nothing changes.
-    let mut other = adam_on(Pod::from_preset("v4-8").unwrap(), &[900, 31, 6]);
+    let mut other = adam_on(Pod::from_preset("v4-16").unwrap(), &[900, 31, 6]);
     let before = other.flat_params().unwrap();
     let err = other.restore_resharded(&snapshot).unwrap_err().to_string();
     assert!(err.contains("tensors"), "{err}");
@@ -954,9 +954,9 @@ fn a_checkpoint_reshards_onto_another_device_count() {
 #[test]
 fn the_closed_form_model_matches_the_traffic_records() {
     for (pod, sizes, bucket) in [
-        ("v4-8", vec![5000usize, 77], 4096usize),
+        ("v4-16", vec![5000usize, 77], 4096usize),
         ("v5e-16", vec![12345], 8192),
-        ("v4-64", vec![70000, 3], 65536),
+        ("v4-128", vec![70000, 3], 65536),
         ("mesh-3x5", vec![999, 1000], 1024),
         ("ms-v5e", vec![12345], 8192),
         ("ms-v4", vec![5000, 77], 4096),
@@ -1081,7 +1081,7 @@ fn a_cut_link_fails_the_step_naming_the_link() {
 
 #[test]
 fn an_on_pod_tpu_optimizer_becomes_a_sharded_one() {
-    let pod = Pod::from_preset("v4-8").unwrap();
+    let pod = Pod::from_preset("v4-16").unwrap();
     let config = config_for(&pod);
     let tpu = TPUOptimizer::on_pod(
         optirs_tpu::optimizers::SGD::new(0.1f32),
@@ -1110,7 +1110,7 @@ fn an_on_pod_tpu_optimizer_becomes_a_sharded_one() {
 #[test]
 fn a_sharded_checkpoint_is_readable_safetensors() {
     let sizes = [5000usize, 123];
-    let mut opt = adam_on(Pod::from_preset("v4-8").unwrap(), &sizes);
+    let mut opt = adam_on(Pod::from_preset("v4-16").unwrap(), &sizes);
     let layout = opt.layout().unwrap().clone();
     opt.step_replicas(&replica_grads(&layout, &sizes, 1))
         .unwrap();
@@ -1136,7 +1136,7 @@ fn a_sharded_checkpoint_is_readable_safetensors() {
         "the parameters"
     );
     let dir = tempfile::tempdir().unwrap();
-    optirs_tpu::checkpoint::write_checkpoint(dir.path(), "c", "v4-8", &snapshot, &mut |_| Ok(()))
+    optirs_tpu::checkpoint::write_checkpoint(dir.path(), "c", "v4-16", &snapshot, &mut |_| Ok(()))
         .unwrap();
     let path = dir
         .path()
@@ -1195,7 +1195,7 @@ print(len(shards), sum(t.size for t in shards), repr(float(sum(abs(t.astype("flo
 fn train_trace_draws_every_device_per_bucket() {
     // Through the library the trace's spans are the report's.
     let sizes = [3000usize];
-    let mut opt = adam_on(Pod::from_preset("v4-8").unwrap(), &sizes);
+    let mut opt = adam_on(Pod::from_preset("v4-16").unwrap(), &sizes);
     let layout = opt.layout().unwrap().clone();
     let report = opt
         .step_replicas(&replica_grads(&layout, &sizes, 1))
@@ -1311,7 +1311,7 @@ fn a_paused_device_fails_the_step_and_is_recovered_around() {
 #[test]
 fn a_snapshot_whose_shards_do_not_fit_is_refused_before_the_world_changes() {
     let sizes = [4000usize];
-    let mut opt = adam_on(Pod::from_preset("v4-8").unwrap(), &sizes);
+    let mut opt = adam_on(Pod::from_preset("v4-16").unwrap(), &sizes);
     // A forged capacity: device 3's HBM smaller than its shards.
     let e = opt.pod().device_entity(3).unwrap();
     opt.pod_mut()
@@ -1319,7 +1319,7 @@ fn a_snapshot_whose_shards_do_not_fit_is_refused_before_the_world_changes() {
         .entity_mut(e)
         .insert(optirs_tpu::topology::HbmCapacity(1024));
     let snapshot = opt.snapshot().unwrap();
-    let mut other = adam_on(Pod::from_preset("v4-8").unwrap(), &[4000]);
+    let mut other = adam_on(Pod::from_preset("v4-16").unwrap(), &[4000]);
     let digest = other.pod_mut().world_sha256().unwrap();
     let err = other.restore(&snapshot).unwrap_err().to_string();
     assert!(

@@ -40,9 +40,9 @@ fn pod_named(name: &str) -> Pod {
         )
         .unwrap(),
         // 1 µs ticks, so a fault lands inside a µs-long step.
-        "v4-8-fine" => Pod::from_ron_str(
-            "Pod(name: \"v4-8-fine\", generation: \"v4\", shape: \"2x2x2\", tick_ms: 0.001)",
-            "v4-8-fine",
+        "v4-16-fine" => Pod::from_ron_str(
+            "Pod(name: \"v4-16-fine\", generation: \"v4\", shape: \"2x2x2\", tick_ms: 0.001)",
+            "v4-16-fine",
         )
         .unwrap(),
         "cubes" => Pod::from_ron_str(
@@ -322,7 +322,7 @@ fn check_meshes(
 #[test]
 fn every_optimizer_under_every_strategy_is_exact_on_v4_8() {
     for name in optirs_tpu::optimizers::NAMES {
-        check_strategies("v4-8", name, &[7, 33, 1, 64, 5], 64, 1, 3);
+        check_strategies("v4-16", name, &[7, 33, 1, 64, 5], 64, 1, 3);
     }
 }
 
@@ -330,7 +330,7 @@ fn every_optimizer_under_every_strategy_is_exact_on_v4_8() {
 fn every_strategy_is_exact_on_other_pods() {
     check_strategies("v5e-16", "adam", &[100, 3, 17], 128, 0, 2);
     check_strategies("mesh-3x5", "rmsprop", &[29, 61], 96, 2, 2);
-    check_strategies("v4-64", "adamw", &[300, 11], 4096, 1, 2);
+    check_strategies("v4-128", "adamw", &[300, 11], 4096, 1, 2);
 }
 
 #[test]
@@ -339,7 +339,7 @@ fn every_strategy_is_exact_on_every_kind_of_mesh() {
     // round, hybrid across slices (the multislice default), fsdp across
     // slices, and data over the slices and a torus axis.
     check_meshes(
-        "v4-64",
+        "v4-128",
         &[
             Some("data=4,fsdp=16"),
             Some("data=16,fsdp=4"),
@@ -413,7 +413,7 @@ proptest! {
         opt in 0usize..7,
         pod in 0usize..3,
     ) {
-        let pod = ["v4-8", "v5e-16", "mesh-3x5"][pod];
+        let pod = ["v4-16", "v5e-16", "mesh-3x5"][pod];
         check_strategies(pod, optirs_tpu::optimizers::NAMES[opt], &sizes, bucket_bytes, prefetch, 2);
     }
 }
@@ -422,9 +422,9 @@ proptest! {
 fn residency_is_the_replicated_closed_form_of_the_modeled_step() {
     // The replicated figure is the one `sharding::modeled` has always given.
     for (pod, sizes, bucket) in [
-        ("v4-8", vec![5000usize, 77], 4096usize),
+        ("v4-16", vec![5000usize, 77], 4096usize),
         ("v5e-16", vec![12345], 8192),
-        ("v4-64", vec![70000, 3], 65536),
+        ("v4-128", vec![70000, 3], 65536),
     ] {
         let p = pod_named(pod);
         let tensors: Vec<(String, Vec<usize>)> = sizes
@@ -464,7 +464,7 @@ fn fsdp_holds_less_and_moves_a_gather_more() {
     let sizes = [4096usize];
     let run = |s: Strategy, prefetch: usize| {
         let mut opt = sharded(
-            pod_named("v4-8"),
+            pod_named("v4-16"),
             "adam",
             &sizes,
             config(s, prefetch, 1 << 20, RecoveryPolicy::Rollback),
@@ -549,7 +549,7 @@ fn redundant_fsdp_copies_the_parameter_shard_and_sends_it() {
     let sizes = [4096usize];
     let run = |s: Strategy| {
         let mut opt = sharded(
-            pod_named("v4-8"),
+            pod_named("v4-16"),
             "adam",
             &sizes,
             config(s, 1, 1 << 20, RecoveryPolicy::Redundant),
@@ -650,8 +650,8 @@ fn killed_run_on(
 fn every_policy_recovers_every_strategy_with_the_replicated_bits() {
     let sizes = [3000usize, 41];
     for (pod, policy, device) in [
-        ("v4-8-fine", RecoveryPolicy::Rollback, 2),
-        ("v4-8-fine", RecoveryPolicy::Redundant, 5),
+        ("v4-16-fine", RecoveryPolicy::Rollback, 2),
+        ("v4-16-fine", RecoveryPolicy::Redundant, 5),
         ("cubes", RecoveryPolicy::SpareCube, 5),
     ] {
         let (want, want_record) = killed_run(pod, Strategy::Replicated, policy, device, &sizes);
@@ -757,9 +757,9 @@ proptest! {
         sizes in prop::collection::vec(1usize..500, 1..4),
     ) {
         let policy = if redundant { RecoveryPolicy::Redundant } else { RecoveryPolicy::Rollback };
-        let (want, _) = killed_run("v4-8-fine", Strategy::Replicated, policy, device, &sizes);
+        let (want, _) = killed_run("v4-16-fine", Strategy::Replicated, policy, device, &sizes);
         for strategy in [Strategy::Zero2, Strategy::Fsdp] {
-            let (got, _) = killed_run("v4-8-fine", strategy, policy, device, &sizes);
+            let (got, _) = killed_run("v4-16-fine", strategy, policy, device, &sizes);
             prop_assert_eq!(&got, &want, "{} under {}", strategy, policy);
         }
     }
@@ -771,7 +771,7 @@ fn a_checkpoint_restores_onto_another_strategy_as_if_never_stopped() {
     for from in Strategy::ALL {
         // Never stopped: four steps under `from`.
         let mut straight = sharded(
-            pod_named("v4-8"),
+            pod_named("v4-16"),
             "adam",
             &sizes,
             config(from, 1, 1024, RecoveryPolicy::Rollback),
@@ -782,7 +782,7 @@ fn a_checkpoint_restores_onto_another_strategy_as_if_never_stopped() {
         let want = bits(&mut straight);
         for to in Strategy::ALL {
             let mut resharded = sharded(
-                pod_named("v4-8"),
+                pod_named("v4-16"),
                 "adam",
                 &sizes,
                 config(to, 2, 1024, RecoveryPolicy::Rollback),
@@ -798,7 +798,7 @@ fn a_checkpoint_restores_onto_another_strategy_as_if_never_stopped() {
             // A whole-pod restore of the same pod re-shards onto the
             // optimizer's strategy too.
             let mut restored = sharded(
-                pod_named("v4-8"),
+                pod_named("v4-16"),
                 "adam",
                 &sizes,
                 config(to, 1, 1024, RecoveryPolicy::Rollback),
@@ -818,7 +818,7 @@ fn a_checkpoint_restores_onto_another_strategy_as_if_never_stopped() {
 fn a_checkpoint_restores_onto_another_device_count_and_strategy() {
     let sizes = [900usize, 31, 5];
     let mut small = sharded(
-        pod_named("v4-8"),
+        pod_named("v4-16"),
         "adam",
         &sizes,
         config(Strategy::Fsdp, 1, 1024, RecoveryPolicy::Rollback),
@@ -840,7 +840,7 @@ fn a_checkpoint_restores_onto_another_device_count_and_strategy() {
                 .unwrap();
         }
         let mut big = sharded(
-            pod_named("v4-64"),
+            pod_named("v4-128"),
             "adam",
             &sizes,
             config(to, 1, 1024, RecoveryPolicy::Rollback),
@@ -902,7 +902,7 @@ fn a_restore_that_does_not_fit_the_strategy_changes_nothing() {
         ..config(Strategy::Fsdp, 1, 2048, RecoveryPolicy::Rollback)
     };
     let dir = tempfile::tempdir().unwrap();
-    let mut writer = sharded(pod_named("v4-8"), "adam", &sizes, small_hbm);
+    let mut writer = sharded(pod_named("v4-16"), "adam", &sizes, small_hbm);
     writer
         .enable_step_checkpoints(1, dir.path().to_path_buf(), 2)
         .unwrap();
@@ -913,7 +913,7 @@ fn a_restore_that_does_not_fit_the_strategy_changes_nothing() {
     // Replicated does not fit that HBM: building it so is refused.
     let err = ShardedOptimizer::on_pod(
         optirs_tpu::optimizers::by_name("adam", 0.05f32).unwrap(),
-        pod_named("v4-8"),
+        pod_named("v4-16"),
         model(&sizes),
         ShardingConfig {
             hbm_bytes: Some(hbm),
@@ -925,7 +925,7 @@ fn a_restore_that_does_not_fit_the_strategy_changes_nothing() {
     // A replicated optimizer (full HBM) restoring the small-HBM pod, from
     // memory or from disk: refused, its world and the checkpoints as before.
     let mut reader = sharded(
-        pod_named("v4-8"),
+        pod_named("v4-16"),
         "adam",
         &sizes,
         config(Strategy::Replicated, 1, 2048, RecoveryPolicy::Rollback),
@@ -953,7 +953,7 @@ fn a_restore_that_does_not_fit_the_strategy_changes_nothing() {
 #[test]
 fn a_mesh_the_real_run_does_not_build_is_refused_before_any_work() {
     // The redundant copies with a data axis that replicates the state.
-    let pod = pod_named("v4-64");
+    let pod = pod_named("v4-128");
     let sizes = Mesh::parse("data=4,fsdp=16", pod.topology())
         .unwrap()
         .sizes();
@@ -978,7 +978,7 @@ fn a_mesh_the_real_run_does_not_build_is_refused_before_any_work() {
     // A mesh that does not tile the pod: the mesh's own error.
     let err = ShardedOptimizer::on_pod(
         optirs_tpu::optimizers::by_name("adam", 0.05f32).unwrap(),
-        pod_named("v4-64"),
+        pod_named("v4-128"),
         model(&[100]),
         ShardingConfig {
             mesh: Some(MeshSizes::new(3, 21, 1)),
@@ -1002,7 +1002,7 @@ fn a_replicated_snapshot_is_the_format_before_strategies() {
     // does and loads back as fsdp.
     for strategy in Strategy::ALL {
         let mut opt = sharded(
-            pod_named("v4-8"),
+            pod_named("v4-16"),
             "adam",
             &[100],
             config(strategy, 3, 1024, RecoveryPolicy::Rollback),
@@ -1014,7 +1014,7 @@ fn a_replicated_snapshot_is_the_format_before_strategies() {
             .find(|c| c.name == "sharding.ShardedModel")
             .unwrap();
         let mut fresh = sharded(
-            pod_named("v4-8"),
+            pod_named("v4-16"),
             "adam",
             &[100],
             config(strategy, 3, 1024, RecoveryPolicy::Rollback),
@@ -1031,7 +1031,7 @@ fn a_replicated_snapshot_is_the_format_before_strategies() {
     // the same model with prefetch 3 is two bytes longer.
     let column = |prefetch: usize| {
         let mut opt = sharded(
-            pod_named("v4-8"),
+            pod_named("v4-16"),
             "adam",
             &[100],
             config(
@@ -1054,7 +1054,7 @@ fn a_replicated_snapshot_is_the_format_before_strategies() {
     assert_eq!(default.len() + 2, extended.len());
     assert_eq!(default[..], extended[..default.len()]);
     let mut opt = sharded(
-        pod_named("v4-8"),
+        pod_named("v4-16"),
         "adam",
         &[100],
         config(Strategy::Replicated, 1, 1024, RecoveryPolicy::Rollback),
@@ -1076,7 +1076,7 @@ mod ranks_common;
 
 #[test]
 fn the_sharded_strategies_are_refused_over_ranks() {
-    let topology = optirs_tpu::topology::load_preset("v4-8").unwrap();
+    let topology = optirs_tpu::topology::load_preset("v4-16").unwrap();
     let results = ranks_common::on_ranks(2, |mailbox| {
         let mut pod = optirs_tpu::pod::ranks::RankedPod::new(topology.clone(), mailbox)?;
         pod.handshake("strategies")?;
@@ -1092,7 +1092,7 @@ fn the_sharded_strategies_are_refused_over_ranks() {
         let err = r.unwrap_err();
         assert!(
             err.to_string()
-                .contains("the fsdp strategy on a pod split over ranks (v4-8) runs modeled only"),
+                .contains("the fsdp strategy on a pod split over ranks (v4-16) runs modeled only"),
             "{err}"
         );
     }
@@ -1107,7 +1107,7 @@ fn a_step_whose_buffers_do_not_fit_names_the_buffer_and_changes_nothing() {
     let sizes = [4000usize];
     let hbm = 3 * 2048 + 3 * 2048 + 1024;
     let mut opt = sharded(
-        pod_named("v4-8"),
+        pod_named("v4-16"),
         "adam",
         &sizes,
         ShardingConfig {
@@ -1132,7 +1132,7 @@ fn a_step_whose_buffers_do_not_fit_names_the_buffer_and_changes_nothing() {
     assert_eq!(hbm_now(&opt), resident, "the buffers reserved went back");
     // With prefetch 0 one gathered bucket is enough: the same HBM runs.
     let mut lean = sharded(
-        pod_named("v4-8"),
+        pod_named("v4-16"),
         "adam",
         &sizes,
         ShardingConfig {

@@ -8,7 +8,7 @@ use proptest::prelude::*;
 
 const MS: u64 = 1_000_000;
 
-const PRESETS: [&str; 4] = ["v4-8", "v5e-16", "v3-32", "v4-64"];
+const PRESETS: [&str; 4] = ["v4-16", "v5e-16", "v3-64", "v4-128"];
 
 /// A pod of `preset` with the tick and heartbeat timing the loader would
 /// accept (interval at least one tick, timeout past interval plus latency).
@@ -117,8 +117,8 @@ proptest! {
 
 #[test]
 fn a_quiet_pod_skips_most_ticks_and_stays_identical() {
-    let mut ticked = Pod::from_preset("v4-8").unwrap();
-    let mut skipped = Pod::from_preset("v4-8").unwrap();
+    let mut ticked = Pod::from_preset("v4-16").unwrap();
+    let mut skipped = Pod::from_preset("v4-16").unwrap();
     ticked.run(3_000);
     let stats = skipped.run_skipping(3_000).unwrap();
     assert_eq!(stats.ticks(), 3_000);
@@ -133,8 +133,8 @@ fn a_quiet_pod_skips_most_ticks_and_stays_identical() {
 
 #[test]
 fn a_scheduled_fault_is_never_skipped_past() {
-    let mut ticked = Pod::from_preset("v4-8").unwrap();
-    let mut skipped = Pod::from_preset("v4-8").unwrap();
+    let mut ticked = Pod::from_preset("v4-16").unwrap();
+    let mut skipped = Pod::from_preset("v4-16").unwrap();
     for p in [&mut ticked, &mut skipped] {
         p.schedule_fault(1_234 * MS + 1, Fault::KillDevice(DeviceId(3)));
     }
@@ -160,7 +160,7 @@ fn bump(mut count: bevy_ecs::prelude::ResMut<Count>) {
 fn host_systems_fall_back_to_single_ticks() {
     use bevy_ecs::prelude::*;
     use optirs_tpu::schedule::StepSystems;
-    let mut pod = Pod::from_preset("v4-8").unwrap();
+    let mut pod = Pod::from_preset("v4-16").unwrap();
     pod.world_mut().init_resource::<Count>();
     pod.add_systems(bump.in_set(StepSystems::Monitor)).unwrap();
     let stats = pod.run_skipping(500).unwrap();
@@ -173,7 +173,7 @@ fn systems_added_through_the_world_fall_back_too() {
     use bevy_ecs::prelude::*;
     use bevy_ecs::schedule::Schedules;
     use optirs_tpu::schedule::{Step, StepSystems};
-    let mut pod = Pod::from_preset("v4-8").unwrap();
+    let mut pod = Pod::from_preset("v4-16").unwrap();
     pod.world_mut().init_resource::<Count>();
     pod.world_mut()
         .resource_mut::<Schedules>()
@@ -186,8 +186,8 @@ fn systems_added_through_the_world_fall_back_too() {
 fn periodic_checkpoints_are_written_on_their_ticks() {
     let dir = std::env::temp_dir().join(format!("optirs-skip-{}", std::process::id()));
     let (a, b) = (dir.join("a"), dir.join("b"));
-    let mut ticked = Pod::from_preset("v4-8").unwrap();
-    let mut skipped = Pod::from_preset("v4-8").unwrap();
+    let mut ticked = Pod::from_preset("v4-16").unwrap();
+    let mut skipped = Pod::from_preset("v4-16").unwrap();
     ticked
         .enable_periodic_checkpoints(97, vec![a.clone()], 3)
         .unwrap();

@@ -142,7 +142,7 @@ fn bad_fields_are_errors_naming_the_field() {
 
 #[test]
 fn an_uncalibrated_generation_says_so() {
-    let topology = load_preset("v4-64").unwrap();
+    let topology = load_preset("v4-128").unwrap();
     let config = bundled("llama2-7b").unwrap();
     let step = model_step(&config, &topology, &ModelStepOptions::new(&topology)).unwrap();
     assert!(!step.calibrated);
@@ -276,7 +276,7 @@ fn a_causal_kernel_runs_the_blocks_on_and_below_the_diagonal() {
     assert_eq!(AttentionKernel::Full.computed_fraction(2048), 1.0);
     // The v5p runs' kernel: the hardware skips 3/8 of the attention, the
     // formula's model FLOPs do not change.
-    let topology = load_preset("v5p-128").unwrap();
+    let topology = load_preset("v5p-256").unwrap();
     let config = bundled("maxtext-v5p-32b").unwrap();
     assert_eq!(config.attention_kernel, causal(512));
     let full = ModelConfig {
@@ -319,7 +319,7 @@ fn a_causal_kernel_runs_the_blocks_on_and_below_the_diagonal() {
 /// the gradient shards and the bytes of their reduction over `data`.
 #[test]
 fn weights_gradients_and_moments_each_take_their_own_type() {
-    let topology = load_preset("v5p-128").unwrap();
+    let topology = load_preset("v5p-256").unwrap();
     let f32s = bundled("llama2-7b").unwrap();
     let step = |config: &optirs_tpu::model::ModelConfig, strategy| {
         let options = ModelStepOptions {

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 
 #[test]
 fn each_step_reports_its_gradients_then_its_flight_in_order() {
-    let pod = Pod::from_topology(load_preset("v4-8").unwrap()).unwrap();
+    let pod = Pod::from_topology(load_preset("v4-16").unwrap()).unwrap();
     let params = ParamSet::new()
         .with("w", ArrayD::from_elem(IxDyn(&[3000]), 0.5f32))
         .unwrap()

@@ -16,7 +16,7 @@ const MULTISLICE: &str = concat!(
 );
 
 fn pod(i: usize) -> Topology {
-    load_topology(["v5e-16", "v4-64", MULTISLICE][i]).unwrap()
+    load_topology(["v5e-16", "v4-128", MULTISLICE][i]).unwrap()
 }
 
 /// The mesh with the first `data_axes` physical axes as `data`, the rest
@@ -233,7 +233,7 @@ fn the_cost_of_modeling_does_not_grow_with_the_model() {
 fn the_readme_strategy_advice_holds() {
     use optirs_tpu::model::bundled;
     use optirs_tpu::step_model::{ModelStepOptions, model_step};
-    let v4 = load_topology("v4-64").unwrap();
+    let v4 = load_topology("v4-128").unwrap();
     let params = 64 * 1_000_000;
     let of = |strategy| step(&v4, params, 25 << 20, &StrategyOptions::new(strategy, &v4));
     let (rep, z2, fsdp) = (
@@ -246,7 +246,7 @@ fn the_readme_strategy_advice_holds() {
     assert!(rep.step_seconds <= fsdp.step_seconds && z2.step_seconds <= fsdp.step_seconds);
     // A model's training step: the same ratio in the compute type, and
     // fsdp never the faster.
-    for (model, pod) in [("llama2-7b", "v5p-128"), ("maxtext-v5e-16b", "v5e-256")] {
+    for (model, pod) in [("llama2-7b", "v5p-256"), ("maxtext-v5e-16b", "v5e-256")] {
         let topology = load_topology(pod).unwrap();
         let config = bundled(model).unwrap();
         let of = |strategy| {

@@ -70,7 +70,7 @@ fn tpu7x_pod_files_parse_and_the_preset_is_four_cubes_of_ironwood() {
     assert_eq!((cube.num_devices(), cube.num_hosts()), (64, 16));
     assert!(cube.warnings.is_empty(), "{:?}", cube.warnings);
     assert_eq!(cube.cubes.map(|c| c.spares), Some(1));
-    let preset = load_preset("tpu7x-256").unwrap();
+    let preset = load_preset("tpu7x-512").unwrap();
     assert_eq!((preset.dims, preset.wraparound), ([4, 8, 8], [true; 3]));
     let figures = Pod::from_topology(preset).unwrap().figures();
     assert_eq!(
@@ -87,7 +87,7 @@ fn tpu7x_pod_files_parse_and_the_preset_is_four_cubes_of_ironwood() {
 
 #[test]
 fn v4_4096_matches_published_bisection() {
-    let figures = Pod::from_preset("v4-4096").unwrap().figures();
+    let figures = Pod::from_preset("v4-8192").unwrap().figures();
     assert_eq!(
         (figures.devices, figures.hosts, figures.links),
         (4096, 1024, 12288)
@@ -146,7 +146,7 @@ fn multislice_needs_dcn_and_counts_the_slice_cut() {
 
 #[test]
 fn hosts_drive_blocks_of_chips() {
-    let mut pod = Pod::from_preset("v4-64").unwrap();
+    let mut pod = Pod::from_preset("v4-128").unwrap();
     let topology = pod.topology().clone();
     assert_eq!(topology.host_bounds, [2, 2, 1]);
     // Chips (0,0,0), (1,0,0), (0,1,0), (1,1,0) share host 0.
@@ -452,7 +452,7 @@ fn syntax_errors_name_file_line_column_and_field() {
 fn missing_files_and_unknown_presets_say_what_exists() {
     let error = Pod::load("v9-1").unwrap_err().to_string();
     assert!(
-        error.contains("v9-1") && error.contains("v5e-256"),
+        error.contains("v9-1") && error.contains("v5litepod-256") && error.contains("presets"),
         "{error}"
     );
     let error = Pod::from_file("/nonexistent/pod.ron")
@@ -694,19 +694,20 @@ fn every_preset_is_an_offered_shape_or_says_it_is_custom() {
             assert!(topology.warnings[0].contains("custom: true"), "{name}");
         }
     }
-    // The one deliberately unreal preset: 8 v2 chips.
-    assert!(!load_preset("v2-8").unwrap().warnings.is_empty());
+    // The deliberately unreal pod, once the `v2-8` preset: 8 v2 chips.
+    let custom = optirs_tpu::topology::load_topology("assets/pods/examples/v2-4x2-custom.ron");
+    assert!(!custom.unwrap().warnings.is_empty());
 }
 
 #[test]
 fn a_shape_google_does_not_offer_is_refused_with_file_line_field_and_the_offered_shapes() {
     let file =
-        "Pod(\n    name: \"v5p-8960\",\n    generation: \"v5p\",\n    shape: \"16x20x28\",\n)\n";
+        "Pod(\n    name: \"v5p-x\",\n    generation: \"v5p\",\n    shape: \"16x16x28\",\n)\n";
     let error = parse_topology(file, "pods/v5p.ron").unwrap_err();
     let message = error.to_string();
     assert!(
         message.starts_with(
-            "pods/v5p.ron:4: `shape`: v5p slices are not offered in shape `16x20x28` (offered: \
+            "pods/v5p.ron:4: `shape`: v5p slices are not offered in shape `16x16x28` (offered: \
              2x2x1, 2x2x2, 2x2x4, 2x4x4, and any AxBxC of whole 4x4x4 cubes"
         ),
         "{message}"
@@ -779,4 +780,123 @@ fn the_topology_command_prints_the_warnings() {
     );
     let figures: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(figures["warnings"].as_array().unwrap().len(), 1);
+}
+
+#[test]
+fn every_cloud_accelerator_type_is_a_pod_of_cloud_s_chips_shape_and_hosts() {
+    use optirs_tpu::topology::{cloud_type, cloud_types};
+    let types = cloud_types();
+    // Cloud's published sizes (the v2..v6e pages, the v5p table, XPK).
+    for (name, chips, shape, hosts) in [
+        ("v2-8", 4, "2x2", 1),
+        ("v2-512", 256, "16x16", 64),
+        ("v3-2048", 1024, "32x32", 256),
+        ("v4-8", 4, "2x2x1", 1),
+        ("v4-16", 8, "2x2x2", 2),
+        ("v4-4096", 2048, "8x16x16", 512),
+        ("v4-8192", 4096, "16x16x16", 1024),
+        ("v5litepod-1", 1, "1x1", 1),
+        ("v5e-16", 16, "4x4", 2),
+        ("v5litepod-256", 256, "16x16", 32),
+        ("v5p-8", 4, "2x2x1", 1),
+        ("v5p-128", 64, "4x4x4", 16),
+        ("v5p-1024", 512, "8x8x8", 128),
+        ("v5p-12288", 6144, "16x16x24", 1536),
+        ("v5p-17920", 8960, "16x20x28", 2240),
+        ("v6e-1", 1, "1x1", 1),
+        ("v6e-256", 256, "16x16", 32),
+        ("tpu7x-2", 1, "1x1x1", 1),
+        ("tpu7x-18432", 9216, "16x24x24", 2304),
+    ] {
+        let cloud = cloud_type(name).unwrap_or_else(|| panic!("{name}"));
+        assert_eq!(
+            (cloud.chips, cloud.shape, cloud.hosts),
+            (chips, shape, hosts),
+            "{name}"
+        );
+    }
+    let mut names: Vec<&str> = types.iter().map(|t| t.name.as_str()).collect();
+    names.sort_unstable();
+    names.dedup();
+    assert_eq!(names.len(), types.len(), "one shape per size");
+    // Every type builds, with no warning, as the catalogue says; the
+    // small ones are spawned too.
+    for cloud in types {
+        let topology = load_preset(&cloud.name).unwrap_or_else(|e| panic!("{}: {e}", cloud.name));
+        assert!(
+            topology.warnings.is_empty(),
+            "{}: {:?}",
+            cloud.name,
+            topology.warnings
+        );
+        assert_eq!(topology.num_devices(), cloud.chips, "{}", cloud.name);
+        assert_eq!(topology.num_hosts(), cloud.hosts, "{}", cloud.name);
+        assert_eq!(topology.shape_string(), cloud.shape, "{}", cloud.name);
+    }
+    // The bundled files are the catalogue's pods.
+    for (name, _) in PRESETS {
+        let cloud = cloud_type(name).unwrap();
+        let topology = load_preset(name).unwrap();
+        assert_eq!(
+            (
+                topology.num_devices(),
+                topology.num_hosts(),
+                topology.shape_string()
+            ),
+            (cloud.chips, cloud.hosts, cloud.shape.to_string()),
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn a_family_name_cloud_does_not_sell_is_refused_with_the_cloud_name() {
+    for (name, wanted) in [
+        ("v4-4", "`v4-8`"),
+        ("v5p-1000", "`v5p-1024`"),
+        ("v5e-3", "`v5e-4`"),
+        ("v5litepod-300", "`v5litepod-256`"),
+        ("tpu7x-3", "`tpu7x-2`"),
+    ] {
+        let error = load_preset(name).unwrap_err();
+        assert!(
+            matches!(error, TopologyError::NotCloudType { .. }),
+            "{name}: {error:?}"
+        );
+        assert!(error.to_string().contains(wanted), "{name}: {error}");
+    }
+    // `v4-4` as a chip count is Cloud's v4-8: the message says so.
+    let error = load_preset("v4-4").unwrap_err().to_string();
+    assert!(
+        error.contains("count TensorCores, 2 a chip; 4 chips (2x2x1) is `v4-8`"),
+        "{error}"
+    );
+    // Not of a family's form: the presets and a did-you-mean.
+    let error = load_preset("v5e16").unwrap_err();
+    assert!(
+        matches!(error, TopologyError::UnknownPod { .. }),
+        "{error:?}"
+    );
+    assert!(
+        error.to_string().contains("did you mean `v5e-16`?"),
+        "{error}"
+    );
+}
+
+#[test]
+fn the_old_chip_count_names_say_what_they_mean_now() {
+    use optirs_tpu::topology::RENAMED;
+    use optirs_tpu::topology::presets::renamed_note;
+    for (old, now) in RENAMED {
+        let note = renamed_note(old).unwrap();
+        assert!(note.contains(&format!("`{now}`")), "{note}");
+        // The new name holds the old pod: twice Cloud's chips for the old name.
+        let then = optirs_tpu::topology::load_topology(now).unwrap();
+        assert_eq!(
+            then.num_devices(),
+            2 * load_preset(old).unwrap().num_devices(),
+            "{old}"
+        );
+    }
+    assert_eq!(renamed_note("v4-16"), None);
 }

@@ -57,11 +57,11 @@ fn llama_style(layers: u64, embed: u64, seq: u64, block: u64, batch: f64) -> Mod
 
 /// The cases the planner once reported above the chip: a llama2-style model
 /// at 131072 tokens in 128-token blocks on v5e-16 (156 % MFU), Llama 2 7B
-/// at 131072 and at 32768 tokens on v5p-128 (120 % and 97 %).
+/// at 131072 and at 32768 tokens on v5p-256 (120 % and 97 %).
 #[test]
 fn long_sequences_under_a_causal_kernel_stay_below_the_chip() {
     let v5e = load_preset("v5e-16").unwrap();
-    let v5p = load_preset("v5p-128").unwrap();
+    let v5p = load_preset("v5p-256").unwrap();
     let mut llama = bundled("llama2-7b").unwrap();
     let cases: Vec<(ModelConfig, &Topology)> = vec![
         (llama_style(4, 1024, 131_072, 128, 1.0), &v5e),
@@ -207,7 +207,7 @@ proptest! {
 /// bytes and FLOPs (what the compiled update program counts).
 #[test]
 fn the_optimizer_counts_in_the_step() {
-    let topology = load_preset("v5p-128").unwrap();
+    let topology = load_preset("v5p-256").unwrap();
     let config = bundled("llama2-7b").unwrap();
     let of = |kind| {
         let options = ModelStepOptions {

@@ -39,7 +39,8 @@ enum Command {
     Run(run::RunArgs),
     /// Print a pod's topology figures (diameter, bisection, all-reduce bandwidth).
     Topology(topology::TopologyArgs),
-    /// List the bundled pod presets.
+    /// List the pod presets: every Cloud TPU accelerator type, with its
+    /// chips, shape and hosts.
     Presets(topology::PresetsArgs),
     /// nccl-tests-style table of a collective on a pod's torus: measured on
     /// this CPU moving the real data, and modeled on the pod's links.
@@ -65,6 +66,7 @@ pub fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(error) => return refuse_command_line(&error),
     };
+    note_renamed_pods();
     let name = match &cli.command {
         Command::Train(_) => "train",
         Command::Run(_) => "run",
@@ -98,6 +100,18 @@ pub fn main() -> ExitCode {
             eprintln!("error: {}", output::error_message(&error));
             ExitCode::from(if parse::is_usage(&error) { 2 } else { 1 })
         }
+    }
+}
+
+/// A pod named by a name whose meaning changed when presets took Cloud's
+/// accelerator types (`v4-16` was 8 chips, Cloud's is 4): one note on
+/// stderr, so the change is not silent.
+fn note_renamed_pods() {
+    let note = std::env::args()
+        .skip(2)
+        .find_map(|arg| optirs_tpu::topology::presets::renamed_note(&arg));
+    if let Some(note) = note {
+        eprintln!("note: {note}");
     }
 }
 

@@ -197,15 +197,15 @@ pub(super) fn goodput_layout_line(step: &ModelStep, topology: &Topology) -> Stri
                 output::seconds(slow)
             ),
         },
-        optirs_tpu::sharding::strategy::decimal_bytes(step.hbm.total),
-        optirs_tpu::sharding::strategy::decimal_bytes(topology.hbm_bytes),
+        super::output::bytes(step.hbm.total),
+        super::output::bytes(topology.hbm_bytes),
         hbm_left(step.hbm.margin),
     )
 }
 
 /// `5.52 GB left`, `192.0 GB over`.
 fn hbm_left(margin: i64) -> String {
-    let bytes = optirs_tpu::sharding::strategy::decimal_bytes;
+    let bytes = super::output::bytes;
     if margin >= 0 {
         format!("{} left", bytes(margin as u64))
     } else {
@@ -228,7 +228,7 @@ pub(super) fn modeled(args: &TrainArgs, config: &ModelConfig, topology: &Topolog
     let params = parameter_count(config).total();
     let report = json!({
         "pod": topology.name,
-        "devices": step.chips,
+        "chips": step.chips,
         "model": step.model,
         "params": params,
         "strategy": step.strategy.name(),
@@ -314,7 +314,7 @@ fn print_text(step: &ModelStep, topology: &Topology, params: u64, wall_seconds: 
         o.elements,
         o.slots,
         output::seconds(o.seconds),
-        optirs_tpu::sharding::strategy::decimal_bytes(o.bytes as u64),
+        super::output::bytes(o.bytes as u64),
         o.flops / 1e9,
     )?;
     writeln!(
@@ -370,7 +370,7 @@ fn print_text(step: &ModelStep, topology: &Topology, params: u64, wall_seconds: 
 fn print_host_offload(out: &mut impl Write, step: &ModelStep) -> Result<()> {
     let host = &step.host_offload;
     if host.layer_seconds > 0.0 || host.update_seconds > 0.0 {
-        let bytes = optirs_tpu::sharding::strategy::decimal_bytes;
+        let bytes = super::output::bytes;
         writeln!(
             out,
             "  host offload: {} a layer each way in {} ({} of it exposed), the update's state and \
@@ -439,7 +439,7 @@ fn print_hbm(out: &mut impl Write, step: &ModelStep, topology: &Topology) -> Res
         Some(why) => format!("does not fit: {why}"),
     };
     let h = &step.hbm;
-    let bytes = optirs_tpu::sharding::strategy::decimal_bytes;
+    let bytes = super::output::bytes;
     let left = hbm_left(h.margin);
     writeln!(
         out,

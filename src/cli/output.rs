@@ -244,27 +244,8 @@ pub fn seconds(value: f64) -> String {
     }
 }
 
-/// Formats a byte count with a binary unit: `1.27 TiB`, `512 B` (a
-/// model's traffic may pass 2^64 bytes: `10.66 ZiB`).
-pub fn bytes(value: impl Into<u128>) -> String {
-    let value: u128 = value.into();
-    let units = [
-        (1u128 << 80, "YiB"),
-        (1 << 70, "ZiB"),
-        (1 << 60, "EiB"),
-        (1 << 50, "PiB"),
-        (1 << 40, "TiB"),
-        (1 << 30, "GiB"),
-        (1 << 20, "MiB"),
-        (1 << 10, "KiB"),
-    ];
-    for (scale, unit) in units {
-        if value >= scale {
-            return format!("{:.2} {unit}", value as f64 / scale as f64);
-        }
-    }
-    format!("{value} B")
-}
+/// Memory sizes in binary units, the one formatter (see `optirs_tpu::units`).
+pub use optirs_tpu::units::bytes;
 
 /// `1 step`, `2 steps`: the count and the word in the right number
 /// (`plural(n, "step", "steps")`).

@@ -40,6 +40,7 @@ pub fn is_usage(error: &anyhow::Error) -> bool {
                 cause.downcast_ref::<TopologyError>(),
                 Some(
                     TopologyError::UnknownPod { .. }
+                        | TopologyError::NotCloudType { .. }
                         | TopologyError::Read(InputError::Missing { .. })
                 )
             )

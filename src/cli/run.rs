@@ -277,7 +277,8 @@ struct FailureRow {
 pub struct RunReport {
     pod: String,
     generation: String,
-    devices: u32,
+    /// Device (chip) entities.
+    chips: u32,
     hosts: u32,
     links: usize,
     ticks: u64,
@@ -520,7 +521,7 @@ pub(super) fn report_after(
     Ok(RunReport {
         pod: topology.name.clone(),
         generation: topology.generation.to_string(),
-        devices: topology.num_devices(),
+        chips: topology.num_devices(),
         hosts: topology.num_hosts(),
         links: topology.links().len(),
         ticks: pod.clock().tick,
@@ -582,7 +583,7 @@ pub fn print_report(report: &RunReport, json: bool) -> Result<()> {
          {}world sha256 {}\n",
         report.pod,
         report.generation,
-        output::plural(u64::from(report.devices), "chip", "chips"),
+        output::plural(u64::from(report.chips), "chip", "chips"),
         output::plural(u64::from(report.hosts), "host", "hosts"),
         output::plural(report.links as u64, "link", "links"),
         output::seconds(report.build_seconds),

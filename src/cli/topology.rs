@@ -1,10 +1,10 @@
 //! `optirs-tpu topology` and `optirs-tpu presets`.
 
-use super::output;
+use super::{output, parse};
 use anyhow::Result;
 use clap::Args;
 use optirs_tpu::Pod;
-use optirs_tpu::topology::{DEFAULT_PRESET, PRESETS, load_preset, to_dot};
+use optirs_tpu::topology::{DEFAULT_PRESET, cloud_types, to_dot};
 use serde::Serialize;
 use std::path::PathBuf;
 
@@ -118,6 +118,9 @@ pub fn topology(args: TopologyArgs) -> Result<()> {
 
 #[derive(Args, Debug)]
 pub struct PresetsArgs {
+    /// Only this generation's accelerator types (`v4`, `v5e`, `tpu7x`).
+    #[arg(long)]
+    generation: Option<String>,
     /// Print a JSON list instead of text.
     #[arg(long)]
     json: bool,
@@ -126,37 +129,55 @@ pub struct PresetsArgs {
 #[derive(Serialize)]
 struct PresetRow {
     name: &'static str,
-    generation: String,
-    shape: String,
-    devices: u32,
+    alias: Option<&'static str>,
+    generation: &'static str,
+    shape: &'static str,
+    chips: u32,
     hosts: u32,
-    description: String,
+    /// What the name's number counts: `TensorCores` or `chips`.
+    counts: &'static str,
 }
 
+/// Every Cloud accelerator type: name, shape, chips, hosts (from the
+/// catalogue, without building the pods).
 pub fn presets(args: PresetsArgs) -> Result<()> {
-    let mut rows = Vec::new();
-    for (name, _) in PRESETS {
-        let topology = load_preset(name)?;
-        rows.push(PresetRow {
-            name,
-            generation: topology.generation.to_string(),
-            shape: topology.shape_string(),
-            devices: topology.num_devices(),
-            hosts: topology.num_hosts(),
-            description: topology.description.clone(),
-        });
+    if let Some(wanted) = &args.generation {
+        wanted
+            .parse::<optirs_tpu::hardware::TpuGeneration>()
+            .map_err(|e| parse::usage(format!("--generation: {e}")))?;
     }
+    let rows: Vec<PresetRow> = cloud_types()
+        .iter()
+        .filter(|t| {
+            args.generation
+                .as_deref()
+                .is_none_or(|g| g.trim().eq_ignore_ascii_case(t.generation))
+        })
+        .map(|t| PresetRow {
+            name: &t.name,
+            alias: t.alias.as_deref(),
+            generation: t.generation,
+            shape: t.shape,
+            chips: t.chips,
+            hosts: t.hosts,
+            counts: t.counts(),
+        })
+        .collect();
     if args.json {
         return output::print_json(&rows);
     }
     let mut text = format!(
-        "{:<9} {:<4} {:<10} {:>7} {:>6}  description\n",
-        "preset", "gen", "shape", "chips", "hosts"
+        "{:<16} {:<5} {:<9} {:>5} {:>5}  {}\n",
+        "preset", "gen", "shape", "chips", "hosts", "name counts"
     );
     for row in rows {
+        let alias = row
+            .alias
+            .map(|a| format!(" (alias {a})"))
+            .unwrap_or_default();
         text += &format!(
-            "{:<9} {:<4} {:<10} {:>7} {:>6}  {}\n",
-            row.name, row.generation, row.shape, row.devices, row.hosts, row.description
+            "{:<16} {:<5} {:<9} {:>5} {:>5}  {}{alias}\n",
+            row.name, row.generation, row.shape, row.chips, row.hosts, row.counts
         );
     }
     output::print_text(&text)

@@ -651,7 +651,7 @@ fn modeled_only(args: &TrainArgs, sizes: &[usize]) -> Result<()> {
     let simulated_seconds = step.step_seconds * args.steps as f64;
     let report = json!({
         "pod": topology.name,
-        "devices": step.devices,
+        "chips": step.devices,
         "optimizer": args.optimizer.to_ascii_lowercase(),
         "recovery": args.recovery.to_string(),
         "strategy": args.strategy.name(),
@@ -662,7 +662,7 @@ fn modeled_only(args: &TrainArgs, sizes: &[usize]) -> Result<()> {
         "buckets": step.buckets,
         "bucket_bytes": args.bucket_bytes,
         "steps": args.steps,
-        "step_modeled_seconds": step.step_seconds,
+        "step_seconds": step.step_seconds,
         "simulated_seconds": simulated_seconds,
         "phases": step.phases,
         "phase_bytes": wide_map(&step.phase_bytes),

@@ -110,7 +110,7 @@ pub(crate) fn combine_in_order<T: Element>(
 /// One pass of [`combine_in_order`] over at most [`COMBINE_WIDTH`]
 /// operands, starting from `init` (or from `acc` itself). Compiled for
 /// AVX2 where the CPU has it ([`fused_from`]). On the 2-core reference
-/// machine (`optirs-tpu collectives v2-8 --op reduce-scatter`, paired runs)
+/// machine (`optirs-tpu collectives assets/pods/examples/v2-4x2-custom.ron --op reduce-scatter`, paired runs)
 /// that took a 4 MiB-per-rank reduce-scatter (32 MiB in all, the size of
 /// the L3) from 0.97–1.30 ms to 0.84–1.27 ms. At 16 MiB per rank the pass
 /// took 2.8–4.1 ms either way: 0.94–1.10× the old copy floor, about 1.5×

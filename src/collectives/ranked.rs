@@ -417,7 +417,7 @@ mod tests {
     use std::time::Duration;
 
     fn contexts(ranks: u32) -> Vec<RankContext> {
-        let topology = crate::topology::load_preset("v4-64").expect("a preset");
+        let topology = crate::topology::load_preset("v4-128").expect("a preset");
         thread_mailboxes(ranks)
             .into_iter()
             .map(|mailbox| {

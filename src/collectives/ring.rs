@@ -36,7 +36,7 @@ use super::traffic::{Phase, PhaseKind, Traffic, Transfer};
 /// Elements per pipelined slice: 32 KiB of `f32`, 64 KiB of `f64`. The
 /// message in flight and the slices combined into it stay in L1/L2 while
 /// every rank's stream advances by a whole slice. On the 2-core reference
-/// machine (8 ranks, `optirs-tpu collectives v2-8`, paired runs) 8192
+/// machine (8 ranks, `optirs-tpu collectives assets/pods/examples/v2-4x2-custom.ron`, paired runs) 8192
 /// elements ran a 16 MiB-per-rank reduce-scatter in 4.7–5.5 ms against
 /// 6.9–7.7 ms with 2048, and the fused torus all-reduce in 8.0–10.2 ms
 /// against 12.8–16.3 ms (16384: 7.8–7.9 ms).

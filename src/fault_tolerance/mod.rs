@@ -9,7 +9,7 @@
 //!     storage_roots: vec![dir.path().join("a"), dir.path().join("b")],
 //!     ..Default::default()
 //! })?;
-//! let mut pod = Pod::from_preset("v4-8")?;
+//! let mut pod = Pod::from_preset("v4-16")?;
 //! pod.run(10);
 //! let saved = manager.create_checkpoint(&mut pod)?;   // written to both roots
 //! pod.run(50);

@@ -32,11 +32,9 @@ fn offered_shapes_follow_the_cloud_lists() {
     let v5p = &TpuGeneration::V5p.spec().slice_shapes;
     assert!(v5p.offers([16, 16, 24]) && v5p.offers([24, 16, 16]));
     assert!(v5p.offers([2, 2, 1]) && v5p.offers([4, 4, 8]));
-    assert!(
-        !v5p.offers([16, 20, 28]),
-        "8960 chips is the pod, not a slice"
-    );
-    assert!(!v5p.offers([4, 4, 6]) && !v5p.offers([16, 16, 28]));
+    // XPK's v5p-17920, the whole pod as one slice, beyond the page's rule.
+    assert!(v5p.offers([16, 20, 28]) && v5p.offers([4, 4, 244]));
+    assert!(!v5p.offers([4, 4, 6]) && !v5p.offers([16, 16, 28]) && !v5p.offers([20, 20, 20]));
     let v4 = &TpuGeneration::V4.spec().slice_shapes;
     assert!(v4.offers([8, 8, 12]) && v4.offers([16, 16, 16]) && v4.offers([2, 2, 1]));
     assert!(!v4.offers([16, 16, 24]) && !v4.offers([3, 4, 4]) && !v4.offers([1, 1, 1]));
@@ -47,7 +45,7 @@ fn offered_shapes_follow_the_cloud_lists() {
         let shapes = &generation.spec().slice_shapes;
         assert!(shapes.largest_slice_chips <= generation.spec().max_pod_chips);
         for shape in shapes.listed {
-            assert!(shape.iter().product::<u32>() <= shapes.largest_slice_chips);
+            assert!(shape.iter().product::<u32>() <= generation.spec().max_pod_chips);
         }
     }
 }
@@ -181,8 +179,9 @@ fn tpu7x_is_cloud_s_ironwood() {
     ] {
         assert!(shapes.offers(offered), "{offered:?}");
     }
-    assert!(shapes.offers([4, 4, 244]) && shapes.offers([12, 12, 36]));
-    for refused in [[2, 2, 3], [4, 4, 6], [1, 1, 1], [24, 24, 24], [4, 4, 260]] {
+    // XPK's tpu7x-2 is one chip.
+    assert!(shapes.offers([4, 4, 244]) && shapes.offers([12, 12, 36]) && shapes.offers([1, 1, 1]));
+    for refused in [[2, 2, 3], [4, 4, 6], [1, 1, 2], [24, 24, 24], [4, 4, 260]] {
         assert!(!shapes.offers(refused), "{refused:?}");
     }
     assert!(spec.can_wrap(4) && spec.can_wrap(24) && !spec.can_wrap(2) && !spec.can_wrap(6));

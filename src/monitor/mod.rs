@@ -49,7 +49,7 @@ use serde::{Deserialize, Serialize};
 
 /// Samples kept per device and per link unless configured otherwise: at
 /// the default one sample per heartbeat interval (1 s on the presets), two
-/// minutes of history; a full history of v4-4096 is 4,096 × 128 × 56 B =
+/// minutes of history; a full history of v4-8192 is 4,096 × 128 × 56 B =
 /// 29 MB (it grows as it fills).
 pub const DEFAULT_HISTORY_LEN: usize = 128;
 

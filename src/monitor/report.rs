@@ -75,7 +75,8 @@ pub struct PerformanceReport {
     pub samples: u64,
     /// Simulated time between samples, ns.
     pub sample_every_ns: u64,
-    /// Devices.
+    /// Devices (`chips` in JSON).
+    #[serde(rename = "chips")]
     pub devices: usize,
     /// Heard / expected heartbeats per device over its history (1 = never lost one).
     pub availability: Summary,

@@ -40,7 +40,7 @@ use bevy_ecs::schedule::ScheduleLabel;
 use bevy_ecs::schedule::Schedules;
 use std::path::Path;
 
-/// `v4-8 (v4 2x2x2)`, `p (v5e 16x16, 2 slices)`: a pod in errors.
+/// `v4-16 (v4 2x2x2)`, `p (v5e 16x16, 2 slices)`: a pod in errors.
 fn describe_pod(topology: &Topology) -> String {
     let slices = if topology.slices == 1 {
         String::new()

@@ -108,8 +108,8 @@ fn localize(world: &mut World, layout: &RankLayout) {
 /// use optirs_tpu::topology::load_preset;
 /// use optirs_tpu::transport::cluster::thread_mailboxes;
 ///
-/// // Two ranks as two threads of this process; each owns one host of v4-8.
-/// let topology = load_preset("v4-8")?;
+/// // Two ranks as two threads of this process; each owns one host of v4-16.
+/// let topology = load_preset("v4-16")?;
 /// let digests: Vec<Option<String>> = std::thread::scope(|s| {
 ///     let ranks: Vec<_> = thread_mailboxes(2)
 ///         .into_iter()

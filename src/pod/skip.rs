@@ -33,8 +33,8 @@
 //! ```
 //! use optirs_tpu::pod::Pod;
 //!
-//! let mut ticked = Pod::from_preset("v4-8")?;
-//! let mut skipped = Pod::from_preset("v4-8")?;
+//! let mut ticked = Pod::from_preset("v4-16")?;
+//! let mut skipped = Pod::from_preset("v4-16")?;
 //! ticked.run(5_000);
 //! let stats = skipped.run_skipping(5_000)?;
 //! assert_eq!(stats.ticks(), 5_000);

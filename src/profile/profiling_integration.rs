@@ -177,7 +177,7 @@ impl ProfilingIntegration {
     }
 
     /// Builds a pod whose systems report their runs to this profiler
-    /// (`|| Pod::load("v4-8")`).
+    /// (`|| Pod::load("v4-16")`).
     /// Its device memory is recorded from then on.
     pub fn build_pod(&self, build: impl FnOnce() -> Result<Pod>) -> Result<Pod> {
         let mut pod = self.timer.scope(build)?;

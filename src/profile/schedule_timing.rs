@@ -220,7 +220,7 @@ mod tests {
 
     #[test]
     fn every_step_system_is_timed_in_its_set() {
-        let bench = bench_schedules("v4-8", 20, 1, &mut |_, _| {}).unwrap();
+        let bench = bench_schedules("v4-16", 20, 1, &mut |_, _| {}).unwrap();
         let heartbeat = bench
             .systems
             .iter()

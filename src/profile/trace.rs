@@ -15,7 +15,7 @@
 //! use serde_json::json;
 //!
 //! let mut trace = Trace::new();
-//! trace.process(0, "all_reduce on v4-8");
+//! trace.process(0, "all_reduce on v4-16");
 //! trace.thread(0, 0, "ICI");
 //! trace.push(
 //!     Event::complete("reduce_scatter", 0.0, 12.5)

@@ -316,43 +316,16 @@ impl fmt::Display for NotFitting {
         let parts: Vec<String> = self
             .kinds
             .iter()
-            .map(|(k, b)| format!("{k} {}", decimal_bytes(*b)))
+            .map(|(k, b)| format!("{k} {}", crate::units::bytes(*b)))
             .collect();
         write!(
             f,
             "{} = {} of {}: {} over",
             parts.join(" + "),
-            decimal_bytes(self.total_bytes),
-            capacity_bytes(self.hbm_bytes),
-            decimal_bytes(self.excess_bytes())
+            crate::units::bytes(self.total_bytes),
+            crate::units::bytes(self.hbm_bytes),
+            crate::units::bytes(self.excess_bytes())
         )
-    }
-}
-
-/// `350.0 GB`, `1.40 TB`: three or four significant figures in SI units.
-pub fn decimal_bytes(bytes: u64) -> String {
-    const UNITS: [&str; 7] = ["B", "kB", "MB", "GB", "TB", "PB", "EB"];
-    let mut value = bytes as f64;
-    let mut unit = 0;
-    while value >= 1000.0 && unit + 1 < UNITS.len() {
-        value /= 1000.0;
-        unit += 1;
-    }
-    match (unit, value < 10.0) {
-        (0, _) => format!("{bytes} B"),
-        (_, true) => format!("{value:.2} {}", UNITS[unit]),
-        (_, false) => format!("{value:.1} {}", UNITS[unit]),
-    }
-}
-
-/// A device's HBM as its generation states it: `95 GiB` when a whole
-/// number of GiB, else in SI units.
-fn capacity_bytes(bytes: u64) -> String {
-    const GIB: u64 = 1 << 30;
-    if bytes > 0 && bytes.is_multiple_of(GIB) {
-        format!("{} GiB", bytes / GIB)
-    } else {
-        decimal_bytes(bytes)
     }
 }
 
@@ -545,7 +518,7 @@ mod tests {
 
     fn v5p() -> crate::topology::Topology {
         parse_topology(
-            "Pod(name: \"v5p-6144\", generation: \"v5p\", shape: \"16x16x24\")",
+            "Pod(name: \"v5p-12288\", generation: \"v5p\", shape: \"16x16x24\")",
             "v5p.ron",
         )
         .unwrap()
@@ -619,12 +592,10 @@ mod tests {
         let text = err.to_string();
         assert_eq!(
             text,
-            "params 700.0 GB + grads 700.0 GB + state 227.9 MB = 1.40 TB of 95 GiB: 1.30 TB over"
+            "params 651.93 GiB + grads 651.93 GiB + state 217.36 MiB = 1.27 TiB of 95.00 GiB: 1.18 TiB over"
         );
         let fsdp = StrategyMemory::of(Strategy::Fsdp, &mesh, &m, 1, RecoveryPolicy::Rollback);
         assert_eq!(fsdp.fits(topology.hbm_bytes), Ok(()));
-        assert_eq!(decimal_bytes(1_400_000_000_000), "1.40 TB");
-        assert_eq!(decimal_bytes(999), "999 B");
     }
 
     #[test]

@@ -36,7 +36,7 @@ fn step(
 
 #[test]
 fn replicated_on_the_default_mesh_is_today_s_modeled_step_to_the_bit() {
-    for pod in ["v5e-16", "v4-64", MULTISLICE] {
+    for pod in ["v5e-16", "v4-128", MULTISLICE] {
         let topology = load_topology(pod).unwrap();
         for recovery in [RecoveryPolicy::Rollback, RecoveryPolicy::Redundant] {
             for (sizes, bucket) in [
@@ -86,7 +86,7 @@ fn replicated_on_the_default_mesh_is_today_s_modeled_step_to_the_bit() {
 
 #[test]
 fn zero2_moves_what_replicated_moves_and_holds_a_gradient_shard() {
-    let topology = load_preset("v4-64").unwrap();
+    let topology = load_preset("v4-128").unwrap();
     let sizes = [6_400_000];
     let rep = step(
         &topology,
@@ -110,7 +110,7 @@ fn zero2_moves_what_replicated_moves_and_holds_a_gradient_shard() {
 
 #[test]
 fn fsdp_gathers_twice_and_never_holds_more_than_prefetch_plus_one_buckets() {
-    let topology = load_preset("v4-64").unwrap();
+    let topology = load_preset("v4-128").unwrap();
     let ici = &topology.ici;
     let sizes = [64 * 1000 * 10];
     for prefetch in [0usize, 1, 2, 50] {
@@ -213,7 +213,7 @@ fn bad_options_are_typed_errors() {
     options.use_seconds = f64::NAN;
     let tensors = tensors(&[1000]);
     assert!(modeled_strategy_step(&topology, &tensors, DType::F32, 2, 4096, &options).is_err());
-    let v4 = load_preset("v4-64").unwrap();
+    let v4 = load_preset("v4-128").unwrap();
     let options = StrategyOptions::new(Strategy::Fsdp, &v4);
     let err =
         modeled_strategy_step(&topology, &tensors, DType::F32, 2, 4096, &options).unwrap_err();
@@ -222,7 +222,7 @@ fn bad_options_are_typed_errors() {
 
 fn v5p() -> Topology {
     parse_topology(
-        "Pod(name: \"v5p-6144\", generation: \"v5p\", shape: \"16x16x24\")",
+        "Pod(name: \"v5p-12288\", generation: \"v5p\", shape: \"16x16x24\")",
         "v5p.ron",
     )
     .unwrap()
@@ -268,7 +268,7 @@ fn gpt3_under_fsdp_fits_a_v5p_slice_and_is_modeled_fast() {
 #[test]
 fn a_trillion_parameters_under_hybrid_fsdp_fit_four_v5p_slices() {
     let topology = parse_topology(
-        "Pod(name: \"v5p-4x6144\", generation: \"v5p\", shape: \"16x16x24\", slices: 4, \
+        "Pod(name: \"v5p-12288x4\", generation: \"v5p\", shape: \"16x16x24\", slices: 4, \
          dcn: (latency_us: 10.0, host_gb_per_s: 25.0, oversubscription: 1.0))",
         "v5p4.ron",
     )
@@ -303,7 +303,7 @@ fn a_trillion_parameters_under_hybrid_fsdp_fit_four_v5p_slices() {
 #[test]
 fn the_third_step_is_the_steady_state() {
     use super::super::strategy_streams::Work;
-    for pod in ["v5e-16", "v4-64", MULTISLICE] {
+    for pod in ["v5e-16", "v4-128", MULTISLICE] {
         let topology = load_topology(pod).unwrap();
         for strategy in Strategy::ALL {
             for data_reduction in DataReduction::ALL {
@@ -380,7 +380,7 @@ proptest::proptest! {
         training in proptest::bool::ANY,
         compute_type in proptest::bool::ANY,
     ) {
-        let topology = load_topology(["v5e-16", "v4-64", MULTISLICE][pod]).unwrap();
+        let topology = load_topology(["v5e-16", "v4-128", MULTISLICE][pod]).unwrap();
         let phys = crate::sharding::mesh::physical_axes(&topology);
         let data: usize = phys.iter().take(data_choice.min(phys.len())).map(|p| p.1).product();
         let mesh = Mesh::lay_out(

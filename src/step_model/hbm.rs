@@ -38,9 +38,9 @@ use crate::model::{
     ModelConfig, ModelDType, activation_memory_per_layer, layer_working_set, logits_buffers,
     parameter_count,
 };
-use crate::sharding::strategy::decimal_bytes;
 use crate::sharding::strategy_model::StrategyStep;
 use crate::sharding::{MeshAxisName, Strategy};
+use crate::units::bytes as binary_bytes;
 
 /// The most elements of one weight matrix of a layer: the query or output
 /// projection (`embed × heads × head_dim`, or MLA's largest) or an MLP
@@ -243,22 +243,22 @@ pub fn not_fitting(config: &ModelConfig, hbm: &ModelHbm) -> Option<String> {
         format!(
             "{} per device at the step's peak (weights, gradients and state {}, fsdp buffers {}, \
              activations {} under remat {}, logits or a layer's backward {}{}) of {}: {} over",
-            decimal_bytes(hbm.total),
-            decimal_bytes(hbm.params + hbm.grads + hbm.state + hbm.master + hbm.redundant),
-            decimal_bytes(hbm.gathered + hbm.gradient_bucket),
-            decimal_bytes(hbm.activations),
+            binary_bytes(hbm.total),
+            binary_bytes(hbm.params + hbm.grads + hbm.state + hbm.master + hbm.redundant),
+            binary_bytes(hbm.gathered + hbm.gradient_bucket),
+            binary_bytes(hbm.activations),
             config.remat.name(),
-            decimal_bytes(
+            binary_bytes(
                 hbm.logits
                     .max(hbm.layer_working.saturating_add(hbm.all_to_all_buffers))
             ),
             if hbm.pipeline_buffers > 0 {
-                format!(", pipeline loop {}", decimal_bytes(hbm.pipeline_buffers))
+                format!(", pipeline loop {}", binary_bytes(hbm.pipeline_buffers))
             } else {
                 String::new()
             },
-            decimal_bytes(hbm.capacity),
-            decimal_bytes(hbm.total - hbm.capacity)
+            binary_bytes(hbm.capacity),
+            binary_bytes(hbm.total - hbm.capacity)
         )
     })
 }

@@ -20,7 +20,8 @@ use serde::Serialize;
 
 use crate::hardware::HardwareSpec;
 use crate::model::{ModelConfig, activation_memory_per_layer, parameter_count};
-use crate::sharding::strategy::{StrategyMemory, decimal_bytes};
+use crate::sharding::strategy::StrategyMemory;
+use crate::units::bytes as binary_bytes;
 
 /// A step's host offload on one chip and its host.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
@@ -55,9 +56,9 @@ impl HostOffload {
             format!(
                 "{} offloaded per host (activations, optimizer state and parameters of its \
                  chips) of the host's {}: {} over",
-                decimal_bytes(self.host_bytes),
-                decimal_bytes(self.host_capacity),
-                decimal_bytes(self.host_bytes - self.host_capacity)
+                binary_bytes(self.host_bytes),
+                binary_bytes(self.host_capacity),
+                binary_bytes(self.host_bytes - self.host_capacity)
             )
         })
     }

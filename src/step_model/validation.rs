@@ -93,33 +93,30 @@ pub fn mesh_of(
     }
 }
 
-/// The torus of one slice of `chips` chips as MaxText's runs had it
-/// (`v5e-256` is 16x16; a v5p slice of `n` chips its cube-built shape).
-pub fn slice_shape(generation: &str, chips: u64) -> Option<&'static str> {
-    Some(match (generation, chips) {
-        ("v5e", 256) => "16x16",
-        ("v5p", 64) => "4x4x4",
-        ("v5p", 128) => "4x4x8",
-        ("v5p", 256) => "4x8x8",
-        ("v5p", 512) => "8x8x8",
-        ("v5p", 1024) => "8x8x16",
-        ("v5p", 2048) => "8x16x16",
-        ("v5p", 4096) => "16x16x16",
-        _ => return None,
-    })
+/// The torus of one slice of `row`: the Cloud accelerator type it names
+/// (`v5p-1024` is 512 chips, 8x8x8), which must hold the row's chips per
+/// slice.
+pub fn slice_shape(row: &PublishedRow) -> Result<&'static str, StepModelError> {
+    let per_slice = row.chips / u64::from(row.slices.max(1));
+    let field = |problem: String| StepModelError::Field {
+        field: "accelerator",
+        value: row.accelerator.clone(),
+        problem,
+    };
+    let cloud = crate::topology::cloud_type(&row.accelerator)
+        .ok_or_else(|| field("not a Cloud TPU accelerator type".to_string()))?;
+    if cloud.generation != row.generation || u64::from(cloud.chips) != per_slice {
+        return Err(field(format!(
+            "Cloud's {} is {} {} chips, the row has {per_slice} {} chips a slice",
+            cloud.name, cloud.chips, cloud.generation, row.generation
+        )));
+    }
+    Ok(cloud.shape)
 }
 
 /// The pod of `row`: its slices over DCN.
 pub fn pod_of(row: &PublishedRow) -> Result<Topology, StepModelError> {
-    let per_slice = row.chips / u64::from(row.slices.max(1));
-    let shape = slice_shape(&row.generation, per_slice).ok_or_else(|| StepModelError::Field {
-        field: "accelerator",
-        value: row.accelerator.clone(),
-        problem: format!(
-            "no slice shape known for {per_slice} {} chips",
-            row.generation
-        ),
-    })?;
+    let shape = slice_shape(row)?;
     let text = format!(
         "Pod(name: \"{}x{}\", generation: \"{}\", shape: \"{shape}\", slices: {})",
         row.slices, row.accelerator, row.generation, row.slices

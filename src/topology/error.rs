@@ -55,6 +55,20 @@ pub enum TopologyError {
         /// what was meant.
         near: Option<String>,
     },
+    /// A name of a Cloud family's form (`v5p-1000`) that is no Cloud
+    /// accelerator type.
+    #[error(
+        "`{name}` is not a Cloud TPU accelerator type: {hint}; did you mean `{near}`? \
+         (`optirs-tpu presets` lists them)"
+    )]
+    NotCloudType {
+        /// What was asked for.
+        name: String,
+        /// What the family's names count and the size nearest.
+        hint: String,
+        /// The Cloud name to use.
+        near: String,
+    },
 }
 
 /// What is semantically wrong with a pod file.

@@ -50,7 +50,8 @@ pub struct TopologyFigures {
     pub shape: String,
     /// Slices.
     pub slices: u32,
-    /// Device (chip) entities.
+    /// Device (chip) entities (`chips` in JSON).
+    #[serde(rename = "chips")]
     pub devices: u32,
     /// TensorCores over all chips.
     pub cores: u64,

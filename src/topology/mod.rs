@@ -25,7 +25,9 @@ pub use cubes::{Cube, CubeLayout, CubeRole, InCube, Ocs, OcsCircuit};
 pub use dot::to_dot;
 pub use error::{InvariantError, Problem, TopologyError};
 pub use figures::{CubeFigures, TopologyFigures, compute_figures};
-pub use presets::{DEFAULT_PRESET, PRESETS, preset_names, preset_text};
+pub use presets::{
+    CloudType, DEFAULT_PRESET, PRESETS, RENAMED, cloud_type, cloud_types, preset_names, preset_text,
+};
 pub use resolve::{LinkParams, LinkSpec, Topology, parse_pod_file, parse_topology, resolve};
 pub use schema::{LinkKind, PodFile};
 pub use spawn::spawn_topology;
@@ -44,10 +46,10 @@ pub fn load_topology_file(path: &Path) -> Result<Topology, TopologyError> {
     parse_topology(&text, &path.display().to_string())
 }
 
-/// Validates a bundled preset by name.
+/// Validates a preset (a Cloud accelerator type) by name.
 pub fn load_preset(name: &str) -> Result<Topology, TopologyError> {
     let text = preset_text(name).ok_or_else(|| unknown_pod(name))?;
-    parse_topology(text, &format!("preset {name}"))
+    parse_topology(&text, &format!("preset {name}"))
 }
 
 /// Loads `spec` as a preset name, or else as a path to a pod file.
@@ -62,12 +64,20 @@ pub fn load_topology(spec: &str) -> Result<Topology, TopologyError> {
     Err(unknown_pod(spec))
 }
 
-/// No preset and no file is named `name`: the presets, and the nearest.
+/// No preset and no file is named `name`: a name of a Cloud family's form
+/// that Cloud does not sell is refused with the Cloud name to use; any
+/// other with the presets and the nearest.
 fn unknown_pod(name: &str) -> TopologyError {
+    if let Some((hint, near)) = presets::not_a_cloud_size(name) {
+        return TopologyError::NotCloudType {
+            name: name.to_string(),
+            hint,
+            near,
+        };
+    }
     TopologyError::UnknownPod {
         name: name.to_string(),
         known: preset_names(),
-        near: crate::error::nearest_name(name, PRESETS.iter().map(|&(preset, _)| preset))
-            .map(str::to_string),
+        near: crate::error::nearest_name(name, presets::all_names()).map(str::to_string),
     }
 }

@@ -8,7 +8,7 @@ use bevy_ecs::prelude::*;
 /// and optical circuit switches: [`super::cubes`]) for `topology` and inserts the
 /// [`PodTopology`] and [`DeviceIndex`] resources.
 ///
-/// Spawning is batched: v4-4096 (4096 chips, 12,288 links) spawns in a few
+/// Spawning is batched: v4-8192 (4096 chips, 12,288 links) spawns in a few
 /// milliseconds. Entities are spawned in id order, so the same topology
 /// always produces the same world.
 pub fn spawn_topology(world: &mut World, topology: &Topology) {

@@ -11,7 +11,7 @@
 //! use optirs_tpu::sharding::{ParamSet, SyntheticGradients};
 //! use optirs_tpu::tpu::{ShardedOptimizer, ShardingConfig};
 //!
-//! let pod = Pod::from_preset("v4-8")?; // 8 chips, 16 TensorCores
+//! let pod = Pod::from_preset("v4-16")?; // 8 chips, 16 TensorCores
 //! let params = ParamSet::new()
 //!     .with("w", ArrayD::from_elem(IxDyn(&[3, 5]), 0.5f32))?
 //!     .with("b", ArrayD::from_elem(IxDyn(&[5]), 0.0f32))?;

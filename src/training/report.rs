@@ -50,9 +50,11 @@ pub struct RecoveryRow {
 pub struct TrainReport {
     /// The pod's name.
     pub pod: String,
-    /// Its devices.
+    /// Its devices, one a chip (`chips` in JSON, as in every command's).
+    #[serde(rename = "chips")]
     pub devices: u32,
     /// Devices the model spans at the end.
+    #[serde(rename = "chips_at_end")]
     pub devices_at_end: usize,
     /// The optimizer.
     pub optimizer: String,
@@ -72,7 +74,9 @@ pub struct TrainReport {
     pub steps_completed: u64,
     /// Steps attempted (failed ones included).
     pub steps_attempted: u64,
-    /// The median step's modeled seconds.
+    /// The median step's modeled seconds (`step_seconds` in JSON, as in
+    /// `--model`'s and the modeled reports).
+    #[serde(rename = "step_seconds")]
     pub step_modeled_seconds: f64,
     /// Median modeled seconds per phase.
     pub phases: BTreeMap<String, f64>,
