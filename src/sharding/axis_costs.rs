@@ -70,6 +70,42 @@ pub fn axis_collective(
     Ok(out)
 }
 
+/// The pod's links an axis collective runs on: the slice's torus, its ICI
+/// link, and the DCN rail with the chips a host sends for.
+struct PodLinks {
+    geometry: PodGeometry,
+    ici: LinkModel,
+    rail: Option<LinkModel>,
+    chips_per_host: usize,
+}
+
+impl PodLinks {
+    /// `topology`'s links, once `mesh` is checked to lay out on it.
+    fn of(topology: &Topology, mesh: &Mesh) -> Result<PodLinks, ShardingError> {
+        mesh.check_on(topology)
+            .map_err(|e| devices_error(e.to_string()))?;
+        let geometry = PodGeometry::of(topology)?;
+        let link = |latency_ns: f64, bytes_per_s: f64| {
+            LinkModel::new(latency_ns * 1e-9, bytes_per_s).map_err(|e| devices_error(e.to_string()))
+        };
+        let ici = link(topology.ici.latency_ns as f64, topology.ici.bytes_per_s)?;
+        let rail = geometry
+            .rail
+            .map(|r| link(r.latency_ns as f64, r.bytes_per_s))
+            .transpose()?;
+        let chips_per_host = (0..topology.chips_per_slice())
+            .filter(|&d| topology.host_of(d) == 0)
+            .count()
+            .max(1);
+        Ok(PodLinks {
+            geometry,
+            ici,
+            rail,
+            chips_per_host,
+        })
+    }
+}
+
 /// An all-to-all over `mesh`'s `axis` on `topology`, `elements` per device
 /// (its whole send buffer, `1/n` of it to each of the axis's `n` devices),
 /// each of `elem_bytes`: the axis's torus dimensions one after another,
@@ -86,9 +122,12 @@ pub fn axis_all_to_all(
     elements: usize,
     elem_bytes: usize,
 ) -> Result<AxisCollective, ShardingError> {
-    mesh.check_on(topology)
-        .map_err(|e| devices_error(e.to_string()))?;
-    let geometry = PodGeometry::of(topology)?;
+    let PodLinks {
+        geometry,
+        ici,
+        rail,
+        chips_per_host,
+    } = PodLinks::of(topology, mesh)?;
     let torus = mesh.torus_axes(axis);
     let mut out = AxisCollective::default();
     if !torus.is_empty() {
@@ -98,11 +137,6 @@ pub fn axis_all_to_all(
             .map(|&d| geometry.shape.wraparound()[d])
             .collect();
         let group = TorusShape::new(&dims, &wrap).map_err(|e| devices_error(e.to_string()))?;
-        let ici = LinkModel::new(
-            topology.ici.latency_ns as f64 * 1e-9,
-            topology.ici.bytes_per_s,
-        )
-        .map_err(|e| devices_error(e.to_string()))?;
         let n = group.device_count().max(1);
         let padded = elements.next_multiple_of(n);
         out.seconds +=
@@ -113,14 +147,8 @@ pub fn axis_all_to_all(
             * groups;
     }
     if mesh.crosses_slices(axis)
-        && let Some(rail) = geometry.rail
+        && let Some(rail) = rail
     {
-        let rail = LinkModel::new(rail.latency_ns as f64 * 1e-9, rail.bytes_per_s)
-            .map_err(|e| devices_error(e.to_string()))?;
-        let chips_per_host = (0..topology.chips_per_slice())
-            .filter(|&d| topology.host_of(d) == 0)
-            .count()
-            .max(1);
         let slices = mesh.slices_along(axis, topology);
         let pass = cost::dcn_exchange_cost(
             elements.next_multiple_of(slices),
@@ -151,19 +179,17 @@ pub fn axis_permute(
     elements: usize,
     elem_bytes: usize,
 ) -> Result<AxisCollective, ShardingError> {
-    mesh.check_on(topology)
-        .map_err(|e| devices_error(e.to_string()))?;
-    let geometry = PodGeometry::of(topology)?;
+    let PodLinks {
+        geometry,
+        ici,
+        rail,
+        chips_per_host,
+    } = PodLinks::of(topology, mesh)?;
     let bytes = (elements * elem_bytes) as u64;
     let devices = (geometry.chips * geometry.slices) as u64;
     let mut out = AxisCollective::default();
     let torus = mesh.torus_axes(axis);
     if !torus.is_empty() {
-        let ici = LinkModel::new(
-            topology.ici.latency_ns as f64 * 1e-9,
-            topology.ici.bytes_per_s,
-        )
-        .map_err(|e| devices_error(e.to_string()))?;
         let hops: usize = torus
             .iter()
             .map(|&d| {
@@ -181,17 +207,11 @@ pub fn axis_permute(
         out.link_bytes += bytes * devices;
     }
     if mesh.crosses_slices(axis)
-        && let Some(rail) = geometry.rail
+        && let Some(rail) = rail
     {
-        let rail = LinkModel::new(rail.latency_ns as f64 * 1e-9, rail.bytes_per_s)
-            .map_err(|e| devices_error(e.to_string()))?;
-        let chips_per_host = (0..topology.chips_per_slice())
-            .filter(|&d| topology.host_of(d) == 0)
-            .count()
-            .max(1) as u64;
         // One destination: the next stage's slice, on the whole NIC.
         let rail = cost::rail_for(&rail, geometry.slices, 1);
-        out.seconds += rail.message_seconds(chips_per_host * bytes, 1);
+        out.seconds += rail.message_seconds(chips_per_host as u64 * bytes, 1);
         out.link_bytes += bytes * devices;
     }
     Ok(out)
