@@ -36,6 +36,13 @@
 //! reduce-scatters run with its matmuls. What does not hide is the
 //! exposed communication.
 //!
+//! **Experts and stages.** An `expert` axis ([`expert_parallel`]) splits
+//! a mixture's experts over its devices, shards every other weight over it
+//! as over `fsdp`, and adds each MoE layer's all-to-alls on its links; a
+//! `stage` axis ([`pipeline`]) models one stage's layers on its devices'
+//! whole batch and adds the pipeline's bubble, its permutes from stage to
+//! stage and the tokens' way into and out of it.
+//!
 //! **Precision** ([`precision`]): the weights' gathers, the gradients'
 //! reduce-scatter over `fsdp` and the activations' collectives carry the
 //! compute type (`dtype`); the parameters are held in `weight_dtype` (with
