@@ -147,6 +147,9 @@ fn a_layers_all_to_alls_are_the_rings_closed_form() {
     // The step is the dense step's compute plus what is exposed (the
     // layers' compute is the same: each device runs its tokens' share).
     assert_eq!(experts.layer.forward.flops, dense.layer.forward.flops);
+    // A device's matmuls read its own expert's weights, not all eight.
+    let weights = |s: &ModelStep| s.layer.forward.bytes;
+    assert!(weights(&experts) < weights(&dense));
     assert!(experts.step_seconds > dense.step_seconds + 0.9 * all);
     // Every parameter is still sharded over all 256 devices.
     let total = parameter_count(&config).total() as f64;

@@ -119,10 +119,10 @@ pub fn recomputed_flops(config: &ModelConfig, policy: RematPolicy) -> (f64, f64)
 /// and output activations read or written once (the attention scores are
 /// not materialized: a fused attention kernel keeps them on chip), MLA's
 /// latents written and read once more between its down and up projections.
-fn forward_bytes(c: &ModelConfig, tensor: usize) -> f64 {
+fn forward_bytes(c: &ModelConfig, (tensor, experts_split): (usize, usize)) -> f64 {
     let t = c.tokens_per_device();
     let act = c.activation_dtype.byte_size() as f64;
-    let weights = parameter_count(c).per_layer() as f64 * act / tensor.max(1) as f64;
+    let weights = local_layer_weights(c, (tensor, experts_split)) * act;
     let (e, qkv, ctx, latent, m) = (
         c.embed as f64,
         (c.query_width() + c.key_width() + c.value_width()) as f64,
@@ -152,7 +152,7 @@ pub(super) fn layer_compute(
     config: &ModelConfig,
     spec: &crate::hardware::HardwareSpec,
     efficiency: f64,
-    tensor: usize,
+    (tensor, experts_split): (usize, usize),
 ) -> LayerCompute {
     let (weight_peak, bf16_peak) = matmul_peaks(config, spec);
     // A pass's `quantized` FLOPs run at the quantized type's peak (the
@@ -175,12 +175,12 @@ pub(super) fn layer_compute(
     let forward = (g.total() - g.attention, g.attention);
     let recomputed = recomputed_flops(config, config.remat);
     let recompute = (recomputed.0 + recomputed.1) / g.total().max(f64::MIN_POSITIVE);
-    let fwd_bytes = forward_bytes(config, tensor);
+    let fwd_bytes = forward_bytes(config, (tensor, experts_split));
     let t = config.tokens_per_device();
     let logits_matrix = config.vocab as f64 * config.embed as f64;
     let act = config.activation_dtype.byte_size() as f64;
     let iota = if config.use_iota_embed { 1.0 } else { 0.0 };
-    let quantize_forward = quantize_bytes(config, tensor);
+    let quantize_forward = quantize_bytes(config, (tensor, experts_split));
     let weight_recompute = recomputed.0 / forward.0.max(f64::MIN_POSITIVE);
     LayerCompute {
         forward: pass(forward, fwd_bytes, quantize_forward),
@@ -214,7 +214,7 @@ pub(super) fn layer_compute(
 /// dynamic scaling): read for its scale, read again to quantize, written
 /// in 8 bits — 5 bytes per element of a 2-byte operand. 0 without
 /// quantization.
-fn quantize_bytes(config: &ModelConfig, tensor: usize) -> f64 {
+fn quantize_bytes(config: &ModelConfig, (tensor, experts_split): (usize, usize)) -> f64 {
     if config.quantization.is_none() {
         return 0.0;
     }
@@ -232,8 +232,27 @@ fn quantize_bytes(config: &ModelConfig, tensor: usize) -> f64 {
     // projections, out, the MLP's inputs and its output), each device 1/t
     // of it.
     let inputs = (projections + ctx + n * e + m) / tensor;
-    let weights = parameter_count(config).per_layer() as f64 / tensor;
+    let weights = local_layer_weights(config, (tensor as usize, experts_split));
     per_element * (weights + t * inputs)
+}
+
+/// The weights of the average layer a device's matmuls read: `1/tensor`
+/// of each, and of a mixture's routed experts the `1/experts_split` an
+/// expert axis leaves on the device.
+fn local_layer_weights(config: &ModelConfig, (tensor, experts_split): (usize, usize)) -> f64 {
+    let counts = parameter_count(config);
+    let mut weights = counts.per_layer() as f64;
+    if let Some(m) = &config.moe
+        && experts_split > 1
+    {
+        let (_, moe_layers) = config.dense_and_moe_layers();
+        let experts = (m.num_experts * m.moe_mlp_dim * config.embed) as f64
+            * (config.mlp_activations.len() + 1) as f64
+            * moe_layers as f64
+            / counts.layers.max(1) as f64;
+        weights -= experts * (1.0 - 1.0 / experts_split as f64);
+    }
+    weights / tensor.max(1) as f64
 }
 
 /// The peaks the weights' matmuls and the rest run at on `spec`: the

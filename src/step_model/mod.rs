@@ -520,9 +520,12 @@ fn passes(
     let spec = topology.generation.spec();
     let tp = tensor::tensor_parallel(config, topology, &options.mesh, recompute)?;
     let t = tp.map_or(1, |tp| tp.size);
-    let mut layer = compute::layer_compute(config, spec, efficiency, t);
+    // A device's matmuls read its `1/t` of each weight and, on an expert
+    // axis, its own experts only.
+    let split = (t, options.mesh.size(crate::sharding::MeshAxisName::Expert));
+    let mut layer = compute::layer_compute(config, spec, efficiency, split);
     if !std::ptr::eq(config, outside) {
-        layer.logits = compute::layer_compute(outside, spec, efficiency, t).logits;
+        layer.logits = compute::layer_compute(outside, spec, efficiency, split).logits;
     }
     if let Some(tp) = &tp {
         layer.forward.tensor_seconds = tp.forward_seconds;
