@@ -110,6 +110,21 @@ impl MixtureOfExperts {
         after_dense / self.interleave_moe_layer_step.max(1)
     }
 
+    /// The routed experts' weights of one mixture layer: `num_experts`
+    /// MLPs of `activations + 1` matrices of `embed × moe_mlp_dim` (what an
+    /// expert axis splits; the shared experts and the router stay whole).
+    pub fn routed_weights(&self, embed: u64, activations: u64) -> u64 {
+        (activations + 1) * self.moe_mlp_dim * embed * self.num_experts
+    }
+
+    /// The routed experts' weights of all of `config`'s mixture layers.
+    pub fn routed_weights_of(config: &super::ModelConfig) -> u64 {
+        let (_, moe_layers) = config.dense_and_moe_layers();
+        config.moe.map_or(0, |m| {
+            m.routed_weights(config.embed, config.mlp_activations.len() as u64) * moe_layers
+        })
+    }
+
     /// The first field that cannot be in a model of `layers` layers, with
     /// why.
     pub(crate) fn check(&self, layers: u64) -> Result<(), String> {

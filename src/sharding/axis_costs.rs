@@ -93,10 +93,7 @@ impl PodLinks {
             .rail
             .map(|r| link(r.latency_ns as f64, r.bytes_per_s))
             .transpose()?;
-        let chips_per_host = (0..topology.chips_per_slice())
-            .filter(|&d| topology.host_of(d) == 0)
-            .count()
-            .max(1);
+        let chips_per_host = (topology.chips_per_host() as usize).max(1);
         Ok(PodLinks {
             geometry,
             ici,

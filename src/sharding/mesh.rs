@@ -289,16 +289,24 @@ impl MeshSizes {
     /// tensors: an axis that needs declared splits (`tensor`, `expert`,
     /// `stage`) above 1 is refused, as [`Mesh::parse`] refuses it.
     pub fn lay_out(self, topology: &Topology) -> Result<Mesh, MeshError> {
-        for axis in MeshAxisName::ALL {
-            if axis.needs_declared_splits() && self.of(axis) > 1 {
-                return Err(MeshError::NeedsModel {
-                    axis,
-                    size: self.of(axis),
-                    pod: pod_shape(topology),
-                });
-            }
-        }
+        self.refuse_undeclared_splits(&pod_shape(topology))?;
         Mesh::lay_out(self, topology)
+    }
+
+    /// The first axis that splits what a model declares (`tensor`,
+    /// `expert`, `stage`) above 1, refused on `pod` for flat tensors.
+    pub(super) fn refuse_undeclared_splits(self, pod: &str) -> Result<(), MeshError> {
+        match MeshAxisName::ALL
+            .into_iter()
+            .find(|&axis| axis.needs_declared_splits() && self.of(axis) > 1)
+        {
+            Some(axis) => Err(MeshError::NeedsModel {
+                axis,
+                size: self.of(axis),
+                pod: pod.to_string(),
+            }),
+            None => Ok(()),
+        }
     }
 
     /// Lays the sizes out on `topology` for a model whose tensors declare

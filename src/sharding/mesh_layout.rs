@@ -36,20 +36,14 @@ impl Mesh {
         let given = given_sizes(text, &pod)?;
         let sizes = given.map(|g| g.map_or(Size::Fixed(1), |(s, _)| s));
         let shown = show_sizes(&sizes);
-        let refuse_split = |at: usize, n: usize| {
-            let axis = MeshAxisName::ALL[at];
-            (n > 1 && !split && axis.needs_declared_splits()).then(|| MeshError::NeedsModel {
-                axis,
-                size: n,
-                pod: pod.clone(),
-            })
-        };
-        for (at, s) in sizes.iter().enumerate() {
-            if let Size::Fixed(n) = *s
-                && let Some(e) = refuse_split(at, n)
-            {
-                return Err(e);
-            }
+        // Flat tensors: an axis given above 1 is refused before the sizes
+        // are resolved, one taking the rest after.
+        if !split {
+            MeshSizes::from_order(sizes.map(|s| match s {
+                Size::Fixed(n) => n,
+                Size::Rest => 1,
+            }))
+            .refuse_undeclared_splits(&pod)?;
         }
         let rests: Vec<usize> = (0..AXES).filter(|&i| sizes[i] == Size::Rest).collect();
         if let [first, second, ..] = rests[..] {
@@ -93,12 +87,11 @@ impl Mesh {
                 pod,
             });
         }
-        for (at, &n) in resolved.iter().enumerate() {
-            if let Some(e) = refuse_split(at, n) {
-                return Err(e);
-            }
+        let resolved = MeshSizes::from_order(resolved);
+        if !split {
+            resolved.refuse_undeclared_splits(&pod)?;
         }
-        Mesh::lay_out_with(MeshSizes::from_order(resolved), topology, split)
+        Mesh::lay_out_with(resolved, topology, split)
     }
 
     /// Lays out a mesh of `sizes` on `topology`: every physical axis of

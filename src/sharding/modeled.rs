@@ -319,9 +319,7 @@ impl<'a> BucketCosts<'a> {
         elem: usize,
         redundant: bool,
     ) -> Result<BucketCosts<'a>, ShardingError> {
-        let chips_per_host = (0..topology.chips_per_slice())
-            .filter(|&d| topology.host_of(d) == 0)
-            .count();
+        let chips_per_host = topology.chips_per_host() as usize;
         let (replication_hops, replication_links) = if redundant {
             let (hops, links) = replication_routes(&geometry.shape);
             (hops, links * geometry.slices as u64)

@@ -443,7 +443,7 @@ pub fn bucket_plan_with_experts(
     let rest = len - experts;
     let local = rest + experts.div_ceil(x);
     let rest_f = rest.div_ceil(fsdp);
-    let shard = len / (fsdp * x);
+    let shard = len / mesh.shard_devices() as u64;
     let devices = mesh.devices_per_tensor_shard().max(1) as u64;
     let on = |kind, purpose, axis: MeshAxisName, elements| {
         mesh.axis(axis).filter(|a| a.size > 1).map(|a| {

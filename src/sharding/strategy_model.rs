@@ -342,9 +342,7 @@ impl<'a> Costing<'a> {
             rail,
             slices,
             chips,
-            chips_per_host: (0..topology.chips_per_slice())
-                .filter(|&d| topology.host_of(d) == 0)
-                .count(),
+            chips_per_host: topology.chips_per_host() as usize,
             precision: options
                 .precision
                 .unwrap_or(Precision::uniform(store, slots)),

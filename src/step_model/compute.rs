@@ -242,13 +242,8 @@ fn quantize_bytes(config: &ModelConfig, (tensor, experts_split): (usize, usize))
 fn local_layer_weights(config: &ModelConfig, (tensor, experts_split): (usize, usize)) -> f64 {
     let counts = parameter_count(config);
     let mut weights = counts.per_layer() as f64;
-    if let Some(m) = &config.moe
-        && experts_split > 1
-    {
-        let (_, moe_layers) = config.dense_and_moe_layers();
-        let experts = (m.num_experts * m.moe_mlp_dim * config.embed) as f64
-            * (config.mlp_activations.len() + 1) as f64
-            * moe_layers as f64
+    if experts_split > 1 {
+        let experts = crate::model::MixtureOfExperts::routed_weights_of(config) as f64
             / counts.layers.max(1) as f64;
         weights -= experts * (1.0 - 1.0 / experts_split as f64);
     }

@@ -158,11 +158,7 @@ pub fn expert_parallel(
         Some(_) => send,
     };
     let counts = crate::model::parameter_count(config);
-    let expert_weights = (moe.num_experts
-        * moe.moe_mlp_dim
-        * config.embed
-        * (config.mlp_activations.len() as u64 + 1)) as f64
-        * moe_layers as f64;
+    let expert_weights = crate::model::MixtureOfExperts::routed_weights_of(config) as f64;
     Ok(Some(ExpertParallel {
         size: x,
         experts_per_device: moe.num_experts / x as u64,

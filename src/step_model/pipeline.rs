@@ -236,7 +236,8 @@ pub fn pipelined(
         permute_seconds: permutes,
         reshard,
         reshard_seconds: reshards,
-        buffer_bytes: buffer_bytes(config, (p, m, r)),
+        // The stage's account holds the loop's buffers already.
+        buffer_bytes: step.hbm.pipeline_buffers,
     };
     let stage_seconds = step.step_seconds;
     let seconds = stage_seconds + bubble + permutes + reshards;

@@ -150,6 +150,12 @@ impl Topology {
         [0, 1, 2].map(|axis| self.dims[axis] / self.host_bounds[axis])
     }
 
+    /// Chips each host drives: its `host_bounds` block (the bounds divide
+    /// the slice's dims, so every host drives as many).
+    pub fn chips_per_host(&self) -> u32 {
+        self.host_bounds.iter().product()
+    }
+
     /// Hosts in the pod.
     pub fn num_hosts(&self) -> u32 {
         self.hosts_per_axis().iter().product::<u32>() * self.slices
