@@ -101,6 +101,9 @@ fn a_stage_holds_its_layers_and_the_pipeline_costs_its_bubble() {
     let more = state(&piped) / state(&flat) - 1.0;
     assert!((0.0..0.03).contains(&more), "{more}");
     assert!(piped.hbm.pipeline_buffers > 0 && flat.hbm.pipeline_buffers == 0);
+    // One layer's backward works on one microbatch at a time: 4·T/16 tokens
+    // against the flat step's T.
+    assert!(piped.hbm.layer_working < flat.hbm.layer_working / 2);
     // The step pays the bubble and the permutes over the flat step's work.
     assert!(piped.step_seconds >= flat.step_seconds - 0.01 * flat.step_seconds);
     assert!(piped.step_seconds >= p.bubble_seconds + p.permute_seconds);

@@ -161,10 +161,11 @@ impl HbmTypes {
 }
 
 /// `config`'s peak HBM on a device of `capacity` bytes under the strategy
-/// of `step` (module docs), its logits on `outside`'s batch (the whole
+/// of `step` (module docs), one layer's backward on `working`'s batch (a
+/// pipeline's microbatch), its logits on `outside`'s batch (the whole
 /// model's when `config` is a pipeline stage's).
 pub fn model_hbm(
-    (config, outside): (&ModelConfig, &ModelConfig),
+    (config, outside, working): (&ModelConfig, &ModelConfig, &ModelConfig),
     step: &StrategyStep,
     capacity: u64,
     buffers: Buffers,
@@ -190,7 +191,7 @@ pub fn model_hbm(
         Strategy::Zero2 | Strategy::Replicated => 0.0,
     };
     let logits = (logits_buffers(outside) + output_matrix).ceil() as u64;
-    let layer_working = layer_working_set(config).ceil() as u64;
+    let layer_working = layer_working_set(working).ceil() as u64;
     let layer_transient = layer_working.saturating_add(buffers.all_to_all);
     let mut m = step.memory;
     m.gathered_buckets = gathered;

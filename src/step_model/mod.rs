@@ -387,22 +387,24 @@ fn model_step_at(
     let chips = u64::from(topology.num_devices());
     let Some(schedule) = pipeline::pipeline_of(config, chips, &options.mesh, options.pipeline)?
     else {
-        return stage_step((config, config), topology, options, 0);
+        return stage_step((config, config, config), topology, options, 0);
     };
     let stage = pipeline::stage_config(config, schedule.0);
     let buffers = pipeline::buffer_bytes(config, schedule);
-    let step = stage_step((&stage, config), topology, options, buffers)?;
+    let microbatch = pipeline::microbatch_config(&stage, schedule);
+    let step = stage_step((&stage, config, &microbatch), topology, options, buffers)?;
     let model_flops = training_flops_per_device(config, options.formula).total();
     pipeline::pipelined(config, topology, &options.mesh, schedule, step, model_flops)
 }
 
 /// The step of `config` on every device of the mesh (one pipeline stage's
-/// model, when pipelined), its embedding and logits run on `outside`'s
+/// model, when pipelined: one layer's backward then works on `working`'s
+/// batch, a microbatch), its embedding and logits run on `outside`'s
 /// batch (the whole model's: MaxText shards them over `stage` too,
 /// `activation_embed_and_logits_batch`), with `loop_buffers` bytes of a
 /// pipeline's loop state beside it.
 fn stage_step(
-    (config, outside): (&ModelConfig, &ModelConfig),
+    (config, outside, working): (&ModelConfig, &ModelConfig, &ModelConfig),
     topology: &Topology,
     options: &ModelStepOptions,
     loop_buffers: u64,
@@ -444,7 +446,7 @@ fn stage_step(
     let hardware_flops = (layer.forward.flops + layer.backward.flops) * layers + layer.logits.flops;
     let per_chip = |flops: f64| flops / step_seconds / 1e12;
     let hbm = hbm::model_hbm(
-        (config, outside),
+        (config, outside, working),
         &step,
         spec.hbm_bytes,
         hbm::Buffers {

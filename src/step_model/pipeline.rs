@@ -40,7 +40,9 @@
 //! transposes. The pipeline waits for its input and the logits for its
 //! output: exposed.
 //!
-//! **HBM.** Beside the stage's own account ([`super::hbm`]) the loop holds
+//! **HBM.** A stage's account ([`super::hbm`]) holds its layers, every
+//! microbatch's saved activations and one layer's backward working set for
+//! one microbatch at a time; beside it the loop holds
 //! its inputs for every microbatch (`state_io`), the shifted microbatch,
 //! and under a circular schedule the microbatches waiting for their next
 //! round (`circ_storage`).
@@ -187,6 +189,16 @@ pub fn stage_config(config: &ModelConfig, stages: usize) -> ModelConfig {
         layers: config.layers / stages as u64,
         per_device_batch: config.per_device_batch * stages as f64,
         ..config.clone()
+    }
+}
+
+/// `stage` (a stage's model, [`stage_config`]) for one microbatch of the
+/// `(P, M, R)` schedule: what one layer's backward works on at a time,
+/// `1/M` of the stage's batch.
+pub fn microbatch_config(stage: &ModelConfig, (_, m, _): (usize, usize, usize)) -> ModelConfig {
+    ModelConfig {
+        per_device_batch: stage.per_device_batch / m as f64,
+        ..stage.clone()
     }
 }
 
