@@ -3,6 +3,10 @@
 //! (and a transformer of 2²⁴ layers). The schedules jump over runs of
 //! equal buckets, so each pair should take the same time.
 //!
+//! And `plan`'s whole search (every layout of a pod, pruned and
+//! exhaustive): its layouts a second are the space's layouts over the
+//! time.
+//!
 //! `cargo bench --bench planner`.
 
 use criterion::{Criterion, criterion_group, criterion_main};
@@ -75,5 +79,51 @@ fn goodput_steps(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, strategy_steps, model_steps, goodput_steps);
+fn searches(c: &mut Criterion) {
+    use optirs_tpu::plan::{PlanRequest, SearchSpace, plan};
+    use optirs_tpu::topology::parse_topology;
+    let mut group = c.benchmark_group("planner::search");
+    group.sample_size(10);
+    let v5p = parse_topology(
+        r#"Pod(name: "v5p-12288", generation: "v5p", shape: "16x16x24")"#,
+        "v5p-12288.ron",
+    )
+    .unwrap();
+    let cases = [
+        ("gpt3-175b", v5p),
+        ("maxtext-v5e-32b", load_preset("v5e-256").unwrap()),
+        ("llama2-7b", load_preset("v5p-256").unwrap()),
+    ];
+    for (model, topology) in &cases {
+        let config = bundled(model).unwrap();
+        let space = SearchSpace::every(&config);
+        for prune in [true, false] {
+            let request = PlanRequest {
+                config: &config,
+                topology,
+                space: &space,
+                base: ModelStepOptions::new(topology),
+                keep: 10,
+                prune,
+                ceiling: None,
+            };
+            let layouts = plan(&request).layouts;
+            let name = format!(
+                "{model}/{}/{}-layouts",
+                if prune { "pruned" } else { "exhaustive" },
+                layouts
+            );
+            group.bench_function(name, |b| b.iter(|| plan(black_box(&request))));
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(
+    benches,
+    strategy_steps,
+    model_steps,
+    goodput_steps,
+    searches
+);
 criterion_main!(benches);

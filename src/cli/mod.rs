@@ -10,6 +10,8 @@ mod model_step;
 mod model_trace;
 mod output;
 mod parse;
+mod plan;
+mod plan_print;
 mod progress;
 mod ranks;
 mod run;
@@ -58,6 +60,10 @@ enum Command {
     Goodput(goodput::GoodputArgs),
     /// Wall-clock benchmarks: `bench schedule` times every system.
     Bench(bench::BenchArgs),
+    /// The fastest layouts of a model on a pod that fit, by search over
+    /// every strategy, mesh, remat policy, prefetch, reduction schedule and
+    /// pipeline; each with the command that models it.
+    Plan(plan::PlanArgs),
 }
 
 /// Parses the command line, runs the command, maps errors to exit codes.
@@ -77,6 +83,7 @@ pub fn main() -> ExitCode {
         Command::Checkpoint(_) => "checkpoint",
         Command::Bench(_) => "bench",
         Command::Goodput(_) => "goodput",
+        Command::Plan(_) => "plan",
     };
     let refused = match name {
         "run" | "train" => Ok(()),
@@ -92,6 +99,7 @@ pub fn main() -> ExitCode {
         Command::Collectives(args) => collectives::collectives(args),
         Command::Goodput(args) => goodput::goodput(args),
         Command::Bench(args) => bench::bench(args),
+        Command::Plan(args) => plan::plan_command(args),
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -122,7 +122,7 @@ pub(super) fn step_of(
     args: &TrainArgs,
 ) -> Result<ModelStep> {
     ModelLayout {
-        strategy: args.strategy,
+        strategy: args.strategy(),
         mesh: args.mesh.as_deref(),
         prefetch: args.prefetch,
         data_reduction: args.data_reduction,
@@ -216,7 +216,12 @@ fn hbm_left(margin: i64) -> String {
 /// `train --model --modeled-only`: the report of the model's step.
 pub(super) fn modeled(args: &TrainArgs, config: &ModelConfig, topology: &Topology) -> Result<()> {
     let started = Instant::now();
-    let step = step_of(config, topology, args)?;
+    let (step, auto) = if args.searches_layout() {
+        let (step, auto) = super::plan::auto_step(args, config, topology)?;
+        (step, Some(auto))
+    } else {
+        (step_of(config, topology, args)?, None)
+    };
     let wall_seconds = started.elapsed().as_secs_f64();
     if let Some(path) = &args.trace {
         output::write_new(
@@ -265,8 +270,35 @@ pub(super) fn modeled(args: &TrainArgs, config: &ModelConfig, topology: &Topolog
         "pipeline": step.pipeline,
         "wall_seconds": wall_seconds,
     });
+    let mut report = report;
+    if let Some(a) = &auto {
+        report["layout_search"] = json!({
+            "layouts": a.layouts,
+            "modeled": a.modeled,
+            "seconds": a.seconds,
+            "chosen": a.flags,
+            "fits": a.fits,
+        });
+        report["remat"] = config.remat.name().into();
+        report["prefetch"] =
+            json!((step.strategy == Strategy::Fsdp).then_some(step.strategy_step.prefetch));
+    }
     if args.json {
         return output::print_json(&report);
+    }
+    if let Some(a) = &auto {
+        println!(
+            "layout: --strategy auto chose {} ({} of {} layouts modeled in {}{})",
+            a.flags,
+            a.modeled,
+            a.layouts,
+            output::seconds(a.seconds),
+            if a.fits {
+                ""
+            } else {
+                "; none fits, this is the nearest to fitting"
+            }
+        );
     }
     print_text(&step, topology, params, wall_seconds)
 }

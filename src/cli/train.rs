@@ -135,8 +135,22 @@ pub struct TrainArgs {
     /// sharded), zero2 (gradients too) or fsdp (ZeRO-3: parameters too,
     /// gathered per bucket). Under zero2 and fsdp the state is the same
     /// along the mesh's data axis (hybrid sharding across slices).
-    #[arg(long, default_value = "replicated")]
-    pub(super) strategy: Strategy,
+    ///
+    /// `auto` (the default with --model --modeled-only) searches every
+    /// strategy, mesh and prefetch for the fastest layout that fits, as
+    /// `plan` does with the model's remat policy and batch; an explicit
+    /// --strategy or --mesh narrows the search (replicated otherwise).
+    #[arg(long, value_name = "STRATEGY")]
+    pub(super) strategy: Option<StrategyChoice>,
+    /// With --model --modeled-only: the remat policy, if not the model's
+    /// (MaxText's names; `plan` prints it in each layout's command).
+    #[arg(long, value_name = "POLICY", requires = "model",
+          value_parser = super::plan::parse_remat_name)]
+    pub(super) remat: Option<String>,
+    /// With --model --modeled-only: sequences a step over the whole pod,
+    /// if not the model's per-device batch times the chips.
+    #[arg(long, value_name = "N", requires = "model", value_parser = parse_count_u64)]
+    pub(super) global_batch: Option<u64>,
     /// The device mesh, `data=D,stage=P,fsdp=F,tensor=T,expert=E` in any
     /// order (an axis left out is 1, one may be -1 for the rest), each axis
     /// whole torus axes or the slices. Default: fsdp over every chip of a
@@ -179,7 +193,51 @@ pub struct TrainArgs {
     pub(super) json: bool,
 }
 
+/// `--strategy`: a strategy, or `auto` (a search for the fastest layout
+/// that fits, with --model --modeled-only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StrategyChoice {
+    /// Search (`plan`'s, narrowed by the other flags).
+    Auto,
+    /// This strategy.
+    Given(Strategy),
+}
+
+impl std::str::FromStr for StrategyChoice {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text {
+            "auto" => Ok(StrategyChoice::Auto),
+            _ => text
+                .parse::<Strategy>()
+                .map(StrategyChoice::Given)
+                .map_err(|e| format!("{e}; or auto, to search for the fastest layout")),
+        }
+    }
+}
+
 impl TrainArgs {
+    /// The strategy a run uses: the given one, replicated by default.
+    /// (`auto` is resolved by the search before a modeled step, and
+    /// refused elsewhere, [`TrainArgs::refuse_unusable`].)
+    pub(super) fn strategy(&self) -> Strategy {
+        match self.strategy {
+            Some(StrategyChoice::Given(s)) => s,
+            _ => Strategy::Replicated,
+        }
+    }
+
+    /// Whether the layout is searched: `--strategy auto`, or no strategy
+    /// and no mesh for a transformer's modeled step.
+    pub(super) fn searches_layout(&self) -> bool {
+        match self.strategy {
+            Some(StrategyChoice::Auto) => true,
+            Some(StrategyChoice::Given(_)) => false,
+            None => self.model.is_some() && self.modeled_only && self.mesh.is_none(),
+        }
+    }
+
     /// Periodic checkpoints every `--checkpoint-every` seconds on a pod at
     /// `tick_ns` ticks: (ticks, directory). The directory is
     /// `--checkpoint-dir` (created), or a fresh temporary one kept alive in
@@ -267,6 +325,11 @@ pub fn train(args: TrainArgs) -> Result<()> {
         let config = super::model_step::load_model(spec)?;
         let topology = checked_topology(&args, &[])?;
         args.refuse_real_run_only(true)?;
+        let config = super::plan::with_model_flags(
+            &config,
+            (args.remat.as_deref(), args.global_batch),
+            topology.num_devices(),
+        )?;
         return super::model_step::modeled(&args, &config, &topology);
     }
     let sizes = model_sizes(&args)?;
@@ -492,7 +555,7 @@ pub(super) fn sharding_of(
         reduction: args.reduction,
         recovery: args.recovery,
         hbm_bytes: None,
-        strategy: args.strategy,
+        strategy: args.strategy(),
         prefetch: args
             .prefetch
             .unwrap_or(optirs_tpu::sharding::residency::DEFAULT_PREFETCH),
@@ -614,7 +677,7 @@ fn modeled_only(args: &TrainArgs, sizes: &[usize]) -> Result<()> {
         .map(|(i, &n)| (format!("param{i}"), vec![n]))
         .collect();
     let options = StrategyOptions {
-        strategy: args.strategy,
+        strategy: args.strategy(),
         mesh,
         prefetch: args.prefetch.unwrap_or(1),
         recovery: args.recovery,
@@ -654,10 +717,10 @@ fn modeled_only(args: &TrainArgs, sizes: &[usize]) -> Result<()> {
         "chips": step.devices,
         "optimizer": args.optimizer.to_ascii_lowercase(),
         "recovery": args.recovery.to_string(),
-        "strategy": args.strategy.name(),
+        "strategy": args.strategy().name(),
         "mesh": step.mesh.to_string(),
         "mesh_axes": mesh_axes_json(&step.mesh),
-        "prefetch": (args.strategy == Strategy::Fsdp).then_some(step.prefetch),
+        "prefetch": (args.strategy() == Strategy::Fsdp).then_some(step.prefetch),
         "params": sizes.iter().map(|&n| n as u128).sum::<u128>(),
         "buckets": step.buckets,
         "bucket_bytes": args.bucket_bytes,

@@ -42,6 +42,23 @@ impl TrainArgs {
                 when.name()
             )));
         }
+        let modeled_model = self.model.is_some() && self.modeled_only;
+        let model_flags = [
+            (
+                "--strategy auto",
+                self.strategy == Some(super::train::StrategyChoice::Auto),
+            ),
+            ("--remat", self.remat.is_some()),
+            ("--global-batch", self.global_batch.is_some()),
+        ];
+        if let Some((flag, _)) = model_flags.iter().find(|(_, given)| *given)
+            && !modeled_model
+        {
+            return Err(usage(format!(
+                "{flag} sets a transformer's modeled step: it needs --model NAME --modeled-only \
+                 (a real run and --params take --strategy replicated, zero2 or fsdp)"
+            )));
+        }
         let pipeline = [
             ("--microbatches", self.microbatches),
             ("--repeats", self.repeats),
@@ -171,26 +188,27 @@ impl TrainArgs {
     /// the run could not build ([`TrainArgs::refuse_unbuilt_recovery`]).
     pub(super) fn refuse_unbuilt_layout(&self) -> Result<()> {
         if let Some(n) = self.prefetch
-            && self.strategy != Strategy::Fsdp
+            && self.strategy() != Strategy::Fsdp
+            && !self.searches_layout()
         {
             return Err(usage(format!(
                 "--prefetch {n} sets how many gathered buckets fsdp keeps in flight; \
                  --strategy {} gathers no parameters before use: drop --prefetch or use \
                  --strategy fsdp",
-                self.strategy
+                self.strategy()
             )));
         }
         let topology = load_topology(&self.pod)?;
         self.refuse_unbuilt_recovery(&topology)?;
         let mesh = self.mesh_on(&topology)?;
-        let replicates_state = self.strategy != Strategy::Replicated
+        let replicates_state = self.strategy() != Strategy::Replicated
             && mesh.size(optirs_tpu::sharding::MeshAxisName::Data) > 1;
         if !self.modeled_only && replicates_state && self.recovery == RecoveryPolicy::Redundant {
             return Err(usage(format!(
                 "--recovery redundant with --strategy {} on the mesh {mesh}: the data axis \
                  already holds every state shard {} times, and copies on top of it are not \
                  built; use --recovery rollback or spare-cube (or --modeled-only)",
-                self.strategy,
+                self.strategy(),
                 mesh.size(optirs_tpu::sharding::MeshAxisName::Data)
             )));
         }

@@ -478,12 +478,14 @@ impl Mesh {
     /// of extent above 1 in exactly one named axis, and each axis's size
     /// the product of its physical axes' extents.
     pub fn check_on(&self, topology: &Topology) -> Result<(), MeshError> {
-        let pod = pod_shape(topology);
+        // Named only on a refusal: a model's step checks its mesh often.
+        let pod = || pod_shape(topology);
+        let physical = physical_axes(topology);
         let mut seen: Vec<PhysicalAxis> = Vec::new();
         let mut slice_product = 1usize;
         for a in &self.axes {
             let known = a.physical.iter().all(|p| {
-                physical_axes(topology).iter().any(|(q, _)| q == p)
+                physical.iter().any(|(q, _)| q == p)
                     && (*p == PhysicalAxis::Slices || !seen.contains(p))
             });
             let torus = self.torus_extent(a.name, topology);
@@ -497,7 +499,7 @@ impl Mesh {
                 return Err(MeshError::NotWholeAxes {
                     axis: a.name,
                     size: a.size,
-                    pod,
+                    pod: pod(),
                 });
             }
             if a.physical.contains(&PhysicalAxis::Slices) {
@@ -508,7 +510,7 @@ impl Mesh {
         seen.sort();
         seen.dedup();
         let slices = topology.slices.max(1) as usize;
-        if seen.len() != physical_axes(topology).len()
+        if seen.len() != physical.len()
             || (slices > 1 && slice_product != slices)
             || self.devices() != topology.num_devices() as usize
         {
@@ -516,7 +518,7 @@ impl Mesh {
                 mesh: self.to_string(),
                 product: self.devices() as u128,
                 devices: topology.num_devices() as usize,
-                pod,
+                pod: pod(),
             });
         }
         Ok(())

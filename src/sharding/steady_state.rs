@@ -53,6 +53,10 @@ pub(super) struct SteadyState {
     enabled: bool,
     margins: Vec<f64>,
     history: Vec<Snapshot>,
+    /// Buffers of snapshots dropped, for the next ones: a step ends dozens
+    /// of iterations, and a search models thousands of steps.
+    spare_f64: Vec<Vec<f64>>,
+    spare_u128: Vec<Vec<u128>>,
     /// Iterations simulated one by one (the rest were jumped).
     pub(super) simulated: u64,
 }
@@ -64,7 +68,43 @@ impl SteadyState {
             enabled,
             margins: Vec::new(),
             history: Vec::new(),
+            spare_f64: Vec::new(),
+            spare_u128: Vec::new(),
             simulated: 0,
+        }
+    }
+
+    /// Whether iterations are snapshotted (and jumped).
+    pub(super) fn enabled(&self) -> bool {
+        self.enabled
+    }
+
+    /// An empty buffer for an iteration's carried times or sums.
+    pub(super) fn f64_buffer(&mut self) -> Vec<f64> {
+        self.spare_f64.pop().unwrap_or_default()
+    }
+
+    /// An empty buffer for an iteration's byte counts.
+    pub(super) fn u128_buffer(&mut self) -> Vec<u128> {
+        self.spare_u128.pop().unwrap_or_default()
+    }
+
+    /// Keeps `snapshot`'s buffers for the next ones.
+    fn recycle(&mut self, snapshot: Snapshot) {
+        for mut v in [snapshot.state, snapshot.margins, snapshot.sums] {
+            v.clear();
+            self.spare_f64.push(v);
+        }
+        let mut bytes = snapshot.bytes;
+        bytes.clear();
+        self.spare_u128.push(bytes);
+    }
+
+    /// Forgets the snapshots, keeping their buffers.
+    fn clear_history(&mut self) {
+        let history = std::mem::take(&mut self.history);
+        for snapshot in history {
+            self.recycle(snapshot);
         }
     }
 
@@ -79,7 +119,7 @@ impl SteadyState {
     /// Forgets the run: the next iteration starts a new one (its work
     /// differs from the last's).
     pub(super) fn new_run(&mut self) {
-        self.history.clear();
+        self.clear_history();
         self.margins.clear();
     }
 
@@ -97,21 +137,23 @@ impl SteadyState {
         if !self.enabled {
             return None;
         }
+        let margins = self.f64_buffer();
         let snapshot = Snapshot {
             state,
-            margins: std::mem::take(&mut self.margins),
+            margins: std::mem::replace(&mut self.margins, margins),
             sums,
             bytes,
         };
         if self.history.len() == 3 {
-            self.history.remove(0);
+            let oldest = self.history.remove(0);
+            self.recycle(oldest);
         }
         self.history.push(snapshot);
         if remaining < MIN_JUMP || self.history.len() < 3 {
             return None;
         }
         let jump = self.affine_jump(remaining)?;
-        self.history.clear();
+        self.clear_history();
         Some(jump)
     }
 

@@ -305,6 +305,8 @@ pub(super) struct Costing<'a> {
     pub(super) hbm_per_s: f64,
     pub(super) phases: Keys,
     pub(super) axes: Keys,
+    /// [`Costing::pass_ids`]' cache: (kind, physical axis) to (phase, axis).
+    pub(super) pass_keys: Vec<((PhaseKind, u32), (usize, usize))>,
     /// The next round's group number.
     pub(super) next_group: u64,
 }
@@ -354,6 +356,7 @@ impl<'a> Costing<'a> {
             hbm_per_s: topology.generation.spec().hbm_bytes_per_s,
             phases: Keys::default(),
             axes: Keys::default(),
+            pass_keys: Vec::new(),
             next_group: 0,
         })
     }
@@ -424,24 +427,39 @@ impl Costing<'_> {
             let group = self.next_group;
             self.next_group += 1;
             for p in passes.into_iter().filter(|p| p.seconds > 0.0) {
-                let (axis_key, bytes) = if p.axis == DCN_AXIS {
-                    (PhysicalAxis::Slices.key(), p.link_bytes)
+                let bytes = if p.axis == DCN_AXIS {
+                    p.link_bytes
                 } else {
-                    (
-                        PhysicalAxis::Torus(p.axis as usize).key(),
-                        p.link_bytes * self.slices as u64,
-                    )
+                    p.link_bytes * self.slices as u64
                 };
+                let (phase, axis) = self.pass_ids(p.kind, p.axis);
                 rounds.push(Round {
                     group,
-                    phase: self.phases.id(pass_name(p.kind, p.axis)),
-                    axis: self.axes.id(axis_key),
+                    phase,
+                    axis,
                     seconds: p.seconds,
                     bytes,
                 });
             }
         }
         rounds
+    }
+
+    /// The interned phase and axis keys of a pass of `kind` on physical
+    /// axis `dim` (`all_gather.axis0`, `axis0`), named once per step: a
+    /// step costs thousands of passes over a handful of keys.
+    fn pass_ids(&mut self, kind: PhaseKind, dim: u32) -> (usize, usize) {
+        if let Some(&(_, ids)) = self.pass_keys.iter().find(|(k, _)| *k == (kind, dim)) {
+            return ids;
+        }
+        let axis_key = if dim == DCN_AXIS {
+            PhysicalAxis::Slices.key()
+        } else {
+            PhysicalAxis::Torus(dim as usize).key()
+        };
+        let ids = (self.phases.id(pass_name(kind, dim)), self.axes.id(axis_key));
+        self.pass_keys.push(((kind, dim), ids));
+        ids
     }
 
     /// A bucket of `len` padded elements under `strategy`, `expert_share`

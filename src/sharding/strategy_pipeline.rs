@@ -254,8 +254,9 @@ impl<'w> StepRun<'w> {
     /// The times the iteration carries into the next (the streams', the
     /// last use's, the gathers', the pending update's, and the outputs a
     /// jump extends).
-    fn carried(&self, streams: &Streams, it: &Iteration) -> Vec<f64> {
-        let mut carried = vec![streams.comm_free, streams.compute_free, self.last_used];
+    fn carried(&self, streams: &mut Streams, it: &Iteration) -> Vec<f64> {
+        let mut carried = streams.steady.f64_buffer();
+        carried.extend([streams.comm_free, streams.compute_free, self.last_used]);
         carried.extend(self.ring.iter());
         carried.extend(self.pending.map(|p| p.1));
         carried.extend(

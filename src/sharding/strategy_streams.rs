@@ -55,12 +55,19 @@ pub(super) fn cuts(
     shifts: std::ops::RangeInclusive<isize>,
     end: usize,
 ) -> Vec<usize> {
-    let mut out: Vec<usize> = points
-        .iter()
-        .flat_map(|&p| shifts.clone().map(move |d| p as isize + d))
-        .filter(|&x| x >= 0 && x as usize <= end)
-        .map(|x| x as usize)
-        .collect();
+    // Sized once: a flat-map's collect grows the vector step by step,
+    // and a step model calls this on every schedule.
+    let width = (shifts.end() - shifts.start() + 1).max(0) as usize;
+    let mut out: Vec<usize> = Vec::with_capacity(points.len() * width + 2);
+    for &p in points {
+        out.extend(
+            shifts
+                .clone()
+                .map(|d| p as isize + d)
+                .filter(|&x| x >= 0 && x as usize <= end)
+                .map(|x| x as usize),
+        );
+    }
     out.push(0);
     out.push(end);
     out.sort_unstable();
@@ -209,11 +216,13 @@ impl Streams {
     }
 
     /// The sums a jump advances: seconds, then bytes.
-    pub(super) fn sums(&self) -> (Vec<f64>, Vec<u128>) {
-        let mut seconds = vec![self.update_seconds, self.update_phase, self.use_total];
+    pub(super) fn sums(&mut self) -> (Vec<f64>, Vec<u128>) {
+        let mut seconds = self.steady.f64_buffer();
+        seconds.extend([self.update_seconds, self.update_phase, self.use_total]);
         seconds.extend(&self.phase_seconds);
         seconds.extend(&self.axis_seconds);
-        let mut bytes = self.phase_bytes.clone();
+        let mut bytes = self.steady.u128_buffer();
+        bytes.extend(&self.phase_bytes);
         bytes.extend(&self.axis_bytes);
         (seconds, bytes)
     }
@@ -223,6 +232,9 @@ impl Streams {
     /// the streams advanced; the caller advances the rest of `carried` by
     /// the jump's increments).
     pub(super) fn end_iteration(&mut self, carried: Vec<f64>, left: u64) -> Option<Jump> {
+        if !self.steady.enabled() {
+            return self.steady.end(carried, Vec::new(), Vec::new(), left);
+        }
         let (seconds, bytes) = self.sums();
         let jump = self.steady.end(carried, seconds, bytes, left)?;
         let k = jump.iterations as f64;

@@ -170,8 +170,7 @@ pub fn model_hbm(
     capacity: u64,
     buffers: Buffers,
 ) -> ModelHbm {
-    let layers = parameter_count(config).layers as f64;
-    let activations = (activation_memory_per_layer(config).device_bytes * layers).ceil() as u64;
+    let activations = saved_activation_bytes(config);
     let tensor = step.mesh.size(MeshAxisName::Tensor).max(1) as f64;
     let compute = config.activation_dtype.byte_size() as f64;
     // A weight in flight, gathered or its gradient before the
@@ -235,6 +234,14 @@ pub fn model_hbm(
         capacity,
         margin: i64::try_from(i128::from(capacity) - i128::from(total)).unwrap_or(i64::MIN),
     }
+}
+
+/// Every layer's saved activations under `config`'s remat policy on one
+/// device (the scan's carry included): the part of the peak no strategy,
+/// prefetch or reduction schedule changes.
+pub fn saved_activation_bytes(config: &ModelConfig) -> u64 {
+    let layers = parameter_count(config).layers as f64;
+    (activation_memory_per_layer(config).device_bytes * layers).ceil() as u64
 }
 
 /// What does not fit, and by how much: the one message `train` prints and

@@ -87,6 +87,7 @@
 //! (`tests/utilization.rs`). Then compute and exposed communication, and
 //! HBM per device by kind at the step's peak ([`hbm`]).
 
+pub mod bound;
 pub mod calibration;
 pub mod compute;
 pub mod expert_parallel;
@@ -98,6 +99,7 @@ pub mod stages_over_dcn;
 pub mod tensor;
 pub mod validation;
 
+pub use bound::{default_efficiency, hbm_floor, passes_lower_bound};
 pub use compute::{hardware_matmul_flops, recomputed_flops, recomputed_fraction};
 pub use expert_parallel::ExpertParallel;
 pub use hbm::{HbmTypes, ModelHbm};
@@ -610,24 +612,8 @@ fn strategy_step(
     layer: &LayerCompute,
     (t, expert_share): (usize, f64),
 ) -> Result<StrategyStep, StepModelError> {
-    let counts = parameter_count(config);
-    let layers = counts.layers as f64;
-    let per_layer = counts.per_layer().div_ceil(t as u64);
-    let rest = counts.outside_layers().div_ceil(t as u64);
-    let elements = per_layer
-        .checked_mul(counts.layers)
-        .and_then(|e| e.checked_add(rest))
-        .unwrap_or(u64::MAX);
-    let elements = usize::try_from(elements).unwrap_or(usize::MAX);
-    let bucket_bytes = (per_layer as usize)
-        .saturating_mul(DType::F32.byte_size())
-        .max(1);
-    let runs = BucketRuns::new(
-        elements,
-        DType::F32,
-        bucket_bytes,
-        topology.num_devices() as usize,
-    )?;
+    let layers = parameter_count(config).layers as f64;
+    let (elements, bucket_bytes, runs) = model_buckets(config, topology, t)?;
     let buckets = runs.buckets() as f64;
     let strategy_options = StrategyOptions {
         strategy: options.strategy,
@@ -655,6 +641,34 @@ fn strategy_step(
         bucket_bytes,
         &strategy_options,
     )?)
+}
+
+/// `config`'s parameters as the strategy step takes them: each device's
+/// `1/t` of every layer and of the rest, the elements in all, one layer a
+/// bucket (its bytes), and the buckets over the pod's devices.
+fn model_buckets(
+    config: &ModelConfig,
+    topology: &Topology,
+    t: usize,
+) -> Result<(usize, usize, BucketRuns), StepModelError> {
+    let counts = parameter_count(config);
+    let per_layer = counts.per_layer().div_ceil(t as u64);
+    let rest = counts.outside_layers().div_ceil(t as u64);
+    let elements = per_layer
+        .checked_mul(counts.layers)
+        .and_then(|e| e.checked_add(rest))
+        .unwrap_or(u64::MAX);
+    let elements = usize::try_from(elements).unwrap_or(usize::MAX);
+    let bucket_bytes = (per_layer as usize)
+        .saturating_mul(DType::F32.byte_size())
+        .max(1);
+    let runs = BucketRuns::new(
+        elements,
+        DType::F32,
+        bucket_bytes,
+        topology.num_devices() as usize,
+    )?;
+    Ok((elements, bucket_bytes, runs))
 }
 
 /// `config`'s mixed precision with `slots` optimizer-state slots: the

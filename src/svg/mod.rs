@@ -1,6 +1,6 @@
 //! SVG pictures: a pod's topology ([`topology_svg`]), a compiled graph with
-//! its fusion groups ([`graph_svg`]) and a memory plan over time
-//! ([`memory_svg`]).
+//! its fusion groups ([`graph_svg`]), a memory plan over time
+//! ([`memory_svg`]) and a scatter plot with its front ([`scatter_svg`]).
 //!
 //! Plain SVG 1.1 written by hand: every picture is a handful of rectangles,
 //! lines and text, and each element carries a `<title>` so a browser shows
@@ -8,10 +8,12 @@
 
 pub mod graph;
 pub mod memory;
+pub mod scatter;
 pub mod topology;
 
 pub use graph::{GraphView, GraphViewNode, graph_svg};
 pub use memory::{MemoryBuffer, memory_svg};
+pub use scatter::{ScatterPoint, scatter_svg};
 pub use topology::topology_svg;
 
 use std::fmt::Write;

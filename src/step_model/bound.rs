@@ -1,0 +1,119 @@
+//! The least a layout's step can take, from its passes alone: what a
+//! search over layouts ([`crate::plan`]) prunes by without modeling the
+//! collectives.
+//!
+//! Every layer's forward and backward pass and the logits run one after
+//! another on each device's MXU in any strategy's step
+//! ([`crate::sharding::strategy_model`]'s training order puts them on one
+//! compute stream); the collectives and the update only add to it. So the
+//! passes' seconds are a lower bound on the step under every strategy,
+//! prefetch and data-reduction schedule of the same mesh, model and remat
+//! policy (`tests/plan.rs` holds every modeled step to it).
+
+use super::{
+    ModelStepOptions, StepModelError, checked, parameter_count, passes, recomputed_fraction,
+};
+use crate::model::ModelConfig;
+use crate::sharding::MeshAxisName;
+use crate::topology::Topology;
+
+/// The seconds of `config`'s layers' passes and its logits on `options`'
+/// mesh, which no step of the layout is shorter than (module docs); `None`
+/// for a pipelined mesh (a `stage` axis), whose stage's passes interleave
+/// with the bubble and are not bounded here.
+pub fn passes_lower_bound(
+    config: &ModelConfig,
+    topology: &Topology,
+    options: &ModelStepOptions,
+) -> Result<Option<f64>, StepModelError> {
+    if options.mesh.size(MeshAxisName::Stage) > 1 {
+        return Ok(None);
+    }
+    let (efficiency, _) = checked(config, topology, options)?;
+    let recompute = recomputed_fraction(config, config.remat);
+    let (layer, _, _) = passes((config, config), topology, options, (efficiency, recompute))?;
+    let layers = parameter_count(config).layers as f64;
+    Ok(Some(
+        (layer.forward.elapsed() + layer.backward.elapsed()) * layers + layer.logits.seconds,
+    ))
+}
+
+/// The HBM `options`' layout holds at least at its step's peak: the
+/// strategy's weights, gradients, optimizer state, master copy and
+/// redundant copies (less what the model keeps in host memory) and the
+/// saved activations, as [`super::hbm::model_hbm`] counts them, without
+/// the step's timeline (a pipeline's: its stage's); `None` for a pipeline
+/// the step model refuses. A layout whose floor is above a chip's HBM fits
+/// under no timing.
+pub fn hbm_floor(
+    config: &ModelConfig,
+    topology: &Topology,
+    options: &ModelStepOptions,
+) -> Result<Option<u64>, StepModelError> {
+    use crate::sharding::strategy::{ModelSize, StrategyMemory};
+    let chips = u64::from(topology.num_devices());
+    // A pipeline's stage holds its layers on its devices' share of the
+    // batch, as its step models it ([`super::pipeline::stage_config`]).
+    let staged;
+    let config = match super::pipeline::pipeline_of(config, chips, &options.mesh, options.pipeline)
+    {
+        Ok(Some(schedule)) => {
+            staged = super::pipeline::stage_config(config, schedule.0);
+            &staged
+        }
+        Ok(None) => config,
+        Err(_) => return Ok(None),
+    };
+    let mesh = &options.mesh;
+    let t = mesh.size(MeshAxisName::Tensor).max(1);
+    let expert_share = match (&config.moe, mesh.size(MeshAxisName::Expert)) {
+        (Some(_), x) if x > 1 => {
+            let weights = crate::model::MixtureOfExperts::routed_weights_of(config) as f64;
+            (weights / parameter_count(config).total().max(1) as f64).clamp(0.0, 1.0)
+        }
+        _ => 0.0,
+    };
+    let (_, _, runs) = super::model_buckets(config, topology, t)?;
+    let slots = options.optimizer.slots;
+    let model = ModelSize::of_runs(&runs, crate::ir::DType::F32.byte_size(), slots)
+        .with_precision(super::precision(config, slots))
+        .with_expert_share(expert_share);
+    let m = StrategyMemory::of(
+        options.strategy,
+        mesh,
+        &model,
+        options.prefetch,
+        options.recovery,
+    );
+    let state = if config.optimizer_memory_host_offload {
+        0
+    } else {
+        m.state
+    };
+    let (params, master) = if config.parameter_memory_host_offload {
+        (0, 0)
+    } else {
+        (m.params, m.master)
+    };
+    Ok(Some(
+        [
+            params,
+            m.grads,
+            state,
+            master,
+            m.redundant_state,
+            super::hbm::saved_activation_bytes(config),
+        ]
+        .iter()
+        .fold(0u64, |sum, &b| sum.saturating_add(b)),
+    ))
+}
+
+/// The MXU efficiency a step on `topology` is modeled at when none is
+/// given: the generation's fitted constant, or the default for one without
+/// (what [`super::model_step`] uses; a search passes it explicitly so
+/// that each layout is modeled once, not at the fitted range's ends too).
+pub fn default_efficiency(topology: &Topology) -> f64 {
+    super::calibration::mxu_efficiency(topology.generation)
+        .unwrap_or(super::calibration::DEFAULT_MXU_EFFICIENCY)
+}
