@@ -247,38 +247,12 @@ pub(super) fn print_search(args: &PlanArgs, s: &PodSearch) -> Result<()> {
     output::print_text(&search_text(args, s))
 }
 
-fn search_text(args: &PlanArgs, s: &PodSearch) -> String {
+/// The ranking as a table, each row with its command; the time to train
+/// with --tokens.
+fn ranked_rows(args: &PlanArgs, s: &PodSearch) -> String {
     let p = &s.plan;
     let chips = s.topology.num_devices();
     let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "plan {} on {} ({}), global batch {} ({} tokens a chip), {}",
-        s.config.name,
-        s.topology.name,
-        output::plural(u64::from(chips), "chip", "chips"),
-        s.config.global_batch(u64::from(chips)).unwrap_or(0),
-        s.config.tokens_per_device(),
-        args.optimizer
-    );
-    let _ = writeln!(
-        out,
-        "searched {} layouts on {} in {} ({:.0} layouts/s): {} modeled, {} pruned by their \
-         passes' bound, {} whose state and activations alone overflow HBM, {} refused{}",
-        p.layouts,
-        output::plural(p.meshes as u64, "mesh", "meshes"),
-        seconds(s.seconds),
-        p.layouts as f64 / s.seconds.max(1e-9),
-        p.modeled,
-        p.pruned,
-        p.pruned_not_fitting,
-        p.refused(),
-        if s.effective.is_some() {
-            ", ranked by tokens/s/chip × goodput"
-        } else {
-            ""
-        }
-    );
     let best = first_ranked(s);
     let rows: Vec<(&Candidate, Option<(f64, f64)>)> = match &s.effective {
         Some(ranked) => ranked
@@ -334,6 +308,42 @@ fn search_text(args: &PlanArgs, s: &PodSearch) -> String {
             seconds(n / (rate * f64::from(chips)))
         );
     }
+    out
+}
+
+fn search_text(args: &PlanArgs, s: &PodSearch) -> String {
+    let p = &s.plan;
+    let chips = s.topology.num_devices();
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "plan {} on {} ({}), global batch {} ({} tokens a chip), {}",
+        s.config.name,
+        s.topology.name,
+        output::plural(u64::from(chips), "chip", "chips"),
+        s.config.global_batch(u64::from(chips)).unwrap_or(0),
+        s.config.tokens_per_device(),
+        args.optimizer
+    );
+    let _ = writeln!(
+        out,
+        "searched {} layouts on {} in {} ({:.0} layouts/s): {} modeled, {} pruned by their \
+         passes' bound, {} whose state and activations alone overflow HBM, {} refused{}",
+        p.layouts,
+        output::plural(p.meshes as u64, "mesh", "meshes"),
+        seconds(s.seconds),
+        p.layouts as f64 / s.seconds.max(1e-9),
+        p.modeled,
+        p.pruned,
+        p.pruned_not_fitting,
+        p.refused(),
+        if s.effective.is_some() {
+            ", ranked by tokens/s/chip × goodput"
+        } else {
+            ""
+        }
+    );
+    out += &ranked_rows(args, s);
     if !p.rejected.is_empty() {
         let _ = writeln!(out, "faster layouts that do not fit:");
         for c in &p.rejected {

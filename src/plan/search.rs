@@ -166,6 +166,51 @@ struct Group {
     layouts: Vec<(usize, Layout)>,
 }
 
+/// The groups of one mesh and remat policy, each with its passes' bound,
+/// sorted by it; the layouts in all; the refusals of the groups whose
+/// passes cannot be modeled.
+fn groups_of(
+    request: &PlanRequest,
+    (meshes, configs): (&[(MeshSizes, Mesh)], &[ModelConfig]),
+    base: &ModelStepOptions,
+    refusals: &mut Vec<Refusal>,
+) -> (Vec<Group>, usize) {
+    let (space, topology, config) = (request.space, request.topology, request.config);
+    let mut groups = Vec::new();
+    let mut order = 0usize;
+    for (sizes, mesh) in meshes {
+        for (c, remat) in space.remat.iter().enumerate() {
+            let layouts: Vec<(usize, Layout)> = space
+                .variants(*sizes, *remat, config.layers)
+                .into_iter()
+                .map(|l| {
+                    order += 1;
+                    (order - 1, l)
+                })
+                .collect();
+            let options = ModelStepOptions {
+                mesh: mesh.clone(),
+                ..base.clone()
+            };
+            match passes_lower_bound(&configs[c], topology, &options) {
+                Ok(bound) => groups.push(Group {
+                    bound: bound.unwrap_or(0.0),
+                    mesh: mesh.clone(),
+                    config: c,
+                    layouts,
+                }),
+                Err(e) => {
+                    for (_, layout) in layouts {
+                        refuse(refusals, e.to_string(), layout);
+                    }
+                }
+            }
+        }
+    }
+    groups.sort_by(|a, b| a.bound.total_cmp(&b.bound));
+    (groups, order)
+}
+
 /// Searches `request.space` on the pod (module docs).
 pub fn plan(request: &PlanRequest) -> Plan {
     let PlanRequest {
@@ -191,39 +236,7 @@ pub fn plan(request: &PlanRequest) -> Plan {
         })
         .collect();
     let mut refusals: Vec<Refusal> = Vec::new();
-    let mut groups = Vec::new();
-    let mut order = 0usize;
-    for (sizes, mesh) in &meshes {
-        for (c, remat) in space.remat.iter().enumerate() {
-            let layouts: Vec<(usize, Layout)> = space
-                .variants(*sizes, *remat, config.layers)
-                .into_iter()
-                .map(|l| {
-                    order += 1;
-                    (order - 1, l)
-                })
-                .collect();
-            let options = ModelStepOptions {
-                mesh: mesh.clone(),
-                ..base.clone()
-            };
-            match passes_lower_bound(&configs[c], topology, &options) {
-                Ok(bound) => groups.push(Group {
-                    bound: bound.unwrap_or(0.0),
-                    mesh: mesh.clone(),
-                    config: c,
-                    layouts,
-                }),
-                Err(e) => {
-                    for (_, layout) in layouts {
-                        refuse(&mut refusals, e.to_string(), layout);
-                    }
-                }
-            }
-        }
-    }
-    let layouts = order;
-    groups.sort_by(|a, b| a.bound.total_cmp(&b.bound));
+    let (groups, layouts) = groups_of(request, (&meshes, &configs), &base, &mut refusals);
     let keep = request.keep.max(1);
     let mut fitting: Vec<Candidate> = Vec::new();
     let mut over: Vec<Candidate> = Vec::new();

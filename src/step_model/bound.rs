@@ -8,13 +8,18 @@
 //! compute stream); the collectives and the update only add to it. So the
 //! passes' seconds are a lower bound on the step under every strategy,
 //! prefetch and data-reduction schedule of the same mesh, model and remat
-//! policy (`tests/plan.rs` holds every modeled step to it).
+//! policy (`tests/plan.rs` holds every modeled step to it). The HBM
+//! floor ([`hbm_floor`]) is likewise the part of the peak no timing
+//! changes; and the model's parameters become buckets here
+//! ([`model_buckets`]) for both the floor and the step.
 
 use super::{
     ModelStepOptions, StepModelError, checked, parameter_count, passes, recomputed_fraction,
 };
+use crate::ir::DType;
 use crate::model::ModelConfig;
 use crate::sharding::MeshAxisName;
+use crate::sharding::bucket_runs::BucketRuns;
 use crate::topology::Topology;
 
 /// The seconds of `config`'s layers' passes and its logits on `options`'
@@ -73,7 +78,7 @@ pub fn hbm_floor(
         }
         _ => 0.0,
     };
-    let (_, _, runs) = super::model_buckets(config, topology, t)?;
+    let (_, _, runs) = model_buckets(config, topology, t)?;
     let slots = options.optimizer.slots;
     let model = ModelSize::of_runs(&runs, crate::ir::DType::F32.byte_size(), slots)
         .with_precision(super::precision(config, slots))
@@ -116,4 +121,32 @@ pub fn hbm_floor(
 pub fn default_efficiency(topology: &Topology) -> f64 {
     super::calibration::mxu_efficiency(topology.generation)
         .unwrap_or(super::calibration::DEFAULT_MXU_EFFICIENCY)
+}
+
+/// `config`'s parameters as the strategy step takes them: each device's
+/// `1/t` of every layer and of the rest, the elements in all, one layer a
+/// bucket (its bytes), and the buckets over the pod's devices.
+pub(super) fn model_buckets(
+    config: &ModelConfig,
+    topology: &Topology,
+    t: usize,
+) -> Result<(usize, usize, BucketRuns), StepModelError> {
+    let counts = parameter_count(config);
+    let per_layer = counts.per_layer().div_ceil(t as u64);
+    let rest = counts.outside_layers().div_ceil(t as u64);
+    let elements = per_layer
+        .checked_mul(counts.layers)
+        .and_then(|e| e.checked_add(rest))
+        .unwrap_or(u64::MAX);
+    let elements = usize::try_from(elements).unwrap_or(usize::MAX);
+    let bucket_bytes = (per_layer as usize)
+        .saturating_mul(DType::F32.byte_size())
+        .max(1);
+    let runs = BucketRuns::new(
+        elements,
+        DType::F32,
+        bucket_bytes,
+        topology.num_devices() as usize,
+    )?;
+    Ok((elements, bucket_bytes, runs))
 }

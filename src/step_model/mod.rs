@@ -118,7 +118,6 @@ use crate::model::{
     training_flops_per_device,
 };
 use crate::optimizers::{UpdateCost, UpdateKind};
-use crate::sharding::bucket_runs::BucketRuns;
 use crate::sharding::strategy_model::{
     DataReduction, Precision, StepOrder, StrategyOptions, StrategyStep, modeled_strategy_step,
 };
@@ -613,7 +612,7 @@ fn strategy_step(
     (t, expert_share): (usize, f64),
 ) -> Result<StrategyStep, StepModelError> {
     let layers = parameter_count(config).layers as f64;
-    let (elements, bucket_bytes, runs) = model_buckets(config, topology, t)?;
+    let (elements, bucket_bytes, runs) = bound::model_buckets(config, topology, t)?;
     let buckets = runs.buckets() as f64;
     let strategy_options = StrategyOptions {
         strategy: options.strategy,
@@ -641,34 +640,6 @@ fn strategy_step(
         bucket_bytes,
         &strategy_options,
     )?)
-}
-
-/// `config`'s parameters as the strategy step takes them: each device's
-/// `1/t` of every layer and of the rest, the elements in all, one layer a
-/// bucket (its bytes), and the buckets over the pod's devices.
-fn model_buckets(
-    config: &ModelConfig,
-    topology: &Topology,
-    t: usize,
-) -> Result<(usize, usize, BucketRuns), StepModelError> {
-    let counts = parameter_count(config);
-    let per_layer = counts.per_layer().div_ceil(t as u64);
-    let rest = counts.outside_layers().div_ceil(t as u64);
-    let elements = per_layer
-        .checked_mul(counts.layers)
-        .and_then(|e| e.checked_add(rest))
-        .unwrap_or(u64::MAX);
-    let elements = usize::try_from(elements).unwrap_or(usize::MAX);
-    let bucket_bytes = (per_layer as usize)
-        .saturating_mul(DType::F32.byte_size())
-        .max(1);
-    let runs = BucketRuns::new(
-        elements,
-        DType::F32,
-        bucket_bytes,
-        topology.num_devices() as usize,
-    )?;
-    Ok((elements, bucket_bytes, runs))
 }
 
 /// `config`'s mixed precision with `slots` optimizer-state slots: the

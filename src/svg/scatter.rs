@@ -59,6 +59,52 @@ pub fn scatter_svg(
         "<text x=\"{left}\" y=\"20\" font-size=\"13\">{}</text>",
         escape(title)
     );
+    draw_axes(
+        &mut out,
+        (&px, &py),
+        (x0, x1, y0, y1),
+        (w, h, left, bottom, top, right),
+        (x_label, y_label),
+    );
+    for p in &finite {
+        let (fill, stroke) = if p.kept {
+            (palette(0), palette(0))
+        } else {
+            ("none", "#999999")
+        };
+        let _ = writeln!(
+            out,
+            "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"{fill}\" stroke=\"{stroke}\">\
+             <title>{}</title></circle>",
+            px(p.x),
+            py(p.y),
+            escape(&p.label)
+        );
+    }
+    if !front.is_empty() {
+        let path: Vec<String> = front
+            .iter()
+            .map(|&(x, y)| format!("{:.1},{:.1}", px(x), py(y)))
+            .collect();
+        let _ = writeln!(
+            out,
+            "<polyline points=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"2\"/>",
+            path.join(" "),
+            palette(3)
+        );
+    }
+    out.push_str("</svg>\n");
+    out
+}
+
+/// The axes, their ticks and labels, and the dashed line at `x = 0`.
+fn draw_axes(
+    out: &mut String,
+    (px, py): (&dyn Fn(f64) -> f64, &dyn Fn(f64) -> f64),
+    (x0, x1, y0, y1): (f64, f64, f64, f64),
+    (w, h, left, bottom, top, right): (f64, f64, f64, f64, f64, f64),
+    (x_label, y_label): (&str, &str),
+) {
     let _ = writeln!(
         out,
         "<line x1=\"{left}\" y1=\"{b}\" x2=\"{r}\" y2=\"{b}\" stroke=\"black\"/>\
@@ -102,35 +148,6 @@ pub fn scatter_svg(
             h - bottom
         );
     }
-    for p in &finite {
-        let (fill, stroke) = if p.kept {
-            (palette(0), palette(0))
-        } else {
-            ("none", "#999999")
-        };
-        let _ = writeln!(
-            out,
-            "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"{fill}\" stroke=\"{stroke}\">\
-             <title>{}</title></circle>",
-            px(p.x),
-            py(p.y),
-            escape(&p.label)
-        );
-    }
-    if !front.is_empty() {
-        let path: Vec<String> = front
-            .iter()
-            .map(|&(x, y)| format!("{:.1},{:.1}", px(x), py(y)))
-            .collect();
-        let _ = writeln!(
-            out,
-            "<polyline points=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"2\"/>",
-            path.join(" "),
-            palette(3)
-        );
-    }
-    out.push_str("</svg>\n");
-    out
 }
 
 #[cfg(test)]
