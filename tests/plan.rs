@@ -208,11 +208,13 @@ fn every_published_run_s_best_layout_is_at_least_its_own() {
 fn published_ranks() {
     let published = optirs_tpu::model::maxtext_published().unwrap();
     let rows = optirs_tpu::plan::rank_published(&published, true).unwrap();
-    println!("| run | pod | published layout, modeled | rank of | best layout found | best |");
-    println!("|---|---|---|---|---|---|");
+    println!(
+        "| run | pod | published layout, modeled | rank of | best layout found | best | why |"
+    );
+    println!("|---|---|---|---|---|---|---|");
     for r in rows {
         println!(
-            "| {} {} | {}×{} | {:.3} s on {} | {} of {} | {} on {} | {:.3} s ({:+.1} %) |",
+            "| {} {} | {}×{} | {:.3} s on {} | {} of {} | `{}` | {:.3} s ({:+.1} %) | {} |",
             r.table,
             r.model,
             r.slices,
@@ -222,9 +224,9 @@ fn published_ranks() {
             r.rank.unwrap(),
             r.layouts,
             r.best.layout.flags(),
-            r.best.mesh,
             r.best.step_seconds,
-            (r.best.step_seconds / r.published_step_seconds - 1.0) * 100.0
+            (r.best.step_seconds / r.published_step_seconds - 1.0) * 100.0,
+            r.why()
         );
     }
 }

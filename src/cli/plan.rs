@@ -83,9 +83,9 @@ pub struct PlanArgs {
     /// between failures, hours (goodput's inputs, its defaults otherwise).
     #[arg(long, value_name = "H", value_parser = parse_mtbf)]
     pub(super) mtbf_hours: Option<f64>,
-    /// With --mtbf-hours: the simulated run's length, days.
-    #[arg(long, value_name = "D", default_value_t = 30.0, value_parser = parse_days)]
-    pub(super) days: f64,
+    /// With --mtbf-hours: the simulated run's length, days (default 30).
+    #[arg(long, value_name = "D", value_parser = parse_days, requires = "mtbf_hours")]
+    pub(super) days: Option<f64>,
     /// With --pods: a price per chip-hour, to cost each pod's run (no
     /// price is assumed).
     #[arg(long, value_name = "PRICE", value_parser = parse_price, requires = "pods")]
@@ -97,8 +97,9 @@ pub struct PlanArgs {
     /// ranking, slower.
     #[arg(long)]
     pub(super) exhaustive: bool,
-    /// Write the throughput of every layout modeled against its HBM
-    /// headroom, with the Pareto front, as SVG (never overwrites).
+    /// Write the throughput of every layout against its HBM headroom,
+    /// with the Pareto front of those that fit, as SVG (never
+    /// overwrites; every layout is modeled, as with --exhaustive).
     #[arg(long, value_name = "FILE", conflicts_with = "pods")]
     pub(super) svg: Option<PathBuf>,
     /// Print one JSON object instead of text.
@@ -406,7 +407,7 @@ fn search_pod(
         space: &space,
         base: base_of(args, &topology)?,
         keep: args.top,
-        prune: !args.exhaustive,
+        prune: !(args.exhaustive || args.svg.is_some()),
         ceiling: None,
     };
     let started = Instant::now();
@@ -415,7 +416,7 @@ fn search_pod(
         Some(mtbf) => {
             let fleet = Fleet::from_topology(&topology)?;
             let params = optirs_tpu::model::parameter_count(&config).total();
-            let mut goodput = GoodputConfig::new(params, mtbf, args.days, 1.0);
+            let mut goodput = GoodputConfig::new(params, mtbf, args.days.unwrap_or(30.0), 1.0);
             goodput.optimizer_slots = request.base.optimizer.slots;
             goodput.check(&fleet).map_err(|e| usage(e.to_string()))?;
             let (plan, ranked) = plan_by_goodput(&request, &fleet, &goodput)?;

@@ -161,7 +161,7 @@ fn search_json(args: &PlanArgs, s: &PodSearch) -> Value {
             "refused": p.refused(),
             "seconds": s.seconds,
             "layouts_per_second": p.layouts as f64 / s.seconds.max(1e-9),
-            "exhaustive": args.exhaustive,
+            "exhaustive": args.exhaustive || args.svg.is_some(),
         },
         "ranked": ranked,
         "rejected": p.rejected.iter().map(|c| candidate_json(args, s, c)).collect::<Vec<_>>(),

@@ -27,8 +27,12 @@ pub struct PublishedRank {
     pub slices: u32,
     /// The published layout's modeled step, seconds.
     pub published_step_seconds: f64,
-    /// Its flags (fsdp on the script's mesh, the model's remat policy).
+    /// Its mesh (fsdp on the script's mesh, the model's remat policy).
     pub published_mesh: String,
+    /// Its compute seconds (the passes and the update).
+    pub published_compute_seconds: f64,
+    /// Its exposed communication, seconds.
+    pub published_exposed_seconds: f64,
     /// The best layout found.
     pub best: Candidate,
     /// 1 + the fitting layouts strictly faster than the published one
@@ -36,6 +40,33 @@ pub struct PublishedRank {
     pub rank: Option<usize>,
     /// Layouts in the space.
     pub layouts: usize,
+}
+
+impl PublishedRank {
+    /// Why the best layout is faster: the parts of the step it saves
+    /// (`compute −1.2 s, exposed communication −0.3 s`).
+    pub fn why(&self) -> String {
+        let parts = [
+            (
+                "compute",
+                self.best.compute_seconds - self.published_compute_seconds,
+            ),
+            (
+                "exposed communication",
+                self.best.exposed_communication - self.published_exposed_seconds,
+            ),
+        ];
+        let saved: Vec<String> = parts
+            .iter()
+            .filter(|(_, d)| d.abs() >= 5e-4)
+            .map(|(name, d)| format!("{name} {d:+.3} s"))
+            .collect();
+        if saved.is_empty() {
+            "the same step".into()
+        } else {
+            saved.join(", ")
+        }
+    }
 }
 
 /// Every row of `published` with a bundled config: the best layout of its
@@ -111,6 +142,8 @@ fn rank_row(
         slices: row.slices,
         published_step_seconds: step.step_seconds,
         published_mesh: mesh.to_string(),
+        published_compute_seconds: step.compute_seconds,
+        published_exposed_seconds: step.exposed_communication,
         best,
         rank,
         layouts: searched.layouts,

@@ -242,6 +242,7 @@ pub fn plan(request: &PlanRequest) -> Plan {
     let mut over: Vec<Candidate> = Vec::new();
     let (mut modeled, mut pruned, mut pruned_not_fitting) = (0usize, 0usize, 0usize);
     let capacity = topology.generation.spec().hbm_bytes;
+    let mut points = Vec::new();
     for group in &groups {
         let threshold = (fitting.len() >= keep).then(|| fitting[keep - 1].step_seconds);
         let above = |t: f64| group.bound > t;
@@ -270,6 +271,11 @@ pub fn plan(request: &PlanRequest) -> Plan {
                 Ok(step) => {
                     modeled += 1;
                     let candidate = Candidate::of(layout, &group.mesh, &step, at);
+                    points.push((
+                        candidate.tokens_per_s_per_chip,
+                        candidate.headroom(),
+                        candidate.fits,
+                    ));
                     if candidate.fits {
                         insert_ranked(&mut fitting, candidate, keep);
                     } else {
@@ -280,11 +286,6 @@ pub fn plan(request: &PlanRequest) -> Plan {
             }
         }
     }
-    let points = fitting
-        .iter()
-        .chain(&over)
-        .map(|c| (c.tokens_per_s_per_chip, c.headroom(), c.fits))
-        .collect();
     let rejected = rejected(over, fitting.first(), keep);
     Plan {
         ranked: fitting,
