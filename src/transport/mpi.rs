@@ -46,6 +46,14 @@ fn data_tag(tag: u64) -> i32 {
     DATA_TAG_BASE + (mixed % DATA_TAGS) as i32
 }
 
+/// How long a wait for a frame spins before it yields the core.
+const FRAME_SPIN: Duration = Duration::from_micros(50);
+
+/// How long a collective's wait for data spins before it yields: a peer
+/// is usually a piece behind (a 1 MiB piece is ~100 µs of copying), and
+/// on a loaded machine a yielded core comes back a time slice later.
+const DATA_SPIN: Duration = Duration::from_micros(300);
+
 /// How long cancelled requests of a failed exchange get to complete
 /// before the mailbox gives up on MPI altogether.
 const CANCEL_BOUND: Duration = Duration::from_secs(1);
@@ -231,7 +239,7 @@ impl MpiMailbox {
                 let null = unsafe { ffi::RSMPI_REQUEST_NULL };
                 return Ok(requests.iter().position(|&r| r != null));
             }
-            back_off(idle_since.elapsed());
+            back_off(idle_since.elapsed(), DATA_SPIN);
         }
         Ok(None)
     }
@@ -380,7 +388,7 @@ impl Mailbox for MpiMailbox {
                 self.abandon();
                 return Ok(None);
             }
-            back_off(started.elapsed());
+            back_off(started.elapsed(), FRAME_SPIN);
         }
     }
 
@@ -485,12 +493,11 @@ unsafe fn post_send(bytes: &[u8], to: u32, tag: i32, comm: ffi::MPI_Comm) -> ffi
     request
 }
 
-/// Waiting on another rank: spin for a moment (a peer microseconds
-/// behind), yield while the other ranks are likely mid-step (on an
-/// oversubscribed core that hands it to them), then sleep, longer the
-/// longer the wait.
-fn back_off(waited: Duration) {
-    if waited < Duration::from_micros(50) {
+/// Waiting on another rank: spin for `spin` (a peer microseconds behind),
+/// yield while the other ranks are likely mid-step (on an oversubscribed
+/// core that hands it to them), then sleep, longer the longer the wait.
+fn back_off(waited: Duration, spin: Duration) {
+    if waited < spin {
         std::hint::spin_loop();
     } else if waited < Duration::from_millis(5) {
         std::thread::yield_now();

@@ -244,15 +244,21 @@ fn fold_into<T: Element>(op: ReduceOp, own: &mut [T], xs: &[&[T]], scratch: &mut
     }
 }
 
-/// `own[i] = op(partial[i], own[i])`.
+/// `own[i] = op(partial[i], own[i])`. The `match` sits outside the loops,
+/// so each is a plain element-wise loop the compiler inlines and
+/// vectorizes (a call through a function pointer per element would not).
 fn land<T: Element>(op: ReduceOp, own: &mut [T], partial: &[T]) {
-    let f: fn(T, T) -> T = match op {
-        ReduceOp::Sum | ReduceOp::Mean => T::add,
-        ReduceOp::Product => T::mul,
-        ReduceOp::Max => T::max,
-        ReduceOp::Min => T::min,
-    };
-    for (o, &p) in own.iter_mut().zip(partial) {
-        *o = f(p, *o);
+    macro_rules! each {
+        ($f:expr) => {
+            for (o, &p) in own.iter_mut().zip(partial) {
+                *o = $f(p, *o);
+            }
+        };
+    }
+    match op {
+        ReduceOp::Sum | ReduceOp::Mean => each!(T::add),
+        ReduceOp::Product => each!(T::mul),
+        ReduceOp::Max => each!(T::max),
+        ReduceOp::Min => each!(T::min),
     }
 }
