@@ -17,8 +17,15 @@
 //!   device a `BYTES` buffer, the torus schedule the sharded step runs
 //!   (hops inside a rank are copies, across ranks data frames).
 //!
-//! Each round is a barrier, then the collective; a round's time is the
-//! slowest rank's. busbw = 2(n−1)/n · BYTES / time for n members.
+//! Each round restores every member's input, then a barrier, then the
+//! collective; a round's time is the slowest rank's. busbw = 2(n−1)/n ·
+//! BYTES / time for n members.
+//!
+//! Every round's result is checked, as nccl-tests' `#wrong` column does:
+//! every member's buffer must hold, bit for bit, the reduction one process
+//! computes in the canonical order ([`ReduceGrid::reduce_for`] over each
+//! owner's range). `wrong` counts the elements that differ, over all
+//! rounds and ranks; any wrong element makes the run exit with status 1.
 
 #[cfg(feature = "mpi")]
 fn main() {
@@ -32,7 +39,7 @@ fn main() {
 
 #[cfg(feature = "mpi")]
 mod bench {
-    use optirs_tpu::collectives::ranked::RankedGrid;
+    use optirs_tpu::collectives::ranked::{RankedGrid, grid_shard_ranges};
     use optirs_tpu::collectives::{ReduceGrid, ReduceOp};
     use optirs_tpu::topology::{DeviceId, load_preset};
     use optirs_tpu::transport::cluster::{self, Mailbox, RankContext, RankLayout, SharedMailbox};
@@ -70,21 +77,62 @@ mod bench {
         (v[v.len() / 2], v[0])
     }
 
-    /// One layout's rounds: (median, min) of the slowest rank's seconds.
+    /// Member `member`'s input: values of mixed magnitude, so a fold in
+    /// another order shows in the bits.
+    fn value(member: usize, i: usize) -> f32 {
+        let x = ((member * 7919 + i * 104_729) % 1000) as f32;
+        (x - 500.0) * 10f32.powi(((member + i) % 7) as i32 - 3)
+    }
+
+    /// The all-reduce one process computes: every owner's range of the
+    /// reduce-scatter, reduced in the canonical order.
+    fn expected(grid: &ReduceGrid, elements: usize) -> Vec<f32> {
+        let mut whole = vec![0f32; elements];
+        for (owner, range) in grid_shard_ranges(grid.dims(), elements)
+            .into_iter()
+            .enumerate()
+        {
+            let start = range.start;
+            let mut fill = |member: usize, offset: usize, out: &mut [f32]| {
+                for (j, v) in out.iter_mut().enumerate() {
+                    *v = value(member, start + offset + j);
+                }
+            };
+            grid.reduce_for(owner, ReduceOp::Sum, &mut whole[range], &mut fill);
+        }
+        whole
+    }
+
+    /// One layout's rounds: (median, min) of the slowest rank's seconds,
+    /// and the wrong elements over every round and rank.
     fn rounds(
         ctx: &RankContext,
         grid: &ReduceGrid,
         rank_of: &[u32],
         elements: usize,
         rounds: usize,
-    ) -> (f64, f64) {
+    ) -> ((f64, f64), u64) {
         let me = ctx.layout.rank();
-        let mut buffers: Vec<Option<Vec<f32>>> = rank_of
+        let inputs: Vec<Option<Vec<f32>>> = rank_of
             .iter()
-            .map(|&r| (r == me).then(|| vec![0.5f32; elements]))
+            .enumerate()
+            .map(|(pos, &r)| {
+                (r == me).then(|| {
+                    let member = grid.members()[pos];
+                    (0..elements).map(|i| value(member, i)).collect()
+                })
+            })
             .collect();
+        let want = expected(grid, elements);
+        let mut buffers = inputs.clone();
         let mut times = Vec::with_capacity(rounds);
+        let mut wrong = 0u64;
         for round in 0..rounds + 3 {
+            for (buffer, input) in buffers.iter_mut().zip(&inputs) {
+                if let (Some(buffer), Some(input)) = (buffer, input) {
+                    buffer.copy_from_slice(input);
+                }
+            }
             let mut local: Vec<Option<&mut [f32]>> = buffers
                 .iter_mut()
                 .map(|b| b.as_mut().map(|v| v.as_mut_slice()))
@@ -102,11 +150,36 @@ mod bench {
                 .expect("reduce-scatter");
             ranked.all_gather(ctx).expect("all-gather");
             let t = slowest(ctx, started.elapsed().as_secs_f64());
+            for buffer in buffers.iter().flatten() {
+                wrong += buffer
+                    .iter()
+                    .zip(&want)
+                    .filter(|(got, want)| got.to_bits() != want.to_bits())
+                    .count() as u64;
+            }
             if round >= 3 {
                 times.push(t);
             }
         }
-        median(times)
+        (median(times), total(ctx, wrong))
+    }
+
+    /// The sum of every rank's `count`, on rank 0 (others get their own).
+    fn total(ctx: &RankContext, count: u64) -> u64 {
+        let parts = cluster::gather_parts(
+            &ctx.mailbox,
+            &ctx.layout,
+            count.to_le_bytes().to_vec(),
+            ctx.timeout,
+        )
+        .expect("gather");
+        cluster::finish(&ctx.mailbox, &ctx.layout, Ok(()), ctx.timeout).expect("gather");
+        parts.map_or(count, |parts| {
+            parts
+                .iter()
+                .map(|p| u64::from_le_bytes(p[..8].try_into().expect("eight bytes")))
+                .sum()
+        })
     }
 
     /// The floor: every rank copies its buffer once (read and write every
@@ -152,29 +225,40 @@ mod bench {
         let members: Vec<usize> = (0..ranks as usize).collect();
         let ring = ReduceGrid::ring(&members);
         let ring_ranks: Vec<u32> = (0..ranks).collect();
-        let ring_time = rounds(&ctx, &ring, &ring_ranks, elements, count);
+        let (ring_time, ring_wrong) = rounds(&ctx, &ring, &ring_ranks, elements, count);
         let torus = ReduceGrid::torus(&[2, 2, 2]);
         let torus_ranks: Vec<u32> = (0..8)
             .map(|d| ctx.layout.rank_of_device(DeviceId(d)))
             .collect();
-        let torus_time = rounds(&ctx, &torus, &torus_ranks, elements, count);
+        let (torus_time, torus_wrong) = rounds(&ctx, &torus, &torus_ranks, elements, count);
         let floor_time = floor(&ctx, elements, count);
         if ctx.layout.runs_service() {
             let busbw = |n: usize, t: f64| 2.0 * (n as f64 - 1.0) / n as f64 * bytes as f64 / t;
-            let row = |layout: &str, n: usize, (median, min): (f64, f64)| {
+            let row = |layout: &str, n: usize, (median, min): (f64, f64), wrong: u64| {
                 format!(
                     "{{\"layout\":\"{layout}\",\"ranks\":{ranks},\"members\":{n},\"bytes\":{bytes},\
                      \"rounds\":{count},\"median_seconds\":{median:.9},\"min_seconds\":{min:.9},\
-                     \"busbw_bytes_per_s\":{:.1},\"floor_seconds\":{:.9},\"ratio_to_floor\":{:.3}}}",
+                     \"busbw_bytes_per_s\":{:.1},\"floor_seconds\":{:.9},\"ratio_to_floor\":{:.3},\
+                     \"wrong\":{wrong}}}",
                     busbw(n, median),
                     floor_time.0,
                     median / floor_time.0
                 )
             };
-            println!("{}", row("ring of ranks", ranks as usize, ring_time));
-            println!("{}", row("v4-16 torus", 8, torus_time));
+            println!(
+                "{}",
+                row("ring of ranks", ranks as usize, ring_time, ring_wrong)
+            );
+            println!("{}", row("v4-16 torus", 8, torus_time, torus_wrong));
         }
         drop(ctx);
         drop(session);
+        if ring_wrong + torus_wrong > 0 {
+            eprintln!(
+                "ranked_allreduce: {} elements differ from the one-process reduction",
+                ring_wrong + torus_wrong
+            );
+            std::process::exit(1);
+        }
     }
 }

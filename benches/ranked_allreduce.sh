@@ -4,6 +4,11 @@
 # (benches/mpi_allreduce.c) on the same bytes, in alternating rounds, with
 # the shared-memory floor measured in the same run.
 #
+# The run fails (like nccl-tests' #wrong) if any element of any round of
+# ours differs from the single-process reduction in the canonical order:
+# the bench binary counts them ("wrong" in its JSON) and exits with status
+# 1, and `set -e` stops here.
+#
 #   sh benches/ranked_allreduce.sh [RANKS [BYTES... ]]
 #
 # Needs OpenMPI (mpicc, mpirun) and a build with the `mpi` feature.

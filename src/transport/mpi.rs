@@ -5,13 +5,23 @@
 //! is held until MPI reports it complete, and a receive that polls
 //! `MPI_Improbe` until the frame is there or the deadline passes, so no wait
 //! on a dead or hung rank is unbounded (a blocking `MPI_Recv` would be).
+//!
+//! A collective's data does not travel in frames: [`Mailbox::exchange`]
+//! posts an `MPI_Irecv` straight into the caller's buffer for every
+//! receive and an `MPI_Isend` straight from the members' buffers for every
+//! send, all at once, then polls them with `MPI_Testsome` to the deadline,
+//! handing each receive to the caller the moment it completes. Each
+//! crossing byte is moved once, by MPI's own transport (OpenMPI's shared
+//! memory: one copy where the kernel allows reading the peer's memory).
 
-use super::cluster::Mailbox;
+use super::cluster::{Exchange, Landed, Mailbox};
 use super::error::ClusterError;
 use mpi::Threading;
 use mpi::datatype::Equivalence;
 use mpi::environment::Universe;
+use mpi::ffi;
 use mpi::point_to_point::{Destination, Source};
+use mpi::raw::AsRaw;
 use mpi::request::{Request, StaticScope};
 use mpi::topology::Communicator;
 use std::mem::ManuallyDrop;
@@ -21,6 +31,32 @@ use std::time::{Duration, Instant};
 
 /// The tag of every frame (the job's only traffic on this communicator).
 const FRAME_TAG: i32 = 0x0071;
+
+/// MPI tags of a collective's data: `DATA_TAGS` values from
+/// `DATA_TAG_BASE`, all below the `MPI_TAG_UB` every MPI guarantees
+/// (32767) and above [`FRAME_TAG`], so data and frames never match.
+const DATA_TAG_BASE: i32 = 0x100;
+const DATA_TAGS: u64 = 0x7E00;
+
+/// The MPI tag of a collective's step `tag`: neighbouring steps differ,
+/// so a rank out of step waits (and is named at the deadline) rather
+/// than taking another step's bytes.
+fn data_tag(tag: u64) -> i32 {
+    let mixed = tag.wrapping_mul(0x9E37_79B9_7F4A_7C15).rotate_left(29) ^ tag;
+    DATA_TAG_BASE + (mixed % DATA_TAGS) as i32
+}
+
+/// How long a wait for a frame spins before it yields the core.
+const FRAME_SPIN: Duration = Duration::from_micros(50);
+
+/// How long a collective's wait for data spins before it yields: a peer
+/// is usually a piece behind (a 1 MiB piece is ~100 µs of copying), and
+/// on a loaded machine a yielded core comes back a time slice later.
+const DATA_SPIN: Duration = Duration::from_micros(300);
+
+/// How long cancelled requests of a failed exchange get to complete
+/// before the mailbox gives up on MPI altogether.
+const CANCEL_BOUND: Duration = Duration::from_secs(1);
 
 /// A send in flight and the buffer MPI reads it from (owned here until
 /// MPI reports the send complete; moving the `Vec` does not move its data).
@@ -71,6 +107,10 @@ pub struct MpiMailbox {
     pending: Vec<PendingSend>,
     spares: Vec<Vec<u8>>,
     session: Arc<Session>,
+    /// A failed exchange left requests MPI may still complete into
+    /// buffers that are gone: no MPI call may run here again (each would
+    /// drive MPI's progress), so every later call is an error.
+    poisoned: bool,
 }
 
 // SAFETY: MPI is initialized with `Threading::Funneled` and the mailbox is
@@ -104,6 +144,7 @@ impl MpiMailbox {
             pending: Vec::new(),
             spares: Vec::new(),
             session: Arc::clone(&session),
+            poisoned: false,
         };
         Some((mailbox, MpiSession(session)))
     }
@@ -127,10 +168,105 @@ impl MpiMailbox {
         }
         self.pending = still;
     }
+
+    /// Refuses every MPI call once a failed exchange poisoned the mailbox.
+    fn usable(&self) -> Result<(), ClusterError> {
+        if self.poisoned {
+            return Err(ClusterError::Transport(
+                "an exchange with a lost rank left MPI requests that did not complete".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    fn comm(&self) -> ffi::MPI_Comm {
+        self.universe().world().as_raw()
+    }
+
+    fn check_peer(&self, peer: u32, len: usize) -> Result<(), ClusterError> {
+        if peer >= self.ranks || peer == self.rank {
+            return Err(ClusterError::NoSuchRank {
+                rank: peer,
+                ranks: self.ranks,
+            });
+        }
+        if len > i32::MAX as usize {
+            return Err(ClusterError::Transport(format!(
+                "{len} bytes in one piece are over MPI's 2 GiB count limit"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Polls `requests` until all complete (`Ok(None)`) or `deadline`
+    /// passes (`Ok(Some(index))` of the first still pending), calling
+    /// `done` with each one's index as it completes.
+    fn complete(
+        &mut self,
+        requests: &mut [ffi::MPI_Request],
+        deadline: Instant,
+        done: &mut dyn FnMut(usize) -> Result<(), ClusterError>,
+    ) -> Result<Option<usize>, ClusterError> {
+        let count = requests.len() as i32;
+        let mut indices = vec![0i32; requests.len()];
+        let mut pending = requests.len();
+        let mut idle_since = Instant::now();
+        while pending > 0 {
+            let mut completed = 0;
+            // SAFETY: `requests` are live requests or MPI_REQUEST_NULL,
+            // `indices` has room for all of them.
+            unsafe {
+                ffi::MPI_Testsome(
+                    count,
+                    requests.as_mut_ptr(),
+                    &mut completed,
+                    indices.as_mut_ptr(),
+                    ffi::RSMPI_STATUSES_IGNORE,
+                );
+            }
+            if completed == unsafe { ffi::RSMPI_UNDEFINED } {
+                break;
+            }
+            for &index in &indices[..completed.max(0) as usize] {
+                pending -= 1;
+                done(index as usize)?;
+            }
+            if completed > 0 {
+                idle_since = Instant::now();
+                continue;
+            }
+            if Instant::now() >= deadline {
+                let null = unsafe { ffi::RSMPI_REQUEST_NULL };
+                return Ok(requests.iter().position(|&r| r != null));
+            }
+            back_off(idle_since.elapsed(), DATA_SPIN);
+        }
+        Ok(None)
+    }
+
+    /// Cancels what a failed exchange left pending and waits (bounded)
+    /// for it; if MPI does not let go of every buffer, no MPI call runs
+    /// here again.
+    fn cancel(&mut self, requests: &mut [ffi::MPI_Request]) {
+        let null = unsafe { ffi::RSMPI_REQUEST_NULL };
+        for request in requests.iter_mut().filter(|r| **r != null) {
+            // SAFETY: a live request of this exchange.
+            unsafe { ffi::MPI_Cancel(request) };
+        }
+        let deadline = Instant::now() + CANCEL_BOUND;
+        let finished = self.complete(requests, deadline, &mut |_| Ok(()));
+        if !matches!(finished, Ok(None)) {
+            self.poisoned = true;
+        }
+        self.abandon();
+    }
 }
 
 impl Drop for MpiMailbox {
     fn drop(&mut self) {
+        if self.poisoned {
+            return;
+        }
         // Give sends a moment to finish; a send to a rank that is gone never
         // will, and dropping its request would abort: leak it instead.
         let deadline = Instant::now() + Duration::from_secs(2);
@@ -196,6 +332,7 @@ impl Mailbox for MpiMailbox {
     }
 
     fn send(&mut self, to: u32, frame: Vec<u8>) -> Result<(), ClusterError> {
+        self.usable()?;
         if to >= self.ranks {
             return Err(ClusterError::NoSuchRank {
                 rank: to,
@@ -228,6 +365,7 @@ impl Mailbox for MpiMailbox {
     }
 
     fn receive(&mut self, from: u32, deadline: Instant) -> Result<Option<Vec<u8>>, ClusterError> {
+        self.usable()?;
         if from >= self.ranks {
             return Err(ClusterError::NoSuchRank {
                 rank: from,
@@ -250,20 +388,121 @@ impl Mailbox for MpiMailbox {
                 self.abandon();
                 return Ok(None);
             }
-            // Spin for a moment (a frame in flight, a collective's peer
-            // microseconds behind: MPI's own progress loop polls without
-            // giving up the core), yield while the other ranks are likely
-            // mid-tick (yielding hands an oversubscribed core to them),
-            // then back off to sleeping.
-            let waited = started.elapsed();
-            if waited < Duration::from_micros(50) {
-                std::hint::spin_loop();
-            } else if waited < Duration::from_millis(5) {
-                std::thread::yield_now();
-            } else {
-                let micros = (waited.as_micros() as u64 / 10).clamp(50, 1_000);
-                std::thread::sleep(Duration::from_micros(micros));
-            }
+            back_off(started.elapsed(), FRAME_SPIN);
         }
+    }
+
+    fn exchange<'r>(
+        &mut self,
+        exchange: Exchange<'_, 'r>,
+        deadline: Instant,
+        landed: &mut Landed<'r, '_>,
+    ) -> Result<Option<u32>, ClusterError> {
+        self.usable()?;
+        let tag = data_tag(exchange.tag);
+        let peers: Vec<u32> = exchange
+            .receives
+            .iter()
+            .map(|(from, _)| *from)
+            .chain(exchange.sends.iter().map(|(to, _)| *to))
+            .collect();
+        for (&peer, len) in peers.iter().zip(
+            exchange
+                .receives
+                .iter()
+                .map(|(_, b)| b.len())
+                .chain(exchange.sends.iter().map(|(_, b)| b.len())),
+        ) {
+            self.check_peer(peer, len)?;
+        }
+        let receives = exchange.receives.len();
+        let mut requests = Vec::with_capacity(peers.len());
+        let mut landing: Vec<Option<&'r mut [u8]>> = Vec::with_capacity(receives);
+        for (from, buffer) in exchange.receives {
+            // SAFETY: the buffer is borrowed for 'r, past this call; MPI
+            // writes it only until its request completes, and a request
+            // that does not is cancelled and waited for, or the mailbox
+            // makes no MPI call again (`poisoned`).
+            requests.push(unsafe { post_receive(buffer, from, tag, self.comm()) });
+            landing.push(Some(buffer));
+        }
+        for (to, bytes) in exchange.sends {
+            // SAFETY: as above; MPI only reads the bytes.
+            requests.push(unsafe { post_send(bytes, to, tag, self.comm()) });
+        }
+        let outcome = self.complete(&mut requests, deadline, &mut |index| match landing
+            .get_mut(index)
+            .and_then(Option::take)
+        {
+            Some(buffer) => landed(index, buffer),
+            None => Ok(()),
+        });
+        let silent = match outcome {
+            Ok(None) => return Ok(None),
+            Ok(Some(index)) => Ok(Some(peers[index])),
+            Err(error) => Err(error),
+        };
+        self.cancel(&mut requests);
+        silent
+    }
+}
+
+/// Posts a nonblocking receive of `buffer.len()` bytes from `from`.
+///
+/// # Safety
+/// `buffer` must stay valid and untouched until the request completes
+/// or is cancelled and completed.
+unsafe fn post_receive(
+    buffer: &mut [u8],
+    from: u32,
+    tag: i32,
+    comm: ffi::MPI_Comm,
+) -> ffi::MPI_Request {
+    let mut request = unsafe { ffi::RSMPI_REQUEST_NULL };
+    unsafe {
+        ffi::MPI_Irecv(
+            buffer.as_mut_ptr().cast(),
+            buffer.len() as i32,
+            ffi::RSMPI_UINT8_T,
+            from as i32,
+            tag,
+            comm,
+            &mut request,
+        );
+    }
+    request
+}
+
+/// Posts a nonblocking send of `bytes` to `to`.
+///
+/// # Safety
+/// `bytes` must stay valid until the request completes.
+unsafe fn post_send(bytes: &[u8], to: u32, tag: i32, comm: ffi::MPI_Comm) -> ffi::MPI_Request {
+    let mut request = unsafe { ffi::RSMPI_REQUEST_NULL };
+    unsafe {
+        ffi::MPI_Isend(
+            bytes.as_ptr().cast(),
+            bytes.len() as i32,
+            ffi::RSMPI_UINT8_T,
+            to as i32,
+            tag,
+            comm,
+            &mut request,
+        );
+    }
+    request
+}
+
+/// Waiting on another rank: spin for `spin` (a peer microseconds behind),
+/// yield while the other ranks are likely mid-step (on an oversubscribed
+/// core that hands it to them), then sleep, longer the longer the wait.
+fn back_off(waited: Duration, spin: Duration) {
+    if waited < spin {
+        std::hint::spin_loop();
+    } else if waited < Duration::from_millis(5) {
+        std::thread::yield_now();
+    } else {
+        let micros = (waited.as_micros() as u64 / 10).clamp(50, 1_000);
+        std::thread::sleep(Duration::from_micros(micros));
     }
 }

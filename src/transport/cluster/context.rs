@@ -2,7 +2,8 @@
 //! receive data frames themselves.
 
 use super::SERVICE_RANK;
-use super::frame::{DATA_HEADER, DATA_MARK, Frame, decode, unexpected, write_data_header};
+use super::exchange::{Exchange, Landed, data_frame_payload};
+use super::frame::{DATA_HEADER, Frame, decode, write_data_header};
 use super::layout::RankLayout;
 use super::mailbox::{SharedMailbox, lock};
 use super::protocol::{abort_all, broadcast};
@@ -60,6 +61,8 @@ impl RankContext {
     /// The next frame from `from`, which must be the data frame `tag`
     /// (read its bytes with [`data_payload`]). An abort from rank 0 is the
     /// loss it names; no frame within the bound names `from` as lost.
+    ///
+    /// [`data_payload`]: super::data_payload
     pub fn receive_data(
         &self,
         from: u32,
@@ -69,39 +72,56 @@ impl RankContext {
         let deadline = Instant::now() + self.timeout;
         let mut mailbox = lock(&self.mailbox)?;
         let Some(bytes) = mailbox.receive(from, deadline)? else {
-            return Err(ClusterError::RankLost {
-                rank: from,
-                hosts: self.layout.describe_hosts(from),
-                reason: format!(
-                    "no {awaiting} from it within {:.1} s",
-                    self.timeout.as_secs_f64()
-                ),
-            });
+            return Err(self.lost(from, awaiting));
         };
-        if bytes.first() != Some(&DATA_MARK) || bytes.len() < DATA_HEADER {
-            return Err(match decode(from, &bytes)? {
-                Frame::Abort(abort) => {
-                    mailbox.abandon();
-                    ClusterError::RankLost {
-                        rank: abort.rank,
-                        hosts: abort.hosts,
-                        reason: abort.reason,
-                    }
-                }
-                frame => unexpected(from, &frame, awaiting),
-            });
-        }
-        let theirs = u64::from_le_bytes(bytes[8..16].try_into().expect("eight bytes"));
-        if theirs != tag {
-            return Err(ClusterError::Protocol {
-                rank: from,
-                what: format!(
-                    "data frame {theirs:#x} where {awaiting} ({tag:#x}) was due: the ranks are \
-                     out of step"
-                ),
-            });
-        }
+        data_frame_payload(&mut **mailbox, from, tag, &bytes, awaiting)?;
         Ok(bytes)
+    }
+
+    /// One step of a collective between the ranks ([`Exchange`]), each
+    /// receive handed to `landed` as it completes. Bounded by the job's
+    /// timeout: the rank whose data did not come is named lost, unless
+    /// rank 0 sent an abort meanwhile, which names the rank it lost.
+    pub fn exchange<'r>(
+        &self,
+        exchange: Exchange<'_, 'r>,
+        awaiting: &str,
+        landed: &mut Landed<'r, '_>,
+    ) -> Result<(), ClusterError> {
+        if exchange.is_empty() {
+            return Ok(());
+        }
+        let deadline = Instant::now() + self.timeout;
+        let mut mailbox = lock(&self.mailbox)?;
+        let Some(silent) = mailbox.exchange(exchange, deadline, landed)? else {
+            return Ok(());
+        };
+        // Did rank 0 stop the job while this rank waited on another?
+        if silent != SERVICE_RANK
+            && !self.layout.runs_service()
+            && let Ok(Some(frame)) = mailbox.receive(SERVICE_RANK, Instant::now())
+            && let Ok(Frame::Abort(abort)) = decode(SERVICE_RANK, &frame)
+        {
+            mailbox.abandon();
+            return Err(ClusterError::RankLost {
+                rank: abort.rank,
+                hosts: abort.hosts,
+                reason: abort.reason,
+            });
+        }
+        mailbox.abandon();
+        Err(self.lost(silent, awaiting))
+    }
+
+    fn lost(&self, rank: u32, awaiting: &str) -> ClusterError {
+        ClusterError::RankLost {
+            rank,
+            hosts: self.layout.describe_hosts(rank),
+            reason: format!(
+                "no {awaiting} from it within {:.1} s",
+                self.timeout.as_secs_f64()
+            ),
+        }
     }
 
     /// Rank 0's `value` on every rank (postcard-encoded on the way).

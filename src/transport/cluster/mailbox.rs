@@ -1,6 +1,7 @@
 //! Moving byte frames between ranks: the [`Mailbox`] trait and the
 //! [`ThreadMailbox`] that joins ranks which are threads of one process.
 
+use super::exchange::{Exchange, Landed, framed_exchange};
 use crate::transport::error::ClusterError;
 use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex};
@@ -28,6 +29,19 @@ pub trait Mailbox: Send + std::fmt::Debug {
     /// Another rank is lost: the job will not end together (an MPI
     /// mailbox then skips `MPI_Finalize`, which would wait for it).
     fn abandon(&mut self) {}
+    /// Moves one step of a collective (`cluster::exchange`): every send
+    /// and receive of `exchange`, each receive handed to `landed` as it
+    /// completes, waiting at most until `deadline`. `Ok(Some(rank))`:
+    /// `rank`'s data had not all come (or not all of this rank's had gone
+    /// to it) by then. By default, one data frame per send.
+    fn exchange<'r>(
+        &mut self,
+        exchange: Exchange<'_, 'r>,
+        deadline: Instant,
+        landed: &mut Landed<'r, '_>,
+    ) -> Result<Option<u32>, ClusterError> {
+        framed_exchange(self, exchange, deadline, landed)
+    }
 }
 
 /// A mailbox shared by the backend (each tick) and the host (start-up

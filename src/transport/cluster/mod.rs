@@ -27,6 +27,7 @@
 
 mod backend;
 mod context;
+mod exchange;
 mod frame;
 mod layout;
 mod mailbox;
@@ -34,6 +35,7 @@ mod protocol;
 
 pub use backend::ClusterBackend;
 pub use context::RankContext;
+pub use exchange::{Exchange, Landed, framed_exchange};
 pub use frame::data_payload;
 pub use layout::RankLayout;
 pub use mailbox::{Mailbox, SharedMailbox, ThreadMailbox, thread_mailboxes};
