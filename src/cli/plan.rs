@@ -262,11 +262,15 @@ pub(super) fn auto_step(
             space.microbatches_per_stage = vec![m / p];
             space.repeats = vec![r.unwrap_or(1)];
         }
-        _ => {
-            return Err(usage(
-                "--microbatches and --repeats schedule a pipeline: with a searched layout they \
-                 need --mesh with a stage axis (…,stage=P)",
-            ));
+        (m, r, _) => {
+            let flag = m
+                .map(|m| format!("--microbatches {m}"))
+                .or(r.map(|r| format!("--repeats {r}")))
+                .unwrap_or_default();
+            return Err(usage(format!(
+                "{flag} schedules a pipeline, and the mesh has no stage axis: give --mesh \
+                 with one (…,stage=P)"
+            )));
         }
     }
     let base = base_of_optimizer(&args.optimizer, topology)?;
