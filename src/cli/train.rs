@@ -212,7 +212,7 @@ impl std::str::FromStr for StrategyChoice {
             _ => text
                 .parse::<Strategy>()
                 .map(StrategyChoice::Given)
-                .map_err(|e| format!("{e}; or auto, to search for the fastest layout")),
+                .map_err(|e| format!("{e} (or `auto`: the fastest layout that fits, by search)")),
         }
     }
 }
