@@ -138,14 +138,14 @@ pub struct GoodputArgs {
 }
 
 /// `--mtbf-hours`: hours above 0.
-fn parse_mtbf_hours(text: &str) -> Result<f64, String> {
+pub(super) fn parse_mtbf_hours(text: &str) -> Result<f64, String> {
     parse_positive(text, f64::MAX).map_err(|_| {
         format!("`{text}` is not a mean time between failures: give hours above 0 (e.g. 50000)")
     })
 }
 
 /// `--days`: above 0 and at most [`MAX_DAYS`].
-fn parse_days(text: &str) -> Result<f64, String> {
+pub(super) fn parse_days(text: &str) -> Result<f64, String> {
     parse_positive(text, MAX_DAYS).map_err(|_| {
         format!(
             "`{text}` is not a run length: give days above 0 and at most {}",

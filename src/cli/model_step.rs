@@ -37,6 +37,14 @@ pub(super) fn load_model(spec: &str) -> Result<ModelConfig> {
     )))
 }
 
+/// `--optimizer NAME`'s state slots and update, a usage error naming the
+/// flag for an unknown name.
+pub(super) fn update_cost(optimizer: &str) -> Result<UpdateCost> {
+    let kind = optirs_tpu::optimizers::kind_by_name(optimizer)
+        .map_err(|e| usage(format!("--optimizer {optimizer}: {e}")))?;
+    Ok(UpdateCost::of(kind))
+}
+
 /// The model's parameters as tensors, one per layer and the embedding
 /// (with the logits and positions): what a real run shards.
 pub(super) fn tensor_sizes(config: &ModelConfig) -> Vec<usize> {
@@ -80,8 +88,7 @@ impl ModelLayout<'_> {
                 .map_err(|e| usage(format!("--mesh {spec}: {e}")))?,
             None => Mesh::default_for(topology),
         };
-        let kind = optirs_tpu::optimizers::kind_by_name(self.optimizer)
-            .map_err(|e| usage(format!("--optimizer {}: {e}", self.optimizer)))?;
+
         let defaults = ModelStepOptions::new(topology);
         Ok(ModelStepOptions {
             strategy: self.strategy,
@@ -90,7 +97,7 @@ impl ModelLayout<'_> {
             recovery: self.recovery,
             record_spans: self.record_spans,
             data_reduction: self.data_reduction.unwrap_or(defaults.data_reduction),
-            optimizer: UpdateCost::of(kind),
+            optimizer: update_cost(self.optimizer)?,
             pipeline: self.pipeline,
             ..defaults
         })
@@ -318,10 +325,7 @@ fn print_text(step: &ModelStep, topology: &Topology, params: u64, wall_seconds: 
         step.strategy,
         step.mesh,
         output::seconds(step.step_seconds),
-        match step.tokens_per_s_per_chip {
-            t if t >= 10.0 => format!("{t:.0}"),
-            t => format!("{t:.3}"),
-        },
+        output::tokens_per_s(step.tokens_per_s_per_chip),
         step.mfu * 100.0,
         step.tflops_per_chip,
         step.flop_formula.name(),

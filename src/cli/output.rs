@@ -244,6 +244,15 @@ pub fn seconds(value: f64) -> String {
     }
 }
 
+/// Tokens a second (a chip's): whole above 10, three decimals below.
+pub fn tokens_per_s(t: f64) -> String {
+    if t >= 10.0 {
+        format!("{t:.0}")
+    } else {
+        format!("{t:.3}")
+    }
+}
+
 /// Memory sizes in binary units, the one formatter (see `optirs_tpu::units`).
 pub use optirs_tpu::units::bytes;
 

@@ -81,10 +81,10 @@ pub struct PlanArgs {
     pub(super) recovery: Vec<RecoveryPolicy>,
     /// Rank by effective throughput under failures: a chip's mean time
     /// between failures, hours (goodput's inputs, its defaults otherwise).
-    #[arg(long, value_name = "H", value_parser = parse_mtbf)]
+    #[arg(long, value_name = "H", value_parser = super::goodput::parse_mtbf_hours)]
     pub(super) mtbf_hours: Option<f64>,
     /// With --mtbf-hours: the simulated run's length, days (default 30).
-    #[arg(long, value_name = "D", value_parser = parse_days, requires = "mtbf_hours")]
+    #[arg(long, value_name = "D", value_parser = super::goodput::parse_days, requires = "mtbf_hours")]
     pub(super) days: Option<f64>,
     /// With --pods: a price per chip-hour, to cost each pod's run (no
     /// price is assumed).
@@ -109,14 +109,6 @@ pub struct PlanArgs {
 
 fn parse_tokens(text: &str) -> Result<f64, String> {
     parse_positive(text, 1e30)
-}
-
-fn parse_mtbf(text: &str) -> Result<f64, String> {
-    parse_positive(text, 1e9)
-}
-
-fn parse_days(text: &str) -> Result<f64, String> {
-    parse_positive(text, optirs_tpu::goodput::MAX_DAYS)
 }
 
 fn parse_price(text: &str) -> Result<f64, String> {
@@ -253,13 +245,8 @@ pub(super) fn auto_step(
         (None, None, _) => {}
         (m, r, p) if p > 1 => {
             let m = m.unwrap_or(p);
-            if m % p != 0 {
-                return Err(usage(format!(
-                    "--microbatches {m}: not a multiple of the {p} stages (--model {})",
-                    config.name
-                )));
-            }
-            space.microbatches_per_stage = vec![m / p];
+            // The step model refuses what the stages cannot take.
+            space.microbatches = Some(m);
             space.repeats = vec![r.unwrap_or(1)];
         }
         (m, r, _) => {
@@ -273,7 +260,7 @@ pub(super) fn auto_step(
             )));
         }
     }
-    let base = base_of_optimizer(&args.optimizer, topology)?;
+    let base = base_of(&args.optimizer, topology)?;
     let request = PlanRequest {
         config,
         topology,
@@ -365,17 +352,10 @@ fn space_of(args: &PlanArgs, config: &ModelConfig, topology: &Topology) -> Resul
     Ok(space)
 }
 
-/// The step options every layout shares.
-fn base_of(args: &PlanArgs, topology: &Topology) -> Result<ModelStepOptions> {
-    base_of_optimizer(&args.optimizer, topology)
-}
-
 /// The step options every layout shares, with `optimizer`'s update.
-fn base_of_optimizer(optimizer: &str, topology: &Topology) -> Result<ModelStepOptions> {
-    let kind = optirs_tpu::optimizers::kind_by_name(optimizer)
-        .map_err(|e| usage(format!("--optimizer {optimizer}: {e}")))?;
+fn base_of(optimizer: &str, topology: &Topology) -> Result<ModelStepOptions> {
     Ok(ModelStepOptions {
-        optimizer: optirs_tpu::optimizers::UpdateCost::of(kind),
+        optimizer: super::model_step::update_cost(optimizer)?,
         ..ModelStepOptions::new(topology)
     })
 }
@@ -409,7 +389,7 @@ fn search_pod(
         config: &config,
         topology: &topology,
         space: &space,
-        base: base_of(args, &topology)?,
+        base: base_of(&args.optimizer, &topology)?,
         keep: args.top,
         prune: !(args.exhaustive || args.svg.is_some()),
         ceiling: None,

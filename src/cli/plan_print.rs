@@ -70,14 +70,6 @@ fn loses_by(c: &Candidate, best: &Candidate) -> String {
     }
 }
 
-fn tokens(t: f64) -> String {
-    if t >= 10.0 {
-        format!("{t:.0}")
-    } else {
-        format!("{t:.3}")
-    }
-}
-
 fn headroom(margin: i64) -> String {
     if margin >= 0 {
         bytes(margin as u64)
@@ -280,11 +272,11 @@ fn ranked_rows(args: &PlanArgs, s: &PodSearch) -> String {
             out,
             "{:>3}  {:<13}  {}{:<12}  {:>5.1} %  {:<11}  {} on {}, remat {}{}",
             i + 1,
-            tokens(c.tokens_per_s_per_chip),
+            output::tokens_per_s(c.tokens_per_s_per_chip),
             eff.map_or(String::new(), |(g, e)| format!(
                 "{:>5.1} %  {:<9}  ",
                 g * 100.0,
-                tokens(e)
+                output::tokens_per_s(e)
             )),
             seconds(c.step_seconds),
             c.mfu * 100.0,
@@ -351,7 +343,7 @@ fn search_text(args: &PlanArgs, s: &PodSearch) -> String {
                 out,
                 "  {} tokens/s/chip, {} on {}, remat {}: {} at the step's peak of {} ({} of \
                  activations), {} over",
-                tokens(c.tokens_per_s_per_chip),
+                output::tokens_per_s(c.tokens_per_s_per_chip),
                 c.layout.strategy,
                 c.mesh,
                 c.layout.remat.name(),
@@ -411,7 +403,7 @@ pub(super) fn print_pods(args: &PlanArgs, pods: &[PodPlan], searches: &[PodSearc
                     t / 86_400.0,
                     p.chip_hours.unwrap_or(0.0),
                     p.cost.map_or(String::new(), |c| format!(", cost {c:.0}")),
-                    tokens(best.tokens_per_s_per_chip)
+                    output::tokens_per_s(best.tokens_per_s_per_chip)
                 );
                 let _ = writeln!(out, "     {}", command(args, s, best));
             }
@@ -438,7 +430,11 @@ pub(super) fn svg_of(s: &PodSearch) -> String {
             x: margin as f64 / gib,
             y: t,
             kept: fits,
-            label: format!("{} tokens/s/chip, {} HBM left", tokens(t), headroom(margin)),
+            label: format!(
+                "{} tokens/s/chip, {} HBM left",
+                output::tokens_per_s(t),
+                headroom(margin)
+            ),
         })
         .collect();
     let mut fitting: Vec<(f64, f64)> = points

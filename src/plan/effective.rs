@@ -41,6 +41,10 @@ pub fn plan_by_goodput(
 ) -> Result<(Plan, Vec<Effective>), GoodputError> {
     let keep = request.keep.max(1);
     let mut widened = keep * 4;
+    // A layout's goodput, by its place in the space: a wider search keeps
+    // the narrower one's top, whose runs need not be simulated again.
+    let mut simulated: std::collections::HashMap<usize, Effective> =
+        std::collections::HashMap::new();
     loop {
         let searched = plan(&PlanRequest {
             keep: widened,
@@ -48,7 +52,12 @@ pub fn plan_by_goodput(
         });
         let mut ranked = Vec::with_capacity(searched.ranked.len());
         for candidate in &searched.ranked {
-            ranked.push(effective(candidate, fleet, goodput)?);
+            let e = match simulated.get(&candidate.order) {
+                Some(e) => e.clone(),
+                None => effective(candidate, fleet, goodput)?,
+            };
+            simulated.insert(candidate.order, e.clone());
+            ranked.push(e);
         }
         ranked.sort_by(|a, b| {
             b.effective_tokens_per_s_per_chip

@@ -346,13 +346,8 @@ fn rejected(mut over: Vec<Candidate>, best: Option<&Candidate>, keep: usize) -> 
     }
     // One per mesh and remat policy: its strategies differ little in
     // speed and all overflow by about its activations.
-    let mut seen: Vec<(MeshSizes, crate::model::RematPolicy)> = Vec::new();
-    over.retain(|c| {
-        let key = (c.layout.mesh, c.layout.remat);
-        let first = !seen.contains(&key);
-        seen.push(key);
-        first
-    });
+    let mut seen = std::collections::HashSet::new();
+    over.retain(|c| seen.insert((c.layout.mesh, c.layout.remat)));
     over.truncate(keep);
     over
 }

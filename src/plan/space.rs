@@ -101,6 +101,9 @@ pub struct SearchSpace {
     /// A pipeline's microbatches as multiples of its stages (MaxText's
     /// `num_pipeline_microbatches` must be one).
     pub microbatches_per_stage: Vec<usize>,
+    /// A pipeline's microbatches when fixed (`--microbatches M`), in place
+    /// of the multiples of its stages.
+    pub microbatches: Option<usize>,
     /// A pipeline's repeats (circular when above 1).
     pub repeats: Vec<usize>,
     /// Whether the `stage` axis is searched (it multiplies the space by
@@ -127,6 +130,7 @@ impl SearchSpace {
             prefetch: vec![1, 2],
             data_reductions: DataReduction::ALL.to_vec(),
             microbatches_per_stage: vec![1, 2, 4],
+            microbatches: None,
             repeats: vec![1, 2],
             stages: true,
             recoveries: vec![RecoveryPolicy::Rollback],
@@ -147,8 +151,13 @@ impl SearchSpace {
                 if !layers.is_multiple_of((mesh.stage * r) as u64) {
                     continue;
                 }
-                for &k in &self.microbatches_per_stage {
-                    p.push(Some((k * mesh.stage, r)));
+                match self.microbatches {
+                    Some(m) => p.push(Some((m, r))),
+                    None => p.extend(
+                        self.microbatches_per_stage
+                            .iter()
+                            .map(|&k| Some((k * mesh.stage, r))),
+                    ),
                 }
             }
             p
