@@ -10,10 +10,10 @@
 //! `cargo bench --bench planner`.
 
 use criterion::{Criterion, criterion_group, criterion_main};
+use optirs_tpu::cost_model::{StepOrder, StrategyOptions, modeled_strategy_step};
 use optirs_tpu::goodput::modeled_step_seconds;
 use optirs_tpu::ir::DType;
 use optirs_tpu::model::bundled;
-use optirs_tpu::sharding::strategy_model::{StepOrder, StrategyOptions, modeled_strategy_step};
 use optirs_tpu::sharding::{RecoveryPolicy, Strategy};
 use optirs_tpu::step_model::{ModelStepOptions, model_step};
 use optirs_tpu::topology::load_preset;

@@ -13,8 +13,9 @@
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use ndarray::{Array1, ArrayD, IxDyn};
+use optirs_tpu::cost_model::modeled_step;
 use optirs_tpu::optimizers::Adam;
-use optirs_tpu::sharding::{ParamSet, Strategy, SyntheticGradients, modeled::modeled_step};
+use optirs_tpu::sharding::{ParamSet, Strategy, SyntheticGradients};
 use optirs_tpu::topology::parse_topology;
 use optirs_tpu::tpu::{ShardedOptimizer, ShardingConfig};
 use optirs_tpu::{Pod, TPUConfig, TPUOptimizer};
@@ -113,7 +114,7 @@ fn modeled(c: &mut Criterion) {
     )
     .unwrap();
     let tensors = vec![("params".to_string(), vec![175_000_000_000usize])];
-    let mut group = c.benchmark_group("sharding::modeled");
+    let mut group = c.benchmark_group("cost_model::replicated");
     group.bench_function("adam/175e9/v5p-8960", |b| {
         b.iter(|| {
             modeled_step(

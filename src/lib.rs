@@ -24,14 +24,15 @@
 //! | 9 compiler | `compiler` | graph IR as entities, the passes of `Compile`, lowering |
 //! | 10 execution, models | `exec`, `model` | the fast runtime: native (Cranelift) and interpreted fused loops; transformer model configs (RON), MaxText's FLOP and parameter counts, activation memory by remat policy, MaxText's published runs |
 //! | 11 sharded training | `sharding` | a whole model's optimizer sharded over the pod: parameter sets, buckets, per-device state shards, the data-parallel step as work of the `Collectives`, `Execute` and `Coalesce` sets |
-//! | 12 checkpoints, goodput, step model | `checkpoint`, `goodput`, `step_model` | the registry of everything the engine persists; manifests, files, verification, periodic checkpoints; a long run's goodput through failures, checkpoints and recoveries as a discrete-event timeline; a transformer's whole training step on a pod (layers on the MXU at the roofline, each matmul at its type's peak, the mesh's collectives overlapped by one rule for every strategy, host offload over each chip's host link, HBM at the step's peak by kind, MFU and hardware utilization), held against published runs it was not fitted to |
-//! | 13 recovery, planning | `recovery`, `plan` | a sharded model's recovery after a failed step: the `Recovery` set's system and the three policies (rollback from the newest checkpoint, redundant copies, spare-cube swap), re-sharding onto the survivors; the fastest layout of a model on a pod that fits, by a pruned search over every layout the step model takes, ranked by tokens a second (or by their goodput under failures), across pods by time to train |
-//! | 14 assembly | `pod` | `Pod`: the world, the install order of every domain, the host API |
-//! | 15 profiling | `profile` | counters, Chrome/Perfetto traces, per-system timing |
-//! | 16 training | `training` | a training run in one place: the sharded optimizer's host API and its step checkpoints, the run loop and its time ledger, the run's report, goodput and trace |
-//! | 17 seed facades | `tpu`, `coordination`, `fault_tolerance`, `xla` | `TPUOptimizer`, `PodCoordinator`, `FaultToleranceManager`, the seed's compiler paths |
-//! | 18 facades over facades | `pod_coordination` | `TPUPodCoordinator` over `PodCoordinator`; the seed's clock-sync path |
-//! | 19 binary | `cli` | the command line (part of the `optirs-tpu` binary, not the library) |
+//! | 12 cost models | `cost_model` | a sharded step's time, traffic and HBM in closed form, no buffers or entities: the replicated (ZeRO-1) step over tori and slices, any strategy on any mesh in the optimizer's or a training step's order, one mesh axis's collectives; what the step model and the planner read, sharing the bucket plan, residency and timing with the real run below |
+//! | 13 checkpoints, goodput, step model | `checkpoint`, `goodput`, `step_model` | the registry of everything the engine persists; manifests, files, verification, periodic checkpoints; a long run's goodput through failures, checkpoints and recoveries as a discrete-event timeline; a transformer's whole training step on a pod (layers on the MXU at the roofline, each matmul at its type's peak, the mesh's collectives overlapped by one rule for every strategy, host offload over each chip's host link, HBM at the step's peak by kind, MFU and hardware utilization), held against published runs it was not fitted to |
+//! | 14 recovery, planning | `recovery`, `plan` | a sharded model's recovery after a failed step: the `Recovery` set's system and the three policies (rollback from the newest checkpoint, redundant copies, spare-cube swap), re-sharding onto the survivors; the fastest layout of a model on a pod that fits, by a pruned search over every layout the step model takes, ranked by tokens a second (or by their goodput under failures), across pods by time to train |
+//! | 15 assembly | `pod` | `Pod`: the world, the install order of every domain, the host API |
+//! | 16 profiling | `profile` | counters, Chrome/Perfetto traces, per-system timing |
+//! | 17 training | `training` | a training run in one place: the sharded optimizer's host API and its step checkpoints, the run loop and its time ledger, the run's report, goodput and trace |
+//! | 18 seed facades | `tpu`, `coordination`, `fault_tolerance`, `xla` | `TPUOptimizer`, `PodCoordinator`, `FaultToleranceManager`, the seed's compiler paths |
+//! | 19 facades over facades | `pod_coordination` | `TPUPodCoordinator` over `PodCoordinator`; the seed's clock-sync path |
+//! | 20 binary | `cli` | the command line (part of the `optirs-tpu` binary, not the library) |
 //!
 //! Errors are leaves: each domain's error enum (`TopologyError`,
 //! `MemoryError`, `TransportError`, `FaultError`, `BarrierError`,
@@ -97,6 +98,7 @@ pub mod clock_sync;
 pub mod collectives;
 pub mod compiler;
 pub mod coordination;
+pub mod cost_model;
 pub mod error;
 pub mod exec;
 pub mod fault_tolerance;

@@ -272,8 +272,8 @@ fn only_the_moe_layers_send_and_the_shared_expert_covers_them() {
 
 #[test]
 fn a_ring_of_experts_gathers_and_scatters_in_place_of_the_all_to_alls() {
+    use optirs_tpu::cost_model::axis_collective;
     use optirs_tpu::sharding::strategy::CollectiveKind;
-    use optirs_tpu::sharding::strategy_model::axis_collective;
     let topology = v5p_4x8x8();
     let base = bundled("mixtral-8x7b").unwrap();
     let ring = ModelConfig {

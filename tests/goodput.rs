@@ -702,7 +702,7 @@ fn the_default_step_under_redundant_recovery_pays_for_its_copies() {
     // The same figures `train --modeled-only` reports for the same policy.
     let tensors = vec![("param0".to_string(), vec![1_000_000_000usize])];
     let step = |recovery| {
-        optirs_tpu::sharding::modeled::modeled_step_with_recovery(
+        optirs_tpu::cost_model::modeled_step_with_recovery(
             &pod,
             &tensors,
             optirs_tpu::ir::DType::F32,

@@ -235,9 +235,14 @@ fn deepseek_on_pods_says_whether_it_fits() {
         assert!(out.status.success(), "{args:?}: {stderr}");
         let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         assert_eq!(r["fits_in_hbm"], false, "{r}");
-        // Under a millisecond in a release build (docs/models.md); a debug
-        // build on a busy machine is given the margin tests/modeled.rs gives.
-        assert!(r["wall_seconds"].as_f64().unwrap() < 0.05, "{r}");
+        // Under a millisecond a step in a release build (docs/models.md); a
+        // debug build on a busy machine is given the margin tests/modeled.rs
+        // gives, for each layout the search (without --strategy) modeled.
+        let modeled = r["layout_search"]["modeled"].as_f64().unwrap_or(1.0);
+        assert!(
+            r["wall_seconds"].as_f64().unwrap() < 0.05 * modeled.max(1.0),
+            "{r}"
+        );
     }
 }
 

@@ -982,7 +982,7 @@ fn the_closed_form_model_matches_the_traffic_records() {
             .iter()
             .map(|t| (t.name.clone(), t.shape.clone()))
             .collect();
-        let modeled = optirs_tpu::sharding::modeled::modeled_step(
+        let modeled = optirs_tpu::cost_model::modeled_step(
             &topology,
             &tensors,
             optirs_tpu::ir::DType::F32,

@@ -420,7 +420,7 @@ proptest! {
 
 #[test]
 fn residency_is_the_replicated_closed_form_of_the_modeled_step() {
-    // The replicated figure is the one `sharding::modeled` has always given.
+    // The replicated figure is the one `cost_model::replicated` has always given.
     for (pod, sizes, bucket) in [
         ("v4-16", vec![5000usize, 77], 4096usize),
         ("v5e-16", vec![12345], 8192),
@@ -433,7 +433,7 @@ fn residency_is_the_replicated_closed_form_of_the_modeled_step() {
             .map(|(i, &n)| (format!("t{i}"), vec![n]))
             .collect();
         for recovery in [RecoveryPolicy::Rollback, RecoveryPolicy::Redundant] {
-            let modeled = optirs_tpu::sharding::modeled::modeled_step_with_recovery(
+            let modeled = optirs_tpu::cost_model::modeled_step_with_recovery(
                 p.topology(),
                 &tensors,
                 optirs_tpu::ir::DType::F32,

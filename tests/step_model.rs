@@ -210,7 +210,7 @@ fn each_layers_flops_are_the_cost_analysis_of_its_compiled_programs() {
 
 #[test]
 fn the_data_all_reduce_after_the_backward_adds_its_whole_duration() {
-    use optirs_tpu::sharding::strategy_model::DataReduction;
+    use optirs_tpu::cost_model::DataReduction;
     // Two v5e-256 slices: fsdp inside each, data across them over DCN.
     let two = parse_topology(
         "Pod(name: \"2xv5e-256\", generation: \"v5e\", shape: \"16x16\", slices: 2)",

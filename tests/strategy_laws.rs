@@ -3,10 +3,10 @@
 //! buckets gives what simulating each does; the cost of modeling does not
 //! grow with the model.
 
-use optirs_tpu::ir::DType;
-use optirs_tpu::sharding::strategy_model::{
+use optirs_tpu::cost_model::{
     DataReduction, Precision, StepOrder, StrategyOptions, StrategyStep, modeled_strategy_step,
 };
+use optirs_tpu::ir::DType;
 use optirs_tpu::sharding::{Mesh, MeshAxisName, MeshSizes, RecoveryPolicy, Strategy};
 use optirs_tpu::topology::{Topology, load_topology};
 

@@ -221,7 +221,7 @@ fn flat_tensors_still_refuse_a_tensor_axis() {
 
 mod properties {
     use super::*;
-    use optirs_tpu::sharding::strategy_model::DataReduction;
+    use optirs_tpu::cost_model::DataReduction;
     use proptest::prelude::*;
 
     const MODELS: [&str; 4] = [

@@ -2,8 +2,8 @@
 //! tables (`docs/validation.md`): `cargo test --release --test validation
 //! -- --nocapture` prints the table.
 
+use optirs_tpu::cost_model::DataReduction;
 use optirs_tpu::model::maxtext_published;
-use optirs_tpu::sharding::strategy_model::DataReduction;
 use optirs_tpu::step_model::validation::{ValidationRow, validate, validate_with};
 
 #[test]

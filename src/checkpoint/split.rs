@@ -354,7 +354,7 @@ pub fn is_split_checkpoint(dir: &Path) -> bool {
 /// then every part as a checkpoint of its own, each bound to the record by
 /// its manifest's digest — and merges the parts into the world one process
 /// holds ([`merge_parts`]). Restore it with any rank count, or into one
-/// process with [`Pod::from_snapshot`].
+/// process with `Pod::from_snapshot`.
 pub fn read_split_checkpoint(
     dir: &Path,
     registry: &SnapshotRegistry,

@@ -13,12 +13,12 @@ use super::progress;
 use anyhow::Result;
 use clap::Args;
 use clap::builder::PossibleValuesParser;
+use optirs_tpu::cost_model::DataReduction;
 use optirs_tpu::goodput::{
     CheckpointInterval, Costs, DEFAULT_CUBE_REPAIR_HOURS, DEFAULT_RECONFIGURE_SECONDS,
     DEFAULT_RESTART_SECONDS, FailureUnit, Fleet, GoodputConfig, GoodputError, GoodputReport,
     MAX_DAYS, modeled_step_seconds, parse_recovery, simulate_with_progress,
 };
-use optirs_tpu::sharding::strategy_model::DataReduction;
 use optirs_tpu::sharding::{RecoveryPolicy, Strategy};
 use optirs_tpu::step_model::PipelineOptions;
 use optirs_tpu::topology::{DEFAULT_PRESET, load_topology};

@@ -7,9 +7,9 @@ use super::output;
 use super::parse::usage;
 use super::train::TrainArgs;
 use anyhow::Result;
+use optirs_tpu::cost_model::DataReduction;
 use optirs_tpu::model::{BUNDLED_NAMES, ModelConfig, bundled, parameter_count};
 use optirs_tpu::optimizers::UpdateCost;
-use optirs_tpu::sharding::strategy_model::DataReduction;
 use optirs_tpu::sharding::{Mesh, MeshAxisName, RecoveryPolicy, Strategy};
 use optirs_tpu::step_model::{
     ModelStep, ModelStepOptions, PipelineOptions, StepModelError, model_step,

@@ -10,7 +10,7 @@ use optirs_tpu::step_model::{ModelStep, PipelineStep};
 /// communication on track 1 (each layer's gathers, its gradient's
 /// reduce-scatter and all-reduce), each free an instant.
 pub(super) fn trace_of(step: &ModelStep) -> optirs_tpu::profile::trace::Trace {
-    use optirs_tpu::sharding::strategy_model::SpanKind;
+    use optirs_tpu::cost_model::SpanKind;
     let mut trace = Trace::new();
     trace
         .process(

@@ -16,10 +16,10 @@ use clap::Args;
 use clap::builder::PossibleValuesParser;
 use ndarray::{ArrayD, IxDyn};
 use optirs_tpu::Pod;
-use optirs_tpu::health::Fault;
-use optirs_tpu::sharding::strategy_model::{
+use optirs_tpu::cost_model::{
     DataReduction, StepOrder, StrategyOptions, WideBytes, modeled_strategy_step, wide_map,
 };
+use optirs_tpu::health::Fault;
 use optirs_tpu::sharding::{
     DEFAULT_BUCKET_BYTES, Mesh, ParamSet, RecoveryPolicy, Reduction, ShardingError, Strategy,
 };

@@ -3,8 +3,8 @@
 
 use super::output;
 use anyhow::Result;
+use optirs_tpu::cost_model::StrategyStep;
 use optirs_tpu::sharding::Strategy;
-use optirs_tpu::sharding::strategy_model::StrategyStep;
 use optirs_tpu::topology::Topology;
 use optirs_tpu::training::report::{
     TrainReport, phases_in_execution_order, recovery_parts, time_breakdown,

@@ -11,8 +11,8 @@ use serde::Serialize;
 
 use super::error::{GoodputError, StepModelError};
 use crate::collectives::TorusShape;
+use crate::cost_model::{StrategyOptions, modeled_strategy_step};
 use crate::hardware::{CHECKPOINT_READ_BYTES_PER_S_PER_HOST, TpuGeneration, checkpoint_io_seconds};
-use crate::sharding::strategy_model::{StrategyOptions, modeled_strategy_step};
 use crate::sharding::{DEFAULT_BUCKET_BYTES, RecoveryPolicy, Strategy};
 use crate::topology::Topology;
 use crate::topology::resolve::DEFAULT_HEARTBEAT_TIMEOUT_NS;
@@ -551,9 +551,9 @@ impl Costs {
 
 /// The pod's modeled sharded optimizer step for a model of `params` f32
 /// parameters with `slots` state slots (replicated on the pod's default
-/// mesh, [`crate::sharding::strategy_model`]: the reduce-scatter, the
+/// mesh, [`crate::cost_model::strategy`]: the reduce-scatter, the
 /// update and the all-gather in closed form, in the time a small model
-/// takes however large it is; [`crate::sharding::modeled`]'s figure). It is
+/// takes however large it is; [`crate::cost_model::replicated`]'s figure). It is
 /// the step the crate models; a real step's forward and backward passes
 /// are not in it (give the whole step's time as `step_seconds` instead).
 /// Under `recovery` redundant the step also copies every state shard to

@@ -174,7 +174,7 @@ impl StreamFloor {
 }
 
 /// Thread counts the kernels run at over `footprint_bytes`: one, and every
-/// thread of the pool when each gets at least [`MIN_BYTES_PER_THREAD`].
+/// thread of the pool when each gets at least `MIN_BYTES_PER_THREAD`.
 pub fn stream_threads(footprint_bytes: u64) -> Vec<usize> {
     let pool = rayon::current_num_threads();
     let most = (footprint_bytes / MIN_BYTES_PER_THREAD).clamp(1, pool as u64) as usize;

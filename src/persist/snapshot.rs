@@ -389,7 +389,7 @@ impl<R: Resource + Persist> Staged for StagedResource<R> {
 
 /// The component types and resources a snapshot holds, by name.
 ///
-/// The engine's registry is [`super::engine_registry`]; hosts may register
+/// The engine's registry is `checkpoint::engine_registry` (a layer above); hosts may register
 /// their own types before capturing.
 #[derive(Resource, Default)]
 pub struct SnapshotRegistry {

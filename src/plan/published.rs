@@ -8,9 +8,9 @@ use serde::Serialize;
 
 use super::search::{Candidate, PlanRequest, plan};
 use super::space::SearchSpace;
+use crate::cost_model::DataReduction;
 use crate::model::Published;
 use crate::sharding::Strategy;
-use crate::sharding::strategy_model::DataReduction;
 use crate::step_model::validation::{mesh_of, pod_of};
 use crate::step_model::{ModelStepOptions, StepModelError, default_efficiency, model_step};
 

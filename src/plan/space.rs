@@ -8,9 +8,9 @@ use std::fmt;
 
 use serde::Serialize;
 
+use crate::cost_model::DataReduction;
 use crate::model::{ModelConfig, RematPolicy};
 use crate::sharding::mesh::physical_axes;
-use crate::sharding::strategy_model::DataReduction;
 use crate::sharding::{Mesh, MeshAxisName, MeshSizes, PhysicalAxis, RecoveryPolicy, Strategy};
 use crate::topology::Topology;
 

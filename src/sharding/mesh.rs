@@ -23,7 +23,7 @@
 //!   the all-reduce of a gradient shard over `data` is split into its
 //!   reduce-scatter and its all-gather with the update between them, as
 //!   weight-update sharding runs it, so with `data = 1` this is the step
-//!   `sharding::modeled` models and the pod runs.
+//!   `cost_model::replicated` models and the pod runs.
 //! * `zero2`: gradients sharded too (`P/F`); each bucket's gradient is
 //!   reduce-scattered over `fsdp` as it is produced, so a device holds its
 //!   gradient shard plus the bucket in flight; the shard is all-reduced over

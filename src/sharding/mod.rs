@@ -29,12 +29,16 @@
 //! On a multislice pod the slice index is a fourth axis folded last, over
 //! DCN ([`crate::collectives::multislice`]), so the same holds there.
 //!
+//! **The closed form.** The same step without buffers or entities, for
+//! models and pods this machine cannot hold and for the planner, is the
+//! layer above, `cost_model`; it calls this module's bucket plan
+//! ([`strategy`]), residency and timing rather than computing them again.
+//!
 //! **Over ranks.** On a pod split over processes ([`crate::pod::ranks`])
 //! each rank holds its devices' state shards and its replicas' gradients,
 //! and the step's collectives cross ranks on the same schedule
 //! ([`ranked`]), so the bits stay the one-process step's.
 
-mod axis_costs;
 pub mod bucket_runs;
 pub mod error;
 pub mod gradients;
@@ -45,20 +49,14 @@ mod mesh_error;
 mod mesh_layout;
 mod mesh_traffic;
 pub mod model;
-pub mod modeled;
 pub mod params;
 pub mod participants;
 pub mod ranked;
 pub mod residency;
-mod steady_state;
 pub mod step;
 pub mod stored_model;
 pub mod strategy;
-pub mod strategy_model;
-mod strategy_options;
-mod strategy_pipeline;
 mod strategy_step;
-mod strategy_streams;
 pub mod timing;
 mod traffic;
 pub mod world;

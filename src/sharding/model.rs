@@ -463,7 +463,7 @@ fn check_policy(world: &World, policy: RecoveryPolicy) -> Result<(), ShardingErr
 
 /// Whether a pod of `topology` can apply `policy`: a spare-cube recovery
 /// needs a pod built of cubes with spares. The one check a real model and
-/// the closed-form step ([`super::modeled`]) both apply.
+/// the closed-form step (`cost_model::replicated`, a layer above) both apply.
 pub fn check_recovery_policy(
     topology: &crate::topology::Topology,
     policy: RecoveryPolicy,

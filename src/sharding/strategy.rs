@@ -14,7 +14,7 @@
 //! | fsdp | `P'/F·e` | `P'/F·e` | `k·P'/F·e` | `(prefetch + 1)·b` gathered, `b` gradient |
 //!
 //! and under the redundant recovery policy a second copy of the state
-//! shard. The replicated figure is `sharding::modeled`'s.
+//! shard. The replicated figure is `cost_model::replicated`'s.
 
 use std::fmt;
 
@@ -56,10 +56,54 @@ pub struct ModelSize {
     pub expert_bucket_elements: u64,
 }
 
+/// A model's mixed precision as the strategy step charges it, bytes per
+/// element of each kind (MaxText's `dtype`, `weight_dtype`, `grad_dtype`
+/// and `mu_dtype`).
+///
+/// fsdp gathers its weights cast to the compute type, every strategy
+/// reduce-scatters the matmuls' gradients over `fsdp` in it, and
+/// replicated and zero2 all-gather their new parameters into a replica of
+/// it; when it is narrower than the parameters' type they keep the
+/// parameters' shard as a master copy
+/// ([`StrategyMemory::master`]). The reduction over
+/// `data` (after the backward's accumulation into the gradients' type, as
+/// XLA's data-parallel all-reduce optimization runs it), the gradient
+/// shards, the state and the update are in their own types.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Precision {
+    /// The compute type (`dtype`): the buckets in flight.
+    pub compute: usize,
+    /// The parameters as stored (`weight_dtype`).
+    pub params: usize,
+    /// The gradient shards and their reduction over `data` (`grad_dtype`).
+    pub grads: usize,
+    /// Every optimizer-state slot of one element together (Adam's first
+    /// moment in `mu_dtype`, its second in the parameters' type).
+    pub state: usize,
+}
+
+impl Precision {
+    /// Every kind in `bytes`-byte elements with `slots` state slots.
+    pub fn uniform(bytes: usize, slots: usize) -> Precision {
+        Precision {
+            compute: bytes,
+            params: bytes,
+            grads: bytes,
+            state: slots * bytes,
+        }
+    }
+
+    /// Whether the compute type is narrower than the parameters' (ZeRO's
+    /// mixed precision: a master copy beside the replica).
+    pub fn has_master(&self) -> bool {
+        self.compute < self.params
+    }
+}
+
 impl ModelSize {
     /// These sizes with a model's mixed precision: the compute type in
     /// flight, the parameters, gradients and state each in their own.
-    pub fn with_precision(self, precision: super::strategy_model::Precision) -> ModelSize {
+    pub fn with_precision(self, precision: Precision) -> ModelSize {
         ModelSize {
             elem_bytes: precision.params as u64,
             wire_bytes: precision.compute as u64,

@@ -12,7 +12,7 @@
 //! ([`super::timing::schedule_fsdp`]: every bucket gathered for the
 //! forward pass, then in reverse for the backward pass, each followed by
 //! its gradient's reduce-scatter), as the closed form
-//! (`sharding::strategy_model`) places them. The gathers are
+//! (`cost_model::strategy`) places them. The gathers are
 //! `all_gather.axisN` phases, both counted under that key.
 //!
 //! Replicated and zero2 run the replicated step's collectives

@@ -337,7 +337,7 @@ pub struct FsdpBucketCost {
 }
 
 /// Places an fsdp step's stages on the two streams in the order FSDP runs
-/// them (`sharding::strategy_model`'s module docs, whose closed form this
+/// them (`cost_model::strategy`'s module docs, whose closed form this
 /// is for the pod's charged links, with uses of no length): the `2B`
 /// uses forward `0..B−1`, then backward `B−1..0`; gather `s` starts once
 /// use `s − prefetch − 1` freed its bucket; a backward use's bucket is

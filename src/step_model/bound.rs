@@ -4,14 +4,14 @@
 //!
 //! Every layer's forward and backward pass and the logits run one after
 //! another on each device's MXU in any strategy's step
-//! ([`crate::sharding::strategy_model`]'s training order puts them on one
+//! ([`crate::cost_model::strategy`]'s training order puts them on one
 //! compute stream); the collectives and the update only add to it. So the
 //! passes' seconds are a lower bound on the step under every strategy,
 //! prefetch and data-reduction schedule of the same mesh, model and remat
 //! policy (`tests/plan.rs` holds every modeled step to it). The HBM
 //! floor ([`hbm_floor`]) is likewise the part of the peak no timing
 //! changes; and the model's parameters become buckets here
-//! ([`model_buckets`]) for both the floor and the step.
+//! (`model_buckets`) for both the floor and the step.
 
 use super::{
     ModelStepOptions, StepModelError, checked, parameter_count, passes, recomputed_fraction,

@@ -13,7 +13,7 @@
 //! `k` dropless, the capacity's `E·C/S` dropping,
 //! [`crate::model::MixtureOfExperts::routed_rows_per_token`]; `D` the
 //! embedding), each timed on the expert axis's links
-//! ([`crate::sharding::strategy_model::axis_all_to_all`]). The backward
+//! ([`crate::cost_model::axis_all_to_all`]). The backward
 //! runs their transposes (two more), plus the recomputed forward's under
 //! the remat policy, as the tensor axis's collectives are counted
 //! ([`super::tensor`]). On a model whose first layers are dense (or whose
@@ -42,9 +42,9 @@
 use serde::Serialize;
 
 use super::{LayerCompute, StepModelError};
+use crate::cost_model::{AxisCollective, axis_all_to_all, axis_collective};
 use crate::model::ModelConfig;
 use crate::sharding::strategy::CollectiveKind;
-use crate::sharding::strategy_model::{AxisCollective, axis_all_to_all, axis_collective};
 use crate::sharding::{Mesh, MeshAxisName};
 use crate::topology::Topology;
 

@@ -34,11 +34,11 @@
 
 use serde::Serialize;
 
+use crate::cost_model::StrategyStep;
 use crate::model::{
     ModelConfig, ModelDType, activation_memory_per_layer, layer_working_set, logits_buffers,
     parameter_count,
 };
-use crate::sharding::strategy_model::StrategyStep;
 use crate::sharding::{MeshAxisName, Strategy};
 use crate::units::bytes as binary_bytes;
 

@@ -22,7 +22,7 @@
 //!
 //! **Communication.** The model's parameters are laid out one tensor per
 //! layer (and the embedding and logits matrices), in buckets of one
-//! layer, and the step is [`crate::sharding::strategy_model`]'s with these
+//! layer, and the step is [`crate::cost_model::strategy`]'s with these
 //! uses: under fsdp each layer's gather is prefetched behind the previous
 //! layer's compute and the gradient's reduce-scatter runs behind the
 //! backward. The all-reduce over `data` (across the DCN on a multislice
@@ -53,7 +53,7 @@
 //! writes each in its own.
 //!
 //! **The step** is the steady state of back-to-back steps, every strategy
-//! overlapping by the same rules (`sharding::strategy_model`'s training
+//! overlapping by the same rules (`cost_model::strategy`'s training
 //! order): each bucket's gradient collectives behind the backward, its new
 //! parameters in before the next forward uses them.
 //!
@@ -111,6 +111,9 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use thiserror::Error;
 
+use crate::cost_model::{
+    DataReduction, Precision, StepOrder, StrategyOptions, StrategyStep, modeled_strategy_step,
+};
 use crate::hardware::TpuGeneration;
 use crate::ir::DType;
 use crate::model::{
@@ -118,9 +121,6 @@ use crate::model::{
     training_flops_per_device,
 };
 use crate::optimizers::{UpdateCost, UpdateKind};
-use crate::sharding::strategy_model::{
-    DataReduction, Precision, StepOrder, StrategyOptions, StrategyStep, modeled_strategy_step,
-};
 use crate::sharding::{Mesh, RecoveryPolicy, ShardingError, Strategy};
 use crate::topology::Topology;
 

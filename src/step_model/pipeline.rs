@@ -28,7 +28,7 @@
 //! type) to the next (MaxText's `ppermute` of the loop state; the backward
 //! sends the gradients back): `2·(R·M + P − 1)` collective permutes a step
 //! on the stage axis's links, ICI or DCN
-//! ([`crate::sharding::strategy_model::axis_permute`]). The next iteration
+//! ([`crate::cost_model::axis_permute`]). The next iteration
 //! needs the permuted state, so they are exposed.
 //!
 //! **Into and out of the pipeline.** The embedding and the logits run on
@@ -50,9 +50,9 @@
 use serde::Serialize;
 
 use super::{ModelStep, StepModelError};
+use crate::cost_model::{AxisCollective, axis_collective, axis_permute};
 use crate::model::ModelConfig;
 use crate::sharding::strategy::CollectiveKind;
-use crate::sharding::strategy_model::{AxisCollective, axis_collective, axis_permute};
 use crate::sharding::{Mesh, MeshAxisName};
 use crate::topology::Topology;
 

@@ -26,9 +26,9 @@
 use serde::Serialize;
 
 use super::StepModelError;
+use crate::cost_model::{AxisCollective, axis_collective};
 use crate::model::ModelConfig;
 use crate::sharding::strategy::CollectiveKind;
-use crate::sharding::strategy_model::{AxisCollective, axis_collective};
 use crate::sharding::{Mesh, MeshAxisName};
 use crate::topology::Topology;
 

@@ -6,8 +6,8 @@
 use serde::Serialize;
 
 use super::{ModelStepOptions, StepModelError, model_step};
+use crate::cost_model::DataReduction;
 use crate::model::{Published, PublishedRow};
-use crate::sharding::strategy_model::DataReduction;
 use crate::sharding::{Mesh, MeshSizes, Strategy};
 use crate::topology::{Topology, parse_topology};
 

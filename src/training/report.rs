@@ -497,7 +497,7 @@ fn execution_rank(key: &str) -> (u8, i64) {
     }
 }
 
-/// The report's phases in the step's execution order ([`execution_rank`]).
+/// The report's phases in the step's execution order (`execution_rank`).
 pub fn phases_in_execution_order(phases: &BTreeMap<String, f64>) -> Vec<(&str, f64)> {
     let mut ordered: Vec<(&str, f64)> = phases.iter().map(|(k, v)| (k.as_str(), *v)).collect();
     ordered.sort_by_key(|&(k, _)| execution_rank(k));

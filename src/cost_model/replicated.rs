@@ -34,20 +34,20 @@
 //! These are the traffic records'
 //! [`crate::collectives::Traffic::timeline`] figures for uniform links
 //! (`tests/sharding.rs` and `tests/modeled.rs` compare the two), and the
-//! update and the overlap are [`super::timing`]'s.
+//! update and the overlap are [`crate::sharding::timing`]'s.
 
 use serde::Serialize;
 
-use super::error::ShardingError;
-use super::layout::{ShardLayout, ShardPlan};
-use super::model::{RecoveryPolicy, check_recovery_policy};
-use super::timing::{BucketCost, StepPhase, StepTimeline, schedule};
 use crate::collectives::pod::slice_torus;
 use crate::collectives::{
     CollectiveCost, LinkModel, PassCost, PhaseKind, TorusShape, all_gather_cost, dcn_exchange_cost,
     reduce_scatter_cost,
 };
 use crate::ir::DType;
+use crate::sharding::error::ShardingError;
+use crate::sharding::layout::{ShardLayout, ShardPlan};
+use crate::sharding::model::{RecoveryPolicy, check_recovery_policy};
+use crate::sharding::timing::{BucketCost, StepPhase, StepTimeline, schedule};
 use crate::topology::{DeviceId, LinkParams, Topology};
 
 /// A step computed in closed form.

@@ -1,6 +1,6 @@
 //! The strategy model's two streams (compute and communication) and the
 //! step's sums: where each bucket's stages land in time
-//! ([`super::strategy_model`]'s module docs give the orders).
+//! ([`super::strategy`]'s module docs give the orders).
 //!
 //! Each schedule walks its buckets (or uses) as runs of equal work
 //! ([`BucketRuns`]); inside a run, once the schedule repeats itself, it
@@ -9,9 +9,9 @@
 
 use std::collections::BTreeMap;
 
-use super::bucket_runs::BucketRuns;
 use super::steady_state::{Jump, SteadyState};
-use super::strategy_model::{AxisFigures, BucketSpan, Costing, LengthCost, Round, SpanKind, Uses};
+use super::strategy::{AxisFigures, BucketSpan, Costing, LengthCost, Round, SpanKind, Uses};
+use crate::sharding::bucket_runs::BucketRuns;
 
 /// The two streams and the step's sums.
 pub(super) struct Streams {

@@ -1,7 +1,7 @@
 //! Jumping over a run of identical iterations of a schedule, so a model of
 //! 10¹¹ equal buckets costs what a model of ten does.
 //!
-//! The strategy model's schedules ([`super::strategy_streams`]) are
+//! The strategy model's schedules ([`super::streams`]) are
 //! max-plus: every time is the largest of earlier times and inputs, plus a
 //! duration. Over a run of iterations that do the same work (equal
 //! buckets, the same collectives), once every `max` keeps choosing the same

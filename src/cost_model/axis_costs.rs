@@ -1,16 +1,16 @@
 //! A collective over one mesh axis, for a caller's own data (a layer's
 //! activations, a mixture's routed tokens, a pipeline's microbatches):
 //! timed with the same rounds a bucket's collectives are
-//! ([`super::strategy_model`]), the all-to-all and the permute on the axis's
+//! ([`super::strategy`]), the all-to-all and the permute on the axis's
 //! torus axes and its share of the slices.
 
 use serde::Serialize;
 
-use super::error::ShardingError;
-use super::mesh::{Mesh, MeshAxisName, Strategy};
-use super::modeled::PodGeometry;
-use super::strategy_model::{Costing, StrategyOptions, devices_error};
+use super::replicated::PodGeometry;
+use super::strategy::{Costing, StrategyOptions, devices_error};
 use crate::collectives::{LinkModel, PhaseKind, TorusShape, cost};
+use crate::sharding::error::ShardingError;
+use crate::sharding::mesh::{Mesh, MeshAxisName, Strategy};
 use crate::topology::Topology;
 
 /// One collective's cost over a mesh axis.
@@ -23,7 +23,7 @@ pub struct AxisCollective {
 }
 
 /// A collective of `kind` over `mesh`'s `axis` on `topology`, `elements`
-/// per device as [`super::strategy::PlannedCollective`] counts them (the
+/// per device as [`crate::sharding::strategy::PlannedCollective`] counts them (the
 /// gathered or pre-scatter length), each of `elem_bytes`: the same rounds
 /// a bucket's collectives are timed with, for a caller's own data (a
 /// transformer's activations under tensor parallelism).
@@ -31,7 +31,7 @@ pub fn axis_collective(
     topology: &Topology,
     mesh: &Mesh,
     axis: MeshAxisName,
-    kind: super::strategy::CollectiveKind,
+    kind: crate::sharding::strategy::CollectiveKind,
     elements: usize,
     elem_bytes: usize,
 ) -> Result<AxisCollective, ShardingError> {

@@ -1,5 +1,5 @@
 //! The modeled step of a sharding strategy on a mesh, in closed form (no
-//! data, no entities): each bucket's plan ([`super::strategy::bucket_plan`])
+//! data, no entities): each bucket's plan ([`crate::sharding::strategy::bucket_plan`])
 //! timed pass by pass, placed on one communication stream and one compute
 //! stream, with the strategy's HBM by kind.
 //!
@@ -11,7 +11,7 @@
 //! (`G` the gradient collectives, `A` the all-gathers after the update),
 //! each update once its gradient shard is in. With zero-length uses and the
 //! default mesh the replicated step is
-//! [`super::modeled::modeled_step_with_recovery`]'s, to the bit. fsdp runs
+//! [`super::replicated::modeled_step_with_recovery`]'s, to the bit. fsdp runs
 //! the pipelined order below either way.
 //!
 //! **The training order** ([`StepOrder::Training`], what `step_model`
@@ -51,31 +51,31 @@
 //! The collectives' costs come from [`cost`], one place. Equal buckets
 //! cost the same, and a model has at most two bucket lengths
 //! ([`BucketRuns`]); the schedules jump over the runs of equal work once
-//! they repeat ([`super::steady_state`]), so modeling a 10¹⁸-parameter
+//! they repeat (`steady_state`), so modeling a 10¹⁸-parameter
 //! model costs what modeling a small one does.
 
 use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::bucket_runs::BucketRuns;
-use super::error::ShardingError;
-use super::mesh::{Mesh, MeshAxisName, PhysicalAxis, Strategy};
-use super::model::{RecoveryPolicy, check_recovery_policy};
-use super::modeled::{PodGeometry, replication_routes};
-use super::residency::MAX_PREFETCH;
-use super::strategy::{ModelSize, NotFitting, PlanStep, StrategyMemory, bucket_plan_with_experts};
-use super::strategy_streams::{Streams, Work};
+use super::replicated::{PodGeometry, replication_routes};
+use super::streams::{Streams, Work};
 use crate::collectives::{DCN_AXIS, LinkModel, PhaseKind, TorusShape, pass_name};
 use crate::ir::DType;
+use crate::sharding::bucket_runs::BucketRuns;
+use crate::sharding::error::ShardingError;
+use crate::sharding::mesh::{Mesh, MeshAxisName, PhysicalAxis, Strategy};
+use crate::sharding::model::{RecoveryPolicy, check_recovery_policy};
+use crate::sharding::residency::MAX_PREFETCH;
+use crate::sharding::strategy::{
+    ModelSize, NotFitting, PlanStep, StrategyMemory, bucket_plan_with_experts,
+};
 use crate::topology::{LinkParams, Topology};
 
 use crate::collectives::cost;
 
-pub(super) use super::strategy_options::Uses;
-pub use super::strategy_options::{
-    DataReduction, Precision, STEADY_STEPS, StepOrder, StrategyOptions,
-};
+pub(super) use super::options::Uses;
+pub use super::options::{DataReduction, Precision, STEADY_STEPS, StepOrder, StrategyOptions};
 
 /// What a span of a bucket does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -364,15 +364,15 @@ impl<'a> Costing<'a> {
 
 impl Costing<'_> {
     /// The rounds of a collective of `kind` over mesh axis `axis`,
-    /// `len` elements per device as [`super::strategy::PlannedCollective`]
+    /// `len` elements per device as [`crate::sharding::strategy::PlannedCollective`]
     /// counts them, each of `elem` bytes.
     pub(super) fn collective(
         &mut self,
-        kind: super::strategy::CollectiveKind,
+        kind: crate::sharding::strategy::CollectiveKind,
         axis: MeshAxisName,
         (len, elem): (usize, usize),
     ) -> Vec<Round> {
-        use super::strategy::CollectiveKind as K;
+        use crate::sharding::strategy::CollectiveKind as K;
         let torus = self.mesh.torus_axes(axis);
         let dcn = self.mesh.crosses_slices(axis);
         let torus_extent: usize = torus.iter().map(|&d| self.shape.dims()[d]).product();
@@ -479,7 +479,7 @@ impl Costing<'_> {
         for step in plan {
             match step {
                 PlanStep::Collective(c) => {
-                    use super::strategy::Purpose as P;
+                    use crate::sharding::strategy::Purpose as P;
                     // Weights and their gradients in the compute type; the
                     // reduction over data in the parameters' own.
                     let elem = match (c.purpose, c.axis) {
@@ -708,5 +708,5 @@ fn schedule(streams: &mut Streams, options: &StrategyOptions, work: Work, uses: 
 pub use super::axis_costs::{AxisCollective, axis_all_to_all, axis_collective, axis_permute};
 
 #[cfg(test)]
-#[path = "strategy_model_tests.rs"]
+#[path = "strategy_tests.rs"]
 mod tests;

@@ -1,7 +1,7 @@
 //! The modeled strategy step's unit tests.
 
 use super::*;
-use crate::sharding::modeled::modeled_step_with_recovery;
+use crate::cost_model::replicated::modeled_step_with_recovery;
 use crate::topology::{load_preset, load_topology, parse_topology};
 
 const MULTISLICE: &str = concat!(
@@ -302,7 +302,7 @@ fn a_trillion_parameters_under_hybrid_fsdp_fit_four_v5p_slices() {
 /// lasts as long (a longer run of steps changes nothing).
 #[test]
 fn the_third_step_is_the_steady_state() {
-    use super::super::strategy_streams::Work;
+    use crate::cost_model::streams::Work;
     for pod in ["v5e-16", "v4-128", MULTISLICE] {
         let topology = load_topology(pod).unwrap();
         for strategy in Strategy::ALL {

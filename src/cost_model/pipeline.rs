@@ -1,4 +1,4 @@
-//! The pipelined order of [`super::strategy_model`] (its module docs):
+//! The pipelined order of [`super::strategy`] (its module docs):
 //! forward and backward uses, each bucket's gradient collectives behind the
 //! backward, each update after the next use; fsdp gathers before each use,
 //! replicated and zero2 all-gather after each update. Consecutive steps
@@ -10,8 +10,8 @@
 use std::collections::VecDeque;
 
 use super::steady_state::Jump;
-use super::strategy_model::{SpanKind, Uses};
-use super::strategy_streams::{Streams, Work, cuts, remaining};
+use super::strategy::{SpanKind, Uses};
+use super::streams::{Streams, Work, cuts, remaining};
 
 /// A gradient whose reduction over `data` waits for the end of the backward
 /// pass: one bucket's, or a run of equal buckets' (descending from

@@ -1,10 +1,10 @@
 //! How a strategy step is modeled: the strategy, mesh, overlap and order
-//! options of [`super::strategy_model::modeled_strategy_step`].
+//! options of [`super::strategy::modeled_strategy_step`].
 
 use serde::Serialize;
 
-use super::mesh::{Mesh, Strategy};
-use super::model::RecoveryPolicy;
+use crate::sharding::mesh::{Mesh, Strategy};
+use crate::sharding::model::RecoveryPolicy;
 use crate::topology::Topology;
 
 /// How a strategy step is modeled.
@@ -42,13 +42,13 @@ pub struct StrategyOptions {
     pub precision: Option<Precision>,
     /// Of every bucket, the fraction that is a mixture's expert weights,
     /// split over the mesh's `expert` axis
-    /// ([`super::strategy::bucket_plan_with_experts`]); 0 for a dense
+    /// ([`crate::sharding::strategy::bucket_plan_with_experts`]); 0 for a dense
     /// model or a mesh without the axis.
     pub expert_share: f64,
 }
 
 /// The order a strategy step runs its uses, updates and the new
-/// parameters' all-gathers in ([`super::strategy_model`] module docs).
+/// parameters' all-gathers in ([`super::strategy`] module docs).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum StepOrder {
@@ -147,46 +147,4 @@ impl StrategyOptions {
     }
 }
 
-/// A model's mixed precision as the strategy step charges it, bytes per
-/// element of each kind (MaxText's `dtype`, `weight_dtype`, `grad_dtype`
-/// and `mu_dtype`).
-///
-/// fsdp gathers its weights cast to the compute type, every strategy
-/// reduce-scatters the matmuls' gradients over `fsdp` in it, and
-/// replicated and zero2 all-gather their new parameters into a replica of
-/// it; when it is narrower than the parameters' type they keep the
-/// parameters' shard as a master copy
-/// ([`super::strategy::StrategyMemory::master`]). The reduction over
-/// `data` (after the backward's accumulation into the gradients' type, as
-/// XLA's data-parallel all-reduce optimization runs it), the gradient
-/// shards, the state and the update are in their own types.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct Precision {
-    /// The compute type (`dtype`): the buckets in flight.
-    pub compute: usize,
-    /// The parameters as stored (`weight_dtype`).
-    pub params: usize,
-    /// The gradient shards and their reduction over `data` (`grad_dtype`).
-    pub grads: usize,
-    /// Every optimizer-state slot of one element together (Adam's first
-    /// moment in `mu_dtype`, its second in the parameters' type).
-    pub state: usize,
-}
-
-impl Precision {
-    /// Every kind in `bytes`-byte elements with `slots` state slots.
-    pub fn uniform(bytes: usize, slots: usize) -> Precision {
-        Precision {
-            compute: bytes,
-            params: bytes,
-            grads: bytes,
-            state: slots * bytes,
-        }
-    }
-
-    /// Whether the compute type is narrower than the parameters' (ZeRO's
-    /// mixed precision: a master copy beside the replica).
-    pub fn has_master(&self) -> bool {
-        self.compute < self.params
-    }
-}
+pub use crate::sharding::strategy::Precision;
