@@ -8,12 +8,12 @@ use std::time::Instant;
 
 use anyhow::Result;
 use clap::Args;
+use optirs_tpu::cost_model::DataReduction;
 use optirs_tpu::goodput::{Fleet, GoodputConfig};
 use optirs_tpu::model::{ModelConfig, RematPolicy};
 use optirs_tpu::plan::{
     Effective, Plan, PlanRequest, PodPlan, SearchSpace, by_time_to_train, plan, plan_by_goodput,
 };
-use optirs_tpu::sharding::strategy_model::DataReduction;
 use optirs_tpu::sharding::{Mesh, RecoveryPolicy, Strategy};
 use optirs_tpu::step_model::ModelStepOptions;
 use optirs_tpu::topology::{DEFAULT_PRESET, Topology, load_topology};
@@ -322,6 +322,13 @@ fn space_of(args: &PlanArgs, config: &ModelConfig, topology: &Topology) -> Resul
     if let Some(spec) = &args.mesh {
         let mesh =
             Mesh::parse_split(spec, topology).map_err(|e| usage(format!("--mesh {spec}: {e}")))?;
+        if args.no_stages && mesh.sizes().stage > 1 {
+            return Err(usage(format!(
+                "--no-stages leaves pipeline stages out, and --mesh {spec} has {} of them: give \
+                 one or the other",
+                mesh.sizes().stage
+            )));
+        }
         space.meshes = Some(vec![mesh.sizes()]);
     }
     if !args.remat.is_empty() {

@@ -47,8 +47,20 @@ fn command(args: &PlanArgs, search: &PodSearch, c: &Candidate) -> String {
     )
 }
 
-/// What `c` loses to `best` by: the parts of the step that grew.
-fn loses_by(c: &Candidate, best: &Candidate) -> String {
+/// A ranked layout's goodput, when the ranking is by effective throughput.
+fn goodput_of(search: &PodSearch, c: &Candidate) -> Option<f64> {
+    search
+        .effective
+        .as_ref()?
+        .iter()
+        .find(|e| e.candidate.order == c.order)
+        .map(|e| e.goodput)
+}
+
+/// What `c` loses to `best` by: the parts of the step that grew, and
+/// under --mtbf-hours the goodput it gives up (a faster step can lose
+/// there alone, by checkpointing or recovering slower).
+fn loses_by(search: &PodSearch, c: &Candidate, best: &Candidate) -> String {
     let parts = [
         ("compute", c.compute_seconds - best.compute_seconds),
         (
@@ -58,11 +70,21 @@ fn loses_by(c: &Candidate, best: &Candidate) -> String {
         ),
         ("bubble", c.bubble_seconds - best.bubble_seconds),
     ];
-    let grew: Vec<String> = parts
+    let mut grew: Vec<String> = parts
         .iter()
         .filter(|(_, d)| *d > 1e-9 * best.step_seconds.max(1e-12))
         .map(|(name, d)| format!("{name} +{}", seconds(*d)))
         .collect();
+    if let (Some(mine), Some(theirs)) = (goodput_of(search, c), goodput_of(search, best))
+        && theirs - mine > 1e-9
+    {
+        let points = (theirs - mine) * 100.0;
+        grew.push(if points >= 0.01 {
+            format!("goodput -{points:.2} points")
+        } else {
+            format!("goodput -{points:.1e} points")
+        });
+    }
     if grew.is_empty() {
         "ties".into()
     } else {
@@ -109,7 +131,7 @@ fn candidate_json(args: &PlanArgs, search: &PodSearch, c: &Candidate) -> Value {
         "hbm_by_kind": c.hbm,
         "fits_in_hbm": c.fits,
         "not_fitting": c.not_fitting,
-        "loses_by": best.filter(|b| b.order != c.order).map(|b| loses_by(c, b)),
+        "loses_by": best.filter(|b| b.order != c.order).map(|b| loses_by(search, c, b)),
         "time_to_train_seconds": args.tokens.map(|n| {
             n / (c.tokens_per_s_per_chip * f64::from(search.topology.num_devices()))
         }),
@@ -285,7 +307,7 @@ fn ranked_rows(args: &PlanArgs, s: &PodSearch) -> String {
             c.mesh,
             c.layout.remat.name(),
             match best {
-                Some(b) if b.order != c.order => format!(" (vs #1: {})", loses_by(c, b)),
+                Some(b) if b.order != c.order => format!(" (vs #1: {})", loses_by(s, c, b)),
                 _ => String::new(),
             }
         );
@@ -369,6 +391,9 @@ pub(super) fn print_pods(args: &PlanArgs, pods: &[PodPlan], searches: &[PodSearc
             .map(|p| {
                 let mut v = serde_json::to_value(p).unwrap_or(Value::Null);
                 if let (Some(best), Some(s)) = (&p.best, search_of(&p.pod)) {
+                    // The layout in the words of the ranking's rows
+                    // (`rollback`, not the type's name).
+                    v["best"] = candidate_json(args, s, best);
                     v["command"] = command(args, s, best).into();
                     v["search"] = search_json(args, s)["search"].clone();
                 }
@@ -460,5 +485,10 @@ pub(super) fn svg_of(s: &PodSearch) -> String {
         ("HBM headroom at the step's peak, GiB", "tokens/s/chip"),
         &points,
         &front,
+        [
+            "fits",
+            "does not fit",
+            "Pareto front: no layout that fits is faster with more headroom",
+        ],
     )
 }

@@ -45,6 +45,12 @@ pub fn plan_by_goodput(
     // the narrower one's top, whose runs need not be simulated again.
     let mut simulated: std::collections::HashMap<usize, Effective> =
         std::collections::HashMap::new();
+    // A run's goodput depends on the layout only through its step and its
+    // recovery policy (the seed and every other input are the request's),
+    // so layouts that tie there (prefetch depths, reduction schedules the
+    // step hides) share one simulation.
+    let mut runs: std::collections::HashMap<(u64, String), (f64, Option<f64>)> =
+        std::collections::HashMap::new();
     loop {
         let searched = plan(&PlanRequest {
             keep: widened,
@@ -54,7 +60,7 @@ pub fn plan_by_goodput(
         for candidate in &searched.ranked {
             let e = match simulated.get(&candidate.order) {
                 Some(e) => e.clone(),
-                None => effective(candidate, fleet, goodput)?,
+                None => effective(candidate, fleet, goodput, &mut runs)?,
             };
             simulated.insert(candidate.order, e.clone());
             ranked.push(e);
@@ -85,17 +91,30 @@ fn effective(
     candidate: &Candidate,
     fleet: &Fleet,
     goodput: &GoodputConfig,
+    runs: &mut std::collections::HashMap<(u64, String), (f64, Option<f64>)>,
 ) -> Result<Effective, GoodputError> {
-    let config = GoodputConfig {
-        step_seconds: candidate.step_seconds,
-        recovery: candidate.layout.recovery,
-        ..goodput.clone()
+    let key = (
+        candidate.step_seconds.to_bits(),
+        candidate.layout.recovery.to_string(),
+    );
+    let (goodput, interval) = match runs.get(&key) {
+        Some(run) => *run,
+        None => {
+            let config = GoodputConfig {
+                step_seconds: candidate.step_seconds,
+                recovery: candidate.layout.recovery,
+                ..goodput.clone()
+            };
+            let report = simulate(fleet, &config)?;
+            let run = (report.goodput, report.checkpoint_interval_seconds);
+            runs.insert(key, run);
+            run
+        }
     };
-    let report = simulate(fleet, &config)?;
     Ok(Effective {
         candidate: candidate.clone(),
-        goodput: report.goodput,
-        effective_tokens_per_s_per_chip: candidate.tokens_per_s_per_chip * report.goodput,
-        checkpoint_interval_seconds: report.checkpoint_interval_seconds,
+        goodput,
+        effective_tokens_per_s_per_chip: candidate.tokens_per_s_per_chip * goodput,
+        checkpoint_interval_seconds: interval,
     })
 }

@@ -22,13 +22,15 @@ pub struct ScatterPoint {
 }
 
 /// The plot of `points` (non-finite ones are left out) with `front` drawn
-/// as a line, axes labelled `x_label` and `y_label` and a dashed vertical
-/// line at `x = 0` when the range spans it.
+/// as a line, axes labelled `x_label` and `y_label`, a dashed vertical
+/// line at `x = 0` when the range spans it, and a legend naming the kept
+/// points, the others and the front (`legend`, in that order).
 pub fn scatter_svg(
     title: &str,
     (x_label, y_label): (&str, &str),
     points: &[ScatterPoint],
     front: &[(f64, f64)],
+    legend: [&str; 3],
 ) -> String {
     let (w, h, left, bottom, top, right) = (760.0, 480.0, 80.0, 50.0, 40.0, 20.0);
     let finite: Vec<&ScatterPoint> = points
@@ -93,8 +95,58 @@ pub fn scatter_svg(
             palette(3)
         );
     }
+    draw_legend(&mut out, w - right, top, legend);
     out.push_str("</svg>\n");
     out
+}
+
+/// The legend, right-aligned at `(right, top)`: a filled circle, a hollow
+/// one and a line, each with its label.
+fn draw_legend(out: &mut String, right: f64, top: f64, [kept, other, front]: [&str; 3]) {
+    let x = right - 10.0;
+    let mark = x
+        - 8.0
+        - 6.5
+            * [kept, other, front]
+                .iter()
+                .map(|l| l.len())
+                .max()
+                .unwrap_or(0) as f64;
+    let rows = [
+        (
+            format!(
+                "<circle cx=\"{mark:.1}\" cy=\"{{y}}\" r=\"3\" fill=\"{0}\" stroke=\"{0}\"/>",
+                palette(0)
+            ),
+            kept,
+        ),
+        (
+            format!(
+                "<circle cx=\"{mark:.1}\" cy=\"{{y}}\" r=\"3\" fill=\"none\" stroke=\"#999999\"/>"
+            ),
+            other,
+        ),
+        (
+            format!(
+                "<line x1=\"{:.1}\" y1=\"{{y}}\" x2=\"{:.1}\" y2=\"{{y}}\" stroke=\"{}\" stroke-width=\"2\"/>",
+                mark - 6.0,
+                mark + 6.0,
+                palette(3)
+            ),
+            front,
+        ),
+    ];
+    for (i, (shape, label)) in rows.iter().enumerate() {
+        let y = top + 12.0 + 14.0 * i as f64;
+        let _ = writeln!(
+            out,
+            "{}<text x=\"{:.1}\" y=\"{:.1}\">{}</text>",
+            shape.replace("{y}", &format!("{y:.1}")),
+            mark + 10.0,
+            y + 4.0,
+            escape(label)
+        );
+    }
 }
 
 /// The axes, their ticks and labels, and the dashed line at `x = 0`.
@@ -171,10 +223,15 @@ mod tests {
                 p(f64::NAN, 1.0, true),
             ],
             &[(1.0, 3.0)],
+            ["kept", "other", "the front"],
         );
-        assert_eq!(svg.matches("<circle").count(), 2);
+        // Two points and the legend's two marks.
+        assert_eq!(svg.matches("<circle").count(), 4);
         assert!(svg.contains("<polyline"));
         assert!(svg.contains("a&lt;b"));
         assert!(svg.contains("stroke-dasharray"), "x = 0 is marked");
+        for label in ["kept", "other", "the front"] {
+            assert!(svg.contains(&format!(">{label}</text>")), "{label}");
+        }
     }
 }
