@@ -86,25 +86,33 @@ fn every_step_is_at_least_its_passes_and_holds_its_hbm_floor() {
         let space = SearchSpace::every(&config);
         let mut base = ModelStepOptions::new(&topology);
         base.efficiency = Some(default_efficiency(&topology));
-        let mut checked = 0;
+        let (mut checked, mut pipelined) = (0, 0);
         for (sizes, mesh) in meshes(&topology, &config, true) {
             for &remat in &space.remat {
                 let config = ModelConfig {
                     remat,
                     ..config.clone()
                 };
-                let at = ModelStepOptions {
-                    mesh: mesh.clone(),
-                    ..base.clone()
-                };
-                let Ok(bound) = passes_lower_bound(&config, &topology, &at) else {
-                    continue;
-                };
                 for layout in space.variants(sizes, remat, config.layers) {
                     let options = options_of(&base, &mesh, &layout);
                     let Ok(step) = model_step(&config, &topology, &options) else {
                         continue;
                     };
+                    // The bound as the search takes it: the mesh and the
+                    // schedule, every other option the base's.
+                    let at = ModelStepOptions {
+                        mesh: mesh.clone(),
+                        pipeline: options.pipeline,
+                        ..base.clone()
+                    };
+                    let bound = passes_lower_bound(&config, &topology, &at).unwrap();
+                    assert!(
+                        bound.is_some(),
+                        "{layout}: a layout the step model takes has a bound"
+                    );
+                    if step.pipeline.is_some() {
+                        pipelined += 1;
+                    }
                     let floor = hbm_floor(&config, &topology, &options).unwrap();
                     if let Some(bound) = bound {
                         assert!(
@@ -125,6 +133,7 @@ fn every_step_is_at_least_its_passes_and_holds_its_hbm_floor() {
             }
         }
         assert!(checked > 50, "{checked}");
+        assert!(pipelined > 10, "{}: {pipelined} pipelines", topology.name);
     }
 }
 

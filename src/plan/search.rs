@@ -9,7 +9,9 @@
 //! bound is above the step of the `keep`-th fastest layout that fits: every
 //! layout after it is slower than every layout kept, so the top `keep` are
 //! exactly an exhaustive search's (`tests/plan.rs` compares the two). A
-//! pipelined mesh has no bound here and is always modeled. A layout whose
+//! pipeline's bound is its stage's passes plus the bubble of its schedule,
+//! so a group of pipelines is bounded by its schedule with the smallest
+//! bubble (the most microbatches and repeats). A layout whose
 //! weights, gradients, state and saved activations alone overflow a chip's
 //! HBM ([`crate::step_model::hbm_floor`]) fits under no timing: the first
 //! of each mesh and policy is modeled, to show what it would give, the
@@ -188,13 +190,30 @@ fn groups_of(
                     (order - 1, l)
                 })
                 .collect();
-            let options = ModelStepOptions {
-                mesh: mesh.clone(),
-                ..base.clone()
-            };
-            match passes_lower_bound(&configs[c], topology, &options) {
+            // The group's bound is its least layout's: a pipeline's
+            // depends on its schedule (the bubble), nothing else's does.
+            let mut schedules: Vec<Option<(usize, usize)>> =
+                layouts.iter().map(|(_, l)| l.pipeline).collect();
+            schedules.sort_unstable();
+            schedules.dedup();
+            let mut bound = Ok(f64::INFINITY);
+            for pipeline in schedules {
+                let options = ModelStepOptions {
+                    mesh: mesh.clone(),
+                    pipeline: PipelineOptions {
+                        microbatches: pipeline.map(|(m, _)| m),
+                        repeats: pipeline.map(|(_, r)| r),
+                    },
+                    ..base.clone()
+                };
+                bound = match (bound, passes_lower_bound(&configs[c], topology, &options)) {
+                    (Ok(b), Ok(this)) => Ok(b.min(this.unwrap_or(0.0))),
+                    (Err(e), _) | (_, Err(e)) => Err(e),
+                };
+            }
+            match bound {
                 Ok(bound) => groups.push(Group {
-                    bound: bound.unwrap_or(0.0),
+                    bound: if bound.is_finite() { bound } else { 0.0 },
                     mesh: mesh.clone(),
                     config: c,
                     layouts,

@@ -23,23 +23,38 @@ use crate::sharding::bucket_runs::BucketRuns;
 use crate::topology::Topology;
 
 /// The seconds of `config`'s layers' passes and its logits on `options`'
-/// mesh, which no step of the layout is shorter than (module docs); `None`
-/// for a pipelined mesh (a `stage` axis), whose stage's passes interleave
-/// with the bubble and are not bounded here.
+/// mesh, which no step of the layout is shorter than (module docs).
+///
+/// On a pipelined mesh (a `stage` axis) the bound is the stage's: its
+/// layers' passes over the stage's batch and the logits over the whole
+/// model's, as its step runs them ([`super::pipeline::stage_config`]),
+/// plus the bubble of `options`' schedule, `(P − 1)/(R·M)` of the stage's
+/// layer passes; the permutes and reshards only add to it
+/// ([`super::pipeline::pipelined`]). `None` for a schedule the step model
+/// refuses (modeling it gives the refusal).
 pub fn passes_lower_bound(
     config: &ModelConfig,
     topology: &Topology,
     options: &ModelStepOptions,
 ) -> Result<Option<f64>, StepModelError> {
-    if options.mesh.size(MeshAxisName::Stage) > 1 {
-        return Ok(None);
-    }
-    let (efficiency, _) = checked(config, topology, options)?;
-    let recompute = recomputed_fraction(config, config.remat);
-    let (layer, _, _) = passes((config, config), topology, options, (efficiency, recompute))?;
-    let layers = parameter_count(config).layers as f64;
+    let chips = u64::from(topology.num_devices());
+    let (stage, bubble_share) =
+        match super::pipeline::pipeline_of(config, chips, &options.mesh, options.pipeline) {
+            Ok(None) => (None, 0.0),
+            Ok(Some((p, m, r))) => (
+                Some(super::pipeline::stage_config(config, p)),
+                (p - 1) as f64 / (r * m) as f64,
+            ),
+            Err(_) => return Ok(None),
+        };
+    let inside = stage.as_ref().unwrap_or(config);
+    let (efficiency, _) = checked(inside, topology, options)?;
+    let recompute = recomputed_fraction(inside, inside.remat);
+    let (layer, _, _) = passes((inside, config), topology, options, (efficiency, recompute))?;
+    let layers = parameter_count(inside).layers as f64;
+    let layer_passes = (layer.forward.elapsed() + layer.backward.elapsed()) * layers;
     Ok(Some(
-        (layer.forward.elapsed() + layer.backward.elapsed()) * layers + layer.logits.seconds,
+        layer_passes * (1.0 + bubble_share) + layer.logits.seconds,
     ))
 }
 
