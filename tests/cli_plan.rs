@@ -292,6 +292,10 @@ fn plan_refusals_exit_2_with_the_reason() {
         (&["--mtbf-hours", "nan"][..], "mean time between failures"),
         (&["--tokens", "1e300"][..], "--tokens"),
         (
+            &["--strategy", "replicated", "--prefetch", "2"][..],
+            "--prefetch",
+        ),
+        (
             &["--mesh", "stage=8,fsdp=8", "--no-stages"][..],
             "--no-stages",
         ),

@@ -339,6 +339,12 @@ fn space_of(args: &PlanArgs, config: &ModelConfig, topology: &Topology) -> Resul
             .collect::<Result<_>>()?;
     }
     if !args.prefetch.is_empty() {
+        if !space.strategies.contains(&Strategy::Fsdp) {
+            return Err(usage(
+                "--prefetch sets fsdp's gathers ahead, and --strategy leaves fsdp out of the \
+                 search",
+            ));
+        }
         space.prefetch = args.prefetch.clone();
     }
     if !args.data_reduction.is_empty() {
