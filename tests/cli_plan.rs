@@ -310,3 +310,69 @@ fn plan_refusals_exit_2_with_the_reason() {
     }
     usage_error(&["plan", POD, "--model", "no-such-model"], "no-such-model");
 }
+
+/// `goodput --model --strategy auto` runs the search `train` runs, and
+/// refuses a pod on which nothing fits, naming the nearest layout.
+#[test]
+fn goodput_searches_the_layout_with_auto() {
+    let train = json(&["train", POD, "--model", MODEL, "--modeled-only", "--json"]);
+    let goodput_args = [
+        "goodput",
+        POD,
+        "--model",
+        MODEL,
+        "--strategy",
+        "auto",
+        "--mtbf-hours",
+        "50000",
+        "--days",
+        "2",
+        "--json",
+    ];
+    let goodput = json(&goodput_args);
+    assert_eq!(
+        goodput["layout_search"]["chosen"], train["layout_search"]["chosen"],
+        "{goodput}"
+    );
+    assert_eq!(goodput["model_step"]["mesh"], train["mesh"]);
+    assert_eq!(goodput["model_step"]["step_seconds"], train["step_seconds"]);
+    let g = f(&goodput["goodput"]);
+    assert!(g > 0.9 && g <= 1.0, "{goodput}");
+    // Without auto the default is fsdp on the pod's default mesh, as before.
+    let mut default = goodput_args.to_vec();
+    default.drain(4..6);
+    let fsdp = json(&default);
+    assert_eq!(fsdp["model_step"]["strategy"], "fsdp");
+    assert!(fsdp.get("layout_search").is_none_or(Value::is_null));
+    let err = usage_error(
+        &[
+            "goodput",
+            "v5e-16",
+            "--model",
+            MODEL,
+            "--strategy",
+            "auto",
+            "--mtbf-hours",
+            "50000",
+            "--days",
+            "2",
+        ],
+        "no layout --strategy auto searched fits",
+    );
+    assert!(err.contains("the nearest"), "{err}");
+    usage_error(
+        &[
+            "goodput",
+            POD,
+            "--model-params",
+            "1e9",
+            "--strategy",
+            "auto",
+            "--mtbf-hours",
+            "50000",
+            "--days",
+            "2",
+        ],
+        "needs --model",
+    );
+}

@@ -10,6 +10,7 @@ use super::parse::{
     MAX_SECONDS, number, parse_count, parse_positive, parse_prefetch, parse_seconds, usage,
 };
 use super::progress;
+use super::train::StrategyChoice;
 use anyhow::Result;
 use clap::Args;
 use clap::builder::PossibleValuesParser;
@@ -42,9 +43,11 @@ pub struct GoodputArgs {
     #[arg(long, value_name = "NAME|FILE")]
     model: Option<String>,
     /// With --model: how the model is split over the mesh: replicated,
-    /// zero2 or fsdp [default: fsdp, MaxText's].
-    #[arg(long)]
-    strategy: Option<Strategy>,
+    /// zero2, fsdp, or auto (the fastest layout that fits, searched as
+    /// `plan` searches, narrowed by --mesh, --prefetch, --data-reduction,
+    /// --microbatches and --repeats) [default: fsdp, MaxText's].
+    #[arg(long, value_name = "STRATEGY|auto")]
+    strategy: Option<StrategyChoice>,
     /// With --model: the device mesh, `data=D,stage=P,fsdp=F,tensor=T,expert=E` (as train;
     /// default: fsdp over every chip of a slice, data over the slices).
     #[arg(long, value_name = "SPEC")]
@@ -257,10 +260,15 @@ pub fn goodput(args: GoodputArgs) -> Result<()> {
         .map_or(0, |r| r.slot_names().len());
     let topology = load_topology(&args.pod)?;
     let fleet = Fleet::from_topology(&topology)?;
+    let mut auto = None;
     let model = match &args.model {
         Some(spec) => {
             let layout = super::model_step::ModelLayout {
-                strategy: args.strategy.unwrap_or(Strategy::Fsdp),
+                strategy: match args.strategy {
+                    Some(StrategyChoice::Given(s)) => s,
+                    // The search's choice replaces it.
+                    Some(StrategyChoice::Auto) | None => Strategy::Fsdp,
+                },
                 mesh: args.mesh.as_deref(),
                 prefetch: args.prefetch,
                 data_reduction: args.data_reduction,
@@ -272,8 +280,14 @@ pub fn goodput(args: GoodputArgs) -> Result<()> {
                     repeats: args.repeats,
                 },
             };
-            let (step, params) =
-                super::model_step::goodput_step(spec, &topology, &layout, args.allow_overflow)?;
+            let searched = args.strategy == Some(StrategyChoice::Auto);
+            let (step, params, choice) = super::model_step::goodput_step(
+                spec,
+                &topology,
+                (&layout, searched),
+                args.allow_overflow,
+            )?;
+            auto = choice;
             Some((step, params))
         }
         None => None,
@@ -335,12 +349,18 @@ pub fn goodput(args: GoodputArgs) -> Result<()> {
         if let Some((step, _)) = &model {
             value["model_step"] = super::model_step::goodput_layout_json(step, &topology);
         }
+        if let Some(a) = &auto {
+            value["layout_search"] = a.json();
+        }
         value["wall_seconds"] = host_seconds.into();
         return output::print_json(&value);
     }
-    let layout = model.as_ref().map_or(String::new(), |(step, _)| {
+    let mut layout = model.as_ref().map_or(String::new(), |(step, _)| {
         super::model_step::goodput_layout_line(step, &topology)
     });
+    if let Some(a) = &auto {
+        layout = format!("{}\n{layout}", a.line());
+    }
     output::print_text(&text(&report, step_source, &layout, host_seconds))
 }
 

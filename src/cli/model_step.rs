@@ -128,6 +128,11 @@ pub(super) fn step_of(
     topology: &Topology,
     args: &TrainArgs,
 ) -> Result<ModelStep> {
+    layout_of(args).step(config, topology)
+}
+
+/// `train`'s layout flags.
+fn layout_of(args: &TrainArgs) -> ModelLayout<'_> {
     ModelLayout {
         strategy: args.strategy(),
         mesh: args.mesh.as_deref(),
@@ -141,28 +146,43 @@ pub(super) fn step_of(
             repeats: args.repeats,
         },
     }
-    .step(config, topology)
 }
 
-/// `goodput --model`: the model's step under `layout` and its parameters.
-/// A step that does not fit is refused with `train`'s message (a run that
-/// cannot start has no goodput) unless `allow_overflow`.
+/// `goodput --model`: the model's step under `layout` (or, when
+/// `searched`, the fastest layout that fits among those it leaves open,
+/// and what the search chose) and its parameters. A step that does not
+/// fit is refused with `train`'s message (a run that cannot start has no
+/// goodput) unless `allow_overflow`.
 pub(super) fn goodput_step(
     spec: &str,
     topology: &Topology,
-    layout: &ModelLayout,
+    (layout, searched): (&ModelLayout, bool),
     allow_overflow: bool,
-) -> Result<(ModelStep, u64)> {
+) -> Result<(ModelStep, u64, Option<super::plan::AutoChoice>)> {
     let config = load_model(spec)?;
-    let step = layout.step(&config, topology)?;
+    let (step, auto) = if searched {
+        let (step, auto) = super::plan::auto_step(layout, &config, topology)?;
+        (step, Some(auto))
+    } else {
+        (layout.step(&config, topology)?, None)
+    };
     if let (Some(why), false) = (&step.not_fitting, allow_overflow) {
+        if let Some(a) = &auto {
+            return Err(usage(format!(
+                "--model {spec} on {}: no layout --strategy auto searched fits; the nearest, {}, \
+                 does not: {why}; a run that cannot start has no goodput (`plan` shows what \
+                 would fit; --allow-overflow models the nearest anyway)",
+                topology.name, a.flags
+            )));
+        }
         return Err(usage(format!(
             "--model {spec} on {}: does not fit: {why}; a run that cannot start has no goodput \
-             (choose a layout that fits, or --allow-overflow to model it anyway)",
+             (choose a layout that fits, --strategy auto to search for one, or \
+             --allow-overflow to model it anyway)",
             topology.name
         )));
     }
-    Ok((step, parameter_count(&config).total()))
+    Ok((step, parameter_count(&config).total(), auto))
 }
 
 /// What `goodput --model` reports of the step it took: the layout, the
@@ -225,7 +245,7 @@ fn hbm_left(margin: i64) -> String {
 pub(super) fn modeled(args: &TrainArgs, config: &ModelConfig, topology: &Topology) -> Result<()> {
     let started = Instant::now();
     let (step, auto) = if args.searches_layout() {
-        let (step, auto) = super::plan::auto_step(args, config, topology)?;
+        let (step, auto) = super::plan::auto_step(&layout_of(args), config, topology)?;
         (step, Some(auto))
     } else {
         (step_of(config, topology, args)?, None)
@@ -281,13 +301,7 @@ pub(super) fn modeled(args: &TrainArgs, config: &ModelConfig, topology: &Topolog
     });
     let mut report = report;
     if let Some(a) = &auto {
-        report["layout_search"] = json!({
-            "layouts": a.layouts,
-            "modeled": a.modeled,
-            "seconds": a.seconds,
-            "chosen": a.flags,
-            "fits": a.fits,
-        });
+        report["layout_search"] = a.json();
         report["remat"] = config.remat.name().into();
         report["prefetch"] =
             json!((step.strategy == Strategy::Fsdp).then_some(step.strategy_step.prefetch));
@@ -296,18 +310,7 @@ pub(super) fn modeled(args: &TrainArgs, config: &ModelConfig, topology: &Topolog
         return output::print_json(&report);
     }
     if let Some(a) = &auto {
-        println!(
-            "layout: --strategy auto chose {} ({} of {} layouts modeled in {}{})",
-            a.flags,
-            a.modeled,
-            a.layouts,
-            output::seconds(a.seconds),
-            if a.fits {
-                ""
-            } else {
-                "; none fits, this is the nearest to fitting"
-            }
-        );
+        println!("{}", a.line());
     }
     print_text(&step, topology, params, wall_seconds)
 }

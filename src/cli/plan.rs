@@ -213,25 +213,56 @@ pub(super) struct AutoChoice {
     pub(super) fits: bool,
 }
 
-/// `train --model --modeled-only` with its layout searched: the fastest
-/// layout that fits among the strategies, meshes and prefetch depths the
-/// other flags leave open (the model's remat policy and batch, the given
-/// data reduction, recovery and optimizer), modeled as the explicit flags
-/// would model it; with nothing fitting, the nearest to fitting.
+impl AutoChoice {
+    /// The search in a report's JSON (`layout_search`).
+    pub(super) fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "layouts": self.layouts,
+            "modeled": self.modeled,
+            "seconds": self.seconds,
+            "chosen": self.flags,
+            "fits": self.fits,
+        })
+    }
+
+    /// The search in a report's text.
+    pub(super) fn line(&self) -> String {
+        format!(
+            "layout: --strategy auto chose {} ({} of {} layouts modeled in {}{})",
+            self.flags,
+            self.modeled,
+            self.layouts,
+            super::output::seconds(self.seconds),
+            if self.fits {
+                ""
+            } else {
+                "; none fits, this is the nearest to fitting"
+            }
+        )
+    }
+}
+
+/// `--strategy auto` (`train --model --modeled-only`, `goodput --model`):
+/// the fastest layout that fits among the strategies, meshes and prefetch
+/// depths the flags in `given` leave open (the model's remat policy and
+/// batch, the given data reduction, recovery and optimizer), modeled as
+/// the explicit flags would model it; with nothing fitting, the nearest to
+/// fitting. `given.strategy` is what the search chooses, so it is not
+/// read.
 pub(super) fn auto_step(
-    args: &super::train::TrainArgs,
+    given: &super::model_step::ModelLayout,
     config: &ModelConfig,
     topology: &Topology,
 ) -> Result<(optirs_tpu::step_model::ModelStep, AutoChoice)> {
     let mut space = SearchSpace::every(config);
     space.remat = vec![config.remat];
-    space.data_reductions = vec![args.data_reduction.unwrap_or(DataReduction::AfterBackward)];
-    space.recoveries = vec![args.recovery];
-    if let Some(n) = args.prefetch {
+    space.data_reductions = vec![given.data_reduction.unwrap_or(DataReduction::AfterBackward)];
+    space.recoveries = vec![given.recovery];
+    if let Some(n) = given.prefetch {
         space.strategies = vec![Strategy::Fsdp];
         space.prefetch = vec![n];
     }
-    let mesh = match &args.mesh {
+    let mesh = match given.mesh {
         Some(spec) => Some(
             Mesh::parse_split(spec, topology).map_err(|e| usage(format!("--mesh {spec}: {e}")))?,
         ),
@@ -241,7 +272,7 @@ pub(super) fn auto_step(
         space.meshes = Some(vec![mesh.sizes()]);
     }
     let stages = mesh.as_ref().map_or(1, |m| m.sizes().stage);
-    match (args.microbatches, args.repeats, stages) {
+    match (given.pipeline.microbatches, given.pipeline.repeats, stages) {
         (None, None, _) => {}
         (m, r, p) if p > 1 => {
             let m = m.unwrap_or(p);
@@ -260,7 +291,7 @@ pub(super) fn auto_step(
             )));
         }
     }
-    let base = base_of(&args.optimizer, topology)?;
+    let base = base_of(given.optimizer, topology)?;
     let request = PlanRequest {
         config,
         topology,
@@ -293,8 +324,8 @@ pub(super) fn auto_step(
         prefetch: layout.prefetch,
         data_reduction: Some(layout.data_reduction),
         recovery: layout.recovery,
-        optimizer: &args.optimizer,
-        record_spans: args.trace.is_some(),
+        optimizer: given.optimizer,
+        record_spans: given.record_spans,
         pipeline: optirs_tpu::step_model::PipelineOptions {
             microbatches: layout.pipeline.map(|p| p.0),
             repeats: layout.pipeline.map(|p| p.1),
