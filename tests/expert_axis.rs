@@ -306,3 +306,39 @@ fn a_ring_of_experts_gathers_and_scatters_in_place_of_the_all_to_alls() {
     let flat_base = step(&base, &topology, "fsdp=-1").unwrap();
     assert_eq!(flat.step_seconds, flat_base.step_seconds);
 }
+
+/// A dropless mixture's grouped matmuls compute a tile two experts share
+/// once for each: fewer experts on a device (an expert axis) leave fewer
+/// shared tiles, a tensor axis's gathered tokens more rows to fill them,
+/// and the count MaxText makes (and MFU) stays the rows'.
+#[test]
+fn dropless_tiles_shrink_with_the_expert_axis() {
+    use optirs_tpu::model::{bundled, layer_matmul_flops};
+    use optirs_tpu::step_model::hardware_matmul_flops_on;
+    let deepseek = bundled("deepseek3-671b").unwrap();
+    let counted = layer_matmul_flops(&deepseek).mlp_out;
+    let alone = hardware_matmul_flops_on(&deepseek, (1, 1)).mlp_out;
+    let over_16 = hardware_matmul_flops_on(&deepseek, (1, 16)).mlp_out;
+    let tensor_4 = hardware_matmul_flops_on(&deepseek, (4, 1)).mlp_out;
+    assert!(
+        counted < over_16 && over_16 < alone,
+        "{counted} {over_16} {alone}"
+    );
+    assert!(
+        counted < tensor_4 && tensor_4 < alone,
+        "{counted} {tensor_4} {alone}"
+    );
+    // 6 × 8192 tokens, top-8 of 256 plus one shared expert: the routed
+    // eight of the nine experts a token run a third more rows.
+    let tiles = (768.0 + 255.0 * (1.0 - 1.0 / 512.0)) / 768.0;
+    let moe_share = {
+        let mlp = optirs_tpu::model::mlp_flops(&deepseek);
+        let (dense, moe) = (mlp.dense_layers as f64, mlp.moe_layers as f64);
+        mlp.moe.1 * moe / (mlp.dense.1 * dense + mlp.moe.1 * moe)
+    };
+    let expected = counted * (1.0 + moe_share * 8.0 / 9.0 * (tiles - 1.0));
+    assert!(
+        (alone / expected - 1.0).abs() < 1e-9,
+        "{alone} against {expected}"
+    );
+}

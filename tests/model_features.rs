@@ -302,8 +302,9 @@ fn a_mixture_of_experts_counts_as_maxtext_and_runs_what_it_drops() {
             "batch {batch}: {counted} TFLOP against the log's {logged}"
         );
     }
-    // Dropless routing runs what MaxText counts; dropping at 1.25 runs
-    // 2.5 expert rows a token, plus dispatch and combine.
+    // Dropless routing runs what MaxText counts, in whole row tiles of 512
+    // with each tile two experts share run for both; dropping at 1.25
+    // runs 2.5 expert rows a token, plus dispatch and combine.
     let moe = config.moe.unwrap();
     assert_eq!(moe.capacity(config.seq_len), Some(1280));
     let dropping = optirs_tpu::step_model::hardware_matmul_flops(&config);
@@ -314,8 +315,12 @@ fn a_mixture_of_experts_counts_as_maxtext_and_runs_what_it_drops() {
         ..moe
     });
     let dropless = optirs_tpu::step_model::hardware_matmul_flops(&dropless_config);
-    assert_eq!(dropless.mlp_out, counted.mlp_out);
     let t = config.tokens_per_device();
+    // 8 × 4096 tokens, top-2: 65536 rows, 128 tiles and 7 boundaries,
+    // each inside a tile but 1/512 of the time.
+    assert_eq!(t * 2.0, 65536.0);
+    let tiles = (128.0 + 7.0 * (1.0 - 1.0 / 512.0)) / 128.0;
+    assert!((dropless.mlp_out / (counted.mlp_out * tiles) - 1.0).abs() < 1e-12);
     let one_hot = 2.0 * t * (8 * 1280) as f64 * 4096.0;
     let expected_out = counted.mlp_out * 1.25 + one_hot;
     assert!((dropping.mlp_out / expected_out - 1.0).abs() < 1e-12);

@@ -270,6 +270,11 @@ fn bad_mixtures_and_latents_exit_2_naming_the_field() {
             "interleave_moe_layer_step: 0",
             "interleave_moe_layer_step 0",
         ),
+        (
+            "first_num_dense_layers: 3",
+            "first_num_dense_layers: 3, tile_batch_seq: 0",
+            "tile_batch_seq 0",
+        ),
     ] {
         let text = deepseek.replace(from, to);
         assert_ne!(text, deepseek, "{from}");

@@ -9,9 +9,18 @@
 //! (`capacity_factor` > 0): every expert computes its whole capacity, full
 //! or not, and the one-hot dispatch (`BSM,BSEC→EBCM`) and combine
 //! (`EBCM,BSEC→BSM`) are matmuls of `2·B·S·E·C·D` FLOPs each, `C` slots an
-//! expert per sequence ([`MixtureOfExperts::capacity`]). Dropless routing
-//! (MaxText's `sparse_matmul` with megablox) computes the routed tokens
-//! only.
+//! expert per sequence ([`MixtureOfExperts::capacity`]).
+//!
+//! Dropless routing (MaxText's `sparse_matmul` with megablox) sorts a
+//! device's `m` routed rows by expert and runs each expert matmul as one
+//! grouped matmul over row tiles of `tile_batch_seq` (`min(512, m)`,
+//! MaxText's default, which the published DeepSeek-V3 recipes keep). A
+//! tile that holds the end of one expert's rows and the start of the
+//! next's is computed once for each of them, masked, so the kernel visits
+//! `ceil(m / tm) + G − 1` tiles for `G` experts on the device: with 256
+//! experts and 1536 rows each, a third more than the rows; with 128
+//! experts of 256 rows, half as much again
+//! ([`MixtureOfExperts::grouped_matmul_rows`]).
 //!
 //! Not every layer need hold the mixture. DeepSeek's first
 //! `first_num_dense_layers` layers have a dense MLP of `mlp_dim`, the rest
@@ -70,10 +79,25 @@ pub struct MixtureOfExperts {
     /// the same.
     #[serde(default)]
     pub use_ring_of_experts: bool,
+    /// `tile_batch_seq`: the dropless grouped matmul's row tile (MaxText's
+    /// megablox tiling; default 512). Unused when tokens are dropped.
+    #[serde(default = "default_tile_batch_seq")]
+    pub tile_batch_seq: u64,
 }
 
 fn one() -> u64 {
     1
+}
+
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 { a.max(1) } else { gcd(b, a % b) }
+}
+
+/// MaxText's `tile_batch_seq` default.
+pub const DEFAULT_TILE_BATCH_SEQ: u64 = 512;
+
+fn default_tile_batch_seq() -> u64 {
+    DEFAULT_TILE_BATCH_SEQ
 }
 
 impl MixtureOfExperts {
@@ -94,6 +118,41 @@ impl MixtureOfExperts {
             None => self.num_experts_per_tok as f64,
             Some(c) => (self.num_experts * c) as f64 / seq_len.max(1) as f64,
         }
+    }
+
+    /// The rows a dropless grouped matmul computes for `rows` routed rows
+    /// on a device split among `groups` experts (module docs): each tile of
+    /// `tm = min(tile_batch_seq, rows)` rows once, and once more for each
+    /// expert boundary inside a tile, `(ceil(rows/tm) + b)·tm`. Routed
+    /// groups differ in size, so each of the `min(groups, rows) − 1`
+    /// boundaries falls on a tile's edge only by chance, `1/tm` of the
+    /// time: `b = (min(groups, rows) − 1)(1 − 1/tm)`. When every token goes
+    /// to every expert the groups are equal and `b` counts the boundaries
+    /// off the tiles' edges exactly. The rows themselves when tokens are
+    /// dropped (the capacity's slots are counted there) or there are none.
+    pub fn grouped_matmul_rows(&self, rows: f64, groups: u64) -> f64 {
+        if self.capacity_factor.is_some() || rows.is_nan() || rows < 1.0 || !rows.is_finite() {
+            return rows.max(0.0);
+        }
+        let m = rows.ceil();
+        let tile = (self.tile_batch_seq.max(1) as f64).min(m);
+        let tiles = (m / tile).ceil();
+        let groups = (groups.max(1) as f64).min(m);
+        let inside = if self.num_experts_per_tok >= self.num_experts && m < 1e15 {
+            // Equal groups of `m / groups` rows: boundary `j` is on an
+            // edge when `j·per` is a multiple of the tile.
+            let (m, tile, g) = (m as u64, tile as u64, groups as u64);
+            if m % g == 0 {
+                let per = m / g;
+                let period = tile / gcd(per, tile);
+                (g - 1 - (g - 1) / period) as f64
+            } else {
+                (g - 1) as f64
+            }
+        } else {
+            (groups - 1.0) * (1.0 - 1.0 / tile)
+        };
+        (tiles + inside) * tile
     }
 
     /// The expert hidden widths a token's MLP holds as the hardware runs
@@ -175,6 +234,12 @@ impl MixtureOfExperts {
                 self.num_experts, self.shared_experts
             ));
         }
+        if self.tile_batch_seq == 0 || self.tile_batch_seq > 1 << 20 {
+            return Err(format!(
+                "tile_batch_seq {}: the grouped matmul's row tile, from 1 to 2^20",
+                self.tile_batch_seq
+            ));
+        }
         if let Some(cf) = self.capacity_factor
             && !(cf.is_finite() && cf > 0.0 && cf <= self.num_experts as f64)
         {
@@ -202,7 +267,63 @@ mod tests {
             interleave_moe_layer_step: 1,
             routed_bias: false,
             use_ring_of_experts: false,
+            tile_batch_seq: DEFAULT_TILE_BATCH_SEQ,
         }
+    }
+
+    #[test]
+    fn a_dropless_grouped_matmul_visits_a_shared_tile_once_per_expert() {
+        let dropless = MixtureOfExperts {
+            num_experts: 256,
+            num_experts_per_tok: 8,
+            ..mixtral(None)
+        };
+        // One expert: the rows rounded up to whole tiles.
+        assert_eq!(dropless.grouped_matmul_rows(1024.0, 1), 1024.0);
+        assert_eq!(dropless.grouped_matmul_rows(1000.0, 1), 1024.0);
+        // DeepSeek-V3's P3 row: 6 × 8192 tokens, top-8 of 256: 768 tiles
+        // of 512 and 255 boundaries, each inside a tile but 1/512 of the
+        // time.
+        let rows = 6.0 * 8192.0 * 8.0;
+        let inside = |b: f64| b * (1.0 - 1.0 / 512.0);
+        assert_eq!(
+            dropless.grouped_matmul_rows(rows, 256),
+            (768.0 + inside(255.0)) * 512.0
+        );
+        // An expert axis of 16 leaves 16 experts and 15 boundaries.
+        assert_eq!(
+            dropless.grouped_matmul_rows(rows, 16),
+            (768.0 + inside(15.0)) * 512.0
+        );
+        // Fewer rows than a tile: one tile of the rows, and the experts'
+        // boundaries inside it (at most one expert a row).
+        assert_eq!(
+            dropless.grouped_matmul_rows(100.0, 4),
+            (1.0 + 3.0 * (1.0 - 1.0 / 100.0)) * 100.0
+        );
+        // Every token to every expert: equal groups, whose boundaries
+        // fall on the tiles' edges when a group is a whole number of
+        // tiles, and inside them otherwise.
+        let all = MixtureOfExperts {
+            num_experts: 8,
+            num_experts_per_tok: 8,
+            ..dropless
+        };
+        assert_eq!(all.grouped_matmul_rows(8.0 * 1024.0, 8), 8.0 * 1024.0);
+        // 8 groups of 768 rows: boundaries at 768·j, on an edge for even j.
+        assert_eq!(
+            all.grouped_matmul_rows(8.0 * 768.0, 8),
+            (12.0 + 4.0) * 512.0
+        );
+        // Dropping counts its capacity elsewhere; nothing to pad here.
+        assert_eq!(mixtral(Some(1.25)).grouped_matmul_rows(rows, 8), rows);
+        assert_eq!(dropless.grouped_matmul_rows(0.0, 256), 0.0);
+        assert_eq!(dropless.grouped_matmul_rows(f64::NAN, 256), 0.0);
+        let zero = MixtureOfExperts {
+            tile_batch_seq: 0,
+            ..dropless
+        };
+        assert!(zero.check(61).unwrap_err().contains("tile_batch_seq 0"));
     }
 
     #[test]

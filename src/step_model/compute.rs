@@ -10,11 +10,27 @@ use crate::model::{
 
 use super::{LayerCompute, PassCompute};
 
+/// A layer's forward matmul FLOPs as the hardware runs them on a device
+/// with no tensor or expert axis ([`hardware_matmul_flops_on`]).
+pub fn hardware_matmul_flops(config: &ModelConfig) -> LayerMatmulFlops {
+    hardware_matmul_flops_on(config, (1, 1))
+}
+
 /// A layer's forward matmul FLOPs as the hardware runs them: MaxText's
 /// per-matmul count ([`layer_matmul_flops`]) with the attention's scores
 /// and values at what the model's attention kernel computes
-/// ([`crate::model::AttentionKernel::computed_fraction`]).
-pub fn hardware_matmul_flops(config: &ModelConfig) -> LayerMatmulFlops {
+/// ([`crate::model::AttentionKernel::computed_fraction`]), and a
+/// mixture's routed experts as its routing runs them on a device of a
+/// `tensor`-wide group with `1/experts_split` of the experts: a dropping
+/// mixture's whole capacity and one-hot dispatch and combine, a dropless
+/// one's grouped matmul with its tiles shared between experts
+/// ([`crate::model::MixtureOfExperts::grouped_matmul_rows`]; the device's
+/// rows are its tensor group's tokens, which the expert matmuls gather,
+/// times the experts a token).
+pub fn hardware_matmul_flops_on(
+    config: &ModelConfig,
+    (tensor, experts_split): (usize, usize),
+) -> LayerMatmulFlops {
     let mut g = layer_matmul_flops(config);
     g.attention *= config.attention_kernel.computed_fraction(config.seq_len);
     // A local layer's band as the kernel's blocks cover it, folded into
@@ -51,6 +67,21 @@ pub fn hardware_matmul_flops(config: &ModelConfig) -> LayerMatmulFlops {
             mlp.moe.1 * padded + one_hot,
         );
         (g.mlp_in, g.mlp_out) = mlp.average_with(run);
+    } else if let Some(moe) = &config.moe {
+        let mlp = crate::model::mlp_flops(config);
+        let routed = moe.num_experts_per_tok as f64;
+        let rows = config.tokens_per_device() * tensor.max(1) as f64 * routed;
+        let groups = moe.num_experts / experts_split.max(1) as u64;
+        let computed = moe.grouped_matmul_rows(rows, groups) / rows.max(1.0);
+        let shared = moe.shared_experts as f64;
+        let padded = (shared + routed * computed) / (shared + routed);
+        if padded > 1.0 {
+            let run = (
+                (mlp.moe.0 - mlp.router) * padded + mlp.router,
+                mlp.moe.1 * padded,
+            );
+            (g.mlp_in, g.mlp_out) = mlp.average_with(run);
+        }
     }
     g
 }
@@ -79,7 +110,16 @@ pub fn recomputed_fraction(config: &ModelConfig, policy: RematPolicy) -> f64 {
 /// The forward FLOPs `policy` recomputes in the backward pass, as the
 /// weights' matmuls and the attention's ([`recomputed_fraction`]).
 pub fn recomputed_flops(config: &ModelConfig, policy: RematPolicy) -> (f64, f64) {
-    let g = hardware_matmul_flops(config);
+    recomputed_flops_of(config, policy, &hardware_matmul_flops(config))
+}
+
+/// [`recomputed_flops`] of the forward's FLOPs `g` as a device runs them
+/// ([`hardware_matmul_flops_on`]).
+fn recomputed_flops_of(
+    config: &ModelConfig,
+    policy: RematPolicy,
+    g: &LayerMatmulFlops,
+) -> (f64, f64) {
     let out = if config.decoder_block.is_parallel() {
         0.0
     } else {
@@ -171,9 +211,9 @@ pub(super) fn layer_compute(
             ..PassCompute::default()
         }
     };
-    let g = hardware_matmul_flops(config);
+    let g = hardware_matmul_flops_on(config, (tensor, experts_split));
     let forward = (g.total() - g.attention, g.attention);
-    let recomputed = recomputed_flops(config, config.remat);
+    let recomputed = recomputed_flops_of(config, config.remat, &g);
     let recompute = (recomputed.0 + recomputed.1) / g.total().max(f64::MIN_POSITIVE);
     let fwd_bytes = forward_bytes(config, (tensor, experts_split));
     let t = config.tokens_per_device();

@@ -100,7 +100,9 @@ pub mod tensor;
 pub mod validation;
 
 pub use bound::{default_efficiency, hbm_floor, passes_lower_bound};
-pub use compute::{hardware_matmul_flops, recomputed_flops, recomputed_fraction};
+pub use compute::{
+    hardware_matmul_flops, hardware_matmul_flops_on, recomputed_flops, recomputed_fraction,
+};
 pub use expert_parallel::ExpertParallel;
 pub use hbm::{HbmTypes, ModelHbm};
 pub use offload::HostOffload;
