@@ -252,6 +252,38 @@ fn refused(error: GoodputError) -> anyhow::Error {
     usage(error.to_string())
 }
 
+/// `--model`'s step under the layout flags (searched with `--strategy
+/// auto`), its parameters, and what the search chose.
+fn model_step(
+    args: &GoodputArgs,
+    spec: &str,
+    topology: &optirs_tpu::topology::Topology,
+) -> Result<(
+    optirs_tpu::step_model::ModelStep,
+    u64,
+    Option<super::plan::AutoChoice>,
+)> {
+    let layout = super::model_step::ModelLayout {
+        strategy: match args.strategy {
+            Some(StrategyChoice::Given(s)) => s,
+            // The search's choice replaces it.
+            Some(StrategyChoice::Auto) | None => Strategy::Fsdp,
+        },
+        mesh: args.mesh.as_deref(),
+        prefetch: args.prefetch,
+        data_reduction: args.data_reduction,
+        recovery: per_step_recovery(args.recovery),
+        optimizer: &args.optimizer,
+        record_spans: false,
+        pipeline: PipelineOptions {
+            microbatches: args.microbatches,
+            repeats: args.repeats,
+        },
+    };
+    let searched = args.strategy == Some(StrategyChoice::Auto);
+    super::model_step::goodput_step(spec, topology, (&layout, searched), args.allow_overflow)
+}
+
 pub fn goodput(args: GoodputArgs) -> Result<()> {
     let started = Instant::now();
     refuse_ignored(&args)?;
@@ -260,37 +292,12 @@ pub fn goodput(args: GoodputArgs) -> Result<()> {
         .map_or(0, |r| r.slot_names().len());
     let topology = load_topology(&args.pod)?;
     let fleet = Fleet::from_topology(&topology)?;
-    let mut auto = None;
-    let model = match &args.model {
+    let (model, auto) = match &args.model {
         Some(spec) => {
-            let layout = super::model_step::ModelLayout {
-                strategy: match args.strategy {
-                    Some(StrategyChoice::Given(s)) => s,
-                    // The search's choice replaces it.
-                    Some(StrategyChoice::Auto) | None => Strategy::Fsdp,
-                },
-                mesh: args.mesh.as_deref(),
-                prefetch: args.prefetch,
-                data_reduction: args.data_reduction,
-                recovery: per_step_recovery(args.recovery),
-                optimizer: &args.optimizer,
-                record_spans: false,
-                pipeline: PipelineOptions {
-                    microbatches: args.microbatches,
-                    repeats: args.repeats,
-                },
-            };
-            let searched = args.strategy == Some(StrategyChoice::Auto);
-            let (step, params, choice) = super::model_step::goodput_step(
-                spec,
-                &topology,
-                (&layout, searched),
-                args.allow_overflow,
-            )?;
-            auto = choice;
-            Some((step, params))
+            let (step, params, auto) = model_step(&args, spec, &topology)?;
+            (Some((step, params)), auto)
         }
-        None => None,
+        None => (None, None),
     };
     let params = match (&model, args.model_params) {
         (Some((_, params)), _) => *params,
