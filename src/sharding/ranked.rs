@@ -86,6 +86,42 @@ fn placement(
     (grid, rank_of)
 }
 
+/// A buffer of at least `len` elements of `A` for each of this rank's
+/// members (by grid position; `None` for other ranks'), from the
+/// context's pool: contents unspecified.
+fn member_buffers<A: FloatElement>(
+    ctx: &RankContext,
+    rank_of: &[u32],
+    len: usize,
+) -> Vec<Option<Vec<u64>>> {
+    let words = (len * std::mem::size_of::<A>()).div_ceil(8);
+    let me = ctx.layout.rank();
+    rank_of
+        .iter()
+        .map(|&rank| (rank == me).then(|| ctx.buffers.take(words)))
+        .collect()
+}
+
+/// The first `len` elements of each kept buffer, as `A`.
+fn as_elements<A: FloatElement>(
+    kept: &mut [Option<Vec<u64>>],
+    len: usize,
+) -> Vec<Option<&mut [A]>> {
+    kept.iter_mut()
+        .map(|b| {
+            b.as_mut()
+                .map(|words| &mut bytemuck::cast_slice_mut::<u64, A>(words)[..len])
+        })
+        .collect()
+}
+
+/// Returns the members' buffers to the context's pool.
+fn give_back(ctx: &RankContext, kept: Vec<Option<Vec<u64>>>) {
+    for buffer in kept.into_iter().flatten() {
+        ctx.buffers.give(buffer);
+    }
+}
+
 /// The reduced gradient of this rank's shards (other shards are left as
 /// they are), reduce-scattered bucket by bucket across the ranks.
 pub fn reduce_gradients<A: FloatElement>(
@@ -98,7 +134,6 @@ pub fn reduce_gradients<A: FloatElement>(
 ) -> Result<Vec<A>, ShardingError> {
     let mut reduced = buffer.unwrap_or_else(|| vec![A::ZERO; layout.padded_elements()]);
     let (grid, rank_of) = placement(layout, ctx);
-    let me = ctx.layout.rank();
     let elements = layout.elements;
     let prefix = local_prefix(grid.dims(), &rank_of);
     for (b, bucket) in layout.buckets.iter().enumerate() {
@@ -120,64 +155,65 @@ pub fn reduce_gradients<A: FloatElement>(
         // Leading dimensions whose lines stay on one rank are folded here,
         // streamed from the source into each member's range after them
         // (the order of ReduceGrid over that block); only the rest of the
-        // schedule crosses ranks. Untouched parts of the zeroed buffers are
-        // never paged in.
-        let mut buffers: Vec<Option<Vec<A>>> = rank_of
-            .iter()
-            .map(|&rank| (rank == me).then(|| vec![A::ZERO; bucket.padded_len]))
-            .collect();
-        buffers
-            .par_iter_mut()
-            .enumerate()
-            .filter_map(|(pos, b)| b.as_mut().map(|b| (pos, b)))
-            .for_each(|(pos, buf)| {
-                let range = pre[pos].clone();
-                let start = range.start;
-                let (block_grid, owner) = block_of(&grid, prefix, pos);
-                let mut fill = |member: usize, offset: usize, out: &mut [A]| {
-                    let device = grid.members()[block_grid[member]];
-                    let replica = layout
-                        .replica_of(DeviceId(device as u32))
-                        .expect("the grid's members are the participants");
-                    let from = bucket.offset + start + offset;
-                    let real = elements.saturating_sub(from).min(out.len());
-                    source.fill(replica, from, &mut out[..real]);
-                    out[real..].fill(A::ZERO);
-                };
-                let block = crate::collectives::ReduceGrid::torus(&grid.dims()[..prefix]);
-                block.reduce_for(owner, ReduceOp::Sum, &mut buf[range], &mut fill);
-            });
-        let mut local: Vec<Option<&mut [A]>> = buffers
-            .iter_mut()
-            .map(|b| b.as_mut().map(|v| v.as_mut_slice()))
-            .collect();
-        let owned = RankedGrid {
-            grid: &grid,
-            rank_of: &rank_of,
-            local: &mut local,
-            tag: tag(step, b, 0),
-        }
-        .reduce_scatter_from(ctx, op, prefix)?;
-        for (pos, &member) in grid.members().iter().enumerate() {
-            let Some(values) = &buffers[pos] else {
-                continue;
-            };
-            let r = layout
-                .replica_of(DeviceId(member as u32))
-                .expect("the grid's members are the participants");
-            let shard = layout.shard_range(r, b);
-            let mine = owned[pos].start + bucket.offset..owned[pos].end + bucket.offset;
-            if mine != shard {
-                return Err(ShardingError::InvalidState {
-                    reason: format!(
-                        "the reduce-scatter left {} with elements {mine:?}, but the layout \
-                         gives it {shard:?}",
-                        layout.participants[r]
-                    ),
+        // schedule crosses ranks. The members' buffers are the context's,
+        // kept from the last bucket and step: each member writes only its
+        // range, so what they held before is never read.
+        let mut kept = member_buffers::<A>(ctx, &rank_of, bucket.padded_len);
+        let result = (|| -> Result<(), ShardingError> {
+            let mut buffers = as_elements::<A>(&mut kept, bucket.padded_len);
+            buffers
+                .par_iter_mut()
+                .enumerate()
+                .filter_map(|(pos, b)| b.as_mut().map(|b| (pos, b)))
+                .for_each(|(pos, buf)| {
+                    let range = pre[pos].clone();
+                    let start = range.start;
+                    let (block_grid, owner) = block_of(&grid, prefix, pos);
+                    let mut fill = |member: usize, offset: usize, out: &mut [A]| {
+                        let device = grid.members()[block_grid[member]];
+                        let replica = layout
+                            .replica_of(DeviceId(device as u32))
+                            .expect("the grid's members are the participants");
+                        let from = bucket.offset + start + offset;
+                        let real = elements.saturating_sub(from).min(out.len());
+                        source.fill(replica, from, &mut out[..real]);
+                        out[real..].fill(A::ZERO);
+                    };
+                    let block = crate::collectives::ReduceGrid::torus(&grid.dims()[..prefix]);
+                    block.reduce_for(owner, ReduceOp::Sum, &mut buf[range], &mut fill);
                 });
+            let owned = RankedGrid {
+                grid: &grid,
+                rank_of: &rank_of,
+                local: &mut buffers,
+                tag: tag(step, b, 0),
+                window: None,
             }
-            reduced[shard].copy_from_slice(&values[owned[pos].clone()]);
-        }
+            .reduce_scatter_from(ctx, op, prefix)?;
+            for (pos, &member) in grid.members().iter().enumerate() {
+                let Some(values) = &buffers[pos] else {
+                    continue;
+                };
+                let r = layout
+                    .replica_of(DeviceId(member as u32))
+                    .expect("the grid's members are the participants");
+                let shard = layout.shard_range(r, b);
+                let mine = owned[pos].start + bucket.offset..owned[pos].end + bucket.offset;
+                if mine != shard {
+                    return Err(ShardingError::InvalidState {
+                        reason: format!(
+                            "the reduce-scatter left {} with elements {mine:?}, but the layout \
+                             gives it {shard:?}",
+                            layout.participants[r]
+                        ),
+                    });
+                }
+                reduced[shard].copy_from_slice(&values[owned[pos].clone()]);
+            }
+            Ok(())
+        })();
+        give_back(ctx, kept);
+        result?;
     }
     Ok(reduced)
 }
@@ -193,43 +229,63 @@ pub fn gather_params<A: FloatElement>(
     let (grid, rank_of) = placement(layout, ctx);
     let me = ctx.layout.rank();
     let prefix = local_prefix(grid.dims(), &rank_of);
+    // The first block of this rank's members along the local dimensions:
+    // their ranges after those dimensions are disjoint and cover the
+    // bucket, so they gather straight into `params` (each its window of
+    // it, holding its own updated shard already). Members of other blocks
+    // on this rank gather into buffers of the context's.
+    let size: usize = grid.dims()[..prefix].iter().product();
+    let block = rank_of
+        .iter()
+        .position(|&r| r == me)
+        .map(|p| p - p % size..p - p % size + size);
+    let in_block = |pos: usize| block.as_ref().is_some_and(|b| b.contains(&pos));
+    let outside: Vec<u32> = rank_of
+        .iter()
+        .enumerate()
+        .map(|(pos, &r)| if in_block(pos) { u32::MAX } else { r })
+        .collect();
     for (b, bucket) in layout.buckets.iter().enumerate() {
         let whole = bucket.offset..bucket.offset + bucket.padded_len;
         let owned = crate::collectives::ranked::grid_shard_ranges(grid.dims(), bucket.padded_len);
-        // Each member starts with its own updated shard; the passes that
-        // cross ranks fill its range after the local dimensions, and this
-        // rank's members' ranges together are the whole bucket.
-        let mut buffers: Vec<Option<Vec<A>>> = rank_of
-            .iter()
-            .enumerate()
-            .map(|(pos, &rank)| {
-                (rank == me).then(|| {
-                    let mut buf = vec![A::ZERO; bucket.padded_len];
-                    let r = owned[pos].clone();
-                    buf[r.clone()]
-                        .copy_from_slice(&params[whole.start + r.start..whole.start + r.end]);
-                    buf
-                })
-            })
-            .collect();
-        let mut local: Vec<Option<&mut [A]>> = buffers
-            .iter_mut()
-            .map(|b| b.as_mut().map(|v| v.as_mut_slice()))
-            .collect();
-        RankedGrid {
-            grid: &grid,
-            rank_of: &rank_of,
-            local: &mut local,
-            tag: tag(step, b, 1),
-        }
-        .all_gather_from(ctx, prefix)?;
         let pre = prefix_ranges(grid.dims(), bucket.padded_len, prefix);
-        for (pos, values) in buffers.iter().enumerate() {
-            if let Some(values) = values {
-                let r = pre[pos].clone();
-                params[whole.start + r.start..whole.start + r.end].copy_from_slice(&values[r]);
+        let mut kept = member_buffers::<A>(ctx, &outside, bucket.padded_len);
+        let mut buffers = as_elements::<A>(&mut kept, bucket.padded_len);
+        for (pos, buf) in buffers.iter_mut().enumerate() {
+            if let Some(buf) = buf {
+                let r = owned[pos].clone();
+                buf[r.clone()].copy_from_slice(&params[whole.start + r.start..whole.start + r.end]);
             }
         }
+        let mut first = vec![0; grid.len()];
+        let mut rest: &mut [A] = &mut params[whole];
+        let mut at = 0;
+        let mut windows: Vec<(usize, &mut [A])> = Vec::new();
+        let mut order: Vec<usize> = block.clone().unwrap_or(0..0).collect();
+        order.sort_by_key(|&pos| pre[pos].start);
+        for pos in order {
+            let range = pre[pos].clone();
+            let tail = std::mem::take(&mut rest).split_at_mut(range.start - at).1;
+            let (window, tail) = tail.split_at_mut(range.len());
+            windows.push((pos, window));
+            rest = tail;
+            at = range.end;
+            first[pos] = range.start;
+        }
+        for (pos, window) in windows {
+            buffers[pos] = Some(window);
+        }
+        let gathered = RankedGrid {
+            grid: &grid,
+            rank_of: &rank_of,
+            local: &mut buffers,
+            tag: tag(step, b, 1),
+            window: Some((bucket.padded_len, &first)),
+        }
+        .all_gather_from(ctx, prefix);
+        drop(buffers);
+        give_back(ctx, kept);
+        gathered?;
     }
     Ok(())
 }

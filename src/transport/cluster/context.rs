@@ -10,6 +10,7 @@ use super::protocol::{abort_all, broadcast};
 use crate::transport::error::ClusterError;
 use bevy_ecs::prelude::*;
 use serde::Serialize;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Where this process sits in a pod split over ranks, for the systems
@@ -23,6 +24,49 @@ pub struct RankContext {
     pub mailbox: SharedMailbox,
     /// The bound on every wait for another rank.
     pub timeout: Duration,
+    /// Large buffers kept between a collective's calls (the sharded step's
+    /// member buffers, every step): shared by the context's clones and
+    /// freed with the last of them.
+    pub buffers: ReusableBuffers,
+}
+
+/// A pool of large buffers (8-byte words, so aligned for every element
+/// type) handed out again instead of fresh allocations: a buffer the
+/// allocator returned to the kernel would be faulted in and zeroed page by
+/// page on its next use, every step.
+#[derive(Clone, Default)]
+pub struct ReusableBuffers(Arc<Mutex<Vec<Vec<u64>>>>);
+
+/// The most buffers a pool keeps (the largest).
+const KEPT_BUFFERS: usize = 64;
+
+impl ReusableBuffers {
+    /// A buffer of at least `words` words whose contents are unspecified:
+    /// the smallest kept one that is large enough, or a fresh zeroed one
+    /// (whose pages are only faulted in where it is written).
+    pub fn take(&self, words: usize) -> Vec<u64> {
+        let mut kept = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let best = kept
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| b.len() >= words)
+            .min_by_key(|(_, b)| b.len())
+            .map(|(i, _)| i);
+        match best {
+            Some(i) => kept.swap_remove(i),
+            None => vec![0; words],
+        }
+    }
+
+    /// Keeps `buffer` for a later [`ReusableBuffers::take`].
+    pub fn give(&self, buffer: Vec<u64>) {
+        let mut kept = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        kept.push(buffer);
+        if kept.len() > KEPT_BUFFERS {
+            let smallest = (0..kept.len()).min_by_key(|&i| kept[i].len()).unwrap_or(0);
+            kept.swap_remove(smallest);
+        }
+    }
 }
 
 impl std::fmt::Debug for RankContext {
