@@ -5,7 +5,7 @@ use super::SERVICE_RANK;
 use super::exchange::{Exchange, Landed, data_frame_payload};
 use super::frame::{DATA_HEADER, Frame, decode, write_data_header};
 use super::layout::RankLayout;
-use super::mailbox::{SharedMailbox, lock};
+use super::mailbox::{SharedMailbox, lock, receive_past_notices};
 use super::protocol::{abort_all, broadcast};
 use crate::transport::error::ClusterError;
 use bevy_ecs::prelude::*;
@@ -115,7 +115,7 @@ impl RankContext {
     ) -> Result<Vec<u8>, ClusterError> {
         let deadline = Instant::now() + self.timeout;
         let mut mailbox = lock(&self.mailbox)?;
-        let Some(bytes) = mailbox.receive(from, deadline)? else {
+        let Some(bytes) = receive_past_notices(&mut **mailbox, from, deadline)? else {
             return Err(self.lost(from, awaiting));
         };
         data_frame_payload(&mut **mailbox, from, tag, &bytes, awaiting)?;
@@ -143,7 +143,8 @@ impl RankContext {
         // Did rank 0 stop the job while this rank waited on another?
         if silent != SERVICE_RANK
             && !self.layout.runs_service()
-            && let Ok(Some(frame)) = mailbox.receive(SERVICE_RANK, Instant::now())
+            && let Ok(Some(frame)) =
+                receive_past_notices(&mut **mailbox, SERVICE_RANK, Instant::now())
             && let Ok(Frame::Abort(abort)) = decode(SERVICE_RANK, &frame)
         {
             mailbox.abandon();
