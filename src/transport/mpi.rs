@@ -280,6 +280,12 @@ impl MpiMailbox {
             if completed == unsafe { ffi::RSMPI_UNDEFINED } {
                 break;
             }
+            if code == ffi::MPI_SUCCESS as i32 {
+                // A status's error field is set only with MPI_ERR_IN_STATUS.
+                for status in &mut statuses[..completed.max(0) as usize] {
+                    status.MPI_ERROR = ffi::MPI_SUCCESS as i32;
+                }
+            }
             for (k, &index) in indices[..completed.max(0) as usize].iter().enumerate() {
                 pending -= 1;
                 done(index as usize, &statuses[k])?;
