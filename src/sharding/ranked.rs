@@ -115,6 +115,57 @@ fn as_elements<A: FloatElement>(
         .collect()
 }
 
+/// The grid positions of this rank's first block along the first
+/// `prefix` dimensions (whose members' ranges after them are disjoint and
+/// cover a bucket), and `rank_of` with that block's positions marked
+/// `u32::MAX` (the members that need buffers of their own).
+fn first_block(
+    grid: &crate::collectives::ReduceGrid,
+    rank_of: &[u32],
+    prefix: usize,
+    me: u32,
+) -> (Option<std::ops::Range<usize>>, Vec<u32>) {
+    let size: usize = grid.dims()[..prefix].iter().product();
+    let block = rank_of
+        .iter()
+        .position(|&r| r == me)
+        .map(|p| p - p % size..p - p % size + size);
+    let outside = rank_of
+        .iter()
+        .enumerate()
+        .map(|(pos, &r)| match &block {
+            Some(b) if b.contains(&pos) => u32::MAX,
+            _ => r,
+        })
+        .collect();
+    (block, outside)
+}
+
+/// Cuts `region` (a bucket's elements) into the windows of `block`'s
+/// members, their `pre` ranges, as those members' buffers, and records
+/// where each starts.
+fn place_windows<'w, A>(
+    region: &'w mut [A],
+    block: Option<std::ops::Range<usize>>,
+    pre: &[std::ops::Range<usize>],
+    buffers: &mut [Option<&'w mut [A]>],
+    first: &mut [usize],
+) {
+    let mut order: Vec<usize> = block.unwrap_or(0..0).collect();
+    order.sort_by_key(|&pos| pre[pos].start);
+    let mut rest: &'w mut [A] = region;
+    let mut at = 0;
+    for pos in order {
+        let range = pre[pos].clone();
+        let tail = std::mem::take(&mut rest).split_at_mut(range.start - at).1;
+        let (window, tail) = tail.split_at_mut(range.len());
+        buffers[pos] = Some(window);
+        first[pos] = range.start;
+        rest = tail;
+        at = range.end;
+    }
+}
+
 /// Returns the members' buffers to the context's pool.
 fn give_back(ctx: &RankContext, kept: Vec<Option<Vec<u64>>>) {
     for buffer in kept.into_iter().flatten() {
@@ -134,8 +185,10 @@ pub fn reduce_gradients<A: FloatElement>(
 ) -> Result<Vec<A>, ShardingError> {
     let mut reduced = buffer.unwrap_or_else(|| vec![A::ZERO; layout.padded_elements()]);
     let (grid, rank_of) = placement(layout, ctx);
+    let me = ctx.layout.rank();
     let elements = layout.elements;
     let prefix = local_prefix(grid.dims(), &rank_of);
+    let (block, outside) = first_block(&grid, &rank_of, prefix, me);
     for (b, bucket) in layout.buckets.iter().enumerate() {
         let pre = prefix_ranges(grid.dims(), bucket.padded_len, prefix);
         if source.is_reduced() {
@@ -155,12 +208,20 @@ pub fn reduce_gradients<A: FloatElement>(
         // Leading dimensions whose lines stay on one rank are folded here,
         // streamed from the source into each member's range after them
         // (the order of ReduceGrid over that block); only the rest of the
-        // schedule crosses ranks. The members' buffers are the context's,
-        // kept from the last bucket and step: each member writes only its
-        // range, so what they held before is never read.
-        let mut kept = member_buffers::<A>(ctx, &rank_of, bucket.padded_len);
-        let result = (|| -> Result<(), ShardingError> {
-            let mut buffers = as_elements::<A>(&mut kept, bucket.padded_len);
+        // schedule crosses ranks. The first block's members fold straight
+        // in `reduced` (their ranges are disjoint and cover the bucket, and
+        // each owner's shard is where `reduced` keeps it; the rest of a
+        // range, sent to other ranks, lands on shards this rank does not
+        // hold). Other members' buffers are the context's, kept from the
+        // last bucket and step: each member writes its range before
+        // reading it.
+        let len = bucket.padded_len;
+        let mut kept = member_buffers::<A>(ctx, &outside, len);
+        let result = (|| -> Result<Vec<std::ops::Range<usize>>, ShardingError> {
+            let mut buffers = as_elements::<A>(&mut kept, len);
+            let mut first = vec![0; grid.len()];
+            let region = &mut reduced[bucket.offset..bucket.offset + len];
+            place_windows(region, block.clone(), &pre, &mut buffers, &mut first);
             buffers
                 .par_iter_mut()
                 .enumerate()
@@ -180,20 +241,24 @@ pub fn reduce_gradients<A: FloatElement>(
                         out[real..].fill(A::ZERO);
                     };
                     let block = crate::collectives::ReduceGrid::torus(&grid.dims()[..prefix]);
-                    block.reduce_for(owner, ReduceOp::Sum, &mut buf[range], &mut fill);
+                    let at = range.start - first[pos]..range.end - first[pos];
+                    block.reduce_for(owner, ReduceOp::Sum, &mut buf[at], &mut fill);
                 });
-            let owned = RankedGrid {
+            Ok(RankedGrid {
                 grid: &grid,
                 rank_of: &rank_of,
                 local: &mut buffers,
                 tag: tag(step, b, 0),
-                window: None,
+                window: Some((len, &first)),
             }
-            .reduce_scatter_from(ctx, op, prefix)?;
+            .reduce_scatter_from(ctx, op, prefix)?)
+        })();
+        let result = result.and_then(|owned| {
+            let buffers = as_elements::<A>(&mut kept, len);
             for (pos, &member) in grid.members().iter().enumerate() {
-                let Some(values) = &buffers[pos] else {
+                if rank_of[pos] != me {
                     continue;
-                };
+                }
                 let r = layout
                     .replica_of(DeviceId(member as u32))
                     .expect("the grid's members are the participants");
@@ -208,10 +273,12 @@ pub fn reduce_gradients<A: FloatElement>(
                         ),
                     });
                 }
-                reduced[shard].copy_from_slice(&values[owned[pos].clone()]);
+                if let Some(values) = &buffers[pos] {
+                    reduced[shard].copy_from_slice(&values[owned[pos].clone()]);
+                }
             }
             Ok(())
-        })();
+        });
         give_back(ctx, kept);
         result?;
     }
@@ -234,17 +301,7 @@ pub fn gather_params<A: FloatElement>(
     // bucket, so they gather straight into `params` (each its window of
     // it, holding its own updated shard already). Members of other blocks
     // on this rank gather into buffers of the context's.
-    let size: usize = grid.dims()[..prefix].iter().product();
-    let block = rank_of
-        .iter()
-        .position(|&r| r == me)
-        .map(|p| p - p % size..p - p % size + size);
-    let in_block = |pos: usize| block.as_ref().is_some_and(|b| b.contains(&pos));
-    let outside: Vec<u32> = rank_of
-        .iter()
-        .enumerate()
-        .map(|(pos, &r)| if in_block(pos) { u32::MAX } else { r })
-        .collect();
+    let (block, outside) = first_block(&grid, &rank_of, prefix, me);
     for (b, bucket) in layout.buckets.iter().enumerate() {
         let whole = bucket.offset..bucket.offset + bucket.padded_len;
         let owned = crate::collectives::ranked::grid_shard_ranges(grid.dims(), bucket.padded_len);
@@ -258,23 +315,13 @@ pub fn gather_params<A: FloatElement>(
             }
         }
         let mut first = vec![0; grid.len()];
-        let mut rest: &mut [A] = &mut params[whole];
-        let mut at = 0;
-        let mut windows: Vec<(usize, &mut [A])> = Vec::new();
-        let mut order: Vec<usize> = block.clone().unwrap_or(0..0).collect();
-        order.sort_by_key(|&pos| pre[pos].start);
-        for pos in order {
-            let range = pre[pos].clone();
-            let tail = std::mem::take(&mut rest).split_at_mut(range.start - at).1;
-            let (window, tail) = tail.split_at_mut(range.len());
-            windows.push((pos, window));
-            rest = tail;
-            at = range.end;
-            first[pos] = range.start;
-        }
-        for (pos, window) in windows {
-            buffers[pos] = Some(window);
-        }
+        place_windows(
+            &mut params[whole],
+            block.clone(),
+            &pre,
+            &mut buffers,
+            &mut first,
+        );
         let gathered = RankedGrid {
             grid: &grid,
             rank_of: &rank_of,
