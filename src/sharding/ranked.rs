@@ -157,6 +157,11 @@ fn place_windows<'w, A>(
     let mut at = 0;
     for pos in order {
         let range = pre[pos].clone();
+        if range.is_empty() {
+            buffers[pos] = Some(&mut []);
+            first[pos] = range.start;
+            continue;
+        }
         let tail = std::mem::take(&mut rest).split_at_mut(range.start - at).1;
         let (window, tail) = tail.split_at_mut(range.len());
         buffers[pos] = Some(window);

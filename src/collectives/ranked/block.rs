@@ -42,6 +42,11 @@ fn block_parts<'s, T>(
             let mut at = first[p];
             for j in order {
                 let range = &ranges[base + j];
+                if range.is_empty() {
+                    // An empty range may start inside a neighbour's.
+                    parts[j] = Some(&mut []);
+                    continue;
+                }
                 let skip = range.start - at;
                 let tail = std::mem::take(&mut rest).split_at_mut(skip).1;
                 let (part, tail) = tail.split_at_mut(range.len());
