@@ -14,8 +14,9 @@
 //!   all-gather over them — the setting of `MPI_Allreduce` across the
 //!   ranks;
 //! * `v4-16 torus`: the 8 devices of a v4-16 over its 2 hosts' ranks, every
-//!   device a `BYTES` buffer, the torus schedule the sharded step runs
-//!   (hops inside a rank are copies, across ranks data frames).
+//!   device a `BYTES` buffer (so `8/RANKS · BYTES` per rank), the torus's
+//!   order: each rank's 2×2 block folded once in place, the z pass across
+//!   ranks, then the block's copies.
 //!
 //! Each round restores every member's input, then a barrier, then the
 //! collective; a round's time is the slowest rank's. busbw = 2(n−1)/n ·
@@ -144,6 +145,7 @@ mod bench {
                 rank_of,
                 local: &mut local,
                 tag: round as u64,
+                window: None,
             };
             ranked
                 .reduce_scatter(ctx, ReduceOp::Sum)
@@ -220,6 +222,7 @@ mod bench {
             layout,
             mailbox,
             timeout: Duration::from_secs(60),
+            buffers: Default::default(),
         };
         let elements = bytes / 4;
         let members: Vec<usize> = (0..ranks as usize).collect();

@@ -2,7 +2,9 @@
 # All-reduce across MPI ranks: optirs-tpu's split-pod collective
 # (benches/ranked_allreduce.rs) against OpenMPI's own MPI_Allreduce
 # (benches/mpi_allreduce.c) on the same bytes, in alternating rounds, with
-# the shared-memory floor measured in the same run.
+# the shared-memory floor measured in the same run. The v4-16 torus holds
+# 8/RANKS devices' buffers per rank, so MPI_Allreduce also runs on that
+# many bytes per rank (its "bytes" field says which): the torus's peer.
 #
 # The run fails (like nccl-tests' #wrong) if any element of any round of
 # ours differs from the single-process reduction in the canonical order:
@@ -34,6 +36,7 @@ for bytes in $sizes; do
     while [ "$i" -lt "$pairs" ]; do
         mpirun -n "$ranks" --oversubscribe "$ours" "$bytes" "$rounds"
         mpirun -n "$ranks" --oversubscribe target/mpi_allreduce "$bytes" "$rounds"
+        mpirun -n "$ranks" --oversubscribe target/mpi_allreduce "$((bytes * 8 / ranks))" "$rounds"
         i=$((i + 1))
     done
 done

@@ -510,6 +510,7 @@ impl RankedPod {
             rank_of: &rank_of,
             local: &mut slots,
             tag: report.launched_at_ns ^ 0x5a11 ^ ((kind as u64) << 40),
+            window: None,
         };
         run(&mut ranked, &ctx).map_err(cluster_error)?;
         loop {
@@ -611,5 +612,6 @@ fn install_backend(pod: &mut Pod, layout: &RankLayout, mailbox: &SharedMailbox, 
         layout: layout.clone(),
         mailbox: Arc::clone(mailbox),
         timeout,
+        buffers: Default::default(),
     });
 }

@@ -86,6 +86,98 @@ fn placement(
     (grid, rank_of)
 }
 
+/// A buffer of at least `len` elements of `A` for each of this rank's
+/// members (by grid position; `None` for other ranks'), from the
+/// context's pool: contents unspecified.
+fn member_buffers<A: FloatElement>(
+    ctx: &RankContext,
+    rank_of: &[u32],
+    len: usize,
+) -> Vec<Option<Vec<u64>>> {
+    let words = (len * std::mem::size_of::<A>()).div_ceil(8);
+    let me = ctx.layout.rank();
+    rank_of
+        .iter()
+        .map(|&rank| (rank == me).then(|| ctx.buffers.take(words)))
+        .collect()
+}
+
+/// The first `len` elements of each kept buffer, as `A`.
+fn as_elements<A: FloatElement>(
+    kept: &mut [Option<Vec<u64>>],
+    len: usize,
+) -> Vec<Option<&mut [A]>> {
+    kept.iter_mut()
+        .map(|b| {
+            b.as_mut()
+                .map(|words| &mut bytemuck::cast_slice_mut::<u64, A>(words)[..len])
+        })
+        .collect()
+}
+
+/// The grid positions of this rank's first block along the first
+/// `prefix` dimensions (whose members' ranges after them are disjoint and
+/// cover a bucket), and `rank_of` with that block's positions marked
+/// `u32::MAX` (the members that need buffers of their own).
+fn first_block(
+    grid: &crate::collectives::ReduceGrid,
+    rank_of: &[u32],
+    prefix: usize,
+    me: u32,
+) -> (Option<std::ops::Range<usize>>, Vec<u32>) {
+    let size: usize = grid.dims()[..prefix].iter().product();
+    let block = rank_of
+        .iter()
+        .position(|&r| r == me)
+        .map(|p| p - p % size..p - p % size + size);
+    let outside = rank_of
+        .iter()
+        .enumerate()
+        .map(|(pos, &r)| match &block {
+            Some(b) if b.contains(&pos) => u32::MAX,
+            _ => r,
+        })
+        .collect();
+    (block, outside)
+}
+
+/// Cuts `region` (a bucket's elements) into the windows of `block`'s
+/// members, their `pre` ranges, as those members' buffers, and records
+/// where each starts.
+fn place_windows<'w, A>(
+    region: &'w mut [A],
+    block: Option<std::ops::Range<usize>>,
+    pre: &[std::ops::Range<usize>],
+    buffers: &mut [Option<&'w mut [A]>],
+    first: &mut [usize],
+) {
+    let mut order: Vec<usize> = block.unwrap_or(0..0).collect();
+    order.sort_by_key(|&pos| pre[pos].start);
+    let mut rest: &'w mut [A] = region;
+    let mut at = 0;
+    for pos in order {
+        let range = pre[pos].clone();
+        if range.is_empty() {
+            buffers[pos] = Some(&mut []);
+            first[pos] = range.start;
+            continue;
+        }
+        let tail = std::mem::take(&mut rest).split_at_mut(range.start - at).1;
+        let (window, tail) = tail.split_at_mut(range.len());
+        buffers[pos] = Some(window);
+        first[pos] = range.start;
+        rest = tail;
+        at = range.end;
+    }
+}
+
+/// Returns the members' buffers to the context's pool.
+fn give_back(ctx: &RankContext, kept: Vec<Option<Vec<u64>>>) {
+    for buffer in kept.into_iter().flatten() {
+        ctx.buffers.give(buffer);
+    }
+}
+
 /// The reduced gradient of this rank's shards (other shards are left as
 /// they are), reduce-scattered bucket by bucket across the ranks.
 pub fn reduce_gradients<A: FloatElement>(
@@ -101,6 +193,7 @@ pub fn reduce_gradients<A: FloatElement>(
     let me = ctx.layout.rank();
     let elements = layout.elements;
     let prefix = local_prefix(grid.dims(), &rank_of);
+    let (block, outside) = first_block(&grid, &rank_of, prefix, me);
     for (b, bucket) in layout.buckets.iter().enumerate() {
         let pre = prefix_ranges(grid.dims(), bucket.padded_len, prefix);
         if source.is_reduced() {
@@ -120,64 +213,79 @@ pub fn reduce_gradients<A: FloatElement>(
         // Leading dimensions whose lines stay on one rank are folded here,
         // streamed from the source into each member's range after them
         // (the order of ReduceGrid over that block); only the rest of the
-        // schedule crosses ranks. Untouched parts of the zeroed buffers are
-        // never paged in.
-        let mut buffers: Vec<Option<Vec<A>>> = rank_of
-            .iter()
-            .map(|&rank| (rank == me).then(|| vec![A::ZERO; bucket.padded_len]))
-            .collect();
-        buffers
-            .par_iter_mut()
-            .enumerate()
-            .filter_map(|(pos, b)| b.as_mut().map(|b| (pos, b)))
-            .for_each(|(pos, buf)| {
-                let range = pre[pos].clone();
-                let start = range.start;
-                let (block_grid, owner) = block_of(&grid, prefix, pos);
-                let mut fill = |member: usize, offset: usize, out: &mut [A]| {
-                    let device = grid.members()[block_grid[member]];
-                    let replica = layout
-                        .replica_of(DeviceId(device as u32))
-                        .expect("the grid's members are the participants");
-                    let from = bucket.offset + start + offset;
-                    let real = elements.saturating_sub(from).min(out.len());
-                    source.fill(replica, from, &mut out[..real]);
-                    out[real..].fill(A::ZERO);
-                };
-                let block = crate::collectives::ReduceGrid::torus(&grid.dims()[..prefix]);
-                block.reduce_for(owner, ReduceOp::Sum, &mut buf[range], &mut fill);
-            });
-        let mut local: Vec<Option<&mut [A]>> = buffers
-            .iter_mut()
-            .map(|b| b.as_mut().map(|v| v.as_mut_slice()))
-            .collect();
-        let owned = RankedGrid {
-            grid: &grid,
-            rank_of: &rank_of,
-            local: &mut local,
-            tag: tag(step, b, 0),
-        }
-        .reduce_scatter_from(ctx, op, prefix)?;
-        for (pos, &member) in grid.members().iter().enumerate() {
-            let Some(values) = &buffers[pos] else {
-                continue;
-            };
-            let r = layout
-                .replica_of(DeviceId(member as u32))
-                .expect("the grid's members are the participants");
-            let shard = layout.shard_range(r, b);
-            let mine = owned[pos].start + bucket.offset..owned[pos].end + bucket.offset;
-            if mine != shard {
-                return Err(ShardingError::InvalidState {
-                    reason: format!(
-                        "the reduce-scatter left {} with elements {mine:?}, but the layout \
-                         gives it {shard:?}",
-                        layout.participants[r]
-                    ),
+        // schedule crosses ranks. The first block's members fold straight
+        // in `reduced` (their ranges are disjoint and cover the bucket, and
+        // each owner's shard is where `reduced` keeps it; the rest of a
+        // range, sent to other ranks, lands on shards this rank does not
+        // hold). Other members' buffers are the context's, kept from the
+        // last bucket and step: each member writes its range before
+        // reading it.
+        let len = bucket.padded_len;
+        let mut kept = member_buffers::<A>(ctx, &outside, len);
+        let result = (|| -> Result<Vec<std::ops::Range<usize>>, ShardingError> {
+            let mut buffers = as_elements::<A>(&mut kept, len);
+            let mut first = vec![0; grid.len()];
+            let region = &mut reduced[bucket.offset..bucket.offset + len];
+            place_windows(region, block.clone(), &pre, &mut buffers, &mut first);
+            buffers
+                .par_iter_mut()
+                .enumerate()
+                .filter_map(|(pos, b)| b.as_mut().map(|b| (pos, b)))
+                .for_each(|(pos, buf)| {
+                    let range = pre[pos].clone();
+                    let start = range.start;
+                    let (block_grid, owner) = block_of(&grid, prefix, pos);
+                    let mut fill = |member: usize, offset: usize, out: &mut [A]| {
+                        let device = grid.members()[block_grid[member]];
+                        let replica = layout
+                            .replica_of(DeviceId(device as u32))
+                            .expect("the grid's members are the participants");
+                        let from = bucket.offset + start + offset;
+                        let real = elements.saturating_sub(from).min(out.len());
+                        source.fill(replica, from, &mut out[..real]);
+                        out[real..].fill(A::ZERO);
+                    };
+                    let block = crate::collectives::ReduceGrid::torus(&grid.dims()[..prefix]);
+                    let at = range.start - first[pos]..range.end - first[pos];
+                    block.reduce_for(owner, ReduceOp::Sum, &mut buf[at], &mut fill);
                 });
+            Ok(RankedGrid {
+                grid: &grid,
+                rank_of: &rank_of,
+                local: &mut buffers,
+                tag: tag(step, b, 0),
+                window: Some((len, &first)),
             }
-            reduced[shard].copy_from_slice(&values[owned[pos].clone()]);
-        }
+            .reduce_scatter_from(ctx, op, prefix)?)
+        })();
+        let result = result.and_then(|owned| {
+            let buffers = as_elements::<A>(&mut kept, len);
+            for (pos, &member) in grid.members().iter().enumerate() {
+                if rank_of[pos] != me {
+                    continue;
+                }
+                let r = layout
+                    .replica_of(DeviceId(member as u32))
+                    .expect("the grid's members are the participants");
+                let shard = layout.shard_range(r, b);
+                let mine = owned[pos].start + bucket.offset..owned[pos].end + bucket.offset;
+                if mine != shard {
+                    return Err(ShardingError::InvalidState {
+                        reason: format!(
+                            "the reduce-scatter left {} with elements {mine:?}, but the layout \
+                             gives it {shard:?}",
+                            layout.participants[r]
+                        ),
+                    });
+                }
+                if let Some(values) = &buffers[pos] {
+                    reduced[shard].copy_from_slice(&values[owned[pos].clone()]);
+                }
+            }
+            Ok(())
+        });
+        give_back(ctx, kept);
+        result?;
     }
     Ok(reduced)
 }
@@ -193,43 +301,43 @@ pub fn gather_params<A: FloatElement>(
     let (grid, rank_of) = placement(layout, ctx);
     let me = ctx.layout.rank();
     let prefix = local_prefix(grid.dims(), &rank_of);
+    // The first block of this rank's members along the local dimensions:
+    // their ranges after those dimensions are disjoint and cover the
+    // bucket, so they gather straight into `params` (each its window of
+    // it, holding its own updated shard already). Members of other blocks
+    // on this rank gather into buffers of the context's.
+    let (block, outside) = first_block(&grid, &rank_of, prefix, me);
     for (b, bucket) in layout.buckets.iter().enumerate() {
         let whole = bucket.offset..bucket.offset + bucket.padded_len;
         let owned = crate::collectives::ranked::grid_shard_ranges(grid.dims(), bucket.padded_len);
-        // Each member starts with its own updated shard; the passes that
-        // cross ranks fill its range after the local dimensions, and this
-        // rank's members' ranges together are the whole bucket.
-        let mut buffers: Vec<Option<Vec<A>>> = rank_of
-            .iter()
-            .enumerate()
-            .map(|(pos, &rank)| {
-                (rank == me).then(|| {
-                    let mut buf = vec![A::ZERO; bucket.padded_len];
-                    let r = owned[pos].clone();
-                    buf[r.clone()]
-                        .copy_from_slice(&params[whole.start + r.start..whole.start + r.end]);
-                    buf
-                })
-            })
-            .collect();
-        let mut local: Vec<Option<&mut [A]>> = buffers
-            .iter_mut()
-            .map(|b| b.as_mut().map(|v| v.as_mut_slice()))
-            .collect();
-        RankedGrid {
-            grid: &grid,
-            rank_of: &rank_of,
-            local: &mut local,
-            tag: tag(step, b, 1),
-        }
-        .all_gather_from(ctx, prefix)?;
         let pre = prefix_ranges(grid.dims(), bucket.padded_len, prefix);
-        for (pos, values) in buffers.iter().enumerate() {
-            if let Some(values) = values {
-                let r = pre[pos].clone();
-                params[whole.start + r.start..whole.start + r.end].copy_from_slice(&values[r]);
+        let mut kept = member_buffers::<A>(ctx, &outside, bucket.padded_len);
+        let mut buffers = as_elements::<A>(&mut kept, bucket.padded_len);
+        for (pos, buf) in buffers.iter_mut().enumerate() {
+            if let Some(buf) = buf {
+                let r = owned[pos].clone();
+                buf[r.clone()].copy_from_slice(&params[whole.start + r.start..whole.start + r.end]);
             }
         }
+        let mut first = vec![0; grid.len()];
+        place_windows(
+            &mut params[whole],
+            block.clone(),
+            &pre,
+            &mut buffers,
+            &mut first,
+        );
+        let gathered = RankedGrid {
+            grid: &grid,
+            rank_of: &rank_of,
+            local: &mut buffers,
+            tag: tag(step, b, 1),
+            window: Some((bucket.padded_len, &first)),
+        }
+        .all_gather_from(ctx, prefix);
+        drop(buffers);
+        give_back(ctx, kept);
+        gathered?;
     }
     Ok(())
 }

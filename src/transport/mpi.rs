@@ -5,6 +5,9 @@
 //! is held until MPI reports it complete, and a receive that polls
 //! `MPI_Improbe` until the frame is there or the deadline passes, so no wait
 //! on a dead or hung rank is unbounded (a blocking `MPI_Recv` would be).
+//! Alarms (a rank naming a lost one) travel under a tag of their own, and
+//! every receive also probes it from any rank, so a rank waiting on a peer
+//! that is stuck behind the lost rank hears the name at once.
 //!
 //! A collective's data does not travel in frames: [`Mailbox::exchange`]
 //! posts an `MPI_Irecv` straight into the caller's buffer for every
@@ -29,8 +32,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-/// The tag of every frame (the job's only traffic on this communicator).
+/// The tag of every frame.
 const FRAME_TAG: i32 = 0x0071;
+
+/// The tag of an alarm ([`Mailbox::send_alarm`]): a receive from any rank
+/// takes it, whichever rank's frame it waits for.
+const ALARM_TAG: i32 = 0x0072;
 
 /// MPI tags of a collective's data: `DATA_TAGS` values from
 /// `DATA_TAG_BASE`, all below the `MPI_TAG_UB` every MPI guarantees
@@ -134,6 +141,10 @@ impl MpiMailbox {
     pub fn initialize() -> Option<(MpiMailbox, MpiSession)> {
         let (universe, _) = mpi::initialize_with_threading(Threading::Funneled)?;
         let world = universe.world();
+        // Errors come back as codes (a receive longer than its buffer is a
+        // descriptive error of the exchange, not an abort of the job).
+        // SAFETY: the world communicator of an initialized MPI.
+        unsafe { ffi::MPI_Comm_set_errhandler(world.as_raw(), ffi::RSMPI_ERRORS_RETURN) };
         let session = Arc::new(Session {
             universe: ManuallyDrop::new(universe),
             abandoned: AtomicBool::new(false),
@@ -167,6 +178,39 @@ impl MpiMailbox {
             }
         }
         self.pending = still;
+    }
+
+    /// Sends `frame` to `to` under `tag`, without waiting.
+    fn send_tagged(&mut self, to: u32, frame: Vec<u8>, tag: i32) -> Result<(), ClusterError> {
+        self.usable()?;
+        if to >= self.ranks {
+            return Err(ClusterError::NoSuchRank {
+                rank: to,
+                ranks: self.ranks,
+            });
+        }
+        if frame.len() > i32::MAX as usize {
+            return Err(ClusterError::Transport(format!(
+                "a frame of {} bytes is over MPI's 2 GiB count limit",
+                frame.len()
+            )));
+        }
+        self.reap();
+        // SAFETY: the data lives in `frame`, held in `pending` until `reap`
+        // sees the request complete (or leaked with it); a `Vec` that moves
+        // keeps its heap data where it is.
+        let readable: &'static [u8] =
+            unsafe { std::slice::from_raw_parts(frame.as_ptr(), frame.len()) };
+        let world = self.universe().world();
+        let request =
+            world
+                .process_at_rank(to as i32)
+                .immediate_send_with_tag(StaticScope, readable, tag);
+        self.pending.push(PendingSend {
+            request,
+            buffer: frame,
+        });
+        Ok(())
     }
 
     /// Refuses every MPI call once a failed exchange poisoned the mailbox.
@@ -205,31 +249,46 @@ impl MpiMailbox {
         &mut self,
         requests: &mut [ffi::MPI_Request],
         deadline: Instant,
-        done: &mut dyn FnMut(usize) -> Result<(), ClusterError>,
+        done: &mut dyn FnMut(usize, &ffi::MPI_Status) -> Result<(), ClusterError>,
     ) -> Result<Option<usize>, ClusterError> {
         let count = requests.len() as i32;
         let mut indices = vec![0i32; requests.len()];
+        // SAFETY: `MPI_Status` is a plain C struct; all zeroes is valid.
+        let mut statuses: Vec<ffi::MPI_Status> = (0..requests.len())
+            .map(|_| unsafe { std::mem::zeroed() })
+            .collect();
         let mut pending = requests.len();
         let mut idle_since = Instant::now();
         while pending > 0 {
             let mut completed = 0;
             // SAFETY: `requests` are live requests or MPI_REQUEST_NULL,
-            // `indices` has room for all of them.
-            unsafe {
+            // `indices` and `statuses` have room for all of them.
+            let code = unsafe {
                 ffi::MPI_Testsome(
                     count,
                     requests.as_mut_ptr(),
                     &mut completed,
                     indices.as_mut_ptr(),
-                    ffi::RSMPI_STATUSES_IGNORE,
-                );
+                    statuses.as_mut_ptr(),
+                )
+            };
+            if code != ffi::MPI_SUCCESS as i32 && code != ffi::MPI_ERR_IN_STATUS as i32 {
+                return Err(ClusterError::Transport(format!(
+                    "MPI_Testsome failed (MPI error {code})"
+                )));
             }
             if completed == unsafe { ffi::RSMPI_UNDEFINED } {
                 break;
             }
-            for &index in &indices[..completed.max(0) as usize] {
+            if code == ffi::MPI_SUCCESS as i32 {
+                // A status's error field is set only with MPI_ERR_IN_STATUS.
+                for status in &mut statuses[..completed.max(0) as usize] {
+                    status.MPI_ERROR = ffi::MPI_SUCCESS as i32;
+                }
+            }
+            for (k, &index) in indices[..completed.max(0) as usize].iter().enumerate() {
                 pending -= 1;
-                done(index as usize)?;
+                done(index as usize, &statuses[k])?;
             }
             if completed > 0 {
                 idle_since = Instant::now();
@@ -254,7 +313,7 @@ impl MpiMailbox {
             unsafe { ffi::MPI_Cancel(request) };
         }
         let deadline = Instant::now() + CANCEL_BOUND;
-        let finished = self.complete(requests, deadline, &mut |_| Ok(()));
+        let finished = self.complete(requests, deadline, &mut |_, _| Ok(()));
         if !matches!(finished, Ok(None)) {
             self.poisoned = true;
         }
@@ -332,36 +391,11 @@ impl Mailbox for MpiMailbox {
     }
 
     fn send(&mut self, to: u32, frame: Vec<u8>) -> Result<(), ClusterError> {
-        self.usable()?;
-        if to >= self.ranks {
-            return Err(ClusterError::NoSuchRank {
-                rank: to,
-                ranks: self.ranks,
-            });
-        }
-        if frame.len() > i32::MAX as usize {
-            return Err(ClusterError::Transport(format!(
-                "a frame of {} bytes is over MPI's 2 GiB count limit",
-                frame.len()
-            )));
-        }
-        self.reap();
-        // SAFETY: the data lives in `frame`, held in `pending` until `reap`
-        // sees the request complete (or leaked with it); a `Vec` that moves
-        // keeps its heap data where it is.
-        let readable: &'static [u8] =
-            unsafe { std::slice::from_raw_parts(frame.as_ptr(), frame.len()) };
-        let world = self.universe().world();
-        let request = world.process_at_rank(to as i32).immediate_send_with_tag(
-            StaticScope,
-            readable,
-            FRAME_TAG,
-        );
-        self.pending.push(PendingSend {
-            request,
-            buffer: frame,
-        });
-        Ok(())
+        self.send_tagged(to, frame, FRAME_TAG)
+    }
+
+    fn send_alarm(&mut self, to: u32, frame: Vec<u8>) -> Result<(), ClusterError> {
+        self.send_tagged(to, frame, ALARM_TAG)
     }
 
     fn receive(&mut self, from: u32, deadline: Instant) -> Result<Option<Vec<u8>>, ClusterError> {
@@ -377,7 +411,14 @@ impl Mailbox for MpiMailbox {
             self.reap();
             let world = self.universe().world();
             let source = world.process_at_rank(from as i32);
-            if let Some((message, status)) = source.immediate_matched_probe_with_tag(FRAME_TAG) {
+            let matched = source
+                .immediate_matched_probe_with_tag(FRAME_TAG)
+                .or_else(|| {
+                    world
+                        .any_process()
+                        .immediate_matched_probe_with_tag(ALARM_TAG)
+                });
+            if let Some((message, status)) = matched {
                 let len = status.count(u8::equivalent_datatype()).max(0) as usize;
                 let mut frame = self.spare_buffer(len);
                 frame.resize(len, 0);
@@ -430,12 +471,32 @@ impl Mailbox for MpiMailbox {
             // SAFETY: as above; MPI only reads the bytes.
             requests.push(unsafe { post_send(bytes, to, tag, self.comm()) });
         }
-        let outcome = self.complete(&mut requests, deadline, &mut |index| match landing
-            .get_mut(index)
-            .and_then(Option::take)
-        {
-            Some(buffer) => landed(index, buffer),
-            None => Ok(()),
+        let peers_of = &peers;
+        let outcome = self.complete(&mut requests, deadline, &mut |index, status| {
+            let Some(buffer) = landing.get_mut(index).and_then(Option::take) else {
+                return Ok(());
+            };
+            let from = peers_of[index];
+            let mismatch = |what: String| ClusterError::Protocol { rank: from, what };
+            if status.MPI_ERROR != ffi::MPI_SUCCESS as i32 {
+                return Err(mismatch(format!(
+                    "a piece of a collective's data that does not fit the {} bytes due (MPI \
+                     error {}): the ranks' buffers differ in length",
+                    buffer.len(),
+                    status.MPI_ERROR
+                )));
+            }
+            let mut got = 0;
+            // SAFETY: `status` is the completed receive's.
+            unsafe { ffi::MPI_Get_count(status, ffi::RSMPI_UINT8_T, &mut got) };
+            if got as usize != buffer.len() {
+                return Err(mismatch(format!(
+                    "{got} bytes of a collective's data where {} were due: the ranks' buffers \
+                     differ in length",
+                    buffer.len()
+                )));
+            }
+            landed(index, buffer)
         });
         let silent = match outcome {
             Ok(None) => return Ok(None),

@@ -23,12 +23,13 @@ impl<T: Element> RankedGrid<'_, '_, T> {
         ctx: &RankContext,
         dim: usize,
         wide: &[Range<usize>],
+        first: &[usize],
         tag: u64,
     ) -> Result<(), ClusterError> {
         let me = ctx.layout.rank();
         let n = self.grid.dims()[dim];
         let rank_of = self.rank_of;
-        let mut chunks = chunks_of(self.local, wide, n);
+        let mut chunks = chunks_of(self.local, wide, first, n);
         let mut sends: Vec<(u32, &[u8])> = Vec::new();
         let mut receives: Vec<(u32, &mut [u8])> = Vec::new();
         // Each receive's copies and piece.

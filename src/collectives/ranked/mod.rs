@@ -20,9 +20,17 @@
 //! chunk once to every other rank on its line, into one member's buffer
 //! there; the rank's other members copy it from that one.
 //!
-//! A dimension whose lines all stay on one rank moves nothing between
-//! ranks: its pass is the same fold, in memory. `Mean` divides once after
-//! the last dimension.
+//! Leading dimensions whose lines all stay on one rank move nothing
+//! between ranks: the block of members they span on a rank is folded in
+//! one sweep (`block`: each member read once, each owner's range written
+//! once, in the block's order), and the all-gather's copies within the
+//! block are made once at the end. A later dimension whose lines happen
+//! to stay on one rank is the same fold, in memory. `Mean` divides once
+//! after the last dimension.
+//!
+//! A caller may hand each member's buffer as a window of it
+//! ([`RankedGrid::window`]): the sharded step's all-gather lands straight
+//! in the parameters, each of a block's members writing its own part.
 
 use std::ops::Range;
 
@@ -32,6 +40,7 @@ use super::streamed::ReduceGrid;
 use crate::transport::ClusterError;
 use crate::transport::cluster::RankContext;
 
+mod block;
 mod gather;
 mod reduce;
 #[cfg(test)]
@@ -109,7 +118,8 @@ fn lines(dims: &[usize], dim: usize) -> Vec<Vec<usize>> {
 
 /// The members of a collective over ranks: the grid, each position's
 /// rank, and this rank's buffers by position (`None` where another rank
-/// holds the member). Every buffer has one length.
+/// holds the member). Every member's buffer has one length; a caller may
+/// pass each as a window of it ([`RankedGrid::window`]).
 pub struct RankedGrid<'a, 'b, T> {
     /// The grid (a torus's extents, or a ring).
     pub grid: &'a ReduceGrid,
@@ -121,10 +131,20 @@ pub struct RankedGrid<'a, 'b, T> {
     /// rank for the same call (say, step and bucket), different between
     /// calls.
     pub tag: u64,
+    /// `None`: every local buffer is its member's whole buffer. Otherwise
+    /// `(len, first)`: every member's buffer has `len` elements and the
+    /// local buffer at grid position `p` holds elements `first[p]..` of
+    /// it, which must take in every element the call touches there (for
+    /// the `_from` forms, `prefix_ranges(dims, len, first_dim)[p]`). The
+    /// windows of different members may then be disjoint parts of one
+    /// caller's array, written in place.
+    pub window: Option<(usize, &'a [usize])>,
 }
 
 impl<T: Element> RankedGrid<'_, '_, T> {
-    fn check(&self, ctx: &RankContext) -> Result<usize, ClusterError> {
+    /// The members' buffer length and where each local buffer starts in
+    /// its member's buffer.
+    fn check(&self, ctx: &RankContext) -> Result<(usize, Vec<usize>), ClusterError> {
         let n = self.grid.len();
         let me = ctx.layout.rank();
         let protocol = |what: String| ClusterError::Protocol { rank: me, what };
@@ -145,15 +165,54 @@ impl<T: Element> RankedGrid<'_, '_, T> {
                     if held { "holds" } else { "lacks" }
                 )));
             }
-            if let Some(buf) = slot {
+            if let (Some(buf), None) = (slot, self.window) {
                 if len.is_some_and(|l| l != buf.len()) {
-                    return Err(protocol("members' buffers differ in length".into()));
+                    return Err(protocol(format!(
+                        "members' buffers differ in length: {} elements at position {pos}, {} \
+                         before it",
+                        buf.len(),
+                        len.unwrap_or(0)
+                    )));
                 }
                 len = Some(buf.len());
             }
         }
-        let len = len.unwrap_or(0);
-        Ok(len)
+        match self.window {
+            None => Ok((len.unwrap_or(0), vec![0; n])),
+            Some((len, first)) => {
+                if first.len() != n {
+                    return Err(protocol(format!(
+                        "a collective over {n} members given {} window starts",
+                        first.len()
+                    )));
+                }
+                Ok((len, first.to_vec()))
+            }
+        }
+    }
+
+    /// Refuses a local buffer that does not hold all of its `ranges` entry.
+    fn covers(
+        &self,
+        ctx: &RankContext,
+        ranges: &[Range<usize>],
+        first: &[usize],
+    ) -> Result<(), ClusterError> {
+        for (pos, slot) in self.local.iter().enumerate() {
+            let Some(buf) = slot else { continue };
+            let (start, range) = (first[pos], &ranges[pos]);
+            if range.start < start || range.end > start + buf.len() {
+                return Err(ClusterError::Protocol {
+                    rank: ctx.layout.rank(),
+                    what: format!(
+                        "member {pos}'s buffer holds elements {start}..{} but the collective \
+                         works on {range:?}",
+                        start + buf.len()
+                    ),
+                });
+            }
+        }
+        Ok(())
     }
 
     /// Reduce-scatter with `op` (module docs). Afterwards the buffer of the
@@ -179,13 +238,24 @@ impl<T: Element> RankedGrid<'_, '_, T> {
         op: ReduceOp,
         first_dim: usize,
     ) -> Result<Vec<Range<usize>>, ClusterError> {
-        let len = self.check(ctx)?;
+        let (len, first) = self.check(ctx)?;
         let dims = self.grid.dims().to_vec();
         let mut ranges = prefix_ranges(&dims, len, first_dim);
-        for dim in first_dim.min(dims.len())..dims.len() {
+        self.covers(ctx, &ranges, &first)?;
+        let mut dim = first_dim.min(dims.len());
+        // Leading dimensions whose lines all stay on this rank's blocks:
+        // one fold of each block, every member read once and every owner
+        // written once, in place of a pass per dimension.
+        let block = local_prefix(&dims, self.rank_of);
+        if dim == 0 && block >= 2 {
+            self.fold_blocks(block, op, &first, len);
+            ranges = prefix_ranges(&dims, len, block);
+            dim = block;
+        }
+        for dim in dim..dims.len() {
             if dims[dim] > 1 {
                 let tag = frame_tag(self.tag, dim as u64);
-                self.reduce_pass(ctx, dim, &ranges, op, tag)?;
+                self.reduce_pass(ctx, dim, &ranges, &first, op, tag)?;
             }
             narrow(&dims, dim, &mut ranges);
         }
@@ -193,7 +263,8 @@ impl<T: Element> RankedGrid<'_, '_, T> {
             let count = self.grid.len();
             for (pos, slot) in self.local.iter_mut().enumerate() {
                 if let Some(buf) = slot {
-                    for v in &mut buf[ranges[pos].clone()] {
+                    let range = &ranges[pos];
+                    for v in &mut buf[range.start - first[pos]..range.end - first[pos]] {
                         *v = v.div_count(count);
                     }
                 }
@@ -218,20 +289,34 @@ impl<T: Element> RankedGrid<'_, '_, T> {
         ctx: &RankContext,
         first_dim: usize,
     ) -> Result<(), ClusterError> {
-        let len = self.check(ctx)?;
+        let (len, first) = self.check(ctx)?;
         let dims = self.grid.dims().to_vec();
         // The ranges before each dimension's reduce-scatter narrowed them.
-        let mut wider = Vec::with_capacity(dims.len());
+        let mut wider = Vec::with_capacity(dims.len() + 1);
         let mut ranges = vec![0..len; self.grid.len()];
         for dim in 0..dims.len() {
             wider.push(ranges.clone());
             narrow(&dims, dim, &mut ranges);
         }
-        for dim in (first_dim.min(dims.len())..dims.len()).rev() {
+        wider.push(ranges);
+        let first_dim = first_dim.min(dims.len());
+        self.covers(ctx, &wider[first_dim], &first)?;
+        // Leading dimensions within this rank's blocks: each member copies
+        // its block's other ranges once, after the passes across ranks.
+        let block = local_prefix(&dims, self.rank_of);
+        let last = if first_dim == 0 && block >= 2 {
+            block
+        } else {
+            first_dim
+        };
+        for dim in (last..dims.len()).rev() {
             if dims[dim] > 1 {
                 let tag = frame_tag(self.tag, (1 << 15) + dim as u64);
-                self.gather_pass(ctx, dim, &wider[dim], tag)?;
+                self.gather_pass(ctx, dim, &wider[dim], &first, tag)?;
             }
+        }
+        if last > first_dim {
+            self.copy_blocks(block, &first, len);
         }
         Ok(())
     }
@@ -248,14 +333,16 @@ fn frame_tag(tag: u64, round: u64) -> u64 {
 fn chunks_of<'s, T>(
     local: &'s mut [Option<&mut [T]>],
     ranges: &[Range<usize>],
+    first: &[usize],
     n: usize,
 ) -> Vec<Vec<Option<&'s mut [T]>>> {
     local
         .iter_mut()
         .zip(ranges)
-        .map(|(slot, range)| match slot {
+        .zip(first)
+        .map(|((slot, range), &first)| match slot {
             Some(buf) => {
-                let mut rest: &'s mut [T] = &mut buf[range.clone()];
+                let mut rest: &'s mut [T] = &mut buf[range.start - first..range.end - first];
                 (0..n)
                     .map(|c| {
                         let size = chunk_range(range.len(), n, c).len();

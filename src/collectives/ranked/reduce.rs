@@ -59,6 +59,7 @@ impl<T: Element> RankedGrid<'_, '_, T> {
         ctx: &RankContext,
         dim: usize,
         ranges: &[Range<usize>],
+        first: &[usize],
         op: ReduceOp,
         tag: u64,
     ) -> Result<(), ClusterError> {
@@ -66,7 +67,7 @@ impl<T: Element> RankedGrid<'_, '_, T> {
         let n = self.grid.dims()[dim];
         let lines = lines(self.grid.dims(), dim);
         let rank_of = self.rank_of;
-        let mut chunks = chunks_of(self.local, ranges, n);
+        let mut chunks = chunks_of(self.local, ranges, first, n);
         let mut plan = Plan {
             folds: Vec::new(),
             units: Vec::new(),

@@ -17,6 +17,7 @@ fn contexts(ranks: u32) -> Vec<RankContext> {
                 layout,
                 mailbox,
                 timeout: Duration::from_secs(20),
+                buffers: Default::default(),
             }
         })
         .collect()
@@ -67,6 +68,7 @@ fn run(
                         rank_of,
                         local: &mut local,
                         tag: 7,
+                        window: None,
                     };
                     ranked.reduce_scatter(&ctx, op).expect("reduce-scatter");
                     let after_rs: Vec<Option<Vec<f32>>> = buffers.clone();
@@ -79,6 +81,7 @@ fn run(
                         rank_of,
                         local: &mut local,
                         tag: 8,
+                        window: None,
                     }
                     .all_gather(&ctx)
                     .expect("all-gather");
@@ -192,6 +195,7 @@ fn a_silent_rank_is_named_within_the_bound() {
         rank_of: &[0, 1],
         local: &mut local,
         tag: 1,
+        window: None,
     }
     .reduce_scatter(&ctx, ReduceOp::Sum)
     .expect_err("rank 1 never answers");

@@ -1,20 +1,36 @@
 //! [`ClusterBackend`]: the transport backend of one rank, exchanging each
-//! tick's due messages through rank 0.
+//! tick's due messages with the other ranks in `⌈log₂ R⌉` rounds.
+//!
+//! The exchange is Bruck's index all-to-all: in round `k` every rank `r`
+//! sends rank `r + 2ᵏ` (mod `R`) one frame with the messages it holds
+//! whose owner is `d` with bit `k` of `(d − r) mod R` set, and receives
+//! one from rank `r − 2ᵏ`. A message for rank `d` so travels the bits of
+//! its offset, one hop each, and is at `d` after the last round: every
+//! rank sends and receives `⌈log₂ R⌉` frames a tick, rank 0 no more than
+//! the others (a star through rank 0 costs it `2(R − 1)`).
+//!
+//! Every wait is bounded. A rank that waited one bound on its peer tells
+//! every rank it is stalled on it, and waits one more: a peer that sent
+//! nothing, not even a stall notice of its own, is then named lost, and
+//! every rank is told (an alarm each receives whichever rank it waits
+//! on). A peer that is stalled itself is stuck behind the lost rank, so
+//! its waiters wait for the name instead (at most two bounds more) rather
+//! than naming the innocent peer.
 
-use super::SERVICE_RANK;
-use super::frame::{Frame, WireEnvelope, unexpected};
+use super::frame::{Frame, WireEnvelope, decode, encode, unexpected};
 use super::layout::RankLayout;
-use super::mailbox::SharedMailbox;
-use super::protocol::{abort_all, receive_frame, send_frame};
+use super::mailbox::{SharedMailbox, lock};
+use super::protocol::{abort_all, send_frame};
 use crate::topology::DeviceId;
 use crate::transport::error::ClusterError;
 use crate::transport::{Envelope, TransportBackend, TransportError};
 use bevy_ecs::prelude::*;
 use std::collections::HashMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The transport backend of one rank: owns its hosts' devices (and rank 0
-/// the service); exchanges each tick's due messages through rank 0.
+/// the service); exchanges each tick's due messages with the other ranks
+/// (module docs).
 pub struct ClusterBackend {
     layout: RankLayout,
     mailbox: SharedMailbox,
@@ -112,73 +128,113 @@ impl ClusterBackend {
         })
     }
 
-    /// The envelopes `from` sent at exchange `exchange`, waiting at most
-    /// `timeout`.
+    /// The envelopes `from` sent at exchange `exchange`. After one bound
+    /// without them this rank tells every other that it is stalled on
+    /// `from`, and waits a second bound: a `from` that showed no sign of
+    /// life by then (no frame, no stall notice of its own) is named lost.
+    /// A `from` that is stalled itself waits behind the lost rank, whose
+    /// name comes from the rank that finds it: that wait is bounded by two
+    /// more bounds, after which `from` is named all the same.
     fn receive_messages(
         &self,
         from: u32,
-        timeout: Duration,
         exchange: u64,
     ) -> Result<Vec<WireEnvelope>, ClusterError> {
-        let awaiting = format!("messages for exchange {exchange}");
-        let frame = receive_frame(&self.mailbox, &self.layout, from, timeout, &awaiting)?;
-        let Frame::Messages {
-            exchange: theirs,
-            envelopes,
-        } = frame
-        else {
-            return Err(unexpected(from, &frame, "a tick's messages"));
-        };
-        if theirs != exchange {
-            return Err(out_of_step(from, theirs, exchange));
+        let me = self.layout.rank();
+        let started = Instant::now();
+        let (mut notified, mut alive) = (false, false);
+        loop {
+            let bounds = match (notified, alive) {
+                (false, _) => 1,
+                (true, false) => 2,
+                (true, true) => 4,
+            };
+            let deadline = started + self.timeout * bounds;
+            let bytes = lock(&self.mailbox)?.receive(from, deadline)?;
+            let Some(bytes) = bytes else {
+                if !notified {
+                    notified = true;
+                    let notice = encode(&Frame::Stalled {
+                        rank: me,
+                        waiting_on: from,
+                    });
+                    let mut mailbox = lock(&self.mailbox)?;
+                    for to in (0..self.layout.ranks()).filter(|&r| r != me) {
+                        let _ = mailbox.send_alarm(to, notice.clone());
+                    }
+                    continue;
+                }
+                lock(&self.mailbox)?.abandon();
+                return Err(ClusterError::RankLost {
+                    rank: from,
+                    hosts: self.layout.describe_hosts(from),
+                    reason: format!(
+                        "no messages for exchange {exchange} from it within {:.1} s",
+                        started.elapsed().as_secs_f64()
+                    ),
+                });
+            };
+            match decode(from, &bytes)? {
+                Frame::Stalled { rank, .. } => alive |= rank == from,
+                Frame::Abort(abort) => {
+                    lock(&self.mailbox)?.abandon();
+                    return Err(ClusterError::RankLost {
+                        rank: abort.rank,
+                        hosts: abort.hosts,
+                        reason: abort.reason,
+                    });
+                }
+                Frame::Messages {
+                    exchange: theirs,
+                    envelopes,
+                } => {
+                    if theirs != exchange {
+                        return Err(out_of_step(from, theirs, exchange));
+                    }
+                    return Ok(envelopes);
+                }
+                other => return Err(unexpected(from, &other, "a tick's messages")),
+            }
         }
-        Ok(envelopes)
     }
 
     fn exchange(&mut self, into: &mut Vec<Envelope>) -> Result<(), ClusterError> {
         let exchange = self.exchanges;
         self.exchanges += 1;
+        let (me, ranks) = (self.layout.rank(), self.layout.ranks());
         let outgoing: Vec<Envelope> = std::mem::take(&mut self.outbox);
-        if !self.layout.runs_service() {
-            let envelopes = outgoing.into_iter().map(|e| self.wire_of(e)).collect();
+        // Each message held, with the rank it last came from.
+        let mut held: Vec<(u32, WireEnvelope)> = outgoing
+            .into_iter()
+            .map(|e| (me, self.wire_of(e)))
+            .collect();
+        let offset = |wire: &WireEnvelope| (self.layout.owner(wire.to) + ranks - me) % ranks;
+        let mut step = 1u32;
+        while step < ranks {
+            let (to, from) = ((me + step) % ranks, (me + ranks - step) % ranks);
+            let (going, staying): (Vec<_>, Vec<_>) =
+                held.into_iter().partition(|(_, w)| offset(w) & step != 0);
             let frame = Frame::Messages {
                 exchange,
-                envelopes,
+                envelopes: going.into_iter().map(|(_, w)| w).collect(),
             };
-            send_frame(&self.mailbox, SERVICE_RANK, &frame)?;
-            // Rank 0 itself waits up to one bound for a lost rank before it
-            // tells everyone; wait for it twice as long, so a lost rank is
-            // named by rank 0 and not mistaken for rank 0.
-            let delivered = self.receive_messages(SERVICE_RANK, self.timeout * 2, exchange)?;
-            for wire in delivered {
-                into.push(self.envelope_of(SERVICE_RANK, wire)?);
+            send_frame(&self.mailbox, to, &frame)?;
+            let came = self.receive_messages(from, exchange)?;
+            held = staying;
+            held.extend(came.into_iter().map(|w| (from, w)));
+            step = step.saturating_mul(2);
+        }
+        for (from, wire) in held {
+            if self.layout.owner(wire.to) != me {
+                return Err(ClusterError::Protocol {
+                    rank: from,
+                    what: format!(
+                        "a message for rank {} left at rank {me} after the exchange",
+                        self.layout.owner(wire.to)
+                    ),
+                });
             }
-            return Ok(());
-        }
-        let mut replies: Vec<Vec<WireEnvelope>> = vec![Vec::new(); self.layout.ranks() as usize];
-        let outgoing = outgoing
-            .into_iter()
-            .map(|e| (SERVICE_RANK, self.wire_of(e)));
-        let mut arrived: Vec<(u32, WireEnvelope)> = outgoing.collect();
-        for rank in 1..self.layout.ranks() {
-            let envelopes = self.receive_messages(rank, self.timeout, exchange)?;
-            arrived.extend(envelopes.into_iter().map(|wire| (rank, wire)));
-        }
-        for (from, wire) in arrived {
-            match self.layout.owner(wire.to) {
-                SERVICE_RANK => into.push(self.envelope_of(from, wire)?),
-                rank => replies[rank as usize].push(wire),
-            }
-        }
-        for (rank, envelopes) in replies.into_iter().enumerate().skip(1) {
-            send_frame(
-                &self.mailbox,
-                rank as u32,
-                &Frame::Messages {
-                    exchange,
-                    envelopes,
-                },
-            )?;
+            into.push(self.envelope_of(from, wire)?);
         }
         Ok(())
     }
@@ -213,9 +269,9 @@ impl TransportBackend for ClusterBackend {
             return Ok(());
         }
         self.exchange(into).map_err(|error| {
-            if self.layout.runs_service() {
-                abort_all(&self.mailbox, &self.layout, &error);
-            }
+            // Every rank that names a lost rank tells the others (those
+            // waiting on it hear the name rather than naming it).
+            abort_all(&self.mailbox, &self.layout, &error);
             self.failure = Some(error.clone());
             TransportError::Cluster(error)
         })

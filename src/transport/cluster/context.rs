@@ -5,11 +5,12 @@ use super::SERVICE_RANK;
 use super::exchange::{Exchange, Landed, data_frame_payload};
 use super::frame::{DATA_HEADER, Frame, decode, write_data_header};
 use super::layout::RankLayout;
-use super::mailbox::{SharedMailbox, lock};
+use super::mailbox::{SharedMailbox, lock, receive_past_notices};
 use super::protocol::{abort_all, broadcast};
 use crate::transport::error::ClusterError;
 use bevy_ecs::prelude::*;
 use serde::Serialize;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Where this process sits in a pod split over ranks, for the systems
@@ -23,6 +24,49 @@ pub struct RankContext {
     pub mailbox: SharedMailbox,
     /// The bound on every wait for another rank.
     pub timeout: Duration,
+    /// Large buffers kept between a collective's calls (the sharded step's
+    /// member buffers, every step): shared by the context's clones and
+    /// freed with the last of them.
+    pub buffers: ReusableBuffers,
+}
+
+/// A pool of large buffers (8-byte words, so aligned for every element
+/// type) handed out again instead of fresh allocations: a buffer the
+/// allocator returned to the kernel would be faulted in and zeroed page by
+/// page on its next use, every step.
+#[derive(Clone, Default)]
+pub struct ReusableBuffers(Arc<Mutex<Vec<Vec<u64>>>>);
+
+/// The most buffers a pool keeps (the largest).
+const KEPT_BUFFERS: usize = 64;
+
+impl ReusableBuffers {
+    /// A buffer of at least `words` words whose contents are unspecified:
+    /// the smallest kept one that is large enough, or a fresh zeroed one
+    /// (whose pages are only faulted in where it is written).
+    pub fn take(&self, words: usize) -> Vec<u64> {
+        let mut kept = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let best = kept
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| b.len() >= words)
+            .min_by_key(|(_, b)| b.len())
+            .map(|(i, _)| i);
+        match best {
+            Some(i) => kept.swap_remove(i),
+            None => vec![0; words],
+        }
+    }
+
+    /// Keeps `buffer` for a later [`ReusableBuffers::take`].
+    pub fn give(&self, buffer: Vec<u64>) {
+        let mut kept = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        kept.push(buffer);
+        if kept.len() > KEPT_BUFFERS {
+            let smallest = (0..kept.len()).min_by_key(|&i| kept[i].len()).unwrap_or(0);
+            kept.swap_remove(smallest);
+        }
+    }
 }
 
 impl std::fmt::Debug for RankContext {
@@ -71,7 +115,7 @@ impl RankContext {
     ) -> Result<Vec<u8>, ClusterError> {
         let deadline = Instant::now() + self.timeout;
         let mut mailbox = lock(&self.mailbox)?;
-        let Some(bytes) = mailbox.receive(from, deadline)? else {
+        let Some(bytes) = receive_past_notices(&mut **mailbox, from, deadline)? else {
             return Err(self.lost(from, awaiting));
         };
         data_frame_payload(&mut **mailbox, from, tag, &bytes, awaiting)?;
@@ -99,7 +143,8 @@ impl RankContext {
         // Did rank 0 stop the job while this rank waited on another?
         if silent != SERVICE_RANK
             && !self.layout.runs_service()
-            && let Ok(Some(frame)) = mailbox.receive(SERVICE_RANK, Instant::now())
+            && let Ok(Some(frame)) =
+                receive_past_notices(&mut **mailbox, SERVICE_RANK, Instant::now())
             && let Ok(Frame::Abort(abort)) = decode(SERVICE_RANK, &frame)
         {
             mailbox.abandon();

@@ -59,7 +59,7 @@ pub fn framed_exchange<'r, M: Mailbox + ?Sized>(
         mailbox.send(to, frame)?;
     }
     for (index, (from, buffer)) in exchange.receives.into_iter().enumerate() {
-        let Some(frame) = mailbox.receive(from, deadline)? else {
+        let Some(frame) = super::mailbox::receive_past_notices(mailbox, from, deadline)? else {
             return Ok(Some(from));
         };
         let payload = data_frame_payload(mailbox, from, tag, &frame, "a collective's data")?;

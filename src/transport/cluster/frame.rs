@@ -34,6 +34,10 @@ pub(super) enum Frame {
     Part(Vec<u8>),
     /// Rank 0's verdict on the merged world.
     Done(Result<(), String>),
+    /// An alarm: rank `rank` is alive but has waited a bound on rank
+    /// `waiting_on` in the tick's exchange. A rank waiting on `rank`
+    /// then knows not to name it lost (it is stuck behind the lost rank).
+    Stalled { rank: u32, waiting_on: u32 },
 }
 
 /// Why rank 0 stopped the job (sent to every rank still there).
@@ -89,9 +93,17 @@ pub(super) fn unexpected(rank: u32, frame: &Frame, expected: &str) -> ClusterErr
         Frame::Abort(_) => "an abort",
         Frame::Part(_) => "its part of the world",
         Frame::Done(_) => "a verdict",
+        Frame::Stalled { .. } => "a stall notice",
     };
     ClusterError::Protocol {
         rank,
         what: format!("{kind} where {expected} was due"),
     }
+}
+
+/// Whether `bytes` is a [`Frame::Stalled`] notice (which every receive but
+/// the tick exchange's passes over).
+pub(super) fn is_stall_notice(bytes: &[u8]) -> bool {
+    bytes.first() != Some(&DATA_MARK)
+        && matches!(postcard::from_bytes(bytes), Ok(Frame::Stalled { .. }))
 }

@@ -15,9 +15,17 @@ pub trait Mailbox: Send + std::fmt::Debug {
     fn ranks(&self) -> u32;
     /// Sends a frame to `to` without waiting for it to be received.
     fn send(&mut self, to: u32, frame: Vec<u8>) -> Result<(), ClusterError>;
-    /// The next frame from `from`, waiting at most until `deadline`;
-    /// `Ok(None)` if none came by then.
+    /// The next frame from `from`, or an alarm
+    /// ([`Mailbox::send_alarm`]) from any rank if one came first, waiting
+    /// at most until `deadline`; `Ok(None)` if neither came by then.
     fn receive(&mut self, from: u32, deadline: Instant) -> Result<Option<Vec<u8>>, ClusterError>;
+    /// Sends `to` an alarm frame (the job stops, and why): its next
+    /// receive returns it whichever rank it waits on, so a rank waiting on
+    /// a peer that is itself stuck behind a lost rank hears the name at
+    /// once rather than naming the peer.
+    fn send_alarm(&mut self, to: u32, frame: Vec<u8>) -> Result<(), ClusterError> {
+        self.send(to, frame)
+    }
     /// An empty buffer of at least `capacity` bytes for a frame: a
     /// mailbox may hand back one it used before (already in memory).
     fn spare_buffer(&mut self, capacity: usize) -> Vec<u8> {
@@ -61,8 +69,9 @@ pub struct ThreadMailbox {
 /// `ranks` connected thread mailboxes, one per rank, in rank order.
 pub fn thread_mailboxes(ranks: u32) -> Vec<ThreadMailbox> {
     let n = ranks as usize;
+    // Each rank's queues by sender, and one more for alarms.
     let shared = Arc::new((
-        Mutex::new(vec![vec![VecDeque::new(); n]; n]),
+        Mutex::new(vec![vec![VecDeque::new(); n + 1]; n]),
         Condvar::new(),
     ));
     (0..ranks)
@@ -84,19 +93,11 @@ impl Mailbox for ThreadMailbox {
     }
 
     fn send(&mut self, to: u32, frame: Vec<u8>) -> Result<(), ClusterError> {
-        let (queues, ready) = &*self.shared;
-        let mut queues = queues
-            .lock()
-            .map_err(|_| ClusterError::Transport("a rank thread panicked".into()))?;
-        queues
-            .get_mut(to as usize)
-            .ok_or(ClusterError::NoSuchRank {
-                rank: to,
-                ranks: self.ranks,
-            })?[self.rank as usize]
-            .push_back(frame);
-        ready.notify_all();
-        Ok(())
+        self.push(to, self.rank as usize, frame)
+    }
+
+    fn send_alarm(&mut self, to: u32, frame: Vec<u8>) -> Result<(), ClusterError> {
+        self.push(to, self.ranks as usize, frame)
     }
 
     fn receive(&mut self, from: u32, deadline: Instant) -> Result<Option<Vec<u8>>, ClusterError> {
@@ -105,11 +106,11 @@ impl Mailbox for ThreadMailbox {
             ClusterError::Transport("a rank thread panicked".into())
         }
         let mut queues = queues.lock().map_err(poisoned)?;
+        let alarms = self.ranks as usize;
         loop {
-            if let Some(frame) = queues[self.rank as usize]
-                .get_mut(from as usize)
-                .and_then(VecDeque::pop_front)
-            {
+            let mine = &mut queues[self.rank as usize];
+            let next = mine.get_mut(from as usize).and_then(VecDeque::pop_front);
+            if let Some(frame) = next.or_else(|| mine[alarms].pop_front()) {
                 return Ok(Some(frame));
             }
             let now = Instant::now();
@@ -120,6 +121,40 @@ impl Mailbox for ThreadMailbox {
                 .wait_timeout(queues, deadline - now)
                 .map_err(poisoned)?
                 .0;
+        }
+    }
+}
+
+impl ThreadMailbox {
+    /// Queues `frame` at `to` under sender slot `slot`.
+    fn push(&mut self, to: u32, slot: usize, frame: Vec<u8>) -> Result<(), ClusterError> {
+        let (queues, ready) = &*self.shared;
+        let mut queues = queues
+            .lock()
+            .map_err(|_| ClusterError::Transport("a rank thread panicked".into()))?;
+        queues
+            .get_mut(to as usize)
+            .ok_or(ClusterError::NoSuchRank {
+                rank: to,
+                ranks: self.ranks,
+            })?[slot]
+            .push_back(frame);
+        ready.notify_all();
+        Ok(())
+    }
+}
+
+/// [`Mailbox::receive`], passing over stall notices (they matter only to
+/// the tick exchange, which reads them itself).
+pub(super) fn receive_past_notices<M: Mailbox + ?Sized>(
+    mailbox: &mut M,
+    from: u32,
+    deadline: Instant,
+) -> Result<Option<Vec<u8>>, ClusterError> {
+    loop {
+        match mailbox.receive(from, deadline)? {
+            Some(bytes) if super::frame::is_stall_notice(&bytes) => continue,
+            other => return Ok(other),
         }
     }
 }

@@ -34,7 +34,7 @@ mod mailbox;
 mod protocol;
 
 pub use backend::ClusterBackend;
-pub use context::RankContext;
+pub use context::{RankContext, ReusableBuffers};
 pub use exchange::{Exchange, Landed, framed_exchange};
 pub use frame::data_payload;
 pub use layout::RankLayout;

@@ -28,7 +28,7 @@ pub(super) fn receive_frame(
 ) -> Result<Frame, ClusterError> {
     let deadline = Instant::now() + timeout;
     let mut mailbox = lock(mailbox)?;
-    match mailbox.receive(from, deadline)? {
+    match super::mailbox::receive_past_notices(&mut **mailbox, from, deadline)? {
         Some(bytes) => match decode(from, &bytes)? {
             Frame::Abort(abort) => {
                 mailbox.abandon();
@@ -51,7 +51,8 @@ pub(super) fn receive_frame(
     }
 }
 
-/// Rank 0 tells every other rank (best effort) that the job stops.
+/// Tells every other rank but the lost one (best effort, as an alarm
+/// each receives whichever rank it waits on) that the job stops.
 pub(super) fn abort_all(mailbox: &SharedMailbox, layout: &RankLayout, error: &ClusterError) {
     let (rank, hosts, reason) = match error {
         ClusterError::RankLost {
@@ -70,9 +71,12 @@ pub(super) fn abort_all(mailbox: &SharedMailbox, layout: &RankLayout, error: &Cl
         hosts,
         reason,
     });
+    let Ok(mut mailbox) = lock(mailbox) else {
+        return;
+    };
     for to in 0..layout.ranks() {
         if to != layout.rank() && to != rank {
-            let _ = send_frame(mailbox, to, &frame);
+            let _ = mailbox.send_alarm(to, encode(&frame));
         }
     }
 }
