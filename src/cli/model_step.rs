@@ -55,6 +55,12 @@ pub(super) fn tensor_sizes(config: &ModelConfig) -> Vec<usize> {
         .collect()
 }
 
+/// `--mesh SPEC` for a transformer's step on `topology` (slices may be
+/// shared among axes), a usage error naming the flag.
+pub(super) fn mesh_flag(spec: &str, topology: &Topology) -> Result<Mesh> {
+    Mesh::parse_split(spec, topology).map_err(|e| usage(format!("--mesh {spec}: {e}")))
+}
+
 /// A transformer's layout and optimizer as `train` and `goodput` take them.
 pub(super) struct ModelLayout<'a> {
     pub(super) strategy: Strategy,
@@ -84,8 +90,7 @@ impl ModelLayout<'_> {
             )));
         }
         let mesh = match self.mesh {
-            Some(spec) => Mesh::parse_split(spec, topology)
-                .map_err(|e| usage(format!("--mesh {spec}: {e}")))?,
+            Some(spec) => mesh_flag(spec, topology)?,
             None => Mesh::default_for(topology),
         };
 

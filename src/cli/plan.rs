@@ -14,7 +14,7 @@ use optirs_tpu::model::{ModelConfig, RematPolicy};
 use optirs_tpu::plan::{
     Effective, Plan, PlanRequest, PodPlan, SearchSpace, by_time_to_train, plan, plan_by_goodput,
 };
-use optirs_tpu::sharding::{Mesh, RecoveryPolicy, Strategy};
+use optirs_tpu::sharding::{RecoveryPolicy, Strategy};
 use optirs_tpu::step_model::ModelStepOptions;
 use optirs_tpu::topology::{DEFAULT_PRESET, Topology, load_topology};
 
@@ -263,9 +263,7 @@ pub(super) fn auto_step(
         space.prefetch = vec![n];
     }
     let mesh = match given.mesh {
-        Some(spec) => Some(
-            Mesh::parse_split(spec, topology).map_err(|e| usage(format!("--mesh {spec}: {e}")))?,
-        ),
+        Some(spec) => Some(super::model_step::mesh_flag(spec, topology)?),
         None => None,
     };
     if let Some(mesh) = &mesh {
@@ -351,8 +349,7 @@ fn space_of(args: &PlanArgs, config: &ModelConfig, topology: &Topology) -> Resul
         space.strategies = args.strategy.clone();
     }
     if let Some(spec) = &args.mesh {
-        let mesh =
-            Mesh::parse_split(spec, topology).map_err(|e| usage(format!("--mesh {spec}: {e}")))?;
+        let mesh = super::model_step::mesh_flag(spec, topology)?;
         if args.no_stages && mesh.sizes().stage > 1 {
             return Err(usage(format!(
                 "--no-stages leaves pipeline stages out, and --mesh {spec} has {} of them: give \
