@@ -15,6 +15,7 @@ use serde::Serialize;
 
 use super::search::{Candidate, Plan, PlanRequest, plan};
 use crate::goodput::{Fleet, GoodputConfig, GoodputError, simulate};
+use crate::sharding::RecoveryPolicy;
 
 /// A fitting layout ranked by goodput.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -41,16 +42,12 @@ pub fn plan_by_goodput(
 ) -> Result<(Plan, Vec<Effective>), GoodputError> {
     let keep = request.keep.max(1);
     let mut widened = keep * 4;
-    // A layout's goodput, by its place in the space: a wider search keeps
-    // the narrower one's top, whose runs need not be simulated again.
-    let mut simulated: std::collections::HashMap<usize, Effective> =
-        std::collections::HashMap::new();
     // A run's goodput depends on the layout only through its step and its
     // recovery policy (the seed and every other input are the request's),
     // so layouts that tie there (prefetch depths, reduction schedules the
-    // step hides) share one simulation.
-    let mut runs: std::collections::HashMap<(u64, String), (f64, Option<f64>)> =
-        std::collections::HashMap::new();
+    // step hides) share one simulation, and a wider search does not
+    // simulate the narrower one's top again.
+    let mut runs = Runs::new();
     loop {
         let searched = plan(&PlanRequest {
             keep: widened,
@@ -58,12 +55,7 @@ pub fn plan_by_goodput(
         });
         let mut ranked = Vec::with_capacity(searched.ranked.len());
         for candidate in &searched.ranked {
-            let e = match simulated.get(&candidate.order) {
-                Some(e) => e.clone(),
-                None => effective(candidate, fleet, goodput, &mut runs)?,
-            };
-            simulated.insert(candidate.order, e.clone());
-            ranked.push(e);
+            ranked.push(effective(candidate, fleet, goodput, &mut runs)?);
         }
         ranked.sort_by(|a, b| {
             b.effective_tokens_per_s_per_chip
@@ -86,17 +78,18 @@ pub fn plan_by_goodput(
     }
 }
 
+/// Simulated runs by (step seconds' bits, recovery policy): the goodput
+/// and the best checkpoint interval.
+type Runs = std::collections::HashMap<(u64, RecoveryPolicy), (f64, Option<f64>)>;
+
 /// `candidate`'s goodput on `fleet` under `goodput`'s inputs.
 fn effective(
     candidate: &Candidate,
     fleet: &Fleet,
     goodput: &GoodputConfig,
-    runs: &mut std::collections::HashMap<(u64, String), (f64, Option<f64>)>,
+    runs: &mut Runs,
 ) -> Result<Effective, GoodputError> {
-    let key = (
-        candidate.step_seconds.to_bits(),
-        candidate.layout.recovery.to_string(),
-    );
+    let key = (candidate.step_seconds.to_bits(), candidate.layout.recovery);
     let (goodput, interval) = match runs.get(&key) {
         Some(run) => *run,
         None => {

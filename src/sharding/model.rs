@@ -98,7 +98,7 @@ pub struct ShardedModel {
 
 /// What the `Recovery` set does after a step failed because devices were
 /// lost (killed, paused or declared failed).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 pub enum RecoveryPolicy {
     /// Restore the model from the newest periodic checkpoint, exclude the
     /// lost devices and re-shard onto the survivors (the steps since the
