@@ -45,40 +45,37 @@ pub fn hardware_matmul_flops_on(
         }
         g.window_attention = 0.0;
     }
-    // Dropping experts compute their whole capacity, and the one-hot
-    // dispatch and combine are matmuls of 2·T·E·C·D each
-    // (`crate::model::experts`); in the mixture's layers only, averaged
-    // over the layers as the count is.
-    if let Some(moe) = &config.moe
-        && let Some(capacity) = moe.capacity(config.seq_len)
-    {
-        let mlp = crate::model::mlp_flops(config);
+    // A mixture's routed rows as its routing runs them (`crate::model::
+    // experts`): dropping, every expert's whole capacity, and the one-hot
+    // dispatch and combine, matmuls of 2·T·E·C·D each; dropless, the
+    // grouped matmul's tiles, those two experts share run for each. In
+    // the mixture's layers only, averaged over the layers as the count is.
+    if let Some(moe) = &config.moe {
         let routed = moe.num_experts_per_tok as f64;
-        let experts = routed + moe.shared_experts as f64;
-        let padded =
-            (moe.shared_experts as f64 + moe.routed_rows_per_token(config.seq_len)) / experts;
-        let one_hot = 2.0
-            * config.per_device_batch
-            * config.seq_len as f64
-            * (moe.num_experts * capacity) as f64
-            * config.embed as f64;
-        let run = (
-            (mlp.moe.0 - mlp.router) * padded + mlp.router + one_hot,
-            mlp.moe.1 * padded + one_hot,
-        );
-        (g.mlp_in, g.mlp_out) = mlp.average_with(run);
-    } else if let Some(moe) = &config.moe {
-        let mlp = crate::model::mlp_flops(config);
-        let routed = moe.num_experts_per_tok as f64;
-        let rows = config.tokens_per_device() * tensor.max(1) as f64 * routed;
-        let groups = moe.num_experts / experts_split.max(1) as u64;
-        let computed = moe.grouped_matmul_rows(rows, groups) / rows.max(1.0);
         let shared = moe.shared_experts as f64;
-        let padded = (shared + routed * computed) / (shared + routed);
-        if padded > 1.0 {
+        let (routed_rows, one_hot) = match moe.capacity(config.seq_len) {
+            Some(capacity) => (
+                moe.routed_rows_per_token(config.seq_len),
+                2.0 * config.per_device_batch
+                    * config.seq_len as f64
+                    * (moe.num_experts * capacity) as f64
+                    * config.embed as f64,
+            ),
+            None => {
+                let rows = config.tokens_per_device() * tensor.max(1) as f64 * routed;
+                let groups = moe.num_experts / experts_split.max(1) as u64;
+                (
+                    routed * moe.grouped_matmul_rows(rows, groups) / rows.max(1.0),
+                    0.0,
+                )
+            }
+        };
+        let padded = (shared + routed_rows) / (shared + routed);
+        if padded != 1.0 || one_hot > 0.0 {
+            let mlp = crate::model::mlp_flops(config);
             let run = (
-                (mlp.moe.0 - mlp.router) * padded + mlp.router,
-                mlp.moe.1 * padded,
+                (mlp.moe.0 - mlp.router) * padded + mlp.router + one_hot,
+                mlp.moe.1 * padded + one_hot,
             );
             (g.mlp_in, g.mlp_out) = mlp.average_with(run);
         }
