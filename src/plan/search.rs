@@ -196,21 +196,20 @@ fn groups_of(
                 layouts.iter().map(|(_, l)| l.pipeline).collect();
             schedules.sort_unstable();
             schedules.dedup();
-            let mut bound = Ok(f64::INFINITY);
-            for pipeline in schedules {
-                let options = ModelStepOptions {
-                    mesh: mesh.clone(),
-                    pipeline: PipelineOptions {
-                        microbatches: pipeline.map(|(m, _)| m),
-                        repeats: pipeline.map(|(_, r)| r),
-                    },
-                    ..base.clone()
-                };
-                bound = match (bound, passes_lower_bound(&configs[c], topology, &options)) {
-                    (Ok(b), Ok(this)) => Ok(b.min(this.unwrap_or(0.0))),
-                    (Err(e), _) | (_, Err(e)) => Err(e),
-                };
-            }
+            let bound = schedules
+                .into_iter()
+                .try_fold(f64::INFINITY, |least, pipeline| {
+                    let options = ModelStepOptions {
+                        mesh: mesh.clone(),
+                        pipeline: PipelineOptions {
+                            microbatches: pipeline.map(|(m, _)| m),
+                            repeats: pipeline.map(|(_, r)| r),
+                        },
+                        ..base.clone()
+                    };
+                    passes_lower_bound(&configs[c], topology, &options)
+                        .map(|bound| least.min(bound.unwrap_or(0.0)))
+                });
             match bound {
                 Ok(bound) => groups.push(Group {
                     bound: if bound.is_finite() { bound } else { 0.0 },

@@ -102,46 +102,30 @@ pub fn scatter_svg(
 
 /// The legend, right-aligned at `(right, top)`: a filled circle, a hollow
 /// one and a line, each with its label.
-fn draw_legend(out: &mut String, right: f64, top: f64, [kept, other, front]: [&str; 3]) {
-    let x = right - 10.0;
-    let mark = x
-        - 8.0
-        - 6.5
-            * [kept, other, front]
-                .iter()
-                .map(|l| l.len())
-                .max()
-                .unwrap_or(0) as f64;
-    let rows = [
-        (
-            format!(
-                "<circle cx=\"{mark:.1}\" cy=\"{{y}}\" r=\"3\" fill=\"{0}\" stroke=\"{0}\"/>",
+fn draw_legend(out: &mut String, right: f64, top: f64, labels: [&str; 3]) {
+    let widest = labels.iter().map(|l| l.len()).max().unwrap_or(0) as f64;
+    let mark = right - 18.0 - 6.5 * widest;
+    for (i, label) in labels.iter().enumerate() {
+        let y = top + 12.0 + 14.0 * i as f64;
+        let shape = match i {
+            0 => format!(
+                "<circle cx=\"{mark:.1}\" cy=\"{y:.1}\" r=\"3\" fill=\"{0}\" stroke=\"{0}\"/>",
                 palette(0)
             ),
-            kept,
-        ),
-        (
-            format!(
-                "<circle cx=\"{mark:.1}\" cy=\"{{y}}\" r=\"3\" fill=\"none\" stroke=\"#999999\"/>"
+            1 => format!(
+                "<circle cx=\"{mark:.1}\" cy=\"{y:.1}\" r=\"3\" fill=\"none\" stroke=\"#999999\"/>"
             ),
-            other,
-        ),
-        (
-            format!(
-                "<line x1=\"{:.1}\" y1=\"{{y}}\" x2=\"{:.1}\" y2=\"{{y}}\" stroke=\"{}\" stroke-width=\"2\"/>",
+            _ => format!(
+                "<line x1=\"{:.1}\" y1=\"{y:.1}\" x2=\"{:.1}\" y2=\"{y:.1}\" stroke=\"{}\" \
+                 stroke-width=\"2\"/>",
                 mark - 6.0,
                 mark + 6.0,
                 palette(3)
             ),
-            front,
-        ),
-    ];
-    for (i, (shape, label)) in rows.iter().enumerate() {
-        let y = top + 12.0 + 14.0 * i as f64;
+        };
         let _ = writeln!(
             out,
-            "{}<text x=\"{:.1}\" y=\"{:.1}\">{}</text>",
-            shape.replace("{y}", &format!("{y:.1}")),
+            "{shape}<text x=\"{:.1}\" y=\"{:.1}\">{}</text>",
             mark + 10.0,
             y + 4.0,
             escape(label)
