@@ -178,6 +178,64 @@ fn give_back(ctx: &RankContext, kept: Vec<Option<Vec<u64>>>) {
     }
 }
 
+/// With every replica holding the reduced gradient already, this rank's
+/// devices' shards of bucket `b`, taken from it with no traffic.
+fn take_reduced_shards<A: FloatElement>(
+    layout: &ShardLayout,
+    b: usize,
+    source: &dyn GradientSource<A>,
+    ctx: &RankContext,
+    reduced: &mut [A],
+) {
+    let elements = layout.elements;
+    for (r, &device) in layout.participants.iter().enumerate() {
+        if ctx.layout.is_local(device) {
+            let range = layout.shard_range(r, b);
+            let real = elements.saturating_sub(range.start).min(range.len());
+            let out = &mut reduced[range.clone()];
+            source.fill(0, range.start, &mut out[..real]);
+            out[real..].fill(A::ZERO);
+        }
+    }
+}
+
+/// After bucket `b`'s reduce-scatter: each of this rank's members owns the
+/// shard the layout gives it (else the layout and the schedule disagree,
+/// an error), and a member that folded in a buffer of its own (not in
+/// `reduced`) copies its owned range there.
+fn keep_owned_shards<A: FloatElement>(
+    layout: &ShardLayout,
+    b: usize,
+    (grid, rank_of, me): (&crate::collectives::ReduceGrid, &[u32], u32),
+    (owned, buffers): (&[std::ops::Range<usize>], &[Option<&mut [A]>]),
+    reduced: &mut [A],
+) -> Result<(), ShardingError> {
+    let offset = layout.buckets[b].offset;
+    for (pos, &member) in grid.members().iter().enumerate() {
+        if rank_of[pos] != me {
+            continue;
+        }
+        let r = layout
+            .replica_of(DeviceId(member as u32))
+            .expect("the grid's members are the participants");
+        let shard = layout.shard_range(r, b);
+        let mine = owned[pos].start + offset..owned[pos].end + offset;
+        if mine != shard {
+            return Err(ShardingError::InvalidState {
+                reason: format!(
+                    "the reduce-scatter left {} with elements {mine:?}, but the layout gives it \
+                     {shard:?}",
+                    layout.participants[r]
+                ),
+            });
+        }
+        if let Some(values) = &buffers[pos] {
+            reduced[shard].copy_from_slice(&values[owned[pos].clone()]);
+        }
+    }
+    Ok(())
+}
+
 /// The reduced gradient of this rank's shards (other shards are left as
 /// they are), reduce-scattered bucket by bucket across the ranks.
 pub fn reduce_gradients<A: FloatElement>(
@@ -197,17 +255,7 @@ pub fn reduce_gradients<A: FloatElement>(
     for (b, bucket) in layout.buckets.iter().enumerate() {
         let pre = prefix_ranges(grid.dims(), bucket.padded_len, prefix);
         if source.is_reduced() {
-            // Every replica holds the reduced gradient already: each rank
-            // takes its devices' shards from it, with no traffic.
-            for (r, &device) in layout.participants.iter().enumerate() {
-                if ctx.layout.is_local(device) {
-                    let range = layout.shard_range(r, b);
-                    let real = elements.saturating_sub(range.start).min(range.len());
-                    let out = &mut reduced[range.clone()];
-                    source.fill(0, range.start, &mut out[..real]);
-                    out[real..].fill(A::ZERO);
-                }
-            }
+            take_reduced_shards(layout, b, source, ctx, &mut reduced);
             continue;
         }
         // Leading dimensions whose lines stay on one rank are folded here,
@@ -260,29 +308,8 @@ pub fn reduce_gradients<A: FloatElement>(
         })();
         let result = result.and_then(|owned| {
             let buffers = as_elements::<A>(&mut kept, len);
-            for (pos, &member) in grid.members().iter().enumerate() {
-                if rank_of[pos] != me {
-                    continue;
-                }
-                let r = layout
-                    .replica_of(DeviceId(member as u32))
-                    .expect("the grid's members are the participants");
-                let shard = layout.shard_range(r, b);
-                let mine = owned[pos].start + bucket.offset..owned[pos].end + bucket.offset;
-                if mine != shard {
-                    return Err(ShardingError::InvalidState {
-                        reason: format!(
-                            "the reduce-scatter left {} with elements {mine:?}, but the layout \
-                             gives it {shard:?}",
-                            layout.participants[r]
-                        ),
-                    });
-                }
-                if let Some(values) = &buffers[pos] {
-                    reduced[shard].copy_from_slice(&values[owned[pos].clone()]);
-                }
-            }
-            Ok(())
+            let placed = (&grid, &rank_of[..], me);
+            keep_owned_shards(layout, b, placed, (&owned, &buffers), &mut reduced)
         });
         give_back(ctx, kept);
         result?;
