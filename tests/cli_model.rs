@@ -545,3 +545,62 @@ fn an_uncalibrated_generation_reports_the_range_of_the_fitted_constants() {
     assert_eq!(calibrated["calibrated"], true);
     assert!(calibrated["step_seconds_range"].is_null());
 }
+
+/// A step of a kind the published runs show the model misses says so in
+/// `train`, `goodput` and `plan`, text and JSON; a validated kind does not.
+#[test]
+fn a_step_beyond_the_validated_mixtures_is_reported_as_a_lower_bound() {
+    let args = [
+        "v5p-1024",
+        "--model",
+        "deepseek3-671b",
+        "--strategy",
+        "fsdp",
+    ];
+    let train = json(&[&["train"], &args[..], &["--modeled-only", "--json"]].concat());
+    let gap = &train["known_gap"];
+    assert_eq!(gap["kind"], "dropless mixture of 256 experts", "{gap}");
+    assert_eq!(gap["validated_experts"], 16);
+    let ids: Vec<&str> = gap["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["P3", "P5", "I9"]);
+    let goodput_args = [
+        &["goodput"],
+        &args[..],
+        &["--mtbf-hours", "1e4", "--days", "1"],
+    ]
+    .concat();
+    let goodput = json(&[&goodput_args[..], &["--json"]].concat());
+    assert_eq!(goodput["model_step"]["known_gap"], *gap);
+    let plan = json(&["plan", "v5p-1024", "--model", "deepseek3-671b", "--json"]);
+    assert_eq!(plan["known_gap"], *gap);
+    for text_args in [
+        [&["train"], &args[..], &["--modeled-only"]].concat(),
+        goodput_args.clone(),
+        vec!["plan", "v5p-1024", "--model", "deepseek3-671b"],
+    ] {
+        let out = binary::optirs(&text_args);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{text_args:?}");
+        assert!(
+            text.contains("not validated: a dropless mixture of 256 experts")
+                && text.contains("lower bound"),
+            "{text_args:?}: {text}"
+        );
+    }
+    let scout = json(&[
+        "train",
+        "v5p-1024",
+        "--model",
+        "llama4-17b-16e",
+        "--modeled-only",
+        "--strategy",
+        "fsdp",
+        "--json",
+    ]);
+    assert!(scout["known_gap"].is_null(), "{}", scout["known_gap"]);
+}

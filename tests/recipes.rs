@@ -120,3 +120,51 @@ fn each_recipe_constant_is_its_fitted_row() {
         assert!((refit - constant).abs() < 1e-4, "{}: {refit}", row.id);
     }
 }
+
+/// A dropless mixture with more experts than any dropless run held to the
+/// bounds carries the known-gap runs' measured errors; the validated kinds
+/// carry none.
+#[test]
+fn a_step_beyond_the_validated_mixtures_carries_the_runs_it_misses() {
+    use optirs_tpu::model::bundled;
+    use optirs_tpu::step_model::known_gap;
+    let recipes = recipes().unwrap();
+    let rows = validate_recipes(&recipes).unwrap();
+    let gap = known_gap(&bundled("deepseek3-671b").unwrap())
+        .unwrap()
+        .expect("256 experts dropless is beyond the validated runs");
+    assert_eq!(gap.validated_experts, 16, "Scout's 16 experts (P4)");
+    let ids: Vec<&str> = gap.runs.iter().map(|r| r.id.as_str()).collect();
+    assert_eq!(ids, ["P3", "P5", "I9"]);
+    for run in &gap.runs {
+        let row = rows.iter().find(|r| r.id == run.id).unwrap();
+        assert!(row.gap.is_some(), "{}", run.id);
+        // The same figure the validation table reports.
+        assert_eq!(run.published_over_modeled, 1.0 + row.error, "{}", run.id);
+        assert!(
+            run.published_over_modeled > 1.0,
+            "{}: the model is fast",
+            run.id
+        );
+    }
+    let (lo, hi) = gap.range();
+    assert!(lo <= hi && lo > 1.0);
+    let line = gap.line();
+    assert!(
+        line.contains("256 experts") && line.contains("lower bound"),
+        "{line}"
+    );
+    // The validated kinds: dense, dropping (Mixtral) and Scout's 16 experts.
+    for name in ["llama2-7b", "mixtral-8x7b", "llama4-17b-16e"] {
+        assert_eq!(known_gap(&bundled(name).unwrap()).unwrap(), None, "{name}");
+    }
+    // One expert past the validated ones is beyond them; dropping is not.
+    let mut config = bundled("llama4-17b-16e").unwrap();
+    let mut moe = config.moe.unwrap();
+    moe.num_experts = 17;
+    config.moe = Some(moe);
+    assert!(known_gap(&config).unwrap().is_some());
+    moe.capacity_factor = Some(1.25);
+    config.moe = Some(moe);
+    assert_eq!(known_gap(&config).unwrap(), None);
+}

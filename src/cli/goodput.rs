@@ -258,11 +258,7 @@ fn model_step(
     args: &GoodputArgs,
     spec: &str,
     topology: &optirs_tpu::topology::Topology,
-) -> Result<(
-    optirs_tpu::step_model::ModelStep,
-    u64,
-    Option<super::plan::AutoChoice>,
-)> {
+) -> Result<super::model_step::GoodputModel> {
     let layout = super::model_step::ModelLayout {
         strategy: match args.strategy {
             Some(StrategyChoice::Given(s)) => s,
@@ -292,15 +288,13 @@ pub fn goodput(args: GoodputArgs) -> Result<()> {
         .map_or(0, |r| r.slot_names().len());
     let topology = load_topology(&args.pod)?;
     let fleet = Fleet::from_topology(&topology)?;
-    let (model, auto) = match &args.model {
-        Some(spec) => {
-            let (step, params, auto) = model_step(&args, spec, &topology)?;
-            (Some((step, params)), auto)
-        }
-        None => (None, None),
+    let model = match &args.model {
+        Some(spec) => Some(model_step(&args, spec, &topology)?),
+        None => None,
     };
+    let auto = model.as_ref().and_then(|m| m.auto.as_ref());
     let params = match (&model, args.model_params) {
-        (Some((_, params)), _) => *params,
+        (Some(m), _) => m.params,
         (None, Some(params)) => params as u64,
         (None, None) => return Err(usage("--model-params N or --model NAME is required")),
     };
@@ -324,8 +318,8 @@ pub fn goodput(args: GoodputArgs) -> Result<()> {
     config.check(&fleet).map_err(refused)?;
     let step_source = match (args.step_seconds, &model) {
         (Some(_), _) => "--step-seconds",
-        (None, Some((step, _))) => {
-            config.step_seconds = step.step_seconds;
+        (None, Some(m)) => {
+            config.step_seconds = m.step.step_seconds;
             "the model's whole step (step_model)"
         }
         (None, None) => {
@@ -353,19 +347,19 @@ pub fn goodput(args: GoodputArgs) -> Result<()> {
     if args.json {
         let mut value = serde_json::to_value(&report)?;
         value["step_source"] = step_source.into();
-        if let Some((step, _)) = &model {
-            value["model_step"] = super::model_step::goodput_layout_json(step, &topology);
+        if let Some(m) = &model {
+            value["model_step"] = super::model_step::goodput_layout_json(m, &topology);
         }
-        if let Some(a) = &auto {
+        if let Some(a) = auto {
             value["layout_search"] = a.json();
         }
         value["wall_seconds"] = host_seconds.into();
         return output::print_json(&value);
     }
-    let mut layout = model.as_ref().map_or(String::new(), |(step, _)| {
-        super::model_step::goodput_layout_line(step, &topology)
+    let mut layout = model.as_ref().map_or(String::new(), |m| {
+        super::model_step::goodput_layout_line(m, &topology)
     });
-    if let Some(a) = &auto {
+    if let Some(a) = auto {
         layout = format!("{}\n{layout}", a.line());
     }
     output::print_text(&text(&report, step_source, &layout, host_seconds))

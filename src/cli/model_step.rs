@@ -12,7 +12,7 @@ use optirs_tpu::model::{BUNDLED_NAMES, ModelConfig, bundled, parameter_count};
 use optirs_tpu::optimizers::UpdateCost;
 use optirs_tpu::sharding::{Mesh, MeshAxisName, RecoveryPolicy, Strategy};
 use optirs_tpu::step_model::{
-    ModelStep, ModelStepOptions, PipelineOptions, StepModelError, model_step,
+    KnownGap, ModelStep, ModelStepOptions, PipelineOptions, StepModelError, known_gap, model_step,
 };
 use optirs_tpu::topology::Topology;
 use serde_json::json;
@@ -163,7 +163,7 @@ pub(super) fn goodput_step(
     topology: &Topology,
     (layout, searched): (&ModelLayout, bool),
     allow_overflow: bool,
-) -> Result<(ModelStep, u64, Option<super::plan::AutoChoice>)> {
+) -> Result<GoodputModel> {
     let config = load_model(spec)?;
     let (step, auto) = if searched {
         let (step, auto) = super::plan::auto_step(layout, &config, topology)?;
@@ -187,12 +187,31 @@ pub(super) fn goodput_step(
             topology.name
         )));
     }
-    Ok((step, parameter_count(&config).total(), auto))
+    Ok(GoodputModel {
+        params: parameter_count(&config).total(),
+        known_gap: known_gap(&config)?,
+        step,
+        auto,
+    })
+}
+
+/// The model `goodput --model` takes its step from.
+pub(super) struct GoodputModel {
+    /// The step.
+    pub step: ModelStep,
+    /// The model's parameters.
+    pub params: u64,
+    /// What `--strategy auto` chose.
+    pub auto: Option<super::plan::AutoChoice>,
+    /// Whether the step lies where the published runs show the model
+    /// misses ([`optirs_tpu::step_model::known_gap`]).
+    pub known_gap: Option<KnownGap>,
 }
 
 /// What `goodput --model` reports of the step it took: the layout, the
 /// step, and whether (and by how much) it fits.
-pub(super) fn goodput_layout_json(step: &ModelStep, topology: &Topology) -> serde_json::Value {
+pub(super) fn goodput_layout_json(model: &GoodputModel, topology: &Topology) -> serde_json::Value {
+    let step = &model.step;
     json!({
         "model": step.model,
         "strategy": step.strategy.name(),
@@ -209,15 +228,17 @@ pub(super) fn goodput_layout_json(step: &ModelStep, topology: &Topology) -> serd
         "hbm_margin_bytes": step.hbm.margin,
         "fits_in_hbm": step.fits_in_hbm,
         "not_fitting": step.not_fitting,
+        "known_gap": model.known_gap,
     })
 }
 
 /// `goodput --model`'s layout line: the strategy, the mesh and the HBM at
 /// the step's peak against the chip's.
-pub(super) fn goodput_layout_line(step: &ModelStep, topology: &Topology) -> String {
+pub(super) fn goodput_layout_line(model: &GoodputModel, topology: &Topology) -> String {
+    let step = &model.step;
     format!(
         "  model          {}, {} on mesh {}, MFU {:.1} %{}; HBM per device at the step's peak {} \
-         of {} ({})\n",
+         of {} ({})\n{}",
         step.model,
         step.strategy,
         step.mesh,
@@ -233,6 +254,10 @@ pub(super) fn goodput_layout_line(step: &ModelStep, topology: &Topology) -> Stri
         super::output::bytes(step.hbm.total),
         super::output::bytes(topology.hbm_bytes),
         hbm_left(step.hbm.margin),
+        model
+            .known_gap
+            .as_ref()
+            .map_or(String::new(), |g| format!("  {}\n", g.line())),
     )
 }
 
@@ -264,6 +289,7 @@ pub(super) fn modeled(args: &TrainArgs, config: &ModelConfig, topology: &Topolog
         )?;
     }
     let params = parameter_count(config).total();
+    let gap = known_gap(config)?;
     let report = json!({
         "pod": topology.name,
         "chips": step.chips,
@@ -302,6 +328,7 @@ pub(super) fn modeled(args: &TrainArgs, config: &ModelConfig, topology: &Topolog
         "not_fitting": step.not_fitting,
         "expert_parallel": step.expert_parallel,
         "pipeline": step.pipeline,
+        "known_gap": gap,
         "wall_seconds": wall_seconds,
     });
     let mut report = report;
@@ -317,7 +344,11 @@ pub(super) fn modeled(args: &TrainArgs, config: &ModelConfig, topology: &Topolog
     if let Some(a) = &auto {
         println!("{}", a.line());
     }
-    print_text(&step, topology, params, wall_seconds)
+    print_text(&step, topology, params, wall_seconds)?;
+    if let Some(gap) = &gap {
+        println!("  {}", gap.line());
+    }
+    Ok(())
 }
 
 /// The model step's report as text.

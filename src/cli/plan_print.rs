@@ -6,6 +6,7 @@ use std::fmt::Write as _;
 
 use anyhow::Result;
 use optirs_tpu::plan::{Candidate, PodPlan};
+use optirs_tpu::step_model::known_gap;
 use optirs_tpu::svg::{ScatterPoint, scatter_svg};
 use serde_json::{Value, json};
 
@@ -255,10 +256,17 @@ pub(super) fn print_search(args: &PlanArgs, s: &PodSearch) -> Result<()> {
     if s.plan.ranked.is_empty() {
         return Err(nothing_fits(args, s));
     }
+    let gap = known_gap(&s.config)?;
     if args.json {
-        return output::print_json(&search_json(args, s));
+        let mut value = search_json(args, s);
+        value["known_gap"] = json!(gap);
+        return output::print_json(&value);
     }
-    output::print_text(&search_text(args, s))
+    let mut text = search_text(args, s);
+    if let Some(gap) = &gap {
+        let _ = writeln!(text, "{}", gap.line());
+    }
+    output::print_text(&text)
 }
 
 /// The ranking as a table, each row with its command; the time to train
@@ -385,6 +393,11 @@ fn search_text(args: &PlanArgs, s: &PodSearch) -> String {
 /// `plan --pods`: each pod's best layout, by time to train.
 pub(super) fn print_pods(args: &PlanArgs, pods: &[PodPlan], searches: &[PodSearch]) -> Result<()> {
     let search_of = |name: &str| searches.iter().find(|s| s.topology.name == name);
+    // Every pod models the same model.
+    let gap = match searches.first() {
+        Some(s) => known_gap(&s.config)?,
+        None => None,
+    };
     if args.json {
         let rows: Vec<Value> = pods
             .iter()
@@ -405,6 +418,7 @@ pub(super) fn print_pods(args: &PlanArgs, pods: &[PodPlan], searches: &[PodSearc
             "tokens": args.tokens,
             "price_per_chip_hour": args.price_per_chip_hour,
             "pods": rows,
+            "known_gap": gap,
         }));
     }
     let mut out = String::new();
@@ -438,6 +452,9 @@ pub(super) fn print_pods(args: &PlanArgs, pods: &[PodPlan], searches: &[PodSearc
                 let _ = writeln!(out, "  -  {} ({} chips): {why}", p.pod, p.chips);
             }
         }
+    }
+    if let Some(gap) = &gap {
+        let _ = writeln!(out, "{}", gap.line());
     }
     output::print_text(&out)
 }
