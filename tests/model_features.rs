@@ -162,6 +162,38 @@ fn quantized_matmuls_run_at_their_types_peak() {
     assert!(fp8.calibrated && fp8.step_seconds < bf16.step_seconds);
     let spec = tpu7x.generation.spec();
     assert_eq!(spec.peak_fp8_flops, 2.0 * spec.peak_bf16_flops);
+    // fp8_full quantizes the gradients' matmuls too: the forward is fp8's,
+    // the backward's weight gradients run at the fp8 peak after their own
+    // quantizing passes, and no matmul passes its type's peak.
+    config.quantization = Some(Quantization::Fp8Full);
+    let full = step(&config, &tpu7x);
+    assert_eq!(full.layer.forward, fp8.layer.forward);
+    let gradients = 2.0 * (fp8.layer.forward.flops - bf16_attention(&fp8));
+    let saved = gradients / spec.peak_bf16_flops - gradients / spec.peak_fp8_flops;
+    assert!(
+        ((fp8.layer.backward.peak_seconds - full.layer.backward.peak_seconds) - saved).abs()
+            < 1e-9 * saved,
+        "the gradients' matmuls at the fp8 peak"
+    );
+    assert!(full.layer.backward.quantize_seconds > fp8.layer.backward.quantize_seconds);
+    assert!(full.step_seconds < fp8.step_seconds);
+    assert_eq!(full.model_flops_per_device, fp8.model_flops_per_device);
+    assert!(full.hardware_utilization <= full.efficiency * (1.0 + 1e-9));
+    let err = model_step(&config, &v6e, &ModelStepOptions::new(&v6e)).unwrap_err();
+    assert!(
+        err.to_string().starts_with("quantization = fp8_full"),
+        "{err}"
+    );
+}
+
+/// The forward's attention FLOPs of `step`'s layer (the part no
+/// quantization touches): its bf16 share of the forward's peak seconds.
+fn bf16_attention(step: &optirs_tpu::step_model::ModelStep) -> f64 {
+    let f = &step.layer.forward;
+    let spec = optirs_tpu::hardware::TpuGeneration::Tpu7x.spec();
+    // peak = q/fp8 + a/bf16 with q + a = flops, fp8 = 2 bf16.
+    let bf16 = spec.peak_bf16_flops;
+    2.0 * (f.peak_seconds * bf16 - f.flops / 2.0)
 }
 
 /// A local layer sees `W·L − W(W−1)/2` query-key pairs; a window as long

@@ -132,15 +132,35 @@ pub enum Quantization {
     Int8,
     /// 8-bit floats, at the chip's fp8 peak.
     Fp8,
+    /// 8-bit floats in every weight matmul, the backward's gradient
+    /// matmuls too (qwix's `fp8_full`: e4m3 forward, e5m2 gradients), at
+    /// the chip's fp8 peak.
+    Fp8Full,
 }
 
 impl Quantization {
-    /// `int8` or `fp8`.
+    /// `int8`, `fp8` or `fp8_full`.
     pub fn name(self) -> &'static str {
         match self {
             Quantization::Int8 => "int8",
             Quantization::Fp8 => "fp8",
+            Quantization::Fp8Full => "fp8_full",
         }
+    }
+
+    /// The type its matmuls run in: `int8` or `fp8`.
+    pub fn matmul_type(self) -> &'static str {
+        match self {
+            Quantization::Int8 => "int8",
+            Quantization::Fp8 | Quantization::Fp8Full => "fp8",
+        }
+    }
+
+    /// Whether the backward's gradient matmuls run quantized too
+    /// (`fp8_full`); the others quantize the forward's (and its
+    /// recomputation) only.
+    pub fn quantizes_gradients(self) -> bool {
+        self == Quantization::Fp8Full
     }
 }
 
@@ -330,9 +350,11 @@ pub struct ModelConfig {
     /// (GPT-3), 0 for none.
     #[serde(default)]
     pub trainable_position_size: u64,
-    /// `quantization`: the weights' matmuls in a narrower type, forward and
-    /// backward (MaxText's AQT `int8`; `fp8` on the chips that run it
-    /// natively); the attention and the logits stay in the compute type.
+    /// `quantization`: the weights' matmuls in a narrower type (MaxText's
+    /// AQT `int8`; `fp8` and `fp8_full` on the chips that run fp8
+    /// natively): the forward's and its recomputation, and with `fp8_full`
+    /// the gradients' too; the attention and the logits stay in the
+    /// compute type.
     #[serde(default)]
     pub quantization: Option<Quantization>,
     /// `optimizer_memory_host_offload`: the optimizer state lives in the

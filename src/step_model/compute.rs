@@ -219,20 +219,32 @@ pub(super) fn layer_compute(
     let iota = if config.use_iota_embed { 1.0 } else { 0.0 };
     let quantize_forward = quantize_bytes(config, (tensor, experts_split));
     let weight_recompute = recomputed.0 / forward.0.max(f64::MIN_POSITIVE);
+    // The gradients' weight matmuls (twice the forward's): quantized under
+    // `fp8_full`, each quantizing its operands again (the weight and the
+    // input, and the output's gradient); otherwise they gain nothing from
+    // quantizing (module docs, "Quantization") and run at the bf16 peak.
+    let (gradients_quantized, gradients_bf16, quantize_gradients) =
+        match config.quantization.filter(|q| q.quantizes_gradients()) {
+            Some(_) => (
+                2.0 * forward.0,
+                0.0,
+                quantize_forward + gradient_quantize_bytes(config, tensor),
+            ),
+            None => (0.0, 2.0 * forward.0, 0.0),
+        };
     LayerCompute {
         forward: pass(forward, fwd_bytes, quantize_forward),
-        // The recomputed weight matmuls run quantized; the gradients'
-        // matmuls gain nothing from quantizing (module docs,
-        // "Quantization") and run with the attention at the bf16 peak.
+        // The recomputed weight matmuls run quantized, the attention's
+        // backward at the bf16 peak.
         backward: pass(
             (
-                recomputed.0,
-                2.0 * forward.0
+                recomputed.0 + gradients_quantized,
+                gradients_bf16
                     + config.attention_kernel.backward_factor() * forward.1
                     + recomputed.1,
             ),
             (2.0 + recompute) * fwd_bytes,
-            weight_recompute * quantize_forward,
+            weight_recompute * quantize_forward + quantize_gradients,
         ),
         // Forward 2·T·E·V, backward twice that; the logits written and
         // read back by the loss, the matrix read. A one-hot embedding's
@@ -273,6 +285,23 @@ fn quantize_bytes(config: &ModelConfig, (tensor, experts_split): (usize, usize))
     per_element * (weights + t * inputs)
 }
 
+/// HBM bytes the backward of an `fp8_full` layer spends quantizing the
+/// gradients of its weight matmuls' outputs (the q, k and v projections'
+/// or MLA's, the output projection's, the MLP's inputs' and its output's),
+/// each device `1/tensor` of them, at 5 bytes an element as
+/// [`quantize_bytes`] counts; the weights and inputs it quantizes again
+/// are `quantize_bytes`' own.
+fn gradient_quantize_bytes(config: &ModelConfig, tensor: usize) -> f64 {
+    let per_element = 2.0 * config.activation_dtype.byte_size() as f64 + 1.0;
+    let n = config.mlp_activations.len() as f64;
+    let outputs = (config.query_width() + config.key_width() + config.value_width()) as f64
+        + config.latent_width() as f64
+        + config.embed as f64
+        + n * config.mlp_hidden() as f64
+        + config.embed as f64;
+    per_element * config.tokens_per_device() * outputs / tensor.max(1) as f64
+}
+
 /// The weights of the average layer a device's matmuls read: `1/tensor`
 /// of each, and of a mixture's routed experts the `1/experts_split` an
 /// expert axis leaves on the device.
@@ -298,7 +327,7 @@ pub(super) fn matmul_peaks(
     let weights = match config.quantization {
         None => spec.peak_bf16_flops,
         Some(Quantization::Int8) => spec.peak_int8_ops,
-        Some(Quantization::Fp8) => spec.peak_fp8_flops,
+        Some(Quantization::Fp8 | Quantization::Fp8Full) => spec.peak_fp8_flops,
     };
     (weights, spec.peak_bf16_flops)
 }

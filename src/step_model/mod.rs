@@ -57,16 +57,20 @@
 //! order): each bucket's gradient collectives behind the backward, its new
 //! parameters in before the next forward uses them.
 //!
-//! **Quantization** (`quantization: int8 | fp8`): the forward's weight
-//! matmuls, and the backward's recomputation of them, run at the type's
-//! peak, after a memory pass per operand to quantize it (AQT's dynamic
-//! scaling, [`compute`]); the attention and the logits stay bf16.
-//! The backward's gradient matmuls are modeled at the bf16 peak: AQT
-//! quantizes them too, with stochastic rounding on the gradients, and the
-//! published pair that isolates it (GPT-3 175B on v6e-256, the same
-//! recipe bf16 and int8: 357.6 and 431.3 tokens/s/chip, 1.21×) gains what
-//! an int8 forward alone gives (1.2× at twice the peak), not the 2× of
-//! every matmul. A chip with no native peak for the type is refused.
+//! **Quantization** (`quantization: int8 | fp8 | fp8_full`): the
+//! forward's weight matmuls, and the backward's recomputation of them, run
+//! at the type's peak, after a memory pass per operand to quantize it
+//! (AQT's dynamic scaling, [`compute`]); the attention and the logits stay
+//! bf16. Under `int8` and `fp8` the backward's gradient matmuls are
+//! modeled at the bf16 peak: AQT quantizes them too, with stochastic
+//! rounding on the gradients, and the published pair that isolates it
+//! (GPT-3 175B on v6e-256, the same recipe bf16 and int8: 357.6 and 431.3
+//! tokens/s/chip, 1.21×) gains what an int8 forward alone gives (1.2× at
+//! twice the peak), not the 2× of every matmul. `fp8_full` (qwix) runs the
+//! gradient matmuls at the fp8 peak too, each after quantizing its
+//! operands (the output's gradient among them): Ironwood's published
+//! `fp8_full` runs are predicted within 8 % (`docs/validation.md`). A chip
+//! with no native peak for the type is refused.
 //! MFU stays against the bf16 peak, as MaxText reports it; hardware
 //! utilization counts each matmul against its own type's peak.
 //!
@@ -723,8 +727,8 @@ fn checked(
                     "{} has no native {} matmul (its published {} peak is none, or the bf16 \
                      rate): quantize to a type the chip runs faster, or not at all",
                     topology.generation.name(),
-                    q.name(),
-                    q.name()
+                    q.matmul_type(),
+                    q.matmul_type()
                 ),
             });
         }
