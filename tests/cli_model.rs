@@ -567,7 +567,7 @@ fn a_step_beyond_the_validated_mixtures_is_reported_as_a_lower_bound() {
         .iter()
         .map(|r| r["id"].as_str().unwrap())
         .collect();
-    assert_eq!(ids, ["P3", "P5", "I9"]);
+    assert_eq!(ids, ["P3", "P5", "I9", "I9f"]);
     let goodput_args = [
         &["goodput"],
         &args[..],

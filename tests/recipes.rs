@@ -135,7 +135,7 @@ fn a_step_beyond_the_validated_mixtures_carries_the_runs_it_misses() {
         .expect("256 experts dropless is beyond the validated runs");
     assert_eq!(gap.validated_experts, 16, "Scout's 16 experts (P4)");
     let ids: Vec<&str> = gap.runs.iter().map(|r| r.id.as_str()).collect();
-    assert_eq!(ids, ["P3", "P5", "I9"]);
+    assert_eq!(ids, ["P3", "P5", "I9", "I9f"]);
     for run in &gap.runs {
         let row = rows.iter().find(|r| r.id == run.id).unwrap();
         assert!(row.gap.is_some(), "{}", run.id);

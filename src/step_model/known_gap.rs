@@ -4,7 +4,7 @@
 //! The recipes (`assets/validation/recipes.ron`, [`super::recipes`]) hold
 //! the step model to its accuracy bounds on every row but those marked
 //! with a known gap: the dropless mixtures of 128 and 256 experts, whose
-//! published steps are 1.4–1.7 times the modeled ones (`docs/validation.md`
+//! published steps are 1.4–1.8 times the modeled ones (`docs/validation.md`
 //! says which costs are missing). A step of that kind is reported with
 //! those runs' measured errors beside it, so its number is not read with
 //! the confidence the validated rows earn. The kind is read from the
