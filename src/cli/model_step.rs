@@ -204,7 +204,7 @@ pub(super) struct GoodputModel {
     /// What `--strategy auto` chose.
     pub auto: Option<super::plan::AutoChoice>,
     /// Whether the step lies where the published runs show the model
-    /// misses ([`optirs_tpu::step_model::known_gap`]).
+    /// misses ([`optirs_tpu::step_model::known_gap()`]).
     pub known_gap: Option<KnownGap>,
 }
 

@@ -25,6 +25,7 @@ mod layer_graph;
 pub mod memory;
 pub mod programs;
 pub mod published;
+pub mod quantization;
 
 pub use attention::MultiHeadLatentAttention;
 pub use config::{

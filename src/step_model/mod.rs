@@ -91,7 +91,7 @@
 //! (`tests/utilization.rs`). Then compute and exposed communication, and
 //! HBM per device by kind at the step's peak ([`hbm`]). A step of a kind
 //! the published runs show the model misses (a dropless mixture of more
-//! experts than the validated ones) is flagged by [`known_gap`] with those
+//! experts than the validated ones) is flagged by [`known_gap()`] with those
 //! runs' errors.
 
 pub mod bound;
