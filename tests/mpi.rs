@@ -166,6 +166,31 @@ fn training_over_mpi_ranks_is_the_one_process_training() {
 }
 
 #[test]
+fn split_training_by_messages_is_the_one_process_training() {
+    // Ranks on one node read each other's members in an MPI-3 shared
+    // window (the test above); `--no-shared-memory` moves the bytes by
+    // MPI messages, as ranks on several nodes do: the same bits.
+    for (preset, ranks) in [("v4-16", 2u32), ("v3-64", 4)] {
+        let args = [
+            "train",
+            preset,
+            "--params",
+            "3000,77,512",
+            "--bucket-bytes",
+            "4096",
+            "--steps",
+            "3",
+            "--json",
+        ];
+        let one = single(&args);
+        let by_messages = args.iter().copied().chain(["--no-shared-memory"]);
+        let what = format!("{preset} on {ranks} ranks by messages");
+        let (digest, _) = split_run(ranks, by_messages, &what);
+        assert_eq!(digest, one, "{what}");
+    }
+}
+
+#[test]
 fn a_kill_in_split_training_recovers_from_redundant_copies_as_one_process_does() {
     let args = [
         "train",
