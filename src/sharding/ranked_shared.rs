@@ -233,7 +233,7 @@ pub(super) fn gather_in_shared_memory<A: FloatElement>(
                     into.copy_from_slice(&whole[range.clone()]);
                 }
             }
-            ctx.fence(segment, "the shared all-gather's fence")?;
+            ctx.fence(segment, "arrival at the shared all-gather's fence")?;
             for (pos, range) in owned.iter().enumerate() {
                 let rank = placed.rank_of[pos];
                 if rank != me {

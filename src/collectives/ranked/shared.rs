@@ -77,13 +77,13 @@ impl<T: Element> SharedGrid<'_, T> {
         let mut scratch = Vec::new();
         // The caller's fill visible to every rank (and, with no pass, the
         // previous call's reads over before the next fills).
-        ctx.fence(segment, "the shared reduce-scatter's fence")?;
+        ctx.fence(segment, "arrival at the shared reduce-scatter's fence")?;
         for dim in first_dim.min(dims.len())..dims.len() {
             if let Some(&last) = passes.last()
                 && dims[dim] > 1
             {
                 if dim != passes[0] {
-                    ctx.fence(segment, "the shared reduce-scatter's fence")?;
+                    ctx.fence(segment, "arrival at the shared reduce-scatter's fence")?;
                 }
                 let into = (dim == last).then_some(&mut *out);
                 // SAFETY: the caller's contract, and the pass's (module docs).
