@@ -223,6 +223,7 @@ mod bench {
             mailbox,
             timeout: Duration::from_secs(60),
             buffers: Default::default(),
+            segment: Default::default(),
         };
         let elements = bytes / 4;
         let members: Vec<usize> = (0..ranks as usize).collect();

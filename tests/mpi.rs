@@ -166,6 +166,31 @@ fn training_over_mpi_ranks_is_the_one_process_training() {
 }
 
 #[test]
+fn split_training_by_messages_is_the_one_process_training() {
+    // Ranks on one node read each other's members in an MPI-3 shared
+    // window (the test above); `--no-shared-memory` moves the bytes by
+    // MPI messages, as ranks on several nodes do: the same bits.
+    for (preset, ranks) in [("v4-16", 2u32), ("v3-64", 4)] {
+        let args = [
+            "train",
+            preset,
+            "--params",
+            "3000,77,512",
+            "--bucket-bytes",
+            "4096",
+            "--steps",
+            "3",
+            "--json",
+        ];
+        let one = single(&args);
+        let by_messages = args.iter().copied().chain(["--no-shared-memory"]);
+        let what = format!("{preset} on {ranks} ranks by messages");
+        let (digest, _) = split_run(ranks, by_messages, &what);
+        assert_eq!(digest, one, "{what}");
+    }
+}
+
+#[test]
 fn a_kill_in_split_training_recovers_from_redundant_copies_as_one_process_does() {
     let args = [
         "train",
@@ -299,6 +324,19 @@ fn signal_a_rank(
     extra: &[&str],
     run_extra: &[&str],
 ) -> (String, f64) {
+    let run = ["run", "v3-64", "--steps", "100000000"];
+    signal_a_rank_of(&run, ranks, rank, signal, extra, run_extra)
+}
+
+/// [`signal_a_rank`] of a job running `job` (a command and its arguments).
+fn signal_a_rank_of(
+    job: &[&str],
+    ranks: u32,
+    rank: u32,
+    signal: &str,
+    extra: &[&str],
+    run_extra: &[&str],
+) -> (String, f64) {
     /// Kills the job if the test fails before it ends.
     struct Job(std::process::Child);
     impl Drop for Job {
@@ -309,8 +347,9 @@ fn signal_a_rank(
     }
     let mut job = Job(mpirun()
         .args(extra)
-        .args(["-n", &ranks.to_string(), BIN, "run", "v3-64"])
-        .args(["--steps", "100000000", "--rank-timeout", "2"])
+        .args(["-n", &ranks.to_string(), BIN])
+        .args(job)
+        .args(["--rank-timeout", "2"])
         .args(run_extra)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -395,6 +434,29 @@ fn a_hung_rank_is_named_with_its_hosts_by_every_other_rank_within_the_bound() {
             "rank {rank}:\n{stderr}"
         );
     }
+    assert!(seconds < 20.0, "{seconds} s");
+}
+
+#[test]
+fn a_rank_hung_in_split_training_is_named_within_the_bound() {
+    // The split step's ranks meet at the shared window's fences (one node):
+    // a stopped rank is named there, or in the tick's exchange, within the
+    // bound, and the job ends.
+    let train = [
+        "train",
+        "v4-16",
+        "--params",
+        "200000,3000",
+        "--bucket-bytes",
+        "65536",
+        "--steps",
+        "100000000",
+    ];
+    let (stderr, seconds) = signal_a_rank_of(&train, 2, 1, "-STOP", &[], &[]);
+    assert!(
+        stderr.contains("error: rank 0: rank 1 (hosts") && stderr.contains("was lost"),
+        "{stderr}"
+    );
     assert!(seconds < 20.0, "{seconds} s");
 }
 

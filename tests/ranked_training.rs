@@ -19,7 +19,8 @@ use proptest::prelude::*;
 
 #[path = "common/ranks.rs"]
 mod ranks_common;
-use ranks_common::on_ranks;
+use optirs_tpu::transport::cluster::ThreadSharing;
+use ranks_common::{on_ranks, on_ranks_sharing};
 
 fn model(sizes: &[usize]) -> ParamSet<f32> {
     let mut set = ParamSet::new();
@@ -115,7 +116,29 @@ fn split<O: Optimizer<f32, IxDyn> + Clone + Send + Sync>(
     bucket_bytes: usize,
     steps: u64,
 ) -> Vec<(Option<String>, Vec<u32>)> {
-    on_ranks(ranks, |mailbox| {
+    split_sharing(
+        ThreadSharing::Memory,
+        optimizer,
+        topology,
+        ranks,
+        sizes,
+        bucket_bytes,
+        steps,
+    )
+}
+
+/// [`split`], the ranks reading each other's members in shared memory or
+/// moving them as frames.
+fn split_sharing<O: Optimizer<f32, IxDyn> + Clone + Send + Sync>(
+    sharing: ThreadSharing,
+    optimizer: O,
+    topology: &Topology,
+    ranks: u32,
+    sizes: &[usize],
+    bucket_bytes: usize,
+    steps: u64,
+) -> Vec<(Option<String>, Vec<u32>)> {
+    on_ranks_sharing(ranks, sharing, |mailbox| {
         let mut pod = RankedPod::new(topology.clone(), mailbox)?;
         pod.handshake(&format!("{steps} steps of {sizes:?}"))?;
         let mut opt = ShardedOptimizer::on_ranked_pod(
@@ -153,15 +176,20 @@ fn assert_same(single: &Outcome, ranked: &[(Option<String>, Vec<u32>)], what: &s
 fn sharded_steps_split_over_ranks_are_the_one_process_steps() {
     // Several buckets (256-byte buckets over odd tensors), both plans' pods.
     let sizes = [37, 130, 5];
+    // The ranks read each other's members in shared memory (ranks on one
+    // node) or move them as frames (ranks on several nodes).
     for (preset, ranks) in [("v4-16", 2), ("v5e-16", 2), ("v3-64", 4), ("v4-128", 4)] {
         let topology = load_preset(preset).unwrap();
         let single = one_process(Adam::new(1e-2f32), &topology, &sizes, 256, 3);
-        let ranked = split(Adam::new(1e-2f32), &topology, ranks, &sizes, 256, 3);
-        assert_same(
-            &single,
-            &ranked,
-            &format!("adam on {preset} over {ranks} ranks"),
-        );
+        for sharing in [ThreadSharing::Memory, ThreadSharing::MessagesOnly] {
+            let adam = Adam::new(1e-2f32);
+            let ranked = split_sharing(sharing, adam, &topology, ranks, &sizes, 256, 3);
+            assert_same(
+                &single,
+                &ranked,
+                &format!("adam on {preset} over {ranks} ranks, {sharing:?}"),
+            );
+        }
     }
 }
 
@@ -331,17 +359,23 @@ proptest! {
         bucket in prop::sample::select(vec![64usize, 256, 4096, 1 << 20]),
         adam in any::<bool>(),
         pod in prop::sample::select(vec![("v4-16", 2u32), ("v5e-16", 2), ("v3-64", 4), ("v4-128", 2)]),
+        shared in any::<bool>(),
     ) {
         let (preset, ranks) = pod;
         let topology = load_preset(preset).unwrap();
-        let what = format!("{sizes:?} in {bucket}-byte buckets on {preset} over {ranks}");
+        let sharing = if shared { ThreadSharing::Memory } else { ThreadSharing::MessagesOnly };
+        let what = format!(
+            "{sizes:?} in {bucket}-byte buckets on {preset} over {ranks}, {sharing:?}"
+        );
         if adam {
             let single = one_process(Adam::new(3e-3f32), &topology, &sizes, bucket, 2);
-            let ranked = split(Adam::new(3e-3f32), &topology, ranks, &sizes, bucket, 2);
+            let adam = Adam::new(3e-3f32);
+            let ranked = split_sharing(sharing, adam, &topology, ranks, &sizes, bucket, 2);
             assert_same(&single, &ranked, &what);
         } else {
             let single = one_process(SGD::new(0.05f32), &topology, &sizes, bucket, 2);
-            let ranked = split(SGD::new(0.05f32), &topology, ranks, &sizes, bucket, 2);
+            let sgd = SGD::new(0.05f32);
+            let ranked = split_sharing(sharing, sgd, &topology, ranks, &sizes, bucket, 2);
             assert_same(&single, &ranked, &what);
         }
     }

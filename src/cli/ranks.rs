@@ -111,7 +111,7 @@ impl TrainArgs {
         format!(
             "train {} with {} at lr {} for {} steps, tensors {sizes:?} in {}-byte buckets, \
              {:?} reduction, {} recovery, seed {}, tick {:?} ms, kills {:?}, checkpoints \
-             every {:?} s into {:?}",
+             every {:?} s into {:?}, collectives' data {}",
             self.pod,
             self.optimizer.to_ascii_lowercase(),
             self.lr,
@@ -123,7 +123,12 @@ impl TrainArgs {
             self.tick_ms,
             self.kill,
             self.checkpoint_every,
-            self.checkpoint_dir
+            self.checkpoint_dir,
+            if self.no_shared_memory {
+                "by messages"
+            } else {
+                "in shared memory on one node"
+            }
         )
     }
 
@@ -213,6 +218,11 @@ fn train_split(args: TrainArgs, launch: Launch) -> Result<()> {
         let topology = checked_topology(&args, &sizes)?;
         let timeout = Duration::from_secs_f64(args.rank_timeout);
         let devices = topology.num_devices();
+        let mailbox = if args.no_shared_memory {
+            mailbox.without_shared_memory()
+        } else {
+            mailbox
+        };
         let mut pod = RankedPod::with_timeout(topology, Box::new(mailbox), timeout)?;
         pod.handshake(&args.describe(&sizes))?;
         for (at_ns, fault) in args.kills(devices)? {

@@ -188,6 +188,12 @@ pub struct TrainArgs {
     #[arg(long, value_name = "SECONDS", default_value_t = 30.0,
           value_parser = parse_rank_timeout)]
     pub(super) rank_timeout: f64,
+    /// Under `mpirun`, with every rank on one node: move the step's
+    /// collectives' bytes between ranks by MPI messages instead of reading
+    /// them in place in an MPI-3 shared-memory window (as ranks on several
+    /// nodes do). The results are the same bits either way.
+    #[arg(long)]
+    pub(super) no_shared_memory: bool,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub(super) json: bool,

@@ -613,5 +613,6 @@ fn install_backend(pod: &mut Pod, layout: &RankLayout, mailbox: &SharedMailbox, 
         mailbox: Arc::clone(mailbox),
         timeout,
         buffers: Default::default(),
+        segment: Default::default(),
     });
 }

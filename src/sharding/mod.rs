@@ -52,6 +52,7 @@ pub mod model;
 pub mod params;
 pub mod participants;
 pub mod ranked;
+mod ranked_shared;
 pub mod residency;
 pub mod step;
 pub mod stored_model;

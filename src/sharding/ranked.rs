@@ -55,7 +55,7 @@ pub fn context(world: &World) -> Option<RankContext> {
 
 /// The grid positions of the block of `pos` along the first `prefix`
 /// dimensions (in the block's own linear order), and `pos`'s index in it.
-fn block_of(
+pub(super) fn block_of(
     grid: &crate::collectives::ReduceGrid,
     prefix: usize,
     pos: usize,
@@ -73,7 +73,7 @@ fn tag(step: u64, bucket: usize, phase: u64) -> u64 {
 }
 
 /// Each grid position's rank, and the replica at each position.
-fn placement(
+pub(super) fn placement(
     layout: &ShardLayout,
     ctx: &RankContext,
 ) -> (crate::collectives::ReduceGrid, Vec<u32>) {
@@ -141,17 +141,17 @@ fn first_block(
     (block, outside)
 }
 
-/// Cuts `region` (a bucket's elements) into the windows of `block`'s
-/// members, their `pre` ranges, as those members' buffers, and records
-/// where each starts.
-fn place_windows<'w, A>(
+/// Cuts `region` (a bucket's elements) into the windows of the members
+/// at grid positions `members`, their `pre` ranges (disjoint), as those
+/// members' buffers, and records where each starts.
+pub(super) fn place_windows<'w, A>(
     region: &'w mut [A],
-    block: Option<std::ops::Range<usize>>,
+    members: impl IntoIterator<Item = usize>,
     pre: &[std::ops::Range<usize>],
     buffers: &mut [Option<&'w mut [A]>],
     first: &mut [usize],
 ) {
-    let mut order: Vec<usize> = block.unwrap_or(0..0).collect();
+    let mut order: Vec<usize> = members.into_iter().collect();
     order.sort_by_key(|&pos| pre[pos].start);
     let mut rest: &'w mut [A] = region;
     let mut at = 0;
@@ -169,6 +169,46 @@ fn place_windows<'w, A>(
         rest = tail;
         at = range.end;
     }
+}
+
+/// The passes along the first `prefix` dimensions, whose lines stay on
+/// one rank: each of this rank's members' `pre` range (`buffers[p]`, whose
+/// element 0 is the member's element `first[p]`) gets its block's fold of
+/// the bucket at `offset`, streamed from the gradient source (the order of
+/// `ReduceGrid` over the block), the members on both cores.
+pub(super) fn fold_local_blocks<A: FloatElement>(
+    (layout, offset, source): (&ShardLayout, usize, &dyn GradientSource<A>),
+    (grid, prefix, pre): (
+        &crate::collectives::ReduceGrid,
+        usize,
+        &[std::ops::Range<usize>],
+    ),
+    buffers: &mut [Option<&mut [A]>],
+    first: &[usize],
+) {
+    let elements = layout.elements;
+    buffers
+        .par_iter_mut()
+        .enumerate()
+        .filter_map(|(pos, b)| b.as_mut().map(|b| (pos, b)))
+        .for_each(|(pos, buf)| {
+            let range = pre[pos].clone();
+            let start = range.start;
+            let (block_grid, owner) = block_of(grid, prefix, pos);
+            let mut fill = |member: usize, at: usize, out: &mut [A]| {
+                let device = grid.members()[block_grid[member]];
+                let replica = layout
+                    .replica_of(DeviceId(device as u32))
+                    .expect("the grid's members are the participants");
+                let from = offset + start + at;
+                let real = elements.saturating_sub(from).min(out.len());
+                source.fill(replica, from, &mut out[..real]);
+                out[real..].fill(A::ZERO);
+            };
+            let block = crate::collectives::ReduceGrid::torus(&grid.dims()[..prefix]);
+            let at = range.start - first[pos]..range.end - first[pos];
+            block.reduce_for(owner, ReduceOp::Sum, &mut buf[at], &mut fill);
+        });
 }
 
 /// Returns the members' buffers to the context's pool.
@@ -203,7 +243,7 @@ fn take_reduced_shards<A: FloatElement>(
 /// shard the layout gives it (else the layout and the schedule disagree,
 /// an error), and a member that folded in a buffer of its own (not in
 /// `reduced`) copies its owned range there.
-fn keep_owned_shards<A: FloatElement>(
+pub(super) fn keep_owned_shards<A: FloatElement>(
     layout: &ShardLayout,
     b: usize,
     (grid, rank_of, me): (&crate::collectives::ReduceGrid, &[u32], u32),
@@ -249,7 +289,11 @@ pub fn reduce_gradients<A: FloatElement>(
     let mut reduced = buffer.unwrap_or_else(|| vec![A::ZERO; layout.padded_elements()]);
     let (grid, rank_of) = placement(layout, ctx);
     let me = ctx.layout.rank();
-    let elements = layout.elements;
+    if !source.is_reduced()
+        && super::ranked_shared::reduce_in_shared_memory(layout, &mut reduced, source, op, ctx)?
+    {
+        return Ok(reduced);
+    }
     let prefix = local_prefix(grid.dims(), &rank_of);
     let (block, outside) = first_block(&grid, &rank_of, prefix, me);
     for (b, bucket) in layout.buckets.iter().enumerate() {
@@ -274,29 +318,19 @@ pub fn reduce_gradients<A: FloatElement>(
             let mut buffers = as_elements::<A>(&mut kept, len);
             let mut first = vec![0; grid.len()];
             let region = &mut reduced[bucket.offset..bucket.offset + len];
-            place_windows(region, block.clone(), &pre, &mut buffers, &mut first);
-            buffers
-                .par_iter_mut()
-                .enumerate()
-                .filter_map(|(pos, b)| b.as_mut().map(|b| (pos, b)))
-                .for_each(|(pos, buf)| {
-                    let range = pre[pos].clone();
-                    let start = range.start;
-                    let (block_grid, owner) = block_of(&grid, prefix, pos);
-                    let mut fill = |member: usize, offset: usize, out: &mut [A]| {
-                        let device = grid.members()[block_grid[member]];
-                        let replica = layout
-                            .replica_of(DeviceId(device as u32))
-                            .expect("the grid's members are the participants");
-                        let from = bucket.offset + start + offset;
-                        let real = elements.saturating_sub(from).min(out.len());
-                        source.fill(replica, from, &mut out[..real]);
-                        out[real..].fill(A::ZERO);
-                    };
-                    let block = crate::collectives::ReduceGrid::torus(&grid.dims()[..prefix]);
-                    let at = range.start - first[pos]..range.end - first[pos];
-                    block.reduce_for(owner, ReduceOp::Sum, &mut buf[at], &mut fill);
-                });
+            place_windows(
+                region,
+                block.clone().into_iter().flatten(),
+                &pre,
+                &mut buffers,
+                &mut first,
+            );
+            fold_local_blocks(
+                (layout, bucket.offset, source),
+                (&grid, prefix, &pre),
+                &mut buffers,
+                &first,
+            );
             Ok(RankedGrid {
                 grid: &grid,
                 rank_of: &rank_of,
@@ -325,6 +359,9 @@ pub fn gather_params<A: FloatElement>(
     ctx: &RankContext,
     step: u64,
 ) -> Result<(), ShardingError> {
+    if super::ranked_shared::gather_in_shared_memory(layout, params, ctx)? {
+        return Ok(());
+    }
     let (grid, rank_of) = placement(layout, ctx);
     let me = ctx.layout.rank();
     let prefix = local_prefix(grid.dims(), &rank_of);
@@ -349,7 +386,7 @@ pub fn gather_params<A: FloatElement>(
         let mut first = vec![0; grid.len()];
         place_windows(
             &mut params[whole],
-            block.clone(),
+            block.clone().into_iter().flatten(),
             &pre,
             &mut buffers,
             &mut first,

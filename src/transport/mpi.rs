@@ -17,7 +17,9 @@
 //! crossing byte is moved once, by MPI's own transport (OpenMPI's shared
 //! memory: one copy where the kernel allows reading the peer's memory).
 
-use super::cluster::{Exchange, Landed, Mailbox};
+mod window;
+
+use super::cluster::{Exchange, Landed, Mailbox, SharedSegment};
 use super::error::ClusterError;
 use mpi::Threading;
 use mpi::datatype::Equivalence;
@@ -118,6 +120,22 @@ pub struct MpiMailbox {
     /// buffers that are gone: no MPI call may run here again (each would
     /// drive MPI's progress), so every later call is an error.
     poisoned: bool,
+    /// Whether the ranks share a node's memory ([`Mailbox::share_memory`]).
+    node: NodeSharing,
+}
+
+/// Whether every rank of the job shares this node's memory.
+#[derive(Debug, Clone, Copy)]
+enum NodeSharing {
+    /// Not asked yet (the first shared segment asks, with every rank).
+    Unknown,
+    /// Yes: the node's ranks, every rank of the job in its own order.
+    Shared(ffi::MPI_Comm),
+    /// The ranks span several nodes.
+    Apart,
+    /// The host asked for messages only
+    /// ([`MpiMailbox::without_shared_memory`]).
+    Declined,
 }
 
 // SAFETY: MPI is initialized with `Threading::Funneled` and the mailbox is
@@ -156,8 +174,17 @@ impl MpiMailbox {
             spares: Vec::new(),
             session: Arc::clone(&session),
             poisoned: false,
+            node: NodeSharing::Unknown,
         };
         Some((mailbox, MpiSession(session)))
+    }
+
+    /// This rank moves every byte of a collective by messages, even when
+    /// every rank is on its node (the data plane of ranks on several
+    /// nodes). Every rank of the job must be told alike.
+    pub fn without_shared_memory(mut self) -> MpiMailbox {
+        self.node = NodeSharing::Declined;
+        self
     }
 
     fn universe(&self) -> &Universe {
@@ -431,6 +458,37 @@ impl Mailbox for MpiMailbox {
             }
             back_off(started.elapsed(), FRAME_SPIN);
         }
+    }
+
+    fn share_memory(
+        &mut self,
+        bytes: usize,
+        deadline: Instant,
+    ) -> Result<Option<SharedSegment>, ClusterError> {
+        self.usable()?;
+        let node = match self.node {
+            NodeSharing::Shared(node) => node,
+            NodeSharing::Apart | NodeSharing::Declined => return Ok(None),
+            NodeSharing::Unknown => {
+                match window::node_of(self.comm(), self.rank, self.ranks, deadline)? {
+                    Some(node) => {
+                        self.node = NodeSharing::Shared(node);
+                        node
+                    }
+                    None => {
+                        self.node = NodeSharing::Apart;
+                        return Ok(None);
+                    }
+                }
+            }
+        };
+        let memory = window::MpiWindow::allocate(
+            node,
+            crate::transport::cluster::PART_HEADER + bytes,
+            deadline,
+            Arc::clone(&self.session),
+        )?;
+        SharedSegment::new(Box::new(memory), self.rank, self.ranks).map(Some)
     }
 
     fn exchange<'r>(

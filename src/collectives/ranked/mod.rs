@@ -39,10 +39,14 @@ use super::ring::chunk_range;
 use super::streamed::ReduceGrid;
 use crate::transport::ClusterError;
 use crate::transport::cluster::RankContext;
+pub use shared::SharedGrid;
 
 mod block;
 mod gather;
 mod reduce;
+mod shared;
+#[cfg(test)]
+mod shared_tests;
 #[cfg(test)]
 mod tests;
 

@@ -226,7 +226,12 @@ fn fold_unit<T: Element>(
 
 /// `own[i] = op(…op(op(xs[0][i], xs[1][i]), …), own[i])`: the ring's fold
 /// with the owner's value last, the partial always the left operand.
-fn fold_into<T: Element>(op: ReduceOp, own: &mut [T], xs: &[&[T]], scratch: &mut Vec<T>) {
+pub(super) fn fold_into<T: Element>(
+    op: ReduceOp,
+    own: &mut [T],
+    xs: &[&[T]],
+    scratch: &mut Vec<T>,
+) {
     match xs {
         [] => {}
         [x] => land(op, own, x),

@@ -6,7 +6,7 @@ use proptest::prelude::*;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-fn contexts(ranks: u32) -> Vec<RankContext> {
+pub(super) fn contexts(ranks: u32) -> Vec<RankContext> {
     let topology = crate::topology::load_preset("v4-128").expect("a preset");
     thread_mailboxes(ranks)
         .into_iter()
@@ -18,6 +18,7 @@ fn contexts(ranks: u32) -> Vec<RankContext> {
                 mailbox,
                 timeout: Duration::from_secs(20),
                 buffers: Default::default(),
+                segment: Default::default(),
             }
         })
         .collect()
@@ -28,7 +29,7 @@ fn mailbox_rank(m: &crate::transport::cluster::ThreadMailbox) -> u32 {
     m.rank()
 }
 
-fn value(member: usize, i: usize) -> f32 {
+pub(super) fn value(member: usize, i: usize) -> f32 {
     // Values of mixed magnitude, so the fold order shows in the bits.
     let x = ((member * 7919 + i * 104_729) % 1000) as f32;
     (x - 500.0) * 10f32.powi(((member + i) % 7) as i32 - 3)

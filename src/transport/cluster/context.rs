@@ -5,8 +5,9 @@ use super::SERVICE_RANK;
 use super::exchange::{Exchange, Landed, data_frame_payload};
 use super::frame::{DATA_HEADER, Frame, decode, write_data_header};
 use super::layout::RankLayout;
-use super::mailbox::{SharedMailbox, lock, receive_past_notices};
+use super::mailbox::{Mailbox, SharedMailbox, lock, receive_past_notices};
 use super::protocol::{abort_all, broadcast};
+use super::shared::SharedSegment;
 use crate::transport::error::ClusterError;
 use bevy_ecs::prelude::*;
 use serde::Serialize;
@@ -28,6 +29,21 @@ pub struct RankContext {
     /// member buffers, every step): shared by the context's clones and
     /// freed with the last of them.
     pub buffers: ReusableBuffers,
+    /// The segment the ranks share when they are on one node
+    /// ([`RankContext::with_shared_segment`]), kept between calls.
+    pub segment: SegmentSlot,
+}
+
+/// The job's shared segment as a rank holds it between collectives:
+/// shared by the context's clones, freed (with every rank) with the last.
+#[derive(Clone, Default)]
+pub struct SegmentSlot(Arc<Mutex<SegmentState>>);
+
+#[derive(Default)]
+struct SegmentState {
+    segment: Option<SharedSegment>,
+    /// The mailbox said the ranks share no memory: asked once.
+    unavailable: bool,
 }
 
 /// A pool of large buffers (8-byte words, so aligned for every element
@@ -140,22 +156,75 @@ impl RankContext {
         let Some(silent) = mailbox.exchange(exchange, deadline, landed)? else {
             return Ok(());
         };
-        // Did rank 0 stop the job while this rank waited on another?
+        Err(self.silent_rank(&mut **mailbox, silent, awaiting))
+    }
+
+    /// The error for `silent` not coming within the bound: the rank rank 0
+    /// named in an abort it sent meanwhile (`silent` may be stuck behind
+    /// it), or else `silent` itself. The mailbox is abandoned either way.
+    fn silent_rank(&self, mailbox: &mut dyn Mailbox, silent: u32, awaiting: &str) -> ClusterError {
         if silent != SERVICE_RANK
             && !self.layout.runs_service()
-            && let Ok(Some(frame)) =
-                receive_past_notices(&mut **mailbox, SERVICE_RANK, Instant::now())
+            && let Ok(Some(frame)) = receive_past_notices(mailbox, SERVICE_RANK, Instant::now())
             && let Ok(Frame::Abort(abort)) = decode(SERVICE_RANK, &frame)
         {
             mailbox.abandon();
-            return Err(ClusterError::RankLost {
+            return ClusterError::RankLost {
                 rank: abort.rank,
                 hosts: abort.hosts,
                 reason: abort.reason,
-            });
+            };
         }
         mailbox.abandon();
-        Err(self.lost(silent, awaiting))
+        self.lost(silent, awaiting)
+    }
+
+    /// Runs `use_segment` on the segment every rank shares, with at least
+    /// `bytes` bytes a part: allocated with every other rank the first
+    /// time, and again (the old one freed) when a call needs more, so
+    /// every rank must call this at the same point with the same `bytes`.
+    /// `Ok(None)` when the ranks share no memory (on several nodes, or
+    /// mailboxes that move only frames): the caller moves its bytes by
+    /// [`RankContext::exchange`] instead.
+    pub fn with_shared_segment<R>(
+        &self,
+        bytes: usize,
+        use_segment: impl FnOnce(&mut SharedSegment) -> Result<R, ClusterError>,
+    ) -> Result<Option<R>, ClusterError> {
+        if self.layout.ranks() == 1 {
+            return Ok(None);
+        }
+        let mut state = self.segment.0.lock().unwrap_or_else(|e| e.into_inner());
+        if state.unavailable {
+            return Ok(None);
+        }
+        if state.segment.as_ref().is_none_or(|s| s.len() < bytes) {
+            // Free the old segment before the new one is allocated (each
+            // is a collective over the ranks, taken in the same order).
+            state.segment = None;
+            let deadline = Instant::now() + self.timeout;
+            match lock(&self.mailbox)?.share_memory(bytes, deadline)? {
+                Some(segment) => state.segment = Some(segment),
+                None => {
+                    state.unavailable = true;
+                    return Ok(None);
+                }
+            }
+        }
+        let segment = state.segment.as_mut().expect("allocated above");
+        use_segment(segment).map(Some)
+    }
+
+    /// [`SharedSegment::fence`] bounded by the job's timeout: a rank that
+    /// does not come is named lost, unless rank 0 sent an abort meanwhile,
+    /// which names the rank it lost.
+    pub fn fence(&self, segment: &mut SharedSegment, awaiting: &str) -> Result<(), ClusterError> {
+        let deadline = Instant::now() + self.timeout;
+        let Some(silent) = segment.fence(deadline)? else {
+            return Ok(());
+        };
+        let mut mailbox = lock(&self.mailbox)?;
+        Err(self.silent_rank(&mut **mailbox, silent, awaiting))
     }
 
     fn lost(&self, rank: u32, awaiting: &str) -> ClusterError {

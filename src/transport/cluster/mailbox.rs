@@ -2,6 +2,7 @@
 //! [`ThreadMailbox`] that joins ranks which are threads of one process.
 
 use super::exchange::{Exchange, Landed, framed_exchange};
+use super::shared::{SharedSegment, ThreadSegments, ThreadSharing};
 use crate::transport::error::ClusterError;
 use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex};
@@ -50,6 +51,20 @@ pub trait Mailbox: Send + std::fmt::Debug {
     ) -> Result<Option<u32>, ClusterError> {
         framed_exchange(self, exchange, deadline, landed)
     }
+    /// A segment of `bytes` bytes a rank that every rank reads and writes
+    /// in place ([`SharedSegment`]), allocated with every other rank (a
+    /// collective call: all ranks ask for it at the same point, with the
+    /// same size), or `Ok(None)` when the ranks do not share memory (on
+    /// several nodes, or a mailbox that moves only frames: the default).
+    /// Every rank gets the same answer. An error if the ranks did not all
+    /// come by `deadline`.
+    fn share_memory(
+        &mut self,
+        _bytes: usize,
+        _deadline: Instant,
+    ) -> Result<Option<SharedSegment>, ClusterError> {
+        Ok(None)
+    }
 }
 
 /// A mailbox shared by the backend (each tick) and the host (start-up
@@ -64,11 +79,28 @@ pub struct ThreadMailbox {
     rank: u32,
     ranks: u32,
     shared: Arc<(Mutex<Queues>, Condvar)>,
+    /// Where the ranks allocate shared segments together (`None`: they
+    /// move every byte as frames).
+    segments: Option<Arc<ThreadSegments>>,
 }
 
-/// `ranks` connected thread mailboxes, one per rank, in rank order.
+/// `ranks` connected thread mailboxes, one per rank, in rank order. They
+/// share memory as ranks on one node do: a collective reads the other
+/// ranks' members in place ([`Mailbox::share_memory`]).
 pub fn thread_mailboxes(ranks: u32) -> Vec<ThreadMailbox> {
+    thread_mailboxes_sharing(ranks, ThreadSharing::Memory)
+}
+
+/// `ranks` connected thread mailboxes that move every byte between ranks
+/// as frames, as ranks on several nodes do.
+pub fn thread_mailboxes_messages_only(ranks: u32) -> Vec<ThreadMailbox> {
+    thread_mailboxes_sharing(ranks, ThreadSharing::MessagesOnly)
+}
+
+/// `ranks` connected thread mailboxes, sharing memory or not.
+pub fn thread_mailboxes_sharing(ranks: u32, sharing: ThreadSharing) -> Vec<ThreadMailbox> {
     let n = ranks as usize;
+    let segments = (sharing == ThreadSharing::Memory).then(|| Arc::new(ThreadSegments::new(ranks)));
     // Each rank's queues by sender, and one more for alarms.
     let shared = Arc::new((
         Mutex::new(vec![vec![VecDeque::new(); n + 1]; n]),
@@ -79,6 +111,7 @@ pub fn thread_mailboxes(ranks: u32) -> Vec<ThreadMailbox> {
             rank,
             ranks,
             shared: Arc::clone(&shared),
+            segments: segments.clone(),
         })
         .collect()
 }
@@ -98,6 +131,23 @@ impl Mailbox for ThreadMailbox {
 
     fn send_alarm(&mut self, to: u32, frame: Vec<u8>) -> Result<(), ClusterError> {
         self.push(to, self.ranks as usize, frame)
+    }
+
+    fn share_memory(
+        &mut self,
+        bytes: usize,
+        deadline: Instant,
+    ) -> Result<Option<SharedSegment>, ClusterError> {
+        let Some(segments) = &self.segments else {
+            return Ok(None);
+        };
+        match segments.allocate(self.rank, self.ranks, bytes, deadline)? {
+            Some(segment) => Ok(Some(segment)),
+            None => Err(ClusterError::Transport(format!(
+                "rank {}: not every rank came to allocate a shared segment within the bound",
+                self.rank
+            ))),
+        }
     }
 
     fn receive(&mut self, from: u32, deadline: Instant) -> Result<Option<Vec<u8>>, ClusterError> {

@@ -32,14 +32,19 @@ mod frame;
 mod layout;
 mod mailbox;
 mod protocol;
+mod shared;
 
 pub use backend::ClusterBackend;
-pub use context::{RankContext, ReusableBuffers};
+pub use context::{RankContext, ReusableBuffers, SegmentSlot};
 pub use exchange::{Exchange, Landed, framed_exchange};
 pub use frame::data_payload;
 pub use layout::RankLayout;
-pub use mailbox::{Mailbox, SharedMailbox, ThreadMailbox, thread_mailboxes};
+pub use mailbox::{
+    Mailbox, SharedMailbox, ThreadMailbox, thread_mailboxes, thread_mailboxes_messages_only,
+    thread_mailboxes_sharing,
+};
 pub use protocol::{broadcast, finish, gather_parts, handshake};
+pub use shared::{PART_HEADER, SharedMemory, SharedSegment, ThreadSharing};
 
 use std::time::Duration;
 

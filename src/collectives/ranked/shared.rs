@@ -1,0 +1,197 @@
+//! A split grid's reduce-scatter when every member's buffer lies in a
+//! segment all ranks share ([`SharedSegment`]): each owner folds the other
+//! members' chunks by reading them where they are, on its rank or
+//! another's, with no send, receive or copy. The order is the one every
+//! path here keeps ([`ReduceGrid::reduce_for`]'s): along each dimension
+//! from the position after the owner round to itself, the partial always
+//! the left operand, so the bits are one process's.
+//!
+//! The ranks meet at a fence ([`RankContext::fence`]) before each pass
+//! across them: every rank's writes of the pass before (or of the
+//! caller's fill) are then visible to all. Within a pass an owner writes
+//! only the chunk it owns, which no other rank reads in that pass, and
+//! reads only chunks their members do not write in it. The last pass
+//! writes each owner's result straight into the caller's buffer (`out`),
+//! not the segment. Nothing fences after it: a caller alternates two
+//! halves of its part between calls ([`SharedSegment::alternate`]), so the
+//! half a call fills was last read before every rank passed the previous
+//! call's first fence.
+//!
+//! [`ReduceGrid::reduce_for`]: crate::collectives::ReduceGrid::reduce_for
+
+use std::ops::Range;
+
+use super::reduce::fold_into;
+use super::{lines, narrow, prefix_ranges};
+use crate::collectives::element::{Element, ReduceOp, combine_in_order};
+use crate::collectives::ring::chunk_range;
+use crate::collectives::streamed::ReduceGrid;
+use crate::transport::ClusterError;
+use crate::transport::cluster::{RankContext, SharedSegment};
+
+/// A split grid's members in shared memory.
+pub struct SharedGrid<'a, T> {
+    /// The grid (a torus's extents, or a ring).
+    pub grid: &'a ReduceGrid,
+    /// The rank holding each grid position.
+    pub rank_of: &'a [u32],
+    /// Where element 0 of each member's buffer is, in this process, by
+    /// grid position: a member's elements `i` are at `base[p] + i` over
+    /// the range the call works on there (members of one block may share
+    /// a base, their ranges disjoint).
+    pub base: &'a [*mut T],
+    /// Elements in every member's buffer.
+    pub len: usize,
+}
+
+impl<T: Element> SharedGrid<'_, T> {
+    /// [`RankedGrid::reduce_scatter_from`] over shared memory: the passes
+    /// along dimensions `0..first_dim` are done (each member's
+    /// `prefix_ranges(dims, len, first_dim)[p]` holds its partial, written
+    /// by its rank before the call); afterwards each of this rank's
+    /// members' `out[p]` holds the reduction over its owned range
+    /// (`grid_shard_ranges(dims, len)[p]`), which is returned by position.
+    ///
+    /// # Safety
+    /// For every member `p`, `base[p]` plus its prefix range must be
+    /// memory of `segment` that stays allocated through the call, that no
+    /// two members' ranges share, and that nothing but this call on every
+    /// rank (all of them call it alike) reads or writes until it returns.
+    ///
+    /// [`RankedGrid::reduce_scatter_from`]: super::RankedGrid::reduce_scatter_from
+    pub unsafe fn reduce_scatter_from(
+        &self,
+        ctx: &RankContext,
+        segment: &mut SharedSegment,
+        op: ReduceOp,
+        first_dim: usize,
+        out: &mut [Option<&mut [T]>],
+    ) -> Result<Vec<Range<usize>>, ClusterError> {
+        let dims = self.grid.dims().to_vec();
+        let me = ctx.layout.rank();
+        self.check(me, out)?;
+        let mut ranges = prefix_ranges(&dims, self.len, first_dim);
+        let passes: Vec<usize> = (first_dim.min(dims.len())..dims.len())
+            .filter(|&d| dims[d] > 1)
+            .collect();
+        let mut scratch = Vec::new();
+        // The caller's fill visible to every rank (and, with no pass, the
+        // previous call's reads over before the next fills).
+        ctx.fence(segment, "arrival at the shared reduce-scatter's fence")?;
+        for dim in first_dim.min(dims.len())..dims.len() {
+            if let Some(&last) = passes.last()
+                && dims[dim] > 1
+            {
+                if dim != passes[0] {
+                    ctx.fence(segment, "arrival at the shared reduce-scatter's fence")?;
+                }
+                let into = (dim == last).then_some(&mut *out);
+                // SAFETY: the caller's contract, and the pass's (module docs).
+                unsafe { self.pass(dim, &ranges, me, op, into, &mut scratch) };
+            }
+            narrow(&dims, dim, &mut ranges);
+        }
+        for (pos, slot) in out.iter_mut().enumerate() {
+            let Some(out) = slot else { continue };
+            if passes.is_empty() {
+                // SAFETY: the member's own range, as the contract gives it.
+                out.copy_from_slice(unsafe { self.read(pos, &ranges[pos]) });
+            }
+            if op == ReduceOp::Mean {
+                for v in out.iter_mut() {
+                    *v = v.div_count(self.grid.len());
+                }
+            }
+        }
+        Ok(ranges)
+    }
+
+    /// Refuses a call whose members or outputs do not fit the grid.
+    fn check(&self, me: u32, out: &[Option<&mut [T]>]) -> Result<(), ClusterError> {
+        let n = self.grid.len();
+        let owned = super::grid_shard_ranges(self.grid.dims(), self.len);
+        let wrong = (self.rank_of.len() != n || self.base.len() != n || out.len() != n)
+            .then(|| format!("a shared collective over {n} members given other counts"))
+            .or_else(|| {
+                (0..n).find_map(|p| {
+                    let expected = (self.rank_of[p] == me).then(|| owned[p].len());
+                    let given = out[p].as_ref().map(|o| o.len());
+                    (expected != given).then(|| {
+                        format!(
+                            "member {p}'s output holds {given:?} elements where {expected:?} \
+                             were due"
+                        )
+                    })
+                })
+            });
+        match wrong {
+            Some(what) => Err(ClusterError::Protocol { rank: me, what }),
+            None => Ok(()),
+        }
+    }
+
+    /// Member `pos`'s elements over `range`, read in place.
+    ///
+    /// # Safety
+    /// As [`SharedGrid::reduce_scatter_from`]'s, and no rank writes them
+    /// while the slice lives.
+    unsafe fn read(&self, pos: usize, range: &Range<usize>) -> &[T] {
+        unsafe { std::slice::from_raw_parts(self.base[pos].add(range.start), range.len()) }
+    }
+
+    /// The pass along `dim`: every chunk this rank owns folded from the
+    /// line's members in place, into the owner's chunk, or into `out` on
+    /// the last pass.
+    ///
+    /// # Safety
+    /// As [`SharedGrid::reduce_scatter_from`]'s, the ranks fenced since
+    /// the last pass.
+    unsafe fn pass(
+        &self,
+        dim: usize,
+        ranges: &[Range<usize>],
+        me: u32,
+        op: ReduceOp,
+        mut out: Option<&mut [Option<&mut [T]>]>,
+        scratch: &mut Vec<T>,
+    ) {
+        let n = self.grid.dims()[dim];
+        for line in lines(self.grid.dims(), dim) {
+            // Every member of a line has the same range in this pass.
+            let range = &ranges[line[0]];
+            for (c, &owner) in line.iter().enumerate() {
+                if self.rank_of[owner] != me {
+                    continue;
+                }
+                let sub = chunk_range(range.len(), n, c);
+                let chunk = range.start + sub.start..range.start + sub.end;
+                // SAFETY: chunk `c` of the line's other members, which only
+                // this owner reads in this pass and no one writes.
+                let sources: Vec<&[T]> = (1..n)
+                    .map(|j| unsafe { self.read(line[(c + j) % n], &chunk) })
+                    .collect();
+                match out.as_mut().and_then(|o| o[owner].as_deref_mut()) {
+                    Some(target) => {
+                        // SAFETY: the owner's own chunk, which no other rank
+                        // reads or writes in this pass.
+                        let own = unsafe { self.read(owner, &chunk) };
+                        let mut rest = sources[1..].to_vec();
+                        rest.push(own);
+                        combine_in_order(op, target, sources[0], &rest);
+                    }
+                    None => {
+                        // SAFETY: as above; the owner's chunk is written by
+                        // this rank alone, and no slice of it is live.
+                        let target = unsafe {
+                            std::slice::from_raw_parts_mut(
+                                self.base[owner].add(chunk.start),
+                                chunk.len(),
+                            )
+                        };
+                        fold_into(op, target, &sources, scratch);
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,191 @@
+//! The reduce-scatter over shared memory against the streamed reduction,
+//! on thread ranks that share their memory as ranks on one node do.
+
+use super::tests::{contexts, value};
+use super::*;
+use proptest::prelude::*;
+use std::time::Duration;
+
+/// Every member's owned range after the shared reduce-scatter, by grid
+/// position; each member's buffer is a region of its rank's part.
+fn run_shared(
+    grid: &ReduceGrid,
+    rank_of: &[u32],
+    ranks: u32,
+    len: usize,
+    op: ReduceOp,
+) -> Vec<Vec<f32>> {
+    let n = grid.len();
+    // Each member's region index on its rank, and the most a rank holds.
+    let mut held = vec![0usize; ranks as usize];
+    let slot: Vec<usize> = rank_of
+        .iter()
+        .map(|&r| {
+            held[r as usize] += 1;
+            held[r as usize] - 1
+        })
+        .collect();
+    let most = held.into_iter().max().unwrap_or(0);
+    let owned = grid_shard_ranges(grid.dims(), len);
+    let results: Vec<Vec<(usize, Vec<f32>)>> = std::thread::scope(|s| {
+        let handles: Vec<_> = contexts(ranks)
+            .into_iter()
+            .map(|ctx| {
+                let (slot, owned) = (&slot, &owned);
+                s.spawn(move || {
+                    let me = ctx.layout.rank();
+                    let mut out: Vec<Option<Vec<f32>>> = (0..n)
+                        .map(|p| (rank_of[p] == me).then(|| vec![0f32; owned[p].len()]))
+                        .collect();
+                    ctx.with_shared_segment(most * len * 4, |segment| {
+                        let base: Vec<*mut f32> = (0..n)
+                            .map(|p| {
+                                let part = segment.part(rank_of[p]).expect("a part");
+                                // SAFETY: the region is within the part.
+                                unsafe { part.cast::<f32>().add(slot[p] * len) }
+                            })
+                            .collect();
+                        for p in (0..n).filter(|&p| rank_of[p] == me) {
+                            for i in 0..len {
+                                // SAFETY: this rank's region, before the
+                                // collective's first fence.
+                                unsafe { *base[p].add(i) = value(grid.members()[p], i) };
+                            }
+                        }
+                        let mut outs: Vec<Option<&mut [f32]>> =
+                            out.iter_mut().map(|o| o.as_deref_mut()).collect();
+                        let shared = SharedGrid {
+                            grid,
+                            rank_of,
+                            base: &base,
+                            len,
+                        };
+                        // SAFETY: every member's own region of its rank's
+                        // part, touched by nothing else during the call.
+                        unsafe { shared.reduce_scatter_from(&ctx, segment, op, 0, &mut outs) }
+                    })
+                    .expect("the shared reduce-scatter")
+                    .expect("thread ranks share memory");
+                    out.into_iter()
+                        .enumerate()
+                        .filter_map(|(p, o)| Some((p, o?)))
+                        .collect()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("rank"))
+            .collect()
+    });
+    let mut by_position = vec![Vec::new(); n];
+    for (p, values) in results.into_iter().flatten() {
+        by_position[p] = values;
+    }
+    by_position
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    /// Split over ranks in any way, each owner's range read in place from
+    /// the other members holds the bits of the streamed reduction.
+    #[test]
+    fn the_shared_reduce_scatter_matches_the_streamed_reduction(
+        dims in prop::collection::vec(1usize..=4, 1..=3),
+        ring in any::<bool>(),
+        len in 0usize..70,
+        ranks in 2u32..=4,
+        seed in any::<u64>(),
+        mean in any::<bool>(),
+    ) {
+        let n: usize = dims.iter().product();
+        prop_assume!(n > 1);
+        let grid = if ring {
+            // A ring over the members in a shuffled order.
+            let mut order: Vec<usize> = (0..n).collect();
+            let mut x = seed | 1;
+            for i in (1..n).rev() {
+                x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+                order.swap(i, (x % (i as u64 + 1)) as usize);
+            }
+            ReduceGrid::ring(&order)
+        } else {
+            ReduceGrid::torus(&dims)
+        };
+        let ranks = ranks.min(n as u32);
+        let rank_of: Vec<u32> = (0..grid.len())
+            .map(|p| ((p as u64 ^ seed) % u64::from(ranks)) as u32)
+            .collect();
+        let op = if mean { ReduceOp::Mean } else { ReduceOp::Sum };
+        let got = run_shared(&grid, &rank_of, ranks, len, op);
+        let ranges = grid_shard_ranges(grid.dims(), len);
+        for p in 0..grid.len() {
+            let range = ranges[p].clone();
+            let mut expected = vec![0f32; range.len()];
+            grid.reduce_for(p, op, &mut expected, &mut |member, offset, buf| {
+                for (j, v) in buf.iter_mut().enumerate() {
+                    *v = value(member, range.start + offset + j);
+                }
+            });
+            let got: Vec<u32> = got[p].iter().map(|v| v.to_bits()).collect();
+            let want: Vec<u32> = expected.iter().map(|v| v.to_bits()).collect();
+            prop_assert_eq!(got, want, "owner {} of {:?}", p, grid.dims());
+        }
+    }
+}
+
+#[test]
+fn a_rank_missing_from_a_fence_is_named_within_the_bound() {
+    let mut ctxs = contexts(2);
+    let silent = ctxs.remove(1);
+    let ctx = RankContext {
+        timeout: Duration::from_millis(200),
+        ..ctxs.remove(0)
+    };
+    // Both ranks allocate the segment (a collective); then rank 1 stops.
+    let error = std::thread::scope(|s| {
+        s.spawn(|| {
+            silent
+                .with_shared_segment(64, |_| Ok(()))
+                .expect("allocated")
+        });
+        ctx.with_shared_segment(64, |segment| {
+            let started = std::time::Instant::now();
+            let error = ctx
+                .fence(segment, "a test's fence")
+                .expect_err("rank 1 never comes");
+            assert!(started.elapsed() < Duration::from_secs(5));
+            Ok(error)
+        })
+    });
+    let error = error
+        .expect("allocated")
+        .expect("thread ranks share memory");
+    assert!(
+        matches!(error, ClusterError::RankLost { rank: 1, .. }),
+        "{error}"
+    );
+}
+
+#[test]
+fn thread_ranks_that_move_frames_share_no_segment() {
+    use crate::transport::cluster::{RankLayout, SharedMailbox, thread_mailboxes_messages_only};
+    use std::sync::{Arc, Mutex};
+    let topology = crate::topology::load_preset("v4-16").expect("a preset");
+    for (rank, mailbox) in thread_mailboxes_messages_only(2).into_iter().enumerate() {
+        let mailbox: SharedMailbox = Arc::new(Mutex::new(Box::new(mailbox)));
+        let ctx = RankContext {
+            layout: RankLayout::new(&topology, 2, rank as u32).expect("fits"),
+            mailbox,
+            timeout: Duration::from_secs(1),
+            buffers: Default::default(),
+            segment: Default::default(),
+        };
+        assert!(
+            ctx.with_shared_segment(64, |_| Ok(()))
+                .expect("no error")
+                .is_none()
+        );
+    }
+}
