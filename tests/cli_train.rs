@@ -52,6 +52,17 @@ fn a_checkpoint_dir_without_an_interval_is_refused() {
     assert!(!ckpt.exists(), "nothing created");
 }
 
+/// How a split pod moves its collectives' data is no question for one
+/// process: the flag is refused, not ignored.
+#[test]
+fn no_shared_memory_is_refused_in_one_process() {
+    assert_usage(&run(&with(&["--no-shared-memory"])), "--no-shared-memory");
+    let modeled = ["train", "v5e-256", "--model", "llama2-7b", "--modeled-only"];
+    let mut args: Vec<String> = modeled.iter().map(|s| s.to_string()).collect();
+    args.push("--no-shared-memory".into());
+    assert_usage(&run(&args), "--no-shared-memory");
+}
+
 #[test]
 fn a_checkpoint_dir_that_is_a_file_is_refused_before_any_work() {
     let dir = tempfile::tempdir().unwrap();

@@ -319,6 +319,14 @@ pub(super) fn model_of(sizes: &[usize]) -> Result<ParamSet<f32>> {
 /// `train` in this process (`mod.rs` sends a run split over MPI ranks to
 /// [`super::ranks::train`], after [`TrainArgs::refuse_misused_resume`]).
 pub fn train(args: TrainArgs) -> Result<()> {
+    if args.no_shared_memory {
+        return Err(usage(
+            "--no-shared-memory: a run in one process moves no collectives' data between \
+             ranks; the flag chooses how a pod split over MPI ranks does (`mpirun -n R \
+             optirs-tpu train … --no-shared-memory`)"
+                .to_string(),
+        ));
+    }
     args.refuse_unusable()?;
     if let (Some(spec), true) = (&args.model, args.modeled_only) {
         if args.steps != DEFAULT_TRAIN_STEPS {
