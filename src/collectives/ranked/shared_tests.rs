@@ -1,7 +1,7 @@
 //! The reduce-scatter over shared memory against the streamed reduction,
 //! on thread ranks that share their memory as ranks on one node do.
 
-use super::tests::{contexts, value};
+use super::tests::{contexts, grid_over_ranks, value};
 use super::*;
 use proptest::prelude::*;
 use std::time::Duration;
@@ -101,22 +101,7 @@ proptest! {
     ) {
         let n: usize = dims.iter().product();
         prop_assume!(n > 1);
-        let grid = if ring {
-            // A ring over the members in a shuffled order.
-            let mut order: Vec<usize> = (0..n).collect();
-            let mut x = seed | 1;
-            for i in (1..n).rev() {
-                x ^= x << 13; x ^= x >> 7; x ^= x << 17;
-                order.swap(i, (x % (i as u64 + 1)) as usize);
-            }
-            ReduceGrid::ring(&order)
-        } else {
-            ReduceGrid::torus(&dims)
-        };
-        let ranks = ranks.min(n as u32);
-        let rank_of: Vec<u32> = (0..grid.len())
-            .map(|p| ((p as u64 ^ seed) % u64::from(ranks)) as u32)
-            .collect();
+        let (grid, rank_of, ranks) = grid_over_ranks(&dims, ring, ranks, seed);
         let op = if mean { ReduceOp::Mean } else { ReduceOp::Sum };
         let got = run_shared(&grid, &rank_of, ranks, len, op);
         let ranges = grid_shard_ranges(grid.dims(), len);

@@ -35,6 +35,36 @@ pub(super) fn value(member: usize, i: usize) -> f32 {
     (x - 500.0) * 10f32.powi(((member + i) % 7) as i32 - 3)
 }
 
+/// A grid of `dims` (or, with `ring`, a ring over its members in an order
+/// shuffled by `seed`) and each member's rank among at most `ranks`,
+/// spread by `seed`: the cases the proptests draw.
+pub(super) fn grid_over_ranks(
+    dims: &[usize],
+    ring: bool,
+    ranks: u32,
+    seed: u64,
+) -> (ReduceGrid, Vec<u32>, u32) {
+    let n: usize = dims.iter().product();
+    let grid = if ring {
+        let mut order: Vec<usize> = (0..n).collect();
+        let mut x = seed | 1;
+        for i in (1..n).rev() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            order.swap(i, (x % (i as u64 + 1)) as usize);
+        }
+        ReduceGrid::ring(&order)
+    } else {
+        ReduceGrid::torus(dims)
+    };
+    let ranks = ranks.min(n as u32);
+    let rank_of: Vec<u32> = (0..grid.len())
+        .map(|p| ((p as u64 ^ seed) % u64::from(ranks)) as u32)
+        .collect();
+    (grid, rank_of, ranks)
+}
+
 /// A member's grid position and its buffer after each collective.
 type Member = (usize, Vec<f32>, Vec<f32>);
 
@@ -124,23 +154,7 @@ proptest! {
         seed in any::<u64>(),
         mean in any::<bool>(),
     ) {
-        let n: usize = dims.iter().product();
-        let grid = if ring {
-            // A ring over the members in a shuffled order.
-            let mut order: Vec<usize> = (0..n).collect();
-            let mut x = seed | 1;
-            for i in (1..n).rev() {
-                x ^= x << 13; x ^= x >> 7; x ^= x << 17;
-                order.swap(i, (x % (i as u64 + 1)) as usize);
-            }
-            ReduceGrid::ring(&order)
-        } else {
-            ReduceGrid::torus(&dims)
-        };
-        let ranks = ranks.min(n as u32);
-        let rank_of: Vec<u32> = (0..grid.len())
-            .map(|p| ((p as u64 ^ seed) % u64::from(ranks)) as u32)
-            .collect();
+        let (grid, rank_of, ranks) = grid_over_ranks(&dims, ring, ranks, seed);
         let op = if mean { ReduceOp::Mean } else { ReduceOp::Sum };
         let (rs, ag) = run(&grid, &rank_of, ranks, len, op);
         let ranges = grid_shard_ranges(grid.dims(), len);
