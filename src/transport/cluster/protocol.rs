@@ -1,5 +1,6 @@
-//! The protocol every rank takes part in through rank 0: the start-up
-//! handshake, broadcast, the final gather and verdict, and the abort.
+//! The protocol every rank takes part in with rank 0: the start-up
+//! handshake, broadcast (down a binomial tree), the final gather and
+//! verdict, and the abort.
 
 use super::SERVICE_RANK;
 use super::frame::{ClusterAbort, Frame, decode, encode, unexpected};
@@ -160,27 +161,66 @@ fn short(digest: &str) -> &str {
 /// Rank 0 sends every rank the same bytes (or why it has none); every
 /// rank returns them (rank 0 its own). An `Err` from rank 0 is a
 /// [`ClusterError::Coordinator`] on every rank.
+///
+/// The bytes go down a binomial tree rooted at rank 0, not a star: rank
+/// `r` receives from `r` with its highest set bit cleared and passes them
+/// on to `r + 2^j` for every `2^j > r` below `R`, so every rank sends and
+/// receives at most `⌈log₂ R⌉` frames and the last rank has them after
+/// `⌈log₂ R⌉` hops (rank 0 sent `R − 1` frames with the star). A rank
+/// `d` hops down waits `(1 + d)` bounds for its parent, so a lost rank's
+/// children name it before anyone below them gives up on a live parent;
+/// the rank that names it sends the alarm on to every other rank
+/// ([`abort_all`]), and each of them returns the same loss.
 pub fn broadcast(
     mailbox: &SharedMailbox,
     layout: &RankLayout,
     bytes: Result<Vec<u8>, String>,
     timeout: Duration,
 ) -> Result<Vec<u8>, ClusterError> {
-    if layout.runs_service() {
-        let frame = match &bytes {
+    let (rank, ranks) = (layout.rank(), layout.ranks());
+    let frame = if layout.runs_service() {
+        match &bytes {
             Ok(bytes) => Frame::Part(bytes.clone()),
             Err(reason) => Frame::Done(Err(reason.clone())),
-        };
-        for rank in 1..layout.ranks() {
-            send_frame(mailbox, rank, &frame)?;
         }
-        return bytes.map_err(ClusterError::Coordinator);
+    } else {
+        let parent = tree_parent(rank);
+        let hops = rank.count_ones();
+        match receive_frame(mailbox, layout, parent, timeout * (1 + hops), "broadcast") {
+            Ok(frame) => frame,
+            Err(error) => {
+                abort_all(mailbox, layout, &error);
+                return Err(error);
+            }
+        }
+    };
+    for child in tree_children(rank, ranks) {
+        send_frame(mailbox, child, &frame)?;
     }
-    match receive_frame(mailbox, layout, SERVICE_RANK, timeout * 2, "broadcast")? {
+    match frame {
         Frame::Part(bytes) => Ok(bytes),
         Frame::Done(Err(reason)) => Err(ClusterError::Coordinator(reason)),
-        other => Err(unexpected(SERVICE_RANK, &other, "a broadcast")),
+        other => Err(unexpected(tree_parent(rank), &other, "a broadcast")),
     }
+}
+
+/// The rank `rank` receives a broadcast from: `rank` with its highest set
+/// bit cleared (rank 0 has none).
+fn tree_parent(rank: u32) -> u32 {
+    match rank {
+        0 => 0,
+        r => r & !(1 << (31 - r.leading_zeros())),
+    }
+}
+
+/// The ranks `rank` passes a broadcast on to among `ranks`: `rank + 2^j`
+/// for every power of two above `rank`.
+fn tree_children(rank: u32, ranks: u32) -> impl Iterator<Item = u32> {
+    let first = u64::from(rank + 1).next_power_of_two();
+    std::iter::successors(Some(first), |step| Some(step * 2))
+        .map(move |step| u64::from(rank) + step)
+        .take_while(move |&child| child < u64::from(ranks))
+        .map(|child| child as u32)
 }
 
 /// Every rank sends rank 0 its part of the world; rank 0 gets them all
@@ -225,5 +265,37 @@ pub fn finish(
     match receive_frame(mailbox, layout, SERVICE_RANK, timeout * 2, "final verdict")? {
         Frame::Done(verdict) => verdict.map_err(ClusterError::Coordinator),
         other => Err(unexpected(SERVICE_RANK, &other, "the final verdict")),
+    }
+}
+
+#[cfg(test)]
+mod tree_tests {
+    use super::{tree_children, tree_parent};
+
+    /// Every rank but 0 has one parent, below it, whose children list it;
+    /// no rank sends or waits more than `⌈log₂ R⌉` hops.
+    #[test]
+    fn the_broadcast_tree_reaches_every_rank_once() {
+        for ranks in 1u32..=70 {
+            let mut reached = vec![0u32; ranks as usize];
+            for r in 0..ranks {
+                for c in tree_children(r, ranks) {
+                    assert!(c > r && c < ranks);
+                    assert_eq!(tree_parent(c), r, "{c} of {ranks}");
+                    reached[c as usize] += 1;
+                }
+            }
+            assert!(reached[1..].iter().all(|&n| n == 1), "{ranks}: {reached:?}");
+            let rounds = ranks.next_power_of_two().trailing_zeros();
+            for r in 0..ranks {
+                assert!(r.count_ones() <= rounds);
+                assert!(tree_children(r, ranks).count() as u32 <= rounds);
+            }
+        }
+        assert_eq!(tree_children(0, 8).collect::<Vec<_>>(), [1, 2, 4]);
+        assert_eq!(tree_children(1, 8).collect::<Vec<_>>(), [3, 5]);
+        assert_eq!(tree_children(2, 8).collect::<Vec<_>>(), [6]);
+        assert_eq!(tree_children(4, 8).count(), 0);
+        assert_eq!(tree_parent(6), 2);
     }
 }
