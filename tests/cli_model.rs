@@ -3,25 +3,10 @@
 
 #[path = "common/binary.rs"]
 mod binary;
+#[path = "common/cli_json.rs"]
+mod cli_json;
 use binary::optirs;
-
-fn json(args: &[&str]) -> serde_json::Value {
-    let out = optirs(args);
-    assert!(
-        out.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("one JSON value")
-}
-
-fn usage_error(args: &[&str], needle: &str) {
-    let out = optirs(args);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
-    assert!(err.contains(needle), "`{needle}` not in {err}");
-    assert!(!err.contains("panicked"), "{err}");
-}
+use cli_json::{json, usage_error};
 
 #[test]
 fn train_model_reports_the_whole_step() {
@@ -583,7 +568,7 @@ fn a_step_beyond_the_validated_mixtures_is_reported_as_a_lower_bound() {
         goodput_args.clone(),
         vec!["plan", "v5p-1024", "--model", "deepseek3-671b"],
     ] {
-        let out = binary::optirs(&text_args);
+        let out = optirs(&text_args);
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(out.status.success(), "{text_args:?}");
         assert!(

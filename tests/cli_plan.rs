@@ -4,31 +4,15 @@
 
 #[path = "common/binary.rs"]
 mod binary;
+#[path = "common/cli_json.rs"]
+mod cli_json;
 use binary::optirs;
+use cli_json::{json, usage_error};
 
 use serde_json::Value;
 
 const POD: &str = "v5e-64";
 const MODEL: &str = "maxtext-v5e-16b";
-
-fn json(args: &[&str]) -> Value {
-    let out = optirs(args);
-    assert!(
-        out.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("one JSON value")
-}
-
-fn usage_error(args: &[&str], needle: &str) -> String {
-    let out = optirs(args);
-    let err = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
-    assert!(err.contains(needle), "{args:?}: `{needle}` not in {err}");
-    assert!(!err.contains("panicked"), "{err}");
-    err
-}
 
 fn f(v: &Value) -> f64 {
     v.as_f64().unwrap_or_else(|| panic!("not a number: {v}"))
