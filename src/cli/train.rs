@@ -17,7 +17,7 @@ use clap::builder::PossibleValuesParser;
 use ndarray::{ArrayD, IxDyn};
 use optirs_tpu::Pod;
 use optirs_tpu::cost_model::{
-    DataReduction, StepOrder, StrategyOptions, WideBytes, modeled_strategy_step, wide_map,
+    DataReduction, StrategyOptions, WideBytes, modeled_strategy_step, wide_map,
 };
 use optirs_tpu::health::Fault;
 use optirs_tpu::sharding::{
@@ -690,20 +690,13 @@ fn modeled_only(args: &TrainArgs, sizes: &[usize]) -> Result<()> {
         .enumerate()
         .map(|(i, &n)| (format!("param{i}"), vec![n]))
         .collect();
+    // The optimizer's order, the reduction overlapped as the real run it
+    // stands for does (which `tests/modeled.rs` holds it to).
     let options = StrategyOptions {
-        strategy: args.strategy(),
         mesh,
         prefetch: args.prefetch.unwrap_or(1),
         recovery: args.recovery,
-        use_seconds: 0.0,
-        backward_use_seconds: None,
-        between_seconds: 0.0,
-        record_spans: false,
-        // As the real run it stands for, which `tests/modeled.rs` holds it to.
-        data_reduction: DataReduction::Overlapped,
-        order: StepOrder::Optimizer,
-        precision: None,
-        expert_share: 0.0,
+        ..StrategyOptions::new(args.strategy(), &topology)
     };
     let modeling = Instant::now();
     let step = modeled_strategy_step(

@@ -92,9 +92,13 @@ struct DroplessCoverage {
     beyond: Vec<GapRun>,
 }
 
+/// `config`'s mixture, if it routes dropless (no capacity factor).
+fn dropless_mixture(config: &ModelConfig) -> Option<MixtureOfExperts> {
+    config.moe.filter(|m| m.capacity_factor.is_none())
+}
+
 fn dropless(row: &RecipeRow) -> Result<Option<MixtureOfExperts>, StepModelError> {
-    let moe = bundled(&row.model)?.moe;
-    Ok(moe.filter(|m| m.capacity_factor.is_none()))
+    Ok(dropless_mixture(&bundled(&row.model)?))
 }
 
 fn coverage() -> Result<DroplessCoverage, StepModelError> {
@@ -130,7 +134,7 @@ fn coverage() -> Result<DroplessCoverage, StepModelError> {
 /// that kind the model misses. The recipes are modeled once per process.
 pub fn known_gap(config: &ModelConfig) -> Result<Option<KnownGap>, StepModelError> {
     static COVERAGE: OnceLock<Result<DroplessCoverage, String>> = OnceLock::new();
-    let Some(moe) = config.moe.filter(|m| m.capacity_factor.is_none()) else {
+    let Some(moe) = dropless_mixture(config) else {
         return Ok(None);
     };
     let coverage = COVERAGE
