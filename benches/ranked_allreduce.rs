@@ -18,6 +18,16 @@
 //!   order: each rank's 2×2 block folded once in place, the z pass across
 //!   ranks, then the block's copies.
 //!
+//! Each layout runs twice: over messages (`RankedGrid`: nonblocking
+//! `MPI_Isend`/`MPI_Irecv` between the members' own buffers, the data
+//! plane of ranks on several nodes), and through the ranks' MPI-3 shared
+//! window (`SharedGrid::all_reduce_in_place`: every member's buffer a
+//! region of its rank's part, each owner folding the others' chunks where
+//! they lie and each member copying the owners' results straight from
+//! them — how the split train step holds its gradients on one node). The
+//! ring also runs `staged`: the members' buffers in the caller's memory,
+//! copied into the window and back inside the timed round.
+//!
 //! Each round restores every member's input, then a barrier, then the
 //! collective; a round's time is the slowest rank's. busbw = 2(n−1)/n ·
 //! BYTES / time for n members.
@@ -40,7 +50,7 @@ fn main() {
 
 #[cfg(feature = "mpi")]
 mod bench {
-    use optirs_tpu::collectives::ranked::{RankedGrid, grid_shard_ranges};
+    use optirs_tpu::collectives::ranked::{RankedGrid, SharedGrid, grid_shard_ranges};
     use optirs_tpu::collectives::{ReduceGrid, ReduceOp};
     use optirs_tpu::topology::{DeviceId, load_preset};
     use optirs_tpu::transport::cluster::{self, Mailbox, RankContext, RankLayout, SharedMailbox};
@@ -166,6 +176,121 @@ mod bench {
         (median(times), total(ctx, wrong))
     }
 
+    /// Where the members' buffers are in the window rounds: in the ranks'
+    /// shared segment already (as the split train step keeps its
+    /// gradients), or in the caller's memory, copied into the segment and
+    /// back within the timed round.
+    #[derive(Clone, Copy, PartialEq)]
+    enum Residence {
+        Segment,
+        Staged,
+    }
+
+    /// [`rounds`] through the ranks' shared segment
+    /// ([`SharedGrid::all_reduce_in_place`]): each member's buffer a
+    /// region of its rank's part.
+    fn rounds_shared(
+        ctx: &RankContext,
+        grid: &ReduceGrid,
+        rank_of: &[u32],
+        elements: usize,
+        rounds: usize,
+        residence: Residence,
+    ) -> ((f64, f64), u64) {
+        let me = ctx.layout.rank();
+        let n = grid.len();
+        let mut held = vec![0usize; ctx.layout.ranks() as usize];
+        let slot: Vec<usize> = rank_of
+            .iter()
+            .map(|&r| {
+                held[r as usize] += 1;
+                held[r as usize] - 1
+            })
+            .collect();
+        let most = held.into_iter().max().unwrap_or(0);
+        let inputs: Vec<Option<Vec<f32>>> = (0..n)
+            .map(|pos| {
+                (rank_of[pos] == me).then(|| {
+                    (0..elements)
+                        .map(|i| value(grid.members()[pos], i))
+                        .collect()
+                })
+            })
+            .collect();
+        let want = expected(grid, elements);
+        let mut caller = inputs.clone();
+        let mut times = Vec::with_capacity(rounds);
+        let mut wrong = 0u64;
+        ctx.with_shared_segment(most * elements * 4, |segment| {
+            let base: Vec<*mut f32> = (0..n)
+                .map(|p| {
+                    let part = segment.part(rank_of[p]).expect("a part per rank");
+                    // SAFETY: `most` regions of `elements` fit in a part.
+                    unsafe { part.cast::<f32>().add(slot[p] * elements) }
+                })
+                .collect();
+            // SAFETY (every block below): this rank's members' regions of
+            // its part, touched only between the collective's calls, which
+            // fence before their first access and after their last.
+            let region = |p: usize| unsafe { std::slice::from_raw_parts_mut(base[p], elements) };
+            let shared = SharedGrid {
+                grid,
+                rank_of,
+                base: &base,
+                len: elements,
+            };
+            for round in 0..rounds + 3 {
+                for (p, input) in inputs.iter().enumerate() {
+                    if let Some(input) = input {
+                        match residence {
+                            Residence::Segment => region(p).copy_from_slice(input),
+                            Residence::Staged => caller[p]
+                                .as_mut()
+                                .expect("held here")
+                                .copy_from_slice(input),
+                        }
+                    }
+                }
+                barrier(ctx);
+                let started = Instant::now();
+                if residence == Residence::Staged {
+                    for (p, held) in caller.iter().enumerate() {
+                        if let Some(held) = held {
+                            region(p).copy_from_slice(held);
+                        }
+                    }
+                }
+                unsafe { shared.all_reduce_in_place(ctx, segment, ReduceOp::Sum) }?;
+                if residence == Residence::Staged {
+                    for (p, held) in caller.iter_mut().enumerate() {
+                        if let Some(held) = held {
+                            held.copy_from_slice(region(p));
+                        }
+                    }
+                }
+                let t = slowest(ctx, started.elapsed().as_secs_f64());
+                for p in (0..n).filter(|&p| rank_of[p] == me) {
+                    let got: &[f32] = match residence {
+                        Residence::Segment => region(p),
+                        Residence::Staged => caller[p].as_deref().expect("held here"),
+                    };
+                    wrong += got
+                        .iter()
+                        .zip(&want)
+                        .filter(|(got, want)| got.to_bits() != want.to_bits())
+                        .count() as u64;
+                }
+                if round >= 3 {
+                    times.push(t);
+                }
+            }
+            Ok(())
+        })
+        .expect("the shared all-reduce")
+        .expect("ranks on one node share memory");
+        (median(times), total(ctx, wrong))
+    }
+
     /// The sum of every rank's `count`, on rank 0 (others get their own).
     fn total(ctx: &RankContext, count: u64) -> u64 {
         let parts = cluster::gather_parts(
@@ -235,11 +360,35 @@ mod bench {
             .map(|d| ctx.layout.rank_of_device(DeviceId(d)))
             .collect();
         let (torus_time, torus_wrong) = rounds(&ctx, &torus, &torus_ranks, elements, count);
+        let shared = |grid: &ReduceGrid, ranks: &[u32], residence: Residence| {
+            rounds_shared(&ctx, grid, ranks, elements, count, residence)
+        };
+        let ring_window = shared(&ring, &ring_ranks, Residence::Segment);
+        let ring_staged = shared(&ring, &ring_ranks, Residence::Staged);
+        let torus_window = shared(&torus, &torus_ranks, Residence::Segment);
         let floor_time = floor(&ctx, elements, count);
+        let results = [
+            ("ring of ranks", ranks as usize, ring_time, ring_wrong),
+            ("v4-16 torus", 8, torus_time, torus_wrong),
+            (
+                "ring of ranks, window",
+                ranks as usize,
+                ring_window.0,
+                ring_window.1,
+            ),
+            (
+                "ring of ranks, window, staged",
+                ranks as usize,
+                ring_staged.0,
+                ring_staged.1,
+            ),
+            ("v4-16 torus, window", 8, torus_window.0, torus_window.1),
+        ];
+        let wrong: u64 = results.iter().map(|r| r.3).sum();
         if ctx.layout.runs_service() {
             let busbw = |n: usize, t: f64| 2.0 * (n as f64 - 1.0) / n as f64 * bytes as f64 / t;
-            let row = |layout: &str, n: usize, (median, min): (f64, f64), wrong: u64| {
-                format!(
+            for (layout, n, (median, min), wrong) in results {
+                println!(
                     "{{\"layout\":\"{layout}\",\"ranks\":{ranks},\"members\":{n},\"bytes\":{bytes},\
                      \"rounds\":{count},\"median_seconds\":{median:.9},\"min_seconds\":{min:.9},\
                      \"busbw_bytes_per_s\":{:.1},\"floor_seconds\":{:.9},\"ratio_to_floor\":{:.3},\
@@ -247,21 +396,13 @@ mod bench {
                     busbw(n, median),
                     floor_time.0,
                     median / floor_time.0
-                )
-            };
-            println!(
-                "{}",
-                row("ring of ranks", ranks as usize, ring_time, ring_wrong)
-            );
-            println!("{}", row("v4-16 torus", 8, torus_time, torus_wrong));
+                );
+            }
         }
         drop(ctx);
         drop(session);
-        if ring_wrong + torus_wrong > 0 {
-            eprintln!(
-                "ranked_allreduce: {} elements differ from the one-process reduction",
-                ring_wrong + torus_wrong
-            );
+        if wrong > 0 {
+            eprintln!("ranked_allreduce: {wrong} elements differ from the one-process reduction");
             std::process::exit(1);
         }
     }

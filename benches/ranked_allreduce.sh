@@ -5,6 +5,8 @@
 # the shared-memory floor measured in the same run. The v4-16 torus holds
 # 8/RANKS devices' buffers per rank, so MPI_Allreduce also runs on that
 # many bytes per rank (its "bytes" field says which): the torus's peer.
+# Ours runs each layout over messages and through the ranks' shared window
+# (the "window" rows; "staged" copies the caller's buffers in and out).
 #
 # The run fails (like nccl-tests' #wrong) if any element of any round of
 # ours differs from the single-process reduction in the canonical order:

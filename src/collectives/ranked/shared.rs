@@ -17,6 +17,11 @@
 //! half a call fills was last read before every rank passed the previous
 //! call's first fence.
 //!
+//! [`SharedGrid::all_reduce_in_place`] is the whole all-reduce for members
+//! that live in the segment: the same folds, each into the owner's own
+//! chunk, then the all-gather's copies from each owner straight into the
+//! other members, and a fence at the end instead of alternating halves.
+//!
 //! [`ReduceGrid::reduce_for`]: crate::collectives::ReduceGrid::reduce_for
 
 use std::ops::Range;
@@ -106,6 +111,116 @@ impl<T: Element> SharedGrid<'_, T> {
         Ok(ranges)
     }
 
+    /// All-reduce with every member's whole buffer in the segment, in
+    /// place: the reduce-scatter's passes fold each owner's chunk where it
+    /// lies (as [`SharedGrid::reduce_scatter_from`] does, bit for bit
+    /// [`ReduceGrid::reduce_for`]'s), then the all-gather's passes, in
+    /// reverse, copy each line's owned chunks into its other members. A
+    /// fence before every pass, and one at the end, so the caller may
+    /// write its members again as soon as this returns. Afterwards every
+    /// member's `0..len` holds the reduction of every member's values.
+    ///
+    /// Each crossing byte is read once where it lies and written once
+    /// where it is due: no send, no receive, no staging copy.
+    ///
+    /// # Safety
+    /// For every member `p`, `base[p]..base[p] + len` must be memory of
+    /// `segment` that stays allocated through the call, that no two
+    /// members share, and that nothing but this call on every rank (all of
+    /// them call it alike) reads or writes until it returns.
+    pub unsafe fn all_reduce_in_place(
+        &self,
+        ctx: &RankContext,
+        segment: &mut SharedSegment,
+        op: ReduceOp,
+    ) -> Result<(), ClusterError> {
+        const AWAITING: &str = "arrival at the shared all-reduce's fence";
+        let dims = self.grid.dims().to_vec();
+        let me = ctx.layout.rank();
+        let n = self.grid.len();
+        if self.rank_of.len() != n || self.base.len() != n {
+            return Err(ClusterError::Protocol {
+                rank: me,
+                what: format!(
+                    "a shared all-reduce over {n} members given {} ranks and {} bases",
+                    self.rank_of.len(),
+                    self.base.len()
+                ),
+            });
+        }
+        let mut ranges = vec![0..self.len; n];
+        // Each dimension's ranges before its pass narrowed them: the
+        // all-gather's pass along it fills them back.
+        let mut wider = Vec::with_capacity(dims.len());
+        let mut scratch = Vec::new();
+        for (dim, &extent) in dims.iter().enumerate() {
+            wider.push(ranges.clone());
+            if extent > 1 {
+                ctx.fence(segment, AWAITING)?;
+                // SAFETY: the caller's contract, and the pass's (module docs).
+                unsafe { self.pass(dim, &ranges, me, op, None, &mut scratch) };
+            }
+            narrow(&dims, dim, &mut ranges);
+        }
+        if op == ReduceOp::Mean {
+            for pos in (0..n).filter(|&p| self.rank_of[p] == me) {
+                // SAFETY: the member's owned range, which only its rank
+                // writes, and no rank reads before the next fence.
+                let owned = unsafe { self.write(pos, &ranges[pos]) };
+                for v in owned {
+                    *v = v.div_count(n);
+                }
+            }
+        }
+        for dim in (0..dims.len()).rev() {
+            if dims[dim] > 1 {
+                ctx.fence(segment, AWAITING)?;
+                // SAFETY: as above, the ranks fenced since the last pass.
+                unsafe { self.gather_pass(dim, &wider[dim], me) };
+            }
+        }
+        ctx.fence(segment, AWAITING)
+    }
+
+    /// The all-gather's pass along `dim`: each of this rank's members
+    /// copies, over its `ranges` entry, every other line member's own
+    /// chunk from that member into itself. A member writes only the chunks
+    /// it does not own, and each is read only from the member that owns
+    /// it, which does not write it in this pass.
+    ///
+    /// # Safety
+    /// As [`SharedGrid::all_reduce_in_place`]'s, the ranks fenced since
+    /// the last pass.
+    unsafe fn gather_pass(&self, dim: usize, ranges: &[Range<usize>], me: u32) {
+        let n = self.grid.dims()[dim];
+        for line in lines(self.grid.dims(), dim) {
+            let range = &ranges[line[0]];
+            for (own, &member) in line.iter().enumerate() {
+                if self.rank_of[member] != me {
+                    continue;
+                }
+                for (c, &owner) in line.iter().enumerate().filter(|&(c, _)| c != own) {
+                    let sub = chunk_range(range.len(), n, c);
+                    let chunk = range.start + sub.start..range.start + sub.end;
+                    // SAFETY: the owner's own chunk, which no rank writes in
+                    // this pass, into the member's copy of it, which only
+                    // this rank writes and no rank reads in this pass.
+                    unsafe { self.write(member, &chunk) }
+                        .copy_from_slice(unsafe { self.read(owner, &chunk) });
+                }
+            }
+        }
+    }
+
+    /// Member `pos`'s elements over `range`, to write in place.
+    ///
+    /// # Safety
+    /// As [`SharedGrid::read`]'s, and no other slice of them lives.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn write(&self, pos: usize, range: &Range<usize>) -> &mut [T] {
+        unsafe { std::slice::from_raw_parts_mut(self.base[pos].add(range.start), range.len()) }
+    }
+
     /// Refuses a call whose members or outputs do not fit the grid.
     fn check(&self, me: u32, out: &[Option<&mut [T]>]) -> Result<(), ClusterError> {
         let n = self.grid.len();
@@ -182,12 +297,7 @@ impl<T: Element> SharedGrid<'_, T> {
                     None => {
                         // SAFETY: as above; the owner's chunk is written by
                         // this rank alone, and no slice of it is live.
-                        let target = unsafe {
-                            std::slice::from_raw_parts_mut(
-                                self.base[owner].add(chunk.start),
-                                chunk.len(),
-                            )
-                        };
+                        let target = unsafe { self.write(owner, &chunk) };
                         fold_into(op, target, &sources, scratch);
                     }
                 }

@@ -3,18 +3,23 @@
 
 use super::tests::{contexts, grid_over_ranks, value};
 use super::*;
+use crate::transport::cluster::SharedSegment;
 use proptest::prelude::*;
 use std::time::Duration;
 
-/// Every member's owned range after the shared reduce-scatter, by grid
-/// position; each member's buffer is a region of its rank's part.
-fn run_shared(
+/// What `body` returns on each rank, by grid position, after every
+/// member's buffer was filled with its input in a region of its rank's
+/// part of a shared segment (`base`, by position) over thread ranks.
+fn on_shared_ranks<B>(
     grid: &ReduceGrid,
     rank_of: &[u32],
     ranks: u32,
     len: usize,
-    op: ReduceOp,
-) -> Vec<Vec<f32>> {
+    body: B,
+) -> Vec<Vec<f32>>
+where
+    B: Fn(&RankContext, &mut SharedSegment, &SharedGrid<'_, f32>) -> Vec<(usize, Vec<f32>)> + Sync,
+{
     let n = grid.len();
     // Each member's region index on its rank, and the most a rank holds.
     let mut held = vec![0usize; ranks as usize];
@@ -26,17 +31,13 @@ fn run_shared(
         })
         .collect();
     let most = held.into_iter().max().unwrap_or(0);
-    let owned = grid_shard_ranges(grid.dims(), len);
     let results: Vec<Vec<(usize, Vec<f32>)>> = std::thread::scope(|s| {
         let handles: Vec<_> = contexts(ranks)
             .into_iter()
             .map(|ctx| {
-                let (slot, owned) = (&slot, &owned);
+                let (slot, body) = (&slot, &body);
                 s.spawn(move || {
                     let me = ctx.layout.rank();
-                    let mut out: Vec<Option<Vec<f32>>> = (0..n)
-                        .map(|p| (rank_of[p] == me).then(|| vec![0f32; owned[p].len()]))
-                        .collect();
                     ctx.with_shared_segment(most * len * 4, |segment| {
                         let base: Vec<*mut f32> = (0..n)
                             .map(|p| {
@@ -52,24 +53,16 @@ fn run_shared(
                                 unsafe { *base[p].add(i) = value(grid.members()[p], i) };
                             }
                         }
-                        let mut outs: Vec<Option<&mut [f32]>> =
-                            out.iter_mut().map(|o| o.as_deref_mut()).collect();
                         let shared = SharedGrid {
                             grid,
                             rank_of,
                             base: &base,
                             len,
                         };
-                        // SAFETY: every member's own region of its rank's
-                        // part, touched by nothing else during the call.
-                        unsafe { shared.reduce_scatter_from(&ctx, segment, op, 0, &mut outs) }
+                        Ok(body(&ctx, segment, &shared))
                     })
-                    .expect("the shared reduce-scatter")
-                    .expect("thread ranks share memory");
-                    out.into_iter()
-                        .enumerate()
-                        .filter_map(|(p, o)| Some((p, o?)))
-                        .collect()
+                    .expect("the shared collective")
+                    .expect("thread ranks share memory")
                 })
             })
             .collect();
@@ -83,6 +76,76 @@ fn run_shared(
         by_position[p] = values;
     }
     by_position
+}
+
+/// Every member's owned range after the shared reduce-scatter, by grid
+/// position.
+fn run_shared(
+    grid: &ReduceGrid,
+    rank_of: &[u32],
+    ranks: u32,
+    len: usize,
+    op: ReduceOp,
+) -> Vec<Vec<f32>> {
+    let owned = grid_shard_ranges(grid.dims(), len);
+    on_shared_ranks(grid, rank_of, ranks, len, |ctx, segment, shared| {
+        let me = ctx.layout.rank();
+        let mut out: Vec<Option<Vec<f32>>> = (0..grid.len())
+            .map(|p| (rank_of[p] == me).then(|| vec![0f32; owned[p].len()]))
+            .collect();
+        let mut outs: Vec<Option<&mut [f32]>> = out.iter_mut().map(|o| o.as_deref_mut()).collect();
+        // SAFETY: every member's own region of its rank's part, touched by
+        // nothing else during the call.
+        unsafe { shared.reduce_scatter_from(ctx, segment, op, 0, &mut outs) }
+            .expect("the shared reduce-scatter");
+        out.into_iter()
+            .enumerate()
+            .filter_map(|(p, o)| Some((p, o?)))
+            .collect()
+    })
+}
+
+/// Every member's whole buffer after the shared all-reduce in place, by
+/// grid position.
+fn run_shared_all_reduce(
+    grid: &ReduceGrid,
+    rank_of: &[u32],
+    ranks: u32,
+    len: usize,
+    op: ReduceOp,
+) -> Vec<Vec<f32>> {
+    on_shared_ranks(grid, rank_of, ranks, len, |ctx, segment, shared| {
+        // SAFETY: every member's own region of its rank's part, touched by
+        // nothing else during the call.
+        unsafe { shared.all_reduce_in_place(ctx, segment, op) }.expect("the shared all-reduce");
+        let me = ctx.layout.rank();
+        (0..grid.len())
+            .filter(|&p| rank_of[p] == me)
+            // SAFETY: the call fenced after its last write; no rank writes
+            // the segment again in this test.
+            .map(|p| {
+                (
+                    p,
+                    unsafe { std::slice::from_raw_parts(shared.base[p], len) }.to_vec(),
+                )
+            })
+            .collect()
+    })
+}
+
+/// The reduction one process computes for the whole buffer: every owner's
+/// range reduced in the canonical order.
+fn one_process_all_reduce(grid: &ReduceGrid, len: usize, op: ReduceOp) -> Vec<f32> {
+    let mut whole = vec![0f32; len];
+    for (owner, range) in grid_shard_ranges(grid.dims(), len).into_iter().enumerate() {
+        let start = range.start;
+        grid.reduce_for(owner, op, &mut whole[range], &mut |member, offset, buf| {
+            for (j, v) in buf.iter_mut().enumerate() {
+                *v = value(member, start + offset + j);
+            }
+        });
+    }
+    whole
 }
 
 proptest! {
@@ -116,6 +179,38 @@ proptest! {
             let got: Vec<u32> = got[p].iter().map(|v| v.to_bits()).collect();
             let want: Vec<u32> = expected.iter().map(|v| v.to_bits()).collect();
             prop_assert_eq!(got, want, "owner {} of {:?}", p, grid.dims());
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    /// Split over ranks in any way, the all-reduce in place leaves every
+    /// member holding, bit for bit, what one process reduces.
+    #[test]
+    fn the_shared_all_reduce_in_place_matches_one_process(
+        dims in prop::collection::vec(1usize..=4, 1..=3),
+        ring in any::<bool>(),
+        len in 0usize..70,
+        ranks in 2u32..=4,
+        seed in any::<u64>(),
+        mean in any::<bool>(),
+    ) {
+        let n: usize = dims.iter().product();
+        prop_assume!(n > 1);
+        let (grid, rank_of, ranks) = grid_over_ranks(&dims, ring, ranks, seed);
+        let op = if mean { ReduceOp::Mean } else { ReduceOp::Sum };
+        let want: Vec<u32> = one_process_all_reduce(&grid, len, op)
+            .iter()
+            .map(|v| v.to_bits())
+            .collect();
+        for (p, got) in run_shared_all_reduce(&grid, &rank_of, ranks, len, op)
+            .into_iter()
+            .enumerate()
+        {
+            let got: Vec<u32> = got.iter().map(|v| v.to_bits()).collect();
+            prop_assert_eq!(&got, &want, "member {} of {:?}", p, grid.dims());
         }
     }
 }
