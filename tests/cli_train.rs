@@ -63,6 +63,19 @@ fn no_shared_memory_is_refused_in_one_process() {
     assert_usage(&run(&args), "--no-shared-memory");
 }
 
+/// `--rank-timeout` bounds the waits between the ranks of a split run;
+/// one process waits for none, so the flag is refused there, not ignored.
+#[test]
+fn rank_timeout_is_refused_in_one_process() {
+    assert_usage(
+        &run(&with(&["--rank-timeout", "5"])),
+        "--rank-timeout 5: a run in one process waits for no other rank",
+    );
+    let run_command = ["run", "v4-16", "--steps", "2", "--rank-timeout", "5"];
+    let args: Vec<String> = run_command.iter().map(|s| s.to_string()).collect();
+    assert_usage(&run(&args), "--rank-timeout 5: a run in one process");
+}
+
 #[test]
 fn a_checkpoint_dir_that_is_a_file_is_refused_before_any_work() {
     let dir = tempfile::tempdir().unwrap();

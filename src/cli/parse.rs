@@ -276,6 +276,11 @@ pub fn number(value: f64) -> String {
     }
 }
 
+/// How long a rank of a split run waits for another when `--rank-timeout`
+/// is not given.
+#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+pub const DEFAULT_RANK_TIMEOUT_SECONDS: f64 = 30.0;
+
 /// `--rank-timeout`: seconds above 0, at most a day.
 pub fn parse_rank_timeout(text: &str) -> Result<f64, String> {
     parse_positive(text, 86_400.0)

@@ -216,7 +216,10 @@ fn train_split(args: TrainArgs, launch: Launch) -> Result<()> {
         args.refuse_split_only()?;
         let sizes = model_sizes(&args)?;
         let topology = checked_topology(&args, &sizes)?;
-        let timeout = Duration::from_secs_f64(args.rank_timeout);
+        let timeout = Duration::from_secs_f64(
+            args.rank_timeout
+                .unwrap_or(super::parse::DEFAULT_RANK_TIMEOUT_SECONDS),
+        );
         let devices = topology.num_devices();
         let mailbox = if args.no_shared_memory {
             mailbox.without_shared_memory()
@@ -290,7 +293,10 @@ pub fn run(args: RunArgs, launch: Launch) -> Result<()> {
         args.check_length(topology.tick_ns)?;
         let plan = args.faults(&topology)?;
         let every = args.checkpoint_ticks(topology.tick_ns)?;
-        let timeout = Duration::from_secs_f64(args.rank_timeout);
+        let timeout = Duration::from_secs_f64(
+            args.rank_timeout
+                .unwrap_or(super::parse::DEFAULT_RANK_TIMEOUT_SECONDS),
+        );
         let mut pod = RankedPod::with_timeout(topology, Box::new(mailbox), timeout)?;
         if let Some(dir) = &args.restore {
             pod.restore_checkpoint(dir)?;

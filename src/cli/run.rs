@@ -89,10 +89,11 @@ pub struct RunArgs {
     skip_idle: bool,
     /// Under `mpirun`: how long a rank waits for another before it stops,
     /// naming the lost rank and its hosts (rank 0 waits this long, the
-    /// others twice as long).
-    #[arg(long, value_name = "SECONDS", default_value_t = 30.0, value_parser = super::parse::parse_rank_timeout,
+    /// others twice as long). 30 s if not given; refused in one process,
+    /// which waits for no other rank.
+    #[arg(long, value_name = "SECONDS", value_parser = super::parse::parse_rank_timeout,
           allow_negative_numbers = true)]
-    pub(super) rank_timeout: f64,
+    pub(super) rank_timeout: Option<f64>,
     /// Write a checkpoint every this many simulated seconds (a whole
     /// number of the pod's ticks) into --checkpoint-dir, named
     /// `tick-NNNNNNNNNNNN`; under mpirun, one split checkpoint of every
@@ -305,6 +306,14 @@ const SKIP_CHUNK_TICKS: u64 = 1 << 16;
 /// `run` in this process (`mod.rs` checks the outputs first and sends a
 /// pod split over MPI ranks to [`super::ranks::run`]).
 pub fn run(args: RunArgs) -> Result<()> {
+    if let Some(seconds) = args.rank_timeout {
+        return Err(usage(format!(
+            "--rank-timeout {}: a run in one process waits for no other rank; the flag bounds \
+             how long the ranks of a split run wait for each other (`mpirun -n R optirs-tpu run \
+             … --rank-timeout SECONDS`)",
+            number(seconds)
+        )));
+    }
     let mut profiler = args.trace.as_ref().map(|_| ProfilingIntegration::new());
     let build_start = Instant::now();
     let build = || -> optirs_tpu::error::Result<Pod> {

@@ -184,10 +184,10 @@ pub struct TrainArgs {
     pub(super) repeats: Option<usize>,
     /// Under `mpirun`: how long a rank waits for another before it stops,
     /// naming the lost rank and its hosts (rank 0 waits this long, the
-    /// others twice as long).
-    #[arg(long, value_name = "SECONDS", default_value_t = 30.0,
-          value_parser = parse_rank_timeout)]
-    pub(super) rank_timeout: f64,
+    /// others twice as long). 30 s if not given; refused in one process,
+    /// which waits for no other rank.
+    #[arg(long, value_name = "SECONDS", value_parser = parse_rank_timeout)]
+    pub(super) rank_timeout: Option<f64>,
     /// Under `mpirun`, with every rank on one node: move the step's
     /// collectives' bytes between ranks by MPI messages instead of reading
     /// them in place in an MPI-3 shared-memory window (as ranks on several
@@ -326,6 +326,14 @@ pub fn train(args: TrainArgs) -> Result<()> {
              optirs-tpu train … --no-shared-memory`)"
                 .to_string(),
         ));
+    }
+    if let Some(seconds) = args.rank_timeout {
+        return Err(usage(format!(
+            "--rank-timeout {}: a run in one process waits for no other rank; the flag bounds \
+             how long the ranks of a split run wait for each other (`mpirun -n R optirs-tpu \
+             train … --rank-timeout SECONDS`)",
+            super::parse::number(seconds)
+        )));
     }
     args.refuse_unusable()?;
     if let (Some(spec), true) = (&args.model, args.modeled_only) {
