@@ -50,7 +50,9 @@ fn main() {
 
 #[cfg(feature = "mpi")]
 mod bench {
-    use optirs_tpu::collectives::ranked::{RankedGrid, SharedGrid, grid_shard_ranges};
+    use optirs_tpu::collectives::ranked::{
+        RankedGrid, SharedGrid, grid_shard_ranges, member_regions,
+    };
     use optirs_tpu::collectives::{ReduceGrid, ReduceOp};
     use optirs_tpu::topology::{DeviceId, load_preset};
     use optirs_tpu::transport::cluster::{self, Mailbox, RankContext, RankLayout, SharedMailbox};
@@ -114,6 +116,14 @@ mod bench {
         whole
     }
 
+    /// The elements of `got` whose bits differ from `want`'s.
+    fn wrong_elements(got: &[f32], want: &[f32]) -> u64 {
+        got.iter()
+            .zip(want)
+            .filter(|(got, want)| got.to_bits() != want.to_bits())
+            .count() as u64
+    }
+
     /// One layout's rounds: (median, min) of the slowest rank's seconds,
     /// and the wrong elements over every round and rank.
     fn rounds(
@@ -163,11 +173,7 @@ mod bench {
             ranked.all_gather(ctx).expect("all-gather");
             let t = slowest(ctx, started.elapsed().as_secs_f64());
             for buffer in buffers.iter().flatten() {
-                wrong += buffer
-                    .iter()
-                    .zip(&want)
-                    .filter(|(got, want)| got.to_bits() != want.to_bits())
-                    .count() as u64;
+                wrong += wrong_elements(buffer, &want);
             }
             if round >= 3 {
                 times.push(t);
@@ -199,15 +205,7 @@ mod bench {
     ) -> ((f64, f64), u64) {
         let me = ctx.layout.rank();
         let n = grid.len();
-        let mut held = vec![0usize; ctx.layout.ranks() as usize];
-        let slot: Vec<usize> = rank_of
-            .iter()
-            .map(|&r| {
-                held[r as usize] += 1;
-                held[r as usize] - 1
-            })
-            .collect();
-        let most = held.into_iter().max().unwrap_or(0);
+        let (slot, most) = member_regions(rank_of, ctx.layout.ranks());
         let inputs: Vec<Option<Vec<f32>>> = (0..n)
             .map(|pos| {
                 (rank_of[pos] == me).then(|| {
@@ -274,11 +272,7 @@ mod bench {
                         Residence::Segment => region(p),
                         Residence::Staged => caller[p].as_deref().expect("held here"),
                     };
-                    wrong += got
-                        .iter()
-                        .zip(&want)
-                        .filter(|(got, want)| got.to_bits() != want.to_bits())
-                        .count() as u64;
+                    wrong += wrong_elements(got, &want);
                 }
                 if round >= 3 {
                     times.push(t);

@@ -39,7 +39,7 @@ use super::ring::chunk_range;
 use super::streamed::ReduceGrid;
 use crate::transport::ClusterError;
 use crate::transport::cluster::RankContext;
-pub use shared::SharedGrid;
+pub use shared::{SharedGrid, member_regions};
 
 mod block;
 mod gather;

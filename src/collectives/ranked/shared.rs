@@ -34,6 +34,21 @@ use crate::collectives::streamed::ReduceGrid;
 use crate::transport::ClusterError;
 use crate::transport::cluster::{RankContext, SharedSegment};
 
+/// Where each member's buffer can sit in its rank's part when every
+/// member has one: its index among its rank's members (by grid position),
+/// and the most members any rank holds — the regions a part needs.
+pub fn member_regions(rank_of: &[u32], ranks: u32) -> (Vec<usize>, usize) {
+    let mut held = vec![0usize; ranks as usize];
+    let slots = rank_of
+        .iter()
+        .map(|&r| {
+            held[r as usize] += 1;
+            held[r as usize] - 1
+        })
+        .collect();
+    (slots, held.into_iter().max().unwrap_or(0))
+}
+
 /// A split grid's members in shared memory.
 pub struct SharedGrid<'a, T> {
     /// The grid (a torus's extents, or a ring).

@@ -21,16 +21,7 @@ where
     B: Fn(&RankContext, &mut SharedSegment, &SharedGrid<'_, f32>) -> Vec<(usize, Vec<f32>)> + Sync,
 {
     let n = grid.len();
-    // Each member's region index on its rank, and the most a rank holds.
-    let mut held = vec![0usize; ranks as usize];
-    let slot: Vec<usize> = rank_of
-        .iter()
-        .map(|&r| {
-            held[r as usize] += 1;
-            held[r as usize] - 1
-        })
-        .collect();
-    let most = held.into_iter().max().unwrap_or(0);
+    let (slot, most) = member_regions(rank_of, ranks);
     let results: Vec<Vec<(usize, Vec<f32>)>> = std::thread::scope(|s| {
         let handles: Vec<_> = contexts(ranks)
             .into_iter()
@@ -148,6 +139,27 @@ fn one_process_all_reduce(grid: &ReduceGrid, len: usize, op: ReduceOp) -> Vec<f3
     whole
 }
 
+/// A grid of up to 3 dimensions of 1–4 (or a ring of as many), split
+/// over 2–4 ranks in any way (`grid_over_ranks`), a length, and an op.
+fn split_grids() -> impl Strategy<Value = (ReduceGrid, Vec<u32>, u32, usize, ReduceOp)> {
+    (
+        prop::collection::vec(1usize..=4, 1..=3),
+        any::<bool>(),
+        0usize..70,
+        2u32..=4,
+        any::<u64>(),
+        any::<bool>(),
+    )
+        .prop_filter("more than one member", |(dims, ..)| {
+            dims.iter().product::<usize>() > 1
+        })
+        .prop_map(|(dims, ring, len, ranks, seed, mean)| {
+            let (grid, rank_of, ranks) = grid_over_ranks(&dims, ring, ranks, seed);
+            let op = if mean { ReduceOp::Mean } else { ReduceOp::Sum };
+            (grid, rank_of, ranks, len, op)
+        })
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(24))]
 
@@ -155,17 +167,8 @@ proptest! {
     /// the other members holds the bits of the streamed reduction.
     #[test]
     fn the_shared_reduce_scatter_matches_the_streamed_reduction(
-        dims in prop::collection::vec(1usize..=4, 1..=3),
-        ring in any::<bool>(),
-        len in 0usize..70,
-        ranks in 2u32..=4,
-        seed in any::<u64>(),
-        mean in any::<bool>(),
+        (grid, rank_of, ranks, len, op) in split_grids(),
     ) {
-        let n: usize = dims.iter().product();
-        prop_assume!(n > 1);
-        let (grid, rank_of, ranks) = grid_over_ranks(&dims, ring, ranks, seed);
-        let op = if mean { ReduceOp::Mean } else { ReduceOp::Sum };
         let got = run_shared(&grid, &rank_of, ranks, len, op);
         let ranges = grid_shard_ranges(grid.dims(), len);
         for p in 0..grid.len() {
@@ -181,26 +184,13 @@ proptest! {
             prop_assert_eq!(got, want, "owner {} of {:?}", p, grid.dims());
         }
     }
-}
-
-proptest! {
-    #![proptest_config(ProptestConfig::with_cases(24))]
 
     /// Split over ranks in any way, the all-reduce in place leaves every
     /// member holding, bit for bit, what one process reduces.
     #[test]
     fn the_shared_all_reduce_in_place_matches_one_process(
-        dims in prop::collection::vec(1usize..=4, 1..=3),
-        ring in any::<bool>(),
-        len in 0usize..70,
-        ranks in 2u32..=4,
-        seed in any::<u64>(),
-        mean in any::<bool>(),
+        (grid, rank_of, ranks, len, op) in split_grids(),
     ) {
-        let n: usize = dims.iter().product();
-        prop_assume!(n > 1);
-        let (grid, rank_of, ranks) = grid_over_ranks(&dims, ring, ranks, seed);
-        let op = if mean { ReduceOp::Mean } else { ReduceOp::Sum };
         let want: Vec<u32> = one_process_all_reduce(&grid, len, op)
             .iter()
             .map(|v| v.to_bits())
