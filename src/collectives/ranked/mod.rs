@@ -31,6 +31,11 @@
 //! A caller may hand each member's buffer as a window of it
 //! ([`RankedGrid::window`]): the sharded step's all-gather lands straight
 //! in the parameters, each of a block's members writing its own part.
+//!
+//! Ranks on one node may instead keep their members in a segment every
+//! rank shares ([`SharedGrid`]): an owner then reads the other members'
+//! chunks where they lie, with no message at all, and
+//! [`SharedGrid::all_reduce_in_place`] is the whole all-reduce that way.
 
 use std::ops::Range;
 
