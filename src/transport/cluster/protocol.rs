@@ -170,7 +170,8 @@ fn short(digest: &str) -> &str {
 /// `d` hops down waits `(1 + d)` bounds for its parent, so a lost rank's
 /// children name it before anyone below them gives up on a live parent;
 /// the rank that names it sends the alarm on to every other rank
-/// ([`abort_all`]), and each of them returns the same loss.
+/// (the alarm every wait here listens for), and each of them returns the
+/// same loss.
 pub fn broadcast(
     mailbox: &SharedMailbox,
     layout: &RankLayout,
