@@ -345,6 +345,8 @@ mod bench {
             segment: Default::default(),
         };
         let elements = bytes / 4;
+        // Whole f32 elements: the bytes reported are the bytes reduced.
+        let bytes = elements * 4;
         let members: Vec<usize> = (0..ranks as usize).collect();
         let ring = ReduceGrid::ring(&members);
         let ring_ranks: Vec<u32> = (0..ranks).collect();
