@@ -23,6 +23,7 @@ int main(int argc, char **argv) {
     long bytes = argc > 1 ? atol(argv[1]) : 16L << 20;
     int rounds = argc > 2 ? atoi(argv[2]) : 20;
     long n = bytes / 4;
+    bytes = n * 4; /* whole floats: the bytes reported are the bytes reduced */
     float *buf = malloc((size_t)n * sizeof(float));
     double *times = malloc((size_t)rounds * sizeof(double));
     for (long i = 0; i < n; i++) buf[i] = (float)((i + rank) % 97) * 0.01f;
