@@ -19,7 +19,9 @@ use super::error::ShardingError;
 use super::gradients::GradientSource;
 use super::layout::ShardLayout;
 use super::ranked::{fold_local_blocks, keep_owned_shards, place_windows, placement};
-use crate::collectives::ranked::{SharedGrid, grid_shard_ranges, local_prefix, prefix_ranges};
+use crate::collectives::ranked::{
+    SharedGrid, grid_shard_ranges, local_prefix, member_regions, prefix_ranges,
+};
 use crate::collectives::{ReduceGrid, ReduceOp};
 use crate::ir::FloatElement;
 use crate::transport::ClusterError;
@@ -27,18 +29,11 @@ use crate::transport::cluster::{RankContext, SharedSegment};
 
 /// Where each grid position's block lies in its rank's half of the
 /// segment: the block's index among its rank's blocks, by block (blocks
-/// are the runs of `size` positions), and the most blocks a rank holds.
+/// are the runs of `size` positions, each on one rank), and the most
+/// blocks a rank holds.
 fn block_slots(rank_of: &[u32], size: usize, ranks: u32) -> (Vec<usize>, usize) {
-    let mut held = vec![0usize; ranks as usize];
-    let slots = rank_of
-        .chunks(size.max(1))
-        .map(|block| {
-            let count = &mut held[block[0] as usize];
-            *count += 1;
-            *count - 1
-        })
-        .collect();
-    (slots, held.into_iter().max().unwrap_or(0))
+    let block_ranks: Vec<u32> = rank_of.iter().step_by(size.max(1)).copied().collect();
+    member_regions(&block_ranks, ranks)
 }
 
 /// How the buckets sit in the segment (module docs).

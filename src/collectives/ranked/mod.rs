@@ -109,9 +109,15 @@ fn narrow(dims: &[usize], dim: usize, ranges: &mut [Range<usize>]) {
     let n = dims[dim];
     let stride: usize = dims[..dim].iter().product();
     for (pos, range) in ranges.iter_mut().enumerate() {
-        let sub = chunk_range(range.len(), n, (pos / stride) % n);
-        *range = range.start + sub.start..range.start + sub.end;
+        *range = chunk_within(range, n, (pos / stride) % n);
     }
+}
+
+/// Chunk `c` of `range` cut into a line's `n` chunks, as elements of the
+/// whole buffer.
+fn chunk_within(range: &Range<usize>, n: usize, c: usize) -> Range<usize> {
+    let sub = chunk_range(range.len(), n, c);
+    range.start + sub.start..range.start + sub.end
 }
 
 /// The lines along `dim`: grid positions in coordinate order.

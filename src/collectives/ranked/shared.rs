@@ -27,9 +27,8 @@
 use std::ops::Range;
 
 use super::reduce::fold_into;
-use super::{lines, narrow, prefix_ranges};
+use super::{chunk_within, lines, narrow, prefix_ranges};
 use crate::collectives::element::{Element, ReduceOp, combine_in_order};
-use crate::collectives::ring::chunk_range;
 use crate::collectives::streamed::ReduceGrid;
 use crate::transport::ClusterError;
 use crate::transport::cluster::{RankContext, SharedSegment};
@@ -153,16 +152,7 @@ impl<T: Element> SharedGrid<'_, T> {
         let dims = self.grid.dims().to_vec();
         let me = ctx.layout.rank();
         let n = self.grid.len();
-        if self.rank_of.len() != n || self.base.len() != n {
-            return Err(ClusterError::Protocol {
-                rank: me,
-                what: format!(
-                    "a shared all-reduce over {n} members given {} ranks and {} bases",
-                    self.rank_of.len(),
-                    self.base.len()
-                ),
-            });
-        }
+        self.check_members(me)?;
         let mut ranges = vec![0..self.len; n];
         // Each dimension's ranges before its pass narrowed them: the
         // all-gather's pass along it fills them back.
@@ -215,8 +205,7 @@ impl<T: Element> SharedGrid<'_, T> {
                     continue;
                 }
                 for (c, &owner) in line.iter().enumerate().filter(|&(c, _)| c != own) {
-                    let sub = chunk_range(range.len(), n, c);
-                    let chunk = range.start + sub.start..range.start + sub.end;
+                    let chunk = chunk_within(range, n, c);
                     // SAFETY: the owner's own chunk, which no rank writes in
                     // this pass, into the member's copy of it, which only
                     // this rank writes and no rank reads in this pass.
@@ -236,12 +225,34 @@ impl<T: Element> SharedGrid<'_, T> {
         unsafe { std::slice::from_raw_parts_mut(self.base[pos].add(range.start), range.len()) }
     }
 
+    /// Refuses members whose ranks or bases do not fit the grid.
+    fn check_members(&self, me: u32) -> Result<(), ClusterError> {
+        let n = self.grid.len();
+        if self.rank_of.len() == n && self.base.len() == n {
+            return Ok(());
+        }
+        Err(ClusterError::Protocol {
+            rank: me,
+            what: format!(
+                "a shared collective over {n} members given {} ranks and {} bases",
+                self.rank_of.len(),
+                self.base.len()
+            ),
+        })
+    }
+
     /// Refuses a call whose members or outputs do not fit the grid.
     fn check(&self, me: u32, out: &[Option<&mut [T]>]) -> Result<(), ClusterError> {
+        self.check_members(me)?;
         let n = self.grid.len();
         let owned = super::grid_shard_ranges(self.grid.dims(), self.len);
-        let wrong = (self.rank_of.len() != n || self.base.len() != n || out.len() != n)
-            .then(|| format!("a shared collective over {n} members given other counts"))
+        let wrong = (out.len() != n)
+            .then(|| {
+                format!(
+                    "a shared collective over {n} members given {} outputs",
+                    out.len()
+                )
+            })
             .or_else(|| {
                 (0..n).find_map(|p| {
                     let expected = (self.rank_of[p] == me).then(|| owned[p].len());
@@ -293,8 +304,7 @@ impl<T: Element> SharedGrid<'_, T> {
                 if self.rank_of[owner] != me {
                     continue;
                 }
-                let sub = chunk_range(range.len(), n, c);
-                let chunk = range.start + sub.start..range.start + sub.end;
+                let chunk = chunk_within(range, n, c);
                 // SAFETY: chunk `c` of the line's other members, which only
                 // this owner reads in this pass and no one writes.
                 let sources: Vec<&[T]> = (1..n)
