@@ -278,8 +278,29 @@ pub fn number(value: f64) -> String {
 
 /// How long a rank of a split run waits for another when `--rank-timeout`
 /// is not given.
+const DEFAULT_RANK_TIMEOUT_SECONDS: f64 = 30.0;
+
+/// How long the ranks of a split run wait for each other: `--rank-timeout`
+/// (`given`), or 30 s.
 #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
-pub const DEFAULT_RANK_TIMEOUT_SECONDS: f64 = 30.0;
+pub fn rank_timeout(given: Option<f64>) -> std::time::Duration {
+    std::time::Duration::from_secs_f64(given.unwrap_or(DEFAULT_RANK_TIMEOUT_SECONDS))
+}
+
+/// Refuses `--rank-timeout` (`given`) in `command` (`run`, `train`) run in
+/// one process, which waits for no other rank: accepted, it would do
+/// nothing.
+pub fn refuse_rank_timeout_in_one_process(given: Option<f64>, command: &str) -> anyhow::Result<()> {
+    match given {
+        None => Ok(()),
+        Some(seconds) => Err(usage(format!(
+            "--rank-timeout {}: a run in one process waits for no other rank; the flag bounds \
+             how long the ranks of a split run wait for each other (`mpirun -n R optirs-tpu \
+             {command} … --rank-timeout SECONDS`)",
+            number(seconds)
+        ))),
+    }
+}
 
 /// `--rank-timeout`: seconds above 0, at most a day.
 pub fn parse_rank_timeout(text: &str) -> Result<f64, String> {

@@ -211,15 +211,11 @@ fn train_split(args: TrainArgs, launch: Launch) -> Result<()> {
     use super::train_print::print_report;
     use optirs_tpu::pod::ranks::RankedPod;
     use optirs_tpu::training::ShardedOptimizer;
-    use std::time::Duration;
     on_mpi(launch, |mailbox| {
         args.refuse_split_only()?;
         let sizes = model_sizes(&args)?;
         let topology = checked_topology(&args, &sizes)?;
-        let timeout = Duration::from_secs_f64(
-            args.rank_timeout
-                .unwrap_or(super::parse::DEFAULT_RANK_TIMEOUT_SECONDS),
-        );
+        let timeout = super::parse::rank_timeout(args.rank_timeout);
         let devices = topology.num_devices();
         let mailbox = if args.no_shared_memory {
             mailbox.without_shared_memory()
@@ -268,7 +264,7 @@ fn train_split(args: TrainArgs, launch: Launch) -> Result<()> {
 pub fn run(args: RunArgs, launch: Launch) -> Result<()> {
     use super::run::{print_report, refuse_unappliable, report_after};
     use optirs_tpu::pod::ranks::RankedPod;
-    use std::time::{Duration, Instant};
+    use std::time::Instant;
     args.refuse_split_skip_idle()?;
     if args.trace().is_some() {
         return Err(super::parse::usage(
@@ -293,10 +289,7 @@ pub fn run(args: RunArgs, launch: Launch) -> Result<()> {
         args.check_length(topology.tick_ns)?;
         let plan = args.faults(&topology)?;
         let every = args.checkpoint_ticks(topology.tick_ns)?;
-        let timeout = Duration::from_secs_f64(
-            args.rank_timeout
-                .unwrap_or(super::parse::DEFAULT_RANK_TIMEOUT_SECONDS),
-        );
+        let timeout = super::parse::rank_timeout(args.rank_timeout);
         let mut pod = RankedPod::with_timeout(topology, Box::new(mailbox), timeout)?;
         if let Some(dir) = &args.restore {
             pod.restore_checkpoint(dir)?;

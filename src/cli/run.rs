@@ -306,14 +306,7 @@ const SKIP_CHUNK_TICKS: u64 = 1 << 16;
 /// `run` in this process (`mod.rs` checks the outputs first and sends a
 /// pod split over MPI ranks to [`super::ranks::run`]).
 pub fn run(args: RunArgs) -> Result<()> {
-    if let Some(seconds) = args.rank_timeout {
-        return Err(usage(format!(
-            "--rank-timeout {}: a run in one process waits for no other rank; the flag bounds \
-             how long the ranks of a split run wait for each other (`mpirun -n R optirs-tpu run \
-             … --rank-timeout SECONDS`)",
-            number(seconds)
-        )));
-    }
+    super::parse::refuse_rank_timeout_in_one_process(args.rank_timeout, "run")?;
     let mut profiler = args.trace.as_ref().map(|_| ProfilingIntegration::new());
     let build_start = Instant::now();
     let build = || -> optirs_tpu::error::Result<Pod> {

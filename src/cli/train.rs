@@ -327,14 +327,7 @@ pub fn train(args: TrainArgs) -> Result<()> {
                 .to_string(),
         ));
     }
-    if let Some(seconds) = args.rank_timeout {
-        return Err(usage(format!(
-            "--rank-timeout {}: a run in one process waits for no other rank; the flag bounds \
-             how long the ranks of a split run wait for each other (`mpirun -n R optirs-tpu \
-             train … --rank-timeout SECONDS`)",
-            super::parse::number(seconds)
-        )));
-    }
+    super::parse::refuse_rank_timeout_in_one_process(args.rank_timeout, "train")?;
     args.refuse_unusable()?;
     if let (Some(spec), true) = (&args.model, args.modeled_only) {
         if args.steps != DEFAULT_TRAIN_STEPS {
