@@ -116,6 +116,27 @@ mod bench {
         whole
     }
 
+    /// Each grid position's input on this rank (`None` where another rank
+    /// holds the member).
+    fn local_inputs(
+        ctx: &RankContext,
+        grid: &ReduceGrid,
+        rank_of: &[u32],
+        elements: usize,
+    ) -> Vec<Option<Vec<f32>>> {
+        let me = ctx.layout.rank();
+        rank_of
+            .iter()
+            .enumerate()
+            .map(|(pos, &r)| {
+                (r == me).then(|| {
+                    let member = grid.members()[pos];
+                    (0..elements).map(|i| value(member, i)).collect()
+                })
+            })
+            .collect()
+    }
+
     /// The elements of `got` whose bits differ from `want`'s.
     fn wrong_elements(got: &[f32], want: &[f32]) -> u64 {
         got.iter()
@@ -133,17 +154,7 @@ mod bench {
         elements: usize,
         rounds: usize,
     ) -> ((f64, f64), u64) {
-        let me = ctx.layout.rank();
-        let inputs: Vec<Option<Vec<f32>>> = rank_of
-            .iter()
-            .enumerate()
-            .map(|(pos, &r)| {
-                (r == me).then(|| {
-                    let member = grid.members()[pos];
-                    (0..elements).map(|i| value(member, i)).collect()
-                })
-            })
-            .collect();
+        let inputs = local_inputs(ctx, grid, rank_of, elements);
         let want = expected(grid, elements);
         let mut buffers = inputs.clone();
         let mut times = Vec::with_capacity(rounds);
@@ -206,15 +217,7 @@ mod bench {
         let me = ctx.layout.rank();
         let n = grid.len();
         let (slot, most) = member_regions(rank_of, ctx.layout.ranks());
-        let inputs: Vec<Option<Vec<f32>>> = (0..n)
-            .map(|pos| {
-                (rank_of[pos] == me).then(|| {
-                    (0..elements)
-                        .map(|i| value(grid.members()[pos], i))
-                        .collect()
-                })
-            })
-            .collect();
+        let inputs = local_inputs(ctx, grid, rank_of, elements);
         let want = expected(grid, elements);
         let mut caller = inputs.clone();
         let mut times = Vec::with_capacity(rounds);
