@@ -141,22 +141,28 @@ fn commands_that_run_as_one_process_refuse_a_split() {
     assert!(stderr.contains("only `run` and `train` split"), "{stderr}");
 }
 
+/// `train` on `preset`: three Adam steps of three small tensors in
+/// 4 KiB buckets, as JSON.
+fn three_steps_of_a_small_model(preset: &str) -> [&str; 11] {
+    [
+        "train",
+        preset,
+        "--params",
+        "3000,77,512",
+        "--bucket-bytes",
+        "4096",
+        "--steps",
+        "3",
+        "--optimizer",
+        "adam",
+        "--json",
+    ]
+}
+
 #[test]
 fn training_over_mpi_ranks_is_the_one_process_training() {
     for (preset, ranks) in [("v4-16", 1u32), ("v4-16", 2), ("v5e-16", 2), ("v3-64", 4)] {
-        let args = [
-            "train",
-            preset,
-            "--params",
-            "3000,77,512",
-            "--bucket-bytes",
-            "4096",
-            "--steps",
-            "3",
-            "--optimizer",
-            "adam",
-            "--json",
-        ];
+        let args = three_steps_of_a_small_model(preset);
         let one = single(&args);
         let (digest, report) = split_run(ranks, args, &format!("{preset} on {ranks} ranks"));
         assert_eq!(digest, one, "{preset} trained on {ranks} ranks");
@@ -171,17 +177,7 @@ fn split_training_by_messages_is_the_one_process_training() {
     // window (the test above); `--no-shared-memory` moves the bytes by
     // MPI messages, as ranks on several nodes do: the same bits.
     for (preset, ranks) in [("v4-16", 2u32), ("v3-64", 4)] {
-        let args = [
-            "train",
-            preset,
-            "--params",
-            "3000,77,512",
-            "--bucket-bytes",
-            "4096",
-            "--steps",
-            "3",
-            "--json",
-        ];
+        let args = three_steps_of_a_small_model(preset);
         let one = single(&args);
         let by_messages = args.iter().copied().chain(["--no-shared-memory"]);
         let what = format!("{preset} on {ranks} ranks by messages");
